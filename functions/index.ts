@@ -1,0 +1,8 @@
+import { Hono } from "hono";
+
+/** The warmgate edge Worker. */
+const app = new Hono<{ Bindings: Env }>();
+
+app.get("/health", (c) => c.json({ status: "ok" }));
+
+export default app satisfies ExportedHandler<Env>;
