@@ -154,9 +154,9 @@ export function encodeJsonFrame(type: FrameType, item: number, value: unknown): 
   return encodeFrame(type, item, textEncoder.encode(JSON.stringify(value)));
 }
 
-/** Parses a JSON frame payload. */
-export function decodeJsonPayload<T>(payload: Uint8Array): T {
-  return JSON.parse(textDecoder.decode(payload)) as T;
+/** Parses a JSON frame payload (HEAD, END or LOAD); the frame type tells its shape. */
+export function decodeJsonPayload(payload: Uint8Array): unknown {
+  return JSON.parse(textDecoder.decode(payload));
 }
 
 function isFrameType(n: number): n is FrameType {
