@@ -1,0 +1,308 @@
+/**
+ * The local warmgate stack: simulated GPU origins for two regions and the edge under
+ * `wrangler dev`, wired together on free ports. Used by `npm start`, the benchmarks
+ * and the end-to-end tests.
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { startOrigin, type RunningOrigin } from "../origin/server.ts";
+import { createSimEngine, type SimEngineOptions } from "../origin/sim/engine.ts";
+
+/** Repository root. */
+export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
+
+/** One region of the local stack. */
+export interface StackRegion {
+  id: string;
+  /** Continents (as in `request.cf.continent`) this region is nearest for. */
+  continents: string[];
+  /** Number of simulated origins in the region. */
+  origins: number;
+}
+
+/** Options for {@link startStack}. */
+export interface StackOptions {
+  /** Edge port; 0 or absent takes a free one. */
+  edgePort?: number;
+  /** Regions and their origins (default: `eu` and `us`, two origins each). */
+  regions?: StackRegion[];
+  /** Options for every simulated engine (all origins share them, so bytes match). */
+  sim?: SimEngineOptions;
+  /** Extra fields merged into the edge's `limits` configuration. */
+  limits?: Record<string, number>;
+  /** Where `wrangler dev` keeps Durable Object state; absent means a throwaway folder. */
+  persistTo?: string;
+  /** Forward wrangler's output to this process's stderr. */
+  verbose?: boolean;
+  /** Extra variables for the edge (e.g. fixed secrets for tests). */
+  edgeVars?: Record<string, string>;
+  /** Edge worker config file (default: the project's wrangler.toml). */
+  wranglerConfig?: string;
+}
+
+/** An origin of the running stack. */
+export interface StackOrigin {
+  region: string;
+  origin: RunningOrigin;
+}
+
+/** A running stack; `stop()` ends every part of it. */
+export interface RunningStack {
+  edgeUrl: string;
+  origins: StackOrigin[];
+  /** The configuration the edge runs with, as JSON text. */
+  config: string;
+  adminToken: string;
+  /** A development API key accepted by the edge. */
+  apiKey: string;
+  /** The `wrangler dev` child process. */
+  edge: ChildProcess;
+  stop(): Promise<void>;
+}
+
+/** Default regions of the local stack. */
+export const DEFAULT_REGIONS: StackRegion[] = [
+  { id: "eu", continents: ["EU", "AF"], origins: 2 },
+  { id: "us", continents: ["NA", "SA", "AS", "OC", "AN"], origins: 2 },
+];
+
+/** Finds a free TCP port on loopback (bind to port 0, read it, release it). */
+export async function freePort(): Promise<number> {
+  return new Promise((resolvePort, reject) => {
+    const server = createServer();
+    server.unref();
+    server.on("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      const port = typeof address === "object" && address ? address.port : 0;
+      server.close(() => resolvePort(port));
+    });
+  });
+}
+
+/** Builds the edge's `WARMGATE_CONFIG` for a set of running origins. */
+export function stackConfig(
+  origins: StackOrigin[],
+  regions: StackRegion[],
+  models: { id: string; max_model_len: number }[],
+  limits: Record<string, number> = {},
+): string {
+  return JSON.stringify({
+    models: models.map((m) => ({ id: m.id, max_model_len: m.max_model_len, owned_by: "warmgate" })),
+    regions: regions.map((r) => ({
+      id: r.id,
+      continents: r.continents,
+      origins: origins
+        .filter((o) => o.region === r.id)
+        .map((o) => ({ id: o.origin.originId, url: o.origin.url })),
+    })),
+    default_region: regions[0]?.id,
+    limits,
+  });
+}
+
+/** Dev secrets kept across restarts, so a key printed once keeps working. */
+async function devSecrets(dir: string | undefined): Promise<{ adminToken: string; apiKey: string }> {
+  const fresh = {
+    adminToken: `wgadmin_${randomBytes(18).toString("base64url")}`,
+    apiKey: `wg_dev_${randomBytes(18).toString("base64url")}`,
+  };
+  if (!dir) return fresh;
+  const file = join(dir, "warmgate-dev.json");
+  try {
+    const saved = JSON.parse(await readFile(file, "utf8")) as Partial<typeof fresh>;
+    if (saved.adminToken && saved.apiKey) return { adminToken: saved.adminToken, apiKey: saved.apiKey };
+  } catch {
+    // First run: nothing saved yet.
+  }
+  await mkdir(dir, { recursive: true });
+  await writeFile(file, JSON.stringify(fresh, null, 2) + "\n", { mode: 0o600 });
+  return fresh;
+}
+
+function dotenvLine(name: string, value: string): string {
+  // Single quotes keep JSON intact in dotenv files.
+  return `${name}='${value.replaceAll("'", "\\'")}'`;
+}
+
+async function waitForHealth(url: string, child: ChildProcess, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let exited: number | null = null;
+  child.once("exit", (code) => {
+    exited = code ?? -1;
+  });
+  while (Date.now() < deadline) {
+    if (exited !== null) throw new Error(`wrangler dev exited with code ${exited} before it was ready`);
+    try {
+      const res = await fetch(`${url}/health`);
+      await res.body?.cancel();
+      if (res.ok) return;
+    } catch {
+      // Not listening yet.
+    }
+    await new Promise((r) => setTimeout(r, 150));
+  }
+  throw new Error(`edge at ${url} not ready within ${timeoutMs} ms`);
+}
+
+/** Starts a Worker under `wrangler dev` on a free port and waits until `/health` answers. */
+export async function startWranglerDev(options: {
+  config: string;
+  port?: number;
+  vars: Record<string, string>;
+  persistTo?: string;
+  verbose?: boolean;
+}): Promise<{ url: string; child: ChildProcess; stop(): Promise<void> }> {
+  const port = options.port || (await freePort());
+  const inspectorPort = await freePort();
+  const scratch = await mkdtemp(join(tmpdir(), "warmgate-edge-"));
+  const envFile = join(scratch, "edge.env");
+  await writeFile(
+    envFile,
+    Object.entries(options.vars)
+      .map(([k, v]) => dotenvLine(k, v))
+      .join("\n") + "\n",
+    { mode: 0o600 },
+  );
+  const persistTo = options.persistTo ?? join(scratch, "state");
+  const wrangler = join(ROOT, "node_modules", "wrangler", "bin", "wrangler.js");
+  const child = spawn(
+    process.execPath,
+    [
+      wrangler,
+      "dev",
+      "--config",
+      options.config,
+      "--ip",
+      "127.0.0.1",
+      "--port",
+      String(port),
+      "--inspector-port",
+      String(inspectorPort),
+      "--env-file",
+      envFile,
+      "--persist-to",
+      persistTo,
+      "--show-interactive-dev-session=false",
+      "--log-level",
+      options.verbose ? "info" : "warn",
+    ],
+    {
+      cwd: ROOT,
+      env: {
+        ...process.env,
+        WRANGLER_SEND_METRICS: "false",
+        // Offline: use miniflare's placeholder `request.cf` instead of fetching one.
+        CLOUDFLARE_CF_FETCH_ENABLED: "false",
+        CI: "true",
+        NO_COLOR: "1",
+      },
+      stdio: ["ignore", options.verbose ? "inherit" : "pipe", options.verbose ? "inherit" : "pipe"],
+      detached: true,
+    },
+  );
+  let output = "";
+  const keep = (chunk: Buffer) => {
+    output = (output + chunk.toString()).slice(-8000);
+  };
+  child.stdout?.on("data", keep);
+  child.stderr?.on("data", keep);
+  const url = `http://127.0.0.1:${port}`;
+  const stop = async () => {
+    if (child.exitCode === null && child.signalCode === null) {
+      const exited = new Promise((r) => child.once("exit", r));
+      try {
+        // wrangler runs workerd as a child: signal the whole process group.
+        process.kill(-(child.pid ?? 0), "SIGTERM");
+      } catch {
+        child.kill("SIGTERM");
+      }
+      const timer = setTimeout(() => {
+        try {
+          process.kill(-(child.pid ?? 0), "SIGKILL");
+        } catch {
+          // Already gone.
+        }
+      }, 5000);
+      await exited;
+      clearTimeout(timer);
+    }
+    await rm(scratch, { recursive: true, force: true });
+  };
+  try {
+    await waitForHealth(url, child, 90_000);
+  } catch (error) {
+    await stop();
+    throw new Error(`${(error as Error).message}\n--- wrangler output ---\n${output}`, {
+      cause: error,
+    });
+  }
+  return { url, child, stop };
+}
+
+/** Starts simulated origins for every region and the edge wired to them. */
+export async function startStack(options: StackOptions = {}): Promise<RunningStack> {
+  const regions = options.regions ?? DEFAULT_REGIONS;
+  const origins: StackOrigin[] = [];
+  const stopOrigins = async () => {
+    await Promise.all(origins.map((o) => o.origin.close()));
+  };
+  let models: { id: string; max_model_len: number }[] = [];
+  try {
+    for (const region of regions) {
+      for (let i = 1; i <= region.origins; i++) {
+        const engine = createSimEngine(options.sim);
+        models = engine.models().map((m) => ({ id: m.id, max_model_len: m.max_model_len }));
+        const origin = await startOrigin({
+          engine,
+          originId: `${region.id}-${i}`,
+          region: region.id,
+          port: 0,
+          host: "127.0.0.1",
+        });
+        origins.push({ region: region.id, origin });
+      }
+    }
+  } catch (error) {
+    await stopOrigins();
+    throw error;
+  }
+  const config = stackConfig(origins, regions, models, options.limits);
+  const secrets = await devSecrets(options.persistTo);
+  let edge: Awaited<ReturnType<typeof startWranglerDev>>;
+  try {
+    edge = await startWranglerDev({
+      config: options.wranglerConfig ?? join(ROOT, "wrangler.toml"),
+      ...(options.edgePort ? { port: options.edgePort } : {}),
+      vars: {
+        WARMGATE_CONFIG: config,
+        WARMGATE_API_KEYS: secrets.apiKey,
+        ADMIN_TOKEN: secrets.adminToken,
+        ...options.edgeVars,
+      },
+      ...(options.persistTo ? { persistTo: options.persistTo } : {}),
+      ...(options.verbose ? { verbose: true } : {}),
+    });
+  } catch (error) {
+    await stopOrigins();
+    throw error;
+  }
+  let stopped: Promise<void> | undefined;
+  return {
+    edgeUrl: edge.url,
+    origins,
+    config,
+    adminToken: secrets.adminToken,
+    apiKey: secrets.apiKey,
+    edge: edge.child,
+    stop() {
+      stopped ??= Promise.all([edge.stop(), stopOrigins()]).then(() => undefined);
+      return stopped;
+    },
+  };
+}
