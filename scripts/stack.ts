@@ -43,12 +43,68 @@ export interface StackOptions {
   edgeVars?: Record<string, string>;
   /** Edge worker config file (default: the project's wrangler.toml). */
   wranglerConfig?: string;
+  /** Run each origin as its own `node origin/main.ts` process (benchmarks), not in this one. */
+  originProcesses?: boolean;
 }
 
 /** An origin of the running stack. */
 export interface StackOrigin {
   region: string;
-  origin: RunningOrigin;
+  origin: Pick<RunningOrigin, "url" | "originId" | "close">;
+}
+
+/** An origin running in a child process, as `npm run origin` starts it. */
+export interface SpawnedOrigin {
+  url: string;
+  originId: string;
+  child: ChildProcess;
+  close(): Promise<void>;
+}
+
+/** Starts `node origin/main.ts` with the given flags (port 0) and waits for its URL. */
+export async function spawnOrigin(args: string[]): Promise<SpawnedOrigin> {
+  const child = spawn(process.execPath, [join(ROOT, "origin", "main.ts"), "--port", "0", ...args], {
+    cwd: ROOT,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let output = "";
+  const url = await new Promise<string>((resolveUrl, reject) => {
+    const onData = (chunk: Buffer) => {
+      output += chunk.toString();
+      const match = /listening on (http:\/\/\S+)/.exec(output);
+      if (match?.[1]) resolveUrl(match[1]);
+    };
+    child.stdout.on("data", onData);
+    child.stderr.on("data", onData);
+    child.once("exit", (code) => reject(new Error(`origin exited (${code}): ${output}`)));
+  });
+  const idIndex = args.indexOf("--origin-id");
+  return {
+    url,
+    originId: idIndex >= 0 ? (args[idIndex + 1] ?? url) : url,
+    child,
+    async close() {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      const exited = new Promise((r) => child.once("exit", r));
+      child.kill("SIGTERM");
+      await exited;
+    },
+  };
+}
+
+/** CLI flags for `origin/main.ts` equivalent to simulated-engine options. */
+export function simFlags(sim: SimEngineOptions = {}): string[] {
+  const flags: string[] = ["--engine", "sim"];
+  if (sim.timeScale !== undefined) flags.push("--time-scale", String(sim.timeScale));
+  if (sim.seed !== undefined) flags.push("--seed", String(sim.seed));
+  if (sim.kvBlocks !== undefined) flags.push("--kv-blocks", String(sim.kvBlocks));
+  if (sim.maxNumSeqs !== undefined) flags.push("--max-num-seqs", String(sim.maxNumSeqs));
+  if (sim.maxNumBatchedTokens !== undefined) {
+    flags.push("--max-batched-tokens", String(sim.maxNumBatchedTokens));
+  }
+  if (sim.models)
+    flags.push("--models", sim.models.map((m) => `${m.id}:${m.max_model_len}`).join(","));
+  return flags;
 }
 
 /** A running stack; `stop()` ends every part of it. */
@@ -85,6 +141,12 @@ export async function freePort(): Promise<number> {
   });
 }
 
+async function fetchModels(url: string): Promise<{ id: string; max_model_len: number }[]> {
+  const res = await fetch(`${url}/v1/models`);
+  const body = (await res.json()) as { data: { id: string; max_model_len: number }[] };
+  return body.data.map((m) => ({ id: m.id, max_model_len: m.max_model_len }));
+}
+
 /** Builds the edge's `WARMGATE_CONFIG` for a set of running origins. */
 export function stackConfig(
   origins: StackOrigin[],
@@ -107,7 +169,9 @@ export function stackConfig(
 }
 
 /** Dev secrets kept across restarts, so a key printed once keeps working. */
-async function devSecrets(dir: string | undefined): Promise<{ adminToken: string; apiKey: string }> {
+async function devSecrets(
+  dir: string | undefined,
+): Promise<{ adminToken: string; apiKey: string }> {
   const fresh = {
     adminToken: `wgadmin_${randomBytes(18).toString("base64url")}`,
     apiKey: `wg_dev_${randomBytes(18).toString("base64url")}`,
@@ -116,7 +180,8 @@ async function devSecrets(dir: string | undefined): Promise<{ adminToken: string
   const file = join(dir, "warmgate-dev.json");
   try {
     const saved = JSON.parse(await readFile(file, "utf8")) as Partial<typeof fresh>;
-    if (saved.adminToken && saved.apiKey) return { adminToken: saved.adminToken, apiKey: saved.apiKey };
+    if (saved.adminToken && saved.apiKey)
+      return { adminToken: saved.adminToken, apiKey: saved.apiKey };
   } catch {
     // First run: nothing saved yet.
   }
@@ -137,7 +202,8 @@ async function waitForHealth(url: string, child: ChildProcess, timeoutMs: number
     exited = code ?? -1;
   });
   while (Date.now() < deadline) {
-    if (exited !== null) throw new Error(`wrangler dev exited with code ${exited} before it was ready`);
+    if (exited !== null)
+      throw new Error(`wrangler dev exited with code ${exited} before it was ready`);
     try {
       const res = await fetch(`${url}/health`);
       await res.body?.cancel();
@@ -256,11 +322,24 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
   try {
     for (const region of regions) {
       for (let i = 1; i <= region.origins; i++) {
+        const originId = `${region.id}-${i}`;
+        if (options.originProcesses) {
+          const origin = await spawnOrigin([
+            ...simFlags(options.sim),
+            "--origin-id",
+            originId,
+            "--region",
+            region.id,
+          ]);
+          origins.push({ region: region.id, origin });
+          if (models.length === 0) models = await fetchModels(origin.url);
+          continue;
+        }
         const engine = createSimEngine(options.sim);
         models = engine.models().map((m) => ({ id: m.id, max_model_len: m.max_model_len }));
         const origin = await startOrigin({
           engine,
-          originId: `${region.id}-${i}`,
+          originId,
           region: region.id,
           port: 0,
           host: "127.0.0.1",

@@ -1,0 +1,252 @@
+/**
+ * `npm run bench:overhead`: what the edge adds. The same workload, alternating, three
+ * ways on loopback: straight to a simulated origin (no simulated delay), through a bare
+ * pass-through Worker under `wrangler dev` (the floor for any edge), and through the
+ * warmgate edge. Prints a table and writes bench/results/overhead.json.
+ */
+import { parseArgs } from "node:util";
+import { join } from "node:path";
+import {
+  closedLoop,
+  fmt,
+  markdownTable,
+  summarize,
+  workerdRss,
+  writeResult,
+  type LatencySummary,
+} from "./lib.ts";
+import { ROOT, startStack, startWranglerDev } from "../scripts/stack.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    rounds: { type: "string", default: "4" },
+    "c1-requests": { type: "string", default: "150" },
+    "c32-requests": { type: "string", default: "1200" },
+    "max-tokens": { type: "string", default: "16" },
+  },
+  strict: true,
+});
+const ROUNDS = Number(args.rounds);
+const C1_REQUESTS = Number(args["c1-requests"]);
+const C32_REQUESTS = Number(args["c32-requests"]);
+const MAX_TOKENS = Number(args["max-tokens"]);
+
+type Target = "direct" | "passthrough" | "warmgate";
+const TARGETS: Target[] = ["direct", "passthrough", "warmgate"];
+
+interface Sample {
+  total: number;
+  ttfb: number;
+}
+
+function body(stream: boolean): string {
+  return JSON.stringify({
+    model: "warmgate-sim-8b",
+    messages: [
+      { role: "system", content: "You are a concise assistant." },
+      { role: "user", content: "Say hello to the benchmark." },
+    ],
+    max_tokens: MAX_TOKENS,
+    seed: 7,
+    stream,
+  });
+}
+
+async function timedRequest(url: string, headers: Record<string, string>, payload: string) {
+  const started = performance.now();
+  const res = await fetch(url, { method: "POST", headers, body: payload });
+  const reader = res.body?.getReader();
+  let ttfb = Number.NaN;
+  let bytes = 0;
+  if (reader) {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      if (Number.isNaN(ttfb)) ttfb = performance.now() - started;
+      bytes += value.byteLength;
+    }
+  }
+  const total = performance.now() - started;
+  if (res.status !== 200 || bytes === 0) throw new Error(`status ${res.status}`);
+  return { total, ttfb };
+}
+
+const stack = await startStack({
+  regions: [{ id: "local", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 1 }],
+  sim: { timeScale: 0 },
+  originProcesses: true,
+});
+const origin = stack.origins[0]?.origin;
+if (!origin) throw new Error("no origin started");
+const passthrough = await startWranglerDev({
+  config: join(ROOT, "bench", "passthrough", "wrangler.toml"),
+  vars: { ORIGIN_URL: origin.url },
+});
+
+const urls: Record<Target, string> = {
+  direct: `${origin.url}/v1/chat/completions`,
+  passthrough: `${passthrough.url}/v1/chat/completions`,
+  warmgate: `${stack.edgeUrl}/v1/chat/completions`,
+};
+const headers = {
+  "content-type": "application/json",
+  authorization: `Bearer ${stack.apiKey}`,
+};
+
+type Scenario = "json c=1" | "json c=32" | "stream c=1" | "stream c=32";
+const SCENARIOS: { name: Scenario; stream: boolean; concurrency: number; requests: number }[] = [
+  { name: "json c=1", stream: false, concurrency: 1, requests: C1_REQUESTS },
+  { name: "json c=32", stream: false, concurrency: 32, requests: C32_REQUESTS },
+  { name: "stream c=1", stream: true, concurrency: 1, requests: C1_REQUESTS },
+  { name: "stream c=32", stream: true, concurrency: 32, requests: C32_REQUESTS },
+];
+
+const samples = new Map<string, Sample[]>();
+const seconds = new Map<string, number>();
+const completed = new Map<string, number>();
+const errors = new Map<string, number>();
+const key = (s: Scenario, t: Target) => `${s}|${t}`;
+const edgeMemory: { phase: string; rss: number | null }[] = [];
+
+try {
+  // Warm every path (JIT, connection pools, the prefix cache) before measuring.
+  for (const target of TARGETS) {
+    for (const stream of [false, true]) {
+      await closedLoop(8, 64, () =>
+        timedRequest(urls[target], headers, body(stream)).then((s) => s.total),
+      );
+    }
+  }
+  edgeMemory.push({ phase: "after warm-up", rss: await workerdRss(stack.edge.pid ?? 0) });
+  for (let round = 0; round < ROUNDS; round++) {
+    for (const scenario of SCENARIOS) {
+      // Alternate the order each round so drift on a shared machine hits all three alike.
+      const order = round % 2 === 0 ? TARGETS : [...TARGETS].reverse();
+      for (const target of order) {
+        const k = key(scenario.name, target);
+        const list = samples.get(k) ?? [];
+        const payload = body(scenario.stream);
+        const perRound = Math.ceil(scenario.requests / ROUNDS);
+        const result = await closedLoop(scenario.concurrency, perRound, async () => {
+          const s = await timedRequest(urls[target], headers, payload);
+          list.push(s);
+          return s.total;
+        });
+        samples.set(k, list);
+        seconds.set(k, (seconds.get(k) ?? 0) + result.seconds);
+        completed.set(k, (completed.get(k) ?? 0) + result.requests - result.errors);
+        errors.set(k, (errors.get(k) ?? 0) + result.errors);
+      }
+    }
+    process.stderr.write(`round ${round + 1}/${ROUNDS} done\n`);
+  }
+  edgeMemory.push({ phase: "after load", rss: await workerdRss(stack.edge.pid ?? 0) });
+} finally {
+  await passthrough.stop();
+  await stack.stop();
+}
+
+interface Row {
+  scenario: Scenario;
+  target: Target;
+  total: LatencySummary;
+  ttfb: LatencySummary;
+  rps: number;
+  errors: number;
+}
+const rows: Row[] = [];
+for (const scenario of SCENARIOS) {
+  for (const target of TARGETS) {
+    const k = key(scenario.name, target);
+    const list = samples.get(k) ?? [];
+    rows.push({
+      scenario: scenario.name,
+      target,
+      total: summarize(list.map((s) => s.total)),
+      ttfb: summarize(list.map((s) => s.ttfb)),
+      rps: (completed.get(k) ?? 0) / (seconds.get(k) ?? 1),
+      errors: errors.get(k) ?? 0,
+    });
+  }
+}
+const find = (s: Scenario, t: Target) => rows.find((r) => r.scenario === s && r.target === t);
+
+const table = markdownTable(
+  [
+    "workload",
+    "path",
+    "p50 ms",
+    "p99 ms",
+    "TTFB p50",
+    "TTFB p99",
+    "req/s",
+    "+p50 vs direct",
+    "errors",
+  ],
+  rows.map((r) => {
+    const direct = find(r.scenario, "direct");
+    return [
+      r.scenario,
+      r.target,
+      fmt(r.total.p50),
+      fmt(r.total.p99),
+      fmt(r.ttfb.p50),
+      fmt(r.ttfb.p99),
+      fmt(r.rps, 0),
+      r.target === "direct" ? "" : fmt(r.total.p50 - (direct?.total.p50 ?? Number.NaN)),
+      String(r.errors),
+    ];
+  }),
+);
+
+const addedJson =
+  (find("json c=1", "warmgate")?.total.p50 ?? 0) - (find("json c=1", "direct")?.total.p50 ?? 0);
+const addedTtfb =
+  (find("stream c=1", "warmgate")?.ttfb.p50 ?? 0) - (find("stream c=1", "direct")?.ttfb.p50 ?? 0);
+const ratioJson =
+  (find("json c=32", "warmgate")?.rps ?? 0) / (find("json c=32", "passthrough")?.rps ?? 1);
+const ratioStream =
+  (find("stream c=32", "warmgate")?.rps ?? 0) / (find("stream c=32", "passthrough")?.rps ?? 1);
+const targets = {
+  added_p50_ms_c1: { value: addedJson, target: "<= 2", met: addedJson <= 2 },
+  added_ttfb_p50_ms_c1: { value: addedTtfb, target: "<= 2", met: addedTtfb <= 2 },
+  rps_ratio_vs_passthrough_json_c32: { value: ratioJson, target: ">= 0.5", met: ratioJson >= 0.5 },
+  rps_ratio_vs_passthrough_stream_c32: {
+    value: ratioStream,
+    target: ">= 0.5",
+    met: ratioStream >= 0.5,
+  },
+};
+const memoryLine = edgeMemory
+  .map((m) => `${m.phase}: ${m.rss === null ? "unknown" : `${fmt(m.rss / 1024 / 1024, 1)} MiB`}`)
+  .join(", ");
+
+console.log(table);
+console.log("");
+console.log(
+  markdownTable(
+    ["target", "measured", "goal", "met"],
+    Object.entries(targets).map(([name, t]) => [
+      name,
+      fmt(t.value),
+      t.target,
+      t.met ? "yes" : "NO",
+    ]),
+  ),
+);
+console.log("");
+console.log(`edge (workerd) RSS — ${memoryLine}`);
+const path = await writeResult("overhead", {
+  command: "npm run bench:overhead",
+  date: new Date().toISOString(),
+  settings: {
+    rounds: ROUNDS,
+    c1Requests: C1_REQUESTS,
+    c32Requests: C32_REQUESTS,
+    maxTokens: MAX_TOKENS,
+  },
+  rows,
+  targets,
+  edgeMemory,
+});
+console.log(`wrote ${path}`);
