@@ -1,0 +1,132 @@
+/**
+ * The origin's own Prometheus counters (batches, items, cancellations, faults) and
+ * GPU gauges, rendered beside the engine's vLLM-named metrics in `GET /metrics`.
+ */
+import type { FaultKind } from "./faults.ts";
+import type { GpuReading, GpuSnapshot } from "./gpu.ts";
+import type { ItemOutcome } from "./protocol.ts";
+
+/** Why the origin aborted an item. */
+export type AbortReason = "cancel" | "client" | "timeout" | "shutdown";
+
+/** Where an item came in. */
+export type ItemRoute = "chat" | "completions" | "batch";
+
+/** Counters the origin keeps; plain numbers, read when `/metrics` is scraped. */
+export interface OriginCounters {
+  batches: number;
+  batchItems: number;
+  requests: Record<Exclude<ItemRoute, "batch">, number>;
+  inFlight: number;
+  outcomes: Record<ItemOutcome, number>;
+  cancellations: Record<AbortReason, number>;
+}
+
+/** Fresh zeroed counters. */
+export function createOriginCounters(): OriginCounters {
+  return {
+    batches: 0,
+    batchItems: 0,
+    requests: { chat: 0, completions: 0 },
+    inFlight: 0,
+    outcomes: { ok: 0, error: 0, cancelled: 0, timeout: 0 },
+    cancellations: { cancel: 0, client: 0, timeout: 0, shutdown: 0 },
+  };
+}
+
+/** Escapes a Prometheus label value (backslash, quote, newline). */
+function label(value: string): string {
+  return value.replaceAll("\\", "\\\\").replaceAll('"', '\\"').replaceAll("\n", "\\n");
+}
+
+class MetricWriter {
+  readonly lines: string[] = [];
+  family(name: string, type: "counter" | "gauge", help: string): void {
+    this.lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
+  }
+  sample(name: string, value: number, labels: Record<string, string> = {}): void {
+    const pairs = Object.entries(labels).map(([k, v]) => `${k}="${label(v)}"`);
+    this.lines.push(`${name}${pairs.length > 0 ? `{${pairs.join(",")}}` : ""} ${value}`);
+  }
+}
+
+/** Inputs of {@link renderOriginMetrics}. */
+export interface OriginMetricsInput {
+  originId: string;
+  region: string | undefined;
+  counters: OriginCounters;
+  faults: Readonly<Record<FaultKind, number>>;
+  gpu: GpuSnapshot;
+}
+
+/** Renders the origin's metrics as Prometheus text (no trailing newline). */
+export function renderOriginMetrics(input: OriginMetricsInput): string {
+  const { counters, gpu } = input;
+  const w = new MetricWriter();
+  const originLabels: Record<string, string> = { origin: input.originId };
+  if (input.region !== undefined) originLabels.region = input.region;
+
+  w.family("warmgate_origin_info", "gauge", "Origin identity; always 1.");
+  w.sample("warmgate_origin_info", 1, originLabels);
+
+  w.family("warmgate_origin_batches_total", "counter", "Batch requests accepted.");
+  w.sample("warmgate_origin_batches_total", counters.batches);
+  w.family("warmgate_origin_batch_items_total", "counter", "Items received in batches.");
+  w.sample("warmgate_origin_batch_items_total", counters.batchItems);
+
+  w.family("warmgate_origin_requests_total", "counter", "Plain OpenAI requests, by route.");
+  for (const [route, n] of Object.entries(counters.requests)) {
+    w.sample("warmgate_origin_requests_total", n, { route });
+  }
+  w.family("warmgate_origin_items_in_flight", "gauge", "Items (plain or batched) running now.");
+  w.sample("warmgate_origin_items_in_flight", counters.inFlight);
+
+  w.family("warmgate_origin_item_outcomes_total", "counter", "Finished items, by outcome.");
+  for (const [outcome, n] of Object.entries(counters.outcomes)) {
+    w.sample("warmgate_origin_item_outcomes_total", n, { outcome });
+  }
+  w.family("warmgate_origin_cancellations_total", "counter", "Items aborted, by reason.");
+  for (const [reason, n] of Object.entries(counters.cancellations)) {
+    w.sample("warmgate_origin_cancellations_total", n, { reason });
+  }
+  w.family("warmgate_origin_fault_injections_total", "counter", "Injected faults, by kind.");
+  for (const [kind, n] of Object.entries(input.faults)) {
+    w.sample("warmgate_origin_fault_injections_total", n, { kind });
+  }
+
+  w.family("warmgate_origin_gpu_available", "gauge", "1 when nvidia-smi readings are present.");
+  w.sample("warmgate_origin_gpu_available", gpu.available ? 1 : 0);
+  if (gpu.available) {
+    const gauges: [string, string, (g: GpuReading) => number | null][] = [
+      [
+        "warmgate_origin_gpu_utilization_percent",
+        "GPU utilisation, percent.",
+        (g) => g.utilization_percent,
+      ],
+      [
+        "warmgate_origin_gpu_memory_used_bytes",
+        "GPU memory in use, bytes.",
+        (g) => g.memory_used_bytes,
+      ],
+      [
+        "warmgate_origin_gpu_memory_total_bytes",
+        "GPU memory in all, bytes.",
+        (g) => g.memory_total_bytes,
+      ],
+      [
+        "warmgate_origin_gpu_temperature_celsius",
+        "GPU temperature, Celsius.",
+        (g) => g.temperature_celsius,
+      ],
+      ["warmgate_origin_gpu_power_watts", "GPU power draw, watts.", (g) => g.power_watts],
+    ];
+    for (const [name, help, pick] of gauges) {
+      w.family(name, "gauge", help);
+      for (const g of gpu.gpus) {
+        const value = pick(g);
+        if (value !== null) w.sample(name, value, { gpu: String(g.index), name: g.name });
+      }
+    }
+  }
+  return w.lines.join("\n");
+}

@@ -1,0 +1,774 @@
+/**
+ * The regional GPU origin: the OpenAI-compatible API and the batch endpoint in front
+ * of one engine, with load reports, Prometheus metrics, GPU readings and faults.
+ */
+import { randomUUID, timingSafeEqual } from "node:crypto";
+import type { Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { createAdaptorServer } from "@hono/node-server";
+import { Hono } from "hono";
+import type { Context } from "hono";
+import { z } from "zod";
+import type { Engine, EngineOutcome, EngineResponse } from "./engine.ts";
+import {
+  createFaultController,
+  FaultConfigPatchSchema,
+  STREAM_DROPPED_CODE,
+  withFaults,
+} from "./faults.ts";
+import type { FaultConfig, FaultController } from "./faults.ts";
+import { createGpuMonitor } from "./gpu.ts";
+import type { GpuMonitor } from "./gpu.ts";
+import { createOriginCounters, renderOriginMetrics } from "./metrics.ts";
+import type { AbortReason, OriginCounters } from "./metrics.ts";
+import {
+  BATCH_CANCEL_PATH,
+  BATCH_CONTENT_TYPE,
+  BATCH_ITEM,
+  BATCH_PATH,
+  BATCH_PROTOCOL_VERSION,
+  encodeFrame,
+  encodeJsonFrame,
+  FrameType,
+  MAX_BATCH_ITEMS,
+} from "./protocol.ts";
+import type { ItemHead, ItemPath, ItemTrailer, LoadReport } from "./protocol.ts";
+
+/** Configuration of an origin. */
+export interface OriginOptions {
+  engine: Engine;
+  /** Identity reported in load reports, `/health` and `/metrics`. */
+  originId: string;
+  region?: string;
+  /** Faults to start with (none by default). */
+  faults?: Partial<FaultConfig>;
+  /** Seed of the fault PRNG, so injected faults repeat run to run. */
+  faultSeed?: number;
+  /** Milliseconds between LOAD frames while a batch runs (default 250). */
+  loadIntervalMs?: number;
+  /** Bearer token that `/admin/*` requires; open when unset (loopback deployments). */
+  adminToken?: string;
+  /** Most items accepted in one batch (default 1024, at most {@link MAX_BATCH_ITEMS}). */
+  maxBatchItems?: number;
+  /** GPU readings source (default: `nvidia-smi`). */
+  gpu?: GpuMonitor;
+}
+
+/** An origin listening on a port. */
+export interface RunningOrigin {
+  url: string;
+  port: number;
+  originId: string;
+  faults: FaultController;
+  /** Aborts every running item, closes every connection, then closes the engine. */
+  close(): Promise<void>;
+}
+
+/** Default milliseconds between LOAD frames. */
+export const DEFAULT_LOAD_INTERVAL_MS = 250;
+/** Default most items in one batch. */
+export const DEFAULT_MAX_BATCH_ITEMS = 1024;
+
+/** Backpressure threshold of a batch response: beyond it, items wait for the edge to read. */
+const BATCH_HIGH_WATER_BYTES = 1 << 20;
+
+/** Headers of a client request that reach the engine. */
+const FORWARDED_HEADERS = new Set([
+  "accept",
+  "user-agent",
+  "x-request-id",
+  "traceparent",
+  "tracestate",
+]);
+/** Engine response headers that describe a connection, not the response (RFC 9110 §7.6.1). */
+const HOP_BY_HOP = new Set([
+  "connection",
+  "keep-alive",
+  "transfer-encoding",
+  "content-length",
+  "content-encoding",
+  "upgrade",
+  "proxy-connection",
+  "trailer",
+  "te",
+]);
+
+/** An error answered in OpenAI's shape. */
+class OriginError extends Error {
+  override name = "OriginError";
+  readonly status: number;
+  readonly type: string;
+  readonly code: string | null;
+  readonly param: string | null;
+  constructor(status: number, message: string, code: string | null, param: string | null = null) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.param = param;
+    this.type =
+      status === 401
+        ? "authentication_error"
+        : status === 429
+          ? "rate_limit_error"
+          : status >= 500
+            ? "server_error"
+            : "invalid_request_error";
+  }
+}
+
+function errorBody(
+  message: string,
+  type: string,
+  code: string | null,
+  param: string | null = null,
+) {
+  return { error: { message, type, param, code } };
+}
+
+const BatchItemSchema = z.object({
+  id: z.string().min(1).max(256),
+  path: z.enum(["/v1/chat/completions", "/v1/completions"]),
+  headers: z.record(z.string(), z.string()).optional(),
+  body: z.string(),
+  timeout_ms: z.number().int().positive().optional(),
+  priority: z.number().optional(),
+});
+
+const BatchRequestSchema = z.object({
+  v: z.literal(BATCH_PROTOCOL_VERSION),
+  batch_id: z.string().min(1).max(256),
+  items: z.array(BatchItemSchema).min(1),
+});
+
+const CancelRequestSchema = z.object({
+  batch_id: z.string().min(1),
+  ids: z.array(z.string()).optional(),
+});
+
+function zodMessage(error: z.ZodError): { message: string; param: string | null } {
+  const issue = error.issues[0];
+  if (issue === undefined) return { message: "Invalid request body.", param: null };
+  const path = issue.path.map(String).join(".");
+  return { message: path ? `${path}: ${issue.message}` : issue.message, param: path || null };
+}
+
+async function readJson(c: Context): Promise<unknown> {
+  const text = await c.req.text();
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new OriginError(400, "The request body is not valid JSON.", "invalid_json");
+  }
+}
+
+/** One item's life on this origin. */
+interface ItemRun {
+  controller: AbortController;
+  reason: AbortReason | null;
+  done: boolean;
+}
+
+/** What an item needs, whichever route it came from. */
+interface ItemSpec {
+  id: string;
+  path: ItemPath;
+  body: string;
+  headers: Record<string, string>;
+  priority: number;
+  timeoutMs?: number;
+}
+
+/** An item whose status and headers are known; drain `body`, then call `finish`. */
+interface OpenedItem {
+  status: number;
+  headers: Record<string, string>;
+  body: AsyncIterator<Uint8Array>;
+  /** Waits for the engine's outcome; safe to call more than once. */
+  finish(): Promise<ItemTrailer>;
+}
+
+const encoder = new TextEncoder();
+
+function syntheticResponse(
+  status: number,
+  message: string,
+  type: string,
+  code: string,
+  outcome: EngineOutcome["outcome"],
+): EngineResponse {
+  const body = JSON.stringify(errorBody(message, type, code));
+  return {
+    status,
+    headers: { "content-type": "application/json" },
+    body: (async function* () {
+      yield encoder.encode(body);
+    })(),
+    outcome: Promise.resolve({
+      outcome,
+      usage: null,
+      error: { message, type, code },
+      queued_ms: 0,
+      ttft_ms: null,
+    }),
+  };
+}
+
+function abortedResponse(reason: AbortReason): EngineResponse {
+  return reason === "timeout"
+    ? syntheticResponse(504, "The request timed out.", "server_error", "item_timeout", "timeout")
+    : syntheticResponse(
+        499,
+        "The request was cancelled.",
+        "server_error",
+        "item_cancelled",
+        "cancelled",
+      );
+}
+
+/** Reads an iterator to its end, ignoring what it yields (engines settle `outcome` after). */
+async function drain(iterator: AsyncIterator<Uint8Array>): Promise<void> {
+  try {
+    for (;;) {
+      const next = await iterator.next();
+      if (next.done === true) return;
+    }
+  } catch {
+    // An engine body that throws has ended; its outcome says why.
+  }
+}
+
+function cleanHeaders(headers: Record<string, string>): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [name, value] of Object.entries(headers)) {
+    const lower = name.toLowerCase();
+    if (!HOP_BY_HOP.has(lower)) out[lower] = value;
+  }
+  return out;
+}
+
+function isJsonObjectText(text: string): boolean {
+  try {
+    const value: unknown = JSON.parse(text);
+    return typeof value === "object" && value !== null && !Array.isArray(value);
+  } catch {
+    return false;
+  }
+}
+
+function bearerMatches(header: string | undefined, token: string): boolean {
+  const given = Buffer.from(header ?? "");
+  const expected = Buffer.from(`Bearer ${token}`);
+  return given.length === expected.length && timingSafeEqual(given, expected);
+}
+
+/** The pieces {@link startOrigin} needs beyond the Hono app. */
+interface Origin {
+  app: Hono;
+  faults: FaultController;
+  engine: Engine;
+  /** Aborts every running item with reason `shutdown`. */
+  abortAll(): void;
+}
+
+function buildOrigin(options: OriginOptions): Origin {
+  const faults = createFaultController({ initial: options.faults, seed: options.faultSeed });
+  const engine = withFaults(options.engine, faults);
+  const gpu = options.gpu ?? createGpuMonitor();
+  const counters: OriginCounters = createOriginCounters();
+  const loadIntervalMs = options.loadIntervalMs ?? DEFAULT_LOAD_INTERVAL_MS;
+  const maxBatchItems = Math.min(options.maxBatchItems ?? DEFAULT_MAX_BATCH_ITEMS, MAX_BATCH_ITEMS);
+  const startedAt = Date.now();
+  const active = new Set<ItemRun>();
+  const engineIds = new Set<string>();
+  const batches = new Map<string, Map<string, ItemRun>>();
+  let idSuffix = 0;
+
+  function newRun(): ItemRun {
+    const run: ItemRun = { controller: new AbortController(), reason: null, done: false };
+    active.add(run);
+    return run;
+  }
+
+  function abortItem(run: ItemRun, reason: AbortReason): boolean {
+    if (run.done || run.controller.signal.aborted) return false;
+    run.reason = reason;
+    counters.cancellations[reason]++;
+    run.controller.abort(reason);
+    return true;
+  }
+
+  function loadReport(): LoadReport {
+    return { origin: options.originId, t: Date.now(), ...engine.load() };
+  }
+
+  async function openItem(spec: ItemSpec, run: ItemRun): Promise<OpenedItem> {
+    const started = Date.now();
+    counters.inFlight++;
+    // Ids must be unique among running items; a repeat (a retried request) gets a suffix.
+    let engineId = spec.id;
+    while (engineIds.has(engineId)) engineId = `${spec.id}~${++idSuffix}`;
+    engineIds.add(engineId);
+    const timer =
+      spec.timeoutMs === undefined
+        ? undefined
+        : setTimeout(() => abortItem(run, "timeout"), spec.timeoutMs);
+    const signal = run.controller.signal;
+
+    let response: EngineResponse;
+    if (!isJsonObjectText(spec.body)) {
+      response = syntheticResponse(
+        400,
+        "The request body must be a JSON object.",
+        "invalid_request_error",
+        "invalid_json",
+        "error",
+      );
+    } else {
+      const submitted = engine
+        .submit({
+          id: engineId,
+          path: spec.path,
+          body: spec.body,
+          headers: spec.headers,
+          signal,
+          priority: spec.priority,
+        })
+        .catch((): EngineResponse =>
+          syntheticResponse(500, "The engine failed.", "server_error", "engine_error", "error"),
+        );
+      const aborted = new Promise<null>((resolve) => {
+        if (signal.aborted) resolve(null);
+        else signal.addEventListener("abort", () => resolve(null), { once: true });
+      });
+      const first = await Promise.race([submitted, aborted]);
+      if (first === null) {
+        // The engine was told through the signal; still drain what it answers so it can settle.
+        void submitted.then(async (late) => {
+          await drain(late.body[Symbol.asyncIterator]());
+          await late.outcome;
+        });
+        response = abortedResponse(run.reason ?? "cancel");
+      } else {
+        response = first;
+      }
+    }
+
+    let finished: Promise<ItemTrailer> | null = null;
+    const finish = (): Promise<ItemTrailer> => {
+      finished ??= (async () => {
+        const result = await response.outcome;
+        if (timer !== undefined) clearTimeout(timer);
+        let { outcome, error } = result;
+        // Our own abort names the outcome, unless the engine had already finished cleanly.
+        if (run.reason !== null && outcome !== "ok") {
+          if (run.reason === "timeout") {
+            outcome = "timeout";
+            error = {
+              message: "The request timed out.",
+              type: "server_error",
+              code: "item_timeout",
+            };
+          } else {
+            outcome = "cancelled";
+            error = {
+              message: "The request was cancelled.",
+              type: "server_error",
+              code: "item_cancelled",
+            };
+          }
+        }
+        run.done = true;
+        active.delete(run);
+        engineIds.delete(engineId);
+        counters.inFlight--;
+        counters.outcomes[outcome]++;
+        const trailer: ItemTrailer = {
+          id: spec.id,
+          outcome,
+          usage: result.usage,
+          timing: {
+            queued_ms: result.queued_ms,
+            ttft_ms: result.ttft_ms,
+            total_ms: Date.now() - started,
+          },
+        };
+        if (outcome !== "ok" && error !== undefined) trailer.error = error;
+        return trailer;
+      })();
+      return finished;
+    };
+    return {
+      status: response.status,
+      headers: cleanHeaders(response.headers),
+      body: response.body[Symbol.asyncIterator](),
+      finish,
+    };
+  }
+
+  const app = new Hono();
+
+  app.onError((err, c) => {
+    if (err instanceof OriginError) {
+      return c.json(errorBody(err.message, err.type, err.code, err.param), err.status as 400);
+    }
+    return c.json(
+      errorBody("The origin failed to handle the request.", "server_error", "internal_error"),
+      500,
+    );
+  });
+  app.notFound((c) =>
+    c.json(
+      errorBody(
+        `Unknown route: ${c.req.method} ${c.req.path}`,
+        "invalid_request_error",
+        "not_found",
+      ),
+      404,
+    ),
+  );
+
+  function plainRoute(path: ItemPath, route: "chat" | "completions") {
+    return async function openaiRoute(c: Context): Promise<Response> {
+      counters.requests[route]++;
+      const body = await c.req.text();
+      const headers: Record<string, string> = {};
+      for (const [name, value] of c.req.raw.headers) {
+        if (FORWARDED_HEADERS.has(name) || name.startsWith("x-warmgate-")) headers[name] = value;
+      }
+      const id = headers["x-request-id"] ?? `req-${randomUUID()}`;
+      const priority = Number(headers["x-warmgate-priority"] ?? 0);
+      const run = newRun();
+      const clientSignal = c.req.raw.signal;
+      if (clientSignal.aborted) abortItem(run, "client");
+      else clientSignal.addEventListener("abort", () => abortItem(run, "client"), { once: true });
+
+      const opened = await openItem(
+        { id, path, body, headers, priority: Number.isFinite(priority) ? priority : 0 },
+        run,
+      );
+      let cancelled = false;
+      const stream = new ReadableStream<Uint8Array>(
+        {
+          async pull(controller) {
+            let next: IteratorResult<Uint8Array>;
+            try {
+              next = await opened.body.next();
+            } catch {
+              next = { done: true, value: undefined };
+            }
+            if (cancelled) return;
+            if (next.done !== true) {
+              controller.enqueue(next.value);
+              return;
+            }
+            const trailer = await opened.finish();
+            if (cancelled) return;
+            // Erroring the stream makes the server destroy the socket mid-body: no clean end.
+            if (trailer.error?.code === STREAM_DROPPED_CODE) controller.error(new Error("dropped"));
+            else controller.close();
+          },
+          async cancel() {
+            cancelled = true;
+            abortItem(run, "client");
+            await drain(opened.body);
+            await opened.finish();
+          },
+        },
+        { highWaterMark: 0 },
+      );
+      return new Response(stream, {
+        status: opened.status,
+        headers: { ...opened.headers, "x-request-id": id, "x-warmgate-origin": options.originId },
+      });
+    };
+  }
+
+  app.post("/v1/chat/completions", plainRoute("/v1/chat/completions", "chat"));
+  app.post("/v1/completions", plainRoute("/v1/completions", "completions"));
+
+  app.get("/v1/models", (c) => {
+    const created = Math.floor(startedAt / 1000);
+    return c.json({
+      object: "list",
+      data: engine.models().map((m) => ({
+        id: m.id,
+        object: "model",
+        created,
+        owned_by: m.owned_by,
+        root: m.id,
+        parent: null,
+        max_model_len: m.max_model_len,
+      })),
+    });
+  });
+
+  app.get("/health", async (c) => {
+    const [health, gpuSnapshot] = await Promise.all([
+      engine
+        .health()
+        .catch(() => ({ ok: false, engine: engine.kind, detail: "health check failed" })),
+      gpu.snapshot(),
+    ]);
+    return c.json(
+      {
+        status: health.ok ? "ok" : "degraded",
+        origin: options.originId,
+        region: options.region ?? null,
+        engine: health,
+        gpu: gpuSnapshot.available
+          ? { available: true, gpus: gpuSnapshot.gpus }
+          : { available: false, reason: gpuSnapshot.reason },
+        in_flight: counters.inFlight,
+        uptime_s: Math.round((Date.now() - startedAt) / 1000),
+      },
+      health.ok ? 200 : 503,
+    );
+  });
+
+  app.get("/metrics", async (c) => {
+    const origin = renderOriginMetrics({
+      originId: options.originId,
+      region: options.region,
+      counters,
+      faults: faults.counts(),
+      gpu: await gpu.snapshot(),
+    });
+    const engineText = engine.metrics().trimEnd();
+    const text = `${engineText === "" ? "" : `${engineText}\n`}${origin}\n`;
+    return c.body(text, 200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" });
+  });
+
+  function requireAdmin(c: Context): void {
+    if (options.adminToken === undefined) return;
+    if (!bearerMatches(c.req.header("authorization"), options.adminToken)) {
+      throw new OriginError(401, "A valid admin bearer token is required.", "invalid_admin_token");
+    }
+  }
+
+  app.get("/admin/faults", (c) => {
+    requireAdmin(c);
+    return c.json(faults.get());
+  });
+  app.put("/admin/faults", async (c) => {
+    requireAdmin(c);
+    const parsed = FaultConfigPatchSchema.safeParse(await readJson(c));
+    if (!parsed.success) {
+      const { message, param } = zodMessage(parsed.error);
+      throw new OriginError(400, message, "invalid_fault_config", param);
+    }
+    return c.json(faults.set(parsed.data));
+  });
+  app.delete("/admin/faults", (c) => {
+    requireAdmin(c);
+    return c.json(faults.reset());
+  });
+
+  app.post(BATCH_PATH, async (c) => {
+    const parsed = BatchRequestSchema.safeParse(await readJson(c));
+    if (!parsed.success) {
+      const { message, param } = zodMessage(parsed.error);
+      throw new OriginError(400, message, "invalid_batch", param);
+    }
+    const envelope = parsed.data;
+    if (envelope.items.length > maxBatchItems) {
+      throw new OriginError(
+        400,
+        `A batch holds at most ${maxBatchItems} items; got ${envelope.items.length}.`,
+        "batch_too_large",
+        "items",
+      );
+    }
+    const seen = new Set<string>();
+    for (const item of envelope.items) {
+      if (seen.has(item.id)) {
+        throw new OriginError(400, `Duplicate item id: ${item.id}`, "duplicate_item_id", "items");
+      }
+      seen.add(item.id);
+    }
+    if (batches.has(envelope.batch_id)) {
+      throw new OriginError(
+        409,
+        `Batch ${envelope.batch_id} is already running.`,
+        "batch_conflict",
+      );
+    }
+    counters.batches++;
+    counters.batchItems += envelope.items.length;
+    const runs = new Map<string, ItemRun>();
+    batches.set(envelope.batch_id, runs);
+    for (const item of envelope.items) runs.set(item.id, newRun());
+
+    const batchSignal = c.req.raw.signal;
+    let closed = false;
+    let waiters: (() => void)[] = [];
+    let ticker: ReturnType<typeof setInterval> | undefined;
+    const release = () => {
+      const pending = waiters;
+      waiters = [];
+      for (const wake of pending) wake();
+    };
+    const dropBatch = () => {
+      if (closed) return;
+      closed = true;
+      release();
+      for (const run of runs.values()) abortItem(run, "client");
+    };
+
+    const stream = new ReadableStream<Uint8Array>(
+      {
+        start(controller) {
+          const emit = async (frame: Uint8Array): Promise<void> => {
+            if (closed) return;
+            controller.enqueue(frame);
+            // Backpressure: past the high-water mark, wait until the edge reads.
+            if ((controller.desiredSize ?? 1) <= 0) {
+              await new Promise<void>((resolve) => waiters.push(resolve));
+            }
+          };
+          const emitLoad = () => emit(encodeJsonFrame(FrameType.LOAD, BATCH_ITEM, loadReport()));
+
+          const runOne = async (index: number, item: z.infer<typeof BatchItemSchema>) => {
+            const run = runs.get(item.id);
+            if (run === undefined) return;
+            const spec: ItemSpec = {
+              id: item.id,
+              path: item.path,
+              body: item.body,
+              headers: Object.fromEntries(
+                Object.entries(item.headers ?? {}).map(([k, v]) => [k.toLowerCase(), v]),
+              ),
+              priority: item.priority ?? 0,
+            };
+            if (item.timeout_ms !== undefined) spec.timeoutMs = item.timeout_ms;
+            const opened = await openItem(spec, run);
+            const head: ItemHead = { id: item.id, status: opened.status, headers: opened.headers };
+            await emit(encodeJsonFrame(FrameType.HEAD, index, head));
+            for (;;) {
+              let next: IteratorResult<Uint8Array>;
+              try {
+                next = await opened.body.next();
+              } catch {
+                break;
+              }
+              if (next.done === true) break;
+              await emit(encodeFrame(FrameType.DATA, index, next.value));
+            }
+            await emit(encodeJsonFrame(FrameType.END, index, await opened.finish()));
+          };
+
+          const work = async () => {
+            await emitLoad();
+            ticker = setInterval(() => void emitLoad(), loadIntervalMs);
+            await Promise.all(envelope.items.map((item, index) => runOne(index, item)));
+            clearInterval(ticker);
+            await emitLoad();
+            batches.delete(envelope.batch_id);
+            if (!closed) {
+              closed = true;
+              controller.close();
+            }
+          };
+          work().catch(() => {
+            // Only a bug lands here; end the batch rather than leave the edge waiting.
+            clearInterval(ticker);
+            batches.delete(envelope.batch_id);
+            dropBatch();
+            controller.error(new Error("batch failed"));
+          });
+        },
+        pull() {
+          release();
+        },
+        cancel() {
+          clearInterval(ticker);
+          dropBatch();
+        },
+      },
+      new ByteLengthQueuingStrategy({ highWaterMark: BATCH_HIGH_WATER_BYTES }),
+    );
+    batchSignal.addEventListener("abort", dropBatch, { once: true });
+
+    return new Response(stream, {
+      status: 200,
+      headers: {
+        "content-type": BATCH_CONTENT_TYPE,
+        "cache-control": "no-store",
+        "warmgate-batch-version": String(BATCH_PROTOCOL_VERSION),
+        "x-warmgate-origin": options.originId,
+      },
+    });
+  });
+
+  app.post(BATCH_CANCEL_PATH, async (c) => {
+    const parsed = CancelRequestSchema.safeParse(await readJson(c));
+    if (!parsed.success) {
+      const { message, param } = zodMessage(parsed.error);
+      throw new OriginError(400, message, "invalid_cancel", param);
+    }
+    const runs = batches.get(parsed.data.batch_id);
+    const cancelled: string[] = [];
+    if (runs !== undefined) {
+      const ids = parsed.data.ids ?? [...runs.keys()];
+      for (const id of ids) {
+        const run = runs.get(id);
+        if (run !== undefined && abortItem(run, "cancel")) cancelled.push(id);
+      }
+    }
+    return c.json({ cancelled });
+  });
+
+  return {
+    app,
+    faults,
+    engine,
+    abortAll() {
+      for (const run of active) abortItem(run, "shutdown");
+    },
+  };
+}
+
+/** Builds the origin's Hono app (no listening socket); for tests and custom servers. */
+export function createOriginApp(options: OriginOptions): Hono {
+  return buildOrigin(options).app;
+}
+
+/** Starts an origin on `port` (0, the default, picks a free one) and `host` (127.0.0.1). */
+export async function startOrigin(
+  options: OriginOptions & { port?: number; host?: string },
+): Promise<RunningOrigin> {
+  const origin = buildOrigin(options);
+  const host = options.host ?? "127.0.0.1";
+  const server = createAdaptorServer({
+    fetch: origin.app.fetch,
+    hostname: host,
+    // Keep-alive matters: the edge reuses one connection for batch after batch.
+    serverOptions: { keepAlive: true, keepAliveTimeout: 65_000, noDelay: true },
+  }) as Server;
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(options.port ?? 0, host, () => {
+      server.off("error", reject);
+      resolve();
+    });
+  });
+  const port = (server.address() as AddressInfo).port;
+  const urlHost = host.includes(":") ? `[${host}]` : host === "0.0.0.0" ? "127.0.0.1" : host;
+  let closing: Promise<void> | null = null;
+  return {
+    url: `http://${urlHost}:${port}`,
+    port,
+    originId: options.originId,
+    faults: origin.faults,
+    close() {
+      closing ??= (async () => {
+        origin.abortAll();
+        const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+        // Streaming responses would hold server.close() open; end those connections now.
+        server.closeAllConnections();
+        await closed;
+        await origin.engine.close();
+      })();
+      return closing;
+    },
+  };
+}
