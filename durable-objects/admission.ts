@@ -1,0 +1,282 @@
+// The admission policy of one API key, as a pure function: given the key's policy,
+// its current counters and a request, decide admit or refuse and return the new
+// bucket state. `KeyAccount` loads the inputs from SQLite, calls `decideAdmission`
+// and persists the result in the same synchronous turn, which is what makes the
+// decision atomic. Nothing here touches storage or the clock.
+
+import {
+  take,
+  snapshot,
+  type BucketSnapshot,
+  type BucketState,
+  fullBucket,
+} from "./token-bucket.ts";
+
+/** Whether a key may be used at all. */
+export type KeyStatus = "active" | "revoked";
+
+/** Per-minute and in-flight limits, for a key or for one end user of a browser token. */
+export interface Limits {
+  rpm: number;
+  tpm: number;
+  concurrency: number;
+}
+
+/** What the key's record says about admission. */
+export interface KeyPolicy {
+  status: KeyStatus;
+  /** Epoch ms after which the key is refused, or null for no expiry. */
+  expiresAt: number | null;
+  /** Models the key may call, or null for every model. */
+  models: readonly string[] | null;
+  /** Browser origins the key allows; requests without an Origin are not browser requests. */
+  allowedOrigins: readonly string[];
+  limits: Limits;
+}
+
+/** The narrowed scope a browser token carries for one end user. */
+export interface EndUserPolicy {
+  /** The end user id, or a per-token subject when the token names no user. */
+  subject: string;
+  limits: Limits;
+  models: readonly string[] | null;
+}
+
+/** The stored counters of one scope (the key, or one end user); null buckets are full. */
+export interface ScopeUsage {
+  requests: BucketState | null;
+  tokens: BucketState | null;
+  /** Open reservations in this scope. */
+  inFlight: number;
+}
+
+/** Bucket state to persist for one scope after a decision. */
+export interface ScopeBuckets {
+  requests: BucketState;
+  tokens: BucketState;
+}
+
+/** The request being admitted. */
+export interface AdmissionRequest {
+  model: string;
+  promptTokens: number;
+  maxTokens: number;
+  /** The browser `Origin` header, or null for server-to-server calls. */
+  origin: string | null;
+  now: number;
+}
+
+/** Everything `decideAdmission` needs, loaded by the shell in one synchronous turn. */
+export interface AdmissionInput {
+  key: KeyPolicy;
+  endUser: EndUserPolicy | null;
+  usage: { key: ScopeUsage; endUser: ScopeUsage | null };
+  request: AdmissionRequest;
+}
+
+/** Values for OpenAI's `x-ratelimit-*-requests` and `x-ratelimit-*-tokens` headers. */
+export interface RateLimitInfo {
+  requests: BucketSnapshot;
+  tokens: BucketSnapshot;
+}
+
+/** Which limit refused a request. */
+export type LimitName = "requests" | "tokens" | "concurrency";
+
+/** Why a key or a browser token is not accepted. */
+export type InvalidKeyReason = "unknown" | "bad_secret" | "revoked" | "expired";
+
+/** A refusal, tagged by the OpenAI error code it maps to. */
+export type AdmissionRefusal =
+  | { ok: false; code: "invalid_api_key"; reason: InvalidKeyReason }
+  | { ok: false; code: "origin_not_allowed"; origin: string }
+  | { ok: false; code: "model_not_allowed"; model: string }
+  | {
+      ok: false;
+      code: "rate_limit_exceeded";
+      limit: LimitName;
+      scope: "key" | "end_user";
+      /** The limit's value, and what this request asked of it. */
+      limitValue: number;
+      requested: number;
+      retryAfterMs: number;
+      /** The request alone exceeds the limit; waiting will not help. */
+      tooLarge: boolean;
+      rateLimit: RateLimitInfo;
+    };
+// Budgets (issue 5) add `{ ok: false; code: "insufficient_quota"; … }` here and a
+// cost check in `decideAdmission` between the limits and the commit.
+
+/** An admitted request: what was reserved and the headers to send. */
+export interface Admission {
+  ok: true;
+  reservedTokens: number;
+  rateLimit: RateLimitInfo;
+}
+
+/** The decision and the state to persist when it admits. */
+export interface AdmissionOutcome {
+  state: { key: ScopeBuckets; endUser: ScopeBuckets | null };
+  decision: Admission | AdmissionRefusal;
+}
+
+/** Milliseconds suggested before retrying a request refused for concurrency. */
+export const CONCURRENCY_RETRY_MS = 1_000;
+
+/** Whether `model` is in `allowed` (null allows every model). */
+export function modelAllowed(allowed: readonly string[] | null, model: string): boolean {
+  return allowed === null || allowed.includes(model);
+}
+
+/** Decides one admission: status, origin, model, concurrency, requests and tokens, all or nothing. */
+export function decideAdmission(input: AdmissionInput): AdmissionOutcome {
+  const { key, endUser, usage, request } = input;
+  const { now } = request;
+  const keyBuckets = bucketsOf(usage.key, key.limits, now);
+  const userBuckets =
+    endUser === null ? null : bucketsOf(usage.endUser ?? emptyUsage(), endUser.limits, now);
+  const unchanged = { key: keyBuckets, endUser: userBuckets };
+  const refuse = (decision: AdmissionRefusal): AdmissionOutcome => ({ state: unchanged, decision });
+
+  if (key.status === "revoked")
+    return refuse({ ok: false, code: "invalid_api_key", reason: "revoked" });
+  if (key.expiresAt !== null && now >= key.expiresAt) {
+    return refuse({ ok: false, code: "invalid_api_key", reason: "expired" });
+  }
+  if (request.origin !== null && !key.allowedOrigins.includes(request.origin)) {
+    return refuse({ ok: false, code: "origin_not_allowed", origin: request.origin });
+  }
+  if (
+    !modelAllowed(key.models, request.model) ||
+    !modelAllowed(endUser?.models ?? null, request.model)
+  ) {
+    return refuse({ ok: false, code: "model_not_allowed", model: request.model });
+  }
+
+  const tokens = request.promptTokens + request.maxTokens;
+  const checks: ScopeCheck[] = [
+    { scope: "key", limits: key.limits, buckets: keyBuckets, usage: usage.key },
+  ];
+  if (endUser !== null && userBuckets !== null) {
+    checks.push({
+      scope: "end_user",
+      limits: endUser.limits,
+      buckets: userBuckets,
+      usage: usage.endUser ?? emptyUsage(),
+    });
+  }
+
+  // Every scope and every limit is checked before anything is taken, so a refusal
+  // reserves nothing; the refusal reported is the one that asks for the longest wait.
+  let worst: RateRefusal | null = null;
+  const taken: ScopeBuckets[] = [];
+  for (const check of checks) {
+    const refusals: Omit<RateRefusal, "rateLimit">[] = [];
+    if (check.usage.inFlight >= check.limits.concurrency) {
+      refusals.push({
+        ok: false,
+        code: "rate_limit_exceeded",
+        limit: "concurrency",
+        scope: check.scope,
+        limitValue: check.limits.concurrency,
+        requested: 1,
+        retryAfterMs: CONCURRENCY_RETRY_MS,
+        tooLarge: false,
+      });
+    }
+    const requests = take(check.buckets.requests, check.limits.rpm, 1, now);
+    if (!requests.decision.ok) {
+      refusals.push({
+        ok: false,
+        code: "rate_limit_exceeded",
+        limit: "requests",
+        scope: check.scope,
+        limitValue: check.limits.rpm,
+        requested: 1,
+        retryAfterMs: requests.decision.retryAfterMs,
+        tooLarge: requests.decision.tooLarge,
+      });
+    }
+    const tokenTake = take(check.buckets.tokens, check.limits.tpm, tokens, now);
+    if (!tokenTake.decision.ok) {
+      refusals.push({
+        ok: false,
+        code: "rate_limit_exceeded",
+        limit: "tokens",
+        scope: check.scope,
+        limitValue: check.limits.tpm,
+        requested: tokens,
+        retryAfterMs: tokenTake.decision.retryAfterMs,
+        tooLarge: tokenTake.decision.tooLarge,
+      });
+    }
+    for (const refusal of refusals) {
+      if (worst === null || refusal.retryAfterMs > worst.retryAfterMs) {
+        worst = { ...refusal, rateLimit: rateLimitOf(checks, now) };
+      }
+    }
+    taken.push({ requests: requests.state, tokens: tokenTake.state });
+  }
+  if (worst !== null) return refuse(worst);
+
+  // Budgets (issue 5): reserve the worst-case cost here, refusing with
+  // `insufficient_quota` before anything below commits.
+
+  const after = checks.map((check, i) => ({ ...check, buckets: taken[i] ?? check.buckets }));
+  const state = { key: taken[0] ?? keyBuckets, endUser: taken[1] ?? null };
+  return {
+    state,
+    decision: { ok: true, reservedTokens: tokens, rateLimit: rateLimitOf(after, now) },
+  };
+}
+
+/** The rate-limit header values of one scope as of `now`, taking nothing. */
+export function rateLimitNow(limits: Limits, usage: ScopeUsage, now: number): RateLimitInfo {
+  return rateLimitOf(
+    [{ scope: "key", limits, buckets: bucketsOf(usage, limits, now), usage }],
+    now,
+  );
+}
+
+/** Token units to give back to the buckets once real usage is known (negative charges more). */
+export function tokenCorrection(reservedTokens: number, usedTokens: number | null): number {
+  // Without real usage the reservation stands: the origin may have done the work.
+  return usedTokens === null ? 0 : reservedTokens - usedTokens;
+}
+
+type RateRefusal = Extract<AdmissionRefusal, { code: "rate_limit_exceeded" }>;
+
+interface ScopeCheck {
+  scope: "key" | "end_user";
+  limits: Limits;
+  buckets: ScopeBuckets;
+  usage: ScopeUsage;
+}
+
+function emptyUsage(): ScopeUsage {
+  return { requests: null, tokens: null, inFlight: 0 };
+}
+
+function bucketsOf(usage: ScopeUsage, limits: Limits, now: number): ScopeBuckets {
+  return {
+    requests: usage.requests ?? fullBucket(limits.rpm, now),
+    tokens: usage.tokens ?? fullBucket(limits.tpm, now),
+  };
+}
+
+// Headers report, per dimension, whichever scope has the least left: that is the
+// limit the caller will meet first.
+function rateLimitOf(checks: readonly ScopeCheck[], now: number): RateLimitInfo {
+  let requests: BucketSnapshot | null = null;
+  let tokens: BucketSnapshot | null = null;
+  for (const check of checks) {
+    const r = snapshot(check.buckets.requests, check.limits.rpm, now);
+    const t = snapshot(check.buckets.tokens, check.limits.tpm, now);
+    if (requests === null || r.remaining < requests.remaining) requests = r;
+    if (tokens === null || t.remaining < tokens.remaining) tokens = t;
+  }
+  return {
+    requests: requests ?? { limit: 0, remaining: 0, resetMs: 0 },
+    tokens: tokens ?? { limit: 0, remaining: 0, resetMs: 0 },
+  };
+}

@@ -1,0 +1,708 @@
+// KeyAccount: one Durable Object per API key (named by the key id). It holds the
+// key's record, secrets, rate-limit buckets and in-flight reservations in SQLite,
+// and answers `admit` and `settle` for the request path in one call each.
+//
+// Tables
+//   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
+//   key_record         The key, at most one row (singleton = 1); absent until `create`.
+//                      Times are epoch ms; models NULL allows every model.
+//   secrets            secret_hash PK (SHA-256 hex of the whole key), valid_until.
+//                      Exactly one row with valid_until NULL (the current secret) while
+//                      the key exists; rotated-out secrets carry the end of their grace.
+//   buckets            (scope, kind) PK → level, updated_at. scope 'key' is the key,
+//                      'u:<subject>' one end user of browser tokens; kind 'requests' or
+//                      'tokens'. A missing row is a full bucket.
+//   reservations       request_id PK. state 'open' → 'settled' | 'expired', exactly once
+//                      (an 'expired' row may still take its real usage once, → 'settled').
+//                      Open rows are the in-flight requests: concurrency is their count.
+//                      Closed rows stay SETTLED_RETENTION_MS so a repeated settle is a
+//                      no-op, then are pruned.
+//
+// Invariants
+//   - `admit` reads, decides and writes without an await in between, so concurrent
+//     calls are serialised by the input gate: no two decisions see the same counters.
+//   - Every token reserved is given back or charged exactly once (settle), or kept
+//     when the reservation expires unsettled (its real cost is unknown).
+//   - An alarm is set whenever an open reservation or a prunable row exists, no later
+//     than the earliest open expiry; running it twice changes nothing.
+
+import { DurableObject } from "cloudflare:workers";
+import { adjust, type BucketState } from "./token-bucket.ts";
+import {
+  decideAdmission,
+  rateLimitNow,
+  tokenCorrection,
+  type Admission,
+  type AdmissionRefusal,
+  type KeyStatus,
+  type Limits,
+  type ScopeUsage,
+} from "./admission.ts";
+import { constantTimeEqual } from "../functions/keys.ts";
+
+/** Priority tiers, lowest first; the batcher maps them to lanes. */
+export const KEY_TIERS = ["low", "standard", "high"] as const;
+
+/** A key's priority tier. */
+export type KeyTier = (typeof KEY_TIERS)[number];
+
+/** How long a reservation may stay open before the alarm releases it. */
+export const RESERVATION_LEASE_MS = 15 * 60_000;
+
+/** How long a closed reservation is kept so that a repeated settle is recognised. */
+export const SETTLED_RETENTION_MS = 15 * 60_000;
+
+// Pruning runs at most this often, so steady traffic does not turn into an alarm per request.
+const PRUNE_INTERVAL_MS = 60_000;
+// An end user's buckets untouched this long are full again (or their debt is forgiven).
+const IDLE_BUCKET_MS = 10 * 60_000;
+
+/** The key record as the KeyAccount holds it (times in epoch ms). */
+export interface KeyRecord {
+  id: string;
+  name: string;
+  status: KeyStatus;
+  limits: Limits;
+  allowedOrigins: string[];
+  models: string[] | null;
+  tier: KeyTier;
+  expiresAt: number | null;
+  createdAt: number;
+  updatedAt: number;
+  revokedAt: number | null;
+  /** End of the grace period of the previous secret after a rotation, if still running. */
+  previousSecretValidUntil: number | null;
+  /** Increases with every change, so copies of the record (the directory) keep the newest. */
+  version: number;
+}
+
+/** What `create` needs: the record's fields and the hash of the first secret. */
+export interface KeyCreateInput {
+  id: string;
+  name: string;
+  secretHash: string;
+  limits: Limits;
+  allowedOrigins: string[];
+  models: string[] | null;
+  tier: KeyTier;
+  expiresAt: number | null;
+  now: number;
+}
+
+/** A partial change to a key; `models: null` allows every model, `expiresAt: null` removes expiry. */
+export interface KeyUpdateInput {
+  name?: string;
+  limits?: Partial<Limits>;
+  allowedOrigins?: string[];
+  models?: string[] | null;
+  tier?: KeyTier;
+  expiresAt?: number | null;
+  now: number;
+}
+
+/** How a request presents itself to `admit`: an API key's hash or a verified browser token's scope. */
+export type AdmitCredential =
+  | { kind: "key"; secretHash: string }
+  | {
+      kind: "browser";
+      /** End user id, or a per-token subject when the token names no user. */
+      subject: string;
+      limits: Limits;
+      models: string[] | null;
+    };
+
+/** One admission request from the edge. */
+export interface AdmitInput {
+  requestId: string;
+  credential: AdmitCredential;
+  model: string;
+  promptTokens: number;
+  /** Tokens the completion may produce; reserved in full until settled. */
+  maxTokens: number;
+  /** The OpenAI `user` field, recorded with the reservation. */
+  endUser?: string | null;
+  /** The browser `Origin` header, if any. */
+  origin?: string | null;
+  /** Decision time; omit to use this object's clock (one clock per key). */
+  now?: number;
+  /** How long the reservation may stay open before the alarm releases it. */
+  leaseMs?: number;
+  // Budgets (issue 5) add `reserveCostMicros` here; `admit` reserves it in the same turn.
+}
+
+/** An admitted request: its tier, rate-limit headers and when its reservation lapses. */
+export type AdmitOk = Admission & { requestId: string; tier: KeyTier; leaseExpiresAt: number };
+
+/** The answer to `admit`. */
+export type AdmitResult = AdmitOk | AdmissionRefusal;
+
+/** How a request ended. */
+export type SettleOutcome = "ok" | "error" | "cancelled" | "timeout";
+
+/** Real token usage, as OpenAI reports it. */
+export interface SettleUsage {
+  prompt_tokens: number;
+  completion_tokens: number;
+}
+
+/** One settlement from the edge; without usage the reservation is charged in full. */
+export interface SettleInput {
+  requestId: string;
+  outcome: SettleOutcome;
+  usage?: SettleUsage | null;
+  now?: number;
+}
+
+/** The answer to `settle`: applied once, or why nothing changed. */
+export type SettleResult =
+  | {
+      settled: true;
+      requestId: string;
+      reservedTokens: number;
+      usedTokens: number | null;
+      late: boolean;
+    }
+  | { settled: false; requestId: string; reason: "already_settled" | "unknown_request" };
+
+/** Result of checking an API key without admitting a request (token minting). */
+export type KeyCheckResult =
+  | { ok: true; record: KeyRecord }
+  | Extract<AdmissionRefusal, { code: "invalid_api_key" }>;
+
+const MIGRATIONS: readonly string[] = [
+  `CREATE TABLE key_record (
+     singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+     id TEXT NOT NULL, name TEXT NOT NULL, status TEXT NOT NULL,
+     rpm INTEGER NOT NULL, tpm INTEGER NOT NULL, concurrency INTEGER NOT NULL,
+     allowed_origins TEXT NOT NULL, models TEXT, tier TEXT NOT NULL, expires_at INTEGER,
+     created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, revoked_at INTEGER,
+     version INTEGER NOT NULL);
+   CREATE TABLE secrets (
+     secret_hash TEXT PRIMARY KEY, created_at INTEGER NOT NULL, valid_until INTEGER);
+   CREATE TABLE buckets (
+     scope TEXT NOT NULL, kind TEXT NOT NULL, level REAL NOT NULL, updated_at INTEGER NOT NULL,
+     PRIMARY KEY (scope, kind));
+   CREATE TABLE reservations (
+     request_id TEXT PRIMARY KEY, state TEXT NOT NULL, model TEXT NOT NULL,
+     subject TEXT, subject_tpm INTEGER, end_user TEXT,
+     reserved_tokens INTEGER NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
+     closed_at INTEGER, outcome TEXT, prompt_tokens INTEGER, completion_tokens INTEGER);
+   CREATE INDEX reservations_open ON reservations (state, expires_at);
+   CREATE INDEX reservations_subject ON reservations (state, subject);
+   CREATE INDEX reservations_closed ON reservations (closed_at);`,
+];
+
+const KEY_SCOPE = "key";
+
+type RecordRow = {
+  id: string;
+  name: string;
+  status: string;
+  rpm: number;
+  tpm: number;
+  concurrency: number;
+  allowed_origins: string;
+  models: string | null;
+  tier: string;
+  expires_at: number | null;
+  created_at: number;
+  updated_at: number;
+  revoked_at: number | null;
+  version: number;
+};
+
+type SecretRow = { secret_hash: string; valid_until: number | null };
+
+type ReservationRow = {
+  state: string;
+  subject: string | null;
+  subject_tpm: number | null;
+  reserved_tokens: number;
+};
+
+/** Limits, counters and reservations of one API key. */
+export class KeyAccount extends DurableObject<Env> {
+  #record: KeyRecord | null = null;
+  #secrets: SecretRow[] = [];
+  #alarmAt: number | null = null;
+
+  constructor(ctx: DurableObjectState, env: Env) {
+    super(ctx, env);
+    void ctx.blockConcurrencyWhile(() => this.#migrate());
+  }
+
+  /** Creates the key; null when this object already holds one. */
+  async create(input: KeyCreateInput): Promise<KeyRecord | null> {
+    if (this.#record !== null) return null;
+    const sql = this.ctx.storage.sql;
+    this.ctx.storage.transactionSync(() => {
+      sql.exec(
+        `INSERT INTO key_record (singleton, id, name, status, rpm, tpm, concurrency, allowed_origins,
+           models, tier, expires_at, created_at, updated_at, revoked_at, version)
+         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1)`,
+        input.id,
+        input.name,
+        input.limits.rpm,
+        input.limits.tpm,
+        input.limits.concurrency,
+        JSON.stringify(input.allowedOrigins),
+        input.models === null ? null : JSON.stringify(input.models),
+        input.tier,
+        input.expiresAt,
+        input.now,
+        input.now,
+      );
+      sql.exec(
+        "INSERT INTO secrets (secret_hash, created_at, valid_until) VALUES (?, ?, NULL)",
+        input.secretHash,
+        input.now,
+      );
+    });
+    this.#load();
+    return this.#record;
+  }
+
+  /** The key record, or null when no key lives here. */
+  get(now?: number): KeyRecord | null {
+    return this.#view(now ?? Date.now());
+  }
+
+  /** Applies a partial change; null when no key lives here. */
+  update(input: KeyUpdateInput): KeyRecord | null {
+    const current = this.#record;
+    if (current === null) return null;
+    const limits = { ...current.limits, ...input.limits };
+    this.ctx.storage.sql.exec(
+      `UPDATE key_record SET name = ?, rpm = ?, tpm = ?, concurrency = ?, allowed_origins = ?,
+         models = ?, tier = ?, expires_at = ?, updated_at = ?, version = version + 1`,
+      input.name ?? current.name,
+      limits.rpm,
+      limits.tpm,
+      limits.concurrency,
+      JSON.stringify(input.allowedOrigins ?? current.allowedOrigins),
+      modelsColumn(input.models === undefined ? current.models : input.models),
+      input.tier ?? current.tier,
+      input.expiresAt === undefined ? current.expiresAt : input.expiresAt,
+      input.now,
+    );
+    this.#load();
+    return this.#view(input.now);
+  }
+
+  /** Revokes the key: its very next request is refused. Null when no key lives here. */
+  revoke(now: number): KeyRecord | null {
+    if (this.#record === null) return null;
+    if (this.#record.status !== "revoked") {
+      this.ctx.storage.sql.exec(
+        "UPDATE key_record SET status = 'revoked', revoked_at = ?, updated_at = ?, version = version + 1",
+        now,
+        now,
+      );
+      this.#load();
+    }
+    return this.#view(now);
+  }
+
+  /**
+   * Makes `secretHash` the current secret; the previous one stays valid for `graceMs`.
+   * Null when no key lives here or the key is revoked.
+   */
+  rotate(input: { secretHash: string; graceMs: number; now: number }): KeyRecord | null {
+    if (this.#record === null || this.#record.status === "revoked") return null;
+    const sql = this.ctx.storage.sql;
+    const { now } = input;
+    this.ctx.storage.transactionSync(() => {
+      sql.exec("DELETE FROM secrets WHERE valid_until IS NOT NULL AND valid_until <= ?", now);
+      sql.exec(
+        "UPDATE secrets SET valid_until = ? WHERE valid_until IS NULL",
+        now + Math.max(0, input.graceMs),
+      );
+      sql.exec(
+        "INSERT INTO secrets (secret_hash, created_at, valid_until) VALUES (?, ?, NULL)",
+        input.secretHash,
+        now,
+      );
+      sql.exec("UPDATE key_record SET updated_at = ?, version = version + 1", now);
+    });
+    this.#load();
+    return this.#view(now);
+  }
+
+  /** Checks an API key's hash and status without admitting a request. */
+  check(input: { secretHash: string; now?: number }): KeyCheckResult {
+    const now = input.now ?? Date.now();
+    const record = this.#record;
+    if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
+    if (!this.#secretMatches(input.secretHash, now)) {
+      return { ok: false, code: "invalid_api_key", reason: "bad_secret" };
+    }
+    if (record.status === "revoked")
+      return { ok: false, code: "invalid_api_key", reason: "revoked" };
+    if (record.expiresAt !== null && now >= record.expiresAt) {
+      return { ok: false, code: "invalid_api_key", reason: "expired" };
+    }
+    return { ok: true, record: this.#view(now) ?? record };
+  }
+
+  /**
+   * Admits or refuses one request atomically: secret, status, origin, model, concurrency,
+   * requests and tokens; on admission reserves a concurrency slot and the tokens.
+   */
+  async admit(input: AdmitInput): Promise<AdmitResult> {
+    const result = this.#decide(input);
+    if (result.ok) await this.#ensureAlarm(result.leaseExpiresAt);
+    return result;
+  }
+
+  /** Ends a request exactly once: frees its slot and corrects its tokens with real usage. */
+  async settle(input: SettleInput): Promise<SettleResult> {
+    const now = input.now ?? Date.now();
+    const result = this.#settle(input, now);
+    if (result.settled) await this.#ensureAlarm(now + SETTLED_RETENTION_MS);
+    return result;
+  }
+
+  /** Releases reservations past their lease and prunes old rows; safe to run twice. */
+  override async alarm(): Promise<void> {
+    this.#alarmAt = null;
+    const now = Date.now();
+    this.#expireDue(now);
+    this.#prune(now);
+    await this.#rescheduleAlarm(now);
+  }
+
+  // --- admission -------------------------------------------------------------------
+
+  // Synchronous from first read to last write: this is the atomic section.
+  #decide(input: AdmitInput): AdmitResult {
+    const now = input.now ?? Date.now();
+    const record = this.#record;
+    if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
+    const { credential } = input;
+    if (credential.kind === "key" && !this.#secretMatches(credential.secretHash, now)) {
+      return { ok: false, code: "invalid_api_key", reason: "bad_secret" };
+    }
+    const sql = this.ctx.storage.sql;
+    const existing = sql
+      .exec<{ state: string; expires_at: number; reserved_tokens: number }>(
+        "SELECT state, expires_at, reserved_tokens FROM reservations WHERE request_id = ?",
+        input.requestId,
+      )
+      .toArray()[0];
+    if (existing !== undefined) {
+      // A repeated admit (the edge retried the call) must not reserve twice.
+      if (existing.state !== "open") throw new Error("request id already settled");
+      return {
+        ok: true,
+        reservedTokens: existing.reserved_tokens,
+        rateLimit: rateLimitNow(record.limits, this.#usage(KEY_SCOPE, null), now),
+        requestId: input.requestId,
+        tier: record.tier,
+        leaseExpiresAt: existing.expires_at,
+      };
+    }
+
+    this.#expireDue(now);
+    const subject = credential.kind === "browser" ? credential.subject : null;
+    const endUser =
+      credential.kind === "browser"
+        ? { subject: credential.subject, limits: credential.limits, models: credential.models }
+        : null;
+    const outcome = decideAdmission({
+      key: {
+        status: record.status,
+        expiresAt: record.expiresAt,
+        models: record.models,
+        allowedOrigins: record.allowedOrigins,
+        limits: record.limits,
+      },
+      endUser,
+      usage: {
+        key: this.#usage(KEY_SCOPE, null),
+        endUser: subject === null ? null : this.#usage(userScope(subject), subject),
+      },
+      request: {
+        model: input.model,
+        promptTokens: input.promptTokens,
+        maxTokens: input.maxTokens,
+        origin: input.origin ?? null,
+        now,
+      },
+    });
+    const { decision, state } = outcome;
+    if (!decision.ok) return decision;
+
+    const leaseExpiresAt = now + clampLease(input.leaseMs);
+    this.ctx.storage.transactionSync(() => {
+      this.#writeBucket(KEY_SCOPE, "requests", state.key.requests);
+      this.#writeBucket(KEY_SCOPE, "tokens", state.key.tokens);
+      if (subject !== null && state.endUser !== null) {
+        this.#writeBucket(userScope(subject), "requests", state.endUser.requests);
+        this.#writeBucket(userScope(subject), "tokens", state.endUser.tokens);
+      }
+      sql.exec(
+        `INSERT INTO reservations (request_id, state, model, subject, subject_tpm, end_user,
+           reserved_tokens, created_at, expires_at)
+         VALUES (?, 'open', ?, ?, ?, ?, ?, ?, ?)`,
+        input.requestId,
+        input.model,
+        subject,
+        endUser?.limits.tpm ?? null,
+        input.endUser ?? null,
+        decision.reservedTokens,
+        now,
+        leaseExpiresAt,
+      );
+    });
+    return { ...decision, requestId: input.requestId, tier: record.tier, leaseExpiresAt };
+  }
+
+  #secretMatches(secretHash: string, now: number): boolean {
+    // Compare against every live secret, without stopping at the first match.
+    let match = false;
+    for (const secret of this.#secrets) {
+      const live = secret.valid_until === null || secret.valid_until > now;
+      match = constantTimeEqual(secret.secret_hash, secretHash) && live ? true : match;
+    }
+    return match;
+  }
+
+  #usage(scope: string, subject: string | null): ScopeUsage {
+    const sql = this.ctx.storage.sql;
+    let requests: BucketState | null = null;
+    let tokens: BucketState | null = null;
+    for (const row of sql.exec<{ kind: string; level: number; updated_at: number }>(
+      "SELECT kind, level, updated_at FROM buckets WHERE scope = ?",
+      scope,
+    )) {
+      const state = { level: row.level, updatedAt: row.updated_at };
+      if (row.kind === "requests") requests = state;
+      else tokens = state;
+    }
+    const inFlight =
+      subject === null
+        ? sql
+            .exec<{ n: number }>("SELECT COUNT(*) AS n FROM reservations WHERE state = 'open'")
+            .one().n
+        : sql
+            .exec<{ n: number }>(
+              "SELECT COUNT(*) AS n FROM reservations WHERE state = 'open' AND subject = ?",
+              subject,
+            )
+            .one().n;
+    return { requests, tokens, inFlight };
+  }
+
+  #writeBucket(scope: string, kind: "requests" | "tokens", state: BucketState): void {
+    this.ctx.storage.sql.exec(
+      `INSERT INTO buckets (scope, kind, level, updated_at) VALUES (?, ?, ?, ?)
+       ON CONFLICT (scope, kind) DO UPDATE SET level = excluded.level, updated_at = excluded.updated_at`,
+      scope,
+      kind,
+      state.level,
+      state.updatedAt,
+    );
+  }
+
+  // --- settlement ------------------------------------------------------------------
+
+  #settle(input: SettleInput, now: number): SettleResult {
+    const sql = this.ctx.storage.sql;
+    const { requestId } = input;
+    const row = sql
+      .exec<ReservationRow>(
+        "SELECT state, subject, subject_tpm, reserved_tokens FROM reservations WHERE request_id = ?",
+        requestId,
+      )
+      .toArray()[0];
+    if (row === undefined) return { settled: false, requestId, reason: "unknown_request" };
+    if (row.state === "settled") return { settled: false, requestId, reason: "already_settled" };
+
+    const usage = input.usage ?? null;
+    const usedTokens = usage === null ? null : usage.prompt_tokens + usage.completion_tokens;
+    const delta = tokenCorrection(row.reserved_tokens, usedTokens);
+    this.ctx.storage.transactionSync(() => {
+      if (delta !== 0) {
+        this.#adjustTokens(KEY_SCOPE, this.#record?.limits.tpm ?? 0, delta, now);
+        if (row.subject !== null && row.subject_tpm !== null) {
+          this.#adjustTokens(userScope(row.subject), row.subject_tpm, delta, now);
+        }
+      }
+      sql.exec(
+        `UPDATE reservations SET state = 'settled', closed_at = ?, outcome = ?,
+           prompt_tokens = ?, completion_tokens = ? WHERE request_id = ?`,
+        now,
+        input.outcome,
+        usage?.prompt_tokens ?? null,
+        usage?.completion_tokens ?? null,
+        requestId,
+      );
+    });
+    return {
+      settled: true,
+      requestId,
+      reservedTokens: row.reserved_tokens,
+      usedTokens,
+      late: row.state === "expired",
+    };
+  }
+
+  #adjustTokens(scope: string, capacity: number, delta: number, now: number): void {
+    const row = this.ctx.storage.sql
+      .exec<{ level: number; updated_at: number }>(
+        "SELECT level, updated_at FROM buckets WHERE scope = ? AND kind = 'tokens'",
+        scope,
+      )
+      .toArray()[0];
+    // A missing bucket is full: a refund has nowhere to go, a charge starts from full.
+    const state =
+      row === undefined
+        ? { level: capacity, updatedAt: now }
+        : { level: row.level, updatedAt: row.updated_at };
+    this.#writeBucket(scope, "tokens", adjust(state, capacity, delta, now));
+  }
+
+  // --- expiry, pruning and the alarm -----------------------------------------------
+
+  #expireDue(now: number): void {
+    this.ctx.storage.sql.exec(
+      `UPDATE reservations SET state = 'expired', closed_at = ?, outcome = 'expired'
+       WHERE state = 'open' AND expires_at <= ?`,
+      now,
+      now,
+    );
+  }
+
+  #prune(now: number): void {
+    const sql = this.ctx.storage.sql;
+    sql.exec(
+      "DELETE FROM reservations WHERE state <> 'open' AND closed_at <= ?",
+      now - SETTLED_RETENTION_MS,
+    );
+    sql.exec(
+      "DELETE FROM buckets WHERE scope <> ? AND updated_at <= ?",
+      KEY_SCOPE,
+      now - IDLE_BUCKET_MS,
+    );
+    sql.exec("DELETE FROM secrets WHERE valid_until IS NOT NULL AND valid_until <= ?", now);
+    this.#loadSecrets();
+  }
+
+  async #ensureAlarm(at: number): Promise<void> {
+    if (this.#alarmAt !== null && this.#alarmAt <= at) return;
+    this.#alarmAt = at;
+    await this.ctx.storage.setAlarm(at);
+  }
+
+  async #rescheduleAlarm(now: number): Promise<void> {
+    const sql = this.ctx.storage.sql;
+    const open = sql
+      .exec<{ at: number | null }>(
+        "SELECT MIN(expires_at) AS at FROM reservations WHERE state = 'open'",
+      )
+      .one().at;
+    const closed = sql
+      .exec<{ at: number | null }>(
+        "SELECT MIN(closed_at) AS at FROM reservations WHERE state <> 'open'",
+      )
+      .one().at;
+    const users = sql
+      .exec<{ at: number | null }>(
+        "SELECT MIN(updated_at) AS at FROM buckets WHERE scope <> ?",
+        KEY_SCOPE,
+      )
+      .one().at;
+    const prune = [
+      closed === null ? null : closed + SETTLED_RETENTION_MS,
+      users === null ? null : users + IDLE_BUCKET_MS,
+    ]
+      .filter((at): at is number => at !== null)
+      .map((at) => Math.max(at, now + PRUNE_INTERVAL_MS));
+    const candidates = [...prune, ...(open === null ? [] : [open])];
+    if (candidates.length === 0) {
+      await this.ctx.storage.deleteAlarm();
+      return;
+    }
+    await this.#ensureAlarm(Math.min(...candidates));
+  }
+
+  // --- loading -----------------------------------------------------------------------
+
+  async #migrate(): Promise<void> {
+    const sql = this.ctx.storage.sql;
+    sql.exec(
+      "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+    );
+    const applied = sql
+      .exec<{ v: number }>("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations")
+      .one().v;
+    for (let version = applied + 1; version <= MIGRATIONS.length; version++) {
+      const statements = MIGRATIONS[version - 1];
+      if (statements === undefined) break;
+      this.ctx.storage.transactionSync(() => {
+        sql.exec(statements);
+        sql.exec(
+          "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
+          version,
+          Date.now(),
+        );
+      });
+    }
+    this.#load();
+    this.#alarmAt = await this.ctx.storage.getAlarm();
+  }
+
+  #load(): void {
+    const row = this.ctx.storage.sql.exec<RecordRow>("SELECT * FROM key_record").toArray()[0];
+    this.#record = row === undefined ? null : recordOf(row);
+    this.#loadSecrets();
+  }
+
+  #loadSecrets(): void {
+    this.#secrets = this.ctx.storage.sql
+      .exec<SecretRow>("SELECT secret_hash, valid_until FROM secrets")
+      .toArray();
+  }
+
+  #view(now: number): KeyRecord | null {
+    if (this.#record === null) return null;
+    let previous: number | null = null;
+    for (const secret of this.#secrets) {
+      if (secret.valid_until !== null && secret.valid_until > now) {
+        previous = Math.max(previous ?? 0, secret.valid_until);
+      }
+    }
+    return { ...this.#record, previousSecretValidUntil: previous };
+  }
+}
+
+function recordOf(row: RecordRow): KeyRecord {
+  return {
+    id: row.id,
+    name: row.name,
+    status: row.status === "revoked" ? "revoked" : "active",
+    limits: { rpm: row.rpm, tpm: row.tpm, concurrency: row.concurrency },
+    allowedOrigins: JSON.parse(row.allowed_origins) as string[],
+    models: row.models === null ? null : (JSON.parse(row.models) as string[]),
+    tier: KEY_TIERS.find((tier) => tier === row.tier) ?? "standard",
+    expiresAt: row.expires_at,
+    createdAt: row.created_at,
+    updatedAt: row.updated_at,
+    revokedAt: row.revoked_at,
+    previousSecretValidUntil: null,
+    version: row.version,
+  };
+}
+
+function modelsColumn(models: string[] | null): string | null {
+  return models === null ? null : JSON.stringify(models);
+}
+
+function userScope(subject: string): string {
+  return `u:${subject}`;
+}
+
+function clampLease(leaseMs: number | undefined): number {
+  if (leaseMs === undefined || !Number.isFinite(leaseMs)) return RESERVATION_LEASE_MS;
+  return Math.min(60 * 60_000, Math.max(1_000, Math.floor(leaseMs)));
+}

@@ -1,0 +1,143 @@
+// KeyDirectory: the index across API keys, for listing keys and for answering CORS
+// preflights (which carry no credentials) with the union of active keys' origins.
+// One instance (named DIRECTORY_NAME) indexes; each KeyAccount stays the source of
+// truth for its own key, and the admin API copies every change here.
+//
+// Tables
+//   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
+//   keys               id PK, created_at, version, status, expires_at, record (JSON of
+//                      the KeyRecord). A row is replaced only by a higher version, so
+//                      copies arriving out of order never roll a key back.
+//   key_origins        (origin, key_id) PK: one row per allowed origin of each key;
+//                      always exactly the origins in the key's latest record.
+
+import { DurableObject } from "cloudflare:workers";
+import type { KeyRecord } from "./key-account.ts";
+
+/** The name of the single directory instance. */
+export const DIRECTORY_NAME = "key-directory";
+
+/** One page of keys, newest first. */
+export interface KeyPage {
+  keys: KeyRecord[];
+  hasMore: boolean;
+}
+
+const MIGRATIONS: readonly string[] = [
+  `CREATE TABLE keys (
+     id TEXT PRIMARY KEY, created_at INTEGER NOT NULL, version INTEGER NOT NULL,
+     status TEXT NOT NULL, expires_at INTEGER, record TEXT NOT NULL);
+   CREATE INDEX keys_by_created ON keys (created_at DESC, id DESC);
+   CREATE TABLE key_origins (
+     origin TEXT NOT NULL, key_id TEXT NOT NULL, PRIMARY KEY (origin, key_id));
+   CREATE INDEX key_origins_by_key ON key_origins (key_id);`,
+];
+
+/** The index of all API keys. */
+export class KeyDirectory extends DurableObject<Env> {
+  constructor(ctx: DurableObjectState, env: Env) {
+    super(ctx, env);
+    void ctx.blockConcurrencyWhile(() => this.#migrate());
+  }
+
+  /** Records a key's latest state; an older version than the stored one is ignored. */
+  upsert(record: KeyRecord): boolean {
+    const sql = this.ctx.storage.sql;
+    const stored = sql
+      .exec<{ version: number }>("SELECT version FROM keys WHERE id = ?", record.id)
+      .toArray()[0];
+    if (stored !== undefined && stored.version > record.version) return false;
+    this.ctx.storage.transactionSync(() => {
+      sql.exec(
+        `INSERT INTO keys (id, created_at, version, status, expires_at, record) VALUES (?, ?, ?, ?, ?, ?)
+         ON CONFLICT (id) DO UPDATE SET version = excluded.version, status = excluded.status,
+           expires_at = excluded.expires_at, record = excluded.record`,
+        record.id,
+        record.createdAt,
+        record.version,
+        record.status,
+        record.expiresAt,
+        JSON.stringify(record),
+      );
+      sql.exec("DELETE FROM key_origins WHERE key_id = ?", record.id);
+      for (const origin of new Set(record.allowedOrigins)) {
+        sql.exec("INSERT INTO key_origins (origin, key_id) VALUES (?, ?)", origin, record.id);
+      }
+    });
+    return true;
+  }
+
+  /** Whether a key with this id is indexed. */
+  has(id: string): boolean {
+    return this.ctx.storage.sql.exec("SELECT 1 FROM keys WHERE id = ?", id).toArray().length > 0;
+  }
+
+  /** A page of keys, newest first, after the key `after` (exclusive) when given. */
+  list(input: { limit: number; after?: string | null }): KeyPage {
+    const sql = this.ctx.storage.sql;
+    const limit = Math.min(100, Math.max(1, Math.floor(input.limit)));
+    const after = input.after ?? null;
+    const cursor =
+      after === null
+        ? undefined
+        : sql
+            .exec<{ created_at: number }>("SELECT created_at FROM keys WHERE id = ?", after)
+            .toArray()[0];
+    if (after !== null && cursor === undefined) return { keys: [], hasMore: false };
+    const rows = (
+      cursor === undefined
+        ? sql.exec<{ record: string }>(
+            "SELECT record FROM keys ORDER BY created_at DESC, id DESC LIMIT ?",
+            limit + 1,
+          )
+        : sql.exec<{ record: string }>(
+            `SELECT record FROM keys WHERE (created_at, id) < (?, ?)
+             ORDER BY created_at DESC, id DESC LIMIT ?`,
+            cursor.created_at,
+            after,
+            limit + 1,
+          )
+    ).toArray();
+    return {
+      keys: rows.slice(0, limit).map((row) => JSON.parse(row.record) as KeyRecord),
+      hasMore: rows.length > limit,
+    };
+  }
+
+  /** Whether any active, unexpired key allows this browser origin. */
+  originAllowed(origin: string, now: number): boolean {
+    return (
+      this.ctx.storage.sql
+        .exec(
+          `SELECT 1 FROM key_origins o JOIN keys k ON k.id = o.key_id
+           WHERE o.origin = ? AND k.status = 'active' AND (k.expires_at IS NULL OR k.expires_at > ?)
+           LIMIT 1`,
+          origin,
+          now,
+        )
+        .toArray().length > 0
+    );
+  }
+
+  async #migrate(): Promise<void> {
+    const sql = this.ctx.storage.sql;
+    sql.exec(
+      "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+    );
+    const applied = sql
+      .exec<{ v: number }>("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations")
+      .one().v;
+    for (let version = applied + 1; version <= MIGRATIONS.length; version++) {
+      const statements = MIGRATIONS[version - 1];
+      if (statements === undefined) break;
+      this.ctx.storage.transactionSync(() => {
+        sql.exec(statements);
+        sql.exec(
+          "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
+          version,
+          Date.now(),
+        );
+      });
+    }
+  }
+}

@@ -1,0 +1,18 @@
+// Secrets of the key and token features (`wrangler secret put`); `wrangler types` cannot
+// see secrets, so they are declared here.
+interface Env {
+  /** Bearer token of the `/admin` API. */
+  ADMIN_TOKEN?: string;
+  /**
+   * Signs API key checks and browser tokens. When unset, the admin token is used instead,
+   * which ties every issued key to the admin token: set this in production.
+   */
+  TOKEN_SIGNING_SECRET?: string;
+}
+
+declare namespace Cloudflare {
+  interface Env {
+    ADMIN_TOKEN?: string;
+    TOKEN_SIGNING_SECRET?: string;
+  }
+}

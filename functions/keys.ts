@@ -1,0 +1,159 @@
+// API key format, hashing and comparison.
+//
+// A key is `wg_<id>_<secret><check>`:
+//   id      16 base32 chars (80 random bits), names the key's KeyAccount;
+//   secret  26 base32 chars (128 random bits);
+//   check   8 base32 chars, the first 40 bits of HMAC-SHA256 over `wg_<id>_<secret>`
+//           with a key derived from the edge's signing secret.
+// The check lets the edge refuse malformed and forged keys without calling a
+// Durable Object: only keys this gateway minted reach a KeyAccount. Only the SHA-256
+// of the whole key is stored. No function here logs or echoes a key.
+
+/** The prefix every API key starts with. */
+export const API_KEY_PREFIX = "wg_";
+
+/** Shape of an API key id. */
+export const KEY_ID_PATTERN = /^[a-z2-7]{16}$/;
+
+const API_KEY_PATTERN = /^wg_([a-z2-7]{16})_([a-z2-7]{26})([a-z2-7]{8})$/;
+const BASE32 = "abcdefghijklmnopqrstuvwxyz234567";
+const KEY_CHECK_LABEL = "warmgate/api-key-check/v1";
+
+/** A key that passed the edge's format and check: its id and the hash the KeyAccount compares. */
+export interface ParsedApiKey {
+  keyId: string;
+  secretHash: string;
+}
+
+/** The secrets the edge signs with; `TOKEN_SIGNING_SECRET` falls back to `ADMIN_TOKEN`. */
+export interface SigningEnv {
+  ADMIN_TOKEN?: string;
+  TOKEN_SIGNING_SECRET?: string;
+}
+
+/**
+ * The edge's signing secret. Prefer `TOKEN_SIGNING_SECRET`: without it the admin token
+ * signs key checks and browser tokens, so changing the admin token invalidates every key.
+ */
+export function signingSecret(env: SigningEnv): string {
+  const secret = env.TOKEN_SIGNING_SECRET ?? env.ADMIN_TOKEN;
+  if (secret === undefined || secret === "") {
+    throw new Error("TOKEN_SIGNING_SECRET or ADMIN_TOKEN must be set");
+  }
+  return secret;
+}
+
+/** Lowercase RFC 4648 base32 without padding. */
+export function base32(bytes: Uint8Array): string {
+  let out = "";
+  let buffer = 0;
+  let bits = 0;
+  for (const byte of bytes) {
+    buffer = (buffer << 8) | byte;
+    bits += 8;
+    while (bits >= 5) {
+      out += BASE32[(buffer >>> (bits - 5)) & 31];
+      bits -= 5;
+    }
+  }
+  if (bits > 0) out += BASE32[(buffer << (5 - bits)) & 31];
+  return out;
+}
+
+/** Lowercase hex of bytes. */
+export function hex(bytes: ArrayBuffer | Uint8Array): string {
+  return Array.from(bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes), (b) =>
+    b.toString(16).padStart(2, "0"),
+  ).join("");
+}
+
+/** Compares two strings in time that depends only on their lengths, never on where they differ. */
+export function constantTimeEqual(a: string, b: string): boolean {
+  const length = Math.max(a.length, b.length);
+  let diff = a.length ^ b.length;
+  for (let i = 0; i < length; i++) {
+    diff |= (a.charCodeAt(i) | 0) ^ (b.charCodeAt(i) | 0);
+  }
+  return diff === 0;
+}
+
+/** SHA-256 of a string, as lowercase hex. */
+export async function sha256Hex(value: string): Promise<string> {
+  return hex(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(value)));
+}
+
+/** HMAC-SHA256 of `message` under `secret`. */
+export async function hmacSha256(
+  secret: string | Uint8Array,
+  message: string,
+): Promise<Uint8Array> {
+  const raw = typeof secret === "string" ? new TextEncoder().encode(secret) : secret;
+  const key = await crypto.subtle.importKey("raw", raw, { name: "HMAC", hash: "SHA-256" }, false, [
+    "sign",
+  ]);
+  return new Uint8Array(await crypto.subtle.sign("HMAC", key, new TextEncoder().encode(message)));
+}
+
+/** A subkey of the signing secret for one purpose, so keys and tokens never share a key. */
+export async function deriveSecret(env: SigningEnv, label: string): Promise<Uint8Array> {
+  return hmacSha256(signingSecret(env), label);
+}
+
+/** A new random key id. */
+export function newKeyId(): string {
+  return base32(crypto.getRandomValues(new Uint8Array(10)));
+}
+
+/** Mints a new API key for `keyId`: the full key (shown once) and its stored hash. */
+export async function mintApiKey(
+  env: SigningEnv,
+  keyId: string,
+): Promise<{ key: string; secretHash: string }> {
+  const body = `${API_KEY_PREFIX}${keyId}_${base32(crypto.getRandomValues(new Uint8Array(16)))}`;
+  const key = body + (await keyCheck(env, body));
+  return { key, secretHash: await sha256Hex(key) };
+}
+
+/** Parses and checks an API key at the edge; null for anything malformed or forged. */
+export async function parseApiKey(env: SigningEnv, key: string): Promise<ParsedApiKey | null> {
+  const match = API_KEY_PATTERN.exec(key);
+  if (match === null) return null;
+  const [, keyId, secret, check] = match;
+  if (keyId === undefined || secret === undefined || check === undefined) return null;
+  const expected = await keyCheck(env, `${API_KEY_PREFIX}${keyId}_${secret}`);
+  if (!constantTimeEqual(expected, check)) return null;
+  return { keyId, secretHash: await sha256Hex(key) };
+}
+
+/** The bearer credential of an `Authorization` header, or null when there is none. */
+export function bearerToken(header: string | null | undefined): string | null {
+  if (header === null || header === undefined) return null;
+  const match = /^Bearer[ ]+(\S+)\s*$/i.exec(header);
+  return match?.[1] ?? null;
+}
+
+/** An OpenAI-shaped error body. */
+export function openAIError(
+  message: string,
+  type: string,
+  code: string | null,
+  param: string | null = null,
+): { error: { message: string; type: string; param: string | null; code: string | null } } {
+  return { error: { message, type, param, code } };
+}
+
+// Derived check keys by signing secret: one derivation per isolate, not per request.
+const checkKeys = new Map<string, Promise<CryptoKey>>();
+
+async function keyCheck(env: SigningEnv, body: string): Promise<string> {
+  const secret = signingSecret(env);
+  let key = checkKeys.get(secret);
+  if (key === undefined) {
+    key = deriveSecret(env, KEY_CHECK_LABEL).then((raw) =>
+      crypto.subtle.importKey("raw", raw, { name: "HMAC", hash: "SHA-256" }, false, ["sign"]),
+    );
+    checkKeys.set(secret, key);
+  }
+  const mac = await crypto.subtle.sign("HMAC", await key, new TextEncoder().encode(body));
+  return base32(new Uint8Array(mac).subarray(0, 5));
+}
