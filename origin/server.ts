@@ -255,6 +255,19 @@ function isJsonObjectText(text: string): boolean {
   }
 }
 
+/** The Node response behind a request, when @hono/node-server serves it. */
+function outgoingOf(c: Context): { destroy(): void } | null {
+  const env: unknown = c.env;
+  if (typeof env !== "object" || env === null || !("outgoing" in env)) return null;
+  const outgoing: unknown = env.outgoing;
+  return typeof outgoing === "object" &&
+    outgoing !== null &&
+    "destroy" in outgoing &&
+    typeof outgoing.destroy === "function"
+    ? (outgoing as { destroy(): void })
+    : null;
+}
+
 function bearerMatches(header: string | undefined, token: string): boolean {
   const given = Buffer.from(header ?? "");
   const expected = Buffer.from(`Bearer ${token}`);
@@ -463,9 +476,14 @@ function buildOrigin(options: OriginOptions): Origin {
             }
             const trailer = await opened.finish();
             if (cancelled) return;
-            // Erroring the stream makes the server destroy the socket mid-body: no clean end.
-            if (trailer.error?.code === STREAM_DROPPED_CODE) controller.error(new Error("dropped"));
-            else controller.close();
+            if (trailer.error?.code === STREAM_DROPPED_CODE) {
+              // A dropped stream must look like a lost connection: no terminating chunk.
+              const outgoing = outgoingOf(c);
+              if (outgoing !== null) outgoing.destroy();
+              else controller.error(new Error("stream dropped"));
+            } else {
+              controller.close();
+            }
           },
           async cancel() {
             cancelled = true;
