@@ -82,3 +82,12 @@ export async function eventually(check: () => boolean, what: string): Promise<vo
   }
   throw new Error(`timed out waiting for: ${what}`);
 }
+
+/** Like {@link eventually}, for checks that must ask over the network. */
+export async function eventuallyAsync(check: () => Promise<boolean>, what: string): Promise<void> {
+  for (let i = 0; i < 500; i++) {
+    if (await check()) return;
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  throw new Error(`timed out waiting for: ${what}`);
+}
