@@ -60,8 +60,8 @@ function splitPiece(piece: string, out: Token[]): void {
     asciiLimit = ASCII_CHUNK;
   };
   const flushOther = (): void => {
-    // An odd byte left over still costs a whole token.
-    if (otherBytes % 2 === 1) out.push({ text: otherText, id: tokenId(otherText, 3) });
+    // An odd byte left over still costs a whole token; its character's text went out already.
+    if (otherBytes % 2 === 1) out.push({ text: "", id: tokenId(`${otherText}#end`, 3) });
     otherText = "";
     otherBytes = 0;
   };
