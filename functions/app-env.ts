@@ -1,0 +1,48 @@
+/**
+ * The Hono environment shared by every route and middleware of the edge.
+ */
+import type { GatewayConfig, ModelConfig } from "./config.ts";
+import type { ChatCompletionRequest, CompletionRequest } from "./openai-schemas.ts";
+import type { Settlement } from "./settlement.ts";
+
+/** Who is calling, as authentication established it. */
+export interface Caller {
+  /** How the caller authenticated; per-key accounts add their own kinds. */
+  kind: "static_key";
+  /** A stable, non-secret name for the key (never the key itself): for logs and metering. */
+  keyId: string;
+}
+
+/** A validated completion body with the exact text it came as. */
+export type CompletionBody =
+  | { kind: "chat"; body: ChatCompletionRequest; text: string }
+  | { kind: "completion"; body: CompletionRequest; text: string };
+
+/** What the edge decided about a completion before dispatching it. */
+export interface CompletionPlan {
+  model: ModelConfig;
+  /** Estimated prompt tokens (conservative, see token-estimate.ts). */
+  promptTokens: number;
+  /** Completion tokens requested (`max_completion_tokens`/`max_tokens`), null when unbounded. */
+  maxTokens: number | null;
+  stream: boolean;
+}
+
+/** The one Hono environment: Worker bindings plus per-request variables. */
+export type AppEnv = {
+  Bindings: Env;
+  Variables: {
+    /** `x-request-id` of this request, echoed on every response. */
+    requestId: string;
+    /** The validated gateway configuration. */
+    config: GatewayConfig;
+    /** Runs completion hooks once when the request ends (metering, limit release). */
+    settlement: Settlement;
+    /** Set by authentication on `/v1/*`. */
+    caller: Caller;
+    /** Set by the body validator on completion routes. */
+    completion: CompletionBody;
+    /** Set once the model is resolved and the context window checked. */
+    plan: CompletionPlan;
+  };
+};

@@ -1,0 +1,227 @@
+/**
+ * The gateway's configuration: models, regions and their origins, and request limits.
+ *
+ * It arrives as JSON in the `WARMGATE_CONFIG` var, is validated with zod once per isolate
+ * (cached by its text) and every problem names the field at fault.
+ */
+import { z } from "zod";
+
+/** Default request limits; 8 MB bodies match OpenAI's documented request size cap. */
+export const DEFAULT_LIMITS = {
+  max_body_bytes: 8 * 1024 * 1024,
+  first_byte_timeout_ms: 30_000,
+  request_timeout_ms: 600_000,
+  retry_budget: 2,
+} as const;
+
+const id = z.string().min(1).max(128);
+
+/** A model the gateway serves, as `GET /v1/models` lists it. */
+export const ModelConfigSchema = z.strictObject({
+  id,
+  /** Context window in tokens, as vLLM reports it. */
+  max_model_len: z.int().positive(),
+  owned_by: z.string().min(1).default("warmgate"),
+  /** Other names that resolve to this model (the first model listing an alias wins). */
+  aliases: z.array(id).default([]),
+});
+
+/** One origin server inside a region. */
+export const OriginConfigSchema = z.strictObject({
+  id,
+  url: z.url({ protocol: /^https?$/ }),
+  /** Models this origin serves; absent means every configured model. */
+  models: z.array(id).optional(),
+});
+
+/** A region: where its callers are (Cloudflare colos, countries, continents) and its origins. */
+export const RegionConfigSchema = z.strictObject({
+  id,
+  continents: z.array(z.string().length(2)).default([]),
+  countries: z.array(z.string().length(2)).default([]),
+  colos: z.array(z.string().min(3).max(4)).default([]),
+  origins: z.array(OriginConfigSchema).min(1),
+});
+
+/** Request limits; every field optional with {@link DEFAULT_LIMITS}. */
+export const LimitsConfigSchema = z.strictObject({
+  max_body_bytes: z.int().positive().default(DEFAULT_LIMITS.max_body_bytes),
+  first_byte_timeout_ms: z.int().positive().default(DEFAULT_LIMITS.first_byte_timeout_ms),
+  request_timeout_ms: z.int().positive().default(DEFAULT_LIMITS.request_timeout_ms),
+  /** Extra origins tried after the first fails before any byte reached the client. */
+  retry_budget: z.int().min(0).max(10).default(DEFAULT_LIMITS.retry_budget),
+});
+
+/** The whole `WARMGATE_CONFIG` document, with the cross-references checked. */
+export const GatewayConfigSchema = z
+  .strictObject({
+    models: z.array(ModelConfigSchema).min(1),
+    /** In fallback order after the caller's nearest region. */
+    regions: z.array(RegionConfigSchema).min(1),
+    default_region: id,
+    limits: LimitsConfigSchema.default(LimitsConfigSchema.parse({})),
+  })
+  .superRefine((config, ctx) => {
+    const modelIds = new Set<string>();
+    config.models.forEach((model, i) => {
+      if (modelIds.has(model.id)) {
+        ctx.addIssue({ code: "custom", path: ["models", i, "id"], message: "duplicate model id" });
+      }
+      modelIds.add(model.id);
+    });
+    config.models.forEach((model, i) => {
+      model.aliases.forEach((alias, j) => {
+        if (modelIds.has(alias)) {
+          ctx.addIssue({
+            code: "custom",
+            path: ["models", i, "aliases", j],
+            message: `alias "${alias}" is also a model id`,
+          });
+        }
+      });
+    });
+    const regionIds = new Set<string>();
+    const originIds = new Set<string>();
+    config.regions.forEach((region, i) => {
+      if (regionIds.has(region.id)) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["regions", i, "id"],
+          message: "duplicate region id",
+        });
+      }
+      regionIds.add(region.id);
+      region.origins.forEach((origin, j) => {
+        if (originIds.has(origin.id)) {
+          ctx.addIssue({
+            code: "custom",
+            path: ["regions", i, "origins", j, "id"],
+            message: "duplicate origin id",
+          });
+        }
+        originIds.add(origin.id);
+        origin.models?.forEach((model, k) => {
+          if (!modelIds.has(model)) {
+            ctx.addIssue({
+              code: "custom",
+              path: ["regions", i, "origins", j, "models", k],
+              message: `unknown model "${model}"`,
+            });
+          }
+        });
+      });
+    });
+    if (!regionIds.has(config.default_region)) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["default_region"],
+        message: `unknown region "${config.default_region}"`,
+      });
+    }
+  });
+
+/** A validated gateway configuration. */
+export type GatewayConfig = z.output<typeof GatewayConfigSchema>;
+/** A configured model. */
+export type ModelConfig = GatewayConfig["models"][number];
+/** A configured region. */
+export type RegionConfig = GatewayConfig["regions"][number];
+/** A configured origin. */
+export type OriginConfig = RegionConfig["origins"][number];
+/** Request limits after defaults. */
+export type LimitsConfig = GatewayConfig["limits"];
+/** What operators write (defaults may be left out); used by tools that generate config. */
+export type GatewayConfigInput = z.input<typeof GatewayConfigSchema>;
+
+/** The configuration could not be used; `field` names the first bad field (`regions[0].id`). */
+export class ConfigError extends Error {
+  override name = "ConfigError";
+  readonly field: string | null;
+
+  constructor(message: string, field: string | null) {
+    super(message);
+    this.field = field;
+  }
+}
+
+/** Formats a zod path the way OpenAI names params: `regions[0].origins[1].url`. */
+export function formatPath(path: readonly PropertyKey[]): string {
+  let out = "";
+  for (const part of path) {
+    if (typeof part === "number") out += `[${part}]`;
+    else out += out === "" ? String(part) : `.${String(part)}`;
+  }
+  return out;
+}
+
+/** Parses and validates config text; throws {@link ConfigError} naming the bad field. */
+export function parseGatewayConfig(text: string | undefined): GatewayConfig {
+  if (text === undefined || text.trim() === "") {
+    throw new ConfigError("WARMGATE_CONFIG is not set", "WARMGATE_CONFIG");
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch (error) {
+    const detail = error instanceof Error ? error.message : String(error);
+    throw new ConfigError(`WARMGATE_CONFIG is not valid JSON: ${detail}`, "WARMGATE_CONFIG");
+  }
+  const result = GatewayConfigSchema.safeParse(json);
+  if (!result.success) {
+    const issue = result.error.issues[0];
+    const field = issue ? formatPath(issue.path) : "";
+    const where = field === "" ? "" : ` at ${field}`;
+    throw new ConfigError(
+      `WARMGATE_CONFIG is invalid${where}: ${issue?.message ?? "unknown problem"}`,
+      field === "" ? null : field,
+    );
+  }
+  return result.data;
+}
+
+let cachedText: string | undefined;
+let cachedResult:
+  | { ok: true; config: GatewayConfig }
+  | { ok: false; error: ConfigError }
+  | undefined;
+
+/**
+ * Parses once per isolate and caches by text, so the hot path pays a string comparison.
+ * A bad config is cached too: every request fails the same way without re-parsing.
+ */
+export function loadGatewayConfig(text: string | undefined): GatewayConfig {
+  if (cachedResult === undefined || cachedText !== text) {
+    cachedText = text;
+    try {
+      cachedResult = { ok: true, config: parseGatewayConfig(text) };
+    } catch (error) {
+      if (!(error instanceof ConfigError)) throw error;
+      cachedResult = { ok: false, error };
+    }
+  }
+  if (!cachedResult.ok) throw cachedResult.error;
+  return cachedResult.config;
+}
+
+/** The models an origin serves. */
+export function originServes(origin: OriginConfig, model: string): boolean {
+  return origin.models === undefined || origin.models.includes(model);
+}
+
+/** Resolves a requested model name (id or alias) to its configured model, or undefined. */
+export function resolveModel(config: GatewayConfig, name: string): ModelConfig | undefined {
+  return (
+    config.models.find((model) => model.id === name) ??
+    config.models.find((model) => model.aliases.includes(name))
+  );
+}
+
+/** Logs a configuration problem once, when the Worker starts, so operators see it at once. */
+export function reportConfigAtStartup(text: string | undefined): void {
+  try {
+    loadGatewayConfig(text);
+  } catch (error) {
+    if (!(error instanceof ConfigError)) throw error;
+    console.error(`warmgate: ${error.message}`);
+  }
+}

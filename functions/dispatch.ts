@@ -1,0 +1,203 @@
+/**
+ * Sends a completion to an origin and streams its answer back unchanged.
+ *
+ * Before the first byte reaches the client a failing origin is replaced by the next
+ * candidate (within the retry budget); after it, the client's stream ends with an OpenAI
+ * error event (SSE) or a failed transfer (JSON), never as a silently truncated 200.
+ */
+import type { LimitsConfig } from "./config.ts";
+import { type ApiError, type OriginFailureKind, errorEvent, originFailure } from "./errors.ts";
+import { type ItemEvent, type OpenItem, openItem } from "./origin-client.ts";
+import type { OriginCandidate, OriginPool } from "./origin-pool.ts";
+import type { ItemHead, ItemPath, ItemTrailer } from "../origin/protocol.ts";
+import type { SettledRequest } from "./settlement.ts";
+
+/** What the edge sends and how it reports the end. */
+export interface DispatchOptions {
+  requestId: string;
+  path: ItemPath;
+  /** The client's body text (with only the model alias replaced), forwarded as is. */
+  body: string;
+  /** The resolved model id. */
+  model: string;
+  /** Origins in the order to try them. */
+  candidates: readonly OriginCandidate[];
+  pool: OriginPool;
+  limits: LimitsConfig;
+  /** Whether the client asked for SSE (`stream: true`). */
+  stream: boolean;
+  /** Lower-case headers forwarded to the engine. */
+  headers: Record<string, string>;
+  /** Called exactly once when the request ends, however it ends. */
+  onSettled: (settled: Omit<SettledRequest, "requestId">) => void;
+  now?: () => number;
+}
+
+// Hop-by-hop headers (RFC 9110 §7.6.1) and framing the runtime sets for the client itself.
+const DROPPED_HEADERS = new Set([
+  "connection",
+  "keep-alive",
+  "transfer-encoding",
+  "te",
+  "trailer",
+  "upgrade",
+  "proxy-connection",
+  "content-length",
+]);
+
+/**
+ * Tries candidates until one answers; returns the client's response, or throws the
+ * {@link ApiError} (502/503/504) of the last failure when none did.
+ */
+export async function dispatchCompletion(options: DispatchOptions): Promise<Response> {
+  const now = options.now ?? Date.now;
+  const attempts = Math.min(options.candidates.length, options.limits.retry_budget + 1);
+  let failure: OriginFailureKind = "unavailable";
+  for (let i = 0; i < attempts; i++) {
+    const candidate = options.candidates[i] as OriginCandidate;
+    const originId = candidate.origin.id;
+    const last = i === attempts - 1;
+    options.pool.begin(originId);
+    const attempt = await openItem(candidate.origin, {
+      requestId: options.requestId,
+      path: options.path,
+      body: options.body,
+      headers: options.headers,
+      firstByteTimeoutMs: options.limits.first_byte_timeout_ms,
+      timeHead: options.stream,
+      itemTimeoutMs: options.limits.request_timeout_ms,
+    });
+    if (attempt.kind === "failed") {
+      options.pool.end(originId);
+      options.pool.reportFailure(originId, now());
+      failure = attempt.failure;
+      console.warn("origin attempt failed", options.requestId, originId, attempt.detail);
+      continue;
+    }
+    const { status } = attempt.item.head;
+    // 5xx means the engine failed; 429 means it is full: another origin may do better.
+    // A last 429 goes to the client as it is, with the engine's retry-after.
+    if (status >= 500 || (status === 429 && !last)) {
+      attempt.item.cancel();
+      options.pool.end(originId);
+      if (status >= 500) options.pool.reportFailure(originId, now());
+      failure = "bad_answer";
+      console.warn("origin answered", status, options.requestId, originId);
+      continue;
+    }
+    options.pool.reportSuccess(originId);
+    return respond(attempt.item, candidate, options);
+  }
+  const error: ApiError = originFailure(options.candidates.length === 0 ? "unavailable" : failure);
+  throw error;
+}
+
+function respond(item: OpenItem, candidate: OriginCandidate, options: DispatchOptions): Response {
+  const { head } = item;
+  const region = candidate.region.id;
+  const origin = candidate.origin.id;
+  const sse = isEventStream(head);
+  // No request may outlive its timeout, even if the origin stops sending without closing.
+  const deadline = setTimeout(() => {
+    finish("timeout", null, "request timeout");
+    item.cancel();
+  }, options.limits.request_timeout_ms);
+
+  let finished = false;
+  let streamController: ReadableStreamDefaultController<Uint8Array> | undefined;
+  const finish = (
+    outcome: SettledRequest["outcome"],
+    trailer: ItemTrailer | null,
+    detail?: string,
+  ): void => {
+    if (finished) return;
+    finished = true;
+    clearTimeout(deadline);
+    options.pool.end(origin);
+    const failedAfterHead = outcome !== "ok" && outcome !== "cancelled" && head.status < 400;
+    if (failedAfterHead && streamController !== undefined) {
+      console.warn("origin failed mid-stream", options.requestId, origin, detail ?? outcome);
+      try {
+        if (sse) {
+          streamController.enqueue(
+            errorEvent(originFailure(outcome === "timeout" ? "timeout" : "bad_answer")),
+          );
+          streamController.close();
+        } else {
+          // A JSON body cannot carry an error after its first byte: fail the transfer.
+          streamController.error(new Error("origin failed mid-response"));
+        }
+      } catch {
+        // The client already went away.
+      }
+    }
+    options.onSettled({
+      model: options.model,
+      outcome,
+      usage: trailer?.usage ?? null,
+      region,
+      origin,
+      status: head.status,
+    });
+  };
+
+  const body = new ReadableStream<Uint8Array>(
+    {
+      start(controller) {
+        streamController = controller;
+      },
+      async pull(controller) {
+        for (;;) {
+          const event: ItemEvent = await item.next();
+          if (finished) return;
+          switch (event.kind) {
+            case "data":
+              if (event.bytes.byteLength === 0) continue;
+              controller.enqueue(event.bytes);
+              return;
+            case "end": {
+              const { outcome } = event.trailer;
+              if (outcome === "ok" || head.status >= 400) {
+                controller.close();
+                finish(outcome === "ok" ? "ok" : "error", event.trailer);
+              } else {
+                // The origin cancelled or timed out an item the client still wanted.
+                finish(
+                  outcome === "timeout" ? "timeout" : "error",
+                  event.trailer,
+                  event.trailer.error?.message,
+                );
+              }
+              return;
+            }
+            case "broken":
+              finish("error", null, event.detail);
+              return;
+          }
+        }
+      },
+      cancel() {
+        // The client went away: aborting the batch of one cancels the item on the origin.
+        item.cancel();
+        finish("cancelled", null);
+      },
+    },
+    // Pull only when the client reads: the origin's pace reaches the client without buffering.
+    { highWaterMark: 0 },
+  );
+
+  const headers = new Headers();
+  for (const [name, value] of Object.entries(head.headers)) {
+    if (!DROPPED_HEADERS.has(name.toLowerCase())) headers.set(name, value);
+  }
+  headers.set("x-warmgate-region", region);
+  headers.set("x-warmgate-origin", origin);
+  return new Response(body, { status: head.status, headers });
+}
+
+function isEventStream(head: ItemHead): boolean {
+  for (const [name, value] of Object.entries(head.headers)) {
+    if (name.toLowerCase() === "content-type") return value.startsWith("text/event-stream");
+  }
+  return false;
+}

@@ -1,0 +1,21 @@
+/**
+ * Loads the validated configuration into `c.var.config` (parsed once per isolate); a bad
+ * configuration answers every request with a 500 `config_error` naming the bad field.
+ */
+import { createMiddleware } from "hono/factory";
+import type { AppEnv } from "../app-env.ts";
+import { ConfigError, loadGatewayConfig } from "../config.ts";
+import { configError } from "../errors.ts";
+
+/** Puts the gateway configuration on the context. */
+export function gatewayConfig() {
+  return createMiddleware<AppEnv>(async function loadConfig(c, next) {
+    try {
+      c.set("config", loadGatewayConfig(c.env.WARMGATE_CONFIG));
+    } catch (error) {
+      if (error instanceof ConfigError) throw configError(error.message);
+      throw error;
+    }
+    await next();
+  });
+}

@@ -1,0 +1,58 @@
+/**
+ * Gives every request its `x-request-id` (echoing the client's `x-client-request-id`, as
+ * OpenAI does) and its {@link Settlement}; settles requests the edge answered itself.
+ */
+import type { Context } from "hono";
+import { createMiddleware } from "hono/factory";
+import type { AppEnv } from "../app-env.ts";
+import { Settlement } from "../settlement.ts";
+
+/** Header OpenAI puts its request id in. */
+export const REQUEST_ID_HEADER = "x-request-id";
+/** Header a client may set to correlate; OpenAI accepts up to 512 ASCII characters. */
+export const CLIENT_REQUEST_ID_HEADER = "x-client-request-id";
+
+const PRINTABLE_ASCII = /^[\x20-\x7e]{1,512}$/;
+
+/** A new id in OpenAI's format: `req_` and 32 hex digits. */
+export function newRequestId(): string {
+  return `req_${crypto.randomUUID().replaceAll("-", "")}`;
+}
+
+function waitUntilOf(c: Context<AppEnv>): (promise: Promise<unknown>) => void {
+  try {
+    const ctx = c.executionCtx;
+    return (promise) => ctx.waitUntil(promise);
+  } catch {
+    // No execution context (a bare `app.request` in tests): nothing to keep alive.
+    return (promise) => void promise.catch(() => {});
+  }
+}
+
+/** Assigns the request id and settlement; runs first, so every response carries the id. */
+export function requestContext() {
+  return createMiddleware<AppEnv>(async function assignRequestContext(c, next) {
+    const requestId = newRequestId();
+    const settlement = new Settlement(requestId, waitUntilOf(c));
+    c.set("requestId", requestId);
+    c.set("settlement", settlement);
+    await next();
+    c.res.headers.set(REQUEST_ID_HEADER, requestId);
+    const clientId = c.req.header(CLIENT_REQUEST_ID_HEADER);
+    if (clientId !== undefined && PRINTABLE_ASCII.test(clientId)) {
+      c.res.headers.set(CLIENT_REQUEST_ID_HEADER, clientId);
+    }
+    // A streamed completion settles when its stream ends; everything else ends here.
+    if (!settlement.held) {
+      const plan = c.get("plan");
+      settlement.settle({
+        model: plan?.model.id ?? null,
+        outcome: c.res.status < 400 ? "ok" : "error",
+        usage: null,
+        region: null,
+        origin: null,
+        status: c.res.status,
+      });
+    }
+  });
+}

@@ -1,0 +1,80 @@
+/**
+ * `POST /v1/chat/completions` and `POST /v1/completions`: validate, plan, pick origins
+ * and stream the origin's answer back unchanged.
+ */
+import { type Context, Hono } from "hono";
+import type { AppEnv } from "../app-env.ts";
+import { dispatchCompletion } from "../dispatch.ts";
+import { methodNotAllowed } from "../error-handler.ts";
+import { invalidRequest } from "../errors.ts";
+import { replaceTopLevelString } from "../json-text.ts";
+import { completionBody } from "../middleware/completion-body.ts";
+import { planCompletion } from "../middleware/completion-plan.ts";
+import { OriginPool } from "../origin-pool.ts";
+import { type CallerLocation, regionOrder } from "../region-choice.ts";
+import type { ItemPath } from "../../origin/protocol.ts";
+
+/** Request header that picks the first region to try (for tests and diagnostics). */
+export const REGION_OVERRIDE_HEADER = "x-warmgate-region";
+
+// Per-isolate load and failure memo; a cache, so losing it with the isolate is harmless.
+const originPool = new OriginPool();
+
+// Request headers worth passing to the engine; never credentials.
+const FORWARDED_HEADERS = ["traceparent", "tracestate", "user-agent"] as const;
+
+function callerLocation(request: Request): CallerLocation {
+  const cf = request.cf as IncomingRequestCfProperties | undefined;
+  return { colo: cf?.colo, country: cf?.country ?? undefined, continent: cf?.continent };
+}
+
+async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Response> {
+  const { config, plan, completion, requestId, settlement } = c.var;
+  const order = regionOrder(
+    config,
+    callerLocation(c.req.raw),
+    c.req.header(REGION_OVERRIDE_HEADER),
+  );
+  if (order.kind === "unknown_region") {
+    throw invalidRequest(
+      `Unknown region '${order.region}' in the ${REGION_OVERRIDE_HEADER} header.`,
+      null,
+      "invalid_region",
+    );
+  }
+  const headers: Record<string, string> = { "x-request-id": requestId };
+  for (const name of FORWARDED_HEADERS) {
+    const value = c.req.header(name);
+    if (value !== undefined) headers[name] = value;
+  }
+  // Only an alias changes the text: the origin knows models by id.
+  const body =
+    completion.body.model === plan.model.id
+      ? completion.text
+      : replaceTopLevelString(completion.text, "model", plan.model.id);
+  const response = await dispatchCompletion({
+    requestId,
+    path,
+    body,
+    model: plan.model.id,
+    candidates: originPool.candidates(order.regions, plan.model.id, Date.now()),
+    pool: originPool,
+    limits: config.limits,
+    stream: plan.stream,
+    headers,
+    onSettled: (settled) => settlement.settle(settled),
+  });
+  settlement.hold();
+  return response;
+}
+
+/** The completion route group, mounted at `/v1`. */
+export const completions = new Hono<AppEnv>()
+  .post("/chat/completions", completionBody("chat"), planCompletion(), (c) =>
+    forward(c, "/v1/chat/completions"),
+  )
+  .all("/chat/completions", methodNotAllowed(["POST"]))
+  .post("/completions", completionBody("completion"), planCompletion(), (c) =>
+    forward(c, "/v1/completions"),
+  )
+  .all("/completions", methodNotAllowed(["POST"]));

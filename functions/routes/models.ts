@@ -1,0 +1,48 @@
+/**
+ * `GET /v1/models` and `GET /v1/models/{id}` in OpenAI's list shape, each model with
+ * `max_model_len` (its context window, as vLLM reports it).
+ */
+import { Hono } from "hono";
+import type { AppEnv } from "../app-env.ts";
+import { type ModelConfig, resolveModel } from "../config.ts";
+import { methodNotAllowed } from "../error-handler.ts";
+import { modelNotFound } from "../errors.ts";
+
+/** A model object as `GET /v1/models` returns it (OpenAI's fields plus vLLM's). */
+export interface ModelObject {
+  id: string;
+  object: "model";
+  created: number;
+  owned_by: string;
+  root: string;
+  parent: null;
+  max_model_len: number;
+}
+
+// Models come from configuration, which has no creation time; a fixed value keeps
+// responses identical across isolates.
+const CREATED = 0;
+
+function toModelObject(model: ModelConfig): ModelObject {
+  return {
+    id: model.id,
+    object: "model",
+    created: CREATED,
+    owned_by: model.owned_by,
+    root: model.id,
+    parent: null,
+    max_model_len: model.max_model_len,
+  };
+}
+
+/** The models route group, mounted at `/v1/models`. */
+export const models = new Hono<AppEnv>()
+  .get("/", (c) => c.json({ object: "list", data: c.var.config.models.map(toModelObject) }))
+  .all("/", methodNotAllowed(["GET", "HEAD"]))
+  .get("/:id{.+}", (c) => {
+    const id = c.req.param("id");
+    const model = resolveModel(c.var.config, id);
+    if (model === undefined) throw modelNotFound(id);
+    return c.json(toModelObject(model));
+  })
+  .all("/:id{.+}", methodNotAllowed(["GET", "HEAD"]));

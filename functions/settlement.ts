@@ -1,0 +1,92 @@
+/**
+ * The per-request completion hook. Every request is settled exactly once, whether it
+ * ended in success, an origin or edge error, a client cancel or a timeout; metering,
+ * limit release and the ledger register hooks with {@link Settlement.onSettled}.
+ */
+import type { ItemOutcome, ItemUsage } from "../origin/protocol.ts";
+
+/** How a request ended: the origin protocol's outcomes, seen from the client. */
+export type RequestOutcome = ItemOutcome;
+
+/** What a settled request reports to its hooks. */
+export interface SettledRequest {
+  requestId: string;
+  /** The resolved model id, or null when the request failed before one was chosen. */
+  model: string | null;
+  outcome: RequestOutcome;
+  /** The origin's usage report (null when none came: failed before generating, cancelled). */
+  usage: ItemUsage | null;
+  /** Region and origin that served it, or null when none did. */
+  region: string | null;
+  origin: string | null;
+  /** The HTTP status the client received. */
+  status: number;
+}
+
+/** Runs when a request is settled; may be async (it runs under `waitUntil`). */
+export type SettleHook = (settled: SettledRequest) => void | Promise<void>;
+
+/** Collects hooks and runs them once, off the response path, under `waitUntil`. */
+export class Settlement {
+  readonly requestId: string;
+  #hooks: SettleHook[] = [];
+  #settled = false;
+  #held = false;
+  #release: () => void = () => {};
+  #waitUntil: (promise: Promise<unknown>) => void;
+
+  constructor(requestId: string, waitUntil: (promise: Promise<unknown>) => void) {
+    this.requestId = requestId;
+    this.#waitUntil = waitUntil;
+  }
+
+  /** Whether the request has been settled. */
+  get settled(): boolean {
+    return this.#settled;
+  }
+
+  /** Whether a streamed response holds the context until it settles (see {@link hold}). */
+  get held(): boolean {
+    return this.#held;
+  }
+
+  /** Registers a hook; hooks run in registration order. */
+  onSettled(hook: SettleHook): void {
+    this.#hooks.push(hook);
+  }
+
+  /**
+   * Keeps the request's context alive until {@link settle} has run its hooks: a streamed
+   * response settles after the handler returned, possibly from a stream's cancel callback.
+   */
+  hold(): void {
+    if (this.#held || this.#settled) return;
+    this.#held = true;
+    this.#waitUntil(
+      new Promise<void>((resolve) => {
+        this.#release = resolve;
+      }),
+    );
+  }
+
+  /** Settles the request; later calls are ignored, so every ending path may call it. */
+  settle(settled: Omit<SettledRequest, "requestId">): void {
+    if (this.#settled) return;
+    this.#settled = true;
+    const record: SettledRequest = { requestId: this.requestId, ...settled };
+    const run = this.#run(record).finally(() => this.#release());
+    // When held, the held promise resolves after `run`, so the context outlives the hooks.
+    if (!this.#held) this.#waitUntil(run);
+  }
+
+  async #run(record: SettledRequest): Promise<void> {
+    for (const hook of this.#hooks) {
+      try {
+        await hook(record);
+      } catch (error) {
+        // A failing hook must not stop the others (each settles its own concern).
+        console.error("settle hook failed", record.requestId, error);
+      }
+    }
+  }
+}

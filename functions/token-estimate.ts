@@ -1,0 +1,122 @@
+/**
+ * A cheap prompt-token estimate, without a tokenizer, that errs high for real BPE
+ * tokenizers (Llama, Mistral, Qwen, cl100k/o200k): the edge uses it to refuse prompts that
+ * cannot fit a model's window before calling any origin, and to reserve tokens for limits.
+ */
+import type { ChatCompletionRequest, ChatMessage, CompletionRequest } from "./openai-schemas.ts";
+
+/** Chat-template tokens around each message (Llama 3: `<|start_header_id|>role<|end_header_id|>\n\n … <|eot_id|>`). */
+export const TOKENS_PER_MESSAGE = 5;
+/** Begin-of-sequence plus the assistant header that primes the reply. */
+export const TOKENS_PER_PROMPT = 4;
+/** An image part: OpenAI bills a high-detail 512px tile at 765 tokens; vision models use fewer. */
+export const TOKENS_PER_IMAGE = 765;
+
+// Letters of one script in a run, digits, whitespace, or any single other code point.
+const PIECE = /(\p{Script=Latin}+)|(\p{L}+)|(\p{N}+)|(\s+)|(.)/gsu;
+
+/**
+ * Estimated tokens in `text`. Latin words count one token per 4 letters (BPE merges common
+ * words into one, rare ones into pieces of about that size), digits one each (Llama 2,
+ * Mistral and Qwen split numbers into digits), other scripts one per character, whitespace
+ * other than a single space and every symbol one each, and non-ASCII symbols two or three
+ * (byte-level fallbacks).
+ */
+export function estimateTextTokens(text: string): number {
+  let tokens = 0;
+  for (const match of text.matchAll(PIECE)) {
+    const [piece, latin, letters, digits, space] = match;
+    if (latin !== undefined) tokens += Math.ceil(latin.length / 4);
+    else if (letters !== undefined) tokens += letters.length;
+    else if (digits !== undefined) tokens += digits.length;
+    else if (space !== undefined) tokens += space === " " ? 0 : Math.ceil(space.length / 4);
+    else {
+      const code = piece.codePointAt(0) ?? 0;
+      tokens += code > 0xffff ? 3 : code > 0x7f ? 2 : 1;
+    }
+  }
+  return tokens;
+}
+
+function estimateContent(content: ChatMessage["content"]): number {
+  if (content === null || content === undefined) return 0;
+  if (typeof content === "string") return estimateTextTokens(content);
+  let tokens = 0;
+  for (const part of content) {
+    switch (part.type) {
+      case "text":
+        tokens += estimateTextTokens(part.text);
+        break;
+      case "refusal":
+        tokens += estimateTextTokens(part.refusal);
+        break;
+      case "image_url":
+        tokens += TOKENS_PER_IMAGE;
+        break;
+      // Audio and files are base64; about one token per 64 encoded characters is a ceiling
+      // for speech encoders (Whisper: 50 frames per second at 16 kB/s of base64 WAV).
+      case "input_audio":
+        tokens += Math.ceil(part.input_audio.data.length / 64);
+        break;
+      case "file":
+        tokens += Math.ceil((part.file.file_data?.length ?? 0) / 4);
+        break;
+    }
+  }
+  return tokens;
+}
+
+function estimateMessage(message: ChatMessage): number {
+  let tokens = TOKENS_PER_MESSAGE + estimateContent(message.content);
+  if ("name" in message && typeof message.name === "string") {
+    tokens += estimateTextTokens(message.name) + 1;
+  }
+  if (message.role === "assistant") {
+    for (const call of message.tool_calls ?? []) {
+      tokens += TOKENS_PER_MESSAGE;
+      tokens +=
+        call.type === "function"
+          ? estimateTextTokens(call.function.name) + estimateTextTokens(call.function.arguments)
+          : estimateTextTokens(call.custom.name) + estimateTextTokens(call.custom.input);
+    }
+    if (message.function_call) {
+      tokens += estimateTextTokens(message.function_call.name);
+      tokens += estimateTextTokens(message.function_call.arguments);
+    }
+  }
+  return tokens;
+}
+
+/** Estimated prompt tokens of a chat request: messages, and tool definitions the template inlines. */
+export function estimateChatPromptTokens(request: ChatCompletionRequest): number {
+  let tokens = TOKENS_PER_PROMPT;
+  for (const message of request.messages) tokens += estimateMessage(message);
+  if (request.tools !== undefined && request.tools.length > 0) {
+    tokens += estimateTextTokens(JSON.stringify(request.tools));
+  }
+  if (request.functions !== undefined && request.functions.length > 0) {
+    tokens += estimateTextTokens(JSON.stringify(request.functions));
+  }
+  return tokens;
+}
+
+/**
+ * Estimated prompt tokens of a legacy completion: token-id prompts are counted exactly;
+ * a list of prompts runs as separate sequences, so the longest one counts.
+ */
+export function estimateCompletionPromptTokens(request: CompletionRequest): number {
+  const { prompt } = request;
+  if (typeof prompt === "string") return 1 + estimateTextTokens(prompt);
+  if (typeof prompt[0] === "number") return prompt.length;
+  let longest = 0;
+  for (const item of prompt) {
+    const tokens =
+      typeof item === "string"
+        ? 1 + estimateTextTokens(item)
+        : Array.isArray(item)
+          ? item.length
+          : 0;
+    longest = Math.max(longest, tokens);
+  }
+  return longest;
+}

@@ -1,0 +1,70 @@
+/**
+ * Global setup of the workers project: starts simulated origins in Node on free ports and
+ * hands their URLs to the Worker under test (as `WARMGATE_CONFIG`) and to the tests.
+ *
+ * Regions: `eu` (two origins) and `us` (one) for ordinary traffic; `faulty` (two origins,
+ * reached only through `x-warmgate-region`) for fault injection, so tests that break
+ * origins never disturb the others; `slow` (one origin, realistic pace) for cancellation.
+ */
+import type { TestProject } from "vitest/node";
+import { type RunningOrigin, startOrigin } from "../../origin/server.ts";
+import { createSimEngine } from "../../origin/sim/engine.ts";
+import type { TestOrigin } from "./provided-context.ts";
+
+/** Engine seed shared by every origin, so the same request gives the same bytes anywhere. */
+export const SIM_SEED = 7;
+
+const ORIGINS: { id: string; region: string; timeScale: number }[] = [
+  { id: "eu-1", region: "eu", timeScale: 0 },
+  { id: "eu-2", region: "eu", timeScale: 0 },
+  { id: "us-1", region: "us", timeScale: 0 },
+  { id: "faulty-1", region: "faulty", timeScale: 0 },
+  { id: "faulty-2", region: "faulty", timeScale: 0 },
+  // About 20 ms per token: a long stream is still running when a test cancels it.
+  { id: "slow-1", region: "slow", timeScale: 5 },
+];
+
+/** Builds the edge configuration for the started origins. */
+export function testConfig(origins: readonly TestOrigin[]): string {
+  const regions = [
+    { id: "eu", continents: ["EU", "AF"], countries: ["GB"], colos: [] as string[] },
+    { id: "us", continents: ["NA", "SA"], countries: [] as string[], colos: ["SIN"] },
+    { id: "faulty", continents: [] as string[], countries: [] as string[], colos: [] as string[] },
+    { id: "slow", continents: [] as string[], countries: [] as string[], colos: [] as string[] },
+  ];
+  return JSON.stringify({
+    models: [
+      { id: "warmgate-sim-8b", max_model_len: 32768, owned_by: "warmgate", aliases: ["fast"] },
+      { id: "warmgate-sim-70b", max_model_len: 8192, owned_by: "warmgate" },
+    ],
+    regions: regions.map((region) => ({
+      ...region,
+      origins: origins
+        .filter((origin) => origin.region === region.id)
+        .map((origin) => ({ id: origin.id, url: origin.url })),
+    })),
+    default_region: "eu",
+    limits: { first_byte_timeout_ms: 3_000, request_timeout_ms: 60_000, retry_budget: 2 },
+  });
+}
+
+/** Starts the origins; the returned function stops them. */
+export default async function setup(project: TestProject): Promise<() => Promise<void>> {
+  const running: RunningOrigin[] = [];
+  const origins: TestOrigin[] = [];
+  for (const spec of ORIGINS) {
+    const origin = await startOrigin({
+      engine: createSimEngine({ seed: SIM_SEED, timeScale: spec.timeScale }),
+      originId: spec.id,
+      region: spec.region,
+      port: 0,
+    });
+    running.push(origin);
+    origins.push({ id: spec.id, region: spec.region, url: origin.url });
+  }
+  project.provide("testOrigins", origins);
+  project.provide("warmgateConfig", testConfig(origins));
+  return async () => {
+    await Promise.all(running.map((origin) => origin.close()));
+  };
+}
