@@ -1,5 +1,6 @@
 import { cloudflareTest } from "@cloudflare/vitest-plugin";
 import { defineConfig } from "vitest/config";
+import { TEST_API_KEY } from "./test/support/provided-context.ts";
 
 // Two projects: `unit` runs pure cores, the origin and scripts in Node;
 // `workers` runs the edge and its Durable Objects inside workerd.
@@ -16,10 +17,22 @@ export default defineConfig({
         },
       },
       {
-        plugins: [cloudflareTest({ wrangler: { configPath: "./wrangler.toml" } })],
+        plugins: [
+          // Origins run in Node (global setup); their URLs reach the Worker as its config.
+          cloudflareTest(({ inject }) => ({
+            wrangler: { configPath: "./wrangler.toml" },
+            miniflare: {
+              bindings: {
+                WARMGATE_CONFIG: inject("warmgateConfig"),
+                WARMGATE_API_KEYS: TEST_API_KEY,
+              },
+            },
+          })),
+        ],
         test: {
           name: "workers",
           include: ["test/**/*.workers.test.ts"],
+          globalSetup: ["test/support/origins-setup.ts"],
           testTimeout: 20_000,
         },
       },

@@ -1,9 +1,30 @@
+import { env } from "cloudflare:workers";
 import { Hono } from "hono";
+import type { AppEnv } from "./app-env.ts";
+import { reportConfigAtStartup } from "./config.ts";
+import { handleError, handleNotFound } from "./error-handler.ts";
+import { apiKeyAuth } from "./middleware/api-key.ts";
+import { gatewayConfig } from "./middleware/gateway-config.ts";
+import { requestContext } from "./middleware/request-context.ts";
+import { completions } from "./routes/completions.ts";
+import { health } from "./routes/health.ts";
+import { models } from "./routes/models.ts";
 
 /** The warmgate edge Worker. */
-const app = new Hono<{ Bindings: Env }>();
+const app = new Hono<AppEnv>();
 
-app.get("/health", (c) => c.json({ status: "ok" }));
+app.use(requestContext());
+app.use(gatewayConfig());
+app.route("/health", health);
+app.use("/v1/*", apiKeyAuth());
+app.route("/v1/models", models);
+app.route("/v1", completions);
+app.notFound(handleNotFound);
+app.onError(handleError);
+
+// Module scope runs when workerd loads the Worker, so `wrangler dev` shows a bad config
+// at start-up (requests then answer 500 config_error).
+reportConfigAtStartup(env.WARMGATE_CONFIG);
 
 export default app satisfies ExportedHandler<Env>;
 export { KeyAccount } from "../durable-objects/key-account.ts";
