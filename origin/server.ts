@@ -268,6 +268,11 @@ function outgoingOf(c: Context): { destroy(): void } | null {
     : null;
 }
 
+/** Milliseconds to two decimals: enough for latency work, short on the wire. */
+function roundMs(ms: number): number {
+  return Math.round(ms * 100) / 100;
+}
+
 function bearerMatches(header: string | undefined, token: string): boolean {
   const given = Buffer.from(header ?? "");
   const expected = Buffer.from(`Bearer ${token}`);
@@ -315,7 +320,7 @@ function buildOrigin(options: OriginOptions): Origin {
   }
 
   async function openItem(spec: ItemSpec, run: ItemRun): Promise<OpenedItem> {
-    const started = Date.now();
+    const started = performance.now();
     counters.inFlight++;
     // Ids must be unique among running items; a repeat (a retried request) gets a suffix.
     let engineId = spec.id;
@@ -400,9 +405,9 @@ function buildOrigin(options: OriginOptions): Origin {
           outcome,
           usage: result.usage,
           timing: {
-            queued_ms: result.queued_ms,
-            ttft_ms: result.ttft_ms,
-            total_ms: Date.now() - started,
+            queued_ms: roundMs(result.queued_ms),
+            ttft_ms: result.ttft_ms === null ? null : roundMs(result.ttft_ms),
+            total_ms: roundMs(performance.now() - started),
           },
         };
         if (outcome !== "ok" && error !== undefined) trailer.error = error;
