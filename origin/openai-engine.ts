@@ -27,6 +27,11 @@ export interface OpenAIEngineOptions {
   metricsIntervalMs?: number;
   /** Concurrency limit reported in load reports when the engine does not say (default 0: unknown). */
   maxNumSeqs?: number;
+  /**
+   * Add `stream_options.include_usage` to streams whose client left it out, so usage is
+   * known (default true); turn off for engines that refuse the option.
+   */
+  requestUsage?: boolean;
   /** The fetch to use (tests). Node's fetch keeps connections alive per origin. */
   fetch?: typeof fetch;
 }
@@ -364,7 +369,10 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
 
   async function submit(item: EngineItem): Promise<EngineResponse> {
     const started = performance.now();
-    const { body, injected } = requestUsage(item.body);
+    const { body, injected } =
+      options.requestUsage === false
+        ? { body: item.body, injected: false }
+        : requestUsage(item.body);
     const headers: Record<string, string> = { ...auth, "content-type": "application/json" };
     for (const [name, value] of Object.entries(item.headers)) {
       if (!UNFORWARDED.has(name)) headers[name] = value;
