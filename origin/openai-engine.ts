@@ -232,6 +232,8 @@ function describeFetchError(error: unknown): string {
   if (error instanceof Error) {
     const cause = error.cause;
     if (typeof cause === "object" && cause !== null && "code" in cause) return String(cause.code);
+    // undici wraps the socket error ("fetch failed"); the cause says what really happened.
+    if (cause instanceof Error && cause.message !== "") return cause.message;
     return error.message;
   }
   return String(error);
