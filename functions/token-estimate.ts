@@ -16,26 +16,32 @@ export const TOKENS_PER_IMAGE = 765;
 const PIECE = /(\p{Script=Latin}+)|(\p{L}+)|(\p{N}+)|(\s+)|(.)/gsu;
 
 /**
- * Estimated tokens in `text`. Latin words count one token per 4 letters (BPE merges common
- * words into one, rare ones into pieces of about that size), digits one each (Llama 2,
- * Mistral and Qwen split numbers into digits), other scripts one per character, whitespace
- * other than a single space and every symbol one each, and non-ASCII symbols two or three
- * (byte-level fallbacks).
+ * Estimated tokens in `text`, piece by piece: a Latin word one per 4 letters (BPE merges
+ * common words whole and splits rare ones into pieces about that size) plus one per accented
+ * letter; digits one each (Llama 2, Mistral and Qwen split numbers into digits); other
+ * scripts one per character plus one per word; whitespace runs other than a single space one
+ * per two characters; ASCII symbols one, other symbols two or three (byte-level fallbacks).
  */
 export function estimateTextTokens(text: string): number {
   let tokens = 0;
   for (const match of text.matchAll(PIECE)) {
     const [piece, latin, letters, digits, space] = match;
-    if (latin !== undefined) tokens += Math.ceil(latin.length / 4);
-    else if (letters !== undefined) tokens += letters.length;
+    if (latin !== undefined) tokens += Math.ceil(latin.length / 4) + nonAscii(latin);
+    else if (letters !== undefined) tokens += letters.length + 1;
     else if (digits !== undefined) tokens += digits.length;
-    else if (space !== undefined) tokens += space === " " ? 0 : Math.ceil(space.length / 4);
+    else if (space !== undefined) tokens += space === " " ? 0 : Math.ceil(space.length / 2);
     else {
       const code = piece.codePointAt(0) ?? 0;
       tokens += code > 0xffff ? 3 : code > 0x7f ? 2 : 1;
     }
   }
   return tokens;
+}
+
+function nonAscii(text: string): number {
+  let count = 0;
+  for (let i = 0; i < text.length; i++) if (text.charCodeAt(i) > 0x7f) count++;
+  return count;
 }
 
 function estimateContent(content: ChatMessage["content"]): number {

@@ -104,6 +104,13 @@ function describeUnion(
       "invalid_value",
     );
   }
+  if (!hasInput(issue)) {
+    return invalidRequest(
+      `Missing required parameter: '${param}'.`,
+      param,
+      "missing_required_parameter",
+    );
+  }
   // Report the branch that got furthest: one that failed below the union's own value, or on
   // something other than its type, is the one the caller meant.
   for (const branch of issue.errors) {

@@ -1,0 +1,119 @@
+import { describe, expect, it } from "vitest";
+import {
+  ConfigError,
+  DEFAULT_LIMITS,
+  loadGatewayConfig,
+  parseGatewayConfig,
+  resolveModel,
+} from "../../functions/config.ts";
+
+const valid = {
+  models: [
+    { id: "m-8b", max_model_len: 32768, aliases: ["fast"] },
+    { id: "m-70b", max_model_len: 8192 },
+  ],
+  regions: [
+    { id: "eu", continents: ["EU"], origins: [{ id: "eu-1", url: "http://127.0.0.1:40001" }] },
+    {
+      id: "us",
+      origins: [{ id: "us-1", url: "https://us.example.com", models: ["m-70b"] }],
+    },
+  ],
+  default_region: "eu",
+};
+
+function problem(config: unknown): ConfigError {
+  try {
+    parseGatewayConfig(typeof config === "string" ? config : JSON.stringify(config));
+  } catch (error) {
+    if (error instanceof ConfigError) return error;
+    throw error;
+  }
+  throw new Error("config was accepted");
+}
+
+describe("gateway configuration", () => {
+  it("fills in default limits, owners and location lists", () => {
+    const config = parseGatewayConfig(JSON.stringify(valid));
+    expect(config.limits).toEqual(DEFAULT_LIMITS);
+    expect(config.limits.max_body_bytes).toBeGreaterThanOrEqual(8 * 1024 * 1024);
+    expect(config.models[1]).toEqual({
+      id: "m-70b",
+      max_model_len: 8192,
+      owned_by: "warmgate",
+      aliases: [],
+    });
+    expect(config.regions[1]).toMatchObject({ continents: [], countries: [], colos: [] });
+  });
+
+  it("keeps limits the operator sets and defaults the rest", () => {
+    const config = parseGatewayConfig(JSON.stringify({ ...valid, limits: { retry_budget: 0 } }));
+    expect(config.limits).toEqual({ ...DEFAULT_LIMITS, retry_budget: 0 });
+  });
+
+  it("names the field of a wrong type", () => {
+    const error = problem({ ...valid, models: [{ id: "m", max_model_len: "big" }] });
+    expect(error.field).toBe("models[0].max_model_len");
+    expect(error.message).toContain("models[0].max_model_len");
+  });
+
+  it("names a missing field", () => {
+    const { default_region: _, ...rest } = valid;
+    expect(problem(rest).field).toBe("default_region");
+  });
+
+  it("refuses an origin URL that is not http(s)", () => {
+    const regions = [{ id: "eu", origins: [{ id: "eu-1", url: "ftp://x" }] }];
+    expect(problem({ ...valid, regions }).field).toBe("regions[0].origins[0].url");
+  });
+
+  it("refuses a default region that does not exist", () => {
+    const error = problem({ ...valid, default_region: "mars" });
+    expect(error.field).toBe("default_region");
+    expect(error.message).toContain('unknown region "mars"');
+  });
+
+  it("refuses an origin serving a model that is not configured", () => {
+    const regions = [{ id: "eu", origins: [{ id: "eu-1", url: "http://a", models: ["nope"] }] }];
+    expect(problem({ ...valid, regions }).field).toBe("regions[0].origins[0].models[0]");
+  });
+
+  it("refuses duplicate origin ids across regions", () => {
+    const regions = [
+      { id: "eu", origins: [{ id: "o", url: "http://a" }] },
+      { id: "us", origins: [{ id: "o", url: "http://b" }] },
+    ];
+    expect(problem({ ...valid, regions }).field).toBe("regions[1].origins[0].id");
+  });
+
+  it("refuses an alias that shadows a model id", () => {
+    const models = [
+      { id: "a", max_model_len: 1, aliases: ["b"] },
+      { id: "b", max_model_len: 1 },
+    ];
+    expect(problem({ ...valid, models }).field).toBe("models[0].aliases[0]");
+  });
+
+  it("refuses unknown fields, which are typos in operator config", () => {
+    expect(problem({ ...valid, regoins: [] }).message).toContain("regoins");
+  });
+
+  it("says when the text is not JSON or not set", () => {
+    expect(problem("{models:").message).toMatch(/^WARMGATE_CONFIG is not valid JSON/);
+    expect(() => parseGatewayConfig(undefined)).toThrow("WARMGATE_CONFIG is not set");
+  });
+
+  it("parses the same text once and keeps failing the same way for bad text", () => {
+    const text = JSON.stringify(valid);
+    expect(loadGatewayConfig(text)).toBe(loadGatewayConfig(text));
+    expect(() => loadGatewayConfig("[]")).toThrow(ConfigError);
+    expect(() => loadGatewayConfig("[]")).toThrow(ConfigError);
+  });
+
+  it("resolves an alias to its model and an id to itself", () => {
+    const config = parseGatewayConfig(JSON.stringify(valid));
+    expect(resolveModel(config, "fast")?.id).toBe("m-8b");
+    expect(resolveModel(config, "m-70b")?.id).toBe("m-70b");
+    expect(resolveModel(config, "gpt-4")).toBeUndefined();
+  });
+});
