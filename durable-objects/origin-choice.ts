@@ -1,0 +1,55 @@
+// Origin choice inside one Batcher: which healthy origin gets the next batch. Kept apart
+// from the window policy so a KV-cache-aware scorer (prefix affinity, predicted
+// time-to-first-token) can replace it without touching lanes or flush rules.
+
+/** What the batcher knows about one healthy origin when it places a batch. */
+export interface OriginCandidate {
+  id: string;
+  /** Sequences the origin runs or queues, by its last report plus what we sent since. */
+  load: number;
+  /** Start slots left (`max_num_seqs` minus load), or null when the origin never reported. */
+  freeSlots: number | null;
+  /** Prompt tokens its KV cache can still take, or null when unknown (no fresh report). */
+  kvRoomTokens: number | null;
+  /** Items this batcher has sent the origin that have not finished. */
+  inFlight: number;
+}
+
+/** The request a batch is being opened for (the head of the queue). */
+export interface PlacementRequest {
+  id: string;
+  lane: number;
+  promptTokens: number;
+}
+
+/** Picks the origin for a batch whose first item is `head`, or null when none can hold it. */
+export type OriginChooser = (
+  candidates: readonly OriginCandidate[],
+  head: PlacementRequest,
+) => string | null;
+
+/** True when the origin's KV cache can take `promptTokens` more prompt tokens. */
+export function fitsKv(candidate: OriginCandidate, promptTokens: number): boolean {
+  return candidate.kvRoomTokens === null || candidate.kvRoomTokens >= promptTokens;
+}
+
+/**
+ * Least loaded origin that can hold the head's prompt: fewest sequences, then most KV room,
+ * then configuration order. Load-only on purpose; prefix affinity replaces it later.
+ */
+export const chooseLeastLoaded: OriginChooser = (candidates, head) => {
+  let best: OriginCandidate | null = null;
+  for (const candidate of candidates) {
+    if (!fitsKv(candidate, head.promptTokens)) continue;
+    if (best === null || ranksBefore(candidate, best)) best = candidate;
+  }
+  return best === null ? null : best.id;
+};
+
+function ranksBefore(a: OriginCandidate, b: OriginCandidate): boolean {
+  if (a.load !== b.load) return a.load < b.load;
+  // Unknown KV room counts as the most room: an origin that never reported is idle to us.
+  const roomA = a.kvRoomTokens ?? Number.POSITIVE_INFINITY;
+  const roomB = b.kvRoomTokens ?? Number.POSITIVE_INFINITY;
+  return roomA > roomB;
+}
