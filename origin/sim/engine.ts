@@ -33,6 +33,9 @@ import { Histogram, Metric } from "./prometheus.ts";
 import { parseRequest, type OpenAIError, type SimModel, type SimRequest } from "./request.ts";
 import { DEFAULT_SIM_TIMING, Scheduler, type SimTiming } from "./scheduler.ts";
 
+/** The step cost model, configurable through {@link SimEngineOptions.timing}. */
+export type { SimTiming } from "./scheduler.ts";
+
 /** Options of {@link createSimEngine}. */
 export interface SimEngineOptions {
   /** Models served; requests for others get 404 `model_not_found`. */

@@ -207,7 +207,20 @@ export class Scheduler {
   get(id: SeqId): SeqState | undefined {
     const seq = this.#seqs.get(id);
     if (seq === undefined) return undefined;
-    return { ...seq, promptTokens: seq.promptLength };
+    return {
+      id: seq.id,
+      model: seq.model,
+      status: seq.status,
+      promptTokens: seq.promptLength,
+      numComputed: seq.numComputed,
+      numGenerated: seq.numGenerated,
+      cachedTokens: seq.cachedTokens,
+      arrivedAt: seq.arrivedAt,
+      firstScheduledAt: seq.firstScheduledAt,
+      firstTokenAt: seq.firstTokenAt,
+      lastTokenAt: seq.lastTokenAt,
+      preemptions: seq.preemptions,
+    };
   }
 
   /** Plans and applies one step; null when nothing can run. */

@@ -184,7 +184,7 @@ describe("simulated engine: responses", () => {
 
   it("puts usage null on every chunk and a final choices-less usage chunk when include_usage is set", async () => {
     const answer = await call(
-      e2(),
+      engine({ seed: 2 }),
       chat({ stream: true, stream_options: { include_usage: true } }),
     );
     const chunks = events(answer) as {
@@ -334,10 +334,6 @@ describe("simulated engine: responses", () => {
     expect(chunks).toHaveLength(8);
   });
 });
-
-function e2() {
-  return engine({ seed: 2 });
-}
 
 describe("simulated engine: errors", () => {
   const cases: [string, unknown, number, Record<string, unknown>][] = [
