@@ -1,0 +1,289 @@
+// The admin API for API keys, mounted at `/admin`, behind `Authorization: Bearer
+// <ADMIN_TOKEN>`. Each key's KeyAccount is its source of truth; every change is then
+// copied to the KeyDirectory (versioned, so copies never go backwards), which answers
+// listing. A key's secret appears only in the answers to create and rotate.
+
+import { Hono } from "hono";
+import { createMiddleware } from "hono/factory";
+import type { ContentfulStatusCode } from "hono/utils/http-status";
+import { z } from "zod";
+import { KEY_TIERS, type KeyRecord } from "../durable-objects/key-account.ts";
+import { DIRECTORY_NAME } from "../durable-objects/key-directory.ts";
+import {
+  KEY_ID_PATTERN,
+  bearerToken,
+  constantTimeEqual,
+  mintApiKey,
+  newKeyId,
+  openAIError,
+  sha256Hex,
+} from "./keys.ts";
+
+/** Limits of a key when the create request names none. */
+export const DEFAULT_KEY_LIMITS = { rpm: 600, tpm: 1_000_000, concurrency: 64 } as const;
+
+/** Grace period of the previous secret after a rotation when the request names none. */
+export const DEFAULT_ROTATION_GRACE_SECONDS = 3_600;
+
+const MAX_ROTATION_GRACE_SECONDS = 7 * 86_400;
+
+const KeyLimits = z.strictObject({
+  rpm: z.int().min(1).max(1_000_000_000),
+  tpm: z.int().min(1).max(1_000_000_000_000),
+  concurrency: z.int().min(1).max(1_000_000),
+});
+
+const BrowserOrigin = z
+  .string()
+  .max(512)
+  .refine(isOrigin, { message: "Expected an origin such as https://app.example.com." });
+
+// Unix seconds (OpenAI's timestamps) or an ISO 8601 date-time; stored as epoch ms.
+const ExpiresAt = z
+  .union([z.int().positive(), z.iso.datetime({ offset: true })])
+  .transform((value) => (typeof value === "number" ? value * 1_000 : Date.parse(value)));
+
+const KeyFields = {
+  name: z.string().trim().min(1).max(200),
+  limits: KeyLimits.partial(),
+  allowed_origins: z.array(BrowserOrigin).max(100),
+  models: z.array(z.string().min(1).max(256)).max(1_000).nullable(),
+  tier: z.enum(KEY_TIERS),
+  expires_at: ExpiresAt.nullable(),
+};
+
+/** Body of `POST /admin/keys`: all but `name` optional. */
+export const CreateKeyRequest = z.strictObject(KeyFields).partial().required({ name: true });
+
+/** Body of `PATCH /admin/keys/{id}`: any subset of the create fields. */
+export const UpdateKeyRequest = z.strictObject(KeyFields).partial();
+
+/** Body of `POST /admin/keys/{id}/rotate`. */
+export const RotateKeyRequest = z.strictObject({
+  grace_seconds: z.int().min(0).max(MAX_ROTATION_GRACE_SECONDS).optional(),
+});
+
+/** A key as the admin API shows it; times in unix seconds. */
+export function keyJson(record: KeyRecord): Record<string, unknown> {
+  return {
+    id: record.id,
+    object: "api_key",
+    name: record.name,
+    status: record.status,
+    limits: record.limits,
+    allowed_origins: record.allowedOrigins,
+    models: record.models,
+    tier: record.tier,
+    expires_at: seconds(record.expiresAt),
+    created_at: seconds(record.createdAt),
+    updated_at: seconds(record.updatedAt),
+    revoked_at: seconds(record.revokedAt),
+    previous_key_expires_at: seconds(record.previousSecretValidUntil),
+  };
+}
+
+/** Refuses any request whose bearer token is not `ADMIN_TOKEN` (compared in constant time). */
+export function adminAuth() {
+  return createMiddleware<{ Bindings: Env }>(async function adminToken(c, next) {
+    const expected = c.env.ADMIN_TOKEN;
+    const presented = bearerToken(c.req.header("authorization"));
+    // Hashing both sides first makes the comparison independent of the token's length.
+    const ok =
+      expected !== undefined &&
+      expected !== "" &&
+      presented !== null &&
+      constantTimeEqual(await sha256Hex(presented), await sha256Hex(expected));
+    if (!ok) {
+      return c.json(
+        openAIError(
+          "Missing or incorrect admin token.",
+          "invalid_request_error",
+          "invalid_admin_token",
+        ),
+        401,
+      );
+    }
+    return next();
+  });
+}
+
+/** `/admin/keys…`: create, list, get, update, revoke and rotate API keys. */
+export const adminApp = new Hono<{ Bindings: Env }>()
+  .use("*", adminAuth())
+  .post("/keys", async (c) => {
+    const body = await readBody(c.req.raw, CreateKeyRequest);
+    if (!body.ok) return c.json(body.error, 400);
+    const now = Date.now();
+    const id = newKeyId();
+    const { key, secretHash } = await mintApiKey(c.env, id);
+    const record = await account(c.env, id).create({
+      id,
+      name: body.value.name,
+      secretHash,
+      limits: { ...DEFAULT_KEY_LIMITS, ...body.value.limits },
+      allowedOrigins: body.value.allowed_origins ?? [],
+      models: body.value.models ?? null,
+      tier: body.value.tier ?? "standard",
+      expiresAt: body.value.expires_at ?? null,
+      now,
+    });
+    if (record === null) throw new Error("key id already in use");
+    await directory(c.env).upsert(record);
+    return c.json({ ...keyJson(record), key }, 201);
+  })
+  .get("/keys", async (c) => {
+    const limit = Number(c.req.query("limit") ?? "20");
+    if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
+      return c.json(
+        openAIError(
+          "limit must be an integer from 1 to 100.",
+          "invalid_request_error",
+          null,
+          "limit",
+        ),
+        400,
+      );
+    }
+    const page = await directory(c.env).list({ limit, after: c.req.query("after") ?? null });
+    const data = page.keys.map(keyJson);
+    return c.json({
+      object: "list",
+      data,
+      first_id: page.keys[0]?.id ?? null,
+      last_id: page.keys.at(-1)?.id ?? null,
+      has_more: page.hasMore,
+    });
+  })
+  .get("/keys/:id", async (c) => {
+    const id = c.req.param("id");
+    if (!(await known(c.env, id))) return c.json(noSuchKey(id), 404);
+    const record = await account(c.env, id).get();
+    if (record === null) return c.json(noSuchKey(id), 404);
+    return c.json(keyJson(record));
+  })
+  .patch("/keys/:id", async (c) => {
+    const id = c.req.param("id");
+    if (!(await known(c.env, id))) return c.json(noSuchKey(id), 404);
+    const body = await readBody(c.req.raw, UpdateKeyRequest);
+    if (!body.ok) return c.json(body.error, 400);
+    const { name, limits, allowed_origins, models, tier, expires_at } = body.value;
+    const record = await account(c.env, id).update({
+      now: Date.now(),
+      ...(name === undefined ? {} : { name }),
+      ...(limits === undefined ? {} : { limits }),
+      ...(allowed_origins === undefined ? {} : { allowedOrigins: allowed_origins }),
+      ...(models === undefined ? {} : { models }),
+      ...(tier === undefined ? {} : { tier }),
+      ...(expires_at === undefined ? {} : { expiresAt: expires_at }),
+    });
+    if (record === null) return c.json(noSuchKey(id), 404);
+    await directory(c.env).upsert(record);
+    return c.json(keyJson(record));
+  })
+  .delete("/keys/:id", async (c) => {
+    const id = c.req.param("id");
+    if (!(await known(c.env, id))) return c.json(noSuchKey(id), 404);
+    const record = await account(c.env, id).revoke(Date.now());
+    if (record === null) return c.json(noSuchKey(id), 404);
+    await directory(c.env).upsert(record);
+    return c.json(keyJson(record));
+  })
+  .post("/keys/:id/rotate", async (c) => {
+    const id = c.req.param("id");
+    if (!(await known(c.env, id))) return c.json(noSuchKey(id), 404);
+    const body = await readBody(c.req.raw, RotateKeyRequest);
+    if (!body.ok) return c.json(body.error, 400);
+    const { key, secretHash } = await mintApiKey(c.env, id);
+    const graceSeconds = body.value.grace_seconds ?? DEFAULT_ROTATION_GRACE_SECONDS;
+    const record = await account(c.env, id).rotate({
+      secretHash,
+      graceMs: graceSeconds * 1_000,
+      now: Date.now(),
+    });
+    if (record === null) {
+      return c.json(
+        openAIError(
+          "A revoked key cannot be rotated.",
+          "invalid_request_error",
+          "key_revoked",
+          "id",
+        ),
+        409 satisfies ContentfulStatusCode,
+      );
+    }
+    await directory(c.env).upsert(record);
+    return c.json({ ...keyJson(record), key });
+  });
+
+type BodyResult<T> = { ok: true; value: T } | { ok: false; error: ReturnType<typeof openAIError> };
+
+// The validator hook of these routes: JSON, then the zod schema; an empty body is `{}`.
+async function readBody<S extends z.ZodType>(
+  request: Request,
+  schema: S,
+): Promise<BodyResult<z.infer<S>>> {
+  const text = await request.text();
+  let raw: unknown = {};
+  if (text.trim() !== "") {
+    try {
+      raw = JSON.parse(text);
+    } catch {
+      return {
+        ok: false,
+        error: openAIError(
+          "We could not parse the JSON body of your request.",
+          "invalid_request_error",
+          null,
+        ),
+      };
+    }
+  }
+  const parsed = schema.safeParse(raw);
+  if (parsed.success) return { ok: true, value: parsed.data };
+  const issue = parsed.error.issues[0];
+  return {
+    ok: false,
+    error: openAIError(
+      issue === undefined ? "Invalid request body." : issue.message,
+      "invalid_request_error",
+      null,
+      issue === undefined || issue.path.length === 0 ? null : issue.path.join("."),
+    ),
+  };
+}
+
+function account(env: Env, id: string) {
+  return env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+}
+
+function directory(env: Env) {
+  return env.KEY_DIRECTORY.get(env.KEY_DIRECTORY.idFromName(DIRECTORY_NAME));
+}
+
+// Only indexed keys are looked up, so probing ids never creates a KeyAccount.
+async function known(env: Env, id: string): Promise<boolean> {
+  return KEY_ID_PATTERN.test(id) && (await directory(env).has(id));
+}
+
+function noSuchKey(id: string): ReturnType<typeof openAIError> {
+  const shown = KEY_ID_PATTERN.test(id) ? id : "(malformed id)";
+  return openAIError(
+    `No API key with id ${shown}.`,
+    "invalid_request_error",
+    "key_not_found",
+    "id",
+  );
+}
+
+function isOrigin(value: string): boolean {
+  try {
+    const url = new URL(value);
+    return (url.protocol === "https:" || url.protocol === "http:") && url.origin === value;
+  } catch {
+    return false;
+  }
+}
+
+function seconds(ms: number | null): number | null {
+  return ms === null ? null : Math.floor(ms / 1_000);
+}

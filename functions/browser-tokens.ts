@@ -1,0 +1,335 @@
+// Browser tokens: short-lived HS256 JWTs (hono/jwt) that a customer's backend mints with
+// its API key, so a frontend never holds the key. A token names its key (`sub`), an
+// optional end user, narrowed limits and models, and the key's allowed origins; the edge
+// verifies it with no storage lookup and the KeyAccount enforces the end user's limits.
+//
+// CORS. A preflight carries no credentials, so it cannot name a key. A preflight is
+// allowed when its Origin is allowed by any active key (KeyDirectory, cached briefly in
+// the isolate and by the browser for CORS_MAX_AGE_SECONDS); the actual request then
+// carries its token or key, and is refused (403, no CORS headers) unless that token's
+// origins, and the key's current allowed origins in its KeyAccount, include the Origin.
+
+import { Hono } from "hono";
+import { sign, verify } from "hono/jwt";
+import { z } from "zod";
+import type { Limits } from "../durable-objects/admission.ts";
+import { DIRECTORY_NAME } from "../durable-objects/key-directory.ts";
+import {
+  KEY_ID_PATTERN,
+  bearerToken,
+  deriveSecret,
+  hex,
+  openAIError,
+  parseApiKey,
+  signingSecret,
+  type SigningEnv,
+} from "./keys.ts";
+
+/** The `aud` and `iss` of every browser token. */
+export const TOKEN_AUDIENCE = "warmgate";
+
+/** The longest lifetime a browser token may have. */
+export const MAX_TOKEN_TTL_SECONDS = 3_600;
+
+/** Lifetime of a browser token when the request names none. */
+export const DEFAULT_TOKEN_TTL_SECONDS = 900;
+
+/** How long browsers may cache a preflight answer. */
+export const CORS_MAX_AGE_SECONDS = 600;
+
+const TOKEN_LABEL = "warmgate/browser-token/v1";
+// Tolerated difference between the minting and the verifying clock for `nbf` and `iat`.
+const CLOCK_SKEW_SECONDS = 30;
+// Preflight answers cached per isolate, so preflights rarely reach the directory.
+const PREFLIGHT_CACHE_MS = 30_000;
+const PREFLIGHT_CACHE_SIZE = 1_000;
+
+const EXPOSED_HEADERS = [
+  "x-request-id",
+  "x-ratelimit-limit-requests",
+  "x-ratelimit-remaining-requests",
+  "x-ratelimit-reset-requests",
+  "x-ratelimit-limit-tokens",
+  "x-ratelimit-remaining-tokens",
+  "x-ratelimit-reset-tokens",
+  "retry-after",
+  "retry-after-ms",
+  "x-warmgate-cost-usd",
+].join(", ");
+
+const LimitsClaim = z.strictObject({
+  rpm: z.int().positive(),
+  tpm: z.int().positive(),
+  concurrency: z.int().positive(),
+});
+
+const BrowserTokenClaims = z.object({
+  iss: z.literal(TOKEN_AUDIENCE),
+  aud: z.literal(TOKEN_AUDIENCE),
+  sub: z.string().regex(KEY_ID_PATTERN),
+  jti: z.string().min(8).max(64),
+  iat: z.int(),
+  nbf: z.int(),
+  exp: z.int(),
+  user: z.string().min(1).max(256).optional(),
+  lim: LimitsClaim,
+  mdl: z.array(z.string()).nullable(),
+  org: z.array(z.string()),
+});
+
+/** What a verified browser token grants. */
+export interface BrowserScope {
+  keyId: string;
+  /** The end user the token was minted for, or null. */
+  user: string | null;
+  /** Whose per-end-user limits apply: the user, or this one token when it names none. */
+  subject: string;
+  limits: Limits;
+  /** Models the token may call, or null for every model the key allows. */
+  models: string[] | null;
+  /** Browser origins the token may be used from. */
+  origins: string[];
+  /** Epoch ms at which the token expires. */
+  expiresAt: number;
+}
+
+/** What to put in a new browser token. */
+export interface MintBrowserTokenInput {
+  keyId: string;
+  user: string | null;
+  limits: Limits;
+  models: string[] | null;
+  origins: string[];
+  ttlSeconds: number;
+  now: number;
+}
+
+/** Signs a browser token; `expiresAt` is in unix seconds. */
+export async function mintBrowserToken(
+  env: SigningEnv,
+  input: MintBrowserTokenInput,
+): Promise<{ token: string; expiresAt: number }> {
+  const iat = Math.floor(input.now / 1_000);
+  const exp = iat + Math.min(MAX_TOKEN_TTL_SECONDS, Math.max(1, Math.floor(input.ttlSeconds)));
+  const claims: z.infer<typeof BrowserTokenClaims> = {
+    iss: TOKEN_AUDIENCE,
+    aud: TOKEN_AUDIENCE,
+    sub: input.keyId,
+    jti: hex(crypto.getRandomValues(new Uint8Array(12))),
+    iat,
+    nbf: iat,
+    exp,
+    ...(input.user === null ? {} : { user: input.user }),
+    lim: input.limits,
+    mdl: input.models,
+    org: input.origins,
+  };
+  return { token: await sign(claims, await tokenSecret(env), "HS256"), expiresAt: exp };
+}
+
+/** Verifies a browser token's signature, audience, issuer, `nbf` and `exp` at `now`; null if any fails. */
+export async function verifyBrowserToken(
+  env: SigningEnv,
+  token: string,
+  now: number,
+): Promise<BrowserScope | null> {
+  let payload: unknown;
+  try {
+    // hono/jwt checks the signature, `alg`, `aud` and `iss`; times are checked below
+    // against `now` so that every claim is required, not only checked when present.
+    payload = await verify(token, await tokenSecret(env), {
+      alg: "HS256",
+      aud: TOKEN_AUDIENCE,
+      iss: TOKEN_AUDIENCE,
+      exp: false,
+      nbf: false,
+      iat: false,
+    });
+  } catch {
+    // Its errors quote the token; none of that may reach a log or a response.
+    return null;
+  }
+  const claims = BrowserTokenClaims.safeParse(payload);
+  if (!claims.success) return null;
+  const { sub, jti, iat, nbf, exp, user, lim, mdl, org } = claims.data;
+  const seconds = now / 1_000;
+  if (exp <= seconds || nbf > seconds + CLOCK_SKEW_SECONDS || iat > seconds + CLOCK_SKEW_SECONDS) {
+    return null;
+  }
+  if (exp - iat > MAX_TOKEN_TTL_SECONDS) return null;
+  return {
+    keyId: sub,
+    user: user ?? null,
+    subject: user === undefined ? `token:${jti}` : `user:${user}`,
+    limits: lim,
+    models: mdl,
+    origins: org,
+    expiresAt: exp * 1_000,
+  };
+}
+
+/** Headers that grant `origin` access to a response and expose the rate-limit headers. */
+export function corsHeaders(origin: string): Record<string, string> {
+  return {
+    "access-control-allow-origin": origin,
+    "access-control-expose-headers": EXPOSED_HEADERS,
+    vary: "Origin",
+  };
+}
+
+/** Whether any active key allows `origin`; answers preflights. */
+export async function originAllowedByAnyKey(
+  env: Env,
+  origin: string,
+  now: number,
+): Promise<boolean> {
+  const cached = preflightCache.get(origin);
+  if (cached !== undefined && cached.until > now) return cached.allowed;
+  const directory = env.KEY_DIRECTORY.get(env.KEY_DIRECTORY.idFromName(DIRECTORY_NAME));
+  const allowed = await directory.originAllowed(origin, now);
+  if (preflightCache.size >= PREFLIGHT_CACHE_SIZE) preflightCache.clear();
+  preflightCache.set(origin, { allowed, until: now + PREFLIGHT_CACHE_MS });
+  return allowed;
+}
+
+const TokenRequest = z.strictObject({
+  user: z.string().min(1).max(256).optional(),
+  ttl_seconds: z.int().min(1).max(MAX_TOKEN_TTL_SECONDS).optional(),
+  limits: LimitsClaim.partial().optional(),
+  models: z.array(z.string().min(1).max(256)).max(256).optional(),
+});
+
+/** Body of `POST /v1/tokens`. */
+export type TokenRequestBody = z.infer<typeof TokenRequest>;
+
+/** `POST /v1/tokens` (mint with an API key) and CORS preflights for `/v1/*`; mount at `/v1`. */
+export const browserTokensApp = new Hono<{ Bindings: Env }>()
+  .options("/*", async (c) => {
+    const origin = c.req.header("origin");
+    if (origin === undefined || !(await originAllowedByAnyKey(c.env, origin, Date.now()))) {
+      // No CORS headers at all: the browser refuses the actual request.
+      return c.json(
+        openAIError("This origin is not allowed.", "invalid_request_error", "origin_not_allowed"),
+        403,
+      );
+    }
+    const requested = c.req.header("access-control-request-headers");
+    return c.body(null, 204, {
+      "access-control-allow-origin": origin,
+      "access-control-allow-methods": "GET, POST, OPTIONS",
+      "access-control-allow-headers":
+        requested !== undefined && /^[\w\-, ]*$/.test(requested)
+          ? requested
+          : "authorization, content-type",
+      "access-control-max-age": String(CORS_MAX_AGE_SECONDS),
+      vary: "Origin, Access-Control-Request-Headers",
+    });
+  })
+  .post("/tokens", async (c) => {
+    const now = Date.now();
+    const presented = bearerToken(c.req.header("authorization"));
+    // Only an API key mints tokens; a browser token cannot mint more.
+    const parsed = presented === null ? null : await parseApiKey(c.env, presented);
+    if (parsed === null) {
+      return c.json(
+        openAIError("Incorrect API key provided.", "invalid_request_error", "invalid_api_key"),
+        401,
+      );
+    }
+    const text = await c.req.text();
+    let raw: unknown = {};
+    if (text.trim() !== "") {
+      try {
+        raw = JSON.parse(text);
+      } catch {
+        return c.json(
+          openAIError(
+            "We could not parse the JSON body of your request.",
+            "invalid_request_error",
+            null,
+          ),
+          400,
+        );
+      }
+    }
+    const body = TokenRequest.safeParse(raw);
+    if (!body.success) {
+      const issue = body.error.issues[0];
+      return c.json(
+        openAIError(
+          issue?.message ?? "Invalid request body.",
+          "invalid_request_error",
+          null,
+          issue === undefined ? null : issue.path.join("."),
+        ),
+        400,
+      );
+    }
+    const account = c.env.KEY_ACCOUNT.get(c.env.KEY_ACCOUNT.idFromName(parsed.keyId));
+    const check = await account.check({ secretHash: parsed.secretHash, now });
+    if (!check.ok) {
+      return c.json(
+        openAIError("Incorrect API key provided.", "invalid_request_error", "invalid_api_key"),
+        401,
+      );
+    }
+    const { record } = check;
+    const requested = body.data;
+    const outside = (requested.models ?? []).find(
+      (model) => record.models !== null && !record.models.includes(model),
+    );
+    if (outside !== undefined) {
+      return c.json(
+        openAIError(
+          `The key may not use the model \`${outside}\`.`,
+          "invalid_request_error",
+          "model_not_allowed",
+          "models",
+        ),
+        400,
+      );
+    }
+    // Never wider than the key: each limit is at most the key's.
+    const limits: Limits = {
+      rpm: Math.min(requested.limits?.rpm ?? record.limits.rpm, record.limits.rpm),
+      tpm: Math.min(requested.limits?.tpm ?? record.limits.tpm, record.limits.tpm),
+      concurrency: Math.min(
+        requested.limits?.concurrency ?? record.limits.concurrency,
+        record.limits.concurrency,
+      ),
+    };
+    const models = requested.models ?? record.models;
+    const user = requested.user ?? null;
+    const { token, expiresAt } = await mintBrowserToken(c.env, {
+      keyId: parsed.keyId,
+      user,
+      limits,
+      models,
+      origins: record.allowedOrigins,
+      ttlSeconds: requested.ttl_seconds ?? DEFAULT_TOKEN_TTL_SECONDS,
+      now,
+    });
+    return c.json({
+      object: "browser_token",
+      token,
+      expires_at: expiresAt,
+      user,
+      limits,
+      models,
+    });
+  });
+
+const preflightCache = new Map<string, { allowed: boolean; until: number }>();
+
+// The HS256 secret per signing secret, derived once per isolate.
+const tokenSecrets = new Map<string, Promise<string>>();
+
+async function tokenSecret(env: SigningEnv): Promise<string> {
+  const secret = signingSecret(env);
+  let derived = tokenSecrets.get(secret);
+  if (derived === undefined) {
+    derived = deriveSecret(env, TOKEN_LABEL).then(hex);
+    tokenSecrets.set(secret, derived);
+  }
+  return derived;
+}

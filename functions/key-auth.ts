@@ -1,0 +1,198 @@
+// The request path's view of keys and limits: authenticate a bearer credential at the
+// edge (no Durable Object call), admit the request in its key's KeyAccount (one call),
+// settle it there when it ends, and turn refusals into OpenAI errors and headers.
+
+import type { AdmissionRefusal, InvalidKeyReason } from "../durable-objects/admission.ts";
+import type {
+  AdmitResult,
+  SettleOutcome,
+  SettleResult,
+  SettleUsage,
+} from "../durable-objects/key-account.ts";
+import { verifyBrowserToken, type BrowserScope } from "./browser-tokens.ts";
+import { API_KEY_PREFIX, bearerToken, openAIError, parseApiKey } from "./keys.ts";
+import { formatResetDuration, rateLimitHeaders, retryAfterHeaders } from "./rate-limit-headers.ts";
+
+/** A credential the edge accepted, or the error to answer with. */
+export type Authentication =
+  | { ok: true; kind: "key"; keyId: string; secretHash: string }
+  | { ok: true; kind: "browser"; keyId: string; scope: BrowserScope }
+  | { ok: false; error: KeyError };
+
+/** An error for the client: status, OpenAI body fields and extra headers. */
+export interface KeyError {
+  status: 401 | 403 | 429;
+  message: string;
+  type: string;
+  code: string;
+  param: string | null;
+  headers: Record<string, string>;
+}
+
+/** What the request path knows about a request when it asks for admission. */
+export interface AdmitRequestInput {
+  requestId: string;
+  model: string;
+  promptTokens: number;
+  maxTokens: number;
+  /** The OpenAI `user` field. */
+  endUser?: string | null;
+  /** The request's `Origin` header, if any. */
+  origin?: string | null;
+  /** Omit in production: the KeyAccount's own clock then rules its buckets. */
+  now?: number;
+}
+
+/**
+ * Authenticates an `Authorization` header without any storage call: an API key by its
+ * format and check part, a browser token by its signature, audience and times (and,
+ * when the request has an Origin, by the token's origins).
+ */
+export async function authenticateBearer(
+  env: Env,
+  authorization: string | null | undefined,
+  options: { now: number; origin?: string | null },
+): Promise<Authentication> {
+  const credential = bearerToken(authorization);
+  if (credential === null) return { ok: false, error: missingKey() };
+  if (credential.startsWith(API_KEY_PREFIX)) {
+    const parsed = await parseApiKey(env, credential);
+    if (parsed === null) return { ok: false, error: invalidKey("Incorrect API key provided.") };
+    return { ok: true, kind: "key", keyId: parsed.keyId, secretHash: parsed.secretHash };
+  }
+  const scope = await verifyBrowserToken(env, credential, options.now);
+  if (scope === null) {
+    return { ok: false, error: invalidKey("Invalid or expired browser token.") };
+  }
+  const origin = options.origin ?? null;
+  if (origin !== null && !scope.origins.includes(origin)) {
+    return { ok: false, error: originNotAllowed() };
+  }
+  return { ok: true, kind: "browser", keyId: scope.keyId, scope };
+}
+
+/** Admits a request in its key's KeyAccount: one RPC, atomic, reserving a slot and tokens. */
+export async function admitRequest(
+  env: Env,
+  auth: Extract<Authentication, { ok: true }>,
+  input: AdmitRequestInput,
+): Promise<AdmitResult> {
+  const account = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(auth.keyId));
+  return account.admit({
+    requestId: input.requestId,
+    credential:
+      auth.kind === "key"
+        ? { kind: "key", secretHash: auth.secretHash }
+        : {
+            kind: "browser",
+            subject: auth.scope.subject,
+            limits: auth.scope.limits,
+            models: auth.scope.models,
+          },
+    model: input.model,
+    promptTokens: input.promptTokens,
+    maxTokens: input.maxTokens,
+    endUser: input.endUser ?? null,
+    origin: input.origin ?? null,
+    ...(input.now === undefined ? {} : { now: input.now }),
+  });
+}
+
+/** Settles an admitted request once (repeats are no-ops): frees its slot, corrects its tokens. */
+export async function settleRequest(
+  env: Env,
+  keyId: string,
+  input: { requestId: string; outcome: SettleOutcome; usage?: SettleUsage | null; now?: number },
+): Promise<SettleResult> {
+  const account = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
+  return account.settle(input);
+}
+
+/** The OpenAI error for an admission refusal, with `retry-after` and rate-limit headers on 429. */
+export function refusalError(refusal: AdmissionRefusal, keyId: string): KeyError {
+  switch (refusal.code) {
+    case "invalid_api_key":
+      return invalidKey(INVALID_KEY_MESSAGES[refusal.reason]);
+    case "origin_not_allowed":
+      return originNotAllowed();
+    case "model_not_allowed":
+      return {
+        status: 403,
+        message: `This key may not use the model \`${refusal.model}\`.`,
+        type: "invalid_request_error",
+        code: "model_not_allowed",
+        param: "model",
+        headers: {},
+      };
+    case "rate_limit_exceeded": {
+      const unit =
+        refusal.limit === "tokens"
+          ? "tokens per min (TPM)"
+          : refusal.limit === "requests"
+            ? "requests per min (RPM)"
+            : "concurrent requests";
+      const who = refusal.scope === "key" ? `key ${keyId}` : `this end user of key ${keyId}`;
+      const message = refusal.tooLarge
+        ? `Request too large for ${who} on ${unit}: Limit ${refusal.limitValue}, Requested ${refusal.requested}. Reduce the prompt or max_tokens.`
+        : `Rate limit reached for ${who} on ${unit}: Limit ${refusal.limitValue}, Requested ${refusal.requested}. Please try again in ${formatResetDuration(refusal.retryAfterMs)}.`;
+      return {
+        status: 429,
+        message,
+        type: refusal.limit,
+        code: "rate_limit_exceeded",
+        param: null,
+        headers: {
+          ...rateLimitHeaders(refusal.rateLimit),
+          ...retryAfterHeaders(refusal.retryAfterMs),
+        },
+      };
+    }
+    default: {
+      const unhandled: never = refusal;
+      throw new Error(`unhandled refusal ${JSON.stringify(unhandled)}`);
+    }
+  }
+}
+
+/** A JSON response for a {@link KeyError}. */
+export function keyErrorResponse(error: KeyError): Response {
+  return Response.json(openAIError(error.message, error.type, error.code, error.param), {
+    status: error.status,
+    headers: error.headers,
+  });
+}
+
+const INVALID_KEY_MESSAGES: Record<InvalidKeyReason, string> = {
+  unknown: "Incorrect API key provided.",
+  bad_secret: "Incorrect API key provided.",
+  revoked: "This API key has been revoked.",
+  expired: "This API key has expired.",
+};
+
+function missingKey(): KeyError {
+  return invalidKey(
+    "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+  );
+}
+
+function invalidKey(message: string): KeyError {
+  return {
+    status: 401,
+    message,
+    type: "invalid_request_error",
+    code: "invalid_api_key",
+    param: null,
+    headers: {},
+  };
+}
+
+function originNotAllowed(): KeyError {
+  return {
+    status: 403,
+    message: "Requests from this origin are not allowed for this key.",
+    type: "invalid_request_error",
+    code: "origin_not_allowed",
+    param: null,
+    headers: {},
+  };
+}
