@@ -25,6 +25,8 @@ export default defineConfig({
               bindings: {
                 WARMGATE_CONFIG: inject("warmgateConfig"),
                 WARMGATE_API_KEYS: TEST_API_KEY,
+                ADMIN_TOKEN: "test-admin-token",
+                TOKEN_SIGNING_SECRET: "test-token-signing-secret",
               },
             },
           })),

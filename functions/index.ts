@@ -1,6 +1,8 @@
 import { env } from "cloudflare:workers";
 import { Hono } from "hono";
+import { adminApp } from "./admin.ts";
 import type { AppEnv } from "./app-env.ts";
+import { browserTokensApp } from "./browser-tokens.ts";
 import { reportConfigAtStartup } from "./config.ts";
 import { handleError, handleNotFound } from "./error-handler.ts";
 import { apiKeyAuth } from "./middleware/api-key.ts";
@@ -14,6 +16,10 @@ import { models } from "./routes/models.ts";
 const app = new Hono<AppEnv>();
 
 app.use(requestContext());
+// Before config and static-key auth: the admin API, token minting and CORS preflights
+// authenticate themselves and must answer even when the gateway config is broken.
+app.route("/admin", adminApp);
+app.route("/v1", browserTokensApp);
 app.use(gatewayConfig());
 app.route("/health", health);
 app.use("/v1/*", apiKeyAuth());
