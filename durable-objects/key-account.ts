@@ -232,7 +232,7 @@ export class KeyAccount extends DurableObject<Env> {
   }
 
   /** Creates the key; null when this object already holds one. */
-  async create(input: KeyCreateInput): Promise<KeyRecord | null> {
+  create(input: KeyCreateInput): KeyRecord | null {
     if (this.#record !== null) return null;
     const sql = this.ctx.storage.sql;
     this.ctx.storage.transactionSync(() => {
