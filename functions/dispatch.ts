@@ -81,7 +81,8 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       attempt.item.cancel();
       options.pool.end(originId);
       if (status >= 500) options.pool.reportFailure(originId, now());
-      failure = "bad_answer";
+      // The origin's own item timeout answers 504 (see origin/server.ts).
+      failure = status === 504 ? "timeout" : "bad_answer";
       console.warn("origin answered", status, options.requestId, originId);
       continue;
     }
