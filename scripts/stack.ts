@@ -168,26 +168,75 @@ export function stackConfig(
   });
 }
 
-/** Dev secrets kept across restarts, so a key printed once keeps working. */
-async function devSecrets(
-  dir: string | undefined,
-): Promise<{ adminToken: string; apiKey: string }> {
-  const fresh = {
+/** Development secrets, kept across restarts when state persists so printed keys keep working. */
+interface DevSecrets {
+  adminToken: string;
+  signingSecret: string;
+  apiKey?: string;
+}
+
+function devSecretsFile(dir: string): string {
+  return join(dir, "warmgate-dev.json");
+}
+
+async function loadDevSecrets(dir: string | undefined): Promise<DevSecrets> {
+  const fresh: DevSecrets = {
     adminToken: `wgadmin_${randomBytes(18).toString("base64url")}`,
-    apiKey: `wg_dev_${randomBytes(18).toString("base64url")}`,
+    signingSecret: randomBytes(32).toString("base64url"),
   };
   if (!dir) return fresh;
-  const file = join(dir, "warmgate-dev.json");
   try {
-    const saved = JSON.parse(await readFile(file, "utf8")) as Partial<typeof fresh>;
-    if (saved.adminToken && saved.apiKey)
-      return { adminToken: saved.adminToken, apiKey: saved.apiKey };
+    const saved = JSON.parse(await readFile(devSecretsFile(dir), "utf8")) as Partial<DevSecrets>;
+    if (saved.adminToken && saved.signingSecret) {
+      return {
+        adminToken: saved.adminToken,
+        signingSecret: saved.signingSecret,
+        ...(saved.apiKey ? { apiKey: saved.apiKey } : {}),
+      };
+    }
   } catch {
     // First run: nothing saved yet.
   }
-  await mkdir(dir, { recursive: true });
-  await writeFile(file, JSON.stringify(fresh, null, 2) + "\n", { mode: 0o600 });
   return fresh;
+}
+
+async function saveDevSecrets(dir: string | undefined, secrets: DevSecrets): Promise<void> {
+  if (!dir) return;
+  await mkdir(dir, { recursive: true });
+  await writeFile(devSecretsFile(dir), JSON.stringify(secrets, null, 2) + "\n", { mode: 0o600 });
+}
+
+/** Limits of the development key: generous, so local load tests measure the gateway. */
+export const DEV_KEY_LIMITS = { rpm: 1_000_000, tpm: 10_000_000_000, concurrency: 4_096 };
+
+/** Creates an API key through the admin API and returns its secret. */
+export async function createKey(
+  edgeUrl: string,
+  adminToken: string,
+  body: Record<string, unknown>,
+): Promise<string> {
+  const res = await fetch(`${edgeUrl}/admin/keys`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  const json = (await res.json()) as { key?: string; error?: { message: string } };
+  if (res.status !== 201 || !json.key) {
+    throw new Error(`creating a key failed: ${res.status} ${json.error?.message ?? ""}`);
+  }
+  return json.key;
+}
+
+/** Reuses the saved development key while the edge still accepts it, else creates one. */
+async function ensureDevKey(edgeUrl: string, secrets: DevSecrets): Promise<string> {
+  if (secrets.apiKey) {
+    const res = await fetch(`${edgeUrl}/v1/models`, {
+      headers: { authorization: `Bearer ${secrets.apiKey}` },
+    });
+    await res.body?.cancel();
+    if (res.ok) return secrets.apiKey;
+  }
+  return createKey(edgeUrl, secrets.adminToken, { name: "development", limits: DEV_KEY_LIMITS });
 }
 
 function dotenvLine(name: string, value: string): string {
@@ -352,7 +401,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
     throw error;
   }
   const config = stackConfig(origins, regions, models, options.limits);
-  const secrets = await devSecrets(options.persistTo);
+  const secrets = await loadDevSecrets(options.persistTo);
   let edge: Awaited<ReturnType<typeof startWranglerDev>>;
   try {
     edge = await startWranglerDev({
@@ -360,8 +409,8 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
       ...(options.edgePort ? { port: options.edgePort } : {}),
       vars: {
         WARMGATE_CONFIG: config,
-        WARMGATE_API_KEYS: secrets.apiKey,
         ADMIN_TOKEN: secrets.adminToken,
+        TOKEN_SIGNING_SECRET: secrets.signingSecret,
         ...options.edgeVars,
       },
       ...(options.persistTo ? { persistTo: options.persistTo } : {}),
@@ -371,13 +420,21 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
     await stopOrigins();
     throw error;
   }
+  let apiKey: string;
+  try {
+    apiKey = await ensureDevKey(edge.url, secrets);
+    await saveDevSecrets(options.persistTo, { ...secrets, apiKey });
+  } catch (error) {
+    await Promise.all([edge.stop(), stopOrigins()]);
+    throw error;
+  }
   let stopped: Promise<void> | undefined;
   return {
     edgeUrl: edge.url,
     origins,
     config,
     adminToken: secrets.adminToken,
-    apiKey: secrets.apiKey,
+    apiKey,
     edge: edge.child,
     stop() {
       stopped ??= Promise.all([edge.stop(), stopOrigins()]).then(() => undefined);
