@@ -37,7 +37,13 @@ export function requestContext() {
     c.set("requestId", requestId);
     c.set("settlement", settlement);
     await next();
-    c.res.headers.set(REQUEST_ID_HEADER, requestId);
+    // A response passed through from fetch() has immutable headers; re-wrap it (no copy of the body).
+    try {
+      c.res.headers.set(REQUEST_ID_HEADER, requestId);
+    } catch {
+      c.res = new Response(c.res.body, c.res);
+      c.res.headers.set(REQUEST_ID_HEADER, requestId);
+    }
     const clientId = c.req.header(CLIENT_REQUEST_ID_HEADER);
     if (clientId !== undefined && PRINTABLE_ASCII.test(clientId)) {
       c.res.headers.set(CLIENT_REQUEST_ID_HEADER, clientId);
