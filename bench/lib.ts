@@ -83,9 +83,11 @@ export function fmt(value: number, digits = 2): string {
   return value.toFixed(digits);
 }
 
+const tableLine = (cells: string[]) => `| ${cells.join(" | ")} |`;
+
 /** Renders a GitHub-flavoured Markdown table. */
 export function markdownTable(header: string[], rows: string[][]): string {
-  const line = (cells: string[]) => `| ${cells.join(" | ")} |`;
+  const line = tableLine;
   return [line(header), line(header.map(() => "---")), ...rows.map(line)].join("\n");
 }
 

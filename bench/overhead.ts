@@ -121,7 +121,7 @@ try {
   for (let round = 0; round < ROUNDS; round++) {
     for (const scenario of SCENARIOS) {
       // Alternate the order each round so drift on a shared machine hits all three alike.
-      const order = round % 2 === 0 ? TARGETS : [...TARGETS].reverse();
+      const order = round % 2 === 0 ? TARGETS : TARGETS.toReversed();
       for (const target of order) {
         const k = key(scenario.name, target);
         const list = samples.get(k) ?? [];

@@ -252,5 +252,5 @@ function parseFlags(
   };
   for (const name of STRING_OPTIONS) options[name] = { type: "string" };
   const { values } = parseArgs({ args: [...argv], options, strict: true, allowPositionals: false });
-  return values as Partial<Record<OptionName, string>> & { help?: boolean };
+  return values;
 }

@@ -246,13 +246,14 @@ function dotenvLine(name: string, value: string): string {
 
 async function waitForHealth(url: string, child: ChildProcess, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
-  let exited: number | null = null;
+  const state: { exitCode: number | null } = { exitCode: null };
   child.once("exit", (code) => {
-    exited = code ?? -1;
+    state.exitCode = code ?? -1;
   });
   while (Date.now() < deadline) {
-    if (exited !== null)
-      throw new Error(`wrangler dev exited with code ${exited} before it was ready`);
+    if (state.exitCode !== null) {
+      throw new Error(`wrangler dev exited with code ${state.exitCode} before it was ready`);
+    }
     try {
       const res = await fetch(`${url}/health`);
       await res.body?.cancel();
