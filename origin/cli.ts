@@ -29,6 +29,7 @@ export interface OriginCliConfig {
   seed?: number;
   apiKey?: string;
   adminToken?: string;
+  accessToken?: string;
   loadIntervalMs?: number;
   faults: Partial<FaultConfig>;
 }
@@ -57,6 +58,8 @@ export const USAGE = `usage: npm run origin -- [options]
   --time-scale X              simulated time: 1 realistic, 0 no delay
   --seed N                    seed of the simulated engine and of fault injection
   --admin-token T             bearer token for /admin/*
+  --access-token T            bearer token the edge must send on /v1/* (set it whenever
+                              the origin is reachable from other hosts)
   --load-interval-ms N        milliseconds between batch load reports (default 250)
   --fault-error-rate X        fraction of items answered with an error status
   --fault-statuses 429,503    statuses injected errors use (from 429, 500, 503)
@@ -85,6 +88,7 @@ const STRING_OPTIONS = [
   "time-scale",
   "seed",
   "admin-token",
+  "access-token",
   "load-interval-ms",
   "fault-error-rate",
   "fault-statuses",
@@ -177,6 +181,7 @@ function build(values: Partial<Record<OptionName, string>>): OriginCliConfig {
   if (values.region !== undefined) config.region = values.region;
   if (values["api-key"] !== undefined) config.apiKey = values["api-key"];
   if (values["admin-token"] !== undefined) config.adminToken = values["admin-token"];
+  if (values["access-token"] !== undefined) config.accessToken = values["access-token"];
   if (values.models !== undefined) config.models = parseModels(values.models);
   if (values["kv-blocks"] !== undefined)
     config.kvBlocks = integer("kv-blocks", values["kv-blocks"], 1);

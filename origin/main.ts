@@ -63,6 +63,7 @@ async function main(): Promise<void> {
       originId: config.originId ?? hostname(),
       ...(config.region !== undefined && { region: config.region }),
       ...(config.adminToken !== undefined && { adminToken: config.adminToken }),
+      ...(config.accessToken !== undefined && { accessToken: config.accessToken }),
       ...(config.loadIntervalMs !== undefined && { loadIntervalMs: config.loadIntervalMs }),
       ...(config.seed !== undefined && { faultSeed: config.seed }),
       faults: config.faults,

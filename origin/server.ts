@@ -48,6 +48,11 @@ export interface OriginOptions {
   loadIntervalMs?: number;
   /** Bearer token that `/admin/*` requires; open when unset (loopback deployments). */
   adminToken?: string;
+  /**
+   * Bearer token the edge must present on `/v1/*` (completions and batches); open when
+   * unset, which suits loopback only: an origin reachable from the internet needs one.
+   */
+  accessToken?: string;
   /** Most items accepted in one batch (default 1024, at most {@link MAX_BATCH_ITEMS}). */
   maxBatchItems?: number;
   /** GPU readings source (default: `nvidia-smi`). */
@@ -433,6 +438,19 @@ function buildOrigin(options: OriginOptions): Origin {
       errorBody("The origin failed to handle the request.", "server_error", "internal_error"),
       500,
     );
+  });
+  // `/v1/models` stays open like `/health` and `/metrics`: it reveals no prompts and
+  // monitoring discovers models with it.
+  app.use("/v1/*", async (c, next) => {
+    if (options.accessToken === undefined || c.req.path === "/v1/models") return next();
+    if (!bearerMatches(c.req.header("authorization"), options.accessToken)) {
+      throw new OriginError(
+        401,
+        "This origin requires its access token as a bearer token.",
+        "invalid_access_token",
+      );
+    }
+    return next();
   });
   app.notFound((c) =>
     c.json(

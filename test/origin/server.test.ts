@@ -221,3 +221,29 @@ describe("startOrigin", () => {
     expect(sockets.size).toBe(1);
   });
 });
+
+describe("access token", () => {
+  it("refuses completions and batches without the origin's access token", async () => {
+    const { url } = await start({ accessToken: "edge-secret" });
+    const completion = await post(url, "/v1/chat/completions", { max_tokens: 2 });
+    expect(completion.status).toBe(401);
+    expect(((await completion.json()) as { error: { code: string } }).error.code).toBe(
+      "invalid_access_token",
+    );
+    const batch = await post(url, "/v1/batch", { v: 1, batch_id: "b", items: [] });
+    expect(batch.status).toBe(401);
+  });
+
+  it("serves callers that present the access token, and keeps models and health open", async () => {
+    const { url } = await start({ accessToken: "edge-secret" });
+    const response = await fetch(`${url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: "Bearer edge-secret" },
+      body: JSON.stringify({ max_tokens: 2 }),
+    });
+    expect(response.status).toBe(200);
+    await response.body?.cancel();
+    expect((await fetch(`${url}/v1/models`)).status).toBe(200);
+    expect((await fetch(`${url}/health`)).status).toBe(200);
+  });
+});
