@@ -1,6 +1,6 @@
 import { cloudflareTest } from "@cloudflare/vitest-plugin";
 import { defineConfig } from "vitest/config";
-import { TEST_API_KEY } from "./test/support/provided-context.ts";
+import { TEST_ADMIN_TOKEN, TEST_SIGNING_SECRET } from "./test/support/provided-context.ts";
 
 // Two projects: `unit` runs pure cores, the origin and scripts in Node;
 // `workers` runs the edge and its Durable Objects inside workerd.
@@ -24,9 +24,8 @@ export default defineConfig({
             miniflare: {
               bindings: {
                 WARMGATE_CONFIG: inject("warmgateConfig"),
-                WARMGATE_API_KEYS: TEST_API_KEY,
-                ADMIN_TOKEN: "test-admin-token",
-                TOKEN_SIGNING_SECRET: "test-token-signing-secret",
+                ADMIN_TOKEN: TEST_ADMIN_TOKEN,
+                TOKEN_SIGNING_SECRET: TEST_SIGNING_SECRET,
               },
             },
           })),
@@ -35,6 +34,8 @@ export default defineConfig({
           name: "workers",
           include: ["test/**/*.workers.test.ts"],
           globalSetup: ["test/support/origins-setup.ts"],
+          // Creates the shared test key's account before each file's tests.
+          setupFiles: ["test/support/test-key.workers.ts"],
           testTimeout: 20_000,
         },
       },

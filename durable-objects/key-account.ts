@@ -139,10 +139,11 @@ export type AdmitResult = AdmitOk | AdmissionRefusal;
 /** How a request ended. */
 export type SettleOutcome = "ok" | "error" | "cancelled" | "timeout";
 
-/** Real token usage, as OpenAI reports it. */
+/** Real token usage, as OpenAI reports it (`cached_tokens`: prompt tokens the prefix cache served). */
 export interface SettleUsage {
   prompt_tokens: number;
   completion_tokens: number;
+  cached_tokens?: number;
 }
 
 /** One settlement from the edge; without usage the reservation is charged in full. */
@@ -150,6 +151,8 @@ export interface SettleInput {
   requestId: string;
   outcome: SettleOutcome;
   usage?: SettleUsage | null;
+  /** The model that served the request, when it is not the one admitted (alias fallback). */
+  model?: string | null;
   now?: number;
 }
 
@@ -164,10 +167,13 @@ export type SettleResult =
     }
   | { settled: false; requestId: string; reason: "already_settled" | "unknown_request" };
 
-/** Result of checking an API key without admitting a request (token minting). */
+/** What `check` compares: an API key's hash, or a verified browser token (its key's state only). */
+export type CheckCredential = { kind: "key"; secretHash: string } | { kind: "browser" };
+
+/** Result of checking a credential without admitting a request (token minting, `/v1/models`). */
 export type KeyCheckResult =
   | { ok: true; record: KeyRecord }
-  | Extract<AdmissionRefusal, { code: "invalid_api_key" }>;
+  | Extract<AdmissionRefusal, { code: "invalid_api_key" | "origin_not_allowed" }>;
 
 const MIGRATIONS: readonly string[] = [
   `CREATE TABLE key_record (
@@ -328,18 +334,30 @@ export class KeyAccount extends DurableObject<Env> {
     return this.#view(now);
   }
 
-  /** Checks an API key's hash and status without admitting a request. */
-  check(input: { secretHash: string; now?: number }): KeyCheckResult {
+  /**
+   * Checks a credential without admitting a request (nothing is reserved or counted):
+   * an API key's hash, the key's status and expiry, and the browser origin if any.
+   */
+  check(input: {
+    credential: CheckCredential;
+    origin?: string | null;
+    now?: number;
+  }): KeyCheckResult {
     const now = input.now ?? Date.now();
     const record = this.#record;
     if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
-    if (!this.#secretMatches(input.secretHash, now)) {
+    const { credential } = input;
+    if (credential.kind === "key" && !this.#secretMatches(credential.secretHash, now)) {
       return { ok: false, code: "invalid_api_key", reason: "bad_secret" };
     }
     if (record.status === "revoked")
       return { ok: false, code: "invalid_api_key", reason: "revoked" };
     if (record.expiresAt !== null && now >= record.expiresAt) {
       return { ok: false, code: "invalid_api_key", reason: "expired" };
+    }
+    const origin = input.origin ?? null;
+    if (origin !== null && !record.allowedOrigins.includes(origin)) {
+      return { ok: false, code: "origin_not_allowed", origin };
     }
     return { ok: true, record: this.#view(now) ?? record };
   }

@@ -5,17 +5,16 @@
 
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
-import type { ContentfulStatusCode } from "hono/utils/http-status";
 import { z } from "zod";
 import { KEY_TIERS, type KeyRecord } from "../durable-objects/key-account.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory.ts";
+import { ApiError, invalidJson } from "./errors.ts";
 import {
   KEY_ID_PATTERN,
   bearerToken,
   constantTimeEqual,
   mintApiKey,
   newKeyId,
-  openAIError,
   sha256Hex,
 } from "./keys.ts";
 
@@ -94,16 +93,12 @@ export function adminAuth() {
       presented !== null &&
       constantTimeEqual(await sha256Hex(presented), await sha256Hex(expected));
     if (!ok) {
-      return c.json(
-        openAIError(
-          "Missing or incorrect admin token.",
-          "invalid_request_error",
-          "invalid_admin_token",
-        ),
-        401,
-      );
+      throw new ApiError(401, "Missing or incorrect admin token.", {
+        type: "invalid_request_error",
+        code: "invalid_admin_token",
+      });
     }
-    return next();
+    await next();
   });
 }
 
@@ -112,19 +107,18 @@ export const adminApp = new Hono<{ Bindings: Env }>()
   .use("*", adminAuth())
   .post("/keys", async (c) => {
     const body = await readBody(c.req.raw, CreateKeyRequest);
-    if (!body.ok) return c.json(body.error, 400);
     const now = Date.now();
     const id = newKeyId();
     const { key, secretHash } = await mintApiKey(c.env, id);
     const record = await account(c.env, id).create({
       id,
-      name: body.value.name,
+      name: body.name,
       secretHash,
-      limits: { ...DEFAULT_KEY_LIMITS, ...body.value.limits },
-      allowedOrigins: body.value.allowed_origins ?? [],
-      models: body.value.models ?? null,
-      tier: body.value.tier ?? "standard",
-      expiresAt: body.value.expires_at ?? null,
+      limits: { ...DEFAULT_KEY_LIMITS, ...body.limits },
+      allowedOrigins: body.allowed_origins ?? [],
+      models: body.models ?? null,
+      tier: body.tier ?? "standard",
+      expiresAt: body.expires_at ?? null,
       now,
     });
     if (record === null) throw new Error("key id already in use");
@@ -134,15 +128,10 @@ export const adminApp = new Hono<{ Bindings: Env }>()
   .get("/keys", async (c) => {
     const limit = Number(c.req.query("limit") ?? "20");
     if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
-      return c.json(
-        openAIError(
-          "limit must be an integer from 1 to 100.",
-          "invalid_request_error",
-          null,
-          "limit",
-        ),
-        400,
-      );
+      throw new ApiError(400, "limit must be an integer from 1 to 100.", {
+        type: "invalid_request_error",
+        param: "limit",
+      });
     }
     const page = await directory(c.env).list({ limit, after: c.req.query("after") ?? null });
     const data = page.keys.map(keyJson);
@@ -156,17 +145,16 @@ export const adminApp = new Hono<{ Bindings: Env }>()
   })
   .get("/keys/:id", async (c) => {
     const id = c.req.param("id");
-    if (!(await known(c.env, id))) return c.json(noSuchKey(id), 404);
+    if (!(await known(c.env, id))) throw noSuchKey(id);
     const record = await account(c.env, id).get();
-    if (record === null) return c.json(noSuchKey(id), 404);
+    if (record === null) throw noSuchKey(id);
     return c.json(keyJson(record));
   })
   .patch("/keys/:id", async (c) => {
     const id = c.req.param("id");
-    if (!(await known(c.env, id))) return c.json(noSuchKey(id), 404);
+    if (!(await known(c.env, id))) throw noSuchKey(id);
     const body = await readBody(c.req.raw, UpdateKeyRequest);
-    if (!body.ok) return c.json(body.error, 400);
-    const { name, limits, allowed_origins, models, tier, expires_at } = body.value;
+    const { name, limits, allowed_origins, models, tier, expires_at } = body;
     const record = await account(c.env, id).update({
       now: Date.now(),
       ...(name === undefined ? {} : { name }),
@@ -176,80 +164,58 @@ export const adminApp = new Hono<{ Bindings: Env }>()
       ...(tier === undefined ? {} : { tier }),
       ...(expires_at === undefined ? {} : { expiresAt: expires_at }),
     });
-    if (record === null) return c.json(noSuchKey(id), 404);
+    if (record === null) throw noSuchKey(id);
     await directory(c.env).upsert(record);
     return c.json(keyJson(record));
   })
   .delete("/keys/:id", async (c) => {
     const id = c.req.param("id");
-    if (!(await known(c.env, id))) return c.json(noSuchKey(id), 404);
+    if (!(await known(c.env, id))) throw noSuchKey(id);
     const record = await account(c.env, id).revoke(Date.now());
-    if (record === null) return c.json(noSuchKey(id), 404);
+    if (record === null) throw noSuchKey(id);
     await directory(c.env).upsert(record);
     return c.json(keyJson(record));
   })
   .post("/keys/:id/rotate", async (c) => {
     const id = c.req.param("id");
-    if (!(await known(c.env, id))) return c.json(noSuchKey(id), 404);
+    if (!(await known(c.env, id))) throw noSuchKey(id);
     const body = await readBody(c.req.raw, RotateKeyRequest);
-    if (!body.ok) return c.json(body.error, 400);
     const { key, secretHash } = await mintApiKey(c.env, id);
-    const graceSeconds = body.value.grace_seconds ?? DEFAULT_ROTATION_GRACE_SECONDS;
+    const graceSeconds = body.grace_seconds ?? DEFAULT_ROTATION_GRACE_SECONDS;
     const record = await account(c.env, id).rotate({
       secretHash,
       graceMs: graceSeconds * 1_000,
       now: Date.now(),
     });
     if (record === null) {
-      return c.json(
-        openAIError(
-          "A revoked key cannot be rotated.",
-          "invalid_request_error",
-          "key_revoked",
-          "id",
-        ),
-        409 satisfies ContentfulStatusCode,
-      );
+      throw new ApiError(409, "A revoked key cannot be rotated.", {
+        type: "invalid_request_error",
+        code: "key_revoked",
+        param: "id",
+      });
     }
     await directory(c.env).upsert(record);
     return c.json({ ...keyJson(record), key });
   });
 
-type BodyResult<T> = { ok: true; value: T } | { ok: false; error: ReturnType<typeof openAIError> };
-
 // The validator hook of these routes: JSON, then the zod schema; an empty body is `{}`.
-async function readBody<S extends z.ZodType>(
-  request: Request,
-  schema: S,
-): Promise<BodyResult<z.infer<S>>> {
+async function readBody<S extends z.ZodType>(request: Request, schema: S): Promise<z.infer<S>> {
   const text = await request.text();
   let raw: unknown = {};
   if (text.trim() !== "") {
     try {
       raw = JSON.parse(text);
     } catch {
-      return {
-        ok: false,
-        error: openAIError(
-          "We could not parse the JSON body of your request.",
-          "invalid_request_error",
-          null,
-        ),
-      };
+      throw invalidJson();
     }
   }
   const parsed = schema.safeParse(raw);
-  if (parsed.success) return { ok: true, value: parsed.data };
+  if (parsed.success) return parsed.data;
   const issue = parsed.error.issues[0];
-  return {
-    ok: false,
-    error: openAIError(
-      issue === undefined ? "Invalid request body." : issue.message,
-      "invalid_request_error",
-      null,
-      issue === undefined || issue.path.length === 0 ? null : issue.path.join("."),
-    ),
-  };
+  throw new ApiError(400, issue === undefined ? "Invalid request body." : issue.message, {
+    type: "invalid_request_error",
+    param: issue === undefined || issue.path.length === 0 ? null : issue.path.join("."),
+  });
 }
 
 function account(env: Env, id: string) {
@@ -265,14 +231,13 @@ async function known(env: Env, id: string): Promise<boolean> {
   return KEY_ID_PATTERN.test(id) && (await directory(env).has(id));
 }
 
-function noSuchKey(id: string): ReturnType<typeof openAIError> {
+function noSuchKey(id: string): ApiError {
   const shown = KEY_ID_PATTERN.test(id) ? id : "(malformed id)";
-  return openAIError(
-    `No API key with id ${shown}.`,
-    "invalid_request_error",
-    "key_not_found",
-    "id",
-  );
+  return new ApiError(404, `No API key with id ${shown}.`, {
+    type: "invalid_request_error",
+    code: "key_not_found",
+    param: "id",
+  });
 }
 
 function isOrigin(value: string): boolean {

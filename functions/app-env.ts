@@ -1,14 +1,16 @@
 /**
  * The Hono environment shared by every route and middleware of the edge.
  */
+import type { AdmitOk } from "../durable-objects/key-account.ts";
 import type { GatewayConfig, ModelConfig } from "./config.ts";
+import type { Credential } from "./key-auth.ts";
 import type { ChatCompletionRequest, CompletionRequest } from "./openai-schemas.ts";
 import type { Settlement } from "./settlement.ts";
 
 /** Who is calling, as authentication established it. */
 export interface Caller {
-  /** How the caller authenticated; per-key accounts add their own kinds. */
-  kind: "static_key";
+  /** An API key, or a browser token minted with one. */
+  kind: Credential["kind"];
   /** A stable, non-secret name for the key (never the key itself): for logs and metering. */
   keyId: string;
 }
@@ -40,6 +42,12 @@ export type AppEnv = {
     settlement: Settlement;
     /** Set by authentication on `/v1/*`. */
     caller: Caller;
+    /** The accepted credential, set with `caller` (holds secrets' hashes: never log it). */
+    credential: Credential;
+    /** The browser Origin that may read this response (CORS), once the key allowed it. */
+    allowedOrigin: string | null;
+    /** Set when the key's account admitted a completion (its reservation and limits). */
+    admission: AdmitOk;
     /** Set by the body validator on completion routes. */
     completion: CompletionBody;
     /** Set once the model is resolved and the context window checked. */

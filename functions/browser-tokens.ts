@@ -14,12 +14,12 @@ import { sign, verify } from "hono/jwt";
 import { z } from "zod";
 import type { Limits } from "../durable-objects/admission.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory.ts";
+import { ApiError, invalidJson } from "./errors.ts";
 import {
   KEY_ID_PATTERN,
   bearerToken,
   deriveSecret,
   hex,
-  openAIError,
   parseApiKey,
   signingSecret,
   type SigningEnv,
@@ -208,10 +208,10 @@ export const browserTokensApp = new Hono<{ Bindings: Env }>()
     const origin = c.req.header("origin");
     if (origin === undefined || !(await originAllowedByAnyKey(c.env, origin, Date.now()))) {
       // No CORS headers at all: the browser refuses the actual request.
-      return c.json(
-        openAIError("This origin is not allowed.", "invalid_request_error", "origin_not_allowed"),
-        403,
-      );
+      throw new ApiError(403, "This origin is not allowed.", {
+        type: "invalid_request_error",
+        code: "origin_not_allowed",
+      });
     }
     const requested = c.req.header("access-control-request-headers");
     return c.body(null, 204, {
@@ -230,64 +230,24 @@ export const browserTokensApp = new Hono<{ Bindings: Env }>()
     const presented = bearerToken(c.req.header("authorization"));
     // Only an API key mints tokens; a browser token cannot mint more.
     const parsed = presented === null ? null : await parseApiKey(c.env, presented);
-    if (parsed === null) {
-      return c.json(
-        openAIError("Incorrect API key provided.", "invalid_request_error", "invalid_api_key"),
-        401,
-      );
-    }
-    const text = await c.req.text();
-    let raw: unknown = {};
-    if (text.trim() !== "") {
-      try {
-        raw = JSON.parse(text);
-      } catch {
-        return c.json(
-          openAIError(
-            "We could not parse the JSON body of your request.",
-            "invalid_request_error",
-            null,
-          ),
-          400,
-        );
-      }
-    }
-    const body = TokenRequest.safeParse(raw);
-    if (!body.success) {
-      const issue = body.error.issues[0];
-      return c.json(
-        openAIError(
-          issue?.message ?? "Invalid request body.",
-          "invalid_request_error",
-          null,
-          issue === undefined ? null : issue.path.join("."),
-        ),
-        400,
-      );
-    }
+    if (parsed === null) throw incorrectKey();
+    const requested = await readTokenRequest(c.req.raw);
     const account = c.env.KEY_ACCOUNT.get(c.env.KEY_ACCOUNT.idFromName(parsed.keyId));
-    const check = await account.check({ secretHash: parsed.secretHash, now });
-    if (!check.ok) {
-      return c.json(
-        openAIError("Incorrect API key provided.", "invalid_request_error", "invalid_api_key"),
-        401,
-      );
-    }
+    const check = await account.check({
+      credential: { kind: "key", secretHash: parsed.secretHash },
+      now,
+    });
+    if (!check.ok) throw incorrectKey();
     const { record } = check;
-    const requested = body.data;
     const outside = (requested.models ?? []).find(
       (model) => record.models !== null && !record.models.includes(model),
     );
     if (outside !== undefined) {
-      return c.json(
-        openAIError(
-          `The key may not use the model \`${outside}\`.`,
-          "invalid_request_error",
-          "model_not_allowed",
-          "models",
-        ),
-        400,
-      );
+      throw new ApiError(400, `The key may not use the model \`${outside}\`.`, {
+        type: "invalid_request_error",
+        code: "model_not_allowed",
+        param: "models",
+      });
     }
     // Never wider than the key: each limit is at most the key's.
     const limits: Limits = {
@@ -318,6 +278,33 @@ export const browserTokensApp = new Hono<{ Bindings: Env }>()
       models,
     });
   });
+
+function incorrectKey(): ApiError {
+  return new ApiError(401, "Incorrect API key provided.", {
+    type: "invalid_request_error",
+    code: "invalid_api_key",
+  });
+}
+
+// The validator hook of `POST /v1/tokens`: JSON, then the schema; an empty body is `{}`.
+async function readTokenRequest(request: Request): Promise<TokenRequestBody> {
+  const text = await request.text();
+  let raw: unknown = {};
+  if (text.trim() !== "") {
+    try {
+      raw = JSON.parse(text);
+    } catch {
+      throw invalidJson();
+    }
+  }
+  const body = TokenRequest.safeParse(raw);
+  if (body.success) return body.data;
+  const issue = body.error.issues[0];
+  throw new ApiError(400, issue?.message ?? "Invalid request body.", {
+    type: "invalid_request_error",
+    param: issue === undefined || issue.path.length === 0 ? null : issue.path.join("."),
+  });
+}
 
 const preflightCache = new Map<string, { allowed: boolean; until: number }>();
 

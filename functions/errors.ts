@@ -12,6 +12,10 @@ export type ApiErrorType =
   | "authentication_error"
   | "permission_error"
   | "rate_limit_error"
+  /** OpenAI's `type` of a 429 on a requests-per-minute limit. */
+  | "requests"
+  /** OpenAI's `type` of a 429 on a tokens-per-minute limit. */
+  | "tokens"
   | "insufficient_quota"
   | "server_error";
 

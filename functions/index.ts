@@ -5,7 +5,7 @@ import type { AppEnv } from "./app-env.ts";
 import { browserTokensApp } from "./browser-tokens.ts";
 import { reportConfigAtStartup } from "./config.ts";
 import { handleError, handleNotFound } from "./error-handler.ts";
-import { apiKeyAuth } from "./middleware/api-key.ts";
+import { authenticate, verifyCredential } from "./middleware/auth.ts";
 import { gatewayConfig } from "./middleware/gateway-config.ts";
 import { requestContext } from "./middleware/request-context.ts";
 import { completions } from "./routes/completions.ts";
@@ -16,13 +16,17 @@ import { models } from "./routes/models.ts";
 const app = new Hono<AppEnv>();
 
 app.use(requestContext());
-// Before config and static-key auth: the admin API, token minting and CORS preflights
+// Before config and key auth: the admin API, token minting and CORS preflights
 // authenticate themselves and must answer even when the gateway config is broken.
 app.route("/admin", adminApp);
 app.route("/v1", browserTokensApp);
 app.use(gatewayConfig());
 app.route("/health", health);
-app.use("/v1/*", apiKeyAuth());
+// Keys are checked at the edge first (no storage call for forged ones); completions then
+// make their one KeyAccount call after the body is planned (see routes/completions.ts).
+app.use("/v1/*", authenticate());
+app.use("/v1/models", verifyCredential());
+app.use("/v1/models/*", verifyCredential());
 app.route("/v1/models", models);
 app.route("/v1", completions);
 app.notFound(handleNotFound);

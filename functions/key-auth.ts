@@ -4,30 +4,25 @@
 
 import type { AdmissionRefusal, InvalidKeyReason } from "../durable-objects/admission.ts";
 import type {
+  AdmitCredential,
   AdmitResult,
-  SettleOutcome,
+  KeyAccount,
+  KeyCheckResult,
+  SettleInput,
   SettleResult,
-  SettleUsage,
 } from "../durable-objects/key-account.ts";
 import { verifyBrowserToken, type BrowserScope } from "./browser-tokens.ts";
-import { API_KEY_PREFIX, bearerToken, openAIError, parseApiKey } from "./keys.ts";
+import { ApiError } from "./errors.ts";
+import { API_KEY_PREFIX, bearerToken, parseApiKey } from "./keys.ts";
 import { formatResetDuration, rateLimitHeaders, retryAfterHeaders } from "./rate-limit-headers.ts";
 
-/** A credential the edge accepted, or the error to answer with. */
-export type Authentication =
-  | { ok: true; kind: "key"; keyId: string; secretHash: string }
-  | { ok: true; kind: "browser"; keyId: string; scope: BrowserScope }
-  | { ok: false; error: KeyError };
+/** A credential the edge accepted: an API key (checked against its hash later) or a browser token. */
+export type Credential =
+  | { kind: "key"; keyId: string; secretHash: string }
+  | { kind: "browser"; keyId: string; scope: BrowserScope };
 
-/** An error for the client: status, OpenAI body fields and extra headers. */
-export interface KeyError {
-  status: 401 | 403 | 429;
-  message: string;
-  type: string;
-  code: string;
-  param: string | null;
-  headers: Record<string, string>;
-}
+/** A credential the edge accepted, or the error to answer with. */
+export type Authentication = ({ ok: true } & Credential) | { ok: false; error: ApiError };
 
 /** What the request path knows about a request when it asks for admission. */
 export interface AdmitRequestInput {
@@ -39,6 +34,8 @@ export interface AdmitRequestInput {
   endUser?: string | null;
   /** The request's `Origin` header, if any. */
   origin?: string | null;
+  /** How long the reservation may stay open before the key's alarm releases it. */
+  leaseMs?: number;
   /** Omit in production: the KeyAccount's own clock then rules its buckets. */
   now?: number;
 }
@@ -71,30 +68,58 @@ export async function authenticateBearer(
   return { ok: true, kind: "browser", keyId: scope.keyId, scope };
 }
 
+/** The credential as the KeyAccount compares it. */
+export function admitCredential(credential: Credential): AdmitCredential {
+  return credential.kind === "key"
+    ? { kind: "key", secretHash: credential.secretHash }
+    : {
+        kind: "browser",
+        subject: credential.scope.subject,
+        limits: credential.scope.limits,
+        models: credential.scope.models,
+      };
+}
+
+/** The KeyAccount of a key id. */
+export function keyAccount(env: Env, keyId: string): DurableObjectStub<KeyAccount> {
+  return env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
+}
+
 /** Admits a request in its key's KeyAccount: one RPC, atomic, reserving a slot and tokens. */
 export async function admitRequest(
   env: Env,
-  auth: Extract<Authentication, { ok: true }>,
+  credential: Credential,
   input: AdmitRequestInput,
 ): Promise<AdmitResult> {
-  const account = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(auth.keyId));
-  return account.admit({
+  return keyAccount(env, credential.keyId).admit({
     requestId: input.requestId,
-    credential:
-      auth.kind === "key"
-        ? { kind: "key", secretHash: auth.secretHash }
-        : {
-            kind: "browser",
-            subject: auth.scope.subject,
-            limits: auth.scope.limits,
-            models: auth.scope.models,
-          },
+    credential: admitCredential(credential),
     model: input.model,
     promptTokens: input.promptTokens,
     maxTokens: input.maxTokens,
     endUser: input.endUser ?? null,
     origin: input.origin ?? null,
+    ...(input.leaseMs === undefined ? {} : { leaseMs: input.leaseMs }),
     ...(input.now === undefined ? {} : { now: input.now }),
+  });
+}
+
+/**
+ * Checks a credential against its KeyAccount without admitting anything (no limit is
+ * consumed): the key's secret, status and expiry, and the browser origin.
+ */
+export async function checkCredential(
+  env: Env,
+  credential: Credential,
+  options: { origin?: string | null; now?: number } = {},
+): Promise<KeyCheckResult> {
+  return keyAccount(env, credential.keyId).check({
+    credential:
+      credential.kind === "key"
+        ? { kind: "key", secretHash: credential.secretHash }
+        : { kind: "browser" },
+    origin: options.origin ?? null,
+    ...(options.now === undefined ? {} : { now: options.now }),
   });
 }
 
@@ -102,28 +127,24 @@ export async function admitRequest(
 export async function settleRequest(
   env: Env,
   keyId: string,
-  input: { requestId: string; outcome: SettleOutcome; usage?: SettleUsage | null; now?: number },
+  input: SettleInput,
 ): Promise<SettleResult> {
-  const account = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
-  return account.settle(input);
+  return keyAccount(env, keyId).settle(input);
 }
 
 /** The OpenAI error for an admission refusal, with `retry-after` and rate-limit headers on 429. */
-export function refusalError(refusal: AdmissionRefusal, keyId: string): KeyError {
+export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError {
   switch (refusal.code) {
     case "invalid_api_key":
       return invalidKey(INVALID_KEY_MESSAGES[refusal.reason]);
     case "origin_not_allowed":
       return originNotAllowed();
     case "model_not_allowed":
-      return {
-        status: 403,
-        message: `This key may not use the model \`${refusal.model}\`.`,
+      return new ApiError(403, `This key may not use the model \`${refusal.model}\`.`, {
         type: "invalid_request_error",
         code: "model_not_allowed",
         param: "model",
-        headers: {},
-      };
+      });
     case "rate_limit_exceeded": {
       const unit =
         refusal.limit === "tokens"
@@ -135,31 +156,21 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): KeyError
       const message = refusal.tooLarge
         ? `Request too large for ${who} on ${unit}: Limit ${refusal.limitValue}, Requested ${refusal.requested}. Reduce the prompt or max_tokens.`
         : `Rate limit reached for ${who} on ${unit}: Limit ${refusal.limitValue}, Requested ${refusal.requested}. Please try again in ${formatResetDuration(refusal.retryAfterMs)}.`;
-      return {
-        status: 429,
-        message,
-        type: refusal.limit,
+      // OpenAI names the exhausted limit in `type`: `tokens` or `requests`.
+      return new ApiError(429, message, {
+        type: refusal.limit === "tokens" ? "tokens" : "requests",
         code: "rate_limit_exceeded",
-        param: null,
         headers: {
           ...rateLimitHeaders(refusal.rateLimit),
           ...retryAfterHeaders(refusal.retryAfterMs),
         },
-      };
+      });
     }
     default: {
       const unhandled: never = refusal;
       throw new Error(`unhandled refusal ${JSON.stringify(unhandled)}`);
     }
   }
-}
-
-/** A JSON response for a {@link KeyError}. */
-export function keyErrorResponse(error: KeyError): Response {
-  return Response.json(openAIError(error.message, error.type, error.code, error.param), {
-    status: error.status,
-    headers: error.headers,
-  });
 }
 
 const INVALID_KEY_MESSAGES: Record<InvalidKeyReason, string> = {
@@ -169,30 +180,20 @@ const INVALID_KEY_MESSAGES: Record<InvalidKeyReason, string> = {
   expired: "This API key has expired.",
 };
 
-function missingKey(): KeyError {
+function missingKey(): ApiError {
   return invalidKey(
     "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
   );
 }
 
-function invalidKey(message: string): KeyError {
-  return {
-    status: 401,
-    message,
-    type: "invalid_request_error",
-    code: "invalid_api_key",
-    param: null,
-    headers: {},
-  };
+/** 401 `invalid_api_key`; the message never quotes the credential. */
+export function invalidKey(message: string): ApiError {
+  return new ApiError(401, message, { type: "invalid_request_error", code: "invalid_api_key" });
 }
 
-function originNotAllowed(): KeyError {
-  return {
-    status: 403,
-    message: "Requests from this origin are not allowed for this key.",
+function originNotAllowed(): ApiError {
+  return new ApiError(403, "Requests from this origin are not allowed for this key.", {
     type: "invalid_request_error",
     code: "origin_not_allowed",
-    param: null,
-    headers: {},
-  };
+  });
 }

@@ -132,16 +132,6 @@ export function bearerToken(header: string | null | undefined): string | null {
   return match?.[1] ?? null;
 }
 
-/** An OpenAI-shaped error body. */
-export function openAIError(
-  message: string,
-  type: string,
-  code: string | null,
-  param: string | null = null,
-): { error: { message: string; type: string; param: string | null; code: string | null } } {
-  return { error: { message, type, param, code } };
-}
-
 // Derived check keys by signing secret: one derivation per isolate, not per request.
 const checkKeys = new Map<string, Promise<CryptoKey>>();
 

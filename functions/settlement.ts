@@ -30,6 +30,7 @@ export type SettleHook = (settled: SettledRequest) => void | Promise<void>;
 export class Settlement {
   readonly requestId: string;
   #hooks: SettleHook[] = [];
+  #record: SettledRequest | null = null;
   #settled = false;
   #held = false;
   #release: () => void = () => {};
@@ -43,6 +44,11 @@ export class Settlement {
   /** Whether the request has been settled. */
   get settled(): boolean {
     return this.#settled;
+  }
+
+  /** What the request was settled with, once it has been (set before any hook runs). */
+  get record(): SettledRequest | null {
+    return this.#record;
   }
 
   /** Whether a streamed response holds the context until it settles (see {@link hold}). */
@@ -74,6 +80,7 @@ export class Settlement {
     if (this.#settled) return;
     this.#settled = true;
     const record: SettledRequest = { requestId: this.requestId, ...settled };
+    this.#record = record;
     const run = this.#run(record).finally(() => this.#release());
     // When held, the held promise resolves after `run`, so the context outlives the hooks.
     if (!this.#held) this.#waitUntil(run);

@@ -8,6 +8,7 @@ import { dispatchCompletion } from "../dispatch.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { invalidRequest } from "../errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
+import { admitCompletion } from "../middleware/auth.ts";
 import { completionBody } from "../middleware/completion-body.ts";
 import { planCompletion } from "../middleware/completion-plan.ts";
 import { OriginPool } from "../origin-pool.ts";
@@ -70,11 +71,11 @@ async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Response> {
 
 /** The completion route group, mounted at `/v1`. */
 export const completions = new Hono<AppEnv>()
-  .post("/chat/completions", completionBody("chat"), planCompletion(), (c) =>
+  .post("/chat/completions", completionBody("chat"), planCompletion(), admitCompletion(), (c) =>
     forward(c, "/v1/chat/completions"),
   )
   .all("/chat/completions", methodNotAllowed(["POST"]))
-  .post("/completions", completionBody("completion"), planCompletion(), (c) =>
+  .post("/completions", completionBody("completion"), planCompletion(), admitCompletion(), (c) =>
     forward(c, "/v1/completions"),
   )
   .all("/completions", methodNotAllowed(["POST"]));

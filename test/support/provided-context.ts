@@ -9,8 +9,20 @@ export interface TestOrigin {
   url: string;
 }
 
-/** API key the test edge accepts. */
-export const TEST_API_KEY = "wg-test-key-0123456789";
+/** Signing secret of the workers project's edge (`TOKEN_SIGNING_SECRET`). */
+export const TEST_SIGNING_SECRET = "test-token-signing-secret";
+
+/** Admin token of the workers project's edge (`ADMIN_TOKEN`). */
+export const TEST_ADMIN_TOKEN = "test-admin-token";
+
+/** Id of the API key every workers test file may use (see test/support/test-key.ts). */
+export const TEST_KEY_ID = "warmgatetestkey2";
+
+/**
+ * The API key of {@link TEST_KEY_ID}: a real key, minted once under
+ * {@link TEST_SIGNING_SECRET}, whose KeyAccount the workers setup creates.
+ */
+export const TEST_API_KEY = "wg_warmgatetestkey2_testsecretfortheworkerststxwx6a2bg";
 
 declare module "vitest" {
   export interface ProvidedContext {
