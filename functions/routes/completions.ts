@@ -29,7 +29,8 @@ function callerLocation(request: Request): CallerLocation {
   return { colo: cf?.colo, country: cf?.country ?? undefined, continent: cf?.continent };
 }
 
-async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Response> {
+/** Sends the planned completion to the origins and answers with their response. */
+export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Response> {
   const { config, plan, completion, requestId, settlement } = c.var;
   const order = regionOrder(
     config,

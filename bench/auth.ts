@@ -1,0 +1,255 @@
+/**
+ * `npm run bench:auth`: what per-key accounts cost. The same workload, alternating, two
+ * ways on loopback, against one simulated origin process (no simulated delay):
+ *
+ * - `previous`: the edge's code without accounts (bench/auth-baseline): a static key
+ *   compared in constant time, then the same validation, planning and dispatch;
+ * - `keyed`: the warmgate edge with a key whose limits are on (set high enough that no
+ *   request is refused): the KeyAccount admits each completion in one call, reserving
+ *   tokens and cost, and settles it after the response.
+ *
+ * Prints a table and writes bench/results/auth.json. The goal: the key's Durable Object
+ * call adds at most 1 ms p50.
+ */
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import {
+  closedLoop,
+  fmt,
+  markdownTable,
+  summarize,
+  writeResult,
+  type LatencySummary,
+} from "./lib.ts";
+import { ROOT, createKey, startStack, startWranglerDev } from "../scripts/stack.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    rounds: { type: "string", default: "6" },
+    "c1-requests": { type: "string", default: "600" },
+    "c16-requests": { type: "string", default: "2400" },
+    "max-tokens": { type: "string", default: "16" },
+  },
+  strict: true,
+});
+const ROUNDS = Number(args.rounds);
+const C1_REQUESTS = Number(args["c1-requests"]);
+const C16_REQUESTS = Number(args["c16-requests"]);
+const MAX_TOKENS = Number(args["max-tokens"]);
+
+type Target = "previous" | "keyed";
+const TARGETS: Target[] = ["previous", "keyed"];
+
+/** Limits that are enforced on every request but that this benchmark never reaches. */
+const BENCH_KEY_LIMITS = {
+  rpm: 100_000_000,
+  tpm: 1_000_000_000_000,
+  concurrency: 1_024,
+};
+
+interface Sample {
+  total: number;
+  ttfb: number;
+}
+
+function body(stream: boolean): string {
+  return JSON.stringify({
+    model: "warmgate-sim-8b",
+    messages: [
+      { role: "system", content: "You are a concise assistant." },
+      { role: "user", content: "Say hello to the benchmark." },
+    ],
+    max_tokens: MAX_TOKENS,
+    seed: 7,
+    stream,
+  });
+}
+
+async function timedRequest(url: string, key: string, payload: string): Promise<Sample> {
+  const started = performance.now();
+  const res = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
+    body: payload,
+  });
+  const reader = res.body?.getReader();
+  let ttfb = Number.NaN;
+  let bytes = 0;
+  if (reader) {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      if (Number.isNaN(ttfb)) ttfb = performance.now() - started;
+      bytes += value.byteLength;
+    }
+  }
+  const total = performance.now() - started;
+  if (res.status !== 200 || bytes === 0) throw new Error(`status ${res.status}`);
+  return { total, ttfb };
+}
+
+const stack = await startStack({
+  regions: [{ id: "local", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 1 }],
+  sim: { timeScale: 0 },
+  originProcesses: true,
+});
+const staticKey = `bench-${crypto.randomUUID()}`;
+let baseline: Awaited<ReturnType<typeof startWranglerDev>>;
+try {
+  baseline = await startWranglerDev({
+    config: join(ROOT, "bench", "auth-baseline", "wrangler.toml"),
+    vars: { WARMGATE_CONFIG: stack.config, BENCH_API_KEY: staticKey },
+  });
+} catch (error) {
+  await stack.stop();
+  throw error;
+}
+const benchKey = await createKey(stack.edgeUrl, stack.adminToken, {
+  name: "bench:auth",
+  limits: BENCH_KEY_LIMITS,
+});
+
+const endpoints: Record<Target, { url: string; key: string }> = {
+  previous: { url: `${baseline.url}/v1/chat/completions`, key: staticKey },
+  keyed: { url: `${stack.edgeUrl}/v1/chat/completions`, key: benchKey },
+};
+
+type Scenario = "json c=1" | "stream c=1" | "json c=16" | "stream c=16";
+const SCENARIOS: { name: Scenario; stream: boolean; concurrency: number; requests: number }[] = [
+  { name: "json c=1", stream: false, concurrency: 1, requests: C1_REQUESTS },
+  { name: "stream c=1", stream: true, concurrency: 1, requests: C1_REQUESTS },
+  { name: "json c=16", stream: false, concurrency: 16, requests: C16_REQUESTS },
+  { name: "stream c=16", stream: true, concurrency: 16, requests: C16_REQUESTS },
+];
+
+const samples = new Map<string, Sample[]>();
+const seconds = new Map<string, number>();
+const completed = new Map<string, number>();
+const errors = new Map<string, number>();
+const slot = (s: Scenario, t: Target) => `${s}|${t}`;
+
+try {
+  // Warm both paths (JIT, connection pools, the key's Durable Object, the prefix cache).
+  for (const target of TARGETS) {
+    for (const stream of [false, true]) {
+      const { url, key } = endpoints[target];
+      await closedLoop(8, 200, () => timedRequest(url, key, body(stream)).then((s) => s.total));
+    }
+  }
+  for (let round = 0; round < ROUNDS; round++) {
+    for (const scenario of SCENARIOS) {
+      // Alternate the order each round so drift on a shared machine hits both alike.
+      const order = round % 2 === 0 ? TARGETS : TARGETS.toReversed();
+      for (const target of order) {
+        const k = slot(scenario.name, target);
+        const list = samples.get(k) ?? [];
+        const payload = body(scenario.stream);
+        const { url, key } = endpoints[target];
+        const perRound = Math.ceil(scenario.requests / ROUNDS);
+        const result = await closedLoop(scenario.concurrency, perRound, async () => {
+          const sample = await timedRequest(url, key, payload);
+          list.push(sample);
+          return sample.total;
+        });
+        samples.set(k, list);
+        seconds.set(k, (seconds.get(k) ?? 0) + result.seconds);
+        completed.set(k, (completed.get(k) ?? 0) + result.requests - result.errors);
+        errors.set(k, (errors.get(k) ?? 0) + result.errors);
+      }
+    }
+    process.stderr.write(`round ${round + 1}/${ROUNDS} done\n`);
+  }
+} finally {
+  await baseline.stop();
+  await stack.stop();
+}
+
+interface Row {
+  scenario: Scenario;
+  target: Target;
+  total: LatencySummary;
+  ttfb: LatencySummary;
+  rps: number;
+  errors: number;
+}
+const rows: Row[] = [];
+for (const scenario of SCENARIOS) {
+  for (const target of TARGETS) {
+    const k = slot(scenario.name, target);
+    const list = samples.get(k) ?? [];
+    rows.push({
+      scenario: scenario.name,
+      target,
+      total: summarize(list.map((s) => s.total)),
+      ttfb: summarize(list.map((s) => s.ttfb)),
+      rps: (completed.get(k) ?? 0) / (seconds.get(k) ?? 1),
+      errors: errors.get(k) ?? 0,
+    });
+  }
+}
+const find = (s: Scenario, t: Target) => rows.find((r) => r.scenario === s && r.target === t);
+
+const table = markdownTable(
+  [
+    "workload",
+    "path",
+    "p50 ms",
+    "p99 ms",
+    "TTFB p50",
+    "TTFB p99",
+    "req/s",
+    "+p50 vs previous",
+    "errors",
+  ],
+  rows.map((r) => {
+    const previous = find(r.scenario, "previous");
+    return [
+      r.scenario,
+      r.target,
+      fmt(r.total.p50),
+      fmt(r.total.p99),
+      fmt(r.ttfb.p50),
+      fmt(r.ttfb.p99),
+      fmt(r.rps, 0),
+      r.target === "previous" ? "" : fmt(r.total.p50 - (previous?.total.p50 ?? Number.NaN)),
+      String(r.errors),
+    ];
+  }),
+);
+
+const added = (s: Scenario, field: "total" | "ttfb") =>
+  (find(s, "keyed")?.[field].p50 ?? Number.NaN) - (find(s, "previous")?.[field].p50 ?? Number.NaN);
+const addedJson = added("json c=1", "total");
+const addedTtfb = added("stream c=1", "ttfb");
+const targets = {
+  added_p50_ms_json_c1: { value: addedJson, target: "<= 1", met: addedJson <= 1 },
+  added_ttfb_p50_ms_stream_c1: { value: addedTtfb, target: "<= 1", met: addedTtfb <= 1 },
+};
+
+console.log(table);
+console.log("");
+console.log(
+  markdownTable(
+    ["target", "measured", "goal", "met"],
+    Object.entries(targets).map(([name, t]) => [
+      name,
+      fmt(t.value),
+      t.target,
+      t.met ? "yes" : "NO",
+    ]),
+  ),
+);
+const path = await writeResult("auth", {
+  command: "npm run bench:auth",
+  date: new Date().toISOString(),
+  settings: {
+    rounds: ROUNDS,
+    c1Requests: C1_REQUESTS,
+    c16Requests: C16_REQUESTS,
+    maxTokens: MAX_TOKENS,
+    keyLimits: BENCH_KEY_LIMITS,
+  },
+  rows,
+  targets,
+});
+console.log(`wrote ${path}`);
