@@ -127,6 +127,11 @@ export interface AdmitInput {
   now?: number;
   /** How long the reservation may stay open before the alarm releases it. */
   leaseMs?: number;
+  /**
+   * Settlements of this key's earlier requests that the edge sends along (one call
+   * instead of two); applied before the decision, whatever it is.
+   */
+  settle?: SettleInput[];
   // Budgets (issue 5) add `reserveCostMicros` here; `admit` reserves it in the same turn.
 }
 
@@ -367,17 +372,32 @@ export class KeyAccount extends DurableObject<Env> {
    * requests and tokens; on admission reserves a concurrency slot and the tokens.
    */
   async admit(input: AdmitInput): Promise<AdmitResult> {
+    const now = Date.now();
+    let settled = false;
+    for (const settlement of input.settle ?? []) {
+      settled = this.#settle(settlement, settlement.now ?? now).settled || settled;
+    }
     const result = this.#decide(input);
     if (result.ok) await this.#ensureAlarm(result.leaseExpiresAt);
+    if (settled) await this.#ensureAlarm(now + SETTLED_RETENTION_MS);
     return result;
   }
 
   /** Ends a request exactly once: frees its slot and corrects its tokens with real usage. */
   async settle(input: SettleInput): Promise<SettleResult> {
-    const now = input.now ?? Date.now();
-    const result = this.#settle(input, now);
-    if (result.settled) await this.#ensureAlarm(now + SETTLED_RETENTION_MS);
+    const [result] = await this.settleMany([input]);
+    if (result === undefined) throw new Error("no settle result");
     return result;
+  }
+
+  /** Settles several requests in one call, each exactly once (see {@link settle}). */
+  async settleMany(inputs: SettleInput[]): Promise<SettleResult[]> {
+    const now = Date.now();
+    const results = inputs.map((input) => this.#settle(input, input.now ?? now));
+    if (results.some((result) => result.settled)) {
+      await this.#ensureAlarm(now + SETTLED_RETENTION_MS);
+    }
+    return results;
   }
 
   /** Releases reservations past their lease and prunes old rows; safe to run twice. */

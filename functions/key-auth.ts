@@ -15,6 +15,7 @@ import { verifyBrowserToken, type BrowserScope } from "./browser-tokens.ts";
 import { ApiError } from "./errors.ts";
 import { API_KEY_PREFIX, bearerToken, parseApiKey } from "./keys.ts";
 import { formatResetDuration, rateLimitHeaders, retryAfterHeaders } from "./rate-limit-headers.ts";
+import { SettleQueue } from "./settle-queue.ts";
 
 /** A credential the edge accepted: an API key (checked against its hash later) or a browser token. */
 export type Credential =
@@ -85,13 +86,21 @@ export function keyAccount(env: Env, keyId: string): DurableObjectStub<KeyAccoun
   return env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
 }
 
-/** Admits a request in its key's KeyAccount: one RPC, atomic, reserving a slot and tokens. */
+// Settlements waiting for the next admit call of their key from this isolate.
+const settleQueue = new SettleQueue();
+
+/**
+ * Admits a request in its key's KeyAccount: one RPC, atomic, reserving a slot and tokens.
+ * The call carries the key's settlements queued in this isolate.
+ */
 export async function admitRequest(
   env: Env,
   credential: Credential,
   input: AdmitRequestInput,
 ): Promise<AdmitResult> {
-  return keyAccount(env, credential.keyId).admit({
+  const carried = settleQueue.take(credential.keyId);
+  const result = await keyAccount(env, credential.keyId).admit({
+    ...(carried.inputs.length === 0 ? {} : { settle: carried.inputs }),
     requestId: input.requestId,
     credential: admitCredential(credential),
     model: input.model,
@@ -102,6 +111,8 @@ export async function admitRequest(
     ...(input.leaseMs === undefined ? {} : { leaseMs: input.leaseMs }),
     ...(input.now === undefined ? {} : { now: input.now }),
   });
+  carried.confirm();
+  return result;
 }
 
 /**
@@ -130,6 +141,14 @@ export async function settleRequest(
   input: SettleInput,
 ): Promise<SettleResult> {
   return keyAccount(env, keyId).settle(input);
+}
+
+/**
+ * Queues an admitted request's settlement: the key's next admit call from this isolate
+ * carries it, or it is sent on its own shortly after. Resolves once it was applied.
+ */
+export function queueSettlement(env: Env, keyId: string, input: SettleInput): Promise<void> {
+  return settleQueue.settle(keyId, input, (id, inputs) => keyAccount(env, id).settleMany(inputs));
 }
 
 /** The OpenAI error for an admission refusal, with `retry-after` and rate-limit headers on 429. */

@@ -18,8 +18,8 @@ import {
   admitRequest,
   authenticateBearer,
   checkCredential,
+  queueSettlement,
   refusalError,
-  settleRequest,
 } from "../key-auth.ts";
 import { rateLimitHeaders } from "../rate-limit-headers.ts";
 
@@ -75,7 +75,7 @@ export function admitCompletion() {
     let refused = false;
     settlement.onSettled(async (settled) => {
       if (refused) return;
-      await settleRequest(c.env, credential.keyId, {
+      await queueSettlement(c.env, credential.keyId, {
         requestId: settled.requestId,
         outcome: settled.outcome,
         usage: settled.usage,

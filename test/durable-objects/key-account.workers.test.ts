@@ -151,6 +151,29 @@ describe("KeyAccount settlement", () => {
     }
   });
 
+  it("applies the settlements an admit call carries before deciding", async () => {
+    const { admit, stub } = await newKey({ concurrency: 1 });
+    expect((await admit("r1")).ok).toBe(true);
+    expect(await admit("r2")).toMatchObject({ limit: "concurrency" });
+    expect((await admit("r3", { settle: [{ requestId: "r1", outcome: "ok" }] })).ok).toBe(true);
+    expect(await stub.settle({ requestId: "r1", outcome: "ok" })).toMatchObject({
+      settled: false,
+      reason: "already_settled",
+    });
+  });
+
+  it("settles several requests in one call, each once", async () => {
+    const { admit, stub } = await newKey();
+    for (const id of ["a", "b"]) expect((await admit(id)).ok).toBe(true);
+    const results = await stub.settleMany([
+      { requestId: "a", outcome: "ok" },
+      { requestId: "b", outcome: "error" },
+      { requestId: "a", outcome: "ok" },
+    ]);
+    expect(results.map((r) => r.settled)).toEqual([true, true, false]);
+    expect(await openReservations(stub)).toBe(0);
+  });
+
   it("settles once: a repeated settle changes nothing", async () => {
     const { admit, stub } = await newKey({ tpm: 1_000 });
     const now = 5_000_000;
