@@ -87,7 +87,7 @@ export function keyAccount(env: Env, keyId: string): DurableObjectStub<KeyAccoun
 }
 
 // Settlements waiting for the next admit call of their key from this isolate.
-const settleQueue = new SettleQueue();
+const settleQueue = new SettleQueue<SettleInput>();
 
 /**
  * Admits a request in its key's KeyAccount: one RPC, atomic, reserving a slot and tokens.

@@ -9,37 +9,40 @@
  * settlement's own timer reads. A settlement whose carrying call is still under way when
  * the timer fires is sent again; settling is idempotent by request id, so it is applied once.
  */
-import type { SettleInput } from "../durable-objects/key-account.ts";
-
 /** Longest time a settlement waits for an admit call to carry it. */
 export const SETTLE_FLUSH_MS = 20;
 
 /** Pause before a failed settlement call is tried once more. */
 export const SETTLE_RETRY_MS = 1_000;
 
-/** Sends settlements of one key to its account in one call. */
-export type SendSettlements = (keyId: string, inputs: SettleInput[]) => Promise<unknown>;
+/** What a queued settlement needs: the request it settles (the rest is the account's business). */
+export interface QueuedSettlement {
+  requestId: string;
+}
 
-interface Entry {
-  input: SettleInput;
+/** Sends settlements of one key to its account in one call. */
+export type SendSettlements<T> = (keyId: string, inputs: T[]) => Promise<unknown>;
+
+interface Entry<T> {
+  input: T;
   /** Set once a call that carried it succeeded. */
   applied: boolean;
 }
 
 /** Settlements an admit call carries. */
-export interface CarriedSettlements {
-  inputs: SettleInput[];
+export interface CarriedSettlements<T> {
+  inputs: T[];
   /** Marks them applied, once the call that carried them succeeded. */
   confirm(): void;
 }
 
 /** Per-isolate queue of settlements, by key id. */
-export class SettleQueue {
-  #queues = new Map<string, Entry[]>();
+export class SettleQueue<T extends QueuedSettlement> {
+  #queues = new Map<string, Entry<T>[]>();
 
   /** Queues a settlement; resolves once the key's account has applied it (or it was given up). */
-  async settle(keyId: string, input: SettleInput, send: SendSettlements): Promise<void> {
-    const entry: Entry = { input, applied: false };
+  async settle(keyId: string, input: T, send: SendSettlements<T>): Promise<void> {
+    const entry: Entry<T> = { input, applied: false };
     const queue = this.#queues.get(keyId) ?? [];
     queue.push(entry);
     this.#queues.set(keyId, queue);
@@ -70,7 +73,7 @@ export class SettleQueue {
    * Takes the key's queued settlements for an admit call to carry; call `confirm` once
    * that call succeeded (a failed call needs nothing: their own timers send them again).
    */
-  take(keyId: string): CarriedSettlements {
+  take(keyId: string): CarriedSettlements<T> {
     const entries = this.#take(keyId);
     return {
       inputs: entries.map((entry) => entry.input),
@@ -85,7 +88,7 @@ export class SettleQueue {
     return this.#queues.get(keyId)?.length ?? 0;
   }
 
-  #take(keyId: string): Entry[] {
+  #take(keyId: string): Entry<T>[] {
     const entries = this.#queues.get(keyId) ?? [];
     this.#queues.delete(keyId);
     return entries;

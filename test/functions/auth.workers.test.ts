@@ -260,17 +260,17 @@ describe("settlement on every ending path", () => {
   });
 });
 
-describe("browser tokens on the completion routes", () => {
-  async function tokenFor(key: string): Promise<string> {
-    const res = await exports.default.fetch("http://edge.test/v1/tokens", {
-      method: "POST",
-      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-      body: JSON.stringify({ user: "alice" }),
-    });
-    expect(res.status).toBe(200);
-    return (await res.json<{ token: string }>()).token;
-  }
+async function tokenFor(key: string): Promise<string> {
+  const res = await exports.default.fetch("http://edge.test/v1/tokens", {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ user: "alice" }),
+  });
+  expect(res.status).toBe(200);
+  return (await res.json<{ token: string }>()).token;
+}
 
+describe("browser tokens on the completion routes", () => {
   it("answers an allowed origin with CORS headers that expose the rate-limit headers", async () => {
     const { key } = await createKey({ name: "web", allowed_origins: ["https://shop.example"] });
     const token = await tokenFor(key);

@@ -1,15 +1,15 @@
 import { describe, expect, it } from "vitest";
-import type { SettleInput } from "../../durable-objects/key-account.ts";
 import { SettleQueue } from "../../functions/settle-queue.ts";
 
-const settlement = (requestId: string): SettleInput => ({ requestId, outcome: "ok" });
+type Settlement = { requestId: string; outcome: "ok" };
+const settlement = (requestId: string): Settlement => ({ requestId, outcome: "ok" });
 
 function recorder(failures = 0) {
   const calls: { keyId: string; ids: string[] }[] = [];
   let failuresLeft = failures;
   return {
     calls,
-    send: async (keyId: string, inputs: SettleInput[]) => {
+    send: async (keyId: string, inputs: Settlement[]) => {
       if (failuresLeft-- > 0) throw new Error("account unavailable");
       calls.push({ keyId, ids: inputs.map((input) => input.requestId) });
     },
@@ -18,7 +18,7 @@ function recorder(failures = 0) {
 
 describe("SettleQueue", () => {
   it("lets an admit call carry queued settlements, which are then not sent again", async () => {
-    const queue = new SettleQueue();
+    const queue = new SettleQueue<Settlement>();
     const { calls, send } = recorder();
     const a = queue.settle("k1", settlement("a"), send);
     const b = queue.settle("k1", settlement("b"), send);
@@ -31,7 +31,7 @@ describe("SettleQueue", () => {
   });
 
   it("sends a settlement no admit call carried on its own, with the key's others", async () => {
-    const queue = new SettleQueue();
+    const queue = new SettleQueue<Settlement>();
     const { calls, send } = recorder();
     await Promise.all([
       queue.settle("k1", settlement("a"), send),
@@ -45,7 +45,7 @@ describe("SettleQueue", () => {
   });
 
   it("sends again a settlement whose carrying call never confirmed it", async () => {
-    const queue = new SettleQueue();
+    const queue = new SettleQueue<Settlement>();
     const { calls, send } = recorder();
     const a = queue.settle("k1", settlement("a"), send);
     queue.take("k1"); // The carrying call failed: no confirm.
@@ -54,7 +54,7 @@ describe("SettleQueue", () => {
   });
 
   it("tries a failed call once more", async () => {
-    const queue = new SettleQueue();
+    const queue = new SettleQueue<Settlement>();
     const { calls, send } = recorder(1);
     await queue.settle("k1", settlement("a"), send);
     expect(calls).toEqual([{ keyId: "k1", ids: ["a"] }]);
