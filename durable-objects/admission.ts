@@ -1,8 +1,8 @@
 // The admission policy of one API key, as a pure function: given the key's policy,
-// its current counters and a request, decide admit or refuse and return the new
-// bucket state. `KeyAccount` loads the inputs from SQLite, calls `decideAdmission`
-// and persists the result in the same synchronous turn, which is what makes the
-// decision atomic. Nothing here touches storage or the clock.
+// its current counters and spend, and a request, decide admit or refuse and return the
+// new bucket state and what to reserve. `KeyAccount` loads the inputs from SQLite, calls
+// `decideAdmission` and persists the result in the same synchronous turn, which is what
+// makes the decision atomic. Nothing here touches storage or the clock.
 
 import {
   take,
@@ -11,6 +11,7 @@ import {
   type BucketState,
   fullBucket,
 } from "./token-bucket.ts";
+import { msToNextUtcDay, msToNextUtcMonth } from "./pricing.ts";
 
 /** Whether a key may be used at all. */
 export type KeyStatus = "active" | "revoked";
@@ -20,6 +21,38 @@ export interface Limits {
   rpm: number;
   tpm: number;
   concurrency: number;
+}
+
+/** Spending limits of a key in micro-dollars (UTC day, UTC month, lifetime); null: none. */
+export interface Budgets {
+  dayMicros: number | null;
+  monthMicros: number | null;
+  creditMicros: number | null;
+}
+
+/** No spending limit at all. */
+export const NO_BUDGETS: Budgets = { dayMicros: null, monthMicros: null, creditMicros: null };
+
+/** Spend in one period: costs of settled requests and reservations of open ones. */
+export interface PeriodSpend {
+  settledMicros: number;
+  reservedMicros: number;
+}
+
+/** A key's spend in the periods its budgets cover, as of the admission's day. */
+export interface SpendState {
+  day: PeriodSpend;
+  month: PeriodSpend;
+  lifetime: PeriodSpend;
+}
+
+/** A model that may serve the request, with what it would cost at most. */
+export interface CandidateModel {
+  model: string;
+  /** Completion tokens it may produce (`max_tokens`, or the rest of its window). */
+  maxTokens: number;
+  /** Its worst-case cost in micro-dollars (see pricing.ts `worstCaseMicros`). */
+  worstCaseMicros: number;
 }
 
 /** What the key's record says about admission. */
@@ -32,6 +65,7 @@ export interface KeyPolicy {
   /** Browser origins the key allows; requests without an Origin are not browser requests. */
   allowedOrigins: readonly string[];
   limits: Limits;
+  budgets: Budgets;
 }
 
 /** The narrowed scope a browser token carries for one end user. */
@@ -58,9 +92,9 @@ export interface ScopeBuckets {
 
 /** The request being admitted. */
 export interface AdmissionRequest {
-  model: string;
+  /** The models that may serve it, in the order to try them (one, or an alias's list). */
+  candidates: readonly CandidateModel[];
   promptTokens: number;
-  maxTokens: number;
   /** The browser `Origin` header, or null for server-to-server calls. */
   origin: string | null;
   now: number;
@@ -71,6 +105,7 @@ export interface AdmissionInput {
   key: KeyPolicy;
   endUser: EndUserPolicy | null;
   usage: { key: ScopeUsage; endUser: ScopeUsage | null };
+  spend: SpendState;
   request: AdmissionRequest;
 }
 
@@ -82,6 +117,9 @@ export interface RateLimitInfo {
 
 /** Which limit refused a request. */
 export type LimitName = "requests" | "tokens" | "concurrency";
+
+/** Which budget refused a request. */
+export type BudgetName = "day" | "month" | "credit";
 
 /** Why a key or a browser token is not accepted. */
 export type InvalidKeyReason = "unknown" | "bad_secret" | "revoked" | "expired";
@@ -103,14 +141,33 @@ export type AdmissionRefusal =
       /** The request alone exceeds the limit; waiting will not help. */
       tooLarge: boolean;
       rateLimit: RateLimitInfo;
+    }
+  | {
+      ok: false;
+      code: "insufficient_quota";
+      budget: BudgetName;
+      limitMicros: number;
+      /** Settled spend and open reservations in the budget's period. */
+      spentMicros: number;
+      reservedMicros: number;
+      /** The request's worst-case cost. */
+      requestedMicros: number;
+      /**
+       * When a retry can succeed: soon when only open reservations are in the way, at the
+       * next UTC day or month for those budgets, never (null) for a spent credit.
+       */
+      retryAfterMs: number | null;
+      rateLimit: RateLimitInfo;
     };
-// Budgets (issue 5) add `{ ok: false; code: "insufficient_quota"; … }` here and a
-// cost check in `decideAdmission` between the limits and the commit.
 
 /** An admitted request: what was reserved and the headers to send. */
 export interface Admission {
   ok: true;
+  /** The candidate models the key allows, in the order to try them. */
+  models: string[];
   reservedTokens: number;
+  /** The worst-case cost reserved against the key's budgets, in micro-dollars. */
+  reservedMicros: number;
   rateLimit: RateLimitInfo;
 }
 
@@ -128,7 +185,10 @@ export function modelAllowed(allowed: readonly string[] | null, model: string): 
   return allowed === null || allowed.includes(model);
 }
 
-/** Decides one admission: status, origin, model, concurrency, requests and tokens, all or nothing. */
+/**
+ * Decides one admission: status, origin, models, concurrency, requests, tokens and
+ * budgets, all or nothing.
+ */
 export function decideAdmission(input: AdmissionInput): AdmissionOutcome {
   const { key, endUser, usage, request } = input;
   const { now } = request;
@@ -146,14 +206,23 @@ export function decideAdmission(input: AdmissionInput): AdmissionOutcome {
   if (request.origin !== null && !key.allowedOrigins.includes(request.origin)) {
     return refuse({ ok: false, code: "origin_not_allowed", origin: request.origin });
   }
-  if (
-    !modelAllowed(key.models, request.model) ||
-    !modelAllowed(endUser?.models ?? null, request.model)
-  ) {
-    return refuse({ ok: false, code: "model_not_allowed", model: request.model });
+  const allowed = request.candidates.filter(
+    (candidate) =>
+      modelAllowed(key.models, candidate.model) &&
+      modelAllowed(endUser?.models ?? null, candidate.model),
+  );
+  if (allowed.length === 0) {
+    return refuse({
+      ok: false,
+      code: "model_not_allowed",
+      model: request.candidates[0]?.model ?? "",
+    });
   }
 
-  const tokens = request.promptTokens + request.maxTokens;
+  // Reserved for whichever allowed model ends up serving: the largest of each.
+  const maxTokens = Math.max(...allowed.map((candidate) => candidate.maxTokens));
+  const reservedMicros = Math.max(...allowed.map((candidate) => candidate.worstCaseMicros));
+  const tokens = request.promptTokens + maxTokens;
   const checks: ScopeCheck[] = [
     { scope: "key", limits: key.limits, buckets: keyBuckets, usage: usage.key },
   ];
@@ -219,15 +288,58 @@ export function decideAdmission(input: AdmissionInput): AdmissionOutcome {
   }
   if (worst !== null) return refuse(worst);
 
-  // Budgets (issue 5): reserve the worst-case cost here, refusing with
-  // `insufficient_quota` before anything below commits.
+  const overdraw = budgetRefusal(key.budgets, input.spend, reservedMicros, now);
+  if (overdraw !== null) return refuse({ ...overdraw, rateLimit: rateLimitOf(checks, now) });
 
   const after = checks.map((check, i) => ({ ...check, buckets: taken[i] ?? check.buckets }));
   const state = { key: taken[0] ?? keyBuckets, endUser: taken[1] ?? null };
   return {
     state,
-    decision: { ok: true, reservedTokens: tokens, rateLimit: rateLimitOf(after, now) },
+    decision: {
+      ok: true,
+      models: allowed.map((candidate) => candidate.model),
+      reservedTokens: tokens,
+      reservedMicros,
+      rateLimit: rateLimitOf(after, now),
+    },
   };
+}
+
+type QuotaRefusal = Extract<AdmissionRefusal, { code: "insufficient_quota" }>;
+
+/**
+ * The first budget that reserving `requestedMicros` more would overdraw, or null. A budget
+ * holds settled costs plus open reservations; both together never exceed it.
+ */
+export function budgetRefusal(
+  budgets: Budgets,
+  spend: SpendState,
+  requestedMicros: number,
+  now: number,
+): Omit<QuotaRefusal, "rateLimit"> | null {
+  const periods: [BudgetName, number | null, PeriodSpend, number | null][] = [
+    ["credit", budgets.creditMicros, spend.lifetime, null],
+    ["month", budgets.monthMicros, spend.month, msToNextUtcMonth(now)],
+    ["day", budgets.dayMicros, spend.day, msToNextUtcDay(now)],
+  ];
+  for (const [budget, limit, period, untilNextPeriod] of periods) {
+    if (limit === null) continue;
+    const committed = period.settledMicros + period.reservedMicros;
+    if (committed + requestedMicros <= limit) continue;
+    // Open reservations usually settle for less: then a retry soon may fit.
+    const reservationsInTheWay = period.settledMicros + requestedMicros <= limit;
+    return {
+      ok: false,
+      code: "insufficient_quota",
+      budget,
+      limitMicros: limit,
+      spentMicros: period.settledMicros,
+      reservedMicros: period.reservedMicros,
+      requestedMicros,
+      retryAfterMs: reservationsInTheWay ? CONCURRENCY_RETRY_MS : untilNextPeriod,
+    };
+  }
+  return null;
 }
 
 /** The rate-limit header values of one scope as of `now`, taking nothing. */

@@ -1,26 +1,43 @@
 // KeyAccount: one Durable Object per API key (named by the key id). It holds the
-// key's record, secrets, rate-limit buckets and in-flight reservations in SQLite,
-// and answers `admit` and `settle` for the request path in one call each.
+// key's record, secrets, rate-limit buckets, budgets and its ledger in SQLite, and
+// answers `admit` and `settle` for the request path in one call each.
 //
 // Tables
 //   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
 //   key_record         The key, at most one row (singleton = 1); absent until `create`.
-//                      Times are epoch ms; models NULL allows every model.
+//                      Times are epoch ms; models NULL allows every model; budget_*_micros
+//                      and credit_micros NULL mean no such budget.
 //   secrets            secret_hash PK (SHA-256 hex of the whole key), valid_until.
 //                      Exactly one row with valid_until NULL (the current secret) while
 //                      the key exists; rotated-out secrets carry the end of their grace.
 //   buckets            (scope, kind) PK → level, updated_at. scope 'key' is the key,
 //                      'u:<subject>' one end user of browser tokens; kind 'requests' or
 //                      'tokens'. A missing row is a full bucket.
-//   reservations       request_id PK. state 'open' → 'settled' | 'expired', exactly once
-//                      (an 'expired' row may still take its real usage once, → 'settled').
-//                      Open rows are the in-flight requests: concurrency is their count.
-//                      Closed rows stay SETTLED_RETENTION_MS so a repeated settle is a
-//                      no-op, then are pruned.
+//   ledger             One row per admitted request, request_id PK. state 'open' →
+//                      'settled' | 'expired', exactly once (an 'expired' row may still take
+//                      its real usage once, → 'settled'). day is the UTC day of admission;
+//                      the request's cost counts in that day and its month. candidates is
+//                      the JSON list [model, input, cached input, output price] of the
+//                      models it may be served by, prices fixed at admission. model is the
+//                      first candidate, then the one that served it. Open rows are the
+//                      in-flight requests: concurrency is their count. Closed rows stay
+//                      LEDGER_RETENTION_MS, then are pruned (the rollups keep their sums).
+//   usage_daily        (day, model) PK → requests, prompt_tokens, cached_tokens,
+//                      completion_tokens, cost_micros: the sums over the closed ledger rows
+//                      of that day and model. Kept for good.
+//   spend              period PK ('d:YYYY-MM-DD', 'm:YYYY-MM' or 'all') → settled_micros
+//                      (Σ cost_micros of the period's closed rows) and reserved_micros
+//                      (Σ reserved_micros of its open rows).
 //
 // Invariants
 //   - `admit` reads, decides and writes without an await in between, so concurrent
 //     calls are serialised by the input gate: no two decisions see the same counters.
+//   - For every period with a budget, settled + reserved never exceeds the budget after an
+//     admission: a request is refused rather than reserved past it, and settling charges at
+//     most what was reserved. (Only a late settlement of an expired row, whose reservation
+//     was already released, can go past it.)
+//   - Every request is settled at most once: its cost is added to spend and usage_daily
+//     exactly once, its reservation released exactly once (settle or expiry).
 //   - Every token reserved is given back or charged exactly once (settle), or kept
 //     when the reservation expires unsettled (its real cost is unknown).
 //   - An alarm is set whenever an open reservation or a prunable row exists, no later
@@ -34,10 +51,23 @@ import {
   tokenCorrection,
   type Admission,
   type AdmissionRefusal,
+  type Budgets,
+  type CandidateModel,
   type KeyStatus,
   type Limits,
+  type PeriodSpend,
   type ScopeUsage,
+  type SpendState,
 } from "./admission.ts";
+import {
+  FREE,
+  billedMicros,
+  utcDay,
+  utcMonth,
+  worstCaseMicros,
+  type ModelPrice,
+  type TokenUsage,
+} from "./pricing.ts";
 import { constantTimeEqual } from "../functions/keys.ts";
 
 /** Priority tiers, lowest first; the batcher maps them to lanes. */
@@ -49,8 +79,11 @@ export type KeyTier = (typeof KEY_TIERS)[number];
 /** How long a reservation may stay open before the alarm releases it. */
 export const RESERVATION_LEASE_MS = 15 * 60_000;
 
-/** How long a closed reservation is kept so that a repeated settle is recognised. */
-export const SETTLED_RETENTION_MS = 15 * 60_000;
+/** How long a closed ledger row is kept (a repeated settle is recognised meanwhile). */
+export const LEDGER_RETENTION_MS = 35 * 86_400_000;
+
+// Spend rows of days and months this far back are no longer needed for any budget.
+const SPEND_RETENTION_MS = 62 * 86_400_000;
 
 // Pruning runs at most this often, so steady traffic does not turn into an alarm per request.
 const PRUNE_INTERVAL_MS = 60_000;
@@ -63,6 +96,8 @@ export interface KeyRecord {
   name: string;
   status: KeyStatus;
   limits: Limits;
+  /** Spending limits in micro-dollars. */
+  budgets: Budgets;
   allowedOrigins: string[];
   models: string[] | null;
   tier: KeyTier;
@@ -82,6 +117,8 @@ export interface KeyCreateInput {
   name: string;
   secretHash: string;
   limits: Limits;
+  /** Absent: no budgets. */
+  budgets?: Budgets;
   allowedOrigins: string[];
   models: string[] | null;
   tier: KeyTier;
@@ -93,6 +130,8 @@ export interface KeyCreateInput {
 export interface KeyUpdateInput {
   name?: string;
   limits?: Partial<Limits>;
+  /** A budget set to null is removed. */
+  budgets?: Partial<Budgets>;
   allowedOrigins?: string[];
   models?: string[] | null;
   tier?: KeyTier;
@@ -111,14 +150,26 @@ export type AdmitCredential =
       models: string[] | null;
     };
 
+/** A model a request may fall back to, with its price and token allowance. */
+export interface AdmitFallback {
+  model: string;
+  maxTokens: number;
+  price: ModelPrice;
+}
+
 /** One admission request from the edge. */
 export interface AdmitInput {
   requestId: string;
   credential: AdmitCredential;
+  /** The model to try first. */
   model: string;
   promptTokens: number;
   /** Tokens the completion may produce; reserved in full until settled. */
   maxTokens: number;
+  /** Prices of `model` in micro-dollars per 1M tokens; absent: free. */
+  price?: ModelPrice;
+  /** Models to try after `model`, in order (the rest of an alias's list). */
+  fallbacks?: AdmitFallback[];
   /** The OpenAI `user` field, recorded with the reservation. */
   endUser?: string | null;
   /** The browser `Origin` header, if any. */
@@ -132,7 +183,6 @@ export interface AdmitInput {
    * instead of two); applied before the decision, whatever it is.
    */
   settle?: SettleInput[];
-  // Budgets (issue 5) add `reserveCostMicros` here; `admit` reserves it in the same turn.
 }
 
 /** An admitted request: its tier, rate-limit headers and when its reservation lapses. */
@@ -151,7 +201,11 @@ export interface SettleUsage {
   cached_tokens?: number;
 }
 
-/** One settlement from the edge; without usage the reservation is charged in full. */
+/**
+ * One settlement from the edge. Its cost comes from the usage at the served model's
+ * admitted price (at most the reserved cost); without usage it costs nothing and its
+ * reserved tokens stay charged to the rate limit.
+ */
 export interface SettleInput {
   requestId: string;
   outcome: SettleOutcome;
@@ -168,6 +222,8 @@ export type SettleResult =
       requestId: string;
       reservedTokens: number;
       usedTokens: number | null;
+      /** The cost billed, in micro-dollars. */
+      costMicros: number;
       late: boolean;
     }
   | { settled: false; requestId: string; reason: "already_settled" | "unknown_request" };
@@ -180,7 +236,47 @@ export type KeyCheckResult =
   | { ok: true; record: KeyRecord }
   | Extract<AdmissionRefusal, { code: "invalid_api_key" | "origin_not_allowed" }>;
 
-const MIGRATIONS: readonly string[] = [
+/** A refusal of a credential. */
+export type CredentialRefusal = Exclude<KeyCheckResult, { ok: true }>;
+
+/** Totals of one UTC day and model (or of a whole range when `day` and `model` are null). */
+export interface UsageTotals {
+  requests: number;
+  promptTokens: number;
+  cachedTokens: number;
+  completionTokens: number;
+  costMicros: number;
+}
+
+/** One row of the usage rollup. */
+export type UsageRow = UsageTotals & { day: string; model: string };
+
+/** One request's ledger record (times epoch ms). */
+export interface LedgerRecord {
+  requestId: string;
+  /** The model that served it (or the first candidate while it runs). */
+  model: string;
+  state: "open" | "settled" | "expired";
+  outcome: SettleOutcome | "expired" | null;
+  day: string;
+  createdAt: number;
+  closedAt: number | null;
+  promptTokens: number | null;
+  cachedTokens: number | null;
+  completionTokens: number | null;
+  reservedMicros: number;
+  costMicros: number;
+  endUser: string | null;
+}
+
+/** The answer to `usage`: rollup rows, or why the credential was refused. */
+export type UsageResult = { ok: true; rows: UsageRow[] } | CredentialRefusal;
+
+/** The answer to `record`: the request's ledger row (null when unknown), or a refusal. */
+export type RecordResult = { ok: true; record: LedgerRecord | null } | CredentialRefusal;
+
+/** The schema migrations, in order (version n is entry n - 1). */
+export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
   `CREATE TABLE key_record (
      singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
      id TEXT NOT NULL, name TEXT NOT NULL, status TEXT NOT NULL,
@@ -201,6 +297,32 @@ const MIGRATIONS: readonly string[] = [
    CREATE INDEX reservations_open ON reservations (state, expires_at);
    CREATE INDEX reservations_subject ON reservations (state, subject);
    CREATE INDEX reservations_closed ON reservations (closed_at);`,
+  // Budgets, costs, the ledger and its rollups. Reservations become ledger rows and
+  // rows closed before this migration count in the rollups with their tokens, at no cost.
+  `ALTER TABLE key_record ADD COLUMN budget_day_micros INTEGER;
+   ALTER TABLE key_record ADD COLUMN budget_month_micros INTEGER;
+   ALTER TABLE key_record ADD COLUMN credit_micros INTEGER;
+   ALTER TABLE reservations RENAME TO ledger;
+   ALTER TABLE ledger ADD COLUMN day TEXT NOT NULL DEFAULT '';
+   ALTER TABLE ledger ADD COLUMN cached_tokens INTEGER;
+   ALTER TABLE ledger ADD COLUMN reserved_micros INTEGER NOT NULL DEFAULT 0;
+   ALTER TABLE ledger ADD COLUMN cost_micros INTEGER NOT NULL DEFAULT 0;
+   ALTER TABLE ledger ADD COLUMN candidates TEXT NOT NULL DEFAULT '[]';
+   UPDATE ledger SET day = strftime('%Y-%m-%d', created_at / 1000, 'unixepoch'),
+     cached_tokens = CASE WHEN prompt_tokens IS NULL THEN NULL ELSE 0 END;
+   CREATE INDEX ledger_day ON ledger (day);
+   CREATE TABLE usage_daily (
+     day TEXT NOT NULL, model TEXT NOT NULL, requests INTEGER NOT NULL,
+     prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
+     completion_tokens INTEGER NOT NULL, cost_micros INTEGER NOT NULL,
+     PRIMARY KEY (day, model));
+   INSERT INTO usage_daily (day, model, requests, prompt_tokens, cached_tokens,
+       completion_tokens, cost_micros)
+     SELECT day, model, COUNT(*), COALESCE(SUM(prompt_tokens), 0), 0,
+       COALESCE(SUM(completion_tokens), 0), 0
+     FROM ledger WHERE state <> 'open' GROUP BY day, model;
+   CREATE TABLE spend (
+     period TEXT PRIMARY KEY, settled_micros INTEGER NOT NULL, reserved_micros INTEGER NOT NULL);`,
 ];
 
 const KEY_SCOPE = "key";
@@ -220,15 +342,51 @@ type RecordRow = {
   updated_at: number;
   revoked_at: number | null;
   version: number;
+  budget_day_micros: number | null;
+  budget_month_micros: number | null;
+  credit_micros: number | null;
 };
 
 type SecretRow = { secret_hash: string; valid_until: number | null };
 
-type ReservationRow = {
+type LedgerRow = {
   state: string;
+  model: string;
+  day: string;
   subject: string | null;
   subject_tpm: number | null;
   reserved_tokens: number;
+  reserved_micros: number;
+  candidates: string;
+};
+
+/** A candidate as a ledger row stores it: model and its three prices. */
+type StoredCandidate = [model: string, input: number, cachedInput: number, output: number];
+
+type FullLedgerRow = {
+  request_id: string;
+  model: string;
+  state: string;
+  outcome: string | null;
+  day: string;
+  created_at: number;
+  closed_at: number | null;
+  prompt_tokens: number | null;
+  cached_tokens: number | null;
+  completion_tokens: number | null;
+  reserved_micros: number;
+  cost_micros: number;
+  end_user: string | null;
+};
+
+type UsageDbRow = {
+  day: string;
+  model: string;
+  requests: number;
+  prompt_tokens: number;
+  cached_tokens: number;
+  completion_tokens: number;
+  cost_micros: number;
 };
 
 /** Limits, counters and reservations of one API key. */
@@ -249,8 +407,9 @@ export class KeyAccount extends DurableObject<Env> {
     this.ctx.storage.transactionSync(() => {
       sql.exec(
         `INSERT INTO key_record (singleton, id, name, status, rpm, tpm, concurrency, allowed_origins,
-           models, tier, expires_at, created_at, updated_at, revoked_at, version)
-         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1)`,
+           models, tier, expires_at, created_at, updated_at, revoked_at, version,
+           budget_day_micros, budget_month_micros, credit_micros)
+         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1, ?, ?, ?)`,
         input.id,
         input.name,
         input.limits.rpm,
@@ -262,6 +421,9 @@ export class KeyAccount extends DurableObject<Env> {
         input.expiresAt,
         input.now,
         input.now,
+        input.budgets?.dayMicros ?? null,
+        input.budgets?.monthMicros ?? null,
+        input.budgets?.creditMicros ?? null,
       );
       sql.exec(
         "INSERT INTO secrets (secret_hash, created_at, valid_until) VALUES (?, ?, NULL)",
@@ -283,9 +445,11 @@ export class KeyAccount extends DurableObject<Env> {
     const current = this.#record;
     if (current === null) return null;
     const limits = { ...current.limits, ...input.limits };
+    const budgets = { ...current.budgets, ...input.budgets };
     this.ctx.storage.sql.exec(
       `UPDATE key_record SET name = ?, rpm = ?, tpm = ?, concurrency = ?, allowed_origins = ?,
-         models = ?, tier = ?, expires_at = ?, updated_at = ?, version = version + 1`,
+         models = ?, tier = ?, expires_at = ?, updated_at = ?, version = version + 1,
+         budget_day_micros = ?, budget_month_micros = ?, credit_micros = ?`,
       input.name ?? current.name,
       limits.rpm,
       limits.tpm,
@@ -295,6 +459,9 @@ export class KeyAccount extends DurableObject<Env> {
       input.tier ?? current.tier,
       input.expiresAt === undefined ? current.expiresAt : input.expiresAt,
       input.now,
+      budgets.dayMicros,
+      budgets.monthMicros,
+      budgets.creditMicros,
     );
     this.#load();
     return this.#view(input.now);
@@ -368,8 +535,9 @@ export class KeyAccount extends DurableObject<Env> {
   }
 
   /**
-   * Admits or refuses one request atomically: secret, status, origin, model, concurrency,
-   * requests and tokens; on admission reserves a concurrency slot and the tokens.
+   * Admits or refuses one request atomically: secret, status, origin, models, concurrency,
+   * requests, tokens and budgets; on admission reserves a concurrency slot, the tokens and
+   * the worst-case cost, and opens the request's ledger row.
    */
   async admit(input: AdmitInput): Promise<AdmitResult> {
     const now = Date.now();
@@ -379,7 +547,7 @@ export class KeyAccount extends DurableObject<Env> {
     }
     const result = this.#decide(input);
     if (result.ok) await this.#ensureAlarm(result.leaseExpiresAt);
-    if (settled) await this.#ensureAlarm(now + SETTLED_RETENTION_MS);
+    if (settled) await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
     return result;
   }
 
@@ -395,9 +563,55 @@ export class KeyAccount extends DurableObject<Env> {
     const now = Date.now();
     const results = inputs.map((input) => this.#settle(input, input.now ?? now));
     if (results.some((result) => result.settled)) {
-      await this.#ensureAlarm(now + SETTLED_RETENTION_MS);
+      await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
     }
     return results;
+  }
+
+  /**
+   * Usage rollups from `from` to `to` (UTC days, inclusive), by day and model. With a
+   * credential, only for that key's own secret (the edge's `/v1/usage`).
+   */
+  usage(input: { from: string; to: string; credential?: CheckCredential }): UsageResult {
+    if (input.credential !== undefined) {
+      const check = this.check({ credential: input.credential });
+      if (!check.ok) return check;
+    }
+    const rows = this.ctx.storage.sql
+      .exec<UsageDbRow>(
+        `SELECT day, model, requests, prompt_tokens, cached_tokens, completion_tokens, cost_micros
+         FROM usage_daily WHERE day >= ? AND day <= ? ORDER BY day, model`,
+        input.from,
+        input.to,
+      )
+      .toArray()
+      .map((row) => ({
+        day: row.day,
+        model: row.model,
+        requests: row.requests,
+        promptTokens: row.prompt_tokens,
+        cachedTokens: row.cached_tokens,
+        completionTokens: row.completion_tokens,
+        costMicros: row.cost_micros,
+      }));
+    return { ok: true, rows };
+  }
+
+  /** One request's ledger record (null when unknown or pruned), for its own key's secret. */
+  record(input: { requestId: string; credential?: CheckCredential }): RecordResult {
+    if (input.credential !== undefined) {
+      const check = this.check({ credential: input.credential });
+      if (!check.ok) return check;
+    }
+    const row = this.ctx.storage.sql
+      .exec<FullLedgerRow>(
+        `SELECT request_id, model, state, outcome, day, created_at, closed_at, prompt_tokens,
+           cached_tokens, completion_tokens, reserved_micros, cost_micros, end_user
+         FROM ledger WHERE request_id = ?`,
+        input.requestId,
+      )
+      .toArray()[0];
+    return { ok: true, record: row === undefined ? null : ledgerRecordOf(row) };
   }
 
   /** Releases reservations past their lease and prunes old rows; safe to run twice. */
@@ -422,8 +636,14 @@ export class KeyAccount extends DurableObject<Env> {
     }
     const sql = this.ctx.storage.sql;
     const existing = sql
-      .exec<{ state: string; expires_at: number; reserved_tokens: number }>(
-        "SELECT state, expires_at, reserved_tokens FROM reservations WHERE request_id = ?",
+      .exec<{
+        state: string;
+        expires_at: number;
+        reserved_tokens: number;
+        reserved_micros: number;
+        candidates: string;
+      }>(
+        "SELECT state, expires_at, reserved_tokens, reserved_micros, candidates FROM ledger WHERE request_id = ?",
         input.requestId,
       )
       .toArray()[0];
@@ -432,7 +652,9 @@ export class KeyAccount extends DurableObject<Env> {
       if (existing.state !== "open") throw new Error("request id already settled");
       return {
         ok: true,
+        models: parseCandidates(existing.candidates).map(([model]) => model),
         reservedTokens: existing.reserved_tokens,
+        reservedMicros: existing.reserved_micros,
         rateLimit: rateLimitNow(record.limits, this.#usage(KEY_SCOPE, null), now),
         requestId: input.requestId,
         tier: record.tier,
@@ -446,6 +668,16 @@ export class KeyAccount extends DurableObject<Env> {
       credential.kind === "browser"
         ? { subject: credential.subject, limits: credential.limits, models: credential.models }
         : null;
+    const offered = [
+      { model: input.model, maxTokens: input.maxTokens, price: input.price ?? FREE },
+      ...(input.fallbacks ?? []),
+    ];
+    const candidates: CandidateModel[] = offered.map((candidate) => ({
+      model: candidate.model,
+      maxTokens: candidate.maxTokens,
+      worstCaseMicros: worstCaseMicros(candidate.price, input.promptTokens, candidate.maxTokens),
+    }));
+    const day = utcDay(now);
     const outcome = decideAdmission({
       key: {
         status: record.status,
@@ -453,16 +685,17 @@ export class KeyAccount extends DurableObject<Env> {
         models: record.models,
         allowedOrigins: record.allowedOrigins,
         limits: record.limits,
+        budgets: record.budgets,
       },
       endUser,
       usage: {
         key: this.#usage(KEY_SCOPE, null),
         endUser: subject === null ? null : this.#usage(userScope(subject), subject),
       },
+      spend: this.#spend(day),
       request: {
-        model: input.model,
+        candidates,
         promptTokens: input.promptTokens,
-        maxTokens: input.maxTokens,
         origin: input.origin ?? null,
         now,
       },
@@ -470,6 +703,14 @@ export class KeyAccount extends DurableObject<Env> {
     const { decision, state } = outcome;
     if (!decision.ok) return decision;
 
+    const stored: StoredCandidate[] = offered
+      .filter((candidate) => decision.models.includes(candidate.model))
+      .map(({ model, price }) => [
+        model,
+        price.inputMicrosPerMtok,
+        price.cachedInputMicrosPerMtok,
+        price.outputMicrosPerMtok,
+      ]);
     const leaseExpiresAt = now + clampLease(input.leaseMs);
     this.ctx.storage.transactionSync(() => {
       this.#writeBucket(KEY_SCOPE, "requests", state.key.requests);
@@ -479,18 +720,22 @@ export class KeyAccount extends DurableObject<Env> {
         this.#writeBucket(userScope(subject), "tokens", state.endUser.tokens);
       }
       sql.exec(
-        `INSERT INTO reservations (request_id, state, model, subject, subject_tpm, end_user,
-           reserved_tokens, created_at, expires_at)
-         VALUES (?, 'open', ?, ?, ?, ?, ?, ?, ?)`,
+        `INSERT INTO ledger (request_id, state, model, day, subject, subject_tpm, end_user,
+           reserved_tokens, reserved_micros, candidates, created_at, expires_at)
+         VALUES (?, 'open', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
         input.requestId,
-        input.model,
+        decision.models[0] ?? input.model,
+        day,
         subject,
         endUser?.limits.tpm ?? null,
         input.endUser ?? null,
         decision.reservedTokens,
+        decision.reservedMicros,
+        JSON.stringify(stored),
         now,
         leaseExpiresAt,
       );
+      this.#addSpend(day, { reservedMicros: decision.reservedMicros, settledMicros: 0 });
     });
     return { ...decision, requestId: input.requestId, tier: record.tier, leaseExpiresAt };
   }
@@ -519,12 +764,10 @@ export class KeyAccount extends DurableObject<Env> {
     }
     const inFlight =
       subject === null
-        ? sql
-            .exec<{ n: number }>("SELECT COUNT(*) AS n FROM reservations WHERE state = 'open'")
-            .one().n
+        ? sql.exec<{ n: number }>("SELECT COUNT(*) AS n FROM ledger WHERE state = 'open'").one().n
         : sql
             .exec<{ n: number }>(
-              "SELECT COUNT(*) AS n FROM reservations WHERE state = 'open' AND subject = ?",
+              "SELECT COUNT(*) AS n FROM ledger WHERE state = 'open' AND subject = ?",
               subject,
             )
             .one().n;
@@ -548,8 +791,9 @@ export class KeyAccount extends DurableObject<Env> {
     const sql = this.ctx.storage.sql;
     const { requestId } = input;
     const row = sql
-      .exec<ReservationRow>(
-        "SELECT state, subject, subject_tpm, reserved_tokens FROM reservations WHERE request_id = ?",
+      .exec<LedgerRow>(
+        `SELECT state, model, day, subject, subject_tpm, reserved_tokens, reserved_micros, candidates
+         FROM ledger WHERE request_id = ?`,
         requestId,
       )
       .toArray()[0];
@@ -559,6 +803,22 @@ export class KeyAccount extends DurableObject<Env> {
     const usage = input.usage ?? null;
     const usedTokens = usage === null ? null : usage.prompt_tokens + usage.completion_tokens;
     const delta = tokenCorrection(row.reserved_tokens, usedTokens);
+    const candidates = parseCandidates(row.candidates);
+    // The model that served it, if it was one of the request's candidates.
+    const served =
+      candidates.find(([model]) => model === input.model) ??
+      candidates.find(([model]) => model === row.model);
+    const model = served?.[0] ?? row.model;
+    const tokens: TokenUsage | null =
+      usage === null
+        ? null
+        : {
+            promptTokens: usage.prompt_tokens,
+            cachedTokens: usage.cached_tokens ?? 0,
+            completionTokens: usage.completion_tokens,
+          };
+    const cost = billedMicros(tokens, priceOf(served), row.reserved_micros);
+    const late = row.state === "expired";
     this.ctx.storage.transactionSync(() => {
       if (delta !== 0) {
         this.#adjustTokens(KEY_SCOPE, this.#record?.limits.tpm ?? 0, delta, now);
@@ -567,21 +827,33 @@ export class KeyAccount extends DurableObject<Env> {
         }
       }
       sql.exec(
-        `UPDATE reservations SET state = 'settled', closed_at = ?, outcome = ?,
-           prompt_tokens = ?, completion_tokens = ? WHERE request_id = ?`,
+        `UPDATE ledger SET state = 'settled', closed_at = ?, outcome = ?, model = ?,
+           prompt_tokens = ?, cached_tokens = ?, completion_tokens = ?, cost_micros = ?
+         WHERE request_id = ?`,
         now,
         input.outcome,
+        model,
         usage?.prompt_tokens ?? null,
+        usage === null ? null : (usage.cached_tokens ?? 0),
         usage?.completion_tokens ?? null,
+        cost,
         requestId,
       );
+      // An expired row released its reservation and was counted when it expired.
+      this.#addSpend(row.day, {
+        reservedMicros: late ? 0 : -row.reserved_micros,
+        settledMicros: cost,
+      });
+      if (late && model !== row.model) this.#addUsage(row.day, row.model, -1, null, 0);
+      this.#addUsage(row.day, model, late && model === row.model ? 0 : 1, tokens, cost);
     });
     return {
       settled: true,
       requestId,
       reservedTokens: row.reserved_tokens,
       usedTokens,
-      late: row.state === "expired",
+      costMicros: cost,
+      late,
     };
   }
 
@@ -603,27 +875,115 @@ export class KeyAccount extends DurableObject<Env> {
   // --- expiry, pruning and the alarm -----------------------------------------------
 
   #expireDue(now: number): void {
-    this.ctx.storage.sql.exec(
-      `UPDATE reservations SET state = 'expired', closed_at = ?, outcome = 'expired'
-       WHERE state = 'open' AND expires_at <= ?`,
-      now,
-      now,
-    );
+    const sql = this.ctx.storage.sql;
+    const due = sql
+      .exec<{ request_id: string; model: string; day: string; reserved_micros: number }>(
+        `SELECT request_id, model, day, reserved_micros FROM ledger
+         WHERE state = 'open' AND expires_at <= ?`,
+        now,
+      )
+      .toArray();
+    if (due.length === 0) return;
+    this.ctx.storage.transactionSync(() => {
+      for (const row of due) {
+        sql.exec(
+          `UPDATE ledger SET state = 'expired', closed_at = ?, outcome = 'expired', cost_micros = 0
+           WHERE request_id = ?`,
+          now,
+          row.request_id,
+        );
+        this.#addSpend(row.day, { reservedMicros: -row.reserved_micros, settledMicros: 0 });
+        this.#addUsage(row.day, row.model, 1, null, 0);
+      }
+    });
   }
 
   #prune(now: number): void {
     const sql = this.ctx.storage.sql;
     sql.exec(
-      "DELETE FROM reservations WHERE state <> 'open' AND closed_at <= ?",
-      now - SETTLED_RETENTION_MS,
+      "DELETE FROM ledger WHERE state <> 'open' AND closed_at <= ?",
+      now - LEDGER_RETENTION_MS,
     );
     sql.exec(
       "DELETE FROM buckets WHERE scope <> ? AND updated_at <= ?",
       KEY_SCOPE,
       now - IDLE_BUCKET_MS,
     );
+    const old = now - SPEND_RETENTION_MS;
+    sql.exec(
+      "DELETE FROM spend WHERE (period LIKE 'd:%' AND period < ?) OR (period LIKE 'm:%' AND period < ?)",
+      `d:${utcDay(old)}`,
+      `m:${utcMonth(old)}`,
+    );
     sql.exec("DELETE FROM secrets WHERE valid_until IS NOT NULL AND valid_until <= ?", now);
     this.#loadSecrets();
+  }
+
+  // --- spend and usage ------------------------------------------------------------
+
+  #spend(day: string): SpendState {
+    const month = day.slice(0, 7);
+    const periods = new Map<string, PeriodSpend>();
+    for (const row of this.ctx.storage.sql.exec<{
+      period: string;
+      settled_micros: number;
+      reserved_micros: number;
+    }>(
+      "SELECT period, settled_micros, reserved_micros FROM spend WHERE period IN (?, ?, 'all')",
+      `d:${day}`,
+      `m:${month}`,
+    )) {
+      periods.set(row.period, {
+        settledMicros: row.settled_micros,
+        reservedMicros: row.reserved_micros,
+      });
+    }
+    const none = { settledMicros: 0, reservedMicros: 0 };
+    return {
+      day: periods.get(`d:${day}`) ?? none,
+      month: periods.get(`m:${month}`) ?? none,
+      lifetime: periods.get("all") ?? none,
+    };
+  }
+
+  // Adds to the day's, its month's and the lifetime spend (negative releases).
+  #addSpend(day: string, delta: PeriodSpend): void {
+    if (delta.settledMicros === 0 && delta.reservedMicros === 0) return;
+    for (const period of [`d:${day}`, `m:${day.slice(0, 7)}`, "all"]) {
+      this.ctx.storage.sql.exec(
+        `INSERT INTO spend (period, settled_micros, reserved_micros) VALUES (?, ?, ?)
+         ON CONFLICT (period) DO UPDATE SET settled_micros = settled_micros + excluded.settled_micros,
+           reserved_micros = reserved_micros + excluded.reserved_micros`,
+        period,
+        delta.settledMicros,
+        delta.reservedMicros,
+      );
+    }
+  }
+
+  #addUsage(
+    day: string,
+    model: string,
+    requests: number,
+    tokens: TokenUsage | null,
+    costMicros: number,
+  ): void {
+    this.ctx.storage.sql.exec(
+      `INSERT INTO usage_daily (day, model, requests, prompt_tokens, cached_tokens,
+         completion_tokens, cost_micros) VALUES (?, ?, ?, ?, ?, ?, ?)
+       ON CONFLICT (day, model) DO UPDATE SET requests = requests + excluded.requests,
+         prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+         cached_tokens = cached_tokens + excluded.cached_tokens,
+         completion_tokens = completion_tokens + excluded.completion_tokens,
+         cost_micros = cost_micros + excluded.cost_micros`,
+      day,
+      model,
+      requests,
+      tokens?.promptTokens ?? 0,
+      tokens === null ? 0 : Math.min(tokens.cachedTokens, tokens.promptTokens),
+      tokens?.completionTokens ?? 0,
+      costMicros,
+    );
   }
 
   async #ensureAlarm(at: number): Promise<void> {
@@ -635,14 +995,10 @@ export class KeyAccount extends DurableObject<Env> {
   async #rescheduleAlarm(now: number): Promise<void> {
     const sql = this.ctx.storage.sql;
     const open = sql
-      .exec<{ at: number | null }>(
-        "SELECT MIN(expires_at) AS at FROM reservations WHERE state = 'open'",
-      )
+      .exec<{ at: number | null }>("SELECT MIN(expires_at) AS at FROM ledger WHERE state = 'open'")
       .one().at;
     const closed = sql
-      .exec<{ at: number | null }>(
-        "SELECT MIN(closed_at) AS at FROM reservations WHERE state <> 'open'",
-      )
+      .exec<{ at: number | null }>("SELECT MIN(closed_at) AS at FROM ledger WHERE state <> 'open'")
       .one().at;
     const users = sql
       .exec<{ at: number | null }>(
@@ -651,7 +1007,7 @@ export class KeyAccount extends DurableObject<Env> {
       )
       .one().at;
     const prune = [
-      closed === null ? null : closed + SETTLED_RETENTION_MS,
+      closed === null ? null : closed + LEDGER_RETENTION_MS,
       users === null ? null : users + IDLE_BUCKET_MS,
     ]
       .filter((at): at is number => at !== null)
@@ -674,8 +1030,8 @@ export class KeyAccount extends DurableObject<Env> {
     const applied = sql
       .exec<{ v: number }>("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations")
       .one().v;
-    for (let version = applied + 1; version <= MIGRATIONS.length; version++) {
-      const statements = MIGRATIONS[version - 1];
+    for (let version = applied + 1; version <= KEY_ACCOUNT_MIGRATIONS.length; version++) {
+      const statements = KEY_ACCOUNT_MIGRATIONS[version - 1];
       if (statements === undefined) break;
       this.ctx.storage.transactionSync(() => {
         sql.exec(statements);
@@ -720,6 +1076,11 @@ function recordOf(row: RecordRow): KeyRecord {
     name: row.name,
     status: row.status === "revoked" ? "revoked" : "active",
     limits: { rpm: row.rpm, tpm: row.tpm, concurrency: row.concurrency },
+    budgets: {
+      dayMicros: row.budget_day_micros,
+      monthMicros: row.budget_month_micros,
+      creditMicros: row.credit_micros,
+    },
     allowedOrigins: JSON.parse(row.allowed_origins) as string[],
     models: row.models === null ? null : (JSON.parse(row.models) as string[]),
     tier: KEY_TIERS.find((tier) => tier === row.tier) ?? "standard",
@@ -729,6 +1090,41 @@ function recordOf(row: RecordRow): KeyRecord {
     revokedAt: row.revoked_at,
     previousSecretValidUntil: null,
     version: row.version,
+  };
+}
+
+function parseCandidates(text: string): StoredCandidate[] {
+  return JSON.parse(text) as StoredCandidate[];
+}
+
+function priceOf(candidate: StoredCandidate | undefined): ModelPrice {
+  if (candidate === undefined) return FREE;
+  const [, input, cachedInput, output] = candidate;
+  return {
+    inputMicrosPerMtok: input,
+    cachedInputMicrosPerMtok: cachedInput,
+    outputMicrosPerMtok: output,
+  };
+}
+
+const LEDGER_STATES = ["open", "settled", "expired"] as const;
+const LEDGER_OUTCOMES = ["ok", "error", "cancelled", "timeout", "expired"] as const;
+
+function ledgerRecordOf(row: FullLedgerRow): LedgerRecord {
+  return {
+    requestId: row.request_id,
+    model: row.model,
+    state: LEDGER_STATES.find((state) => state === row.state) ?? "open",
+    outcome: LEDGER_OUTCOMES.find((outcome) => outcome === row.outcome) ?? null,
+    day: row.day,
+    createdAt: row.created_at,
+    closedAt: row.closed_at,
+    promptTokens: row.prompt_tokens,
+    cachedTokens: row.cached_tokens,
+    completionTokens: row.completion_tokens,
+    reservedMicros: row.reserved_micros,
+    costMicros: row.cost_micros,
+    endUser: row.end_user,
   };
 }
 

@@ -6,7 +6,9 @@
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
 import { z } from "zod";
+import { NO_BUDGETS, type Budgets, type Limits } from "../durable-objects/admission.ts";
 import { KEY_TIERS, type KeyRecord } from "../durable-objects/key-account.ts";
+import { microsToUsd, usdToMicros } from "../durable-objects/pricing.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory.ts";
 import { ApiError, invalidJson } from "./errors.ts";
 import {
@@ -26,11 +28,51 @@ export const DEFAULT_ROTATION_GRACE_SECONDS = 3_600;
 
 const MAX_ROTATION_GRACE_SECONDS = 7 * 86_400;
 
+// US dollars, exact to the micro-dollar (see durable-objects/pricing.ts).
+const Usd = z.number().refine((amount) => usdToMicros(amount) !== null, {
+  message: "Expected US dollars from 0 to 1e9 with at most six decimal places.",
+});
+
 const KeyLimits = z.strictObject({
   rpm: z.int().min(1).max(1_000_000_000),
   tpm: z.int().min(1).max(1_000_000_000_000),
   concurrency: z.int().min(1).max(1_000_000),
+  /** Spending per UTC day; null removes it. */
+  budget_usd_day: Usd.nullable(),
+  /** Spending per UTC month; null removes it. */
+  budget_usd_month: Usd.nullable(),
+  /** Spending over the key's lifetime; null removes it. */
+  credit_usd: Usd.nullable(),
 });
+
+type KeyLimitsBody = Partial<z.infer<typeof KeyLimits>>;
+
+function rateLimitsOf(limits: KeyLimitsBody): Partial<Limits> {
+  const { rpm, tpm, concurrency } = limits;
+  return {
+    ...(rpm === undefined ? {} : { rpm }),
+    ...(tpm === undefined ? {} : { tpm }),
+    ...(concurrency === undefined ? {} : { concurrency }),
+  };
+}
+
+function micros(dollars: number | null): number | null {
+  return dollars === null ? null : usdToMicros(dollars);
+}
+
+function usd(amount: number | null): number | null {
+  return amount === null ? null : microsToUsd(amount);
+}
+
+function budgetsOf(limits: KeyLimitsBody): Partial<Budgets> {
+  return {
+    ...(limits.budget_usd_day === undefined ? {} : { dayMicros: micros(limits.budget_usd_day) }),
+    ...(limits.budget_usd_month === undefined
+      ? {}
+      : { monthMicros: micros(limits.budget_usd_month) }),
+    ...(limits.credit_usd === undefined ? {} : { creditMicros: micros(limits.credit_usd) }),
+  };
+}
 
 const BrowserOrigin = z
   .string()
@@ -62,14 +104,21 @@ export const RotateKeyRequest = z.strictObject({
   grace_seconds: z.int().min(0).max(MAX_ROTATION_GRACE_SECONDS).optional(),
 });
 
-/** A key as the admin API shows it; times in unix seconds. */
+/** A key as the admin API shows it; times in unix seconds, money in US dollars. */
 export function keyJson(record: KeyRecord): Record<string, unknown> {
+  // Records indexed before budgets existed have none.
+  const budgets = record.budgets ?? NO_BUDGETS;
   return {
     id: record.id,
     object: "api_key",
     name: record.name,
     status: record.status,
-    limits: record.limits,
+    limits: {
+      ...record.limits,
+      budget_usd_day: usd(budgets.dayMicros),
+      budget_usd_month: usd(budgets.monthMicros),
+      credit_usd: usd(budgets.creditMicros),
+    },
     allowed_origins: record.allowedOrigins,
     models: record.models,
     tier: record.tier,
@@ -114,7 +163,8 @@ export const adminApp = new Hono<{ Bindings: Env }>()
       id,
       name: body.name,
       secretHash,
-      limits: { ...DEFAULT_KEY_LIMITS, ...body.limits },
+      limits: { ...DEFAULT_KEY_LIMITS, ...rateLimitsOf(body.limits ?? {}) },
+      budgets: { ...NO_BUDGETS, ...budgetsOf(body.limits ?? {}) },
       allowedOrigins: body.allowed_origins ?? [],
       models: body.models ?? null,
       tier: body.tier ?? "standard",
@@ -158,7 +208,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
     const record = await account(c.env, id).update({
       now: Date.now(),
       ...(name === undefined ? {} : { name }),
-      ...(limits === undefined ? {} : { limits }),
+      ...(limits === undefined ? {} : { limits: rateLimitsOf(limits), budgets: budgetsOf(limits) }),
       ...(allowed_origins === undefined ? {} : { allowedOrigins: allowed_origins }),
       ...(models === undefined ? {} : { models }),
       ...(tier === undefined ? {} : { tier }),

@@ -11,6 +11,7 @@ import type {
   SettleInput,
   SettleResult,
 } from "../durable-objects/key-account.ts";
+import { formatUsd } from "../durable-objects/pricing.ts";
 import { verifyBrowserToken, type BrowserScope } from "./browser-tokens.ts";
 import { ApiError } from "./errors.ts";
 import { API_KEY_PREFIX, bearerToken, parseApiKey } from "./keys.ts";
@@ -185,12 +186,44 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
         },
       });
     }
+    case "insufficient_quota": {
+      const budget =
+        refusal.budget === "credit"
+          ? "credit"
+          : refusal.budget === "day"
+            ? "daily budget (UTC)"
+            : "monthly budget (UTC)";
+      const soon = refusal.retryAfterMs !== null && refusal.retryAfterMs <= SDK_RETRY_LIMIT_MS;
+      const when =
+        refusal.retryAfterMs === null
+          ? "Ask for more credit to continue."
+          : soon
+            ? `Requests in flight hold part of it; please try again in ${formatResetDuration(refusal.retryAfterMs)}.`
+            : `It renews in ${formatResetDuration(refusal.retryAfterMs)}.`;
+      return new ApiError(
+        429,
+        `You exceeded the ${budget} of key ${keyId}: limit $${formatUsd(refusal.limitMicros)}, spent $${formatUsd(refusal.spentMicros)}, reserved by requests in flight $${formatUsd(refusal.reservedMicros)}, this request may cost up to $${formatUsd(refusal.requestedMicros)}. ${when}`,
+        {
+          type: "insufficient_quota",
+          code: "insufficient_quota",
+          headers: {
+            ...rateLimitHeaders(refusal.rateLimit),
+            ...(refusal.retryAfterMs === null ? {} : retryAfterHeaders(refusal.retryAfterMs)),
+            // The official SDKs retry every 429 unless told not to; only a soon retry helps.
+            ...(soon ? {} : { "x-should-retry": "false" }),
+          },
+        },
+      );
+    }
     default: {
       const unhandled: never = refusal;
       throw new Error(`unhandled refusal ${JSON.stringify(unhandled)}`);
     }
   }
 }
+
+// Longest `retry-after` the official SDKs honour; a longer wait is not worth their retry.
+const SDK_RETRY_LIMIT_MS = 60_000;
 
 const INVALID_KEY_MESSAGES: Record<InvalidKeyReason, string> = {
   unknown: "Incorrect API key provided.",

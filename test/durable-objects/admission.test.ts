@@ -1,11 +1,14 @@
 import { describe, expect, it } from "vitest";
 import {
   CONCURRENCY_RETRY_MS,
+  NO_BUDGETS,
   decideAdmission,
   tokenCorrection,
   type AdmissionInput,
+  type AdmissionRequest,
   type KeyPolicy,
   type ScopeUsage,
+  type SpendState,
 } from "../../durable-objects/admission.ts";
 
 const key: KeyPolicy = {
@@ -14,15 +17,41 @@ const key: KeyPolicy = {
   models: null,
   allowedOrigins: ["https://app.example"],
   limits: { rpm: 10, tpm: 1_000, concurrency: 2 },
+  budgets: NO_BUDGETS,
 };
 const idle: ScopeUsage = { requests: null, tokens: null, inFlight: 0 };
+const nothingSpent: SpendState = {
+  day: { settledMicros: 0, reservedMicros: 0 },
+  month: { settledMicros: 0, reservedMicros: 0 },
+  lifetime: { settledMicros: 0, reservedMicros: 0 },
+};
+
+/** A request for one model, `m`. */
+function single(
+  overrides: {
+    promptTokens?: number;
+    maxTokens?: number;
+    origin?: string | null;
+    micros?: number;
+  } = {},
+): AdmissionRequest {
+  return {
+    candidates: [
+      { model: "m", maxTokens: overrides.maxTokens ?? 90, worstCaseMicros: overrides.micros ?? 0 },
+    ],
+    promptTokens: overrides.promptTokens ?? 10,
+    origin: overrides.origin ?? null,
+    now: 0,
+  };
+}
 
 function input(overrides: Partial<AdmissionInput> = {}): AdmissionInput {
   return {
     key,
     endUser: null,
     usage: { key: idle, endUser: null },
-    request: { model: "m", promptTokens: 10, maxTokens: 90, origin: null, now: 0 },
+    spend: nothingSpent,
+    request: single(),
     ...overrides,
   };
 }
@@ -32,7 +61,9 @@ describe("decideAdmission", () => {
     const { decision, state } = decideAdmission(input());
     expect(decision).toEqual({
       ok: true,
+      models: ["m"],
       reservedTokens: 100,
+      reservedMicros: 0,
       rateLimit: {
         requests: { limit: 10, remaining: 9, resetMs: 6_000 },
         tokens: { limit: 1_000, remaining: 900, resetMs: 6_000 },
@@ -65,13 +96,7 @@ describe("decideAdmission", () => {
   });
 
   it("refuses a browser origin the key does not allow", () => {
-    const request = {
-      model: "m",
-      promptTokens: 1,
-      maxTokens: 1,
-      origin: "https://evil.example",
-      now: 0,
-    };
+    const request = single({ promptTokens: 1, maxTokens: 1, origin: "https://evil.example" });
     expect(decideAdmission(input({ request })).decision).toEqual({
       ok: false,
       code: "origin_not_allowed",
@@ -113,7 +138,7 @@ describe("decideAdmission", () => {
   });
 
   it("flags a request that can never fit the token limit", () => {
-    const request = { model: "m", promptTokens: 500, maxTokens: 600, origin: null, now: 0 };
+    const request = single({ promptTokens: 500, maxTokens: 600 });
     expect(decideAdmission(input({ request })).decision).toMatchObject({
       limit: "tokens",
       tooLarge: true,
@@ -139,6 +164,122 @@ describe("decideAdmission", () => {
       }),
     );
     expect(second.decision).toMatchObject({ ok: false, scope: "end_user" });
+  });
+});
+
+describe("alias candidates", () => {
+  const candidates = [
+    { model: "small", maxTokens: 100, worstCaseMicros: 50 },
+    { model: "large", maxTokens: 300, worstCaseMicros: 400 },
+  ];
+
+  it("keeps the allowed candidates in order and reserves the largest of each", () => {
+    const request = { candidates, promptTokens: 10, origin: null, now: 0 };
+    expect(decideAdmission(input({ request })).decision).toMatchObject({
+      ok: true,
+      models: ["small", "large"],
+      reservedTokens: 310,
+      reservedMicros: 400,
+    });
+    const narrow = decideAdmission(input({ key: { ...key, models: ["small"] }, request }));
+    expect(narrow.decision).toMatchObject({
+      models: ["small"],
+      reservedTokens: 110,
+      reservedMicros: 50,
+    });
+  });
+
+  it("refuses when the key allows none of them, naming the first", () => {
+    const request = { candidates, promptTokens: 10, origin: null, now: 0 };
+    expect(
+      decideAdmission(input({ key: { ...key, models: ["other"] }, request })).decision,
+    ).toEqual({ ok: false, code: "model_not_allowed", model: "small" });
+  });
+});
+
+const spent = (day: number, reserved = 0): SpendState => ({
+  day: { settledMicros: day, reservedMicros: reserved },
+  month: { settledMicros: day, reservedMicros: reserved },
+  lifetime: { settledMicros: day, reservedMicros: reserved },
+});
+const budgeted = (budgets: Partial<KeyPolicy["budgets"]>): KeyPolicy => ({
+  ...key,
+  budgets: { ...NO_BUDGETS, ...budgets },
+});
+
+describe("budgets", () => {
+  it("admits a request whose worst case fits exactly, and reserves it", () => {
+    const result = decideAdmission(
+      input({
+        key: budgeted({ dayMicros: 1_000 }),
+        spend: spent(600, 100),
+        request: single({ micros: 300 }),
+      }),
+    );
+    expect(result.decision).toMatchObject({ ok: true, reservedMicros: 300 });
+  });
+
+  it("refuses one micro-dollar over with insufficient_quota and takes nothing", () => {
+    const { decision, state } = decideAdmission(
+      input({
+        key: budgeted({ dayMicros: 1_000 }),
+        spend: spent(600, 100),
+        request: single({ micros: 301 }),
+      }),
+    );
+    expect(decision).toMatchObject({
+      ok: false,
+      code: "insufficient_quota",
+      budget: "day",
+      limitMicros: 1_000,
+      spentMicros: 600,
+      reservedMicros: 100,
+      requestedMicros: 301,
+    });
+    expect(state.key.requests.level).toBe(10);
+  });
+
+  it("says a retry may help soon when only open reservations are in the way", () => {
+    const { decision } = decideAdmission(
+      input({
+        key: budgeted({ dayMicros: 1_000 }),
+        spend: spent(600, 300),
+        request: single({ micros: 300 }),
+      }),
+    );
+    expect(decision).toMatchObject({ budget: "day", retryAfterMs: CONCURRENCY_RETRY_MS });
+  });
+
+  it("says when the next period starts for a spent day or month, and never for a spent credit", () => {
+    const now = Date.UTC(2026, 10, 3, 23, 0, 0);
+    const request = { ...single({ micros: 10 }), now };
+    const day = decideAdmission(
+      input({ key: budgeted({ dayMicros: 5 }), spend: spent(0), request }),
+    );
+    expect(day.decision).toMatchObject({ budget: "day", retryAfterMs: 3_600_000 });
+    const month = decideAdmission(
+      input({ key: budgeted({ monthMicros: 5 }), spend: spent(0), request }),
+    );
+    expect(month.decision).toMatchObject({
+      budget: "month",
+      retryAfterMs: Date.UTC(2026, 11, 1) - now,
+    });
+    const credit = decideAdmission(
+      input({ key: budgeted({ creditMicros: 5, dayMicros: 5 }), spend: spent(0), request }),
+    );
+    expect(credit.decision).toMatchObject({ budget: "credit", retryAfterMs: null });
+  });
+
+  it("checks rate limits before budgets", () => {
+    const busy = { ...idle, inFlight: 2 };
+    const { decision } = decideAdmission(
+      input({
+        key: budgeted({ dayMicros: 0 }),
+        usage: { key: busy, endUser: null },
+        request: single({ micros: 1 }),
+      }),
+    );
+    expect(decision).toMatchObject({ code: "rate_limit_exceeded", limit: "concurrency" });
   });
 });
 

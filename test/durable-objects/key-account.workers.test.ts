@@ -1,8 +1,9 @@
 import { evictDurableObject, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import type { Limits } from "../../durable-objects/admission.ts";
+import type { Budgets, Limits } from "../../durable-objects/admission.ts";
 import {
+  KEY_ACCOUNT_MIGRATIONS,
   RESERVATION_LEASE_MS,
   type AdmitInput,
   type KeyAccount,
@@ -44,7 +45,7 @@ async function openReservations(stub: DurableObjectStub<KeyAccount>): Promise<nu
     stub,
     (_instance: KeyAccount, state) =>
       state.storage.sql
-        .exec<{ n: number }>("SELECT COUNT(*) AS n FROM reservations WHERE state = 'open'")
+        .exec<{ n: number }>("SELECT COUNT(*) AS n FROM ledger WHERE state = 'open'")
         .one().n,
   );
 }
@@ -184,6 +185,7 @@ describe("KeyAccount settlement", () => {
       requestId: "r1",
       reservedTokens: 100,
       usedTokens: 30,
+      costMicros: 0,
       late: false,
     });
     expect(await stub.settle({ requestId: "r1", outcome: "ok", usage, now })).toEqual({
@@ -321,5 +323,240 @@ describe("KeyAccount persistence", () => {
     const third = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
     expect(await third.admit({ ...base, requestId: "r4" })).toMatchObject({ reason: "revoked" });
     expect((await third.settle({ requestId: "r1", outcome: "ok" })).settled).toBe(true);
+  });
+});
+
+// $0.15 / $0.075 / $0.60 per 1M input, cached input and output tokens.
+const PRICE = {
+  inputMicrosPerMtok: 150_000,
+  cachedInputMicrosPerMtok: 75_000,
+  outputMicrosPerMtok: 600_000,
+};
+// $1 / $0.50 / $4 per 1M tokens.
+const PRICIER = {
+  inputMicrosPerMtok: 1_000_000,
+  cachedInputMicrosPerMtok: 500_000,
+  outputMicrosPerMtok: 4_000_000,
+};
+
+async function budgetedKey(budgets: Partial<Budgets>, limits: Partial<Limits> = {}) {
+  const key = await newKey({ concurrency: 1_000, ...limits });
+  await key.stub.update({ budgets, now: Date.now() });
+  // 1000 prompt tokens and 1000 max tokens: at most 150 + 600 = 750 µ$.
+  const admitPriced = (requestId: string, extra: Partial<AdmitInput> = {}) =>
+    key.admit(requestId, { promptTokens: 1_000, maxTokens: 1_000, price: PRICE, ...extra });
+  return { ...key, admitPriced };
+}
+
+async function spend(stub: DurableObjectStub<KeyAccount>, period: string) {
+  return runInDurableObject(
+    stub,
+    (_instance: KeyAccount, state) =>
+      state.storage.sql
+        .exec<{ settled_micros: number; reserved_micros: number }>(
+          "SELECT settled_micros, reserved_micros FROM spend WHERE period = ?",
+          period,
+        )
+        .toArray()[0],
+  );
+}
+
+describe("KeyAccount costs and budgets", () => {
+  it("reserves the worst-case cost and settles the exact cost, cached tokens at the cached price", async () => {
+    const { admitPriced, stub } = await budgetedKey({});
+    expect(await admitPriced("r1")).toMatchObject({ ok: true, reservedMicros: 750 });
+    expect(await spend(stub, "all")).toEqual({ settled_micros: 0, reserved_micros: 750 });
+    const usage = { prompt_tokens: 1_000, cached_tokens: 400, completion_tokens: 500 };
+    // 600 × 0.15 + 400 × 0.075 + 500 × 0.60 µ$
+    expect(await stub.settle({ requestId: "r1", outcome: "ok", usage })).toMatchObject({
+      settled: true,
+      costMicros: 420,
+    });
+    expect(await spend(stub, "all")).toEqual({ settled_micros: 420, reserved_micros: 0 });
+    const day = new Date().toISOString().slice(0, 10);
+    expect(await spend(stub, `d:${day}`)).toEqual({ settled_micros: 420, reserved_micros: 0 });
+    expect(await stub.usage({ from: day, to: day })).toEqual({
+      ok: true,
+      rows: [
+        {
+          day,
+          model: "m",
+          requests: 1,
+          promptTokens: 1_000,
+          cachedTokens: 400,
+          completionTokens: 500,
+          costMicros: 420,
+        },
+      ],
+    });
+    expect(await stub.record({ requestId: "r1" })).toMatchObject({
+      ok: true,
+      record: { state: "settled", outcome: "ok", costMicros: 420, reservedMicros: 750 },
+    });
+  });
+
+  it("refuses with insufficient_quota when the reservation would overdraw the day's budget", async () => {
+    const { admitPriced } = await budgetedKey({ dayMicros: 1_000 });
+    expect((await admitPriced("r1")).ok).toBe(true);
+    expect(await admitPriced("r2")).toMatchObject({
+      ok: false,
+      code: "insufficient_quota",
+      budget: "day",
+      limitMicros: 1_000,
+      reservedMicros: 750,
+      requestedMicros: 750,
+      retryAfterMs: 1_000,
+    });
+  });
+
+  it("never overdraws a budget, whatever the interleaving of 100 concurrent requests", async () => {
+    const { id, secretHash, stub } = await budgetedKey({ creditMicros: 7_500 });
+    const results = await Promise.all(
+      Array.from({ length: 100 }, (_, i) =>
+        env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id)).admit({
+          requestId: `c${i}`,
+          credential: { kind: "key", secretHash },
+          model: "m",
+          promptTokens: 1_000,
+          maxTokens: 1_000,
+          price: PRICE,
+        }),
+      ),
+    );
+    const admitted = results.filter((r) => r.ok);
+    expect(admitted).toHaveLength(10);
+    expect(await spend(stub, "all")).toEqual({ settled_micros: 0, reserved_micros: 7_500 });
+    // Each used all it could: the whole credit is spent, not a micro-dollar more.
+    const usage = { prompt_tokens: 1_000, cached_tokens: 0, completion_tokens: 1_000 };
+    await stub.settleMany(
+      admitted.map((r) => ({ requestId: r.ok ? r.requestId : "", outcome: "ok" as const, usage })),
+    );
+    expect(await spend(stub, "all")).toEqual({ settled_micros: 7_500, reserved_micros: 0 });
+    expect(
+      await stub.admit({
+        requestId: "after",
+        credential: { kind: "key", secretHash },
+        model: "m",
+        promptTokens: 1,
+        maxTokens: 1,
+        price: PRICE,
+      }),
+    ).toMatchObject({ code: "insufficient_quota", budget: "credit", retryAfterMs: null });
+  });
+
+  it("bills at most the reservation when the prompt was larger than estimated", async () => {
+    const { admitPriced, stub } = await budgetedKey({ creditMicros: 750 });
+    expect((await admitPriced("r1")).ok).toBe(true);
+    const usage = { prompt_tokens: 5_000, cached_tokens: 0, completion_tokens: 1_000 };
+    expect(await stub.settle({ requestId: "r1", outcome: "ok", usage })).toMatchObject({
+      costMicros: 750,
+    });
+    expect(await spend(stub, "all")).toEqual({ settled_micros: 750, reserved_micros: 0 });
+  });
+
+  it("reserves for the priciest fallback and bills the model that served", async () => {
+    const { admitPriced, stub } = await budgetedKey({});
+    const fallbacks = [{ model: "big", maxTokens: 1_000, price: PRICIER }];
+    expect(await admitPriced("r1", { fallbacks })).toMatchObject({
+      ok: true,
+      models: ["m", "big"],
+      reservedMicros: 5_000,
+    });
+    const usage = { prompt_tokens: 100, cached_tokens: 0, completion_tokens: 100 };
+    expect(
+      await stub.settle({ requestId: "r1", outcome: "ok", usage, model: "big" }),
+    ).toMatchObject({ costMicros: 500 });
+    expect(await stub.record({ requestId: "r1" })).toMatchObject({ record: { model: "big" } });
+  });
+
+  it("bills nothing without usage and releases the whole reservation", async () => {
+    const { admitPriced, stub } = await budgetedKey({ dayMicros: 750 });
+    expect((await admitPriced("r1")).ok).toBe(true);
+    expect(await stub.settle({ requestId: "r1", outcome: "error" })).toMatchObject({
+      costMicros: 0,
+    });
+    expect((await admitPriced("r2")).ok).toBe(true);
+  });
+
+  it("releases an expired reservation's cost, then bills a late settlement once", async () => {
+    const { admitPriced, stub } = await budgetedKey({});
+    const past = Date.now() - RESERVATION_LEASE_MS - 1_000;
+    expect((await admitPriced("lost", { now: past })).ok).toBe(true);
+    await runDurableObjectAlarm(stub);
+    expect((await spend(stub, "all"))?.reserved_micros).toBe(0);
+    const usage = { prompt_tokens: 10, cached_tokens: 0, completion_tokens: 10 };
+    expect(await stub.settle({ requestId: "lost", outcome: "ok", usage })).toMatchObject({
+      late: true,
+      costMicros: 8,
+    });
+    expect(await spend(stub, "all")).toEqual({ settled_micros: 8, reserved_micros: 0 });
+    const day = new Date(past).toISOString().slice(0, 10);
+    const { rows } = (await stub.usage({ from: day, to: day })) as { rows: { requests: number }[] };
+    expect(rows.map((row) => row.requests)).toEqual([1]);
+  });
+
+  it("answers usage only to the key's own secret", async () => {
+    const { stub } = await budgetedKey({});
+    expect(
+      await stub.usage({
+        from: "2026-01-01",
+        to: "2026-12-31",
+        credential: { kind: "key", secretHash: "0".repeat(64) },
+      }),
+    ).toEqual({ ok: false, code: "invalid_api_key", reason: "bad_secret" });
+  });
+});
+
+describe("KeyAccount schema migration", () => {
+  it("turns version-1 reservations into ledger rows with rollups, and keeps open ones open", async () => {
+    const { id, stub, secretHash } = await newKey();
+    const created = Date.UTC(2026, 0, 15, 12);
+    await runInDurableObject(stub, (_instance: KeyAccount, state) => {
+      const sql = state.storage.sql;
+      for (const table of ["ledger", "usage_daily", "spend"]) sql.exec(`DROP TABLE ${table}`);
+      sql.exec("DROP TABLE key_record");
+      sql.exec("DROP TABLE secrets");
+      sql.exec("DROP TABLE buckets");
+      sql.exec("DELETE FROM schema_migrations");
+      sql.exec(KEY_ACCOUNT_MIGRATIONS[0] ?? "");
+      sql.exec("INSERT INTO schema_migrations (version, applied_at) VALUES (1, 0)");
+      sql.exec(
+        `INSERT INTO key_record VALUES (1, ?, 'old', 'active', 100, 100000, 10, '[]', NULL,
+           'standard', NULL, ?, ?, NULL, 1)`,
+        id,
+        created,
+        created,
+      );
+      sql.exec("INSERT INTO secrets VALUES (?, ?, NULL)", secretHash, created);
+      sql.exec(
+        `INSERT INTO reservations (request_id, state, model, reserved_tokens, created_at,
+           expires_at, closed_at, outcome, prompt_tokens, completion_tokens)
+         VALUES ('done', 'settled', 'm', 100, ?, ?, ?, 'ok', 30, 20)`,
+        created,
+        created + 1_000,
+        created + 10,
+      );
+      sql.exec(
+        `INSERT INTO reservations (request_id, state, model, reserved_tokens, created_at, expires_at)
+         VALUES ('running', 'open', 'm', 100, ?, ?)`,
+        created,
+        Date.now() + 60_000,
+      );
+    });
+    await evictDurableObject(stub);
+    const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+    expect(await again.get()).toMatchObject({
+      name: "old",
+      budgets: { dayMicros: null, monthMicros: null, creditMicros: null },
+    });
+    expect(await again.usage({ from: "2026-01-15", to: "2026-01-15" })).toMatchObject({
+      rows: [
+        { day: "2026-01-15", model: "m", requests: 1, promptTokens: 30, completionTokens: 20 },
+      ],
+    });
+    expect(await again.record({ requestId: "running" })).toMatchObject({
+      record: { state: "open", day: "2026-01-15" },
+    });
+    expect((await again.settle({ requestId: "running", outcome: "ok" })).settled).toBe(true);
   });
 });

@@ -70,7 +70,7 @@ async function settledRow(keyId: string, requestId: string): Promise<Row | undef
       account(keyId),
       (_instance: KeyAccount, state) =>
         state.storage.sql
-          .exec<Row>("SELECT state, outcome FROM reservations WHERE request_id = ?", requestId)
+          .exec<Row>("SELECT state, outcome FROM ledger WHERE request_id = ?", requestId)
           .toArray()[0],
     );
     if (row !== undefined && row.state !== "open") return row;
@@ -84,7 +84,7 @@ async function openCount(keyId: string): Promise<number> {
     account(keyId),
     (_instance: KeyAccount, state) =>
       state.storage.sql
-        .exec<{ n: number }>("SELECT COUNT(*) AS n FROM reservations WHERE state = 'open'")
+        .exec<{ n: number }>("SELECT COUNT(*) AS n FROM ledger WHERE state = 'open'")
         .one().n,
   );
 }
