@@ -46,10 +46,52 @@ export const chooseLeastLoaded: OriginChooser = (candidates, head) => {
   return best === null ? null : best.id;
 };
 
+/**
+ * {@link chooseLeastLoaded}, with full ties going to the origin this batcher sent to
+ * longest ago (never sent first), so idle origins take turns instead of the first in
+ * configuration order taking every request of a quiet period. `lastSentAt` is the
+ * caller's own record (ms, or null for never); the choice stays a pure function of it.
+ */
+export function chooseLeastLoadedInTurn(
+  lastSentAt: (originId: string) => number | null,
+): OriginChooser {
+  return (candidates, head) => {
+    let best: OriginCandidate | null = null;
+    for (const candidate of candidates) {
+      if (!fitsKv(candidate, head.promptTokens)) continue;
+      if (best === null) {
+        best = candidate;
+        continue;
+      }
+      const order = compare(candidate, best);
+      if (order < 0 || (order === 0 && sentEarlier(candidate.id, best.id, lastSentAt))) {
+        best = candidate;
+      }
+    }
+    return best === null ? null : best.id;
+  };
+}
+
+function sentEarlier(
+  a: string,
+  b: string,
+  lastSentAt: (originId: string) => number | null,
+): boolean {
+  const sentA = lastSentAt(a) ?? Number.NEGATIVE_INFINITY;
+  const sentB = lastSentAt(b) ?? Number.NEGATIVE_INFINITY;
+  return sentA < sentB;
+}
+
 function ranksBefore(a: OriginCandidate, b: OriginCandidate): boolean {
-  if (a.load !== b.load) return a.load < b.load;
+  return compare(a, b) < 0;
+}
+
+/** Negative when `a` ranks before `b`: fewer sequences, then more KV room; 0 on a tie. */
+function compare(a: OriginCandidate, b: OriginCandidate): number {
+  if (a.load !== b.load) return a.load - b.load;
   // Unknown KV room counts as the most room: an origin that never reported is idle to us.
   const roomA = a.kvRoomTokens ?? Number.POSITIVE_INFINITY;
   const roomB = b.kvRoomTokens ?? Number.POSITIVE_INFINITY;
-  return roomA > roomB;
+  if (roomA === roomB) return 0;
+  return roomA > roomB ? -1 : 1;
 }

@@ -7,7 +7,16 @@
 // Lifecycle of a request id: `enqueue` → dispatched at once, queued or rejected. A queued
 // id leaves through `tick` in exactly one way: in a batch, timed out, too large for every
 // origin, or removed by `cancel`. A dispatched id stays in its origin's in-flight list
-// until `onItemDone`. Functions never mutate the state they are given.
+// until `onItemDone`. Functions never mutate the state they are given: they copy its
+// containers and replace, never edit, the queued and in-flight records they change, so an
+// event costs a copy of the id lists rather than of every record.
+//
+// When requests wait: never while nothing else waits and the chosen origin is idle. Under
+// load the window is the larger of two terms, both bounded by `maxWindowMs`: the overload
+// term (arrivals outpace what the origins can start: free slots plus completions) and the
+// call term (arrivals outpace the calls worth making: one per `callIntervalMs` per healthy
+// origin). The call term is what collapses many requests into few upstream calls when the
+// engines still have free slots: with a large `max_num_seqs` the overload term stays 0.
 
 import { z } from "zod";
 import { MAX_BATCH_ITEMS } from "../origin/protocol.ts";
@@ -28,15 +37,17 @@ export const LaneConfigSchema = z.strictObject({
   onTimeout: z.enum(["reject", "wait"]).default("reject"),
   /** Queued requests the lane holds; one more is refused at once with `retry-after`. */
   maxQueue: z.int().positive().default(1024),
+  /** Status of a queue-timeout refusal: 503 (overloaded) or 429 (retry later, `retry-after`). */
+  timeoutStatus: z.union([z.literal(429), z.literal(503)]).default(503),
 });
 /** A validated lane configuration. */
 export type LaneConfig = z.infer<typeof LaneConfigSchema>;
 
 /** Default lanes: interactive, standard, and background (which waits rather than fail). */
 export const DEFAULT_LANES: readonly LaneConfig[] = [
-  { queueTimeoutMs: 30_000, onTimeout: "reject", maxQueue: 1024 },
-  { queueTimeoutMs: 60_000, onTimeout: "reject", maxQueue: 2048 },
-  { queueTimeoutMs: 300_000, onTimeout: "wait", maxQueue: 4096 },
+  { queueTimeoutMs: 30_000, onTimeout: "reject", maxQueue: 1024, timeoutStatus: 503 },
+  { queueTimeoutMs: 60_000, onTimeout: "reject", maxQueue: 2048, timeoutStatus: 503 },
+  { queueTimeoutMs: 300_000, onTimeout: "wait", maxQueue: 4096, timeoutStatus: 503 },
 ];
 
 /** Batching configuration of one Batcher. */
@@ -48,6 +59,12 @@ export const WindowConfigSchema = z
     maxBatchTokens: z.int().positive().default(65_536),
     /** Upper bound of the adaptive window (Triton's `max_queue_delay_microseconds`). */
     maxWindowMs: z.number().nonnegative().max(1000).default(10),
+    /**
+     * Shortest useful gap between two calls to one origin, about one engine step (vLLM
+     * admits new sequences only at step boundaries): while requests arrive faster than one
+     * per this many ms per healthy origin, they share calls. 0 turns the call term off.
+     */
+    callIntervalMs: z.number().nonnegative().max(1000).default(5),
     /** Time constant of the decaying arrival, completion and dispatch counts. */
     rateWindowMs: z.number().positive().default(250),
     /** A load report older than this, with nothing of ours in flight there, is not trusted. */
@@ -82,6 +99,11 @@ export interface WindowRequest {
   deadline?: number;
   /** When the edge received it (defaults to `now`); the lane timeout counts from here. */
   enqueuedAt?: number;
+  /**
+   * Origins this request must not go to (they failed it before its first byte). A retry
+   * leaves at once, without a window: it has waited once already.
+   */
+  avoidOrigins?: readonly string[];
 }
 
 /** A request waiting in a lane. */
@@ -97,6 +119,8 @@ export interface QueuedRequest {
   flushBy: number;
   /** Past its deadline in a lane that keeps waiting (reported once). */
   overdue: boolean;
+  /** Origins it must not go to; absent when any will do. */
+  avoidOrigins?: string[];
 }
 
 /** A request sent to an origin and not yet finished. */
@@ -280,11 +304,12 @@ export function enqueue(
     return { state, decision: { kind: "rejected", reason: "queue_full", retryAfterMs } };
   }
 
-  const next = structuredClone(state);
+  const next = draft(state);
   next.arrivals = bump(next.arrivals, 1, next.config.rateWindowMs, now);
   const windowMs = currentWindowMs(next, now);
   const enqueuedAt = req.enqueuedAt ?? now;
   const deadline = Math.min(req.deadline ?? Infinity, enqueuedAt + laneConfig.queueTimeoutMs);
+  const avoid = req.avoidOrigins ?? [];
   const item: QueuedRequest = {
     id: req.id,
     lane: req.lane,
@@ -292,18 +317,23 @@ export function enqueue(
     maxTokens: req.maxTokens,
     enqueuedAt,
     deadline,
-    flushBy: Math.min(deadline, now + windowMs),
+    flushBy: avoid.length > 0 ? now : Math.min(deadline, now + windowMs),
     overdue: false,
+    ...(avoid.length > 0 && { avoidOrigins: [...avoid] }),
   };
 
   if (queuedCount(next) === 0 && deadline > now) {
     // A lone request never waits for a window that nobody else will join: when the
     // origins keep up (window 0) or the chosen origin is idle, it leaves now.
-    const candidates = healthyCandidates(next, now);
+    const candidates = allowedCandidates(healthyCandidates(next, now), item);
     const originId = (options.chooseOrigin ?? chooseLeastLoaded)(candidates, item);
     if (originId !== null) {
       const candidate = candidateById(candidates, originId);
-      if (windowMs === 0 || (candidate.load === 0 && candidate.inFlight === 0)) {
+      if (
+        windowMs === 0 ||
+        avoid.length > 0 ||
+        (candidate.load === 0 && candidate.inFlight === 0)
+      ) {
         const batch = sendBatch(next, originId, [item], "idle", now);
         return { state: next, decision: { kind: "dispatch-now", batch } };
       }
@@ -321,25 +351,32 @@ export function enqueue(
  */
 export function tick(state: WindowState, now: number, options: WindowOptions = {}): TickResult {
   assertTime(now, "now");
-  const next = structuredClone(state);
+  const next = draft(state);
   const notices: TickNotice[] = [];
 
   for (const [lane, queue] of next.lanes.entries()) {
     const laneConfig = laneAt(next.config, lane);
-    next.lanes[lane] = queue.filter((item) => {
-      if (item.overdue || item.deadline > now) return true;
+    const kept: QueuedRequest[] = [];
+    for (const item of queue) {
+      if (item.overdue || item.deadline > now) {
+        kept.push(item);
+        continue;
+      }
       switch (laneConfig.onTimeout) {
         case "reject":
           notices.push({ kind: "timed-out", item });
-          return false;
-        case "wait":
-          item.overdue = true;
-          notices.push({ kind: "overdue", item: { ...item } });
-          return true;
+          break;
+        case "wait": {
+          const overdue = { ...item, overdue: true };
+          kept.push(overdue);
+          notices.push({ kind: "overdue", item: { ...overdue } });
+          break;
+        }
         default:
-          return assertNever(laneConfig.onTimeout);
+          assertNever(laneConfig.onTimeout);
       }
-    });
+    }
+    next.lanes[lane] = kept;
   }
 
   const capacityTokens = kvCapacityBound(next);
@@ -365,9 +402,11 @@ export function onOriginLoad(
   now: number,
 ): { state: WindowState; outcome: OriginEventOutcome } {
   assertTime(now, "now");
-  const next = structuredClone(state);
-  const origin = next.origins.find((o) => o.id === originId);
-  if (origin === undefined) return { state, outcome: { kind: "unknown-origin" } };
+  if (!state.origins.some((o) => o.id === originId)) {
+    return { state, outcome: { kind: "unknown-origin" } };
+  }
+  const next = draft(state);
+  const origin = originById(next, originId);
   const blockSize = count(report.block_size);
   origin.report = {
     receivedAt: now,
@@ -382,7 +421,9 @@ export function onOriginLoad(
   origin.sentSinceReport = 0;
   origin.promptTokensSinceReport = 0;
   origin.doneSinceReport = 0;
-  for (const item of origin.inFlight) item.sinceReport = false;
+  origin.inFlight = origin.inFlight.map((item) =>
+    item.sinceReport ? { ...item, sinceReport: false } : item,
+  );
   return { state: next, outcome: { kind: "updated" } };
 }
 
@@ -394,10 +435,15 @@ export function onDispatched(
   now: number,
 ): { state: WindowState; outcome: ItemEventOutcome } {
   assertTime(now, "now");
-  const next = structuredClone(state);
-  const item = next.origins.find((o) => o.id === originId)?.inFlight.find((i) => i.id === itemId);
-  if (item === undefined) return { state, outcome: { kind: "not-found" } };
-  item.startedAt ??= now;
+  const index =
+    state.origins.find((o) => o.id === originId)?.inFlight.findIndex((i) => i.id === itemId) ?? -1;
+  if (index < 0) return { state, outcome: { kind: "not-found" } };
+  const next = draft(state);
+  const origin = originById(next, originId);
+  const found = origin.inFlight[index];
+  if (found === undefined) throw new Error(`in-flight item ${itemId} vanished`);
+  const item = { ...found, startedAt: found.startedAt ?? now };
+  origin.inFlight[index] = item;
   return { state: next, outcome: { kind: "updated", item: { ...item } } };
 }
 
@@ -409,10 +455,11 @@ export function onItemDone(
   now: number,
 ): { state: WindowState; outcome: ItemEventOutcome } {
   assertTime(now, "now");
-  const next = structuredClone(state);
-  const origin = next.origins.find((o) => o.id === originId);
-  const index = origin?.inFlight.findIndex((i) => i.id === itemId) ?? -1;
-  if (origin === undefined || index < 0) return { state, outcome: { kind: "not-found" } };
+  const index =
+    state.origins.find((o) => o.id === originId)?.inFlight.findIndex((i) => i.id === itemId) ?? -1;
+  if (index < 0) return { state, outcome: { kind: "not-found" } };
+  const next = draft(state);
+  const origin = originById(next, originId);
   const [item] = origin.inFlight.splice(index, 1);
   if (item === undefined) throw new Error(`in-flight item ${itemId} vanished`);
   if (item.sinceReport) {
@@ -437,7 +484,7 @@ export function cancel(
   for (const [lane, queue] of state.lanes.entries()) {
     const index = queue.findIndex((item) => item.id === id);
     if (index < 0) continue;
-    const next = structuredClone(state);
+    const next = draft(state);
     const [item] = laneQueue(next, lane).splice(index, 1);
     if (item === undefined) throw new Error(`queued item ${id} vanished`);
     return { state: next, outcome: { kind: "removed", item } };
@@ -452,10 +499,11 @@ export function cancel(
         outcome: { kind: "already-cancelling", originId: origin.id, batchSeq: found.batchSeq },
       };
     }
-    const next = structuredClone(state);
-    const item = next.origins[o]?.inFlight[index];
-    if (item === undefined) throw new Error(`in-flight item ${id} vanished`);
-    item.cancelled = true;
+    const next = draft(state);
+    const inFlight = next.origins[o]?.inFlight;
+    if (inFlight === undefined) throw new Error(`origin ${origin.id} vanished`);
+    const item = { ...found, cancelled: true };
+    inFlight[index] = item;
     return {
       state: next,
       outcome: {
@@ -476,23 +524,40 @@ export function markOriginDown(
   until: number,
 ): { state: WindowState; outcome: OriginEventOutcome } {
   assertTime(until, "until");
-  const next = structuredClone(state);
-  const origin = next.origins.find((o) => o.id === originId);
-  if (origin === undefined) return { state, outcome: { kind: "unknown-origin" } };
-  origin.downUntil = until;
+  if (!state.origins.some((o) => o.id === originId)) {
+    return { state, outcome: { kind: "unknown-origin" } };
+  }
+  const next = draft(state);
+  originById(next, originId).downUntil = until;
   return { state: next, outcome: { kind: "updated" } };
 }
 
 /**
- * The window a request arriving now would wait, in ms. 0 while the origins keep up;
- * otherwise it grows with the overload ratio (arrivals over what the origins can start:
- * free slots plus recent completions, both per `rateWindowMs`), up to `maxWindowMs`.
+ * The window a request arriving now would wait, in ms: the larger of the overload term
+ * and the call term (see the top of this file), at most `maxWindowMs`. 0 while the origins
+ * keep up with both.
  */
 export function currentWindowMs(state: WindowState, now: number): number {
+  const candidates = healthyCandidates(state, now);
+  return Math.max(
+    overloadWindowMs(state, candidates, now),
+    callWindowMs(state, candidates.length, now),
+  );
+}
+
+/**
+ * Grows with the overload ratio (arrivals over what the origins can start: free slots plus
+ * recent completions, both per `rateWindowMs`), up to `maxWindowMs`.
+ */
+function overloadWindowMs(
+  state: WindowState,
+  candidates: readonly OriginCandidate[],
+  now: number,
+): number {
   const { maxWindowMs, rateWindowMs } = state.config;
   const arrivals = decayed(state.arrivals, rateWindowMs, now);
   let startable = decayed(state.completions, rateWindowMs, now);
-  for (const candidate of healthyCandidates(state, now)) {
+  for (const candidate of candidates) {
     // An origin that never reported is taken to start a whole batch, as Triton assumes
     // of an idle model instance; its first response brings the truth.
     startable += candidate.freeSlots ?? state.config.maxBatchSize;
@@ -502,6 +567,22 @@ export function currentWindowMs(state: WindowState, now: number): number {
   // new sequences at step boundaries and while slots and KV blocks last).
   if (startable <= 0) return maxWindowMs;
   return Math.min(maxWindowMs, maxWindowMs * (arrivals / startable - 1));
+}
+
+/**
+ * 0 while arrivals stay under one call per `callIntervalMs` per healthy origin. Above
+ * that, each request waits `1/callRate - 1/arrivalRate`: a flush then leaves about every
+ * `1/callRate` ms (the window plus the wait for the next arrival that opens one), so calls
+ * stay at the useful rate and each carries about `arrivalRate/callRate` requests. The
+ * term is 0 at the threshold and rises smoothly towards `callIntervalMs / origins`.
+ */
+function callWindowMs(state: WindowState, healthyOrigins: number, now: number): number {
+  const { callIntervalMs, maxWindowMs, rateWindowMs } = state.config;
+  if (callIntervalMs <= 0 || healthyOrigins === 0) return 0;
+  const arrivalsPerMs = decayed(state.arrivals, rateWindowMs, now) / rateWindowMs;
+  const callsPerMs = healthyOrigins / callIntervalMs;
+  if (arrivalsPerMs <= callsPerMs) return 0;
+  return Math.min(maxWindowMs, 1 / callsPerMs - 1 / arrivalsPerMs);
 }
 
 /** The origins the policy may send to now, as the origin chooser sees them. */
@@ -582,10 +663,13 @@ function flushDue(state: WindowState, now: number, choose: OriginChooser): Batch
   const batches: Batch[] = [];
   for (;;) {
     const reason = dueReason(state, now);
-    const head = firstQueued(state);
-    if (reason === null || head === null) return batches;
+    if (reason === null) return batches;
     const candidates = healthyCandidates(state, now);
-    const originId = choose(candidates, head);
+    // The head is the first request some healthy origin may take: one that avoids every
+    // healthy origin waits for another to come back without holding up the rest.
+    const head = firstPlaceable(state, candidates);
+    if (head === null) return batches;
+    const originId = choose(allowedCandidates(candidates, head), head);
     if (originId === null) return batches;
     const taken = fillBatch(state, candidateById(candidates, originId));
     if (taken.length === 0) {
@@ -603,7 +687,9 @@ function flushDue(state: WindowState, now: number, choose: OriginChooser): Batch
  * Fills one batch for `origin`: lanes in priority order, FIFO within a lane, up to the
  * size and token limits and the origin's KV room. Stops at the first request that does
  * not fit rather than letting later ones overtake it, as vLLM's FCFS scheduler does, so
- * a long prompt is delayed but never starved; it may still go to another origin.
+ * a long prompt is delayed but never starved; it may still go to another origin. A
+ * request that avoids this origin is passed over: it is not short of room, it may only
+ * go elsewhere.
  */
 function fillBatch(state: WindowState, origin: OriginCandidate): QueuedRequest[] {
   const { maxBatchSize, maxBatchTokens } = state.config;
@@ -612,6 +698,7 @@ function fillBatch(state: WindowState, origin: OriginCandidate): QueuedRequest[]
   let kvRoom = origin.kvRoomTokens;
   for (const queue of state.lanes) {
     for (const item of queue) {
+      if (item.avoidOrigins?.includes(origin.id) === true) continue;
       const itemTokens = item.promptTokens + item.maxTokens;
       if (taken.length >= maxBatchSize) return taken;
       if (taken.length > 0 && tokens + itemTokens > maxBatchTokens) return taken;
@@ -711,12 +798,44 @@ function estimateRetryAfterMs(
   return Math.max(MIN_RETRY_AFTER_MS, Math.min(drainMs, lane.queueTimeoutMs));
 }
 
-function firstQueued(state: WindowState): QueuedRequest | null {
+function firstPlaceable(
+  state: WindowState,
+  candidates: readonly OriginCandidate[],
+): QueuedRequest | null {
   for (const queue of state.lanes) {
-    const first = queue[0];
-    if (first !== undefined) return first;
+    for (const item of queue) {
+      if (allowedCandidates(candidates, item).length > 0) return item;
+    }
   }
   return null;
+}
+
+/** The candidates a request may go to (all of them unless it avoids some). */
+function allowedCandidates(
+  candidates: readonly OriginCandidate[],
+  item: { avoidOrigins?: readonly string[] },
+): readonly OriginCandidate[] {
+  const avoid = item.avoidOrigins;
+  if (avoid === undefined || avoid.length === 0) return candidates;
+  return candidates.filter((candidate) => !avoid.includes(candidate.id));
+}
+
+/**
+ * A copy whose containers (lanes, origins, in-flight lists) the caller may change. The
+ * records inside are shared with `state`, so they are replaced, never edited.
+ */
+function draft(state: WindowState): WindowState {
+  return {
+    ...state,
+    lanes: state.lanes.map((queue) => [...queue]),
+    origins: state.origins.map((origin) => ({ ...origin, inFlight: [...origin.inFlight] })),
+  };
+}
+
+function originById(state: WindowState, id: string): OriginState {
+  const origin = state.origins.find((o) => o.id === id);
+  if (origin === undefined) throw new Error(`unknown origin ${id}`);
+  return origin;
 }
 
 function isKnownId(state: WindowState, id: string): boolean {

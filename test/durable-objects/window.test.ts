@@ -209,7 +209,10 @@ describe("adaptive window", () => {
   });
 
   it("stays at 0 while the origins have more free slots than requests arrive", () => {
-    let state = load(stateWith({ rateWindowMs: 100 }), "a", { max_num_seqs: 256 });
+    // The overload term alone: the call term is the subject of its own tests below.
+    let state = load(stateWith({ rateWindowMs: 100, callIntervalMs: 0 }), "a", {
+      max_num_seqs: 256,
+    });
     for (let i = 0; i < 50; i++) {
       const step = add(state, request(`r${i}`), i);
       expect(step.decision.kind).toBe("dispatch-now");
@@ -221,6 +224,159 @@ describe("adaptive window", () => {
   it("holds a request for the full window while the only origin is saturated", () => {
     const { decision } = add(saturated({ maxWindowMs: 7 }), request("r1"), 3);
     expect(decision).toEqual({ kind: "queued", flushAt: 10, windowMs: 7 });
+  });
+});
+
+/**
+ * Drives one origin with free slots at `arrivalsPerMs`, finishing every item 1 ms after
+ * it was sent, and returns the calls made and the longest wait of any request.
+ */
+function drive(input: Partial<WindowConfigInput>, gapMs: number, durationMs: number) {
+  let state = load(stateWith(input), "a", { max_num_seqs: 1024 });
+  const arrivedAt = new Map<string, number>();
+  const batches: Batch[] = [];
+  let wake: number | null = null;
+  let longestWait = 0;
+  const sent = (batch: Batch, now: number) => {
+    batches.push(batch);
+    for (const item of batch.items) {
+      longestWait = Math.max(longestWait, now - (arrivedAt.get(item.id) ?? now));
+    }
+  };
+  const finishBefore = (now: number) => {
+    for (const item of state.origins[0]?.inFlight ?? []) {
+      if (item.sentAt + 1 <= now) state = onItemDone(state, "a", item.id, now).state;
+    }
+  };
+  const runTick = (now: number) => {
+    const result = tick(state, now);
+    state = result.state;
+    for (const batch of result.batches) sent(batch, now);
+    wake = result.nextWakeAt;
+  };
+  let n = 0;
+  for (let now = 0; now < durationMs; now += gapMs) {
+    for (;;) {
+      const due: number | null = wake;
+      if (due === null || due > now) break;
+      runTick(due);
+    }
+    finishBefore(now);
+    const id = `r${n++}`;
+    arrivedAt.set(id, now);
+    const step = add(state, request(id), now);
+    state = step.state;
+    if (step.decision.kind === "dispatch-now") sent(step.decision.batch, now);
+    if (step.decision.kind === "queued") runTick(now);
+  }
+  for (;;) {
+    const due: number | null = wake;
+    if (due === null) break;
+    runTick(due);
+  }
+  return { requests: n, calls: batches.length, longestWait, state };
+}
+
+/** The window at a steady `perMs` arrival rate, for engines with slots to spare. */
+function windowAt(perMs: number, origins = 1, maxWindowMs = 10): number {
+  const originIds = Array.from({ length: origins }, (_, i) => ({ id: `o${i}` }));
+  let state = stateWith({ callIntervalMs: 5, maxWindowMs, rateWindowMs: 100, origins: originIds });
+  // Free slots aplenty: the overload term stays 0, only the call term acts.
+  for (const { id } of originIds) state = load(state, id, { max_num_seqs: 1_000_000 });
+  // A decayed count of `perMs * rateWindowMs` arrivals is a rate of `perMs`.
+  return currentWindowMs({ ...state, arrivals: { value: perMs * 100, at: 0 } }, 0);
+}
+
+describe("call term", () => {
+  it("collapses a steady stream into calls at the useful rate while the engine has free slots", () => {
+    const { requests, calls, longestWait } = drive(
+      { callIntervalMs: 5, maxWindowMs: 10, rateWindowMs: 100 },
+      0.25,
+      2000,
+    );
+    // Four arrivals per ms against one useful call per 5 ms: about 20 requests per call.
+    expect(requests).toBe(8000);
+    expect(calls).toBeLessThanOrEqual(requests / 8);
+    expect(longestWait).toBeLessThanOrEqual(10);
+  });
+
+  it("gives every request its own call while arrivals stay under one per interval", () => {
+    const { requests, calls, longestWait } = drive(
+      { callIntervalMs: 5, maxWindowMs: 10, rateWindowMs: 100 },
+      10,
+      2000,
+    );
+    expect(calls).toBe(requests);
+    expect(longestWait).toBe(0);
+  });
+
+  it("rises from 0 at one arrival per interval per origin, bounded by maxWindowMs", () => {
+    expect(windowAt(0.1)).toBe(0);
+    expect(windowAt(0.2)).toBe(0);
+    expect(windowAt(0.25)).toBeCloseTo(1, 6);
+    expect(windowAt(1)).toBeCloseTo(4, 6);
+    expect(windowAt(100)).toBeCloseTo(4.99, 6);
+    expect(windowAt(100, 1, 3)).toBe(3);
+    // Two healthy origins take calls twice as often.
+    expect(windowAt(0.4, 2)).toBe(0);
+    expect(windowAt(1, 2)).toBeCloseTo(1.5, 6);
+  });
+
+  it("is off with callIntervalMs 0", () => {
+    const state = load(stateWith({ callIntervalMs: 0, rateWindowMs: 100 }), "a", {
+      max_num_seqs: 1_000_000,
+    });
+    expect(currentWindowMs({ ...state, arrivals: { value: 1000, at: 0 } }, 0)).toBe(0);
+  });
+
+  it("still sends a lone request at once when its origin is idle, whatever the arrival rate", () => {
+    const state = load(stateWith({ callIntervalMs: 5, rateWindowMs: 100 }), "a", {});
+    const busy = { ...state, arrivals: { value: 1000, at: 0 } };
+    expect(currentWindowMs(busy, 0)).toBeGreaterThan(0);
+    expect(add(busy, request("r1"), 0).decision.kind).toBe("dispatch-now");
+  });
+
+  it("holds a request that arrives while its origin is busy and calls are at their rate", () => {
+    let state = load(stateWith({ callIntervalMs: 5, rateWindowMs: 100 }), "a", {});
+    state = { ...state, arrivals: { value: 1000, at: 0 } };
+    state = add(state, request("r1"), 0).state;
+    const second = add(state, request("r2"), 0);
+    const queued = expectQueued(second.decision);
+    expect(queued.windowMs).toBeGreaterThan(0);
+    expect(queued.flushAt).toBeCloseTo(queued.windowMs, 6);
+  });
+});
+
+describe("origins to avoid", () => {
+  it("sends a retry only where it may go, at once, even to the busier origin", () => {
+    let state = stateWith({ origins: [{ id: "a" }, { id: "b" }] });
+    state = load(state, "b", { running: 5 });
+    const { decision } = add(state, request("r1", { avoidOrigins: ["a"] }), 0);
+    expect(decision.kind === "dispatch-now" && decision.batch.originId).toBe("b");
+  });
+
+  it("lets a retry leave without a window when others are waiting", () => {
+    let state = saturated({ origins: [{ id: "a" }, { id: "b" }] });
+    state = load(state, "b", { running: 8, waiting: 2 });
+    state = add(state, request("r1"), 0).state;
+    const retry = add(state, request("r2", { avoidOrigins: ["b"] }), 0);
+    expect(expectQueued(retry.decision).flushAt).toBe(0);
+    const { batches } = tick(retry.state, 0);
+    expect(batches.map((b) => [b.originId, ids(b)])).toEqual([["a", ["r1", "r2"]]]);
+  });
+
+  it("passes over a request that avoids the only healthy origin without holding up the rest", () => {
+    let state = stateWith({ origins: [{ id: "a" }, { id: "b" }] });
+    state = markOriginDown(state, "b", 100).state;
+    state = load(state, "a", { running: 8, waiting: 2 });
+    state = add(state, request("r1", { avoidOrigins: ["a"] }), 0).state;
+    state = add(state, request("r2"), 0).state;
+    state = add(state, request("r3"), 0).state;
+    const first = tick(state, 10);
+    expect(first.batches.map((b) => [b.originId, ids(b)])).toEqual([["a", ["r2", "r3"]]]);
+    expect(queuedCount(first.state)).toBe(1);
+    const back = tick(first.state, 100);
+    expect(back.batches.map((b) => [b.originId, ids(b)])).toEqual([["b", ["r1"]]]);
   });
 });
 
