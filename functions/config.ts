@@ -5,6 +5,7 @@
  * (cached by its text) and every problem names the field at fault.
  */
 import { z } from "zod";
+import { AliasesSchema, ModelPricingSchema, aliasIssues } from "./pricing.ts";
 
 /** Default request limits; 8 MB bodies match OpenAI's documented request size cap. */
 export const DEFAULT_LIMITS = {
@@ -24,6 +25,8 @@ export const ModelConfigSchema = z.strictObject({
   owned_by: z.string().min(1).default("warmgate"),
   /** Other names that resolve to this model (the first model listing an alias wins). */
   aliases: z.array(id).default([]),
+  /** USD per 1M input, cached input and output tokens; a model without prices is free. */
+  pricing: ModelPricingSchema.optional(),
 });
 
 /** One origin server inside a region. */
@@ -52,6 +55,54 @@ export const LimitsConfigSchema = z.strictObject({
   retry_budget: z.int().min(0).max(10).default(DEFAULT_LIMITS.retry_budget),
 });
 
+/** One priority lane of the batcher (see `durable-objects/window.ts`, `LaneConfigSchema`). */
+export const BatchingLaneSchema = z.strictObject({
+  /** Longest wait in the batcher before `on_timeout` applies (default 30 s, 60 s, 5 min). */
+  queue_timeout_ms: z.int().positive().optional(),
+  /** `reject` answers `timeout_status` once the wait is over; `wait` keeps the request queued. */
+  on_timeout: z.enum(["reject", "wait"]).optional(),
+  /** Requests the lane holds; one more is refused at once with 429 and `retry-after`. */
+  max_queue: z.int().positive().optional(),
+  /** Status of a queue timeout: 503 (default) or 429 with `retry-after`. */
+  timeout_status: z.union([z.literal(429), z.literal(503)]).optional(),
+});
+
+/** Batching settings; every field optional, defaults in `durable-objects/window.ts`. */
+const batchingSettings = {
+  /** Send through the Batcher (default) or straight to origins, one call per request. */
+  enabled: z.boolean().optional(),
+  /** Most requests in one upstream call (default 32). */
+  max_batch_size: z.int().min(1).max(0xfffe).optional(),
+  /** Most prompt plus `max_tokens` in one upstream call (default 65536). */
+  max_batch_tokens: z.int().positive().optional(),
+  /** Upper bound of the adaptive window (default 10 ms). */
+  max_window_ms: z.number().nonnegative().max(1000).optional(),
+  /** Shortest useful gap between calls to one origin (default 5 ms; 0: no call pacing). */
+  call_interval_ms: z.number().nonnegative().max(1000).optional(),
+  /** Time constant of the arrival and completion rates (default 250 ms). */
+  rate_window_ms: z.number().positive().optional(),
+  /** Age past which an origin's load report is not trusted while idle (default 1 s). */
+  load_report_ttl_ms: z.int().positive().optional(),
+  /** Priority lanes, highest first (default three: interactive, standard, background). */
+  lanes: z.array(BatchingLaneSchema).min(1).max(16).optional(),
+  /** Lane of a caller with no tier (default 1, clamped to the lanes there are). */
+  default_lane: z.int().min(0).max(15).optional(),
+  /** Batchers per region and model (default 1). */
+  shards: z.int().min(1).max(256).optional(),
+  /** What picks a request's shard: its request id (default) or its API key. */
+  shard_by: z.enum(["request", "key"]).optional(),
+  /** How long an origin whose batch call failed is skipped (default 2 s). */
+  origin_quarantine_ms: z.int().nonnegative().max(600_000).optional(),
+};
+
+/** Batching: global settings plus overrides for a region, a model, or both (later wins). */
+export const BatchingConfigSchema = z.strictObject({
+  ...batchingSettings,
+  overrides: z
+    .array(z.strictObject({ region: id.optional(), model: id.optional(), ...batchingSettings }))
+    .default([]),
+});
+
 /** The whole `WARMGATE_CONFIG` document, with the cross-references checked. */
 export const GatewayConfigSchema = z
   .strictObject({
@@ -59,7 +110,10 @@ export const GatewayConfigSchema = z
     /** In fallback order after the caller's nearest region. */
     regions: z.array(RegionConfigSchema).min(1),
     default_region: id,
+    /** Names (`fast`, `cheap`, …) for ordered lists of models: the next one serves when one has no healthy origin. */
+    aliases: AliasesSchema.default({}),
     limits: LimitsConfigSchema.default(LimitsConfigSchema.parse({})),
+    batching: BatchingConfigSchema.default(BatchingConfigSchema.parse({})),
   })
   .superRefine((config, ctx) => {
     const modelIds = new Set<string>();
@@ -80,6 +134,7 @@ export const GatewayConfigSchema = z
         }
       });
     });
+    for (const issue of aliasIssues(config)) ctx.addIssue({ code: "custom", ...issue });
     const regionIds = new Set<string>();
     const originIds = new Set<string>();
     config.regions.forEach((region, i) => {
@@ -111,6 +166,22 @@ export const GatewayConfigSchema = z
         });
       });
     });
+    config.batching.overrides.forEach((override, i) => {
+      if (override.region !== undefined && !regionIds.has(override.region)) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["batching", "overrides", i, "region"],
+          message: `unknown region "${override.region}"`,
+        });
+      }
+      if (override.model !== undefined && !modelIds.has(override.model)) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["batching", "overrides", i, "model"],
+          message: `unknown model "${override.model}"`,
+        });
+      }
+    });
     if (!regionIds.has(config.default_region)) {
       ctx.addIssue({
         code: "custom",
@@ -130,6 +201,8 @@ export type RegionConfig = GatewayConfig["regions"][number];
 export type OriginConfig = RegionConfig["origins"][number];
 /** Request limits after defaults. */
 export type LimitsConfig = GatewayConfig["limits"];
+/** Batching settings as validated (unset fields take the batcher's defaults). */
+export type BatchingConfig = GatewayConfig["batching"];
 /** What operators write (defaults may be left out); used by tools that generate config. */
 export type GatewayConfigInput = z.input<typeof GatewayConfigSchema>;
 
@@ -210,10 +283,22 @@ export function originServes(origin: OriginConfig, model: string): boolean {
 
 /** Resolves a requested model name (id or alias) to its configured model, or undefined. */
 export function resolveModel(config: GatewayConfig, name: string): ModelConfig | undefined {
-  return (
-    config.models.find((model) => model.id === name) ??
-    config.models.find((model) => model.aliases.includes(name))
-  );
+  return resolveModels(config, name)[0];
+}
+
+/**
+ * The models a requested name stands for, in the order to try them: a model id, an alias
+ * of `aliases` (its list), or a model's own alias; empty when the name is unknown.
+ */
+export function resolveModels(config: GatewayConfig, name: string): ModelConfig[] {
+  const model = config.models.find((m) => m.id === name);
+  if (model !== undefined) return [model];
+  const list = config.aliases[name];
+  if (list !== undefined) {
+    return list.flatMap((id) => config.models.filter((m) => m.id === id));
+  }
+  const owner = config.models.find((m) => m.aliases.includes(name));
+  return owner === undefined ? [] : [owner];
 }
 
 /** Logs a configuration problem once, when the Worker starts, so operators see it at once. */

@@ -1,16 +1,60 @@
 /**
  * Sends a completion to an origin and streams its answer back unchanged.
  *
+ * Each attempt goes through an {@link ItemOpener}: straight to the candidate origin as a
+ * batch of one ({@link openDirect}), or through the region's `Batcher`, which picks the
+ * origin itself (`functions/batcher-client.ts`); both answer with the same `OpenItem`.
  * Before the first byte reaches the client a failing origin is replaced by the next
- * candidate (within the retry budget); after it, the client's stream ends with an OpenAI
- * error event (SSE) or a failed transfer (JSON), never as a silently truncated 200.
+ * candidate (within the retry budget), and origins that failed are avoided; after it, the
+ * client's stream ends with an OpenAI error event (SSE) or a failed transfer (JSON), never
+ * as a silently truncated 200.
  */
 import type { LimitsConfig } from "./config.ts";
 import { type ApiError, type OriginFailureKind, errorEvent, originFailure } from "./errors.ts";
-import { type ItemEvent, type OpenItem, openItem } from "./origin-client.ts";
+import { type ItemAttempt, type ItemEvent, type OpenItem, openItem } from "./origin-client.ts";
 import type { OriginCandidate, OriginPool } from "./origin-pool.ts";
 import type { ItemHead, ItemPath, ItemTrailer } from "../origin/protocol.ts";
 import type { SettledRequest } from "./settlement.ts";
+
+/** One attempt at serving the request, as an opener receives it. */
+export interface AttemptRequest {
+  requestId: string;
+  /** Item id for this attempt: the request id, suffixed for retries (unique per attempt). */
+  attemptId: string;
+  path: ItemPath;
+  body: string;
+  headers: Record<string, string>;
+  firstByteTimeoutMs: number;
+  /** Whether the first-byte timeout covers the item's HEAD (streaming answers). */
+  timeHead: boolean;
+  itemTimeoutMs: number;
+  /** Origins that already failed this request. */
+  avoidOrigins: readonly string[];
+}
+
+/** An attempt's outcome: an open item, a failure worth another candidate, or a final refusal. */
+export type DispatchAttempt =
+  | ItemAttempt
+  /** Refused for a reason no other origin changes (a full queue): answered as it is. */
+  | { kind: "refused"; error: ApiError };
+
+/** Opens the request's item for one candidate; never rejects. */
+export type ItemOpener = (
+  candidate: OriginCandidate,
+  request: AttemptRequest,
+) => Promise<DispatchAttempt>;
+
+/** The unbatched path: the candidate origin, a batch of one. */
+export const openDirect: ItemOpener = (candidate, request) =>
+  openItem(candidate.origin, {
+    requestId: request.attemptId,
+    path: request.path,
+    body: request.body,
+    headers: request.headers,
+    firstByteTimeoutMs: request.firstByteTimeoutMs,
+    timeHead: request.timeHead,
+    itemTimeoutMs: request.itemTimeoutMs,
+  });
 
 /** What the edge sends and how it reports the end. */
 export interface DispatchOptions {
@@ -30,6 +74,8 @@ export interface DispatchOptions {
   headers: Record<string, string>;
   /** Called exactly once when the request ends, however it ends. */
   onSettled: (settled: Omit<SettledRequest, "requestId">) => void;
+  /** How each attempt reaches an origin (default {@link openDirect}). */
+  open?: ItemOpener;
   now?: () => number;
 }
 
@@ -47,39 +93,48 @@ const DROPPED_HEADERS = new Set([
 
 /**
  * Tries candidates until one answers; returns the client's response, or throws the
- * {@link ApiError} (502/503/504) of the last failure when none did.
+ * {@link ApiError} (502/503/504, or an opener's refusal) of the last failure when none did.
  */
 export async function dispatchCompletion(options: DispatchOptions): Promise<Response> {
   const now = options.now ?? Date.now;
+  const open = options.open ?? openDirect;
   const attempts = Math.min(options.candidates.length, options.limits.retry_budget + 1);
+  const avoid: string[] = [];
   let failure: OriginFailureKind = "unavailable";
   for (let i = 0; i < attempts; i++) {
     const candidate = options.candidates[i] as OriginCandidate;
-    const originId = candidate.origin.id;
+    const planned = candidate.origin.id;
     const last = i === attempts - 1;
-    options.pool.begin(originId);
-    const attempt = await openItem(candidate.origin, {
+    options.pool.begin(planned);
+    const attempt = await open(candidate, {
       requestId: options.requestId,
+      attemptId: i === 0 ? options.requestId : `${options.requestId}.${i}`,
       path: options.path,
       body: options.body,
       headers: options.headers,
       firstByteTimeoutMs: options.limits.first_byte_timeout_ms,
       timeHead: options.stream,
       itemTimeoutMs: options.limits.request_timeout_ms,
+      avoidOrigins: [...avoid],
     });
+    options.pool.end(planned);
+    if (attempt.kind === "refused") throw attempt.error;
     if (attempt.kind === "failed") {
-      options.pool.end(originId);
-      options.pool.reportFailure(originId, now());
+      if (attempt.originId !== null) {
+        options.pool.reportFailure(attempt.originId, now());
+        avoid.push(attempt.originId);
+      }
       failure = attempt.failure;
-      console.warn("origin attempt failed", options.requestId, originId, attempt.detail);
+      console.warn("origin attempt failed", options.requestId, attempt.originId, attempt.detail);
       continue;
     }
+    const originId = attempt.originId;
     const { status } = attempt.item.head;
     // 5xx means the engine failed; 429 means it is full: another origin may do better.
     // A last 429 goes to the client as it is, with the engine's retry-after.
     if (status >= 500 || (status === 429 && !last)) {
       attempt.item.cancel();
-      options.pool.end(originId);
+      avoid.push(originId);
       if (status >= 500) options.pool.reportFailure(originId, now());
       // The origin's own item timeout answers 504 (see origin/server.ts).
       failure = status === 504 ? "timeout" : "bad_answer";
@@ -87,16 +142,20 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       continue;
     }
     options.pool.reportSuccess(originId);
-    return respond(attempt.item, candidate, options);
+    options.pool.begin(originId);
+    return respond(attempt.item, candidate.region.id, originId, options);
   }
   const error: ApiError = originFailure(options.candidates.length === 0 ? "unavailable" : failure);
   throw error;
 }
 
-function respond(item: OpenItem, candidate: OriginCandidate, options: DispatchOptions): Response {
+function respond(
+  item: OpenItem,
+  region: string,
+  origin: string,
+  options: DispatchOptions,
+): Response {
   const { head } = item;
-  const region = candidate.region.id;
-  const origin = candidate.origin.id;
   const sse = isEventStream(head);
   // No request may outlive its timeout, even if the origin stops sending without closing.
   const deadline = setTimeout(() => {
@@ -178,7 +237,7 @@ function respond(item: OpenItem, candidate: OriginCandidate, options: DispatchOp
         }
       },
       cancel() {
-        // The client went away: aborting the batch of one cancels the item on the origin.
+        // The client went away: the item is cancelled on its origin.
         item.cancel();
         finish("cancelled", null);
       },

@@ -39,3 +39,4 @@ reportConfigAtStartup(env.WARMGATE_CONFIG);
 export default app satisfies ExportedHandler<Env>;
 export { KeyAccount } from "../durable-objects/key-account.ts";
 export { KeyDirectory } from "../durable-objects/key-directory.ts";
+export { Batcher } from "../durable-objects/batcher.ts";

@@ -1,23 +1,26 @@
 /**
- * Sends one request to an origin as a batch of one over the batch protocol and reads its
- * frames: the item's HEAD first, then its body bytes and END as {@link ItemEvent}s. A
- * batcher later sends many items per call and hands each caller the same events.
+ * Talks the batch protocol to an origin: posts batches, cancels items, and reads an
+ * item's frames as {@link ItemEvent}s behind the {@link OpenItem} interface. `openItem`
+ * sends one request as a batch of one (the unbatched path); the `Batcher` Durable Object
+ * sends many items per call with the same helpers and hands each caller the same events.
  */
 import type { OriginConfig } from "./config.ts";
 import type { OriginFailureKind } from "./errors.ts";
 import {
+  BATCH_CANCEL_PATH,
   BATCH_CONTENT_TYPE,
   BATCH_PATH,
   BATCH_PROTOCOL_VERSION,
   type BatchRequest,
+  type CancelRequest,
   type Frame,
+  FrameDecoder,
   FrameType,
   type ItemHead,
   type ItemPath,
   type ItemTrailer,
   type LoadReport,
   decodeJsonPayload,
-  readFrames,
 } from "../origin/protocol.ts";
 
 /** What happens next in an item's response after its HEAD. */
@@ -27,19 +30,28 @@ export type ItemEvent =
   /** The connection broke or the framing was bad before the item's END. */
   | { kind: "broken"; detail: string };
 
-/** An item whose origin answered with a HEAD. */
+/**
+ * An item whose origin answered with a HEAD. The same shape whether the item travelled
+ * alone (`openItem`) or in a batch through the `Batcher` (`functions/batcher-client.ts`).
+ */
 export interface OpenItem {
   head: ItemHead;
   /** The next event; never rejects. After `end` or `broken` there are no more. */
   next(): Promise<ItemEvent>;
-  /** Stops the upstream call (for a batch of one, that cancels the item on the origin). */
+  /** Stops the item: the origin cancels it and frees its slot. */
   cancel(): void;
 }
 
-/** The outcome of one attempt at an origin. */
+/** The outcome of one attempt at an origin; `originId` names the origin that was tried. */
 export type ItemAttempt =
-  | { kind: "open"; item: OpenItem }
-  | { kind: "failed"; failure: OriginFailureKind; detail: string };
+  | { kind: "open"; item: OpenItem; originId: string }
+  | {
+      kind: "failed";
+      failure: OriginFailureKind;
+      detail: string;
+      /** The origin that failed, or null when none was reached (no healthy origin). */
+      originId: string | null;
+    };
 
 /** What to send and how long to wait. */
 export interface OpenItemOptions {
@@ -61,7 +73,149 @@ export interface OpenItemOptions {
   onLoad?: (report: LoadReport) => void;
 }
 
-const TIMEOUT = "first byte timeout";
+/** Reason an attempt's abort carries when its first-byte timer fired. */
+export const FIRST_BYTE_TIMEOUT = "first byte timeout";
+
+/** Posts a batch envelope to an origin's batch endpoint; rejects only when the call fails. */
+export function postBatch(
+  origin: Pick<OriginConfig, "url">,
+  batch: BatchRequest,
+  signal: AbortSignal,
+): Promise<Response> {
+  return fetch(new URL(BATCH_PATH, origin.url), {
+    method: "POST",
+    headers: {
+      "content-type": "application/json",
+      "warmgate-batch-version": String(BATCH_PROTOCOL_VERSION),
+    },
+    body: JSON.stringify(batch),
+    signal,
+  });
+}
+
+/**
+ * Asks an origin to cancel items of a running batch (all unfinished ones when `ids` is
+ * absent). Harmless when they already ended; resolves false when the origin did not answer.
+ */
+export async function cancelBatchItems(
+  origin: Pick<OriginConfig, "url">,
+  batchId: string,
+  ids?: readonly string[],
+): Promise<boolean> {
+  const body: CancelRequest = { batch_id: batchId, ...(ids !== undefined && { ids: [...ids] }) };
+  try {
+    const response = await fetch(new URL(BATCH_CANCEL_PATH, origin.url), {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    await response.body?.cancel();
+    return response.ok;
+  } catch {
+    return false;
+  }
+}
+
+/** Why a batch response cannot be read as frames, or null when it can. */
+export function batchAnswerProblem(
+  response: Response,
+): { failure: OriginFailureKind; detail: string } | null {
+  if (response.status !== 200 || response.body === null) {
+    // 503 is an origin saying it cannot take work (draining, overloaded).
+    return {
+      failure: response.status === 503 ? "unavailable" : "bad_answer",
+      detail: `batch status ${response.status}`,
+    };
+  }
+  if (!(response.headers.get("content-type") ?? "").startsWith(BATCH_CONTENT_TYPE)) {
+    return { failure: "bad_answer", detail: "batch answer is not framed" };
+  }
+  return null;
+}
+
+/** Reads frames one at a time from a framed body; a string says why reading stopped. */
+export interface FrameReader {
+  /** The next frame, or why there is none (end of body, broken connection, bad framing). */
+  next(): Promise<Frame | string>;
+  /** Stops reading and cancels the body (the sender learns the reader went away). */
+  cancel(): void;
+}
+
+/** A {@link FrameReader} over a framed body (a batch response or a batcher item stream). */
+export function frameReader(body: ReadableStream<Uint8Array>): FrameReader {
+  const reader = body.getReader();
+  const decoder = new FrameDecoder();
+  const ready: Frame[] = [];
+  let stopped: string | null = null;
+  return {
+    async next() {
+      for (;;) {
+        const frame = ready.shift();
+        if (frame !== undefined) return frame;
+        if (stopped !== null) return stopped;
+        try {
+          const { done, value } = await reader.read();
+          if (done) {
+            decoder.finish();
+            stopped = "body ended before the item's END";
+          } else {
+            ready.push(...decoder.push(value));
+          }
+        } catch (error) {
+          stopped = describe(error);
+        }
+      }
+    },
+    cancel() {
+      if (stopped === null) stopped = "reader cancelled";
+      ready.length = 0;
+      reader.cancel().catch(() => {});
+    },
+  };
+}
+
+/**
+ * The {@link OpenItem} of an item whose HEAD has been read: its DATA and END frames from
+ * `frames` (LOAD frames go to `onLoad`), until END or until reading stops.
+ */
+export function openItemFromFrames(
+  head: ItemHead,
+  frames: FrameReader,
+  cancel: () => void,
+  onLoad?: (report: LoadReport) => void,
+): OpenItem {
+  let finished = false;
+  return {
+    head,
+    async next() {
+      if (finished) return { kind: "broken", detail: "item already finished" };
+      for (;;) {
+        const frame = await frames.next();
+        if (typeof frame === "string") {
+          finished = true;
+          return { kind: "broken", detail: frame };
+        }
+        switch (frame.type) {
+          case FrameType.DATA:
+            return { kind: "data", bytes: frame.payload };
+          case FrameType.END:
+            finished = true;
+            return { kind: "end", trailer: decodeJsonPayload(frame.payload) as ItemTrailer };
+          case FrameType.LOAD:
+            onLoad?.(decodeJsonPayload(frame.payload) as LoadReport);
+            break;
+          case FrameType.HEAD:
+            finished = true;
+            return { kind: "broken", detail: "second HEAD for the item" };
+        }
+      }
+    },
+    cancel() {
+      finished = true;
+      cancel();
+    },
+  };
+}
 
 /** Posts a one-item batch to `origin` and waits for the item's HEAD. Never rejects. */
 export async function openItem(
@@ -82,58 +236,35 @@ export async function openItem(
     ],
   };
   const abort = new AbortController();
-  const timer = setTimeout(() => abort.abort(TIMEOUT), options.firstByteTimeoutMs);
+  const timer = setTimeout(() => abort.abort(FIRST_BYTE_TIMEOUT), options.firstByteTimeoutMs);
   const failed = (failure: OriginFailureKind, detail: string): ItemAttempt => {
     clearTimeout(timer);
     abort.abort("attempt abandoned");
     return {
       kind: "failed",
-      failure: abort.signal.reason === TIMEOUT ? "timeout" : failure,
+      failure: abort.signal.reason === FIRST_BYTE_TIMEOUT ? "timeout" : failure,
       detail,
+      originId: origin.id,
     };
   };
 
   let response: Response;
   try {
-    response = await fetch(new URL(BATCH_PATH, origin.url), {
-      method: "POST",
-      headers: {
-        "content-type": "application/json",
-        "warmgate-batch-version": String(BATCH_PROTOCOL_VERSION),
-      },
-      body: JSON.stringify(batch),
-      signal: abort.signal,
-    });
+    response = await postBatch(origin, batch, abort.signal);
   } catch (error) {
     return failed("unavailable", `connect: ${describe(error)}`);
   }
-  if (response.status !== 200 || response.body === null) {
+  const problem = batchAnswerProblem(response);
+  if (problem !== null || response.body === null) {
     await response.body?.cancel().catch(() => {});
-    // 503 is an origin saying it cannot take work (draining, overloaded).
-    return failed(
-      response.status === 503 ? "unavailable" : "bad_answer",
-      `batch status ${response.status}`,
-    );
-  }
-  if (!(response.headers.get("content-type") ?? "").startsWith(BATCH_CONTENT_TYPE)) {
-    await response.body.cancel().catch(() => {});
-    return failed("bad_answer", "batch answer is not framed");
+    return failed(problem?.failure ?? "bad_answer", problem?.detail ?? "no body");
   }
   if (!options.timeHead) clearTimeout(timer);
 
-  const frames = readFrames(response.body);
-  const nextFrame = async (): Promise<Frame | string> => {
-    try {
-      const step = await frames.next();
-      return step.done ? "batch ended before the item's END" : step.value;
-    } catch (error) {
-      return describe(error);
-    }
-  };
-
+  const frames = frameReader(response.body);
   let head: ItemHead | undefined;
   while (head === undefined) {
-    const frame = await nextFrame();
+    const frame = await frames.next();
     if (typeof frame === "string") return failed("bad_answer", frame);
     switch (frame.type) {
       case FrameType.LOAD:
@@ -155,41 +286,17 @@ export async function openItem(
     }
   }
   clearTimeout(timer);
-
-  let finished = false;
-  const item: OpenItem = {
+  // For a batch of one, closing the call cancels the item on the origin.
+  const item = openItemFromFrames(
     head,
-    async next() {
-      if (finished) return { kind: "broken", detail: "item already finished" };
-      for (;;) {
-        const frame = await nextFrame();
-        if (typeof frame === "string") {
-          finished = true;
-          return { kind: "broken", detail: frame };
-        }
-        switch (frame.type) {
-          case FrameType.DATA:
-            return { kind: "data", bytes: frame.payload };
-          case FrameType.END:
-            finished = true;
-            return { kind: "end", trailer: decodeJsonPayload(frame.payload) as ItemTrailer };
-          case FrameType.LOAD:
-            options.onLoad?.(decodeJsonPayload(frame.payload) as LoadReport);
-            break;
-          case FrameType.HEAD:
-            finished = true;
-            return { kind: "broken", detail: "second HEAD for the item" };
-        }
-      }
-    },
-    cancel() {
-      finished = true;
-      abort.abort("client went away");
-    },
-  };
-  return { kind: "open", item };
+    frames,
+    () => abort.abort("client went away"),
+    options.onLoad,
+  );
+  return { kind: "open", item, originId: origin.id };
 }
 
-function describe(error: unknown): string {
+/** A short description of a thrown value, for logs and failure details. */
+export function describe(error: unknown): string {
   return error instanceof Error ? `${error.name}: ${error.message}` : String(error);
 }

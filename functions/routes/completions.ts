@@ -4,6 +4,7 @@
  */
 import { type Context, Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
+import { PRIORITY_HEADER, batcherOpener } from "../batcher-client.ts";
 import { dispatchCompletion } from "../dispatch.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { invalidRequest } from "../errors.ts";
@@ -65,6 +66,25 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     stream: plan.stream,
     headers,
     onSettled: (settled) => settlement.settle(settled),
+    open: batcherOpener({
+      namespace: c.env.BATCHER,
+      config,
+      model: plan.model.id,
+      tier: c.get("admission")?.tier,
+      priority: c.req.header(PRIORITY_HEADER),
+      keyId: c.get("caller")?.keyId,
+      promptTokens: plan.promptTokens,
+      maxTokens: plan.maxTokens ?? Math.max(0, plan.model.max_model_len - plan.promptTokens),
+      deadline: Date.now() + config.limits.request_timeout_ms,
+      waitUntil: (promise) => {
+        try {
+          c.executionCtx.waitUntil(promise);
+        } catch {
+          // No execution context (a bare `app.request`): nothing to keep alive.
+        }
+      },
+      signal: c.req.raw.signal,
+    }),
   });
   settlement.hold();
   return response;

@@ -22,6 +22,11 @@ const ORIGINS: { id: string; region: string; timeScale: number }[] = [
   { id: "faulty-2", region: "faulty", timeScale: 0 },
   // About 20 ms per token: a long stream is still running when a test cancels it.
   { id: "slow-1", region: "slow", timeScale: 5 },
+  // The batcher's own tests address these directly (no region in the shared config), so
+  // their call counts are theirs alone.
+  { id: "batch-1", region: "batching", timeScale: 5 },
+  { id: "batch-2", region: "batching", timeScale: 5 },
+  { id: "edge-batch-1", region: "edge-batching", timeScale: 5 },
 ];
 
 /** Builds the edge configuration for the started origins. */

@@ -1,0 +1,946 @@
+// Batcher: one Durable Object per region, model and shard. Requests for that region and
+// model gather here in priority lanes and leave as batches over the origin batch protocol,
+// one upstream call per (flush, origin); each caller gets its own item's frames back.
+// The policy (window, lanes, KV-aware admission, origin choice) is the pure core in
+// `window.ts`; this class only keeps its state, runs the timers, talks to origins and
+// moves bytes.
+//
+// Naming: `region:model:shard:version`, where `version` is a hash of the batching settings
+// and the origins (see `functions/batcher-client.ts`), so a configuration change starts
+// fresh instances while the old ones finish what they hold.
+//
+// The RPC surface: `submit` (one call per request attempt), `cancel` (an item whose client
+// went away), `snapshot` (counters and the window's view, for operators and tests).
+// `submit` admits or refuses at once; an admitted
+// item's answer is a byte stream of that item's own frames in the protocol's framing, item
+// index 0: HEAD, DATA…, END as its origin sent them (DATA and END payloads byte for byte;
+// HEAD gains an `origin` field naming the origin that serves it, see {@link BatcherHead}).
+// An item that never reached an engine gets one END alone whose trailer says why
+// (`error.code` is a {@link BatcherFailureCode}); an item whose origin connection broke after
+// its HEAD gets a stream that ends without END. Cancelling the stream (noticed at its next
+// write) or calling `cancel` cancels the item: a waiting item leaves the queue, a running
+// one is cancelled on its origin.
+//
+// Tables
+//   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
+//   open_batches       batch_id TEXT PK, origin_id, origin_url, sent_at, item_ids (JSON
+//                      array). One row per upstream call whose response has not ended:
+//                      written before the call is made, deleted when its response ends,
+//                      however it ends.
+//
+// Invariants
+//   - The queue, the window state and the callers' streams live in memory only: they
+//     describe live callers, and an eviction ends every caller's stream (or pending RPC)
+//     with an error, so after a restart there is nobody to resume. What must survive is
+//     which calls the origins may still be running: every `open_batches` row not written by
+//     this incarnation is an orphan, which the alarm cancels on its origin and deletes
+//     (cancelling a batch that already ended is harmless by protocol).
+//   - Every admitted item ends exactly once for its caller: HEAD…END, an END alone, or a
+//     stream that ends without END; never two answers.
+//   - Per origin, an item stays in the core's in-flight list until its END frame, until its
+//     call failed, or until its call ended without one, so slots and KV room are never
+//     leaked by a caller that went away.
+//   - The alarm is set only while a batch is open, something is queued, or orphans wait;
+//     running it twice changes nothing.
+
+import { DurableObject } from "cloudflare:workers";
+import {
+  cancelBatchItems,
+  batchAnswerProblem,
+  describe,
+  postBatch,
+} from "../functions/origin-client.ts";
+import {
+  BATCH_PROTOCOL_VERSION,
+  type BatchRequest,
+  type Frame,
+  FrameDecoder,
+  FrameType,
+  type ItemHead,
+  type ItemPath,
+  type ItemTrailer,
+  type LoadReport,
+  decodeJsonPayload,
+  encodeFrame,
+  encodeJsonFrame,
+} from "../origin/protocol.ts";
+import { chooseLeastLoadedInTurn } from "./origin-choice.ts";
+import {
+  type Batch,
+  type FlushReason,
+  type WindowConfig,
+  type WindowOptions,
+  type WindowState,
+  WindowConfigSchema,
+  cancel as cancelInWindow,
+  createWindowState,
+  currentWindowMs,
+  enqueue,
+  healthyCandidates,
+  markOriginDown,
+  onDispatched,
+  onItemDone,
+  onOriginLoad,
+  queuedCount,
+  tick,
+} from "./window.ts";
+
+/** How long the backstop alarm waits while work is pending. */
+export const ALARM_BACKSTOP_MS = 30_000;
+
+/** What a Batcher runs with; the edge derives it from `WARMGATE_CONFIG` and sends it along. */
+export interface BatcherSetup {
+  /** Hash of everything below; part of the object's name. */
+  version: string;
+  /** The window policy's settings, defaults filled in. */
+  window: WindowConfig;
+  /** Where each origin of `window.origins` listens. */
+  origins: { id: string; url: string }[];
+  /** How long an origin whose call failed is skipped. */
+  quarantineMs: number;
+}
+
+/** One request attempt handed to `submit`. */
+export interface BatcherSubmit {
+  setup: BatcherSetup;
+  /** Item id on the wire; unique per attempt (a retry in the same region gets a new one). */
+  id: string;
+  path: ItemPath;
+  /** The client's body text, forwarded untouched. */
+  body: string;
+  /** Lower-case headers passed to the engine. */
+  headers: Record<string, string>;
+  /** Priority lane, 0 highest. */
+  lane: number;
+  promptTokens: number;
+  maxTokens: number;
+  /** Absolute ms after which the caller no longer wants an answer. */
+  deadline: number;
+  /** Once sent, give up when the origin has not answered within this many ms. */
+  firstByteTimeoutMs: number;
+  /** Whether that timeout also covers the item's HEAD (streaming answers). */
+  timeHead: boolean;
+  /** The origin gives up on the item after this many ms. */
+  itemTimeoutMs: number;
+  /** Origins that already failed this request. */
+  avoidOrigins: string[];
+}
+
+/** The HEAD payload a caller receives: the origin's, plus which origin it is. */
+export interface BatcherHead extends ItemHead {
+  /** The configured id of the origin serving the item. */
+  origin: string;
+}
+
+/** Why an item ended before its origin answered (`error.code` of its lone END). */
+export type BatcherFailureCode =
+  /** Waited past its lane's timeout or its deadline; the trailer carries `status`. */
+  | "queue_timeout"
+  /** No origin of this batcher may take it (all down, or all avoided). */
+  | "no_healthy_origin"
+  /** The origin could not be reached or said it cannot take work. */
+  | "origin_unavailable"
+  /** The origin answered the call with something other than a framed batch, or broke. */
+  | "origin_error"
+  /** The origin did not answer within the first-byte timeout. */
+  | "origin_timeout"
+  /** No origin's KV cache can ever hold the prompt. */
+  | "prompt_too_large";
+
+/** The trailer of an item's lone END when it ended before its origin answered. */
+export interface BatcherFailureTrailer extends ItemTrailer {
+  outcome: "error" | "timeout";
+  error: { message: string; type: string; code: BatcherFailureCode };
+  /** The origin that failed it, when one did. */
+  origin?: string;
+  /** For `queue_timeout`: the status to answer (429 or 503) and when to retry. */
+  status?: 429 | 503;
+  retry_after_ms?: number;
+}
+
+/** The answer to `submit`. */
+export type BatcherSubmitResult =
+  /** Admitted: the item's frames follow on `frames` (see the top of this file). */
+  | { kind: "accepted"; frames: ReadableStream<Uint8Array> }
+  /** The lane is full: answer 429 with `retry-after`. */
+  | { kind: "refused"; reason: "queue_full"; retryAfterMs: number }
+  /** Refused before queueing, for a reason another region may not share. */
+  | { kind: "failed"; code: BatcherFailureCode | "duplicate_id"; detail: string };
+
+/** Counters since this incarnation started. */
+export interface BatcherCounters {
+  submitted: number;
+  /** Sent at once, alone, with no window (the low-load path). */
+  dispatchedAtOnce: number;
+  /** Placed in a lane to wait for a flush. */
+  queued: number;
+  refusedQueueFull: number;
+  /** Refused or failed before queueing for another reason. */
+  refusedOther: number;
+  queueTimeouts: number;
+  cancelledWaiting: number;
+  cancelledRunning: number;
+  /** Items that failed after leaving the queue, before their origin's HEAD. */
+  failedBeforeHead: number;
+  /** Upstream calls by why they left, and the items they carried. */
+  batches: Record<FlushReason, number>;
+  batchItems: number;
+  /** Orphaned calls of earlier incarnations cancelled on their origins. */
+  orphansCancelled: number;
+}
+
+/** One recent upstream call, as `snapshot` lists it. */
+export interface BatchRecord {
+  batchId: string;
+  originId: string;
+  reason: FlushReason;
+  /** Item ids in the order the origin received them. */
+  items: string[];
+}
+
+/** How many recent calls `snapshot` lists. */
+export const RECENT_BATCHES = 32;
+
+/** What `snapshot` shows. */
+export interface BatcherSnapshot {
+  version: string | null;
+  queued: number;
+  /** The window a request arriving now would wait, ms. */
+  windowMs: number;
+  /** Items this batcher has running per origin. */
+  inFlight: Record<string, number>;
+  /** Upstream calls whose response has not ended. */
+  openBatches: number;
+  /** Rows in `open_batches` (this incarnation's calls plus orphans not yet cancelled). */
+  persistedBatches: number;
+  counters: BatcherCounters;
+  /** The latest upstream calls, oldest first. */
+  recentBatches: BatchRecord[];
+}
+
+const MIGRATIONS: readonly string[] = [
+  `CREATE TABLE open_batches (
+     batch_id TEXT PRIMARY KEY, origin_id TEXT NOT NULL, origin_url TEXT NOT NULL,
+     sent_at INTEGER NOT NULL, item_ids TEXT NOT NULL);`,
+];
+
+type BatchRow = { batch_id: string; origin_id: string; origin_url: string };
+
+/** Where a caller's item is. `ended`: its caller has had its answer (or went away). */
+type CallerStage = "queued" | "sent" | "open" | "ended";
+
+interface Caller {
+  input: BatcherSubmit;
+  stage: CallerStage;
+  controller: ReadableStreamDefaultController<Uint8Array>;
+  batch: OpenBatch | null;
+  headTimer: ReturnType<typeof setTimeout> | null;
+  /** Frames that arrived in the current origin chunk, written to the caller in one piece. */
+  pending: Uint8Array[];
+}
+
+interface OpenBatch {
+  id: string;
+  originId: string;
+  url: string;
+  /** By item index. */
+  callers: Caller[];
+  /** Item indexes whose END arrived (or whose accounting was closed). */
+  done: Set<number>;
+  abort: AbortController;
+  /** Why the call was aborted on purpose, if it was. */
+  abortReason: "timeout" | "all-cancelled" | null;
+}
+
+/** Micro-batching window, lanes and demultiplexing for one region, model and shard. */
+export class Batcher extends DurableObject<Env> {
+  #setup: BatcherSetup | null = null;
+  #state: WindowState | null = null;
+  #callers = new Map<string, Caller>();
+  #batches = new Map<string, OpenBatch>();
+  #lastSentAt = new Map<string, number>();
+  #timer: ReturnType<typeof setTimeout> | null = null;
+  #timerAt: number | null = null;
+  #alarmArmed = false;
+  #nextSeq = 1;
+  #recent: BatchRecord[] = [];
+  // Batch ids must not collide with calls an earlier incarnation may still have running.
+  readonly #incarnation = crypto.randomUUID().slice(0, 8);
+  /** When each origin last answered an item with a 5xx (cleared by its next success). */
+  #failedAt = new Map<string, number>();
+  readonly #inTurn = chooseLeastLoadedInTurn((id) => this.#lastSentAt.get(id) ?? null);
+  readonly #options: WindowOptions = {
+    // Origins that failed an item recently are tried last, as the edge's pool does for
+    // the unbatched path: still used when nothing else can take the request.
+    chooseOrigin: (candidates, head) => {
+      const now = Date.now();
+      const quarantineMs = this.#setup?.quarantineMs ?? 0;
+      const fresh = candidates.filter(
+        (c) => (this.#failedAt.get(c.id) ?? Number.NEGATIVE_INFINITY) + quarantineMs <= now,
+      );
+      return this.#inTurn(fresh, head) ?? this.#inTurn(candidates, head);
+    },
+  };
+  #counters: BatcherCounters = {
+    submitted: 0,
+    dispatchedAtOnce: 0,
+    queued: 0,
+    refusedQueueFull: 0,
+    refusedOther: 0,
+    queueTimeouts: 0,
+    cancelledWaiting: 0,
+    cancelledRunning: 0,
+    failedBeforeHead: 0,
+    batches: { idle: 0, size: 0, tokens: 0, window: 0 },
+    batchItems: 0,
+    orphansCancelled: 0,
+  };
+
+  constructor(ctx: DurableObjectState, env: Env) {
+    super(ctx, env);
+    void ctx.blockConcurrencyWhile(() => this.#migrate());
+  }
+
+  /**
+   * Admits one request attempt: refuses it at once (full lane, no origin), or queues or
+   * sends it and returns its frame stream.
+   */
+  submit(input: BatcherSubmit): BatcherSubmitResult {
+    const now = Date.now();
+    const state = this.#configure(input.setup, now);
+    this.#counters.submitted += 1;
+    const avoid = input.avoidOrigins;
+    const allowed = healthyCandidates(state, now).filter((c) => !avoid.includes(c.id));
+    if (allowed.length === 0) {
+      this.#counters.refusedOther += 1;
+      return { kind: "failed", code: "no_healthy_origin", detail: "no healthy origin to try" };
+    }
+    const { state: next, decision } = enqueue(
+      state,
+      {
+        id: input.id,
+        lane: Math.min(input.lane, state.config.lanes.length - 1),
+        promptTokens: input.promptTokens,
+        maxTokens: input.maxTokens,
+        deadline: input.deadline,
+        enqueuedAt: now,
+        avoidOrigins: avoid,
+      },
+      now,
+      this.#options,
+    );
+    switch (decision.kind) {
+      case "rejected":
+        switch (decision.reason) {
+          case "queue_full":
+            this.#counters.refusedQueueFull += 1;
+            return { kind: "refused", reason: "queue_full", retryAfterMs: decision.retryAfterMs };
+          case "too_large":
+            this.#counters.refusedOther += 1;
+            return {
+              kind: "failed",
+              code: "prompt_too_large",
+              detail: `the prompt exceeds every origin's KV cache (${decision.capacityTokens} tokens)`,
+            };
+          case "duplicate_id":
+            this.#counters.refusedOther += 1;
+            return { kind: "failed", code: "duplicate_id", detail: `item ${input.id} is known` };
+          default:
+            return assertNever(decision);
+        }
+      case "dispatch-now": {
+        this.#state = next;
+        const frames = this.#admit(input);
+        this.#counters.dispatchedAtOnce += 1;
+        this.#send(decision.batch, now);
+        return { kind: "accepted", frames };
+      }
+      case "queued": {
+        this.#state = next;
+        const frames = this.#admit(input);
+        this.#counters.queued += 1;
+        if (decision.flushAt <= now) this.#flush(now);
+        else this.#schedule(decision.flushAt);
+        this.#armAlarm();
+        return { kind: "accepted", frames };
+      }
+      default:
+        return assertNever(decision);
+    }
+  }
+
+  /**
+   * Cancels an item (its client went away): a waiting one leaves the queue, a running one
+   * is cancelled on its origin. Cancelling the item's stream does the same, but the runtime
+   * tells this object of that only at the stream's next write, which for a waiting item may
+   * be long after. False when the item had already ended.
+   */
+  cancel(id: string): boolean {
+    return this.#callerGone(id);
+  }
+
+  /** Counters and the window's current view. */
+  snapshot(): BatcherSnapshot {
+    const now = Date.now();
+    const inFlight: Record<string, number> = {};
+    for (const origin of this.#state?.origins ?? []) inFlight[origin.id] = origin.inFlight.length;
+    const persisted = this.ctx.storage.sql
+      .exec<{ n: number }>("SELECT COUNT(*) AS n FROM open_batches")
+      .one().n;
+    return {
+      version: this.#setup?.version ?? null,
+      queued: this.#state === null ? 0 : queuedCount(this.#state),
+      windowMs: this.#state === null ? 0 : currentWindowMs(this.#state, now),
+      inFlight,
+      openBatches: this.#batches.size,
+      persistedBatches: persisted,
+      counters: structuredClone(this.#counters),
+      recentBatches: structuredClone(this.#recent),
+    };
+  }
+
+  /** Backstop: flushes what is due, cancels orphaned calls, and re-arms while work remains. */
+  override async alarm(): Promise<void> {
+    this.#alarmArmed = false;
+    if (this.#state !== null && queuedCount(this.#state) > 0) this.#flush(Date.now());
+    await this.#cancelOrphans();
+    if (this.#busy()) this.#armAlarm();
+  }
+
+  // --- admission and flushing -------------------------------------------------------
+
+  /** Uses `setup` unless one is already in use: a name's setup never changes (see top). */
+  #configure(setup: BatcherSetup, now: number): WindowState {
+    if (this.#state !== null && this.#setup !== null) {
+      if (this.#setup.version === setup.version || this.#busy()) return this.#state;
+    }
+    this.#setup = setup;
+    this.#state = createWindowState(WindowConfigSchema.parse(setup.window), now);
+    this.#lastSentAt.clear();
+    this.#failedAt.clear();
+    return this.#state;
+  }
+
+  #admit(input: BatcherSubmit): ReadableStream<Uint8Array> {
+    let controller: ReadableStreamDefaultController<Uint8Array> | undefined;
+    const frames = new ReadableStream<Uint8Array>({
+      start(c) {
+        controller = c;
+      },
+      cancel: () => {
+        this.#callerGone(input.id);
+      },
+    });
+    if (controller === undefined) throw new Error("stream controller not set");
+    this.#callers.set(input.id, {
+      input,
+      stage: "queued",
+      controller,
+      batch: null,
+      headTimer: null,
+      pending: [],
+    });
+    return frames;
+  }
+
+  #flush(now: number): void {
+    if (this.#state === null) return;
+    const result = tick(this.#state, now, this.#options);
+    this.#state = result.state;
+    for (const notice of result.notices) {
+      const caller = this.#callers.get(notice.item.id);
+      switch (notice.kind) {
+        case "timed-out": {
+          this.#counters.queueTimeouts += 1;
+          const lane = result.state.config.lanes[notice.item.lane];
+          const status = lane?.timeoutStatus ?? 503;
+          if (caller !== undefined) {
+            this.#fail(caller, "queue_timeout", "The request waited too long for capacity.", {
+              status,
+              retry_after_ms: 1_000,
+            });
+          }
+          break;
+        }
+        case "too-large":
+          if (caller !== undefined) {
+            this.#fail(caller, "prompt_too_large", "The prompt exceeds every origin's KV cache.");
+          }
+          break;
+        case "overdue":
+          // A `wait` lane keeps it queued; the caller's own deadline still applies at the edge.
+          break;
+        default:
+          assertNever(notice);
+      }
+    }
+    for (const batch of result.batches) this.#send(batch, now);
+    if (result.nextWakeAt !== null) this.#schedule(result.nextWakeAt);
+  }
+
+  #schedule(at: number): void {
+    if (this.#timerAt !== null && this.#timerAt <= at) return;
+    if (this.#timer !== null) clearTimeout(this.#timer);
+    this.#timerAt = at;
+    // A timer, not an alarm: windows are milliseconds and alarms are too coarse for them.
+    this.#timer = setTimeout(
+      () => {
+        this.#timer = null;
+        this.#timerAt = null;
+        this.#flush(Date.now());
+      },
+      Math.max(0, at - Date.now()),
+    );
+  }
+
+  // --- upstream calls -----------------------------------------------------------------
+
+  #send(batch: Batch, now: number): void {
+    const setup = this.#setup;
+    if (setup === null) throw new Error("batch without a setup");
+    const origin = setup.origins.find((o) => o.id === batch.originId);
+    if (origin === undefined) throw new Error(`no URL for origin ${batch.originId}`);
+    const callers: Caller[] = [];
+    for (const entry of batch.items) {
+      const caller = this.#callers.get(entry.id);
+      if (caller === undefined) throw new Error(`batched item ${entry.id} has no caller`);
+      callers.push(caller);
+    }
+    const open: OpenBatch = {
+      id: `${this.#incarnation}-${this.#nextSeq++}`,
+      originId: origin.id,
+      url: origin.url,
+      callers,
+      done: new Set(),
+      abort: new AbortController(),
+      abortReason: null,
+    };
+    for (const caller of callers) {
+      caller.stage = "sent";
+      caller.batch = open;
+      if (caller.input.timeHead) {
+        caller.headTimer = setTimeout(
+          () => this.#headTimeout(caller),
+          caller.input.firstByteTimeoutMs,
+        );
+      }
+    }
+    this.#batches.set(open.id, open);
+    this.#lastSentAt.set(origin.id, now);
+    this.#counters.batches[batch.reason] += 1;
+    this.#counters.batchItems += callers.length;
+    this.#recent.push({
+      batchId: open.id,
+      originId: origin.id,
+      reason: batch.reason,
+      items: callers.map((c) => c.input.id),
+    });
+    if (this.#recent.length > RECENT_BATCHES) this.#recent.shift();
+    this.ctx.storage.sql.exec(
+      "INSERT INTO open_batches (batch_id, origin_id, origin_url, sent_at, item_ids) VALUES (?, ?, ?, ?, ?)",
+      open.id,
+      origin.id,
+      origin.url,
+      now,
+      JSON.stringify(callers.map((c) => c.input.id)),
+    );
+    this.#armAlarm();
+    this.ctx.waitUntil(this.#runBatch(open));
+  }
+
+  async #runBatch(batch: OpenBatch): Promise<void> {
+    const lanes = this.#state?.config.lanes.length ?? 1;
+    const envelope: BatchRequest = {
+      v: BATCH_PROTOCOL_VERSION,
+      batch_id: batch.id,
+      items: batch.callers.map(({ input }) => ({
+        id: input.id,
+        path: input.path,
+        headers: input.headers,
+        body: input.body,
+        timeout_ms: input.itemTimeoutMs,
+        // The protocol runs higher priorities first; lane 0 is the highest.
+        priority: lanes - 1 - input.lane,
+      })),
+    };
+    const callTimeoutMs = Math.max(...batch.callers.map((c) => c.input.firstByteTimeoutMs));
+    const callTimer = setTimeout(() => {
+      batch.abortReason = "timeout";
+      batch.abort.abort("first byte timeout");
+    }, callTimeoutMs);
+    let response: Response;
+    try {
+      response = await postBatch(batch, envelope, batch.abort.signal);
+    } catch (error) {
+      clearTimeout(callTimer);
+      if (batch.abortReason === "all-cancelled") {
+        this.#callEnded(batch, null);
+        return;
+      }
+      const timedOut = batch.abortReason === "timeout";
+      this.#callFailed(
+        batch,
+        timedOut ? "origin_timeout" : "origin_unavailable",
+        `connect: ${describe(error)}`,
+        !timedOut,
+      );
+      return;
+    }
+    clearTimeout(callTimer);
+    const problem = batchAnswerProblem(response);
+    if (problem !== null || response.body === null) {
+      await response.body?.cancel().catch(() => {});
+      this.#callFailed(
+        batch,
+        problem?.failure === "unavailable" ? "origin_unavailable" : "origin_error",
+        problem?.detail ?? "no body",
+        true,
+      );
+      return;
+    }
+
+    const reader = response.body.getReader();
+    const decoder = new FrameDecoder();
+    let broken: string | null = null;
+    try {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        this.#onFrames(batch, decoder.push(value));
+      }
+      decoder.finish();
+    } catch (error) {
+      broken = batch.abortReason === "all-cancelled" ? null : describe(error);
+    }
+    this.#callEnded(batch, broken);
+  }
+
+  /** Applies one origin chunk's frames; each caller gets its share in one write. */
+  #onFrames(batch: OpenBatch, frames: readonly Frame[]): void {
+    if (frames.length === 0) return;
+    const now = Date.now();
+    let freed = false;
+    const touched = new Set<Caller>();
+    for (const frame of frames) {
+      if (frame.type === FrameType.LOAD) {
+        const report = decodeJsonPayload(frame.payload) as LoadReport;
+        this.#state = this.#core((s) => onOriginLoad(s, batch.originId, report, now).state);
+        freed = true;
+        continue;
+      }
+      const caller = batch.callers[frame.item];
+      if (caller === undefined) continue;
+      switch (frame.type) {
+        case FrameType.HEAD:
+          if (caller.stage !== "sent") break;
+          caller.stage = "open";
+          this.#clearHeadTimer(caller);
+          this.#state = this.#core(
+            (s) => onDispatched(s, batch.originId, caller.input.id, now).state,
+          );
+          const head = decodeJsonPayload(frame.payload) as ItemHead;
+          if (head.status >= 500) this.#failedAt.set(batch.originId, now);
+          else this.#failedAt.delete(batch.originId);
+          // The caller learns which origin serves it from an added `origin` field.
+          caller.pending.push(
+            encodeJsonFrame(FrameType.HEAD, 0, { ...head, origin: batch.originId }),
+          );
+          touched.add(caller);
+          break;
+        case FrameType.DATA:
+          if (caller.stage !== "open") break;
+          caller.pending.push(encodeFrame(FrameType.DATA, 0, frame.payload));
+          touched.add(caller);
+          break;
+        case FrameType.END:
+          if (batch.done.has(frame.item)) break;
+          batch.done.add(frame.item);
+          this.#state = this.#core(
+            (s) => onItemDone(s, batch.originId, caller.input.id, now).state,
+          );
+          freed = true;
+          if (caller.stage === "open") {
+            caller.pending.push(encodeFrame(FrameType.END, 0, frame.payload));
+            touched.add(caller);
+            caller.stage = "ended";
+            this.#callers.delete(caller.input.id);
+          } else if (caller.stage === "sent") {
+            // Origins always answer a HEAD first; an END alone is a broken origin.
+            const trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
+            this.#failSent(
+              caller,
+              trailer.outcome === "timeout" ? "origin_timeout" : "origin_error",
+              `item ended before its HEAD: ${trailer.error?.message ?? trailer.outcome}`,
+              batch.originId,
+            );
+          }
+          break;
+      }
+    }
+    for (const caller of touched) this.#deliver(caller);
+    if (freed && this.#state !== null && queuedCount(this.#state) > 0) this.#flush(now);
+  }
+
+  /** The call failed before any frame: every item fails before its HEAD. */
+  #callFailed(
+    batch: OpenBatch,
+    code: BatcherFailureCode,
+    detail: string,
+    quarantine: boolean,
+  ): void {
+    const now = Date.now();
+    console.warn("batch call failed", batch.id, batch.originId, detail);
+    for (const [index, caller] of batch.callers.entries()) {
+      this.#closeAccounting(batch, index, now);
+      if (caller.stage === "sent") this.#failSent(caller, code, detail, batch.originId);
+    }
+    if (quarantine) this.#quarantine(batch.originId, now);
+    this.#forget(batch, now);
+  }
+
+  /** The call's response ended: items without an END end now (failed or cut off). */
+  #callEnded(batch: OpenBatch, broken: string | null): void {
+    const now = Date.now();
+    let cut = false;
+    for (const [index, caller] of batch.callers.entries()) {
+      if (batch.done.has(index)) continue;
+      this.#closeAccounting(batch, index, now);
+      switch (caller.stage) {
+        case "sent":
+          cut = true;
+          this.#failSent(caller, "origin_error", broken ?? "batch ended early", batch.originId);
+          break;
+        case "open":
+          // After HEAD the caller has bytes: a stream without END tells it the item was cut.
+          cut = true;
+          caller.stage = "ended";
+          this.#callers.delete(caller.input.id);
+          this.#deliver(caller);
+          closeQuietly(caller.controller);
+          break;
+        case "queued":
+        case "ended":
+          break;
+        default:
+          assertNever(caller.stage);
+      }
+    }
+    if (cut && batch.abortReason === null) {
+      console.warn("batch response cut", batch.id, batch.originId, broken ?? "no final frames");
+      this.#quarantine(batch.originId, now);
+    }
+    this.#forget(batch, now);
+  }
+
+  #closeAccounting(batch: OpenBatch, index: number, now: number): void {
+    if (batch.done.has(index)) return;
+    batch.done.add(index);
+    const caller = batch.callers[index];
+    if (caller === undefined) return;
+    this.#clearHeadTimer(caller);
+    this.#state = this.#core((s) => onItemDone(s, batch.originId, caller.input.id, now).state);
+  }
+
+  #forget(batch: OpenBatch, now: number): void {
+    this.#batches.delete(batch.id);
+    this.ctx.storage.sql.exec("DELETE FROM open_batches WHERE batch_id = ?", batch.id);
+    if (this.#state !== null && queuedCount(this.#state) > 0) this.#flush(now);
+  }
+
+  #quarantine(originId: string, now: number): void {
+    this.#failedAt.set(originId, now);
+    const until = now + (this.#setup?.quarantineMs ?? 0);
+    this.#state = this.#core((s) => markOriginDown(s, originId, until).state);
+  }
+
+  #headTimeout(caller: Caller): void {
+    caller.headTimer = null;
+    const batch = caller.batch;
+    if (caller.stage !== "sent" || batch === null) return;
+    this.#cancelRunning(caller, batch);
+    this.#failSent(
+      caller,
+      "origin_timeout",
+      "no answer within the first-byte timeout",
+      batch.originId,
+    );
+  }
+
+  #clearHeadTimer(caller: Caller): void {
+    if (caller.headTimer === null) return;
+    clearTimeout(caller.headTimer);
+    caller.headTimer = null;
+  }
+
+  // --- callers ------------------------------------------------------------------------
+
+  /** The caller cancelled its item (its client went away); false when it had ended. */
+  #callerGone(id: string): boolean {
+    const caller = this.#callers.get(id);
+    if (caller === undefined) return false;
+    const now = Date.now();
+    this.#callers.delete(id);
+    const previous = caller.stage;
+    caller.stage = "ended";
+    caller.pending = [];
+    this.#clearHeadTimer(caller);
+    closeQuietly(caller.controller);
+    if (previous === "queued") {
+      this.#state = this.#core((s) => cancelInWindow(s, id, now).state);
+      this.#counters.cancelledWaiting += 1;
+      return true;
+    }
+    if (caller.batch !== null && (previous === "sent" || previous === "open")) {
+      this.#counters.cancelledRunning += 1;
+      this.#cancelRunning(caller, caller.batch);
+    }
+    return true;
+  }
+
+  /**
+   * Stops a running item on its origin. When nothing else in its call is still wanted,
+   * closing the call does it (the origin cancels every unfinished item of a dropped call)
+   * and saves a request; otherwise the origin's cancel endpoint stops just this item.
+   */
+  #cancelRunning(caller: Caller, batch: OpenBatch): void {
+    const now = Date.now();
+    this.#state = this.#core((s) => cancelInWindow(s, caller.input.id, now).state);
+    const wanted = batch.callers.some(
+      (other, index) => other !== caller && !batch.done.has(index) && other.stage !== "ended",
+    );
+    if (!wanted) {
+      batch.abortReason = "all-cancelled";
+      batch.abort.abort("every item was cancelled");
+      return;
+    }
+    this.ctx.waitUntil(
+      cancelBatchItems(batch, batch.id, [caller.input.id]).then((ok) => {
+        if (!ok) console.warn("origin cancel failed", batch.id, batch.originId, caller.input.id);
+      }),
+    );
+  }
+
+  #deliver(caller: Caller): void {
+    const chunks = caller.pending;
+    if (chunks.length === 0) return;
+    caller.pending = [];
+    try {
+      caller.controller.enqueue((chunks.length === 1 ? chunks[0] : undefined) ?? concat(chunks));
+    } catch {
+      // The caller's stream is already closed or cancelled.
+    }
+    if (caller.stage === "ended") closeQuietly(caller.controller);
+  }
+
+  /** An item that had left the queue failed before its HEAD. */
+  #failSent(caller: Caller, code: BatcherFailureCode, detail: string, originId: string): void {
+    this.#counters.failedBeforeHead += 1;
+    this.#fail(caller, code, detail, { origin: originId });
+  }
+
+  /** Ends a caller's stream with a lone END saying why it never started. */
+  #fail(
+    caller: Caller,
+    code: BatcherFailureCode,
+    message: string,
+    extra: Pick<BatcherFailureTrailer, "origin" | "status" | "retry_after_ms"> = {},
+  ): void {
+    if (caller.stage === "ended") return;
+    caller.stage = "ended";
+    this.#clearHeadTimer(caller);
+    this.#callers.delete(caller.input.id);
+    const trailer: BatcherFailureTrailer = {
+      id: caller.input.id,
+      outcome: code === "queue_timeout" || code === "origin_timeout" ? "timeout" : "error",
+      usage: null,
+      error: { message, type: "server_error", code },
+      ...extra,
+    };
+    caller.pending.push(encodeJsonFrame(FrameType.END, 0, trailer));
+    this.#deliver(caller);
+  }
+
+  // --- persistence and the alarm ------------------------------------------------------
+
+  #busy(): boolean {
+    return this.#batches.size > 0 || (this.#state !== null && queuedCount(this.#state) > 0);
+  }
+
+  #armAlarm(): void {
+    if (this.#alarmArmed) return;
+    this.#alarmArmed = true;
+    this.ctx.waitUntil(this.ctx.storage.setAlarm(Date.now() + ALARM_BACKSTOP_MS));
+  }
+
+  async #cancelOrphans(): Promise<void> {
+    const rows = this.ctx.storage.sql
+      .exec<BatchRow>("SELECT batch_id, origin_id, origin_url FROM open_batches")
+      .toArray()
+      .filter((row) => !this.#batches.has(row.batch_id));
+    await Promise.all(
+      rows.map(async (row) => {
+        // Without ids the origin cancels every unfinished item of the call.
+        const ok = await cancelBatchItems({ url: row.origin_url }, row.batch_id);
+        if (!ok) console.warn("orphaned batch cancel failed", row.batch_id, row.origin_id);
+        this.#counters.orphansCancelled += 1;
+        this.ctx.storage.sql.exec("DELETE FROM open_batches WHERE batch_id = ?", row.batch_id);
+      }),
+    );
+  }
+
+  async #migrate(): Promise<void> {
+    const sql = this.ctx.storage.sql;
+    sql.exec(
+      "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+    );
+    const applied = sql
+      .exec<{ v: number }>("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations")
+      .one().v;
+    for (let version = applied + 1; version <= MIGRATIONS.length; version++) {
+      const statements = MIGRATIONS[version - 1];
+      if (statements === undefined) break;
+      this.ctx.storage.transactionSync(() => {
+        sql.exec(statements);
+        sql.exec(
+          "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
+          version,
+          Date.now(),
+        );
+      });
+    }
+    // Every row left from before this incarnation is a call an origin may still run.
+    const orphans = sql.exec<{ n: number }>("SELECT COUNT(*) AS n FROM open_batches").one().n;
+    if (orphans > 0) {
+      this.#alarmArmed = true;
+      await this.ctx.storage.setAlarm(Date.now());
+    }
+  }
+
+  #core(step: (state: WindowState) => WindowState): WindowState | null {
+    return this.#state === null ? null : step(this.#state);
+  }
+}
+
+function concat(parts: readonly Uint8Array[]): Uint8Array {
+  let total = 0;
+  for (const part of parts) total += part.byteLength;
+  const out = new Uint8Array(total);
+  let at = 0;
+  for (const part of parts) {
+    out.set(part, at);
+    at += part.byteLength;
+  }
+  return out;
+}
+
+function closeQuietly(controller: ReadableStreamDefaultController<Uint8Array>): void {
+  try {
+    controller.close();
+  } catch {
+    // Already closed or cancelled by the caller.
+  }
+}
+
+function assertNever(value: never): never {
+  throw new Error(`unhandled case ${JSON.stringify(value)}`);
+}

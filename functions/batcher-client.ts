@@ -1,0 +1,360 @@
+/**
+ * The edge's side of the `Batcher` Durable Object: which batcher a request goes to
+ * (region, model, shard and settings version), its priority lane, and one `submit` RPC
+ * per attempt whose frame stream becomes the same {@link OpenItem} the direct path gives
+ * `dispatch.ts`. With `batching.enabled: false` for a region or model, attempts go
+ * straight to the candidate origin instead.
+ */
+import type {
+  Batcher,
+  BatcherFailureCode,
+  BatcherFailureTrailer,
+  BatcherHead,
+  BatcherSetup,
+  BatcherSubmitResult,
+} from "../durable-objects/batcher.ts";
+import { type WindowConfigInput, WindowConfigSchema } from "../durable-objects/window.ts";
+import { decodeJsonPayload, FrameType } from "../origin/protocol.ts";
+import {
+  type BatchingConfig,
+  type GatewayConfig,
+  type RegionConfig,
+  originServes,
+} from "./config.ts";
+import {
+  type AttemptRequest,
+  type DispatchAttempt,
+  type ItemOpener,
+  openDirect,
+} from "./dispatch.ts";
+import { ApiError, type OriginFailureKind } from "./errors.ts";
+import { type FrameReader, describe, frameReader, openItemFromFrames } from "./origin-client.ts";
+import { retryAfterHeaders } from "./rate-limit-headers.ts";
+
+/** Request header that moves a request to a lower-priority lane (never a higher one). */
+export const PRIORITY_HEADER = "x-warmgate-priority";
+
+/** Lane of each key tier when the lanes are the default three (interactive, standard, background). */
+export const TIER_LANES: Readonly<Record<string, number>> = { high: 0, standard: 1, low: 2 };
+
+/** How long an origin whose call failed is skipped unless configured otherwise. */
+export const DEFAULT_ORIGIN_QUARANTINE_MS = 2_000;
+
+const DEFAULT_LANE = 1;
+
+/** Where and how one region's requests for one model are batched. */
+export interface BatchingPlan {
+  /** False: the unbatched path, one call per request straight to the origin. */
+  enabled: boolean;
+  setup: BatcherSetup;
+  shards: number;
+  shardBy: "request" | "key";
+  /** Lane of a caller with no tier, clamped to the lanes there are. */
+  defaultLane: number;
+}
+
+type BatchingSettings = Omit<BatchingConfig, "overrides">;
+
+const plans = new WeakMap<GatewayConfig, Map<string, BatchingPlan | null>>();
+
+/**
+ * The batching plan for a region and model (null when no origin of the region serves it).
+ * Global settings first, then each matching override in order; cached per config.
+ */
+export function batchingPlan(
+  config: GatewayConfig,
+  region: RegionConfig,
+  model: string,
+): BatchingPlan | null {
+  let byTarget = plans.get(config);
+  if (byTarget === undefined) {
+    byTarget = new Map();
+    plans.set(config, byTarget);
+  }
+  const key = `${region.id}\u0000${model}`;
+  const cached = byTarget.get(key);
+  if (cached !== undefined) return cached;
+  const plan = buildPlan(config.batching, region, model);
+  byTarget.set(key, plan);
+  return plan;
+}
+
+function buildPlan(
+  batching: BatchingConfig,
+  region: RegionConfig,
+  model: string,
+): BatchingPlan | null {
+  const origins = region.origins.filter((origin) => originServes(origin, model));
+  if (origins.length === 0) return null;
+  const { overrides, ...base } = batching;
+  let settings: BatchingSettings = base;
+  for (const { region: r, model: m, ...override } of overrides) {
+    if ((r === undefined || r === region.id) && (m === undefined || m === model)) {
+      settings = { ...settings, ...definedOnly(override) };
+    }
+  }
+  const input: WindowConfigInput = {
+    maxBatchSize: settings.max_batch_size,
+    maxBatchTokens: settings.max_batch_tokens,
+    maxWindowMs: settings.max_window_ms,
+    callIntervalMs: settings.call_interval_ms,
+    rateWindowMs: settings.rate_window_ms,
+    loadReportTtlMs: settings.load_report_ttl_ms,
+    lanes: settings.lanes?.map((lane) => ({
+      queueTimeoutMs: lane.queue_timeout_ms,
+      onTimeout: lane.on_timeout,
+      maxQueue: lane.max_queue,
+      timeoutStatus: lane.timeout_status,
+    })),
+    origins: origins.map((origin) => ({ id: origin.id })),
+  };
+  const window = WindowConfigSchema.parse(input);
+  const quarantineMs = settings.origin_quarantine_ms ?? DEFAULT_ORIGIN_QUARANTINE_MS;
+  const urls = origins.map((origin) => ({ id: origin.id, url: origin.url }));
+  return {
+    enabled: settings.enabled ?? true,
+    setup: {
+      version: fnv1a(JSON.stringify({ window, urls, quarantineMs })),
+      window,
+      origins: urls,
+      quarantineMs,
+    },
+    shards: settings.shards ?? 1,
+    shardBy: settings.shard_by ?? "request",
+    defaultLane: Math.min(settings.default_lane ?? DEFAULT_LANE, window.lanes.length - 1),
+  };
+}
+
+function definedOnly<T extends object>(value: T): Partial<T> {
+  return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== undefined)) as Partial<T>;
+}
+
+/**
+ * The lane of a request: its key tier's (or the default), moved down by the priority
+ * header when that names a lower lane (`high`, `standard`, `low`, or a lane number).
+ */
+export function laneFor(
+  plan: BatchingPlan,
+  tier: string | undefined,
+  header: string | undefined,
+): number {
+  const last = plan.setup.window.lanes.length - 1;
+  const tierLane = tier === undefined ? undefined : TIER_LANES[tier];
+  const base = Math.min(tierLane ?? plan.defaultLane, last);
+  const asked = parsePriority(header);
+  // Only lower: a caller may give up priority, never take more than its key has.
+  return asked === null ? base : Math.min(Math.max(base, asked), last);
+}
+
+function parsePriority(header: string | undefined): number | null {
+  if (header === undefined) return null;
+  const value = header.trim().toLowerCase();
+  const tierLane = TIER_LANES[value];
+  if (tierLane !== undefined) return tierLane;
+  return /^\d{1,2}$/.test(value) ? Number(value) : null;
+}
+
+/** Name of the batcher for a region, model and shard: `region:model:shard:version`. */
+export function batcherName(
+  region: string,
+  model: string,
+  shard: number,
+  plan: BatchingPlan,
+): string {
+  return `${region}:${model}:${shard}:${plan.setup.version}`;
+}
+
+/** The shard of a request: a hash of its request id or its key id, per `shard_by`. */
+export function shardOf(plan: BatchingPlan, requestId: string, keyId: string | undefined): number {
+  if (plan.shards === 1) return 0;
+  const basis = plan.shardBy === "key" && keyId !== undefined ? keyId : requestId;
+  return Number.parseInt(fnv1a(basis), 16) % plan.shards;
+}
+
+/** What the batcher route needs beyond each attempt's request. */
+export interface BatcherRoute {
+  namespace: DurableObjectNamespace<Batcher>;
+  config: GatewayConfig;
+  model: string;
+  /** The caller's key tier, when authentication knows it. */
+  tier: string | undefined;
+  /** The request's `x-warmgate-priority` header. */
+  priority: string | undefined;
+  /** The caller's key id (for `shard_by: "key"`). */
+  keyId: string | undefined;
+  promptTokens: number;
+  /** Completion tokens the request may produce (its worst case when unbounded). */
+  maxTokens: number;
+  /** Absolute ms after which the client no longer wants an answer. */
+  deadline: number;
+  /** Keeps the request alive for work that outlives the response (an item's cancel). */
+  waitUntil: (promise: Promise<unknown>) => void;
+  /**
+   * Aborts when the client disconnects (Workers' `request.signal`, with the
+   * `enable_request_signal` compatibility flag): a request still waiting in a lane leaves it.
+   */
+  signal?: AbortSignal;
+}
+
+/** An opener that sends each attempt through its region's batcher, or direct when disabled. */
+export function batcherOpener(route: BatcherRoute): ItemOpener {
+  return async (candidate, request) => {
+    const plan = batchingPlan(route.config, candidate.region, route.model);
+    if (plan === null || !plan.enabled) return openDirect(candidate, request);
+    return submitToBatcher(route, plan, candidate.region.id, request);
+  };
+}
+
+/** One `submit` to the batcher of `region`; its frames become an {@link OpenItem}. */
+export async function submitToBatcher(
+  route: BatcherRoute,
+  plan: BatchingPlan,
+  region: string,
+  request: AttemptRequest,
+): Promise<DispatchAttempt> {
+  const shard = shardOf(plan, request.requestId, route.keyId);
+  const stub = route.namespace.getByName(batcherName(region, route.model, shard, plan));
+  let result: BatcherSubmitResult;
+  try {
+    result = await stub.submit({
+      setup: plan.setup,
+      id: request.attemptId,
+      path: request.path,
+      body: request.body,
+      headers: request.headers,
+      lane: laneFor(plan, route.tier, route.priority),
+      promptTokens: route.promptTokens,
+      maxTokens: route.maxTokens,
+      deadline: route.deadline,
+      firstByteTimeoutMs: request.firstByteTimeoutMs,
+      timeHead: request.timeHead,
+      itemTimeoutMs: request.itemTimeoutMs,
+      avoidOrigins: [...request.avoidOrigins],
+    });
+  } catch (error) {
+    // The batcher itself failed (restarted, overloaded): another region's may not.
+    return failed("unavailable", `batcher: ${describe(error)}`, null);
+  }
+  switch (result.kind) {
+    case "refused":
+      return { kind: "refused", error: queueFull(result.retryAfterMs) };
+    case "failed":
+      return failed(
+        result.code === "duplicate_id" ? "bad_answer" : failureOf(result.code),
+        result.detail,
+        null,
+      );
+    case "accepted":
+      break;
+    default:
+      return assertNever(result);
+  }
+
+  const frames = frameReader(result.frames);
+  // Cancelling the stream reaches the batcher only at its next write; the RPC is at once.
+  const cancel = () => {
+    frames.cancel();
+    route.waitUntil(stub.cancel(request.attemptId).catch(() => false));
+  };
+  const gone = () => cancel();
+  route.signal?.addEventListener("abort", gone, { once: true });
+  try {
+    return await readHead(frames, cancel);
+  } finally {
+    route.signal?.removeEventListener("abort", gone);
+  }
+}
+
+/** Reads the item's frames up to its HEAD (an open item) or its lone END (a failure). */
+async function readHead(frames: FrameReader, cancel: () => void): Promise<DispatchAttempt> {
+  for (;;) {
+    const frame = await frames.next();
+    // The stream ended or errored before HEAD: the batcher restarted; nothing was answered.
+    if (typeof frame === "string") return failed("unavailable", `batcher: ${frame}`, null);
+    switch (frame.type) {
+      case FrameType.HEAD: {
+        const head = decodeJsonPayload(frame.payload) as BatcherHead;
+        const item = openItemFromFrames(head, frames, cancel);
+        return { kind: "open", item, originId: head.origin };
+      }
+      case FrameType.END: {
+        const trailer = decodeJsonPayload(frame.payload) as BatcherFailureTrailer;
+        const { code, message } = trailer.error;
+        if (code === "queue_timeout") {
+          return {
+            kind: "refused",
+            error: queueTimeout(trailer.status ?? 503, trailer.retry_after_ms ?? 1_000),
+          };
+        }
+        return failed(failureOf(code), message, trailer.origin ?? null);
+      }
+      case FrameType.LOAD:
+        break;
+      case FrameType.DATA:
+        cancel();
+        return failed("bad_answer", "DATA before HEAD from the batcher", null);
+    }
+  }
+}
+
+function failed(
+  failure: OriginFailureKind,
+  detail: string,
+  originId: string | null,
+): DispatchAttempt {
+  return { kind: "failed", failure, detail, originId };
+}
+
+const FAILURES: Record<Exclude<BatcherFailureCode, "queue_timeout">, OriginFailureKind> = {
+  no_healthy_origin: "unavailable",
+  origin_unavailable: "unavailable",
+  origin_error: "bad_answer",
+  origin_timeout: "timeout",
+  // No origin of this region can hold it; another region's may.
+  prompt_too_large: "unavailable",
+};
+
+function failureOf(code: BatcherFailureCode): OriginFailureKind {
+  return code === "queue_timeout" ? "timeout" : FAILURES[code];
+}
+
+/** 429 for a full lane: the client should come back after `retry-after`. */
+export function queueFull(retryAfterMs: number): ApiError {
+  const seconds = Math.max(1, Math.ceil(retryAfterMs / 1_000));
+  return new ApiError(
+    429,
+    `The server is receiving more requests for this model than it can queue. Please try again in ${seconds}s.`,
+    {
+      type: "rate_limit_error",
+      code: "rate_limit_exceeded",
+      headers: retryAfterHeaders(retryAfterMs),
+    },
+  );
+}
+
+/** A lane's queue timeout: 503 (overloaded) or 429 (retry later), with `retry-after`. */
+export function queueTimeout(status: 429 | 503, retryAfterMs: number): ApiError {
+  return new ApiError(
+    status,
+    "The request waited too long for capacity on this model. Please try again later.",
+    {
+      type: status === 429 ? "rate_limit_error" : "server_error",
+      code: "queue_timeout",
+      headers: retryAfterHeaders(retryAfterMs),
+    },
+  );
+}
+
+/** 32-bit FNV-1a of a string, as 8 hex digits: stable names and shard choice, not security. */
+export function fnv1a(text: string): string {
+  let hash = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) {
+    hash ^= text.charCodeAt(i);
+    hash = Math.imul(hash, 0x01000193);
+  }
+  return (hash >>> 0).toString(16).padStart(8, "0");
+}
+
+function assertNever(value: never): never {
+  throw new Error(`unhandled case ${JSON.stringify(value)}`);
+}

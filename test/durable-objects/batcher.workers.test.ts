@@ -1,0 +1,484 @@
+import { env } from "cloudflare:workers";
+import { abortAllDurableObjects, runDurableObjectAlarm } from "cloudflare:test";
+import { describe, expect, inject, it } from "vitest";
+import type {
+  BatcherFailureTrailer,
+  BatcherHead,
+  BatcherSetup,
+  BatcherSubmit,
+  BatcherSubmitResult,
+} from "../../durable-objects/batcher.ts";
+import { type WindowConfigInput, WindowConfigSchema } from "../../durable-objects/window.ts";
+import { type FrameReader, frameReader } from "../../functions/origin-client.ts";
+import { FrameType, type ItemTrailer, decodeJsonPayload } from "../../origin/protocol.ts";
+import { chatBody, metricValue } from "../support/edge-requests.ts";
+
+// batch-1 and batch-2 are this file's alone; they generate about one token per 20 ms, so a
+// long request is still running while the next ones arrive.
+const origins = inject("testOrigins");
+function urlOf(id: string): string {
+  const origin = origins.find((o) => o.id === id);
+  if (origin === undefined) throw new Error(`${id} is not running`);
+  return origin.url;
+}
+
+/** Settings under which a request that finds its origin busy waits up to a second. */
+const HOLD: Partial<WindowConfigInput> = { maxWindowMs: 1000, callIntervalMs: 1000 };
+
+type SubmitOverrides = Partial<Omit<BatcherSubmit, "body">> & { body?: Record<string, unknown> };
+
+/** A fresh batcher (its own name and counters) over the given origins. */
+function batcher(window: Partial<WindowConfigInput> = {}, ids: string[] = ["batch-1"]) {
+  const setup: BatcherSetup = {
+    version: `test-${crypto.randomUUID().slice(0, 8)}`,
+    window: WindowConfigSchema.parse({ ...window, origins: ids.map((id) => ({ id })) }),
+    origins: ids.map((id) => ({ id, url: urlOf(id) })),
+    quarantineMs: 1000,
+  };
+  const stub = env.BATCHER.getByName(`test:${setup.version}`);
+  const submit = (id: string, over: SubmitOverrides = {}): Promise<BatcherSubmitResult> => {
+    const { body, ...rest } = over;
+    return stub.submit({
+      setup,
+      id,
+      path: "/v1/chat/completions",
+      body: JSON.stringify(chatBody({ stream: true, max_tokens: 4, ...body })),
+      headers: { "x-request-id": id },
+      lane: 0,
+      promptTokens: 30,
+      maxTokens: 4,
+      deadline: Date.now() + 60_000,
+      firstByteTimeoutMs: 10_000,
+      timeHead: true,
+      itemTimeoutMs: 60_000,
+      avoidOrigins: [],
+      ...rest,
+    });
+  };
+  return { stub, setup, submit };
+}
+
+function framesOf(result: BatcherSubmitResult): FrameReader {
+  if (result.kind !== "accepted") throw new Error(`expected accepted, got ${result.kind}`);
+  return frameReader(result.frames);
+}
+
+interface ReadItem {
+  head: BatcherHead | null;
+  body: Uint8Array;
+  trailer: ItemTrailer | null;
+  /** Why reading stopped when no END came. */
+  stopped: string | null;
+}
+
+/** Reads an item's frames to the end. */
+async function readItem(frames: FrameReader): Promise<ReadItem> {
+  const out: ReadItem = { head: null, body: new Uint8Array(), trailer: null, stopped: null };
+  for (;;) {
+    const frame = await frames.next();
+    if (typeof frame === "string") {
+      out.stopped = frame;
+      return out;
+    }
+    if (frame.type === FrameType.HEAD) out.head = decodeJsonPayload(frame.payload) as BatcherHead;
+    if (frame.type === FrameType.DATA) out.body = concat(out.body, frame.payload);
+    if (frame.type === FrameType.END) {
+      out.trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
+      return out;
+    }
+  }
+}
+
+/** Reads frames until the item's HEAD. */
+async function untilHead(frames: FrameReader): Promise<BatcherHead> {
+  for (;;) {
+    const frame = await frames.next();
+    if (typeof frame === "string") throw new Error(`no HEAD: ${frame}`);
+    if (frame.type === FrameType.HEAD) return decodeJsonPayload(frame.payload) as BatcherHead;
+    if (frame.type === FrameType.END) {
+      throw new Error(`END before HEAD: ${new TextDecoder().decode(frame.payload)}`);
+    }
+  }
+}
+
+function concat(a: Uint8Array, b: Uint8Array): Uint8Array {
+  const out = new Uint8Array(a.byteLength + b.byteLength);
+  out.set(a);
+  out.set(b, a.byteLength);
+  return out;
+}
+
+interface OriginCounts {
+  batches: number;
+  items: number;
+  inFlight: number;
+  cancelled: number;
+  dropped: number;
+}
+
+async function counts(id: string): Promise<OriginCounts> {
+  const text = await (await fetch(`${urlOf(id)}/metrics`)).text();
+  return {
+    batches: metricValue(text, "warmgate_origin_batches_total"),
+    items: metricValue(text, "warmgate_origin_batch_items_total"),
+    inFlight: metricValue(text, "warmgate_origin_items_in_flight"),
+    cancelled: metricValue(text, "warmgate_origin_cancellations_total", 'reason="cancel"'),
+    dropped: metricValue(text, "warmgate_origin_cancellations_total", 'reason="client"'),
+  };
+}
+
+/** Polls an origin until `done` holds (the origin learns of cancels asynchronously). */
+async function waitForCounts(
+  id: string,
+  done: (c: OriginCounts) => boolean,
+): Promise<OriginCounts> {
+  let current = await counts(id);
+  for (let i = 0; i < 200 && !done(current); i++) {
+    await new Promise((resolve) => setTimeout(resolve, 25));
+    current = await counts(id);
+  }
+  return current;
+}
+
+/** The same request straight to batch-1's own OpenAI route, as bytes. */
+async function direct(body: Record<string, unknown>): Promise<Uint8Array> {
+  const res = await fetch(`${urlOf("batch-1")}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  return new Uint8Array(await res.arrayBuffer());
+}
+
+/** Lets go of an item as the edge does when its client leaves: the stream, then the RPC. */
+async function release(b: ReturnType<typeof batcher>, id: string, frames: FrameReader) {
+  frames.cancel();
+  await b.stub.cancel(id);
+}
+
+/** Starts a long request that keeps the origin busy; returns its frames once it runs. */
+async function occupy(b: ReturnType<typeof batcher>, id = "occupier"): Promise<FrameReader> {
+  const frames = framesOf(await b.submit(id, { body: { max_tokens: 2000 }, maxTokens: 2000 }));
+  await untilHead(frames);
+  return frames;
+}
+
+describe("dispatch", () => {
+  it("sends a lone request at once, alone, without a window", async () => {
+    const b = batcher(HOLD);
+    const before = await counts("batch-1");
+    const result = await b.submit("lone");
+    const snapshot = await b.stub.snapshot();
+    // Decided inside submit: sent before any timer could have run.
+    expect(snapshot.counters).toMatchObject({ submitted: 1, dispatchedAtOnce: 1, queued: 0 });
+    expect(snapshot.queued).toBe(0);
+    expect(snapshot.recentBatches).toEqual([
+      expect.objectContaining({ originId: "batch-1", reason: "idle", items: ["lone"] }),
+    ]);
+    const item = await readItem(framesOf(result));
+    expect(item.head).toMatchObject({ id: "lone", status: 200, origin: "batch-1" });
+    expect(item.trailer).toMatchObject({ id: "lone", outcome: "ok" });
+    const after = await counts("batch-1");
+    expect([after.batches - before.batches, after.items - before.items]).toEqual([1, 1]);
+  });
+
+  it("flushes as soon as the batch size is reached: one call for four requests", async () => {
+    const b = batcher({ ...HOLD, maxBatchSize: 4 });
+    const occupier = await occupy(b);
+    const before = await counts("batch-1");
+    const results = await Promise.all(["s1", "s2", "s3", "s4"].map((id) => b.submit(id)));
+    const items = await Promise.all(results.map((r) => readItem(framesOf(r))));
+    expect(items.map((i) => i.trailer?.outcome)).toEqual(["ok", "ok", "ok", "ok"]);
+    const after = await counts("batch-1");
+    expect([after.batches - before.batches, after.items - before.items]).toEqual([1, 4]);
+    const snapshot = await b.stub.snapshot();
+    expect(snapshot.counters.batches).toMatchObject({ idle: 1, size: 1 });
+    expect(snapshot.recentBatches.at(-1)).toMatchObject({
+      reason: "size",
+      items: ["s1", "s2", "s3", "s4"],
+    });
+    await release(b, "occupier", occupier);
+  });
+
+  it("flushes when prompt plus max_tokens reach the token budget, within the budget", async () => {
+    const b = batcher({ ...HOLD, maxBatchTokens: 250 });
+    const occupier = await occupy(b);
+    const before = await counts("batch-1");
+    // 100 tokens each: the third reaches the budget; the first two fit in it.
+    const results = await Promise.all(
+      ["t1", "t2", "t3"].map((id) => b.submit(id, { promptTokens: 96, maxTokens: 4 })),
+    );
+    const items = await Promise.all(results.map((r) => readItem(framesOf(r))));
+    expect(items.map((i) => i.trailer?.outcome)).toEqual(["ok", "ok", "ok"]);
+    const snapshot = await b.stub.snapshot();
+    expect(snapshot.recentBatches.slice(1)).toEqual([
+      expect.objectContaining({ reason: "tokens", items: ["t1", "t2"] }),
+      expect.objectContaining({ reason: "window", items: ["t3"] }),
+    ]);
+    const after = await counts("batch-1");
+    expect([after.batches - before.batches, after.items - before.items]).toEqual([2, 3]);
+    await release(b, "occupier", occupier);
+  });
+
+  it("flushes a partial batch when the window's deadline arrives", async () => {
+    const b = batcher({ maxWindowMs: 50, callIntervalMs: 1000 });
+    const occupier = await occupy(b);
+    const before = await counts("batch-1");
+    const results = await Promise.all(["w1", "w2"].map((id) => b.submit(id)));
+    const queued = await b.stub.snapshot();
+    expect(queued.counters.queued).toBe(2);
+    const items = await Promise.all(results.map((r) => readItem(framesOf(r))));
+    expect(items.map((i) => i.trailer?.outcome)).toEqual(["ok", "ok"]);
+    const snapshot = await b.stub.snapshot();
+    expect(snapshot.recentBatches.at(-1)).toMatchObject({ reason: "window", items: ["w1", "w2"] });
+    const after = await counts("batch-1");
+    expect([after.batches - before.batches, after.items - before.items]).toEqual([1, 2]);
+    await release(b, "occupier", occupier);
+  });
+
+  it("keeps several calls in flight to one origin", async () => {
+    const b = batcher({ ...HOLD, maxBatchSize: 2 });
+    const occupier = await occupy(b);
+    const long = { body: { max_tokens: 200 }, maxTokens: 200 };
+    const results = await Promise.all(["m1", "m2", "m3", "m4"].map((id) => b.submit(id, long)));
+    const heads = results.map(framesOf);
+    await Promise.all(heads.map(untilHead));
+    const snapshot = await b.stub.snapshot();
+    expect(snapshot.openBatches).toBe(3);
+    expect(snapshot.inFlight).toEqual({ "batch-1": 5 });
+    await Promise.all(heads.map((frames, i) => release(b, `m${i + 1}`, frames)));
+    await release(b, "occupier", occupier);
+  });
+});
+
+describe("lanes", () => {
+  it("sends higher lanes first and keeps arrival order within a lane", async () => {
+    const b = batcher({ ...HOLD, maxBatchSize: 5 });
+    const occupier = await occupy(b);
+    const order: [string, number][] = [
+      ["low-a", 2],
+      ["high-a", 0],
+      ["mid-a", 1],
+      ["high-b", 0],
+      ["low-b", 2],
+    ];
+    const results = await Promise.all(order.map(([id, lane]) => b.submit(id, { lane })));
+    await Promise.all(results.map((r) => readItem(framesOf(r))));
+    const snapshot = await b.stub.snapshot();
+    expect(snapshot.recentBatches.at(-1)?.items).toEqual([
+      "high-a",
+      "high-b",
+      "mid-a",
+      "low-a",
+      "low-b",
+    ]);
+    await release(b, "occupier", occupier);
+  });
+
+  it("ends a request that waited past its lane's timeout with queue_timeout and the lane's status", async () => {
+    const b = batcher({
+      ...HOLD,
+      lanes: [{ queueTimeoutMs: 100, onTimeout: "reject", timeoutStatus: 429 }],
+    });
+    const occupier = await occupy(b);
+    const before = await counts("batch-1");
+    const item = await readItem(framesOf(await b.submit("late")));
+    expect(item.head).toBeNull();
+    const trailer = item.trailer as BatcherFailureTrailer;
+    expect(trailer).toMatchObject({
+      id: "late",
+      outcome: "timeout",
+      usage: null,
+      status: 429,
+      error: { code: "queue_timeout" },
+    });
+    expect(trailer.retry_after_ms).toBeGreaterThan(0);
+    const after = await counts("batch-1");
+    expect(after.items).toBe(before.items);
+    expect((await b.stub.snapshot()).counters.queueTimeouts).toBe(1);
+    await release(b, "occupier", occupier);
+  });
+
+  it("refuses a request to a full lane at once with retryAfterMs", async () => {
+    const b = batcher({ ...HOLD, lanes: [{ maxQueue: 1 }, {}] });
+    const occupier = await occupy(b);
+    const first = framesOf(await b.submit("q1"));
+    const refused = await b.submit("q2");
+    expect(refused).toEqual({
+      kind: "refused",
+      reason: "queue_full",
+      retryAfterMs: expect.any(Number),
+    });
+    expect(refused.kind === "refused" && refused.retryAfterMs).toBeGreaterThanOrEqual(1000);
+    // Another lane still has room.
+    const other = await b.submit("q3", { lane: 1 });
+    expect(other.kind).toBe("accepted");
+    await release(b, "q1", first);
+    await release(b, "q3", framesOf(other));
+    await release(b, "occupier", occupier);
+  });
+});
+
+describe("cancellation", () => {
+  it("removes a waiting request: it never reaches the origin", async () => {
+    const b = batcher(HOLD);
+    const occupier = await occupy(b);
+    const before = await counts("batch-1");
+    const waiting = framesOf(await b.submit("c1"));
+    expect((await b.stub.snapshot()).queued).toBe(1);
+    // What the edge does when its client goes away: cancel the stream and tell the batcher.
+    await release(b, "c1", waiting);
+    const snapshot = await b.stub.snapshot();
+    expect(snapshot.queued).toBe(0);
+    expect(snapshot.counters.cancelledWaiting).toBe(1);
+    expect(await b.stub.cancel("c1")).toBe(false);
+    await release(b, "occupier", occupier);
+    let done = await b.stub.snapshot();
+    for (let i = 0; i < 200 && done.openBatches > 0; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+      done = await b.stub.snapshot();
+    }
+    expect(done.recentBatches.map((batch) => batch.items)).toEqual([["occupier"]]);
+    expect((await counts("batch-1")).items).toBe(before.items);
+  });
+
+  it("cancels a streaming request on its origin, which frees its slot", async () => {
+    const b = batcher(HOLD);
+    const before = await counts("batch-1");
+    const frames = framesOf(await b.submit("c2", { body: { max_tokens: 2000 } }));
+    await untilHead(frames);
+    const first = await frames.next();
+    expect(typeof first !== "string" && first.type).toBe(FrameType.DATA);
+    frames.cancel();
+    const after = await waitForCounts(
+      "batch-1",
+      (c) => c.inFlight === before.inFlight && c.dropped > before.dropped,
+    );
+    // Alone in its call: closing the call cancelled it (the origin counts a dropped call).
+    expect(after.inFlight).toBe(before.inFlight);
+    expect(after.dropped).toBe(before.dropped + 1);
+  });
+
+  it("cancels one streaming request of a call without disturbing its neighbour", async () => {
+    const b = batcher({ ...HOLD, maxBatchSize: 2 });
+    const occupier = await occupy(b);
+    const before = await counts("batch-1");
+    const [gone, kept] = await Promise.all([
+      b.submit("n1", { body: { max_tokens: 2000 } }),
+      b.submit("n2", { body: { max_tokens: 8 } }),
+    ]);
+    const goneFrames = framesOf(gone);
+    await untilHead(goneFrames);
+    await release(b, "n1", goneFrames);
+    const neighbour = await readItem(framesOf(kept));
+    expect(neighbour.trailer).toMatchObject({ id: "n2", outcome: "ok" });
+    const after = await waitForCounts("batch-1", (c) => c.cancelled > before.cancelled);
+    expect(after.cancelled).toBe(before.cancelled + 1);
+    await release(b, "occupier", occupier);
+  });
+});
+
+describe("bytes", () => {
+  it("hands every item of a call exactly the bytes the origin produces for it alone", async () => {
+    const b = batcher({ ...HOLD, maxBatchSize: 3 });
+    const occupier = await occupy(b);
+    const bodies = [
+      chatBody({ stream: true, max_tokens: 12, messages: [{ role: "user", content: "One." }] }),
+      chatBody({ stream: false, max_tokens: 7, messages: [{ role: "user", content: "Two." }] }),
+      chatBody({
+        stream: true,
+        max_tokens: 9,
+        stream_options: { include_usage: true },
+        messages: [{ role: "user", content: "Three." }],
+      }),
+    ];
+    // Warm the prefix cache first: `cached_tokens` depends on it.
+    for (const body of bodies) await direct(body);
+    const results = await Promise.all(
+      bodies.map((body, i) => b.submit(`bytes-${i}`, { body, timeHead: body.stream === true })),
+    );
+    const items = await Promise.all(results.map((r) => readItem(framesOf(r))));
+    expect((await b.stub.snapshot()).recentBatches.at(-1)?.items).toHaveLength(3);
+    for (const [i, body] of bodies.entries()) {
+      expect(items[i]?.trailer?.outcome).toBe("ok");
+      expect(items[i]?.body).toEqual(await direct(body));
+    }
+    await release(b, "occupier", occupier);
+  });
+});
+
+describe("restart", () => {
+  it("ends every caller with an error, and cancels the orphaned calls on their origins", async () => {
+    const b = batcher(HOLD);
+    const before = await counts("batch-1");
+    const occupier = await occupy(b);
+    const waiting = await Promise.all(["e1", "e2"].map((id) => b.submit(id)));
+    expect((await b.stub.snapshot()).queued).toBe(2);
+
+    // The object goes away mid-window, as on a crash or a deploy.
+    await abortAllDurableObjects();
+
+    const ends = await Promise.all([occupier, ...waiting.map(framesOf)].map(readItem));
+    // Nobody gets an answer: no HEAD for the waiting ones, no END for anyone, an error instead.
+    // (The occupier's HEAD was read before.)
+    expect(ends.map((end) => [end.head, end.trailer, typeof end.stopped])).toEqual([
+      [null, null, "string"],
+      [null, null, "string"],
+      [null, null, "string"],
+    ]);
+    // A new incarnation finds the call the old one left open and cancels it once; the
+    // alarm may already have run by itself.
+    const stub = env.BATCHER.getByName(`test:${b.setup.version}`);
+    await runDurableObjectAlarm(stub);
+    const swept = await stub.snapshot();
+    expect(swept.counters.submitted).toBe(0);
+    expect(swept.persistedBatches).toBe(0);
+    expect(swept.counters.orphansCancelled).toBe(1);
+    await runDurableObjectAlarm(stub);
+    expect((await stub.snapshot()).counters.orphansCancelled).toBe(1);
+    // The origin ran only the occupier and has stopped it.
+    const after = await waitForCounts("batch-1", (c) => c.inFlight === before.inFlight);
+    expect([after.batches - before.batches, after.items - before.items]).toEqual([1, 1]);
+    expect(after.inFlight).toBe(before.inFlight);
+  });
+});
+
+describe("origin failures", () => {
+  it("fails items before their HEAD when the origin cannot be reached, and skips it after", async () => {
+    const setup: BatcherSetup = {
+      version: `dead-${crypto.randomUUID().slice(0, 8)}`,
+      window: WindowConfigSchema.parse({ origins: [{ id: "dead" }, { id: "batch-2" }] }),
+      origins: [
+        { id: "dead", url: "http://127.0.0.1:9" },
+        { id: "batch-2", url: urlOf("batch-2") },
+      ],
+      quarantineMs: 60_000,
+    };
+    const stub = env.BATCHER.getByName(`test:${setup.version}`);
+    const submit = (id: string) =>
+      stub.submit({
+        setup,
+        id,
+        path: "/v1/chat/completions",
+        body: JSON.stringify(chatBody({ stream: true, max_tokens: 2 })),
+        headers: {},
+        lane: 0,
+        promptTokens: 30,
+        maxTokens: 2,
+        deadline: Date.now() + 60_000,
+        firstByteTimeoutMs: 5_000,
+        timeHead: true,
+        itemTimeoutMs: 60_000,
+        avoidOrigins: [],
+      });
+    const first = await readItem(framesOf(await submit("f1")));
+    expect(first.head).toBeNull();
+    expect(first.trailer).toMatchObject({
+      outcome: "error",
+      origin: "dead",
+      error: { code: "origin_unavailable" },
+    });
+    const second = await readItem(framesOf(await submit("f2")));
+    expect(second.head).toMatchObject({ status: 200, origin: "batch-2" });
+  });
+});
