@@ -1,0 +1,262 @@
+import {
+  abortAllDurableObjects,
+  createExecutionContext,
+  runInDurableObject,
+  waitOnExecutionContext,
+} from "cloudflare:test";
+import { env, exports } from "cloudflare:workers";
+import { describe, expect, inject, it } from "vitest";
+import type { KeyAccount } from "../../durable-objects/key-account.ts";
+import {
+  type BatchingPlan,
+  batcherName,
+  batchingPlan,
+  laneFor,
+} from "../../functions/batcher-client.ts";
+import { parseGatewayConfig } from "../../functions/config.ts";
+import app from "../../functions/index.ts";
+import { type ErrorBody, chatBody, edgeRequest, metricValue } from "../support/edge-requests.ts";
+import { TEST_ADMIN_TOKEN } from "../support/provided-context.ts";
+
+// edge-batch-1 is this file's alone (about 20 ms per token), so its call counts are ours.
+const origin = inject("testOrigins").find((o) => o.id === "edge-batch-1");
+if (origin === undefined) throw new Error("edge-batch-1 is not running");
+const ORIGIN_URL = origin.url;
+const MODEL = "warmgate-sim-8b";
+const REGION = "b";
+
+/** While the origin is busy, a request waits up to a second unless a batch fills first. */
+const HOLD = { max_window_ms: 1000, call_interval_ms: 1000 };
+
+/** A config with one region `b` (edge-batch-1) and the given batching section. */
+function configWith(batching: Record<string, unknown>): string {
+  return JSON.stringify({
+    models: [{ id: MODEL, max_model_len: 32768 }],
+    regions: [{ id: REGION, origins: [{ id: "edge-batch-1", url: ORIGIN_URL }] }],
+    default_region: REGION,
+    limits: { first_byte_timeout_ms: 5_000, retry_budget: 0 },
+    batching,
+  });
+}
+
+function planOf(config: string): BatchingPlan {
+  const parsed = parseGatewayConfig(config);
+  const region = parsed.regions[0];
+  if (region === undefined) throw new Error("no region");
+  const plan = batchingPlan(parsed, region, MODEL);
+  if (plan === null) throw new Error("no plan");
+  return plan;
+}
+
+function batcherOf(config: string) {
+  return env.BATCHER.getByName(batcherName(REGION, MODEL, 0, planOf(config)));
+}
+
+/** Polls the batcher until `done` holds. */
+async function waitForBatcher(
+  config: string,
+  done: (s: Awaited<ReturnType<ReturnType<typeof batcherOf>["snapshot"]>>) => boolean,
+) {
+  let snapshot = await batcherOf(config).snapshot();
+  for (let i = 0; i < 200 && !done(snapshot); i++) {
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    snapshot = await batcherOf(config).snapshot();
+  }
+  return snapshot;
+}
+
+async function originCounts(): Promise<{ batches: number; items: number }> {
+  const text = await (await fetch(`${ORIGIN_URL}/metrics`)).text();
+  return {
+    batches: metricValue(text, "warmgate_origin_batches_total"),
+    items: metricValue(text, "warmgate_origin_batch_items_total"),
+  };
+}
+
+/** A request through the edge under `config`, with its execution context. */
+function send(config: string, request: Request) {
+  const ctx = createExecutionContext();
+  const response = Promise.resolve(app.fetch(request, { ...env, WARMGATE_CONFIG: config }, ctx));
+  return { response, done: () => waitOnExecutionContext(ctx) };
+}
+
+function chat(overrides: Record<string, unknown> = {}, headers: Record<string, string> = {}) {
+  return edgeRequest("/v1/chat/completions", {
+    body: chatBody({ stream: true, max_tokens: 4, ...overrides }),
+    headers,
+  });
+}
+
+/** A long streaming request that keeps the origin busy; resolves once its first bytes came. */
+async function occupy(config: string, headers: Record<string, string> = {}) {
+  const { response, done } = send(config, chat({ max_tokens: 2000 }, headers));
+  const res = await response;
+  expect(res.status).toBe(200);
+  const reader = (res.body as ReadableStream<Uint8Array>).getReader();
+  await reader.read();
+  return {
+    reader,
+    async release() {
+      await reader.cancel();
+      await done();
+    },
+  };
+}
+
+describe("the request path through the batcher", () => {
+  it("collapses concurrent requests into one upstream call and streams each its own bytes", async () => {
+    const config = configWith({ ...HOLD, max_batch_size: 3 });
+    const occupier = await occupy(config);
+    const before = await originCounts();
+    const contents = ["First.", "Second.", "Third."];
+    const responses = await Promise.all(
+      contents.map(
+        (content) => send(config, chat({ messages: [{ role: "user", content }] })).response,
+      ),
+    );
+    const texts = await Promise.all(responses.map((res) => res.text()));
+    const after = await originCounts();
+    expect([after.batches - before.batches, after.items - before.items]).toEqual([1, 3]);
+    for (const [i, res] of responses.entries()) {
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-warmgate-origin")).toBe("edge-batch-1");
+      const direct = await fetch(`${ORIGIN_URL}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify(
+          chatBody({
+            stream: true,
+            max_tokens: 4,
+            messages: [{ role: "user", content: contents[i] }],
+          }),
+        ),
+      });
+      expect(texts[i]).toBe(await direct.text());
+    }
+    const snapshot = await batcherOf(config).snapshot();
+    expect(snapshot.recentBatches.at(-1)).toMatchObject({ reason: "size" });
+    await occupier.release();
+  });
+
+  it("answers a full lane with 429 rate_limit_exceeded and retry-after", async () => {
+    const config = configWith({ ...HOLD, lanes: [{ max_queue: 1 }], default_lane: 0 });
+    const occupier = await occupy(config);
+    const waiting = send(config, chat());
+    await waitForBatcher(config, (s) => s.queued === 1);
+    const { response } = send(config, chat());
+    const refused = await response;
+    expect(refused.status).toBe(429);
+    expect(Number(refused.headers.get("retry-after"))).toBeGreaterThanOrEqual(1);
+    const body = await refused.json<ErrorBody>();
+    expect(body.error).toMatchObject({ type: "rate_limit_error", code: "rate_limit_exceeded" });
+    await occupier.release();
+    expect((await waiting.response).status).toBe(200);
+    await (await waiting.response).arrayBuffer();
+  });
+
+  it("answers a lane's queue timeout with the lane's status", async () => {
+    for (const status of [503, 429] as const) {
+      const config = configWith({
+        ...HOLD,
+        lanes: [{ queue_timeout_ms: 100, timeout_status: status }],
+        default_lane: 0,
+      });
+      const occupier = await occupy(config);
+      const res = await send(config, chat()).response;
+      expect(res.status).toBe(status);
+      expect(res.headers.get("retry-after")).not.toBeNull();
+      expect((await res.json<ErrorBody>()).error.code).toBe("queue_timeout");
+      await occupier.release();
+    }
+  });
+
+  it("goes straight to the origin, one call per request, where batching is off", async () => {
+    const config = configWith({ ...HOLD, overrides: [{ region: REGION, enabled: false }] });
+    expect(planOf(config).enabled).toBe(false);
+    const before = await originCounts();
+    const res = await send(config, chat()).response;
+    expect(res.status).toBe(200);
+    await res.arrayBuffer();
+    const after = await originCounts();
+    expect([after.batches - before.batches, after.items - before.items]).toEqual([1, 1]);
+    expect((await batcherOf(config).snapshot()).counters.submitted).toBe(0);
+  });
+});
+
+describe("lanes from tiers and the priority header", () => {
+  const plan = planOf(configWith({}));
+
+  it("maps key tiers to the default lanes, and callers without one to the standard lane", () => {
+    expect(laneFor(plan, "high", undefined)).toBe(0);
+    expect(laneFor(plan, "standard", undefined)).toBe(1);
+    expect(laneFor(plan, "low", undefined)).toBe(2);
+    expect(laneFor(plan, undefined, undefined)).toBe(1);
+  });
+
+  it("lets x-warmgate-priority lower a lane but never raise it", () => {
+    expect(laneFor(plan, "high", "low")).toBe(2);
+    expect(laneFor(plan, "high", "1")).toBe(1);
+    expect(laneFor(plan, "low", "high")).toBe(2);
+    expect(laneFor(plan, "standard", "0")).toBe(1);
+    expect(laneFor(plan, "standard", "99")).toBe(2);
+    expect(laneFor(plan, "standard", "urgent")).toBe(1);
+  });
+
+  it("clamps to the lanes a region has", () => {
+    const one = planOf(configWith({ lanes: [{}] }));
+    expect([laneFor(one, "low", undefined), laneFor(one, undefined, "low")]).toEqual([0, 0]);
+  });
+});
+
+describe("a batcher restart mid-window", () => {
+  it("ends every caller once with an error and settles every reservation", async () => {
+    const created = await exports.default.fetch("http://edge.test/admin/keys", {
+      method: "POST",
+      headers: { authorization: `Bearer ${TEST_ADMIN_TOKEN}`, "content-type": "application/json" },
+      body: JSON.stringify({ name: "batcher restart" }),
+    });
+    const { id: keyId, key } = await created.json<{ id: string; key: string }>();
+    const auth = { authorization: `Bearer ${key}` };
+    const config = configWith(HOLD);
+    const occupier = await occupy(config, auth);
+    const waiting = [send(config, chat({}, auth)), send(config, chat({}, auth))];
+    await waitForBatcher(config, (s) => s.queued === 2);
+
+    await abortAllDurableObjects();
+
+    // The running stream ends with an OpenAI error event; the waiting ones get one error each.
+    const rest = new TextDecoder();
+    let tail = "";
+    for (;;) {
+      const { done, value } = await occupier.reader.read();
+      if (done) break;
+      tail += rest.decode(value, { stream: true });
+    }
+    expect(tail).toMatch(/data: \{"error":\{.*"code":"origin_error"\}\}\n\n$/);
+    expect(tail).not.toContain("[DONE]");
+    const answers = await Promise.all(waiting.map((w) => w.response));
+    for (const res of answers) {
+      expect(res.status).toBe(503);
+      expect((await res.json<ErrorBody>()).error.code).toBe("no_healthy_origin");
+    }
+    await Promise.all(waiting.map((w) => w.done()));
+
+    // Every reservation is closed, as an error, and none is left open.
+    const account = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
+    let rows: { state: string; outcome: string | null }[] = [];
+    for (let i = 0; i < 200; i++) {
+      rows = await runInDurableObject(account, (_instance: KeyAccount, state) =>
+        state.storage.sql
+          .exec<{ state: string; outcome: string | null }>("SELECT state, outcome FROM ledger")
+          .toArray(),
+      );
+      if (rows.length === 3 && rows.every((row) => row.state !== "open")) break;
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    expect(rows).toEqual([
+      { state: "settled", outcome: "error" },
+      { state: "settled", outcome: "error" },
+      { state: "settled", outcome: "error" },
+    ]);
+  });
+});
