@@ -167,6 +167,15 @@ export type BatcherSubmitResult =
   /** Refused before queueing, for a reason another region may not share. */
   | { kind: "failed"; code: BatcherFailureCode | "duplicate_id"; detail: string };
 
+/** How `cancel` treats a running item. */
+export interface BatcherCancelOptions {
+  /**
+   * Cancel it on its origin but keep its stream open up to its END, whose usage counts
+   * what was generated before the cancel (for billing a client that went away).
+   */
+  untilEnd?: boolean;
+}
+
 /** Counters since this incarnation started. */
 export interface BatcherCounters {
   submitted: number;
@@ -237,6 +246,8 @@ interface Caller {
   headTimer: ReturnType<typeof setTimeout> | null;
   /** Frames that arrived in the current origin chunk, written to the caller in one piece. */
   pending: Uint8Array[];
+  /** Cancelled on its origin while its stream waits for the END (`cancel` with `untilEnd`). */
+  cancelling: boolean;
 }
 
 interface OpenBatch {
@@ -375,8 +386,8 @@ export class Batcher extends DurableObject<Env> {
    * tells this object of that only at the stream's next write, which for a waiting item may
    * be long after. False when the item had already ended.
    */
-  cancel(id: string): boolean {
-    return this.#callerGone(id);
+  cancel(id: string, options: BatcherCancelOptions = {}): boolean {
+    return options.untilEnd === true ? this.#cancelUntilEnd(id) : this.#callerGone(id);
   }
 
   /** Counters and the window's current view. */
@@ -439,6 +450,7 @@ export class Batcher extends DurableObject<Env> {
       batch: null,
       headTimer: null,
       pending: [],
+      cancelling: false,
     });
     return frames;
   }
@@ -757,7 +769,7 @@ export class Batcher extends DurableObject<Env> {
     caller.headTimer = null;
     const batch = caller.batch;
     if (caller.stage !== "sent" || batch === null) return;
-    this.#cancelRunning(caller, batch);
+    this.#cancelRunning(caller, batch, true, true);
     this.#failSent(
       caller,
       "origin_timeout",
@@ -791,9 +803,22 @@ export class Batcher extends DurableObject<Env> {
       return true;
     }
     if (caller.batch !== null && (previous === "sent" || previous === "open")) {
-      this.#counters.cancelledRunning += 1;
-      this.#cancelRunning(caller, caller.batch);
+      if (!caller.cancelling) this.#counters.cancelledRunning += 1;
+      this.#cancelRunning(caller, caller.batch, true, !caller.cancelling);
     }
+    return true;
+  }
+
+  /** Cancels a running item on its origin but keeps its stream open for its END. */
+  #cancelUntilEnd(id: string): boolean {
+    const caller = this.#callers.get(id);
+    if (caller === undefined) return false;
+    if (caller.batch === null || caller.stage === "queued") return this.#callerGone(id);
+    if (caller.cancelling) return true;
+    caller.cancelling = true;
+    this.#counters.cancelledRunning += 1;
+    // Never by closing the call: the END with the item's usage must still come through it.
+    this.#cancelRunning(caller, caller.batch, false, true);
     return true;
   }
 
@@ -802,17 +827,24 @@ export class Batcher extends DurableObject<Env> {
    * closing the call does it (the origin cancels every unfinished item of a dropped call)
    * and saves a request; otherwise the origin's cancel endpoint stops just this item.
    */
-  #cancelRunning(caller: Caller, batch: OpenBatch): void {
+  #cancelRunning(
+    caller: Caller,
+    batch: OpenBatch,
+    mayCloseCall: boolean,
+    askOrigin: boolean,
+  ): void {
     const now = Date.now();
     this.#state = this.#core((s) => cancelInWindow(s, caller.input.id, now).state);
     const wanted = batch.callers.some(
       (other, index) => other !== caller && !batch.done.has(index) && other.stage !== "ended",
     );
-    if (!wanted) {
+    if (mayCloseCall && !wanted) {
       batch.abortReason = "all-cancelled";
       batch.abort.abort("every item was cancelled");
       return;
     }
+    // Already asked (a cancel until END that the caller then stopped waiting for).
+    if (!askOrigin) return;
     this.ctx.waitUntil(
       cancelBatchItems(batch, batch.id, [caller.input.id]).then((ok) => {
         if (!ok) console.warn("origin cancel failed", batch.id, batch.originId, caller.input.id);

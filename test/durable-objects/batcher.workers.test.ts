@@ -359,6 +359,18 @@ describe("cancellation", () => {
     expect(after.dropped).toBe(before.dropped + 1);
   });
 
+  it("cancels a running request until its END, which still reports what it generated", async () => {
+    const b = batcher(HOLD);
+    const frames = framesOf(await b.submit("u1", { body: { max_tokens: 2000 } }));
+    await untilHead(frames);
+    await frames.next();
+    expect(await b.stub.cancel("u1", { untilEnd: true })).toBe(true);
+    const rest = await readItem(frames);
+    expect(rest.trailer).toMatchObject({ id: "u1", outcome: "cancelled" });
+    expect(rest.trailer?.usage?.completion_tokens).toBeGreaterThan(0);
+    expect((await b.stub.snapshot()).counters.cancelledRunning).toBe(1);
+  });
+
   it("cancels one streaming request of a call without disturbing its neighbour", async () => {
     const b = batcher({ ...HOLD, maxBatchSize: 2 });
     const occupier = await occupy(b);
