@@ -307,6 +307,37 @@ export function decideAdmission(input: AdmissionInput): AdmissionOutcome {
 
 type QuotaRefusal = Extract<AdmissionRefusal, { code: "insufficient_quota" }>;
 
+/** Whether a key has any budget. */
+export function hasBudgets(budgets: Budgets): boolean {
+  return (
+    budgets.dayMicros !== null || budgets.monthMicros !== null || budgets.creditMicros !== null
+  );
+}
+
+/**
+ * The most a settling request may be billed without taking any budget past its limit: its
+ * own reservation (agreed at admission) plus whatever room the budgets have left; null when
+ * the key has no budget. `spend` includes the request's reservation while it is open.
+ */
+export function billingCap(
+  budgets: Budgets,
+  spend: SpendState,
+  reservationMicros: number,
+): number | null {
+  let room: number | null = null;
+  const periods: [number | null, PeriodSpend][] = [
+    [budgets.dayMicros, spend.day],
+    [budgets.monthMicros, spend.month],
+    [budgets.creditMicros, spend.lifetime],
+  ];
+  for (const [limit, period] of periods) {
+    if (limit === null) continue;
+    const left = limit - period.settledMicros - period.reservedMicros;
+    room = room === null ? left : Math.min(room, left);
+  }
+  return room === null ? null : reservationMicros + Math.max(0, room);
+}
+
 /**
  * The first budget that reserving `requestedMicros` more would overdraw, or null. A budget
  * holds settled costs plus open reservations; both together never exceed it.

@@ -46,7 +46,10 @@
 import { DurableObject } from "cloudflare:workers";
 import { adjust, type BucketState } from "./token-bucket.ts";
 import {
+  NO_BUDGETS,
+  billingCap,
   decideAdmission,
+  hasBudgets,
   rateLimitNow,
   tokenCorrection,
   type Admission,
@@ -186,7 +189,16 @@ export interface AdmitInput {
 }
 
 /** An admitted request: its tier, rate-limit headers and when its reservation lapses. */
-export type AdmitOk = Admission & { requestId: string; tier: KeyTier; leaseExpiresAt: number };
+export type AdmitOk = Admission & {
+  requestId: string;
+  tier: KeyTier;
+  leaseExpiresAt: number;
+  /**
+   * Whether the key has a budget: then a cost above the reservation is billed only as far
+   * as the budgets have room, which only the account knows when it settles.
+   */
+  budgeted: boolean;
+};
 
 /** The answer to `admit`. */
 export type AdmitResult = AdmitOk | AdmissionRefusal;
@@ -659,6 +671,7 @@ export class KeyAccount extends DurableObject<Env> {
         requestId: input.requestId,
         tier: record.tier,
         leaseExpiresAt: existing.expires_at,
+        budgeted: hasBudgets(record.budgets),
       };
     }
 
@@ -737,7 +750,13 @@ export class KeyAccount extends DurableObject<Env> {
       );
       this.#addSpend(day, { reservedMicros: decision.reservedMicros, settledMicros: 0 });
     });
-    return { ...decision, requestId: input.requestId, tier: record.tier, leaseExpiresAt };
+    return {
+      ...decision,
+      requestId: input.requestId,
+      tier: record.tier,
+      leaseExpiresAt,
+      budgeted: hasBudgets(record.budgets),
+    };
   }
 
   #secretMatches(secretHash: string, now: number): boolean {
@@ -817,8 +836,16 @@ export class KeyAccount extends DurableObject<Env> {
             cachedTokens: usage.cached_tokens ?? 0,
             completionTokens: usage.completion_tokens,
           };
-    const cost = billedMicros(tokens, priceOf(served), row.reserved_micros);
     const late = row.state === "expired";
+    // Exact, unless that would take a budget past its limit: the reservation was agreed at
+    // admission, anything above it only while the budgets have room (an expired row's
+    // reservation was already released).
+    const cap = billingCap(
+      this.#record?.budgets ?? NO_BUDGETS,
+      this.#spend(row.day),
+      late ? 0 : row.reserved_micros,
+    );
+    const cost = billedMicros(tokens, priceOf(served), cap);
     this.ctx.storage.transactionSync(() => {
       if (delta !== 0) {
         this.#adjustTokens(KEY_SCOPE, this.#record?.limits.tpm ?? 0, delta, now);

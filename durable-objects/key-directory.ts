@@ -67,6 +67,14 @@ export class KeyDirectory extends DurableObject<Env> {
     return true;
   }
 
+  /** Every indexed key's id and name, oldest first (for fan-out reports such as usage). */
+  ids(): { id: string; name: string }[] {
+    return this.ctx.storage.sql
+      .exec<{ id: string; record: string }>("SELECT id, record FROM keys ORDER BY created_at, id")
+      .toArray()
+      .map((row) => ({ id: row.id, name: (JSON.parse(row.record) as KeyRecord).name }));
+  }
+
   /** Whether a key with this id is indexed. */
   has(id: string): boolean {
     return this.ctx.storage.sql.exec("SELECT 1 FROM keys WHERE id = ?", id).toArray().length > 0;

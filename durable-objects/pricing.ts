@@ -80,18 +80,18 @@ export function worstCaseMicros(
 }
 
 /**
- * What a finished request is billed: the cost of the origin's usage, never more than was
- * reserved for it (the price agreed at admission, so budgets hold even when the prompt
- * estimate was low), and nothing when no usage was reported (no engine ran it, or the
- * connection broke before the origin could say).
+ * What a finished request is billed: the cost of the origin's usage, at most `capMicros`
+ * when a budget limits it (null: no cap), and nothing when no usage was reported (no engine
+ * ran it, or the connection broke before the origin could say).
  */
 export function billedMicros(
   usage: TokenUsage | null,
   price: ModelPrice,
-  reservedMicros: number,
+  capMicros: number | null,
 ): number {
   if (usage === null) return 0;
-  return Math.min(costMicros(usage, price), Math.max(0, reservedMicros));
+  const cost = costMicros(usage, price);
+  return capMicros === null ? cost : Math.min(cost, Math.max(0, capMicros));
 }
 
 /**

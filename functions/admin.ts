@@ -7,10 +7,11 @@ import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
 import { z } from "zod";
 import { NO_BUDGETS, type Budgets, type Limits } from "../durable-objects/admission.ts";
-import { KEY_TIERS, type KeyRecord } from "../durable-objects/key-account.ts";
+import { KEY_TIERS, type KeyRecord, type UsageRow } from "../durable-objects/key-account.ts";
 import { microsToUsd, usdToMicros } from "../durable-objects/pricing.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory.ts";
 import { ApiError, invalidJson } from "./errors.ts";
+import { sumUsage, totalsJson, usageRange, usageReport } from "./routes/usage.ts";
 import {
   KEY_ID_PATTERN,
   bearerToken,
@@ -151,9 +152,49 @@ export function adminAuth() {
   });
 }
 
-/** `/admin/keys…`: create, list, get, update, revoke and rotate API keys. */
+/** Key accounts asked at once by `GET /admin/usage`. */
+export const USAGE_FAN_OUT = 32;
+
+/**
+ * `/admin/keys…`: create, list, get, update, revoke and rotate API keys;
+ * `/admin/usage`: the usage API across keys.
+ */
 export const adminApp = new Hono<{ Bindings: Env }>()
   .use("*", adminAuth())
+  .get("/usage", async (c) => {
+    const range = usageRange(c.req.query("from"), c.req.query("to"), Date.now());
+    const only = c.req.query("key_id");
+    let keys = await directory(c.env).ids();
+    if (only !== undefined) {
+      keys = keys.filter((key) => key.id === only);
+      if (keys.length === 0) throw noSuchKey(only);
+    }
+    // Each key's account holds its own ledger: ask them all, a batch at a time.
+    const perKey: { id: string; name: string; rows: UsageRow[] }[] = [];
+    for (let i = 0; i < keys.length; i += USAGE_FAN_OUT) {
+      const batch = keys.slice(i, i + USAGE_FAN_OUT);
+      const answers = await Promise.all(batch.map((key) => account(c.env, key.id).usage(range)));
+      answers.forEach((answer, j) => {
+        const key = batch[j];
+        if (answer.ok && key !== undefined) perKey.push({ ...key, rows: answer.rows });
+      });
+    }
+    const merged = new Map<string, UsageRow>();
+    for (const row of perKey.flatMap((key) => key.rows)) {
+      const slot = `${row.day}\u0000${row.model}`;
+      const seen = merged.get(slot);
+      merged.set(slot, seen === undefined ? { ...row } : { ...seen, ...sumUsage([seen, row]) });
+    }
+    const rows = [...merged.values()].sort((a, b) =>
+      a.day === b.day ? a.model.localeCompare(b.model) : a.day.localeCompare(b.day),
+    );
+    return c.json({
+      ...usageReport(range, rows),
+      keys: perKey
+        .map((key) => ({ key_id: key.id, name: key.name, ...totalsJson(sumUsage(key.rows)) }))
+        .filter((key) => key.requests > 0),
+    });
+  })
   .post("/keys", async (c) => {
     const body = await readBody(c.req.raw, CreateKeyRequest);
     const now = Date.now();

@@ -22,7 +22,10 @@ export type CompletionBody =
 
 /** What the edge decided about a completion before dispatching it. */
 export interface CompletionPlan {
+  /** The first model to try (`models[0]`). */
   model: ModelConfig;
+  /** Every model that may serve it, in order: one, or an alias's list whose window fits. */
+  models: ModelConfig[];
   /** Estimated prompt tokens (conservative, see token-estimate.ts). */
   promptTokens: number;
   /** Completion tokens requested (`max_completion_tokens`/`max_tokens`), null when unbounded. */

@@ -5,6 +5,7 @@
  * (cached by its text) and every problem names the field at fault.
  */
 import { z } from "zod";
+import { AliasesSchema, ModelPricingSchema, aliasIssues } from "./pricing.ts";
 
 /** Default request limits; 8 MB bodies match OpenAI's documented request size cap. */
 export const DEFAULT_LIMITS = {
@@ -24,6 +25,8 @@ export const ModelConfigSchema = z.strictObject({
   owned_by: z.string().min(1).default("warmgate"),
   /** Other names that resolve to this model (the first model listing an alias wins). */
   aliases: z.array(id).default([]),
+  /** USD per 1M input, cached input and output tokens; a model without prices is free. */
+  pricing: ModelPricingSchema.optional(),
 });
 
 /** One origin server inside a region. */
@@ -107,6 +110,8 @@ export const GatewayConfigSchema = z
     /** In fallback order after the caller's nearest region. */
     regions: z.array(RegionConfigSchema).min(1),
     default_region: id,
+    /** Names (`fast`, `cheap`, …) for ordered lists of models: the next one serves when one has no healthy origin. */
+    aliases: AliasesSchema.default({}),
     limits: LimitsConfigSchema.default(LimitsConfigSchema.parse({})),
     batching: BatchingConfigSchema.default(BatchingConfigSchema.parse({})),
   })
@@ -129,6 +134,7 @@ export const GatewayConfigSchema = z
         }
       });
     });
+    for (const issue of aliasIssues(config)) ctx.addIssue({ code: "custom", ...issue });
     const regionIds = new Set<string>();
     const originIds = new Set<string>();
     config.regions.forEach((region, i) => {
@@ -277,10 +283,22 @@ export function originServes(origin: OriginConfig, model: string): boolean {
 
 /** Resolves a requested model name (id or alias) to its configured model, or undefined. */
 export function resolveModel(config: GatewayConfig, name: string): ModelConfig | undefined {
-  return (
-    config.models.find((model) => model.id === name) ??
-    config.models.find((model) => model.aliases.includes(name))
-  );
+  return resolveModels(config, name)[0];
+}
+
+/**
+ * The models a requested name stands for, in the order to try them: a model id, an alias
+ * of `aliases` (its list), or a model's own alias; empty when the name is unknown.
+ */
+export function resolveModels(config: GatewayConfig, name: string): ModelConfig[] {
+  const model = config.models.find((m) => m.id === name);
+  if (model !== undefined) return [model];
+  const list = config.aliases[name];
+  if (list !== undefined) {
+    return list.flatMap((listed) => config.models.filter((m) => m.id === listed));
+  }
+  const owner = config.models.find((m) => m.aliases.includes(name));
+  return owner === undefined ? [] : [owner];
 }
 
 /** Logs a configuration problem once, when the Worker starts, so operators see it at once. */

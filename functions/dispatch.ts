@@ -56,6 +56,9 @@ export const openDirect: ItemOpener = (candidate, request) =>
     itemTimeoutMs: request.itemTimeoutMs,
   });
 
+/** Longest wait for a cancelled item's END (and its usage) after the client went away. */
+export const CANCEL_USAGE_WAIT_MS = 5_000;
+
 /** What the edge sends and how it reports the end. */
 export interface DispatchOptions {
   requestId: string;
@@ -164,6 +167,7 @@ function respond(
   }, options.limits.request_timeout_ms);
 
   let finished = false;
+  let clientGone = false;
   let streamController: ReadableStreamDefaultController<Uint8Array> | undefined;
   const finish = (
     outcome: SettledRequest["outcome"],
@@ -209,7 +213,7 @@ function respond(
       async pull(controller) {
         for (;;) {
           const event: ItemEvent = await item.next();
-          if (finished) return;
+          if (finished || clientGone) return;
           switch (event.kind) {
             case "data":
               if (event.bytes.byteLength === 0) continue;
@@ -236,10 +240,12 @@ function respond(
           }
         }
       },
-      cancel() {
-        // The client went away: the item is cancelled on its origin.
-        item.cancel();
-        finish("cancelled", null);
+      async cancel() {
+        // The client went away: the item is cancelled on its origin, whose END still
+        // reports the tokens generated until then, so the request is billed for them.
+        clientGone = true;
+        const trailer = await item.cancelForUsage(CANCEL_USAGE_WAIT_MS);
+        finish("cancelled", trailer);
       },
     },
     // Pull only when the client reads: the origin's pace reaches the client without buffering.

@@ -11,6 +11,7 @@ import { requestContext } from "./middleware/request-context.ts";
 import { completions } from "./routes/completions.ts";
 import { health } from "./routes/health.ts";
 import { models } from "./routes/models.ts";
+import { usage } from "./routes/usage.ts";
 
 /** The warmgate edge Worker. */
 const app = new Hono<AppEnv>();
@@ -28,6 +29,7 @@ app.use("/v1/*", authenticate());
 app.use("/v1/models", verifyCredential());
 app.use("/v1/models/*", verifyCredential());
 app.route("/v1/models", models);
+app.route("/v1/usage", usage);
 app.route("/v1", completions);
 app.notFound(handleNotFound);
 app.onError(handleError);

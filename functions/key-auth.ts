@@ -5,13 +5,14 @@
 import type { AdmissionRefusal, InvalidKeyReason } from "../durable-objects/admission.ts";
 import type {
   AdmitCredential,
+  AdmitFallback,
   AdmitResult,
   KeyAccount,
   KeyCheckResult,
   SettleInput,
   SettleResult,
 } from "../durable-objects/key-account.ts";
-import { formatUsd } from "../durable-objects/pricing.ts";
+import { formatUsd, type ModelPrice } from "../durable-objects/pricing.ts";
 import { verifyBrowserToken, type BrowserScope } from "./browser-tokens.ts";
 import { ApiError } from "./errors.ts";
 import { API_KEY_PREFIX, bearerToken, parseApiKey } from "./keys.ts";
@@ -32,6 +33,10 @@ export interface AdmitRequestInput {
   model: string;
   promptTokens: number;
   maxTokens: number;
+  /** Prices of `model`; absent: free. */
+  price?: ModelPrice;
+  /** Models to try after `model`, in order, with their prices. */
+  fallbacks?: AdmitFallback[];
   /** The OpenAI `user` field. */
   endUser?: string | null;
   /** The request's `Origin` header, if any. */
@@ -107,6 +112,8 @@ export async function admitRequest(
     model: input.model,
     promptTokens: input.promptTokens,
     maxTokens: input.maxTokens,
+    ...(input.price === undefined ? {} : { price: input.price }),
+    ...(input.fallbacks === undefined ? {} : { fallbacks: input.fallbacks }),
     endUser: input.endUser ?? null,
     origin: input.origin ?? null,
     ...(input.leaseMs === undefined ? {} : { leaseMs: input.leaseMs }),

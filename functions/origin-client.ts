@@ -40,6 +40,12 @@ export interface OpenItem {
   next(): Promise<ItemEvent>;
   /** Stops the item: the origin cancels it and frees its slot. */
   cancel(): void;
+  /**
+   * Cancels the item on its origin but reads on to its END, whose usage counts what was
+   * generated before the cancel (for billing a client that went away); resolves with that
+   * trailer, or null when none came within `waitMs`, and then stops as {@link cancel} does.
+   */
+  cancelForUsage(waitMs: number): Promise<ItemTrailer | null>;
 }
 
 /** The outcome of one attempt at an origin; `originId` names the origin that was tried. */
@@ -183,9 +189,16 @@ export function openItemFromFrames(
   frames: FrameReader,
   cancel: () => void,
   onLoad?: (report: LoadReport) => void,
+  /**
+   * Asks the upstream to cancel the item while its frames keep coming up to END; without
+   * it, `cancelForUsage` cancels outright and resolves with null.
+   */
+  requestCancel?: () => Promise<unknown>,
 ): OpenItem {
   let finished = false;
-  return {
+  // The item's END once read, whoever read it (a reader may still be waiting when it comes).
+  let trailer: ItemTrailer | null = null;
+  const item: OpenItem = {
     head,
     async next() {
       if (finished) return { kind: "broken", detail: "item already finished" };
@@ -200,7 +213,8 @@ export function openItemFromFrames(
             return { kind: "data", bytes: frame.payload };
           case FrameType.END:
             finished = true;
-            return { kind: "end", trailer: decodeJsonPayload(frame.payload) as ItemTrailer };
+            trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
+            return { kind: "end", trailer };
           case FrameType.LOAD:
             onLoad?.(decodeJsonPayload(frame.payload) as LoadReport);
             break;
@@ -214,7 +228,29 @@ export function openItemFromFrames(
       finished = true;
       cancel();
     },
+    async cancelForUsage(waitMs) {
+      if (finished || requestCancel === undefined) {
+        item.cancel();
+        return trailer;
+      }
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const gaveUp = new Promise<null>((resolve) => {
+        timer = setTimeout(() => resolve(null), waitMs);
+      });
+      const drained = (async () => {
+        await requestCancel().catch(() => {});
+        for (;;) {
+          const event = await item.next();
+          if (event.kind !== "data") return trailer;
+        }
+      })();
+      const result = await Promise.race([drained, gaveUp]);
+      if (timer !== undefined) clearTimeout(timer);
+      item.cancel();
+      return result ?? trailer;
+    },
   };
+  return item;
 }
 
 /** Posts a one-item batch to `origin` and waits for the item's HEAD. Never rejects. */
@@ -292,6 +328,7 @@ export async function openItem(
     frames,
     () => abort.abort("client went away"),
     options.onLoad,
+    () => cancelBatchItems(origin, options.requestId, [options.requestId]),
   );
   return { kind: "open", item, originId: origin.id };
 }

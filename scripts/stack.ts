@@ -147,6 +147,22 @@ async function fetchModels(url: string): Promise<{ id: string; max_model_len: nu
   return body.data.map((m) => ({ id: m.id, max_model_len: m.max_model_len }));
 }
 
+/** Prices of the simulated models (USD per 1M tokens), so local runs are billed like real ones. */
+export const SIM_PRICING: Record<
+  string,
+  { input_per_mtok: number; cached_input_per_mtok: number; output_per_mtok: number }
+> = {
+  "warmgate-sim-8b": { input_per_mtok: 0.1, cached_input_per_mtok: 0.025, output_per_mtok: 0.4 },
+  "warmgate-sim-70b": { input_per_mtok: 0.6, cached_input_per_mtok: 0.15, output_per_mtok: 2.4 },
+};
+
+/** Aliases of the local stack: ordered model lists, the next serving when one has no origin. */
+export const SIM_ALIASES: Record<string, string[]> = {
+  fast: ["warmgate-sim-8b", "warmgate-sim-70b"],
+  cheap: ["warmgate-sim-8b"],
+  best: ["warmgate-sim-70b", "warmgate-sim-8b"],
+};
+
 /** Builds the edge's `WARMGATE_CONFIG` for a set of running origins. */
 export function stackConfig(
   origins: StackOrigin[],
@@ -154,8 +170,23 @@ export function stackConfig(
   models: { id: string; max_model_len: number }[],
   limits: Record<string, number> = {},
 ): string {
+  const served = new Set(models.map((m) => m.id));
+  const aliases = Object.fromEntries(
+    Object.entries(SIM_ALIASES)
+      .map(([alias, list]) => [alias, list.filter((id) => served.has(id))] as const)
+      .filter(([, list]) => list.length > 0),
+  );
   return JSON.stringify({
-    models: models.map((m) => ({ id: m.id, max_model_len: m.max_model_len, owned_by: "warmgate" })),
+    models: models.map((m) => {
+      const pricing = SIM_PRICING[m.id];
+      return {
+        id: m.id,
+        max_model_len: m.max_model_len,
+        owned_by: "warmgate",
+        ...(pricing === undefined ? {} : { pricing }),
+      };
+    }),
+    aliases,
     regions: regions.map((r) => ({
       id: r.id,
       continents: r.continents,

@@ -6,9 +6,10 @@
  * - {@link verifyCredential} (routes that consume nothing, like `/v1/models`) asks the
  *   key's KeyAccount, read-only, whether the key is live (revoked and expired keys fail).
  * - {@link admitCompletion} (completion routes, after the body is validated and planned)
- *   makes the one KeyAccount call of the hot path: admit and reserve, atomically. It
- *   registers the settlement that releases the reservation however the request ends, and
- *   puts OpenAI's `x-ratelimit-*` headers on every response of the admitted request.
+ *   makes the one KeyAccount call of the hot path: admit and reserve tokens and the
+ *   worst-case cost, atomically. It registers the settlement that bills the request and
+ *   releases the rest however it ends, puts OpenAI's `x-ratelimit-*` headers on every
+ *   response of the admitted request, and `x-warmgate-cost-usd` on JSON answers.
  */
 import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";
@@ -18,10 +19,21 @@ import {
   admitRequest,
   authenticateBearer,
   checkCredential,
+  keyAccount,
   queueSettlement,
   refusalError,
+  settleRequest,
 } from "../key-auth.ts";
+import { billedMicros, formatUsd } from "../../durable-objects/pricing.ts";
+import type { GatewayConfig, ModelConfig } from "../config.ts";
+import { originFailure } from "../errors.ts";
+import { modelPrice } from "../pricing.ts";
 import { rateLimitHeaders } from "../rate-limit-headers.ts";
+import type { SettledRequest } from "../settlement.ts";
+import type { SettleInput } from "../../durable-objects/key-account.ts";
+
+/** Response header with a non-streaming completion's cost in USD (six decimal places). */
+export const COST_HEADER = "x-warmgate-cost-usd";
 
 /** Time a reservation outlives the request timeout before the key's alarm releases it. */
 export const LEASE_MARGIN_MS = 60_000;
@@ -75,19 +87,23 @@ export function admitCompletion() {
     let refused = false;
     settlement.onSettled(async (settled) => {
       if (refused) return;
-      await queueSettlement(c.env, credential.keyId, {
-        requestId: settled.requestId,
-        outcome: settled.outcome,
-        usage: settled.usage,
-        model: settled.model,
-      });
+      await queueSettlement(c.env, credential.keyId, settleInput(settled));
     });
+    // Unbounded: the rest of the model's context window is what the completion may use.
+    const allowance = (model: ModelConfig) =>
+      plan.maxTokens ?? Math.max(0, model.max_model_len - plan.promptTokens);
+    const [first, ...rest] = plan.models;
     const result = await admitRequest(c.env, credential, {
       requestId,
-      model: plan.model.id,
+      model: (first ?? plan.model).id,
       promptTokens: plan.promptTokens,
-      // Unbounded: the rest of the context window is what the completion may use.
-      maxTokens: plan.maxTokens ?? Math.max(0, plan.model.max_model_len - plan.promptTokens),
+      maxTokens: allowance(first ?? plan.model),
+      price: modelPrice((first ?? plan.model).pricing),
+      fallbacks: rest.map((model) => ({
+        model: model.id,
+        maxTokens: allowance(model),
+        price: modelPrice(model.pricing),
+      })),
       endUser: typeof body.user === "string" ? body.user : null,
       origin,
       leaseMs: config.limits.request_timeout_ms + LEASE_MARGIN_MS,
@@ -103,8 +119,70 @@ export function admitCompletion() {
     c.set("admission", result);
     c.set("allowedOrigin", origin);
     await next();
+    if (!plan.stream && !isEventStream(c.res)) {
+      // A JSON answer is complete when the origin's END arrives, and END carries the usage:
+      // the whole body (engines send it at once anyway) is read before the headers go out,
+      // so they can carry the request's cost.
+      let bytes: ArrayBuffer;
+      try {
+        bytes = await c.res.arrayBuffer();
+      } catch {
+        // The origin failed mid-body; nothing has reached the client yet.
+        throw originFailure("bad_answer");
+      }
+      c.res = new Response(bytes, c.res);
+      const settled = settlement.record;
+      let cost = usageCost(c.var.config, settled, result.models);
+      // Up to its reservation a request is billed exactly this; above it only as far as the
+      // key's budgets have room, which its account decides: ask it (the queued settlement
+      // then finds the request settled).
+      if (settled !== null && result.budgeted && cost > result.reservedMicros) {
+        cost = await settledCost(c.env, credential.keyId, settleInput(settled));
+      }
+      setHeaders(c, { [COST_HEADER]: formatUsd(cost) });
+    }
     setHeaders(c, rateLimitHeaders(result.rateLimit));
   });
+}
+
+/** The cost of a settled request's usage at the served model's price (nothing without usage). */
+export function usageCost(
+  config: GatewayConfig,
+  settled: SettledRequest | null,
+  allowed: readonly string[],
+): number {
+  if (settled === null || settled.usage === null) return 0;
+  const model = config.models.find((m) => m.id === settled.model && allowed.includes(m.id));
+  return billedMicros(
+    {
+      promptTokens: settled.usage.prompt_tokens,
+      cachedTokens: settled.usage.cached_tokens,
+      completionTokens: settled.usage.completion_tokens,
+    },
+    modelPrice(model?.pricing),
+    null,
+  );
+}
+
+function settleInput(settled: SettledRequest): SettleInput {
+  return {
+    requestId: settled.requestId,
+    outcome: settled.outcome,
+    usage: settled.usage,
+    model: settled.model,
+  };
+}
+
+// Settles now and reads what the account billed (from the ledger if it was settled already).
+async function settledCost(env: Env, keyId: string, input: SettleInput): Promise<number> {
+  const result = await settleRequest(env, keyId, input);
+  if (result.settled) return result.costMicros;
+  const found = await keyAccount(env, keyId).record({ requestId: input.requestId });
+  return found.ok && found.record !== null ? found.record.costMicros : 0;
+}
+
+function isEventStream(response: Response): boolean {
+  return (response.headers.get("content-type") ?? "").startsWith("text/event-stream");
 }
 
 /** Sets headers on the response, re-wrapping one whose headers are immutable. */

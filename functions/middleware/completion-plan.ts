@@ -1,11 +1,12 @@
 /**
- * Resolves the requested model (id or alias) and refuses, before any origin is called,
- * a prompt that cannot fit: estimated prompt tokens plus the requested completion tokens
- * over the model's `max_model_len` is OpenAI's 400 `context_length_exceeded`.
+ * Resolves the requested model (an id, or an alias naming models in the order to try them)
+ * and keeps the models whose window the request fits; when none does, it is refused before
+ * any origin is called: estimated prompt tokens plus the requested completion tokens over
+ * `max_model_len` is OpenAI's 400 `context_length_exceeded`.
  */
 import { createMiddleware } from "hono/factory";
 import type { AppEnv, CompletionPlan } from "../app-env.ts";
-import { resolveModel } from "../config.ts";
+import { type ModelConfig, resolveModels } from "../config.ts";
 import { contextLengthExceeded, modelNotFound } from "../errors.ts";
 import { estimateChatPromptTokens, estimateCompletionPromptTokens } from "../token-estimate.ts";
 
@@ -16,41 +17,43 @@ const COMPLETIONS_DEFAULT_MAX_TOKENS = 16;
 export function planCompletion() {
   return createMiddleware<AppEnv>(async function planCompletionRequest(c, next) {
     const completion = c.var.completion;
-    const model = resolveModel(c.var.config, completion.body.model);
-    if (model === undefined) throw modelNotFound(completion.body.model);
-    let plan: CompletionPlan;
+    // An alias names several models, in the order to try them.
+    const named = resolveModels(c.var.config, completion.body.model);
+    const first = named[0];
+    if (first === undefined) throw modelNotFound(completion.body.model);
+    let request: Omit<CompletionPlan, "model" | "models">;
     if (completion.kind === "chat") {
       const { body } = completion;
-      plan = {
-        model,
+      request = {
         promptTokens: estimateChatPromptTokens(body),
         maxTokens: body.max_completion_tokens ?? body.max_tokens ?? null,
         stream: body.stream === true,
       };
     } else {
       const { body } = completion;
-      plan = {
-        model,
+      request = {
         promptTokens: estimateCompletionPromptTokens(body),
         maxTokens: body.max_tokens ?? COMPLETIONS_DEFAULT_MAX_TOKENS,
         stream: body.stream === true,
       };
     }
-    const completionTokens = plan.maxTokens ?? 0;
+    const completionTokens = request.maxTokens ?? 0;
     // vLLM refuses when prompt + max_tokens > max_model_len, and a prompt that fills the
     // window leaves no room for even one token when max_tokens is unset.
-    const overflows =
-      plan.promptTokens + completionTokens > model.max_model_len ||
-      (plan.maxTokens === null && plan.promptTokens >= model.max_model_len);
-    if (overflows) {
+    const fits = (model: ModelConfig) =>
+      request.promptTokens + completionTokens <= model.max_model_len &&
+      (request.maxTokens !== null || request.promptTokens < model.max_model_len);
+    const models = named.filter(fits);
+    const model = models[0];
+    if (model === undefined) {
       throw contextLengthExceeded(
-        model.max_model_len,
-        plan.promptTokens,
+        first.max_model_len,
+        request.promptTokens,
         completionTokens,
         completion.kind === "chat" ? "messages" : "prompt",
       );
     }
-    c.set("plan", plan);
+    c.set("plan", { ...request, model, models });
     await next();
   });
 }

@@ -11,6 +11,7 @@ import { invalidRequest } from "../errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
 import { admitCompletion } from "../middleware/auth.ts";
 import { completionBody } from "../middleware/completion-body.ts";
+import { withModelFallback } from "../model-fallback.ts";
 import { planCompletion } from "../middleware/completion-plan.ts";
 import { OriginPool } from "../origin-pool.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
@@ -93,10 +94,10 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
 /** The completion route group, mounted at `/v1`. */
 export const completions = new Hono<AppEnv>()
   .post("/chat/completions", completionBody("chat"), planCompletion(), admitCompletion(), (c) =>
-    forward(c, "/v1/chat/completions"),
+    withModelFallback(c, () => forward(c, "/v1/chat/completions")),
   )
   .all("/chat/completions", methodNotAllowed(["POST"]))
   .post("/completions", completionBody("completion"), planCompletion(), admitCompletion(), (c) =>
-    forward(c, "/v1/completions"),
+    withModelFallback(c, () => forward(c, "/v1/completions")),
   )
   .all("/completions", methodNotAllowed(["POST"]));

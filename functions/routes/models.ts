@@ -1,12 +1,14 @@
 /**
  * `GET /v1/models` and `GET /v1/models/{id}` in OpenAI's list shape, each model with
- * `max_model_len` (its context window, as vLLM reports it).
+ * `max_model_len` (its context window, as vLLM reports it) and `pricing` (USD per 1M
+ * input, cached input and output tokens).
  */
 import { Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
 import { type ModelConfig, resolveModel } from "../config.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { modelNotFound } from "../errors.ts";
+import { type PricingJson, pricingJson } from "../pricing.ts";
 
 /** A model object as `GET /v1/models` returns it (OpenAI's fields plus vLLM's). */
 export interface ModelObject {
@@ -17,6 +19,7 @@ export interface ModelObject {
   root: string;
   parent: null;
   max_model_len: number;
+  pricing: PricingJson;
 }
 
 // Models come from configuration, which has no creation time; a fixed value keeps
@@ -32,6 +35,7 @@ function toModelObject(model: ModelConfig): ModelObject {
     root: model.id,
     parent: null,
     max_model_len: model.max_model_len,
+    pricing: pricingJson(model.pricing),
   };
 }
 

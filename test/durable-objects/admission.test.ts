@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import {
   CONCURRENCY_RETRY_MS,
   NO_BUDGETS,
+  billingCap,
   decideAdmission,
   tokenCorrection,
   type AdmissionInput,
@@ -280,6 +281,19 @@ describe("budgets", () => {
       }),
     );
     expect(decision).toMatchObject({ code: "rate_limit_exceeded", limit: "concurrency" });
+  });
+});
+
+describe("billingCap", () => {
+  it("allows the reservation plus the tightest budget's room, and no cap without budgets", () => {
+    // Day: 1000 − 300 settled − 200 reserved (this request's 100 among them) = 500 left.
+    const spend = spent(300, 200);
+    expect(billingCap({ ...NO_BUDGETS, dayMicros: 1_000 }, spend, 100)).toBe(600);
+    expect(billingCap({ ...NO_BUDGETS, dayMicros: 1_000, creditMicros: 600 }, spend, 100)).toBe(
+      200,
+    );
+    expect(billingCap({ ...NO_BUDGETS, creditMicros: 100 }, spend, 100)).toBe(100);
+    expect(billingCap(NO_BUDGETS, spend, 100)).toBeNull();
   });
 });
 

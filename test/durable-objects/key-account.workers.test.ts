@@ -177,7 +177,7 @@ describe("KeyAccount settlement", () => {
 
   it("settles once: a repeated settle changes nothing", async () => {
     const { admit, stub } = await newKey({ tpm: 1_000 });
-    const now = 5_000_000;
+    const now = Date.now();
     expect((await admit("r1", { now })).ok).toBe(true);
     const usage = { prompt_tokens: 10, completion_tokens: 20 };
     expect(await stub.settle({ requestId: "r1", outcome: "ok", usage, now })).toEqual({
@@ -204,7 +204,7 @@ describe("KeyAccount settlement", () => {
 
   it("corrects tokens with real usage above the reservation", async () => {
     const { admit, stub } = await newKey({ tpm: 1_000 });
-    const now = 7_000_000;
+    const now = Date.now();
     await admit("r1", { now });
     await stub.settle({
       requestId: "r1",
@@ -218,7 +218,7 @@ describe("KeyAccount settlement", () => {
 
   it("keeps the reservation when a request ends without usage", async () => {
     const { admit, stub } = await newKey({ tpm: 1_000 });
-    const now = 8_000_000;
+    const now = Date.now();
     await admit("r1", { now });
     await stub.settle({ requestId: "r1", outcome: "cancelled", now });
     const next = await admit("r2", { now, promptTokens: 0, maxTokens: 0 });
@@ -444,14 +444,23 @@ describe("KeyAccount costs and budgets", () => {
     ).toMatchObject({ code: "insufficient_quota", budget: "credit", retryAfterMs: null });
   });
 
-  it("bills at most the reservation when the prompt was larger than estimated", async () => {
-    const { admitPriced, stub } = await budgetedKey({ creditMicros: 750 });
+  it("bills the exact cost above the reservation when the prompt was larger than estimated", async () => {
+    const { admitPriced, stub } = await budgetedKey({});
     expect((await admitPriced("r1")).ok).toBe(true);
     const usage = { prompt_tokens: 5_000, cached_tokens: 0, completion_tokens: 1_000 };
     expect(await stub.settle({ requestId: "r1", outcome: "ok", usage })).toMatchObject({
-      costMicros: 750,
+      costMicros: 750 + 600,
     });
-    expect(await spend(stub, "all")).toEqual({ settled_micros: 750, reserved_micros: 0 });
+  });
+
+  it("bills above the reservation only as far as the budgets have room", async () => {
+    const { admitPriced, stub } = await budgetedKey({ creditMicros: 1_000 });
+    expect((await admitPriced("r1")).ok).toBe(true);
+    const usage = { prompt_tokens: 5_000, cached_tokens: 0, completion_tokens: 1_000 };
+    expect(await stub.settle({ requestId: "r1", outcome: "ok", usage })).toMatchObject({
+      costMicros: 1_000,
+    });
+    expect(await spend(stub, "all")).toEqual({ settled_micros: 1_000, reserved_micros: 0 });
   });
 
   it("reserves for the priciest fallback and bills the model that served", async () => {

@@ -77,11 +77,12 @@ describe("costs", () => {
     expect(worstCaseMicros(price, 1_000, 2_000)).toBe(150 + 1_200);
   });
 
-  it("bills the usage, at most the reservation, and nothing without usage", () => {
+  it("bills the usage, at most a budget's cap, and nothing without usage", () => {
     const usage = { promptTokens: 1_000, cachedTokens: 1_000, completionTokens: 100 };
-    expect(billedMicros(usage, price, 1_000)).toBe(75 + 60);
+    expect(billedMicros(usage, price, null)).toBe(75 + 60);
     expect(billedMicros(usage, price, 100)).toBe(100);
-    expect(billedMicros(null, price, 1_000)).toBe(0);
+    expect(billedMicros(usage, price, -5)).toBe(0);
+    expect(billedMicros(null, price, null)).toBe(0);
   });
 });
 

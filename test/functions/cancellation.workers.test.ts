@@ -10,7 +10,10 @@ async function originMetrics(): Promise<{ inFlight: number; cancelled: number }>
   const text = await (await fetch(`${slow?.url}/metrics`)).text();
   return {
     inFlight: metricValue(text, "warmgate_origin_items_in_flight"),
-    cancelled: metricValue(text, "warmgate_origin_cancellations_total", 'reason="client"'),
+    // Through the cancel endpoint (so END still reports the usage), or by a dropped call.
+    cancelled:
+      metricValue(text, "warmgate_origin_cancellations_total", 'reason="cancel"') +
+      metricValue(text, "warmgate_origin_cancellations_total", 'reason="client"'),
   };
 }
 

@@ -27,6 +27,9 @@ const ORIGINS: { id: string; region: string; timeScale: number }[] = [
   { id: "batch-1", region: "batching", timeScale: 5 },
   { id: "batch-2", region: "batching", timeScale: 5 },
   { id: "edge-batch-1", region: "edge-batching", timeScale: 5 },
+  // Metering tests inject faults into these and address them directly, in configs of their own.
+  { id: "meter-1", region: "metering", timeScale: 0 },
+  { id: "meter-slow-1", region: "metering", timeScale: 5 },
 ];
 
 /** Builds the edge configuration for the started origins. */

@@ -1,0 +1,180 @@
+/**
+ * The usage API of the calling key, from its KeyAccount's ledger:
+ * `GET /v1/usage?from=YYYY-MM-DD&to=YYYY-MM-DD` (totals per UTC day and model, default
+ * today) and `GET /v1/usage/requests/{request_id}` (one request's record, by the
+ * `x-request-id` it was answered with). Costs are in USD, exact to the micro-dollar.
+ * Streamed requests are billed here once their stream ended.
+ */
+import { Hono } from "hono";
+import type { AppEnv } from "../app-env.ts";
+import type { Credential } from "../key-auth.ts";
+import { keyAccount, refusalError } from "../key-auth.ts";
+import type { LedgerRecord, UsageRow, UsageTotals } from "../../durable-objects/key-account.ts";
+import { microsToUsd, utcDay } from "../../durable-objects/pricing.ts";
+import { methodNotAllowed } from "../error-handler.ts";
+import { ApiError, invalidRequest } from "../errors.ts";
+
+/** Longest range `GET /v1/usage` answers for, in days. */
+export const MAX_USAGE_DAYS = 366;
+
+const DATE = /^\d{4}-\d{2}-\d{2}$/;
+
+/** An inclusive range of UTC days. */
+export interface UsageRange {
+  from: string;
+  to: string;
+}
+
+/** Totals in the usage API's shape. */
+export interface UsageTotalsJson {
+  requests: number;
+  prompt_tokens: number;
+  cached_tokens: number;
+  completion_tokens: number;
+  cost_usd: number;
+}
+
+/** One day and model in the usage API's shape. */
+export type UsageDataJson = UsageTotalsJson & { date: string; model: string };
+
+/** Reads `from` and `to` (default: today, UTC); 400 for a bad date or range. */
+export function usageRange(
+  from: string | undefined,
+  to: string | undefined,
+  now: number,
+): UsageRange {
+  const today = utcDay(now);
+  const range = { from: from ?? to ?? today, to: to ?? from ?? today };
+  for (const param of ["from", "to"] as const) {
+    if (!isDate(range[param])) {
+      throw invalidRequest(`${param} must be a date as YYYY-MM-DD.`, param, "invalid_date");
+    }
+  }
+  const days = (Date.parse(range.to) - Date.parse(range.from)) / 86_400_000 + 1;
+  if (days < 1) throw invalidRequest("from must not be after to.", "from", "invalid_date");
+  if (days > MAX_USAGE_DAYS) {
+    throw invalidRequest(
+      `The range may span at most ${MAX_USAGE_DAYS} days.`,
+      "from",
+      "invalid_date",
+    );
+  }
+  return range;
+}
+
+/** Sums rows (in integers) into totals. */
+export function sumUsage(rows: readonly UsageTotals[]): UsageTotals {
+  const total: UsageTotals = {
+    requests: 0,
+    promptTokens: 0,
+    cachedTokens: 0,
+    completionTokens: 0,
+    costMicros: 0,
+  };
+  for (const row of rows) {
+    total.requests += row.requests;
+    total.promptTokens += row.promptTokens;
+    total.cachedTokens += row.cachedTokens;
+    total.completionTokens += row.completionTokens;
+    total.costMicros += row.costMicros;
+  }
+  return total;
+}
+
+/** Totals in the API's shape. */
+export function totalsJson(totals: UsageTotals): UsageTotalsJson {
+  return {
+    requests: totals.requests,
+    prompt_tokens: totals.promptTokens,
+    cached_tokens: totals.cachedTokens,
+    completion_tokens: totals.completionTokens,
+    cost_usd: microsToUsd(totals.costMicros),
+  };
+}
+
+/** The `GET /v1/usage` body for rollup rows. */
+export function usageReport(range: UsageRange, rows: readonly UsageRow[]) {
+  return {
+    object: "list" as const,
+    from: range.from,
+    to: range.to,
+    data: rows.map((row): UsageDataJson => ({
+      date: row.day,
+      model: row.model,
+      ...totalsJson(row),
+    })),
+    total: totalsJson(sumUsage(rows)),
+  };
+}
+
+/** One request's record in the API's shape; times in unix seconds. */
+export function requestRecordJson(record: LedgerRecord) {
+  const tokens =
+    record.promptTokens === null ? null : record.promptTokens + (record.completionTokens ?? 0);
+  return {
+    object: "usage.request" as const,
+    id: record.requestId,
+    model: record.model,
+    status: record.state,
+    outcome: record.outcome,
+    date: record.day,
+    created_at: Math.floor(record.createdAt / 1_000),
+    settled_at: record.closedAt === null ? null : Math.floor(record.closedAt / 1_000),
+    user: record.endUser,
+    prompt_tokens: record.promptTokens,
+    cached_tokens: record.cachedTokens,
+    completion_tokens: record.completionTokens,
+    total_tokens: tokens,
+    cost_usd: microsToUsd(record.costMicros),
+    // While a request runs its worst case is held against the key's budgets.
+    reserved_usd: record.state === "open" ? microsToUsd(record.reservedMicros) : 0,
+  };
+}
+
+/** The usage route group, mounted at `/v1/usage`. */
+export const usage = new Hono<AppEnv>()
+  .get("/", async (c) => {
+    const credential = apiKeyOnly(c.var.credential);
+    const range = usageRange(c.req.query("from"), c.req.query("to"), Date.now());
+    const result = await keyAccount(c.env, credential.keyId).usage({
+      ...range,
+      credential: { kind: "key", secretHash: credential.secretHash },
+    });
+    if (!result.ok) throw refusalError(result, credential.keyId);
+    return c.json(usageReport(range, result.rows));
+  })
+  .all("/", methodNotAllowed(["GET", "HEAD"]))
+  .get("/requests/:id", async (c) => {
+    const credential = apiKeyOnly(c.var.credential);
+    const requestId = c.req.param("id");
+    const result = await keyAccount(c.env, credential.keyId).record({
+      requestId,
+      credential: { kind: "key", secretHash: credential.secretHash },
+    });
+    if (!result.ok) throw refusalError(result, credential.keyId);
+    if (result.record === null) {
+      throw new ApiError(404, `No request with id ${requestId.slice(0, 64)} for this key.`, {
+        type: "invalid_request_error",
+        param: "request_id",
+        code: "request_not_found",
+      });
+    }
+    return c.json(requestRecordJson(result.record));
+  })
+  .all("/requests/:id", methodNotAllowed(["GET", "HEAD"]));
+
+// A browser token acts for one end user: the key's spending is not theirs to read.
+function apiKeyOnly(credential: Credential): Extract<Credential, { kind: "key" }> {
+  if (credential.kind === "key") return credential;
+  throw new ApiError(403, "Browser tokens cannot read a key's usage; use the API key.", {
+    type: "permission_error",
+    code: "permission_denied",
+  });
+}
+
+function isDate(value: string): boolean {
+  if (!DATE.test(value)) return false;
+  // Rejects days a month does not have (2026-02-30), which Date would roll over.
+  const date = new Date(`${value}T00:00:00Z`);
+  return !Number.isNaN(date.getTime()) && date.toISOString().startsWith(value);
+}
