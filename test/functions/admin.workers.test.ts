@@ -18,7 +18,14 @@ type KeyJson = {
   key?: string;
   name: string;
   status: string;
-  limits: { rpm: number; tpm: number; concurrency: number };
+  limits: {
+    rpm: number;
+    tpm: number;
+    concurrency: number;
+    budget_usd_day?: number | null;
+    budget_usd_month?: number | null;
+    credit_usd?: number | null;
+  };
   allowed_origins: string[];
   models: string[] | null;
   tier: string;
@@ -147,6 +154,37 @@ describe("admin API keys", () => {
       limits: { rpm: 5, tpm: 123 },
       models: ["m"],
     });
+  });
+
+  it("takes budgets in US dollars beside the rate limits, and removes one set to null", async () => {
+    const created = await createKey({
+      name: "budgets",
+      limits: { rpm: 5, budget_usd_day: 2.5, budget_usd_month: 40, credit_usd: 0.000001 },
+    });
+    expect(created.limits).toMatchObject({
+      rpm: 5,
+      budget_usd_day: 2.5,
+      budget_usd_month: 40,
+      credit_usd: 0.000001,
+    });
+    const res = await admin(`/keys/${created.id}`, {
+      method: "PATCH",
+      body: { limits: { budget_usd_month: null, credit_usd: 100 } },
+    });
+    expect((await res.json<KeyJson>()).limits).toMatchObject({
+      rpm: 5,
+      budget_usd_day: 2.5,
+      budget_usd_month: null,
+      credit_usd: 100,
+    });
+    const bad = await admin("/keys", {
+      method: "POST",
+      body: { name: "x", limits: { budget_usd_day: 0.0000001 } },
+    });
+    expect(bad.status).toBe(400);
+    expect((await bad.json<{ error: { param: string } }>()).error.param).toBe(
+      "limits.budget_usd_day",
+    );
   });
 
   it("revokes a key: its very next request is refused", async () => {

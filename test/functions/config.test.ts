@@ -6,7 +6,9 @@ import {
   parseGatewayConfig,
   reportConfigAtStartup,
   resolveModel,
+  resolveModels,
 } from "../../functions/config.ts";
+import { modelPrice } from "../../functions/pricing.ts";
 
 const valid = {
   models: [
@@ -129,5 +131,80 @@ describe("gateway configuration", () => {
     } finally {
       log.mockRestore();
     }
+  });
+});
+
+describe("prices and aliases", () => {
+  const priced = {
+    ...valid,
+    models: [
+      {
+        id: "m-8b",
+        max_model_len: 32768,
+        pricing: { input_per_mtok: 0.15, output_per_mtok: 0.6 },
+      },
+      {
+        id: "m-70b",
+        max_model_len: 8192,
+        pricing: { input_per_mtok: 2.5, cached_input_per_mtok: 1.25, output_per_mtok: 10 },
+      },
+    ],
+    aliases: { cheap: ["m-8b"], best: ["m-70b", "m-8b"] },
+  };
+
+  it("turns prices into exact integer micro-dollars per 1M tokens, cached defaulting to input", () => {
+    const config = parseGatewayConfig(JSON.stringify(priced));
+    expect(config.models.map((model) => modelPrice(model.pricing))).toEqual([
+      {
+        inputMicrosPerMtok: 150_000,
+        cachedInputMicrosPerMtok: 150_000,
+        outputMicrosPerMtok: 600_000,
+      },
+      {
+        inputMicrosPerMtok: 2_500_000,
+        cachedInputMicrosPerMtok: 1_250_000,
+        outputMicrosPerMtok: 10_000_000,
+      },
+    ]);
+    expect(modelPrice(undefined)).toEqual({
+      inputMicrosPerMtok: 0,
+      cachedInputMicrosPerMtok: 0,
+      outputMicrosPerMtok: 0,
+    });
+  });
+
+  it("refuses a price that is negative or finer than a micro-dollar", () => {
+    for (const price of [-1, 0.0000001]) {
+      const bad = structuredClone(priced);
+      (bad.models[0] as { pricing: { input_per_mtok: number } }).pricing.input_per_mtok = price;
+      expect(problem(bad).field).toBe("models[0].pricing.input_per_mtok");
+    }
+  });
+
+  it("resolves an alias to its models in order, an id and a model's own alias to one", () => {
+    const config = parseGatewayConfig(
+      JSON.stringify({
+        ...priced,
+        models: [{ ...priced.models[0], aliases: ["small"] }, priced.models[1]],
+      }),
+    );
+    expect(resolveModels(config, "best").map((m) => m.id)).toEqual(["m-70b", "m-8b"]);
+    expect(resolveModels(config, "m-70b").map((m) => m.id)).toEqual(["m-70b"]);
+    expect(resolveModels(config, "small").map((m) => m.id)).toEqual(["m-8b"]);
+    expect(resolveModels(config, "nope")).toEqual([]);
+    expect(resolveModel(config, "best")?.id).toBe("m-70b");
+  });
+
+  it("refuses an alias that is a model id, lists an unknown model or a model twice", () => {
+    expect(problem({ ...priced, aliases: { "m-8b": ["m-70b"] } }).message).toMatch(
+      /is also a model id/,
+    );
+    expect(problem({ ...priced, aliases: { fast: ["m-8b", "gone"] } }).field).toBe(
+      "aliases.fast[1]",
+    );
+    expect(problem({ ...priced, aliases: { fast: ["m-8b", "m-8b"] } }).message).toMatch(
+      /listed twice/,
+    );
+    expect(problem({ ...priced, aliases: { fast: [] } }).field).toBe("aliases.fast");
   });
 });
