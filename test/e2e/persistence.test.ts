@@ -17,18 +17,33 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-async function chat(stack: RunningStack, key: string): Promise<Response> {
+async function chat(stack: RunningStack, key: string, maxTokens = 8): Promise<Response> {
   const res = await fetch(`${stack.edgeUrl}/v1/chat/completions`, {
     method: "POST",
     headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
     body: JSON.stringify({
       model: "warmgate-sim-8b",
       messages: [{ role: "user", content: "Remember me." }],
-      max_tokens: 8,
+      max_tokens: maxTokens,
     }),
   });
-  await res.arrayBuffer();
+  // Read it whole (the request ends), keeping a copy for callers that want the body.
+  await res.clone().arrayBuffer();
   return res;
+}
+
+type UsageReport = { total: { requests: number; cost_usd: number } };
+
+/** The key's usage today once nothing is in flight (settling runs after the responses). */
+async function usageOf(stack: RunningStack, key: string, requests: number): Promise<UsageReport> {
+  for (;;) {
+    const res = await fetch(`${stack.edgeUrl}/v1/usage`, {
+      headers: { authorization: `Bearer ${key}` },
+    });
+    const report = (await res.json()) as UsageReport;
+    if (report.total.requests >= requests) return report;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
 }
 
 async function admin(stack: RunningStack, path: string, method = "GET"): Promise<Response> {
@@ -39,10 +54,12 @@ async function admin(stack: RunningStack, path: string, method = "GET"): Promise
 }
 
 describe("state across a wrangler dev restart", () => {
-  it("keeps keys, revocations and rate-limit counters", async () => {
+  it("keeps keys, revocations, rate-limit counters, the ledger and spent credit", async () => {
     let devKey: string;
     let limited: { id: string; key: string };
     let revoked: { id: string; key: string };
+    let credited: { id: string; key: string };
+    let billed: UsageReport;
 
     const first = await startStack({ regions: REGIONS, persistTo: dir });
     try {
@@ -57,6 +74,20 @@ describe("state across a wrangler dev restart", () => {
       expect((await chat(first, revoked.key)).status).toBe(200);
       expect((await admin(first, `/keys/${revoked.id}`, "DELETE")).status).toBe(200);
       expect((await chat(first, revoked.key)).status).toBe(401);
+      // Credit for one request of 64 tokens at most: the second is refused.
+      credited = await created("credit");
+      await fetch(`${first.edgeUrl}/admin/keys/${credited.id}`, {
+        method: "PATCH",
+        headers: {
+          authorization: `Bearer ${first.adminToken}`,
+          "content-type": "application/json",
+        },
+        body: JSON.stringify({ limits: { credit_usd: 0.00004 } }),
+      }).then((r) => r.arrayBuffer());
+      expect((await chat(first, credited.key, 64)).status).toBe(200);
+      billed = await usageOf(first, credited.key, 1);
+      expect(billed.total.cost_usd).toBeGreaterThan(0);
+      expect((await chat(first, credited.key, 64)).status).toBe(429);
     } finally {
       await first.stop();
     }
@@ -76,6 +107,13 @@ describe("state across a wrangler dev restart", () => {
       };
       expect(listed.data.find((k) => k.id === limited.id)?.limits.rpm).toBe(1);
       expect(listed.data.find((k) => k.id === revoked.id)?.status).toBe("revoked");
+      // The ledger and the spent credit are still there.
+      expect(await usageOf(second, credited.key, 1)).toEqual(billed);
+      const spent = await chat(second, credited.key, 64);
+      expect(spent.status).toBe(429);
+      expect(((await spent.json()) as { error: { code: string } }).error.code).toBe(
+        "insufficient_quota",
+      );
     } finally {
       await second.stop();
     }
