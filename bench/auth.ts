@@ -45,6 +45,9 @@ const BENCH_KEY_LIMITS = {
   rpm: 100_000_000,
   tpm: 1_000_000_000_000,
   concurrency: 1_024,
+  budget_usd_day: 1_000_000,
+  budget_usd_month: 10_000_000,
+  credit_usd: 100_000_000,
 };
 
 interface Sample {

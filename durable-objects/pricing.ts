@@ -68,15 +68,32 @@ export function costMicros(usage: TokenUsage, price: ModelPrice): number {
 }
 
 /**
- * The most a request can cost: its estimated prompt uncached at the input price plus all
- * of `maxTokens` at the output price. Admission reserves this.
+ * Prompt tokens reserved for an estimated prompt: a quarter more plus 32, because the
+ * engine's chat template adds tokens the edge cannot see (role markers, a default system
+ * prompt such as Qwen's), so engines count more prompt tokens than the estimate.
+ */
+export function reservedPromptTokens(estimate: number): number {
+  return Math.ceil((Math.max(0, estimate) * 5) / 4) + 32;
+}
+
+/**
+ * The most a request can cost: its prompt ({@link reservedPromptTokens} of the estimate)
+ * uncached at the input price plus all of `maxTokens` at the output price. Admission
+ * reserves this against the key's budgets.
  */
 export function worstCaseMicros(
   price: ModelPrice,
   promptTokens: number,
   maxTokens: number,
 ): number {
-  return costMicros({ promptTokens, cachedTokens: 0, completionTokens: maxTokens }, price);
+  return costMicros(
+    {
+      promptTokens: reservedPromptTokens(promptTokens),
+      cachedTokens: 0,
+      completionTokens: maxTokens,
+    },
+    price,
+  );
 }
 
 /**

@@ -45,3 +45,4 @@ app.notFound(handleNotFound);
 app.onError(handleError);
 
 export default app satisfies ExportedHandler<Env>;
+export { Batcher } from "../../durable-objects/batcher.ts";

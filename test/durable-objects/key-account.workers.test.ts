@@ -342,9 +342,9 @@ const PRICIER = {
 async function budgetedKey(budgets: Partial<Budgets>, limits: Partial<Limits> = {}) {
   const key = await newKey({ concurrency: 1_000, ...limits });
   await key.stub.update({ budgets, now: Date.now() });
-  // 1000 prompt tokens and 1000 max tokens: at most 150 + 600 = 750 µ$.
+  // 774 estimated prompt tokens (1000 reserved) and 1000 max tokens: at most 150 + 600 µ$.
   const admitPriced = (requestId: string, extra: Partial<AdmitInput> = {}) =>
-    key.admit(requestId, { promptTokens: 1_000, maxTokens: 1_000, price: PRICE, ...extra });
+    key.admit(requestId, { promptTokens: 774, maxTokens: 1_000, price: PRICE, ...extra });
   return { ...key, admitPriced };
 }
 
@@ -417,7 +417,7 @@ describe("KeyAccount costs and budgets", () => {
           requestId: `c${i}`,
           credential: { kind: "key", secretHash },
           model: "m",
-          promptTokens: 1_000,
+          promptTokens: 774,
           maxTokens: 1_000,
           price: PRICE,
         }),

@@ -8,6 +8,7 @@ import {
   microsToUsd,
   msToNextUtcDay,
   msToNextUtcMonth,
+  reservedPromptTokens,
   usdToMicros,
   utcDay,
   utcMonth,
@@ -73,8 +74,10 @@ describe("costs", () => {
     ).toBe(10);
   });
 
-  it("reserves the worst case: the whole prompt uncached and every max token", () => {
-    expect(worstCaseMicros(price, 1_000, 2_000)).toBe(150 + 1_200);
+  it("reserves the worst case: the prompt with room for the chat template, uncached, and every max token", () => {
+    expect(reservedPromptTokens(0)).toBe(32);
+    expect(reservedPromptTokens(774)).toBe(1_000);
+    expect(worstCaseMicros(price, 774, 2_000)).toBe(150 + 1_200);
   });
 
   it("bills the usage, at most a budget's cap, and nothing without usage", () => {
