@@ -114,6 +114,8 @@ export interface RunningStack {
   /** The configuration the edge runs with, as JSON text. */
   config: string;
   adminToken: string;
+  /** The edge's `TOKEN_SIGNING_SECRET` (API key checks and browser tokens). */
+  signingSecret: string;
   /** A development API key accepted by the edge. */
   apiKey: string;
   /** The `wrangler dev` child process. */
@@ -466,6 +468,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
     origins,
     config,
     adminToken: secrets.adminToken,
+    signingSecret: secrets.signingSecret,
     apiKey,
     edge: edge.child,
     stop() {

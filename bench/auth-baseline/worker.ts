@@ -1,27 +1,49 @@
 /**
- * The edge as it was before per-key accounts, for `npm run bench:auth`: the same request
- * context, configuration, validation, planning and dispatch, but a static key compared in
- * constant time instead of the KeyAccount's admission and settlement. Benchmark only:
- * nothing here is metered, so it never ships.
+ * The edge without per-key accounts, for `npm run bench:auth`. Benchmark only: nothing
+ * here is metered, so it never ships. `BENCH_MODE` picks what stands in for the account:
+ *
+ * - `static`: the path before accounts: a static key compared in constant time, then the
+ *   same request context, configuration, validation, planning and dispatch;
+ * - `local`: the edge's own path (API key checked at the edge, admission middleware,
+ *   rate-limit and cost headers, model fallback, dispatch) with the admission answered
+ *   in the isolate instead of by the KeyAccount, and nothing settled: what is left of the
+ *   keyed path without its Durable Object calls.
  */
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
+import type { RateLimitInfo } from "../../durable-objects/admission.ts";
+import { formatUsd } from "../../durable-objects/pricing.ts";
 import type { AppEnv } from "../../functions/app-env.ts";
 import { handleError, handleNotFound } from "../../functions/error-handler.ts";
-import { incorrectApiKey } from "../../functions/errors.ts";
+import { incorrectApiKey, originFailure } from "../../functions/errors.ts";
 import { bearerToken } from "../../functions/keys.ts";
+import {
+  COST_HEADER,
+  authenticate,
+  setHeaders,
+  usageCost,
+} from "../../functions/middleware/auth.ts";
 import { completionBody } from "../../functions/middleware/completion-body.ts";
 import { planCompletion } from "../../functions/middleware/completion-plan.ts";
 import { gatewayConfig } from "../../functions/middleware/gateway-config.ts";
 import { requestContext } from "../../functions/middleware/request-context.ts";
+import { withModelFallback } from "../../functions/model-fallback.ts";
+import { rateLimitHeaders } from "../../functions/rate-limit-headers.ts";
 import { forward } from "../../functions/routes/completions.ts";
 import { health } from "../../functions/routes/health.ts";
 
+type BenchEnv = Env & { BENCH_API_KEY?: string; BENCH_MODE?: string };
+
 const encoder = new TextEncoder();
+
+const UNLIMITED: RateLimitInfo = {
+  requests: { limit: 100_000_000, remaining: 99_999_999, resetMs: 1 },
+  tokens: { limit: 1_000_000_000_000, remaining: 999_999_999_999, resetMs: 1 },
+};
 
 function staticKey() {
   return createMiddleware<AppEnv>(async function compareStaticKey(c, next) {
-    const expected = encoder.encode((c.env as Env & { BENCH_API_KEY?: string }).BENCH_API_KEY);
+    const expected = encoder.encode((c.env as BenchEnv).BENCH_API_KEY);
     const presented = encoder.encode(bearerToken(c.req.header("authorization")) ?? "");
     const ok =
       expected.byteLength > 0 &&
@@ -33,16 +55,70 @@ function staticKey() {
   });
 }
 
-const app = new Hono<AppEnv>();
-app.use(requestContext());
-app.use(gatewayConfig());
-app.route("/health", health);
-app.use("/v1/*", staticKey());
-app.post("/v1/chat/completions", completionBody("chat"), planCompletion(), (c) =>
-  forward(c, "/v1/chat/completions"),
-);
-app.notFound(handleNotFound);
-app.onError(handleError);
+// The admission middleware's work without the account: headers, and the JSON answer read
+// whole for its cost header.
+function localAdmission() {
+  return createMiddleware<AppEnv>(async function admitLocally(c, next) {
+    const { plan, requestId, settlement } = c.var;
+    const models = plan.models.map((model) => model.id);
+    c.set("admission", {
+      ok: true,
+      models,
+      reservedTokens: 0,
+      reservedMicros: 0,
+      rateLimit: UNLIMITED,
+      requestId,
+      tier: "standard",
+      leaseExpiresAt: 0,
+      budgeted: false,
+    });
+    await next();
+    if (!plan.stream) {
+      let bytes: ArrayBuffer;
+      try {
+        bytes = await c.res.arrayBuffer();
+      } catch {
+        throw originFailure("bad_answer");
+      }
+      c.res = new Response(bytes, c.res);
+      const cost = usageCost(c.var.config, settlement.record, models);
+      setHeaders(c, { [COST_HEADER]: formatUsd(cost) });
+    }
+    setHeaders(c, rateLimitHeaders(UNLIMITED));
+  });
+}
 
-export default app satisfies ExportedHandler<Env>;
+function benchApp(mode: "static" | "local"): Hono<AppEnv> {
+  const app = new Hono<AppEnv>();
+  app.use(requestContext());
+  app.use(gatewayConfig());
+  app.route("/health", health);
+  if (mode === "local") {
+    app.use("/v1/*", authenticate());
+    app.post(
+      "/v1/chat/completions",
+      completionBody("chat"),
+      planCompletion(),
+      localAdmission(),
+      (c) => withModelFallback(c, () => forward(c, "/v1/chat/completions")),
+    );
+  } else {
+    app.use("/v1/*", staticKey());
+    app.post("/v1/chat/completions", completionBody("chat"), planCompletion(), (c) =>
+      forward(c, "/v1/chat/completions"),
+    );
+  }
+  app.notFound(handleNotFound);
+  app.onError(handleError);
+  return app;
+}
+
+const apps = { static: benchApp("static"), local: benchApp("local") };
+
+export default {
+  fetch(request, env, ctx) {
+    const mode = (env as BenchEnv).BENCH_MODE === "local" ? "local" : "static";
+    return apps[mode].fetch(request, env, ctx);
+  },
+} satisfies ExportedHandler<Env>;
 export { Batcher } from "../../durable-objects/batcher.ts";
