@@ -82,8 +82,12 @@ import {
   onItemDone,
   onOriginLoad,
   queuedCount,
+  recordFirstByteWait,
   tick,
 } from "./window.ts";
+
+/** Bytes a caller's stream buffers before writes wait for the caller to read. */
+export const CALLER_BUFFER_BYTES = 4 * 1024 * 1024;
 
 /** How long the backstop alarm waits while work is pending. */
 export const ALARM_BACKSTOP_MS = 30_000;
@@ -124,6 +128,11 @@ export interface BatcherSubmit {
   itemTimeoutMs: number;
   /** Origins that already failed this request. */
   avoidOrigins: string[];
+  /**
+   * How long the caller's recent requests here waited for their first byte, as it saw it
+   * (ms; null when it has no figure yet): the window's wait term takes it into account.
+   */
+  recentFirstByteMs?: number | null;
 }
 
 /** The HEAD payload a caller receives: the origin's, plus which origin it is. */
@@ -160,8 +169,11 @@ export interface BatcherFailureTrailer extends ItemTrailer {
 
 /** The answer to `submit`. */
 export type BatcherSubmitResult =
-  /** Admitted: the item's frames follow on `frames` (see the top of this file). */
-  | { kind: "accepted"; frames: ReadableStream<Uint8Array> }
+  /**
+   * Admitted: the item's frames follow on `frames` (see the top of this file). `atOnce`:
+   * it was sent at once, alone, with no window (this batcher had nothing to wait for).
+   */
+  | { kind: "accepted"; frames: ReadableStream<Uint8Array>; atOnce: boolean }
   /** The lane is full: answer 429 with `retry-after`. */
   | { kind: "refused"; reason: "queue_full"; retryAfterMs: number }
   /** Refused before queueing, for a reason another region may not share. */
@@ -194,6 +206,8 @@ export interface BatcherCounters {
   /** Upstream calls by why they left, and the items they carried. */
   batches: Record<FlushReason, number>;
   batchItems: number;
+  /** Upstream calls by items carried, in power-of-two buckets (`1`, `2`, `3-4`, `5-8`, …). */
+  batchSizes: Record<string, number>;
   /** Orphaned calls of earlier incarnations cancelled on their origins. */
   orphansCancelled: number;
 }
@@ -241,13 +255,15 @@ type CallerStage = "queued" | "sent" | "open" | "ended";
 interface Caller {
   input: BatcherSubmit;
   stage: CallerStage;
-  controller: ReadableStreamDefaultController<Uint8Array>;
+  writer: WritableStreamDefaultWriter<Uint8Array>;
   batch: OpenBatch | null;
   headTimer: ReturnType<typeof setTimeout> | null;
   /** Frames that arrived in the current origin chunk, written to the caller in one piece. */
   pending: Uint8Array[];
   /** Cancelled on its origin while its stream waits for the END (`cancel` with `untilEnd`). */
   cancelling: boolean;
+  /** Its first body byte has come back. */
+  firstByte: boolean;
 }
 
 interface OpenBatch {
@@ -275,6 +291,8 @@ export class Batcher extends DurableObject<Env> {
   #alarmArmed = false;
   #nextSeq = 1;
   #recent: BatchRecord[] = [];
+  #dirty = new Set<Caller>();
+  #writeTimer: ReturnType<typeof setTimeout> | null = null;
   // Batch ids must not collide with calls an earlier incarnation may still have running.
   readonly #incarnation = crypto.randomUUID().slice(0, 8);
   /** When each origin last answered an item with a 5xx (cleared by its next success). */
@@ -304,6 +322,7 @@ export class Batcher extends DurableObject<Env> {
     failedBeforeHead: 0,
     batches: { idle: 0, size: 0, tokens: 0, window: 0 },
     batchItems: 0,
+    batchSizes: {},
     orphansCancelled: 0,
   };
 
@@ -318,7 +337,11 @@ export class Batcher extends DurableObject<Env> {
    */
   submit(input: BatcherSubmit): BatcherSubmitResult {
     const now = Date.now();
-    const state = this.#configure(input.setup, now);
+    let state = this.#configure(input.setup, now);
+    if (input.recentFirstByteMs !== undefined && input.recentFirstByteMs !== null) {
+      state = recordFirstByteWait(state, input.recentFirstByteMs, now);
+      this.#state = state;
+    }
     this.#counters.submitted += 1;
     const avoid = input.avoidOrigins;
     const allowed = healthyCandidates(state, now).filter((c) => !avoid.includes(c.id));
@@ -364,7 +387,7 @@ export class Batcher extends DurableObject<Env> {
         const frames = this.#admit(input);
         this.#counters.dispatchedAtOnce += 1;
         this.#send(decision.batch, now);
-        return { kind: "accepted", frames };
+        return { kind: "accepted", frames, atOnce: true };
       }
       case "queued": {
         this.#state = next;
@@ -373,7 +396,7 @@ export class Batcher extends DurableObject<Env> {
         if (decision.flushAt <= now) this.#flush(now);
         else this.#schedule(decision.flushAt);
         this.#armAlarm();
-        return { kind: "accepted", frames };
+        return { kind: "accepted", frames, atOnce: false };
       }
       default:
         return assertNever(decision);
@@ -433,26 +456,27 @@ export class Batcher extends DurableObject<Env> {
   }
 
   #admit(input: BatcherSubmit): ReadableStream<Uint8Array> {
-    let controller: ReadableStreamDefaultController<Uint8Array> | undefined;
-    const frames = new ReadableStream<Uint8Array>({
-      start(c) {
-        controller = c;
-      },
-      cancel: () => {
-        this.#callerGone(input.id);
-      },
+    // A native stream: the runtime pumps it to the caller without running JavaScript per
+    // chunk, and the buffer lets a slow caller fall behind without holding up the call
+    // its neighbours share.
+    const { readable, writable } = new IdentityTransformStream({
+      highWaterMark: CALLER_BUFFER_BYTES,
     });
-    if (controller === undefined) throw new Error("stream controller not set");
-    this.#callers.set(input.id, {
+    const writer = writable.getWriter();
+    const caller: Caller = {
       input,
       stage: "queued",
-      controller,
+      writer,
       batch: null,
       headTimer: null,
       pending: [],
       cancelling: false,
-    });
-    return frames;
+      firstByte: false,
+    };
+    this.#callers.set(input.id, caller);
+    // Rejects when the caller cancelled its stream (noticed by the runtime at a write).
+    writer.closed.catch(() => this.#callerGone(input.id));
+    return readable;
   }
 
   #flush(now: number): void {
@@ -541,6 +565,8 @@ export class Batcher extends DurableObject<Env> {
     this.#lastSentAt.set(origin.id, now);
     this.#counters.batches[batch.reason] += 1;
     this.#counters.batchItems += callers.length;
+    const bucket = sizeBucket(callers.length);
+    this.#counters.batchSizes[bucket] = (this.#counters.batchSizes[bucket] ?? 0) + 1;
     this.#recent.push({
       batchId: open.id,
       originId: origin.id,
@@ -647,9 +673,6 @@ export class Batcher extends DurableObject<Env> {
           if (caller.stage !== "sent") break;
           caller.stage = "open";
           this.#clearHeadTimer(caller);
-          this.#state = this.#core(
-            (s) => onDispatched(s, batch.originId, caller.input.id, now).state,
-          );
           const head = decodeJsonPayload(frame.payload) as ItemHead;
           if (head.status >= 500) this.#failedAt.set(batch.originId, now);
           else this.#failedAt.delete(batch.originId);
@@ -660,6 +683,16 @@ export class Batcher extends DurableObject<Env> {
           touched.add(caller);
           break;
         case FrameType.DATA:
+          if (!caller.firstByte) {
+            // The wait term of the window learns how long first bytes take.
+            caller.firstByte = true;
+            // Edges that report what their requests waited (more than this object sees)
+            // are counted by their reports, not twice.
+            const countWait = caller.input.recentFirstByteMs === undefined;
+            this.#state = this.#core(
+              (s) => onDispatched(s, batch.originId, caller.input.id, now, { countWait }).state,
+            );
+          }
           if (caller.stage !== "open") break;
           caller.pending.push(encodeFrame(FrameType.DATA, 0, frame.payload));
           touched.add(caller);
@@ -689,7 +722,17 @@ export class Batcher extends DurableObject<Env> {
           break;
       }
     }
-    for (const caller of touched) this.#deliver(caller);
+    // Written once this object is free again: frames that arrive meanwhile join the same
+    // write, so a busy batcher sends each caller fewer, larger chunks.
+    for (const caller of touched) this.#dirty.add(caller);
+    if (this.#dirty.size > 0 && this.#writeTimer === null) {
+      this.#writeTimer = setTimeout(() => {
+        this.#writeTimer = null;
+        const dirty = [...this.#dirty];
+        this.#dirty.clear();
+        for (const caller of dirty) this.#deliver(caller);
+      }, 0);
+    }
     if (freed && this.#state !== null && queuedCount(this.#state) > 0) this.#flush(now);
   }
 
@@ -728,7 +771,7 @@ export class Batcher extends DurableObject<Env> {
           caller.stage = "ended";
           this.#callers.delete(caller.input.id);
           this.#deliver(caller);
-          closeQuietly(caller.controller);
+          closeQuietly(caller.writer);
           break;
         case "queued":
         case "ended":
@@ -796,7 +839,7 @@ export class Batcher extends DurableObject<Env> {
     caller.stage = "ended";
     caller.pending = [];
     this.#clearHeadTimer(caller);
-    closeQuietly(caller.controller);
+    closeQuietly(caller.writer);
     if (previous === "queued") {
       this.#state = this.#core((s) => cancelInWindow(s, id, now).state);
       this.#counters.cancelledWaiting += 1;
@@ -856,12 +899,11 @@ export class Batcher extends DurableObject<Env> {
     const chunks = caller.pending;
     if (chunks.length === 0) return;
     caller.pending = [];
-    try {
-      caller.controller.enqueue((chunks.length === 1 ? chunks[0] : undefined) ?? concat(chunks));
-    } catch {
-      // The caller's stream is already closed or cancelled.
-    }
-    if (caller.stage === "ended") closeQuietly(caller.controller);
+    const id = caller.input.id;
+    const bytes = (chunks.length === 1 ? chunks[0] : undefined) ?? concat(chunks);
+    // A write fails only when the caller cancelled its stream: the item is then let go.
+    caller.writer.write(bytes).catch(() => this.#callerGone(id));
+    if (caller.stage === "ended") closeQuietly(caller.writer);
   }
 
   /** An item that had left the queue failed before its HEAD. */
@@ -953,6 +995,14 @@ export class Batcher extends DurableObject<Env> {
   }
 }
 
+/** The histogram bucket of a batch size: `1`, `2`, `3-4`, `5-8`, `9-16`, … */
+export function sizeBucket(size: number): string {
+  if (size <= 2) return String(size);
+  let upper = 4;
+  while (upper < size) upper *= 2;
+  return `${upper / 2 + 1}-${upper}`;
+}
+
 function concat(parts: readonly Uint8Array[]): Uint8Array {
   let total = 0;
   for (const part of parts) total += part.byteLength;
@@ -965,12 +1015,9 @@ function concat(parts: readonly Uint8Array[]): Uint8Array {
   return out;
 }
 
-function closeQuietly(controller: ReadableStreamDefaultController<Uint8Array>): void {
-  try {
-    controller.close();
-  } catch {
-    // Already closed or cancelled by the caller.
-  }
+function closeQuietly(writer: WritableStreamDefaultWriter<Uint8Array>): void {
+  // Rejects when already closed or cancelled by the caller: nothing left to do then.
+  writer.close().catch(() => {});
 }
 
 function assertNever(value: never): never {

@@ -12,11 +12,17 @@
 // event costs a copy of the id lists rather than of every record.
 //
 // When requests wait: never while nothing else waits and the chosen origin is idle. Under
-// load the window is the larger of two terms, both bounded by `maxWindowMs`: the overload
-// term (arrivals outpace what the origins can start: free slots plus completions) and the
-// call term (arrivals outpace the calls worth making: one per `callIntervalMs` per healthy
-// origin). The call term is what collapses many requests into few upstream calls when the
-// engines still have free slots: with a large `max_num_seqs` the overload term stays 0.
+// load the window is the largest of three terms, each bounded by `maxWindowMs`:
+// - overload: arrivals outpace what the origins can start (free slots plus completions);
+// - calls: arrivals outpace the calls worth making (one per `callIntervalMs` per healthy
+//   origin), which collapses many requests into few calls while the engines still have
+//   free slots (with a large `max_num_seqs` the overload term stays 0);
+// - wait: a share (`waitShare`) of how long requests have recently waited for their first
+//   byte, from arrival, as this batcher saw it and as callers report it
+//   (`recordFirstByteWait`; decaying mean over `rateWindowMs`). When first bytes take long
+//   anyway, whatever the cause (engines, network, the edge itself), a window that adds a
+//   small share of that wait costs little and saves many calls; when they come fast, it
+//   stays near 0.
 
 import { z } from "zod";
 import { MAX_BATCH_ITEMS } from "../origin/protocol.ts";
@@ -25,7 +31,7 @@ import { chooseLeastLoaded } from "./origin-choice.ts";
 import type { OriginCandidate, OriginChooser } from "./origin-choice.ts";
 
 /** Version of the persisted {@link WindowState} shape. */
-export const WINDOW_STATE_VERSION = 1;
+export const WINDOW_STATE_VERSION = 2;
 /** Smallest `retryAfterMs` for a full queue: `retry-after` is whole seconds. */
 export const MIN_RETRY_AFTER_MS = 1000;
 
@@ -65,6 +71,11 @@ export const WindowConfigSchema = z
      * per this many ms per healthy origin, they share calls. 0 turns the call term off.
      */
     callIntervalMs: z.number().nonnegative().max(1000).default(5),
+    /**
+     * Share of the current wait for a first byte (see the top of this file) that the window
+     * may add. 0 turns the wait term off.
+     */
+    waitShare: z.number().min(0).max(1).default(0.1),
     /** Time constant of the decaying arrival, completion and dispatch counts. */
     rateWindowMs: z.number().positive().default(250),
     /** A load report older than this, with nothing of ours in flight there, is not trusted. */
@@ -130,8 +141,10 @@ export interface InFlightItem {
   promptTokens: number;
   maxTokens: number;
   batchSeq: number;
+  /** When the edge received it: its wait for a first byte counts from here. */
+  enqueuedAt: number;
   sentAt: number;
-  /** When the origin acknowledged it (`onDispatched`), null before. */
+  /** When its first byte came back (`onDispatched`), null before. */
   startedAt: number | null;
   /** A cancel was sent to the origin; it stays here until the origin ends it. */
   cancelled: boolean;
@@ -179,6 +192,9 @@ export interface WindowState {
   arrivals: DecayedCount;
   completions: DecayedCount;
   dispatches: DecayedCount;
+  /** Waits for a first byte (sum of ms) and how many, for the wait term's mean. */
+  firstByteWaitMs: DecayedCount;
+  firstBytes: DecayedCount;
   nextBatchSeq: number;
 }
 
@@ -277,6 +293,8 @@ export function createWindowState(config: WindowConfig, now: number): WindowStat
     arrivals: { value: 0, at: now },
     completions: { value: 0, at: now },
     dispatches: { value: 0, at: now },
+    firstByteWaitMs: { value: 0, at: now },
+    firstBytes: { value: 0, at: now },
     nextBatchSeq: 1,
   };
 }
@@ -427,12 +445,38 @@ export function onOriginLoad(
   return { state: next, outcome: { kind: "updated" } };
 }
 
-/** Records that the origin acknowledged an in-flight item (its HEAD frame arrived). */
+/**
+ * Counts a wait for a first byte that a caller observed (from its own start to the first
+ * byte it received), so the wait term also sees delays beyond this batcher's view.
+ */
+export function recordFirstByteWait(state: WindowState, waitMs: number, now: number): WindowState {
+  assertTime(now, "now");
+  if (!Number.isFinite(waitMs) || waitMs < 0) return state;
+  const { rateWindowMs } = state.config;
+  return {
+    ...state,
+    firstByteWaitMs: bump(state.firstByteWaitMs, waitMs, rateWindowMs, now),
+    firstBytes: bump(state.firstBytes, 1, rateWindowMs, now),
+  };
+}
+
+/** Options of {@link onDispatched}. */
+export interface OnDispatchedOptions {
+  /**
+   * Count this item's wait in the wait term (default). A caller that reports the waits it
+   * observes itself (`recordFirstByteWait`, which include what lies beyond this view)
+   * passes false, so its requests are not counted twice.
+   */
+  countWait?: boolean;
+}
+
+/** Records that an in-flight item's first byte came back (it no longer waits). */
 export function onDispatched(
   state: WindowState,
   originId: string,
   itemId: string,
   now: number,
+  options: OnDispatchedOptions = {},
 ): { state: WindowState; outcome: ItemEventOutcome } {
   assertTime(now, "now");
   const index =
@@ -444,6 +488,12 @@ export function onDispatched(
   if (found === undefined) throw new Error(`in-flight item ${itemId} vanished`);
   const item = { ...found, startedAt: found.startedAt ?? now };
   origin.inFlight[index] = item;
+  if (found.startedAt === null && options.countWait !== false) {
+    const { rateWindowMs } = next.config;
+    const waited = Math.max(0, now - found.enqueuedAt);
+    next.firstByteWaitMs = bump(next.firstByteWaitMs, waited, rateWindowMs, now);
+    next.firstBytes = bump(next.firstBytes, 1, rateWindowMs, now);
+  }
   return { state: next, outcome: { kind: "updated", item: { ...item } } };
 }
 
@@ -533,16 +583,31 @@ export function markOriginDown(
 }
 
 /**
- * The window a request arriving now would wait, in ms: the larger of the overload term
- * and the call term (see the top of this file), at most `maxWindowMs`. 0 while the origins
- * keep up with both.
+ * The window a request arriving now would wait, in ms: the largest of the overload, call
+ * and wait terms (see the top of this file), at most `maxWindowMs`. 0 while the origins
+ * keep up with all three.
  */
 export function currentWindowMs(state: WindowState, now: number): number {
   const candidates = healthyCandidates(state, now);
   return Math.max(
     overloadWindowMs(state, candidates, now),
     callWindowMs(state, candidates.length, now),
+    waitWindowMs(state, now),
   );
+}
+
+/**
+ * `waitShare` of the recent mean wait for a first byte; 0 until first bytes have come
+ * back (a lone request at start-up has nothing to go by and is not held).
+ */
+function waitWindowMs(state: WindowState, now: number): number {
+  const { waitShare, maxWindowMs, rateWindowMs } = state.config;
+  if (waitShare <= 0) return 0;
+  const samples = decayed(state.firstBytes, rateWindowMs, now);
+  // Fewer than one recent first byte: the mean is not worth trusting.
+  if (samples < 1) return 0;
+  const meanWaitMs = decayed(state.firstByteWaitMs, rateWindowMs, now) / samples;
+  return Math.min(maxWindowMs, waitShare * meanWaitMs);
 }
 
 /**
@@ -729,6 +794,7 @@ function sendBatch(
       promptTokens: item.promptTokens,
       maxTokens: item.maxTokens,
       batchSeq: seq,
+      enqueuedAt: item.enqueuedAt,
       sentAt: now,
       startedAt: null,
       cancelled: false,

@@ -40,6 +40,9 @@ export const TIER_LANES: Readonly<Record<string, number>> = { high: 0, standard:
 /** How long an origin whose call failed is skipped unless configured otherwise. */
 export const DEFAULT_ORIGIN_QUARANTINE_MS = 2_000;
 
+/** See `batching.idle_bypass_ms`. */
+export const DEFAULT_IDLE_BYPASS_MS = 1_000;
+
 const DEFAULT_LANE = 1;
 
 /** Where and how one region's requests for one model are batched. */
@@ -51,6 +54,8 @@ export interface BatchingPlan {
   shardBy: "request" | "key";
   /** Lane of a caller with no tier, clamped to the lanes there are. */
   defaultLane: number;
+  /** See `batching.idle_bypass_ms`; 0 never bypasses the batcher. */
+  idleBypassMs: number;
 }
 
 type BatchingSettings = Omit<BatchingConfig, "overrides">;
@@ -98,6 +103,7 @@ function buildPlan(
     maxBatchTokens: settings.max_batch_tokens,
     maxWindowMs: settings.max_window_ms,
     callIntervalMs: settings.call_interval_ms,
+    waitShare: settings.wait_share,
     rateWindowMs: settings.rate_window_ms,
     loadReportTtlMs: settings.load_report_ttl_ms,
     lanes: settings.lanes?.map((lane) => ({
@@ -122,6 +128,7 @@ function buildPlan(
     shards: settings.shards ?? 1,
     shardBy: settings.shard_by ?? "request",
     defaultLane: Math.min(settings.default_lane ?? DEFAULT_LANE, window.lanes.length - 1),
+    idleBypassMs: settings.idle_bypass_ms ?? DEFAULT_IDLE_BYPASS_MS,
   };
 }
 
@@ -187,6 +194,8 @@ export interface BatcherRoute {
   maxTokens: number;
   /** Absolute ms after which the client no longer wants an answer. */
   deadline: number;
+  /** Requests this isolate has in flight to these origins (this one included, once begun). */
+  isolateInFlight: (originIds: readonly string[]) => number;
   /** Keeps the request alive for work that outlives the response (an item's cancel). */
   waitUntil: (promise: Promise<unknown>) => void;
   /**
@@ -196,22 +205,72 @@ export interface BatcherRoute {
   signal?: AbortSignal;
 }
 
-/** An opener that sends each attempt through its region's batcher, or direct when disabled. */
+// Per isolate: when each region's batcher (by name without shard) last sent one of this
+// isolate's requests at once. A cache: losing it only costs a batcher call.
+const sentAtOnce = new Map<string, number>();
+// Per isolate and batcher: a moving average of how long requests waited for their HEAD
+// from the start of their dispatch, which the batcher's window weighs (see `wait_share`).
+const firstByteMs = new Map<string, number>();
+const FIRST_BYTE_SMOOTHING = 0.2;
+
+/**
+ * An opener that sends each attempt through its region's batcher, or straight to the
+ * candidate origin where batching is off, or where the batcher has just had nothing to
+ * batch and this isolate has nothing else in flight there (see `idle_bypass_ms`): a lone
+ * request then skips the batcher call, the one cost batching would add at low load.
+ */
 export function batcherOpener(route: BatcherRoute): ItemOpener {
   return async (candidate, request) => {
     const plan = batchingPlan(route.config, candidate.region, route.model);
     if (plan === null || !plan.enabled) return openDirect(candidate, request);
-    return submitToBatcher(route, plan, candidate.region.id, request);
+    const quiet = `${candidate.region.id}:${route.model}:${plan.setup.version}`;
+    if (bypasses(plan, quiet, route, request)) {
+      const attempt = await openDirect(candidate, request);
+      if (attempt.kind !== "open") sentAtOnce.delete(quiet);
+      return attempt;
+    }
+    const started = Date.now();
+    const attempt = await submitToBatcher(route, plan, candidate.region.id, request, {
+      recentFirstByteMs: firstByteMs.get(quiet) ?? null,
+    });
+    if (attempt.atOnce) sentAtOnce.set(quiet, Date.now());
+    else sentAtOnce.delete(quiet);
+    if (attempt.attempt.kind === "open") {
+      const waited = Date.now() - started;
+      const previous = firstByteMs.get(quiet);
+      firstByteMs.set(
+        quiet,
+        previous === undefined ? waited : previous + FIRST_BYTE_SMOOTHING * (waited - previous),
+      );
+    }
+    return attempt.attempt;
   };
 }
 
-/** One `submit` to the batcher of `region`; its frames become an {@link OpenItem}. */
+function bypasses(
+  plan: BatchingPlan,
+  quiet: string,
+  route: BatcherRoute,
+  request: AttemptRequest,
+): boolean {
+  if (plan.idleBypassMs <= 0 || request.avoidOrigins.length > 0) return false;
+  const last = sentAtOnce.get(quiet);
+  if (last === undefined || Date.now() - last >= plan.idleBypassMs) return false;
+  // This request is counted once it began: more than one means company.
+  return route.isolateInFlight(plan.setup.origins.map((origin) => origin.id)) <= 1;
+}
+
+/**
+ * One `submit` to the batcher of `region`; its frames become an {@link OpenItem}. `atOnce`:
+ * the batcher sent it at once, with nothing to batch it with.
+ */
 export async function submitToBatcher(
   route: BatcherRoute,
   plan: BatchingPlan,
   region: string,
   request: AttemptRequest,
-): Promise<DispatchAttempt> {
+  seen: { recentFirstByteMs: number | null } = { recentFirstByteMs: null },
+): Promise<{ attempt: DispatchAttempt; atOnce: boolean }> {
   const shard = shardOf(plan, request.requestId, route.keyId);
   const stub = route.namespace.getByName(batcherName(region, route.model, shard, plan));
   let result: BatcherSubmitResult;
@@ -230,20 +289,21 @@ export async function submitToBatcher(
       timeHead: request.timeHead,
       itemTimeoutMs: request.itemTimeoutMs,
       avoidOrigins: [...request.avoidOrigins],
+      // Always sent (null before a first figure): the batcher then counts this edge's
+      // waits by its reports only.
+      recentFirstByteMs: seen.recentFirstByteMs,
     });
   } catch (error) {
     // The batcher itself failed (restarted, overloaded): another region's may not.
-    return failed("unavailable", `batcher: ${describe(error)}`, null);
+    return { attempt: failed("unavailable", `batcher: ${describe(error)}`, null), atOnce: false };
   }
   switch (result.kind) {
     case "refused":
-      return { kind: "refused", error: queueFull(result.retryAfterMs) };
-    case "failed":
-      return failed(
-        result.code === "duplicate_id" ? "bad_answer" : failureOf(result.code),
-        result.detail,
-        null,
-      );
+      return { attempt: { kind: "refused", error: queueFull(result.retryAfterMs) }, atOnce: false };
+    case "failed": {
+      const failure = result.code === "duplicate_id" ? "bad_answer" : failureOf(result.code);
+      return { attempt: failed(failure, result.detail, null), atOnce: false };
+    }
     case "accepted":
       break;
     default:
@@ -256,17 +316,23 @@ export async function submitToBatcher(
     frames.cancel();
     route.waitUntil(stub.cancel(request.attemptId).catch(() => false));
   };
+  // Billing a client that went away needs the END's usage: cancel, but read on to the END.
+  const cancelUntilEnd = () => stub.cancel(request.attemptId, { untilEnd: true });
   const gone = () => cancel();
   route.signal?.addEventListener("abort", gone, { once: true });
   try {
-    return await readHead(frames, cancel);
+    return { attempt: await readHead(frames, cancel, cancelUntilEnd), atOnce: result.atOnce };
   } finally {
     route.signal?.removeEventListener("abort", gone);
   }
 }
 
 /** Reads the item's frames up to its HEAD (an open item) or its lone END (a failure). */
-async function readHead(frames: FrameReader, cancel: () => void): Promise<DispatchAttempt> {
+async function readHead(
+  frames: FrameReader,
+  cancel: () => void,
+  cancelUntilEnd: () => Promise<unknown>,
+): Promise<DispatchAttempt> {
   for (;;) {
     const frame = await frames.next();
     // The stream ended or errored before HEAD: the batcher restarted; nothing was answered.
@@ -274,7 +340,7 @@ async function readHead(frames: FrameReader, cancel: () => void): Promise<Dispat
     switch (frame.type) {
       case FrameType.HEAD: {
         const head = decodeJsonPayload(frame.payload) as BatcherHead;
-        const item = openItemFromFrames(head, frames, cancel);
+        const item = openItemFromFrames(head, frames, cancel, undefined, cancelUntilEnd);
         return { kind: "open", item, originId: head.origin };
       }
       case FrameType.END: {

@@ -93,6 +93,14 @@ const batchingSettings = {
   shard_by: z.enum(["request", "key"]).optional(),
   /** How long an origin whose batch call failed is skipped (default 2 s). */
   origin_quarantine_ms: z.int().nonnegative().max(600_000).optional(),
+  /** Share of the recent wait for a first byte the window may add (default 0.1; 0: off). */
+  wait_share: z.number().min(0).max(1).optional(),
+  /**
+   * How long after its region's batcher last sent a request at once an edge isolate with
+   * nothing else in flight there sends straight to the origin, skipping the batcher call
+   * (default 1000 ms; 0: always ask the batcher).
+   */
+  idle_bypass_ms: z.int().nonnegative().max(60_000).optional(),
 };
 
 /** Batching: global settings plus overrides for a region, a model, or both (later wins). */

@@ -8,6 +8,7 @@ import { handleError, handleNotFound } from "./error-handler.ts";
 import { authenticate, verifyCredential } from "./middleware/auth.ts";
 import { gatewayConfig } from "./middleware/gateway-config.ts";
 import { requestContext } from "./middleware/request-context.ts";
+import { batchers } from "./routes/batchers.ts";
 import { completions } from "./routes/completions.ts";
 import { health } from "./routes/health.ts";
 import { models } from "./routes/models.ts";
@@ -23,6 +24,8 @@ app.route("/admin", adminApp);
 app.route("/v1", browserTokensApp);
 app.use(gatewayConfig());
 app.route("/health", health);
+// After the config: the route resolves batcher names from it.
+app.route("/admin/batchers", batchers);
 // Keys are checked at the edge first (no storage call for forged ones); completions then
 // make their one KeyAccount call after the body is planned (see routes/completions.ts).
 app.use("/v1/*", authenticate());

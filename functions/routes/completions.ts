@@ -77,6 +77,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
       promptTokens: plan.promptTokens,
       maxTokens: plan.maxTokens ?? Math.max(0, plan.model.max_model_len - plan.promptTokens),
       deadline: Date.now() + config.limits.request_timeout_ms,
+      isolateInFlight: (ids) => ids.reduce((n, id) => n + originPool.inFlight(id), 0),
       waitUntil: (promise) => {
         try {
           c.executionCtx.waitUntil(promise);

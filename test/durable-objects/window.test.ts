@@ -14,6 +14,7 @@ import {
   onItemDone,
   onOriginLoad,
   queuedCount,
+  recordFirstByteWait,
   tick,
   WindowConfigSchema,
 } from "../../durable-objects/window.ts";
@@ -344,6 +345,61 @@ describe("call term", () => {
     const queued = expectQueued(second.decision);
     expect(queued.windowMs).toBeGreaterThan(0);
     expect(queued.flushAt).toBeCloseTo(queued.windowMs, 6);
+  });
+});
+
+describe("wait term", () => {
+  it("holds a request for a share of the recent wait for a first byte, within maxWindowMs", () => {
+    const input = { callIntervalMs: 0, maxWindowMs: 50, waitShare: 0.1, rateWindowMs: 1000 };
+    let state = load(stateWith(input), "a", { max_num_seqs: 1000 });
+    state = add(state, request("r1"), 0).state;
+    // Nothing has come back yet: no wait to go by, the window stays closed.
+    expect(currentWindowMs(state, 100)).toBe(0);
+    state = onDispatched(state, "a", "r1", 200).state;
+    expect(currentWindowMs(state, 200)).toBeCloseTo(20, 6);
+    const second = add(state, request("r2"), 200);
+    const queued = expectQueued(second.decision);
+    expect(queued.windowMs).toBeCloseTo(20, 6);
+    expect(queued.flushAt).toBeCloseTo(220, 6);
+    // A first byte is counted once, however often it is reported.
+    state = onDispatched(second.state, "a", "r1", 300).state;
+    expect(currentWindowMs(state, 200)).toBeCloseTo(20, 6);
+  });
+
+  it("counts the wait from arrival, so time in the queue counts too", () => {
+    let state = saturated({ callIntervalMs: 0, maxWindowMs: 1000, waitShare: 0.5 });
+    const queued = add(state, request("r1", { enqueuedAt: 0 }), 100);
+    const { flushAt } = expectQueued(queued.decision);
+    const sent = tick(queued.state, flushAt);
+    expect(sent.batches.map(ids)).toEqual([["r1"]]);
+    state = onDispatched(sent.state, "a", "r1", flushAt + 100).state;
+    // An idle origin again: only the wait term is left, half the wait from arrival.
+    state = load(state, "a", {}, flushAt + 100);
+    expect(currentWindowMs(state, flushAt + 100)).toBeCloseTo((flushAt + 100) / 2, 6);
+  });
+
+  it("weighs the waits callers report, and counts a reported item only once", () => {
+    const input = { callIntervalMs: 0, maxWindowMs: 50, waitShare: 0.1, rateWindowMs: 1000 };
+    let state = load(stateWith(input), "a", { max_num_seqs: 1000 });
+    state = add(state, request("r1"), 0).state;
+    state = onDispatched(state, "a", "r1", 200, { countWait: false }).state;
+    expect(currentWindowMs(state, 200)).toBe(0);
+    state = recordFirstByteWait(state, 300, 200);
+    expect(currentWindowMs(state, 200)).toBeCloseTo(30, 6);
+    expect(recordFirstByteWait(state, Number.NaN, 200)).toBe(state);
+  });
+
+  it("is bounded by maxWindowMs, fades as first bytes stop, and is off with waitShare 0", () => {
+    const base = { callIntervalMs: 0, maxWindowMs: 10, rateWindowMs: 100 };
+    let state = load(stateWith(base), "a", { max_num_seqs: 1000 });
+    state = add(state, request("r1"), 0).state;
+    state = onDispatched(state, "a", "r1", 1000).state;
+    expect(currentWindowMs(state, 1000)).toBe(10);
+    expect(currentWindowMs(state, 1500)).toBe(0);
+    let off = load(stateWith({ ...base, waitShare: 0 }), "a", { max_num_seqs: 1000 });
+    off = add(off, request("r1"), 0).state;
+    off = onDispatched(off, "a", "r1", 1000).state;
+    expect(currentWindowMs(off, 1000)).toBe(0);
   });
 });
 

@@ -25,8 +25,11 @@ const ORIGIN_URL = origin.url;
 const MODEL = "warmgate-sim-8b";
 const REGION = "b";
 
-/** While the origin is busy, a request waits up to a second unless a batch fills first. */
-const HOLD = { max_window_ms: 1000, call_interval_ms: 1000 };
+/**
+ * While the origin is busy, a request waits up to a second unless a batch fills first;
+ * every request asks the batcher (no idle bypass), so the occupier runs through it too.
+ */
+const HOLD = { max_window_ms: 1000, call_interval_ms: 1000, idle_bypass_ms: 0 };
 
 /** A config with one region `b` (edge-batch-1) and the given batching section. */
 function configWith(batching: Record<string, unknown>): string {
@@ -170,16 +173,57 @@ describe("the request path through the batcher", () => {
     }
   });
 
+  it("skips the batcher for a lone request while the batcher has had nothing to batch", async () => {
+    for (const [bypassMs, submitted] of [
+      [60_000, 1],
+      [0, 3],
+    ] as const) {
+      const config = configWith({ ...HOLD, idle_bypass_ms: bypassMs });
+      const before = await originCounts();
+      const asked = (await batcherOf(config).snapshot()).counters.submitted;
+      for (let i = 0; i < 3; i++) {
+        const res = await send(config, chat()).response;
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+      }
+      const after = await originCounts();
+      expect([after.batches - before.batches, after.items - before.items]).toEqual([3, 3]);
+      const snapshot = await batcherOf(config).snapshot();
+      expect(snapshot.counters.submitted - asked).toBe(submitted);
+    }
+  });
+
   it("goes straight to the origin, one call per request, where batching is off", async () => {
     const config = configWith({ ...HOLD, overrides: [{ region: REGION, enabled: false }] });
     expect(planOf(config).enabled).toBe(false);
     const before = await originCounts();
+    const asked = (await batcherOf(config).snapshot()).counters.submitted;
     const res = await send(config, chat()).response;
     expect(res.status).toBe(200);
     await res.arrayBuffer();
     const after = await originCounts();
     expect([after.batches - before.batches, after.items - before.items]).toEqual([1, 1]);
-    expect((await batcherOf(config).snapshot()).counters.submitted).toBe(0);
+    expect((await batcherOf(config).snapshot()).counters.submitted).toBe(asked);
+  });
+});
+
+describe("GET /admin/batchers/:region/:model", () => {
+  it("shows each shard's counters to the admin, and no one else", async () => {
+    const config = configWith({ shards: 2 });
+    const url = `http://edge.test/admin/batchers/${REGION}/${MODEL}`;
+    const admin = { authorization: `Bearer ${TEST_ADMIN_TOKEN}` };
+    const res = await send(config, new Request(url, { headers: admin })).response;
+    expect(res.status).toBe(200);
+    const body = await res.json<{ enabled: boolean; shards: { name: string; queued: number }[] }>();
+    expect(body.enabled).toBe(true);
+    expect(body.shards.map((shard) => shard.name)).toEqual([
+      batcherName(REGION, MODEL, 0, planOf(config)),
+      batcherName(REGION, MODEL, 1, planOf(config)),
+    ]);
+    expect(body.shards.every((shard) => shard.queued === 0)).toBe(true);
+    expect((await send(config, new Request(url)).response).status).toBe(401);
+    const missing = await send(config, new Request(`${url}-nope`, { headers: admin })).response;
+    expect(missing.status).toBe(404);
   });
 });
 

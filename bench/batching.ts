@@ -1,0 +1,460 @@
+/**
+ * `npm run bench:batching`: what micro-batching costs at low load and saves at high load.
+ *
+ * One edge under `wrangler dev` on loopback with two regions, each with its own simulated
+ * origin process: `batched` sends through the region's Batcher, `direct` has
+ * `batching.enabled: false` (one upstream call per request). The same streaming workload
+ * runs against both at 1, 32 and 500 concurrent closed-loop clients, in alternating
+ * rounds, bounded in time. Reports upstream calls per client request (the origins'
+ * `/metrics` deltas), the batch size distribution (the Batcher's counters), time to first
+ * byte and its difference from the unbatched path, and throughput. Prints a table and
+ * writes bench/results/batching.json.
+ */
+import { setTimeout as sleep } from "node:timers/promises";
+import { parseArgs } from "node:util";
+import { fmt, markdownTable, summarize, type LatencySummary, writeResult } from "./lib.ts";
+import {
+  DEV_KEY_LIMITS,
+  type SpawnedOrigin,
+  ROOT,
+  createKey,
+  simFlags,
+  spawnOrigin,
+  startWranglerDev,
+} from "../scripts/stack.ts";
+import { join } from "node:path";
+import { randomBytes } from "node:crypto";
+
+const { values: args } = parseArgs({
+  options: {
+    rounds: { type: "string", default: "2" },
+    "seconds-1": { type: "string", default: "6" },
+    "seconds-32": { type: "string", default: "8" },
+    "seconds-500": { type: "string", default: "30" },
+    "max-tokens": { type: "string", default: "16" },
+    "max-window-ms": { type: "string", default: "100" },
+    "call-interval-ms": { type: "string", default: "5" },
+    "wait-share": { type: "string", default: "0.25" },
+    "max-batch-size": { type: "string", default: "64" },
+    "max-num-seqs": { type: "string", default: "256" },
+    "time-scale": { type: "string", default: "0" },
+  },
+  strict: true,
+});
+const ROUNDS = Number(args.rounds);
+const SECONDS: Record<number, number> = {
+  1: Number(args["seconds-1"]),
+  32: Number(args["seconds-32"]),
+  500: Number(args["seconds-500"]),
+};
+const LEVELS = [1, 32, 500] as const;
+const MAX_TOKENS = Number(args["max-tokens"]);
+const BATCHING = {
+  max_window_ms: Number(args["max-window-ms"]),
+  call_interval_ms: Number(args["call-interval-ms"]),
+  wait_share: Number(args["wait-share"]),
+  max_batch_size: Number(args["max-batch-size"]),
+  overrides: [
+    { region: "direct", enabled: false },
+    // The batched path without the idle bypass: every request asks the batcher.
+    { region: "asked", idle_bypass_ms: 0 },
+  ],
+};
+const SIM = { timeScale: Number(args["time-scale"]), maxNumSeqs: Number(args["max-num-seqs"]) };
+const MODEL = "warmgate-sim-8b";
+const ALL_CONTINENTS = ["EU", "AF", "NA", "SA", "AS", "OC", "AN"];
+
+type Path = "direct" | "batched" | "asked";
+const PATHS: Path[] = ["direct", "batched"];
+/** Paths per concurrency: at one client also the batcher without its idle bypass. */
+const pathsAt = (concurrency: number): Path[] =>
+  concurrency === 1 ? ["direct", "batched", "asked"] : PATHS;
+
+/** Origin counters the run reads before and after each phase. */
+interface OriginCounts {
+  batches: number;
+  items: number;
+  inFlight: number;
+}
+
+async function originCounts(origin: SpawnedOrigin): Promise<OriginCounts> {
+  const text = await (await fetch(`${origin.url}/metrics`)).text();
+  const read = (name: string) => {
+    const line = text.split("\n").find((l) => l.startsWith(`${name} `));
+    return line === undefined ? 0 : Number(line.slice(name.length + 1));
+  };
+  return {
+    batches: read("warmgate_origin_batches_total"),
+    items: read("warmgate_origin_batch_items_total"),
+    inFlight: read("warmgate_origin_items_in_flight"),
+  };
+}
+
+// --- the stack: two origin processes and one edge -------------------------------------
+
+const origins: Record<Path, SpawnedOrigin> = {
+  batched: await spawnOrigin([...simFlags(SIM), "--origin-id", "batched-1", "--region", "batched"]),
+  direct: await spawnOrigin([...simFlags(SIM), "--origin-id", "direct-1", "--region", "direct"]),
+  asked: await spawnOrigin([...simFlags(SIM), "--origin-id", "asked-1", "--region", "asked"]),
+};
+const adminToken = `wgadmin_${randomBytes(18).toString("base64url")}`;
+const config = {
+  models: [{ id: MODEL, max_model_len: 32768 }],
+  regions: [
+    {
+      id: "batched",
+      continents: ALL_CONTINENTS,
+      origins: [{ id: "batched-1", url: origins.batched.url }],
+    },
+    { id: "direct", origins: [{ id: "direct-1", url: origins.direct.url }] },
+    { id: "asked", origins: [{ id: "asked-1", url: origins.asked.url }] },
+  ],
+  default_region: "batched",
+  // No failover: a request measured on one path is always served by that path's origin.
+  limits: { retry_budget: 0 },
+  batching: BATCHING,
+};
+let edge: Awaited<ReturnType<typeof startWranglerDev>>;
+try {
+  edge = await startWranglerDev({
+    config: join(ROOT, "wrangler.toml"),
+    vars: {
+      WARMGATE_CONFIG: JSON.stringify(config),
+      ADMIN_TOKEN: adminToken,
+      TOKEN_SIGNING_SECRET: randomBytes(32).toString("base64url"),
+    },
+  });
+} catch (error) {
+  await Promise.all(Object.values(origins).map((o) => o.close()));
+  throw error;
+}
+const stopAll = () => Promise.all([edge.stop(), ...Object.values(origins).map((o) => o.close())]);
+
+// --- the workload -------------------------------------------------------------------------
+
+interface Sample {
+  ttft: number;
+  total: number;
+}
+
+const payload = JSON.stringify({
+  model: MODEL,
+  messages: [
+    { role: "system", content: "You are a concise assistant." },
+    { role: "user", content: "Say hello to the batching benchmark." },
+  ],
+  max_tokens: MAX_TOKENS,
+  seed: 7,
+  stream: true,
+});
+
+async function oneRequest(path: Path, headers: Record<string, string>): Promise<Sample> {
+  const started = performance.now();
+  const res = await fetch(`${edge.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { ...headers, "x-warmgate-region": path },
+    body: payload,
+  });
+  let ttft = Number.NaN;
+  let text = "";
+  const reader = res.body?.getReader();
+  const decoder = new TextDecoder();
+  if (reader !== undefined) {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      if (Number.isNaN(ttft)) ttft = performance.now() - started;
+      text += decoder.decode(value, { stream: true });
+    }
+  }
+  const total = performance.now() - started;
+  if (res.status !== 200 || !text.endsWith("data: [DONE]\n\n")) {
+    throw new Error(`status ${res.status}: ${text.slice(0, 200)}`);
+  }
+  return { ttft, total };
+}
+
+interface Phase {
+  path: Path;
+  concurrency: number;
+  seconds: number;
+  samples: Sample[];
+  errors: number;
+  firstError: string | null;
+  calls: number;
+  items: number;
+  batchSizes: Record<string, number>;
+  /** The batcher's window and queue halfway through the phase. */
+  midway: { windowMs: number; queued: number; inFlight: number } | null;
+}
+
+async function batcherSnapshot(path: Path) {
+  const res = await fetch(`${edge.url}/admin/batchers/${path}/${MODEL}`, {
+    headers: { authorization: `Bearer ${adminToken}` },
+  });
+  const body = (await res.json()) as {
+    shards: { windowMs: number; queued: number; inFlight: Record<string, number> }[];
+  };
+  const shard = body.shards[0];
+  if (shard === undefined) return null;
+  const inFlight = Object.values(shard.inFlight).reduce((a, b) => a + b, 0);
+  return { windowMs: shard.windowMs, queued: shard.queued, inFlight };
+}
+
+async function batcherSizes(path: Path): Promise<Record<string, number>> {
+  const res = await fetch(`${edge.url}/admin/batchers/${path}/${MODEL}`, {
+    headers: { authorization: `Bearer ${adminToken}` },
+  });
+  const body = (await res.json()) as {
+    shards: { counters: { batchSizes: Record<string, number> } }[];
+  };
+  const sizes: Record<string, number> = {};
+  for (const shard of body.shards) {
+    for (const [bucket, n] of Object.entries(shard.counters.batchSizes)) {
+      sizes[bucket] = (sizes[bucket] ?? 0) + n;
+    }
+  }
+  return sizes;
+}
+
+/** Waits until the origin runs nothing, so a phase does not inherit the last one's tail. */
+async function drained(origin: SpawnedOrigin): Promise<void> {
+  for (let i = 0; i < 200; i++) {
+    if ((await originCounts(origin)).inFlight === 0) return;
+    await sleep(25);
+  }
+}
+
+async function runPhase(
+  path: Path,
+  concurrency: number,
+  seconds: number,
+  headers: Record<string, string>,
+): Promise<Phase> {
+  const origin = origins[path];
+  await drained(origin);
+  const before = await originCounts(origin);
+  const sizesBefore = path === "direct" ? {} : await batcherSizes(path);
+  const samples: Sample[] = [];
+  let errors = 0;
+  let firstError: string | null = null;
+  const started = performance.now();
+  const deadline = started + seconds * 1000;
+  const client = async () => {
+    while (performance.now() < deadline) {
+      try {
+        samples.push(await oneRequest(path, headers));
+      } catch (error) {
+        errors += 1;
+        firstError ??= error instanceof Error ? error.message : String(error);
+      }
+    }
+  };
+  const midway =
+    path === "direct"
+      ? Promise.resolve(null)
+      : sleep((seconds * 1000) / 2).then(() => batcherSnapshot(path));
+  await Promise.all(Array.from({ length: concurrency }, client));
+  const elapsed = (performance.now() - started) / 1000;
+  await drained(origin);
+  const after = await originCounts(origin);
+  const batchSizes: Record<string, number> = {};
+  if (path !== "direct") {
+    for (const [bucket, n] of Object.entries(await batcherSizes(path))) {
+      const delta = n - (sizesBefore[bucket] ?? 0);
+      if (delta > 0) batchSizes[bucket] = delta;
+    }
+  }
+  return {
+    path,
+    concurrency,
+    seconds: elapsed,
+    samples,
+    errors,
+    firstError,
+    calls: after.batches - before.batches,
+    items: after.items - before.items,
+    batchSizes,
+    midway: await midway,
+  };
+}
+
+const phases: Phase[] = [];
+try {
+  const apiKey = await createKey(edge.url, adminToken, {
+    name: "batching benchmark",
+    limits: DEV_KEY_LIMITS,
+  });
+  const headers = { "content-type": "application/json", authorization: `Bearer ${apiKey}` };
+  // Warm both paths (JIT, connection pools, the key's account, the prefix cache).
+  for (const path of PATHS) await runPhase(path, 8, 2, headers);
+  for (const concurrency of LEVELS) {
+    for (let round = 0; round < ROUNDS; round++) {
+      // Alternate the order each round so drift on a shared machine hits both alike.
+      const order = round % 2 === 0 ? pathsAt(concurrency) : pathsAt(concurrency).toReversed();
+      for (const path of order) {
+        const seconds = (SECONDS[concurrency] ?? 5) / ROUNDS;
+        const phase = await runPhase(path, concurrency, seconds, headers);
+        phases.push(phase);
+        const mid = phase.midway;
+        const view =
+          mid === null
+            ? ""
+            : `; midway window ${mid.windowMs.toFixed(1)} ms, ${mid.queued} queued, ${mid.inFlight} in flight`;
+        process.stderr.write(
+          `c=${concurrency} ${path}: ${phase.samples.length} ok, ${phase.errors} errors, ${phase.calls} calls${view}\n`,
+        );
+      }
+    }
+  }
+} finally {
+  await stopAll();
+}
+
+// --- the report ---------------------------------------------------------------------------
+
+interface Row {
+  concurrency: number;
+  path: Path;
+  requests: number;
+  errors: number;
+  firstError: string | null;
+  rps: number;
+  ttft: LatencySummary;
+  total: LatencySummary;
+  /** Upstream HTTP calls per request that reached the origin. */
+  callsPerRequest: number;
+  meanBatchSize: number;
+  batchSizes: Record<string, number>;
+}
+
+const rows: Row[] = [];
+for (const concurrency of LEVELS) {
+  for (const path of pathsAt(concurrency)) {
+    const mine = phases.filter((p) => p.path === path && p.concurrency === concurrency);
+    const samples = mine.flatMap((p) => p.samples);
+    const calls = mine.reduce((n, p) => n + p.calls, 0);
+    const items = mine.reduce((n, p) => n + p.items, 0);
+    const seconds = mine.reduce((n, p) => n + p.seconds, 0);
+    const batchSizes: Record<string, number> = {};
+    for (const phase of mine) {
+      for (const [bucket, n] of Object.entries(phase.batchSizes)) {
+        batchSizes[bucket] = (batchSizes[bucket] ?? 0) + n;
+      }
+    }
+    rows.push({
+      concurrency,
+      path,
+      requests: samples.length,
+      errors: mine.reduce((n, p) => n + p.errors, 0),
+      firstError: mine.find((p) => p.firstError !== null)?.firstError ?? null,
+      rps: samples.length / seconds,
+      ttft: summarize(samples.map((s) => s.ttft)),
+      total: summarize(samples.map((s) => s.total)),
+      callsPerRequest: items === 0 ? Number.NaN : calls / items,
+      meanBatchSize: calls === 0 ? Number.NaN : items / calls,
+      batchSizes,
+    });
+  }
+}
+const rowOf = (concurrency: number, path: Path) =>
+  rows.find((r) => r.concurrency === concurrency && r.path === path);
+
+const BUCKET_ORDER = ["1", "2", "3-4", "5-8", "9-16", "17-32", "33-64", "65-128", "129-256"];
+const sizes = (row: Row) =>
+  Object.entries(row.batchSizes)
+    .sort(([a], [b]) => BUCKET_ORDER.indexOf(a) - BUCKET_ORDER.indexOf(b))
+    .map(([bucket, n]) => `${bucket}: ${n}`)
+    .join(", ");
+
+const table = markdownTable(
+  [
+    "clients",
+    "path",
+    "requests",
+    "req/s",
+    "TTFT p50",
+    "TTFT p99",
+    "+TTFT p50",
+    "+TTFT p99",
+    "calls/request",
+    "batch sizes (calls)",
+    "errors",
+  ],
+  rows.map((r) => {
+    const direct = rowOf(r.concurrency, "direct");
+    const added = (pick: (s: LatencySummary) => number) =>
+      r.path === "direct" || direct === undefined ? "" : fmt(pick(r.ttft) - pick(direct.ttft));
+    return [
+      String(r.concurrency),
+      r.path,
+      String(r.requests),
+      fmt(r.rps, 0),
+      fmt(r.ttft.p50),
+      fmt(r.ttft.p99),
+      added((s) => s.p50),
+      added((s) => s.p99),
+      fmt(r.callsPerRequest, 3),
+      r.path === "direct" ? "" : sizes(r),
+      String(r.errors),
+    ];
+  }),
+);
+
+const one = { direct: rowOf(1, "direct"), batched: rowOf(1, "batched") };
+const many = { direct: rowOf(500, "direct"), batched: rowOf(500, "batched") };
+const addedP50At1 = (one.batched?.ttft.p50 ?? Number.NaN) - (one.direct?.ttft.p50 ?? Number.NaN);
+const addedP99At500 =
+  (many.batched?.ttft.p99 ?? Number.NaN) - (many.direct?.ttft.p99 ?? Number.NaN);
+const callsAt500 = many.batched?.callsPerRequest ?? Number.NaN;
+const targets = [
+  {
+    target: "1 client: added TTFT p50 <= 1 ms",
+    value: `${fmt(addedP50At1)} ms`,
+    met: addedP50At1 <= 1,
+  },
+  {
+    target: "500 clients: <= 1 upstream call per 8 requests",
+    value: `1 per ${fmt(1 / callsAt500, 1)}`,
+    met: callsAt500 <= 1 / 8,
+  },
+  {
+    target: `500 clients: added TTFT p99 <= the window (${BATCHING.max_window_ms} ms)`,
+    value: `${fmt(addedP99At500)} ms`,
+    met: addedP99At500 <= BATCHING.max_window_ms,
+  },
+];
+
+const command = `npm run bench:batching -- ${process.argv.slice(2).join(" ")}`.trim();
+console.log(`\n## Micro-batching (\`${command}\`)\n`);
+console.log(
+  `Streaming chat, ${MAX_TOKENS} tokens, simulated engine (time scale ${SIM.timeScale}, ` +
+    `max_num_seqs ${SIM.maxNumSeqs}), one origin process per path, closed loop. ` +
+    `Batching: max_window_ms ${BATCHING.max_window_ms}, call_interval_ms ` +
+    `${BATCHING.call_interval_ms}, wait_share ${BATCHING.wait_share}, max_batch_size ` +
+    `${BATCHING.max_batch_size}. Paths: direct = batching off; batched = through the ` +
+    `batcher (with its idle bypass); asked = through the batcher on every request.\n`,
+);
+console.log(table);
+console.log(
+  `\n${markdownTable(
+    ["target", "measured", "met"],
+    targets.map((t) => [t.target, t.value, t.met ? "yes" : "no"]),
+  )}`,
+);
+for (const row of rows) {
+  if (row.firstError !== null) console.log(`\n${row.path} c=${row.concurrency}: ${row.firstError}`);
+}
+const path = await writeResult("batching", {
+  command,
+  settings: {
+    batching: BATCHING,
+    sim: SIM,
+    maxTokens: MAX_TOKENS,
+    rounds: ROUNDS,
+    seconds: SECONDS,
+  },
+  rows,
+  targets,
+});
+console.log(`\nwrote ${path}`);
