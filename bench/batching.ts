@@ -27,10 +27,10 @@ import { randomBytes } from "node:crypto";
 
 const { values: args } = parseArgs({
   options: {
-    rounds: { type: "string", default: "2" },
-    "seconds-1": { type: "string", default: "6" },
-    "seconds-32": { type: "string", default: "8" },
-    "seconds-500": { type: "string", default: "30" },
+    rounds: { type: "string", default: "4" },
+    "seconds-1": { type: "string", default: "12" },
+    "seconds-32": { type: "string", default: "12" },
+    "seconds-500": { type: "string", default: "40" },
     "max-tokens": { type: "string", default: "16" },
     "max-window-ms": { type: "string", default: "100" },
     "call-interval-ms": { type: "string", default: "5" },
@@ -62,6 +62,8 @@ const BATCHING = {
 };
 const SIM = { timeScale: Number(args["time-scale"]), maxNumSeqs: Number(args["max-num-seqs"]) };
 const MODEL = "warmgate-sim-8b";
+/** Over how long 100 or more clients start (not measured). */
+const RAMP_MS = 1000;
 const ALL_CONTINENTS = ["EU", "AF", "NA", "SA", "AS", "OC", "AN"];
 
 type Path = "direct" | "batched" | "asked";
@@ -240,10 +242,16 @@ async function runPhase(
   let firstError: string | null = null;
   const started = performance.now();
   const deadline = started + seconds * 1000;
-  const client = async () => {
+  // Many clients start over a ramp rather than in the same millisecond, and only requests
+  // that start after it are measured: the steady state, not the harness's own burst.
+  const rampMs = concurrency >= 100 ? RAMP_MS : 0;
+  const client = async (index: number) => {
+    await sleep((index * rampMs) / concurrency);
     while (performance.now() < deadline) {
+      const at = performance.now();
       try {
-        samples.push(await oneRequest(path, headers));
+        const sample = await oneRequest(path, headers);
+        if (at - started >= rampMs) samples.push(sample);
       } catch (error) {
         errors += 1;
         firstError ??= error instanceof Error ? error.message : String(error);
@@ -254,8 +262,8 @@ async function runPhase(
     path === "direct"
       ? Promise.resolve(null)
       : sleep((seconds * 1000) / 2).then(() => batcherSnapshot(path));
-  await Promise.all(Array.from({ length: concurrency }, client));
-  const elapsed = (performance.now() - started) / 1000;
+  await Promise.all(Array.from({ length: concurrency }, (_, index) => client(index)));
+  const elapsed = (performance.now() - started - rampMs) / 1000;
   await drained(origin);
   const after = await originCounts(origin);
   const batchSizes: Record<string, number> = {};
@@ -429,7 +437,8 @@ const command = `npm run bench:batching -- ${process.argv.slice(2).join(" ")}`.t
 console.log(`\n## Micro-batching (\`${command}\`)\n`);
 console.log(
   `Streaming chat, ${MAX_TOKENS} tokens, simulated engine (time scale ${SIM.timeScale}, ` +
-    `max_num_seqs ${SIM.maxNumSeqs}), one origin process per path, closed loop. ` +
+    `max_num_seqs ${SIM.maxNumSeqs}), one origin process per path, closed loop, ` +
+    `${ROUNDS} alternating rounds; 500 clients start over ${RAMP_MS} ms, measured after. ` +
     `Batching: max_window_ms ${BATCHING.max_window_ms}, call_interval_ms ` +
     `${BATCHING.call_interval_ms}, wait_share ${BATCHING.wait_share}, max_batch_size ` +
     `${BATCHING.max_batch_size}. Paths: direct = batching off; batched = through the ` +
