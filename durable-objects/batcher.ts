@@ -11,10 +11,11 @@
 //
 // The RPC surface: `submit` (one call per request attempt), `cancel` (an item whose client
 // went away), `snapshot` (counters and the window's view, for operators and tests).
-// `submit` admits or refuses at once; an admitted
-// item's answer is a byte stream of that item's own frames in the protocol's framing, item
-// index 0: HEAD, DATA…, END as its origin sent them (DATA and END payloads byte for byte;
-// HEAD gains an `origin` field naming the origin that serves it, see {@link BatcherHead}).
+// `submit` admits or refuses at once; an admitted item's answer is a byte stream of that
+// item's own frames in the protocol's framing, item index 0: HEAD, DATA…, END as its
+// origin sent them (DATA and END payloads byte for byte; HEAD gains an `origin` field
+// naming the origin that serves it, see {@link BatcherHead}). A busy batcher writes each
+// caller the frames that arrived while it was busy in one chunk; nothing is held back.
 // An item that never reached an engine gets one END alone whose trailer says why
 // (`error.code` is a {@link BatcherFailureCode}); an item whose origin connection broke after
 // its HEAD gets a stream that ends without END. Cancelling the stream (noticed at its next
