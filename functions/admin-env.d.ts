@@ -1,5 +1,5 @@
-// Secrets of the key and token features (`wrangler secret put`); `wrangler types` cannot
-// see secrets, so they are declared here.
+// Secrets (`wrangler secret put`); `wrangler types` cannot see secrets, so they are
+// declared here.
 interface Env {
   /** Bearer token of the `/admin` API. */
   ADMIN_TOKEN?: string;
@@ -8,11 +8,14 @@ interface Env {
    * which ties every issued key to the admin token: set this in production.
    */
   TOKEN_SIGNING_SECRET?: string;
+  /** Bearer token the edge presents to origins started with `--access-token`. */
+  ORIGIN_TOKEN?: string;
 }
 
 declare namespace Cloudflare {
   interface Env {
     ADMIN_TOKEN?: string;
     TOKEN_SIGNING_SECRET?: string;
+    ORIGIN_TOKEN?: string;
   }
 }

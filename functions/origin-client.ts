@@ -4,6 +4,7 @@
  * sends one request as a batch of one (the unbatched path); the `Batcher` Durable Object
  * sends many items per call with the same helpers and hands each caller the same events.
  */
+import { env } from "cloudflare:workers";
 import type { OriginConfig } from "./config.ts";
 import type { OriginFailureKind } from "./errors.ts";
 import {
@@ -90,13 +91,22 @@ export function postBatch(
 ): Promise<Response> {
   return fetch(new URL(BATCH_PATH, origin.url), {
     method: "POST",
-    headers: {
+    headers: originHeaders({
       "content-type": "application/json",
       "warmgate-batch-version": String(BATCH_PROTOCOL_VERSION),
-    },
+    }),
     body: JSON.stringify(batch),
     signal,
   });
+}
+
+/**
+ * Headers for a call to an origin, with the `ORIGIN_TOKEN` secret as bearer token when set
+ * (origins started with `--access-token` refuse calls without it).
+ */
+export function originHeaders(headers: Record<string, string>): Record<string, string> {
+  const token = env.ORIGIN_TOKEN;
+  return token ? { ...headers, authorization: `Bearer ${token}` } : headers;
 }
 
 /**
@@ -112,7 +122,7 @@ export async function cancelBatchItems(
   try {
     const response = await fetch(new URL(BATCH_CANCEL_PATH, origin.url), {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers: originHeaders({ "content-type": "application/json" }),
       body: JSON.stringify(body),
     });
     await response.body?.cancel();

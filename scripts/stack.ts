@@ -43,6 +43,11 @@ export interface StackOptions {
   edgeVars?: Record<string, string>;
   /** Edge worker config file (default: the project's wrangler.toml). */
   wranglerConfig?: string;
+  /**
+   * Access token every origin requires on `/v1/*`; the edge gets it as `ORIGIN_TOKEN`.
+   * Off by default so tools can call the local origins directly.
+   */
+  originAccessToken?: string;
   /** Run each origin as its own `node origin/main.ts` process (benchmarks), not in this one. */
   originProcesses?: boolean;
 }
@@ -413,6 +418,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
             originId,
             "--region",
             region.id,
+            ...(options.originAccessToken ? ["--access-token", options.originAccessToken] : []),
           ]);
           origins.push({ region: region.id, origin });
           if (models.length === 0) models = await fetchModels(origin.url);
@@ -426,6 +432,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
           region: region.id,
           port: 0,
           host: "127.0.0.1",
+          ...(options.originAccessToken ? { accessToken: options.originAccessToken } : {}),
         });
         origins.push({ region: region.id, origin });
       }
@@ -445,6 +452,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
         WARMGATE_CONFIG: config,
         ADMIN_TOKEN: secrets.adminToken,
         TOKEN_SIGNING_SECRET: secrets.signingSecret,
+        ...(options.originAccessToken ? { ORIGIN_TOKEN: options.originAccessToken } : {}),
         ...options.edgeVars,
       },
       ...(options.persistTo ? { persistTo: options.persistTo } : {}),
