@@ -44,6 +44,7 @@
 //   - The alarm is set only while a batch is open, something is queued, or orphans wait;
 //     running it twice changes nothing.
 
+import { applyMigrations } from "./migrations.ts";
 import { DurableObject } from "cloudflare:workers";
 import {
   cancelBatchItems,
@@ -964,25 +965,8 @@ export class Batcher extends DurableObject<Env> {
   }
 
   async #migrate(): Promise<void> {
+    applyMigrations(this.ctx.storage, MIGRATIONS);
     const sql = this.ctx.storage.sql;
-    sql.exec(
-      "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
-    );
-    const applied = sql
-      .exec<{ v: number }>("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations")
-      .one().v;
-    for (let version = applied + 1; version <= MIGRATIONS.length; version++) {
-      const statements = MIGRATIONS[version - 1];
-      if (statements === undefined) break;
-      this.ctx.storage.transactionSync(() => {
-        sql.exec(statements);
-        sql.exec(
-          "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
-          version,
-          Date.now(),
-        );
-      });
-    }
     // Every row left from before this incarnation is a call an origin may still run.
     const orphans = sql.exec<{ n: number }>("SELECT COUNT(*) AS n FROM open_batches").one().n;
     if (orphans > 0) {

@@ -43,6 +43,7 @@
 //   - An alarm is set whenever an open reservation or a prunable row exists, no later
 //     than the earliest open expiry; running it twice changes nothing.
 
+import { applyMigrations } from "./migrations.ts";
 import { DurableObject } from "cloudflare:workers";
 import { adjust, type BucketState } from "./token-bucket.ts";
 import {
@@ -1050,25 +1051,7 @@ export class KeyAccount extends DurableObject<Env> {
   // --- loading -----------------------------------------------------------------------
 
   async #migrate(): Promise<void> {
-    const sql = this.ctx.storage.sql;
-    sql.exec(
-      "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
-    );
-    const applied = sql
-      .exec<{ v: number }>("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations")
-      .one().v;
-    for (let version = applied + 1; version <= KEY_ACCOUNT_MIGRATIONS.length; version++) {
-      const statements = KEY_ACCOUNT_MIGRATIONS[version - 1];
-      if (statements === undefined) break;
-      this.ctx.storage.transactionSync(() => {
-        sql.exec(statements);
-        sql.exec(
-          "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
-          version,
-          Date.now(),
-        );
-      });
-    }
+    applyMigrations(this.ctx.storage, KEY_ACCOUNT_MIGRATIONS);
     this.#load();
     this.#alarmAt = await this.ctx.storage.getAlarm();
   }

@@ -11,6 +11,7 @@
 //   key_origins        (origin, key_id) PK: one row per allowed origin of each key;
 //                      always exactly the origins in the key's latest record.
 
+import { applyMigrations } from "./migrations.ts";
 import { DurableObject } from "cloudflare:workers";
 import type { KeyRecord } from "./key-account.ts";
 
@@ -128,24 +129,6 @@ export class KeyDirectory extends DurableObject<Env> {
   }
 
   async #migrate(): Promise<void> {
-    const sql = this.ctx.storage.sql;
-    sql.exec(
-      "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
-    );
-    const applied = sql
-      .exec<{ v: number }>("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations")
-      .one().v;
-    for (let version = applied + 1; version <= MIGRATIONS.length; version++) {
-      const statements = MIGRATIONS[version - 1];
-      if (statements === undefined) break;
-      this.ctx.storage.transactionSync(() => {
-        sql.exec(statements);
-        sql.exec(
-          "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
-          version,
-          Date.now(),
-        );
-      });
-    }
+    applyMigrations(this.ctx.storage, MIGRATIONS);
   }
 }
