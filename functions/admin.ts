@@ -10,7 +10,8 @@ import { NO_BUDGETS, type Budgets, type Limits } from "../durable-objects/admiss
 import { KEY_TIERS, type KeyRecord, type UsageRow } from "../durable-objects/key-account.ts";
 import { microsToUsd, usdToMicros } from "../durable-objects/pricing.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory.ts";
-import { ApiError, invalidJson } from "./errors.ts";
+import { ApiError } from "./errors.ts";
+import { readJsonBody } from "./json-body.ts";
 import { sumUsage, totalsJson, usageRange, usageReport } from "./routes/usage.ts";
 import {
   KEY_ID_PATTERN,
@@ -196,7 +197,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
     });
   })
   .post("/keys", async (c) => {
-    const body = await readBody(c.req.raw, CreateKeyRequest);
+    const body = await readJsonBody(c.req.raw, CreateKeyRequest);
     const now = Date.now();
     const id = newKeyId();
     const { key, secretHash } = await mintApiKey(c.env, id);
@@ -244,7 +245,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
   .patch("/keys/:id", async (c) => {
     const id = c.req.param("id");
     if (!(await known(c.env, id))) throw noSuchKey(id);
-    const body = await readBody(c.req.raw, UpdateKeyRequest);
+    const body = await readJsonBody(c.req.raw, UpdateKeyRequest);
     const { name, limits, allowed_origins, models, tier, expires_at } = body;
     const record = await account(c.env, id).update({
       now: Date.now(),
@@ -270,7 +271,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
   .post("/keys/:id/rotate", async (c) => {
     const id = c.req.param("id");
     if (!(await known(c.env, id))) throw noSuchKey(id);
-    const body = await readBody(c.req.raw, RotateKeyRequest);
+    const body = await readJsonBody(c.req.raw, RotateKeyRequest);
     const { key, secretHash } = await mintApiKey(c.env, id);
     const graceSeconds = body.grace_seconds ?? DEFAULT_ROTATION_GRACE_SECONDS;
     const record = await account(c.env, id).rotate({
@@ -288,26 +289,6 @@ export const adminApp = new Hono<{ Bindings: Env }>()
     await directory(c.env).upsert(record);
     return c.json({ ...keyJson(record), key });
   });
-
-// The validator hook of these routes: JSON, then the zod schema; an empty body is `{}`.
-async function readBody<S extends z.ZodType>(request: Request, schema: S): Promise<z.infer<S>> {
-  const text = await request.text();
-  let raw: unknown = {};
-  if (text.trim() !== "") {
-    try {
-      raw = JSON.parse(text);
-    } catch {
-      throw invalidJson();
-    }
-  }
-  const parsed = schema.safeParse(raw);
-  if (parsed.success) return parsed.data;
-  const issue = parsed.error.issues[0];
-  throw new ApiError(400, issue === undefined ? "Invalid request body." : issue.message, {
-    type: "invalid_request_error",
-    param: issue === undefined || issue.path.length === 0 ? null : issue.path.join("."),
-  });
-}
 
 function account(env: Env, id: string) {
   return env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));

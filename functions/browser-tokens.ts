@@ -14,7 +14,8 @@ import { sign, verify } from "hono/jwt";
 import { z } from "zod";
 import type { Limits } from "../durable-objects/admission.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory.ts";
-import { ApiError, invalidJson } from "./errors.ts";
+import { ApiError } from "./errors.ts";
+import { readJsonBody } from "./json-body.ts";
 import {
   KEY_ID_PATTERN,
   bearerToken,
@@ -231,7 +232,7 @@ export const browserTokensApp = new Hono<{ Bindings: Env }>()
     // Only an API key mints tokens; a browser token cannot mint more.
     const parsed = presented === null ? null : await parseApiKey(c.env, presented);
     if (parsed === null) throw incorrectKey();
-    const requested = await readTokenRequest(c.req.raw);
+    const requested = await readJsonBody(c.req.raw, TokenRequest);
     const account = c.env.KEY_ACCOUNT.get(c.env.KEY_ACCOUNT.idFromName(parsed.keyId));
     const check = await account.check({
       credential: { kind: "key", secretHash: parsed.secretHash },
@@ -283,26 +284,6 @@ function incorrectKey(): ApiError {
   return new ApiError(401, "Incorrect API key provided.", {
     type: "invalid_request_error",
     code: "invalid_api_key",
-  });
-}
-
-// The validator hook of `POST /v1/tokens`: JSON, then the schema; an empty body is `{}`.
-async function readTokenRequest(request: Request): Promise<TokenRequestBody> {
-  const text = await request.text();
-  let raw: unknown = {};
-  if (text.trim() !== "") {
-    try {
-      raw = JSON.parse(text);
-    } catch {
-      throw invalidJson();
-    }
-  }
-  const body = TokenRequest.safeParse(raw);
-  if (body.success) return body.data;
-  const issue = body.error.issues[0];
-  throw new ApiError(400, issue?.message ?? "Invalid request body.", {
-    type: "invalid_request_error",
-    param: issue === undefined || issue.path.length === 0 ? null : issue.path.join("."),
   });
 }
 
