@@ -18,12 +18,13 @@
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import {
-  closedLoop,
+  compareAlternating,
   fmt,
   markdownTable,
-  summarize,
+  timedRequest,
   writeResult,
-  type LatencySummary,
+  type PathResult,
+  type Workload,
 } from "./lib.ts";
 import { ROOT, createKey, startStack, startWranglerDev } from "../scripts/stack.ts";
 
@@ -54,11 +55,6 @@ const BENCH_KEY_LIMITS = {
   credit_usd: 100_000_000,
 };
 
-interface Sample {
-  total: number;
-  ttfb: number;
-}
-
 function body(stream: boolean): string {
   return JSON.stringify({
     model: "warmgate-sim-8b",
@@ -70,29 +66,6 @@ function body(stream: boolean): string {
     seed: 7,
     stream,
   });
-}
-
-async function timedRequest(url: string, key: string, payload: string): Promise<Sample> {
-  const started = performance.now();
-  const res = await fetch(url, {
-    method: "POST",
-    headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
-    body: payload,
-  });
-  const reader = res.body?.getReader();
-  let ttfb = Number.NaN;
-  let bytes = 0;
-  if (reader) {
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      if (Number.isNaN(ttfb)) ttfb = performance.now() - started;
-      bytes += value.byteLength;
-    }
-  }
-  const total = performance.now() - started;
-  if (res.status !== 200 || bytes === 0) throw new Error(`status ${res.status}`);
-  return { total, ttfb };
 }
 
 const stack = await startStack({
@@ -136,77 +109,33 @@ const endpoints: Record<Target, { url: string; key: string }> = {
 };
 
 type Scenario = "json c=1" | "stream c=1" | "json c=16" | "stream c=16";
-const SCENARIOS: { name: Scenario; stream: boolean; concurrency: number; requests: number }[] = [
+const SCENARIOS: Workload<Scenario>[] = [
   { name: "json c=1", stream: false, concurrency: 1, requests: C1_REQUESTS },
   { name: "stream c=1", stream: true, concurrency: 1, requests: C1_REQUESTS },
   { name: "json c=16", stream: false, concurrency: 16, requests: C16_REQUESTS },
   { name: "stream c=16", stream: true, concurrency: 16, requests: C16_REQUESTS },
 ];
 
-const samples = new Map<string, Sample[]>();
-const seconds = new Map<string, number>();
-const completed = new Map<string, number>();
-const errors = new Map<string, number>();
-const slot = (s: Scenario, t: Target) => `${s}|${t}`;
-
+let rows: PathResult<Scenario, Target>[];
 try {
-  // Warm both paths (JIT, connection pools, the key's Durable Object, the prefix cache).
-  for (const target of TARGETS) {
-    for (const stream of [false, true]) {
+  // Warm-up also reaches the key's Durable Object and the prefix cache.
+  rows = await compareAlternating({
+    workloads: SCENARIOS,
+    targets: TARGETS,
+    rounds: ROUNDS,
+    warmRequests: 200,
+    send: (target, stream) => {
       const { url, key } = endpoints[target];
-      await closedLoop(8, 200, () => timedRequest(url, key, body(stream)).then((s) => s.total));
-    }
-  }
-  for (let round = 0; round < ROUNDS; round++) {
-    for (const scenario of SCENARIOS) {
-      // Alternate the order each round so drift on a shared machine hits both alike.
-      const order = round % 2 === 0 ? TARGETS : TARGETS.toReversed();
-      for (const target of order) {
-        const k = slot(scenario.name, target);
-        const list = samples.get(k) ?? [];
-        const payload = body(scenario.stream);
-        const { url, key } = endpoints[target];
-        const perRound = Math.ceil(scenario.requests / ROUNDS);
-        const result = await closedLoop(scenario.concurrency, perRound, async () => {
-          const sample = await timedRequest(url, key, payload);
-          list.push(sample);
-          return sample.total;
-        });
-        samples.set(k, list);
-        seconds.set(k, (seconds.get(k) ?? 0) + result.seconds);
-        completed.set(k, (completed.get(k) ?? 0) + result.requests - result.errors);
-        errors.set(k, (errors.get(k) ?? 0) + result.errors);
-      }
-    }
-    process.stderr.write(`round ${round + 1}/${ROUNDS} done\n`);
-  }
+      return timedRequest(
+        url,
+        { "content-type": "application/json", authorization: `Bearer ${key}` },
+        body(stream),
+      );
+    },
+  });
 } finally {
   await Promise.all(baselines.map((baseline) => baseline.stop()));
   await stack.stop();
-}
-
-interface Row {
-  scenario: Scenario;
-  target: Target;
-  total: LatencySummary;
-  ttfb: LatencySummary;
-  rps: number;
-  errors: number;
-}
-const rows: Row[] = [];
-for (const scenario of SCENARIOS) {
-  for (const target of TARGETS) {
-    const k = slot(scenario.name, target);
-    const list = samples.get(k) ?? [];
-    rows.push({
-      scenario: scenario.name,
-      target,
-      total: summarize(list.map((s) => s.total)),
-      ttfb: summarize(list.map((s) => s.ttfb)),
-      rps: (completed.get(k) ?? 0) / (seconds.get(k) ?? 1),
-      errors: errors.get(k) ?? 0,
-    });
-  }
 }
 const find = (s: Scenario, t: Target) => rows.find((r) => r.scenario === s && r.target === t);
 

@@ -155,3 +155,114 @@ export async function workerdRss(wranglerPid: number): Promise<number | null> {
   }
   return found ? total : null;
 }
+
+/** Times of one request: to the first body byte and to the end of the body (ms). */
+export interface TimedSample {
+  total: number;
+  ttfb: number;
+}
+
+/** POSTs `payload`, reads the whole body and times it; throws unless a 200 with a body. */
+export async function timedRequest(
+  url: string,
+  headers: Record<string, string>,
+  payload: string,
+): Promise<TimedSample> {
+  const started = performance.now();
+  const res = await fetch(url, { method: "POST", headers, body: payload });
+  const reader = res.body?.getReader();
+  let ttfb = Number.NaN;
+  let bytes = 0;
+  if (reader) {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      if (Number.isNaN(ttfb)) ttfb = performance.now() - started;
+      bytes += value.byteLength;
+    }
+  }
+  const total = performance.now() - started;
+  if (res.status !== 200 || bytes === 0) throw new Error(`status ${res.status}`);
+  return { total, ttfb };
+}
+
+/** One workload of an alternating comparison. */
+export interface Workload<S extends string> {
+  name: S;
+  stream: boolean;
+  concurrency: number;
+  requests: number;
+}
+
+/** Results of one workload on one path. */
+export interface PathResult<S extends string, T extends string> {
+  scenario: S;
+  target: T;
+  total: LatencySummary;
+  ttfb: LatencySummary;
+  rps: number;
+  errors: number;
+}
+
+/**
+ * Runs every workload on every path, round after round, reversing the order of the paths
+ * each round so drift on a shared machine hits all of them alike; warms each path first.
+ */
+export async function compareAlternating<S extends string, T extends string>(options: {
+  workloads: readonly Workload<S>[];
+  targets: readonly T[];
+  rounds: number;
+  warmRequests: number;
+  send: (target: T, stream: boolean) => Promise<TimedSample>;
+}): Promise<PathResult<S, T>[]> {
+  const { workloads, targets, rounds, send } = options;
+  for (const target of targets) {
+    for (const stream of [false, true]) {
+      await closedLoop(8, options.warmRequests, () => send(target, stream).then((s) => s.total));
+    }
+  }
+  const key = (s: S, t: T) => `${s}|${t}`;
+  const samples = new Map<string, TimedSample[]>();
+  const seconds = new Map<string, number>();
+  const completed = new Map<string, number>();
+  const errors = new Map<string, number>();
+  for (let round = 0; round < rounds; round++) {
+    for (const workload of workloads) {
+      const order = round % 2 === 0 ? targets : targets.toReversed();
+      for (const target of order) {
+        const k = key(workload.name, target);
+        const list = samples.get(k) ?? [];
+        const result = await closedLoop(
+          workload.concurrency,
+          Math.ceil(workload.requests / rounds),
+          async () => {
+            const sample = await send(target, workload.stream);
+            list.push(sample);
+            return sample.total;
+          },
+        );
+        samples.set(k, list);
+        seconds.set(k, (seconds.get(k) ?? 0) + result.seconds);
+        completed.set(k, (completed.get(k) ?? 0) + result.requests - result.errors);
+        errors.set(k, (errors.get(k) ?? 0) + result.errors);
+      }
+    }
+    process.stderr.write(`round ${round + 1}/${rounds} done\n`);
+  }
+  const rows: PathResult<S, T>[] = [];
+  for (const workload of workloads) {
+    for (const target of targets) {
+      const k = key(workload.name, target);
+      const list = samples.get(k) ?? [];
+      rows.push({
+        scenario: workload.name,
+        target,
+        total: summarize(list.map((s) => s.total)),
+        ttfb: summarize(list.map((s) => s.ttfb)),
+        rps: (completed.get(k) ?? 0) / (seconds.get(k) ?? 1),
+        errors: errors.get(k) ?? 0,
+      });
+    }
+  }
+  return rows;
+}

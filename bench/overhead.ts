@@ -7,13 +7,14 @@
 import { parseArgs } from "node:util";
 import { join } from "node:path";
 import {
-  closedLoop,
+  compareAlternating,
   fmt,
   markdownTable,
-  summarize,
+  timedRequest,
   workerdRss,
   writeResult,
-  type LatencySummary,
+  type PathResult,
+  type Workload,
 } from "./lib.ts";
 import { ROOT, startStack, startWranglerDev } from "../scripts/stack.ts";
 
@@ -34,11 +35,6 @@ const MAX_TOKENS = Number(args["max-tokens"]);
 type Target = "direct" | "passthrough" | "warmgate";
 const TARGETS: Target[] = ["direct", "passthrough", "warmgate"];
 
-interface Sample {
-  total: number;
-  ttfb: number;
-}
-
 function body(stream: boolean): string {
   return JSON.stringify({
     model: "warmgate-sim-8b",
@@ -50,25 +46,6 @@ function body(stream: boolean): string {
     seed: 7,
     stream,
   });
-}
-
-async function timedRequest(url: string, headers: Record<string, string>, payload: string) {
-  const started = performance.now();
-  const res = await fetch(url, { method: "POST", headers, body: payload });
-  const reader = res.body?.getReader();
-  let ttfb = Number.NaN;
-  let bytes = 0;
-  if (reader) {
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      if (Number.isNaN(ttfb)) ttfb = performance.now() - started;
-      bytes += value.byteLength;
-    }
-  }
-  const total = performance.now() - started;
-  if (res.status !== 200 || bytes === 0) throw new Error(`status ${res.status}`);
-  return { total, ttfb };
 }
 
 const stack = await startStack({
@@ -94,80 +71,28 @@ const headers = {
 };
 
 type Scenario = "json c=1" | "json c=32" | "stream c=1" | "stream c=32";
-const SCENARIOS: { name: Scenario; stream: boolean; concurrency: number; requests: number }[] = [
+const SCENARIOS: Workload<Scenario>[] = [
   { name: "json c=1", stream: false, concurrency: 1, requests: C1_REQUESTS },
   { name: "json c=32", stream: false, concurrency: 32, requests: C32_REQUESTS },
   { name: "stream c=1", stream: true, concurrency: 1, requests: C1_REQUESTS },
   { name: "stream c=32", stream: true, concurrency: 32, requests: C32_REQUESTS },
 ];
 
-const samples = new Map<string, Sample[]>();
-const seconds = new Map<string, number>();
-const completed = new Map<string, number>();
-const errors = new Map<string, number>();
-const key = (s: Scenario, t: Target) => `${s}|${t}`;
 const edgeMemory: { phase: string; rss: number | null }[] = [];
-
+let rows: PathResult<Scenario, Target>[];
 try {
-  // Warm every path (JIT, connection pools, the prefix cache) before measuring.
-  for (const target of TARGETS) {
-    for (const stream of [false, true]) {
-      await closedLoop(8, 64, () =>
-        timedRequest(urls[target], headers, body(stream)).then((s) => s.total),
-      );
-    }
-  }
-  edgeMemory.push({ phase: "after warm-up", rss: await workerdRss(stack.edge.pid ?? 0) });
-  for (let round = 0; round < ROUNDS; round++) {
-    for (const scenario of SCENARIOS) {
-      // Alternate the order each round so drift on a shared machine hits all three alike.
-      const order = round % 2 === 0 ? TARGETS : TARGETS.toReversed();
-      for (const target of order) {
-        const k = key(scenario.name, target);
-        const list = samples.get(k) ?? [];
-        const payload = body(scenario.stream);
-        const perRound = Math.ceil(scenario.requests / ROUNDS);
-        const result = await closedLoop(scenario.concurrency, perRound, async () => {
-          const s = await timedRequest(urls[target], headers, payload);
-          list.push(s);
-          return s.total;
-        });
-        samples.set(k, list);
-        seconds.set(k, (seconds.get(k) ?? 0) + result.seconds);
-        completed.set(k, (completed.get(k) ?? 0) + result.requests - result.errors);
-        errors.set(k, (errors.get(k) ?? 0) + result.errors);
-      }
-    }
-    process.stderr.write(`round ${round + 1}/${ROUNDS} done\n`);
-  }
+  edgeMemory.push({ phase: "idle", rss: await workerdRss(stack.edge.pid ?? 0) });
+  rows = await compareAlternating({
+    workloads: SCENARIOS,
+    targets: TARGETS,
+    rounds: ROUNDS,
+    warmRequests: 64,
+    send: (target, stream) => timedRequest(urls[target], headers, body(stream)),
+  });
   edgeMemory.push({ phase: "after load", rss: await workerdRss(stack.edge.pid ?? 0) });
 } finally {
   await passthrough.stop();
   await stack.stop();
-}
-
-interface Row {
-  scenario: Scenario;
-  target: Target;
-  total: LatencySummary;
-  ttfb: LatencySummary;
-  rps: number;
-  errors: number;
-}
-const rows: Row[] = [];
-for (const scenario of SCENARIOS) {
-  for (const target of TARGETS) {
-    const k = key(scenario.name, target);
-    const list = samples.get(k) ?? [];
-    rows.push({
-      scenario: scenario.name,
-      target,
-      total: summarize(list.map((s) => s.total)),
-      ttfb: summarize(list.map((s) => s.ttfb)),
-      rps: (completed.get(k) ?? 0) / (seconds.get(k) ?? 1),
-      errors: errors.get(k) ?? 0,
-    });
-  }
 }
 const find = (s: Scenario, t: Target) => rows.find((r) => r.scenario === s && r.target === t);
 
