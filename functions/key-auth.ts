@@ -4,15 +4,15 @@
 
 import type { AdmissionRefusal, InvalidKeyReason } from "../durable-objects/admission.ts";
 import type {
+  AdmitInput,
   AdmitCredential,
-  AdmitFallback,
   AdmitResult,
   KeyAccount,
   KeyCheckResult,
   SettleInput,
   SettleResult,
 } from "../durable-objects/key-account.ts";
-import { formatUsd, type ModelPrice } from "../durable-objects/pricing.ts";
+import { formatUsd } from "../durable-objects/pricing.ts";
 import { verifyBrowserToken, type BrowserScope } from "./browser-tokens.ts";
 import { ApiError } from "./errors.ts";
 import { API_KEY_PREFIX, bearerToken, parseApiKey } from "./keys.ts";
@@ -27,25 +27,11 @@ export type Credential =
 /** A credential the edge accepted, or the error to answer with. */
 export type Authentication = ({ ok: true } & Credential) | { ok: false; error: ApiError };
 
-/** What the request path knows about a request when it asks for admission. */
-export interface AdmitRequestInput {
-  requestId: string;
-  model: string;
-  promptTokens: number;
-  maxTokens: number;
-  /** Prices of `model`; absent: free. */
-  price?: ModelPrice;
-  /** Models to try after `model`, in order, with their prices. */
-  fallbacks?: AdmitFallback[];
-  /** The OpenAI `user` field. */
-  endUser?: string | null;
-  /** The request's `Origin` header, if any. */
-  origin?: string | null;
-  /** How long the reservation may stay open before the key's alarm releases it. */
-  leaseMs?: number;
-  /** Omit in production: the KeyAccount's own clock then rules its buckets. */
-  now?: number;
-}
+/**
+ * What the request path knows about a request when it asks for admission: the account's
+ * input without the credential and the carried settlements, which `admitRequest` adds.
+ */
+export type AdmitRequestInput = Omit<AdmitInput, "credential" | "settle">;
 
 /**
  * Authenticates an `Authorization` header without any storage call: an API key by its
