@@ -173,6 +173,25 @@ describe("the request path through the batcher", () => {
     }
   });
 
+  it("takes a waiting request out of its lane when its client goes away", async () => {
+    const config = configWith({ ...HOLD, default_lane: 0 });
+    const occupier = await occupy(config);
+    const before = (await batcherOf(config).snapshot()).counters.cancelledWaiting;
+    const client = new AbortController();
+    const request = new Request(chat(), { signal: client.signal });
+    const waiting = send(config, request);
+    await waitForBatcher(config, (s) => s.queued === 1);
+    client.abort();
+    const after = await waitForBatcher(config, (s) => s.queued === 0);
+    expect(after.counters.cancelledWaiting).toBe(before + 1);
+    await waiting.response.then(
+      (res) => res.body?.cancel(),
+      () => undefined,
+    );
+    await waiting.done();
+    await occupier.release();
+  });
+
   it("skips the batcher for a lone request while the batcher has had nothing to batch", async () => {
     for (const [bypassMs, submitted] of [
       [60_000, 1],
