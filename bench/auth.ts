@@ -18,7 +18,10 @@
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import {
+  benchChatBody,
   compareAlternating,
+  PATH_COLUMNS,
+  pathCells,
   fmt,
   markdownTable,
   timedRequest,
@@ -55,18 +58,7 @@ const BENCH_KEY_LIMITS = {
   credit_usd: 100_000_000,
 };
 
-function body(stream: boolean): string {
-  return JSON.stringify({
-    model: "warmgate-sim-8b",
-    messages: [
-      { role: "system", content: "You are a concise assistant." },
-      { role: "user", content: "Say hello to the benchmark." },
-    ],
-    max_tokens: MAX_TOKENS,
-    seed: 7,
-    stream,
-  });
-}
+const body = (stream: boolean) => benchChatBody(MAX_TOKENS, stream);
 
 const stack = await startStack({
   regions: [{ id: "local", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 1 }],
@@ -140,29 +132,12 @@ try {
 const find = (s: Scenario, t: Target) => rows.find((r) => r.scenario === s && r.target === t);
 
 const table = markdownTable(
-  [
-    "workload",
-    "path",
-    "p50 ms",
-    "p99 ms",
-    "TTFB p50",
-    "TTFB p99",
-    "req/s",
-    "+p50 vs previous",
-    "+p50 vs no-account",
-    "errors",
-  ],
+  [...PATH_COLUMNS, "+p50 vs previous", "+p50 vs no-account", "errors"],
   rows.map((r) => {
     const before = find(r.scenario, "previous");
     const local = find(r.scenario, "no-account");
     return [
-      r.scenario,
-      r.target,
-      fmt(r.total.p50),
-      fmt(r.total.p99),
-      fmt(r.ttfb.p50),
-      fmt(r.ttfb.p99),
-      fmt(r.rps, 0),
+      ...pathCells(r),
       r.target === "previous" ? "" : fmt(r.total.p50 - (before?.total.p50 ?? Number.NaN)),
       r.target === "keyed" ? fmt(r.total.p50 - (local?.total.p50 ?? Number.NaN)) : "",
       String(r.errors),

@@ -266,3 +266,41 @@ export async function compareAlternating<S extends string, T extends string>(opt
   }
   return rows;
 }
+
+/** The chat request both latency benchmarks send (deterministic, so the prefix cache warms). */
+export function benchChatBody(maxTokens: number, stream: boolean): string {
+  return JSON.stringify({
+    model: "warmgate-sim-8b",
+    messages: [
+      { role: "system", content: "You are a concise assistant." },
+      { role: "user", content: "Say hello to the benchmark." },
+    ],
+    max_tokens: maxTokens,
+    seed: 7,
+    stream,
+  });
+}
+
+/** Leading columns of a path comparison table; {@link pathCells} fills them. */
+export const PATH_COLUMNS = [
+  "workload",
+  "path",
+  "p50 ms",
+  "p99 ms",
+  "TTFB p50",
+  "TTFB p99",
+  "req/s",
+];
+
+/** The {@link PATH_COLUMNS} cells of one result. */
+export function pathCells(r: PathResult<string, string>): string[] {
+  return [
+    r.scenario,
+    r.target,
+    fmt(r.total.p50),
+    fmt(r.total.p99),
+    fmt(r.ttfb.p50),
+    fmt(r.ttfb.p99),
+    fmt(r.rps, 0),
+  ];
+}

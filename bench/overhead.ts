@@ -7,7 +7,10 @@
 import { parseArgs } from "node:util";
 import { join } from "node:path";
 import {
+  benchChatBody,
   compareAlternating,
+  PATH_COLUMNS,
+  pathCells,
   fmt,
   markdownTable,
   timedRequest,
@@ -35,18 +38,7 @@ const MAX_TOKENS = Number(args["max-tokens"]);
 type Target = "direct" | "passthrough" | "warmgate";
 const TARGETS: Target[] = ["direct", "passthrough", "warmgate"];
 
-function body(stream: boolean): string {
-  return JSON.stringify({
-    model: "warmgate-sim-8b",
-    messages: [
-      { role: "system", content: "You are a concise assistant." },
-      { role: "user", content: "Say hello to the benchmark." },
-    ],
-    max_tokens: MAX_TOKENS,
-    seed: 7,
-    stream,
-  });
-}
+const body = (stream: boolean) => benchChatBody(MAX_TOKENS, stream);
 
 const stack = await startStack({
   regions: [{ id: "local", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 1 }],
@@ -97,27 +89,11 @@ try {
 const find = (s: Scenario, t: Target) => rows.find((r) => r.scenario === s && r.target === t);
 
 const table = markdownTable(
-  [
-    "workload",
-    "path",
-    "p50 ms",
-    "p99 ms",
-    "TTFB p50",
-    "TTFB p99",
-    "req/s",
-    "+p50 vs direct",
-    "errors",
-  ],
+  [...PATH_COLUMNS, "+p50 vs direct", "errors"],
   rows.map((r) => {
     const direct = find(r.scenario, "direct");
     return [
-      r.scenario,
-      r.target,
-      fmt(r.total.p50),
-      fmt(r.total.p99),
-      fmt(r.ttfb.p50),
-      fmt(r.ttfb.p99),
-      fmt(r.rps, 0),
+      ...pathCells(r),
       r.target === "direct" ? "" : fmt(r.total.p50 - (direct?.total.p50 ?? Number.NaN)),
       String(r.errors),
     ];
