@@ -4,7 +4,7 @@
  */
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { ROOT, startStack } from "./stack.ts";
+import { DEFAULT_REGIONS, ROOT, startStack } from "./stack.ts";
 
 const USAGE =
   "usage: npm start -- [--port N] [--time-scale X] [--origins-per-region N] [--state DIR] [--verbose]";
@@ -53,10 +53,7 @@ console.error("warmgate: starting simulated origins and the edge (wrangler dev)â
 const stack = await startStack({
   ...(port ? { edgePort: port } : {}),
   sim: { timeScale },
-  regions: [
-    { id: "eu", continents: ["EU", "AF"], origins: perRegion },
-    { id: "us", continents: ["NA", "SA", "AS", "OC", "AN"], origins: perRegion },
-  ],
+  regions: DEFAULT_REGIONS.map((region) => ({ ...region, origins: perRegion })),
   persistTo: args.state ?? join(ROOT, ".wrangler", "state"),
   verbose: args.verbose,
 }).catch((error: unknown) => {
