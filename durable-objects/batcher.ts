@@ -55,6 +55,7 @@ import {
 import {
   BATCH_PROTOCOL_VERSION,
   type BatchRequest,
+  concatBytes,
   type Frame,
   FrameDecoder,
   FrameType,
@@ -902,7 +903,7 @@ export class Batcher extends DurableObject<Env> {
     if (chunks.length === 0) return;
     caller.pending = [];
     const id = caller.input.id;
-    const bytes = (chunks.length === 1 ? chunks[0] : undefined) ?? concat(chunks);
+    const bytes = (chunks.length === 1 ? chunks[0] : undefined) ?? concatBytes(chunks);
     // A write fails only when the caller cancelled its stream: the item is then let go.
     caller.writer.write(bytes).catch(() => this.#callerGone(id));
     if (caller.stage === "ended") closeQuietly(caller.writer);
@@ -986,18 +987,6 @@ export function sizeBucket(size: number): string {
   let upper = 4;
   while (upper < size) upper *= 2;
   return `${upper / 2 + 1}-${upper}`;
-}
-
-function concat(parts: readonly Uint8Array[]): Uint8Array {
-  let total = 0;
-  for (const part of parts) total += part.byteLength;
-  const out = new Uint8Array(total);
-  let at = 0;
-  for (const part of parts) {
-    out.set(part, at);
-    at += part.byteLength;
-  }
-  return out;
 }
 
 function closeQuietly(writer: WritableStreamDefaultWriter<Uint8Array>): void {

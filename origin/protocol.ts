@@ -187,7 +187,7 @@ export class FrameDecoder {
     let data = chunk;
     if (this.#bufferedBytes > 0) {
       this.#buffered.push(chunk);
-      data = concat(this.#buffered, this.#bufferedBytes + chunk.byteLength);
+      data = concatBytes(this.#buffered, this.#bufferedBytes + chunk.byteLength);
       this.#buffered = [];
       this.#bufferedBytes = 0;
     }
@@ -219,7 +219,11 @@ export class FrameDecoder {
   }
 }
 
-function concat(parts: Uint8Array[], total: number): Uint8Array {
+/** Joins byte chunks into one buffer; `total` is their summed length when already known. */
+export function concatBytes(
+  parts: readonly Uint8Array[],
+  total = parts.reduce((sum, part) => sum + part.byteLength, 0),
+): Uint8Array {
   const out = new Uint8Array(total);
   let at = 0;
   for (const part of parts) {
