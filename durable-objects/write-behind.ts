@@ -1,0 +1,77 @@
+/**
+ * Writes a Durable Object makes on its hot path, gathered in memory and committed together
+ * in one transaction a little later.
+ *
+ * Why not write at once: a Durable Object's storage write holds every outgoing message of
+ * the object (its RPC answers, the bytes it streams) until the write is durable, which is
+ * an fsync on the local disk under `wrangler dev` and a replication round in production.
+ * An object that answers from its in-memory state and writes behind answers without that
+ * wait, and many requests' writes share one commit. The price is a bounded window: a
+ * crash (not an eviction, which only happens to an idle object) forgets at most the last
+ * `delayMs` of writes, and each class says what that means for it.
+ *
+ * Writes are keyed: a later write under the same key replaces the queued one (write the
+ * latest state of a row, not each step), and a write that became pointless can be dropped.
+ */
+export class WriteBehind {
+  readonly #storage: DurableObjectStorage;
+  readonly #delayMs: number;
+  readonly #pending = new Map<string, () => void>();
+  #timer: ReturnType<typeof setTimeout> | null = null;
+
+  /** `delayMs`: the longest a queued write waits for its commit. */
+  constructor(storage: DurableObjectStorage, delayMs: number) {
+    this.#storage = storage;
+    this.#delayMs = delayMs;
+  }
+
+  /** Queues `write` (synchronous SQL) under `key`, replacing a write queued under it. */
+  set(key: string, write: () => void): void {
+    this.#pending.set(key, write);
+    // Not re-armed by later writes: no write waits longer than the delay.
+    this.#timer ??= setTimeout(() => this.#flushFromTimer(), this.#delayMs);
+  }
+
+  /** Drops the write queued under `key`; true when there was one. */
+  delete(key: string): boolean {
+    return this.#pending.delete(key);
+  }
+
+  /** Whether a write is queued under `key`. */
+  has(key: string): boolean {
+    return this.#pending.has(key);
+  }
+
+  /** Number of queued writes. */
+  get size(): number {
+    return this.#pending.size;
+  }
+
+  /**
+   * Commits every queued write now, in one transaction, in the order first queued. Call it
+   * before reading rows the queue may not have written yet.
+   */
+  flush(): void {
+    if (this.#timer !== null) {
+      clearTimeout(this.#timer);
+      this.#timer = null;
+    }
+    if (this.#pending.size === 0) return;
+    const writes = [...this.#pending.values()];
+    this.#pending.clear();
+    this.#storage.transactionSync(() => {
+      for (const write of writes) write();
+    });
+  }
+
+  #flushFromTimer(): void {
+    this.#timer = null;
+    try {
+      this.flush();
+    } catch (error) {
+      // The transaction rolled back and its writes are gone from the queue; storage that
+      // fails to commit breaks the object, which then restarts from what was committed.
+      console.error("write-behind commit failed", error);
+    }
+  }
+}
