@@ -52,6 +52,20 @@ describe("API key format", () => {
     expect(await parseApiKey(env, key)).toBeNull();
   });
 
+  it("answers a key it has checked before the same way, under its own signing secret only", async () => {
+    const other = { TOKEN_SIGNING_SECRET: "yet-another-secret" };
+    const id = newKeyId();
+    const { key, secretHash } = await mintApiKey(other, id);
+    const last = key.at(-1) === "a" ? "b" : "a";
+    const forged = key.slice(0, -1) + last;
+    for (let round = 0; round < 2; round++) {
+      expect(await parseApiKey(other, key)).toEqual({ keyId: id, secretHash });
+      expect(await parseApiKey(other, forged)).toBeNull();
+      // Remembered under `other`, the same key still fails the edge's own secret.
+      expect(await parseApiKey(env, key)).toBeNull();
+    }
+  });
+
   it("encodes base32 as RFC 4648 in lower case", () => {
     expect(base32(new TextEncoder().encode("foobar"))).toBe("mzxw6ytboi");
   });
