@@ -6,14 +6,14 @@
  * origin itself (`functions/batcher-client.ts`); both answer with the same `OpenItem`.
  * Before the first byte reaches the client a failing origin is replaced by the next
  * candidate (within the retry budget), and origins that failed are avoided; after it, the
- * client's stream ends with an OpenAI error event (SSE) or a failed transfer (JSON), never
- * as a silently truncated 200.
+ * client's stream ends with an OpenAI error event, never as a silently truncated 200. A
+ * JSON answer is read whole first, so an origin failing inside it answers 502/504.
  */
 import type { LimitsConfig } from "./config.ts";
 import { type ApiError, type OriginFailureKind, errorEvent, originFailure } from "./errors.ts";
 import { type ItemAttempt, type ItemEvent, type OpenItem, openItem } from "./origin-client.ts";
 import type { OriginCandidate, OriginPool } from "./origin-pool.ts";
-import type { ItemHead, ItemPath, ItemTrailer } from "../origin/protocol.ts";
+import { type ItemHead, type ItemPath, type ItemTrailer, concatBytes } from "../origin/protocol.ts";
 import type { SettledRequest } from "./settlement.ts";
 
 /** One attempt at serving the request, as an opener receives it. */
@@ -157,9 +157,9 @@ function respond(
   region: string,
   origin: string,
   options: DispatchOptions,
-): Response {
+): Response | Promise<Response> {
   const { head } = item;
-  const sse = isEventStream(head);
+  if (!isEventStream(head)) return respondWhole(item, region, origin, options);
   // No request may outlive its timeout, even if the origin stops sending without closing.
   const deadline = setTimeout(() => {
     finish("timeout", null, "request timeout");
@@ -182,15 +182,10 @@ function respond(
     if (failedAfterHead && streamController !== undefined) {
       console.warn("origin failed mid-stream", options.requestId, origin, detail ?? outcome);
       try {
-        if (sse) {
-          streamController.enqueue(
-            errorEvent(originFailure(outcome === "timeout" ? "timeout" : "bad_answer")),
-          );
-          streamController.close();
-        } else {
-          // A JSON body cannot carry an error after its first byte: fail the transfer.
-          streamController.error(new Error("origin failed mid-response"));
-        }
+        streamController.enqueue(
+          errorEvent(originFailure(outcome === "timeout" ? "timeout" : "bad_answer")),
+        );
+        streamController.close();
       } catch {
         // The client already went away.
       }
@@ -252,13 +247,82 @@ function respond(
     { highWaterMark: 0 },
   );
 
+  return new Response(body, {
+    status: head.status,
+    headers: responseHeaders(head, region, origin),
+  });
+}
+
+/**
+ * A JSON (non-SSE) answer, read whole before the client gets its headers: engines send it
+ * at once when it is complete, and the edge puts the request's cost in a header, so there
+ * is nothing to stream. An origin that fails before the END is an error answer (502/504),
+ * never a truncated 200.
+ */
+async function respondWhole(
+  item: OpenItem,
+  region: string,
+  origin: string,
+  options: DispatchOptions,
+): Promise<Response> {
+  const { head } = item;
+  let timedOut = false;
+  const deadline = setTimeout(() => {
+    timedOut = true;
+    item.cancel();
+  }, options.limits.request_timeout_ms);
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  let ended: ItemEvent;
+  try {
+    for (;;) {
+      ended = await item.next();
+      if (ended.kind !== "data") break;
+      chunks.push(ended.bytes);
+      size += ended.bytes.byteLength;
+    }
+  } finally {
+    clearTimeout(deadline);
+    options.pool.end(origin);
+  }
+  const trailer = ended.kind === "end" ? ended.trailer : null;
+  // An engine's own error answer (4xx) is complete whatever its outcome says.
+  const complete = trailer !== null && (trailer.outcome === "ok" || head.status >= 400);
+  const outcome: SettledRequest["outcome"] = complete
+    ? trailer.outcome === "ok"
+      ? "ok"
+      : "error"
+    : timedOut || trailer?.outcome === "timeout"
+      ? "timeout"
+      : "error";
+  const failure = complete ? null : originFailure(outcome === "timeout" ? "timeout" : "bad_answer");
+  options.onSettled({
+    model: options.model,
+    outcome,
+    usage: trailer?.usage ?? null,
+    region,
+    origin,
+    status: failure?.status ?? head.status,
+  });
+  if (failure !== null) {
+    const detail = ended.kind === "broken" ? ended.detail : trailer?.error?.message;
+    console.warn("origin failed mid-response", options.requestId, origin, detail ?? outcome);
+    throw failure;
+  }
+  return new Response(chunks.length === 1 ? chunks[0] : concatBytes(chunks, size), {
+    status: head.status,
+    headers: responseHeaders(head, region, origin),
+  });
+}
+
+function responseHeaders(head: ItemHead, region: string, origin: string): Headers {
   const headers = new Headers();
   for (const [name, value] of Object.entries(head.headers)) {
     if (!DROPPED_HEADERS.has(name.toLowerCase())) headers.set(name, value);
   }
   headers.set("x-warmgate-region", region);
   headers.set("x-warmgate-origin", origin);
-  return new Response(body, { status: head.status, headers });
+  return headers;
 }
 
 function isEventStream(head: ItemHead): boolean {

@@ -29,7 +29,10 @@ export const FaultConfigSchema = z
     latencyMs: z.number().int().min(0).max(600_000),
     /** Fraction of items that never get an answer until they are aborted. */
     hangRate: z.number().min(0).max(1),
-    /** Cut an item's stream after this many SSE events; null turns drops off. */
+    /**
+     * Cut an item's stream after this many SSE events (a JSON answer after this many
+     * bytes); null turns drops off.
+     */
     dropAfterTokens: z.number().int().min(0).nullable(),
     /** Fraction of items cut when `dropAfterTokens` is set. */
     dropRate: z.number().min(0).max(1),
@@ -232,6 +235,11 @@ function dropAfter(
   async function* body(): AsyncGenerator<Uint8Array> {
     let events = 0;
     for await (const chunk of response.body) {
+      if (!isSse && events < afterEvents && events + chunk.byteLength > afterEvents) {
+        // A JSON answer is cut inside its bytes, so a reader sees a partial body.
+        yield chunk.subarray(0, afterEvents - events);
+        events = afterEvents;
+      }
       if (events >= afterEvents) {
         dropped = true;
         // Stop generation: a cut stream must free its slot as a real disconnect would.
@@ -239,7 +247,7 @@ function dropAfter(
         break;
       }
       yield chunk;
-      events = isSse ? count(chunk) : events + 1;
+      events = isSse ? count(chunk) : events + chunk.byteLength;
     }
   }
   const outcome = (async (): Promise<EngineOutcome> => {

@@ -177,4 +177,20 @@ describe("failure after the first byte", () => {
     });
     expect(text).not.toContain("[DONE]");
   });
+
+  it("answers a JSON completion the origin cut with an OpenAI error, never a partial 200", async () => {
+    for (const id of FAULTY) await setFaults(id, { dropAfterTokens: 3, dropRate: 1 });
+    const res = await exports.default.fetch(
+      edgeRequest("/v1/chat/completions", { body: chatBody({ max_tokens: 50 }), region: "faulty" }),
+    );
+    expect(res.status).toBe(502);
+    expect(JSON.parse(await res.text())).toEqual({
+      error: {
+        message: "The origin server failed to process the request.",
+        type: "server_error",
+        param: null,
+        code: "origin_error",
+      },
+    });
+  });
 });

@@ -79,6 +79,15 @@ describe("fault injection", () => {
     expect(engine.running()).toBe(0);
   });
 
+  it("cuts a JSON answer inside its bytes when drops are on", async () => {
+    const { url } = await start({ faults: { dropAfterTokens: 3 } });
+    const json = { id: "j", path: "/v1/chat/completions" as const, body: '{"max_tokens":5}' };
+    const item = (await readBatch(await postBatch(url, "b-json-drop", [json]))).items.get(0);
+    expect(itemText(item)).toHaveLength(3);
+    expect(item?.end).toMatchObject({ outcome: "error", error: { code: STREAM_DROPPED_CODE } });
+    expect(engine.running()).toBe(0);
+  });
+
   it("destroys the connection mid-stream on a plain route", async () => {
     const { url } = await start({ faults: { dropAfterTokens: 1 } });
     const response = await fetch(`${url}/v1/chat/completions`, {
