@@ -25,9 +25,21 @@
 // Tables
 //   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
 //   open_batches       batch_id TEXT PK, origin_id, origin_url, sent_at, item_ids (JSON
-//                      array). One row per upstream call whose response has not ended:
-//                      written before the call is made, deleted when its response ends,
-//                      however it ends.
+//                      array). One row per upstream call that has been running for
+//                      {@link OPEN_BATCH_RECORD_DELAY_MS} or more: written behind (see
+//                      `write-behind.ts`) once the call has run that long, deleted behind
+//                      when its response ends, however it ends. A call that ends sooner never
+//                      touches storage: its queued INSERT is simply dropped.
+//
+// Why the rows are written behind: any SQL write holds every outgoing message of this
+// object (the origin call, the frames streamed to callers) until its commit, a synchronous
+// fsync under `wrangler dev` that blocks the whole thread, and a batcher that wrote twice
+// per call spent more time committing than moving bytes. The rows only matter for calls
+// that outlive a restart of this object, and the origin already cancels every unfinished
+// item of a call whose connection drops (PROTOCOL.md, Cancellation), which is what a
+// restart does to the calls it interrupts; the rows are the backstop for a drop the origin
+// never notices. A crash within the delay of a call's start forgets that call's row, which
+// leaves its cancellation to the dropped connection alone.
 //
 // Invariants
 //   - The queue, the window state and the callers' streams live in memory only: they
@@ -35,7 +47,8 @@
 //     with an error, so after a restart there is nobody to resume. What must survive is
 //     which calls the origins may still be running: every `open_batches` row not written by
 //     this incarnation is an orphan, which the alarm cancels on its origin and deletes
-//     (cancelling a batch that already ended is harmless by protocol).
+//     (cancelling a batch that already ended is harmless by protocol). Reads of the table
+//     flush the queued writes first.
 //   - Every admitted item ends exactly once for its caller: HEAD…END, an END alone, or a
 //     stream that ends without END; never two answers.
 //   - Per origin, an item stays in the core's in-flight list until its END frame, until its
@@ -45,6 +58,7 @@
 //     running it twice changes nothing.
 
 import { applyMigrations } from "./migrations.ts";
+import { WriteBehind } from "./write-behind.ts";
 import { DurableObject } from "cloudflare:workers";
 import {
   cancelBatchItems,
@@ -94,6 +108,12 @@ export const CALLER_BUFFER_BYTES = 4 * 1024 * 1024;
 
 /** How long the backstop alarm waits while work is pending. */
 export const ALARM_BACKSTOP_MS = 30_000;
+
+/**
+ * How long an upstream call runs before its `open_batches` row is written (see the top of
+ * this file): most calls end sooner and never touch storage.
+ */
+export const OPEN_BATCH_RECORD_DELAY_MS = 100;
 
 /** What a Batcher runs with; the edge derives it from `WARMGATE_CONFIG` and sends it along. */
 export interface BatcherSetup {
@@ -296,6 +316,8 @@ export class Batcher extends DurableObject<Env> {
   #recent: BatchRecord[] = [];
   #dirty = new Set<Caller>();
   #writeTimer: ReturnType<typeof setTimeout> | null = null;
+  /** `open_batches` writes, keyed `batch:<id>`. */
+  readonly #records = new WriteBehind(this.ctx.storage, OPEN_BATCH_RECORD_DELAY_MS);
   // Batch ids must not collide with calls an earlier incarnation may still have running.
   readonly #incarnation = crypto.randomUUID().slice(0, 8);
   /** When each origin last answered an item with a 5xx (cleared by its next success). */
@@ -421,6 +443,7 @@ export class Batcher extends DurableObject<Env> {
     const now = Date.now();
     const inFlight: Record<string, number> = {};
     for (const origin of this.#state?.origins ?? []) inFlight[origin.id] = origin.inFlight.length;
+    this.#records.flush();
     const persisted = this.ctx.storage.sql
       .exec<{ n: number }>("SELECT COUNT(*) AS n FROM open_batches")
       .one().n;
@@ -577,13 +600,16 @@ export class Batcher extends DurableObject<Env> {
       items: callers.map((c) => c.input.id),
     });
     if (this.#recent.length > RECENT_BATCHES) this.#recent.shift();
-    this.ctx.storage.sql.exec(
-      "INSERT INTO open_batches (batch_id, origin_id, origin_url, sent_at, item_ids) VALUES (?, ?, ?, ?, ?)",
-      open.id,
-      origin.id,
-      origin.url,
-      now,
-      JSON.stringify(callers.map((c) => c.input.id)),
+    const itemIds = JSON.stringify(callers.map((c) => c.input.id));
+    this.#records.set(recordKey(open.id), () =>
+      this.ctx.storage.sql.exec(
+        "INSERT INTO open_batches (batch_id, origin_id, origin_url, sent_at, item_ids) VALUES (?, ?, ?, ?, ?)",
+        open.id,
+        origin.id,
+        origin.url,
+        now,
+        itemIds,
+      ),
     );
     this.#armAlarm();
     this.ctx.waitUntil(this.#runBatch(open));
@@ -801,7 +827,13 @@ export class Batcher extends DurableObject<Env> {
 
   #forget(batch: OpenBatch, now: number): void {
     this.#batches.delete(batch.id);
-    this.ctx.storage.sql.exec("DELETE FROM open_batches WHERE batch_id = ?", batch.id);
+    const key = recordKey(batch.id);
+    // Still queued: the row was never written, so there is nothing to delete.
+    if (!this.#records.delete(key)) {
+      this.#records.set(key, () =>
+        this.ctx.storage.sql.exec("DELETE FROM open_batches WHERE batch_id = ?", batch.id),
+      );
+    }
     if (this.#state !== null && queuedCount(this.#state) > 0) this.#flush(now);
   }
 
@@ -950,6 +982,7 @@ export class Batcher extends DurableObject<Env> {
   }
 
   async #cancelOrphans(): Promise<void> {
+    this.#records.flush();
     const rows = this.ctx.storage.sql
       .exec<BatchRow>("SELECT batch_id, origin_id, origin_url FROM open_batches")
       .toArray()
@@ -979,6 +1012,11 @@ export class Batcher extends DurableObject<Env> {
   #core(step: (state: WindowState) => WindowState): WindowState | null {
     return this.#state === null ? null : step(this.#state);
   }
+}
+
+/** The write-behind key of a call's `open_batches` row. */
+function recordKey(batchId: string): string {
+  return `batch:${batchId}`;
 }
 
 /** The histogram bucket of a batch size: `1`, `2`, `3-4`, `5-8`, `9-16`, … */

@@ -1,12 +1,14 @@
 import { env } from "cloudflare:workers";
-import { abortAllDurableObjects, runDurableObjectAlarm } from "cloudflare:test";
+import { abortAllDurableObjects, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { describe, expect, inject, it } from "vitest";
-import type {
-  BatcherFailureTrailer,
-  BatcherHead,
-  BatcherSetup,
-  BatcherSubmit,
-  BatcherSubmitResult,
+import {
+  type Batcher,
+  type BatcherFailureTrailer,
+  type BatcherHead,
+  type BatcherSetup,
+  type BatcherSubmit,
+  type BatcherSubmitResult,
+  OPEN_BATCH_RECORD_DELAY_MS,
 } from "../../durable-objects/batcher.ts";
 import { type WindowConfigInput, WindowConfigSchema } from "../../durable-objects/window.ts";
 import { type FrameReader, frameReader } from "../../functions/origin-client.ts";
@@ -416,6 +418,59 @@ describe("bytes", () => {
       expect(items[i]?.body).toEqual(await direct(body));
     }
     await release(b, "occupier", occupier);
+  });
+});
+
+/** Counts every write to the batcher's `open_batches` table from now on, by kind. */
+async function watchRecords(b: ReturnType<typeof batcher>) {
+  // Creates the object (and its tables) before the triggers go in.
+  await b.stub.snapshot();
+  await runInDurableObject(b.stub, (_instance: Batcher, state) => {
+    state.storage.sql.exec(`CREATE TABLE writes_seen (kind TEXT NOT NULL);
+      CREATE TRIGGER seen_insert AFTER INSERT ON open_batches
+        BEGIN INSERT INTO writes_seen VALUES ('insert'); END;
+      CREATE TRIGGER seen_delete AFTER DELETE ON open_batches
+        BEGIN INSERT INTO writes_seen VALUES ('delete'); END;`);
+  });
+  return () =>
+    runInDurableObject(b.stub, (_instance: Batcher, state) => ({
+      rows: state.storage.sql.exec<{ n: number }>("SELECT COUNT(*) AS n FROM open_batches").one().n,
+      writes: state.storage.sql
+        .exec<{ kind: string }>("SELECT kind FROM writes_seen")
+        .toArray()
+        .map((row) => row.kind),
+    }));
+}
+
+describe("open_batches", () => {
+  it("never writes a row for a call that ends within the record delay", async () => {
+    // eu-1 answers at once (no simulated time).
+    const b = batcher({}, ["eu-1"]);
+    const records = await watchRecords(b);
+    const item = await readItem(framesOf(await b.submit("quick", { body: { max_tokens: 1 } })));
+    expect(item.trailer).toMatchObject({ id: "quick", outcome: "ok" });
+    // snapshot commits whatever is still queued.
+    expect((await b.stub.snapshot()).persistedBatches).toBe(0);
+    expect(await records()).toEqual({ rows: 0, writes: [] });
+  });
+
+  it("records a call once it has run for the record delay and deletes it when it ends", async () => {
+    const b = batcher(HOLD);
+    const records = await watchRecords(b);
+    const occupier = await occupy(b);
+    // Written by the queue's own timer, without a read that flushes it.
+    let seen = await records();
+    for (let i = 0; i < 100 && seen.rows === 0; i++) {
+      await new Promise((resolve) => setTimeout(resolve, OPEN_BATCH_RECORD_DELAY_MS / 4));
+      seen = await records();
+    }
+    expect(seen).toEqual({ rows: 1, writes: ["insert"] });
+    await release(b, "occupier", occupier);
+    for (let i = 0; i < 100 && seen.rows === 1; i++) {
+      await new Promise((resolve) => setTimeout(resolve, OPEN_BATCH_RECORD_DELAY_MS / 4));
+      seen = await records();
+    }
+    expect(seen).toEqual({ rows: 0, writes: ["insert", "delete"] });
   });
 });
 
