@@ -2,36 +2,71 @@
 // key's record, secrets, rate-limit buckets, budgets and its ledger in SQLite, and
 // answers `admit` and `settle` for the request path in one call each.
 //
+// Memory ahead of SQLite
+//   While the object lives, its memory is the authority on the hot state: the record and
+//   secrets, the buckets (the key's, and each end user's from first use), the open ledger
+//   rows (all of them, loaded at start), and the spend and usage_daily rows settling has
+//   touched (each loaded from SQLite on first use). `admit`, the settlements it carries and
+//   the expiry of reservations decide from memory and queue the latest state of each row
+//   they change in a write-behind queue (write-behind.ts), committed in one transaction
+//   ACCOUNT_WRITE_DELAY_MS (50 ms) after its first write. SQLite is thus behind memory by
+//   at most that delay. Why: every storage write of a Durable Object holds all of its
+//   outgoing messages (the output gate) until the write is durable, an fsync under
+//   `wrangler dev` and a replication round in production; an admit that wrote would answer
+//   only after a commit. Written behind, it answers from memory, and many requests' writes
+//   share one commit (an admit and its settlement within one window are one row INSERT).
+//   Whatever reads these tables flushes first (`usage`, `record`, the alarm, the settlement
+//   of a request that is not open), so reads are consistent. A settlement sent on its own
+//   (`settle`, `settleMany`: off the response path) is committed before it is answered.
+//
+//   A crash (process death, deploy; not an eviction, which only happens to an idle
+//   object) forgets the writes of its last ≤ 50 ms, and only those:
+//     - counters and reservations of that window: requests taken from the buckets, token
+//       refunds and charges, admissions (their open rows and reserved spend);
+//     - settlements that an admit call carried in that window: the edge took the answer as
+//       applied, so the request's row, if its admission was committed, is open again and
+//       expires unbilled at the end of its lease.
+//   It never loses or doubles a committed bill, and never loses the bill of a request whose
+//   admission it forgot: that request's settlement carries the edge's prices and
+//   reservation (SettleInput.admitted), and a settlement of a request the account does not
+//   know is recorded and billed from them, as a settled row with nothing reserved, in the
+//   day it is settled.
+//
 // Tables
 //   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
 //   key_record         The key, at most one row (singleton = 1); absent until `create`.
 //                      Times are epoch ms; models NULL allows every model; budget_*_micros
-//                      and credit_micros NULL mean no such budget.
+//                      and credit_micros NULL mean no such budget. Written at once.
 //   secrets            secret_hash PK (SHA-256 hex of the whole key), valid_until.
 //                      Exactly one row with valid_until NULL (the current secret) while
 //                      the key exists; rotated-out secrets carry the end of their grace.
+//                      Written at once.
 //   buckets            (scope, kind) PK → level, updated_at. scope 'key' is the key,
 //                      'u:<subject>' one end user of browser tokens; kind 'requests' or
-//                      'tokens'. A missing row is a full bucket.
+//                      'tokens'. A missing row is a full bucket. Written behind.
 //   ledger             One row per admitted request, request_id PK. state 'open' →
 //                      'settled' | 'expired', exactly once (an 'expired' row may still take
-//                      its real usage once, → 'settled'). day is the UTC day of admission;
-//                      the request's cost counts in that day and its month. candidates is
+//                      its real usage once, → 'settled'); a write never moves a row back.
+//                      day is the UTC day of admission; the request's cost counts in that
+//                      day and its month. candidates is
 //                      the JSON list [model, input, cached input, output price] of the
 //                      models it may be served by, prices fixed at admission. model is the
 //                      first candidate, then the one that served it. Open rows are the
 //                      in-flight requests: concurrency is their count. Closed rows stay
 //                      LEDGER_RETENTION_MS, then are pruned (the rollups keep their sums).
+//                      Written behind.
 //   usage_daily        (day, model) PK → requests, prompt_tokens, cached_tokens,
 //                      completion_tokens, cost_micros: the sums over the closed ledger rows
-//                      of that day and model. Kept for good.
+//                      of that day and model. Kept for good. Written behind.
 //   spend              period PK ('d:YYYY-MM-DD', 'm:YYYY-MM' or 'all') → settled_micros
 //                      (Σ cost_micros of the period's closed rows) and reserved_micros
-//                      (Σ reserved_micros of its open rows).
+//                      (Σ reserved_micros of its open rows). Written behind.
 //
 // Invariants
-//   - `admit` reads, decides and writes without an await in between, so concurrent
+//   - `admit` reads, decides and updates memory without an await in between, so concurrent
 //     calls are serialised by the input gate: no two decisions see the same counters.
+//   - The rows in SQLite plus the writes queued are the rows in memory; a read of SQLite
+//     that flushed first sees exactly what memory holds.
 //   - For every period with a budget, settled + reserved never exceeds the budget after an
 //     admission: a request is refused rather than reserved past it, and settling charges at
 //     most what was reserved. (Only a late settlement of an expired row, whose reservation
@@ -41,11 +76,13 @@
 //   - Every token reserved is given back or charged exactly once (settle), or kept
 //     when the reservation expires unsettled (its real cost is unknown).
 //   - An alarm is set whenever an open reservation or a prunable row exists, no later
-//     than the earliest open expiry; running it twice changes nothing.
+//     than the earliest open expiry; running it twice changes nothing. Steady traffic
+//     never moves it (a new lease ends after the alarm), so admits do not write it.
 
 import { applyMigrations } from "./migrations.ts";
 import { DurableObject } from "cloudflare:workers";
-import { adjust, type BucketState } from "./token-bucket.ts";
+import { adjust, fullBucket, type BucketState } from "./token-bucket.ts";
+import { WriteBehind } from "./write-behind.ts";
 import {
   NO_BUDGETS,
   billingCap,
@@ -60,6 +97,7 @@ import {
   type KeyStatus,
   type Limits,
   type PeriodSpend,
+  type ScopeBuckets,
   type ScopeUsage,
   type SpendState,
 } from "./admission.ts";
@@ -225,7 +263,21 @@ export interface SettleInput {
   usage?: SettleUsage | null;
   /** The model that served the request, when it is not the one admitted (alias fallback). */
   model?: string | null;
+  /**
+   * The admission as the edge holds it, used only when the account does not know the
+   * request: a crash forgot its admission before it was written. The request is then
+   * still settled and billed, as a settled row with nothing reserved.
+   */
+  admitted?: SettledAdmission | null;
   now?: number;
+}
+
+/** What the edge knows of an admission: enough to bill the request if the account lost it. */
+export interface SettledAdmission {
+  /** The models it was admitted for, in the order tried, at their prices. */
+  models: { model: string; price: ModelPrice }[];
+  /** The worst-case cost it reserved: billed up to this whatever the budgets' room, as agreed. */
+  reservedMicros: number;
 }
 
 /** The answer to `settle`: applied once, or why nothing changed. */
@@ -362,34 +414,54 @@ type RecordRow = {
 
 type SecretRow = { secret_hash: string; valid_until: number | null };
 
+/** A candidate as a ledger row stores it: model and its three prices. */
+type StoredCandidate = [model: string, input: number, cachedInput: number, output: number];
+
+/** A ledger row as the account holds it in memory and writes it. */
+interface LedgerEntry {
+  requestId: string;
+  state: LedgerRecord["state"];
+  model: string;
+  day: string;
+  subject: string | null;
+  subjectTpm: number | null;
+  endUser: string | null;
+  reservedTokens: number;
+  reservedMicros: number;
+  candidates: StoredCandidate[];
+  createdAt: number;
+  expiresAt: number;
+  closedAt: number | null;
+  outcome: LedgerRecord["outcome"];
+  promptTokens: number | null;
+  cachedTokens: number | null;
+  completionTokens: number | null;
+  costMicros: number;
+}
+
+const LEDGER_COLUMNS = `request_id, state, model, day, subject, subject_tpm, end_user,
+  reserved_tokens, reserved_micros, candidates, created_at, expires_at, closed_at, outcome,
+  prompt_tokens, cached_tokens, completion_tokens, cost_micros`;
+
 type LedgerRow = {
+  request_id: string;
   state: string;
   model: string;
   day: string;
   subject: string | null;
   subject_tpm: number | null;
+  end_user: string | null;
   reserved_tokens: number;
   reserved_micros: number;
   candidates: string;
-};
-
-/** A candidate as a ledger row stores it: model and its three prices. */
-type StoredCandidate = [model: string, input: number, cachedInput: number, output: number];
-
-type FullLedgerRow = {
-  request_id: string;
-  model: string;
-  state: string;
-  outcome: string | null;
-  day: string;
   created_at: number;
+  expires_at: number;
   closed_at: number | null;
+  outcome: string | null;
   prompt_tokens: number | null;
   cached_tokens: number | null;
   completion_tokens: number | null;
-  reserved_micros: number;
   cost_micros: number;
-  end_user: string | null;
 };
 
 type UsageDbRow = {
@@ -402,14 +474,37 @@ type UsageDbRow = {
   cost_micros: number;
 };
 
+/** A scope's buckets as last decided; null is a full bucket (never used, or idle and pruned). */
+type ScopeState = { requests: BucketState | null; tokens: BucketState | null };
+
+/**
+ * The longest a write of the account waits in memory for its commit, which is the most a
+ * crash can forget (see the top of this file): short, yet long enough for a busy key's
+ * requests to share one commit instead of holding each answer for its own.
+ */
+export const ACCOUNT_WRITE_DELAY_MS = 50;
+
 /** Limits, counters and reservations of one API key. */
 export class KeyAccount extends DurableObject<Env> {
   #record: KeyRecord | null = null;
   #secrets: SecretRow[] = [];
   #alarmAt: number | null = null;
+  readonly #writes: WriteBehind;
+  // The open ledger rows by request id: every request in flight.
+  readonly #open = new Map<string, LedgerEntry>();
+  // Open rows per end-user subject of browser tokens, for their concurrency limit.
+  readonly #openBySubject = new Map<string, number>();
+  // No open row expires before this (exact after each scan, a lower bound after a settle).
+  #nextExpiry = Number.POSITIVE_INFINITY;
+  // Loaded from SQLite on first use: buckets by scope, spend by period, usage_daily rows by
+  // day and model. Dropped after pruning (with nothing queued), so they stay small.
+  readonly #buckets = new Map<string, ScopeState>();
+  readonly #periods = new Map<string, PeriodSpend>();
+  readonly #rollups = new Map<string, UsageTotals>();
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
+    this.#writes = new WriteBehind(ctx.storage, ACCOUNT_WRITE_DELAY_MS);
     void ctx.blockConcurrencyWhile(() => this.#migrate());
   }
 
@@ -550,7 +645,8 @@ export class KeyAccount extends DurableObject<Env> {
   /**
    * Admits or refuses one request atomically: secret, status, origin, models, concurrency,
    * requests, tokens and budgets; on admission reserves a concurrency slot, the tokens and
-   * the worst-case cost, and opens the request's ledger row.
+   * the worst-case cost, and opens the request's ledger row. Decided from memory; its writes
+   * (and those of the settlements it carries) are committed behind.
    */
   async admit(input: AdmitInput): Promise<AdmitResult> {
     const now = Date.now();
@@ -571,14 +667,25 @@ export class KeyAccount extends DurableObject<Env> {
     return result;
   }
 
-  /** Settles several requests in one call, each exactly once (see {@link settle}). */
+  /**
+   * Settles several requests in one call, each exactly once (see {@link settle}), and
+   * commits before answering.
+   */
   async settleMany(inputs: SettleInput[]): Promise<SettleResult[]> {
     const now = Date.now();
     const results = inputs.map((input) => this.#settle(input, input.now ?? now));
+    // A settlement sent on its own is off the response path and carries a bill: it is
+    // durable before the edge takes it as applied. (A quiet key commits once either way.)
+    this.#writes.flush();
     if (results.some((result) => result.settled)) {
       await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
     }
     return results;
+  }
+
+  /** Commits the writes memory holds ahead of SQLite now (for tests and direct reads). */
+  flush(): void {
+    this.#writes.flush();
   }
 
   /**
@@ -590,6 +697,7 @@ export class KeyAccount extends DurableObject<Env> {
       const check = this.check({ credential: input.credential });
       if (!check.ok) return check;
     }
+    this.#writes.flush();
     const rows = this.ctx.storage.sql
       .exec<UsageDbRow>(
         `SELECT day, model, requests, prompt_tokens, cached_tokens, completion_tokens, cost_micros
@@ -616,15 +724,9 @@ export class KeyAccount extends DurableObject<Env> {
       const check = this.check({ credential: input.credential });
       if (!check.ok) return check;
     }
-    const row = this.ctx.storage.sql
-      .exec<FullLedgerRow>(
-        `SELECT request_id, model, state, outcome, day, created_at, closed_at, prompt_tokens,
-           cached_tokens, completion_tokens, reserved_micros, cost_micros, end_user
-         FROM ledger WHERE request_id = ?`,
-        input.requestId,
-      )
-      .toArray()[0];
-    return { ok: true, record: row === undefined ? null : ledgerRecordOf(row) };
+    this.#writes.flush();
+    const entry = this.#ledgerRow(input.requestId);
+    return { ok: true, record: entry === null ? null : ledgerRecordOf(entry) };
   }
 
   /** Releases reservations past their lease and prunes old rows; safe to run twice. */
@@ -632,13 +734,14 @@ export class KeyAccount extends DurableObject<Env> {
     this.#alarmAt = null;
     const now = Date.now();
     this.#expireDue(now);
+    this.#writes.flush();
     this.#prune(now);
     await this.#rescheduleAlarm(now);
   }
 
   // --- admission -------------------------------------------------------------------
 
-  // Synchronous from first read to last write: this is the atomic section.
+  // Synchronous from first read to last update: this is the atomic section.
   #decide(input: AdmitInput): AdmitResult {
     const now = input.now ?? Date.now();
     const record = this.#record;
@@ -647,31 +750,20 @@ export class KeyAccount extends DurableObject<Env> {
     if (credential.kind === "key" && !this.#secretMatches(credential.secretHash, now)) {
       return { ok: false, code: "invalid_api_key", reason: "bad_secret" };
     }
-    const sql = this.ctx.storage.sql;
-    const existing = sql
-      .exec<{
-        state: string;
-        expires_at: number;
-        reserved_tokens: number;
-        reserved_micros: number;
-        candidates: string;
-      }>(
-        "SELECT state, expires_at, reserved_tokens, reserved_micros, candidates FROM ledger WHERE request_id = ?",
-        input.requestId,
-      )
-      .toArray()[0];
+    // A repeated admit (the edge retried the call) must not reserve twice. Request ids are
+    // the edge's random ids, never reused: a closed row is not looked for (and a ledger
+    // write never reopens one).
+    const existing = this.#open.get(input.requestId);
     if (existing !== undefined) {
-      // A repeated admit (the edge retried the call) must not reserve twice.
-      if (existing.state !== "open") throw new Error("request id already settled");
       return {
         ok: true,
-        models: parseCandidates(existing.candidates).map(([model]) => model),
-        reservedTokens: existing.reserved_tokens,
-        reservedMicros: existing.reserved_micros,
-        rateLimit: rateLimitNow(record.limits, this.#usage(KEY_SCOPE, null), now),
+        models: existing.candidates.map(([model]) => model),
+        reservedTokens: existing.reservedTokens,
+        reservedMicros: existing.reservedMicros,
+        rateLimit: rateLimitNow(record.limits, this.#scopeUsage(KEY_SCOPE, null), now),
         requestId: input.requestId,
         tier: record.tier,
-        leaseExpiresAt: existing.expires_at,
+        leaseExpiresAt: existing.expiresAt,
         budgeted: hasBudgets(record.budgets),
       };
     }
@@ -703,10 +795,10 @@ export class KeyAccount extends DurableObject<Env> {
       },
       endUser,
       usage: {
-        key: this.#usage(KEY_SCOPE, null),
-        endUser: subject === null ? null : this.#usage(userScope(subject), subject),
+        key: this.#scopeUsage(KEY_SCOPE, null),
+        endUser: subject === null ? null : this.#scopeUsage(userScope(subject), subject),
       },
-      spend: this.#spend(day),
+      spend: this.#spendOf(day),
       request: {
         candidates,
         promptTokens: input.promptTokens,
@@ -719,38 +811,33 @@ export class KeyAccount extends DurableObject<Env> {
 
     const stored: StoredCandidate[] = offered
       .filter((candidate) => decision.models.includes(candidate.model))
-      .map(({ model, price }) => [
-        model,
-        price.inputMicrosPerMtok,
-        price.cachedInputMicrosPerMtok,
-        price.outputMicrosPerMtok,
-      ]);
+      .map(({ model, price }) => storedCandidate(model, price));
     const leaseExpiresAt = now + clampLease(input.leaseMs);
-    this.ctx.storage.transactionSync(() => {
-      this.#writeBucket(KEY_SCOPE, "requests", state.key.requests);
-      this.#writeBucket(KEY_SCOPE, "tokens", state.key.tokens);
-      if (subject !== null && state.endUser !== null) {
-        this.#writeBucket(userScope(subject), "requests", state.endUser.requests);
-        this.#writeBucket(userScope(subject), "tokens", state.endUser.tokens);
-      }
-      sql.exec(
-        `INSERT INTO ledger (request_id, state, model, day, subject, subject_tpm, end_user,
-           reserved_tokens, reserved_micros, candidates, created_at, expires_at)
-         VALUES (?, 'open', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-        input.requestId,
-        decision.models[0] ?? input.model,
-        day,
-        subject,
-        endUser?.limits.tpm ?? null,
-        input.endUser ?? null,
-        decision.reservedTokens,
-        decision.reservedMicros,
-        JSON.stringify(stored),
-        now,
-        leaseExpiresAt,
-      );
-      this.#addSpend(day, { reservedMicros: decision.reservedMicros, settledMicros: 0 });
+    this.#putBuckets(KEY_SCOPE, state.key);
+    if (subject !== null && state.endUser !== null) {
+      this.#putBuckets(userScope(subject), state.endUser);
+    }
+    this.#openRequest({
+      requestId: input.requestId,
+      state: "open",
+      model: decision.models[0] ?? input.model,
+      day,
+      subject,
+      subjectTpm: endUser?.limits.tpm ?? null,
+      endUser: input.endUser ?? null,
+      reservedTokens: decision.reservedTokens,
+      reservedMicros: decision.reservedMicros,
+      candidates: stored,
+      createdAt: now,
+      expiresAt: leaseExpiresAt,
+      closedAt: null,
+      outcome: null,
+      promptTokens: null,
+      cachedTokens: null,
+      completionTokens: null,
+      costMicros: 0,
     });
+    this.#addSpend(day, { reservedMicros: decision.reservedMicros, settledMicros: 0 });
     return {
       ...decision,
       requestId: input.requestId,
@@ -770,64 +857,190 @@ export class KeyAccount extends DurableObject<Env> {
     return match;
   }
 
-  #usage(scope: string, subject: string | null): ScopeUsage {
-    const sql = this.ctx.storage.sql;
-    let requests: BucketState | null = null;
-    let tokens: BucketState | null = null;
-    for (const row of sql.exec<{ kind: string; level: number; updated_at: number }>(
-      "SELECT kind, level, updated_at FROM buckets WHERE scope = ?",
-      scope,
-    )) {
-      const state = { level: row.level, updatedAt: row.updated_at };
-      if (row.kind === "requests") requests = state;
-      else tokens = state;
-    }
-    const inFlight =
-      subject === null
-        ? sql.exec<{ n: number }>("SELECT COUNT(*) AS n FROM ledger WHERE state = 'open'").one().n
-        : sql
-            .exec<{ n: number }>(
-              "SELECT COUNT(*) AS n FROM ledger WHERE state = 'open' AND subject = ?",
-              subject,
-            )
-            .one().n;
+  #scopeUsage(scope: string, subject: string | null): ScopeUsage {
+    const { requests, tokens } = this.#scope(scope);
+    const inFlight = subject === null ? this.#open.size : (this.#openBySubject.get(subject) ?? 0);
     return { requests, tokens, inFlight };
   }
 
-  #writeBucket(scope: string, kind: "requests" | "tokens", state: BucketState): void {
-    this.ctx.storage.sql.exec(
-      `INSERT INTO buckets (scope, kind, level, updated_at) VALUES (?, ?, ?, ?)
-       ON CONFLICT (scope, kind) DO UPDATE SET level = excluded.level, updated_at = excluded.updated_at`,
-      scope,
-      kind,
-      state.level,
-      state.updatedAt,
+  // A scope's buckets, from SQLite the first time.
+  #scope(scope: string): ScopeState {
+    const cached = this.#buckets.get(scope);
+    if (cached !== undefined) return cached;
+    const state: ScopeState = { requests: null, tokens: null };
+    for (const row of this.ctx.storage.sql.exec<{
+      kind: string;
+      level: number;
+      updated_at: number;
+    }>("SELECT kind, level, updated_at FROM buckets WHERE scope = ?", scope)) {
+      const bucket = { level: row.level, updatedAt: row.updated_at };
+      if (row.kind === "requests") state.requests = bucket;
+      else state.tokens = bucket;
+    }
+    this.#buckets.set(scope, state);
+    return state;
+  }
+
+  #putBuckets(scope: string, buckets: ScopeBuckets): void {
+    this.#putBucket(scope, "requests", buckets.requests);
+    this.#putBucket(scope, "tokens", buckets.tokens);
+  }
+
+  #putBucket(scope: string, kind: "requests" | "tokens", bucket: BucketState): void {
+    this.#scope(scope)[kind] = bucket;
+    this.#writes.set(`bucket:${kind}:${scope}`, () =>
+      this.ctx.storage.sql.exec(
+        `INSERT INTO buckets (scope, kind, level, updated_at) VALUES (?, ?, ?, ?)
+         ON CONFLICT (scope, kind) DO UPDATE SET level = excluded.level, updated_at = excluded.updated_at`,
+        scope,
+        kind,
+        bucket.level,
+        bucket.updatedAt,
+      ),
     );
+  }
+
+  // --- the ledger ------------------------------------------------------------------
+
+  #openRequest(entry: LedgerEntry): void {
+    this.#trackOpen(entry);
+    this.#putLedger(entry);
+  }
+
+  #trackOpen(entry: LedgerEntry): void {
+    this.#open.set(entry.requestId, entry);
+    if (entry.subject !== null) {
+      this.#openBySubject.set(entry.subject, (this.#openBySubject.get(entry.subject) ?? 0) + 1);
+    }
+    this.#nextExpiry = Math.min(this.#nextExpiry, entry.expiresAt);
+  }
+
+  // Forgets an open row (a no-op for a row that is not in flight here).
+  #untrackOpen(entry: LedgerEntry): void {
+    if (!this.#open.delete(entry.requestId) || entry.subject === null) return;
+    const left = (this.#openBySubject.get(entry.subject) ?? 1) - 1;
+    if (left > 0) this.#openBySubject.set(entry.subject, left);
+    else this.#openBySubject.delete(entry.subject);
+  }
+
+  // Queues the row's whole current state: an admit and its settlement within one write
+  // window are one INSERT. A write only moves a row forward (open → settled | expired,
+  // expired → settled), so a stale or repeated one cannot reopen or rebill a closed row.
+  #putLedger(entry: LedgerEntry): void {
+    this.#writes.set(`ledger:${entry.requestId}`, () =>
+      this.ctx.storage.sql.exec(
+        `INSERT INTO ledger (${LEDGER_COLUMNS})
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         ON CONFLICT (request_id) DO UPDATE SET state = excluded.state, model = excluded.model,
+           closed_at = excluded.closed_at, outcome = excluded.outcome,
+           prompt_tokens = excluded.prompt_tokens, cached_tokens = excluded.cached_tokens,
+           completion_tokens = excluded.completion_tokens, cost_micros = excluded.cost_micros
+         WHERE ledger.state = 'open' OR (ledger.state = 'expired' AND excluded.state = 'settled')`,
+        entry.requestId,
+        entry.state,
+        entry.model,
+        entry.day,
+        entry.subject,
+        entry.subjectTpm,
+        entry.endUser,
+        entry.reservedTokens,
+        entry.reservedMicros,
+        JSON.stringify(entry.candidates),
+        entry.createdAt,
+        entry.expiresAt,
+        entry.closedAt,
+        entry.outcome,
+        entry.promptTokens,
+        entry.cachedTokens,
+        entry.completionTokens,
+        entry.costMicros,
+      ),
+    );
+  }
+
+  // The committed row of a request; callers flush first.
+  #ledgerRow(requestId: string): LedgerEntry | null {
+    const row = this.ctx.storage.sql
+      .exec<LedgerRow>(`SELECT ${LEDGER_COLUMNS} FROM ledger WHERE request_id = ?`, requestId)
+      .toArray()[0];
+    return row === undefined ? null : ledgerEntryOf(row);
   }
 
   // --- settlement ------------------------------------------------------------------
 
   #settle(input: SettleInput, now: number): SettleResult {
-    const sql = this.ctx.storage.sql;
     const { requestId } = input;
-    const row = sql
-      .exec<LedgerRow>(
-        `SELECT state, model, day, subject, subject_tpm, reserved_tokens, reserved_micros, candidates
-         FROM ledger WHERE request_id = ?`,
-        requestId,
-      )
-      .toArray()[0];
-    if (row === undefined) return { settled: false, requestId, reason: "unknown_request" };
+    const budgets = this.#record?.budgets ?? NO_BUDGETS;
+    const open = this.#open.get(requestId);
+    if (open !== undefined) {
+      // Exact, unless that would take a budget past its limit: the reservation was agreed at
+      // admission, anything above it only while the budgets have room.
+      const cap = billingCap(budgets, this.#spendOf(open.day), open.reservedMicros);
+      return this.#close(open, input, now, cap);
+    }
+    // Not in flight: settled or expired already, or its admission was forgotten by a crash
+    // before it was written. Rare, so the committed row is read.
+    this.#writes.flush();
+    const row = this.#ledgerRow(requestId);
+    if (row === null) return this.#settleForgotten(input, now);
     if (row.state === "settled") return { settled: false, requestId, reason: "already_settled" };
+    if (row.state === "open") throw new Error(`open ledger row ${requestId} is not in memory`);
+    // Expired: its reservation was released then, so it is billed only as far as budgets have room.
+    return this.#close(row, input, now, billingCap(budgets, this.#spendOf(row.day), 0));
+  }
 
+  // Settles a request whose admission a crash forgot, from what the edge held of it: a
+  // settled row with nothing reserved, in the day it settles. A request the edge does not
+  // say it admitted is unknown.
+  #settleForgotten(input: SettleInput, now: number): SettleResult {
+    const admitted = input.admitted ?? null;
+    const first = admitted?.models[0];
+    if (admitted === null || first === undefined) {
+      return { settled: false, requestId: input.requestId, reason: "unknown_request" };
+    }
+    const day = utcDay(now);
+    const entry: LedgerEntry = {
+      requestId: input.requestId,
+      state: "open",
+      model: first.model,
+      day,
+      subject: null,
+      subjectTpm: null,
+      endUser: null,
+      reservedTokens: 0,
+      reservedMicros: 0,
+      candidates: admitted.models.map(({ model, price }) => storedCandidate(model, price)),
+      createdAt: now,
+      expiresAt: now,
+      closedAt: null,
+      outcome: null,
+      promptTokens: null,
+      cachedTokens: null,
+      completionTokens: null,
+      costMicros: 0,
+    };
+    // As the admission agreed: its reservation in full, above it as far as the budgets have
+    // room with that reservation counted, as it was before the crash.
+    const reserved = Math.max(0, admitted.reservedMicros);
+    const budgets = this.#record?.budgets ?? NO_BUDGETS;
+    const cap = billingCap(budgets, withReserved(this.#spendOf(day), reserved), reserved);
+    return this.#close(entry, input, now, cap);
+  }
+
+  // Settles an open, expired or forgotten row at most `capMicros` (null: no cap).
+  #close(
+    row: LedgerEntry,
+    input: SettleInput,
+    now: number,
+    capMicros: number | null,
+  ): SettleResult {
     const usage = input.usage ?? null;
     const usedTokens = usage === null ? null : usage.prompt_tokens + usage.completion_tokens;
-    const delta = tokenCorrection(row.reserved_tokens, usedTokens);
-    const candidates = parseCandidates(row.candidates);
+    const delta = tokenCorrection(row.reservedTokens, usedTokens);
     // The model that served it, if it was one of the request's candidates.
     const served =
-      candidates.find(([model]) => model === input.model) ??
-      candidates.find(([model]) => model === row.model);
+      row.candidates.find(([model]) => model === input.model) ??
+      row.candidates.find(([model]) => model === row.model);
     const model = served?.[0] ?? row.model;
     const tokens: TokenUsage | null =
       usage === null
@@ -838,47 +1051,36 @@ export class KeyAccount extends DurableObject<Env> {
             completionTokens: usage.completion_tokens,
           };
     const late = row.state === "expired";
-    // Exact, unless that would take a budget past its limit: the reservation was agreed at
-    // admission, anything above it only while the budgets have room (an expired row's
-    // reservation was already released).
-    const cap = billingCap(
-      this.#record?.budgets ?? NO_BUDGETS,
-      this.#spend(row.day),
-      late ? 0 : row.reserved_micros,
-    );
-    const cost = billedMicros(tokens, priceOf(served), cap);
-    this.ctx.storage.transactionSync(() => {
-      if (delta !== 0) {
-        this.#adjustTokens(KEY_SCOPE, this.#record?.limits.tpm ?? 0, delta, now);
-        if (row.subject !== null && row.subject_tpm !== null) {
-          this.#adjustTokens(userScope(row.subject), row.subject_tpm, delta, now);
-        }
+    const cost = billedMicros(tokens, priceOf(served), capMicros);
+    if (delta !== 0) {
+      this.#adjustTokens(KEY_SCOPE, this.#record?.limits.tpm ?? 0, delta, now);
+      if (row.subject !== null && row.subjectTpm !== null) {
+        this.#adjustTokens(userScope(row.subject), row.subjectTpm, delta, now);
       }
-      sql.exec(
-        `UPDATE ledger SET state = 'settled', closed_at = ?, outcome = ?, model = ?,
-           prompt_tokens = ?, cached_tokens = ?, completion_tokens = ?, cost_micros = ?
-         WHERE request_id = ?`,
-        now,
-        input.outcome,
-        model,
-        usage?.prompt_tokens ?? null,
-        usage === null ? null : (usage.cached_tokens ?? 0),
-        usage?.completion_tokens ?? null,
-        cost,
-        requestId,
-      );
-      // An expired row released its reservation and was counted when it expired.
-      this.#addSpend(row.day, {
-        reservedMicros: late ? 0 : -row.reserved_micros,
-        settledMicros: cost,
-      });
-      if (late && model !== row.model) this.#addUsage(row.day, row.model, -1, null, 0);
-      this.#addUsage(row.day, model, late && model === row.model ? 0 : 1, tokens, cost);
+    }
+    this.#untrackOpen(row);
+    this.#putLedger({
+      ...row,
+      state: "settled",
+      closedAt: now,
+      outcome: input.outcome,
+      model,
+      promptTokens: usage?.prompt_tokens ?? null,
+      cachedTokens: usage === null ? null : (usage.cached_tokens ?? 0),
+      completionTokens: usage?.completion_tokens ?? null,
+      costMicros: cost,
     });
+    // An expired row released its reservation and was counted when it expired.
+    this.#addSpend(row.day, {
+      reservedMicros: late ? 0 : -row.reservedMicros,
+      settledMicros: cost,
+    });
+    if (late && model !== row.model) this.#addUsage(row.day, row.model, -1, null, 0);
+    this.#addUsage(row.day, model, late && model === row.model ? 0 : 1, tokens, cost);
     return {
       settled: true,
-      requestId,
-      reservedTokens: row.reserved_tokens,
+      requestId: row.requestId,
+      reservedTokens: row.reservedTokens,
       usedTokens,
       costMicros: cost,
       late,
@@ -886,46 +1088,37 @@ export class KeyAccount extends DurableObject<Env> {
   }
 
   #adjustTokens(scope: string, capacity: number, delta: number, now: number): void {
-    const row = this.ctx.storage.sql
-      .exec<{ level: number; updated_at: number }>(
-        "SELECT level, updated_at FROM buckets WHERE scope = ? AND kind = 'tokens'",
-        scope,
-      )
-      .toArray()[0];
     // A missing bucket is full: a refund has nowhere to go, a charge starts from full.
-    const state =
-      row === undefined
-        ? { level: capacity, updatedAt: now }
-        : { level: row.level, updatedAt: row.updated_at };
-    this.#writeBucket(scope, "tokens", adjust(state, capacity, delta, now));
+    const current = this.#scope(scope).tokens ?? fullBucket(capacity, now);
+    this.#putBucket(scope, "tokens", adjust(current, capacity, delta, now));
   }
 
   // --- expiry, pruning and the alarm -----------------------------------------------
 
   #expireDue(now: number): void {
-    const sql = this.ctx.storage.sql;
-    const due = sql
-      .exec<{ request_id: string; model: string; day: string; reserved_micros: number }>(
-        `SELECT request_id, model, day, reserved_micros FROM ledger
-         WHERE state = 'open' AND expires_at <= ?`,
-        now,
-      )
-      .toArray();
-    if (due.length === 0) return;
-    this.ctx.storage.transactionSync(() => {
-      for (const row of due) {
-        sql.exec(
-          `UPDATE ledger SET state = 'expired', closed_at = ?, outcome = 'expired', cost_micros = 0
-           WHERE request_id = ?`,
-          now,
-          row.request_id,
-        );
-        this.#addSpend(row.day, { reservedMicros: -row.reserved_micros, settledMicros: 0 });
-        this.#addUsage(row.day, row.model, 1, null, 0);
+    if (now < this.#nextExpiry) return;
+    let next = Number.POSITIVE_INFINITY;
+    // Deleting the entry being visited is safe while iterating a Map.
+    for (const row of this.#open.values()) {
+      if (row.expiresAt > now) {
+        next = Math.min(next, row.expiresAt);
+        continue;
       }
-    });
+      this.#untrackOpen(row);
+      this.#putLedger({
+        ...row,
+        state: "expired",
+        closedAt: now,
+        outcome: "expired",
+        costMicros: 0,
+      });
+      this.#addSpend(row.day, { reservedMicros: -row.reservedMicros, settledMicros: 0 });
+      this.#addUsage(row.day, row.model, 1, null, 0);
+    }
+    this.#nextExpiry = next;
   }
 
+  // Deletes what is past its retention; the caller flushed, so SQLite holds all of memory.
   #prune(now: number): void {
     const sql = this.ctx.storage.sql;
     sql.exec(
@@ -945,46 +1138,61 @@ export class KeyAccount extends DurableObject<Env> {
     );
     sql.exec("DELETE FROM secrets WHERE valid_until IS NOT NULL AND valid_until <= ?", now);
     this.#loadSecrets();
+    // What memory loaded on first use is loaded again from what is left.
+    for (const scope of this.#buckets.keys()) {
+      if (scope !== KEY_SCOPE) this.#buckets.delete(scope);
+    }
+    this.#periods.clear();
+    this.#rollups.clear();
   }
 
   // --- spend and usage ------------------------------------------------------------
 
-  #spend(day: string): SpendState {
-    const month = day.slice(0, 7);
-    const periods = new Map<string, PeriodSpend>();
-    for (const row of this.ctx.storage.sql.exec<{
-      period: string;
-      settled_micros: number;
-      reserved_micros: number;
-    }>(
-      "SELECT period, settled_micros, reserved_micros FROM spend WHERE period IN (?, ?, 'all')",
-      `d:${day}`,
-      `m:${month}`,
-    )) {
-      periods.set(row.period, {
-        settledMicros: row.settled_micros,
-        reservedMicros: row.reserved_micros,
-      });
-    }
-    const none = { settledMicros: 0, reservedMicros: 0 };
+  #spendOf(day: string): SpendState {
     return {
-      day: periods.get(`d:${day}`) ?? none,
-      month: periods.get(`m:${month}`) ?? none,
-      lifetime: periods.get("all") ?? none,
+      day: this.#period(`d:${day}`),
+      month: this.#period(`m:${day.slice(0, 7)}`),
+      lifetime: this.#period("all"),
     };
+  }
+
+  // A period's spend, from SQLite the first time.
+  #period(period: string): PeriodSpend {
+    const cached = this.#periods.get(period);
+    if (cached !== undefined) return cached;
+    const row = this.ctx.storage.sql
+      .exec<{ settled_micros: number; reserved_micros: number }>(
+        "SELECT settled_micros, reserved_micros FROM spend WHERE period = ?",
+        period,
+      )
+      .toArray()[0];
+    const spend = {
+      settledMicros: row?.settled_micros ?? 0,
+      reservedMicros: row?.reserved_micros ?? 0,
+    };
+    this.#periods.set(period, spend);
+    return spend;
   }
 
   // Adds to the day's, its month's and the lifetime spend (negative releases).
   #addSpend(day: string, delta: PeriodSpend): void {
     if (delta.settledMicros === 0 && delta.reservedMicros === 0) return;
     for (const period of [`d:${day}`, `m:${day.slice(0, 7)}`, "all"]) {
-      this.ctx.storage.sql.exec(
-        `INSERT INTO spend (period, settled_micros, reserved_micros) VALUES (?, ?, ?)
-         ON CONFLICT (period) DO UPDATE SET settled_micros = settled_micros + excluded.settled_micros,
-           reserved_micros = reserved_micros + excluded.reserved_micros`,
-        period,
-        delta.settledMicros,
-        delta.reservedMicros,
+      const current = this.#period(period);
+      const next = {
+        settledMicros: current.settledMicros + delta.settledMicros,
+        reservedMicros: current.reservedMicros + delta.reservedMicros,
+      };
+      this.#periods.set(period, next);
+      this.#writes.set(`spend:${period}`, () =>
+        this.ctx.storage.sql.exec(
+          `INSERT INTO spend (period, settled_micros, reserved_micros) VALUES (?, ?, ?)
+           ON CONFLICT (period) DO UPDATE SET settled_micros = excluded.settled_micros,
+             reserved_micros = excluded.reserved_micros`,
+          period,
+          next.settledMicros,
+          next.reservedMicros,
+        ),
       );
     }
   }
@@ -996,24 +1204,55 @@ export class KeyAccount extends DurableObject<Env> {
     tokens: TokenUsage | null,
     costMicros: number,
   ): void {
-    this.ctx.storage.sql.exec(
-      `INSERT INTO usage_daily (day, model, requests, prompt_tokens, cached_tokens,
-         completion_tokens, cost_micros) VALUES (?, ?, ?, ?, ?, ?, ?)
-       ON CONFLICT (day, model) DO UPDATE SET requests = requests + excluded.requests,
-         prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-         cached_tokens = cached_tokens + excluded.cached_tokens,
-         completion_tokens = completion_tokens + excluded.completion_tokens,
-         cost_micros = cost_micros + excluded.cost_micros`,
-      day,
-      model,
-      requests,
-      tokens?.promptTokens ?? 0,
-      tokens === null ? 0 : Math.min(tokens.cachedTokens, tokens.promptTokens),
-      tokens?.completionTokens ?? 0,
-      costMicros,
+    const key = `${day}\n${model}`;
+    const current = this.#rollups.get(key) ?? this.#loadRollup(day, model);
+    const next: UsageTotals = {
+      requests: current.requests + requests,
+      promptTokens: current.promptTokens + (tokens?.promptTokens ?? 0),
+      cachedTokens:
+        current.cachedTokens +
+        (tokens === null ? 0 : Math.min(tokens.cachedTokens, tokens.promptTokens)),
+      completionTokens: current.completionTokens + (tokens?.completionTokens ?? 0),
+      costMicros: current.costMicros + costMicros,
+    };
+    this.#rollups.set(key, next);
+    this.#writes.set(`usage:${key}`, () =>
+      this.ctx.storage.sql.exec(
+        `INSERT INTO usage_daily (day, model, requests, prompt_tokens, cached_tokens,
+           completion_tokens, cost_micros) VALUES (?, ?, ?, ?, ?, ?, ?)
+         ON CONFLICT (day, model) DO UPDATE SET requests = excluded.requests,
+           prompt_tokens = excluded.prompt_tokens, cached_tokens = excluded.cached_tokens,
+           completion_tokens = excluded.completion_tokens, cost_micros = excluded.cost_micros`,
+        day,
+        model,
+        next.requests,
+        next.promptTokens,
+        next.cachedTokens,
+        next.completionTokens,
+        next.costMicros,
+      ),
     );
   }
 
+  #loadRollup(day: string, model: string): UsageTotals {
+    const row = this.ctx.storage.sql
+      .exec<UsageDbRow>(
+        `SELECT day, model, requests, prompt_tokens, cached_tokens, completion_tokens, cost_micros
+         FROM usage_daily WHERE day = ? AND model = ?`,
+        day,
+        model,
+      )
+      .toArray()[0];
+    return {
+      requests: row?.requests ?? 0,
+      promptTokens: row?.prompt_tokens ?? 0,
+      cachedTokens: row?.cached_tokens ?? 0,
+      completionTokens: row?.completion_tokens ?? 0,
+      costMicros: row?.cost_micros ?? 0,
+    };
+  }
+
+  // Moves the alarm only earlier: a write, and steady admits' leases end after it.
   async #ensureAlarm(at: number): Promise<void> {
     if (this.#alarmAt !== null && this.#alarmAt <= at) return;
     this.#alarmAt = at;
@@ -1022,9 +1261,9 @@ export class KeyAccount extends DurableObject<Env> {
 
   async #rescheduleAlarm(now: number): Promise<void> {
     const sql = this.ctx.storage.sql;
-    const open = sql
-      .exec<{ at: number | null }>("SELECT MIN(expires_at) AS at FROM ledger WHERE state = 'open'")
-      .one().at;
+    let open = Number.POSITIVE_INFINITY;
+    for (const row of this.#open.values()) open = Math.min(open, row.expiresAt);
+    this.#nextExpiry = open;
     const closed = sql
       .exec<{ at: number | null }>("SELECT MIN(closed_at) AS at FROM ledger WHERE state <> 'open'")
       .one().at;
@@ -1040,7 +1279,7 @@ export class KeyAccount extends DurableObject<Env> {
     ]
       .filter((at): at is number => at !== null)
       .map((at) => Math.max(at, now + PRUNE_INTERVAL_MS));
-    const candidates = [...prune, ...(open === null ? [] : [open])];
+    const candidates = [...prune, ...(Number.isFinite(open) ? [open] : [])];
     if (candidates.length === 0) {
       await this.ctx.storage.deleteAlarm();
       return;
@@ -1053,6 +1292,11 @@ export class KeyAccount extends DurableObject<Env> {
   async #migrate(): Promise<void> {
     applyMigrations(this.ctx.storage, KEY_ACCOUNT_MIGRATIONS);
     this.#load();
+    for (const row of this.ctx.storage.sql.exec<LedgerRow>(
+      `SELECT ${LEDGER_COLUMNS} FROM ledger WHERE state = 'open'`,
+    )) {
+      this.#trackOpen(ledgerEntryOf(row));
+    }
     this.#alarmAt = await this.ctx.storage.getAlarm();
   }
 
@@ -1103,8 +1347,13 @@ function recordOf(row: RecordRow): KeyRecord {
   };
 }
 
-function parseCandidates(text: string): StoredCandidate[] {
-  return JSON.parse(text) as StoredCandidate[];
+function storedCandidate(model: string, price: ModelPrice): StoredCandidate {
+  return [
+    model,
+    price.inputMicrosPerMtok,
+    price.cachedInputMicrosPerMtok,
+    price.outputMicrosPerMtok,
+  ];
 }
 
 function priceOf(candidate: StoredCandidate | undefined): ModelPrice {
@@ -1117,24 +1366,56 @@ function priceOf(candidate: StoredCandidate | undefined): ModelPrice {
   };
 }
 
+// Spend as it would be with `micros` more reserved in each period.
+function withReserved(spend: SpendState, micros: number): SpendState {
+  const add = (period: PeriodSpend) => ({
+    ...period,
+    reservedMicros: period.reservedMicros + micros,
+  });
+  return { day: add(spend.day), month: add(spend.month), lifetime: add(spend.lifetime) };
+}
+
 const LEDGER_STATES = ["open", "settled", "expired"] as const;
 const LEDGER_OUTCOMES = ["ok", "error", "cancelled", "timeout", "expired"] as const;
 
-function ledgerRecordOf(row: FullLedgerRow): LedgerRecord {
+function ledgerEntryOf(row: LedgerRow): LedgerEntry {
   return {
     requestId: row.request_id,
-    model: row.model,
     state: LEDGER_STATES.find((state) => state === row.state) ?? "open",
-    outcome: LEDGER_OUTCOMES.find((outcome) => outcome === row.outcome) ?? null,
+    model: row.model,
     day: row.day,
+    subject: row.subject,
+    subjectTpm: row.subject_tpm,
+    endUser: row.end_user,
+    reservedTokens: row.reserved_tokens,
+    reservedMicros: row.reserved_micros,
+    candidates: JSON.parse(row.candidates) as StoredCandidate[],
     createdAt: row.created_at,
+    expiresAt: row.expires_at,
     closedAt: row.closed_at,
+    outcome: LEDGER_OUTCOMES.find((outcome) => outcome === row.outcome) ?? null,
     promptTokens: row.prompt_tokens,
     cachedTokens: row.cached_tokens,
     completionTokens: row.completion_tokens,
-    reservedMicros: row.reserved_micros,
     costMicros: row.cost_micros,
-    endUser: row.end_user,
+  };
+}
+
+function ledgerRecordOf(entry: LedgerEntry): LedgerRecord {
+  return {
+    requestId: entry.requestId,
+    model: entry.model,
+    state: entry.state,
+    outcome: entry.outcome,
+    day: entry.day,
+    createdAt: entry.createdAt,
+    closedAt: entry.closedAt,
+    promptTokens: entry.promptTokens,
+    cachedTokens: entry.cachedTokens,
+    completionTokens: entry.completionTokens,
+    reservedMicros: entry.reservedMicros,
+    costMicros: entry.costMicros,
+    endUser: entry.endUser,
   };
 }
 

@@ -1,11 +1,13 @@
 import { evictDurableObject, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import type { Budgets, Limits } from "../../durable-objects/admission.ts";
 import {
+  ACCOUNT_WRITE_DELAY_MS,
   KEY_ACCOUNT_MIGRATIONS,
   RESERVATION_LEASE_MS,
   type AdmitInput,
+  type AdmitResult,
   type KeyAccount,
 } from "../../durable-objects/key-account.ts";
 import { mintApiKey, newKeyId } from "../../functions/keys.ts";
@@ -40,14 +42,24 @@ async function newKey(limits: Partial<Limits> = {}, now = Date.now()) {
   return { id, key, secretHash, stub, admit };
 }
 
+// The account writes behind (ACCOUNT_WRITE_DELAY_MS): helpers that read its tables flush
+// first, so they see what it decided.
 async function openReservations(stub: DurableObjectStub<KeyAccount>): Promise<number> {
-  return runInDurableObject(
-    stub,
-    (_instance: KeyAccount, state) =>
-      state.storage.sql
-        .exec<{ n: number }>("SELECT COUNT(*) AS n FROM ledger WHERE state = 'open'")
-        .one().n,
-  );
+  return runInDurableObject(stub, (instance: KeyAccount, state) => {
+    instance.flush();
+    return state.storage.sql
+      .exec<{ n: number }>("SELECT COUNT(*) AS n FROM ledger WHERE state = 'open'")
+      .one().n;
+  });
+}
+
+type CommittedRow = { request_id: string; state: string };
+
+// The ledger as committed, without flushing.
+function committedLedger(state: DurableObjectState): CommittedRow[] {
+  return state.storage.sql
+    .exec<CommittedRow>("SELECT request_id, state FROM ledger ORDER BY request_id")
+    .toArray();
 }
 
 describe("KeyAccount admission", () => {
@@ -307,9 +319,11 @@ describe("KeyAccount end users of browser tokens", () => {
 });
 
 describe("KeyAccount persistence", () => {
-  it("keeps its record, reservations and revocation across eviction", async () => {
+  it("keeps its record, reservations and revocation across eviction once its writes are committed", async () => {
     const { id, admit, stub, secretHash } = await newKey({ concurrency: 2 });
     expect((await admit("r1")).ok).toBe(true);
+    // An eviction right after the admit could beat the write-behind timer: commit first.
+    await runInDurableObject(stub, (instance: KeyAccount) => instance.flush());
     await evictDurableObject(stub);
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
     expect((await again.get())?.tier).toBe("high");
@@ -349,16 +363,15 @@ async function budgetedKey(budgets: Partial<Budgets>, limits: Partial<Limits> = 
 }
 
 async function spend(stub: DurableObjectStub<KeyAccount>, period: string) {
-  return runInDurableObject(
-    stub,
-    (_instance: KeyAccount, state) =>
-      state.storage.sql
-        .exec<{ settled_micros: number; reserved_micros: number }>(
-          "SELECT settled_micros, reserved_micros FROM spend WHERE period = ?",
-          period,
-        )
-        .toArray()[0],
-  );
+  return runInDurableObject(stub, (instance: KeyAccount, state) => {
+    instance.flush();
+    return state.storage.sql
+      .exec<{ settled_micros: number; reserved_micros: number }>(
+        "SELECT settled_micros, reserved_micros FROM spend WHERE period = ?",
+        period,
+      )
+      .toArray()[0];
+  });
 }
 
 describe("KeyAccount costs and budgets", () => {
@@ -567,5 +580,215 @@ describe("KeyAccount schema migration", () => {
       record: { state: "open", day: "2026-01-15" },
     });
     expect((await again.settle({ requestId: "running", outcome: "ok" })).settled).toBe(true);
+  });
+});
+
+// An admission request of the key, but for its id.
+function keyRequest(secretHash: string) {
+  return {
+    credential: { kind: "key" as const, secretHash },
+    model: "m",
+    promptTokens: 10,
+    maxTokens: 90,
+  };
+}
+
+describe("KeyAccount writes behind", () => {
+  it("answers an admit from memory: its row is not written yet, but the next admit counts its reservation", async () => {
+    const { stub, secretHash } = await newKey({ concurrency: 1 });
+    // Both calls in one turn of the object, well within the write delay.
+    await runInDurableObject(stub, async (instance: KeyAccount, state) => {
+      expect((await instance.admit({ ...keyRequest(secretHash), requestId: "r1" })).ok).toBe(true);
+      expect(committedLedger(state)).toEqual([]);
+      expect(await instance.admit({ ...keyRequest(secretHash), requestId: "r2" })).toMatchObject({
+        code: "rate_limit_exceeded",
+        limit: "concurrency",
+      });
+      expect(committedLedger(state)).toEqual([]);
+    });
+  });
+
+  it("commits the admit's writes by itself once the write delay has passed", async () => {
+    const { stub, admit } = await newKey({ tpm: 1_000 });
+    expect((await admit("r1")).ok).toBe(true);
+    // No flush: the write-behind timer commits the row and the bucket.
+    await vi.waitFor(
+      async () => {
+        const committed = await runInDurableObject(stub, (_instance: KeyAccount, state) => ({
+          ledger: committedLedger(state),
+          tokens: state.storage.sql
+            .exec<{ level: number }>(
+              "SELECT level FROM buckets WHERE scope = 'key' AND kind = 'tokens'",
+            )
+            .toArray(),
+        }));
+        expect(committed.ledger).toEqual([{ request_id: "r1", state: "open" }]);
+        expect(committed.tokens.map((row) => Math.floor(row.level))).toEqual([900]);
+      },
+      { timeout: 20 * ACCOUNT_WRITE_DELAY_MS, interval: ACCOUNT_WRITE_DELAY_MS / 5 },
+    );
+  });
+
+  it("writes an admit and its settlement within one write window as one settled row", async () => {
+    const { stub, secretHash } = await newKey();
+    const writes = await runInDurableObject(stub, async (instance: KeyAccount, state) => {
+      const sql = state.storage.sql;
+      // Every row the ledger receives, inserted or updated, in order.
+      sql.exec("CREATE TABLE ledger_writes (request_id TEXT NOT NULL, state TEXT NOT NULL)");
+      sql.exec(`CREATE TRIGGER ledger_inserted AFTER INSERT ON ledger
+        BEGIN INSERT INTO ledger_writes VALUES (NEW.request_id, NEW.state); END`);
+      sql.exec(`CREATE TRIGGER ledger_updated AFTER UPDATE ON ledger
+        BEGIN INSERT INTO ledger_writes VALUES (NEW.request_id, NEW.state); END`);
+      expect((await instance.admit({ ...keyRequest(secretHash), requestId: "r1" })).ok).toBe(true);
+      const usage = { prompt_tokens: 10, completion_tokens: 5 };
+      expect(await instance.settle({ requestId: "r1", outcome: "ok", usage })).toMatchObject({
+        settled: true,
+      });
+      return sql.exec<CommittedRow>("SELECT request_id, state FROM ledger_writes").toArray();
+    });
+    expect(writes).toEqual([{ request_id: "r1", state: "settled" }]);
+  });
+
+  it("never moves the alarm, a write, while steady traffic admits and settles", async () => {
+    const { stub, secretHash } = await newKey();
+    const t = Date.now();
+    const calls = await runInDurableObject(stub, async (instance: KeyAccount, state) => {
+      // The first admission sets the alarm to the end of its lease.
+      await instance.admit({ ...keyRequest(secretHash), requestId: "r0", now: t });
+      let setAlarm = 0;
+      const storage = state.storage;
+      const original = storage.setAlarm.bind(storage);
+      storage.setAlarm = (...args: Parameters<DurableObjectStorage["setAlarm"]>) => {
+        setAlarm++;
+        return original(...args);
+      };
+      try {
+        for (let i = 1; i <= 20; i++) {
+          const settle = [{ requestId: `r${i - 1}`, outcome: "ok" as const }];
+          const result = await instance.admit({
+            ...keyRequest(secretHash),
+            requestId: `r${i}`,
+            now: t + i * 1_000,
+            settle,
+          });
+          expect(result.ok).toBe(true);
+        }
+      } finally {
+        storage.setAlarm = original;
+      }
+      return setAlarm;
+    });
+    expect(calls).toBe(0);
+  });
+
+  it("bills a request whose admission a crash forgot before it was written, exactly once", async () => {
+    const { id, stub, secretHash } = await budgetedKey({ creditMicros: 10_000 });
+    let admission: AdmitResult | null = null;
+    // Admitted, then the object crashes within the write window: the admission is lost.
+    await expect(
+      runInDurableObject(stub, async (instance: KeyAccount, state) => {
+        admission = await instance.admit({
+          ...keyRequest(secretHash),
+          requestId: "lost",
+          promptTokens: 774,
+          maxTokens: 1_000,
+          price: PRICE,
+        });
+        state.abort("crash inside the write window");
+      }),
+    ).rejects.toThrow("crash inside the write window");
+    expect(admission).toMatchObject({ ok: true, reservedMicros: 750 });
+    const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+    expect(await again.record({ requestId: "lost" })).toEqual({ ok: true, record: null });
+
+    // The edge's settlement carries what it holds of the admission.
+    const usage = { prompt_tokens: 1_000, cached_tokens: 400, completion_tokens: 500 };
+    const settlement = {
+      requestId: "lost",
+      outcome: "ok" as const,
+      usage,
+      admitted: { models: [{ model: "m", price: PRICE }], reservedMicros: 750 },
+    };
+    expect(await again.settle(settlement)).toMatchObject({
+      settled: true,
+      reservedTokens: 0,
+      usedTokens: 1_500,
+      costMicros: 420,
+    });
+    expect(await again.settle(settlement)).toMatchObject({
+      settled: false,
+      reason: "already_settled",
+    });
+    expect(await again.record({ requestId: "lost" })).toMatchObject({
+      record: { state: "settled", model: "m", reservedMicros: 0, costMicros: 420 },
+    });
+    const day = new Date().toISOString().slice(0, 10);
+    expect(await again.usage({ from: day, to: day })).toMatchObject({
+      rows: [{ model: "m", requests: 1, promptTokens: 1_000, cachedTokens: 400, costMicros: 420 }],
+    });
+    expect(await spend(again, "all")).toEqual({ settled_micros: 420, reserved_micros: 0 });
+
+    // Still once after an eviction: the settled row is read back from SQLite.
+    await evictDurableObject(again);
+    const third = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+    expect(await third.settle(settlement)).toMatchObject({ reason: "already_settled" });
+    expect(await spend(third, "all")).toEqual({ settled_micros: 420, reserved_micros: 0 });
+  });
+
+  it("settles a forgotten request that reports no usage at no cost", async () => {
+    const { stub } = await budgetedKey({});
+    const admitted = { models: [{ model: "m", price: PRICE }], reservedMicros: 750 };
+    expect(await stub.settle({ requestId: "lost", outcome: "error", admitted })).toMatchObject({
+      settled: true,
+      costMicros: 0,
+    });
+    expect(await stub.record({ requestId: "lost" })).toMatchObject({
+      record: { state: "settled", outcome: "error", costMicros: 0 },
+    });
+  });
+
+  it("does not record a settlement of a request the edge does not say it admitted", async () => {
+    const { stub } = await budgetedKey({});
+    const usage = { prompt_tokens: 10, completion_tokens: 10 };
+    expect(await stub.settle({ requestId: "never", outcome: "ok", usage })).toMatchObject({
+      settled: false,
+      reason: "unknown_request",
+    });
+    expect(await stub.record({ requestId: "never" })).toEqual({ ok: true, record: null });
+  });
+
+  it("keeps reservations, settlements, spend and usage across eviction after a flush", async () => {
+    const { id, stub, admitPriced, secretHash } = await budgetedKey({}, { concurrency: 2 });
+    expect((await admitPriced("a")).ok).toBe(true);
+    expect((await admitPriced("b")).ok).toBe(true);
+    const usage = { prompt_tokens: 1_000, cached_tokens: 400, completion_tokens: 500 };
+    // Settled by the admit that carries it: in memory only until the write-behind commits.
+    const carried = await admitPriced("c", {
+      settle: [{ requestId: "a", outcome: "ok", usage }],
+    });
+    expect(carried.ok).toBe(true);
+    await runInDurableObject(stub, (instance: KeyAccount) => instance.flush());
+    await evictDurableObject(stub);
+
+    const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+    expect(await again.record({ requestId: "a" })).toMatchObject({
+      record: { state: "settled", costMicros: 420 },
+    });
+    expect(await openReservations(again)).toBe(2);
+    expect(await spend(again, "all")).toEqual({ settled_micros: 420, reserved_micros: 1_500 });
+    const day = new Date().toISOString().slice(0, 10);
+    expect(await again.usage({ from: day, to: day })).toMatchObject({
+      rows: [{ model: "m", requests: 1, costMicros: 420 }],
+    });
+    // Both reservations still hold the two slots.
+    expect(
+      await again.admit({
+        requestId: "d",
+        credential: { kind: "key", secretHash },
+        model: "m",
+        promptTokens: 1,
+        maxTokens: 1,
+      }),
+    ).toMatchObject({ limit: "concurrency" });
   });
 });
