@@ -30,7 +30,7 @@ import { originFailure } from "../errors.ts";
 import { modelPrice } from "../pricing.ts";
 import { rateLimitHeaders } from "../rate-limit-headers.ts";
 import type { SettledRequest } from "../settlement.ts";
-import type { SettleInput } from "../../durable-objects/key-account.ts";
+import type { AdmitOk, SettleInput } from "../../durable-objects/key-account.ts";
 
 /** Response header with a non-streaming completion's cost in USD (six decimal places). */
 export const COST_HEADER = "x-warmgate-cost-usd";
@@ -87,7 +87,7 @@ export function admitCompletion() {
     let refused = false;
     settlement.onSettled(async (settled) => {
       if (refused) return;
-      await queueSettlement(c.env, credential.keyId, settleInput(settled));
+      await queueSettlement(c.env, credential.keyId, settleInput(c, settled));
     });
     // Unbounded: the rest of the model's context window is what the completion may use.
     const allowance = (model: ModelConfig) =>
@@ -137,7 +137,7 @@ export function admitCompletion() {
       // key's budgets have room, which its account decides: ask it (the queued settlement
       // then finds the request settled).
       if (settled !== null && result.budgeted && cost > result.reservedMicros) {
-        cost = await settledCost(c.env, credential.keyId, settleInput(settled));
+        cost = await settledCost(c.env, credential.keyId, settleInput(c, settled));
       }
       setHeaders(c, { [COST_HEADER]: formatUsd(cost) });
     }
@@ -164,12 +164,29 @@ export function usageCost(
   );
 }
 
-function settleInput(settled: SettledRequest): SettleInput {
-  return {
+// A request's settlement, with its admission as this edge holds it (the admitted models at
+// their configured prices, and the reserved cost): an account that forgot the admission in
+// a crash settles and bills the request from it.
+function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
+  const input: SettleInput = {
     requestId: settled.requestId,
     outcome: settled.outcome,
     usage: settled.usage,
     model: settled.model,
+  };
+  // Unset when the admit call failed: then the request was never admitted.
+  const admission: AdmitOk | undefined = c.get("admission");
+  if (admission === undefined) return input;
+  const { models } = c.var.config;
+  return {
+    ...input,
+    admitted: {
+      models: admission.models.map((id) => ({
+        model: id,
+        price: modelPrice(models.find((model) => model.id === id)?.pricing),
+      })),
+      reservedMicros: admission.reservedMicros,
+    },
   };
 }
 
