@@ -17,7 +17,8 @@
 //   share one commit (an admit and its settlement within one window are one row INSERT).
 //   Whatever reads these tables flushes first (`usage`, `record`, the alarm, the settlement
 //   of a request that is not open), so reads are consistent. A settlement sent on its own
-//   (`settle`, `settleMany`: off the response path) is committed before it is answered.
+//   (`settle`, `settleMany`) is committed before it is answered: it carries a bill, and the
+//   edge sends it after the response (a quiet key commits once per request either way).
 //
 //   A crash (process death, deploy; not an eviction, which only happens to an idle
 //   object) forgets the writes of its last ≤ 50 ms, and only those:
@@ -674,8 +675,8 @@ export class KeyAccount extends DurableObject<Env> {
   async settleMany(inputs: SettleInput[]): Promise<SettleResult[]> {
     const now = Date.now();
     const results = inputs.map((input) => this.#settle(input, input.now ?? now));
-    // A settlement sent on its own is off the response path and carries a bill: it is
-    // durable before the edge takes it as applied. (A quiet key commits once either way.)
+    // A settlement sent on its own carries a bill and travels after the response: it is
+    // durable before the edge takes it as applied.
     this.#writes.flush();
     if (results.some((result) => result.settled)) {
       await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
