@@ -26,7 +26,6 @@ import {
 } from "../key-auth.ts";
 import { billedMicros, formatUsd } from "../../durable-objects/pricing.ts";
 import type { GatewayConfig, ModelConfig } from "../config.ts";
-import { originFailure } from "../errors.ts";
 import { modelPrice } from "../pricing.ts";
 import { rateLimitHeaders } from "../rate-limit-headers.ts";
 import type { SettledRequest } from "../settlement.ts";
@@ -120,17 +119,9 @@ export function admitCompletion() {
     c.set("allowedOrigin", origin);
     await next();
     if (!plan.stream && !isEventStream(c.res)) {
-      // A JSON answer is complete when the origin's END arrives, and END carries the usage:
-      // the whole body (engines send it at once anyway) is read before the headers go out,
-      // so they can carry the request's cost.
-      let bytes: ArrayBuffer;
-      try {
-        bytes = await c.res.arrayBuffer();
-      } catch {
-        // The origin failed mid-body; nothing has reached the client yet.
-        throw originFailure("bad_answer");
-      }
-      c.res = new Response(bytes, c.res);
+      // A JSON answer was read whole up to the origin's END, which carries the usage (see
+      // `respondWhole` in dispatch.ts): the request is settled, so its headers can carry
+      // its cost.
       const settled = settlement.record;
       let cost = usageCost(c.var.config, settled, result.models);
       // Up to its reservation a request is billed exactly this; above it only as far as the
