@@ -89,12 +89,14 @@ try {
 const find = (s: Scenario, t: Target) => rows.find((r) => r.scenario === s && r.target === t);
 
 const table = markdownTable(
-  [...PATH_COLUMNS, "+p50 vs direct", "errors"],
+  [...PATH_COLUMNS, "+p50 vs direct", "+p50 vs passthrough", "errors"],
   rows.map((r) => {
     const direct = find(r.scenario, "direct");
+    const floor = find(r.scenario, "passthrough");
     return [
       ...pathCells(r),
       r.target === "direct" ? "" : fmt(r.total.p50 - (direct?.total.p50 ?? Number.NaN)),
+      r.target === "warmgate" ? fmt(r.total.p50 - (floor?.total.p50 ?? Number.NaN)) : "",
       String(r.errors),
     ];
   }),
@@ -108,9 +110,26 @@ const ratioJson =
   (find("json c=32", "warmgate")?.rps ?? 0) / (find("json c=32", "passthrough")?.rps ?? 1);
 const ratioStream =
   (find("stream c=32", "warmgate")?.rps ?? 0) / (find("stream c=32", "passthrough")?.rps ?? 1);
+// What the edge adds above the bare pass-through Worker under the same runtime, reported
+// beside the goals: under local `wrangler dev` the pass-through alone is above 2 ms.
+const overFloorJson =
+  (find("json c=1", "warmgate")?.total.p50 ?? 0) -
+  (find("json c=1", "passthrough")?.total.p50 ?? 0);
+const overFloorTtfb =
+  (find("stream c=1", "warmgate")?.ttfb.p50 ?? 0) -
+  (find("stream c=1", "passthrough")?.ttfb.p50 ?? 0);
+const floorJson =
+  (find("json c=1", "passthrough")?.total.p50 ?? 0) - (find("json c=1", "direct")?.total.p50 ?? 0);
 const targets = {
   added_p50_ms_c1: { value: addedJson, target: "<= 2", met: addedJson <= 2 },
   added_ttfb_p50_ms_c1: { value: addedTtfb, target: "<= 2", met: addedTtfb <= 2 },
+  passthrough_added_p50_ms_c1: { value: floorJson, target: "(the floor)", met: true },
+  added_over_passthrough_p50_ms_c1: { value: overFloorJson, target: "(reported)", met: true },
+  added_over_passthrough_ttfb_p50_ms_c1: {
+    value: overFloorTtfb,
+    target: "(reported)",
+    met: true,
+  },
   rps_ratio_vs_passthrough_json_c32: { value: ratioJson, target: ">= 0.5", met: ratioJson >= 0.5 },
   rps_ratio_vs_passthrough_stream_c32: {
     value: ratioStream,
@@ -131,7 +150,7 @@ console.log(
       name,
       fmt(t.value),
       t.target,
-      t.met ? "yes" : "NO",
+      t.target.startsWith("(") ? "" : t.met ? "yes" : "NO",
     ]),
   ),
 );
