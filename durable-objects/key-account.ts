@@ -24,14 +24,26 @@
 //   object) forgets the writes of its last ≤ 50 ms, and only those:
 //     - counters and reservations of that window: requests taken from the buckets, token
 //       refunds and charges, admissions (their open rows and reserved spend);
-//     - settlements that an admit call carried in that window: the edge took the answer as
-//       applied, so the request's row, if its admission was committed, is open again and
-//       expires unbilled at the end of its lease.
+//     - settlements that an admit call carried in that window, which the edge therefore
+//       keeps until an answer shows them committed, and sends again otherwise (below).
 //   It never loses or doubles a committed bill, and never loses the bill of a request whose
 //   admission it forgot: that request's settlement carries the edge's prices and
 //   reservation (SettleInput.admitted), and a settlement of a request the account does not
 //   know is recorded and billed from them, as a settled row with nothing reserved, in the
 //   day it is settled.
+//
+// Commits the edge can see
+//   Every answer of `admit` and `settleMany` carries a CommitStamp: the object's incarnation
+//   (random, made when it starts), the number of commits it made since (`committed`), and the
+//   commit the call's writes land in (`pending`; the writes queued now all land in the next
+//   one). An answer leaves only once every commit made before it is durable (the output
+//   gate), so `committed` is a fact the edge can rely on: a settlement an admit carried with
+//   `pending` n is durable once an answer of the same incarnation says `committed` >= n. An
+//   answer of another incarnation says the object restarted, maybe within the window: the
+//   edge sends the settlement again. Settling is idempotent by request id, whatever the
+//   restart kept: an open row loaded from SQLite is settled, a settled one is left as it is
+//   (`already_settled`), and a forgotten one is billed from `admitted`. The stamp is read from
+//   memory: no SQL in the admit turn.
 //
 // Tables
 //   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
@@ -243,6 +255,22 @@ export type AdmitOk = Admission & {
 /** The answer to `admit`. */
 export type AdmitResult = AdmitOk | AdmissionRefusal;
 
+/**
+ * Where an answer of the account stands among its commits, so that the edge knows when a
+ * settlement it carried is durable (see "Commits the edge can see" at the top of this file).
+ */
+export interface CommitStamp {
+  /** This run of the object: random, new whenever it starts (or a commit fails). */
+  incarnation: string;
+  /** Commits of this incarnation that were durable when the answer left. */
+  committed: number;
+  /** The commit the writes of this call land in: `committed` when none wait to be written. */
+  pending: number;
+}
+
+/** What `admit` answers: the decision and where the call's writes stand. */
+export type AdmitAnswer = AdmitResult & { commit: CommitStamp };
+
 /** How a request ended. */
 export type SettleOutcome = "ok" | "error" | "cancelled" | "timeout";
 
@@ -293,6 +321,12 @@ export type SettleResult =
       late: boolean;
     }
   | { settled: false; requestId: string; reason: "already_settled" | "unknown_request" };
+
+/** What `settleMany` answers: one result per input, in order, all of them committed. */
+export interface SettleManyResult {
+  results: SettleResult[];
+  commit: CommitStamp;
+}
 
 /** What `check` compares: an API key's hash, or a verified browser token (its key's state only). */
 export type CheckCredential = { kind: "key"; secretHash: string } | { kind: "browser" };
@@ -485,12 +519,46 @@ type ScopeState = { requests: BucketState | null; tokens: BucketState | null };
  */
 export const ACCOUNT_WRITE_DELAY_MS = 50;
 
+// The account's write-behind queue, numbering its commits within an incarnation.
+// WriteBehind commits from its timer through `flush()` too, so this override sees every
+// commit; were it to miss one, `committed` would only lag (the edge re-sends, never loses).
+class NumberedWriteBehind extends WriteBehind {
+  #incarnation = crypto.randomUUID();
+  #committed = 0;
+
+  override flush(): void {
+    if (this.size === 0) {
+      super.flush();
+      return;
+    }
+    try {
+      super.flush();
+    } catch (error) {
+      // The queued writes are gone: what this incarnation's numbers promised no longer holds.
+      this.#incarnation = crypto.randomUUID();
+      this.#committed = 0;
+      throw error;
+    }
+    this.#committed++;
+  }
+
+  // Taken as the call answers, after its last write.
+  stamp(): CommitStamp {
+    const committed = this.#committed;
+    return {
+      incarnation: this.#incarnation,
+      committed,
+      pending: this.size === 0 ? committed : committed + 1,
+    };
+  }
+}
+
 /** Limits, counters and reservations of one API key. */
 export class KeyAccount extends DurableObject<Env> {
   #record: KeyRecord | null = null;
   #secrets: SecretRow[] = [];
   #alarmAt: number | null = null;
-  readonly #writes: WriteBehind;
+  readonly #writes: NumberedWriteBehind;
   // The open ledger rows by request id: every request in flight.
   readonly #open = new Map<string, LedgerEntry>();
   // Open rows per end-user subject of browser tokens, for their concurrency limit.
@@ -505,7 +573,7 @@ export class KeyAccount extends DurableObject<Env> {
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
-    this.#writes = new WriteBehind(ctx.storage, ACCOUNT_WRITE_DELAY_MS);
+    this.#writes = new NumberedWriteBehind(ctx.storage, ACCOUNT_WRITE_DELAY_MS);
     void ctx.blockConcurrencyWhile(() => this.#migrate());
   }
 
@@ -647,9 +715,9 @@ export class KeyAccount extends DurableObject<Env> {
    * Admits or refuses one request atomically: secret, status, origin, models, concurrency,
    * requests, tokens and budgets; on admission reserves a concurrency slot, the tokens and
    * the worst-case cost, and opens the request's ledger row. Decided from memory; its writes
-   * (and those of the settlements it carries) are committed behind.
+   * (and those of the settlements it carries) are committed behind, in `commit.pending`.
    */
-  async admit(input: AdmitInput): Promise<AdmitResult> {
+  async admit(input: AdmitInput): Promise<AdmitAnswer> {
     const now = Date.now();
     let settled = false;
     for (const settlement of input.settle ?? []) {
@@ -658,30 +726,31 @@ export class KeyAccount extends DurableObject<Env> {
     const result = this.#decide(input);
     if (result.ok) await this.#ensureAlarm(result.leaseExpiresAt);
     if (settled) await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
-    return result;
+    return { ...result, commit: this.#writes.stamp() };
   }
 
   /** Ends a request exactly once: frees its slot and corrects its tokens with real usage. */
   async settle(input: SettleInput): Promise<SettleResult> {
-    const [result] = await this.settleMany([input]);
+    const [result] = (await this.settleMany([input])).results;
     if (result === undefined) throw new Error("no settle result");
     return result;
   }
 
   /**
    * Settles several requests in one call, each exactly once (see {@link settle}), and
-   * commits before answering.
+   * commits before answering (`commit.pending` is `commit.committed`).
    */
-  async settleMany(inputs: SettleInput[]): Promise<SettleResult[]> {
+  async settleMany(inputs: SettleInput[]): Promise<SettleManyResult> {
     const now = Date.now();
     const results = inputs.map((input) => this.#settle(input, input.now ?? now));
     // A settlement sent on its own carries a bill and travels after the response: it is
     // durable before the edge takes it as applied.
     this.#writes.flush();
+    const commit = this.#writes.stamp();
     if (results.some((result) => result.settled)) {
       await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
     }
-    return results;
+    return { results, commit };
   }
 
   /** Commits the writes memory holds ahead of SQLite now (for tests and direct reads). */

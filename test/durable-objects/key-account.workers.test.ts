@@ -8,6 +8,7 @@ import {
   RESERVATION_LEASE_MS,
   type AdmitInput,
   type AdmitResult,
+  type CommitStamp,
   type KeyAccount,
 } from "../../durable-objects/key-account.ts";
 import { mintApiKey, newKeyId } from "../../functions/keys.ts";
@@ -113,6 +114,7 @@ describe("KeyAccount admission", () => {
       ok: false,
       code: "invalid_api_key",
       reason: "bad_secret",
+      commit: expect.any(Object),
     });
     await stub.update({ models: ["only-this"], now: Date.now() });
     expect(await admit("r2")).toMatchObject({ code: "model_not_allowed", model: "m" });
@@ -130,7 +132,12 @@ describe("KeyAccount admission", () => {
     const { admit, stub } = await newKey();
     expect((await admit("r1")).ok).toBe(true);
     await stub.revoke(Date.now());
-    expect(await admit("r2")).toEqual({ ok: false, code: "invalid_api_key", reason: "revoked" });
+    expect(await admit("r2")).toEqual({
+      ok: false,
+      code: "invalid_api_key",
+      reason: "revoked",
+      commit: expect.any(Object),
+    });
   });
 
   it("refuses an expired key", async () => {
@@ -178,7 +185,7 @@ describe("KeyAccount settlement", () => {
   it("settles several requests in one call, each once", async () => {
     const { admit, stub } = await newKey();
     for (const id of ["a", "b"]) expect((await admit(id)).ok).toBe(true);
-    const results = await stub.settleMany([
+    const { results } = await stub.settleMany([
       { requestId: "a", outcome: "ok" },
       { requestId: "b", outcome: "error" },
       { requestId: "a", outcome: "ok" },
@@ -790,5 +797,84 @@ describe("KeyAccount writes behind", () => {
         maxTokens: 1,
       }),
     ).toMatchObject({ limit: "concurrency" });
+  });
+});
+
+// An admit refused before anything is written: its answer only reports where commits stand.
+function refusedRequest(secretHash: string, requestId: string): AdmitInput {
+  return {
+    ...keyRequest(secretHash),
+    requestId,
+    credential: { kind: "key", secretHash: "0".repeat(64) },
+  };
+}
+
+describe("KeyAccount commit numbers", () => {
+  it("reports the commit an admit's writes land in, and counts it once the write delay committed it", async () => {
+    const { stub, secretHash } = await newKey();
+    const first = await stub.admit({ ...keyRequest(secretHash), requestId: "r1" });
+    expect(first.ok).toBe(true);
+    expect(first.commit.pending).toBe(first.commit.committed + 1);
+    // The write-behind timer commits it; a later answer of the same incarnation says so.
+    await vi.waitFor(
+      async () => {
+        const later = await stub.admit(refusedRequest(secretHash, "probe"));
+        expect(later.commit).toEqual({
+          incarnation: first.commit.incarnation,
+          committed: first.commit.pending,
+          pending: first.commit.pending,
+        });
+      },
+      { timeout: 20 * ACCOUNT_WRITE_DELAY_MS, interval: ACCOUNT_WRITE_DELAY_MS / 5 },
+    );
+    await runInDurableObject(stub, (_instance: KeyAccount, state) => {
+      expect(committedLedger(state)).toEqual([{ request_id: "r1", state: "open" }]);
+    });
+  });
+
+  it("answers a standalone settlement committed", async () => {
+    const { stub, admit } = await newKey();
+    const admitted = await admit("r1");
+    const { results, commit } = await stub.settleMany([{ requestId: "r1", outcome: "ok" }]);
+    expect(results).toMatchObject([{ settled: true }]);
+    expect(commit.incarnation).toBe(admitted.commit.incarnation);
+    expect(commit.pending).toBe(commit.committed);
+    expect(commit.committed).toBeGreaterThanOrEqual(admitted.commit.pending);
+  });
+
+  it("reports another incarnation after a crash, and applies once a settlement sent again", async () => {
+    const { id, stub, secretHash } = await newKey({ concurrency: 2 });
+    expect((await stub.admit({ ...keyRequest(secretHash), requestId: "a" })).ok).toBe(true);
+    await runInDurableObject(stub, (instance: KeyAccount) => instance.flush());
+    // The settlement of `a` rides on the admit of `b`; the account crashes before committing.
+    const usage = { prompt_tokens: 10, completion_tokens: 5 };
+    const stamps: CommitStamp[] = [];
+    await expect(
+      runInDurableObject(stub, async (instance: KeyAccount, state) => {
+        const carried = await instance.admit({
+          ...keyRequest(secretHash),
+          requestId: "b",
+          settle: [{ requestId: "a", outcome: "ok", usage }],
+        });
+        stamps.push(carried.commit);
+        state.abort("crash inside the write window");
+      }),
+    ).rejects.toThrow("crash inside the write window");
+    const [before] = stamps;
+    expect(before?.pending).toBe((before?.committed ?? 0) + 1);
+
+    const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+    const after = await again.admit(refusedRequest(secretHash, "probe"));
+    expect(after.commit.incarnation).not.toBe(before?.incarnation);
+    expect(after.commit).toMatchObject({ committed: 0, pending: 0 });
+    // `a` is open again; sent again, it is settled, and a third time changes nothing.
+    expect(await again.record({ requestId: "a" })).toMatchObject({ record: { state: "open" } });
+    const settlement = { requestId: "a", outcome: "ok" as const, usage };
+    expect(await again.settle(settlement)).toMatchObject({ settled: true, usedTokens: 15 });
+    expect(await again.settle(settlement)).toMatchObject({ reason: "already_settled" });
+    const day = new Date().toISOString().slice(0, 10);
+    expect(await again.usage({ from: day, to: day })).toMatchObject({
+      rows: [{ model: "m", requests: 1, promptTokens: 10, completionTokens: 5 }],
+    });
   });
 });
