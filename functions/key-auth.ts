@@ -3,14 +3,15 @@
 // settle it there when it ends, and turn refusals into OpenAI errors and headers.
 
 import type { AdmissionRefusal, InvalidKeyReason } from "../durable-objects/admission.ts";
-import type {
-  AdmitInput,
-  AdmitCredential,
-  AdmitResult,
-  KeyAccount,
-  KeyCheckResult,
-  SettleInput,
-  SettleResult,
+import {
+  ACCOUNT_WRITE_DELAY_MS,
+  type AdmitInput,
+  type AdmitCredential,
+  type AdmitResult,
+  type KeyAccount,
+  type KeyCheckResult,
+  type SettleInput,
+  type SettleResult,
 } from "../durable-objects/key-account.ts";
 import { formatUsd } from "../durable-objects/pricing.ts";
 import { verifyBrowserToken, type BrowserScope } from "./browser-tokens.ts";
@@ -78,12 +79,13 @@ export function keyAccount(env: Env, keyId: string): DurableObjectStub<KeyAccoun
   return env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
 }
 
-// Settlements waiting for the next admit call of their key from this isolate.
-const settleQueue = new SettleQueue<SettleInput>();
+// Settlements of this isolate until their key's account holds them durably.
+const settleQueue = new SettleQueue<SettleInput>({ writeDelayMs: ACCOUNT_WRITE_DELAY_MS });
 
 /**
  * Admits a request in its key's KeyAccount: one RPC, atomic, reserving a slot and tokens.
- * The call carries the key's settlements queued in this isolate.
+ * The call carries the key's settlements queued in this isolate, and its answer tells
+ * which of those carried before are durable.
  */
 export async function admitRequest(
   env: Env,
@@ -91,7 +93,7 @@ export async function admitRequest(
   input: AdmitRequestInput,
 ): Promise<AdmitResult> {
   const carried = settleQueue.take(credential.keyId);
-  const result = await keyAccount(env, credential.keyId).admit({
+  const answer = await keyAccount(env, credential.keyId).admit({
     ...(carried.inputs.length === 0 ? {} : { settle: carried.inputs }),
     requestId: input.requestId,
     credential: admitCredential(credential),
@@ -105,7 +107,8 @@ export async function admitRequest(
     ...(input.leaseMs === undefined ? {} : { leaseMs: input.leaseMs }),
     ...(input.now === undefined ? {} : { now: input.now }),
   });
-  carried.confirm();
+  const { commit, ...result } = answer;
+  carried.answered(commit);
   return result;
 }
 
@@ -139,10 +142,18 @@ export async function settleRequest(
 
 /**
  * Queues an admitted request's settlement: the key's next admit call from this isolate
- * carries it, or it is sent on its own shortly after. Resolves once it was applied.
+ * carries it, or it is sent on its own shortly after. Resolves once it is durable.
  */
 export function queueSettlement(env: Env, keyId: string, input: SettleInput): Promise<void> {
-  return settleQueue.settle(keyId, input, (id, inputs) => keyAccount(env, id).settleMany(inputs));
+  return settleQueue.settle(keyId, input, async (id, inputs) => {
+    const { commit } = await keyAccount(env, id).settleMany(inputs);
+    return commit;
+  });
+}
+
+/** This isolate's settlements of a key not yet known durable (for tests and diagnostics). */
+export function heldSettlements(keyId: string): { queued: number; unconfirmed: number } {
+  return { queued: settleQueue.queued(keyId), unconfirmed: settleQueue.unconfirmed(keyId) };
 }
 
 /** The OpenAI error for an admission refusal, with `retry-after` and rate-limit headers on 429. */

@@ -8,6 +8,12 @@ import { env, exports } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
 import type { KeyAccount } from "../../durable-objects/key-account.ts";
 import app from "../../functions/index.ts";
+import {
+  admitRequest,
+  authenticateBearer,
+  heldSettlements,
+  queueSettlement,
+} from "../../functions/key-auth.ts";
 import { mintApiKey, newKeyId } from "../../functions/keys.ts";
 import { type ErrorBody, chatBody, edgeRequest } from "../support/edge-requests.ts";
 import { TEST_ADMIN_TOKEN } from "../support/provided-context.ts";
@@ -66,13 +72,12 @@ type Row = { state: string; outcome: string | null };
 async function settledRow(keyId: string, requestId: string): Promise<Row | undefined> {
   let row: Row | undefined;
   for (let i = 0; i < 200; i++) {
-    row = await runInDurableObject(
-      account(keyId),
-      (_instance: KeyAccount, state) =>
-        state.storage.sql
-          .exec<Row>("SELECT state, outcome FROM ledger WHERE request_id = ?", requestId)
-          .toArray()[0],
-    );
+    row = await runInDurableObject(account(keyId), (instance: KeyAccount, state) => {
+      instance.flush();
+      return state.storage.sql
+        .exec<Row>("SELECT state, outcome FROM ledger WHERE request_id = ?", requestId)
+        .toArray()[0];
+    });
     if (row !== undefined && row.state !== "open") return row;
     await new Promise((resolve) => setTimeout(resolve, 10));
   }
@@ -80,13 +85,12 @@ async function settledRow(keyId: string, requestId: string): Promise<Row | undef
 }
 
 async function openCount(keyId: string): Promise<number> {
-  return runInDurableObject(
-    account(keyId),
-    (_instance: KeyAccount, state) =>
-      state.storage.sql
-        .exec<{ n: number }>("SELECT COUNT(*) AS n FROM ledger WHERE state = 'open'")
-        .one().n,
-  );
+  return runInDurableObject(account(keyId), (instance: KeyAccount, state) => {
+    instance.flush();
+    return state.storage.sql
+      .exec<{ n: number }>("SELECT COUNT(*) AS n FROM ledger WHERE state = 'open'")
+      .one().n;
+  });
 }
 
 describe("keys on the completion routes", () => {
@@ -307,5 +311,80 @@ describe("browser tokens on the completion routes", () => {
     const res = await exports.default.fetch(chat(token, {}, { origin: "https://shop.example" }));
     expect(res.status).toBe(403);
     expect(res.headers.get("access-control-allow-origin")).toBeNull();
+  });
+});
+
+describe("settlements across an account crash", () => {
+  // $0.15 / $0.075 / $0.60 per 1M input, cached input and output tokens.
+  const price = {
+    inputMicrosPerMtok: 150_000,
+    cachedInputMicrosPerMtok: 75_000,
+    outputMicrosPerMtok: 600_000,
+  };
+  // 1000 prompt tokens of which 400 cached, 500 completion tokens: 90 + 30 + 300 µ$.
+  const usage = { prompt_tokens: 1_000, cached_tokens: 400, completion_tokens: 500 };
+  const request = (requestId: string) => ({
+    requestId,
+    model: "m",
+    promptTokens: 774,
+    maxTokens: 1_000,
+    price,
+  });
+
+  it("sends again a settlement an admit carried when the account crashed before committing it, and bills it once", async () => {
+    const { id, key } = await createKey({ name: "crash", limits: { concurrency: 10 } });
+    const auth = await authenticateBearer(env, `Bearer ${key}`, { now: Date.now() });
+    if (!auth.ok) throw new Error("the new key does not authenticate");
+    const { ok: _ok, ...credential } = auth;
+
+    // `a` is admitted and its admission committed.
+    const a = await admitRequest(env, credential, request("a"));
+    if (!a.ok) throw new Error("`a` was refused");
+    await runInDurableObject(account(id), (instance: KeyAccount) => instance.flush());
+
+    // Its settlement rides on the admit of `b`, and stays held: not committed yet.
+    const settled = queueSettlement(env, id, {
+      requestId: "a",
+      outcome: "ok",
+      usage,
+      model: "m",
+      admitted: { models: [{ model: "m", price }], reservedMicros: a.reservedMicros },
+    });
+    expect((await admitRequest(env, credential, request("b"))).ok).toBe(true);
+    expect(heldSettlements(id)).toEqual({ queued: 0, unconfirmed: 1 });
+
+    // The account crashes within its write window: the settlement of `a` is lost with it.
+    await expect(
+      runInDurableObject(account(id), (_instance: KeyAccount, state) => {
+        state.abort("crash inside the write window");
+      }),
+    ).rejects.toThrow("crash inside the write window");
+    expect(await account(id).record({ requestId: "a" })).toMatchObject({
+      record: { state: "open", costMicros: 0 },
+    });
+
+    // The next calls from the edge meet another incarnation and send it again.
+    expect((await admitRequest(env, credential, request("c"))).ok).toBe(true);
+    expect((await admitRequest(env, credential, request("d"))).ok).toBe(true);
+    await settled;
+    expect(heldSettlements(id)).toEqual({ queued: 0, unconfirmed: 0 });
+
+    const restarted = account(id);
+    expect(await restarted.record({ requestId: "a" })).toMatchObject({
+      record: { state: "settled", promptTokens: 1_000, cachedTokens: 400, costMicros: 420 },
+    });
+    const day = new Date().toISOString().slice(0, 10);
+    expect(await restarted.usage({ from: day, to: day })).toMatchObject({
+      rows: [{ model: "m", requests: 1, promptTokens: 1_000, cachedTokens: 400, costMicros: 420 }],
+    });
+    const spend = await runInDurableObject(restarted, (instance: KeyAccount, state) => {
+      instance.flush();
+      return state.storage.sql
+        .exec<{ settled: number }>(
+          "SELECT settled_micros AS settled FROM spend WHERE period = 'all'",
+        )
+        .one().settled;
+    });
+    expect(spend).toBe(420);
   });
 });
