@@ -308,11 +308,12 @@ describe("a batcher restart mid-window", () => {
     const account = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
     let rows: { state: string; outcome: string | null }[] = [];
     for (let i = 0; i < 200; i++) {
-      rows = await runInDurableObject(account, (_instance: KeyAccount, state) =>
-        state.storage.sql
+      rows = await runInDurableObject(account, (instance: KeyAccount, state) => {
+        instance.flush();
+        return state.storage.sql
           .exec<{ state: string; outcome: string | null }>("SELECT state, outcome FROM ledger")
-          .toArray(),
-      );
+          .toArray();
+      });
       if (rows.length === 3 && rows.every((row) => row.state !== "open")) break;
       await new Promise((resolve) => setTimeout(resolve, 10));
     }

@@ -378,7 +378,8 @@ describe("conservation", () => {
     expect(ids).toHaveLength(200);
     const state = await runInDurableObject(
       env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id)),
-      (_instance: KeyAccount, s) => {
+      (instance: KeyAccount, s) => {
+        instance.flush();
         const sql = s.storage.sql;
         return {
           rows: sql
@@ -429,12 +430,14 @@ describe("conservation", () => {
     expect(statuses.every((s) => s === 200 || s === 429)).toBe(true);
     const spend = await runInDurableObject(
       env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id)),
-      (_instance: KeyAccount, s) =>
-        s.storage.sql
+      (instance: KeyAccount, s) => {
+        instance.flush();
+        return s.storage.sql
           .exec<{ settled: number; reserved: number }>(
             "SELECT settled_micros AS settled, reserved_micros AS reserved FROM spend WHERE period = 'all'",
           )
-          .one(),
+          .one();
+      },
     );
     expect(spend.reserved).toBe(0);
     expect(spend.settled).toBeGreaterThan(0);
