@@ -573,7 +573,10 @@ export class KeyAccount extends DurableObject<Env> {
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
-    this.#writes = new NumberedWriteBehind(ctx.storage, ACCOUNT_WRITE_DELAY_MS);
+    // Memory ahead of storage for good would bill from state that is gone: start again.
+    this.#writes = new NumberedWriteBehind(ctx.storage, ACCOUNT_WRITE_DELAY_MS, () =>
+      ctx.abort("key account commit failed"),
+    );
     void ctx.blockConcurrencyWhile(() => this.#migrate());
   }
 

@@ -16,13 +16,23 @@
 export class WriteBehind {
   readonly #storage: DurableObjectStorage;
   readonly #delayMs: number;
+  readonly #onFailure: (error: unknown) => void;
   readonly #pending = new Map<string, () => void>();
   #timer: ReturnType<typeof setTimeout> | null = null;
 
-  /** `delayMs`: the longest a queued write waits for its commit. */
-  constructor(storage: DurableObjectStorage, delayMs: number) {
+  /**
+   * `delayMs`: the longest a queued write waits for its commit. `onFailure` runs when a
+   * commit fails (its writes are gone): an object whose memory is now ahead of its storage
+   * for good resets itself there (`ctx.abort()`), to start again from what was committed.
+   */
+  constructor(
+    storage: DurableObjectStorage,
+    delayMs: number,
+    onFailure: (error: unknown) => void = () => {},
+  ) {
     this.#storage = storage;
     this.#delayMs = delayMs;
+    this.#onFailure = onFailure;
   }
 
   /** Queues `write` (synchronous SQL) under `key`, replacing a write queued under it. */
@@ -59,19 +69,24 @@ export class WriteBehind {
     if (this.#pending.size === 0) return;
     const writes = [...this.#pending.values()];
     this.#pending.clear();
-    this.#storage.transactionSync(() => {
-      for (const write of writes) write();
-    });
+    try {
+      this.#storage.transactionSync(() => {
+        for (const write of writes) write();
+      });
+    } catch (error) {
+      // The transaction rolled back and its writes are gone from the queue.
+      console.error("write-behind commit failed", error);
+      this.#onFailure(error);
+      throw error;
+    }
   }
 
   #flushFromTimer(): void {
     this.#timer = null;
     try {
       this.flush();
-    } catch (error) {
-      // The transaction rolled back and its writes are gone from the queue; storage that
-      // fails to commit breaks the object, which then restarts from what was committed.
-      console.error("write-behind commit failed", error);
+    } catch {
+      // Reported and handled in `flush`.
     }
   }
 }
