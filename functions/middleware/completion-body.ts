@@ -8,6 +8,7 @@ import type { AppEnv, CompletionBody } from "../app-env.ts";
 import { ApiError, bodyTooLarge, invalidJson } from "../errors.ts";
 import { ChatCompletionRequestSchema, CompletionRequestSchema } from "../openai-schemas.ts";
 import { validationError } from "../validation-errors.ts";
+import { concatBytes } from "../../origin/protocol.ts";
 
 // `application/json`, with parameters, or any `+json` type (RFC 6839).
 const JSON_TYPE = /^application\/(?:[\w.-]+\+)?json\s*(?:;|$)/i;
@@ -17,6 +18,11 @@ export async function readBodyText(request: Request, limit: number): Promise<str
   const declared = Number(request.headers.get("content-length") ?? Number.NaN);
   if (declared > limit) throw bodyTooLarge(limit);
   if (request.body === null) return "";
+  // A declared length within the limit is all the body there is (HTTP framing holds it to
+  // that): read it in one go. Without one (chunked), count as the chunks come.
+  if (Number.isSafeInteger(declared) && declared >= 0) {
+    return decodeUtf8(new Uint8Array(await request.arrayBuffer()));
+  }
   const chunks: Uint8Array[] = [];
   let total = 0;
   const reader = request.body.getReader();
@@ -30,22 +36,15 @@ export async function readBodyText(request: Request, limit: number): Promise<str
     }
     chunks.push(value);
   }
-  const bytes = chunks.length === 1 ? (chunks[0] as Uint8Array) : concat(chunks, total);
+  return decodeUtf8(chunks.length === 1 ? (chunks[0] as Uint8Array) : concatBytes(chunks, total));
+}
+
+function decodeUtf8(bytes: Uint8Array): string {
   try {
     return new TextDecoder("utf-8", { fatal: true, ignoreBOM: false }).decode(bytes);
   } catch {
     throw invalidJson();
   }
-}
-
-function concat(chunks: readonly Uint8Array[], total: number): Uint8Array {
-  const out = new Uint8Array(total);
-  let at = 0;
-  for (const chunk of chunks) {
-    out.set(chunk, at);
-    at += chunk.byteLength;
-  }
-  return out;
 }
 
 function unsupportedContentType(type: string): ApiError {
