@@ -54,6 +54,8 @@ export const openDirect: ItemOpener = (candidate, request) =>
     firstByteTimeoutMs: request.firstByteTimeoutMs,
     timeHead: request.timeHead,
     itemTimeoutMs: request.itemTimeoutMs,
+    // A JSON answer (no streaming asked) is read whole (see `respondWhole`).
+    readWhole: !request.timeHead,
   });
 
 /** Longest wait for a cancelled item's END (and its usage) after the client went away. */

@@ -78,6 +78,11 @@ export interface OpenItemOptions {
   itemTimeoutMs: number;
   /** Called with each load report the origin piggybacks on the response. */
   onLoad?: (report: LoadReport) => void;
+  /**
+   * Read the batch response whole before looking at its frames: for a JSON answer, which
+   * the engine sends at once when it is complete, one read instead of one per chunk.
+   */
+  readWhole?: boolean;
 }
 
 /** Reason an attempt's abort carries when its first-byte timer fired. */
@@ -186,6 +191,28 @@ export function frameReader(body: ReadableStream<Uint8Array>): FrameReader {
       if (stopped === null) stopped = "reader cancelled";
       ready.length = 0;
       reader.cancel().catch(() => {});
+    },
+  };
+}
+
+/** A {@link FrameReader} over a whole framed body already read; throws on bad framing. */
+function frameList(bytes: Uint8Array): FrameReader {
+  const decoder = new FrameDecoder();
+  const frames = decoder.push(bytes);
+  decoder.finish();
+  let at = 0;
+  let stopped: string | null = null;
+  return {
+    next() {
+      const frame = frames[at];
+      if (stopped === null && frame !== undefined) {
+        at++;
+        return Promise.resolve(frame);
+      }
+      return Promise.resolve(stopped ?? "body ended before the item's END");
+    },
+    cancel() {
+      stopped ??= "reader cancelled";
     },
   };
 }
@@ -307,7 +334,20 @@ export async function openItem(
   }
   if (!options.timeHead) clearTimeout(timer);
 
-  const frames = frameReader(response.body);
+  let frames: FrameReader;
+  if (options.readWhole === true) {
+    // The origin ends the item by its own timeout; this only bounds a call that never ends.
+    const stuck = setTimeout(() => abort.abort("item never ended"), options.itemTimeoutMs + 5_000);
+    try {
+      frames = frameList(new Uint8Array(await response.arrayBuffer()));
+    } catch (error) {
+      return failed("bad_answer", `read: ${describe(error)}`);
+    } finally {
+      clearTimeout(stuck);
+    }
+  } else {
+    frames = frameReader(response.body);
+  }
   let head: ItemHead | undefined;
   while (head === undefined) {
     const frame = await frames.next();
