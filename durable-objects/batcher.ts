@@ -14,8 +14,8 @@
 // `submit` admits or refuses at once; an admitted item's answer is a byte stream of that
 // item's own frames in the protocol's framing, item index 0: HEAD, DATA…, END as its
 // origin sent them (DATA and END payloads byte for byte; HEAD gains an `origin` field
-// naming the origin that serves it, see {@link BatcherHead}). A busy batcher writes each
-// caller the frames that arrived while it was busy in one chunk; nothing is held back.
+// naming the origin that serves it, see {@link BatcherHead}). The frames one origin chunk
+// carries for a caller reach it in one write, at once; nothing is held back for later ones.
 // An item that never reached an engine gets one END alone whose trailer says why
 // (`error.code` is a {@link BatcherFailureCode}); an item whose origin connection broke after
 // its HEAD gets a stream that ends without END. Cancelling the stream (noticed at its next
@@ -281,7 +281,7 @@ interface Caller {
   writer: WritableStreamDefaultWriter<Uint8Array>;
   batch: OpenBatch | null;
   headTimer: ReturnType<typeof setTimeout> | null;
-  /** Frames that arrived in the current origin chunk, written to the caller in one piece. */
+  /** Frames of the origin chunk being applied, written to the caller in one piece. */
   pending: Uint8Array[];
   /** Cancelled on its origin while its stream waits for the END (`cancel` with `untilEnd`). */
   cancelling: boolean;
@@ -314,8 +314,6 @@ export class Batcher extends DurableObject<Env> {
   #alarmArmed = false;
   #nextSeq = 1;
   #recent: BatchRecord[] = [];
-  #dirty = new Set<Caller>();
-  #writeTimer: ReturnType<typeof setTimeout> | null = null;
   /** `open_batches` writes, keyed `batch:<id>`. */
   readonly #records = new WriteBehind(this.ctx.storage, OPEN_BATCH_RECORD_DELAY_MS);
   // Batch ids must not collide with calls an earlier incarnation may still have running.
@@ -687,7 +685,8 @@ export class Batcher extends DurableObject<Env> {
     if (frames.length === 0) return;
     const now = Date.now();
     let freed = false;
-    const touched = new Set<Caller>();
+    // Callers with frames of this chunk, each once: `pending` is empty between chunks.
+    const touched: Caller[] = [];
     for (const frame of frames) {
       if (frame.type === FrameType.LOAD) {
         const report = decodeJsonPayload(frame.payload) as LoadReport;
@@ -706,10 +705,10 @@ export class Batcher extends DurableObject<Env> {
           if (head.status >= 500) this.#failedAt.set(batch.originId, now);
           else this.#failedAt.delete(batch.originId);
           // The caller learns which origin serves it from an added `origin` field.
-          caller.pending.push(
-            encodeJsonFrame(FrameType.HEAD, 0, { ...head, origin: batch.originId }),
-          );
-          touched.add(caller);
+          const withOrigin = { ...head, origin: batch.originId };
+          if (caller.pending.push(encodeJsonFrame(FrameType.HEAD, 0, withOrigin)) === 1) {
+            touched.push(caller);
+          }
           break;
         case FrameType.DATA:
           if (!caller.firstByte) {
@@ -723,8 +722,9 @@ export class Batcher extends DurableObject<Env> {
             );
           }
           if (caller.stage !== "open") break;
-          caller.pending.push(encodeFrame(FrameType.DATA, 0, frame.payload));
-          touched.add(caller);
+          if (caller.pending.push(encodeFrame(FrameType.DATA, 0, frame.payload)) === 1) {
+            touched.push(caller);
+          }
           break;
         case FrameType.END:
           if (batch.done.has(frame.item)) break;
@@ -734,8 +734,9 @@ export class Batcher extends DurableObject<Env> {
           );
           freed = true;
           if (caller.stage === "open") {
-            caller.pending.push(encodeFrame(FrameType.END, 0, frame.payload));
-            touched.add(caller);
+            if (caller.pending.push(encodeFrame(FrameType.END, 0, frame.payload)) === 1) {
+              touched.push(caller);
+            }
             caller.stage = "ended";
             this.#callers.delete(caller.input.id);
           } else if (caller.stage === "sent") {
@@ -751,17 +752,10 @@ export class Batcher extends DurableObject<Env> {
           break;
       }
     }
-    // Written once this object is free again: frames that arrive meanwhile join the same
-    // write, so a busy batcher sends each caller fewer, larger chunks.
-    for (const caller of touched) this.#dirty.add(caller);
-    if (this.#dirty.size > 0 && this.#writeTimer === null) {
-      this.#writeTimer = setTimeout(() => {
-        this.#writeTimer = null;
-        const dirty = [...this.#dirty];
-        this.#dirty.clear();
-        for (const caller of dirty) this.#deliver(caller);
-      }, 0);
-    }
+    // Written now, not from a timer: origins send each item's frames as the engine makes
+    // them, so a later turn finds no more to join, and every timer that fires in a
+    // Durable Object costs about as much as relaying a frame.
+    for (const caller of touched) this.#deliver(caller);
     if (freed && this.#state !== null && queuedCount(this.#state) > 0) this.#flush(now);
   }
 
@@ -934,10 +928,10 @@ export class Batcher extends DurableObject<Env> {
     const chunks = caller.pending;
     if (chunks.length === 0) return;
     caller.pending = [];
-    const id = caller.input.id;
     const bytes = (chunks.length === 1 ? chunks[0] : undefined) ?? concatBytes(chunks);
-    // A write fails only when the caller cancelled its stream: the item is then let go.
-    caller.writer.write(bytes).catch(() => this.#callerGone(id));
+    // A write fails only when the caller cancelled its stream, which `writer.closed` (see
+    // `#admit`) reports once for all writes.
+    caller.writer.write(bytes).catch(ignore);
     if (caller.stage === "ended") closeQuietly(caller.writer);
   }
 
@@ -1026,6 +1020,8 @@ export function sizeBucket(size: number): string {
   while (upper < size) upper *= 2;
   return `${upper / 2 + 1}-${upper}`;
 }
+
+function ignore(): void {}
 
 function closeQuietly(writer: WritableStreamDefaultWriter<Uint8Array>): void {
   // Rejects when already closed or cancelled by the caller: nothing left to do then.
