@@ -388,3 +388,50 @@ describe("settlements across an account crash", () => {
     expect(spend).toBe(420);
   });
 });
+
+describe("admissions that meet in an isolate", () => {
+  it("share the key's account calls and still admit exactly the limit", async () => {
+    const { key } = await createKey({ name: "group", limits: { concurrency: 10 } });
+    const auth = await authenticateBearer(env, `Bearer ${key}`, { now: Date.now() });
+    if (!auth.ok) throw new Error("the new key does not authenticate");
+    const { ok: _ok, ...credential } = auth;
+    // Counts the account calls the edge makes, and how many admissions each carries.
+    const calls: number[] = [];
+    const namespace = env.KEY_ACCOUNT;
+    const counting = {
+      ...env,
+      KEY_ACCOUNT: {
+        idFromName: (name: string) => namespace.idFromName(name),
+        get: (id: DurableObjectId) => {
+          const stub = namespace.get(id);
+          return {
+            admit: (input: Parameters<typeof stub.admit>[0]) => {
+              calls.push(1);
+              return stub.admit(input);
+            },
+            admitMany: (inputs: Parameters<typeof stub.admitMany>[0]) => {
+              calls.push(inputs.length);
+              return stub.admitMany(inputs);
+            },
+          };
+        },
+      },
+    } as unknown as Env;
+    const results = await Promise.all(
+      Array.from({ length: 40 }, (_, i) =>
+        admitRequest(counting, credential, {
+          requestId: `group-${i}`,
+          model: "warmgate-sim-8b",
+          promptTokens: 10,
+          maxTokens: 10,
+        }),
+      ),
+    );
+    expect(results.filter((result) => result.ok)).toHaveLength(10);
+    expect(
+      results.filter((result) => !result.ok && result.code === "rate_limit_exceeded"),
+    ).toHaveLength(30);
+    expect(calls.reduce((sum, n) => sum + n, 0)).toBe(40);
+    expect(calls.length).toBeLessThan(40);
+  });
+});
