@@ -7,12 +7,26 @@
  * runs against both at 1, 32 and 500 concurrent closed-loop clients, in alternating
  * rounds, bounded in time. Reports upstream calls per client request (the origins'
  * `/metrics` deltas), the batch size distribution (the Batcher's counters), time to first
- * byte and its difference from the unbatched path, and throughput. Prints a table and
- * writes bench/results/batching.json.
+ * byte and its difference from the unbatched path, throughput, and the CPU time the edge's
+ * workerd spends per request (Linux). Prints a table and writes bench/results/batching.json.
+ *
+ * Everything shares one machine, and the edge's Worker and Durable Objects share one workerd
+ * thread, so requests/s follow that thread's CPU per request: compare the paths by it.
+ * `wrangler dev` also runs its local trace collector on that thread, which costs every
+ * invocation (each Durable Object call included) a large share of that CPU; run with
+ * `X_LOCAL_OBSERVABILITY=false` to leave it out.
  */
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
-import { fmt, markdownTable, summarize, type LatencySummary, writeResult } from "./lib.ts";
+import { readFile } from "node:fs/promises";
+import {
+  fmt,
+  markdownTable,
+  processTree,
+  summarize,
+  type LatencySummary,
+  writeResult,
+} from "./lib.ts";
 import {
   DEV_KEY_LIMITS,
   type SpawnedOrigin,
@@ -38,9 +52,28 @@ const { values: args } = parseArgs({
     "max-batch-size": { type: "string", default: "64" },
     "max-num-seqs": { type: "string", default: "256" },
     "time-scale": { type: "string", default: "0" },
+    help: { type: "boolean", short: "h", default: false },
   },
   strict: true,
 });
+if (args.help) {
+  console.log(`usage: npm run bench:batching -- [options]
+
+  --rounds N              alternating rounds per client count (default 4)
+  --seconds-1 S           seconds at 1 client, over all rounds and paths (default 12)
+  --seconds-32 S          seconds at 32 clients (default 12)
+  --seconds-500 S         seconds at 500 clients (default 40)
+  --max-tokens N          completion tokens per request (default 16)
+  --max-window-ms MS      batching.max_window_ms (default 100)
+  --call-interval-ms MS   batching.call_interval_ms (default 5)
+  --wait-share X          batching.wait_share (default 0.25)
+  --max-batch-size N      batching.max_batch_size (default 64)
+  --max-num-seqs N        the simulated engine's max_num_seqs (default 256)
+  --time-scale X          the simulated engine's time scale (default 0: no delay)
+
+Environment: X_LOCAL_OBSERVABILITY=false runs wrangler dev without its local trace collector.`);
+  process.exit(0);
+}
 const ROUNDS = Number(args.rounds);
 const SECONDS: Record<number, number> = {
   1: Number(args["seconds-1"]),
@@ -61,6 +94,8 @@ const BATCHING = {
   ],
 };
 const SIM = { timeScale: Number(args["time-scale"]), maxNumSeqs: Number(args["max-num-seqs"]) };
+/** Whether `wrangler dev` runs its local trace collector (its default; see the top of the file). */
+const LOCAL_OBSERVABILITY = !/^(false|0)$/i.test(process.env.X_LOCAL_OBSERVABILITY ?? "true");
 const MODEL = "warmgate-sim-8b";
 /** Over how long 100 or more clients start (not measured). */
 const RAMP_MS = 1000;
@@ -132,6 +167,38 @@ try {
 }
 const stopAll = () => Promise.all([edge.stop(), ...Object.values(origins).map((o) => o.close())]);
 
+/**
+ * The workerd process that runs the edge's Worker and Durable Objects: of the workerd
+ * processes under `wrangler dev`, the one with an inspector (the other only proxies).
+ * Looked up per phase, since wrangler restarts it when its sources change. Linux only.
+ */
+async function workerWorkerdPid(): Promise<number | null> {
+  const root = edge.child.pid;
+  if (root === undefined) return null;
+  for (const pid of await processTree(root)) {
+    try {
+      const cmdline = await readFile(`/proc/${pid}/cmdline`, "utf8");
+      if (cmdline.includes("workerd") && cmdline.includes("--inspector-addr")) return pid;
+    } catch {
+      // Gone meanwhile.
+    }
+  }
+  return null;
+}
+
+/** CPU time (user plus system, ms) a process has used (Linux /proc), or null when unknown. */
+async function cpuTimeMs(pid: number | null): Promise<number | null> {
+  if (pid === null) return null;
+  try {
+    const stat = await readFile(`/proc/${pid}/stat`, "utf8");
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    // utime and stime, in clock ticks of 10 ms (USER_HZ is 100 on Linux).
+    return (Number(fields[11]) + Number(fields[12])) * 10;
+  } catch {
+    return null;
+  }
+}
+
 // --- the workload -------------------------------------------------------------------------
 
 interface Sample {
@@ -188,6 +255,9 @@ interface Phase {
   batchSizes: Record<string, number>;
   /** The batcher's window and queue halfway through the phase. */
   midway: { windowMs: number; queued: number; inFlight: number } | null;
+  /** Requests that ended in the phase, ramp included, and the edge workerd's CPU meanwhile. */
+  ended: number;
+  edgeCpuMs: number | null;
 }
 
 async function batcherSnapshot(path: Path) {
@@ -239,7 +309,10 @@ async function runPhase(
   const sizesBefore = path === "direct" ? {} : await batcherSizes(path);
   const samples: Sample[] = [];
   let errors = 0;
+  let ended = 0;
   let firstError: string | null = null;
+  const workerd = await workerWorkerdPid();
+  const cpuBefore = await cpuTimeMs(workerd);
   const started = performance.now();
   const deadline = started + seconds * 1000;
   // Many clients start over a ramp rather than in the same millisecond, and only requests
@@ -256,6 +329,7 @@ async function runPhase(
         errors += 1;
         firstError ??= error instanceof Error ? error.message : String(error);
       }
+      ended += 1;
     }
   };
   const midway =
@@ -265,6 +339,7 @@ async function runPhase(
   await Promise.all(Array.from({ length: concurrency }, (_, index) => client(index)));
   const elapsed = (performance.now() - started - rampMs) / 1000;
   await drained(origin);
+  const cpuAfter = await cpuTimeMs(workerd);
   const after = await originCounts(origin);
   const batchSizes: Record<string, number> = {};
   if (path !== "direct") {
@@ -284,6 +359,8 @@ async function runPhase(
     items: after.items - before.items,
     batchSizes,
     midway: await midway,
+    ended,
+    edgeCpuMs: cpuBefore === null || cpuAfter === null ? null : cpuAfter - cpuBefore,
   };
 }
 
@@ -334,6 +411,8 @@ interface Row {
   callsPerRequest: number;
   meanBatchSize: number;
   batchSizes: Record<string, number>;
+  /** CPU time of the edge's workerd per request that ended (ms); NaN when unknown. */
+  edgeCpuMsPerRequest: number;
 }
 
 const rows: Row[] = [];
@@ -344,6 +423,9 @@ for (const concurrency of LEVELS) {
     const calls = mine.reduce((n, p) => n + p.calls, 0);
     const items = mine.reduce((n, p) => n + p.items, 0);
     const seconds = mine.reduce((n, p) => n + p.seconds, 0);
+    const timed = mine.filter((p) => p.edgeCpuMs !== null);
+    const edgeCpuMs = timed.reduce((n, p) => n + (p.edgeCpuMs ?? 0), 0);
+    const ended = timed.reduce((n, p) => n + p.ended, 0);
     const batchSizes: Record<string, number> = {};
     for (const phase of mine) {
       for (const [bucket, n] of Object.entries(phase.batchSizes)) {
@@ -362,6 +444,7 @@ for (const concurrency of LEVELS) {
       callsPerRequest: items === 0 ? Number.NaN : calls / items,
       meanBatchSize: calls === 0 ? Number.NaN : items / calls,
       batchSizes,
+      edgeCpuMsPerRequest: ended === 0 ? Number.NaN : edgeCpuMs / ended,
     });
   }
 }
@@ -381,6 +464,7 @@ const table = markdownTable(
     "path",
     "requests",
     "req/s",
+    "edge CPU ms/request",
     "TTFT p50",
     "TTFT p99",
     "+TTFT p50",
@@ -398,6 +482,7 @@ const table = markdownTable(
       r.path,
       String(r.requests),
       fmt(r.rps, 0),
+      fmt(r.edgeCpuMsPerRequest),
       fmt(r.ttft.p50),
       fmt(r.ttft.p99),
       added((s) => s.p50),
@@ -442,7 +527,9 @@ console.log(
     `Batching: max_window_ms ${BATCHING.max_window_ms}, call_interval_ms ` +
     `${BATCHING.call_interval_ms}, wait_share ${BATCHING.wait_share}, max_batch_size ` +
     `${BATCHING.max_batch_size}. Paths: direct = batching off; batched = through the ` +
-    `batcher (with its idle bypass); asked = through the batcher on every request.\n`,
+    `batcher (with its idle bypass); asked = through the batcher on every request. ` +
+    `Edge CPU: the workerd that runs the Worker and its Durable Objects, per request; ` +
+    `wrangler dev's local trace collector ${LOCAL_OBSERVABILITY ? "on" : "off"}.\n`,
 );
 console.log(table);
 console.log(
@@ -460,6 +547,7 @@ const path = await writeResult("batching", {
     batching: BATCHING,
     sim: SIM,
     maxTokens: MAX_TOKENS,
+    localObservability: LOCAL_OBSERVABILITY,
     rounds: ROUNDS,
     seconds: SECONDS,
   },
