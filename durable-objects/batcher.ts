@@ -752,9 +752,10 @@ export class Batcher extends DurableObject<Env> {
           break;
       }
     }
-    // Written now, not from a timer: origins send each item's frames as the engine makes
-    // them, so a later turn finds no more to join, and every timer that fires in a
-    // Durable Object costs about as much as relaying a frame.
+    // Written now, not from a timer: the runtime hands over a response body one HTTP chunk
+    // per read, each in a turn of its own that even a zero-delay timer precedes, so waiting
+    // joins nothing, and every timer that fires in a Durable Object costs about as much as
+    // relaying a frame. Origins that write a turn's frames as one chunk get them joined here.
     for (const caller of touched) this.#deliver(caller);
     if (freed && this.#state !== null && queuedCount(this.#state) > 0) this.#flush(now);
   }
