@@ -27,6 +27,7 @@ import {
   BATCH_ITEM,
   BATCH_PATH,
   BATCH_PROTOCOL_VERSION,
+  concatBytes,
   encodeFrame,
   encodeJsonFrame,
   FrameType,
@@ -658,9 +659,21 @@ function buildOrigin(options: OriginOptions): Origin {
     const stream = new ReadableStream<Uint8Array>(
       {
         start(controller) {
+          // Frames emitted in one turn of the event loop leave as one chunk: the items of a
+          // batch produce their tokens at the same engine step, and the reader pays per
+          // chunk (one read and one hop each), not per byte. They wait one turn at most.
+          let queued: Uint8Array[] = [];
+          const sendQueued = () => {
+            const frames = queued;
+            queued = [];
+            if (closed || frames.length === 0) return;
+            controller.enqueue(
+              frames.length === 1 ? (frames[0] as Uint8Array) : concatBytes(frames),
+            );
+          };
           const emit = async (frame: Uint8Array): Promise<void> => {
             if (closed) return;
-            controller.enqueue(frame);
+            if (queued.push(frame) === 1) setImmediate(sendQueued);
             // Backpressure: past the high-water mark, wait until the edge reads.
             if ((controller.desiredSize ?? 1) <= 0) {
               await new Promise<void>((resolve) => waiters.push(resolve));
@@ -705,6 +718,7 @@ function buildOrigin(options: OriginOptions): Origin {
             await emitLoad();
             batches.delete(envelope.batch_id);
             if (!closed) {
+              sendQueued();
               closed = true;
               controller.close();
             }
