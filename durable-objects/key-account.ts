@@ -732,16 +732,6 @@ export class KeyAccount extends DurableObject<Env> {
     return { ...result, commit: this.#writes.stamp() };
   }
 
-  /**
-   * Admits several requests in one call, in order, each exactly as {@link admit} would: the
-   * requests of a key that met in an edge isolate while its previous call was under way.
-   */
-  async admitMany(inputs: AdmitInput[]): Promise<AdmitAnswer[]> {
-    const answers: AdmitAnswer[] = [];
-    for (const input of inputs) answers.push(await this.admit(input));
-    return answers;
-  }
-
   /** Ends a request exactly once: frees its slot and corrects its tokens with real usage. */
   async settle(input: SettleInput): Promise<SettleResult> {
     const [result] = (await this.settleMany([input])).results;

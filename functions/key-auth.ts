@@ -5,7 +5,6 @@
 import type { AdmissionRefusal, InvalidKeyReason } from "../durable-objects/admission.ts";
 import {
   ACCOUNT_WRITE_DELAY_MS,
-  type AdmitAnswer,
   type AdmitInput,
   type AdmitCredential,
   type AdmitResult,
@@ -20,7 +19,6 @@ import { ApiError } from "./errors.ts";
 import { API_KEY_PREFIX, bearerToken, parseApiKey } from "./keys.ts";
 import { formatResetDuration, rateLimitHeaders, retryAfterHeaders } from "./rate-limit-headers.ts";
 import { SettleQueue } from "./settle-queue.ts";
-import { AdmitLines } from "./admit-line.ts";
 
 /** A credential the edge accepted: an API key (checked against its hash later) or a browser token. */
 export type Credential =
@@ -85,45 +83,18 @@ export function keyAccount(env: Env, keyId: string): DurableObjectStub<KeyAccoun
 const settleQueue = new SettleQueue<SettleInput>({ writeDelayMs: ACCOUNT_WRITE_DELAY_MS });
 
 /**
- * Admits a request in its key's KeyAccount: one RPC, atomic, reserving a slot and tokens,
- * shared with the key's other requests that met in this isolate while the previous call
- * was under way (see `admit-line.ts`). The call carries the key's settlements queued in
- * this isolate, and its answer tells which of those carried before are durable.
+ * Admits a request in its key's KeyAccount: one RPC, atomic, reserving a slot and tokens.
+ * The call carries the key's settlements queued in this isolate, and its answer tells
+ * which of those carried before are durable.
  */
 export async function admitRequest(
   env: Env,
   credential: Credential,
   input: AdmitRequestInput,
 ): Promise<AdmitResult> {
-  const { keyId } = credential;
-  const { commit: _commit, ...result } = await admitLines.admit(
-    keyId,
-    accountInput(credential, input),
-    async (group) => {
-      const carried = settleQueue.take(keyId);
-      const [first, ...rest] = group;
-      const withSettlements: AdmitInput[] =
-        first === undefined || carried.inputs.length === 0
-          ? group
-          : [{ ...first, settle: carried.inputs }, ...rest];
-      const account = keyAccount(env, keyId);
-      const answers =
-        withSettlements.length === 1 && withSettlements[0] !== undefined
-          ? [await account.admit(withSettlements[0])]
-          : await account.admitMany(withSettlements);
-      const last = answers.at(-1);
-      if (last !== undefined) carried.answered(last.commit);
-      return answers;
-    },
-  );
-  return result;
-}
-
-// A key's admissions that meet in this isolate while a call is under way share the next.
-const admitLines = new AdmitLines<AdmitInput, AdmitAnswer>();
-
-function accountInput(credential: Credential, input: AdmitRequestInput): AdmitInput {
-  return {
+  const carried = settleQueue.take(credential.keyId);
+  const answer = await keyAccount(env, credential.keyId).admit({
+    ...(carried.inputs.length === 0 ? {} : { settle: carried.inputs }),
     requestId: input.requestId,
     credential: admitCredential(credential),
     model: input.model,
@@ -135,7 +106,10 @@ function accountInput(credential: Credential, input: AdmitRequestInput): AdmitIn
     origin: input.origin ?? null,
     ...(input.leaseMs === undefined ? {} : { leaseMs: input.leaseMs }),
     ...(input.now === undefined ? {} : { now: input.now }),
-  };
+  });
+  const { commit, ...result } = answer;
+  carried.answered(commit);
+  return result;
 }
 
 /**
