@@ -667,8 +667,9 @@ function buildOrigin(options: OriginOptions): Origin {
             const frames = queued;
             queued = [];
             if (closed || frames.length === 0) return;
+            const [only] = frames;
             controller.enqueue(
-              frames.length === 1 ? (frames[0] as Uint8Array) : concatBytes(frames),
+              frames.length === 1 && only !== undefined ? only : concatBytes(frames),
             );
           };
           const emit = async (frame: Uint8Array): Promise<void> => {
