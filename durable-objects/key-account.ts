@@ -474,6 +474,16 @@ interface LedgerEntry {
   costMicros: number;
 }
 
+/** The fields of a ledger entry that only its closing sets. */
+const NOT_CLOSED = {
+  closedAt: null,
+  outcome: null,
+  promptTokens: null,
+  cachedTokens: null,
+  completionTokens: null,
+  costMicros: 0,
+} as const satisfies Partial<LedgerEntry>;
+
 const LEDGER_COLUMNS = `request_id, state, model, day, subject, subject_tpm, end_user,
   reserved_tokens, reserved_micros, candidates, created_at, expires_at, closed_at, outcome,
   prompt_tokens, cached_tokens, completion_tokens, cost_micros`;
@@ -903,12 +913,7 @@ export class KeyAccount extends DurableObject<Env> {
       candidates: stored,
       createdAt: now,
       expiresAt: leaseExpiresAt,
-      closedAt: null,
-      outcome: null,
-      promptTokens: null,
-      cachedTokens: null,
-      completionTokens: null,
-      costMicros: 0,
+      ...NOT_CLOSED,
     });
     this.#addSpend(day, { reservedMicros: decision.reservedMicros, settledMicros: 0 });
     return {
@@ -1085,12 +1090,7 @@ export class KeyAccount extends DurableObject<Env> {
       candidates: admitted.models.map(({ model, price }) => storedCandidate(model, price)),
       createdAt: now,
       expiresAt: now,
-      closedAt: null,
-      outcome: null,
-      promptTokens: null,
-      cachedTokens: null,
-      completionTokens: null,
-      costMicros: 0,
+      ...NOT_CLOSED,
     };
     // As the admission agreed: its reservation in full, above it as far as the budgets have
     // room with that reservation counted, as it was before the crash.
