@@ -24,6 +24,7 @@ import {
   pathCells,
   fmt,
   markdownTable,
+  targetsTable,
   timedRequest,
   writeResult,
   type PathResult,
@@ -160,17 +161,7 @@ const targets = {
 
 console.log(table);
 console.log("");
-console.log(
-  markdownTable(
-    ["target", "measured", "goal", "met"],
-    Object.entries(targets).map(([name, t]) => [
-      name,
-      fmt(t.value),
-      t.target,
-      t.met ? "yes" : "NO",
-    ]),
-  ),
-);
+console.log(targetsTable(targets));
 const path = await writeResult("auth", {
   command: "npm run bench:auth",
   date: new Date().toISOString(),

@@ -91,6 +91,26 @@ export function markdownTable(header: string[], rows: string[][]): string {
   return [line(header), line(header.map(() => "---")), ...rows.map(line)].join("\n");
 }
 
+/** A benchmark's figure against its goal; a goal in parentheses is only reported. */
+export interface TargetResult {
+  value: number;
+  target: string;
+  met: boolean;
+}
+
+/** The table of a benchmark's targets: measured, goal, and whether it was met. */
+export function targetsTable(targets: Record<string, TargetResult>): string {
+  return markdownTable(
+    ["target", "measured", "goal", "met"],
+    Object.entries(targets).map(([name, t]) => [
+      name,
+      fmt(t.value),
+      t.target,
+      t.target.startsWith("(") ? "" : t.met ? "yes" : "NO",
+    ]),
+  );
+}
+
 /** Writes a benchmark's JSON result under bench/results/ and returns the path. */
 export async function writeResult(name: string, data: unknown): Promise<string> {
   await mkdir(RESULTS_DIR, { recursive: true });

@@ -13,6 +13,7 @@ import {
   pathCells,
   fmt,
   markdownTable,
+  targetsTable,
   timedRequest,
   workerdRss,
   writeResult,
@@ -102,24 +103,20 @@ const table = markdownTable(
   }),
 );
 
-const addedJson =
-  (find("json c=1", "warmgate")?.total.p50 ?? 0) - (find("json c=1", "direct")?.total.p50 ?? 0);
-const addedTtfb =
-  (find("stream c=1", "warmgate")?.ttfb.p50 ?? 0) - (find("stream c=1", "direct")?.ttfb.p50 ?? 0);
-const ratioJson =
-  (find("json c=32", "warmgate")?.rps ?? 0) / (find("json c=32", "passthrough")?.rps ?? 1);
-const ratioStream =
-  (find("stream c=32", "warmgate")?.rps ?? 0) / (find("stream c=32", "passthrough")?.rps ?? 1);
+// p50 of `field` on path `a` minus that on path `b`, for one workload.
+const p50Diff = (s: Scenario, field: "total" | "ttfb", a: Target, b: Target) =>
+  (find(s, a)?.[field].p50 ?? Number.NaN) - (find(s, b)?.[field].p50 ?? Number.NaN);
+const rpsRatio = (s: Scenario) =>
+  (find(s, "warmgate")?.rps ?? Number.NaN) / (find(s, "passthrough")?.rps ?? Number.NaN);
+const addedJson = p50Diff("json c=1", "total", "warmgate", "direct");
+const addedTtfb = p50Diff("stream c=1", "ttfb", "warmgate", "direct");
+const ratioJson = rpsRatio("json c=32");
+const ratioStream = rpsRatio("stream c=32");
 // What the edge adds above the bare pass-through Worker under the same runtime, reported
 // beside the goals: under local `wrangler dev` the pass-through alone is above 2 ms.
-const overFloorJson =
-  (find("json c=1", "warmgate")?.total.p50 ?? 0) -
-  (find("json c=1", "passthrough")?.total.p50 ?? 0);
-const overFloorTtfb =
-  (find("stream c=1", "warmgate")?.ttfb.p50 ?? 0) -
-  (find("stream c=1", "passthrough")?.ttfb.p50 ?? 0);
-const floorJson =
-  (find("json c=1", "passthrough")?.total.p50 ?? 0) - (find("json c=1", "direct")?.total.p50 ?? 0);
+const overFloorJson = p50Diff("json c=1", "total", "warmgate", "passthrough");
+const overFloorTtfb = p50Diff("stream c=1", "ttfb", "warmgate", "passthrough");
+const floorJson = p50Diff("json c=1", "total", "passthrough", "direct");
 const targets = {
   added_p50_ms_c1: { value: addedJson, target: "<= 2", met: addedJson <= 2 },
   added_ttfb_p50_ms_c1: { value: addedTtfb, target: "<= 2", met: addedTtfb <= 2 },
@@ -143,17 +140,7 @@ const memoryLine = edgeMemory
 
 console.log(table);
 console.log("");
-console.log(
-  markdownTable(
-    ["target", "measured", "goal", "met"],
-    Object.entries(targets).map(([name, t]) => [
-      name,
-      fmt(t.value),
-      t.target,
-      t.target.startsWith("(") ? "" : t.met ? "yes" : "NO",
-    ]),
-  ),
-);
+console.log(targetsTable(targets));
 console.log("");
 console.log(`edge (workerd) RSS — ${memoryLine}`);
 const path = await writeResult("overhead", {
