@@ -274,14 +274,12 @@ async function respondWhole(
     item.cancel();
   }, options.limits.request_timeout_ms);
   const chunks: Uint8Array[] = [];
-  let size = 0;
   let ended: ItemEvent;
   try {
     for (;;) {
       ended = await item.next();
       if (ended.kind !== "data") break;
       chunks.push(ended.bytes);
-      size += ended.bytes.byteLength;
     }
   } finally {
     clearTimeout(deadline);
@@ -311,7 +309,7 @@ async function respondWhole(
     console.warn("origin failed mid-response", options.requestId, origin, detail ?? outcome);
     throw failure;
   }
-  return new Response(chunks.length === 1 ? chunks[0] : concatBytes(chunks, size), {
+  return new Response(chunks.length === 1 ? chunks[0] : concatBytes(chunks), {
     status: head.status,
     headers: responseHeaders(head, region, origin),
   });
