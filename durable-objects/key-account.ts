@@ -529,46 +529,15 @@ type ScopeState = { requests: BucketState | null; tokens: BucketState | null };
  */
 export const ACCOUNT_WRITE_DELAY_MS = 50;
 
-// The account's write-behind queue, numbering its commits within an incarnation.
-// WriteBehind commits from its timer through `flush()` too, so this override sees every
-// commit; were it to miss one, `committed` would only lag (the edge re-sends, never loses).
-class NumberedWriteBehind extends WriteBehind {
-  #incarnation = crypto.randomUUID();
-  #committed = 0;
-
-  override flush(): void {
-    if (this.size === 0) {
-      super.flush();
-      return;
-    }
-    try {
-      super.flush();
-    } catch (error) {
-      // The queued writes are gone: what this incarnation's numbers promised no longer holds.
-      this.#incarnation = crypto.randomUUID();
-      this.#committed = 0;
-      throw error;
-    }
-    this.#committed++;
-  }
-
-  // Taken as the call answers, after its last write.
-  stamp(): CommitStamp {
-    const committed = this.#committed;
-    return {
-      incarnation: this.#incarnation,
-      committed,
-      pending: this.size === 0 ? committed : committed + 1,
-    };
-  }
-}
-
 /** Limits, counters and reservations of one API key. */
 export class KeyAccount extends DurableObject<Env> {
   #record: KeyRecord | null = null;
   #secrets: SecretRow[] = [];
   #alarmAt: number | null = null;
-  readonly #writes: NumberedWriteBehind;
+  readonly #writes: WriteBehind;
+  // This run of the object; a failed commit resets it (see the constructor), so a new run
+  // starts with a new one and the edge sends again what it carried before.
+  readonly #incarnation = crypto.randomUUID();
   // The open ledger rows by request id: every request in flight.
   readonly #open = new Map<string, LedgerEntry>();
   // Open rows per end-user subject of browser tokens, for their concurrency limit.
@@ -584,7 +553,7 @@ export class KeyAccount extends DurableObject<Env> {
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
     // Memory ahead of storage for good would bill from state that is gone: start again.
-    this.#writes = new NumberedWriteBehind(ctx.storage, ACCOUNT_WRITE_DELAY_MS, () =>
+    this.#writes = new WriteBehind(ctx.storage, ACCOUNT_WRITE_DELAY_MS, () =>
       ctx.abort("key account commit failed"),
     );
     void ctx.blockConcurrencyWhile(() => this.#migrate());
@@ -739,7 +708,7 @@ export class KeyAccount extends DurableObject<Env> {
     const result = this.#decide(input);
     if (result.ok) await this.#ensureAlarm(result.leaseExpiresAt);
     if (settled) await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
-    return { ...result, commit: this.#writes.stamp() };
+    return { ...result, commit: this.#stamp() };
   }
 
   /** Ends a request exactly once: frees its slot and corrects its tokens with real usage. */
@@ -759,11 +728,21 @@ export class KeyAccount extends DurableObject<Env> {
     // A settlement sent on its own carries a bill and travels after the response: it is
     // durable before the edge takes it as applied.
     this.#writes.flush();
-    const commit = this.#writes.stamp();
+    const commit = this.#stamp();
     if (results.some((result) => result.settled)) {
       await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
     }
     return { results, commit };
+  }
+
+  // Where this answer stands among the commits, taken as the call answers, after its last write.
+  #stamp(): CommitStamp {
+    const committed = this.#writes.commits;
+    return {
+      incarnation: this.#incarnation,
+      committed,
+      pending: this.#writes.size === 0 ? committed : committed + 1,
+    };
   }
 
   /** Commits the writes memory holds ahead of SQLite now (for tests and direct reads). */

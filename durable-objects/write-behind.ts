@@ -19,6 +19,7 @@ export class WriteBehind {
   readonly #onFailure: (error: unknown) => void;
   readonly #pending = new Map<string, () => void>();
   #timer: ReturnType<typeof setTimeout> | null = null;
+  #commits = 0;
 
   /**
    * `delayMs`: the longest a queued write waits for its commit. `onFailure` runs when a
@@ -57,6 +58,11 @@ export class WriteBehind {
     return this.#pending.size;
   }
 
+  /** Transactions committed so far (a flush with nothing queued commits none). */
+  get commits(): number {
+    return this.#commits;
+  }
+
   /**
    * Commits every queued write now, in one transaction, in the order first queued. Call it
    * before reading rows the queue may not have written yet.
@@ -73,6 +79,7 @@ export class WriteBehind {
       this.#storage.transactionSync(() => {
         for (const write of writes) write();
       });
+      this.#commits++;
     } catch (error) {
       // The transaction rolled back and its writes are gone from the queue.
       console.error("write-behind commit failed", error);
