@@ -124,6 +124,7 @@ import {
   type TokenUsage,
 } from "./pricing.ts";
 import { constantTimeEqual } from "../functions/keys.ts";
+import type { CommitStamp } from "../functions/settle-queue.ts";
 
 /** Priority tiers, lowest first; the batcher maps them to lanes. */
 export const KEY_TIERS = ["low", "standard", "high"] as const;
@@ -255,18 +256,8 @@ export type AdmitOk = Admission & {
 /** The answer to `admit`. */
 export type AdmitResult = AdmitOk | AdmissionRefusal;
 
-/**
- * Where an answer of the account stands among its commits, so that the edge knows when a
- * settlement it carried is durable (see "Commits the edge can see" at the top of this file).
- */
-export interface CommitStamp {
-  /** This run of the object: random, new whenever it starts (or a commit fails). */
-  incarnation: string;
-  /** Commits of this incarnation that were durable when the answer left. */
-  committed: number;
-  /** The commit the writes of this call land in: `committed` when none wait to be written. */
-  pending: number;
-}
+/** Where an answer of the account stands among its commits (see "Commits the edge can see"). */
+export type { CommitStamp };
 
 /** What `admit` answers: the decision and where the call's writes stand. */
 export type AdmitAnswer = AdmitResult & { commit: CommitStamp };

@@ -36,15 +36,17 @@ export interface QueuedSettlement {
 }
 
 /**
- * Where an answer of the account stands among its commits: KeyAccount's `CommitStamp`, of
- * the same shape (not imported: this core runs in Node as well, without the Workers types).
+ * Where an answer of a key's account stands among its commits, so that the edge knows when
+ * a settlement it carried is durable (see "Commits the edge can see" at the top of
+ * durable-objects/key-account.ts, which answers with it). Defined here, where this core
+ * runs in Node as well, without the Workers types.
  */
 export interface CommitStamp {
-  /** The account's run: commit numbers count within it. */
+  /** The account's run: random, new whenever it starts (or a commit fails). */
   incarnation: string;
-  /** Commits durable when the answer left. */
+  /** Commits of this incarnation that were durable when the answer left. */
   committed: number;
-  /** The commit the call's writes land in. */
+  /** The commit the writes of this call land in: `committed` when none wait to be written. */
   pending: number;
 }
 
