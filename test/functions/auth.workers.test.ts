@@ -16,9 +16,8 @@ import {
 } from "../../functions/key-auth.ts";
 import { mintApiKey, newKeyId } from "../../functions/keys.ts";
 import { type ErrorBody, chatBody, edgeRequest } from "../support/edge-requests.ts";
-import { TEST_ADMIN_TOKEN } from "../support/provided-context.ts";
+import { ADMIN, createKey } from "../support/admin-keys.workers.ts";
 
-const ADMIN = { authorization: `Bearer ${TEST_ADMIN_TOKEN}`, "content-type": "application/json" };
 const RATE_LIMIT_HEADERS = [
   "x-ratelimit-limit-requests",
   "x-ratelimit-remaining-requests",
@@ -30,16 +29,6 @@ const RATE_LIMIT_HEADERS = [
 
 const slow = inject("testOrigins").find((origin) => origin.id === "slow-1");
 if (slow === undefined) throw new Error("slow-1 is not running");
-
-async function createKey(body: Record<string, unknown>): Promise<{ id: string; key: string }> {
-  const res = await exports.default.fetch("http://edge.test/admin/keys", {
-    method: "POST",
-    headers: ADMIN,
-    body: JSON.stringify(body),
-  });
-  expect(res.status).toBe(201);
-  return res.json();
-}
 
 function account(id: string): DurableObjectStub<KeyAccount> {
   return env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));

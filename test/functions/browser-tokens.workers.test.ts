@@ -5,19 +5,9 @@ import { describe, expect, it } from "vitest";
 import { mintBrowserToken, verifyBrowserToken } from "../../functions/browser-tokens.ts";
 import { admitRequest, authenticateBearer } from "../../functions/key-auth.ts";
 import { deriveSecret, hex, newKeyId } from "../../functions/keys.ts";
+import { ADMIN, createKey } from "../support/admin-keys.workers.ts";
 
-const ADMIN = { authorization: "Bearer test-admin-token", "content-type": "application/json" };
 const SCOPE = { rpm: 10, tpm: 10_000, concurrency: 1 };
-
-async function createKey(body: Record<string, unknown>): Promise<{ id: string; key: string }> {
-  const res = await exports.default.fetch("http://edge.test/admin/keys", {
-    method: "POST",
-    headers: ADMIN,
-    body: JSON.stringify(body),
-  });
-  expect(res.status).toBe(201);
-  return res.json();
-}
 
 function mint(key: string, body: unknown = {}) {
   return exports.default.fetch("http://edge.test/v1/tokens", {

@@ -10,9 +10,7 @@ import { costMicros, formatUsd, usdToMicros } from "../../durable-objects/pricin
 import app from "../../functions/index.ts";
 import { modelPrice } from "../../functions/pricing.ts";
 import { type ErrorBody, chatBody, edgeRequest } from "../support/edge-requests.ts";
-import { TEST_ADMIN_TOKEN } from "../support/provided-context.ts";
-
-const ADMIN = { authorization: `Bearer ${TEST_ADMIN_TOKEN}`, "content-type": "application/json" };
+import { ADMIN, createKey } from "../support/admin-keys.workers.ts";
 
 function originUrl(id: string): string {
   const origin = inject("testOrigins").find((o) => o.id === id);
@@ -75,16 +73,6 @@ async function send(
   const body = await read(response);
   await waitOnExecutionContext(ctx);
   return { response, body };
-}
-
-async function createKey(body: Record<string, unknown>): Promise<{ id: string; key: string }> {
-  const res = await exports.default.fetch("http://edge.test/admin/keys", {
-    method: "POST",
-    headers: ADMIN,
-    body: JSON.stringify(body),
-  });
-  expect(res.status).toBe(201);
-  return res.json();
 }
 
 function chat(key: string, body: Record<string, unknown> = {}, region = "metering"): Request {
