@@ -22,6 +22,7 @@ import {
   compareAlternating,
   PATH_COLUMNS,
   pathCells,
+  resultName,
   fmt,
   markdownTable,
   targetsTable,
@@ -30,7 +31,14 @@ import {
   type PathResult,
   type Workload,
 } from "./lib.ts";
-import { ROOT, createKey, startStack, startWranglerDev } from "../scripts/stack.ts";
+import {
+  ROOT,
+  createKey,
+  parseRuntime,
+  startEdge,
+  startStack,
+  type RunningEdge,
+} from "../scripts/stack.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -38,9 +46,11 @@ const { values: args } = parseArgs({
     "c1-requests": { type: "string", default: "600" },
     "c16-requests": { type: "string", default: "2400" },
     "max-tokens": { type: "string", default: "16" },
+    runtime: { type: "string", default: "workerd" },
   },
   strict: true,
 });
+const RUNTIME = parseRuntime(args.runtime);
 const ROUNDS = Number(args.rounds);
 const C1_REQUESTS = Number(args["c1-requests"]);
 const C16_REQUESTS = Number(args["c16-requests"]);
@@ -65,13 +75,14 @@ const stack = await startStack({
   regions: [{ id: "local", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 1 }],
   sim: { timeScale: 0 },
   originProcesses: true,
+  runtime: RUNTIME,
 });
 const staticKey = `bench-${crypto.randomUUID()}`;
-const baselines: Awaited<ReturnType<typeof startWranglerDev>>[] = [];
+const baselines: RunningEdge[] = [];
 try {
   for (const mode of ["static", "local"]) {
     baselines.push(
-      await startWranglerDev({
+      await startEdge(RUNTIME, {
         config: join(ROOT, "bench", "auth-baseline", "wrangler.toml"),
         // The edge's signing secret, so the bench key passes the `local` path's key check.
         vars: {
@@ -159,11 +170,14 @@ const targets = {
   accounts_added_ttfb_p50_ms_stream_c1: { value: allTtfb, target: "(reported)", met: true },
 };
 
+console.log(`Runtime: ${RUNTIME} (all three Workers).\n`);
 console.log(table);
 console.log("");
 console.log(targetsTable(targets));
-const path = await writeResult("auth", {
-  command: "npm run bench:auth",
+const command = `npm run bench:auth -- ${process.argv.slice(2).join(" ")}`.trim();
+const path = await writeResult(resultName("auth", RUNTIME), {
+  command,
+  runtime: RUNTIME,
   date: new Date().toISOString(),
   settings: {
     rounds: ROUNDS,

@@ -1,8 +1,9 @@
 /**
  * `npm run bench:batching`: what micro-batching costs at low load and saves at high load.
  *
- * One edge under `wrangler dev` on loopback with two regions, each with its own simulated
- * origin process: `batched` sends through the region's Batcher, `direct` has
+ * One edge on loopback, under workerd as deployed Workers are reached (`--runtime workerd`,
+ * the default) or behind `wrangler dev`'s proxy (`--runtime wrangler-dev`), with regions
+ * that each have their own simulated origin process: `batched` sends through the region's Batcher, `direct` has
  * `batching.enabled: false` (one upstream call per request). The same streaming workload
  * runs against both at 1, 32 and 500 concurrent closed-loop clients, in alternating
  * rounds, bounded in time. Reports upstream calls per client request (the origins'
@@ -14,7 +15,9 @@
  * thread, so requests/s follow that thread's CPU per request: compare the paths by it.
  * `wrangler dev` also runs its local trace collector on that thread, which costs every
  * invocation (each Durable Object call included) a large share of that CPU; run with
- * `X_LOCAL_OBSERVABILITY=false` to leave it out.
+ * `X_LOCAL_OBSERVABILITY=false` to leave it out. Its proxy relays every request and
+ * response through one Durable Object in a second workerd process, which at 500 clients
+ * holds some streams for seconds while new connections pile in.
  */
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
@@ -23,6 +26,7 @@ import {
   fmt,
   markdownTable,
   processTree,
+  resultName,
   summarize,
   type LatencySummary,
   writeResult,
@@ -34,7 +38,9 @@ import {
   createKey,
   simFlags,
   spawnOrigin,
-  startWranglerDev,
+  parseRuntime,
+  startEdge,
+  type RunningEdge,
 } from "../scripts/stack.ts";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
@@ -52,6 +58,7 @@ const { values: args } = parseArgs({
     "max-batch-size": { type: "string", default: "64" },
     "max-num-seqs": { type: "string", default: "256" },
     "time-scale": { type: "string", default: "0" },
+    runtime: { type: "string", default: "workerd" },
     help: { type: "boolean", short: "h", default: false },
   },
   strict: true,
@@ -70,11 +77,13 @@ if (args.help) {
   --max-batch-size N      batching.max_batch_size (default 64)
   --max-num-seqs N        the simulated engine's max_num_seqs (default 256)
   --time-scale X          the simulated engine's time scale (default 0: no delay)
+  --runtime R             workerd (default: no dev proxy, as deployed) or wrangler-dev
 
 Environment: X_LOCAL_OBSERVABILITY=false runs wrangler dev without its local trace collector.`);
   process.exit(0);
 }
 const ROUNDS = Number(args.rounds);
+const RUNTIME = parseRuntime(args.runtime);
 const SECONDS: Record<number, number> = {
   1: Number(args["seconds-1"]),
   32: Number(args["seconds-32"]),
@@ -151,9 +160,9 @@ const config = {
   limits: { retry_budget: 0 },
   batching: BATCHING,
 };
-let edge: Awaited<ReturnType<typeof startWranglerDev>>;
+let edge: RunningEdge;
 try {
-  edge = await startWranglerDev({
+  edge = await startEdge(RUNTIME, {
     config: join(ROOT, "wrangler.toml"),
     vars: {
       WARMGATE_CONFIG: JSON.stringify(config),
@@ -168,22 +177,27 @@ try {
 const stopAll = () => Promise.all([edge.stop(), ...Object.values(origins).map((o) => o.close())]);
 
 /**
- * The workerd process that runs the edge's Worker and Durable Objects: of the workerd
- * processes under `wrangler dev`, the one with an inspector (the other only proxies).
- * Looked up per phase, since wrangler restarts it when its sources change. Linux only.
+ * The workerd process that runs the edge's Worker and Durable Objects: the only one under
+ * `--runtime workerd`; of the two under `wrangler dev`, the one with an inspector (the
+ * other only proxies). Looked up per phase, since wrangler restarts it when its sources
+ * change. Linux only.
  */
 async function workerWorkerdPid(): Promise<number | null> {
   const root = edge.child.pid;
   if (root === undefined) return null;
+  const workerds: { pid: number; inspector: boolean }[] = [];
   for (const pid of await processTree(root)) {
     try {
       const cmdline = await readFile(`/proc/${pid}/cmdline`, "utf8");
-      if (cmdline.includes("workerd") && cmdline.includes("--inspector-addr")) return pid;
+      if (cmdline.includes("workerd\0serve")) {
+        workerds.push({ pid, inspector: cmdline.includes("--inspector-addr") });
+      }
     } catch {
       // Gone meanwhile.
     }
   }
-  return null;
+  if (workerds.length === 1) return workerds[0]?.pid ?? null;
+  return workerds.find((w) => w.inspector)?.pid ?? null;
 }
 
 /** CPU time (user plus system, ms) a process has used (Linux /proc), or null when unknown. */
@@ -529,7 +543,10 @@ console.log(
     `${BATCHING.max_batch_size}. Paths: direct = batching off; batched = through the ` +
     `batcher (with its idle bypass); asked = through the batcher on every request. ` +
     `Edge CPU: the workerd that runs the Worker and its Durable Objects, per request; ` +
-    `wrangler dev's local trace collector ${LOCAL_OBSERVABILITY ? "on" : "off"}.\n`,
+    `runtime ${RUNTIME}` +
+    (RUNTIME === "wrangler-dev"
+      ? `, wrangler dev's local trace collector ${LOCAL_OBSERVABILITY ? "on" : "off"}.\n`
+      : ".\n"),
 );
 console.log(table);
 console.log(
@@ -541,8 +558,9 @@ console.log(
 for (const row of rows) {
   if (row.firstError !== null) console.log(`\n${row.path} c=${row.concurrency}: ${row.firstError}`);
 }
-const path = await writeResult("batching", {
+const path = await writeResult(resultName("batching", RUNTIME), {
   command,
+  runtime: RUNTIME,
   settings: {
     batching: BATCHING,
     sim: SIM,

@@ -111,6 +111,14 @@ export function targetsTable(targets: Record<string, TargetResult>): string {
   );
 }
 
+/**
+ * Results file name of a benchmark run under `runtime`: the default (workerd) keeps the
+ * plain name, others get theirs appended, so one run does not overwrite the other's.
+ */
+export function resultName(name: string, runtime: string): string {
+  return runtime === "workerd" ? name : `${name}-${runtime}`;
+}
+
 /** Writes a benchmark's JSON result under bench/results/ and returns the path. */
 export async function writeResult(name: string, data: unknown): Promise<string> {
   await mkdir(RESULTS_DIR, { recursive: true });

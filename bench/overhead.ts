@@ -1,8 +1,11 @@
 /**
  * `npm run bench:overhead`: what the edge adds. The same workload, alternating, three
  * ways on loopback: straight to a simulated origin (no simulated delay), through a bare
- * pass-through Worker under `wrangler dev` (the floor for any edge), and through the
- * warmgate edge. Prints a table and writes bench/results/overhead.json.
+ * pass-through Worker under the same runtime as the edge (the floor for any edge), and
+ * through the warmgate edge. Both Workers run under workerd as deployed Workers are
+ * reached (`--runtime workerd`, the default) or behind `wrangler dev`'s proxy
+ * (`--runtime wrangler-dev`). Prints a table and writes bench/results/overhead.json
+ * (overhead-wrangler-dev.json for the latter).
  */
 import { parseArgs } from "node:util";
 import { join } from "node:path";
@@ -11,6 +14,7 @@ import {
   compareAlternating,
   PATH_COLUMNS,
   pathCells,
+  resultName,
   fmt,
   markdownTable,
   targetsTable,
@@ -20,7 +24,7 @@ import {
   type PathResult,
   type Workload,
 } from "./lib.ts";
-import { ROOT, startStack, startWranglerDev } from "../scripts/stack.ts";
+import { ROOT, parseRuntime, startEdge, startStack } from "../scripts/stack.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -28,9 +32,11 @@ const { values: args } = parseArgs({
     "c1-requests": { type: "string", default: "150" },
     "c32-requests": { type: "string", default: "1200" },
     "max-tokens": { type: "string", default: "16" },
+    runtime: { type: "string", default: "workerd" },
   },
   strict: true,
 });
+const RUNTIME = parseRuntime(args.runtime);
 const ROUNDS = Number(args.rounds);
 const C1_REQUESTS = Number(args["c1-requests"]);
 const C32_REQUESTS = Number(args["c32-requests"]);
@@ -45,10 +51,11 @@ const stack = await startStack({
   regions: [{ id: "local", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 1 }],
   sim: { timeScale: 0 },
   originProcesses: true,
+  runtime: RUNTIME,
 });
 const origin = stack.origins[0]?.origin;
 if (!origin) throw new Error("no origin started");
-const passthrough = await startWranglerDev({
+const passthrough = await startEdge(RUNTIME, {
   config: join(ROOT, "bench", "passthrough", "wrangler.toml"),
   vars: { ORIGIN_URL: origin.url },
 });
@@ -113,7 +120,7 @@ const addedTtfb = p50Diff("stream c=1", "ttfb", "warmgate", "direct");
 const ratioJson = rpsRatio("json c=32");
 const ratioStream = rpsRatio("stream c=32");
 // What the edge adds above the bare pass-through Worker under the same runtime, reported
-// beside the goals: under local `wrangler dev` the pass-through alone is above 2 ms.
+// beside the goals: behind `wrangler dev`'s proxy the pass-through alone is above 2 ms.
 const overFloorJson = p50Diff("json c=1", "total", "warmgate", "passthrough");
 const overFloorTtfb = p50Diff("stream c=1", "ttfb", "warmgate", "passthrough");
 const floorJson = p50Diff("json c=1", "total", "passthrough", "direct");
@@ -138,13 +145,16 @@ const memoryLine = edgeMemory
   .map((m) => `${m.phase}: ${m.rss === null ? "unknown" : `${fmt(m.rss / 1024 / 1024, 1)} MiB`}`)
   .join(", ");
 
+console.log(`Runtime: ${RUNTIME} (both Workers).\n`);
 console.log(table);
 console.log("");
 console.log(targetsTable(targets));
 console.log("");
 console.log(`edge (workerd) RSS — ${memoryLine}`);
-const path = await writeResult("overhead", {
-  command: "npm run bench:overhead",
+const command = `npm run bench:overhead -- ${process.argv.slice(2).join(" ")}`.trim();
+const path = await writeResult(resultName("overhead", RUNTIME), {
+  command,
+  runtime: RUNTIME,
   date: new Date().toISOString(),
   settings: {
     rounds: ROUNDS,

@@ -1,7 +1,8 @@
 /**
  * The local warmgate stack: simulated GPU origins for two regions and the edge under
- * `wrangler dev`, wired together on free ports. Used by `npm start`, the benchmarks
- * and the end-to-end tests.
+ * `wrangler dev` (or under workerd without wrangler's dev proxy, for the benchmarks),
+ * wired together on free ports. Used by `npm start`, the benchmarks and the end-to-end
+ * tests.
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
@@ -50,6 +51,23 @@ export interface StackOptions {
   originAccessToken?: string;
   /** Run each origin as its own `node origin/main.ts` process (benchmarks), not in this one. */
   originProcesses?: boolean;
+  /** How the edge runs (default `wrangler-dev`); see {@link EdgeRuntime}. */
+  runtime?: EdgeRuntime;
+}
+
+/**
+ * How a Worker runs locally. `wrangler-dev`: `wrangler dev`, as users run it, which puts
+ * its dev proxy (a second workerd that relays every request through one Durable Object,
+ * to hold requests while the Worker reloads) in front of the Worker's workerd. `workerd`:
+ * the same workerd and Miniflare with the same bindings, without that proxy, as a
+ * deployed Worker is reached (`scripts/workerd.ts`).
+ */
+export type EdgeRuntime = "wrangler-dev" | "workerd";
+
+/** Parses a `--runtime` flag. */
+export function parseRuntime(value: string): EdgeRuntime {
+  if (value === "wrangler-dev" || value === "workerd") return value;
+  throw new Error(`--runtime must be wrangler-dev or workerd, not ${value}`);
 }
 
 /** An origin of the running stack. */
@@ -123,7 +141,7 @@ export interface RunningStack {
   signingSecret: string;
   /** A development API key accepted by the edge. */
   apiKey: string;
-  /** The `wrangler dev` child process. */
+  /** The edge's child process (`wrangler dev` or `scripts/workerd.ts`). */
   edge: ChildProcess;
   stop(): Promise<void>;
 }
@@ -290,7 +308,7 @@ async function waitForHealth(url: string, child: ChildProcess, timeoutMs: number
   });
   while (Date.now() < deadline) {
     if (state.exitCode !== null) {
-      throw new Error(`wrangler dev exited with code ${state.exitCode} before it was ready`);
+      throw new Error(`the edge exited with code ${state.exitCode} before it was ready`);
     }
     try {
       const res = await fetch(`${url}/health`);
@@ -305,13 +323,7 @@ async function waitForHealth(url: string, child: ChildProcess, timeoutMs: number
 }
 
 /** Starts a Worker under `wrangler dev` on a free port and waits until `/health` answers. */
-export async function startWranglerDev(options: {
-  config: string;
-  port?: number;
-  vars: Record<string, string>;
-  persistTo?: string;
-  verbose?: boolean;
-}): Promise<{ url: string; child: ChildProcess; stop(): Promise<void> }> {
+export async function startWranglerDev(options: EdgeOptions): Promise<RunningEdge> {
   const port = options.port || (await freePort());
   const inspectorPort = await freePort();
   const scratch = await mkdtemp(join(tmpdir(), "warmgate-edge-"));
@@ -399,6 +411,93 @@ export async function startWranglerDev(options: {
   return { url, child, stop };
 }
 
+/** Options for {@link startWranglerDev}, {@link startWorkerd} and {@link startEdge}. */
+export interface EdgeOptions {
+  config: string;
+  port?: number;
+  vars: Record<string, string>;
+  persistTo?: string;
+  verbose?: boolean;
+}
+
+/** A Worker running locally. */
+export interface RunningEdge {
+  url: string;
+  child: ChildProcess;
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts a Worker under workerd without wrangler's dev proxy (`scripts/workerd.ts`) on a
+ * free port and waits until `/health` answers.
+ */
+export async function startWorkerd(options: EdgeOptions): Promise<RunningEdge> {
+  const scratch = await mkdtemp(join(tmpdir(), "warmgate-edge-"));
+  const varsFile = join(scratch, "vars.json");
+  await writeFile(varsFile, JSON.stringify(options.vars), { mode: 0o600 });
+  const child = spawn(
+    process.execPath,
+    [
+      join(ROOT, "scripts", "workerd.ts"),
+      "--config",
+      options.config,
+      "--vars-file",
+      varsFile,
+      "--port",
+      String(options.port ?? 0),
+      ...(options.persistTo ? ["--persist-to", options.persistTo] : []),
+      ...(options.verbose ? ["--verbose"] : []),
+    ],
+    {
+      cwd: ROOT,
+      env: { ...process.env, WRANGLER_SEND_METRICS: "false", NO_COLOR: "1" },
+      stdio: ["ignore", "pipe", options.verbose ? "inherit" : "pipe"],
+      detached: true,
+    },
+  );
+  let output = "";
+  const stop = async () => {
+    if (child.exitCode === null && child.signalCode === null) {
+      const exited = new Promise((r) => child.once("exit", r));
+      child.kill("SIGTERM");
+      const timer = setTimeout(() => {
+        try {
+          process.kill(-(child.pid ?? 0), "SIGKILL");
+        } catch {
+          // Already gone.
+        }
+      }, 5000);
+      await exited;
+      clearTimeout(timer);
+    }
+    await rm(scratch, { recursive: true, force: true });
+  };
+  try {
+    const url = await new Promise<string>((resolveUrl, reject) => {
+      const onData = (chunk: Buffer) => {
+        output = (output + chunk.toString()).slice(-8000);
+        const match = /listening on (http:\/\/\S+)/.exec(output);
+        if (match?.[1]) resolveUrl(match[1]);
+      };
+      child.stdout?.on("data", onData);
+      child.stderr?.on("data", onData);
+      child.once("exit", (code) =>
+        reject(new Error(`workerd exited (${code}) before it was ready`)),
+      );
+    });
+    await waitForHealth(url, child, 90_000);
+    return { url, child, stop };
+  } catch (error) {
+    await stop();
+    throw new Error(`${(error as Error).message}\n--- output ---\n${output}`, { cause: error });
+  }
+}
+
+/** Starts a Worker under `runtime` (see {@link EdgeRuntime}). */
+export function startEdge(runtime: EdgeRuntime, options: EdgeOptions): Promise<RunningEdge> {
+  return runtime === "workerd" ? startWorkerd(options) : startWranglerDev(options);
+}
+
 /** Starts simulated origins for every region and the edge wired to them. */
 export async function startStack(options: StackOptions = {}): Promise<RunningStack> {
   const regions = options.regions ?? DEFAULT_REGIONS;
@@ -443,9 +542,9 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
   }
   const config = stackConfig(origins, regions, models, options.limits);
   const secrets = await loadDevSecrets(options.persistTo);
-  let edge: Awaited<ReturnType<typeof startWranglerDev>>;
+  let edge: RunningEdge;
   try {
-    edge = await startWranglerDev({
+    edge = await startEdge(options.runtime ?? "wrangler-dev", {
       config: options.wranglerConfig ?? join(ROOT, "wrangler.toml"),
       ...(options.edgePort ? { port: options.edgePort } : {}),
       vars: {

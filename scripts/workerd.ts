@@ -1,0 +1,136 @@
+/**
+ * Serves a Worker under workerd the way `wrangler dev` runs it (the same Miniflare, the same
+ * workerd, the same bindings from its wrangler.toml), but without wrangler's dev proxy: a
+ * second workerd process in front that exists to hold requests while the Worker reloads.
+ * Deployed Workers have no such proxy, so the benchmarks measure the edge this way (and
+ * through `wrangler dev` beside it, with `--runtime wrangler-dev`).
+ *
+ *   node scripts/workerd.ts --config wrangler.toml [--vars-file vars.json] [--port 0]
+ *     [--persist-to DIR] [--inspector-port PORT] [--verbose]
+ *
+ * Bundles the Worker as `wrangler deploy --dry-run` would, starts it on loopback, prints
+ * `listening on http://127.0.0.1:PORT`, and stops on SIGTERM or SIGINT.
+ */
+import { spawnSync } from "node:child_process";
+import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+import {
+  Log,
+  LogLevel,
+  Miniflare,
+  convertV4MiniflareOptions,
+  type V4WorkerOptions,
+} from "miniflare";
+import { unstable_getMiniflareWorkerOptions } from "wrangler";
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
+
+const { values: args } = parseArgs({
+  options: {
+    config: { type: "string" },
+    "vars-file": { type: "string" },
+    port: { type: "string", default: "0" },
+    "persist-to": { type: "string" },
+    "inspector-port": { type: "string" },
+    verbose: { type: "boolean", default: false },
+  },
+  strict: true,
+});
+if (args.config === undefined) {
+  console.error("usage: node scripts/workerd.ts --config wrangler.toml [--vars-file vars.json]");
+  process.exit(2);
+}
+const config = resolve(args.config);
+const vars = args["vars-file"]
+  ? (JSON.parse(await readFile(args["vars-file"], "utf8")) as Record<string, string>)
+  : {};
+
+const scratch = await mkdtemp(join(tmpdir(), "warmgate-workerd-"));
+let mf: Miniflare | undefined;
+try {
+  mf = await serve();
+  console.log(`listening on ${(await mf.ready).origin}`);
+} catch (error) {
+  console.error(error instanceof Error ? error.message : error);
+  await mf?.dispose().catch(() => {});
+  await rm(scratch, { recursive: true, force: true });
+  process.exit(1);
+}
+
+let stopping = false;
+const stop = async () => {
+  if (stopping) return;
+  stopping = true;
+  await mf?.dispose().catch(() => {});
+  await rm(scratch, { recursive: true, force: true });
+  process.exit(0);
+};
+process.on("SIGTERM", () => void stop());
+process.on("SIGINT", () => void stop());
+
+/** Bundles the Worker into the scratch folder and starts it. */
+async function serve(): Promise<Miniflare> {
+  const outdir = join(scratch, "bundle");
+  const bundled = spawnSync(
+    process.execPath,
+    [
+      join(ROOT, "node_modules", "wrangler", "bin", "wrangler.js"),
+      "deploy",
+      "--dry-run",
+      "--outdir",
+      outdir,
+      "--config",
+      config,
+    ],
+    {
+      cwd: dirname(config),
+      env: { ...process.env, WRANGLER_SEND_METRICS: "false", CI: "true", NO_COLOR: "1" },
+      encoding: "utf8",
+    },
+  );
+  if (bundled.status !== 0) {
+    throw new Error(`bundling ${config} failed:\n${bundled.stdout}\n${bundled.stderr}`);
+  }
+  // The bundle's entry module: named after the Worker's `main` (index.js, worker.js…).
+  const entry = (await readdir(outdir)).find((name) => name.endsWith(".js"));
+  if (entry === undefined) throw new Error(`bundling ${config} wrote no JavaScript`);
+
+  const { workerOptions } = unstable_getMiniflareWorkerOptions(config);
+  // The bundle replaces the source options (root, module rules); empty binding groups are
+  // left out, since the conversion below refuses options it cannot carry over.
+  const { rootPath: _root, modulesRules: _rules, ...rest } = workerOptions;
+  const bindingOptions = Object.fromEntries(
+    Object.entries(rest).filter(
+      ([, value]) =>
+        value !== undefined &&
+        !(Array.isArray(value) && value.length === 0) &&
+        !(typeof value === "object" && value !== null && Object.keys(value).length === 0),
+    ),
+  ) as Partial<V4WorkerOptions>;
+  const worker = {
+    ...bindingOptions,
+    name: "worker",
+    modules: true,
+    scriptPath: join(outdir, entry),
+    modulesRoot: outdir,
+    bindings: { ...bindingOptions.bindings, ...vars },
+  } as V4WorkerOptions;
+  // Miniflare 5 takes its own option shape; wrangler's options convert the way `wrangler
+  // dev` converts them.
+  return new Miniflare(
+    convertV4MiniflareOptions({
+      workers: [worker],
+      host: "127.0.0.1",
+      port: Number(args.port),
+      // Offline: Miniflare's placeholder `request.cf`, as `wrangler dev` gives without
+      // fetching one.
+      cf: false,
+      resourcePersistencePath: args["persist-to"] ?? join(scratch, "state"),
+      ...(args["inspector-port"] ? { inspectorPort: Number(args["inspector-port"]) } : {}),
+      log: new Log(args.verbose ? LogLevel.INFO : LogLevel.WARN),
+    }),
+  );
+}
