@@ -21,6 +21,7 @@ import {
   type ItemPath,
   type ItemTrailer,
   type LoadReport,
+  concatBytes,
   decodeJsonPayload,
 } from "../origin/protocol.ts";
 
@@ -158,6 +159,11 @@ export function batchAnswerProblem(
 export interface FrameReader {
   /** The next frame, or why there is none (end of body, broken connection, bad framing). */
   next(): Promise<Frame | string>;
+  /**
+   * The payload of the next frame if it has already arrived (read with an earlier one)
+   * and is a DATA frame, taken; otherwise undefined, and nothing is taken.
+   */
+  takeReadyData(): Uint8Array | undefined;
   /** Stops reading and cancels the body (the sender learns the reader went away). */
   cancel(): void;
 }
@@ -166,13 +172,18 @@ export interface FrameReader {
 export function frameReader(body: ReadableStream<Uint8Array>): FrameReader {
   const reader = body.getReader();
   const decoder = new FrameDecoder();
-  const ready: Frame[] = [];
+  // Frames decoded from the last chunk read; `at` is the next one to hand out.
+  let ready: Frame[] = [];
+  let at = 0;
   let stopped: string | null = null;
   return {
     async next() {
       for (;;) {
-        const frame = ready.shift();
-        if (frame !== undefined) return frame;
+        const frame = ready[at];
+        if (frame !== undefined) {
+          at++;
+          return frame;
+        }
         if (stopped !== null) return stopped;
         try {
           const { done, value } = await reader.read();
@@ -180,16 +191,24 @@ export function frameReader(body: ReadableStream<Uint8Array>): FrameReader {
             decoder.finish();
             stopped = "body ended before the item's END";
           } else {
-            ready.push(...decoder.push(value));
+            ready = decoder.push(value);
+            at = 0;
           }
         } catch (error) {
           stopped = describe(error);
         }
       }
     },
+    takeReadyData() {
+      const frame = ready[at];
+      if (frame?.type !== FrameType.DATA) return undefined;
+      at++;
+      return frame.payload;
+    },
     cancel() {
       if (stopped === null) stopped = "reader cancelled";
-      ready.length = 0;
+      ready = [];
+      at = 0;
       reader.cancel().catch(() => {});
     },
   };
@@ -211,10 +230,32 @@ function frameList(bytes: Uint8Array): FrameReader {
       }
       return Promise.resolve(stopped ?? "body ended before the item's END");
     },
+    takeReadyData() {
+      const frame = frames[at];
+      if (stopped !== null || frame?.type !== FrameType.DATA) return undefined;
+      at++;
+      return frame.payload;
+    },
     cancel() {
       stopped ??= "reader cancelled";
     },
   };
+}
+
+/**
+ * `first` joined with the DATA frames that arrived with it: bytes that came together leave
+ * together, in one write to the client instead of one per frame (the bytes and their
+ * order are unchanged, and nothing waits for more).
+ */
+function withReadyData(frames: FrameReader, first: Uint8Array): Uint8Array {
+  let next = frames.takeReadyData();
+  if (next === undefined) return first;
+  const parts = [first];
+  while (next !== undefined) {
+    parts.push(next);
+    next = frames.takeReadyData();
+  }
+  return concatBytes(parts);
 }
 
 /**
@@ -247,7 +288,7 @@ export function openItemFromFrames(
         }
         switch (frame.type) {
           case FrameType.DATA:
-            return { kind: "data", bytes: frame.payload };
+            return { kind: "data", bytes: withReadyData(frames, frame.payload) };
           case FrameType.END:
             finished = true;
             trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
