@@ -34,11 +34,11 @@ function callerLocation(request: Request): CallerLocation {
 /** Sends the planned completion to the origins and answers with their response. */
 export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Response> {
   const { config, plan, completion, requestId, settlement } = c.var;
-  const order = regionOrder(
-    config,
-    callerLocation(c.req.raw),
-    c.req.header(REGION_OVERRIDE_HEADER),
-  );
+  const override = c.req.header(REGION_OVERRIDE_HEADER);
+  // Reading `request.cf` parses it; with an override or a single region, where the caller
+  // is decides nothing.
+  const located = override === undefined && config.regions.length > 1;
+  const order = regionOrder(config, located ? callerLocation(c.req.raw) : {}, override);
   if (order.kind === "unknown_region") {
     throw invalidRequest(
       `Unknown region '${order.region}' in the ${REGION_OVERRIDE_HEADER} header.`,
