@@ -9,10 +9,12 @@
  *     [--persist-to DIR] [--inspector-port PORT] [--verbose]
  *
  * Bundles the Worker as `wrangler deploy --dry-run` would, starts it on loopback, prints
- * `listening on http://127.0.0.1:PORT`, and stops on SIGTERM or SIGINT.
+ * `listening on http://127.0.0.1:PORT`, and stops (removing its bundle and state) on SIGTERM or
+ * SIGINT.
  */
 import { spawnSync } from "node:child_process";
-import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { rmSync } from "node:fs";
+import { mkdtemp, readdir, readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -49,27 +51,18 @@ const vars = args["vars-file"]
   : {};
 
 const scratch = await mkdtemp(join(tmpdir(), "warmgate-workerd-"));
-let mf: Miniflare | undefined;
+// Miniflare stops workerd and exits on SIGTERM and SIGINT by itself; the scratch folder
+// (bundle and state) goes with the process, however it ends.
+process.on("exit", () => rmSync(scratch, { recursive: true, force: true }));
+process.on("SIGTERM", () => process.exit(0));
+process.on("SIGINT", () => process.exit(0));
 try {
-  mf = await serve();
+  const mf = await serve();
   console.log(`listening on ${(await mf.ready).origin}`);
 } catch (error) {
   console.error(error instanceof Error ? error.message : error);
-  await mf?.dispose().catch(() => {});
-  await rm(scratch, { recursive: true, force: true });
   process.exit(1);
 }
-
-let stopping = false;
-const stop = async () => {
-  if (stopping) return;
-  stopping = true;
-  await mf?.dispose().catch(() => {});
-  await rm(scratch, { recursive: true, force: true });
-  process.exit(0);
-};
-process.on("SIGTERM", () => void stop());
-process.on("SIGINT", () => void stop());
 
 /** Bundles the Worker into the scratch folder and starts it. */
 async function serve(): Promise<Miniflare> {
