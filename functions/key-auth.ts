@@ -108,6 +108,7 @@ export async function admitRequest(
     ...(input.now === undefined ? {} : { now: input.now }),
   });
   const { commit, ...result } = answer;
+  // Undefined from an account of the version before commit stamps, while a deploy rolls out.
   carried.answered(commit);
   return result;
 }

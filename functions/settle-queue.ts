@@ -50,8 +50,20 @@ export interface CommitStamp {
   pending: number;
 }
 
-/** Sends settlements of one key to its account in one call, committed when it answers. */
-export type SendSettlements<T> = (keyId: string, inputs: T[]) => Promise<CommitStamp>;
+/**
+ * Sends settlements of one key to its account in one call, committed when it answers.
+ * Undefined: an account of an earlier version (see {@link CarriedSettlements.answered}).
+ */
+export type SendSettlements<T> = (keyId: string, inputs: T[]) => Promise<CommitStamp | undefined>;
+
+/**
+ * What an answer without a stamp stands for. Accounts of the version before commit stamps
+ * apply the settlements an admit carries and commit a call's writes before answering it,
+ * so during a deploy, while one still answers, what a call carried to it is durable; the
+ * settlements an account of the new version applied are not known durable there, so the
+ * next call carries them again (settling is idempotent by request id).
+ */
+const UNSTAMPED: CommitStamp = { incarnation: "(unstamped)", committed: 0, pending: 0 };
 
 /** How the queue waits for the account. */
 export interface SettleQueueOptions {
@@ -88,8 +100,10 @@ export interface CarriedSettlements<T> {
    * Reports the call's answer: it applied the settlements it carried, and it confirms the
    * key's earlier ones or sends them again. Call it for every admit of the key, even one
    * that carried nothing (a failed call needs nothing: their own timers send them again).
+   * An answer without a stamp comes from an account of an earlier version, mid-deploy:
+   * see {@link UNSTAMPED}.
    */
-  answered(commit: CommitStamp): void;
+  answered(commit: CommitStamp | undefined): void;
 }
 
 /** Per-isolate queue of settlements, by key id. */
@@ -170,7 +184,8 @@ export class SettleQueue<T extends QueuedSettlement> {
     console.error("settlements given up until their lease ends", keyId, count);
   }
 
-  #answered(keyId: string, carried: Entry<T>[], commit: CommitStamp): void {
+  #answered(keyId: string, carried: Entry<T>[], stamp: CommitStamp | undefined): void {
+    const commit = stamp ?? UNSTAMPED;
     for (const entry of carried) {
       if (entry.state.kind === "done") continue;
       this.#move(keyId, entry, {
