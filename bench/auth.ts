@@ -22,6 +22,7 @@ import {
   compareAlternating,
   PATH_COLUMNS,
   pathCells,
+  benchCommand,
   resultName,
   fmt,
   markdownTable,
@@ -174,7 +175,7 @@ console.log(`Runtime: ${RUNTIME} (all three Workers).\n`);
 console.log(table);
 console.log("");
 console.log(targetsTable(targets));
-const command = `npm run bench:auth -- ${process.argv.slice(2).join(" ")}`.trim();
+const command = benchCommand("bench:auth");
 const path = await writeResult(resultName("auth", RUNTIME), {
   command,
   runtime: RUNTIME,

@@ -26,6 +26,7 @@ import {
   fmt,
   markdownTable,
   processTree,
+  benchCommand,
   resultName,
   summarize,
   type LatencySummary,
@@ -532,7 +533,7 @@ const targets = [
   },
 ];
 
-const command = `npm run bench:batching -- ${process.argv.slice(2).join(" ")}`.trim();
+const command = benchCommand("bench:batching");
 console.log(`\n## Micro-batching (\`${command}\`)\n`);
 console.log(
   `Streaming chat, ${MAX_TOKENS} tokens, simulated engine (time scale ${SIM.timeScale}, ` +

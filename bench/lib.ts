@@ -111,6 +111,12 @@ export function targetsTable(targets: Record<string, TargetResult>): string {
   );
 }
 
+/** The command line that ran this benchmark, as a reader would type it. */
+export function benchCommand(script: string): string {
+  const args = process.argv.slice(2);
+  return args.length === 0 ? `npm run ${script}` : `npm run ${script} -- ${args.join(" ")}`;
+}
+
 /**
  * Results file name of a benchmark run under `runtime`: the default (workerd) keeps the
  * plain name, others get theirs appended, so one run does not overwrite the other's.

@@ -14,6 +14,7 @@ import {
   compareAlternating,
   PATH_COLUMNS,
   pathCells,
+  benchCommand,
   resultName,
   fmt,
   markdownTable,
@@ -151,7 +152,7 @@ console.log("");
 console.log(targetsTable(targets));
 console.log("");
 console.log(`edge (workerd) RSS — ${memoryLine}`);
-const command = `npm run bench:overhead -- ${process.argv.slice(2).join(" ")}`.trim();
+const command = benchCommand("bench:overhead");
 const path = await writeResult(resultName("overhead", RUNTIME), {
   command,
   runtime: RUNTIME,
