@@ -47,6 +47,6 @@ describe("the edge under workerd without the dev proxy", () => {
     const pid = stack.edge.pid;
     expect(pid).toBeDefined();
     await stack.stop();
-    expect(() => process.kill(pid ?? 0, 0)).toThrow();
+    expect(() => process.kill(pid ?? 0, 0)).toThrow(/ESRCH/);
   });
 });
