@@ -322,6 +322,30 @@ async function waitForHealth(url: string, child: ChildProcess, timeoutMs: number
   throw new Error(`edge at ${url} not ready within ${timeoutMs} ms`);
 }
 
+/**
+ * Ends a detached child with SIGTERM, sent to it alone or to its whole process group, and
+ * with SIGKILL to the group if it has not exited 5 s later.
+ */
+async function stopDetached(child: ChildProcess, to: "process" | "group"): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((r) => child.once("exit", r));
+  try {
+    if (to === "group") process.kill(-(child.pid ?? 0), "SIGTERM");
+    else child.kill("SIGTERM");
+  } catch {
+    child.kill("SIGTERM");
+  }
+  const timer = setTimeout(() => {
+    try {
+      process.kill(-(child.pid ?? 0), "SIGKILL");
+    } catch {
+      // Already gone.
+    }
+  }, 5000);
+  await exited;
+  clearTimeout(timer);
+}
+
 /** Starts a Worker under `wrangler dev` on a free port and waits until `/health` answers. */
 export async function startWranglerDev(options: EdgeOptions): Promise<RunningEdge> {
   const port = options.port || (await freePort());
@@ -380,24 +404,8 @@ export async function startWranglerDev(options: EdgeOptions): Promise<RunningEdg
   child.stderr?.on("data", keep);
   const url = `http://127.0.0.1:${port}`;
   const stop = async () => {
-    if (child.exitCode === null && child.signalCode === null) {
-      const exited = new Promise((r) => child.once("exit", r));
-      try {
-        // wrangler runs workerd as a child: signal the whole process group.
-        process.kill(-(child.pid ?? 0), "SIGTERM");
-      } catch {
-        child.kill("SIGTERM");
-      }
-      const timer = setTimeout(() => {
-        try {
-          process.kill(-(child.pid ?? 0), "SIGKILL");
-        } catch {
-          // Already gone.
-        }
-      }, 5000);
-      await exited;
-      clearTimeout(timer);
-    }
+    // wrangler runs workerd as a child: signal the whole process group.
+    await stopDetached(child, "group");
     await rm(scratch, { recursive: true, force: true });
   };
   try {
@@ -457,19 +465,8 @@ export async function startWorkerd(options: EdgeOptions): Promise<RunningEdge> {
   );
   let output = "";
   const stop = async () => {
-    if (child.exitCode === null && child.signalCode === null) {
-      const exited = new Promise((r) => child.once("exit", r));
-      child.kill("SIGTERM");
-      const timer = setTimeout(() => {
-        try {
-          process.kill(-(child.pid ?? 0), "SIGKILL");
-        } catch {
-          // Already gone.
-        }
-      }, 5000);
-      await exited;
-      clearTimeout(timer);
-    }
+    // Miniflare stops its workerd when its process gets SIGTERM.
+    await stopDetached(child, "process");
     await rm(scratch, { recursive: true, force: true });
   };
   try {
