@@ -51,6 +51,10 @@ export async function authenticateBearer(
     if (parsed === null) return { ok: false, error: invalidKey("Incorrect API key provided.") };
     return { ok: true, kind: "key", keyId: parsed.keyId, secretHash: parsed.secretHash };
   }
+  // Neither an API key nor a browser token (a JWT: three dot-separated parts): a wrong key.
+  if (credential.split(".").length !== 3) {
+    return { ok: false, error: invalidKey("Incorrect API key provided.") };
+  }
   const scope = await verifyBrowserToken(env, credential, options.now);
   if (scope === null) {
     return { ok: false, error: invalidKey("Invalid or expired browser token.") };

@@ -129,6 +129,24 @@ describe("keys on the completion routes", () => {
     expect(ids.some((doId) => doId.equals(env.KEY_ACCOUNT.idFromName(id)))).toBe(false);
   });
 
+  it("calls a credential that is neither a key nor a browser token an incorrect API key", async () => {
+    for (const credential of ["sk-not-ours", "wrong", "a.b"]) {
+      const res = await exports.default.fetch(
+        new Request("http://edge.test/v1/models", {
+          headers: { authorization: `Bearer ${credential}` },
+        }),
+      );
+      expect(res.status).toBe(401);
+      const { error } = await res.json<ErrorBody>();
+      expect(error).toEqual({
+        message: "Incorrect API key provided.",
+        type: "invalid_request_error",
+        param: null,
+        code: "invalid_api_key",
+      });
+    }
+  });
+
   it("refuses a revoked key on its very next request, completions and models alike", async () => {
     const { id, key } = await createKey({ name: "revoked" });
     const ok = await exports.default.fetch(chat(key));
