@@ -1,0 +1,135 @@
+/**
+ * `npm run bench:relay`: what it costs to get a Durable Object's byte stream to a client,
+ * two ways, alternating in one run (bench/relay/worker.ts): the Worker reading the
+ * object's stream chunk by chunk into its response (`read`, how the edge relays the
+ * Batcher's frames today) and the Worker handing the object its response's writable side
+ * (`handoff`). The same workerd thread runs both sides, so its CPU per request is what each
+ * design costs in all. Prints a table and writes bench/results/relay.json.
+ */
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { benchCommand, closedLoop, fmt, markdownTable, processTree, writeResult } from "./lib.ts";
+import { ROOT, startWorkerd } from "../scripts/stack.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    rounds: { type: "string", default: "4" },
+    requests: { type: "string", default: "1500" },
+    concurrency: { type: "string", default: "32" },
+  },
+  strict: true,
+});
+const ROUNDS = Number(args.rounds);
+const REQUESTS = Number(args.requests);
+const CONCURRENCY = Number(args.concurrency);
+const CHUNKS = [1, 16, 64];
+type Design = "read" | "handoff";
+const DESIGNS: Design[] = ["read", "handoff"];
+
+const worker = await startWorkerd({
+  config: join(ROOT, "bench", "relay", "wrangler.toml"),
+  vars: {},
+});
+
+/** CPU time (ms) of the workerd under the runner so far (Linux /proc), or null. */
+async function workerdCpuMs(): Promise<number | null> {
+  for (const pid of await processTree(worker.child.pid ?? 0)) {
+    try {
+      if (!(await readFile(`/proc/${pid}/cmdline`, "utf8")).includes("workerd\0serve")) continue;
+      const stat = await readFile(`/proc/${pid}/stat`, "utf8");
+      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      return (Number(fields[11]) + Number(fields[12])) * 10;
+    } catch {
+      // Gone meanwhile.
+    }
+  }
+  return null;
+}
+
+async function run(design: Design, chunks: number, requests: number) {
+  const before = await workerdCpuMs();
+  const result = await closedLoop(CONCURRENCY, requests, async () => {
+    const started = performance.now();
+    const res = await fetch(`${worker.url}/${design}?n=${chunks}`);
+    const body = await res.arrayBuffer();
+    if (res.status !== 200 || body.byteLength === 0) throw new Error(`status ${res.status}`);
+    return performance.now() - started;
+  });
+  const after = await workerdCpuMs();
+  const cpuMs = before === null || after === null ? Number.NaN : after - before;
+  return { ...result, cpuMs };
+}
+
+interface Row {
+  chunks: number;
+  design: Design;
+  rps: number;
+  cpuMsPerRequest: number;
+  errors: number;
+}
+const rows: Row[] = [];
+try {
+  for (const design of DESIGNS) await run(design, 16, 500);
+  for (const chunks of CHUNKS) {
+    const totals = new Map<
+      Design,
+      { requests: number; seconds: number; cpuMs: number; errors: number }
+    >();
+    for (let round = 0; round < ROUNDS; round++) {
+      for (const design of round % 2 === 0 ? DESIGNS : DESIGNS.toReversed()) {
+        const r = await run(design, chunks, Math.ceil(REQUESTS / ROUNDS));
+        const t = totals.get(design) ?? { requests: 0, seconds: 0, cpuMs: 0, errors: 0 };
+        totals.set(design, {
+          requests: t.requests + r.requests - r.errors,
+          seconds: t.seconds + r.seconds,
+          cpuMs: t.cpuMs + r.cpuMs,
+          errors: t.errors + r.errors,
+        });
+      }
+    }
+    for (const design of DESIGNS) {
+      const t = totals.get(design);
+      if (t === undefined) continue;
+      rows.push({
+        chunks,
+        design,
+        rps: t.requests / t.seconds,
+        cpuMsPerRequest: t.cpuMs / t.requests,
+        errors: t.errors,
+      });
+    }
+  }
+} finally {
+  await worker.stop();
+}
+
+const perChunk = (design: Design) => {
+  const few = rows.find((r) => r.design === design && r.chunks === 16);
+  const many = rows.find((r) => r.design === design && r.chunks === 64);
+  return few && many ? ((many.cpuMsPerRequest - few.cpuMsPerRequest) / 48) * 1000 : Number.NaN;
+};
+const command = benchCommand("bench:relay");
+console.log(`\n## Relaying a Durable Object's stream (\`${command}\`)\n`);
+console.log(
+  markdownTable(
+    ["chunks", "design", "req/s", "workerd CPU ms/request", "errors"],
+    rows.map((r) => [
+      String(r.chunks),
+      r.design,
+      fmt(r.rps, 0),
+      fmt(r.cpuMsPerRequest, 3),
+      String(r.errors),
+    ]),
+  ),
+);
+console.log(
+  `\nCPU per chunk (16 to 64 chunks): read ${fmt(perChunk("read"), 1)} µs, handoff ${fmt(perChunk("handoff"), 1)} µs`,
+);
+const path = await writeResult("relay", {
+  command,
+  settings: { rounds: ROUNDS, requests: REQUESTS, concurrency: CONCURRENCY, chunks: CHUNKS },
+  rows,
+  cpuUsPerChunk: { read: perChunk("read"), handoff: perChunk("handoff") },
+});
+console.log(`wrote ${path}`);
