@@ -929,7 +929,7 @@ export class Batcher extends DurableObject<Env> {
     const chunks = caller.pending;
     if (chunks.length === 0) return;
     caller.pending = [];
-    const bytes = (chunks.length === 1 ? chunks[0] : undefined) ?? concatBytes(chunks);
+    const bytes = concatBytes(chunks);
     // A write fails only when the caller cancelled its stream, which `writer.closed` (see
     // `#admit`) reports once for all writes.
     caller.writer.write(bytes).catch(ignore);

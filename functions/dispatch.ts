@@ -309,7 +309,7 @@ async function respondWhole(
     console.warn("origin failed mid-response", options.requestId, origin, detail ?? outcome);
     throw failure;
   }
-  return new Response(chunks.length === 1 ? chunks[0] : concatBytes(chunks), {
+  return new Response(concatBytes(chunks), {
     status: head.status,
     headers: responseHeaders(head, region, origin),
   });

@@ -219,11 +219,16 @@ export class FrameDecoder {
   }
 }
 
-/** Joins byte chunks into one buffer; `total` is their summed length when already known. */
+/**
+ * Joins byte chunks into one buffer; `total` is their summed length when already known. A
+ * single chunk is returned as it is, without a copy.
+ */
 export function concatBytes(
   parts: readonly Uint8Array[],
   total = parts.reduce((sum, part) => sum + part.byteLength, 0),
 ): Uint8Array {
+  const [only] = parts;
+  if (parts.length === 1 && only !== undefined) return only;
   const out = new Uint8Array(total);
   let at = 0;
   for (const part of parts) {

@@ -667,10 +667,7 @@ function buildOrigin(options: OriginOptions): Origin {
             const frames = queued;
             queued = [];
             if (closed || frames.length === 0) return;
-            const [only] = frames;
-            controller.enqueue(
-              frames.length === 1 && only !== undefined ? only : concatBytes(frames),
-            );
+            controller.enqueue(concatBytes(frames));
           };
           const emit = async (frame: Uint8Array): Promise<void> => {
             if (closed) return;

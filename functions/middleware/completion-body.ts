@@ -36,7 +36,7 @@ export async function readBodyText(request: Request, limit: number): Promise<str
     }
     chunks.push(value);
   }
-  return decodeUtf8(chunks.length === 1 ? (chunks[0] as Uint8Array) : concatBytes(chunks, total));
+  return decodeUtf8(concatBytes(chunks, total));
 }
 
 function decodeUtf8(bytes: Uint8Array): string {

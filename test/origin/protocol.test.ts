@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import {
   BATCH_ITEM,
+  concatBytes,
   decodeJsonPayload,
   encodeFrame,
   encodeJsonFrame,
@@ -103,5 +104,14 @@ describe("batch framing", () => {
     const bad = encodeFrame(FrameType.DATA, 0, bytes("x"));
     bad[0] = 9;
     expect(() => new FrameDecoder().push(bad)).toThrow(FramingError);
+  });
+});
+
+describe("concatBytes", () => {
+  it("joins chunks in order, and hands a single chunk back without a copy", () => {
+    const one = bytes("abc");
+    expect(concatBytes([one])).toBe(one);
+    expect(concatBytes([one, bytes("de")])).toEqual(bytes("abcde"));
+    expect(concatBytes([])).toEqual(new Uint8Array(0));
   });
 });
