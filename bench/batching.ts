@@ -21,15 +21,15 @@
  */
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
-import { readFile } from "node:fs/promises";
 import {
   fmt,
   markdownTable,
-  processTree,
   benchCommand,
+  cpuTimeMs,
   resultName,
   summarize,
   type LatencySummary,
+  workerdPid,
   writeResult,
 } from "./lib.ts";
 import {
@@ -177,43 +177,6 @@ try {
 }
 const stopAll = () => Promise.all([edge.stop(), ...Object.values(origins).map((o) => o.close())]);
 
-/**
- * The workerd process that runs the edge's Worker and Durable Objects: the only one under
- * `--runtime workerd`; of the two under `wrangler dev`, the one with an inspector (the
- * other only proxies). Looked up per phase, since wrangler restarts it when its sources
- * change. Linux only.
- */
-async function workerWorkerdPid(): Promise<number | null> {
-  const root = edge.child.pid;
-  if (root === undefined) return null;
-  const workerds: { pid: number; inspector: boolean }[] = [];
-  for (const pid of await processTree(root)) {
-    try {
-      const cmdline = await readFile(`/proc/${pid}/cmdline`, "utf8");
-      if (cmdline.includes("workerd\0serve")) {
-        workerds.push({ pid, inspector: cmdline.includes("--inspector-addr") });
-      }
-    } catch {
-      // Gone meanwhile.
-    }
-  }
-  if (workerds.length === 1) return workerds[0]?.pid ?? null;
-  return workerds.find((w) => w.inspector)?.pid ?? null;
-}
-
-/** CPU time (user plus system, ms) a process has used (Linux /proc), or null when unknown. */
-async function cpuTimeMs(pid: number | null): Promise<number | null> {
-  if (pid === null) return null;
-  try {
-    const stat = await readFile(`/proc/${pid}/stat`, "utf8");
-    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    // utime and stime, in clock ticks of 10 ms (USER_HZ is 100 on Linux).
-    return (Number(fields[11]) + Number(fields[12])) * 10;
-  } catch {
-    return null;
-  }
-}
-
 // --- the workload -------------------------------------------------------------------------
 
 interface Sample {
@@ -326,7 +289,7 @@ async function runPhase(
   let errors = 0;
   let ended = 0;
   let firstError: string | null = null;
-  const workerd = await workerWorkerdPid();
+  const workerd = await workerdPid(edge.child.pid);
   const cpuBefore = await cpuTimeMs(workerd);
   const started = performance.now();
   const deadline = started + seconds * 1000;

@@ -133,6 +133,42 @@ export async function writeResult(name: string, data: unknown): Promise<string> 
   return path;
 }
 
+/**
+ * The workerd process that runs a Worker and its Durable Objects, among the processes under
+ * `rootPid`: the only one under `scripts/workerd.ts`; of the two under `wrangler dev`, the one
+ * with an inspector (the other only proxies). Look it up per measurement: wrangler restarts
+ * it when its sources change. Linux only; null when unknown.
+ */
+export async function workerdPid(rootPid: number | undefined): Promise<number | null> {
+  if (rootPid === undefined) return null;
+  const workerds: { pid: number; inspector: boolean }[] = [];
+  for (const pid of await processTree(rootPid)) {
+    try {
+      const cmdline = await readFile(`/proc/${pid}/cmdline`, "utf8");
+      if (cmdline.includes("workerd\0serve")) {
+        workerds.push({ pid, inspector: cmdline.includes("--inspector-addr") });
+      }
+    } catch {
+      // Gone meanwhile.
+    }
+  }
+  if (workerds.length === 1) return workerds[0]?.pid ?? null;
+  return workerds.find((w) => w.inspector)?.pid ?? null;
+}
+
+/** CPU time (user plus system, ms) a process has used (Linux /proc), or null when unknown. */
+export async function cpuTimeMs(pid: number | null): Promise<number | null> {
+  if (pid === null) return null;
+  try {
+    const stat = await readFile(`/proc/${pid}/stat`, "utf8");
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    // utime and stime, in clock ticks of 10 ms (USER_HZ is 100 on Linux).
+    return (Number(fields[11]) + Number(fields[12])) * 10;
+  } catch {
+    return null;
+  }
+}
+
 /** Resident set size of a process in bytes (Linux /proc), or null when unknown. */
 export async function rssBytes(pid: number): Promise<number | null> {
   try {

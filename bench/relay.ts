@@ -6,10 +6,17 @@
  * (`handoff`). The same workerd thread runs both sides, so its CPU per request is what each
  * design costs in all. Prints a table and writes bench/results/relay.json.
  */
-import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { benchCommand, closedLoop, fmt, markdownTable, processTree, writeResult } from "./lib.ts";
+import {
+  benchCommand,
+  closedLoop,
+  cpuTimeMs,
+  fmt,
+  markdownTable,
+  workerdPid,
+  writeResult,
+} from "./lib.ts";
 import { ROOT, startWorkerd } from "../scripts/stack.ts";
 
 const { values: args } = parseArgs({
@@ -32,19 +39,9 @@ const worker = await startWorkerd({
   vars: {},
 });
 
-/** CPU time (ms) of the workerd under the runner so far (Linux /proc), or null. */
+/** CPU time (ms) of the Worker's workerd so far, or null. */
 async function workerdCpuMs(): Promise<number | null> {
-  for (const pid of await processTree(worker.child.pid ?? 0)) {
-    try {
-      if (!(await readFile(`/proc/${pid}/cmdline`, "utf8")).includes("workerd\0serve")) continue;
-      const stat = await readFile(`/proc/${pid}/stat`, "utf8");
-      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-      return (Number(fields[11]) + Number(fields[12])) * 10;
-    } catch {
-      // Gone meanwhile.
-    }
-  }
-  return null;
+  return cpuTimeMs(await workerdPid(worker.child.pid));
 }
 
 async function run(design: Design, chunks: number, requests: number) {
