@@ -58,6 +58,7 @@
 //     running it twice changes nothing.
 
 import { applyMigrations } from "./migrations.ts";
+import { errorEvent, originFailure } from "../functions/errors.ts";
 import { WriteBehind } from "./write-behind.ts";
 import { DurableObject } from "cloudflare:workers";
 import {
@@ -209,6 +210,11 @@ export interface BatcherCancelOptions {
    * what was generated before the cancel (for billing a client that went away).
    */
   untilEnd?: boolean;
+  /**
+   * The caller gave up waiting (its request timed out): a body handed to `submit` ends
+   * with a timeout error event, and the item is cancelled outright.
+   */
+  timedOut?: boolean;
 }
 
 /** Counters since this incarnation started. */
@@ -279,10 +285,16 @@ interface Caller {
   input: BatcherSubmit;
   stage: CallerStage;
   writer: WritableStreamDefaultWriter<Uint8Array>;
+  /** The client's response body, when the caller handed it over (see the top of this file). */
+  body: WritableStreamDefaultWriter<Uint8Array> | null;
   batch: OpenBatch | null;
   headTimer: ReturnType<typeof setTimeout> | null;
   /** Frames of the origin chunk being applied, written to the caller in one piece. */
   pending: Uint8Array[];
+  /** Body bytes of that chunk, when the body was handed over; also written in one piece. */
+  bodyPending: Uint8Array[];
+  /** The HEAD's status, once it came. */
+  status: number | null;
   /** Cancelled on its origin while its stream waits for the END (`cancel` with `untilEnd`). */
   cancelling: boolean;
   /** Its first body byte has come back. */
@@ -356,9 +368,11 @@ export class Batcher extends DurableObject<Env> {
 
   /**
    * Admits one request attempt: refuses it at once (full lane, no origin), or queues or
-   * sends it and returns its frame stream.
+   * sends it and returns its frame stream. With `body`, the item's body bytes go there
+   * instead of into the frame stream (see the top of this file); a refused attempt leaves
+   * `body` untouched.
    */
-  submit(input: BatcherSubmit): BatcherSubmitResult {
+  submit(input: BatcherSubmit, body?: WritableStream<Uint8Array>): BatcherSubmitResult {
     const now = Date.now();
     let state = this.#configure(input.setup, now);
     if (input.recentFirstByteMs !== undefined && input.recentFirstByteMs !== null) {
@@ -407,14 +421,14 @@ export class Batcher extends DurableObject<Env> {
         }
       case "dispatch-now": {
         this.#state = next;
-        const frames = this.#admit(input);
+        const frames = this.#admit(input, body);
         this.#counters.dispatchedAtOnce += 1;
         this.#send(decision.batch, now);
         return { kind: "accepted", frames, atOnce: true };
       }
       case "queued": {
         this.#state = next;
-        const frames = this.#admit(input);
+        const frames = this.#admit(input, body);
         this.#counters.queued += 1;
         if (decision.flushAt <= now) this.#flush(now);
         else this.#schedule(decision.flushAt);
@@ -433,6 +447,7 @@ export class Batcher extends DurableObject<Env> {
    * be long after. False when the item had already ended.
    */
   cancel(id: string, options: BatcherCancelOptions = {}): boolean {
+    if (options.timedOut === true) this.#endBody(id, "timeout");
     return options.untilEnd === true ? this.#cancelUntilEnd(id) : this.#callerGone(id);
   }
 
@@ -479,7 +494,10 @@ export class Batcher extends DurableObject<Env> {
     return this.#state;
   }
 
-  #admit(input: BatcherSubmit): ReadableStream<Uint8Array> {
+  #admit(
+    input: BatcherSubmit,
+    body: WritableStream<Uint8Array> | undefined,
+  ): ReadableStream<Uint8Array> {
     // A native stream: the runtime pumps it to the caller without running JavaScript per
     // chunk, and the buffer lets a slow caller fall behind without holding up the call
     // its neighbours share.
@@ -491,15 +509,22 @@ export class Batcher extends DurableObject<Env> {
       input,
       stage: "queued",
       writer,
+      body: body?.getWriter() ?? null,
       batch: null,
       headTimer: null,
       pending: [],
+      bodyPending: [],
+      status: null,
       cancelling: false,
       firstByte: false,
     };
     this.#callers.set(input.id, caller);
     // Rejects when the caller cancelled its stream (noticed by the runtime at a write).
     writer.closed.catch(() => this.#callerGone(input.id));
+    // The client went away: its usage so far is still billed, so the END must reach the caller.
+    caller.body?.closed.catch(() => {
+      if (this.#callers.get(input.id) === caller) this.#cancelUntilEnd(input.id);
+    });
     return readable;
   }
 
@@ -702,13 +727,13 @@ export class Batcher extends DurableObject<Env> {
           caller.stage = "open";
           this.#clearHeadTimer(caller);
           const head = decodeJsonPayload(frame.payload) as ItemHead;
+          caller.status = head.status;
           if (head.status >= 500) this.#failedAt.set(batch.originId, now);
           else this.#failedAt.delete(batch.originId);
           // The caller learns which origin serves it from an added `origin` field.
           const withOrigin = { ...head, origin: batch.originId };
-          if (caller.pending.push(encodeJsonFrame(FrameType.HEAD, 0, withOrigin)) === 1) {
-            touched.push(caller);
-          }
+          if (isIdle(caller)) touched.push(caller);
+          caller.pending.push(encodeJsonFrame(FrameType.HEAD, 0, withOrigin));
           break;
         case FrameType.DATA:
           if (!caller.firstByte) {
@@ -722,9 +747,9 @@ export class Batcher extends DurableObject<Env> {
             );
           }
           if (caller.stage !== "open") break;
-          if (caller.pending.push(encodeFrame(FrameType.DATA, 0, frame.payload)) === 1) {
-            touched.push(caller);
-          }
+          if (isIdle(caller)) touched.push(caller);
+          if (caller.body !== null) caller.bodyPending.push(frame.payload);
+          else caller.pending.push(encodeFrame(FrameType.DATA, 0, frame.payload));
           break;
         case FrameType.END:
           if (batch.done.has(frame.item)) break;
@@ -734,9 +759,15 @@ export class Batcher extends DurableObject<Env> {
           );
           freed = true;
           if (caller.stage === "open") {
-            if (caller.pending.push(encodeFrame(FrameType.END, 0, frame.payload)) === 1) {
-              touched.push(caller);
+            if (isIdle(caller)) touched.push(caller);
+            if (caller.body !== null) {
+              const { outcome } = decodeJsonPayload(frame.payload) as ItemTrailer;
+              // An engine's own error answer is complete; anything else unfinished fails.
+              if (outcome !== "ok" && (caller.status ?? 0) < 400) {
+                caller.bodyPending.push(failureEvent(outcome === "timeout"));
+              }
             }
+            caller.pending.push(encodeFrame(FrameType.END, 0, frame.payload));
             caller.stage = "ended";
             this.#callers.delete(caller.input.id);
           } else if (caller.stage === "sent") {
@@ -790,8 +821,10 @@ export class Batcher extends DurableObject<Env> {
           this.#failSent(caller, "origin_error", broken ?? "batch ended early", batch.originId);
           break;
         case "open":
-          // After HEAD the caller has bytes: a stream without END tells it the item was cut.
+          // After HEAD the caller has bytes: a stream without END tells it the item was cut,
+          // and a body of its own ends with the error event.
           cut = true;
+          if (caller.body !== null) caller.bodyPending.push(failureEvent(false));
           caller.stage = "ended";
           this.#callers.delete(caller.input.id);
           this.#deliver(caller);
@@ -868,8 +901,13 @@ export class Batcher extends DurableObject<Env> {
     const previous = caller.stage;
     caller.stage = "ended";
     caller.pending = [];
+    caller.bodyPending = [];
     this.#clearHeadTimer(caller);
     closeQuietly(caller.writer);
+    // Released, never closed: a clean end would pass a cut answer off as a whole one. (The
+    // caller, which cancelled, drops its side itself: an abort does not reach it over RPC.)
+    caller.body?.abort("item cancelled").catch(ignore);
+    caller.body = null;
     if (previous === "queued") {
       this.#state = this.#core((s) => cancelInWindow(s, id, now).state);
       this.#counters.cancelledWaiting += 1;
@@ -926,14 +964,39 @@ export class Batcher extends DurableObject<Env> {
   }
 
   #deliver(caller: Caller): void {
-    const chunks = caller.pending;
-    if (chunks.length === 0) return;
-    caller.pending = [];
-    const bytes = concatBytes(chunks);
-    // A write fails only when the caller cancelled its stream, which `writer.closed` (see
-    // `#admit`) reports once for all writes.
-    caller.writer.write(bytes).catch(ignore);
-    if (caller.stage === "ended") closeQuietly(caller.writer);
+    // A write fails only when the caller (or its client) cancelled the stream, which
+    // `closed` (see `#admit`) reports once for all writes.
+    const body = caller.body;
+    if (body !== null && caller.bodyPending.length > 0) {
+      body.write(concatBytes(caller.bodyPending)).catch(ignore);
+      caller.bodyPending = [];
+    }
+    // Body bytes first: the END the caller bills by comes after every byte it covers.
+    if (caller.pending.length > 0) {
+      caller.writer.write(concatBytes(caller.pending)).catch(ignore);
+      caller.pending = [];
+    }
+    if (caller.stage !== "ended") return;
+    closeQuietly(caller.writer);
+    if (body !== null) {
+      closeQuietly(body);
+      caller.body = null;
+    }
+  }
+
+  /**
+   * Ends a running item's handed-over body with an error event, as its caller gave up on
+   * it (`cancel` with `timedOut`); the item itself is cancelled by the caller's `cancel`.
+   */
+  #endBody(id: string, why: "timeout"): void {
+    const caller = this.#callers.get(id);
+    if (caller === undefined || caller.body === null || caller.stage !== "open") return;
+    if ((caller.status ?? 0) < 400) caller.bodyPending.push(failureEvent(why === "timeout"));
+    const body = caller.body;
+    if (caller.bodyPending.length > 0) body.write(concatBytes(caller.bodyPending)).catch(ignore);
+    caller.bodyPending = [];
+    closeQuietly(body);
+    caller.body = null;
   }
 
   /** An item that had left the queue failed before its HEAD. */
@@ -961,6 +1024,10 @@ export class Batcher extends DurableObject<Env> {
       ...extra,
     };
     caller.pending.push(encodeJsonFrame(FrameType.END, 0, trailer));
+    // A handed-over body had no bytes yet: released, never closed. The caller answers from
+    // the END and drops its side (an abort does not reach it over RPC).
+    caller.body?.abort("item failed before its HEAD").catch(ignore);
+    caller.body = null;
     this.#deliver(caller);
   }
 
@@ -1023,6 +1090,16 @@ export function sizeBucket(size: number): string {
 }
 
 function ignore(): void {}
+
+/** Whether a caller has nothing waiting to be delivered for the chunk being applied. */
+function isIdle(caller: Caller): boolean {
+  return caller.pending.length === 0 && caller.bodyPending.length === 0;
+}
+
+/** The SSE error event that ends a handed-over body whose item failed after its HEAD. */
+function failureEvent(timedOut: boolean): Uint8Array {
+  return errorEvent(originFailure(timedOut ? "timeout" : "bad_answer"));
+}
 
 function closeQuietly(writer: WritableStreamDefaultWriter<Uint8Array>): void {
   // Rejects when already closed or cancelled by the caller: nothing left to do then.

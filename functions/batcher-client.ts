@@ -7,6 +7,7 @@
  */
 import type {
   Batcher,
+  BatcherCancelOptions,
   BatcherFailureCode,
   BatcherFailureTrailer,
   BatcherHead,
@@ -28,7 +29,13 @@ import {
   openDirect,
 } from "./dispatch.ts";
 import { ApiError, type OriginFailureKind } from "./errors.ts";
-import { type FrameReader, describe, frameReader, openItemFromFrames } from "./origin-client.ts";
+import {
+  type FrameReader,
+  type PipedBody,
+  describe,
+  frameReader,
+  openItemFromFrames,
+} from "./origin-client.ts";
 import { retryAfterHeaders } from "./rate-limit-headers.ts";
 
 /** Request header that moves a request to a lower-priority lane (never a higher one). */
@@ -273,30 +280,41 @@ export async function submitToBatcher(
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean }> {
   const shard = shardOf(plan, request.requestId, route.keyId);
   const stub = route.namespace.getByName(batcherName(region, route.model, shard, plan));
+  // A streamed answer's body is handed to the batcher, which writes the item's bytes into it:
+  // the runtime carries them to the client and this isolate runs nothing per token.
+  const pipe = request.timeHead ? new IdentityTransformStream() : null;
+  const dropPipe = () => {
+    pipe?.readable.cancel().catch(() => {});
+  };
   let result: BatcherSubmitResult;
   try {
-    result = await stub.submit({
-      setup: plan.setup,
-      id: request.attemptId,
-      path: request.path,
-      body: request.body,
-      headers: request.headers,
-      lane: laneFor(plan, route.tier, route.priority),
-      promptTokens: route.promptTokens,
-      maxTokens: route.maxTokens,
-      deadline: route.deadline,
-      firstByteTimeoutMs: request.firstByteTimeoutMs,
-      timeHead: request.timeHead,
-      itemTimeoutMs: request.itemTimeoutMs,
-      avoidOrigins: [...request.avoidOrigins],
-      // Always sent (null before a first figure): the batcher then counts this edge's
-      // waits by its reports only.
-      recentFirstByteMs: seen.recentFirstByteMs,
-    });
+    result = await stub.submit(
+      {
+        setup: plan.setup,
+        id: request.attemptId,
+        path: request.path,
+        body: request.body,
+        headers: request.headers,
+        lane: laneFor(plan, route.tier, route.priority),
+        promptTokens: route.promptTokens,
+        maxTokens: route.maxTokens,
+        deadline: route.deadline,
+        firstByteTimeoutMs: request.firstByteTimeoutMs,
+        timeHead: request.timeHead,
+        itemTimeoutMs: request.itemTimeoutMs,
+        avoidOrigins: [...request.avoidOrigins],
+        // Always sent (null before a first figure): the batcher then counts this edge's
+        // waits by its reports only.
+        recentFirstByteMs: seen.recentFirstByteMs,
+      },
+      pipe?.writable,
+    );
   } catch (error) {
+    dropPipe();
     // The batcher itself failed (restarted, overloaded): another region's may not.
     return { attempt: failed("unavailable", `batcher: ${describe(error)}`, null), atOnce: false };
   }
+  if (result.kind !== "accepted") dropPipe();
   switch (result.kind) {
     case "refused":
       return { attempt: { kind: "refused", error: queueFull(result.retryAfterMs) }, atOnce: false };
@@ -311,17 +329,31 @@ export async function submitToBatcher(
   }
 
   const frames = frameReader(result.frames);
+  const id = request.attemptId;
+  const tell = (options?: BatcherCancelOptions) =>
+    route.waitUntil(stub.cancel(id, options).catch(() => false));
   // Cancelling the stream reaches the batcher only at its next write; the RPC is at once.
   const cancel = () => {
     frames.cancel();
-    route.waitUntil(stub.cancel(request.attemptId).catch(() => false));
+    dropPipe();
+    tell();
   };
   // Billing a client that went away needs the END's usage: cancel, but read on to the END.
-  const cancelUntilEnd = () => stub.cancel(request.attemptId, { untilEnd: true });
+  const cancelUntilEnd = () => stub.cancel(id, { untilEnd: true });
+  const piped: Omit<PipedBody, "body"> = {
+    clientGone: () => tell({ untilEnd: true }),
+    timeOut: () => {
+      frames.cancel();
+      tell({ timedOut: true });
+    },
+  };
   const gone = () => cancel();
   route.signal?.addEventListener("abort", gone, { once: true });
   try {
-    return { attempt: await readHead(frames, cancel, cancelUntilEnd), atOnce: result.atOnce };
+    const body = pipe === null ? undefined : { body: pipe.readable, ...piped };
+    const attempt = await readHead(frames, cancel, cancelUntilEnd, body);
+    if (attempt.kind !== "open") dropPipe();
+    return { attempt, atOnce: result.atOnce };
   } finally {
     route.signal?.removeEventListener("abort", gone);
   }
@@ -332,6 +364,7 @@ async function readHead(
   frames: FrameReader,
   cancel: () => void,
   cancelUntilEnd: () => Promise<unknown>,
+  piped: PipedBody | undefined,
 ): Promise<DispatchAttempt> {
   for (;;) {
     const frame = await frames.next();
@@ -341,6 +374,7 @@ async function readHead(
       case FrameType.HEAD: {
         const head = decodeJsonPayload(frame.payload) as BatcherHead;
         const item = openItemFromFrames(head, frames, cancel, undefined, cancelUntilEnd);
+        if (piped !== undefined) item.piped = piped;
         return { kind: "open", item, originId: head.origin };
       }
       case FrameType.END: {

@@ -11,7 +11,13 @@
  */
 import type { LimitsConfig } from "./config.ts";
 import { type ApiError, type OriginFailureKind, errorEvent, originFailure } from "./errors.ts";
-import { type ItemAttempt, type ItemEvent, type OpenItem, openItem } from "./origin-client.ts";
+import {
+  type ItemAttempt,
+  type ItemEvent,
+  type OpenItem,
+  type PipedBody,
+  openItem,
+} from "./origin-client.ts";
 import type { OriginCandidate, OriginPool } from "./origin-pool.ts";
 import { type ItemHead, type ItemPath, type ItemTrailer, concatBytes } from "../origin/protocol.ts";
 import type { SettledRequest } from "./settlement.ts";
@@ -81,6 +87,11 @@ export interface DispatchOptions {
   onSettled: (settled: Omit<SettledRequest, "requestId">) => void;
   /** How each attempt reaches an origin (default {@link openDirect}). */
   open?: ItemOpener;
+  /**
+   * Aborts when the client disconnects (Workers' `request.signal`): how the edge learns it
+   * for a body the upstream writes itself (see {@link PipedBody}).
+   */
+  signal?: AbortSignal;
   now?: () => number;
 }
 
@@ -162,6 +173,7 @@ function respond(
 ): Response | Promise<Response> {
   const { head } = item;
   if (!isEventStream(head)) return respondWhole(item, region, origin, options);
+  if (item.piped !== undefined) return respondPiped(item, item.piped, region, origin, options);
   // No request may outlive its timeout, even if the origin stops sending without closing.
   const deadline = setTimeout(() => {
     finish("timeout", null, "request timeout");
@@ -256,6 +268,84 @@ function respond(
 }
 
 /**
+ * A streamed answer whose body the upstream writes to the client itself: the edge hands
+ * the body over as it is and reads only the item's END, to settle the request. The upstream
+ * writes the error event of a failure after the HEAD; the edge's own timeout asks it to.
+ */
+function respondPiped(
+  item: OpenItem,
+  piped: PipedBody,
+  region: string,
+  origin: string,
+  options: DispatchOptions,
+): Response {
+  const { head } = item;
+  let finished = false;
+  let clientGone = false;
+  let gaveUp: ReturnType<typeof setTimeout> | undefined;
+  const finish = (outcome: SettledRequest["outcome"], trailer: ItemTrailer | null): void => {
+    if (finished) return;
+    finished = true;
+    clearTimeout(deadline);
+    if (gaveUp !== undefined) clearTimeout(gaveUp);
+    options.signal?.removeEventListener("abort", gone);
+    options.pool.end(origin);
+    options.onSettled({
+      model: options.model,
+      outcome,
+      usage: trailer?.usage ?? null,
+      region,
+      origin,
+      status: head.status,
+    });
+  };
+  // No request may outlive its timeout, even if the origin stops sending without closing.
+  const deadline = setTimeout(() => {
+    piped.timeOut();
+    finish("timeout", null);
+  }, options.limits.request_timeout_ms);
+  // The client went away: the item's END still reports the tokens generated until then.
+  const gone = (): void => {
+    clientGone = true;
+    piped.clientGone();
+    gaveUp = setTimeout(() => {
+      finish("cancelled", null);
+      item.cancel();
+    }, CANCEL_USAGE_WAIT_MS);
+  };
+  if (options.signal?.aborted === true) gone();
+  else options.signal?.addEventListener("abort", gone, { once: true });
+
+  void (async () => {
+    let event = await item.next();
+    // A piped item has no DATA events; skip any rather than trust them.
+    while (event.kind === "data") event = await item.next();
+    if (event.kind === "broken") {
+      if (!clientGone)
+        console.warn("origin failed mid-stream", options.requestId, origin, event.detail);
+      finish(clientGone ? "cancelled" : "error", null);
+      return;
+    }
+    const { trailer } = event;
+    // The upstream cancels the item when the client's body went away before this edge knew.
+    if (clientGone || trailer.outcome === "cancelled") {
+      finish("cancelled", trailer);
+    } else if (trailer.outcome === "ok" || head.status >= 400) {
+      finish(trailer.outcome === "ok" ? "ok" : "error", trailer);
+    } else {
+      const detail = trailer.error?.message ?? trailer.outcome;
+      console.warn("origin failed mid-stream", options.requestId, origin, detail);
+      finish(trailer.outcome === "timeout" ? "timeout" : "error", trailer);
+    }
+  })();
+
+  return new Response(piped.body, {
+    status: head.status,
+    headers: responseHeaders(head, region, origin),
+  });
+}
+
+/**
  * A JSON (non-SSE) answer, read whole before the client gets its headers: engines send it
  * at once when it is complete, and the edge puts the request's cost in a header, so there
  * is nothing to stream. An origin that fails before the END is an error answer (502/504),
@@ -276,6 +366,13 @@ async function respondWhole(
   const chunks: Uint8Array[] = [];
   let ended: ItemEvent;
   try {
+    if (item.piped !== undefined) {
+      try {
+        chunks.push(new Uint8Array(await new Response(item.piped.body).arrayBuffer()));
+      } catch {
+        // A body cut short: the END, or its absence, below says how the item ended.
+      }
+    }
     for (;;) {
       ended = await item.next();
       if (ended.kind !== "data") break;

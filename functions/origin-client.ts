@@ -38,6 +38,11 @@ export type ItemEvent =
  */
 export interface OpenItem {
   head: ItemHead;
+  /**
+   * Present when the upstream writes the item's body to the client itself (the `Batcher`,
+   * for streaming answers): `next` then yields only the END or `broken`, never `data`.
+   */
+  piped?: PipedBody;
   /** The next event; never rejects. After `end` or `broken` there are no more. */
   next(): Promise<ItemEvent>;
   /** Stops the item: the origin cancels it and frees its slot. */
@@ -48,6 +53,23 @@ export interface OpenItem {
    * trailer, or null when none came within `waitMs`, and then stops as {@link cancel} does.
    */
   cancelForUsage(waitMs: number): Promise<ItemTrailer | null>;
+}
+
+/**
+ * An item body its upstream writes straight into the client's response. The upstream ends
+ * it with OpenAI's error event when the item fails after its HEAD, so the client never takes
+ * a cut answer for a whole one; the edge only reads the item's END to bill it.
+ */
+export interface PipedBody {
+  /** The client's response body. */
+  body: ReadableStream<Uint8Array>;
+  /**
+   * The client went away: the item is cancelled on its origin, and its END (with the usage
+   * generated until then) still comes through `next`.
+   */
+  clientGone(): void;
+  /** The request timed out: the body ends with a timeout error event, and the item stops. */
+  timeOut(): void;
 }
 
 /** The outcome of one attempt at an origin; `originId` names the origin that was tried. */

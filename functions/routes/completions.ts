@@ -67,6 +67,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     stream: plan.stream,
     headers,
     onSettled: (settled) => settlement.settle(settled),
+    signal: c.req.raw.signal,
     open: batcherOpener({
       namespace: c.env.BATCHER,
       config,

@@ -13,7 +13,7 @@ import {
 import { type WindowConfigInput, WindowConfigSchema } from "../../durable-objects/window.ts";
 import { type FrameReader, frameReader } from "../../functions/origin-client.ts";
 import { FrameType, type ItemTrailer, decodeJsonPayload } from "../../origin/protocol.ts";
-import { chatBody, metricValue } from "../support/edge-requests.ts";
+import { chatBody, lastEvent, metricValue } from "../support/edge-requests.ts";
 
 // batch-1 and batch-2 are this file's alone; they generate about one token per 20 ms, so a
 // long request is still running while the next ones arrive.
@@ -38,24 +38,31 @@ function batcher(window: Partial<WindowConfigInput> = {}, ids: string[] = ["batc
     quarantineMs: 1000,
   };
   const stub = env.BATCHER.getByName(`test:${setup.version}`);
-  const submit = (id: string, over: SubmitOverrides = {}): Promise<BatcherSubmitResult> => {
+  const submit = (
+    id: string,
+    over: SubmitOverrides = {},
+    pipe?: WritableStream<Uint8Array>,
+  ): Promise<BatcherSubmitResult> => {
     const { body, ...rest } = over;
-    return stub.submit({
-      setup,
-      id,
-      path: "/v1/chat/completions",
-      body: JSON.stringify(chatBody({ stream: true, max_tokens: 4, ...body })),
-      headers: { "x-request-id": id },
-      lane: 0,
-      promptTokens: 30,
-      maxTokens: 4,
-      deadline: Date.now() + 60_000,
-      firstByteTimeoutMs: 10_000,
-      timeHead: true,
-      itemTimeoutMs: 60_000,
-      avoidOrigins: [],
-      ...rest,
-    });
+    return stub.submit(
+      {
+        setup,
+        id,
+        path: "/v1/chat/completions",
+        body: JSON.stringify(chatBody({ stream: true, max_tokens: 4, ...body })),
+        headers: { "x-request-id": id },
+        lane: 0,
+        promptTokens: 30,
+        maxTokens: 4,
+        deadline: Date.now() + 60_000,
+        firstByteTimeoutMs: 10_000,
+        timeHead: true,
+        itemTimeoutMs: 60_000,
+        avoidOrigins: [],
+        ...rest,
+      },
+      pipe,
+    );
   };
   return { stub, setup, submit };
 }
@@ -388,6 +395,85 @@ describe("cancellation", () => {
     expect(neighbour.trailer).toMatchObject({ id: "n2", outcome: "ok" });
     const after = await waitForCounts("batch-1", (c) => c.cancelled > before.cancelled);
     expect(after.cancelled).toBe(before.cancelled + 1);
+    await release(b, "occupier", occupier);
+  });
+});
+
+/** Submits with a response body of its own; the batcher writes the item's bytes there. */
+async function submitPiped(b: ReturnType<typeof batcher>, id: string, over: SubmitOverrides) {
+  const { readable, writable } = new IdentityTransformStream();
+  const frames = framesOf(await b.submit(id, over, writable));
+  return { frames, body: readable };
+}
+
+describe("a body handed to submit", () => {
+  it("gets the item's exact bytes, and the frame stream only its HEAD and END", async () => {
+    const b = batcher({ ...HOLD, maxBatchSize: 2 });
+    const occupier = await occupy(b);
+    const body = chatBody({ stream: true, max_tokens: 9, stream_options: { include_usage: true } });
+    await direct(body);
+    const piped = await submitPiped(b, "p1", { body });
+    const [item, bytes] = await Promise.all([
+      readItem(piped.frames),
+      new Response(piped.body).arrayBuffer(),
+    ]);
+    expect(item.head).toMatchObject({ status: 200, origin: "batch-1" });
+    expect(item.body.byteLength).toBe(0);
+    expect(item.trailer).toMatchObject({ id: "p1", outcome: "ok" });
+    expect(new Uint8Array(bytes)).toEqual(await direct(body));
+    await release(b, "occupier", occupier);
+  });
+
+  it("ends the body with a timeout error event when the caller gives up on the item", async () => {
+    const b = batcher(HOLD);
+    const before = await counts("batch-1");
+    const piped = await submitPiped(b, "p2", { body: { max_tokens: 2000 } });
+    await untilHead(piped.frames);
+    const reader = piped.body.getReader();
+    await reader.read();
+    expect(await b.stub.cancel("p2", { timedOut: true })).toBe(true);
+    let text = "";
+    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) {
+      text += new TextDecoder().decode(chunk.value);
+    }
+    expect(lastEvent(text)).toMatchObject({
+      last: { error: { type: "server_error", code: "origin_timeout" } },
+      done: false,
+    });
+    const after = await waitForCounts("batch-1", (c) => c.inFlight === before.inFlight);
+    expect(after.inFlight).toBe(before.inFlight);
+  });
+
+  it("cancels the item until its END when the client leaves the body", async () => {
+    const b = batcher(HOLD);
+    const piped = await submitPiped(b, "p3", { body: { max_tokens: 2000 } });
+    await untilHead(piped.frames);
+    const reader = piped.body.getReader();
+    await reader.read();
+    await reader.cancel();
+    // Noticed at the batcher's next write to the body; no cancel RPC needed.
+    const rest = await readItem(piped.frames);
+    expect(rest.trailer).toMatchObject({ id: "p3", outcome: "cancelled" });
+    expect(rest.trailer?.usage?.completion_tokens).toBeGreaterThan(0);
+    expect((await b.stub.snapshot()).counters.cancelledRunning).toBe(1);
+  });
+
+  it("writes nothing to the body, and never ends it, when the item fails before its HEAD", async () => {
+    const b = batcher({ ...HOLD, lanes: [{ queueTimeoutMs: 100, onTimeout: "reject" }] });
+    const occupier = await occupy(b);
+    const piped = await submitPiped(b, "p4", {});
+    const item = await readItem(piped.frames);
+    expect(item.head).toBeNull();
+    expect(item.trailer).toMatchObject({ id: "p4", error: { code: "queue_timeout" } });
+    // The caller answers from the END and drops the body; a cleanly ended one would pass
+    // for an empty answer.
+    const reader = piped.body.getReader();
+    const read = await Promise.race([
+      reader.read().then((chunk) => (chunk.done ? "ended" : "bytes")),
+      new Promise((resolve) => setTimeout(() => resolve("nothing"), 100)),
+    ]);
+    expect(read).toBe("nothing");
+    await reader.cancel();
     await release(b, "occupier", occupier);
   });
 });

@@ -15,7 +15,13 @@ import {
 } from "../../functions/batcher-client.ts";
 import { parseGatewayConfig } from "../../functions/config.ts";
 import app from "../../functions/index.ts";
-import { type ErrorBody, chatBody, edgeRequest, metricValue } from "../support/edge-requests.ts";
+import {
+  type ErrorBody,
+  chatBody,
+  edgeRequest,
+  lastEvent,
+  metricValue,
+} from "../support/edge-requests.ts";
 import { TEST_ADMIN_TOKEN } from "../support/provided-context.ts";
 
 // edge-batch-1 is this file's alone (about 20 ms per token), so its call counts are ours.
@@ -226,6 +232,66 @@ describe("the request path through the batcher", () => {
   });
 });
 
+/** Sets edge-batch-1's injected faults; null clears them. */
+async function setFaults(faults: Record<string, unknown> | null): Promise<void> {
+  const res = await fetch(`${ORIGIN_URL}/admin/faults`, {
+    method: faults === null ? "DELETE" : "PUT",
+    headers: { "content-type": "application/json" },
+    ...(faults !== null && { body: JSON.stringify(faults) }),
+  });
+  expect(res.ok).toBe(true);
+  await res.arrayBuffer();
+}
+
+describe("a stream whose body the batcher writes", () => {
+  it("ends with the batcher's OpenAI error event when the origin cuts the item", async () => {
+    const config = configWith({ idle_bypass_ms: 0 });
+    const before = (await batcherOf(config).snapshot()).counters.submitted;
+    await setFaults({ dropAfterTokens: 2, dropRate: 1 });
+    try {
+      const { response, done } = send(config, chat({ max_tokens: 20 }));
+      const res = await response;
+      expect(res.status).toBe(200);
+      const text = await res.text();
+      await done();
+      expect(text).toMatch(/^data: \{"id":"chatcmpl-/);
+      expect(lastEvent(text)).toEqual({
+        last: {
+          error: {
+            message: "The origin server failed to process the request.",
+            type: "server_error",
+            param: null,
+            code: "origin_error",
+          },
+        },
+        done: false,
+      });
+    } finally {
+      await setFaults(null);
+    }
+    expect((await batcherOf(config).snapshot()).counters.submitted).toBe(before + 1);
+  });
+
+  it("ends with a timeout error event when the request outlives its timeout", async () => {
+    const config = JSON.stringify({
+      ...JSON.parse(configWith({ idle_bypass_ms: 0 })),
+      limits: { first_byte_timeout_ms: 5_000, request_timeout_ms: 400, retry_budget: 0 },
+    });
+    const { response, done } = send(config, chat({ max_tokens: 2000 }));
+    const res = await response;
+    expect(res.status).toBe(200);
+    const text = await res.text();
+    await done();
+    const { last, done: finished } = lastEvent(text);
+    expect(last).toMatchObject({ error: { type: "server_error", code: "origin_timeout" } });
+    expect(finished).toBe(false);
+    const after = await waitForBatcher(config, (s) =>
+      Object.values(s.inFlight).every((n) => n === 0),
+    );
+    expect(after.inFlight).toEqual({ "edge-batch-1": 0 });
+  });
+});
+
 describe("GET /admin/batchers/:region/:model", () => {
   it("shows each shard's counters to the admin, and no one else", async () => {
     const config = configWith({ shards: 2 });
@@ -287,15 +353,22 @@ describe("a batcher restart mid-window", () => {
 
     await abortAllDurableObjects();
 
-    // The running stream ends with an OpenAI error event; the waiting ones get one error each.
+    // The running stream, whose body the batcher was writing, is cut: its client gets an
+    // error (the connection drops, as on a deploy), never a clean end or [DONE]. The waiting
+    // ones get one error answer each.
     const rest = new TextDecoder();
     let tail = "";
-    for (;;) {
-      const { done, value } = await occupier.reader.read();
-      if (done) break;
-      tail += rest.decode(value, { stream: true });
+    let cut: unknown = null;
+    try {
+      for (;;) {
+        const { done, value } = await occupier.reader.read();
+        if (done) break;
+        tail += rest.decode(value, { stream: true });
+      }
+    } catch (error) {
+      cut = error;
     }
-    expect(tail).toMatch(/data: \{"error":\{.*"code":"origin_error"\}\}\n\n$/);
+    expect(cut).toBeInstanceOf(Error);
     expect(tail).not.toContain("[DONE]");
     const answers = await Promise.all(waiting.map((w) => w.response));
     for (const res of answers) {

@@ -24,7 +24,10 @@ const SMALL = { input_per_mtok: 0.1, cached_input_per_mtok: 0.025, output_per_mt
 const LARGE = { input_per_mtok: 0.6, cached_input_per_mtok: 0.15, output_per_mtok: 2.4 };
 
 /** A config over the metering origins with prices and aliases; `batching` as given. */
-function pricedConfig(options: { batching?: boolean; deadLarge?: boolean } = {}): string {
+/** `batching: "always"`: every request goes through the batcher (no idle bypass). */
+function pricedConfig(
+  options: { batching?: boolean | "always"; deadLarge?: boolean } = {},
+): string {
   return JSON.stringify({
     models: [
       { id: "warmgate-sim-8b", max_model_len: 32768, pricing: SMALL },
@@ -58,7 +61,8 @@ function pricedConfig(options: { batching?: boolean; deadLarge?: boolean } = {})
     ],
     default_region: "metering",
     limits: { first_byte_timeout_ms: 3_000, request_timeout_ms: 60_000, retry_budget: 1 },
-    batching: { enabled: options.batching ?? true },
+    batching:
+      options.batching === "always" ? { idle_bypass_ms: 0 } : { enabled: options.batching ?? true },
   });
 }
 
@@ -187,28 +191,35 @@ describe("prices on the request path", () => {
     expect(usdToMicros((record as RequestRecord).cost_usd)).toBe(costOf(usage as Usage, SMALL));
   });
 
-  it("bills a cancelled stream for the tokens generated before the client went away", async () => {
-    const { key } = await createKey({ name: "cancel-cost" });
-    const config = pricedConfig({ batching: false });
-    const { response } = await send(
-      config,
-      chat(key, { stream: true, max_tokens: 2_000 }, "metering-slow"),
-      async (r) => {
-        const reader = (r.body as ReadableStream<Uint8Array>).getReader();
-        for (let i = 0; i < 3; i++) await reader.read();
-        await reader.cancel();
-      },
-    );
-    const requestId = response.headers.get("x-request-id") ?? "";
-    const { body } = await send(config, get(key, `/v1/usage/requests/${requestId}`), (r) =>
-      r.json(),
-    );
-    const record = body as RequestRecord;
-    expect(record).toMatchObject({ status: "settled", outcome: "cancelled" });
-    expect(record.completion_tokens).toBeGreaterThan(0);
-    expect(record.completion_tokens).toBeLessThan(2_000);
-    expect(record.cost_usd).toBeGreaterThan(0);
-  });
+  // Unbatched, the edge relays the stream; batched, the batcher writes it into the response.
+  it.each([
+    ["unbatched", false],
+    ["batched", "always"],
+  ] as const)(
+    "bills a cancelled %s stream for the tokens generated before the client went away",
+    async (_, batching) => {
+      const { key } = await createKey({ name: "cancel-cost" });
+      const config = pricedConfig({ batching });
+      const { response } = await send(
+        config,
+        chat(key, { stream: true, max_tokens: 2_000 }, "metering-slow"),
+        async (r) => {
+          const reader = (r.body as ReadableStream<Uint8Array>).getReader();
+          for (let i = 0; i < 3; i++) await reader.read();
+          await reader.cancel();
+        },
+      );
+      const requestId = response.headers.get("x-request-id") ?? "";
+      const { body } = await send(config, get(key, `/v1/usage/requests/${requestId}`), (r) =>
+        r.json(),
+      );
+      const record = body as RequestRecord;
+      expect(record).toMatchObject({ status: "settled", outcome: "cancelled" });
+      expect(record.completion_tokens).toBeGreaterThan(0);
+      expect(record.completion_tokens).toBeLessThan(2_000);
+      expect(record.cost_usd).toBeGreaterThan(0);
+    },
+  );
 
   it("falls back to the next model of an alias when one has no origin, billing the one that served", async () => {
     const { key } = await createKey({ name: "fallback" });

@@ -67,3 +67,12 @@ export function metricValue(text: string, name: string, labels = ""): number {
   const line = text.split("\n").find((l) => l.startsWith(prefix));
   return line === undefined ? 0 : Number(line.slice(prefix.length));
 }
+
+/** The last event of an SSE stream, parsed, and whether the stream said `[DONE]`. */
+export function lastEvent(text: string): { last: unknown; done: boolean } {
+  const events = text.split("\n\n").filter((e) => e !== "");
+  return {
+    last: JSON.parse((events.at(-1) ?? "").replace(/^data: /, "")),
+    done: text.includes("[DONE]"),
+  };
+}
