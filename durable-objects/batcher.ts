@@ -22,6 +22,16 @@
 // write) or calling `cancel` cancels the item: a waiting item leaves the queue, a running
 // one is cancelled on its origin.
 //
+// A caller may also hand `submit` the writable side of its client's response body: the
+// item's body bytes then go there (the runtime carries them to the client without the
+// caller running per chunk), and its frame stream carries only HEAD and END. Such a body
+// has one write in flight at a time, and bytes that come meanwhile join the next write
+// (see `client-body.ts`): under load, fewer and larger writes. For such an item this
+// object also writes the OpenAI error event that ends a body whose item failed after its
+// HEAD (origin error, timeout, cut call), and a body whose client went away cancels the
+// item on its origin but keeps the frame stream open up to the END, whose usage bills what
+// was generated. A body is never ended cleanly for an item that did not end well.
+//
 // Tables
 //   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
 //   open_batches       batch_id TEXT PK, origin_id, origin_url, sent_at, item_ids (JSON
@@ -57,6 +67,7 @@
 //   - The alarm is set only while a batch is open, something is queued, or orphans wait;
 //     running it twice changes nothing.
 
+import { ClientBody } from "./client-body.ts";
 import { applyMigrations } from "./migrations.ts";
 import { errorEvent, originFailure } from "../functions/errors.ts";
 import { WriteBehind } from "./write-behind.ts";
@@ -286,13 +297,11 @@ interface Caller {
   stage: CallerStage;
   writer: WritableStreamDefaultWriter<Uint8Array>;
   /** The client's response body, when the caller handed it over (see the top of this file). */
-  body: WritableStreamDefaultWriter<Uint8Array> | null;
+  body: ClientBody | null;
   batch: OpenBatch | null;
   headTimer: ReturnType<typeof setTimeout> | null;
   /** Frames of the origin chunk being applied, written to the caller in one piece. */
   pending: Uint8Array[];
-  /** Body bytes of that chunk, when the body was handed over; also written in one piece. */
-  bodyPending: Uint8Array[];
   /** The HEAD's status, once it came. */
   status: number | null;
   /** Cancelled on its origin while its stream waits for the END (`cancel` with `untilEnd`). */
@@ -509,11 +518,10 @@ export class Batcher extends DurableObject<Env> {
       input,
       stage: "queued",
       writer,
-      body: body?.getWriter() ?? null,
+      body: body === undefined ? null : new ClientBody(body),
       batch: null,
       headTimer: null,
       pending: [],
-      bodyPending: [],
       status: null,
       cancelling: false,
       firstByte: false,
@@ -711,7 +719,7 @@ export class Batcher extends DurableObject<Env> {
     const now = Date.now();
     let freed = false;
     // Callers with frames of this chunk, each once: `pending` is empty between chunks.
-    const touched: Caller[] = [];
+    const touched = new Set<Caller>();
     for (const frame of frames) {
       if (frame.type === FrameType.LOAD) {
         const report = decodeJsonPayload(frame.payload) as LoadReport;
@@ -732,7 +740,7 @@ export class Batcher extends DurableObject<Env> {
           else this.#failedAt.delete(batch.originId);
           // The caller learns which origin serves it from an added `origin` field.
           const withOrigin = { ...head, origin: batch.originId };
-          if (isIdle(caller)) touched.push(caller);
+          touched.add(caller);
           caller.pending.push(encodeJsonFrame(FrameType.HEAD, 0, withOrigin));
           break;
         case FrameType.DATA:
@@ -747,8 +755,8 @@ export class Batcher extends DurableObject<Env> {
             );
           }
           if (caller.stage !== "open") break;
-          if (isIdle(caller)) touched.push(caller);
-          if (caller.body !== null) caller.bodyPending.push(frame.payload);
+          touched.add(caller);
+          if (caller.body !== null) caller.body.push(frame.payload);
           else caller.pending.push(encodeFrame(FrameType.DATA, 0, frame.payload));
           break;
         case FrameType.END:
@@ -759,12 +767,12 @@ export class Batcher extends DurableObject<Env> {
           );
           freed = true;
           if (caller.stage === "open") {
-            if (isIdle(caller)) touched.push(caller);
+            touched.add(caller);
             if (caller.body !== null) {
               const { outcome } = decodeJsonPayload(frame.payload) as ItemTrailer;
               // An engine's own error answer is complete; anything else unfinished fails.
               if (outcome !== "ok" && (caller.status ?? 0) < 400) {
-                caller.bodyPending.push(failureEvent(outcome === "timeout"));
+                caller.body.push(failureEvent(outcome === "timeout"));
               }
             }
             caller.pending.push(encodeFrame(FrameType.END, 0, frame.payload));
@@ -824,7 +832,7 @@ export class Batcher extends DurableObject<Env> {
           // After HEAD the caller has bytes: a stream without END tells it the item was cut,
           // and a body of its own ends with the error event.
           cut = true;
-          if (caller.body !== null) caller.bodyPending.push(failureEvent(false));
+          caller.body?.push(failureEvent(false));
           caller.stage = "ended";
           this.#callers.delete(caller.input.id);
           this.#deliver(caller);
@@ -901,12 +909,11 @@ export class Batcher extends DurableObject<Env> {
     const previous = caller.stage;
     caller.stage = "ended";
     caller.pending = [];
-    caller.bodyPending = [];
     this.#clearHeadTimer(caller);
     closeQuietly(caller.writer);
     // Released, never closed: a clean end would pass a cut answer off as a whole one. (The
     // caller, which cancelled, drops its side itself: an abort does not reach it over RPC.)
-    caller.body?.abort("item cancelled").catch(ignore);
+    caller.body?.abort("item cancelled");
     caller.body = null;
     if (previous === "queued") {
       this.#state = this.#core((s) => cancelInWindow(s, id, now).state);
@@ -964,14 +971,10 @@ export class Batcher extends DurableObject<Env> {
   }
 
   #deliver(caller: Caller): void {
-    // A write fails only when the caller (or its client) cancelled the stream, which
-    // `closed` (see `#admit`) reports once for all writes.
     const body = caller.body;
-    if (body !== null && caller.bodyPending.length > 0) {
-      body.write(concatBytes(caller.bodyPending)).catch(ignore);
-      caller.bodyPending = [];
-    }
-    // Body bytes first: the END the caller bills by comes after every byte it covers.
+    body?.flush();
+    // A write fails only when the caller cancelled its stream, which `writer.closed` (see
+    // `#admit`) reports once for all writes.
     if (caller.pending.length > 0) {
       caller.writer.write(concatBytes(caller.pending)).catch(ignore);
       caller.pending = [];
@@ -979,7 +982,7 @@ export class Batcher extends DurableObject<Env> {
     if (caller.stage !== "ended") return;
     closeQuietly(caller.writer);
     if (body !== null) {
-      closeQuietly(body);
+      body.close();
       caller.body = null;
     }
   }
@@ -991,11 +994,8 @@ export class Batcher extends DurableObject<Env> {
   #endBody(id: string, why: "timeout"): void {
     const caller = this.#callers.get(id);
     if (caller === undefined || caller.body === null || caller.stage !== "open") return;
-    if ((caller.status ?? 0) < 400) caller.bodyPending.push(failureEvent(why === "timeout"));
-    const body = caller.body;
-    if (caller.bodyPending.length > 0) body.write(concatBytes(caller.bodyPending)).catch(ignore);
-    caller.bodyPending = [];
-    closeQuietly(body);
+    if ((caller.status ?? 0) < 400) caller.body.push(failureEvent(why === "timeout"));
+    caller.body.close();
     caller.body = null;
   }
 
@@ -1026,7 +1026,7 @@ export class Batcher extends DurableObject<Env> {
     caller.pending.push(encodeJsonFrame(FrameType.END, 0, trailer));
     // A handed-over body had no bytes yet: released, never closed. The caller answers from
     // the END and drops its side (an abort does not reach it over RPC).
-    caller.body?.abort("item failed before its HEAD").catch(ignore);
+    caller.body?.abort("item failed before its HEAD");
     caller.body = null;
     this.#deliver(caller);
   }
@@ -1090,11 +1090,6 @@ export function sizeBucket(size: number): string {
 }
 
 function ignore(): void {}
-
-/** Whether a caller has nothing waiting to be delivered for the chunk being applied. */
-function isIdle(caller: Caller): boolean {
-  return caller.pending.length === 0 && caller.bodyPending.length === 0;
-}
 
 /** The SSE error event that ends a handed-over body whose item failed after its HEAD. */
 function failureEvent(timedOut: boolean): Uint8Array {

@@ -1,0 +1,105 @@
+import { describe, expect, it } from "vitest";
+import { ClientBody } from "../../durable-objects/client-body.ts";
+
+const bytes = (text: string) => new TextEncoder().encode(text);
+const text = (chunk: Uint8Array) => new TextDecoder().decode(chunk);
+
+/** A body whose writes complete only when the test says so, recording what each carried. */
+function slowSink() {
+  const writes: string[] = [];
+  const done: (() => void)[] = [];
+  let closed = false;
+  let aborted: unknown = null;
+  const writable = new WritableStream<Uint8Array>(
+    {
+      write(chunk) {
+        writes.push(text(chunk));
+        return new Promise<void>((resolve) => done.push(resolve));
+      },
+      close() {
+        closed = true;
+      },
+      abort(reason) {
+        aborted = reason;
+      },
+    },
+    { highWaterMark: 1 },
+  );
+  return {
+    writable,
+    writes,
+    /** Completes the oldest write still in flight. */
+    async complete() {
+      done.shift()?.();
+      await new Promise((resolve) => setTimeout(resolve, 0));
+    },
+    state: () => ({ closed, aborted }),
+  };
+}
+
+const settle = () => new Promise((resolve) => setTimeout(resolve, 0));
+
+describe("ClientBody", () => {
+  it("writes at once when no write is in flight, and joins what comes during one", async () => {
+    const sink = slowSink();
+    const body = new ClientBody(sink.writable);
+    body.push(bytes("a"));
+    body.flush();
+    await settle();
+    expect(sink.writes).toEqual(["a"]);
+    body.push(bytes("b"));
+    body.flush();
+    body.push(bytes("c"));
+    body.flush();
+    await settle();
+    // "a" is still being written: "b" and "c" wait for it, then leave together.
+    expect(sink.writes).toEqual(["a"]);
+    await sink.complete();
+    expect(sink.writes).toEqual(["a", "bc"]);
+  });
+
+  it("closes only after every queued byte is written", async () => {
+    const sink = slowSink();
+    const body = new ClientBody(sink.writable);
+    body.push(bytes("a"));
+    body.flush();
+    body.push(bytes("b"));
+    body.close();
+    // Nothing after close is taken.
+    body.push(bytes("late"));
+    await settle();
+    expect(sink.state().closed).toBe(false);
+    await sink.complete();
+    await sink.complete();
+    await settle();
+    expect(sink.writes).toEqual(["a", "b"]);
+    expect(sink.state().closed).toBe(true);
+  });
+
+  it("drops what is queued and never closes cleanly when aborted", async () => {
+    const sink = slowSink();
+    const body = new ClientBody(sink.writable);
+    body.push(bytes("a"));
+    body.flush();
+    await settle();
+    body.push(bytes("b"));
+    body.abort("item cancelled");
+    await sink.complete();
+    await settle();
+    expect(sink.writes).toEqual(["a"]);
+    expect(sink.state()).toEqual({ closed: false, aborted: "item cancelled" });
+    await expect(body.closed).rejects.toBe("item cancelled");
+  });
+
+  it("stops writing when the client went away, and says so through closed", async () => {
+    const { readable, writable } = new TransformStream<Uint8Array, Uint8Array>();
+    const body = new ClientBody(writable);
+    await readable.cancel("client left");
+    body.push(bytes("a"));
+    body.flush();
+    await expect(body.closed).rejects.toBe("client left");
+    body.push(bytes("b"));
+    body.close();
+    await settle();
+  });
+});
