@@ -22,9 +22,10 @@
 // write) or calling `cancel` cancels the item: a waiting item leaves the queue, a running
 // one is cancelled on its origin.
 //
-// A caller may also hand `submit` the writable side of its client's response body: the
-// item's body bytes then go there (the runtime carries them to the client without the
-// caller running per chunk), and its frame stream carries only HEAD and END. Such a body
+// A caller may also ask `submit` for the item's body on a stream of its own (`pipeBody`),
+// which it hands its client as the response body: the runtime carries the bytes to the
+// client without the caller running per chunk, and the frame stream carries only HEAD and
+// END. Such a body
 // has one write in flight at a time, and bytes that come meanwhile join the next write
 // (see `client-body.ts`): under load, fewer and larger writes. For such an item this
 // object also writes the OpenAI error event that ends a body whose item failed after its
@@ -168,6 +169,11 @@ export interface BatcherSubmit {
    * (ms; null when it has no figure yet): the window's wait term takes it into account.
    */
   recentFirstByteMs?: number | null;
+  /**
+   * Answer the item's body bytes on a stream of their own, which the caller gives its client
+   * as it is; the frame stream then carries only HEAD and END (see the top of this file).
+   */
+  pipeBody?: boolean;
 }
 
 /** The HEAD payload a caller receives: the origin's, plus which origin it is. */
@@ -205,10 +211,16 @@ export interface BatcherFailureTrailer extends ItemTrailer {
 /** The answer to `submit`. */
 export type BatcherSubmitResult =
   /**
-   * Admitted: the item's frames follow on `frames` (see the top of this file). `atOnce`:
-   * it was sent at once, alone, with no window (this batcher had nothing to wait for).
+   * Admitted: the item's frames follow on `frames`, and its body bytes on `body` when the
+   * caller asked for that (see the top of this file). `atOnce`: it was sent at once, alone,
+   * with no window (this batcher had nothing to wait for).
    */
-  | { kind: "accepted"; frames: ReadableStream<Uint8Array>; atOnce: boolean }
+  | {
+      kind: "accepted";
+      frames: ReadableStream<Uint8Array>;
+      body?: ReadableStream<Uint8Array>;
+      atOnce: boolean;
+    }
   /** The lane is full: answer 429 with `retry-after`. */
   | { kind: "refused"; reason: "queue_full"; retryAfterMs: number }
   /** Refused before queueing, for a reason another region may not share. */
@@ -377,11 +389,10 @@ export class Batcher extends DurableObject<Env> {
 
   /**
    * Admits one request attempt: refuses it at once (full lane, no origin), or queues or
-   * sends it and returns its frame stream. With `body`, the item's body bytes go there
-   * instead of into the frame stream (see the top of this file); a refused attempt leaves
-   * `body` untouched.
+   * sends it and returns its frame stream, and with `pipeBody` its body stream (see the top
+   * of this file).
    */
-  submit(input: BatcherSubmit, body?: WritableStream<Uint8Array>): BatcherSubmitResult {
+  submit(input: BatcherSubmit): BatcherSubmitResult {
     const now = Date.now();
     let state = this.#configure(input.setup, now);
     if (input.recentFirstByteMs !== undefined && input.recentFirstByteMs !== null) {
@@ -430,19 +441,19 @@ export class Batcher extends DurableObject<Env> {
         }
       case "dispatch-now": {
         this.#state = next;
-        const frames = this.#admit(input, body);
+        const streams = this.#admit(input);
         this.#counters.dispatchedAtOnce += 1;
         this.#send(decision.batch, now);
-        return { kind: "accepted", frames, atOnce: true };
+        return { kind: "accepted", ...streams, atOnce: true };
       }
       case "queued": {
         this.#state = next;
-        const frames = this.#admit(input, body);
+        const streams = this.#admit(input);
         this.#counters.queued += 1;
         if (decision.flushAt <= now) this.#flush(now);
         else this.#schedule(decision.flushAt);
         this.#armAlarm();
-        return { kind: "accepted", frames, atOnce: false };
+        return { kind: "accepted", ...streams, atOnce: false };
       }
       default:
         return assertNever(decision);
@@ -503,22 +514,29 @@ export class Batcher extends DurableObject<Env> {
     return this.#state;
   }
 
-  #admit(
-    input: BatcherSubmit,
-    body: WritableStream<Uint8Array> | undefined,
-  ): ReadableStream<Uint8Array> {
-    // A native stream: the runtime pumps it to the caller without running JavaScript per
+  #admit(input: BatcherSubmit): {
+    frames: ReadableStream<Uint8Array>;
+    body?: ReadableStream<Uint8Array>;
+  } {
+    // Native streams: the runtime pumps them to the caller without running JavaScript per
     // chunk, and the buffer lets a slow caller fall behind without holding up the call
     // its neighbours share.
     const { readable, writable } = new IdentityTransformStream({
       highWaterMark: CALLER_BUFFER_BYTES,
     });
     const writer = writable.getWriter();
+    // The caller hands this one to its client as it is. Should this object go away, the
+    // runtime errors it (a stream returned over RPC that is cut), so the client is never
+    // left waiting on a body nobody writes.
+    const body =
+      input.pipeBody === true
+        ? new IdentityTransformStream({ highWaterMark: CALLER_BUFFER_BYTES })
+        : null;
     const caller: Caller = {
       input,
       stage: "queued",
       writer,
-      body: body === undefined ? null : new ClientBody(body),
+      body: body === null ? null : new ClientBody(body.writable),
       batch: null,
       headTimer: null,
       pending: [],
@@ -533,7 +551,7 @@ export class Batcher extends DurableObject<Env> {
     caller.body?.closed.catch(() => {
       if (this.#callers.get(input.id) === caller) this.#cancelUntilEnd(input.id);
     });
-    return readable;
+    return body === null ? { frames: readable } : { frames: readable, body: body.readable };
   }
 
   #flush(now: number): void {
@@ -911,8 +929,7 @@ export class Batcher extends DurableObject<Env> {
     caller.pending = [];
     this.#clearHeadTimer(caller);
     closeQuietly(caller.writer);
-    // Released, never closed: a clean end would pass a cut answer off as a whole one. (The
-    // caller, which cancelled, drops its side itself: an abort does not reach it over RPC.)
+    // Aborted, never closed: a clean end would pass a cut answer off as a whole one.
     caller.body?.abort("item cancelled");
     caller.body = null;
     if (previous === "queued") {
@@ -988,7 +1005,7 @@ export class Batcher extends DurableObject<Env> {
   }
 
   /**
-   * Ends a running item's handed-over body with an error event, as its caller gave up on
+   * Ends a running item's body stream with an error event, as its caller gave up on
    * it (`cancel` with `timedOut`); the item itself is cancelled by the caller's `cancel`.
    */
   #endBody(id: string, why: "timeout"): void {
@@ -1024,8 +1041,7 @@ export class Batcher extends DurableObject<Env> {
       ...extra,
     };
     caller.pending.push(encodeJsonFrame(FrameType.END, 0, trailer));
-    // A handed-over body had no bytes yet: released, never closed. The caller answers from
-    // the END and drops its side (an abort does not reach it over RPC).
+    // A body stream had no bytes yet: aborted, never closed (the caller answers from the END).
     caller.body?.abort("item failed before its HEAD");
     caller.body = null;
     this.#deliver(caller);
@@ -1091,7 +1107,7 @@ export function sizeBucket(size: number): string {
 
 function ignore(): void {}
 
-/** The SSE error event that ends a handed-over body whose item failed after its HEAD. */
+/** The SSE error event that ends a body stream whose item failed after its HEAD. */
 function failureEvent(timedOut: boolean): Uint8Array {
   return errorEvent(originFailure(timedOut ? "timeout" : "bad_answer"));
 }

@@ -280,41 +280,34 @@ export async function submitToBatcher(
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean }> {
   const shard = shardOf(plan, request.requestId, route.keyId);
   const stub = route.namespace.getByName(batcherName(region, route.model, shard, plan));
-  // A streamed answer's body is handed to the batcher, which writes the item's bytes into it:
-  // the runtime carries them to the client and this isolate runs nothing per token.
-  const pipe = request.timeHead ? new IdentityTransformStream() : null;
-  const dropPipe = () => {
-    pipe?.readable.cancel().catch(() => {});
-  };
   let result: BatcherSubmitResult;
   try {
-    result = await stub.submit(
-      {
-        setup: plan.setup,
-        id: request.attemptId,
-        path: request.path,
-        body: request.body,
-        headers: request.headers,
-        lane: laneFor(plan, route.tier, route.priority),
-        promptTokens: route.promptTokens,
-        maxTokens: route.maxTokens,
-        deadline: route.deadline,
-        firstByteTimeoutMs: request.firstByteTimeoutMs,
-        timeHead: request.timeHead,
-        itemTimeoutMs: request.itemTimeoutMs,
-        avoidOrigins: [...request.avoidOrigins],
-        // Always sent (null before a first figure): the batcher then counts this edge's
-        // waits by its reports only.
-        recentFirstByteMs: seen.recentFirstByteMs,
-      },
-      pipe?.writable,
-    );
+    result = await stub.submit({
+      setup: plan.setup,
+      id: request.attemptId,
+      path: request.path,
+      body: request.body,
+      headers: request.headers,
+      lane: laneFor(plan, route.tier, route.priority),
+      promptTokens: route.promptTokens,
+      maxTokens: route.maxTokens,
+      deadline: route.deadline,
+      firstByteTimeoutMs: request.firstByteTimeoutMs,
+      timeHead: request.timeHead,
+      itemTimeoutMs: request.itemTimeoutMs,
+      avoidOrigins: [...request.avoidOrigins],
+      // Always sent (null before a first figure): the batcher then counts this edge's
+      // waits by its reports only.
+      recentFirstByteMs: seen.recentFirstByteMs,
+      // A streamed answer's body comes on a stream of its own, which becomes the client's
+      // response body as it is: the runtime moves the bytes and this isolate runs nothing
+      // per token.
+      pipeBody: request.timeHead,
+    });
   } catch (error) {
-    dropPipe();
     // The batcher itself failed (restarted, overloaded): another region's may not.
     return { attempt: failed("unavailable", `batcher: ${describe(error)}`, null), atOnce: false };
   }
-  if (result.kind !== "accepted") dropPipe();
   switch (result.kind) {
     case "refused":
       return { attempt: { kind: "refused", error: queueFull(result.retryAfterMs) }, atOnce: false };
@@ -329,13 +322,17 @@ export async function submitToBatcher(
   }
 
   const frames = frameReader(result.frames);
+  const body = result.body;
+  const dropBody = () => {
+    body?.cancel().catch(() => {});
+  };
   const id = request.attemptId;
   const tell = (options?: BatcherCancelOptions) =>
     route.waitUntil(stub.cancel(id, options).catch(() => false));
   // Cancelling the stream reaches the batcher only at its next write; the RPC is at once.
   const cancel = () => {
     frames.cancel();
-    dropPipe();
+    dropBody();
     tell();
   };
   // Billing a client that went away needs the END's usage: cancel, but read on to the END.
@@ -350,9 +347,13 @@ export async function submitToBatcher(
   const gone = () => cancel();
   route.signal?.addEventListener("abort", gone, { once: true });
   try {
-    const body = pipe === null ? undefined : { body: pipe.readable, ...piped };
-    const attempt = await readHead(frames, cancel, cancelUntilEnd, body);
-    if (attempt.kind !== "open") dropPipe();
+    const attempt = await readHead(
+      frames,
+      cancel,
+      cancelUntilEnd,
+      body === undefined ? undefined : { body, ...piped },
+    );
+    if (attempt.kind !== "open") dropBody();
     return { attempt, atOnce: result.atOnce };
   } finally {
     route.signal?.removeEventListener("abort", gone);

@@ -89,7 +89,7 @@ export interface DispatchOptions {
   open?: ItemOpener;
   /**
    * Aborts when the client disconnects (Workers' `request.signal`): how the edge learns it
-   * for a body the upstream writes itself (see {@link PipedBody}).
+   * for a body the upstream streams itself (see {@link PipedBody}).
    */
   signal?: AbortSignal;
   now?: () => number;
@@ -268,7 +268,7 @@ function respond(
 }
 
 /**
- * A streamed answer whose body the upstream writes to the client itself: the edge hands
+ * A streamed answer whose body the upstream streams apart from its frames: the edge hands
  * the body over as it is and reads only the item's END, to settle the request. The upstream
  * writes the error event of a failure after the HEAD; the edge's own timeout asks it to.
  */

@@ -39,7 +39,7 @@ export type ItemEvent =
 export interface OpenItem {
   head: ItemHead;
   /**
-   * Present when the upstream writes the item's body to the client itself (the `Batcher`,
+   * Present when the upstream streams the item's body apart from its frames (the `Batcher`,
    * for streaming answers): `next` then yields only the END or `broken`, never `data`.
    */
   piped?: PipedBody;
@@ -56,12 +56,13 @@ export interface OpenItem {
 }
 
 /**
- * An item body its upstream writes straight into the client's response. The upstream ends
- * it with OpenAI's error event when the item fails after its HEAD, so the client never takes
- * a cut answer for a whole one; the edge only reads the item's END to bill it.
+ * An item body the upstream streams apart from its frames, which the edge gives the client
+ * as it is. The upstream ends it with OpenAI's error event when the item fails after its
+ * HEAD, so the client never takes a cut answer for a whole one; the edge only reads the
+ * item's END to bill it.
  */
 export interface PipedBody {
-  /** The client's response body. */
+  /** The item's body: the client's response body as it is. */
   body: ReadableStream<Uint8Array>;
   /**
    * The client went away: the item is cancelled on its origin, and its END (with the usage
