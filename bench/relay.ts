@@ -1,10 +1,11 @@
 /**
  * `npm run bench:relay`: what it costs to get a Durable Object's byte stream to a client,
- * two ways, alternating in one run (bench/relay/worker.ts): the Worker reading the
- * object's stream chunk by chunk into its response (`read`, how the edge relays the
- * Batcher's frames today) and the Worker handing the object its response's writable side
- * (`handoff`). The same workerd thread runs both sides, so its CPU per request is what each
- * design costs in all. Prints a table and writes bench/results/relay.json.
+ * three ways, alternating in one run (bench/relay/worker.ts): the Worker reading the
+ * object's stream chunk by chunk into its response (`read`), the Worker handing the object
+ * its response's writable side (`handoff`), and the Worker making the object's stream its
+ * response body as it is (`pass`, how the edge takes a Batcher's body stream). The same
+ * workerd thread runs both sides, so its CPU per request is what each design costs in
+ * all. Prints a table and writes bench/results/relay.json.
  */
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -31,8 +32,8 @@ const ROUNDS = Number(args.rounds);
 const REQUESTS = Number(args.requests);
 const CONCURRENCY = Number(args.concurrency);
 const CHUNKS = [1, 16, 64];
-type Design = "read" | "handoff";
-const DESIGNS: Design[] = ["read", "handoff"];
+type Design = "read" | "handoff" | "pass";
+const DESIGNS: Design[] = ["read", "handoff", "pass"];
 
 const worker = await startWorkerd({
   config: join(ROOT, "bench", "relay", "wrangler.toml"),
@@ -121,12 +122,12 @@ console.log(
   ),
 );
 console.log(
-  `\nCPU per chunk (16 to 64 chunks): read ${fmt(perChunk("read"), 1)} µs, handoff ${fmt(perChunk("handoff"), 1)} µs`,
+  `\nCPU per chunk (16 to 64 chunks): ${DESIGNS.map((d) => `${d} ${fmt(perChunk(d), 1)} µs`).join(", ")}`,
 );
 const path = await writeResult("relay", {
   command,
   settings: { rounds: ROUNDS, requests: REQUESTS, concurrency: CONCURRENCY, chunks: CHUNKS },
   rows,
-  cpuUsPerChunk: { read: perChunk("read"), handoff: perChunk("handoff") },
+  cpuUsPerChunk: Object.fromEntries(DESIGNS.map((d) => [d, perChunk(d)])),
 });
 console.log(`wrote ${path}`);

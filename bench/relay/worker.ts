@@ -1,11 +1,14 @@
 /**
- * Two ways for a Durable Object to stream bytes to the client of another Worker, as the
+ * Three ways for a Durable Object to stream bytes to the client of another Worker, as the
  * Batcher streams each caller's tokens (bench/relay.ts measures them):
  *
  * - `/read`: the object returns a ReadableStream over RPC and the Worker reads it chunk by
- *   chunk into its response, as the edge reads the Batcher's frames today;
+ *   chunk into its response (how the edge relayed the Batcher's frames before);
  * - `/handoff`: the Worker hands the object the writable side of its response body, and
- *   the runtime carries each write to the client without the Worker running per chunk.
+ *   the runtime carries each write to the client without the Worker running per chunk;
+ * - `/pass`: the object returns a ReadableStream over RPC and the Worker makes it its
+ *   response body as it is (how the edge takes a Batcher's body stream now: unlike a handed
+ *   writable, a returned stream is errored by the runtime when the object goes away).
  *
  * The object writes `n` SSE-sized chunks, each once the last one was taken (as tokens come).
  */
@@ -63,6 +66,9 @@ export default {
         { highWaterMark: 0 },
       );
       return new Response(body, { headers: SSE });
+    }
+    if (url.pathname === "/pass") {
+      return new Response(await source.read(n), { headers: SSE });
     }
     if (url.pathname === "/handoff") {
       const { readable, writable } = new IdentityTransformStream();
