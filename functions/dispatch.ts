@@ -204,14 +204,7 @@ function respond(
         // The client already went away.
       }
     }
-    options.onSettled({
-      model: options.model,
-      outcome,
-      usage: trailer?.usage ?? null,
-      region,
-      origin,
-      status: head.status,
-    });
+    settle(options, { region, origin, status: head.status }, outcome, trailer);
   };
 
   const body = new ReadableStream<Uint8Array>(
@@ -229,17 +222,13 @@ function respond(
               controller.enqueue(event.bytes);
               return;
             case "end": {
-              const { outcome } = event.trailer;
-              if (outcome === "ok" || head.status >= 400) {
+              const ended = endOutcome(event.trailer, head.status);
+              if (ended.complete) {
                 controller.close();
-                finish(outcome === "ok" ? "ok" : "error", event.trailer);
+                finish(ended.outcome, event.trailer);
               } else {
                 // The origin cancelled or timed out an item the client still wanted.
-                finish(
-                  outcome === "timeout" ? "timeout" : "error",
-                  event.trailer,
-                  event.trailer.error?.message,
-                );
+                finish(ended.outcome, event.trailer, event.trailer.error?.message);
               }
               return;
             }
@@ -290,14 +279,7 @@ function respondPiped(
     if (gaveUp !== undefined) clearTimeout(gaveUp);
     options.signal?.removeEventListener("abort", gone);
     options.pool.end(origin);
-    options.onSettled({
-      model: options.model,
-      outcome,
-      usage: trailer?.usage ?? null,
-      region,
-      origin,
-      status: head.status,
-    });
+    settle(options, { region, origin, status: head.status }, outcome, trailer);
   };
   // No request may outlive its timeout, even if the origin stops sending without closing.
   const deadline = setTimeout(() => {
@@ -330,13 +312,14 @@ function respondPiped(
     // The upstream cancels the item when the client's body went away before this edge knew.
     if (clientGone || trailer.outcome === "cancelled") {
       finish("cancelled", trailer);
-    } else if (trailer.outcome === "ok" || head.status >= 400) {
-      finish(trailer.outcome === "ok" ? "ok" : "error", trailer);
-    } else {
+      return;
+    }
+    const ended = endOutcome(trailer, head.status);
+    if (!ended.complete) {
       const detail = trailer.error?.message ?? trailer.outcome;
       console.warn("origin failed mid-stream", options.requestId, origin, detail);
-      finish(trailer.outcome === "timeout" ? "timeout" : "error", trailer);
     }
+    finish(ended.outcome, trailer);
   })();
 
   return new Response(piped.body, {
@@ -393,14 +376,7 @@ async function respondWhole(
       ? "timeout"
       : "error";
   const failure = complete ? null : originFailure(outcome === "timeout" ? "timeout" : "bad_answer");
-  options.onSettled({
-    model: options.model,
-    outcome,
-    usage: trailer?.usage ?? null,
-    region,
-    origin,
-    status: failure?.status ?? head.status,
-  });
+  settle(options, { region, origin, status: failure?.status ?? head.status }, outcome, trailer);
   if (failure !== null) {
     const detail = ended.kind === "broken" ? ended.detail : trailer?.error?.message;
     console.warn("origin failed mid-response", options.requestId, origin, detail ?? outcome);
@@ -410,6 +386,29 @@ async function respondWhole(
     status: head.status,
     headers: responseHeaders(head, region, origin),
   });
+}
+
+/** Reports the request's end once, with where it was served. */
+function settle(
+  options: DispatchOptions,
+  served: { region: string; origin: string; status: number },
+  outcome: SettledRequest["outcome"],
+  trailer: ItemTrailer | null,
+): void {
+  options.onSettled({ model: options.model, outcome, usage: trailer?.usage ?? null, ...served });
+}
+
+/**
+ * How a streamed item whose END came ends for its client: complete when the engine finished
+ * it (or answered with its own error, which is whole), otherwise failed after its HEAD.
+ */
+function endOutcome(
+  trailer: ItemTrailer,
+  status: number,
+): { complete: boolean; outcome: SettledRequest["outcome"] } {
+  if (trailer.outcome === "ok") return { complete: true, outcome: "ok" };
+  if (status >= 400) return { complete: true, outcome: "error" };
+  return { complete: false, outcome: trailer.outcome === "timeout" ? "timeout" : "error" };
 }
 
 function responseHeaders(head: ItemHead, region: string, origin: string): Headers {
