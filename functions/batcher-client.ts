@@ -337,22 +337,21 @@ export async function submitToBatcher(
   };
   // Billing a client that went away needs the END's usage: cancel, but read on to the END.
   const cancelUntilEnd = () => stub.cancel(id, { untilEnd: true });
-  const piped: Omit<PipedBody, "body"> = {
-    clientGone: () => tell({ untilEnd: true }),
-    timeOut: () => {
-      frames.cancel();
-      tell({ timedOut: true });
-    },
-  };
+  const piped: PipedBody | undefined =
+    body === undefined
+      ? undefined
+      : {
+          body,
+          clientGone: () => tell({ untilEnd: true }),
+          timeOut: () => {
+            frames.cancel();
+            tell({ timedOut: true });
+          },
+        };
   const gone = () => cancel();
   route.signal?.addEventListener("abort", gone, { once: true });
   try {
-    const attempt = await readHead(
-      frames,
-      cancel,
-      cancelUntilEnd,
-      body === undefined ? undefined : { body, ...piped },
-    );
+    const attempt = await readHead(frames, cancel, cancelUntilEnd, piped);
     if (attempt.kind !== "open") dropBody();
     return { attempt, atOnce: result.atOnce };
   } finally {

@@ -366,15 +366,11 @@ async function respondWhole(
     options.pool.end(origin);
   }
   const trailer = ended.kind === "end" ? ended.trailer : null;
-  // An engine's own error answer (4xx) is complete whatever its outcome says.
-  const complete = trailer !== null && (trailer.outcome === "ok" || head.status >= 400);
-  const outcome: SettledRequest["outcome"] = complete
-    ? trailer.outcome === "ok"
-      ? "ok"
-      : "error"
-    : timedOut || trailer?.outcome === "timeout"
-      ? "timeout"
-      : "error";
+  const { complete, outcome: endedAs } =
+    trailer === null
+      ? { complete: false, outcome: "error" as const }
+      : endOutcome(trailer, head.status);
+  const outcome: SettledRequest["outcome"] = !complete && timedOut ? "timeout" : endedAs;
   const failure = complete ? null : originFailure(outcome === "timeout" ? "timeout" : "bad_answer");
   settle(options, { region, origin, status: failure?.status ?? head.status }, outcome, trailer);
   if (failure !== null) {
@@ -399,8 +395,9 @@ function settle(
 }
 
 /**
- * How a streamed item whose END came ends for its client: complete when the engine finished
- * it (or answered with its own error, which is whole), otherwise failed after its HEAD.
+ * How an item whose END came ends for its client: complete when the engine finished it (or
+ * answered with its own error, a 4xx, which is whole whatever its outcome says), otherwise
+ * failed after its HEAD.
  */
 function endOutcome(
   trailer: ItemTrailer,
