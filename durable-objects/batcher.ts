@@ -25,13 +25,13 @@
 // A caller may also ask `submit` for the item's body on a stream of its own (`pipeBody`),
 // which it hands its client as the response body: the runtime carries the bytes to the
 // client without the caller running per chunk, and the frame stream carries only HEAD and
-// END. Such a body
-// has one write in flight at a time, and bytes that come meanwhile join the next write
-// (see `client-body.ts`): under load, fewer and larger writes. For such an item this
-// object also writes the OpenAI error event that ends a body whose item failed after its
-// HEAD (origin error, timeout, cut call), and a body whose client went away cancels the
-// item on its origin but keeps the frame stream open up to the END, whose usage bills what
-// was generated. A body is never ended cleanly for an item that did not end well.
+// END. Such a body has one write in flight at a time, and bytes that come meanwhile join
+// the next write (see `client-body.ts`): under load, fewer and larger writes. For such an
+// item this object also writes the OpenAI error event that ends a body whose item failed
+// after its HEAD (origin error, timeout, cut call), and a body whose client went away
+// cancels the item on its origin but keeps the frame stream open up to the END, whose
+// usage bills what was generated. A body is never ended cleanly for an item that did not
+// end well.
 //
 // Tables
 //   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
@@ -788,10 +788,7 @@ export class Batcher extends DurableObject<Env> {
             touched.add(caller);
             if (caller.body !== null) {
               const { outcome } = decodeJsonPayload(frame.payload) as ItemTrailer;
-              // An engine's own error answer is complete; anything else unfinished fails.
-              if (outcome !== "ok" && (caller.status ?? 0) < 400) {
-                caller.body.push(failureEvent(outcome === "timeout"));
-              }
+              if (outcome !== "ok") failBody(caller, outcome === "timeout");
             }
             caller.pending.push(encodeFrame(FrameType.END, 0, frame.payload));
             caller.stage = "ended";
@@ -850,7 +847,7 @@ export class Batcher extends DurableObject<Env> {
           // After HEAD the caller has bytes: a stream without END tells it the item was cut,
           // and a body of its own ends with the error event.
           cut = true;
-          caller.body?.push(failureEvent(false));
+          failBody(caller, false);
           caller.stage = "ended";
           this.#callers.delete(caller.input.id);
           this.#deliver(caller);
@@ -1011,7 +1008,7 @@ export class Batcher extends DurableObject<Env> {
   #endBody(id: string, why: "timeout"): void {
     const caller = this.#callers.get(id);
     if (caller === undefined || caller.body === null || caller.stage !== "open") return;
-    if ((caller.status ?? 0) < 400) caller.body.push(failureEvent(why === "timeout"));
+    failBody(caller, why === "timeout");
     caller.body.close();
     caller.body = null;
   }
@@ -1107,9 +1104,13 @@ export function sizeBucket(size: number): string {
 
 function ignore(): void {}
 
-/** The SSE error event that ends a body stream whose item failed after its HEAD. */
-function failureEvent(timedOut: boolean): Uint8Array {
-  return errorEvent(originFailure(timedOut ? "timeout" : "bad_answer"));
+/**
+ * Queues the SSE error event that ends the body stream of an item that failed after its
+ * HEAD. An engine's own error answer (a 4xx) is whole as it is, and gets none.
+ */
+function failBody(caller: Caller, timedOut: boolean): void {
+  if (caller.body === null || (caller.status ?? 0) >= 400) return;
+  caller.body.push(errorEvent(originFailure(timedOut ? "timeout" : "bad_answer")));
 }
 
 function closeQuietly(writer: WritableStreamDefaultWriter<Uint8Array>): void {
