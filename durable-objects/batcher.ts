@@ -9,8 +9,10 @@
 // and the origins (see `functions/batcher-client.ts`), so a configuration change starts
 // fresh instances while the old ones finish what they hold.
 //
-// The RPC surface: `submit` (one call per request attempt), `cancel` (an item whose client
-// went away), `snapshot` (counters and the window's view, for operators and tests).
+// The RPC surface: `submit` and `open` (one call per request attempt), `end` (the END of an
+// opened item), `cancel` (an item whose client went away), `snapshot` (counters and the
+// window's view, for operators and tests).
+//
 // `submit` admits or refuses at once; an admitted item's answer is a byte stream of that
 // item's own frames in the protocol's framing, item index 0: HEAD, DATA…, END as its
 // origin sent them (DATA and END payloads byte for byte; HEAD gains an `origin` field
@@ -22,16 +24,21 @@
 // write) or calling `cancel` cancels the item: a waiting item leaves the queue, a running
 // one is cancelled on its origin.
 //
-// A caller may also ask `submit` for the item's body on a stream of its own (`pipeBody`),
-// which it hands its client as the response body: the runtime carries the bytes to the
-// client without the caller running per chunk, and the frame stream carries only HEAD and
-// END. Such a body has one write in flight at a time, and bytes that come meanwhile join
-// the next write (see `client-body.ts`): under load, fewer and larger writes. For such an
-// item this object also writes the OpenAI error event that ends a body whose item failed
-// after its HEAD (origin error, timeout, cut call), and a body whose client went away
-// cancels the item on its origin but keeps the frame stream open up to the END, whose
-// usage bills what was generated. A body is never ended cleanly for an item that did not
-// end well.
+// `open` is for a streamed answer, whose body goes on a stream of its own that the caller
+// hands its client as the response body: the runtime carries the bytes to the client
+// without the caller running per chunk. `open` answers at the item's HEAD with that stream
+// (or with a refusal, or with the trailer of an END that came before any HEAD), and `end`,
+// which the caller calls right behind `open`, answers with the item's END trailer (null when
+// the call was cut after the HEAD): two RPCs and one stream per request, no frame stream.
+// Calls to one stub arrive in the order they were made, so `end` finds the item `open`
+// registered; an item whose caller never asks for its END keeps a settled promise until
+// this object goes away. Such a body has one write in flight at a time, and bytes that come
+// meanwhile join the next write (see `client-body.ts`): under load, fewer and larger
+// writes. For such an item this object also writes the OpenAI error event that ends a body
+// whose item failed after its HEAD (origin error, timeout, cut call), and a body whose
+// client went away cancels the item on its origin but keeps its END coming, whose usage
+// bills what was generated. A body is never ended cleanly for an item that did not end
+// well.
 //
 // Tables
 //   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
@@ -68,6 +75,7 @@
 //   - The alarm is set only while a batch is open, something is queued, or orphans wait;
 //     running it twice changes nothing.
 
+import { AnswerSink, type CallerSink, FrameStreamSink } from "./caller-sink.ts";
 import { ClientBody } from "./client-body.ts";
 import { applyMigrations } from "./migrations.ts";
 import { errorEvent, originFailure } from "../functions/errors.ts";
@@ -82,7 +90,6 @@ import {
 import {
   BATCH_PROTOCOL_VERSION,
   type BatchRequest,
-  concatBytes,
   type Frame,
   FrameDecoder,
   FrameType,
@@ -91,8 +98,6 @@ import {
   type ItemTrailer,
   type LoadReport,
   decodeJsonPayload,
-  encodeFrame,
-  encodeJsonFrame,
 } from "../origin/protocol.ts";
 import { chooseLeastLoadedInTurn } from "./origin-choice.ts";
 import {
@@ -169,11 +174,6 @@ export interface BatcherSubmit {
    * (ms; null when it has no figure yet): the window's wait term takes it into account.
    */
   recentFirstByteMs?: number | null;
-  /**
-   * Answer the item's body bytes on a stream of their own, which the caller gives its client
-   * as it is; the frame stream then carries only HEAD and END (see the top of this file).
-   */
-  pipeBody?: boolean;
 }
 
 /** The HEAD payload a caller receives: the origin's, plus which origin it is. */
@@ -211,20 +211,27 @@ export interface BatcherFailureTrailer extends ItemTrailer {
 /** The answer to `submit`. */
 export type BatcherSubmitResult =
   /**
-   * Admitted: the item's frames follow on `frames`, and its body bytes on `body` when the
-   * caller asked for that (see the top of this file). `atOnce`: it was sent at once, alone,
+   * Admitted: the item's frames follow on `frames`. `atOnce`: it was sent at once, alone,
    * with no window (this batcher had nothing to wait for).
    */
-  | {
-      kind: "accepted";
-      frames: ReadableStream<Uint8Array>;
-      body?: ReadableStream<Uint8Array>;
-      atOnce: boolean;
-    }
+  | { kind: "accepted"; frames: ReadableStream<Uint8Array>; atOnce: boolean }
   /** The lane is full: answer 429 with `retry-after`. */
   | { kind: "refused"; reason: "queue_full"; retryAfterMs: number }
   /** Refused before queueing, for a reason another region may not share. */
   | { kind: "failed"; code: BatcherFailureCode | "duplicate_id"; detail: string };
+
+/** The answer to `open`. */
+export type BatcherOpenResult =
+  /**
+   * Opened: the origin's HEAD, and the item's body on a stream of its own, which the caller
+   * hands its client as it is. `atOnce` as for `submit`.
+   */
+  | { kind: "open"; head: BatcherHead; body: ReadableStream<Uint8Array>; atOnce: boolean }
+  /** Ended before its origin answered: the lone END's trailer says why. */
+  | { kind: "ended"; trailer: BatcherFailureTrailer; atOnce: boolean }
+  /** Its caller cancelled it before its HEAD. */
+  | { kind: "cancelled" }
+  | Exclude<BatcherSubmitResult, { kind: "accepted" }>;
 
 /** How `cancel` treats a running item. */
 export interface BatcherCancelOptions {
@@ -307,13 +314,12 @@ type CallerStage = "queued" | "sent" | "open" | "ended";
 interface Caller {
   input: BatcherSubmit;
   stage: CallerStage;
-  writer: WritableStreamDefaultWriter<Uint8Array>;
+  /** Where its HEAD, DATA and END go: its frame stream, or the answers of `open` and `end`. */
+  sink: CallerSink;
   /** The client's response body, when the caller handed it over (see the top of this file). */
   body: ClientBody | null;
   batch: OpenBatch | null;
   headTimer: ReturnType<typeof setTimeout> | null;
-  /** Frames of the origin chunk being applied, written to the caller in one piece. */
-  pending: Uint8Array[];
   /** The HEAD's status, once it came. */
   status: number | null;
   /** Cancelled on its origin while its stream waits for the END (`cancel` with `untilEnd`). */
@@ -340,6 +346,8 @@ export class Batcher extends DurableObject<Env> {
   #setup: BatcherSetup | null = null;
   #state: WindowState | null = null;
   #callers = new Map<string, Caller>();
+  /** Items `open` opened whose END `end` has not asked for yet. */
+  readonly #answers = new Map<string, AnswerSink>();
   #batches = new Map<string, OpenBatch>();
   #lastSentAt = new Map<string, number>();
   #timer: ReturnType<typeof setTimeout> | null = null;
@@ -389,10 +397,82 @@ export class Batcher extends DurableObject<Env> {
 
   /**
    * Admits one request attempt: refuses it at once (full lane, no origin), or queues or
-   * sends it and returns its frame stream, and with `pipeBody` its body stream (see the top
-   * of this file).
+   * sends it and returns its frame stream (see the top of this file).
    */
   submit(input: BatcherSubmit): BatcherSubmitResult {
+    const admitted = this.#enqueue(input, () => {
+      // Native streams: the runtime pumps them to the caller without running JavaScript
+      // per chunk, and the buffer lets a slow caller fall behind without holding up the
+      // call its neighbours share.
+      const { readable, writable } = new IdentityTransformStream({
+        highWaterMark: CALLER_BUFFER_BYTES,
+      });
+      const writer = writable.getWriter();
+      // Rejects when the caller cancelled its stream (noticed by the runtime at a write).
+      writer.closed.catch(() => this.#callerGone(input.id));
+      return { sink: new FrameStreamSink(writer), frames: readable };
+    });
+    if (admitted.kind !== "accepted") return admitted;
+    return { kind: "accepted", frames: admitted.connection.frames, atOnce: admitted.atOnce };
+  }
+
+  /**
+   * Admits one streamed request attempt, whose body goes on a stream of its own, and
+   * answers at its HEAD with that stream; or at once with a refusal, or with the trailer of
+   * an END that came before any HEAD. The item's END comes from {@link end}, which the
+   * caller asks for at once, right behind this call (see the top of this file).
+   */
+  async open(input: BatcherSubmit): Promise<BatcherOpenResult> {
+    const sink = new AnswerSink();
+    const admitted = this.#enqueue(input, () => ({ sink, pipeBody: true }));
+    if (admitted.kind !== "accepted") return admitted;
+    const { body, atOnce } = admitted;
+    this.#answers.set(input.id, sink);
+    const opening = await sink.opened;
+    switch (opening.kind) {
+      case "head":
+        if (body === null) throw new Error("an opened item without its body stream");
+        return { kind: "open", head: opening.head as BatcherHead, body, atOnce };
+      case "ended":
+        this.#answers.delete(input.id);
+        return {
+          kind: "ended",
+          trailer: decodeJsonPayload(opening.trailer) as BatcherFailureTrailer,
+          atOnce,
+        };
+      case "closed":
+        this.#answers.delete(input.id);
+        return { kind: "cancelled" };
+      default:
+        return assertNever(opening);
+    }
+  }
+
+  /**
+   * The END of an item `open` admitted: its trailer's JSON bytes as the origin sent them, once
+   * they come (for an item that ended before its HEAD, the lone END `open` answered with);
+   * null when the item was cut or cancelled without an END, or when this object does not
+   * know the item (it was refused, or `end` came twice).
+   */
+  async end(id: string): Promise<Uint8Array | null> {
+    const sink = this.#answers.get(id);
+    if (sink === undefined) return null;
+    this.#answers.delete(id);
+    return sink.ended;
+  }
+
+  /** Admission shared by `submit` and `open`; `connect` makes the caller's sink. */
+  #enqueue<C extends { sink: CallerSink; pipeBody?: boolean }>(
+    input: BatcherSubmit,
+    connect: () => C,
+  ):
+    | Exclude<BatcherSubmitResult, { kind: "accepted" }>
+    | {
+        kind: "accepted";
+        connection: C;
+        body: ReadableStream<Uint8Array> | null;
+        atOnce: boolean;
+      } {
     const now = Date.now();
     let state = this.#configure(input.setup, now);
     if (input.recentFirstByteMs !== undefined && input.recentFirstByteMs !== null) {
@@ -441,19 +521,21 @@ export class Batcher extends DurableObject<Env> {
         }
       case "dispatch-now": {
         this.#state = next;
-        const streams = this.#admit(input);
+        const connection = connect();
+        const body = this.#admit(input, connection.sink, connection.pipeBody === true);
         this.#counters.dispatchedAtOnce += 1;
         this.#send(decision.batch, now);
-        return { kind: "accepted", ...streams, atOnce: true };
+        return { kind: "accepted", connection, body, atOnce: true };
       }
       case "queued": {
         this.#state = next;
-        const streams = this.#admit(input);
+        const connection = connect();
+        const body = this.#admit(input, connection.sink, connection.pipeBody === true);
         this.#counters.queued += 1;
         if (decision.flushAt <= now) this.#flush(now);
         else this.#schedule(decision.flushAt);
         this.#armAlarm();
-        return { kind: "accepted", ...streams, atOnce: false };
+        return { kind: "accepted", connection, body, atOnce: false };
       }
       default:
         return assertNever(decision);
@@ -514,44 +596,35 @@ export class Batcher extends DurableObject<Env> {
     return this.#state;
   }
 
-  #admit(input: BatcherSubmit): {
-    frames: ReadableStream<Uint8Array>;
-    body?: ReadableStream<Uint8Array>;
-  } {
-    // Native streams: the runtime pumps them to the caller without running JavaScript per
-    // chunk, and the buffer lets a slow caller fall behind without holding up the call
-    // its neighbours share.
-    const { readable, writable } = new IdentityTransformStream({
-      highWaterMark: CALLER_BUFFER_BYTES,
-    });
-    const writer = writable.getWriter();
+  /** Registers an admitted caller; returns its body stream when it asked for one. */
+  #admit(
+    input: BatcherSubmit,
+    sink: CallerSink,
+    pipeBody: boolean,
+  ): ReadableStream<Uint8Array> | null {
     // The caller hands this one to its client as it is. Should this object go away, the
     // runtime errors it (a stream returned over RPC that is cut), so the client is never
     // left waiting on a body nobody writes.
-    const body =
-      input.pipeBody === true
-        ? new IdentityTransformStream({ highWaterMark: CALLER_BUFFER_BYTES })
-        : null;
+    const body = pipeBody
+      ? new IdentityTransformStream({ highWaterMark: CALLER_BUFFER_BYTES })
+      : null;
     const caller: Caller = {
       input,
       stage: "queued",
-      writer,
+      sink,
       body: body === null ? null : new ClientBody(body.writable),
       batch: null,
       headTimer: null,
-      pending: [],
       status: null,
       cancelling: false,
       firstByte: false,
     };
     this.#callers.set(input.id, caller);
-    // Rejects when the caller cancelled its stream (noticed by the runtime at a write).
-    writer.closed.catch(() => this.#callerGone(input.id));
     // The client went away: its usage so far is still billed, so the END must reach the caller.
     caller.body?.closed.catch(() => {
       if (this.#callers.get(input.id) === caller) this.#cancelUntilEnd(input.id);
     });
-    return body === null ? { frames: readable } : { frames: readable, body: body.readable };
+    return body?.readable ?? null;
   }
 
   #flush(now: number): void {
@@ -759,7 +832,7 @@ export class Batcher extends DurableObject<Env> {
           // The caller learns which origin serves it from an added `origin` field.
           const withOrigin = { ...head, origin: batch.originId };
           touched.add(caller);
-          caller.pending.push(encodeJsonFrame(FrameType.HEAD, 0, withOrigin));
+          caller.sink.head(withOrigin);
           break;
         case FrameType.DATA:
           if (!caller.firstByte) {
@@ -775,7 +848,7 @@ export class Batcher extends DurableObject<Env> {
           if (caller.stage !== "open") break;
           touched.add(caller);
           if (caller.body !== null) caller.body.push(frame.payload);
-          else caller.pending.push(encodeFrame(FrameType.DATA, 0, frame.payload));
+          else caller.sink.data(frame.payload);
           break;
         case FrameType.END:
           if (batch.done.has(frame.item)) break;
@@ -790,7 +863,7 @@ export class Batcher extends DurableObject<Env> {
               const { outcome } = decodeJsonPayload(frame.payload) as ItemTrailer;
               if (outcome !== "ok") failBody(caller, outcome === "timeout");
             }
-            caller.pending.push(encodeFrame(FrameType.END, 0, frame.payload));
+            caller.sink.end(frame.payload);
             caller.stage = "ended";
             this.#callers.delete(caller.input.id);
           } else if (caller.stage === "sent") {
@@ -851,7 +924,6 @@ export class Batcher extends DurableObject<Env> {
           caller.stage = "ended";
           this.#callers.delete(caller.input.id);
           this.#deliver(caller);
-          closeQuietly(caller.writer);
           break;
         case "queued":
         case "ended":
@@ -923,9 +995,8 @@ export class Batcher extends DurableObject<Env> {
     this.#callers.delete(id);
     const previous = caller.stage;
     caller.stage = "ended";
-    caller.pending = [];
     this.#clearHeadTimer(caller);
-    closeQuietly(caller.writer);
+    caller.sink.close();
     // Aborted, never closed: a clean end would pass a cut answer off as a whole one.
     caller.body?.abort("item cancelled");
     caller.body = null;
@@ -987,14 +1058,9 @@ export class Batcher extends DurableObject<Env> {
   #deliver(caller: Caller): void {
     const body = caller.body;
     body?.flush();
-    // A write fails only when the caller cancelled its stream, which `writer.closed` (see
-    // `#admit`) reports once for all writes.
-    if (caller.pending.length > 0) {
-      caller.writer.write(concatBytes(caller.pending)).catch(ignore);
-      caller.pending = [];
-    }
+    caller.sink.flush();
     if (caller.stage !== "ended") return;
-    closeQuietly(caller.writer);
+    caller.sink.close();
     if (body !== null) {
       body.close();
       caller.body = null;
@@ -1037,7 +1103,7 @@ export class Batcher extends DurableObject<Env> {
       error: { message, type: "server_error", code },
       ...extra,
     };
-    caller.pending.push(encodeJsonFrame(FrameType.END, 0, trailer));
+    caller.sink.end(encodeJson(trailer));
     // A body stream had no bytes yet: aborted, never closed (the caller answers from the END).
     caller.body?.abort("item failed before its HEAD");
     caller.body = null;
@@ -1102,7 +1168,11 @@ export function sizeBucket(size: number): string {
   return `${upper / 2 + 1}-${upper}`;
 }
 
-function ignore(): void {}
+const jsonEncoder = new TextEncoder();
+
+function encodeJson(value: unknown): Uint8Array {
+  return jsonEncoder.encode(JSON.stringify(value));
+}
 
 /**
  * Queues the SSE error event that ends the body stream of an item that failed after its
@@ -1111,11 +1181,6 @@ function ignore(): void {}
 function failBody(caller: Caller, timedOut: boolean): void {
   if (caller.body === null || (caller.status ?? 0) >= 400) return;
   caller.body.push(errorEvent(originFailure(timedOut ? "timeout" : "bad_answer")));
-}
-
-function closeQuietly(writer: WritableStreamDefaultWriter<Uint8Array>): void {
-  // Rejects when already closed or cancelled by the caller: nothing left to do then.
-  writer.close().catch(() => {});
 }
 
 function assertNever(value: never): never {

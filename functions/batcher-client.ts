@@ -11,7 +11,9 @@ import type {
   BatcherFailureCode,
   BatcherFailureTrailer,
   BatcherHead,
+  BatcherOpenResult,
   BatcherSetup,
+  BatcherSubmit,
   BatcherSubmitResult,
 } from "../durable-objects/batcher.ts";
 import { type WindowConfigInput, WindowConfigSchema } from "../durable-objects/window.ts";
@@ -29,13 +31,7 @@ import {
   openDirect,
 } from "./dispatch.ts";
 import { ApiError, type OriginFailureKind } from "./errors.ts";
-import {
-  type FrameReader,
-  type PipedBody,
-  describe,
-  frameReader,
-  openItemFromFrames,
-} from "./origin-client.ts";
+import { type FrameReader, describe, frameReader, openItemFromFrames } from "./origin-client.ts";
 import { retryAfterHeaders } from "./rate-limit-headers.ts";
 
 /** Request header that moves a request to a lower-priority lane (never a higher one). */
@@ -280,41 +276,43 @@ export async function submitToBatcher(
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean }> {
   const shard = shardOf(plan, request.requestId, route.keyId);
   const stub = route.namespace.getByName(batcherName(region, route.model, shard, plan));
+  const input: BatcherSubmit = {
+    setup: plan.setup,
+    id: request.attemptId,
+    path: request.path,
+    body: request.body,
+    headers: request.headers,
+    lane: laneFor(plan, route.tier, route.priority),
+    promptTokens: route.promptTokens,
+    maxTokens: route.maxTokens,
+    deadline: route.deadline,
+    firstByteTimeoutMs: request.firstByteTimeoutMs,
+    timeHead: request.timeHead,
+    itemTimeoutMs: request.itemTimeoutMs,
+    avoidOrigins: [...request.avoidOrigins],
+    // Always sent (null before a first figure): the batcher then counts this edge's
+    // waits by its reports only.
+    recentFirstByteMs: seen.recentFirstByteMs,
+  };
+  const id = request.attemptId;
+  const tell = (options?: BatcherCancelOptions) =>
+    route.waitUntil(stub.cancel(id, options).catch(() => false));
+  // A streamed answer's body comes on a stream of its own, which becomes the client's
+  // response body as it is: the runtime moves the bytes and this isolate runs nothing per
+  // token. Its HEAD answers `open`, and its END the `end` call made right behind it.
+  if (request.timeHead) return openAtBatcher(stub, input, tell, route.signal);
+
   let result: BatcherSubmitResult;
   try {
-    result = await stub.submit({
-      setup: plan.setup,
-      id: request.attemptId,
-      path: request.path,
-      body: request.body,
-      headers: request.headers,
-      lane: laneFor(plan, route.tier, route.priority),
-      promptTokens: route.promptTokens,
-      maxTokens: route.maxTokens,
-      deadline: route.deadline,
-      firstByteTimeoutMs: request.firstByteTimeoutMs,
-      timeHead: request.timeHead,
-      itemTimeoutMs: request.itemTimeoutMs,
-      avoidOrigins: [...request.avoidOrigins],
-      // Always sent (null before a first figure): the batcher then counts this edge's
-      // waits by its reports only.
-      recentFirstByteMs: seen.recentFirstByteMs,
-      // A streamed answer's body comes on a stream of its own, which becomes the client's
-      // response body as it is: the runtime moves the bytes and this isolate runs nothing
-      // per token.
-      pipeBody: request.timeHead,
-    });
+    result = await stub.submit(input);
   } catch (error) {
     // The batcher itself failed (restarted, overloaded): another region's may not.
     return { attempt: failed("unavailable", `batcher: ${describe(error)}`, null), atOnce: false };
   }
   switch (result.kind) {
     case "refused":
-      return { attempt: { kind: "refused", error: queueFull(result.retryAfterMs) }, atOnce: false };
-    case "failed": {
-      const failure = result.code === "duplicate_id" ? "bad_answer" : failureOf(result.code);
-      return { attempt: failed(failure, result.detail, null), atOnce: false };
-    }
+    case "failed":
+      return { attempt: notAdmitted(result), atOnce: false };
     case "accepted":
       break;
     default:
@@ -322,41 +320,115 @@ export async function submitToBatcher(
   }
 
   const frames = frameReader(result.frames);
-  const body = result.body;
-  const dropBody = () => {
-    body?.cancel().catch(() => {});
-  };
-  const id = request.attemptId;
-  const tell = (options?: BatcherCancelOptions) =>
-    route.waitUntil(stub.cancel(id, options).catch(() => false));
   // Cancelling the stream reaches the batcher only at its next write; the RPC is at once.
   const cancel = () => {
     frames.cancel();
-    dropBody();
     tell();
   };
   // Billing a client that went away needs the END's usage: cancel, but read on to the END.
   const cancelUntilEnd = () => stub.cancel(id, { untilEnd: true });
-  const piped: PipedBody | undefined =
-    body === undefined
-      ? undefined
-      : {
-          body,
-          clientGone: () => tell({ untilEnd: true }),
-          timeOut: () => {
-            frames.cancel();
-            tell({ timedOut: true });
-          },
-        };
   const gone = () => cancel();
   route.signal?.addEventListener("abort", gone, { once: true });
   try {
-    const attempt = await readHead(frames, cancel, cancelUntilEnd, piped);
-    if (attempt.kind !== "open") dropBody();
-    return { attempt, atOnce: result.atOnce };
+    return { attempt: await readHead(frames, cancel, cancelUntilEnd), atOnce: result.atOnce };
   } finally {
     route.signal?.removeEventListener("abort", gone);
   }
+}
+
+/** A streamed attempt: `open` answers at the item's HEAD, `end` at its END. */
+async function openAtBatcher(
+  stub: DurableObjectStub<Batcher>,
+  input: BatcherSubmit,
+  tell: (options?: BatcherCancelOptions) => void,
+  signal: AbortSignal | undefined,
+): Promise<{ attempt: DispatchAttempt; atOnce: boolean }> {
+  const id = input.id;
+  // Waiting in a lane, the item leaves it when its client goes away.
+  const gone = () => tell();
+  signal?.addEventListener("abort", gone, { once: true });
+  let result: BatcherOpenResult;
+  const opening = stub.open(input);
+  // Right behind `open`, so it arrives after it (see batcher.ts); read only once the item
+  // opened: a refused or failed one has no END.
+  const ending = stub.end(id);
+  ending.catch(() => {});
+  try {
+    result = await opening;
+  } catch (error) {
+    return { attempt: failed("unavailable", `batcher: ${describe(error)}`, null), atOnce: false };
+  } finally {
+    signal?.removeEventListener("abort", gone);
+  }
+  switch (result.kind) {
+    case "refused":
+    case "failed":
+      return { attempt: notAdmitted(result), atOnce: false };
+    case "ended":
+      return { attempt: failedBeforeHead(result.trailer), atOnce: result.atOnce };
+    case "cancelled":
+      return { attempt: failed("unavailable", "batcher: item cancelled", null), atOnce: false };
+    case "open":
+      break;
+    default:
+      return assertNever(result);
+  }
+  const { head, body } = result;
+  const cancel = () => {
+    body.cancel().catch(() => {});
+    tell();
+  };
+  const item = openItemFromFrames(head, endReader(ending), cancel, undefined, () =>
+    stub.cancel(id, { untilEnd: true }),
+  );
+  item.piped = {
+    body,
+    clientGone: () => tell({ untilEnd: true }),
+    timeOut: () => tell({ timedOut: true }),
+  };
+  return { attempt: { kind: "open", item, originId: head.origin }, atOnce: result.atOnce };
+}
+
+/** The END that `end` answers, as the one frame left to read of an opened item. */
+function endReader(ending: Promise<Uint8Array | null>): FrameReader {
+  let read = false;
+  return {
+    async next() {
+      if (read) return "no frames after the END";
+      read = true;
+      try {
+        const trailer = await ending;
+        // Null: the item's call was cut after its HEAD, or the batcher lost the item.
+        if (trailer === null) return "the item ended without an END";
+        return { type: FrameType.END, item: 0, payload: trailer };
+      } catch (error) {
+        return `batcher: ${describe(error)}`;
+      }
+    },
+    takeReadyData: () => undefined,
+    cancel() {
+      read = true;
+    },
+  };
+}
+
+/** A refusal or failure at admission, before the item was queued. */
+function notAdmitted(result: Exclude<BatcherSubmitResult, { kind: "accepted" }>): DispatchAttempt {
+  if (result.kind === "refused") return { kind: "refused", error: queueFull(result.retryAfterMs) };
+  const failure = result.code === "duplicate_id" ? "bad_answer" : failureOf(result.code);
+  return failed(failure, result.detail, null);
+}
+
+/** An item that ended before its origin answered, from its lone END's trailer. */
+function failedBeforeHead(trailer: BatcherFailureTrailer): DispatchAttempt {
+  const { code, message } = trailer.error;
+  if (code === "queue_timeout") {
+    return {
+      kind: "refused",
+      error: queueTimeout(trailer.status ?? 503, trailer.retry_after_ms ?? 1_000),
+    };
+  }
+  return failed(failureOf(code), message, trailer.origin ?? null);
 }
 
 /** Reads the item's frames up to its HEAD (an open item) or its lone END (a failure). */
@@ -364,7 +436,6 @@ async function readHead(
   frames: FrameReader,
   cancel: () => void,
   cancelUntilEnd: () => Promise<unknown>,
-  piped: PipedBody | undefined,
 ): Promise<DispatchAttempt> {
   for (;;) {
     const frame = await frames.next();
@@ -374,20 +445,10 @@ async function readHead(
       case FrameType.HEAD: {
         const head = decodeJsonPayload(frame.payload) as BatcherHead;
         const item = openItemFromFrames(head, frames, cancel, undefined, cancelUntilEnd);
-        if (piped !== undefined) item.piped = piped;
         return { kind: "open", item, originId: head.origin };
       }
-      case FrameType.END: {
-        const trailer = decodeJsonPayload(frame.payload) as BatcherFailureTrailer;
-        const { code, message } = trailer.error;
-        if (code === "queue_timeout") {
-          return {
-            kind: "refused",
-            error: queueTimeout(trailer.status ?? 503, trailer.retry_after_ms ?? 1_000),
-          };
-        }
-        return failed(failureOf(code), message, trailer.origin ?? null);
-      }
+      case FrameType.END:
+        return failedBeforeHead(decodeJsonPayload(frame.payload) as BatcherFailureTrailer);
       case FrameType.LOAD:
         break;
       case FrameType.DATA:

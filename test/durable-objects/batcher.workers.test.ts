@@ -5,6 +5,7 @@ import {
   type Batcher,
   type BatcherFailureTrailer,
   type BatcherHead,
+  type BatcherOpenResult,
   type BatcherSetup,
   type BatcherSubmit,
   type BatcherSubmitResult,
@@ -38,9 +39,9 @@ function batcher(window: Partial<WindowConfigInput> = {}, ids: string[] = ["batc
     quarantineMs: 1000,
   };
   const stub = env.BATCHER.getByName(`test:${setup.version}`);
-  const submit = (id: string, over: SubmitOverrides = {}): Promise<BatcherSubmitResult> => {
+  const input = (id: string, over: SubmitOverrides): BatcherSubmit => {
     const { body, ...rest } = over;
-    return stub.submit({
+    return {
       setup,
       id,
       path: "/v1/chat/completions",
@@ -55,9 +56,19 @@ function batcher(window: Partial<WindowConfigInput> = {}, ids: string[] = ["batc
       itemTimeoutMs: 60_000,
       avoidOrigins: [],
       ...rest,
-    });
+    };
   };
-  return { stub, setup, submit };
+  const submit = (id: string, over: SubmitOverrides = {}): Promise<BatcherSubmitResult> =>
+    stub.submit(input(id, over));
+  // As the edge does: `end` right behind `open`.
+  const open = (id: string, over: SubmitOverrides = {}) => {
+    const opening: Promise<BatcherOpenResult> = stub.open(input(id, over));
+    const ending: Promise<Uint8Array | null> = stub.end(id);
+    // A test that never reads it leaves it to fail when a later test resets the objects.
+    ending.catch(() => {});
+    return { opening, ending };
+  };
+  return { stub, setup, submit, open };
 }
 
 function framesOf(result: BatcherSubmitResult): FrameReader {
@@ -392,37 +403,56 @@ describe("cancellation", () => {
   });
 });
 
-/** Submits asking for the item's body on a stream of its own. */
-async function submitPiped(b: ReturnType<typeof batcher>, id: string, over: SubmitOverrides) {
-  const result = await b.submit(id, { ...over, pipeBody: true });
-  if (result.kind !== "accepted" || result.body === undefined) throw new Error("no body stream");
-  return { frames: framesOf(result), body: result.body };
+/** Waits until `n` items wait in the batcher's lanes. */
+async function untilQueued(b: ReturnType<typeof batcher>, n: number): Promise<void> {
+  for (let i = 0; i < 200; i++) {
+    if ((await b.stub.snapshot()).queued === n) return;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+  throw new Error(`never ${n} queued`);
 }
 
-describe("a body on a stream of its own", () => {
-  it("gets the item's exact bytes, and the frame stream only its HEAD and END", async () => {
+/** Sets an origin's injected faults; null clears them. */
+async function setFaults(id: string, faults: Record<string, unknown> | null): Promise<void> {
+  const res = await fetch(`${urlOf(id)}/admin/faults`, {
+    method: faults === null ? "DELETE" : "PUT",
+    headers: { "content-type": "application/json" },
+    ...(faults !== null && { body: JSON.stringify(faults) }),
+  });
+  expect(res.ok).toBe(true);
+  await res.arrayBuffer();
+}
+
+/** An item `open` opened: its body, and its END trailer (null when none came). */
+async function opened(b: ReturnType<typeof batcher>, id: string, over: SubmitOverrides) {
+  const { opening, ending } = b.open(id, over);
+  const result = await opening;
+  if (result.kind !== "open") throw new Error(`expected open, got ${result.kind}`);
+  const trailer = async (): Promise<ItemTrailer | null> => {
+    const bytes = await ending;
+    return bytes === null ? null : (decodeJsonPayload(bytes) as ItemTrailer);
+  };
+  return { head: result.head, body: result.body, trailer };
+}
+
+describe("open: a streamed answer's body on a stream of its own", () => {
+  it("answers with the HEAD and the item's exact bytes, and `end` with its END", async () => {
     const b = batcher({ ...HOLD, maxBatchSize: 2 });
     const occupier = await occupy(b);
     const body = chatBody({ stream: true, max_tokens: 9, stream_options: { include_usage: true } });
     await direct(body);
-    const piped = await submitPiped(b, "p1", { body });
-    const [item, bytes] = await Promise.all([
-      readItem(piped.frames),
-      new Response(piped.body).arrayBuffer(),
-    ]);
+    const item = await opened(b, "p1", { body });
     expect(item.head).toMatchObject({ status: 200, origin: "batch-1" });
-    expect(item.body.byteLength).toBe(0);
-    expect(item.trailer).toMatchObject({ id: "p1", outcome: "ok" });
-    expect(new Uint8Array(bytes)).toEqual(await direct(body));
+    expect(new Uint8Array(await new Response(item.body).arrayBuffer())).toEqual(await direct(body));
+    expect(await item.trailer()).toMatchObject({ id: "p1", outcome: "ok" });
     await release(b, "occupier", occupier);
   });
 
   it("ends the body with a timeout error event when the caller gives up on the item", async () => {
     const b = batcher(HOLD);
     const before = await counts("batch-1");
-    const piped = await submitPiped(b, "p2", { body: { max_tokens: 2000 } });
-    await untilHead(piped.frames);
-    const reader = piped.body.getReader();
+    const item = await opened(b, "p2", { body: { max_tokens: 2000 } });
+    const reader = item.body.getReader();
     await reader.read();
     expect(await b.stub.cancel("p2", { timedOut: true })).toBe(true);
     let text = "";
@@ -439,43 +469,73 @@ describe("a body on a stream of its own", () => {
 
   it("cancels the item until its END when the client leaves the body", async () => {
     const b = batcher(HOLD);
-    const piped = await submitPiped(b, "p3", { body: { max_tokens: 2000 } });
-    await untilHead(piped.frames);
-    const reader = piped.body.getReader();
+    const item = await opened(b, "p3", { body: { max_tokens: 2000 } });
+    const reader = item.body.getReader();
     await reader.read();
     await reader.cancel();
     // Noticed at the batcher's next write to the body; no cancel RPC needed.
-    const rest = await readItem(piped.frames);
-    expect(rest.trailer).toMatchObject({ id: "p3", outcome: "cancelled" });
-    expect(rest.trailer?.usage?.completion_tokens).toBeGreaterThan(0);
+    const trailer = await item.trailer();
+    expect(trailer).toMatchObject({ id: "p3", outcome: "cancelled" });
+    expect(trailer?.usage?.completion_tokens).toBeGreaterThan(0);
     expect((await b.stub.snapshot()).counters.cancelledRunning).toBe(1);
   });
 
-  it("errors the body, and never ends it cleanly, when the item fails before its HEAD", async () => {
+  it("answers with the trailer of an END that came before any HEAD, and no body", async () => {
     const b = batcher({ ...HOLD, lanes: [{ queueTimeoutMs: 100, onTimeout: "reject" }] });
     const occupier = await occupy(b);
-    const piped = await submitPiped(b, "p4", {});
-    const item = await readItem(piped.frames);
-    expect(item.head).toBeNull();
-    expect(item.trailer).toMatchObject({ id: "p4", error: { code: "queue_timeout" } });
-    // The caller answers from the END; a cleanly ended body would pass for an empty answer.
-    await expect(new Response(piped.body).arrayBuffer()).rejects.toThrow(
-      "disconnected prematurely",
-    );
+    const { opening, ending } = b.open("p4");
+    const trailer = { id: "p4", outcome: "timeout", error: { code: "queue_timeout" } };
+    expect(await opening).toMatchObject({ kind: "ended", trailer });
+    // `end` was already waiting: the same lone END.
+    const end = await ending;
+    expect(end === null ? null : decodeJsonPayload(end)).toMatchObject(trailer);
     await release(b, "occupier", occupier);
   });
 
-  it("errors the body when the batcher goes away mid-stream", async () => {
+  it("answers `cancelled` for an item cancelled while it waits", async () => {
     const b = batcher(HOLD);
-    const piped = await submitPiped(b, "p5", { body: { max_tokens: 2000 } });
-    await untilHead(piped.frames);
-    const reader = piped.body.getReader();
+    const occupier = await occupy(b);
+    const { opening, ending } = b.open("p6");
+    await untilQueued(b, 1);
+    expect(await b.stub.cancel("p6")).toBe(true);
+    expect(await opening).toEqual({ kind: "cancelled" });
+    expect(await ending).toBeNull();
+    expect((await b.stub.snapshot()).counters.cancelledWaiting).toBe(1);
+    await release(b, "occupier", occupier);
+  });
+
+  it("ends the body with an error event when the origin fails the item after its HEAD", async () => {
+    const b = batcher(HOLD);
+    await setFaults("batch-1", { dropAfterTokens: 2, dropRate: 1 });
+    try {
+      const item = await opened(b, "p7", { body: { max_tokens: 20 } });
+      const text = await new Response(item.body).text();
+      expect(lastEvent(text)).toMatchObject({
+        last: { error: { code: "origin_error" } },
+        done: false,
+      });
+      expect(await item.trailer()).toMatchObject({ id: "p7", outcome: "error" });
+    } finally {
+      await setFaults("batch-1", null);
+    }
+  });
+
+  it("errors the body and the END when the batcher goes away mid-stream", async () => {
+    const b = batcher(HOLD);
+    const item = await opened(b, "p5", { body: { max_tokens: 2000 } });
+    const reader = item.body.getReader();
     await reader.read();
+    // Caught at once: the rejection comes while the test awaits the body.
+    const trailer = item.trailer().then(
+      () => "ended",
+      (error: unknown) => error,
+    );
     await abortAllDurableObjects();
     const rest = (async () => {
       for (;;) if ((await reader.read()).done) return "ended";
     })();
     await expect(rest).rejects.toThrow("disconnected prematurely");
+    expect(await trailer).toBeInstanceOf(Error);
   });
 });
 

@@ -1,0 +1,112 @@
+/**
+ * Where the `Batcher` sends a caller's HEAD, DATA and END (see `batcher.ts`): a stream of the
+ * item's frames ({@link FrameStreamSink}, for `submit`), or the answers of `open` and `end`
+ * ({@link AnswerSink}, for a streamed item whose body has a stream of its own).
+ */
+import { FrameType, concatBytes, encodeFrame, encodeJsonFrame } from "../origin/protocol.ts";
+
+/** What the Batcher tells a caller about its item, in order: HEAD, DATA…, END, close. */
+export interface CallerSink {
+  /** The item's HEAD (with the `origin` field naming the origin that serves it). */
+  head(head: object): void;
+  /** Body bytes, for a caller whose body has no stream of its own. */
+  data(bytes: Uint8Array): void;
+  /** The item's END: its trailer as JSON bytes. */
+  end(trailer: Uint8Array): void;
+  /** Hands over what came since the last flush (once per origin chunk). */
+  flush(): void;
+  /** Nothing more comes: after the END, or without one when the item was cut or cancelled. */
+  close(): void;
+}
+
+/**
+ * A caller's frames on a byte stream in the protocol's framing, item index 0. What one
+ * origin chunk carries for the caller leaves in one write.
+ */
+export class FrameStreamSink implements CallerSink {
+  readonly #writer: WritableStreamDefaultWriter<Uint8Array>;
+  #pending: Uint8Array[] = [];
+
+  constructor(writer: WritableStreamDefaultWriter<Uint8Array>) {
+    this.#writer = writer;
+  }
+
+  head(head: object): void {
+    this.#pending.push(encodeJsonFrame(FrameType.HEAD, 0, head));
+  }
+
+  data(bytes: Uint8Array): void {
+    this.#pending.push(encodeFrame(FrameType.DATA, 0, bytes));
+  }
+
+  end(trailer: Uint8Array): void {
+    this.#pending.push(encodeFrame(FrameType.END, 0, trailer));
+  }
+
+  flush(): void {
+    if (this.#pending.length === 0) return;
+    // A write fails only when the caller cancelled the stream, which the Batcher learns
+    // once, from the writer's `closed`.
+    this.#writer.write(concatBytes(this.#pending)).catch(() => {});
+    this.#pending = [];
+  }
+
+  close(): void {
+    this.#pending = [];
+    // Rejects when already closed or cancelled by the caller: nothing left to do then.
+    this.#writer.close().catch(() => {});
+  }
+}
+
+/** How an item opened, as {@link AnswerSink.opened} tells it. */
+export type SinkOpening =
+  | { kind: "head"; head: object }
+  /** It ended before any HEAD: the trailer says why. */
+  | { kind: "ended"; trailer: Uint8Array }
+  /** Closed with neither: its caller cancelled it. */
+  | { kind: "closed" };
+
+/**
+ * A caller's HEAD and END as two promises, for an item whose body goes on a stream of its
+ * own: `opened` settles at the HEAD (or at an END or close before one), and `ended` with the
+ * END's trailer, or null when the item closed without one. Never rejects. DATA never comes
+ * here; should any, it is dropped.
+ */
+export class AnswerSink implements CallerSink {
+  readonly opened: Promise<SinkOpening>;
+  readonly ended: Promise<Uint8Array | null>;
+  #open: (opening: SinkOpening) => void = () => {};
+  #end: (trailer: Uint8Array | null) => void = () => {};
+  #settled = false;
+
+  constructor() {
+    this.opened = new Promise((resolve) => {
+      this.#open = resolve;
+    });
+    this.ended = new Promise((resolve) => {
+      this.#end = resolve;
+    });
+  }
+
+  head(head: object): void {
+    this.#open({ kind: "head", head });
+  }
+
+  data(): void {}
+
+  end(trailer: Uint8Array): void {
+    // A settled promise ignores later calls: after a HEAD, this only settles `ended`.
+    this.#open({ kind: "ended", trailer });
+    this.#end(trailer);
+    this.#settled = true;
+  }
+
+  flush(): void {}
+
+  close(): void {
+    if (this.#settled) return;
+    this.#settled = true;
+    this.#open({ kind: "closed" });
+    this.#end(null);
+  }
+}
