@@ -299,31 +299,41 @@ export function openItemFromFrames(
   let finished = false;
   // The item's END once read, whoever read it (a reader may still be waiting when it comes).
   let trailer: ItemTrailer | null = null;
+  const readNext = async (): Promise<ItemEvent> => {
+    if (finished) return { kind: "broken", detail: "item already finished" };
+    for (;;) {
+      const frame = await frames.next();
+      if (typeof frame === "string") {
+        finished = true;
+        return { kind: "broken", detail: frame };
+      }
+      switch (frame.type) {
+        case FrameType.DATA:
+          return { kind: "data", bytes: withReadyData(frames, frame.payload) };
+        case FrameType.END:
+          finished = true;
+          trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
+          return { kind: "end", trailer };
+        case FrameType.LOAD:
+          onLoad?.(decodeJsonPayload(frame.payload) as LoadReport);
+          break;
+        case FrameType.HEAD:
+          finished = true;
+          return { kind: "broken", detail: "second HEAD for the item" };
+      }
+    }
+  };
+  // One read at a time, each behind the one before: a client that goes away while the
+  // body's pull waits for a frame drains the item behind that read (`cancelForUsage`), and
+  // the runtime's streams refuse a second pending read, which would lose the END and with
+  // it the usage to bill.
+  let reading: Promise<ItemEvent> | null = null;
   const item: OpenItem = {
     head,
-    async next() {
-      if (finished) return { kind: "broken", detail: "item already finished" };
-      for (;;) {
-        const frame = await frames.next();
-        if (typeof frame === "string") {
-          finished = true;
-          return { kind: "broken", detail: frame };
-        }
-        switch (frame.type) {
-          case FrameType.DATA:
-            return { kind: "data", bytes: withReadyData(frames, frame.payload) };
-          case FrameType.END:
-            finished = true;
-            trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
-            return { kind: "end", trailer };
-          case FrameType.LOAD:
-            onLoad?.(decodeJsonPayload(frame.payload) as LoadReport);
-            break;
-          case FrameType.HEAD:
-            finished = true;
-            return { kind: "broken", detail: "second HEAD for the item" };
-        }
-      }
+    next() {
+      const event = reading === null ? readNext() : reading.then(readNext);
+      reading = event;
+      return event;
     },
     cancel() {
       finished = true;

@@ -108,3 +108,31 @@ describe("an open item's DATA", () => {
     expect(loads).toEqual([load]);
   });
 });
+
+describe("a client that goes away while a read waits", () => {
+  it("gets the END's usage: the drain reads behind the waiting read, never beside it", async () => {
+    // A system stream, as an origin's response body is: it refuses a second pending read,
+    // and holds nothing (each write lands only as it is read).
+    const { readable, writable } = new IdentityTransformStream();
+    const writer = writable.getWriter();
+    // The origin cancels the item: a last token, then the END with the usage so far.
+    const originCancels = () => {
+      void writer.write(data("data: last\n\n"));
+      void writer.write(encodeJsonFrame(FrameType.END, 0, { ...trailer, outcome: "cancelled" }));
+      return Promise.resolve();
+    };
+    const item = openItemFromFrames(
+      head,
+      frameReader(readable),
+      () => {},
+      undefined,
+      originCancels,
+    );
+    // The body's pull, waiting for the next frame when the client leaves.
+    const waiting = item.next();
+    const usage = await item.cancelForUsage(1_000);
+    expect(usage).toEqual({ ...trailer, outcome: "cancelled" });
+    const event = await waiting;
+    expect(event.kind === "data" && decoder.decode(event.bytes)).toBe("data: last\n\n");
+  });
+});
