@@ -60,6 +60,7 @@ const { values: args } = parseArgs({
     "max-num-seqs": { type: "string", default: "256" },
     "time-scale": { type: "string", default: "0" },
     runtime: { type: "string", default: "workerd" },
+    name: { type: "string", default: "" },
     help: { type: "boolean", short: "h", default: false },
   },
   strict: true,
@@ -79,6 +80,7 @@ if (args.help) {
   --max-num-seqs N        the simulated engine's max_num_seqs (default 256)
   --time-scale X          the simulated engine's time scale (default 0: no delay)
   --runtime R             workerd (default: no dev proxy, as deployed) or wrangler-dev
+  --name N                write bench/results/batching-N.json (a scenario kept apart)
 
 Environment: X_LOCAL_OBSERVABILITY=false runs wrangler dev without its local trace collector.`);
   process.exit(0);
@@ -522,18 +524,21 @@ console.log(
 for (const row of rows) {
   if (row.firstError !== null) console.log(`\n${row.path} c=${row.concurrency}: ${row.firstError}`);
 }
-const path = await writeResult(resultName("batching", RUNTIME), {
-  command,
-  runtime: RUNTIME,
-  settings: {
-    batching: BATCHING,
-    sim: SIM,
-    maxTokens: MAX_TOKENS,
-    localObservability: LOCAL_OBSERVABILITY,
-    rounds: ROUNDS,
-    seconds: SECONDS,
+const path = await writeResult(
+  resultName(args.name ? `batching-${args.name}` : "batching", RUNTIME),
+  {
+    command,
+    runtime: RUNTIME,
+    settings: {
+      batching: BATCHING,
+      sim: SIM,
+      maxTokens: MAX_TOKENS,
+      localObservability: LOCAL_OBSERVABILITY,
+      rounds: ROUNDS,
+      seconds: SECONDS,
+    },
+    rows,
+    targets,
   },
-  rows,
-  targets,
-});
+);
 console.log(`\nwrote ${path}`);
