@@ -39,9 +39,12 @@ export async function readBodyText(request: Request, limit: number): Promise<str
   return decodeUtf8(concatBytes(chunks, total));
 }
 
+// One decoder for every body: without `stream`, each `decode` starts afresh.
+const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: false });
+
 function decodeUtf8(bytes: Uint8Array): string {
   try {
-    return new TextDecoder("utf-8", { fatal: true, ignoreBOM: false }).decode(bytes);
+    return utf8.decode(bytes);
   } catch {
     throw invalidJson();
   }
