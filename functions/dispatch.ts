@@ -118,6 +118,8 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
   const avoid: string[] = [];
   let failure: OriginFailureKind = "unavailable";
   for (let i = 0; i < attempts; i++) {
+    // A client that went away while an attempt waited wants no other origin tried.
+    if (i > 0 && options.signal?.aborted === true) break;
     const candidate = options.candidates[i] as OriginCandidate;
     const planned = candidate.origin.id;
     const last = i === attempts - 1;

@@ -198,6 +198,31 @@ describe("the request path through the batcher", () => {
     await occupier.release();
   });
 
+  it("tries no other region for a client that went away while its request waited", async () => {
+    const config = JSON.parse(configWith({ ...HOLD, default_lane: 0 }));
+    // A second region to fall back to, whose batcher would count the attempt.
+    config.regions.push({ id: "b2", origins: [{ id: "b2-1", url: "http://127.0.0.1:9" }] });
+    config.limits.retry_budget = 1;
+    const twoRegions = JSON.stringify(config);
+    const parsed = parseGatewayConfig(twoRegions);
+    const b2 = parsed.regions[1];
+    const b2Plan = b2 === undefined ? null : batchingPlan(parsed, b2, MODEL);
+    if (b2Plan === null) throw new Error("no plan for b2");
+    const occupier = await occupy(twoRegions);
+    const client = new AbortController();
+    const waiting = send(twoRegions, new Request(chat(), { signal: client.signal }));
+    await waitForBatcher(twoRegions, (s) => s.queued === 1);
+    client.abort();
+    await waiting.response.then(
+      (res) => res.body?.cancel(),
+      () => undefined,
+    );
+    await waiting.done();
+    const fallback = env.BATCHER.getByName(batcherName("b2", MODEL, 0, b2Plan));
+    expect((await fallback.snapshot()).counters.submitted).toBe(0);
+    await occupier.release();
+  });
+
   it("skips the batcher for a lone request while the batcher has had nothing to batch", async () => {
     for (const [bypassMs, submitted] of [
       [60_000, 1],
