@@ -121,8 +121,16 @@ import {
   tick,
 } from "./window.ts";
 
-/** Bytes a caller's stream buffers before writes wait for the caller to read. */
+/** Bytes a caller's frame stream buffers before writes wait for the caller to read. */
 export const CALLER_BUFFER_BYTES = 4 * 1024 * 1024;
+
+/**
+ * Bytes a client's body stream buffers, and the most that may then wait behind it in this
+ * object's memory before the client counts as too slow and is cut (see `client-body.ts`):
+ * together about 0.6 MiB per client, tens of seconds of tokens at an engine's pace.
+ */
+export const BODY_BUFFER_BYTES = 64 * 1024;
+export const MAX_BODY_BACKLOG_BYTES = 512 * 1024;
 
 /** How long the backstop alarm waits while work is pending. */
 export const ALARM_BACKSTOP_MS = 30_000;
@@ -606,13 +614,13 @@ export class Batcher extends DurableObject<Env> {
     // runtime errors it (a stream returned over RPC that is cut), so the client is never
     // left waiting on a body nobody writes.
     const body = pipeBody
-      ? new IdentityTransformStream({ highWaterMark: CALLER_BUFFER_BYTES })
+      ? new IdentityTransformStream({ highWaterMark: BODY_BUFFER_BYTES })
       : null;
     const caller: Caller = {
       input,
       stage: "queued",
       sink,
-      body: body === null ? null : new ClientBody(body.writable),
+      body: body === null ? null : new ClientBody(body.writable, MAX_BODY_BACKLOG_BYTES),
       batch: null,
       headTimer: null,
       status: null,

@@ -102,4 +102,43 @@ describe("ClientBody", () => {
     body.close();
     await settle();
   });
+
+  it("cuts a client whose backlog behind a write outgrows the cap, and says so through closed", async () => {
+    const sink = slowSink();
+    const body = new ClientBody(sink.writable, 4);
+    body.push(bytes("a"));
+    body.flush();
+    // "a" is never taken: what follows waits, up to four bytes.
+    body.push(bytes("bc"));
+    body.push(bytes("de"));
+    body.flush();
+    await settle();
+    expect(sink.state().aborted).toBeNull();
+    body.push(bytes("f"));
+    // Told at once, though the stalled write has not finished.
+    await expect(body.closed).rejects.toBe("the client reads too slowly");
+    expect(sink.writes).toEqual(["a"]);
+    // Once it does, the body is aborted, never closed cleanly, and nothing more is written.
+    await sink.complete();
+    expect(sink.state()).toEqual({ closed: false, aborted: "the client reads too slowly" });
+    expect(sink.writes).toEqual(["a"]);
+  });
+
+  it("counts only what waits: a backlog written out makes room again", async () => {
+    const sink = slowSink();
+    const body = new ClientBody(sink.writable, 4);
+    body.push(bytes("a"));
+    body.flush();
+    await settle();
+    body.push(bytes("bcd"));
+    body.flush();
+    await sink.complete();
+    // "bcd" left in the next write; four more bytes may wait behind it.
+    body.push(bytes("efgh"));
+    body.flush();
+    await sink.complete();
+    await sink.complete();
+    expect(sink.writes).toEqual(["a", "bcd", "efgh"]);
+    expect(sink.state().aborted).toBeNull();
+  });
 });
