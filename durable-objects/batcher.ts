@@ -125,12 +125,13 @@ import {
 export const CALLER_BUFFER_BYTES = 4 * 1024 * 1024;
 
 /**
- * Bytes a client's body stream buffers, and the most that may then wait behind it in this
- * object's memory before the client counts as too slow and is cut (see `client-body.ts`):
- * together about 0.6 MiB per client, tens of seconds of tokens at an engine's pace.
+ * Bytes a client's body stream buffers, and by default the most that may wait behind its
+ * write in flight, in this object's memory, before the client counts as too slow and is cut
+ * (see `client-body.ts`, and `batching.max_client_backlog_bytes`): tens of seconds of tokens
+ * at an engine's pace.
  */
 export const BODY_BUFFER_BYTES = 64 * 1024;
-export const MAX_BODY_BACKLOG_BYTES = 512 * 1024;
+export const DEFAULT_CLIENT_BACKLOG_BYTES = 512 * 1024;
 
 /** How long the backstop alarm waits while work is pending. */
 export const ALARM_BACKSTOP_MS = 30_000;
@@ -151,6 +152,8 @@ export interface BatcherSetup {
   origins: { id: string; url: string }[];
   /** How long an origin whose call failed is skipped. */
   quarantineMs: number;
+  /** Most bytes a streamed client's body may have waiting behind its stream (see `client-body.ts`). */
+  clientBacklogBytes: number;
 }
 
 /** One request attempt handed to `submit`. */
@@ -620,7 +623,14 @@ export class Batcher extends DurableObject<Env> {
       input,
       stage: "queued",
       sink,
-      body: body === null ? null : new ClientBody(body.writable, MAX_BODY_BACKLOG_BYTES),
+      body:
+        body === null
+          ? null
+          : new ClientBody(
+              body.writable,
+              // Absent from a setup an edge of an earlier version sent.
+              input.setup.clientBacklogBytes ?? DEFAULT_CLIENT_BACKLOG_BYTES,
+            ),
       batch: null,
       headTimer: null,
       status: null,

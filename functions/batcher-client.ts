@@ -16,6 +16,7 @@ import type {
   BatcherSubmit,
   BatcherSubmitResult,
 } from "../durable-objects/batcher.ts";
+import { DEFAULT_CLIENT_BACKLOG_BYTES } from "../durable-objects/batcher.ts";
 import { type WindowConfigInput, WindowConfigSchema } from "../durable-objects/window.ts";
 import { decodeJsonPayload, FrameType } from "../origin/protocol.ts";
 import {
@@ -119,14 +120,16 @@ function buildPlan(
   };
   const window = WindowConfigSchema.parse(input);
   const quarantineMs = settings.origin_quarantine_ms ?? DEFAULT_ORIGIN_QUARANTINE_MS;
+  const clientBacklogBytes = settings.max_client_backlog_bytes ?? DEFAULT_CLIENT_BACKLOG_BYTES;
   const urls = origins.map((origin) => ({ id: origin.id, url: origin.url }));
   return {
     enabled: settings.enabled ?? true,
     setup: {
-      version: fnv1a(JSON.stringify({ window, urls, quarantineMs })),
+      version: fnv1a(JSON.stringify({ window, urls, quarantineMs, clientBacklogBytes })),
       window,
       origins: urls,
       quarantineMs,
+      clientBacklogBytes,
     },
     shards: settings.shards ?? 1,
     shardBy: settings.shard_by ?? "request",

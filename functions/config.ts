@@ -101,6 +101,16 @@ const batchingSettings = {
    * (default 1000 ms; 0: always ask the batcher).
    */
   idle_bypass_ms: z.int().nonnegative().max(60_000).optional(),
+  /**
+   * Bytes of a streamed answer the batcher holds for a client that reads more slowly than
+   * the answer is generated (beyond what the runtime is already carrying to it) before it
+   * drops the client and cancels the item, billing what was generated (default 512 KiB).
+   */
+  max_client_backlog_bytes: z
+    .int()
+    .positive()
+    .max(64 * 1024 * 1024)
+    .optional(),
 };
 
 /** Batching: global settings plus overrides for a region, a model, or both (later wins). */

@@ -9,6 +9,7 @@ import {
   type BatcherSetup,
   type BatcherSubmit,
   type BatcherSubmitResult,
+  DEFAULT_CLIENT_BACKLOG_BYTES,
   OPEN_BATCH_RECORD_DELAY_MS,
 } from "../../durable-objects/batcher.ts";
 import { type WindowConfigInput, WindowConfigSchema } from "../../durable-objects/window.ts";
@@ -31,12 +32,17 @@ const HOLD: Partial<WindowConfigInput> = { maxWindowMs: 1000, callIntervalMs: 10
 type SubmitOverrides = Partial<Omit<BatcherSubmit, "body">> & { body?: Record<string, unknown> };
 
 /** A fresh batcher (its own name and counters) over the given origins. */
-function batcher(window: Partial<WindowConfigInput> = {}, ids: string[] = ["batch-1"]) {
+function batcher(
+  window: Partial<WindowConfigInput> = {},
+  ids: string[] = ["batch-1"],
+  clientBacklogBytes = DEFAULT_CLIENT_BACKLOG_BYTES,
+) {
   const setup: BatcherSetup = {
     version: `test-${crypto.randomUUID().slice(0, 8)}`,
     window: WindowConfigSchema.parse({ ...window, origins: ids.map((id) => ({ id })) }),
     origins: ids.map((id) => ({ id, url: urlOf(id) })),
     quarantineMs: 1000,
+    clientBacklogBytes,
   };
   const stub = env.BATCHER.getByName(`test:${setup.version}`);
   const input = (id: string, over: SubmitOverrides): BatcherSubmit => {
@@ -520,6 +526,21 @@ describe("open: a streamed answer's body on a stream of its own", () => {
     }
   });
 
+  it("cuts a client that stops reading once its backlog passes the cap, and still bills it", async () => {
+    // eu-1 answers at once; 2000 tokens are far more than the 64 KiB the stream buffers.
+    const b = batcher({}, ["eu-1"], 1024);
+    const item = await opened(b, "p8", { body: { max_tokens: 2000 } });
+    // The client reads nothing until its item has ended.
+    const trailer = await item.trailer();
+    expect(trailer?.usage?.completion_tokens).toBeGreaterThan(0);
+    // What it then reads is what was buffered, ending in an error, never a clean end.
+    const read = await new Response(item.body).arrayBuffer().then(
+      (bytes) => `ended cleanly after ${bytes.byteLength} bytes`,
+      (error: unknown) => error,
+    );
+    expect(read).toBeInstanceOf(Error);
+  });
+
   it("errors the body and the END when the batcher goes away mid-stream", async () => {
     const b = batcher(HOLD);
     const item = await opened(b, "p5", { body: { max_tokens: 2000 } });
@@ -667,6 +688,7 @@ describe("origin failures", () => {
         { id: "batch-2", url: urlOf("batch-2") },
       ],
       quarantineMs: 60_000,
+      clientBacklogBytes: DEFAULT_CLIENT_BACKLOG_BYTES,
     };
     const stub = env.BATCHER.getByName(`test:${setup.version}`);
     const submit = (id: string) =>
