@@ -53,7 +53,8 @@ export function requestContext() {
       const plan = c.get("plan");
       settlement.settle({
         model: plan?.model.id ?? null,
-        outcome: c.res.status < 400 ? "ok" : "error",
+        // A client that went away before its answer (a request cancelled while it waited).
+        outcome: c.req.raw.signal.aborted ? "cancelled" : c.res.status < 400 ? "ok" : "error",
         usage: null,
         region: null,
         origin: null,

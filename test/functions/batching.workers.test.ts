@@ -213,13 +213,21 @@ describe("the request path through the batcher", () => {
     const waiting = send(twoRegions, new Request(chat(), { signal: client.signal }));
     await waitForBatcher(twoRegions, (s) => s.queued === 1);
     client.abort();
-    await waiting.response.then(
-      (res) => res.body?.cancel(),
-      () => undefined,
-    );
+    const res = await waiting.response;
+    await res.body?.cancel();
     await waiting.done();
     const fallback = env.BATCHER.getByName(batcherName("b2", MODEL, 0, b2Plan));
     expect((await fallback.snapshot()).counters.submitted).toBe(0);
+    // The ledger says the client went away, not that the gateway failed it.
+    const id = res.headers.get("x-request-id") ?? "";
+    const record = send(twoRegions, edgeRequest(`/v1/usage/requests/${id}`));
+    expect(await (await record.response).json()).toMatchObject({
+      id,
+      status: "settled",
+      outcome: "cancelled",
+      completion_tokens: null,
+    });
+    await record.done();
     await occupier.release();
   });
 
