@@ -435,15 +435,29 @@ export class Batcher extends DurableObject<Env> {
    */
   async open(input: BatcherSubmit): Promise<BatcherOpenResult> {
     const sink = new AnswerSink();
-    const admitted = this.#enqueue(input, () => ({ sink, pipeBody: true }));
+    const admitted = this.#enqueue(input, () => {
+      // The caller hands this one to its client as it is. Should this object go away, the
+      // runtime errors it (a stream returned over RPC that is cut), so the client is never
+      // left waiting on a body nobody writes.
+      const { readable, writable } = new IdentityTransformStream({
+        highWaterMark: BODY_BUFFER_BYTES,
+      });
+      // Absent from a setup an edge of an earlier version sent.
+      const backlog = input.setup.clientBacklogBytes ?? DEFAULT_CLIENT_BACKLOG_BYTES;
+      return { sink, body: new ClientBody(writable, backlog), readable };
+    });
     if (admitted.kind !== "accepted") return admitted;
-    const { body, atOnce } = admitted;
+    const { connection, atOnce } = admitted;
     this.#answers.set(input.id, sink);
     const opening = await sink.opened;
     switch (opening.kind) {
       case "head":
-        if (body === null) throw new Error("an opened item without its body stream");
-        return { kind: "open", head: opening.head as BatcherHead, body, atOnce };
+        return {
+          kind: "open",
+          head: opening.head as BatcherHead,
+          body: connection.readable,
+          atOnce,
+        };
       case "ended":
         this.#answers.delete(input.id);
         return {
@@ -472,18 +486,16 @@ export class Batcher extends DurableObject<Env> {
     return sink.ended;
   }
 
-  /** Admission shared by `submit` and `open`; `connect` makes the caller's sink. */
-  #enqueue<C extends { sink: CallerSink; pipeBody?: boolean }>(
+  /**
+   * Admission shared by `submit` and `open`; `connect` makes the caller's sink, and its
+   * client's body when the body has a stream of its own.
+   */
+  #enqueue<C extends { sink: CallerSink; body?: ClientBody }>(
     input: BatcherSubmit,
     connect: () => C,
   ):
     | Exclude<BatcherSubmitResult, { kind: "accepted" }>
-    | {
-        kind: "accepted";
-        connection: C;
-        body: ReadableStream<Uint8Array> | null;
-        atOnce: boolean;
-      } {
+    | { kind: "accepted"; connection: C; atOnce: boolean } {
     const now = Date.now();
     let state = this.#configure(input.setup, now);
     if (input.recentFirstByteMs !== undefined && input.recentFirstByteMs !== null) {
@@ -532,21 +544,19 @@ export class Batcher extends DurableObject<Env> {
         }
       case "dispatch-now": {
         this.#state = next;
-        const connection = connect();
-        const body = this.#admit(input, connection.sink, connection.pipeBody === true);
+        const connection = this.#admit(input, connect);
         this.#counters.dispatchedAtOnce += 1;
         this.#send(decision.batch, now);
-        return { kind: "accepted", connection, body, atOnce: true };
+        return { kind: "accepted", connection, atOnce: true };
       }
       case "queued": {
         this.#state = next;
-        const connection = connect();
-        const body = this.#admit(input, connection.sink, connection.pipeBody === true);
+        const connection = this.#admit(input, connect);
         this.#counters.queued += 1;
         if (decision.flushAt <= now) this.#flush(now);
         else this.#schedule(decision.flushAt);
         this.#armAlarm();
-        return { kind: "accepted", connection, body, atOnce: false };
+        return { kind: "accepted", connection, atOnce: false };
       }
       default:
         return assertNever(decision);
@@ -607,30 +617,17 @@ export class Batcher extends DurableObject<Env> {
     return this.#state;
   }
 
-  /** Registers an admitted caller; returns its body stream when it asked for one. */
-  #admit(
+  /** Registers an admitted caller with what `connect` makes for it, and returns that. */
+  #admit<C extends { sink: CallerSink; body?: ClientBody }>(
     input: BatcherSubmit,
-    sink: CallerSink,
-    pipeBody: boolean,
-  ): ReadableStream<Uint8Array> | null {
-    // The caller hands this one to its client as it is. Should this object go away, the
-    // runtime errors it (a stream returned over RPC that is cut), so the client is never
-    // left waiting on a body nobody writes.
-    const body = pipeBody
-      ? new IdentityTransformStream({ highWaterMark: BODY_BUFFER_BYTES })
-      : null;
+    connect: () => C,
+  ): C {
+    const connection = connect();
     const caller: Caller = {
       input,
       stage: "queued",
-      sink,
-      body:
-        body === null
-          ? null
-          : new ClientBody(
-              body.writable,
-              // Absent from a setup an edge of an earlier version sent.
-              input.setup.clientBacklogBytes ?? DEFAULT_CLIENT_BACKLOG_BYTES,
-            ),
+      sink: connection.sink,
+      body: connection.body ?? null,
       batch: null,
       headTimer: null,
       status: null,
@@ -642,7 +639,7 @@ export class Batcher extends DurableObject<Env> {
     caller.body?.closed.catch(() => {
       if (this.#callers.get(input.id) === caller) this.#cancelUntilEnd(input.id);
     });
-    return body?.readable ?? null;
+    return connection;
   }
 
   #flush(now: number): void {
