@@ -39,13 +39,19 @@ function slowSink() {
 
 const settle = () => new Promise((resolve) => setTimeout(resolve, 0));
 
+/** A body over a {@link slowSink} whose first write, "a", is in flight. */
+async function writingA(maxBacklogBytes?: number) {
+  const sink = slowSink();
+  const body = new ClientBody(sink.writable, maxBacklogBytes);
+  body.push(bytes("a"));
+  body.flush();
+  await settle();
+  return { sink, body };
+}
+
 describe("ClientBody", () => {
   it("writes at once when no write is in flight, and joins what comes during one", async () => {
-    const sink = slowSink();
-    const body = new ClientBody(sink.writable);
-    body.push(bytes("a"));
-    body.flush();
-    await settle();
+    const { sink, body } = await writingA();
     expect(sink.writes).toEqual(["a"]);
     body.push(bytes("b"));
     body.flush();
@@ -77,11 +83,7 @@ describe("ClientBody", () => {
   });
 
   it("drops what is queued and never closes cleanly when aborted", async () => {
-    const sink = slowSink();
-    const body = new ClientBody(sink.writable);
-    body.push(bytes("a"));
-    body.flush();
-    await settle();
+    const { sink, body } = await writingA();
     body.push(bytes("b"));
     body.abort("item cancelled");
     await sink.complete();
@@ -104,10 +106,7 @@ describe("ClientBody", () => {
   });
 
   it("cuts a client whose backlog behind a write outgrows the cap, and says so through closed", async () => {
-    const sink = slowSink();
-    const body = new ClientBody(sink.writable, 4);
-    body.push(bytes("a"));
-    body.flush();
+    const { sink, body } = await writingA(4);
     // "a" is never taken: what follows waits, up to four bytes.
     body.push(bytes("bc"));
     body.push(bytes("de"));
@@ -125,11 +124,7 @@ describe("ClientBody", () => {
   });
 
   it("counts only what waits: a backlog written out makes room again", async () => {
-    const sink = slowSink();
-    const body = new ClientBody(sink.writable, 4);
-    body.push(bytes("a"));
-    body.flush();
-    await settle();
+    const { sink, body } = await writingA(4);
     body.push(bytes("bcd"));
     body.flush();
     await sink.complete();
