@@ -47,6 +47,7 @@ const { values: args } = parseArgs({
     "c1-requests": { type: "string", default: "600" },
     "c16-requests": { type: "string", default: "2400" },
     "max-tokens": { type: "string", default: "16" },
+    "block-warm": { type: "string", default: "24" },
     runtime: { type: "string", default: "workerd" },
   },
   strict: true,
@@ -129,6 +130,7 @@ try {
     targets: TARGETS,
     rounds: ROUNDS,
     warmRequests: 200,
+    blockWarmRequests: Number(args["block-warm"]),
     send: (target, stream) => {
       const { url, key } = endpoints[target];
       return timedRequest(
@@ -185,6 +187,7 @@ const path = await writeResult(resultName("auth", RUNTIME), {
     c1Requests: C1_REQUESTS,
     c16Requests: C16_REQUESTS,
     maxTokens: MAX_TOKENS,
+    blockWarmRequests: Number(args["block-warm"]),
     keyLimits: BENCH_KEY_LIMITS,
   },
   rows,

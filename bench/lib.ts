@@ -277,12 +277,22 @@ export interface PathResult<S extends string, T extends string> {
 /**
  * Runs every workload on every path, round after round, reversing the order of the paths
  * each round so drift on a shared machine hits all of them alike; warms each path first.
+ *
+ * A workload of one client runs the paths in turn request by request (each path's
+ * requests/s then counts only its own requests' time): each path meets the same moments
+ * of a noisy machine, where blocks of a few hundred milliseconds each met their own. A
+ * workload of several clients runs each path as a block, since it measures throughput.
+ *
+ * Every measured stretch starts with `blockWarmRequests` unmeasured requests per path (at
+ * least one per client): a path left idle while the others ran answers its first requests
+ * slower, most of all the path with the most code.
  */
 export async function compareAlternating<S extends string, T extends string>(options: {
   workloads: readonly Workload<S>[];
   targets: readonly T[];
   rounds: number;
   warmRequests: number;
+  blockWarmRequests: number;
   send: (target: T, stream: boolean) => Promise<TimedSample>;
 }): Promise<PathResult<S, T>[]> {
   const { workloads, targets, rounds, send } = options;
@@ -299,18 +309,40 @@ export async function compareAlternating<S extends string, T extends string>(opt
   for (let round = 0; round < rounds; round++) {
     for (const workload of workloads) {
       const order = round % 2 === 0 ? targets : targets.toReversed();
+      const perRound = Math.ceil(workload.requests / rounds);
+      if (workload.concurrency === 1) {
+        for (let i = -options.blockWarmRequests; i < perRound; i++) {
+          for (const target of order) {
+            const k = key(workload.name, target);
+            const started = performance.now();
+            const sample = await send(target, workload.stream).catch(() => null);
+            if (i < 0) continue;
+            seconds.set(k, (seconds.get(k) ?? 0) + (performance.now() - started) / 1000);
+            if (sample === null) {
+              errors.set(k, (errors.get(k) ?? 0) + 1);
+              continue;
+            }
+            const list = samples.get(k) ?? [];
+            list.push(sample);
+            samples.set(k, list);
+            completed.set(k, (completed.get(k) ?? 0) + 1);
+          }
+        }
+        continue;
+      }
       for (const target of order) {
         const k = key(workload.name, target);
         const list = samples.get(k) ?? [];
-        const result = await closedLoop(
+        await closedLoop(
           workload.concurrency,
-          Math.ceil(workload.requests / rounds),
-          async () => {
-            const sample = await send(target, workload.stream);
-            list.push(sample);
-            return sample.total;
-          },
+          Math.max(options.blockWarmRequests, workload.concurrency),
+          () => send(target, workload.stream).then((s) => s.total),
         );
+        const result = await closedLoop(workload.concurrency, perRound, async () => {
+          const sample = await send(target, workload.stream);
+          list.push(sample);
+          return sample.total;
+        });
         samples.set(k, list);
         seconds.set(k, (seconds.get(k) ?? 0) + result.seconds);
         completed.set(k, (completed.get(k) ?? 0) + result.requests - result.errors);

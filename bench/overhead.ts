@@ -30,9 +30,10 @@ import { ROOT, parseRuntime, startEdge, startStack } from "../scripts/stack.ts";
 const { values: args } = parseArgs({
   options: {
     rounds: { type: "string", default: "4" },
-    "c1-requests": { type: "string", default: "150" },
+    "c1-requests": { type: "string", default: "600" },
     "c32-requests": { type: "string", default: "1200" },
     "max-tokens": { type: "string", default: "16" },
+    "block-warm": { type: "string", default: "24" },
     runtime: { type: "string", default: "workerd" },
   },
   strict: true,
@@ -88,6 +89,7 @@ try {
     targets: TARGETS,
     rounds: ROUNDS,
     warmRequests: 64,
+    blockWarmRequests: Number(args["block-warm"]),
     send: (target, stream) => timedRequest(urls[target], headers, body(stream)),
   });
   edgeMemory.push({ phase: "after load", rss: await workerdRss(stack.edge.pid ?? 0) });
@@ -162,6 +164,7 @@ const path = await writeResult(resultName("overhead", RUNTIME), {
     c1Requests: C1_REQUESTS,
     c32Requests: C32_REQUESTS,
     maxTokens: MAX_TOKENS,
+    blockWarmRequests: Number(args["block-warm"]),
   },
   rows,
   targets,
