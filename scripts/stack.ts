@@ -426,6 +426,8 @@ export interface EdgeOptions {
   vars: Record<string, string>;
   persistTo?: string;
   verbose?: boolean;
+  /** workerd writes its async activity trace to this file (workerd runtime only). */
+  asyncTrace?: string;
 }
 
 /** A Worker running locally. */
@@ -454,6 +456,7 @@ export async function startWorkerd(options: EdgeOptions): Promise<RunningEdge> {
       "--port",
       String(options.port ?? 0),
       ...(options.persistTo ? ["--persist-to", options.persistTo] : []),
+      ...(options.asyncTrace ? ["--async-trace", options.asyncTrace] : []),
       ...(options.verbose ? ["--verbose"] : []),
     ],
     {

@@ -6,15 +6,20 @@
  * through `wrangler dev` beside it, with `--runtime wrangler-dev`).
  *
  *   node scripts/workerd.ts --config wrangler.toml [--vars-file vars.json] [--port 0]
- *     [--persist-to DIR] [--inspector-port PORT] [--verbose]
+ *     [--persist-to DIR] [--inspector-port PORT] [--async-trace FILE] [--verbose]
+ *
+ * `--async-trace FILE` has workerd write its async activity trace there: one JSON object per
+ * line for each request, turn of JavaScript, timer, I/O and binding call, with timestamps and
+ * what caused what (see `npm run bench:tail`). It costs every request some CPU.
  *
  * Bundles the Worker as `wrangler deploy --dry-run` would, starts it on loopback, prints
  * `listening on http://127.0.0.1:PORT`, and stops (removing its bundle and state) on SIGTERM or
  * SIGINT.
  */
 import { spawnSync } from "node:child_process";
+import { createRequire } from "node:module";
 import { rmSync } from "node:fs";
-import { mkdtemp, readdir, readFile } from "node:fs/promises";
+import { chmod, mkdtemp, readdir, readFile, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -37,6 +42,7 @@ const { values: args } = parseArgs({
     port: { type: "string", default: "0" },
     "persist-to": { type: "string" },
     "inspector-port": { type: "string" },
+    "async-trace": { type: "string" },
     verbose: { type: "boolean", default: false },
   },
   strict: true,
@@ -57,11 +63,32 @@ process.on("exit", () => rmSync(scratch, { recursive: true, force: true }));
 process.on("SIGTERM", () => process.exit(0));
 process.on("SIGINT", () => process.exit(0));
 try {
+  if (args["async-trace"] !== undefined) await traceTo(resolve(args["async-trace"]));
   const mf = await serve();
   console.log(`listening on ${(await mf.ready).origin}`);
 } catch (error) {
   console.error(error instanceof Error ? error.message : error);
   process.exit(1);
+}
+
+/**
+ * Has Miniflare start workerd with `--async-trace FILE`: it has no option for it, but runs
+ * the binary `MINIFLARE_WORKERD_PATH` names, here a wrapper that adds the flag.
+ */
+async function traceTo(file: string): Promise<void> {
+  // The binary Miniflare itself runs (the `workerd` package's default export).
+  const workerd = createRequire(import.meta.url)("workerd") as { default: string };
+  const wrapper = join(scratch, "workerd-traced");
+  await writeFile(
+    wrapper,
+    `#!/bin/sh\ncommand="$1"\nshift\nexec ${shellQuote(workerd.default)} "$command" --async-trace ${shellQuote(file)} "$@"\n`,
+  );
+  await chmod(wrapper, 0o700);
+  process.env.MINIFLARE_WORKERD_PATH = wrapper;
+}
+
+function shellQuote(value: string): string {
+  return `'${value.replaceAll("'", "'\\''")}'`;
 }
 
 /** Bundles the Worker into the scratch folder and starts it. */
