@@ -3,8 +3,8 @@
  * split between the runtime and the Worker, on the batched and the unbatched path.
  *
  * The stress workload of `bench:batching` (500 closed-loop streaming clients, an engine
- * without delay) runs for a few seconds per path against an edge whose workerd writes its
- * async activity trace (`scripts/workerd.ts --async-trace`). Each request carries its
+ * without delay; `--time-scale`, `--max-tokens` and `--max-num-seqs` as there) runs for a
+ * few seconds per path against an edge whose workerd writes its async activity trace (`scripts/workerd.ts --async-trace`). Each request carries its
  * sequence number in its `user-agent`, which the trace records, so the client's timestamps
  * and the runtime's join per request:
  *
@@ -48,6 +48,8 @@ const { values: args } = parseArgs({
     "max-tokens": { type: "string", default: "16" },
     "max-batch-size": { type: "string", default: "64" },
     shards: { type: "string", default: "1" },
+    "time-scale": { type: "string", default: "0" },
+    "max-num-seqs": { type: "string", default: "256" },
   },
   strict: true,
 });
@@ -61,7 +63,7 @@ const USER_AGENT = "warmgate-bench-tail/";
 type Path = "batched" | "direct";
 const PATHS: Path[] = ["batched", "direct"];
 
-const SIM = { timeScale: 0, maxNumSeqs: 256 };
+const SIM = { timeScale: Number(args["time-scale"]), maxNumSeqs: Number(args["max-num-seqs"]) };
 const origins: Record<Path, SpawnedOrigin> = {
   batched: await spawnOrigin([...simFlags(SIM), "--origin-id", "batched-1", "--region", "batched"]),
   direct: await spawnOrigin([...simFlags(SIM), "--origin-id", "direct-1", "--region", "direct"]),
@@ -330,7 +332,7 @@ const table = markdownTable(
   ]),
 );
 console.log(
-  `${CLIENTS} streaming clients, ${SECONDS} s per path (measured after a ${RAMP_MS} ms ramp), ${MAX_TOKENS} tokens, engine without delay; runtime workerd with its async trace.\n`,
+  `${CLIENTS} streaming clients, ${SECONDS} s per path (measured after a ${RAMP_MS} ms ramp), ${MAX_TOKENS} tokens, simulated engine (time scale ${SIM.timeScale}, max_num_seqs ${SIM.maxNumSeqs}); runtime workerd with its async trace.\n`,
 );
 console.log(table);
 console.log(
@@ -341,6 +343,8 @@ const path = await writeResult("tail", {
   date: new Date().toISOString(),
   settings: {
     shards: Number(args.shards),
+    timeScale: SIM.timeScale,
+    maxNumSeqs: SIM.maxNumSeqs,
     clients: CLIENTS,
     seconds: SECONDS,
     maxTokens: MAX_TOKENS,
