@@ -30,7 +30,7 @@ import { createInterface } from "node:readline";
 import { randomBytes } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
-import { benchCommand, fmt, markdownTable, writeResult } from "./lib.ts";
+import { benchChatBody, benchCommand, fmt, markdownTable, writeResult } from "./lib.ts";
 import {
   DEV_KEY_LIMITS,
   ROOT,
@@ -112,16 +112,7 @@ interface ClientSample {
 }
 
 const wallNow = () => performance.timeOrigin + performance.now();
-const payload = JSON.stringify({
-  model: MODEL,
-  messages: [
-    { role: "system", content: "You are a concise assistant." },
-    { role: "user", content: "Say hello to the batching benchmark." },
-  ],
-  max_tokens: MAX_TOKENS,
-  seed: 7,
-  stream: true,
-});
+const payload = benchChatBody(MAX_TOKENS, true);
 
 let seq = 0;
 async function phase(path: Path, clients: number, seconds: number, key: string) {
