@@ -76,12 +76,14 @@ try {
  * the binary `MINIFLARE_WORKERD_PATH` names, here a wrapper that adds the flag.
  */
 async function traceTo(file: string): Promise<void> {
-  // The binary Miniflare itself runs (the `workerd` package's default export).
-  const workerd = createRequire(import.meta.url)("workerd") as { default: string };
+  // The binary Miniflare would run: one named already, or the `workerd` package's.
+  const workerd =
+    process.env.MINIFLARE_WORKERD_PATH ??
+    (createRequire(import.meta.url)("workerd") as { default: string }).default;
   const wrapper = join(scratch, "workerd-traced");
   await writeFile(
     wrapper,
-    `#!/bin/sh\ncommand="$1"\nshift\nexec ${shellQuote(workerd.default)} "$command" --async-trace ${shellQuote(file)} "$@"\n`,
+    `#!/bin/sh\ncommand="$1"\nshift\nexec ${shellQuote(workerd)} "$command" --async-trace ${shellQuote(file)} "$@"\n`,
   );
   await chmod(wrapper, 0o700);
   process.env.MINIFLARE_WORKERD_PATH = wrapper;
