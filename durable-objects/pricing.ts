@@ -138,9 +138,17 @@ export function formatUsd(micros: number): string {
   return `${sign}${whole}.${fraction}`;
 }
 
+// The last day `utcDay` named: every admission and settlement asks, nearly always for the
+// same day, and formatting a date costs more than the rest of the lookup.
+let lastDay = { number: Number.NaN, text: "" };
+
 /** The UTC calendar day of a time, `YYYY-MM-DD`. */
 export function utcDay(now: number): string {
-  return new Date(now).toISOString().slice(0, 10);
+  const number = Math.floor(now / 86_400_000);
+  if (number !== lastDay.number) {
+    lastDay = { number, text: new Date(now).toISOString().slice(0, 10) };
+  }
+  return lastDay.text;
 }
 
 /** The UTC calendar month of a time, `YYYY-MM`. */

@@ -117,4 +117,13 @@ describe("periods", () => {
     expect(msToNextUtcDay(t)).toBe(90 * 60_000);
     expect(msToNextUtcMonth(t)).toBe(90 * 60_000);
   });
+
+  it("names the day right at and around midnight, asked in any order", () => {
+    const midnight = Date.UTC(2027, 0, 1);
+    expect(utcDay(midnight - 1)).toBe("2026-12-31");
+    expect(utcDay(midnight)).toBe("2027-01-01");
+    expect(utcDay(midnight - 1)).toBe("2026-12-31");
+    expect(utcDay(Date.UTC(1969, 11, 31, 23, 59))).toBe("1969-12-31");
+    expect(utcDay(midnight + 86_399_999)).toBe("2027-01-01");
+  });
 });
