@@ -98,6 +98,7 @@ import {
   type ItemTrailer,
   type LoadReport,
   decodeJsonPayload,
+  encodeJsonPayload,
 } from "../origin/protocol.ts";
 import { chooseLeastLoadedInTurn } from "./origin-choice.ts";
 import {
@@ -1118,7 +1119,7 @@ export class Batcher extends DurableObject<Env> {
       error: { message, type: "server_error", code },
       ...extra,
     };
-    caller.sink.end(encodeJson(trailer));
+    caller.sink.end(encodeJsonPayload(trailer));
     // A body stream had no bytes yet: aborted, never closed (the caller answers from the END).
     caller.body?.abort("item failed before its HEAD");
     caller.body = null;
@@ -1181,12 +1182,6 @@ export function sizeBucket(size: number): string {
   let upper = 4;
   while (upper < size) upper *= 2;
   return `${upper / 2 + 1}-${upper}`;
-}
-
-const jsonEncoder = new TextEncoder();
-
-function encodeJson(value: unknown): Uint8Array {
-  return jsonEncoder.encode(JSON.stringify(value));
 }
 
 /**

@@ -151,7 +151,12 @@ export function encodeFrame(type: FrameType, item: number, payload: Uint8Array):
 
 /** Encodes a frame whose payload is JSON. */
 export function encodeJsonFrame(type: FrameType, item: number, value: unknown): Uint8Array {
-  return encodeFrame(type, item, textEncoder.encode(JSON.stringify(value)));
+  return encodeFrame(type, item, encodeJsonPayload(value));
+}
+
+/** A JSON frame payload (HEAD, END or LOAD) without its frame; see {@link decodeJsonPayload}. */
+export function encodeJsonPayload(value: unknown): Uint8Array {
+  return textEncoder.encode(JSON.stringify(value));
 }
 
 /** Parses a JSON frame payload (HEAD, END or LOAD); the frame type tells its shape. */
