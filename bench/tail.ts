@@ -248,6 +248,8 @@ try {
     samples.push(...(await phase(path, CLIENTS, SECONDS, key)));
     await sleep(1500);
   }
+  // Stopped before reading: workerd writes the rest of its trace as it stops (the stop in
+  // `finally` then finds it gone).
   await edge.stop();
   const runtime = await readTrace(traceFile);
   results = PATHS.map((path) => {
