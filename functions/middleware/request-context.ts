@@ -19,7 +19,8 @@ export function newRequestId(): string {
   return `req_${crypto.randomUUID().replaceAll("-", "")}`;
 }
 
-function waitUntilOf(c: Context<AppEnv>): (promise: Promise<unknown>) => void {
+/** The request's `waitUntil`: keeps a promise's work alive past the response. */
+export function waitUntilOf(c: Context<AppEnv>): (promise: Promise<unknown>) => void {
   try {
     const ctx = c.executionCtx;
     return (promise) => ctx.waitUntil(promise);

@@ -13,6 +13,7 @@ import { admitCompletion } from "../middleware/auth.ts";
 import { completionBody } from "../middleware/completion-body.ts";
 import { withModelFallback } from "../model-fallback.ts";
 import { planCompletion } from "../middleware/completion-plan.ts";
+import { waitUntilOf } from "../middleware/request-context.ts";
 import { OriginPool } from "../origin-pool.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
 import type { ItemPath } from "../../origin/protocol.ts";
@@ -79,13 +80,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
       maxTokens: plan.maxTokens ?? Math.max(0, plan.model.max_model_len - plan.promptTokens),
       deadline: Date.now() + config.limits.request_timeout_ms,
       isolateInFlight: (ids) => ids.reduce((n, id) => n + originPool.inFlight(id), 0),
-      waitUntil: (promise) => {
-        try {
-          c.executionCtx.waitUntil(promise);
-        } catch {
-          // No execution context (a bare `app.request`): nothing to keep alive.
-        }
-      },
+      waitUntil: waitUntilOf(c),
       signal: c.req.raw.signal,
     }),
   });
