@@ -16,9 +16,10 @@
  * - headers to first byte: until the client has the first bytes of the body.
  *
  * The runtime's timestamps come from its trace, on the same clock as the client's
- * (`performance.timeOrigin`-based, in milliseconds since the epoch). Miniflare's entry
- * Worker, which every local request passes through before the edge, is where the trace
- * shows a request's start and its Response. Prints a table and writes
+ * (`performance.timeOrigin`-based, in milliseconds since the epoch). The edge is reached
+ * through Miniflare's entry Worker here (`--entry-worker`; the other benchmarks reach it
+ * directly): a request's start and its Response are where the trace shows the entry
+ * Worker's call to the edge, which carries the user-agent. Prints a table and writes
  * bench/results/tail.json. Tracing costs every request some CPU: compare the paths with
  * each other here, and take absolute figures from `bench:batching`.
  */
@@ -100,6 +101,8 @@ const edge = await startWorkerd({
     TOKEN_SIGNING_SECRET: randomBytes(32).toString("base64url"),
   },
   asyncTrace: traceFile,
+  // The trace names a request only by the user-agent of the entry Worker's call to the edge.
+  entryWorker: true,
 });
 
 /** One request as the client saw it; times in ms since the epoch. */

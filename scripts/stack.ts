@@ -428,6 +428,8 @@ export interface EdgeOptions {
   verbose?: boolean;
   /** workerd writes its async activity trace to this file (workerd runtime only). */
   asyncTrace?: string;
+  /** Reach the Worker through Miniflare's entry Worker (workerd runtime only; `--entry-worker`). */
+  entryWorker?: boolean;
 }
 
 /** A Worker running locally. */
@@ -457,6 +459,7 @@ export async function startWorkerd(options: EdgeOptions): Promise<RunningEdge> {
       String(options.port ?? 0),
       ...(options.persistTo ? ["--persist-to", options.persistTo] : []),
       ...(options.asyncTrace ? ["--async-trace", options.asyncTrace] : []),
+      ...(options.entryWorker ? ["--entry-worker"] : []),
       ...(options.verbose ? ["--verbose"] : []),
     ],
     {

@@ -10,11 +10,17 @@
  * placeholder): the edge then picks its default region, or the one a header names.
  *
  *   node scripts/workerd.ts --config wrangler.toml [--vars-file vars.json] [--port 0]
- *     [--persist-to DIR] [--inspector-port PORT] [--async-trace FILE] [--verbose]
+ *     [--persist-to DIR] [--inspector-port PORT] [--async-trace FILE] [--entry-worker]
+ *     [--verbose]
  *
  * `--async-trace FILE` has workerd write its async activity trace there: one JSON object per
  * line for each request, turn of JavaScript, timer, I/O and binding call, with timestamps and
  * what caused what (see `npm run bench:tail`). It costs every request some CPU.
+ *
+ * `--entry-worker` listens through Miniflare's entry Worker instead, as Miniflare does by
+ * default: the trace then shows each request's call from it to the Worker with the
+ * request's user-agent, which is how `bench:tail` tells requests apart (a request straight
+ * into the Worker carries nothing in the trace that names it).
  *
  * Bundles the Worker as `wrangler deploy --dry-run` would, starts it on loopback, prints
  * `listening on http://127.0.0.1:PORT`, and stops (removing its bundle and state) on SIGTERM or
@@ -47,6 +53,7 @@ const { values: args } = parseArgs({
     "persist-to": { type: "string" },
     "inspector-port": { type: "string" },
     "async-trace": { type: "string" },
+    "entry-worker": { type: "boolean", default: false },
     verbose: { type: "boolean", default: false },
   },
   strict: true,
@@ -69,8 +76,8 @@ process.on("SIGINT", () => process.exit(0));
 try {
   if (args["async-trace"] !== undefined) await traceTo(resolve(args["async-trace"]));
   const mf = await serve();
-  await mf.ready;
-  console.log(`listening on ${(await mf.unsafeGetDirectURL("worker")).origin}`);
+  const url = args["entry-worker"] ? await mf.ready : await mf.unsafeGetDirectURL("worker");
+  console.log(`listening on ${url.origin}`);
 } catch (error) {
   console.error(error instanceof Error ? error.message : error);
   process.exit(1);
@@ -145,7 +152,9 @@ async function serve(): Promise<Miniflare> {
     modulesRoot: outdir,
     bindings: { ...bindingOptions.bindings, ...vars },
     // The listening socket: straight to the Worker, past Miniflare's entry Worker.
-    unsafeDirectSockets: [{ host: "127.0.0.1", port: Number(args.port) }],
+    ...(args["entry-worker"]
+      ? {}
+      : { unsafeDirectSockets: [{ host: "127.0.0.1", port: Number(args.port) }] }),
   } as V4WorkerOptions;
   // Miniflare 5 takes its own option shape; wrangler's options convert the way `wrangler
   // dev` converts them.
@@ -153,8 +162,8 @@ async function serve(): Promise<Miniflare> {
     convertV4MiniflareOptions({
       workers: [worker],
       host: "127.0.0.1",
-      // Miniflare's own entry socket, unused: any free port.
-      port: 0,
+      // Miniflare's own entry socket: unused but for `--entry-worker`.
+      port: args["entry-worker"] ? Number(args.port) : 0,
       // Offline: Miniflare fetches no `request.cf` data (the entry socket would give its
       // placeholder; the Worker's own socket gives none).
       cf: false,
