@@ -14,9 +14,10 @@
 // When requests wait: never while nothing else waits and the chosen origin is idle. Under
 // load the window is the largest of three terms, each bounded by `maxWindowMs`:
 // - overload: arrivals outpace what the origins can start (free slots plus completions);
-// - calls: arrivals outpace the calls worth making (one per `callIntervalMs` per healthy
-//   origin), which collapses many requests into few calls while the engines still have
-//   free slots (with a large `max_num_seqs` the overload term stays 0);
+// - calls: arrivals outpace the calls worth making (one per engine step per healthy
+//   origin, as its load reports tell, and never more than one per `callIntervalMs`),
+//   which collapses many requests into few calls while the engines still have free slots
+//   (with a large `max_num_seqs` the overload term stays 0);
 // - wait: a share (`waitShare`) of how long requests have recently waited for their first
 //   byte, from arrival, as this batcher saw it and as callers report it
 //   (`recordFirstByteWait`; decaying mean over `rateWindowMs`). When first bytes take long
@@ -68,7 +69,9 @@ export const WindowConfigSchema = z
     /**
      * Shortest useful gap between two calls to one origin, about one engine step (vLLM
      * admits new sequences only at step boundaries): while requests arrive faster than one
-     * per this many ms per healthy origin, they share calls. 0 turns the call term off.
+     * per this many ms per healthy origin, they share calls. An origin whose load reports
+     * carry a longer step time (`step_ms`) is called at most once per step instead. 0
+     * turns the call term off.
      */
     callIntervalMs: z.number().nonnegative().max(1000).default(5),
     /**
@@ -160,6 +163,8 @@ export interface OriginLoadView {
   maxNumSeqs: number;
   kvFreeTokens: number;
   kvTotalTokens: number;
+  /** The engine's reported step time (ms); 0 when it reports none. */
+  stepMs: number;
 }
 
 /** The batcher's view of one origin. */
@@ -433,6 +438,7 @@ export function onOriginLoad(
     maxNumSeqs: count(report.max_num_seqs),
     kvFreeTokens: count(report.kv_free_blocks) * blockSize,
     kvTotalTokens: count(report.kv_total_blocks) * blockSize,
+    stepMs: stepMsOf(report.step_ms),
   };
   // The report already counts what we sent before it arrived; a report written just
   // before a send can undercount by that batch until the next report (one per response).
@@ -591,7 +597,7 @@ export function currentWindowMs(state: WindowState, now: number): number {
   const candidates = healthyCandidates(state, now);
   return Math.max(
     overloadWindowMs(state, candidates, now),
-    callWindowMs(state, candidates.length, now),
+    callWindowMs(state, candidates, now),
     waitWindowMs(state, now),
   );
 }
@@ -635,19 +641,35 @@ function overloadWindowMs(
 }
 
 /**
- * 0 while arrivals stay under one call per `callIntervalMs` per healthy origin. Above
- * that, each request waits `1/callRate - 1/arrivalRate`: a flush then leaves about every
- * `1/callRate` ms (the window plus the wait for the next arrival that opens one), so calls
- * stay at the useful rate and each carries about `arrivalRate/callRate` requests. The
- * term is 0 at the threshold and rises smoothly towards `callIntervalMs / origins`.
+ * 0 while arrivals stay under the useful call rate: one call per origin per its engine's
+ * reported step time, or per `callIntervalMs` when that is longer or the engine reports
+ * none (an engine starts new sequences only at step boundaries, so more frequent calls
+ * only cost). Above that, each request waits `1/callRate - 1/arrivalRate`: a flush then
+ * leaves about every `1/callRate` ms (the window plus the wait for the next arrival that
+ * opens one), so calls stay at the useful rate and each carries about
+ * `arrivalRate/callRate` requests. The term is 0 at the threshold and rises smoothly
+ * towards `1/callRate`.
  */
-function callWindowMs(state: WindowState, healthyOrigins: number, now: number): number {
+function callWindowMs(
+  state: WindowState,
+  candidates: readonly OriginCandidate[],
+  now: number,
+): number {
   const { callIntervalMs, maxWindowMs, rateWindowMs } = state.config;
-  if (callIntervalMs <= 0 || healthyOrigins === 0) return 0;
+  if (callIntervalMs <= 0 || candidates.length === 0) return 0;
   const arrivalsPerMs = decayed(state.arrivals, rateWindowMs, now) / rateWindowMs;
-  const callsPerMs = healthyOrigins / callIntervalMs;
+  let callsPerMs = 0;
+  for (const candidate of candidates) {
+    const stepMs = originById(state, candidate.id).report?.stepMs ?? 0;
+    callsPerMs += 1 / Math.max(callIntervalMs, stepMs);
+  }
   if (arrivalsPerMs <= callsPerMs) return 0;
   return Math.min(maxWindowMs, 1 / callsPerMs - 1 / arrivalsPerMs);
+}
+
+// A reported step time in ms: a finite positive number, else 0 (unknown).
+function stepMsOf(value: unknown): number {
+  return typeof value === "number" && Number.isFinite(value) && value > 0 ? value : 0;
 }
 
 /** The origins the policy may send to now, as the origin chooser sees them. */

@@ -77,7 +77,10 @@ const batchingSettings = {
   max_batch_tokens: z.int().positive().optional(),
   /** Upper bound of the adaptive window (default 10 ms). */
   max_window_ms: z.number().nonnegative().max(1000).optional(),
-  /** Shortest useful gap between calls to one origin (default 5 ms; 0: no call pacing). */
+  /**
+   * Shortest useful gap between calls to one origin (default 5 ms; 0: no call pacing); an
+   * origin that reports a longer engine step is called at most once per step.
+   */
   call_interval_ms: z.number().nonnegative().max(1000).optional(),
   /** Time constant of the arrival and completion rates (default 250 ms). */
   rate_window_ms: z.number().positive().optional(),

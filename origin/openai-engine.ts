@@ -89,6 +89,32 @@ export function parsePrometheus(text: string): Scrape {
   return { text, sums, labels };
 }
 
+/** Inter-token latency histograms, newest name first: an engine step, seen by a sequence. */
+const INTER_TOKEN_FAMILIES = [
+  "vllm:inter_token_latency_seconds",
+  "vllm:time_per_output_token_seconds",
+  "sglang:inter_token_latency_seconds",
+  "sglang:time_per_output_token_seconds",
+];
+
+/**
+ * The mean inter-token latency (ms) over the tokens between two scrapes, from the first
+ * histogram family both publish; null when no token came between them (or the engine
+ * restarted, and its counters with it).
+ */
+export function meanStepMs(before: Scrape | null, after: Scrape): number | null {
+  if (before === null) return null;
+  for (const family of INTER_TOKEN_FAMILIES) {
+    const count = (scrape: Scrape) => scrape.sums.get(`${family}_count`);
+    const sum = (scrape: Scrape) => scrape.sums.get(`${family}_sum`);
+    const [c0, c1, s0, s1] = [count(before), count(after), sum(before), sum(after)];
+    if (c0 === undefined || c1 === undefined || s0 === undefined || s1 === undefined) continue;
+    if (c1 <= c0 || s1 < s0) return null;
+    return ((s1 - s0) / (c1 - c0)) * 1000;
+  }
+  return null;
+}
+
 /** Splits an SSE byte stream into whole events (each with its blank-line terminator). */
 export class SseSplitter {
   #buffer = new Uint8Array(0);
@@ -295,6 +321,8 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
   }));
   let unreachable: string | null = null;
   let scrape: Scrape | null = null;
+  // The engine's mean step time (ms) between the last two scrapes that saw tokens; 0: unknown.
+  let stepMs = 0;
   let inFlight = 0;
   let closed = false;
   const timers: ReturnType<typeof setInterval>[] = [];
@@ -333,6 +361,7 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
       const known = [...parsed.sums.keys()].some(
         (name) => name.startsWith("vllm:") || name.startsWith("sglang:"),
       );
+      if (known) stepMs = meanStepMs(scrape, parsed) ?? stepMs;
       scrape = known ? parsed : null;
     } catch {
       scrape = null;
@@ -520,6 +549,7 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
           sum("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total") ?? 0,
         prefix_hits: sum("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total") ?? 0,
         max_num_seqs: maxNumSeqs,
+        step_ms: Math.round(stepMs * 100) / 100,
       };
     },
     metrics(): string {

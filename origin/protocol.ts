@@ -123,6 +123,12 @@ export interface LoadReport {
   prefix_hits: number;
   /** Most sequences the engine runs at once. */
   max_num_seqs: number;
+  /**
+   * Recent mean duration of one engine step in ms, about the time between two tokens of a
+   * running sequence (vLLM's inter-token latency); the engine starts new sequences only at
+   * step boundaries. Absent or 0 when unknown.
+   */
+  step_ms?: number;
 }
 
 /** A decoded frame. `payload` may be a view into the chunk it arrived in. */

@@ -95,6 +95,8 @@ const E2E_BUCKETS = [
   0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680,
 ];
 
+/** Weight of the newest step in the reported mean step time. */
+const STEP_MS_WEIGHT = 0.2;
 const JSON_HEADERS = { "content-type": "application/json" };
 const SSE_HEADERS = { "content-type": "text/event-stream", "cache-control": "no-cache" };
 
@@ -215,6 +217,8 @@ class SimEngineImpl implements SimEngine {
   readonly #runs = new Set<Run>();
   readonly #bySeq = new Map<SeqId, { run: Run; choice: Choice }>();
   #seqCounter = 0;
+  // Decaying mean of the steps' duration in real ms (0 without simulated time).
+  #stepMs = 0;
   #closed = false;
   #wakeLoop: (() => void) | null = null;
   #sleepTimer: ReturnType<typeof setTimeout> | null = null;
@@ -437,6 +441,7 @@ class SimEngineImpl implements SimEngine {
       prefix_queries: this.#cache.prefixQueries,
       prefix_hits: this.#cache.prefixHits,
       max_num_seqs: this.#scheduler.maxNumSeqs,
+      step_ms: Math.round(this.#stepMs * 100) / 100,
     };
   }
 
@@ -799,7 +804,9 @@ class SimEngineImpl implements SimEngine {
         continue;
       }
       this.#admitted(step, now);
-      deadline = Math.max(deadline, now) + step.durationMs * this.options.timeScale;
+      const stepMs = step.durationMs * this.options.timeScale;
+      this.#stepMs += STEP_MS_WEIGHT * (stepMs - this.#stepMs);
+      deadline = Math.max(deadline, now) + stepMs;
       const wait = deadline - performance.now();
       await new Promise<void>((resolve) => {
         this.#endSleep = resolve;

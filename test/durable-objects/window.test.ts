@@ -288,6 +288,13 @@ function windowAt(perMs: number, origins = 1, maxWindowMs = 10): number {
   return currentWindowMs({ ...state, arrivals: { value: perMs * 100, at: 0 } }, 0);
 }
 
+/** The call term at `perMs` arrivals for an origin that reports `stepMs`. */
+function windowWithStep(stepMs: number, callIntervalMs = 5, perMs = 0.25): number {
+  let state = stateWith({ callIntervalMs, maxWindowMs: 100, rateWindowMs: 100 });
+  state = load(state, "a", { max_num_seqs: 1_000_000, step_ms: stepMs });
+  return currentWindowMs({ ...state, arrivals: { value: perMs * 100, at: 0 } }, 0);
+}
+
 describe("call term", () => {
   it("collapses a steady stream into calls at the useful rate while the engine has free slots", () => {
     const { requests, calls, longestWait } = drive(
@@ -321,6 +328,18 @@ describe("call term", () => {
     // Two healthy origins take calls twice as often.
     expect(windowAt(0.4, 2)).toBe(0);
     expect(windowAt(1, 2)).toBeCloseTo(1.5, 6);
+  });
+
+  it("calls an origin at most once per engine step when its reports carry a longer one", () => {
+    // One call per 20 ms step against four arrivals per ms: 20 - 4 ms.
+    expect(windowWithStep(20)).toBeCloseTo(16, 6);
+    expect(windowWithStep(20, 5, 0.04)).toBe(0);
+    // A step shorter than callIntervalMs, or none reported, leaves callIntervalMs.
+    expect(windowWithStep(2)).toBeCloseTo(1, 6);
+    expect(windowWithStep(0)).toBeCloseTo(1, 6);
+    expect(windowWithStep(Number.NaN)).toBeCloseTo(1, 6);
+    // callIntervalMs 0 still turns the term off.
+    expect(windowWithStep(20, 0)).toBe(0);
   });
 
   it("is off with callIntervalMs 0", () => {

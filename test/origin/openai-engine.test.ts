@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   createOpenAIEngine,
   hideInjectedUsage,
+  meanStepMs,
   parsePrometheus,
   requestUsage,
   SseSplitter,
@@ -87,6 +88,33 @@ describe("parsePrometheus", () => {
       block_size: "16",
       num_gpu_blocks: "100",
     });
+  });
+});
+
+// Inter-token latency counters as an engine publishes them, split over two label sets.
+const itlScrape = (count: number, sum: number, family = "vllm:inter_token_latency_seconds") =>
+  parsePrometheus(
+    `${family}_count{model_name="a"} ${count / 2}\n${family}_count{model_name="b"} ${count / 2}\n${family}_sum{model_name="a"} ${sum}\n`,
+  );
+
+describe("meanStepMs", () => {
+  it("is the mean inter-token latency of the tokens between two scrapes, in ms", () => {
+    expect(meanStepMs(itlScrape(100, 2), itlScrape(300, 6))).toBeCloseTo(20, 9);
+    expect(
+      meanStepMs(
+        itlScrape(10, 1, "vllm:time_per_output_token_seconds"),
+        itlScrape(20, 1.5, "vllm:time_per_output_token_seconds"),
+      ),
+    ).toBeCloseTo(50, 9);
+  });
+
+  it("knows nothing without a scrape before, tokens between or after an engine restart", () => {
+    expect(meanStepMs(null, itlScrape(300, 6))).toBeNull();
+    expect(meanStepMs(itlScrape(300, 6), itlScrape(300, 6))).toBeNull();
+    expect(meanStepMs(itlScrape(300, 6), itlScrape(20, 0.4))).toBeNull();
+    expect(
+      meanStepMs(parsePrometheus("vllm:num_requests_running 1\n"), itlScrape(2, 1)),
+    ).toBeNull();
   });
 });
 

@@ -473,6 +473,16 @@ describe("simulated engine: cancellation and load", () => {
     expect(e.load()).toMatchObject({ running: 0, waiting: 0 });
   });
 
+  it("reports its recent step time in real milliseconds", async () => {
+    const e = engine({ timeScale: 0.5 });
+    await call(e, chat({ max_tokens: 20 }));
+    // A lone sequence's decode step: 4 ms base and 0.12 ms per sequence, at half speed,
+    // plus a little attention; the prompt's own step weighs a fifth and decays.
+    const stepMs = e.load().step_ms ?? 0;
+    expect(stepMs).toBeGreaterThan(2);
+    expect(stepMs).toBeLessThan(3);
+  });
+
   it("reports load, health and vLLM-named metrics", async () => {
     const e = engine({ kvBlocks: 1000, maxNumSeqs: 8 });
     await call(e, chat());
@@ -486,6 +496,8 @@ describe("simulated engine: cancellation and load", () => {
       max_num_seqs: 8,
     });
     expect(e.load().prefix_hits).toBeGreaterThan(0);
+    // Without simulated time, steps take no time to report.
+    expect(e.load().step_ms).toBe(0);
     expect(await e.health()).toEqual({
       ok: true,
       engine: "sim",
