@@ -55,7 +55,7 @@ const { values: args } = parseArgs({
     "max-tokens": { type: "string", default: "16" },
     "max-window-ms": { type: "string", default: "100" },
     "call-interval-ms": { type: "string", default: "5" },
-    "wait-share": { type: "string", default: "0.25" },
+    "wait-share": { type: "string", default: "0.1" },
     "max-batch-size": { type: "string", default: "64" },
     "max-num-seqs": { type: "string", default: "256" },
     "time-scale": { type: "string", default: "0" },
@@ -75,7 +75,7 @@ if (args.help) {
   --max-tokens N          completion tokens per request (default 16)
   --max-window-ms MS      batching.max_window_ms (default 100)
   --call-interval-ms MS   batching.call_interval_ms (default 5)
-  --wait-share X          batching.wait_share (default 0.25)
+  --wait-share X          batching.wait_share (default 0.1, as the edge)
   --max-batch-size N      batching.max_batch_size (default 64)
   --max-num-seqs N        the simulated engine's max_num_seqs (default 256)
   --time-scale X          the simulated engine's time scale (default 0: no delay)

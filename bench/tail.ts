@@ -84,7 +84,7 @@ const config = {
   batching: {
     max_window_ms: 100,
     call_interval_ms: 5,
-    wait_share: 0.25,
+    wait_share: 0.1,
     max_batch_size: Number(args["max-batch-size"]),
     shards: Number(args.shards),
     overrides: [{ region: "direct", enabled: false }],
