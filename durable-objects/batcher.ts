@@ -104,6 +104,7 @@ import { chooseLeastLoadedInTurn } from "./origin-choice.ts";
 import {
   type Batch,
   type FlushReason,
+  type OriginLoadView,
   type WindowConfig,
   type WindowOptions,
   type WindowState,
@@ -303,6 +304,11 @@ export interface BatcherSnapshot {
   windowMs: number;
   /** Items this batcher has running per origin. */
   inFlight: Record<string, number>;
+  /**
+   * Each origin's last load report as this batcher uses it (tokens, not blocks), with its
+   * age; null before the first. `stepMs` is the engine's reported step time (0: none).
+   */
+  origins: Record<string, (OriginLoadView & { ageMs: number }) | null>;
   /** Upstream calls whose response has not ended. */
   openBatches: number;
   /** Rows in `open_batches` (this incarnation's calls plus orphans not yet cancelled). */
@@ -579,7 +585,12 @@ export class Batcher extends DurableObject<Env> {
   snapshot(): BatcherSnapshot {
     const now = Date.now();
     const inFlight: Record<string, number> = {};
-    for (const origin of this.#state?.origins ?? []) inFlight[origin.id] = origin.inFlight.length;
+    const origins: BatcherSnapshot["origins"] = {};
+    for (const origin of this.#state?.origins ?? []) {
+      inFlight[origin.id] = origin.inFlight.length;
+      const { report } = origin;
+      origins[origin.id] = report === null ? null : { ...report, ageMs: now - report.receivedAt };
+    }
     this.#records.flush();
     const persisted = this.ctx.storage.sql
       .exec<{ n: number }>("SELECT COUNT(*) AS n FROM open_batches")
@@ -589,6 +600,7 @@ export class Batcher extends DurableObject<Env> {
       queued: this.#state === null ? 0 : queuedCount(this.#state),
       windowMs: this.#state === null ? 0 : currentWindowMs(this.#state, now),
       inFlight,
+      origins,
       openBatches: this.#batches.size,
       persistedBatches: persisted,
       counters: structuredClone(this.#counters),

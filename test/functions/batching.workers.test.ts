@@ -144,6 +144,10 @@ describe("the request path through the batcher", () => {
     }
     const snapshot = await batcherOf(config).snapshot();
     expect(snapshot.recentBatches.at(-1)).toMatchObject({ reason: "size" });
+    // The origin's last load report, as the batcher uses it.
+    const report = snapshot.origins["edge-batch-1"];
+    expect(report).toMatchObject({ maxNumSeqs: expect.any(Number), stepMs: expect.any(Number) });
+    expect(report?.ageMs).toBeGreaterThanOrEqual(0);
     await occupier.release();
   });
 
