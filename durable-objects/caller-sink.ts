@@ -1,7 +1,9 @@
 /**
  * Where the `Batcher` sends a caller's HEAD, DATA and END (see `batcher.ts`): a stream of the
- * item's frames ({@link FrameStreamSink}, for `submit`), or the answers of `open` and `end`
- * ({@link AnswerSink}, for a streamed item whose body has a stream of its own).
+ * item's frames ({@link FrameStreamSink}, for `submit`), the answers of `open` and `end`
+ * ({@link AnswerSink}, for a streamed item whose body has a stream of its own), or one
+ * answer with all of them ({@link WholeSink}, for `answer`: a JSON item, which its client
+ * gets whole anyway).
  */
 import { FrameType, concatBytes, encodeFrame, encodeJsonFrame } from "../origin/protocol.ts";
 
@@ -108,5 +110,67 @@ export class AnswerSink implements CallerSink {
     this.#settled = true;
     this.#open({ kind: "closed" });
     this.#end(null);
+  }
+}
+
+/** An item as {@link WholeSink} collected it, once it ended or closed. */
+export interface WholeItem {
+  /** The HEAD, or null when none came. */
+  head: object | null;
+  /** Ms from the sink's creation to the HEAD; null without one. */
+  headMs: number | null;
+  /** The body's bytes, in order. */
+  body: Uint8Array;
+  /** The END's trailer, or null when the item closed without one. */
+  trailer: Uint8Array | null;
+}
+
+/**
+ * A caller's HEAD, DATA and END collected whole, for an item its client only gets whole (a
+ * JSON answer): `done` settles at the END, or when the item closes without one. Never
+ * rejects.
+ */
+export class WholeSink implements CallerSink {
+  readonly done: Promise<WholeItem>;
+  #resolve: (item: WholeItem) => void = () => {};
+  readonly #createdAt = Date.now();
+  #head: object | null = null;
+  #headMs: number | null = null;
+  #chunks: Uint8Array[] = [];
+
+  constructor() {
+    this.done = new Promise((resolve) => {
+      this.#resolve = resolve;
+    });
+  }
+
+  head(head: object): void {
+    this.#head = head;
+    this.#headMs = Date.now() - this.#createdAt;
+  }
+
+  data(bytes: Uint8Array): void {
+    // A copy: the payload may be a view into the origin's chunk.
+    this.#chunks.push(bytes.slice());
+  }
+
+  end(trailer: Uint8Array): void {
+    this.#settle(trailer.slice());
+  }
+
+  flush(): void {}
+
+  close(): void {
+    this.#settle(null);
+  }
+
+  // A settled promise ignores later calls: the first END or close wins.
+  #settle(trailer: Uint8Array | null): void {
+    this.#resolve({
+      head: this.#head,
+      headMs: this.#headMs,
+      body: concatBytes(this.#chunks),
+      trailer,
+    });
   }
 }

@@ -7,6 +7,7 @@
  */
 import type {
   Batcher,
+  BatcherAnswerResult,
   BatcherCancelOptions,
   BatcherFailureCode,
   BatcherFailureTrailer,
@@ -18,7 +19,13 @@ import type {
 } from "../durable-objects/batcher.ts";
 import { DEFAULT_CLIENT_BACKLOG_BYTES } from "../durable-objects/batcher.ts";
 import { type WindowConfigInput, WindowConfigSchema } from "../durable-objects/window.ts";
-import { decodeJsonPayload, FrameType } from "../origin/protocol.ts";
+import {
+  type Frame,
+  type ItemTrailer,
+  decodeJsonPayload,
+  encodeJsonPayload,
+  FrameType,
+} from "../origin/protocol.ts";
 import {
   type BatchingConfig,
   type GatewayConfig,
@@ -27,6 +34,7 @@ import {
 } from "./config.ts";
 import {
   type AttemptRequest,
+  CANCEL_USAGE_WAIT_MS,
   type DispatchAttempt,
   type ItemOpener,
   openDirect,
@@ -242,7 +250,8 @@ export function batcherOpener(route: BatcherRoute): ItemOpener {
     if (attempt.atOnce) sentAtOnce.set(quiet, Date.now());
     else sentAtOnce.delete(quiet);
     if (attempt.attempt.kind === "open") {
-      const waited = Date.now() - started;
+      // An answer that came whole says when its HEAD came; the rest was the answer's body.
+      const waited = attempt.waitedMs ?? Date.now() - started;
       const previous = firstByteMs.get(quiet);
       firstByteMs.set(
         quiet,
@@ -267,8 +276,10 @@ function bypasses(
 }
 
 /**
- * One `submit` to the batcher of `region`; its frames become an {@link OpenItem}. `atOnce`:
- * the batcher sent it at once, with nothing to batch it with.
+ * One attempt through the batcher of `region`, as an {@link OpenItem}: `open` for a streamed
+ * answer, `answer` for one its client gets whole (`submit` and its frames with a batcher of
+ * the version before `answer`). `atOnce`: the batcher sent it at once, with nothing to batch
+ * it with; `waitedMs`, when known, how long its HEAD took from admission.
  */
 export async function submitToBatcher(
   route: BatcherRoute,
@@ -276,7 +287,7 @@ export async function submitToBatcher(
   region: string,
   request: AttemptRequest,
   seen: { recentFirstByteMs: number | null } = { recentFirstByteMs: null },
-): Promise<{ attempt: DispatchAttempt; atOnce: boolean }> {
+): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number }> {
   const shard = shardOf(plan, request.requestId, route.keyId);
   const stub = route.namespace.getByName(batcherName(region, route.model, shard, plan));
   const input: BatcherSubmit = {
@@ -304,6 +315,20 @@ export async function submitToBatcher(
   // response body as it is: the runtime moves the bytes and this isolate runs nothing per
   // token. Its HEAD answers `open`, and its END the `end` call made right behind it.
   if (request.timeHead) return openAtBatcher(stub, input, tell, route.signal);
+  if (!answerMissing) {
+    try {
+      return await answerAtBatcher(stub, input, tell, route);
+    } catch (error) {
+      if (!String(error).includes('does not implement "answer"')) {
+        return {
+          attempt: failed("unavailable", `batcher: ${describe(error)}`, null),
+          atOnce: false,
+        };
+      }
+      // A batcher of the version before `answer`, while a deploy rolls out: its frames.
+      answerMissing = true;
+    }
+  }
 
   let result: BatcherSubmitResult;
   try {
@@ -337,6 +362,114 @@ export async function submitToBatcher(
   } finally {
     route.signal?.removeEventListener("abort", gone);
   }
+}
+
+// Set once a batcher answered that it has no `answer` (an earlier version, mid-deploy).
+let answerMissing = false;
+
+/**
+ * An attempt whose client gets its answer whole (JSON): `answer` brings its HEAD, body and
+ * END in one answer, which become an open item read from memory. Its RPC fails (rejects)
+ * only when the batcher itself failed; the caller tells a missing method apart.
+ */
+async function answerAtBatcher(
+  stub: DurableObjectStub<Batcher>,
+  input: BatcherSubmit,
+  tell: (options?: BatcherCancelOptions) => void,
+  route: BatcherRoute,
+): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number }> {
+  // Whether waiting ends early, and why: its client went away or its time ran out. The item
+  // is cancelled on its origin, and its END still brings the usage generated until then;
+  // should no END come (a call that hangs), the item is let go of.
+  let cut: "client" | "timeout" | null = null;
+  let givenUp: ReturnType<typeof setTimeout> | undefined;
+  const stop = (why: "client" | "timeout") => {
+    if (cut !== null) return;
+    cut = why;
+    tell({ untilEnd: true });
+    givenUp = setTimeout(() => tell(), CANCEL_USAGE_WAIT_MS);
+  };
+  const gone = () => stop("client");
+  route.signal?.addEventListener("abort", gone, { once: true });
+  const deadline = setTimeout(() => stop("timeout"), Math.max(0, route.deadline - Date.now()));
+  let result: BatcherAnswerResult;
+  try {
+    result = await stub.answer(input);
+  } finally {
+    route.signal?.removeEventListener("abort", gone);
+    clearTimeout(deadline);
+    if (givenUp !== undefined) clearTimeout(givenUp);
+  }
+  switch (result.kind) {
+    case "refused":
+    case "failed":
+      return { attempt: notAdmitted(result), atOnce: false };
+    case "answered":
+      break;
+    default:
+      return assertNever(result);
+  }
+  const { head, body, atOnce } = result;
+  let { trailer } = result;
+  if (head === null) {
+    if (trailer !== null) {
+      return {
+        attempt: failedBeforeHead(decodeJsonPayload(trailer) as BatcherFailureTrailer),
+        atOnce,
+      };
+    }
+    // Closed before any HEAD: cancelled while it waited, or lost by the batcher.
+    return {
+      attempt: failed("unavailable", "batcher: the item ended before its HEAD", null),
+      atOnce,
+    };
+  }
+  if (cut === "timeout") trailer = timedOutTrailer(input.id, trailer);
+  const frames: Frame[] = [];
+  if (body.byteLength > 0) frames.push({ type: FrameType.DATA, item: 0, payload: body });
+  if (trailer !== null) frames.push({ type: FrameType.END, item: 0, payload: trailer });
+  const item = openItemFromFrames(
+    head,
+    memoryFrames(frames),
+    () => {},
+    undefined,
+    async () => {},
+  );
+  return {
+    attempt: { kind: "open", item, originId: head.origin },
+    atOnce,
+    ...(result.headMs === null ? {} : { waitedMs: result.headMs }),
+  };
+}
+
+/**
+ * The END of an item cut at its request's timeout: a timeout, whatever the origin said of
+ * the cancel, with the usage it reported (none when no END came).
+ */
+function timedOutTrailer(id: string, trailer: Uint8Array | null): Uint8Array {
+  const ended = trailer === null ? null : (decodeJsonPayload(trailer) as ItemTrailer);
+  if (ended?.outcome === "ok") return trailer as Uint8Array;
+  const timedOut: ItemTrailer = {
+    id,
+    outcome: "timeout",
+    usage: ended?.usage ?? null,
+    error: { message: "The request timed out.", type: "server_error", code: "timeout" },
+  };
+  return encodeJsonPayload(timedOut);
+}
+
+/** A {@link FrameReader} over frames already in memory. */
+function memoryFrames(frames: readonly Frame[]): FrameReader {
+  let at = 0;
+  return {
+    async next() {
+      return frames[at++] ?? "the item ended without an END";
+    },
+    takeReadyData: () => undefined,
+    cancel() {
+      at = frames.length;
+    },
+  };
 }
 
 /** A streamed attempt: `open` answers at the item's HEAD, `end` at its END. */

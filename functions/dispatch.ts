@@ -372,7 +372,15 @@ async function respondWhole(
     trailer === null
       ? { complete: false, outcome: "error" as const }
       : endOutcome(trailer, head.status);
-  const outcome: SettledRequest["outcome"] = !complete && timedOut ? "timeout" : endedAs;
+  // Cut short: by the request's timeout, or because its client went away (the item was
+  // cancelled on its origin, whose END still reports what it generated).
+  const outcome: SettledRequest["outcome"] = complete
+    ? endedAs
+    : timedOut
+      ? "timeout"
+      : options.signal?.aborted === true
+        ? "cancelled"
+        : endedAs;
   const failure = complete ? null : originFailure(outcome === "timeout" ? "timeout" : "bad_answer");
   settle(options, { region, origin, status: failure?.status ?? head.status }, outcome, trailer);
   if (failure !== null) {

@@ -3,6 +3,7 @@ import { abortAllDurableObjects, runDurableObjectAlarm, runInDurableObject } fro
 import { describe, expect, inject, it } from "vitest";
 import {
   type Batcher,
+  type BatcherAnswerResult,
   type BatcherFailureTrailer,
   type BatcherHead,
   type BatcherOpenResult,
@@ -74,7 +75,10 @@ function batcher(
     ending.catch(() => {});
     return { opening, ending };
   };
-  return { stub, setup, submit, open };
+  // A JSON item, answered whole.
+  const answer = (id: string, over: SubmitOverrides = {}): Promise<BatcherAnswerResult> =>
+    stub.answer(input(id, { timeHead: false, ...over, body: { stream: false, ...over.body } }));
+  return { stub, setup, submit, open, answer };
 }
 
 function framesOf(result: BatcherSubmitResult): FrameReader {
@@ -440,6 +444,69 @@ async function opened(b: ReturnType<typeof batcher>, id: string, over: SubmitOve
   };
   return { head: result.head, body: result.body, trailer };
 }
+
+describe("answer: a JSON item whole, in one answer", () => {
+  it("answers with the HEAD, the item's exact bytes and its END once the item ended", async () => {
+    const b = batcher({ ...HOLD, maxBatchSize: 2 });
+    const occupier = await occupy(b);
+    const body = chatBody({ max_tokens: 7 });
+    const result = await b.answer("w1", { body });
+    if (result.kind !== "answered") throw new Error(`expected answered, got ${result.kind}`);
+    expect(result.head).toMatchObject({ status: 200, origin: "batch-1" });
+    expect(result.headMs).toBeGreaterThanOrEqual(0);
+    expect(result.body).toEqual(await direct(body));
+    const trailer = decodeJsonPayload(result.trailer ?? new Uint8Array()) as ItemTrailer;
+    expect(trailer).toMatchObject({ id: "w1", outcome: "ok", usage: { completion_tokens: 7 } });
+    await release(b, "occupier", occupier);
+  });
+
+  it("cancels a running item until its END, which still reports what it generated", async () => {
+    const b = batcher(HOLD);
+    const before = await counts("batch-1");
+    const answering = b.answer("w2", { body: { max_tokens: 2000 }, maxTokens: 2000 });
+    await waitForCounts("batch-1", (c) => c.inFlight > before.inFlight);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(await b.stub.cancel("w2", { untilEnd: true })).toBe(true);
+    const result = await answering;
+    if (result.kind !== "answered") throw new Error(`expected answered, got ${result.kind}`);
+    expect(result.head).toMatchObject({ status: 200 });
+    const trailer = decodeJsonPayload(result.trailer ?? new Uint8Array()) as ItemTrailer;
+    expect(trailer).toMatchObject({ id: "w2", outcome: "cancelled" });
+    expect(trailer.usage?.completion_tokens).toBeGreaterThan(0);
+    expect((await b.stub.snapshot()).counters.cancelledRunning).toBe(1);
+  });
+
+  it("answers with neither HEAD nor END for an item cancelled while it waits", async () => {
+    const b = batcher(HOLD);
+    const occupier = await occupy(b);
+    const answering = b.answer("w3");
+    await untilQueued(b, 1);
+    expect(await b.stub.cancel("w3")).toBe(true);
+    expect(await answering).toMatchObject({ kind: "answered", head: null, trailer: null });
+    expect((await b.stub.snapshot()).counters.cancelledWaiting).toBe(1);
+    await release(b, "occupier", occupier);
+  });
+
+  it("answers with the lone END of an item that timed out in its lane, and refuses a full lane", async () => {
+    const b = batcher({
+      ...HOLD,
+      lanes: [{ queueTimeoutMs: 100, onTimeout: "reject", maxQueue: 1 }],
+    });
+    const occupier = await occupy(b);
+    const late = b.answer("w4");
+    await untilQueued(b, 1);
+    expect(await b.answer("w5")).toMatchObject({ kind: "refused", reason: "queue_full" });
+    const result = await late;
+    if (result.kind !== "answered") throw new Error(`expected answered, got ${result.kind}`);
+    expect(result.head).toBeNull();
+    expect(decodeJsonPayload(result.trailer ?? new Uint8Array())).toMatchObject({
+      id: "w4",
+      outcome: "timeout",
+      error: { code: "queue_timeout" },
+    });
+    await release(b, "occupier", occupier);
+  });
+});
 
 describe("open: a streamed answer's body on a stream of its own", () => {
   it("answers with the HEAD and the item's exact bytes, and `end` with its END", async () => {

@@ -374,6 +374,103 @@ describe("lanes from tiers and the priority header", () => {
   });
 });
 
+/** A new key, its auth header, and its ledger rows once none is open. */
+async function freshKey(name: string) {
+  const created = await exports.default.fetch("http://edge.test/admin/keys", {
+    method: "POST",
+    headers: { authorization: `Bearer ${TEST_ADMIN_TOKEN}`, "content-type": "application/json" },
+    body: JSON.stringify({ name }),
+  });
+  const { id, key } = await created.json<{ id: string; key: string }>();
+  type Row = { state: string; outcome: string | null; completion_tokens: number | null };
+  const settledRows = async (count: number): Promise<Row[]> => {
+    const account = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+    let rows: Row[] = [];
+    for (let i = 0; i < 300; i++) {
+      rows = await runInDurableObject(account, (instance: KeyAccount, state) => {
+        instance.flush();
+        return state.storage.sql
+          .exec<Row>("SELECT state, outcome, completion_tokens FROM ledger")
+          .toArray();
+      });
+      if (rows.length === count && rows.every((row) => row.state !== "open")) break;
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    return rows;
+  };
+  return { auth: { authorization: `Bearer ${key}` }, settledRows };
+}
+
+describe("a JSON answer through the batcher", () => {
+  it("comes whole in one answer, byte for byte as its origin answers it alone, with its cost", async () => {
+    const config = configWith(HOLD);
+    const body = chatBody({ max_tokens: 6, messages: [{ role: "user", content: "Whole." }] });
+    const before = (await batcherOf(config).snapshot()).counters.submitted;
+    const { response, done } = send(config, edgeRequest("/v1/chat/completions", { body }));
+    const res = await response;
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-warmgate-origin")).toBe("edge-batch-1");
+    expect(res.headers.get("x-warmgate-cost-usd")).not.toBeNull();
+    const direct = await fetch(`${ORIGIN_URL}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    expect(new Uint8Array(await res.arrayBuffer())).toEqual(
+      new Uint8Array(await direct.arrayBuffer()),
+    );
+    await done();
+    expect((await batcherOf(config).snapshot()).counters.submitted).toBe(before + 1);
+  });
+
+  it("is cancelled on its origin when its client goes away, and billed for what it generated", async () => {
+    const { auth, settledRows } = await freshKey("json client gone");
+    const config = configWith(HOLD);
+    const controller = new AbortController();
+    const request = new Request(
+      edgeRequest("/v1/chat/completions", {
+        body: chatBody({ max_tokens: 2000, ignore_eos: true }),
+        headers: auth,
+      }),
+      { signal: controller.signal },
+    );
+    const { response, done } = send(config, request);
+    await waitForBatcher(config, (s) => s.inFlight["edge-batch-1"] === 1);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    controller.abort();
+    await response.catch(() => null);
+    await done();
+    const after = await waitForBatcher(config, (s) => s.inFlight["edge-batch-1"] === 0);
+    expect(after.inFlight).toEqual({ "edge-batch-1": 0 });
+    const [row] = await settledRows(1);
+    expect(row).toMatchObject({ state: "settled", outcome: "cancelled" });
+    expect(row?.completion_tokens).toBeGreaterThan(0);
+    expect(row?.completion_tokens).toBeLessThan(2000);
+  });
+
+  it("ends as a 504 timeout at the request's timeout, billed for what it generated", async () => {
+    const { auth, settledRows } = await freshKey("json timeout");
+    const config = JSON.stringify({
+      ...JSON.parse(configWith(HOLD)),
+      limits: { first_byte_timeout_ms: 5_000, request_timeout_ms: 400, retry_budget: 0 },
+    });
+    const { response, done } = send(
+      config,
+      edgeRequest("/v1/chat/completions", {
+        body: chatBody({ max_tokens: 2000, ignore_eos: true }),
+        headers: auth,
+      }),
+    );
+    const res = await response;
+    expect(res.status).toBe(504);
+    expect((await res.json<ErrorBody>()).error).toMatchObject({ code: "origin_timeout" });
+    await done();
+    const [row] = await settledRows(1);
+    expect(row).toMatchObject({ state: "settled", outcome: "timeout" });
+    expect(row?.completion_tokens).toBeGreaterThan(0);
+  });
+});
+
 describe("a batcher restart mid-window", () => {
   it("ends every caller once with an error and settles every reservation", async () => {
     const created = await exports.default.fetch("http://edge.test/admin/keys", {
