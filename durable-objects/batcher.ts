@@ -277,8 +277,9 @@ export interface BatcherCancelOptions {
    */
   untilEnd?: boolean;
   /**
-   * The caller gave up waiting (its request timed out): a body handed to `submit` ends
-   * with a timeout error event, and the item is cancelled outright.
+   * The caller's request timed out: a running item's body (see `open`) ends with a timeout
+   * error event, and the item is cancelled (outright, or up to its END with `untilEnd`). An
+   * item still waiting in its lane is left there: the lane's own timeout and policy decide.
    */
   timedOut?: boolean;
 }
@@ -620,7 +621,10 @@ export class Batcher extends DurableObject<Env> {
    * be long after. False when the item had already ended.
    */
   cancel(id: string, options: BatcherCancelOptions = {}): boolean {
-    if (options.timedOut === true) this.#endBody(id, "timeout");
+    if (options.timedOut === true) {
+      if (this.#callers.get(id)?.stage === "queued") return false;
+      this.#endBody(id, "timeout");
+    }
     return options.untilEnd === true ? this.#cancelUntilEnd(id) : this.#callerGone(id);
   }
 

@@ -317,7 +317,7 @@ export async function submitToBatcher(
   if (request.timeHead) return openAtBatcher(stub, input, tell, route.signal);
   if (!answerMissing) {
     try {
-      return await answerAtBatcher(stub, input, tell, route);
+      return await answerAtBatcher(stub, input, route);
     } catch (error) {
       if (!String(error).includes('does not implement "answer"')) {
         return {
@@ -375,19 +375,30 @@ let answerMissing = false;
 async function answerAtBatcher(
   stub: DurableObjectStub<Batcher>,
   input: BatcherSubmit,
-  tell: (options?: BatcherCancelOptions) => void,
   route: BatcherRoute,
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number }> {
-  // Whether waiting ends early, and why: its client went away or its time ran out. The item
-  // is cancelled on its origin, and its END still brings the usage generated until then;
-  // should no END come (a call that hangs), the item is let go of.
+  // Whether waiting ends early, and why: its client went away or its time ran out. A
+  // running item is cancelled on its origin, and its END still brings the usage generated
+  // until then; should no END come (a call that hangs), the item is let go of. At the
+  // timeout, an item still waiting in its lane stays there, as a streamed one would: the
+  // lane's timeout decides.
   let cut: "client" | "timeout" | null = null;
+  let answered = false;
   let givenUp: ReturnType<typeof setTimeout> | undefined;
+  const ask = (options: BatcherCancelOptions): Promise<boolean> => {
+    const asking = stub.cancel(input.id, options).catch(() => false);
+    route.waitUntil(asking);
+    return asking;
+  };
   const stop = (why: "client" | "timeout") => {
     if (cut !== null) return;
     cut = why;
-    tell({ untilEnd: true });
-    givenUp = setTimeout(() => tell(), CANCEL_USAGE_WAIT_MS);
+    const timedOut = why === "timeout" ? { timedOut: true } : {};
+    void ask({ untilEnd: true, ...timedOut }).then((cancelling) => {
+      if (cancelling && !answered) {
+        givenUp = setTimeout(() => void ask(timedOut), CANCEL_USAGE_WAIT_MS);
+      }
+    });
   };
   const gone = () => stop("client");
   route.signal?.addEventListener("abort", gone, { once: true });
@@ -396,6 +407,7 @@ async function answerAtBatcher(
   try {
     result = await stub.answer(input);
   } finally {
+    answered = true;
     route.signal?.removeEventListener("abort", gone);
     clearTimeout(deadline);
     if (givenUp !== undefined) clearTimeout(givenUp);

@@ -476,6 +476,17 @@ describe("answer: a JSON item whole, in one answer", () => {
     expect((await b.stub.snapshot()).counters.cancelledRunning).toBe(1);
   });
 
+  it("leaves an item waiting in its lane when its caller's request times out", async () => {
+    const b = batcher(HOLD);
+    const occupier = await occupy(b);
+    const answering = b.answer("w6", { body: { max_tokens: 3 } });
+    await untilQueued(b, 1);
+    expect(await b.stub.cancel("w6", { timedOut: true, untilEnd: true })).toBe(false);
+    expect((await b.stub.snapshot()).queued).toBe(1);
+    await release(b, "occupier", occupier);
+    expect(await answering).toMatchObject({ kind: "answered", head: { status: 200 } });
+  });
+
   it("answers with neither HEAD nor END for an item cancelled while it waits", async () => {
     const b = batcher(HOLD);
     const occupier = await occupy(b);
