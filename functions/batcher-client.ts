@@ -383,6 +383,8 @@ async function answerAtBatcher(
   // timeout, an item still waiting in its lane stays there, as a streamed one would: the
   // lane's timeout decides.
   let cut: "client" | "timeout" | null = null;
+  // Whether the batcher cancelled the item at the timeout (not if it was still queued).
+  let timedOutRunning = false;
   let answered = false;
   let givenUp: ReturnType<typeof setTimeout> | undefined;
   const ask = (options: BatcherCancelOptions): Promise<boolean> => {
@@ -395,6 +397,7 @@ async function answerAtBatcher(
     cut = why;
     const timedOut = why === "timeout" ? { timedOut: true } : {};
     void ask({ untilEnd: true, ...timedOut }).then((cancelling) => {
+      if (cancelling && why === "timeout") timedOutRunning = true;
       if (cancelling && !answered) {
         givenUp = setTimeout(() => void ask(timedOut), CANCEL_USAGE_WAIT_MS);
       }
@@ -436,7 +439,7 @@ async function answerAtBatcher(
       atOnce,
     };
   }
-  if (cut === "timeout") trailer = timedOutTrailer(input.id, trailer);
+  if (timedOutRunning) trailer = timedOutTrailer(input.id, trailer);
   const frames: Frame[] = [];
   if (body.byteLength > 0) frames.push({ type: FrameType.DATA, item: 0, payload: body });
   if (trailer !== null) frames.push({ type: FrameType.END, item: 0, payload: trailer });
