@@ -315,7 +315,7 @@ export async function submitToBatcher(
   // response body as it is: the runtime moves the bytes and this isolate runs nothing per
   // token. Its HEAD answers `open`, and its END the `end` call made right behind it.
   if (request.timeHead) return openAtBatcher(stub, input, tell, route.signal);
-  if (!answerMissing) {
+  if (Date.now() >= answerMissingUntil) {
     try {
       return await answerAtBatcher(stub, input, route);
     } catch (error) {
@@ -325,8 +325,9 @@ export async function submitToBatcher(
           atOnce: false,
         };
       }
-      // A batcher of the version before `answer`, while a deploy rolls out: its frames.
-      answerMissing = true;
+      // A batcher of the version before `answer`, while a deploy rolls out: its frames, and
+      // `answer` asked again a while later, when the rollout is likely over.
+      answerMissingUntil = Date.now() + ANSWER_RETRY_MS;
     }
   }
 
@@ -364,8 +365,10 @@ export async function submitToBatcher(
   }
 }
 
-// Set once a batcher answered that it has no `answer` (an earlier version, mid-deploy).
-let answerMissing = false;
+// Until when this isolate uses `submit`, after a batcher answered that it has no `answer`
+// (an earlier version, mid-deploy).
+let answerMissingUntil = 0;
+const ANSWER_RETRY_MS = 60_000;
 
 /**
  * An attempt whose client gets its answer whole (JSON): `answer` brings its HEAD, body and

@@ -1,6 +1,6 @@
 import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { env } from "cloudflare:workers";
-import { describe, expect, inject, it } from "vitest";
+import { describe, expect, inject, it, vi } from "vitest";
 import type { Batcher } from "../../durable-objects/batcher.ts";
 import app from "../../functions/index.ts";
 import { chatBody, edgeRequest } from "../support/edge-requests.ts";
@@ -45,12 +45,12 @@ function earlierBatchers(calls: string[]): DurableObjectNamespace<Batcher> {
 }
 
 describe("a batcher of the version before `answer`", () => {
-  it("answers JSON through its frames instead, and asks it for `answer` no more", async () => {
+  it("answers JSON through its frames instead, and asks for `answer` again a minute later", async () => {
     const calls: string[] = [];
     const namespace = earlierBatchers(calls);
     const body = chatBody({ max_tokens: 5 });
     // Asked twice: the second answer, like the edge's, finds its prompt in the prefix cache.
-    const ask = async () => {
+    const askOrigin = async () => {
       const direct = await fetch(`${ORIGIN_URL}/v1/chat/completions`, {
         method: "POST",
         headers: { "content-type": "application/json" },
@@ -58,9 +58,9 @@ describe("a batcher of the version before `answer`", () => {
       });
       return new Uint8Array(await direct.arrayBuffer());
     };
-    await ask();
-    const expected = await ask();
-    for (let i = 0; i < 2; i++) {
+    await askOrigin();
+    const expected = await askOrigin();
+    const askEdge = async () => {
       const ctx = createExecutionContext();
       const res = await app.fetch(
         edgeRequest("/v1/chat/completions", { body }),
@@ -70,7 +70,17 @@ describe("a batcher of the version before `answer`", () => {
       expect(res.status).toBe(200);
       expect(new Uint8Array(await res.arrayBuffer())).toEqual(expected);
       await waitOnExecutionContext(ctx);
-    }
+    };
+    await askEdge();
+    await askEdge();
     expect(calls).toEqual(["answer", "submit", "submit"]);
+    const later = Date.now() + 61_000;
+    const clock = vi.spyOn(Date, "now").mockImplementation(() => later);
+    try {
+      await askEdge();
+    } finally {
+      clock.mockRestore();
+    }
+    expect(calls).toEqual(["answer", "submit", "submit", "answer", "submit"]);
   });
 });
