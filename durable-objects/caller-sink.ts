@@ -137,6 +137,7 @@ export class WholeSink implements CallerSink {
   #head: object | null = null;
   #headMs: number | null = null;
   #chunks: Uint8Array[] = [];
+  #settled = false;
 
   constructor() {
     this.done = new Promise((resolve) => {
@@ -164,8 +165,10 @@ export class WholeSink implements CallerSink {
     this.#settle(null);
   }
 
-  // A settled promise ignores later calls: the first END or close wins.
+  // The first END or close wins; the close that follows an END joins nothing again.
   #settle(trailer: Uint8Array | null): void {
+    if (this.#settled) return;
+    this.#settled = true;
     this.#resolve({
       head: this.#head,
       headMs: this.#headMs,
