@@ -239,6 +239,9 @@ export type BatcherSubmitResult =
   /** Refused before queueing, for a reason another region may not share. */
   | { kind: "failed"; code: BatcherFailureCode | "duplicate_id"; detail: string };
 
+/** A request the batcher did not admit: a full lane, or a failure before queueing. */
+export type BatcherNotAdmitted = Exclude<BatcherSubmitResult, { kind: "accepted" }>;
+
 /** The answer to `answer`. */
 export type BatcherAnswerResult =
   /**
@@ -254,7 +257,7 @@ export type BatcherAnswerResult =
       trailer: Uint8Array | null;
       atOnce: boolean;
     }
-  | Exclude<BatcherSubmitResult, { kind: "accepted" }>;
+  | BatcherNotAdmitted;
 
 /** The answer to `open`. */
 export type BatcherOpenResult =
@@ -267,7 +270,7 @@ export type BatcherOpenResult =
   | { kind: "ended"; trailer: BatcherFailureTrailer; atOnce: boolean }
   /** Its caller cancelled it before its HEAD. */
   | { kind: "cancelled" }
-  | Exclude<BatcherSubmitResult, { kind: "accepted" }>;
+  | BatcherNotAdmitted;
 
 /** How `cancel` treats a running item. */
 export interface BatcherCancelOptions {
@@ -538,15 +541,13 @@ export class Batcher extends DurableObject<Env> {
   }
 
   /**
-   * Admission shared by `submit` and `open`; `connect` makes the caller's sink, and its
-   * client's body when the body has a stream of its own.
+   * Admission shared by `answer`, `open` and `submit`; `connect` makes the caller's sink,
+   * and its client's body when the body has a stream of its own.
    */
   #enqueue<C extends { sink: CallerSink; body?: ClientBody }>(
     input: BatcherSubmit,
     connect: () => C,
-  ):
-    | Exclude<BatcherSubmitResult, { kind: "accepted" }>
-    | { kind: "accepted"; connection: C; atOnce: boolean } {
+  ): BatcherNotAdmitted | { kind: "accepted"; connection: C; atOnce: boolean } {
     const now = Date.now();
     let state = this.#configure(input.setup, now);
     if (input.recentFirstByteMs !== undefined && input.recentFirstByteMs !== null) {

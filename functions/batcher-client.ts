@@ -12,6 +12,7 @@ import type {
   BatcherFailureCode,
   BatcherFailureTrailer,
   BatcherHead,
+  BatcherNotAdmitted,
   BatcherOpenResult,
   BatcherSetup,
   BatcherSubmit,
@@ -309,22 +310,22 @@ export async function submitToBatcher(
     recentFirstByteMs: seen.recentFirstByteMs,
   };
   const id = request.attemptId;
-  const tell = (options?: BatcherCancelOptions) =>
-    route.waitUntil(stub.cancel(id, options).catch(() => false));
+  // Cancels the item, kept alive past the response; resolves with whether it applied.
+  const ask = (options?: BatcherCancelOptions): Promise<boolean> => {
+    const asking = stub.cancel(id, options).catch(() => false);
+    route.waitUntil(asking);
+    return asking;
+  };
+  const tell = (options?: BatcherCancelOptions) => void ask(options);
   // A streamed answer's body comes on a stream of its own, which becomes the client's
   // response body as it is: the runtime moves the bytes and this isolate runs nothing per
   // token. Its HEAD answers `open`, and its END the `end` call made right behind it.
   if (request.timeHead) return openAtBatcher(stub, input, tell, route.signal);
   if (Date.now() >= answerMissingUntil) {
     try {
-      return await answerAtBatcher(stub, input, route);
+      return await answerAtBatcher(stub, input, ask, route);
     } catch (error) {
-      if (!String(error).includes('does not implement "answer"')) {
-        return {
-          attempt: failed("unavailable", `batcher: ${describe(error)}`, null),
-          atOnce: false,
-        };
-      }
+      if (!String(error).includes('does not implement "answer"')) return batcherFailed(error);
       // A batcher of the version before `answer`, while a deploy rolls out: its frames, and
       // `answer` asked again a while later, when the rollout is likely over.
       answerMissingUntil = Date.now() + ANSWER_RETRY_MS;
@@ -335,8 +336,7 @@ export async function submitToBatcher(
   try {
     result = await stub.submit(input);
   } catch (error) {
-    // The batcher itself failed (restarted, overloaded): another region's may not.
-    return { attempt: failed("unavailable", `batcher: ${describe(error)}`, null), atOnce: false };
+    return batcherFailed(error);
   }
   switch (result.kind) {
     case "refused":
@@ -378,26 +378,22 @@ const ANSWER_RETRY_MS = 60_000;
 async function answerAtBatcher(
   stub: DurableObjectStub<Batcher>,
   input: BatcherSubmit,
+  ask: (options: BatcherCancelOptions) => Promise<boolean>,
   route: BatcherRoute,
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number }> {
-  // Whether waiting ends early, and why: its client went away or its time ran out. A
+  // Waiting ends early when its client goes away or its time runs out (once). A
   // running item is cancelled on its origin, and its END still brings the usage generated
   // until then; should no END come (a call that hangs), the item is let go of. At the
   // timeout, an item still waiting in its lane stays there, as a streamed one would: the
   // lane's timeout decides.
-  let cut: "client" | "timeout" | null = null;
+  let stopped = false;
   // Whether the batcher cancelled the item at the timeout (not if it was still queued).
   let timedOutRunning = false;
   let answered = false;
   let givenUp: ReturnType<typeof setTimeout> | undefined;
-  const ask = (options: BatcherCancelOptions): Promise<boolean> => {
-    const asking = stub.cancel(input.id, options).catch(() => false);
-    route.waitUntil(asking);
-    return asking;
-  };
   const stop = (why: "client" | "timeout") => {
-    if (cut !== null) return;
-    cut = why;
+    if (stopped) return;
+    stopped = true;
     const timedOut = why === "timeout" ? { timedOut: true } : {};
     void ask({ untilEnd: true, ...timedOut }).then((cancelling) => {
       if (cancelling && why === "timeout") timedOutRunning = true;
@@ -510,7 +506,7 @@ async function openAtBatcher(
   try {
     result = await opening;
   } catch (error) {
-    return { attempt: failed("unavailable", `batcher: ${describe(error)}`, null), atOnce: false };
+    return batcherFailed(error);
   } finally {
     signal?.removeEventListener("abort", gone);
   }
@@ -566,8 +562,13 @@ function endReader(ending: Promise<Uint8Array | null>): FrameReader {
   };
 }
 
+/** The batcher itself failed (restarted, overloaded): another region's may not. */
+function batcherFailed(error: unknown): { attempt: DispatchAttempt; atOnce: boolean } {
+  return { attempt: failed("unavailable", `batcher: ${describe(error)}`, null), atOnce: false };
+}
+
 /** A refusal or failure at admission, before the item was queued. */
-function notAdmitted(result: Exclude<BatcherSubmitResult, { kind: "accepted" }>): DispatchAttempt {
+function notAdmitted(result: BatcherNotAdmitted): DispatchAttempt {
   if (result.kind === "refused") return { kind: "refused", error: queueFull(result.retryAfterMs) };
   const failure = result.code === "duplicate_id" ? "bad_answer" : failureOf(result.code);
   return failed(failure, result.detail, null);
