@@ -121,11 +121,13 @@ import {
   enqueue,
   healthyCandidates,
   markOriginDown,
+  meanThreadLagMs,
   onDispatched,
   onItemDone,
   onOriginLoad,
   queuedCount,
   recordFirstByteWait,
+  recordThreadLag,
   tick,
 } from "./window.ts";
 
@@ -140,6 +142,12 @@ export const CALLER_BUFFER_BYTES = 4 * 1024 * 1024;
  */
 export const BODY_BUFFER_BYTES = 64 * 1024;
 export const DEFAULT_CLIENT_BACKLOG_BYTES = 512 * 1024;
+
+/**
+ * Longest stretch an upstream call's reading keeps this object's thread before it gives way
+ * to the rest of its work (see {@link Batcher} `#runBatch`).
+ */
+export const READ_TURN_MS = 20;
 
 /** How long the backstop alarm waits while work is pending. */
 export const ALARM_BACKSTOP_MS = 30_000;
@@ -309,6 +317,8 @@ export interface BatcherCounters {
   batchSizes: Record<string, number>;
   /** Orphaned calls of earlier incarnations cancelled on their origins. */
   orphansCancelled: number;
+  /** Times a call's reading gave way to the rest of this object's work (see {@link READ_TURN_MS}). */
+  readPauses: number;
 }
 
 /** One recent upstream call, as `snapshot` lists it. */
@@ -329,6 +339,12 @@ export interface BatcherSnapshot {
   queued: number;
   /** The window a request arriving now would wait, ms. */
   windowMs: number;
+  /**
+   * How late this object's thread has recently run work it was given, ms (a decaying mean;
+   * 0 when not measured lately): near 0 unless the thread is saturated, when the window
+   * grows with it and more shards would help.
+   */
+  threadLagMs: number;
   /** Items this batcher has running per origin. */
   inFlight: Record<string, number>;
   /**
@@ -433,6 +449,7 @@ export class Batcher extends DurableObject<Env> {
     batchItems: 0,
     batchSizes: {},
     orphansCancelled: 0,
+    readPauses: 0,
   };
 
   constructor(ctx: DurableObjectState, env: Env) {
@@ -647,6 +664,7 @@ export class Batcher extends DurableObject<Env> {
       version: this.#setup?.version ?? null,
       queued: this.#state === null ? 0 : queuedCount(this.#state),
       windowMs: this.#state === null ? 0 : currentWindowMs(this.#state, now),
+      threadLagMs: this.#state === null ? 0 : meanThreadLagMs(this.#state, now),
       inFlight,
       origins,
       openBatches: this.#batches.size,
@@ -868,10 +886,25 @@ export class Batcher extends DurableObject<Env> {
     const decoder = new FrameDecoder();
     let broken: string | null = null;
     try {
+      let turnStartedAt = Date.now();
       for (;;) {
         const { done, value } = await reader.read();
         if (done) break;
         this.#onFrames(batch, decoder.push(value));
+        // When the origin's answer is already buffered, each read is answered at once, and
+        // a busy call could keep the thread through its whole answer while the streams it
+        // just wrote to, other calls and new requests all wait: their first bytes then
+        // come in bursts, hundreds of ms apart, when the thread is saturated. So the read
+        // gives way every READ_TURN_MS, behind a zero-delay timer, and how late that timer
+        // fires is how saturated the thread is, which the window's wait term weighs.
+        if (Date.now() - turnStartedAt >= READ_TURN_MS) {
+          const askedAt = Date.now();
+          this.#counters.readPauses += 1;
+          await new Promise((resolve) => setTimeout(resolve, 0));
+          turnStartedAt = Date.now();
+          const lagMs = turnStartedAt - askedAt;
+          this.#state = this.#core((s) => recordThreadLag(s, lagMs, turnStartedAt));
+        }
       }
       decoder.finish();
     } catch (error) {

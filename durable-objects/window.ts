@@ -20,10 +20,12 @@
 //   (with a large `max_num_seqs` the overload term stays 0);
 // - wait: a share (`waitShare`) of how long requests have recently waited for their first
 //   byte, from arrival, as this batcher saw it and as callers report it
-//   (`recordFirstByteWait`; decaying mean over `rateWindowMs`). When first bytes take long
-//   anyway, whatever the cause (engines, network, the edge itself), a window that adds a
-//   small share of that wait costs little and saves many calls; when they come fast, it
-//   stays near 0.
+//   (`recordFirstByteWait`; decaying mean over `rateWindowMs`), or of how late the
+//   batcher's own thread runs the work it is given (`recordThreadLag`), whichever is
+//   longer. When requests wait long anyway, whatever the cause (engines, network, the edge
+//   itself, a saturated batcher), a window that adds a small share of that wait costs
+//   little and saves many calls, each of which the batcher's thread pays for; when they
+//   come fast, it stays near 0.
 
 import { z } from "zod";
 import { MAX_BATCH_ITEMS } from "../origin/protocol.ts";
@@ -200,6 +202,9 @@ export interface WindowState {
   /** Waits for a first byte (sum of ms) and how many, for the wait term's mean. */
   firstByteWaitMs: DecayedCount;
   firstBytes: DecayedCount;
+  /** How late the batcher's thread ran work it was given (sum of ms) and how often measured. */
+  threadLagMs: DecayedCount;
+  threadLags: DecayedCount;
   nextBatchSeq: number;
 }
 
@@ -300,6 +305,8 @@ export function createWindowState(config: WindowConfig, now: number): WindowStat
     dispatches: { value: 0, at: now },
     firstByteWaitMs: { value: 0, at: now },
     firstBytes: { value: 0, at: now },
+    threadLagMs: { value: 0, at: now },
+    threadLags: { value: 0, at: now },
     nextBatchSeq: 1,
   };
 }
@@ -466,6 +473,27 @@ export function recordFirstByteWait(state: WindowState, waitMs: number, now: num
   };
 }
 
+/**
+ * Counts how late the batcher's thread ran a piece of work it was given (a zero-delay timer
+ * firing `lagMs` late): when the thread is saturated, every request waits about that long
+ * for it anyway, so the wait term may add a share of it.
+ */
+export function recordThreadLag(state: WindowState, lagMs: number, now: number): WindowState {
+  assertTime(now, "now");
+  if (!Number.isFinite(lagMs) || lagMs < 0) return state;
+  const { rateWindowMs } = state.config;
+  return {
+    ...state,
+    threadLagMs: bump(state.threadLagMs, lagMs, rateWindowMs, now),
+    threadLags: bump(state.threadLags, 1, rateWindowMs, now),
+  };
+}
+
+/** The recent mean lag of the batcher's thread ({@link recordThreadLag}); 0 without one. */
+export function meanThreadLagMs(state: WindowState, now: number): number {
+  return decayedMean(state.threadLagMs, state.threadLags, state.config.rateWindowMs, now);
+}
+
 /** Options of {@link onDispatched}. */
 export interface OnDispatchedOptions {
   /**
@@ -603,17 +631,21 @@ export function currentWindowMs(state: WindowState, now: number): number {
 }
 
 /**
- * `waitShare` of the recent mean wait for a first byte; 0 until first bytes have come
- * back (a lone request at start-up has nothing to go by and is not held).
+ * `waitShare` of the recent mean wait for a first byte or of the thread's recent mean lag,
+ * whichever is longer; 0 until either has been measured (a lone request at start-up has
+ * nothing to go by and is not held).
  */
 function waitWindowMs(state: WindowState, now: number): number {
   const { waitShare, maxWindowMs, rateWindowMs } = state.config;
   if (waitShare <= 0) return 0;
-  const samples = decayed(state.firstBytes, rateWindowMs, now);
-  // Fewer than one recent first byte: the mean is not worth trusting.
-  if (samples < 1) return 0;
-  const meanWaitMs = decayed(state.firstByteWaitMs, rateWindowMs, now) / samples;
-  return Math.min(maxWindowMs, waitShare * meanWaitMs);
+  const firstByteMs = decayedMean(state.firstByteWaitMs, state.firstBytes, rateWindowMs, now);
+  return Math.min(maxWindowMs, waitShare * Math.max(firstByteMs, meanThreadLagMs(state, now)));
+}
+
+/** A decaying sum over its decaying count; 0 with fewer than one recent sample, too few to trust. */
+function decayedMean(sum: DecayedCount, samples: DecayedCount, tauMs: number, now: number): number {
+  const n = decayed(samples, tauMs, now);
+  return n < 1 ? 0 : decayed(sum, tauMs, now) / n;
 }
 
 /**

@@ -667,6 +667,22 @@ describe("bytes", () => {
   });
 });
 
+describe("reading a call's answer", () => {
+  it("gives way to the rest of the object while it reads a long answer, bytes unchanged", async () => {
+    const b = batcher();
+    // About 20 ms a token: reading this answer takes several turns of READ_TURN_MS.
+    const body = chatBody({ stream: true, max_tokens: 24, seed: 11 });
+    const expected = await direct(body);
+    const item = await readItem(framesOf(await b.submit("long", { body, maxTokens: 24 })));
+    expect(item.trailer?.outcome).toBe("ok");
+    expect(item.body).toEqual(expected);
+    const snapshot = await b.stub.snapshot();
+    expect(snapshot.counters.readPauses).toBeGreaterThan(0);
+    expect(snapshot.threadLagMs).toBeGreaterThanOrEqual(0);
+    expect(Number.isFinite(snapshot.threadLagMs)).toBe(true);
+  });
+});
+
 /** Counts every write to the batcher's `open_batches` table from now on, by kind. */
 async function watchRecords(b: ReturnType<typeof batcher>) {
   // Creates the object (and its tables) before the triggers go in.

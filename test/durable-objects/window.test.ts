@@ -9,12 +9,14 @@ import {
   enqueue,
   healthyCandidates,
   markOriginDown,
+  meanThreadLagMs,
   MIN_RETRY_AFTER_MS,
   onDispatched,
   onItemDone,
   onOriginLoad,
   queuedCount,
   recordFirstByteWait,
+  recordThreadLag,
   tick,
   WindowConfigSchema,
 } from "../../durable-objects/window.ts";
@@ -406,6 +408,36 @@ describe("wait term", () => {
     state = recordFirstByteWait(state, 300, 200);
     expect(currentWindowMs(state, 200)).toBeCloseTo(30, 6);
     expect(recordFirstByteWait(state, Number.NaN, 200)).toBe(state);
+  });
+
+  it("weighs how late the batcher's thread runs, when that is longer than first-byte waits", () => {
+    const input = { callIntervalMs: 0, maxWindowMs: 50, waitShare: 0.1, rateWindowMs: 1000 };
+    let state = load(stateWith(input), "a", { max_num_seqs: 1000 });
+    // A lone request at start-up, with nothing measured, is not held.
+    expect(meanThreadLagMs(state, 0)).toBe(0);
+    state = recordThreadLag(state, 200, 0);
+    state = recordThreadLag(state, 400, 0);
+    expect(meanThreadLagMs(state, 0)).toBeCloseTo(300, 6);
+    expect(currentWindowMs(state, 0)).toBeCloseTo(30, 6);
+    // Longer first-byte waits win; a shorter one leaves the lag's share in place.
+    state = recordFirstByteWait(state, 100, 0);
+    expect(currentWindowMs(state, 0)).toBeCloseTo(30, 6);
+    state = recordFirstByteWait(state, 700, 0);
+    expect(currentWindowMs(state, 0)).toBeCloseTo(40, 6);
+    expect(recordThreadLag(state, -1, 0)).toBe(state);
+    expect(recordThreadLag(state, Number.POSITIVE_INFINITY, 0)).toBe(state);
+  });
+
+  it("lets the thread's lag fade once it is no longer measured, and caps it at maxWindowMs", () => {
+    const base = { callIntervalMs: 0, maxWindowMs: 10, rateWindowMs: 100 };
+    let state = load(stateWith(base), "a", { max_num_seqs: 1000 });
+    state = recordThreadLag(state, 1000, 1000);
+    expect(currentWindowMs(state, 1000)).toBe(10);
+    expect(meanThreadLagMs(state, 1500)).toBe(0);
+    expect(currentWindowMs(state, 1500)).toBe(0);
+    let off = load(stateWith({ ...base, waitShare: 0 }), "a", { max_num_seqs: 1000 });
+    off = recordThreadLag(off, 1000, 1000);
+    expect(currentWindowMs(off, 1000)).toBe(0);
   });
 
   it("is bounded by maxWindowMs, fades as first bytes stop, and is off with waitShare 0", () => {
