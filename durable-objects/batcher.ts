@@ -147,7 +147,7 @@ export const DEFAULT_CLIENT_BACKLOG_BYTES = 512 * 1024;
  * Longest stretch an upstream call's reading keeps this object's thread before it gives way
  * to the rest of its work (see {@link Batcher} `#runBatch`).
  */
-export const READ_TURN_MS = 20;
+export const READ_TURN_MS = 10;
 
 /** How long the backstop alarm waits while work is pending. */
 export const ALARM_BACKSTOP_MS = 30_000;
