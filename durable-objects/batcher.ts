@@ -897,12 +897,12 @@ export class Batcher extends DurableObject<Env> {
         // come in bursts, hundreds of ms apart, when the thread is saturated. So the read
         // gives way every READ_TURN_MS, behind a zero-delay timer, and how late that timer
         // fires is how saturated the thread is, which the window's wait term weighs.
-        if (Date.now() - turnStartedAt >= READ_TURN_MS) {
-          const askedAt = Date.now();
+        const readAt = Date.now();
+        if (readAt - turnStartedAt >= READ_TURN_MS) {
           this.#counters.readPauses += 1;
           await new Promise((resolve) => setTimeout(resolve, 0));
           turnStartedAt = Date.now();
-          const lagMs = turnStartedAt - askedAt;
+          const lagMs = turnStartedAt - readAt;
           this.#state = this.#core((s) => recordThreadLag(s, lagMs, turnStartedAt));
         }
       }

@@ -413,7 +413,7 @@ describe("wait term", () => {
   it("weighs how late the batcher's thread runs, when that is longer than first-byte waits", () => {
     const input = { callIntervalMs: 0, maxWindowMs: 50, waitShare: 0.1, rateWindowMs: 1000 };
     let state = load(stateWith(input), "a", { max_num_seqs: 1000 });
-    // A lone request at start-up, with nothing measured, is not held.
+    // Nothing measured yet: no lag.
     expect(meanThreadLagMs(state, 0)).toBe(0);
     state = recordThreadLag(state, 200, 0);
     state = recordThreadLag(state, 400, 0);
