@@ -128,6 +128,7 @@ import {
   queuedCount,
   recordFirstByteWait,
   recordThreadLag,
+  tokenHoldMs,
   tick,
 } from "./window.ts";
 
@@ -319,6 +320,8 @@ export interface BatcherCounters {
   orphansCancelled: number;
   /** Times a call's reading gave way to the rest of this object's work (see {@link READ_TURN_MS}). */
   readPauses: number;
+  /** Times a call began to hold streamed tokens so that they leave together (see `tokenHoldMs`). */
+  holds: number;
 }
 
 /** One recent upstream call, as `snapshot` lists it. */
@@ -345,6 +348,8 @@ export interface BatcherSnapshot {
    * grows with it and more shards would help.
    */
   threadLagMs: number;
+  /** How long a streamed item's later tokens may be held now to leave together, ms. */
+  holdMs: number;
   /** Items this batcher has running per origin. */
   inFlight: Record<string, number>;
   /**
@@ -400,6 +405,9 @@ interface OpenBatch {
   abort: AbortController;
   /** Why the call was aborted on purpose, if it was. */
   abortReason: "timeout" | "all-cancelled" | null;
+  /** Callers whose later tokens wait for {@link OpenBatch.holdTimer} (see `tokenHoldMs`). */
+  held: Set<Caller>;
+  holdTimer: ReturnType<typeof setTimeout> | null;
 }
 
 /** Micro-batching window, lanes and demultiplexing for one region, model and shard. */
@@ -450,6 +458,7 @@ export class Batcher extends DurableObject<Env> {
     batchSizes: {},
     orphansCancelled: 0,
     readPauses: 0,
+    holds: 0,
   };
 
   constructor(ctx: DurableObjectState, env: Env) {
@@ -665,6 +674,7 @@ export class Batcher extends DurableObject<Env> {
       queued: this.#state === null ? 0 : queuedCount(this.#state),
       windowMs: this.#state === null ? 0 : currentWindowMs(this.#state, now),
       threadLagMs: this.#state === null ? 0 : meanThreadLagMs(this.#state, now),
+      holdMs: this.#state === null ? 0 : tokenHoldMs(this.#state, now),
       inFlight,
       origins,
       openBatches: this.#batches.size,
@@ -792,6 +802,8 @@ export class Batcher extends DurableObject<Env> {
       done: new Set(),
       abort: new AbortController(),
       abortReason: null,
+      held: new Set(),
+      holdTimer: null,
     };
     for (const caller of callers) {
       caller.stage = "sent";
@@ -920,6 +932,8 @@ export class Batcher extends DurableObject<Env> {
     let freed = false;
     // Callers with frames of this chunk, each once: `pending` is empty between chunks.
     const touched = new Set<Caller>();
+    // Callers whose HEAD or first DATA came in this chunk: never held.
+    const fresh = new Set<Caller>();
     for (const frame of frames) {
       if (frame.type === FrameType.LOAD) {
         const report = decodeJsonPayload(frame.payload) as LoadReport;
@@ -941,12 +955,14 @@ export class Batcher extends DurableObject<Env> {
           // The caller learns which origin serves it from an added `origin` field.
           const withOrigin = { ...head, origin: batch.originId };
           touched.add(caller);
+          fresh.add(caller);
           caller.sink.head(withOrigin);
           break;
         case FrameType.DATA:
           if (!caller.firstByte) {
             // The wait term of the window learns how long first bytes take.
             caller.firstByte = true;
+            fresh.add(caller);
             // Edges that report what their requests waited (more than this object sees)
             // are counted by their reports, not twice.
             const countWait = caller.input.recentFirstByteMs === undefined;
@@ -988,12 +1004,45 @@ export class Batcher extends DurableObject<Env> {
           break;
       }
     }
-    // Written now, not from a timer: the runtime hands over a response body one HTTP chunk
-    // per read, each in a turn of its own that even a zero-delay timer precedes, so waiting
-    // joins nothing, and every timer that fires in a Durable Object costs about as much as
-    // relaying a frame. Origins that write a turn's frames as one chunk get them joined here.
-    for (const caller of touched) this.#deliver(caller);
+    // Written now, not from a zero-delay timer: the runtime hands over a response body one
+    // HTTP chunk per read, each in a turn of its own that even a zero-delay timer precedes,
+    // so such a wait joins nothing, and every timer that fires in a Durable Object costs
+    // about as much as relaying a frame. Origins that write a turn's frames as one chunk get
+    // them joined here. Only while this object's thread lags are a streamed item's later
+    // tokens held, for a share of that lag, so that the chunks of several engine steps leave
+    // in one write (see `tokenHoldMs`); its HEAD, first token and END never wait.
+    const holdMs = this.#state === null ? 0 : tokenHoldMs(this.#state, now);
+    for (const caller of touched) {
+      if (holdMs > 0 && caller.body !== null && caller.stage === "open" && !fresh.has(caller)) {
+        batch.held.add(caller);
+        continue;
+      }
+      batch.held.delete(caller);
+      this.#deliver(caller);
+    }
+    if (batch.held.size > 0 && batch.holdTimer === null) this.#armHold(batch, holdMs, now);
     if (freed && this.#state !== null && queuedCount(this.#state) > 0) this.#flush(now);
+  }
+
+  /**
+   * Delivers the call's held callers in `holdMs`. How late the timer fires is the thread's
+   * lag, which keeps the hold's measure current while tokens are held.
+   */
+  #armHold(batch: OpenBatch, holdMs: number, now: number): void {
+    const due = now + holdMs;
+    this.#counters.holds += 1;
+    batch.holdTimer = setTimeout(() => {
+      batch.holdTimer = null;
+      const firedAt = Date.now();
+      this.#state = this.#core((s) => recordThreadLag(s, Math.max(0, firedAt - due), firedAt));
+      this.#deliverHeld(batch);
+    }, holdMs);
+  }
+
+  #deliverHeld(batch: OpenBatch): void {
+    const held = [...batch.held];
+    batch.held.clear();
+    for (const caller of held) this.#deliver(caller);
   }
 
   /** The call failed before any frame: every item fails before its HEAD. */
@@ -1059,6 +1108,9 @@ export class Batcher extends DurableObject<Env> {
 
   #forget(batch: OpenBatch, now: number): void {
     this.#batches.delete(batch.id);
+    if (batch.holdTimer !== null) clearTimeout(batch.holdTimer);
+    batch.holdTimer = null;
+    this.#deliverHeld(batch);
     const key = recordKey(batch.id);
     // Still queued: the row was never written, so there is nothing to delete.
     if (!this.#records.delete(key)) {

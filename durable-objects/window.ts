@@ -81,6 +81,14 @@ export const WindowConfigSchema = z
      * may add. 0 turns the wait term off.
      */
     waitShare: z.number().min(0).max(1).default(0.1),
+    /**
+     * Share of the thread's recent lag (see `recordThreadLag`) for which a streamed item's
+     * later tokens may be held to leave in one write (see {@link tokenHoldMs}). 0: every
+     * origin chunk's bytes leave at once.
+     */
+    holdShare: z.number().min(0).max(1).default(0.5),
+    /** Upper bound of that hold, ms. */
+    maxHoldMs: z.number().nonnegative().max(1000).default(10),
     /** Time constant of the decaying arrival, completion and dispatch counts. */
     rateWindowMs: z.number().positive().default(250),
     /** A load report older than this, with nothing of ours in flight there, is not trusted. */
@@ -474,9 +482,10 @@ export function recordFirstByteWait(state: WindowState, waitMs: number, now: num
 }
 
 /**
- * Counts how late the batcher's thread ran a piece of work it was given (a zero-delay timer
- * firing `lagMs` late): when the thread is saturated, every request waits about that long
- * for it anyway, so the wait term may add a share of it.
+ * Counts how late the batcher's thread ran a piece of work it was given (a timer firing
+ * `lagMs` late): when the thread is saturated, every request waits about that long for it
+ * anyway, so the wait term may add a share of it, and {@link tokenHoldMs} holds tokens for
+ * a share of it.
  */
 export function recordThreadLag(state: WindowState, lagMs: number, now: number): WindowState {
   assertTime(now, "now");
@@ -487,6 +496,22 @@ export function recordThreadLag(state: WindowState, lagMs: number, now: number):
     threadLagMs: bump(state.threadLagMs, lagMs, rateWindowMs, now),
     threadLags: bump(state.threadLags, 1, rateWindowMs, now),
   };
+}
+
+/** Shortest hold worth a timer, ms: below it {@link tokenHoldMs} is 0. */
+export const MIN_HOLD_MS = 1;
+
+/**
+ * How long a streamed item's later tokens may be held now so that several origin chunks
+ * leave in one write: `holdShare` of the thread's recent mean lag, at most `maxHoldMs`, and
+ * 0 below {@link MIN_HOLD_MS}. A thread that keeps up has no lag, and nothing is held; a
+ * saturated one already delays every chunk by about its lag and pays per write, so joining
+ * writes for a share of that lag buys back the time it is short of.
+ */
+export function tokenHoldMs(state: WindowState, now: number): number {
+  const { holdShare, maxHoldMs } = state.config;
+  const holdMs = Math.min(maxHoldMs, holdShare * meanThreadLagMs(state, now));
+  return holdMs >= MIN_HOLD_MS ? holdMs : 0;
 }
 
 /** The recent mean lag of the batcher's thread ({@link recordThreadLag}); 0 without one. */

@@ -117,6 +117,8 @@ function buildPlan(
     maxWindowMs: settings.max_window_ms,
     callIntervalMs: settings.call_interval_ms,
     waitShare: settings.wait_share,
+    holdShare: settings.hold_share,
+    maxHoldMs: settings.max_hold_ms,
     rateWindowMs: settings.rate_window_ms,
     loadReportTtlMs: settings.load_report_ttl_ms,
     lanes: settings.lanes?.map((lane) => ({

@@ -99,6 +99,13 @@ const batchingSettings = {
   /** Share of the recent wait for a first byte the window may add (default 0.1; 0: off). */
   wait_share: z.number().min(0).max(1).optional(),
   /**
+   * Share of the batcher's thread lag for which a streamed answer's later tokens may be held
+   * to leave in one write (default 0.5; 0: every origin chunk leaves at once).
+   */
+  hold_share: z.number().min(0).max(1).optional(),
+  /** Longest such hold, ms (default 10). */
+  max_hold_ms: z.number().nonnegative().max(1000).optional(),
+  /**
    * How long after its region's batcher last sent a request at once an edge isolate with
    * nothing else in flight there sends straight to the origin, skipping the batcher call
    * (default 1000 ms; 0: always ask the batcher).

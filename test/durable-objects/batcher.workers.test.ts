@@ -164,8 +164,8 @@ async function waitForCounts(
 }
 
 /** The same request straight to batch-1's own OpenAI route, as bytes. */
-async function direct(body: Record<string, unknown>): Promise<Uint8Array> {
-  const res = await fetch(`${urlOf("batch-1")}/v1/chat/completions`, {
+async function direct(body: Record<string, unknown>, id = "batch-1"): Promise<Uint8Array> {
+  const res = await fetch(`${urlOf(id)}/v1/chat/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },
     body: JSON.stringify(body),
@@ -680,6 +680,75 @@ describe("reading a call's answer", () => {
     expect(snapshot.counters.readPauses).toBeGreaterThan(0);
     expect(snapshot.threadLagMs).toBeGreaterThanOrEqual(0);
     expect(Number.isFinite(snapshot.threadLagMs)).toBe(true);
+  });
+});
+
+/**
+ * Makes the batcher's thread lag: while a long item streams (its reading gives way behind a
+ * zero-delay timer after every slow read), the object's thread is kept busy in stretches of
+ * `busyMs`, so those timers fire about that late. Returns the snapshot taken right after.
+ */
+async function lagThread(b: ReturnType<typeof batcher>, busyMs: number, stretches: number) {
+  const frames = framesOf(
+    await b.submit("lagger", {
+      body: { max_tokens: 2000 },
+      maxTokens: 2000,
+      avoidOrigins: b.setup.origins.map((o) => o.id).filter((id) => id !== "batch-1"),
+    }),
+  );
+  await untilHead(frames);
+  await runInDurableObject(b.stub, async () => {
+    for (let i = 0; i < stretches; i++) {
+      const until = Date.now() + busyMs;
+      // oxlint-disable-next-line no-empty
+      while (Date.now() < until) {}
+      await new Promise((resolve) => setTimeout(resolve, 0));
+    }
+  });
+  const snapshot = await b.stub.snapshot();
+  await release(b, "lagger", frames);
+  return snapshot;
+}
+
+/** A streamed body's reads, as text. */
+async function reads(body: ReadableStream<Uint8Array>): Promise<string[]> {
+  const out: string[] = [];
+  const decoder = new TextDecoder();
+  for await (const chunk of body) out.push(decoder.decode(chunk));
+  return out;
+}
+
+describe("holding a streamed item's later tokens while the thread lags", () => {
+  it("joins later tokens into fewer writes; the first step leaves at once, bytes unchanged", async () => {
+    const b = batcher({ holdShare: 1, maxHoldMs: 100 }, ["batch-1", "eu-1"]);
+    // eu-1 answers at once: the item's tokens come much faster than the hold.
+    const body = chatBody({ stream: true, max_tokens: 12, seed: 4 });
+    const expected = new TextDecoder().decode(await direct(body, "eu-1"));
+    const lagged = await lagThread(b, 40, 12);
+    expect(lagged.threadLagMs).toBeGreaterThan(10);
+    expect(lagged.holdMs).toBeGreaterThan(10);
+    const item = await opened(b, "held", { body, maxTokens: 12, avoidOrigins: ["batch-1"] });
+    expect(item.head.origin).toBe("eu-1");
+    const chunks = await reads(item.body);
+    expect(chunks.join("")).toEqual(expected);
+    expect(await item.trailer()).toMatchObject({ id: "held", outcome: "ok" });
+    // The first step leaves on its own; the rest waits for the hold and leaves with the END
+    // (unheld, its 14 events leave in about six writes).
+    expect(chunks.length).toBeGreaterThan(1);
+    expect(chunks.length).toBeLessThanOrEqual(3);
+    expect((await b.stub.snapshot()).counters.holds).toBeGreaterThan(0);
+  });
+
+  it("holds nothing with a hold share of 0, however late the thread runs", async () => {
+    const b = batcher({ holdShare: 0 }, ["batch-1", "eu-1"]);
+    const body = chatBody({ stream: true, max_tokens: 12, seed: 4 });
+    const expected = new TextDecoder().decode(await direct(body, "eu-1"));
+    const lagged = await lagThread(b, 40, 12);
+    expect(lagged.threadLagMs).toBeGreaterThan(10);
+    expect(lagged.holdMs).toBe(0);
+    const item = await opened(b, "unheld", { body, maxTokens: 12, avoidOrigins: ["batch-1"] });
+    expect((await reads(item.body)).join("")).toEqual(expected);
+    expect((await b.stub.snapshot()).counters.holds).toBe(0);
   });
 });
 

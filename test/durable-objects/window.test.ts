@@ -17,6 +17,8 @@ import {
   queuedCount,
   recordFirstByteWait,
   recordThreadLag,
+  tokenHoldMs,
+  MIN_HOLD_MS,
   tick,
   WindowConfigSchema,
 } from "../../durable-objects/window.ts";
@@ -451,6 +453,37 @@ describe("wait term", () => {
     off = add(off, request("r1"), 0).state;
     off = onDispatched(off, "a", "r1", 1000).state;
     expect(currentWindowMs(off, 1000)).toBe(0);
+  });
+});
+
+/** A state whose thread lagged `lagMs` once, at 1000. */
+function lagged(input: Partial<WindowConfigInput>, lagMs: number): WindowState {
+  return recordThreadLag(stateWith({ rateWindowMs: 100, ...input }), lagMs, 1000);
+}
+
+describe("holding streamed tokens", () => {
+  it("holds nothing until the thread lags, then holdShare of its lag, at most maxHoldMs", () => {
+    let state = stateWith({ holdShare: 0.5, maxHoldMs: 10, rateWindowMs: 1000 });
+    expect(tokenHoldMs(state, 0)).toBe(0);
+    state = recordThreadLag(state, 4, 0);
+    state = recordThreadLag(state, 8, 0);
+    expect(tokenHoldMs(state, 0)).toBeCloseTo(3, 6);
+    state = recordThreadLag(state, 300, 0);
+    expect(tokenHoldMs(state, 0)).toBe(10);
+  });
+
+  it("holds nothing below MIN_HOLD_MS, once the lag fades, or with holdShare 0", () => {
+    // Half of 1.5 ms: below the shortest hold worth a timer.
+    expect(tokenHoldMs(lagged({ holdShare: 0.5 }, 1.5), 1000)).toBe(0);
+    expect(tokenHoldMs(lagged({ holdShare: 0.5 }, 2 * MIN_HOLD_MS), 1000)).toBe(MIN_HOLD_MS);
+    expect(tokenHoldMs(lagged({ holdShare: 0.5 }, 20), 1500)).toBe(0);
+    expect(tokenHoldMs(lagged({ holdShare: 0 }, 200), 1000)).toBe(0);
+    expect(tokenHoldMs(lagged({ holdShare: 1, maxHoldMs: 0 }, 200), 1000)).toBe(0);
+  });
+
+  it("defaults to half the lag, at most 10 ms", () => {
+    const config = WindowConfigSchema.parse({ origins: [{ id: "a" }] });
+    expect([config.holdShare, config.maxHoldMs]).toEqual([0.5, 10]);
   });
 });
 

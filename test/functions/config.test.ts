@@ -60,6 +60,15 @@ describe("gateway configuration", () => {
     expect(error.message).toContain("models[0].max_model_len");
   });
 
+  it("refuses a token hold share outside 0..1 and a negative longest hold", () => {
+    expect(problem({ ...valid, batching: { hold_share: 1.5 } }).field).toBe("batching.hold_share");
+    expect(problem({ ...valid, batching: { max_hold_ms: -1 } }).field).toBe("batching.max_hold_ms");
+    const config = parseGatewayConfig(
+      JSON.stringify({ ...valid, batching: { hold_share: 0, max_hold_ms: 25 } }),
+    );
+    expect(config.batching).toMatchObject({ hold_share: 0, max_hold_ms: 25 });
+  });
+
   it("names a missing field", () => {
     const { default_region: _, ...rest } = valid;
     expect(problem(rest).field).toBe("default_region");
