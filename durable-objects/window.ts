@@ -86,7 +86,7 @@ export const WindowConfigSchema = z
      * later tokens may be held to leave in one write (see {@link tokenHoldMs}). 0: every
      * origin chunk's bytes leave at once.
      */
-    holdShare: z.number().min(0).max(1).default(0.5),
+    holdShare: z.number().min(0).max(1).default(1),
     /** Upper bound of that hold, ms. */
     maxHoldMs: z.number().nonnegative().max(1000).default(10),
     /** Time constant of the decaying arrival, completion and dispatch counts. */

@@ -100,7 +100,7 @@ const batchingSettings = {
   wait_share: z.number().min(0).max(1).optional(),
   /**
    * Share of the batcher's thread lag for which a streamed answer's later tokens may be held
-   * to leave in one write (default 0.5; 0: every origin chunk leaves at once).
+   * to leave in one write (default 1; 0: every origin chunk leaves at once).
    */
   hold_share: z.number().min(0).max(1).optional(),
   /** Longest such hold, ms (default 10). */

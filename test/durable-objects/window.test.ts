@@ -481,9 +481,9 @@ describe("holding streamed tokens", () => {
     expect(tokenHoldMs(lagged({ holdShare: 1, maxHoldMs: 0 }, 200), 1000)).toBe(0);
   });
 
-  it("defaults to half the lag, at most 10 ms", () => {
+  it("defaults to the whole lag, at most 10 ms", () => {
     const config = WindowConfigSchema.parse({ origins: [{ id: "a" }] });
-    expect([config.holdShare, config.maxHoldMs]).toEqual([0.5, 10]);
+    expect([config.holdShare, config.maxHoldMs]).toEqual([1, 10]);
   });
 });
 
