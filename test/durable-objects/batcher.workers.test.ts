@@ -718,37 +718,49 @@ async function reads(body: ReadableStream<Uint8Array>): Promise<string[]> {
   return out;
 }
 
+/**
+ * A 12-token streamed item from eu-1, which answers at once (its tokens come much faster
+ * than any hold), opened once the thread lags, and read to its end.
+ */
+async function itemAfterLag(window: Partial<WindowConfigInput>, id: string) {
+  const b = batcher(window, ["batch-1", "eu-1"]);
+  const body = chatBody({ stream: true, max_tokens: 12, seed: 4 });
+  const expected = new TextDecoder().decode(await direct(body, "eu-1"));
+  const lagged = await lagThread(b, 40, 12);
+  const item = await opened(b, id, { body, maxTokens: 12, avoidOrigins: ["batch-1"] });
+  const chunks = await reads(item.body);
+  const after = await b.stub.snapshot();
+  return { expected, lagged, head: item.head, chunks, trailer: await item.trailer(), after };
+}
+
 describe("holding a streamed item's later tokens while the thread lags", () => {
   it("joins later tokens into fewer writes; the first step leaves at once, bytes unchanged", async () => {
-    const b = batcher({ holdShare: 1, maxHoldMs: 100 }, ["batch-1", "eu-1"]);
-    // eu-1 answers at once: the item's tokens come much faster than the hold.
-    const body = chatBody({ stream: true, max_tokens: 12, seed: 4 });
-    const expected = new TextDecoder().decode(await direct(body, "eu-1"));
-    const lagged = await lagThread(b, 40, 12);
+    const { expected, lagged, head, chunks, trailer, after } = await itemAfterLag(
+      { holdShare: 1, maxHoldMs: 100 },
+      "held",
+    );
     expect(lagged.threadLagMs).toBeGreaterThan(10);
     expect(lagged.holdMs).toBeGreaterThan(10);
-    const item = await opened(b, "held", { body, maxTokens: 12, avoidOrigins: ["batch-1"] });
-    expect(item.head.origin).toBe("eu-1");
-    const chunks = await reads(item.body);
+    expect(head.origin).toBe("eu-1");
     expect(chunks.join("")).toEqual(expected);
-    expect(await item.trailer()).toMatchObject({ id: "held", outcome: "ok" });
+    expect(trailer).toMatchObject({ id: "held", outcome: "ok" });
     // The first step leaves on its own; the rest waits for the hold and leaves with the END
     // (unheld, its 14 events leave in about six writes).
     expect(chunks.length).toBeGreaterThan(1);
     expect(chunks.length).toBeLessThanOrEqual(3);
-    expect((await b.stub.snapshot()).counters.holds).toBeGreaterThan(0);
+    expect(after.counters.holds).toBeGreaterThan(0);
   });
 
   it("holds nothing with a hold share of 0, however late the thread runs", async () => {
-    const b = batcher({ holdShare: 0 }, ["batch-1", "eu-1"]);
-    const body = chatBody({ stream: true, max_tokens: 12, seed: 4 });
-    const expected = new TextDecoder().decode(await direct(body, "eu-1"));
-    const lagged = await lagThread(b, 40, 12);
+    const { expected, lagged, chunks, trailer, after } = await itemAfterLag(
+      { holdShare: 0 },
+      "unheld",
+    );
     expect(lagged.threadLagMs).toBeGreaterThan(10);
     expect(lagged.holdMs).toBe(0);
-    const item = await opened(b, "unheld", { body, maxTokens: 12, avoidOrigins: ["batch-1"] });
-    expect((await reads(item.body)).join("")).toEqual(expected);
-    expect((await b.stub.snapshot()).counters.holds).toBe(0);
+    expect(chunks.join("")).toEqual(expected);
+    expect(trailer).toMatchObject({ id: "unheld", outcome: "ok" });
+    expect(after.counters.holds).toBe(0);
   });
 });
 
