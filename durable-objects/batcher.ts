@@ -40,7 +40,9 @@
 // registered; an item whose caller never asks for its END keeps a settled promise until
 // this object goes away. Such a body has one write in flight at a time, and bytes that come
 // meanwhile join the next write (see `client-body.ts`): under load, fewer and larger
-// writes. For such an item this object also writes the OpenAI error event that ends a body
+// writes. While this object's thread lags, such an item's tokens after its first engine
+// step also wait up to a share of that lag, one timer per call, and leave together (see
+// `tokenHoldMs` in `window.ts`); its HEAD, first step and END never wait. For such an item this object also writes the OpenAI error event that ends a body
 // whose item failed after its HEAD (origin error, timeout, cut call), and a body whose
 // client went away cancels the item on its origin but keeps its END coming, whose usage
 // bills what was generated. A body is never ended cleanly for an item that did not end
