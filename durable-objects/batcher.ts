@@ -42,11 +42,11 @@
 // meanwhile join the next write (see `client-body.ts`): under load, fewer and larger
 // writes. While this object's thread lags, such an item's tokens after its first engine
 // step also wait up to a share of that lag, one timer per call, and leave together (see
-// `tokenHoldMs` in `window.ts`); its HEAD, first step and END never wait. For such an item this object also writes the OpenAI error event that ends a body
-// whose item failed after its HEAD (origin error, timeout, cut call), and a body whose
-// client went away cancels the item on its origin but keeps its END coming, whose usage
-// bills what was generated. A body is never ended cleanly for an item that did not end
-// well.
+// `tokenHoldMs` in `window.ts`); its HEAD, first step and END never wait. For such an
+// item this object also writes the OpenAI error event that ends a body whose item failed
+// after its HEAD (origin error, timeout, cut call), and a body whose client went away
+// cancels the item on its origin but keeps its END coming, whose usage bills what was
+// generated. A body is never ended cleanly for an item that did not end well.
 //
 // Tables
 //   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
