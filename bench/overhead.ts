@@ -67,10 +67,17 @@ const urls: Record<Target, string> = {
   passthrough: `${passthrough.url}/v1/chat/completions`,
   warmgate: `${stack.edgeUrl}/v1/chat/completions`,
 };
-const headers = {
-  "content-type": "application/json",
-  authorization: `Bearer ${stack.apiKey}`,
+// The origin and the pass-through Worker in front of it take the origin's access token; the
+// edge takes an API key.
+const bearer: Record<Target, string> = {
+  direct: stack.originAccessToken,
+  passthrough: stack.originAccessToken,
+  warmgate: stack.apiKey,
 };
+const headersOf = (target: Target) => ({
+  "content-type": "application/json",
+  authorization: `Bearer ${bearer[target]}`,
+});
 
 type Scenario = "json c=1" | "json c=32" | "stream c=1" | "stream c=32";
 const SCENARIOS: Workload<Scenario>[] = [
@@ -90,7 +97,7 @@ try {
     rounds: ROUNDS,
     warmRequests: 64,
     blockWarmRequests: Number(args["block-warm"]),
-    send: (target, stream) => timedRequest(urls[target], headers, body(stream)),
+    send: (target, stream) => timedRequest(urls[target], headersOf(target), body(stream)),
   });
   edgeMemory.push({ phase: "after load", rss: await workerdRss(stack.edge.pid ?? 0) });
 } finally {

@@ -3,6 +3,7 @@
  * every bad input is caught (and tested) before anything starts listening.
  */
 import { parseArgs } from "node:util";
+import { exposureProblem } from "./access.ts";
 import { FAULT_STATUSES } from "./faults.ts";
 import type { FaultConfig } from "./faults.ts";
 
@@ -57,9 +58,9 @@ export const USAGE = `usage: npm run origin -- [options]
   --max-batched-tokens N      simulated per-step token budget
   --time-scale X              simulated time: 1 realistic, 0 no delay
   --seed N                    seed of the simulated engine and of fault injection
-  --admin-token T             bearer token for /admin/*
-  --access-token T            bearer token the edge must send on /v1/* (set it whenever
-                              the origin is reachable from other hosts)
+  --admin-token T             bearer token for /admin/* (default: the access token)
+  --access-token T            bearer token the edge must send on /v1/* (required when
+                              --host is not a loopback address)
   --load-interval-ms N        milliseconds between batch load reports (default 250)
   --fault-error-rate X        fraction of items answered with an error status
   --fault-statuses 429,503    statuses injected errors use (from 429, 500, 503)
@@ -182,6 +183,8 @@ function build(values: Partial<Record<OptionName, string>>): OriginCliConfig {
   if (values["api-key"] !== undefined) config.apiKey = values["api-key"];
   if (values["admin-token"] !== undefined) config.adminToken = values["admin-token"];
   if (values["access-token"] !== undefined) config.accessToken = values["access-token"];
+  const exposed = exposureProblem(config.host, config.accessToken);
+  if (exposed !== null) throw new CliError(exposed);
   if (values.models !== undefined) config.models = parseModels(values.models);
   if (values["kv-blocks"] !== undefined)
     config.kvBlocks = integer("kv-blocks", values["kv-blocks"], 1);

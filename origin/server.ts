@@ -2,13 +2,14 @@
  * The regional GPU origin: the OpenAI-compatible API and the batch endpoint in front
  * of one engine, with load reports, Prometheus metrics, GPU readings and faults.
  */
-import { randomUUID, timingSafeEqual } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { createAdaptorServer } from "@hono/node-server";
 import { Hono } from "hono";
 import type { Context } from "hono";
 import { z } from "zod";
+import { adminTokenOf, bearerMatches, exposureProblem } from "./access.ts";
 import type { Engine, EngineOutcome, EngineResponse } from "./engine.ts";
 import {
   createFaultController,
@@ -47,7 +48,7 @@ export interface OriginOptions {
   faultSeed?: number;
   /** Milliseconds between LOAD frames while a batch runs (default 250). */
   loadIntervalMs?: number;
-  /** Bearer token that `/admin/*` requires; open when unset (loopback deployments). */
+  /** Bearer token that `/admin/*` requires; the access token when unset (open only on loopback). */
   adminToken?: string;
   /**
    * Bearer token the edge must present on `/v1/*` (completions and batches); open when
@@ -277,12 +278,6 @@ function outgoingOf(c: Context): { destroy(): void } | null {
 /** Milliseconds to two decimals: enough for latency work, short on the wire. */
 function roundMs(ms: number): number {
   return Math.round(ms * 100) / 100;
-}
-
-function bearerMatches(header: string | undefined, token: string): boolean {
-  const given = Buffer.from(header ?? "");
-  const expected = Buffer.from(`Bearer ${token}`);
-  return given.length === expected.length && timingSafeEqual(given, expected);
 }
 
 /** The pieces {@link startOrigin} needs beyond the Hono app. */
@@ -580,9 +575,11 @@ function buildOrigin(options: OriginOptions): Origin {
     return c.body(text, 200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" });
   });
 
+  // Without tokens the origin only listens on loopback (see `startOrigin`).
+  const adminToken = adminTokenOf(options);
   function requireAdmin(c: Context): void {
-    if (options.adminToken === undefined) return;
-    if (!bearerMatches(c.req.header("authorization"), options.adminToken)) {
+    if (adminToken === null) return;
+    if (!bearerMatches(c.req.header("authorization"), adminToken)) {
       throw new OriginError(401, "A valid admin bearer token is required.", "invalid_admin_token");
     }
   }
@@ -789,8 +786,10 @@ export function createOriginApp(options: OriginOptions): Hono {
 export async function startOrigin(
   options: OriginOptions & { port?: number; host?: string },
 ): Promise<RunningOrigin> {
-  const origin = buildOrigin(options);
   const host = options.host ?? "127.0.0.1";
+  const exposed = exposureProblem(host, options.accessToken);
+  if (exposed !== null) throw new Error(exposed);
+  const origin = buildOrigin(options);
   const server = createAdaptorServer({
     fetch: origin.app.fetch,
     hostname: host,

@@ -45,10 +45,12 @@ export interface StackOptions {
   /** Edge worker config file (default: the project's wrangler.toml). */
   wranglerConfig?: string;
   /**
-   * Access token every origin requires on `/v1/*`; the edge gets it as `ORIGIN_TOKEN`.
-   * Off by default so tools can call the local origins directly.
+   * Access token every origin requires on `/v1/*`; the edge gets it as `ORIGIN_TOKEN`
+   * (default: a fresh random one, as {@link RunningStack.originAccessToken} tells).
    */
   originAccessToken?: string;
+  /** Admin token of every origin's `/admin/*` (default: a fresh random one). */
+  originAdminToken?: string;
   /** Run each origin as its own `node origin/main.ts` process (benchmarks), not in this one. */
   originProcesses?: boolean;
   /** How the edge runs (default `wrangler-dev`); see {@link EdgeRuntime}. */
@@ -141,6 +143,10 @@ export interface RunningStack {
   signingSecret: string;
   /** A development API key accepted by the edge. */
   apiKey: string;
+  /** The bearer token the origins require on `/v1/*` (the edge's `ORIGIN_TOKEN`). */
+  originAccessToken: string;
+  /** The bearer token of the origins' `/admin/*` (fault injection). */
+  originAdminToken: string;
   /** The edge's child process (`wrangler dev` or `scripts/workerd.ts`). */
   edge: ChildProcess;
   stop(): Promise<void>;
@@ -505,6 +511,9 @@ export function startEdge(runtime: EdgeRuntime, options: EdgeOptions): Promise<R
 export async function startStack(options: StackOptions = {}): Promise<RunningStack> {
   const regions = options.regions ?? DEFAULT_REGIONS;
   const origins: StackOrigin[] = [];
+  const accessToken =
+    options.originAccessToken ?? `wgorigin_${randomBytes(18).toString("base64url")}`;
+  const adminToken = options.originAdminToken ?? `wgops_${randomBytes(18).toString("base64url")}`;
   const stopOrigins = async () => {
     await Promise.all(origins.map((o) => o.origin.close()));
   };
@@ -520,7 +529,10 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
             originId,
             "--region",
             region.id,
-            ...(options.originAccessToken ? ["--access-token", options.originAccessToken] : []),
+            "--access-token",
+            accessToken,
+            "--admin-token",
+            adminToken,
           ]);
           origins.push({ region: region.id, origin });
           if (models.length === 0) models = await fetchModels(origin.url);
@@ -534,7 +546,8 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
           region: region.id,
           port: 0,
           host: "127.0.0.1",
-          ...(options.originAccessToken ? { accessToken: options.originAccessToken } : {}),
+          accessToken,
+          adminToken,
         });
         origins.push({ region: region.id, origin });
       }
@@ -554,7 +567,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
         WARMGATE_CONFIG: config,
         ADMIN_TOKEN: secrets.adminToken,
         TOKEN_SIGNING_SECRET: secrets.signingSecret,
-        ...(options.originAccessToken ? { ORIGIN_TOKEN: options.originAccessToken } : {}),
+        ORIGIN_TOKEN: accessToken,
         ...options.edgeVars,
       },
       ...(options.persistTo ? { persistTo: options.persistTo } : {}),
@@ -580,6 +593,8 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
     adminToken: secrets.adminToken,
     signingSecret: secrets.signingSecret,
     apiKey,
+    originAccessToken: accessToken,
+    originAdminToken: adminToken,
     edge: edge.child,
     stop() {
       stopped ??= Promise.all([edge.stop(), stopOrigins()]).then(() => undefined);

@@ -66,6 +66,7 @@ console.log(`WARMGATE_URL=${stack.edgeUrl}`);
 console.log(`WARMGATE_ORIGINS=${origins}`);
 console.log(`WARMGATE_ADMIN_TOKEN=${stack.adminToken}`);
 console.log(`WARMGATE_KEY=${stack.apiKey}`);
+console.log(`WARMGATE_ORIGIN_ADMIN_TOKEN=${stack.originAdminToken}`);
 console.log(
   `curl -sN ${stack.edgeUrl}/v1/chat/completions -H "authorization: Bearer ${stack.apiKey}" ` +
     `-H "content-type: application/json" ` +

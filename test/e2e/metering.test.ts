@@ -8,6 +8,8 @@ import { metricValue } from "../support/edge-requests.ts";
 let stack: RunningStack;
 let euOrigin: string;
 
+const originAdmin = () => ({ authorization: `Bearer ${stack.originAdminToken}` });
+
 beforeAll(async () => {
   stack = await startStack({
     regions: [
@@ -24,7 +26,9 @@ afterAll(async () => {
 });
 
 afterEach(async () => {
-  await fetch(`${euOrigin}/admin/faults`, { method: "DELETE" }).then((r) => r.arrayBuffer());
+  await fetch(`${euOrigin}/admin/faults`, { method: "DELETE", headers: originAdmin() }).then((r) =>
+    r.arrayBuffer(),
+  );
 });
 
 type RequestRecord = {
@@ -102,7 +106,7 @@ describe("metering through the whole stack", () => {
     const key = await createKey(stack.edgeUrl, stack.adminToken, { name: "conservation" });
     await fetch(`${euOrigin}/admin/faults`, {
       method: "PUT",
-      headers: { "content-type": "application/json" },
+      headers: { "content-type": "application/json", ...originAdmin() },
       body: JSON.stringify({
         errorRate: 0.1,
         errorStatuses: [500, 503],

@@ -8,6 +8,8 @@ let stack: RunningStack;
 let client: OpenAI;
 let euOrigin: string;
 
+const originAdmin = () => ({ authorization: `Bearer ${stack.originAdminToken}` });
+
 beforeAll(async () => {
   stack = await startStack({
     regions: [
@@ -32,7 +34,9 @@ afterAll(async () => {
 });
 
 afterEach(async () => {
-  await fetch(`${euOrigin}/admin/faults`, { method: "DELETE" }).then((r) => r.arrayBuffer());
+  await fetch(`${euOrigin}/admin/faults`, { method: "DELETE", headers: originAdmin() }).then((r) =>
+    r.arrayBuffer(),
+  );
 });
 
 const MODEL = "warmgate-sim-8b";
@@ -190,7 +194,7 @@ describe("cancellation and failure", () => {
   it("ends a stream whose origin fails mid-way with an error event, never [DONE]", async () => {
     await fetch(`${euOrigin}/admin/faults`, {
       method: "PUT",
-      headers: { "content-type": "application/json" },
+      headers: { "content-type": "application/json", ...originAdmin() },
       body: JSON.stringify({ dropAfterTokens: 4, dropRate: 1 }),
     }).then((r) => r.arrayBuffer());
     const body = { model: MODEL, messages: user("This will break."), max_tokens: 30, stream: true };

@@ -1,15 +1,15 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningStack, startStack } from "../../scripts/stack.ts";
 
-// Origins reachable from other hosts run with --access-token; the edge presents the
-// ORIGIN_TOKEN secret on every batch and cancel call.
+// The stack's origins run with an access token and an admin token, as origins reachable
+// from other hosts must; the edge presents the ORIGIN_TOKEN secret on every batch and
+// cancel call.
 let stack: RunningStack;
 
 beforeAll(async () => {
   stack = await startStack({
     regions: [{ id: "eu", continents: ["EU"], origins: 1 }],
     sim: { timeScale: 0 },
-    originAccessToken: "origin-secret-for-tests",
   });
 });
 
@@ -35,6 +35,36 @@ describe("an origin with an access token", () => {
     expect(((await res.json()) as { error: { code: string } }).error.code).toBe(
       "invalid_access_token",
     );
+  });
+
+  it("refuses a batch without the token: no inference that skips keys and the ledger", async () => {
+    const origin = stack.origins[0]?.origin.url ?? "";
+    const res = await fetch(`${origin}/v1/batch`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ v: 1, batch_id: "b", items: [] }),
+    });
+    expect(res.status).toBe(401);
+    await res.arrayBuffer();
+  });
+
+  it("keeps fault injection behind the origin admin token", async () => {
+    const origin = stack.origins[0]?.origin.url ?? "";
+    const put = (authorization?: string) =>
+      fetch(`${origin}/admin/faults`, {
+        method: "PUT",
+        headers: { "content-type": "application/json", ...(authorization && { authorization }) },
+        body: JSON.stringify({ errorRate: 0 }),
+      });
+    const anonymous = await put();
+    expect(anonymous.status).toBe(401);
+    await anonymous.arrayBuffer();
+    const withAccess = await put(`Bearer ${stack.originAccessToken}`);
+    expect(withAccess.status).toBe(401);
+    await withAccess.arrayBuffer();
+    const withAdmin = await put(`Bearer ${stack.originAdminToken}`);
+    expect(withAdmin.status).toBe(200);
+    await withAdmin.arrayBuffer();
   });
 
   it("serves the edge, which presents ORIGIN_TOKEN", async () => {

@@ -149,3 +149,27 @@ describe("npm run origin", () => {
     expect(run.stderr).toMatch(/--port must be a whole number.*--help/);
   });
 });
+
+describe("an origin beyond loopback", () => {
+  it("refuses --host 0.0.0.0 without an access token, naming the flag to add", () => {
+    expect(error(parseOriginCli(["--host", "0.0.0.0"]))).toMatch(/--access-token/);
+    expect(error(parseOriginCli(["--host", "10.0.0.5", "--admin-token", "a"]))).toMatch(
+      /beyond loopback/,
+    );
+  });
+
+  it("starts on any address with an access token, and on loopback without one", () => {
+    expect(config(parseOriginCli(["--host", "0.0.0.0", "--access-token", "t"])).host).toBe(
+      "0.0.0.0",
+    );
+    for (const host of ["127.0.0.1", "127.1.2.3", "::1", "localhost"]) {
+      expect(config(parseOriginCli(["--host", host])).host).toBe(host);
+    }
+  });
+
+  it("refuses from the environment as from flags", () => {
+    expect(error(parseOriginCli([], { WARMGATE_ORIGIN_HOST: "0.0.0.0" }))).toMatch(
+      /--access-token/,
+    );
+  });
+});

@@ -146,6 +146,37 @@ describe("/admin/faults", () => {
     });
   });
 
+  it("requires the access token when no admin token is set", async () => {
+    const { url } = await start({ accessToken: "edge-secret" });
+    const open = await fetch(`${url}/admin/faults`);
+    expect(open.status).toBe(401);
+    expect(await open.json()).toMatchObject({ error: { code: "invalid_admin_token" } });
+    const put = await fetch(`${url}/admin/faults`, {
+      method: "PUT",
+      headers: { authorization: "Bearer edge-secret" },
+      body: JSON.stringify({ errorRate: 1 }),
+    });
+    expect(put.status).toBe(200);
+  });
+
+  it("takes the admin token, not the access token, when both are set", async () => {
+    const { url } = await start({ accessToken: "edge-secret", adminToken: "ops-secret" });
+    const withAccess = await fetch(`${url}/admin/faults`, {
+      headers: { authorization: "Bearer edge-secret" },
+    });
+    expect(withAccess.status).toBe(401);
+    const withAdmin = await fetch(`${url}/admin/faults`, {
+      headers: { authorization: "Bearer ops-secret" },
+    });
+    expect(withAdmin.status).toBe(200);
+  });
+
+  it("refuses to listen beyond loopback without an access token", async () => {
+    await expect(
+      startOrigin({ engine: createFakeEngine(), originId: "o-x", host: "0.0.0.0" }),
+    ).rejects.toThrow(/--access-token/);
+  });
+
   it("rejects an invalid fault configuration with a 400 naming the field", async () => {
     const { url } = await start();
     const response = await fetch(`${url}/admin/faults`, {
