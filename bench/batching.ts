@@ -349,6 +349,7 @@ try {
   const apiKey = await createKey(edge.url, adminToken, {
     name: "batching benchmark",
     limits: DEV_KEY_LIMITS,
+    allow_region_override: true,
   });
   const headers = { "content-type": "application/json", authorization: `Bearer ${apiKey}` };
   // Warm both paths (JIT, connection pools, the key's account, the prefix cache).

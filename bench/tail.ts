@@ -244,7 +244,11 @@ interface PathSplit {
 
 let results: PathSplit[] = [];
 try {
-  const key = await createKey(edge.url, adminToken, { name: "bench:tail", limits: DEV_KEY_LIMITS });
+  const key = await createKey(edge.url, adminToken, {
+    name: "bench:tail",
+    limits: DEV_KEY_LIMITS,
+    allow_region_override: true,
+  });
   for (const path of PATHS) await phase(path, 8, 2, key);
   const samples: ClientSample[] = [];
   for (const path of PATHS) {

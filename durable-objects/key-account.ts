@@ -157,6 +157,8 @@ export interface KeyRecord {
   allowedOrigins: string[];
   models: string[] | null;
   tier: KeyTier;
+  /** Whether its requests may pick their region with `x-warmgate-region`. */
+  allowRegionOverride: boolean;
   expiresAt: number | null;
   createdAt: number;
   updatedAt: number;
@@ -178,6 +180,7 @@ export interface KeyCreateInput {
   allowedOrigins: string[];
   models: string[] | null;
   tier: KeyTier;
+  allowRegionOverride?: boolean;
   expiresAt: number | null;
   now: number;
 }
@@ -191,6 +194,7 @@ export interface KeyUpdateInput {
   allowedOrigins?: string[];
   models?: string[] | null;
   tier?: KeyTier;
+  allowRegionOverride?: boolean;
   expiresAt?: number | null;
   now: number;
 }
@@ -245,6 +249,8 @@ export interface AdmitInput {
 export type AdmitOk = Admission & {
   requestId: string;
   tier: KeyTier;
+  /** Whether the request may pick its region (the key's `allow_region_override`). */
+  allowRegionOverride: boolean;
   leaseExpiresAt: number;
   /**
    * Whether the key has a budget: then a cost above the reservation is billed only as far
@@ -414,6 +420,7 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
      FROM ledger WHERE state <> 'open' GROUP BY day, model;
    CREATE TABLE spend (
      period TEXT PRIMARY KEY, settled_micros INTEGER NOT NULL, reserved_micros INTEGER NOT NULL);`,
+  `ALTER TABLE key_record ADD COLUMN allow_region_override INTEGER NOT NULL DEFAULT 0;`,
 ];
 
 const KEY_SCOPE = "key";
@@ -436,6 +443,7 @@ type RecordRow = {
   budget_day_micros: number | null;
   budget_month_micros: number | null;
   credit_micros: number | null;
+  allow_region_override: number;
 };
 
 type SecretRow = { secret_hash: string; valid_until: number | null };
@@ -558,8 +566,8 @@ export class KeyAccount extends DurableObject<Env> {
       sql.exec(
         `INSERT INTO key_record (singleton, id, name, status, rpm, tpm, concurrency, allowed_origins,
            models, tier, expires_at, created_at, updated_at, revoked_at, version,
-           budget_day_micros, budget_month_micros, credit_micros)
-         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1, ?, ?, ?)`,
+           budget_day_micros, budget_month_micros, credit_micros, allow_region_override)
+         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1, ?, ?, ?, ?)`,
         input.id,
         input.name,
         input.limits.rpm,
@@ -574,6 +582,7 @@ export class KeyAccount extends DurableObject<Env> {
         input.budgets?.dayMicros ?? null,
         input.budgets?.monthMicros ?? null,
         input.budgets?.creditMicros ?? null,
+        input.allowRegionOverride === true ? 1 : 0,
       );
       sql.exec(
         "INSERT INTO secrets (secret_hash, created_at, valid_until) VALUES (?, ?, NULL)",
@@ -599,7 +608,8 @@ export class KeyAccount extends DurableObject<Env> {
     this.ctx.storage.sql.exec(
       `UPDATE key_record SET name = ?, rpm = ?, tpm = ?, concurrency = ?, allowed_origins = ?,
          models = ?, tier = ?, expires_at = ?, updated_at = ?, version = version + 1,
-         budget_day_micros = ?, budget_month_micros = ?, credit_micros = ?`,
+         budget_day_micros = ?, budget_month_micros = ?, credit_micros = ?,
+         allow_region_override = ?`,
       input.name ?? current.name,
       limits.rpm,
       limits.tpm,
@@ -612,6 +622,7 @@ export class KeyAccount extends DurableObject<Env> {
       budgets.dayMicros,
       budgets.monthMicros,
       budgets.creditMicros,
+      (input.allowRegionOverride ?? current.allowRegionOverride) ? 1 : 0,
     );
     this.#load();
     return this.#view(input.now);
@@ -816,6 +827,7 @@ export class KeyAccount extends DurableObject<Env> {
         rateLimit: rateLimitNow(record.limits, this.#scopeUsage(KEY_SCOPE, null), now),
         requestId: input.requestId,
         tier: record.tier,
+        allowRegionOverride: record.allowRegionOverride,
         leaseExpiresAt: existing.expiresAt,
         budgeted: hasBudgets(record.budgets),
       };
@@ -890,6 +902,7 @@ export class KeyAccount extends DurableObject<Env> {
       ...decision,
       requestId: input.requestId,
       tier: record.tier,
+      allowRegionOverride: record.allowRegionOverride,
       leaseExpiresAt,
       budgeted: hasBudgets(record.budgets),
     };
@@ -1381,6 +1394,7 @@ function recordOf(row: RecordRow): KeyRecord {
     allowedOrigins: JSON.parse(row.allowed_origins) as string[],
     models: row.models === null ? null : (JSON.parse(row.models) as string[]),
     tier: KEY_TIERS.find((tier) => tier === row.tier) ?? "standard",
+    allowRegionOverride: row.allow_region_override === 1,
     expiresAt: row.expires_at,
     createdAt: row.created_at,
     updatedAt: row.updated_at,

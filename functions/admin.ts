@@ -92,6 +92,7 @@ const KeyFields = {
   allowed_origins: z.array(BrowserOrigin).max(100),
   models: z.array(z.string().min(1).max(256)).max(1_000).nullable(),
   tier: z.enum(KEY_TIERS),
+  allow_region_override: z.boolean(),
   expires_at: ExpiresAt.nullable(),
 };
 
@@ -124,6 +125,7 @@ export function keyJson(record: KeyRecord): Record<string, unknown> {
     allowed_origins: record.allowedOrigins,
     models: record.models,
     tier: record.tier,
+    allow_region_override: record.allowRegionOverride,
     expires_at: seconds(record.expiresAt),
     created_at: seconds(record.createdAt),
     updated_at: seconds(record.updatedAt),
@@ -210,6 +212,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
       allowedOrigins: body.allowed_origins ?? [],
       models: body.models ?? null,
       tier: body.tier ?? "standard",
+      allowRegionOverride: body.allow_region_override ?? false,
       expiresAt: body.expires_at ?? null,
       now,
     });
@@ -247,6 +250,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
     if (!(await known(c.env, id))) throw noSuchKey(id);
     const body = await readJsonBody(c.req.raw, UpdateKeyRequest);
     const { name, limits, allowed_origins, models, tier, expires_at } = body;
+    const override = body.allow_region_override;
     const record = await account(c.env, id).update({
       now: Date.now(),
       ...(name === undefined ? {} : { name }),
@@ -254,6 +258,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
       ...(allowed_origins === undefined ? {} : { allowedOrigins: allowed_origins }),
       ...(models === undefined ? {} : { models }),
       ...(tier === undefined ? {} : { tier }),
+      ...(override === undefined ? {} : { allowRegionOverride: override }),
       ...(expires_at === undefined ? {} : { expiresAt: expires_at }),
     });
     if (record === null) throw noSuchKey(id);

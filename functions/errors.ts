@@ -90,23 +90,37 @@ export function incorrectApiKey(): ApiError {
   });
 }
 
+/** Most characters of a client's input that an error message quotes. */
+export const MAX_QUOTED_CHARS = 200;
+
+/**
+ * `text` cut to {@link MAX_QUOTED_CHARS} with an ellipsis and its length, so an error about
+ * a huge field stays small (a 2 MB `role` gives a 300-byte message).
+ */
+export function clipped(text: string): string {
+  if (text.length <= MAX_QUOTED_CHARS) return text;
+  return `${text.slice(0, MAX_QUOTED_CHARS)}… (${text.length} characters)`;
+}
+
 /** 404 with OpenAI's wording for a model that is not served. */
 export function modelNotFound(model: string): ApiError {
   return new ApiError(
     404,
-    `The model \`${model}\` does not exist or you do not have access to it.`,
+    `The model \`${clipped(model)}\` does not exist or you do not have access to it.`,
     { type: "invalid_request_error", param: "model", code: "model_not_found" },
   );
 }
 
 /** OpenAI's 404 for an unknown route: `Invalid URL (POST /v1/foo)`. */
 export function invalidUrl(method: string, path: string): ApiError {
-  return new ApiError(404, `Invalid URL (${method} ${path})`, { type: "invalid_request_error" });
+  return new ApiError(404, `Invalid URL (${method} ${clipped(path)})`, {
+    type: "invalid_request_error",
+  });
 }
 
 /** OpenAI's 405 for a known route with the wrong method, plus the `allow` header (RFC 9110 §15.5.6). */
 export function invalidMethod(method: string, path: string, allow: readonly string[]): ApiError {
-  return new ApiError(405, `Invalid method for URL (${method} ${path})`, {
+  return new ApiError(405, `Invalid method for URL (${method} ${clipped(path)})`, {
     type: "invalid_request_error",
     headers: { allow: allow.join(", ") },
   });

@@ -5,7 +5,7 @@
  */
 import type { z } from "zod";
 import { formatPath } from "./config.ts";
-import { type ApiError, invalidRequest } from "./errors.ts";
+import { type ApiError, clipped, invalidRequest } from "./errors.ts";
 
 type Issue = z.core.$ZodIssue;
 
@@ -33,7 +33,8 @@ function hasInput(issue: Issue): boolean {
 
 function describeIssue(issue: Issue, prefix: readonly PropertyKey[]): ApiError {
   const path = [...prefix, ...issue.path];
-  const param = formatPath(path);
+  // Record keys are the client's: a path quotes at most so much of them.
+  const param = clipped(formatPath(path));
   switch (issue.code) {
     case "invalid_type":
       if (path.length === 0) {
@@ -219,7 +220,9 @@ function describeValue(value: unknown): string {
 }
 
 function quote(value: unknown): string {
-  return typeof value === "string" ? `'${value}'` : (JSON.stringify(value) ?? String(value));
+  return typeof value === "string"
+    ? `'${clipped(value)}'`
+    : clipped(JSON.stringify(value) ?? String(value));
 }
 
 // OpenAI lists options as 'a', 'b', and 'c'.

@@ -298,7 +298,12 @@ async function ensureDevKey(edgeUrl: string, secrets: DevSecrets): Promise<strin
     await res.body?.cancel();
     if (res.ok) return secrets.apiKey;
   }
-  return createKey(edgeUrl, secrets.adminToken, { name: "development", limits: DEV_KEY_LIMITS });
+  // Local runs and benchmarks pick regions with `x-warmgate-region`.
+  return createKey(edgeUrl, secrets.adminToken, {
+    name: "development",
+    limits: DEV_KEY_LIMITS,
+    allow_region_override: true,
+  });
 }
 
 function dotenvLine(name: string, value: string): string {

@@ -69,6 +69,7 @@ function localAdmission() {
       rateLimit: UNLIMITED,
       requestId,
       tier: "standard",
+      allowRegionOverride: true,
       leaseExpiresAt: 0,
       budgeted: false,
     });

@@ -7,7 +7,7 @@ import type { AppEnv } from "../app-env.ts";
 import { PRIORITY_HEADER, batcherOpener } from "../batcher-client.ts";
 import { dispatchCompletion } from "../dispatch.ts";
 import { methodNotAllowed } from "../error-handler.ts";
-import { invalidRequest } from "../errors.ts";
+import { ApiError, clipped, invalidRequest } from "../errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
 import { admitCompletion } from "../middleware/auth.ts";
 import { completionBody } from "../middleware/completion-body.ts";
@@ -36,13 +36,25 @@ function callerLocation(request: Request): CallerLocation {
 export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Response> {
   const { config, plan, completion, requestId, settlement } = c.var;
   const override = c.req.header(REGION_OVERRIDE_HEADER);
+  // A caller could otherwise send its traffic to a far or private region.
+  if (override !== undefined && c.get("admission")?.allowRegionOverride !== true) {
+    throw new ApiError(
+      403,
+      `This key may not choose its region: create it with "allow_region_override": true to use the ${REGION_OVERRIDE_HEADER} header.`,
+      {
+        type: "permission_error",
+        param: REGION_OVERRIDE_HEADER,
+        code: "region_override_not_allowed",
+      },
+    );
+  }
   // Reading `request.cf` parses it; with an override or a single region, where the caller
   // is decides nothing.
   const located = override === undefined && config.regions.length > 1;
   const order = regionOrder(config, located ? callerLocation(c.req.raw) : {}, override);
   if (order.kind === "unknown_region") {
     throw invalidRequest(
-      `Unknown region '${order.region}' in the ${REGION_OVERRIDE_HEADER} header.`,
+      `Unknown region '${clipped(order.region)}' in the ${REGION_OVERRIDE_HEADER} header.`,
       null,
       "invalid_region",
     );

@@ -103,7 +103,10 @@ async function inParallel<T>(
 
 describe("metering through the whole stack", () => {
   it("bills hundreds of mixed requests once each, and their costs add up to the key's totals", async () => {
-    const key = await createKey(stack.edgeUrl, stack.adminToken, { name: "conservation" });
+    const key = await createKey(stack.edgeUrl, stack.adminToken, {
+      name: "conservation",
+      allow_region_override: true,
+    });
     await fetch(`${euOrigin}/admin/faults`, {
       method: "PUT",
       headers: { "content-type": "application/json", ...originAdmin() },
@@ -178,6 +181,7 @@ describe("metering through the whole stack", () => {
     const key = await createKey(stack.edgeUrl, stack.adminToken, {
       name: "budget",
       limits: { budget_usd_day: 0.0003 },
+      allow_region_override: true,
     });
     const results = await inParallel(80, 40, () => completion(key, { max_tokens: 60 }));
     const statuses = results.map((r) => r.status);

@@ -11,14 +11,17 @@ export const ADMIN = {
   "content-type": "application/json",
 };
 
-/** Creates a key with `POST /admin/keys` (expecting 201) and returns its id and secret. */
+/**
+ * Creates a key with `POST /admin/keys` (expecting 201) and returns its id and secret. The
+ * tests pick regions with `x-warmgate-region`, so the key allows it unless `body` says not.
+ */
 export async function createKey(
   body: Record<string, unknown>,
 ): Promise<{ id: string; key: string }> {
   const res = await exports.default.fetch("http://edge.test/admin/keys", {
     method: "POST",
     headers: ADMIN,
-    body: JSON.stringify(body),
+    body: JSON.stringify({ allow_region_override: true, ...body }),
   });
   expect(res.status).toBe(201);
   return res.json();

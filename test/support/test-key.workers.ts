@@ -18,6 +18,7 @@ beforeAll(async () => {
     allowedOrigins: [],
     models: null,
     tier: "standard",
+    allowRegionOverride: true,
     expiresAt: null,
     now: Date.now(),
   });
