@@ -37,7 +37,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
   const { config, plan, completion, requestId, settlement } = c.var;
   const override = c.req.header(REGION_OVERRIDE_HEADER);
   // A caller could otherwise send its traffic to a far or private region.
-  if (override !== undefined && c.get("admission")?.allowRegionOverride !== true) {
+  if (override !== undefined && !(c.get("admission")?.allowRegionOverride ?? false)) {
     throw new ApiError(
       403,
       `This key may not choose its region: create it with "allow_region_override": true to use the ${REGION_OVERRIDE_HEADER} header.`,

@@ -28,19 +28,19 @@ describe("error messages quote little of the input", () => {
   });
 });
 
-describe("x-warmgate-region", () => {
-  const chat = (key: string, region: string) =>
-    exports.default.fetch(
-      edgeRequest("/v1/chat/completions", {
-        body: chatBody({ max_tokens: 2 }),
-        headers: { authorization: `Bearer ${key}` },
-        region,
-      }),
-    );
+const chatIn = (key: string, region: string) =>
+  exports.default.fetch(
+    edgeRequest("/v1/chat/completions", {
+      body: chatBody({ max_tokens: 2 }),
+      headers: { authorization: `Bearer ${key}` },
+      region,
+    }),
+  );
 
+describe("x-warmgate-region", () => {
   it("is refused for a key created without allow_region_override", async () => {
     const { key } = await createKey({ name: "no-override", allow_region_override: false });
-    const res = await chat(key, "eu");
+    const res = await chatIn(key, "eu");
     expect(res.status).toBe(403);
     expect((await res.json<ErrorBody>()).error).toMatchObject({
       type: "permission_error",
@@ -57,16 +57,16 @@ describe("x-warmgate-region", () => {
     });
     const created = await res.json<{ key: string; allow_region_override: boolean }>();
     expect(created.allow_region_override).toBe(false);
-    expect((await chat(created.key, "eu")).status).toBe(403);
+    expect((await chatIn(created.key, "eu")).status).toBe(403);
   });
 
   it("is honoured for a key that allows it, and an unknown region is refused briefly", async () => {
     const { key } = await createKey({ name: "override", allow_region_override: true });
-    const served = await chat(key, "eu");
+    const served = await chatIn(key, "eu");
     expect(served.status).toBe(200);
     expect(served.headers.get("x-warmgate-region")).toBe("eu");
     await served.arrayBuffer();
-    const unknown = await chat(key, "r".repeat(5_000));
+    const unknown = await chatIn(key, "r".repeat(5_000));
     expect(unknown.status).toBe(400);
     const text = await unknown.text();
     expect(text.length).toBeLessThan(1_000);
