@@ -122,7 +122,7 @@ export type LimitName = "requests" | "tokens" | "concurrency";
 export type BudgetName = "day" | "month" | "credit";
 
 /** Why a key or a browser token is not accepted. */
-export type InvalidKeyReason = "unknown" | "bad_secret" | "revoked" | "expired";
+export type InvalidKeyReason = "unknown" | "bad_secret" | "revoked" | "expired" | "rotated";
 
 /** A refusal, tagged by the OpenAI error code it maps to. */
 export type AdmissionRefusal =

@@ -204,6 +204,8 @@ export type AdmitCredential =
   | { kind: "key"; secretHash: string }
   | {
       kind: "browser";
+      /** When the token was minted (epoch ms): it dies with the secret that was current then. */
+      issuedAt: number;
       /** End user id, or a per-token subject when the token names no user. */
       subject: string;
       limits: Limits;
@@ -326,7 +328,9 @@ export interface SettleManyResult {
 }
 
 /** What `check` compares: an API key's hash, or a verified browser token (its key's state only). */
-export type CheckCredential = { kind: "key"; secretHash: string } | { kind: "browser" };
+export type CheckCredential =
+  | { kind: "key"; secretHash: string }
+  | { kind: "browser"; issuedAt: number };
 
 /** Result of checking a credential without admitting a request (token minting, `/v1/models`). */
 export type KeyCheckResult =
@@ -446,7 +450,7 @@ type RecordRow = {
   allow_region_override: number;
 };
 
-type SecretRow = { secret_hash: string; valid_until: number | null };
+type SecretRow = { secret_hash: string; created_at: number; valid_until: number | null };
 
 /** A candidate as a ledger row stores it: model and its three prices. */
 type StoredCandidate = [model: string, input: number, cachedInput: number, output: number];
@@ -680,9 +684,8 @@ export class KeyAccount extends DurableObject<Env> {
     const record = this.#record;
     if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
     const { credential } = input;
-    if (credential.kind === "key" && !this.#secretMatches(credential.secretHash, now)) {
-      return { ok: false, code: "invalid_api_key", reason: "bad_secret" };
-    }
+    const refused = this.#credentialRefusal(credential, now);
+    if (refused !== null) return refused;
     if (record.status === "revoked")
       return { ok: false, code: "invalid_api_key", reason: "revoked" };
     if (record.expiresAt !== null && now >= record.expiresAt) {
@@ -753,32 +756,52 @@ export class KeyAccount extends DurableObject<Env> {
   }
 
   /**
-   * Usage rollups from `from` to `to` (UTC days, inclusive), by day and model. With a
-   * credential, only for that key's own secret (the edge's `/v1/usage`).
+   * Usage rollups from `from` to `to` (UTC days, inclusive), by day and model; with `user`,
+   * only that end user's requests, summed from the ledger (kept LEDGER_RETENTION_MS). With
+   * a credential, only for that key's own secret (the edge's `/v1/usage`).
    */
-  usage(input: { from: string; to: string; credential?: CheckCredential }): UsageResult {
+  usage(input: {
+    from: string;
+    to: string;
+    user?: string;
+    credential?: CheckCredential;
+  }): UsageResult {
     if (input.credential !== undefined) {
       const check = this.check({ credential: input.credential });
       if (!check.ok) return check;
     }
     this.#writes.flush();
-    const rows = this.ctx.storage.sql
-      .exec<UsageDbRow>(
-        `SELECT day, model, requests, prompt_tokens, cached_tokens, completion_tokens, cost_micros
-         FROM usage_daily WHERE day >= ? AND day <= ? ORDER BY day, model`,
-        input.from,
-        input.to,
-      )
-      .toArray()
-      .map((row) => ({
-        day: row.day,
-        model: row.model,
-        requests: row.requests,
-        promptTokens: row.prompt_tokens,
-        cachedTokens: row.cached_tokens,
-        completionTokens: row.completion_tokens,
-        costMicros: row.cost_micros,
-      }));
+    const sql = this.ctx.storage.sql;
+    const cursor =
+      input.user === undefined
+        ? sql.exec<UsageDbRow>(
+            `SELECT day, model, requests, prompt_tokens, cached_tokens, completion_tokens,
+               cost_micros
+             FROM usage_daily WHERE day >= ? AND day <= ? ORDER BY day, model`,
+            input.from,
+            input.to,
+          )
+        : sql.exec<UsageDbRow>(
+            `SELECT day, model, COUNT(*) AS requests,
+               COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,
+               COALESCE(SUM(cached_tokens), 0) AS cached_tokens,
+               COALESCE(SUM(completion_tokens), 0) AS completion_tokens,
+               COALESCE(SUM(cost_micros), 0) AS cost_micros
+             FROM ledger WHERE day >= ? AND day <= ? AND end_user = ? AND state <> 'open'
+             GROUP BY day, model ORDER BY day, model`,
+            input.from,
+            input.to,
+            input.user,
+          );
+    const rows = cursor.toArray().map((row) => ({
+      day: row.day,
+      model: row.model,
+      requests: row.requests,
+      promptTokens: row.prompt_tokens,
+      cachedTokens: row.cached_tokens,
+      completionTokens: row.completion_tokens,
+      costMicros: row.cost_micros,
+    }));
     return { ok: true, rows };
   }
 
@@ -811,9 +834,8 @@ export class KeyAccount extends DurableObject<Env> {
     const record = this.#record;
     if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
     const { credential } = input;
-    if (credential.kind === "key" && !this.#secretMatches(credential.secretHash, now)) {
-      return { ok: false, code: "invalid_api_key", reason: "bad_secret" };
-    }
+    const refused = this.#credentialRefusal(credential, now);
+    if (refused !== null) return refused;
     // A repeated admit (the edge retried the call) must not reserve twice. Request ids are
     // the edge's random ids, never reused: a closed row is not looked for (and a ledger
     // write never reopens one).
@@ -906,6 +928,32 @@ export class KeyAccount extends DurableObject<Env> {
       leaseExpiresAt,
       budgeted: hasBudgets(record.budgets),
     };
+  }
+
+  // A key must match a live secret; a browser token dies with the secret that was current
+  // when it was minted, so a rotation's grace period ends the tokens minted before it.
+  #credentialRefusal(
+    credential: CheckCredential,
+    now: number,
+  ): Extract<AdmissionRefusal, { code: "invalid_api_key" }> | null {
+    if (credential.kind === "key") {
+      if (this.#secretMatches(credential.secretHash, now)) return null;
+      return { ok: false, code: "invalid_api_key", reason: "bad_secret" };
+    }
+    // Tokens carry whole seconds: one minted in the second of a rotation counts as after it.
+    const minted = credential.issuedAt + 999;
+    let current: SecretRow | null = null;
+    for (const secret of this.#secrets) {
+      if (
+        secret.created_at <= minted &&
+        (current === null || secret.created_at > current.created_at)
+      ) {
+        current = secret;
+      }
+    }
+    if (current !== null && (current.valid_until === null || current.valid_until > now))
+      return null;
+    return { ok: false, code: "invalid_api_key", reason: "rotated" };
   }
 
   #secretMatches(secretHash: string, now: number): boolean {
@@ -1364,7 +1412,7 @@ export class KeyAccount extends DurableObject<Env> {
 
   #loadSecrets(): void {
     this.#secrets = this.ctx.storage.sql
-      .exec<SecretRow>("SELECT secret_hash, valid_until FROM secrets")
+      .exec<SecretRow>("SELECT secret_hash, created_at, valid_until FROM secrets")
       .toArray();
   }
 

@@ -6,8 +6,10 @@
 // CORS. A preflight carries no credentials, so it cannot name a key. A preflight is
 // allowed when its Origin is allowed by any active key (KeyDirectory, cached briefly in
 // the isolate and by the browser for CORS_MAX_AGE_SECONDS); the actual request then
-// carries its token or key, and is refused (403, no CORS headers) unless that token's
-// origins, and the key's current allowed origins in its KeyAccount, include the Origin.
+// carries its token or key, and is refused (403) unless that token's origins, and the
+// key's current allowed origins in its KeyAccount, include the Origin. Every answer to an
+// Origin that some active key allows carries CORS headers, refusals included
+// (middleware/cors.ts). A token dies with the key secret current when it was minted.
 
 import { Hono } from "hono";
 import { sign, verify } from "hono/jwt";
@@ -55,6 +57,8 @@ const EXPOSED_HEADERS = [
   "x-ratelimit-reset-tokens",
   "retry-after",
   "retry-after-ms",
+  "x-warmgate-region",
+  "x-warmgate-origin",
   "x-warmgate-cost-usd",
 ].join(", ");
 
@@ -92,6 +96,8 @@ export interface BrowserScope {
   origins: string[];
   /** Epoch ms at which the token expires. */
   expiresAt: number;
+  /** Epoch ms at which it was minted (whole seconds). */
+  issuedAt: number;
 }
 
 /** What to put in a new browser token. */
@@ -166,6 +172,7 @@ export async function verifyBrowserToken(
     models: mdl,
     origins: org,
     expiresAt: exp * 1_000,
+    issuedAt: iat * 1_000,
   };
 }
 

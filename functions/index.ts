@@ -6,6 +6,7 @@ import { browserTokensApp } from "./browser-tokens.ts";
 import { reportConfigAtStartup } from "./config.ts";
 import { handleError, handleNotFound } from "./error-handler.ts";
 import { authenticate, verifyCredential } from "./middleware/auth.ts";
+import { browserCors } from "./middleware/cors.ts";
 import { gatewayConfig } from "./middleware/gateway-config.ts";
 import { requestContext } from "./middleware/request-context.ts";
 import { batchers } from "./routes/batchers.ts";
@@ -18,6 +19,7 @@ import { usage } from "./routes/usage.ts";
 const app = new Hono<AppEnv>();
 
 app.use(requestContext());
+app.use("/v1/*", browserCors());
 // Before config and key auth: the admin API, token minting and CORS preflights
 // authenticate themselves and must answer even when the gateway config is broken.
 app.route("/admin", adminApp);

@@ -72,6 +72,7 @@ export function admitCredential(credential: Credential): AdmitCredential {
     ? { kind: "key", secretHash: credential.secretHash }
     : {
         kind: "browser",
+        issuedAt: credential.scope.issuedAt,
         subject: credential.scope.subject,
         limits: credential.scope.limits,
         models: credential.scope.models,
@@ -130,7 +131,7 @@ export async function checkCredential(
     credential:
       credential.kind === "key"
         ? { kind: "key", secretHash: credential.secretHash }
-        : { kind: "browser" },
+        : { kind: "browser", issuedAt: credential.scope.issuedAt },
     origin: options.origin ?? null,
     ...(options.now === undefined ? {} : { now: options.now }),
   });
@@ -239,6 +240,7 @@ const INVALID_KEY_MESSAGES: Record<InvalidKeyReason, string> = {
   bad_secret: "Incorrect API key provided.",
   revoked: "This API key has been revoked.",
   expired: "This API key has expired.",
+  rotated: "This browser token was minted with a key that has since been rotated; mint a new one.",
 };
 
 function missingKey(): ApiError {

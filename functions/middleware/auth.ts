@@ -14,11 +14,11 @@
 import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../app-env.ts";
-import { corsHeaders } from "../browser-tokens.ts";
 import {
   admitRequest,
   authenticateBearer,
   checkCredential,
+  type Credential,
   keyAccount,
   queueSettlement,
   refusalError,
@@ -52,8 +52,6 @@ export function authenticate() {
     // A browser token carries the origins its key allowed when it was minted, signed.
     c.set("allowedOrigin", credential.kind === "browser" ? origin : null);
     await next();
-    const allowed = c.get("allowedOrigin");
-    if (origin !== null && allowed === origin) setHeaders(c, corsHeaders(origin));
   });
 }
 
@@ -103,7 +101,7 @@ export function admitCompletion() {
         maxTokens: allowance(model),
         price: modelPrice(model.pricing),
       })),
-      endUser: typeof body.user === "string" ? body.user : null,
+      endUser: endUserOf(credential, body.user),
       origin,
       leaseMs: config.limits.request_timeout_ms + LEASE_MARGIN_MS,
     });
@@ -134,6 +132,15 @@ export function admitCompletion() {
     }
     setHeaders(c, rateLimitHeaders(result.rateLimit));
   });
+}
+
+/**
+ * The end user a request is recorded for: a browser token's user, whom its signature
+ * vouches for, over the body's `user` (which the browser could set to anything).
+ */
+export function endUserOf(credential: Credential, bodyUser: unknown): string | null {
+  if (credential.kind === "browser" && credential.scope.user !== null) return credential.scope.user;
+  return typeof bodyUser === "string" ? bodyUser : null;
 }
 
 /** The cost of a settled request's usage at the served model's price (nothing without usage). */

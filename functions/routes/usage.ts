@@ -1,7 +1,7 @@
 /**
  * The usage API of the calling key, from its KeyAccount's ledger:
  * `GET /v1/usage?from=YYYY-MM-DD&to=YYYY-MM-DD` (totals per UTC day and model, default
- * today) and `GET /v1/usage/requests/{request_id}` (one request's record, by the
+ * today; `&user=U` for one end user's requests) and `GET /v1/usage/requests/{request_id}` (one request's record, by the
  * `x-request-id` it was answered with). Costs are in USD, exact to the micro-dollar.
  * Streamed requests are billed here once their stream ended.
  */
@@ -13,6 +13,9 @@ import type { LedgerRecord, UsageRow, UsageTotals } from "../../durable-objects/
 import { microsToUsd, utcDay } from "../../durable-objects/pricing.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { ApiError, invalidRequest } from "../errors.ts";
+
+/** Longest `user` that `GET /v1/usage?user=` takes (OpenAI's `user` is at most 256). */
+export const MAX_USER_LENGTH = 256;
 
 /** Longest range `GET /v1/usage` answers for, in days. */
 export const MAX_USAGE_DAYS = 366;
@@ -136,12 +139,21 @@ export const usage = new Hono<AppEnv>()
   .get("/", async (c) => {
     const credential = apiKeyOnly(c.var.credential);
     const range = usageRange(c.req.query("from"), c.req.query("to"), Date.now());
+    const user = c.req.query("user");
+    if (user !== undefined && (user.length === 0 || user.length > MAX_USER_LENGTH)) {
+      throw invalidRequest(
+        `user must be 1 to ${MAX_USER_LENGTH} characters.`,
+        "user",
+        "invalid_value",
+      );
+    }
     const result = await keyAccount(c.env, credential.keyId).usage({
       ...range,
+      ...(user === undefined ? {} : { user }),
       credential: { kind: "key", secretHash: credential.secretHash },
     });
     if (!result.ok) throw refusalError(result, credential.keyId);
-    return c.json(usageReport(range, result.rows));
+    return c.json({ ...usageReport(range, result.rows), user: user ?? null });
   })
   .all("/", methodNotAllowed(["GET", "HEAD"]))
   .get("/requests/:id", async (c) => {

@@ -301,7 +301,13 @@ describe("KeyAccount end users of browser tokens", () => {
     const { admit } = await newKey();
     const userLimits = { rpm: 100, tpm: 10_000, concurrency: 1 };
     const as = (subject: string) => ({
-      credential: { kind: "browser" as const, subject, limits: userLimits, models: null },
+      credential: {
+        kind: "browser" as const,
+        issuedAt: Date.now(),
+        subject,
+        limits: userLimits,
+        models: null,
+      },
     });
     expect((await admit("a1", as("user:a"))).ok).toBe(true);
     expect(await admit("a2", as("user:a"))).toMatchObject({
@@ -316,6 +322,7 @@ describe("KeyAccount end users of browser tokens", () => {
     const { admit } = await newKey();
     const credential = {
       kind: "browser" as const,
+      issuedAt: Date.now(),
       subject: "user:a",
       limits: LIMITS,
       models: ["small"],

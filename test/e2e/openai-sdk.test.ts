@@ -148,12 +148,13 @@ describe("bytes through the edge", () => {
         seed: 5,
         stream,
       };
-      await rawBytes(`${euOrigin}/v1/chat/completions`, body);
+      const originAccess = { authorization: `Bearer ${stack.originAccessToken}` };
+      await rawBytes(`${euOrigin}/v1/chat/completions`, body, originAccess);
       const viaEdge = await rawBytes(`${stack.edgeUrl}/v1/chat/completions`, body, {
         authorization: `Bearer ${stack.apiKey}`,
         "x-warmgate-region": "eu",
       });
-      const direct = await rawBytes(`${euOrigin}/v1/chat/completions`, body);
+      const direct = await rawBytes(`${euOrigin}/v1/chat/completions`, body, originAccess);
       expect(viaEdge.byteLength).toBeGreaterThan(0);
       expect(Buffer.from(viaEdge).equals(Buffer.from(direct))).toBe(true);
     });

@@ -48,7 +48,13 @@ async function admitWith(key: string, requestId: string) {
     credential:
       auth.kind === "key"
         ? { kind: "key", secretHash: auth.secretHash }
-        : { kind: "browser", subject: "x", limits: auth.scope.limits, models: null },
+        : {
+            kind: "browser",
+            issuedAt: auth.scope.issuedAt,
+            subject: "x",
+            limits: auth.scope.limits,
+            models: null,
+          },
     model: "m",
     promptTokens: 1,
     maxTokens: 1,

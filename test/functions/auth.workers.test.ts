@@ -307,7 +307,7 @@ describe("browser tokens on the completion routes", () => {
   it("refuses a token whose key no longer allows the origin", async () => {
     const { id, key } = await createKey({
       name: "web-3",
-      allowed_origins: ["https://shop.example"],
+      allowed_origins: ["https://moved-shop.example"],
     });
     const token = await tokenFor(key);
     await exports.default.fetch(`http://edge.test/admin/keys/${id}`, {
@@ -315,7 +315,10 @@ describe("browser tokens on the completion routes", () => {
       headers: ADMIN,
       body: JSON.stringify({ allowed_origins: ["https://new-shop.example"] }),
     });
-    const res = await exports.default.fetch(chat(token, {}, { origin: "https://shop.example" }));
+    // No active key allows the old origin any more: the page may not even read the refusal.
+    const res = await exports.default.fetch(
+      chat(token, {}, { origin: "https://moved-shop.example" }),
+    );
     expect(res.status).toBe(403);
     expect(res.headers.get("access-control-allow-origin")).toBeNull();
   });
