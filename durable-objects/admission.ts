@@ -381,10 +381,18 @@ export function rateLimitNow(limits: Limits, usage: ScopeUsage, now: number): Ra
   );
 }
 
-/** Token units to give back to the buckets once real usage is known (negative charges more). */
-export function tokenCorrection(reservedTokens: number, usedTokens: number | null): number {
-  // Without real usage the reservation stands: the origin may have done the work.
-  return usedTokens === null ? 0 : reservedTokens - usedTokens;
+/**
+ * Token units to give back to the buckets once the request ended (negative charges more):
+ * the reservation less what was used; all of it when no origin began answering.
+ */
+export function tokenCorrection(
+  reservedTokens: number,
+  usedTokens: number | null,
+  originBegan = true,
+): number {
+  if (usedTokens !== null) return reservedTokens - usedTokens;
+  // Without usage the reservation stands, as an origin that began may have done the work.
+  return originBegan ? 0 : reservedTokens;
 }
 
 type RateRefusal = Extract<AdmissionRefusal, { code: "rate_limit_exceeded" }>;

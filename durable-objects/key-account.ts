@@ -292,6 +292,11 @@ export interface SettleInput {
   /** The model that served the request, when it is not the one admitted (alias fallback). */
   model?: string | null;
   /**
+   * Whether an origin began answering (default true). Without usage, a request no origin
+   * began generated nothing: its tokens are given back at once.
+   */
+  originBegan?: boolean;
+  /**
    * The admission as the edge holds it, used only when the account does not know the
    * request: a crash forgot its admission before it was written. The request is then
    * still settled and billed, as a settled row with nothing reserved.
@@ -1140,7 +1145,7 @@ export class KeyAccount extends DurableObject<Env> {
   ): SettleResult {
     const usage = input.usage ?? null;
     const usedTokens = usage === null ? null : usage.prompt_tokens + usage.completion_tokens;
-    const delta = tokenCorrection(row.reservedTokens, usedTokens);
+    const delta = tokenCorrection(row.reservedTokens, usedTokens, input.originBegan ?? true);
     // The model that served it, if it was one of the request's candidates.
     const served =
       row.candidates.find(([model]) => model === input.model) ??

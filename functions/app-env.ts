@@ -26,9 +26,13 @@ export interface CompletionPlan {
   model: ModelConfig;
   /** Every model that may serve it, in order: one, or an alias's list whose window fits. */
   models: ModelConfig[];
-  /** Estimated prompt tokens (conservative, see token-estimate.ts). */
+  /** Estimated prompt tokens of one sequence, the longest (conservative, see token-estimate.ts). */
   promptTokens: number;
-  /** Completion tokens requested (`max_completion_tokens`/`max_tokens`), null when unbounded. */
+  /** Estimated prompt tokens of every prompt together (a completion's prompt list). */
+  totalPromptTokens: number;
+  /** Sequences generated: `n` (or `best_of`) for every prompt. */
+  sequences: number;
+  /** Completion tokens of one sequence (`max_completion_tokens`/`max_tokens`), null when unbounded. */
   maxTokens: number | null;
   stream: boolean;
 }

@@ -206,7 +206,12 @@ function respond(
         // The client already went away.
       }
     }
-    settle(options, { region, origin, status: head.status }, outcome, trailer);
+    settle(
+      options,
+      { region, origin, status: head.status, headStatus: head.status },
+      outcome,
+      trailer,
+    );
   };
 
   const body = new ReadableStream<Uint8Array>(
@@ -281,7 +286,12 @@ function respondPiped(
     if (gaveUp !== undefined) clearTimeout(gaveUp);
     options.signal?.removeEventListener("abort", gone);
     options.pool.end(origin);
-    settle(options, { region, origin, status: head.status }, outcome, trailer);
+    settle(
+      options,
+      { region, origin, status: head.status, headStatus: head.status },
+      outcome,
+      trailer,
+    );
   };
   // No request may outlive its timeout, even if the origin stops sending without closing.
   const deadline = setTimeout(() => {
@@ -382,7 +392,13 @@ async function respondWhole(
         ? "cancelled"
         : endedAs;
   const failure = complete ? null : originFailure(outcome === "timeout" ? "timeout" : "bad_answer");
-  settle(options, { region, origin, status: failure?.status ?? head.status }, outcome, trailer);
+  const served = {
+    region,
+    origin,
+    status: failure?.status ?? head.status,
+    headStatus: head.status,
+  };
+  settle(options, served, outcome, trailer);
   if (failure !== null) {
     const detail = ended.kind === "broken" ? ended.detail : trailer?.error?.message;
     console.warn("origin failed mid-response", options.requestId, origin, detail ?? outcome);
@@ -397,11 +413,17 @@ async function respondWhole(
 /** Reports the request's end once, with where it was served. */
 function settle(
   options: DispatchOptions,
-  served: { region: string; origin: string; status: number },
+  served: { region: string; origin: string; status: number; headStatus: number },
   outcome: SettledRequest["outcome"],
   trailer: ItemTrailer | null,
 ): void {
-  options.onSettled({ model: options.model, outcome, usage: trailer?.usage ?? null, ...served });
+  options.onSettled({
+    model: options.model,
+    outcome,
+    usage: trailer?.usage ?? null,
+    ...served,
+    originBegan: served.headStatus < 400,
+  });
 }
 
 /**

@@ -21,6 +21,11 @@ export interface SettledRequest {
   origin: string | null;
   /** The HTTP status the client received. */
   status: number;
+  /**
+   * Whether an origin began answering it (a HEAD below 400). Without usage, one that did may
+   * have generated tokens; one that did not generated none, so its tokens are given back.
+   */
+  originBegan: boolean;
 }
 
 /** Runs when a request is settled; may be async (it runs under `waitUntil`). */

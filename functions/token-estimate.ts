@@ -107,22 +107,19 @@ export function estimateChatPromptTokens(request: ChatCompletionRequest): number
 }
 
 /**
- * Estimated prompt tokens of a legacy completion: token-id prompts are counted exactly;
- * a list of prompts runs as separate sequences, so the longest one counts.
+ * Estimated prompt tokens of each prompt of a legacy completion (one, or a list, each run
+ * as separate sequences); token-id prompts are counted exactly.
  */
-export function estimateCompletionPromptTokens(request: CompletionRequest): number {
+export function estimateCompletionPrompts(request: CompletionRequest): number[] {
   const { prompt } = request;
-  if (typeof prompt === "string") return 1 + estimateTextTokens(prompt);
-  if (typeof prompt[0] === "number") return prompt.length;
-  let longest = 0;
-  for (const item of prompt) {
-    const tokens =
-      typeof item === "string"
-        ? 1 + estimateTextTokens(item)
-        : Array.isArray(item)
-          ? item.length
-          : 0;
-    longest = Math.max(longest, tokens);
-  }
-  return longest;
+  if (typeof prompt === "string") return [1 + estimateTextTokens(prompt)];
+  if (typeof prompt[0] === "number") return [prompt.length];
+  return prompt.map((item) =>
+    typeof item === "string" ? 1 + estimateTextTokens(item) : Array.isArray(item) ? item.length : 0,
+  );
+}
+
+/** Estimated prompt tokens of a legacy completion's longest prompt: what must fit the window. */
+export function estimateCompletionPromptTokens(request: CompletionRequest): number {
+  return Math.max(0, ...estimateCompletionPrompts(request));
 }

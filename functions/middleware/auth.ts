@@ -25,7 +25,8 @@ import {
   settleRequest,
 } from "../key-auth.ts";
 import { billedMicros, formatUsd } from "../../durable-objects/pricing.ts";
-import type { GatewayConfig, ModelConfig } from "../config.ts";
+import type { GatewayConfig } from "../config.ts";
+import { completionAllowance } from "./completion-plan.ts";
 import { modelPrice } from "../pricing.ts";
 import { rateLimitHeaders } from "../rate-limit-headers.ts";
 import type { SettledRequest } from "../settlement.ts";
@@ -86,19 +87,18 @@ export function admitCompletion() {
       if (refused) return;
       await queueSettlement(c.env, credential.keyId, settleInput(c, settled));
     });
-    // Unbounded: the rest of the model's context window is what the completion may use.
-    const allowance = (model: ModelConfig) =>
-      plan.maxTokens ?? Math.max(0, model.max_model_len - plan.promptTokens);
+    // Every prompt and every sequence (`n`, `best_of`, a prompt list) is reserved: a client
+    // never receives more than its reservation covers.
     const [first, ...rest] = plan.models;
     const result = await admitRequest(c.env, credential, {
       requestId,
       model: (first ?? plan.model).id,
-      promptTokens: plan.promptTokens,
-      maxTokens: allowance(first ?? plan.model),
+      promptTokens: plan.totalPromptTokens,
+      maxTokens: completionAllowance(plan, first ?? plan.model),
       price: modelPrice((first ?? plan.model).pricing),
       fallbacks: rest.map((model) => ({
         model: model.id,
-        maxTokens: allowance(model),
+        maxTokens: completionAllowance(plan, model),
         price: modelPrice(model.pricing),
       })),
       endUser: endUserOf(credential, body.user),
@@ -171,6 +171,7 @@ function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
     outcome: settled.outcome,
     usage: settled.usage,
     model: settled.model,
+    originBegan: settled.originBegan,
   };
   // Unset when the admit call failed: then the request was never admitted.
   const admission: AdmitOk | undefined = c.get("admission");

@@ -8,10 +8,26 @@ import { createMiddleware } from "hono/factory";
 import type { AppEnv, CompletionPlan } from "../app-env.ts";
 import { type ModelConfig, resolveModels } from "../config.ts";
 import { contextLengthExceeded, modelNotFound } from "../errors.ts";
-import { estimateChatPromptTokens, estimateCompletionPromptTokens } from "../token-estimate.ts";
+import { estimateChatPromptTokens, estimateCompletionPrompts } from "../token-estimate.ts";
 
 // OpenAI's legacy completions default `max_tokens` to 16; chat leaves it to the window.
 const COMPLETIONS_DEFAULT_MAX_TOKENS = 16;
+
+/** Completion tokens one sequence may produce on `model`: `max_tokens`, or the rest of its window. */
+export function sequenceAllowance(
+  plan: Omit<CompletionPlan, "model" | "models">,
+  model: ModelConfig,
+) {
+  return plan.maxTokens ?? Math.max(0, model.max_model_len - plan.promptTokens);
+}
+
+/** Completion tokens the whole request may produce on `model`: every sequence's allowance. */
+export function completionAllowance(
+  plan: Omit<CompletionPlan, "model" | "models">,
+  model: ModelConfig,
+): number {
+  return sequenceAllowance(plan, model) * plan.sequences;
+}
 
 /** Sets `c.var.plan` for the validated completion. */
 export function planCompletion() {
@@ -24,15 +40,22 @@ export function planCompletion() {
     let request: Omit<CompletionPlan, "model" | "models">;
     if (completion.kind === "chat") {
       const { body } = completion;
+      const promptTokens = estimateChatPromptTokens(body);
       request = {
-        promptTokens: estimateChatPromptTokens(body),
+        promptTokens,
+        totalPromptTokens: promptTokens,
+        sequences: body.n ?? 1,
         maxTokens: body.max_completion_tokens ?? body.max_tokens ?? null,
         stream: body.stream === true,
       };
     } else {
       const { body } = completion;
+      const prompts = estimateCompletionPrompts(body);
       request = {
-        promptTokens: estimateCompletionPromptTokens(body),
+        promptTokens: Math.max(0, ...prompts),
+        totalPromptTokens: prompts.reduce((sum, tokens) => sum + tokens, 0),
+        // `best_of` sequences are generated (and billed) per prompt, `n` of them returned.
+        sequences: prompts.length * Math.max(body.n ?? 1, body.best_of ?? 1),
         maxTokens: body.max_tokens ?? COMPLETIONS_DEFAULT_MAX_TOKENS,
         stream: body.stream === true,
       };

@@ -60,6 +60,7 @@ export function requestContext() {
         region: null,
         origin: null,
         status: c.res.status,
+        originBegan: false,
       });
     }
   });

@@ -12,7 +12,7 @@ import { replaceTopLevelString } from "../json-text.ts";
 import { admitCompletion } from "../middleware/auth.ts";
 import { completionBody } from "../middleware/completion-body.ts";
 import { withModelFallback } from "../model-fallback.ts";
-import { planCompletion } from "../middleware/completion-plan.ts";
+import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
 import { waitUntilOf } from "../middleware/request-context.ts";
 import { OriginPool } from "../origin-pool.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
@@ -89,7 +89,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
       priority: c.req.header(PRIORITY_HEADER),
       keyId: c.get("caller")?.keyId,
       promptTokens: plan.promptTokens,
-      maxTokens: plan.maxTokens ?? Math.max(0, plan.model.max_model_len - plan.promptTokens),
+      maxTokens: sequenceAllowance(plan, plan.model),
       deadline: Date.now() + config.limits.request_timeout_ms,
       isolateInFlight: (ids) => ids.reduce((n, id) => n + originPool.inFlight(id), 0),
       waitUntil: waitUntilOf(c),

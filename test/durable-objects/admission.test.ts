@@ -303,4 +303,9 @@ describe("tokenCorrection", () => {
     expect(tokenCorrection(100, 130)).toBe(-30);
     expect(tokenCorrection(100, null)).toBe(0);
   });
+
+  it("gives the whole reservation back when no origin began answering", () => {
+    expect(tokenCorrection(100, null, false)).toBe(100);
+    expect(tokenCorrection(100, 40, false)).toBe(60);
+  });
 });

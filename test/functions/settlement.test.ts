@@ -8,6 +8,7 @@ const ended: Omit<SettledRequest, "requestId"> = {
   region: "eu",
   origin: "eu-1",
   status: 200,
+  originBegan: true,
 };
 
 function harness() {
