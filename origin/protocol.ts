@@ -11,6 +11,10 @@ export const BATCH_PROTOCOL_VERSION = 1;
 export const BATCH_PATH = "/v1/batch";
 /** Path of the cancel endpoint on an origin. */
 export const BATCH_CANCEL_PATH = "/v1/batch/cancel";
+/** Path where an origin tells how the items of given requests ended (see PROTOCOL.md). */
+export const OUTCOMES_PATH = "/v1/batch/outcomes";
+/** Most request ids one outcomes lookup may name. */
+export const MAX_OUTCOME_IDS = 1_000;
 /** Media type of a batch response body. */
 export const BATCH_CONTENT_TYPE = "application/x-warmgate-batch";
 /** Bytes in a frame header: type (u8), item (u16 BE), payload length (u32 BE). */
@@ -97,6 +101,27 @@ export interface ItemTrailer {
   error?: { message: string; type: string; code: string | null };
   /** Milliseconds: queued before the engine started it, to the first body byte, in all. */
   timing?: { queued_ms: number; ttft_ms: number | null; total_ms: number };
+}
+
+/** Body of `POST /v1/batch/outcomes`: request ids (an item id up to its first `.`). */
+export interface OutcomesRequest {
+  ids: string[];
+}
+
+/** One item of a looked-up request, as its origin last saw it. */
+export type ItemRecord =
+  | { id: string; state: "running" }
+  | { id: string; state: "ended"; outcome: ItemOutcome; usage: ItemUsage | null };
+
+/** Answer of `POST /v1/batch/outcomes`: every item the origin remembers for those ids. */
+export interface OutcomesResponse {
+  items: ItemRecord[];
+}
+
+/** The request an item id belongs to: a retry's attempt id is the request id, `.`, a number. */
+export function requestIdOf(itemId: string): string {
+  const dot = itemId.indexOf(".");
+  return dot < 0 ? itemId : itemId.slice(0, dot);
 }
 
 /** Payload of a LOAD frame: the origin's state when it was written. */

@@ -33,7 +33,10 @@ import {
   encodeJsonFrame,
   FrameType,
   MAX_BATCH_ITEMS,
+  MAX_OUTCOME_IDS,
+  OUTCOMES_PATH,
 } from "./protocol.ts";
+import { OutcomeLog } from "./outcome-log.ts";
 import type { ItemHead, ItemPath, ItemTrailer, LoadReport } from "./protocol.ts";
 
 /** Configuration of an origin. */
@@ -150,6 +153,10 @@ const BatchRequestSchema = z.object({
 const CancelRequestSchema = z.object({
   batch_id: z.string().min(1),
   ids: z.array(z.string()).optional(),
+});
+
+const OutcomesRequestSchema = z.object({
+  ids: z.array(z.string().min(1).max(256)).max(MAX_OUTCOME_IDS),
 });
 
 function zodMessage(error: z.ZodError): { message: string; param: string | null } {
@@ -300,6 +307,7 @@ function buildOrigin(options: OriginOptions): Origin {
   const active = new Set<ItemRun>();
   const engineIds = new Set<string>();
   const batches = new Map<string, Map<string, ItemRun>>();
+  const outcomes = new OutcomeLog();
   let idSuffix = 0;
 
   function newRun(): ItemRun {
@@ -327,6 +335,7 @@ function buildOrigin(options: OriginOptions): Origin {
     let engineId = spec.id;
     while (engineIds.has(engineId)) engineId = `${spec.id}~${++idSuffix}`;
     engineIds.add(engineId);
+    outcomes.started(spec.id, Date.now());
     const timer =
       spec.timeoutMs === undefined
         ? undefined
@@ -401,6 +410,7 @@ function buildOrigin(options: OriginOptions): Origin {
         engineIds.delete(engineId);
         counters.inFlight--;
         counters.outcomes[outcome]++;
+        outcomes.ended(spec.id, outcome, result.usage, Date.now());
         const trailer: ItemTrailer = {
           id: spec.id,
           outcome,
@@ -765,6 +775,16 @@ function buildOrigin(options: OriginOptions): Origin {
       }
     }
     return c.json({ cancelled });
+  });
+
+  // How the items of given requests ended: an edge that lost them in a restart bills from it.
+  app.post(OUTCOMES_PATH, async (c) => {
+    const parsed = OutcomesRequestSchema.safeParse(await readJson(c));
+    if (!parsed.success) {
+      const { message, param } = zodMessage(parsed.error);
+      throw new OriginError(400, message, "invalid_outcomes_request", param);
+    }
+    return c.json({ items: outcomes.lookup(parsed.data.ids, Date.now()) });
   });
 
   return {

@@ -266,3 +266,55 @@ describe("POST /v1/batch envelope errors", () => {
     await first.body?.cancel().catch(() => {});
   });
 });
+
+describe("POST /v1/batch/outcomes", () => {
+  const lookup = (url: string, ids: string[], token?: string) =>
+    fetch(`${url}/v1/batch/outcomes`, {
+      method: "POST",
+      headers: {
+        "content-type": "application/json",
+        ...(token === undefined ? {} : { authorization: `Bearer ${token}` }),
+      },
+      body: JSON.stringify({ ids }),
+    });
+
+  it("tells how the items of a request and its retries ended, with their usage", async () => {
+    const { url } = await start();
+    await readBatch(
+      await postBatch(url, "b-out", [
+        chat("req_x", { max_tokens: 3 }),
+        chat("req_x.1", { stream: true, max_tokens: 2 }),
+        chat("req_y", { max_tokens: 1 }),
+      ]),
+    );
+    const res = await lookup(url, ["req_x", "req_unknown"]);
+    expect(res.status).toBe(200);
+    const { items } = (await res.json()) as { items: { id: string; state: string }[] };
+    expect(items.map((item) => item.id).sort()).toEqual(["req_x", "req_x.1"]);
+    expect(items[0]).toMatchObject({
+      state: "ended",
+      outcome: "ok",
+      usage: { completion_tokens: 3 },
+    });
+  });
+
+  it("is behind the access token", async () => {
+    const { url } = await start({ accessToken: "edge-secret" });
+    const refused = await lookup(url, ["req_x"]);
+    expect(refused.status).toBe(401);
+    await refused.arrayBuffer();
+    const allowed = await lookup(url, ["req_x"], "edge-secret");
+    expect(allowed.status).toBe(200);
+    expect(await allowed.json()).toEqual({ items: [] });
+  });
+
+  it("refuses a malformed lookup with a 400 naming the field", async () => {
+    const { url } = await start();
+    const res = await fetch(`${url}/v1/batch/outcomes`, {
+      method: "POST",
+      body: JSON.stringify({ ids: "req_x" }),
+    });
+    expect(res.status).toBe(400);
+    expect(await res.json()).toMatchObject({ error: { param: "ids" } });
+  });
+});
