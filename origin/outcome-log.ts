@@ -81,12 +81,9 @@ export class OutcomeLog {
   #evict(now: number): void {
     const oldest = now - this.#retentionMs;
     while (this.#head < this.#order.length) {
-      const [requestId, itemId, seq, at] = this.#order[this.#head] as [
-        string,
-        string,
-        number,
-        number,
-      ];
+      const entry = this.#order[this.#head];
+      if (entry === undefined) break;
+      const [requestId, itemId, seq, at] = entry;
       if (at > oldest && this.#size <= this.#maxEntries) break;
       this.#head++;
       const items = this.#byRequest.get(requestId);

@@ -267,17 +267,17 @@ describe("POST /v1/batch envelope errors", () => {
   });
 });
 
-describe("POST /v1/batch/outcomes", () => {
-  const lookup = (url: string, ids: string[], token?: string) =>
-    fetch(`${url}/v1/batch/outcomes`, {
-      method: "POST",
-      headers: {
-        "content-type": "application/json",
-        ...(token === undefined ? {} : { authorization: `Bearer ${token}` }),
-      },
-      body: JSON.stringify({ ids }),
-    });
+const lookupOutcomes = (url: string, ids: string[], token?: string) =>
+  fetch(`${url}/v1/batch/outcomes`, {
+    method: "POST",
+    headers: {
+      "content-type": "application/json",
+      ...(token === undefined ? {} : { authorization: `Bearer ${token}` }),
+    },
+    body: JSON.stringify({ ids }),
+  });
 
+describe("POST /v1/batch/outcomes", () => {
   it("tells how the items of a request and its retries ended, with their usage", async () => {
     const { url } = await start();
     await readBatch(
@@ -287,10 +287,10 @@ describe("POST /v1/batch/outcomes", () => {
         chat("req_y", { max_tokens: 1 }),
       ]),
     );
-    const res = await lookup(url, ["req_x", "req_unknown"]);
+    const res = await lookupOutcomes(url, ["req_x", "req_unknown"]);
     expect(res.status).toBe(200);
     const { items } = (await res.json()) as { items: { id: string; state: string }[] };
-    expect(items.map((item) => item.id).sort()).toEqual(["req_x", "req_x.1"]);
+    expect(items.map((found) => item.id).sort()).toEqual(["req_x", "req_x.1"]);
     expect(items[0]).toMatchObject({
       state: "ended",
       outcome: "ok",
@@ -300,10 +300,10 @@ describe("POST /v1/batch/outcomes", () => {
 
   it("is behind the access token", async () => {
     const { url } = await start({ accessToken: "edge-secret" });
-    const refused = await lookup(url, ["req_x"]);
+    const refused = await lookupOutcomes(url, ["req_x"]);
     expect(refused.status).toBe(401);
     await refused.arrayBuffer();
-    const allowed = await lookup(url, ["req_x"], "edge-secret");
+    const allowed = await lookupOutcomes(url, ["req_x"], "edge-secret");
     expect(allowed.status).toBe(200);
     expect(await allowed.json()).toEqual({ items: [] });
   });
