@@ -290,7 +290,7 @@ describe("POST /v1/batch/outcomes", () => {
     const res = await lookupOutcomes(url, ["req_x", "req_unknown"]);
     expect(res.status).toBe(200);
     const { items } = (await res.json()) as { items: { id: string; state: string }[] };
-    expect(items.map((found) => item.id).sort()).toEqual(["req_x", "req_x.1"]);
+    expect(items.map((found) => found.id).sort()).toEqual(["req_x", "req_x.1"]);
     expect(items[0]).toMatchObject({
       state: "ended",
       outcome: "ok",
