@@ -93,6 +93,8 @@
 //     never moves it (a new lease ends after the alarm), so admits do not write it.
 
 import { applyMigrations } from "./migrations.ts";
+import { lookupOutcomes, outcomeSources, reconcile } from "./reconcile.ts";
+import { MAX_OUTCOME_IDS } from "../origin/protocol.ts";
 import { DurableObject } from "cloudflare:workers";
 import { adjust, fullBucket, type BucketState } from "./token-bucket.ts";
 import { WriteBehind } from "./write-behind.ts";
@@ -132,8 +134,15 @@ export const KEY_TIERS = ["low", "standard", "high"] as const;
 /** A key's priority tier. */
 export type KeyTier = (typeof KEY_TIERS)[number];
 
-/** How long a reservation may stay open before the alarm releases it. */
+/** How long a reservation may stay open before the alarm releases it, unless given. */
 export const RESERVATION_LEASE_MS = 15 * 60_000;
+
+/**
+ * How long after its lease lapsed a request is still looked for on the origins (they
+ * remember items for 15 minutes), and how often while one still runs there.
+ */
+export const RECONCILE_WINDOW_MS = 10 * 60_000;
+export const RECONCILE_RETRY_MS = 5_000;
 
 /** How long a closed ledger row is kept (a repeated settle is recognised meanwhile). */
 export const LEDGER_RETENTION_MS = 35 * 86_400_000;
@@ -542,6 +551,8 @@ export class KeyAccount extends DurableObject<Env> {
   #record: KeyRecord | null = null;
   #secrets: SecretRow[] = [];
   #alarmAt: number | null = null;
+  /** Requests whose lease lapsed unsettled, to look up on the origins: id → when it lapsed. */
+  readonly #lapsed = new Map<string, number>();
   readonly #writes: WriteBehind;
   // This run of the object; a failed commit resets it (see the constructor), so a new run
   // starts with a new one and the edge sends again what it carried before.
@@ -821,14 +832,57 @@ export class KeyAccount extends DurableObject<Env> {
     return { ok: true, record: entry === null ? null : ledgerRecordOf(entry) };
   }
 
-  /** Releases reservations past their lease and prunes old rows; safe to run twice. */
+  /**
+   * Extends the leases of requests still in flight (the edge renews each while its client
+   * is served); answers how many were open. A lapsed lease releases its slot and reservation.
+   */
+  renew(input: { requestIds: string[]; leaseMs: number; now?: number }): number {
+    const now = input.now ?? Date.now();
+    const expiresAt = now + clampLease(input.leaseMs);
+    let renewed = 0;
+    for (const requestId of input.requestIds) {
+      const row = this.#open.get(requestId);
+      if (row === undefined) continue;
+      renewed++;
+      if (row.expiresAt >= expiresAt) continue;
+      row.expiresAt = expiresAt;
+      this.#putLedger(row);
+    }
+    return renewed;
+  }
+
+  /**
+   * Releases reservations past their lease, settles the lapsed ones from what the origins
+   * remember, and prunes old rows; safe to run twice.
+   */
   override async alarm(): Promise<void> {
     this.#alarmAt = null;
     const now = Date.now();
     this.#expireDue(now);
+    await this.#reconcileLapsed(now);
     this.#writes.flush();
     this.#prune(now);
     await this.#rescheduleAlarm(now);
+  }
+
+  // A request whose lease lapsed unsettled lost its edge (a restart): its origin may still
+  // know how it ended. Found ones are settled late, as any expired row can be, once.
+  async #reconcileLapsed(now: number): Promise<void> {
+    for (const [requestId, lapsedAt] of this.#lapsed) {
+      if (lapsedAt + RECONCILE_WINDOW_MS <= now) this.#lapsed.delete(requestId);
+    }
+    const ids = [...this.#lapsed.keys()].slice(0, MAX_OUTCOME_IDS);
+    if (ids.length === 0) return;
+    const sources = outcomeSources(this.env.WARMGATE_CONFIG);
+    const { items, complete } = await lookupOutcomes(sources, ids, this.env.ORIGIN_TOKEN);
+    for (const [requestId, found] of reconcile(ids, items)) {
+      if (found.kind === "running" || (found.kind === "unknown" && !complete)) continue;
+      this.#lapsed.delete(requestId);
+      if (found.kind === "unknown") continue;
+      // The edge never confirmed delivery: an answer the origin finished counts as cut.
+      const outcome = found.outcome === "ok" ? "cancelled" : found.outcome;
+      this.#settle({ requestId, outcome, usage: found.usage, originBegan: true }, Date.now());
+    }
   }
 
   // --- admission -------------------------------------------------------------------
@@ -1048,7 +1102,8 @@ export class KeyAccount extends DurableObject<Env> {
          ON CONFLICT (request_id) DO UPDATE SET state = excluded.state, model = excluded.model,
            closed_at = excluded.closed_at, outcome = excluded.outcome,
            prompt_tokens = excluded.prompt_tokens, cached_tokens = excluded.cached_tokens,
-           completion_tokens = excluded.completion_tokens, cost_micros = excluded.cost_micros
+           completion_tokens = excluded.completion_tokens, cost_micros = excluded.cost_micros,
+           expires_at = excluded.expires_at
          WHERE ledger.state = 'open' OR (ledger.state = 'expired' AND excluded.state = 'settled')`,
         entry.requestId,
         entry.state,
@@ -1223,6 +1278,7 @@ export class KeyAccount extends DurableObject<Env> {
       });
       this.#addSpend(row.day, { reservedMicros: -row.reservedMicros, settledMicros: 0 });
       this.#addUsage(row.day, row.model, 1, null, 0);
+      this.#lapsed.set(row.requestId, now);
     }
     this.#nextExpiry = next;
   }
@@ -1388,7 +1444,8 @@ export class KeyAccount extends DurableObject<Env> {
     ]
       .filter((at): at is number => at !== null)
       .map((at) => Math.max(at, now + PRUNE_INTERVAL_MS));
-    const candidates = [...prune, ...(Number.isFinite(open) ? [open] : [])];
+    const lapsed = this.#lapsed.size > 0 ? [now + RECONCILE_RETRY_MS] : [];
+    const candidates = [...prune, ...lapsed, ...(Number.isFinite(open) ? [open] : [])];
     if (candidates.length === 0) {
       await this.ctx.storage.deleteAlarm();
       return;
@@ -1405,6 +1462,12 @@ export class KeyAccount extends DurableObject<Env> {
       `SELECT ${LEDGER_COLUMNS} FROM ledger WHERE state = 'open'`,
     )) {
       this.#trackOpen(ledgerEntryOf(row));
+    }
+    for (const row of this.ctx.storage.sql.exec<{ request_id: string; closed_at: number }>(
+      "SELECT request_id, closed_at FROM ledger WHERE state = 'expired' AND closed_at > ?",
+      Date.now() - RECONCILE_WINDOW_MS,
+    )) {
+      this.#lapsed.set(row.request_id, row.closed_at);
     }
     this.#alarmAt = await this.ctx.storage.getAlarm();
   }

@@ -137,6 +137,20 @@ export async function checkCredential(
   });
 }
 
+/** Extends a live request's lease in its key's account; a failed call is tried at the next turn. */
+export async function renewLease(
+  env: Env,
+  keyId: string,
+  requestId: string,
+  leaseMs: number,
+): Promise<void> {
+  try {
+    await keyAccount(env, keyId).renew({ requestIds: [requestId], leaseMs });
+  } catch (error) {
+    console.warn("lease renewal failed", requestId, error);
+  }
+}
+
 /** Settles an admitted request once (repeats are no-ops): frees its slot, corrects its tokens. */
 export async function settleRequest(
   env: Env,

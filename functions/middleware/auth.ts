@@ -22,11 +22,13 @@ import {
   keyAccount,
   queueSettlement,
   refusalError,
+  renewLease,
   settleRequest,
 } from "../key-auth.ts";
 import { billedMicros, formatUsd } from "../../durable-objects/pricing.ts";
 import type { GatewayConfig } from "../config.ts";
 import { completionAllowance } from "./completion-plan.ts";
+import { waitUntilOf } from "./request-context.ts";
 import { modelPrice } from "../pricing.ts";
 import { rateLimitHeaders } from "../rate-limit-headers.ts";
 import type { SettledRequest } from "../settlement.ts";
@@ -35,8 +37,13 @@ import type { AdmitOk, SettleInput } from "../../durable-objects/key-account.ts"
 /** Response header with a non-streaming completion's cost in USD (six decimal places). */
 export const COST_HEADER = "x-warmgate-cost-usd";
 
-/** Time a reservation outlives the request timeout before the key's alarm releases it. */
-export const LEASE_MARGIN_MS = 60_000;
+/**
+ * A request's lease in its key's account: while its client is served the edge renews it
+ * every {@link LEASE_RENEW_MS}; a request cut by a crash gives back its slot and
+ * reservation within a lease, and is then settled from its origin's record.
+ */
+export const LEASE_MS = 20_000;
+export const LEASE_RENEW_MS = 5_000;
 
 /** Sets `caller` and `credential` from the `Authorization` header, or answers 401/403. */
 export function authenticate() {
@@ -77,13 +84,15 @@ export function verifyCredential() {
 /** Admits the planned completion in its key's account; refusals are OpenAI's 401/403/429. */
 export function admitCompletion() {
   return createMiddleware<AppEnv>(async function admitToAccount(c, next) {
-    const { credential, plan, requestId, settlement, config } = c.var;
+    const { credential, plan, requestId, settlement } = c.var;
     const origin = c.req.header("origin") ?? null;
     const { body } = c.var.completion;
     // Registered before the call: if the call fails after the account committed, the
     // settlement still closes the reservation. A refusal reserved nothing: no call then.
     let refused = false;
+    let renewal: ReturnType<typeof setInterval> | null = null;
     settlement.onSettled(async (settled) => {
+      if (renewal !== null) clearInterval(renewal);
       if (refused) return;
       await queueSettlement(c.env, credential.keyId, settleInput(c, settled));
     });
@@ -103,7 +112,7 @@ export function admitCompletion() {
       })),
       endUser: endUserOf(credential, body.user),
       origin,
-      leaseMs: config.limits.request_timeout_ms + LEASE_MARGIN_MS,
+      leaseMs: LEASE_MS,
     });
     if (!result.ok) {
       refused = true;
@@ -115,6 +124,13 @@ export function admitCompletion() {
     }
     c.set("admission", result);
     c.set("allowedOrigin", origin);
+    // A timer, not a promise chain: each renewal is its own call, kept alive by this request.
+    const waitUntil = waitUntilOf(c);
+    if (!settlement.settled) {
+      renewal = setInterval(() => {
+        waitUntil(renewLease(c.env, credential.keyId, requestId, LEASE_MS));
+      }, LEASE_RENEW_MS);
+    }
     await next();
     if (!plan.stream && !isEventStream(c.res)) {
       // A JSON answer was read whole up to the origin's END, which carries the usage (see

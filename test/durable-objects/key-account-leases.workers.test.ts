@@ -1,0 +1,104 @@
+import { runDurableObjectAlarm } from "cloudflare:test";
+import { env } from "cloudflare:workers";
+import { describe, expect, inject, it } from "vitest";
+import type { KeyAccount } from "../../durable-objects/key-account.ts";
+import { mintApiKey, newKeyId } from "../../functions/keys.ts";
+import { postBatch, readBatch } from "../origin/batch-client.ts";
+
+const EU_1 = inject("testOrigins").find((o) => o.id === "eu-1")?.url ?? "";
+const PRICE = {
+  inputMicrosPerMtok: 100_000,
+  cachedInputMicrosPerMtok: 25_000,
+  outputMicrosPerMtok: 400_000,
+};
+
+async function newAccount() {
+  const id = newKeyId();
+  const { secretHash } = await mintApiKey(env, id);
+  const stub = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+  await stub.create({
+    id,
+    name: "leases",
+    secretHash,
+    limits: { rpm: 1_000, tpm: 1_000_000, concurrency: 2 },
+    allowedOrigins: [],
+    models: null,
+    tier: "standard",
+    expiresAt: null,
+    now: Date.now(),
+  });
+  const admit = (requestId: string, leaseMs: number) =>
+    stub.admit({
+      requestId,
+      credential: { kind: "key", secretHash },
+      model: "warmgate-sim-8b",
+      promptTokens: 50,
+      maxTokens: 100,
+      price: PRICE,
+      leaseMs,
+    });
+  return { stub, admit };
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function recordOf(stub: DurableObjectStub<KeyAccount>, requestId: string) {
+  const found = await stub.record({ requestId });
+  if (!found.ok || found.record === null) throw new Error(`no record of ${requestId}`);
+  return found.record;
+}
+
+describe("KeyAccount leases", () => {
+  it("keeps a renewed request open past its first lease", async () => {
+    const { stub, admit } = await newAccount();
+    expect((await admit("req_renewed", 1_000)).ok).toBe(true);
+    expect(await stub.renew({ requestIds: ["req_renewed", "req_unknown"], leaseMs: 60_000 })).toBe(
+      1,
+    );
+    await sleep(1_100);
+    await runDurableObjectAlarm(stub);
+    expect((await recordOf(stub, "req_renewed")).state).toBe("open");
+  });
+
+  it("gives a lapsed request's slot back, so a crash does not hold the key's concurrency", async () => {
+    const { admit, stub } = await newAccount();
+    expect((await admit("req_cut_1", 1_000)).ok).toBe(true);
+    expect((await admit("req_cut_2", 1_000)).ok).toBe(true);
+    expect(await admit("req_cut_3", 1_000)).toMatchObject({ code: "rate_limit_exceeded" });
+    await sleep(1_100);
+    await runDurableObjectAlarm(stub);
+    expect((await admit("req_after", 20_000)).ok).toBe(true);
+    // Neither reached an origin: they stay expired, at no cost.
+    expect(await recordOf(stub, "req_cut_1")).toMatchObject({ state: "expired", costMicros: 0 });
+  });
+
+  it("bills a lapsed request from what its origin remembers, never as ok", async () => {
+    const { admit, stub } = await newAccount();
+    const requestId = `req_${crypto.randomUUID().replaceAll("-", "")}`;
+    expect((await admit(requestId, 1_000)).ok).toBe(true);
+    // The edge sent it and died before it could settle: only the origin saw its END.
+    const body = JSON.stringify({
+      model: "warmgate-sim-8b",
+      messages: [{ role: "user", content: "Bill me after a crash." }],
+      max_tokens: 7,
+    });
+    const answer = await readBatch(
+      await postBatch(EU_1, "lapse", [{ id: requestId, path: "/v1/chat/completions", body }]),
+    );
+    const usage = answer.items.get(0)?.end?.usage;
+    expect(usage?.completion_tokens).toBe(7);
+    await sleep(1_100);
+    await runDurableObjectAlarm(stub);
+    const record = await recordOf(stub, requestId);
+    expect(record).toMatchObject({
+      state: "settled",
+      outcome: "cancelled",
+      promptTokens: usage?.prompt_tokens,
+      completionTokens: 7,
+    });
+    expect(record.costMicros).toBeGreaterThan(0);
+    // Once: another alarm changes nothing.
+    await runDurableObjectAlarm(stub);
+    expect((await recordOf(stub, requestId)).costMicros).toBe(record.costMicros);
+  });
+});
