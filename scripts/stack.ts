@@ -149,6 +149,11 @@ export interface RunningStack {
   originAdminToken: string;
   /** The edge's child process (`wrangler dev` or `scripts/workerd.ts`). */
   edge: ChildProcess;
+  /**
+   * Ends the edge (at once with `crash`, as a process death would) and starts it again on
+   * the same port with the same state, while the origins keep running.
+   */
+  restartEdge(options?: { crash?: boolean }): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -450,6 +455,18 @@ export interface RunningEdge {
   stop(): Promise<void>;
 }
 
+/** Kills a detached child's whole process group at once (SIGKILL), as a crash would. */
+export async function crashDetached(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((r) => child.once("exit", r));
+  try {
+    process.kill(-(child.pid ?? 0), "SIGKILL");
+  } catch {
+    child.kill("SIGKILL");
+  }
+  await exited;
+}
+
 /**
  * Starts a Worker under workerd without wrangler's dev proxy (`scripts/workerd.ts`) on a
  * free port and waits until `/health` answers.
@@ -563,21 +580,23 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
   }
   const config = stackConfig(origins, regions, models, options.limits);
   const secrets = await loadDevSecrets(options.persistTo);
+  const runtime = options.runtime ?? "wrangler-dev";
+  const edgeOptions: EdgeOptions = {
+    config: options.wranglerConfig ?? join(ROOT, "wrangler.toml"),
+    ...(options.edgePort ? { port: options.edgePort } : {}),
+    vars: {
+      WARMGATE_CONFIG: config,
+      ADMIN_TOKEN: secrets.adminToken,
+      TOKEN_SIGNING_SECRET: secrets.signingSecret,
+      ORIGIN_TOKEN: accessToken,
+      ...options.edgeVars,
+    },
+    ...(options.persistTo ? { persistTo: options.persistTo } : {}),
+    ...(options.verbose ? { verbose: true } : {}),
+  };
   let edge: RunningEdge;
   try {
-    edge = await startEdge(options.runtime ?? "wrangler-dev", {
-      config: options.wranglerConfig ?? join(ROOT, "wrangler.toml"),
-      ...(options.edgePort ? { port: options.edgePort } : {}),
-      vars: {
-        WARMGATE_CONFIG: config,
-        ADMIN_TOKEN: secrets.adminToken,
-        TOKEN_SIGNING_SECRET: secrets.signingSecret,
-        ORIGIN_TOKEN: accessToken,
-        ...options.edgeVars,
-      },
-      ...(options.persistTo ? { persistTo: options.persistTo } : {}),
-      ...(options.verbose ? { verbose: true } : {}),
-    });
+    edge = await startEdge(runtime, edgeOptions);
   } catch (error) {
     await stopOrigins();
     throw error;
@@ -600,7 +619,14 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
     apiKey,
     originAccessToken: accessToken,
     originAdminToken: adminToken,
-    edge: edge.child,
+    get edge() {
+      return edge.child;
+    },
+    async restartEdge(restart = {}) {
+      if (restart.crash === true) await crashDetached(edge.child);
+      await edge.stop();
+      edge = await startEdge(runtime, { ...edgeOptions, port: Number(new URL(edge.url).port) });
+    },
     stop() {
       stopped ??= Promise.all([edge.stop(), stopOrigins()]).then(() => undefined);
       return stopped;

@@ -1,0 +1,283 @@
+/**
+ * The chaos trial (docs/benchmarks.md, "Chaos"): the local stack with real origin
+ * processes answering errors, hanging and cutting streams, one origin killed and started
+ * again, then the whole edge killed and started again, all under mixed traffic; afterwards
+ * every request is checked against the key's ledger. Used by `npm run bench:chaos` and,
+ * bounded, by the end-to-end tests.
+ */
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { costMicros } from "../durable-objects/pricing.ts";
+import { modelPrice } from "../functions/pricing.ts";
+import {
+  type RunningStack,
+  type SpawnedOrigin,
+  createKey,
+  simFlags,
+  spawnOrigin,
+  startStack,
+} from "../scripts/stack.ts";
+import { type ChaosOutcome, drawKind, prng, sendChaos } from "./chaos-client.ts";
+
+/** Options of a trial. */
+export interface ChaosOptions {
+  requests: number;
+  concurrency: number;
+  seed: number;
+  /** Wait after the traffic before checking slots and reservations (ms). */
+  settleWaitMs: number;
+  /** Simulated engine speed (1 realistic). */
+  timeScale: number;
+  log?: (line: string) => void;
+}
+
+/** Counts of what happened, and the losses, which should all be 0. */
+export interface ChaosReport {
+  counts: {
+    sent: number;
+    complete: number;
+    billedExactly: number;
+    clientAborts: number;
+    /** Connections refused or cut (the edge restart, mostly): the client saw them. */
+    connectionsFailed: number;
+    /** OpenAI-shaped 502/503/504 answers: origins that failed every attempt. */
+    originFailures: number;
+    /** OpenAI-shaped 429 answers (origins full, or the key's own limits). */
+    rateLimited: number;
+    streamsEndedWithErrorEvent: number;
+  };
+  losses: {
+    lost_bills: number;
+    double_bills: number;
+    reservations_left_open: number;
+    slots_leaked_after_30s: number;
+    silently_truncated_200s: number;
+    "5xx_edge_errors": number;
+    non_openai_error_bodies: number;
+  };
+  timeline: { at_request: number; event: string }[];
+}
+
+/** Faults every origin answers with during the trial. */
+export const CHAOS_FAULTS = {
+  errorRate: 0.2,
+  errorStatuses: [500, 503, 429],
+  hangRate: 0.02,
+  dropAfterTokens: 6,
+  dropRate: 0.2,
+};
+
+const KEY_CONCURRENCY = 64;
+
+type LedgerRecord = {
+  status: string;
+  outcome: string | null;
+  prompt_tokens: number | null;
+  cached_tokens: number | null;
+  completion_tokens: number | null;
+  cost_usd: number;
+};
+
+async function setFaults(stack: RunningStack, url: string): Promise<void> {
+  const res = await fetch(`${url}/admin/faults`, {
+    method: "PUT",
+    headers: {
+      authorization: `Bearer ${stack.originAdminToken}`,
+      "content-type": "application/json",
+    },
+    body: JSON.stringify(CHAOS_FAULTS),
+  });
+  if (res.status !== 200) throw new Error(`setting faults on ${url}: ${res.status}`);
+  await res.arrayBuffer();
+}
+
+async function record(stack: RunningStack, key: string, id: string): Promise<LedgerRecord | null> {
+  const res = await fetch(`${stack.edgeUrl}/v1/usage/requests/${id}`, {
+    headers: { authorization: `Bearer ${key}` },
+  });
+  if (res.status === 404) {
+    await res.arrayBuffer();
+    return null;
+  }
+  if (res.status !== 200) throw new Error(`reading ${id}: ${res.status}`);
+  return (await res.json()) as LedgerRecord;
+}
+
+// Holds `n` streams at once and counts the ones refused for concurrency: leaked slots.
+async function leakedSlots(stack: RunningStack, key: string, n: number): Promise<number> {
+  const aborts = Array.from({ length: n }, () => new AbortController());
+  const statuses = await Promise.all(
+    aborts.map(async (abort) => {
+      const res = await fetch(`${stack.edgeUrl}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+        body: JSON.stringify({
+          model: "warmgate-sim-8b",
+          messages: [{ role: "user", content: "Hold a slot." }],
+          max_tokens: 2_000,
+          ignore_eos: true,
+          stream: true,
+        }),
+        signal: abort.signal,
+      });
+      const code =
+        res.status === 429 ? ((await res.json()) as { error: { code: string } }).error.code : null;
+      return { status: res.status, code, res };
+    }),
+  );
+  for (const abort of aborts) abort.abort();
+  return statuses.filter((s) => s.status === 429 && s.code === "rate_limit_exceeded").length;
+}
+
+/** Runs a trial and returns its report; the stack is stopped however it ends. */
+export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
+  const log = options.log ?? (() => {});
+  const state = await mkdtemp(join(tmpdir(), "warmgate-chaos-"));
+  const stack = await startStack({
+    regions: [
+      { id: "eu", continents: ["EU", "AF"], origins: 2 },
+      { id: "us", continents: ["NA", "SA", "AS", "OC", "AN"], origins: 2 },
+    ],
+    sim: { timeScale: options.timeScale },
+    originProcesses: true,
+    runtime: "workerd",
+    persistTo: state,
+    limits: { first_byte_timeout_ms: 2_000, request_timeout_ms: 20_000, retry_budget: 3 },
+  });
+  const timeline: ChaosReport["timeline"] = [];
+  try {
+    const config = JSON.parse(stack.config) as {
+      models: { id: string; pricing?: Parameters<typeof modelPrice>[0] }[];
+    };
+    const price = modelPrice(config.models.find((m) => m.id === "warmgate-sim-8b")?.pricing);
+    const key = await createKey(stack.edgeUrl, stack.adminToken, {
+      name: "chaos",
+      limits: { rpm: 1_000_000, tpm: 1_000_000_000, concurrency: KEY_CONCURRENCY },
+    });
+    for (const { origin } of stack.origins) await setFaults(stack, origin.url);
+
+    const random = prng(options.seed);
+    const outcomes: ChaosOutcome[] = [];
+    let next = 0;
+    const at = (fraction: number) => Math.floor(options.requests * fraction);
+    const events = new Map<number, () => Promise<void>>([
+      [
+        at(0.35),
+        async () => {
+          // A crash of one origin process (SIGKILL), then the same origin on the same port.
+          const victim = stack.origins[0];
+          if (victim === undefined) return;
+          const spawned = victim.origin as unknown as SpawnedOrigin;
+          const port = new URL(spawned.url).port;
+          timeline.push({ at_request: next, event: `kill origin ${victim.origin.originId}` });
+          spawned.child.kill("SIGKILL");
+          await new Promise((resolve) => setTimeout(resolve, 2_000));
+          const again = await spawnOrigin([
+            ...simFlags({ timeScale: options.timeScale }),
+            ...["--origin-id", victim.origin.originId, "--region", victim.region, "--port", port],
+            ...["--access-token", stack.originAccessToken, "--admin-token", stack.originAdminToken],
+          ]);
+          victim.origin = again;
+          await setFaults(stack, again.url);
+          timeline.push({ at_request: next, event: `origin ${victim.origin.originId} back` });
+        },
+      ],
+      [
+        at(0.7),
+        async () => {
+          timeline.push({ at_request: next, event: "kill the edge" });
+          await stack.restartEdge({ crash: true });
+          timeline.push({ at_request: next, event: "edge back" });
+        },
+      ],
+    ]);
+    const pending = new Set<Promise<void>>();
+    const client = async () => {
+      while (next < options.requests) {
+        const index = next++;
+        const event = events.get(index);
+        if (event !== undefined) {
+          log(`chaos: ${index} sent, the next fault begins`);
+          const running = event();
+          pending.add(running);
+          void running.finally(() => pending.delete(running));
+        }
+        const kind = drawKind(random);
+        const outcome = await sendChaos(stack.edgeUrl, key, kind, random, index);
+        outcomes.push(outcome);
+        // As an SDK would: a refused connection is retried after a pause, not at once.
+        if (outcome.connectionFailed) await new Promise((resolve) => setTimeout(resolve, 250));
+        if (index % 250 === 0) log(`chaos: ${index} of ${options.requests} sent`);
+      }
+    };
+    await Promise.all(Array.from({ length: options.concurrency }, client));
+    await Promise.all(pending);
+    log(`chaos: traffic done; waiting ${options.settleWaitMs} ms for leases and settlements`);
+    await new Promise((resolve) => setTimeout(resolve, options.settleWaitMs));
+
+    const losses: ChaosReport["losses"] = {
+      lost_bills: 0,
+      double_bills: 0,
+      reservations_left_open: 0,
+      slots_leaked_after_30s: 0,
+      silently_truncated_200s: 0,
+      "5xx_edge_errors": 0,
+      non_openai_error_bodies: 0,
+    };
+    let billedExactly = 0;
+    let recordsSeen = 0;
+    for (const outcome of outcomes) {
+      if (outcome.silentlyTruncated) losses.silently_truncated_200s++;
+      if (outcome.badErrorBody) losses.non_openai_error_bodies++;
+      if (outcome.status !== null && outcome.status >= 500) {
+        const documented = ["origin_error", "origin_timeout", "no_healthy_origin"];
+        if (outcome.code === null || !documented.includes(outcome.code))
+          losses["5xx_edge_errors"]++;
+      }
+      if (outcome.requestId === null) continue;
+      const found = await record(stack, key, outcome.requestId);
+      if (found !== null) recordsSeen++;
+      if (found?.status === "open") losses.reservations_left_open++;
+      if (!outcome.complete || outcome.usage === null) continue;
+      const expected = costMicros(
+        {
+          promptTokens: outcome.usage.prompt_tokens,
+          cachedTokens: outcome.usage.cached_tokens,
+          completionTokens: outcome.usage.completion_tokens,
+        },
+        price,
+      );
+      const billed = found === null ? 0 : Math.round(found.cost_usd * 1e6);
+      if (found === null || found.status !== "settled" || billed < expected) losses.lost_bills++;
+      else if (billed > expected) losses.double_bills++;
+      else billedExactly++;
+    }
+    const usage = await fetch(`${stack.edgeUrl}/v1/usage`, {
+      headers: { authorization: `Bearer ${key}` },
+    }).then((r) => r.json() as Promise<{ total: { requests: number } }>);
+    // Each request counts once in the rollups: more than were sent is a double count.
+    losses.double_bills += Math.max(0, usage.total.requests - outcomes.length);
+    losses.slots_leaked_after_30s = await leakedSlots(stack, key, KEY_CONCURRENCY);
+    log(`chaos: ${recordsSeen} ledger records read`);
+
+    const count = (test: (o: ChaosOutcome) => boolean) => outcomes.filter(test).length;
+    return {
+      counts: {
+        sent: outcomes.length,
+        complete: count((o) => o.complete),
+        billedExactly,
+        clientAborts: count((o) => o.kind === "abort" && !o.complete && !o.connectionFailed),
+        connectionsFailed: count((o) => o.connectionFailed),
+        originFailures: count((o) => o.status !== null && o.status >= 502 && !o.badErrorBody),
+        rateLimited: count((o) => o.status === 429),
+        streamsEndedWithErrorEvent: count((o) => o.errorEvent),
+      },
+      losses,
+      timeline,
+    };
+  } finally {
+    await stack.stop();
+    await rm(state, { recursive: true, force: true });
+  }
+}
