@@ -175,8 +175,16 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
           await new Promise((resolve) => setTimeout(resolve, 2_000));
           const again = await spawnOrigin([
             ...simFlags({ timeScale: options.timeScale }),
-            ...["--origin-id", victim.origin.originId, "--region", victim.region, "--port", port],
-            ...["--access-token", stack.originAccessToken, "--admin-token", stack.originAdminToken],
+            "--origin-id",
+            victim.origin.originId,
+            "--region",
+            victim.region,
+            "--port",
+            port,
+            "--access-token",
+            stack.originAccessToken,
+            "--admin-token",
+            stack.originAdminToken,
           ]);
           victim.origin = again;
           await setFaults(stack, again.url);
