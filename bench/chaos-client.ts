@@ -35,18 +35,6 @@ export interface ChaosOutcome {
   code: string | null;
 }
 
-/** A small seeded PRNG (mulberry32), so a trial repeats run to run. */
-export function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** Draws the next request's kind: 40% JSON, 35% streams, 10% `n` > 1, 15% client aborts. */
 export function drawKind(random: () => number): ChaosKind {
   const x = random();

@@ -18,7 +18,8 @@ import {
   spawnOrigin,
   startStack,
 } from "../scripts/stack.ts";
-import { type ChaosOutcome, drawKind, prng, sendChaos } from "./chaos-client.ts";
+import { mulberry32 } from "../origin/faults.ts";
+import { type ChaosOutcome, drawKind, sendChaos } from "./chaos-client.ts";
 
 /** Options of a trial. */
 export interface ChaosOptions {
@@ -39,6 +40,8 @@ export interface ChaosReport {
     complete: number;
     billedExactly: number;
     clientAborts: number;
+    /** Client aborts that reached the edge after it had written the whole answer. */
+    abortsAfterTheEnd: number;
     /** Connections refused or cut (the edge restart, mostly): the client saw them. */
     connectionsFailed: number;
     /** OpenAI-shaped 502/503/504 answers: origins that failed every attempt. */
@@ -53,10 +56,14 @@ export interface ChaosReport {
     reservations_left_open: number;
     slots_leaked_after_30s: number;
     silently_truncated_200s: number;
+    /** Answers cut by something other than their client (an error event, a cut connection) recorded as `ok`. */
+    cut_recorded_ok: number;
     "5xx_edge_errors": number;
     non_openai_error_bodies: number;
   };
-  timeline: { at_request: number; event: string }[];
+  timeline: { at_request: number; at_ms: number; event: string }[];
+  /** Up to five examples of each loss: what the client saw, and the ledger's record. */
+  examples: Record<string, { seen: ChaosOutcome; record: LedgerRecord | null }[]>;
 }
 
 /** Faults every origin answers with during the trial. */
@@ -157,7 +164,8 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
     });
     for (const { origin } of stack.origins) await setFaults(stack, origin.url);
 
-    const random = prng(options.seed);
+    const random = mulberry32(options.seed);
+    const started = Date.now();
     const outcomes: ChaosOutcome[] = [];
     let next = 0;
     const at = (fraction: number) => Math.floor(options.requests * fraction);
@@ -170,7 +178,11 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
           if (victim === undefined) return;
           const spawned = victim.origin as unknown as SpawnedOrigin;
           const port = new URL(spawned.url).port;
-          timeline.push({ at_request: next, event: `kill origin ${victim.origin.originId}` });
+          timeline.push({
+            at_request: next,
+            at_ms: Date.now() - started,
+            event: `kill origin ${victim.origin.originId}`,
+          });
           spawned.child.kill("SIGKILL");
           await new Promise((resolve) => setTimeout(resolve, 2_000));
           const again = await spawnOrigin([
@@ -188,20 +200,25 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
           ]);
           victim.origin = again;
           await setFaults(stack, again.url);
-          timeline.push({ at_request: next, event: `origin ${victim.origin.originId} back` });
+          timeline.push({
+            at_request: next,
+            at_ms: Date.now() - started,
+            event: `origin ${victim.origin.originId} back`,
+          });
         },
       ],
       [
         at(0.7),
         async () => {
-          timeline.push({ at_request: next, event: "kill the edge" });
+          timeline.push({ at_request: next, at_ms: Date.now() - started, event: "kill the edge" });
           await stack.restartEdge({ crash: true });
-          timeline.push({ at_request: next, event: "edge back" });
+          timeline.push({ at_request: next, at_ms: Date.now() - started, event: "edge back" });
         },
       ],
     ]);
     const pending = new Set<Promise<void>>();
     const client = async () => {
+      let failures = 0;
       while (next < options.requests) {
         const index = next++;
         const event = events.get(index);
@@ -214,8 +231,12 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
         const kind = drawKind(random);
         const outcome = await sendChaos(stack.edgeUrl, key, kind, random, index);
         outcomes.push(outcome);
-        // As an SDK would: a refused connection is retried after a pause, not at once.
-        if (outcome.connectionFailed) await new Promise((resolve) => setTimeout(resolve, 250));
+        // As an SDK would: after a failed connection, back off (0.25 s, doubling to 2 s).
+        failures = outcome.connectionFailed ? failures + 1 : 0;
+        if (failures > 0) {
+          const pause = Math.min(2_000, 250 * 2 ** (failures - 1));
+          await new Promise((resolve) => setTimeout(resolve, pause));
+        }
         if (index % 250 === 0) log(`chaos: ${index} of ${options.requests} sent`);
       }
     };
@@ -230,10 +251,17 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
       reservations_left_open: 0,
       slots_leaked_after_30s: 0,
       silently_truncated_200s: 0,
+      cut_recorded_ok: 0,
       "5xx_edge_errors": 0,
       non_openai_error_bodies: 0,
     };
     let billedExactly = 0;
+    let abortsRecordedOk = 0;
+    const examples: ChaosReport["examples"] = {};
+    const example = (loss: string, seen: ChaosOutcome, found: LedgerRecord | null) => {
+      const list = (examples[loss] ??= []);
+      if (list.length < 5) list.push({ seen, record: found });
+    };
     let recordsSeen = 0;
     for (const outcome of outcomes) {
       if (outcome.silentlyTruncated) losses.silently_truncated_200s++;
@@ -247,6 +275,16 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
       const found = await record(stack, key, outcome.requestId);
       if (found !== null) recordsSeen++;
       if (found?.status === "open") losses.reservations_left_open++;
+      if (!outcome.complete && outcome.status === 200 && found?.outcome === "ok") {
+        // A client's own abort that reached the edge after it had written the whole answer
+        // is delivered, as far as any server can tell; anything else is a loss.
+        if (outcome.kind === "abort" && !outcome.connectionFailed && !outcome.errorEvent) {
+          abortsRecordedOk++;
+        } else {
+          losses.cut_recorded_ok++;
+          example("cut_recorded_ok", outcome, found);
+        }
+      }
       if (!outcome.complete || outcome.usage === null) continue;
       const expected = costMicros(
         {
@@ -257,9 +295,13 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
         price,
       );
       const billed = found === null ? 0 : Math.round(found.cost_usd * 1e6);
-      if (found === null || found.status !== "settled" || billed < expected) losses.lost_bills++;
-      else if (billed > expected) losses.double_bills++;
-      else billedExactly++;
+      if (found === null || found.status !== "settled" || billed < expected) {
+        losses.lost_bills++;
+        example("lost_bills", outcome, found);
+      } else if (billed > expected) {
+        losses.double_bills++;
+        example("double_bills", outcome, found);
+      } else billedExactly++;
     }
     const usage = await fetch(`${stack.edgeUrl}/v1/usage`, {
       headers: { authorization: `Bearer ${key}` },
@@ -276,6 +318,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
         complete: count((o) => o.complete),
         billedExactly,
         clientAborts: count((o) => o.kind === "abort" && !o.complete && !o.connectionFailed),
+        abortsAfterTheEnd: abortsRecordedOk,
         connectionsFailed: count((o) => o.connectionFailed),
         originFailures: count((o) => o.status !== null && o.status >= 502 && !o.badErrorBody),
         rateLimited: count((o) => o.status === 429),
@@ -283,6 +326,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
       },
       losses,
       timeline,
+      examples,
     };
   } finally {
     await stack.stop();

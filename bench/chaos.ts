@@ -56,7 +56,7 @@ console.log(
         report.counts.sent,
         report.counts.complete,
         report.counts.billedExactly,
-        report.counts.clientAborts,
+        `${report.counts.clientAborts} (${report.counts.abortsAfterTheEnd} after the end)`,
         report.counts.connectionsFailed,
         report.counts.originFailures,
         report.counts.rateLimited,

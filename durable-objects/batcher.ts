@@ -987,10 +987,12 @@ export class Batcher extends DurableObject<Env> {
           if (caller.stage === "open") {
             touched.add(caller);
             if (caller.body !== null) {
-              const { outcome } = decodeJsonPayload(frame.payload) as ItemTrailer;
-              if (outcome !== "ok") failBody(caller, outcome === "timeout");
+              const trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
+              if (trailer.outcome !== "ok") failBody(caller, trailer.outcome === "timeout");
+              endWhenTaken(caller.sink, caller.body, frame.payload, trailer);
+            } else {
+              caller.sink.end(frame.payload);
             }
-            caller.sink.end(frame.payload);
             caller.stage = "ended";
             this.#callers.delete(caller.input.id);
           } else if (caller.stage === "sent") {
@@ -1335,6 +1337,32 @@ export function sizeBucket(size: number): string {
  * Queues the SSE error event that ends the body stream of an item that failed after its
  * HEAD. An engine's own error answer (a 4xx) is whole as it is, and gets none.
  */
+/**
+ * Answers a body's END once its client has taken the whole body: the caller settles the
+ * request on it, and a body its client left before the end is not `ok` but `cancelled`
+ * (billed, as any cancel, for what was generated).
+ */
+function endWhenTaken(
+  sink: CallerSink,
+  body: ClientBody,
+  payload: Uint8Array,
+  trailer: ItemTrailer,
+): void {
+  if (!(sink instanceof AnswerSink)) {
+    sink.end(payload);
+    return;
+  }
+  sink.endAfter(
+    body.closed.then(
+      () => payload,
+      () =>
+        trailer.outcome === "ok"
+          ? encodeJsonPayload({ ...trailer, outcome: "cancelled" } satisfies ItemTrailer)
+          : payload,
+    ),
+  );
+}
+
 function failBody(caller: Caller, timedOut: boolean): void {
   if (caller.body === null || (caller.status ?? 0) >= 400) return;
   caller.body.push(errorEvent(originFailure(timedOut ? "timeout" : "bad_answer")));

@@ -105,6 +105,12 @@ export class AnswerSink implements CallerSink {
 
   flush(): void {}
 
+  /** Answers `ended` with `trailer` once it settles; a later `close` changes nothing. */
+  endAfter(trailer: Promise<Uint8Array>): void {
+    this.#settled = true;
+    void trailer.then((bytes) => this.#end(bytes));
+  }
+
   close(): void {
     if (this.#settled) return;
     this.#settled = true;

@@ -89,7 +89,7 @@ export interface FaultControllerOptions {
 }
 
 /** mulberry32: small, fast and good enough to spread faults evenly. */
-function mulberry32(seed: number): () => number {
+export function mulberry32(seed: number): () => number {
   let a = seed >>> 0;
   return () => {
     a = (a + 0x6d2b79f5) >>> 0;

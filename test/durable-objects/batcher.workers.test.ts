@@ -611,12 +611,24 @@ describe("open: a streamed answer's body on a stream of its own", () => {
     // The client reads nothing until its item has ended.
     const trailer = await item.trailer();
     expect(trailer?.usage?.completion_tokens).toBeGreaterThan(0);
+    expect(trailer?.outcome).toBe("cancelled");
     // What it then reads is what was buffered, ending in an error, never a clean end.
     const read = await new Response(item.body).arrayBuffer().then(
       (bytes) => `ended cleanly after ${bytes.byteLength} bytes`,
       (error: unknown) => error,
     );
     expect(read).toBeInstanceOf(Error);
+  });
+
+  it("answers a body its client left before taking it whole as cancelled, not ok", async () => {
+    // eu-1 answers at once: the item has ended while most of its body still waits to be taken.
+    const b = batcher({}, ["eu-1"]);
+    const item = await opened(b, "p9", { body: { max_tokens: 2000 } });
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    await item.body.cancel();
+    const trailer = await item.trailer();
+    expect(trailer).toMatchObject({ id: "p9", outcome: "cancelled" });
+    expect(trailer?.usage?.completion_tokens).toBeGreaterThan(0);
   });
 
   it("errors the body and the END when the batcher goes away mid-stream", async () => {

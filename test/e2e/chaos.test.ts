@@ -21,6 +21,7 @@ describe("the edge under faults and crashes", () => {
       reservations_left_open: 0,
       slots_leaked_after_30s: 0,
       silently_truncated_200s: 0,
+      cut_recorded_ok: 0,
       "5xx_edge_errors": 0,
       non_openai_error_bodies: 0,
     });
