@@ -33,6 +33,8 @@ export interface ChaosOutcome {
   badErrorBody: boolean;
   /** The error code of an error answer. */
   code: string | null;
+  /** A 429's `retry-after-ms`, which a client honours as the SDKs do. */
+  retryAfterMs: number | null;
 }
 
 /** Draws the next request's kind: 40% JSON, 35% streams, 10% `n` > 1, 15% client aborts. */
@@ -93,6 +95,7 @@ export async function sendChaos(
     connectionFailed: false,
     badErrorBody: false,
     code: null,
+    retryAfterMs: null,
   };
   const abort = new AbortController();
   const abortAfter = kind === "abort" ? 20 + random() * 300 : null;
@@ -106,6 +109,8 @@ export async function sendChaos(
     });
     outcome.status = res.status;
     outcome.requestId = res.headers.get("x-request-id");
+    const retryAfter = Number(res.headers.get("retry-after-ms") ?? Number.NaN);
+    if (res.status === 429 && Number.isFinite(retryAfter)) outcome.retryAfterMs = retryAfter;
     const text = await res.text();
     if (res.status >= 400) {
       let parsed: unknown = null;

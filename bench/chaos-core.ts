@@ -232,11 +232,13 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
         const outcome = await sendChaos(stack.edgeUrl, key, kind, random, index);
         outcomes.push(outcome);
         // As an SDK would: after a failed connection, back off (0.25 s, doubling to 2 s).
+        // and after a 429, wait what its retry-after-ms says (at most 2 s).
         failures = outcome.connectionFailed ? failures + 1 : 0;
-        if (failures > 0) {
-          const pause = Math.min(2_000, 250 * 2 ** (failures - 1));
-          await new Promise((resolve) => setTimeout(resolve, pause));
-        }
+        const pause =
+          failures > 0
+            ? Math.min(2_000, 250 * 2 ** (failures - 1))
+            : Math.min(2_000, outcome.retryAfterMs ?? 0);
+        if (pause > 0) await new Promise((resolve) => setTimeout(resolve, pause));
         if (index % 250 === 0) log(`chaos: ${index} of ${options.requests} sent`);
       }
     };
