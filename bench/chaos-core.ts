@@ -8,7 +8,7 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { costMicros } from "../durable-objects/pricing.ts";
+import { costMicros } from "../contracts/pricing.ts";
 import { modelPrice } from "../functions/pricing.ts";
 import {
   type RunningStack,

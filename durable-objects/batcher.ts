@@ -17,7 +17,7 @@
 // answers an admitted item once it ended, with its HEAD, body and END trailer in one answer
 // (the HEAD null when none came, the trailer null when the item closed without an END). No
 // stream is set up and no frame relayed: under load, a quarter of the edge's CPU for such a
-// request. The edge uses `submit` only with a batcher of the version before `answer`.
+// request.
 //
 // `submit` admits or refuses at once; an admitted item's answer is a byte stream of that
 // item's own frames in the protocol's framing, item index 0: HEAD, DATA…, END as its
@@ -86,7 +86,7 @@
 import { AnswerSink, type CallerSink, FrameStreamSink, WholeSink } from "./caller-sink.ts";
 import { ClientBody } from "./client-body.ts";
 import { applyMigrations } from "./migrations.ts";
-import { errorEvent, originFailure } from "../functions/errors.ts";
+import { errorEvent, originFailure } from "../contracts/errors.ts";
 import { WriteBehind } from "./write-behind.ts";
 import { DurableObject } from "cloudflare:workers";
 import {
@@ -107,7 +107,7 @@ import {
   type LoadReport,
   decodeJsonPayload,
   encodeJsonPayload,
-} from "../origin/protocol.ts";
+} from "../contracts/protocol.ts";
 import { chooseLeastLoadedInTurn } from "./origin-choice.ts";
 import {
   type Batch,
@@ -524,9 +524,7 @@ export class Batcher extends DurableObject<Env> {
       const { readable, writable } = new IdentityTransformStream({
         highWaterMark: BODY_BUFFER_BYTES,
       });
-      // Absent from a setup an edge of an earlier version sent.
-      const backlog = input.setup.clientBacklogBytes ?? DEFAULT_CLIENT_BACKLOG_BYTES;
-      return { sink, body: new ClientBody(writable, backlog), readable };
+      return { sink, body: new ClientBody(writable, input.setup.clientBacklogBytes), readable };
     });
     if (admitted.kind !== "accepted") return admitted;
     const { connection, atOnce } = admitted;

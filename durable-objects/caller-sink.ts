@@ -5,7 +5,7 @@
  * answer with all of them ({@link WholeSink}, for `answer`: a JSON item, which its client
  * gets whole anyway).
  */
-import { FrameType, concatBytes, encodeFrame, encodeJsonFrame } from "../origin/protocol.ts";
+import { FrameType, concatBytes, encodeFrame, encodeJsonFrame } from "../contracts/protocol.ts";
 
 /** What the Batcher tells a caller about its item, in order: HEAD, DATA…, END, close. */
 export interface CallerSink {

@@ -12,7 +12,7 @@
  * clean end), and the owner, told by `closed`, cancels the item and bills what was
  * generated.
  */
-import { concatBytes } from "../origin/protocol.ts";
+import { concatBytes } from "../contracts/protocol.ts";
 
 export class ClientBody {
   readonly #writer: WritableStreamDefaultWriter<Uint8Array>;

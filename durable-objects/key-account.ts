@@ -94,7 +94,7 @@
 
 import { applyMigrations } from "./migrations.ts";
 import { lookupOutcomes, outcomeSources, reconcile } from "./reconcile.ts";
-import { MAX_OUTCOME_IDS } from "../origin/protocol.ts";
+import { MAX_OUTCOME_IDS } from "../contracts/protocol.ts";
 import { DurableObject } from "cloudflare:workers";
 import { adjust, fullBucket, type BucketState } from "./token-bucket.ts";
 import { WriteBehind } from "./write-behind.ts";
@@ -124,9 +124,9 @@ import {
   worstCaseMicros,
   type ModelPrice,
   type TokenUsage,
-} from "./pricing.ts";
-import { constantTimeEqual } from "../functions/keys.ts";
-import type { CommitStamp } from "../functions/settle-queue.ts";
+} from "../contracts/pricing.ts";
+import { constantTimeEqual } from "../contracts/hashing.ts";
+import type { CommitStamp } from "../contracts/commit-stamp.ts";
 
 /** Priority tiers, lowest first; the batcher maps them to lanes. */
 export const KEY_TIERS = ["low", "standard", "high"] as const;
@@ -272,9 +272,6 @@ export type AdmitOk = Admission & {
 
 /** The answer to `admit`. */
 export type AdmitResult = AdmitOk | AdmissionRefusal;
-
-/** Where an answer of the account stands among its commits (see "Commits the edge can see"). */
-export type { CommitStamp };
 
 /** What `admit` answers: the decision and where the call's writes stand. */
 export type AdmitAnswer = AdmitResult & { commit: CommitStamp };

@@ -12,7 +12,7 @@ import {
   OUTCOMES_PATH,
   type OutcomesResponse,
   requestIdOf,
-} from "../origin/protocol.ts";
+} from "../contracts/protocol.ts";
 
 /** An origin to ask. */
 export interface OutcomeSource {

@@ -28,8 +28,8 @@
 //   come fast, it stays near 0.
 
 import { z } from "zod";
-import { MAX_BATCH_ITEMS } from "../origin/protocol.ts";
-import type { LoadReport } from "../origin/protocol.ts";
+import { MAX_BATCH_ITEMS } from "../contracts/protocol.ts";
+import type { LoadReport } from "../contracts/protocol.ts";
 import { chooseLeastLoaded } from "./origin-choice.ts";
 import type { OriginCandidate, OriginChooser } from "./origin-choice.ts";
 

@@ -8,19 +8,13 @@ import { createMiddleware } from "hono/factory";
 import { z } from "zod";
 import { NO_BUDGETS, type Budgets, type Limits } from "../durable-objects/admission.ts";
 import { KEY_TIERS, type KeyRecord, type UsageRow } from "../durable-objects/key-account.ts";
-import { microsToUsd, usdToMicros } from "../durable-objects/pricing.ts";
+import { microsToUsd, usdToMicros } from "../contracts/pricing.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory.ts";
-import { ApiError } from "./errors.ts";
+import { ApiError } from "../contracts/errors.ts";
 import { readJsonBody } from "./json-body.ts";
 import { sumUsage, totalsJson, usageRange, usageReport } from "./routes/usage.ts";
-import {
-  KEY_ID_PATTERN,
-  bearerToken,
-  constantTimeEqual,
-  mintApiKey,
-  newKeyId,
-  sha256Hex,
-} from "./keys.ts";
+import { KEY_ID_PATTERN, bearerToken, mintApiKey, newKeyId } from "./keys.ts";
+import { constantTimeEqual, sha256Hex } from "../contracts/hashing.ts";
 
 /** Limits of a key when the create request names none. */
 export const DEFAULT_KEY_LIMITS = { rpm: 600, tpm: 1_000_000, concurrency: 64 } as const;
@@ -109,8 +103,7 @@ export const RotateKeyRequest = z.strictObject({
 
 /** A key as the admin API shows it; times in unix seconds, money in US dollars. */
 export function keyJson(record: KeyRecord): Record<string, unknown> {
-  // Records indexed before budgets existed have none.
-  const budgets = record.budgets ?? NO_BUDGETS;
+  const { budgets } = record;
   return {
     id: record.id,
     object: "api_key",

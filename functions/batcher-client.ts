@@ -11,12 +11,10 @@ import type {
   BatcherCancelOptions,
   BatcherFailureCode,
   BatcherFailureTrailer,
-  BatcherHead,
   BatcherNotAdmitted,
   BatcherOpenResult,
   BatcherSetup,
   BatcherSubmit,
-  BatcherSubmitResult,
 } from "../durable-objects/batcher.ts";
 import { DEFAULT_CLIENT_BACKLOG_BYTES } from "../durable-objects/batcher.ts";
 import { type WindowConfigInput, WindowConfigSchema } from "../durable-objects/window.ts";
@@ -26,7 +24,7 @@ import {
   decodeJsonPayload,
   encodeJsonPayload,
   FrameType,
-} from "../origin/protocol.ts";
+} from "../contracts/protocol.ts";
 import {
   type BatchingConfig,
   type GatewayConfig,
@@ -40,8 +38,8 @@ import {
   type ItemOpener,
   openDirect,
 } from "./dispatch.ts";
-import { ApiError, type OriginFailureKind } from "./errors.ts";
-import { type FrameReader, describe, frameReader, openItemFromFrames } from "./origin-client.ts";
+import { ApiError, type OriginFailureKind } from "../contracts/errors.ts";
+import { type FrameReader, describe, openItemFromFrames } from "./origin-client.ts";
 import { retryAfterHeaders } from "./rate-limit-headers.ts";
 
 /** Request header that moves a request to a lower-priority lane (never a higher one). */
@@ -280,8 +278,7 @@ function bypasses(
 
 /**
  * One attempt through the batcher of `region`, as an {@link OpenItem}: `open` for a streamed
- * answer, `answer` for one its client gets whole (`submit` and its frames with a batcher of
- * the version before `answer`). `atOnce`: the batcher sent it at once, with nothing to batch
+ * answer, `answer` for one its client gets whole. `atOnce`: the batcher sent it at once, with nothing to batch
  * it with; `waitedMs`, when known, how long its HEAD took from admission.
  */
 export async function submitToBatcher(
@@ -323,59 +320,17 @@ export async function submitToBatcher(
   // response body as it is: the runtime moves the bytes and this isolate runs nothing per
   // token. Its HEAD answers `open`, and its END the `end` call made right behind it.
   if (request.timeHead) return openAtBatcher(stub, input, tell, route.signal);
-  if (Date.now() >= answerMissingUntil) {
-    try {
-      return await answerAtBatcher(stub, input, ask, route);
-    } catch (error) {
-      if (!String(error).includes('does not implement "answer"')) return batcherFailed(error);
-      // A batcher of the version before `answer`, while a deploy rolls out: its frames, and
-      // `answer` asked again a while later, when the rollout is likely over.
-      answerMissingUntil = Date.now() + ANSWER_RETRY_MS;
-    }
-  }
-
-  let result: BatcherSubmitResult;
   try {
-    result = await stub.submit(input);
+    return await answerAtBatcher(stub, input, ask, route);
   } catch (error) {
     return batcherFailed(error);
   }
-  switch (result.kind) {
-    case "refused":
-    case "failed":
-      return { attempt: notAdmitted(result), atOnce: false };
-    case "accepted":
-      break;
-    default:
-      return assertNever(result);
-  }
-
-  const frames = frameReader(result.frames);
-  // Cancelling the stream reaches the batcher only at its next write; the RPC is at once.
-  const cancel = () => {
-    frames.cancel();
-    tell();
-  };
-  // Billing a client that went away needs the END's usage: cancel, but read on to the END.
-  const cancelUntilEnd = () => stub.cancel(id, { untilEnd: true });
-  const gone = () => cancel();
-  route.signal?.addEventListener("abort", gone, { once: true });
-  try {
-    return { attempt: await readHead(frames, cancel, cancelUntilEnd), atOnce: result.atOnce };
-  } finally {
-    route.signal?.removeEventListener("abort", gone);
-  }
 }
-
-// Until when this isolate uses `submit`, after a batcher answered that it has no `answer`
-// (an earlier version, mid-deploy).
-let answerMissingUntil = 0;
-const ANSWER_RETRY_MS = 60_000;
 
 /**
  * An attempt whose client gets its answer whole (JSON): `answer` brings its HEAD, body and
  * END in one answer, which become an open item read from memory. Its RPC fails (rejects)
- * only when the batcher itself failed; the caller tells a missing method apart.
+ * only when the batcher itself failed.
  */
 async function answerAtBatcher(
   stub: DurableObjectStub<Batcher>,
@@ -586,33 +541,6 @@ function failedBeforeHead(trailer: BatcherFailureTrailer): DispatchAttempt {
     };
   }
   return failed(failureOf(code), message, trailer.origin ?? null);
-}
-
-/** Reads the item's frames up to its HEAD (an open item) or its lone END (a failure). */
-async function readHead(
-  frames: FrameReader,
-  cancel: () => void,
-  cancelUntilEnd: () => Promise<unknown>,
-): Promise<DispatchAttempt> {
-  for (;;) {
-    const frame = await frames.next();
-    // The stream ended or errored before HEAD: the batcher restarted; nothing was answered.
-    if (typeof frame === "string") return failed("unavailable", `batcher: ${frame}`, null);
-    switch (frame.type) {
-      case FrameType.HEAD: {
-        const head = decodeJsonPayload(frame.payload) as BatcherHead;
-        const item = openItemFromFrames(head, frames, cancel, undefined, cancelUntilEnd);
-        return { kind: "open", item, originId: head.origin };
-      }
-      case FrameType.END:
-        return failedBeforeHead(decodeJsonPayload(frame.payload) as BatcherFailureTrailer);
-      case FrameType.LOAD:
-        break;
-      case FrameType.DATA:
-        cancel();
-        return failed("bad_answer", "DATA before HEAD from the batcher", null);
-    }
-  }
 }
 
 function failed(

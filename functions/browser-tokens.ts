@@ -16,13 +16,13 @@ import { sign, verify } from "hono/jwt";
 import { z } from "zod";
 import type { Limits } from "../durable-objects/admission.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory.ts";
-import { ApiError } from "./errors.ts";
+import { ApiError } from "../contracts/errors.ts";
 import { readJsonBody } from "./json-body.ts";
+import { hex } from "../contracts/hashing.ts";
 import {
   KEY_ID_PATTERN,
   bearerToken,
   deriveSecret,
-  hex,
   parseApiKey,
   signingSecret,
   type SigningEnv,

@@ -10,7 +10,12 @@
  * JSON answer is read whole first, so an origin failing inside it answers 502/504.
  */
 import type { LimitsConfig } from "./config.ts";
-import { type ApiError, type OriginFailureKind, errorEvent, originFailure } from "./errors.ts";
+import {
+  type ApiError,
+  type OriginFailureKind,
+  errorEvent,
+  originFailure,
+} from "../contracts/errors.ts";
 import {
   type ItemAttempt,
   type ItemEvent,
@@ -19,7 +24,12 @@ import {
   openItem,
 } from "./origin-client.ts";
 import type { OriginCandidate, OriginPool } from "./origin-pool.ts";
-import { type ItemHead, type ItemPath, type ItemTrailer, concatBytes } from "../origin/protocol.ts";
+import {
+  type ItemHead,
+  type ItemPath,
+  type ItemTrailer,
+  concatBytes,
+} from "../contracts/protocol.ts";
 import type { SettledRequest } from "./settlement.ts";
 
 /** One attempt at serving the request, as an opener receives it. */

@@ -5,7 +5,7 @@
 import type { Context, ErrorHandler, NotFoundHandler } from "hono";
 import { HTTPException } from "hono/http-exception";
 import type { AppEnv } from "./app-env.ts";
-import { ApiError, internalError, invalidMethod, invalidUrl } from "./errors.ts";
+import { ApiError, internalError, invalidMethod, invalidUrl } from "../contracts/errors.ts";
 
 function toApiError(error: unknown, c: Context<AppEnv>): ApiError {
   if (error instanceof ApiError) return error;

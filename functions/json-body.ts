@@ -4,8 +4,8 @@
  * here (an empty body counts as `{}`); the completion routes with their own schemas.
  */
 import type { z } from "zod";
-import { ApiError, bodyTooLarge, clipped, invalidJson } from "./errors.ts";
-import { concatBytes } from "../origin/protocol.ts";
+import { ApiError, bodyTooLarge, clipped, invalidJson } from "../contracts/errors.ts";
+import { concatBytes } from "../contracts/protocol.ts";
 
 /** Largest body the admin and token routes read. */
 export const MAX_SMALL_BODY_BYTES = 64 * 1024;

@@ -13,9 +13,9 @@ import {
   type SettleInput,
   type SettleResult,
 } from "../durable-objects/key-account.ts";
-import { formatUsd } from "../durable-objects/pricing.ts";
+import { formatUsd } from "../contracts/pricing.ts";
 import { verifyBrowserToken, type BrowserScope } from "./browser-tokens.ts";
-import { ApiError } from "./errors.ts";
+import { ApiError } from "../contracts/errors.ts";
 import { API_KEY_PREFIX, bearerToken, parseApiKey } from "./keys.ts";
 import { formatResetDuration, rateLimitHeaders, retryAfterHeaders } from "./rate-limit-headers.ts";
 import { SettleQueue } from "./settle-queue.ts";
@@ -113,7 +113,6 @@ export async function admitRequest(
     ...(input.now === undefined ? {} : { now: input.now }),
   });
   const { commit, ...result } = answer;
-  // Undefined from an account of the version before commit stamps, while a deploy rolls out.
   carried.answered(commit);
   return result;
 }

@@ -9,6 +9,8 @@
 // Durable Object: only keys this gateway minted reach a KeyAccount. Only the SHA-256
 // of the whole key is stored. No function here logs or echoes a key.
 
+import { base32, constantTimeEqual, hmacSha256, sha256Hex } from "../contracts/hashing.ts";
+
 /** The prefix every API key starts with. */
 export const API_KEY_PREFIX = "wg_";
 
@@ -16,7 +18,6 @@ export const API_KEY_PREFIX = "wg_";
 export const KEY_ID_PATTERN = /^[a-z2-7]{16}$/;
 
 const API_KEY_PATTERN = /^wg_([a-z2-7]{16})_([a-z2-7]{26})([a-z2-7]{8})$/;
-const BASE32 = "abcdefghijklmnopqrstuvwxyz234567";
 const KEY_CHECK_LABEL = "warmgate/api-key-check/v1";
 
 /** A key that passed the edge's format and check: its id and the hash the KeyAccount compares. */
@@ -41,57 +42,6 @@ export function signingSecret(env: SigningEnv): string {
     throw new Error("TOKEN_SIGNING_SECRET or ADMIN_TOKEN must be set");
   }
   return secret;
-}
-
-/** Lowercase RFC 4648 base32 without padding. */
-export function base32(bytes: Uint8Array): string {
-  let out = "";
-  let buffer = 0;
-  let bits = 0;
-  for (const byte of bytes) {
-    buffer = (buffer << 8) | byte;
-    bits += 8;
-    while (bits >= 5) {
-      out += BASE32[(buffer >>> (bits - 5)) & 31];
-      bits -= 5;
-    }
-  }
-  if (bits > 0) out += BASE32[(buffer << (5 - bits)) & 31];
-  return out;
-}
-
-/** Lowercase hex of bytes. */
-export function hex(bytes: ArrayBuffer | Uint8Array): string {
-  return Array.from(bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes), (b) =>
-    b.toString(16).padStart(2, "0"),
-  ).join("");
-}
-
-/** Compares two strings in time that depends only on their lengths, never on where they differ. */
-export function constantTimeEqual(a: string, b: string): boolean {
-  const length = Math.max(a.length, b.length);
-  let diff = a.length ^ b.length;
-  for (let i = 0; i < length; i++) {
-    diff |= (a.charCodeAt(i) | 0) ^ (b.charCodeAt(i) | 0);
-  }
-  return diff === 0;
-}
-
-/** SHA-256 of a string, as lowercase hex. */
-export async function sha256Hex(value: string): Promise<string> {
-  return hex(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(value)));
-}
-
-/** HMAC-SHA256 of `message` under `secret`. */
-export async function hmacSha256(
-  secret: string | Uint8Array,
-  message: string,
-): Promise<Uint8Array> {
-  const raw = typeof secret === "string" ? new TextEncoder().encode(secret) : secret;
-  const key = await crypto.subtle.importKey("raw", raw, { name: "HMAC", hash: "SHA-256" }, false, [
-    "sign",
-  ]);
-  return new Uint8Array(await crypto.subtle.sign("HMAC", key, new TextEncoder().encode(message)));
 }
 
 /** A subkey of the signing secret for one purpose, so keys and tokens never share a key. */

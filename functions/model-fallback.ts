@@ -6,7 +6,7 @@
  */
 import type { Context } from "hono";
 import type { AppEnv } from "./app-env.ts";
-import { ApiError } from "./errors.ts";
+import { ApiError } from "../contracts/errors.ts";
 
 // The origin failures after which another model may still answer (see errors.ts).
 const FALLBACK_CODES = new Set(["no_healthy_origin", "origin_error", "origin_timeout"]);

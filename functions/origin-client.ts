@@ -6,7 +6,7 @@
  */
 import { env } from "cloudflare:workers";
 import type { OriginConfig } from "./config.ts";
-import type { OriginFailureKind } from "./errors.ts";
+import type { OriginFailureKind } from "../contracts/errors.ts";
 import {
   BATCH_CANCEL_PATH,
   BATCH_CONTENT_TYPE,
@@ -23,7 +23,7 @@ import {
   type LoadReport,
   concatBytes,
   decodeJsonPayload,
-} from "../origin/protocol.ts";
+} from "../contracts/protocol.ts";
 
 /** What happens next in an item's response after its HEAD. */
 export type ItemEvent =

@@ -5,7 +5,7 @@
  * by the pricing core (`durable-objects/pricing.ts`).
  */
 import { z } from "zod";
-import { FREE, type ModelPrice, microsToUsd, usdToMicros } from "../durable-objects/pricing.ts";
+import { FREE, type ModelPrice, microsToUsd, usdToMicros } from "../contracts/pricing.ts";
 
 const UsdPerMtok = z.number().refine((usd) => usdToMicros(usd) !== null, {
   message: "Expected US dollars per 1M tokens, from 0, with at most six decimal places.",

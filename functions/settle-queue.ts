@@ -19,6 +19,8 @@
  * harmless: settling is idempotent by request id, so it is applied once.
  */
 /** Longest time a settlement waits for an admit call to carry it. */
+import type { CommitStamp } from "../contracts/commit-stamp.ts";
+
 export const SETTLE_FLUSH_MS = 20;
 
 /**
@@ -35,35 +37,8 @@ export interface QueuedSettlement {
   requestId: string;
 }
 
-/**
- * Where an answer of a key's account stands among its commits, so that the edge knows when
- * a settlement it carried is durable (see "Commits the edge can see" at the top of
- * durable-objects/key-account.ts, which answers with it). Defined here, where this core
- * runs in Node as well, without the Workers types.
- */
-export interface CommitStamp {
-  /** The account's run: random, new whenever it starts (or a commit fails). */
-  incarnation: string;
-  /** Commits of this incarnation that were durable when the answer left. */
-  committed: number;
-  /** The commit the writes of this call land in: `committed` when none wait to be written. */
-  pending: number;
-}
-
-/**
- * Sends settlements of one key to its account in one call, committed when it answers.
- * Undefined: an account of an earlier version (see {@link CarriedSettlements.answered}).
- */
-export type SendSettlements<T> = (keyId: string, inputs: T[]) => Promise<CommitStamp | undefined>;
-
-/**
- * What an answer without a stamp stands for. Accounts of the version before commit stamps
- * apply the settlements an admit carries and commit a call's writes before answering it,
- * so during a deploy, while one still answers, what a call carried to it is durable; the
- * settlements an account of the new version applied are not known durable there, so the
- * next call carries them again (settling is idempotent by request id).
- */
-const UNSTAMPED: CommitStamp = { incarnation: "(unstamped)", committed: 0, pending: 0 };
+/** Sends settlements of one key to its account in one call, committed when it answers. */
+export type SendSettlements<T> = (keyId: string, inputs: T[]) => Promise<CommitStamp>;
 
 /** How the queue waits for the account. */
 export interface SettleQueueOptions {
@@ -100,10 +75,8 @@ export interface CarriedSettlements<T> {
    * Reports the call's answer: it applied the settlements it carried, and it confirms the
    * key's earlier ones or sends them again. Call it for every admit of the key, even one
    * that carried nothing (a failed call needs nothing: their own timers send them again).
-   * An answer without a stamp comes from an account of an earlier version, mid-deploy:
-   * see {@link UNSTAMPED}.
    */
-  answered(commit: CommitStamp | undefined): void;
+  answered(commit: CommitStamp): void;
 }
 
 /** Per-isolate queue of settlements, by key id. */
@@ -184,8 +157,7 @@ export class SettleQueue<T extends QueuedSettlement> {
     console.error("settlements given up until their lease ends", keyId, count);
   }
 
-  #answered(keyId: string, carried: Entry<T>[], stamp: CommitStamp | undefined): void {
-    const commit = stamp ?? UNSTAMPED;
+  #answered(keyId: string, carried: Entry<T>[], commit: CommitStamp): void {
     for (const entry of carried) {
       if (entry.state.kind === "done") continue;
       this.#move(keyId, entry, {

@@ -3,7 +3,7 @@
  * ended in success, an origin or edge error, a client cancel or a timeout; metering,
  * limit release and the ledger register hooks with {@link Settlement.onSettled}.
  */
-import type { ItemOutcome, ItemUsage } from "../origin/protocol.ts";
+import type { ItemOutcome, ItemUsage } from "../contracts/protocol.ts";
 
 /** How a request ended: the origin protocol's outcomes, seen from the client. */
 export type RequestOutcome = ItemOutcome;

@@ -5,7 +5,7 @@
  */
 import type { z } from "zod";
 import { formatPath } from "./config.ts";
-import { type ApiError, clipped, invalidRequest } from "./errors.ts";
+import { type ApiError, clipped, invalidRequest } from "../contracts/errors.ts";
 
 type Issue = z.core.$ZodIssue;
 

@@ -6,7 +6,7 @@
  * built-in simulated engine (`origin/sim/`) and the OpenAI-compatible forwarder
  * (`origin/openai-engine.ts`) for vLLM, SGLang, llama.cpp server, Ollama, ….
  */
-import type { ItemOutcome, ItemPath, ItemUsage, LoadReport } from "./protocol.ts";
+import type { ItemOutcome, ItemPath, ItemUsage, LoadReport } from "../contracts/protocol.ts";
 
 /** One OpenAI-compatible request handed to an engine. */
 export interface EngineItem {

@@ -4,7 +4,12 @@
  * (`POST /v1/batch/outcomes`, see origin/PROTOCOL.md), so a finished answer is still billed.
  * Bounded in entries and age; the oldest go first.
  */
-import { type ItemOutcome, type ItemRecord, type ItemUsage, requestIdOf } from "./protocol.ts";
+import {
+  type ItemOutcome,
+  type ItemRecord,
+  type ItemUsage,
+  requestIdOf,
+} from "../contracts/protocol.ts";
 
 /** How long an ended item is remembered. */
 export const OUTCOME_RETENTION_MS = 15 * 60_000;

@@ -35,9 +35,9 @@ import {
   MAX_BATCH_ITEMS,
   MAX_OUTCOME_IDS,
   OUTCOMES_PATH,
-} from "./protocol.ts";
+} from "../contracts/protocol.ts";
 import { OutcomeLog } from "./outcome-log.ts";
-import type { ItemHead, ItemPath, ItemTrailer, LoadReport } from "./protocol.ts";
+import type { ItemHead, ItemPath, ItemTrailer, LoadReport } from "../contracts/protocol.ts";
 
 /** Configuration of an origin. */
 export interface OriginOptions {

@@ -12,10 +12,10 @@
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
 import type { RateLimitInfo } from "../../durable-objects/admission.ts";
-import { formatUsd } from "../../durable-objects/pricing.ts";
+import { formatUsd } from "../../contracts/pricing.ts";
 import type { AppEnv } from "../../functions/app-env.ts";
 import { handleError, handleNotFound } from "../../functions/error-handler.ts";
-import { incorrectApiKey, originFailure } from "../../functions/errors.ts";
+import { incorrectApiKey, originFailure } from "../../contracts/errors.ts";
 import { bearerToken } from "../../functions/keys.ts";
 import {
   COST_HEADER,

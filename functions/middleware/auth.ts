@@ -25,7 +25,7 @@ import {
   renewLease,
   settleRequest,
 } from "../key-auth.ts";
-import { billedMicros, formatUsd } from "../../durable-objects/pricing.ts";
+import { billedMicros, formatUsd } from "../../contracts/pricing.ts";
 import type { GatewayConfig } from "../config.ts";
 import { completionAllowance } from "./completion-plan.ts";
 import { waitUntilOf } from "./request-context.ts";

@@ -5,7 +5,7 @@
  */
 import { createMiddleware } from "hono/factory";
 import type { AppEnv, CompletionBody } from "../app-env.ts";
-import { invalidJson } from "../errors.ts";
+import { invalidJson } from "../../contracts/errors.ts";
 import { readBodyText, requireJsonType } from "../json-body.ts";
 import { ChatCompletionRequestSchema, CompletionRequestSchema } from "../openai-schemas.ts";
 import { validationError } from "../validation-errors.ts";

@@ -7,7 +7,7 @@
 import { createMiddleware } from "hono/factory";
 import type { AppEnv, CompletionPlan } from "../app-env.ts";
 import { type ModelConfig, resolveModels } from "../config.ts";
-import { contextLengthExceeded, modelNotFound } from "../errors.ts";
+import { contextLengthExceeded, modelNotFound } from "../../contracts/errors.ts";
 import { estimateChatPromptTokens, estimateCompletionPrompts } from "../token-estimate.ts";
 
 // OpenAI's legacy completions default `max_tokens` to 16; chat leaves it to the window.

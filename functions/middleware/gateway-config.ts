@@ -5,7 +5,7 @@
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../app-env.ts";
 import { ConfigError, loadGatewayConfig } from "../config.ts";
-import { configError } from "../errors.ts";
+import { configError } from "../../contracts/errors.ts";
 
 /** Puts the gateway configuration on the context. */
 export function gatewayConfig() {

@@ -7,7 +7,7 @@ import { Hono } from "hono";
 import { adminAuth } from "../admin.ts";
 import type { AppEnv } from "../app-env.ts";
 import { batcherName, batchingPlan } from "../batcher-client.ts";
-import { ApiError } from "../errors.ts";
+import { ApiError } from "../../contracts/errors.ts";
 
 /** The batcher inspection route group, mounted at `/admin/batchers`. */
 export const batchers = new Hono<AppEnv>()

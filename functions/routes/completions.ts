@@ -7,7 +7,7 @@ import type { AppEnv } from "../app-env.ts";
 import { PRIORITY_HEADER, batcherOpener } from "../batcher-client.ts";
 import { dispatchCompletion } from "../dispatch.ts";
 import { methodNotAllowed } from "../error-handler.ts";
-import { ApiError, clipped, invalidRequest } from "../errors.ts";
+import { ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
 import { admitCompletion } from "../middleware/auth.ts";
 import { completionBody } from "../middleware/completion-body.ts";
@@ -16,7 +16,7 @@ import { planCompletion, sequenceAllowance } from "../middleware/completion-plan
 import { waitUntilOf } from "../middleware/request-context.ts";
 import { OriginPool } from "../origin-pool.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
-import type { ItemPath } from "../../origin/protocol.ts";
+import type { ItemPath } from "../../contracts/protocol.ts";
 
 /** Request header that picks the first region to try (for tests and diagnostics). */
 export const REGION_OVERRIDE_HEADER = "x-warmgate-region";

@@ -7,7 +7,7 @@ import { Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
 import { type ModelConfig, resolveModel } from "../config.ts";
 import { methodNotAllowed } from "../error-handler.ts";
-import { modelNotFound } from "../errors.ts";
+import { modelNotFound } from "../../contracts/errors.ts";
 import { type PricingJson, pricingJson } from "../pricing.ts";
 
 /** A model object as `GET /v1/models` returns it (OpenAI's fields plus vLLM's). */

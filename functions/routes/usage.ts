@@ -10,9 +10,9 @@ import type { AppEnv } from "../app-env.ts";
 import type { Credential } from "../key-auth.ts";
 import { keyAccount, refusalError } from "../key-auth.ts";
 import type { LedgerRecord, UsageRow, UsageTotals } from "../../durable-objects/key-account.ts";
-import { microsToUsd, utcDay } from "../../durable-objects/pricing.ts";
+import { microsToUsd, utcDay } from "../../contracts/pricing.ts";
 import { methodNotAllowed } from "../error-handler.ts";
-import { ApiError, invalidRequest } from "../errors.ts";
+import { ApiError, invalidRequest } from "../../contracts/errors.ts";
 
 /** Longest `user` that `GET /v1/usage?user=` takes (OpenAI's `user` is at most 256). */
 export const MAX_USER_LENGTH = 256;

@@ -11,7 +11,7 @@ import type {
   EngineOutcome,
   EngineResponse,
 } from "../engine.ts";
-import type { ItemUsage, LoadReport } from "../protocol.ts";
+import type { ItemUsage, LoadReport } from "../../contracts/protocol.ts";
 import {
   chatChunk,
   chatCompletion,

@@ -2,7 +2,7 @@
  * Parses and validates an OpenAI-compatible request body for the simulated engine, and
  * answers invalid ones the way OpenAI and vLLM do (status, type, param, code).
  */
-import type { ItemPath } from "../protocol.ts";
+import type { ItemPath } from "../../contracts/protocol.ts";
 import {
   renderChatPrompt,
   type ChatMessage,

@@ -15,7 +15,7 @@ import {
 } from "../../durable-objects/batcher.ts";
 import { type WindowConfigInput, WindowConfigSchema } from "../../durable-objects/window.ts";
 import { type FrameReader, frameReader } from "../../functions/origin-client.ts";
-import { FrameType, type ItemTrailer, decodeJsonPayload } from "../../origin/protocol.ts";
+import { FrameType, type ItemTrailer, decodeJsonPayload } from "../../contracts/protocol.ts";
 import { chatBody, lastEvent, metricValue } from "../support/edge-requests.ts";
 
 // batch-1 and batch-2 are this file's alone; they generate about one token per 20 ms, so a

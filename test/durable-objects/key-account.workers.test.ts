@@ -8,9 +8,9 @@ import {
   RESERVATION_LEASE_MS,
   type AdmitInput,
   type AdmitResult,
-  type CommitStamp,
   type KeyAccount,
 } from "../../durable-objects/key-account.ts";
+import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 import { mintApiKey, newKeyId } from "../../functions/keys.ts";
 
 const LIMITS: Limits = { rpm: 100_000, tpm: 100_000_000, concurrency: 10 };

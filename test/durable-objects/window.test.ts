@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import type { LoadReport } from "../../origin/protocol.ts";
+import type { LoadReport } from "../../contracts/protocol.ts";
 import { chooseLeastLoaded } from "../../durable-objects/origin-choice.ts";
 import type { OriginChooser } from "../../durable-objects/origin-choice.ts";
 import {

@@ -1,5 +1,5 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { usdToMicros } from "../../durable-objects/pricing.ts";
+import { usdToMicros } from "../../contracts/pricing.ts";
 import { type RunningStack, createKey, startStack } from "../../scripts/stack.ts";
 import { metricValue } from "../support/edge-requests.ts";
 

@@ -4,7 +4,8 @@ import { sign } from "hono/jwt";
 import { describe, expect, it } from "vitest";
 import { mintBrowserToken, verifyBrowserToken } from "../../functions/browser-tokens.ts";
 import { admitRequest, authenticateBearer } from "../../functions/key-auth.ts";
-import { deriveSecret, hex, newKeyId } from "../../functions/keys.ts";
+import { hex } from "../../contracts/hashing.ts";
+import { deriveSecret, newKeyId } from "../../functions/keys.ts";
 import { ADMIN, createKey } from "../support/admin-keys.workers.ts";
 
 const SCOPE = { rpm: 10, tpm: 10_000, concurrency: 1 };

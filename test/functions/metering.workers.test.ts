@@ -6,7 +6,7 @@ import {
 import { env, exports } from "cloudflare:workers";
 import { afterEach, describe, expect, inject, it } from "vitest";
 import type { KeyAccount } from "../../durable-objects/key-account.ts";
-import { costMicros, formatUsd, usdToMicros } from "../../durable-objects/pricing.ts";
+import { costMicros, formatUsd, usdToMicros } from "../../contracts/pricing.ts";
 import app from "../../functions/index.ts";
 import { modelPrice } from "../../functions/pricing.ts";
 import { type ErrorBody, chatBody, edgeRequest } from "../support/edge-requests.ts";

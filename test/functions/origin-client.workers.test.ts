@@ -7,7 +7,7 @@ import {
   concatBytes,
   encodeFrame,
   encodeJsonFrame,
-} from "../../origin/protocol.ts";
+} from "../../contracts/protocol.ts";
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();

@@ -2,8 +2,8 @@
  * The client side of the batch protocol as tests use it: post an envelope, read the
  * frames back, and group them per item.
  */
-import { BATCH_PATH, decodeJsonPayload, FrameType, readFrames } from "../../origin/protocol.ts";
-import type { BatchItem, ItemHead, ItemTrailer, LoadReport } from "../../origin/protocol.ts";
+import { BATCH_PATH, decodeJsonPayload, FrameType, readFrames } from "../../contracts/protocol.ts";
+import type { BatchItem, ItemHead, ItemTrailer, LoadReport } from "../../contracts/protocol.ts";
 
 /** One item's frames, as the client saw them. */
 export interface ItemFrames {

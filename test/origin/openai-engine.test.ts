@@ -7,7 +7,7 @@ import {
   requestUsage,
   SseSplitter,
 } from "../../origin/openai-engine.ts";
-import { BATCH_CANCEL_PATH } from "../../origin/protocol.ts";
+import { BATCH_CANCEL_PATH } from "../../contracts/protocol.ts";
 import { startOrigin } from "../../origin/server.ts";
 import type { RunningOrigin } from "../../origin/server.ts";
 import { createSimEngine } from "../../origin/sim/engine.ts";

@@ -5,7 +5,7 @@
  */
 import { env } from "cloudflare:workers";
 import { beforeAll } from "vitest";
-import { sha256Hex } from "../../functions/keys.ts";
+import { sha256Hex } from "../../contracts/hashing.ts";
 import { TEST_API_KEY, TEST_KEY_ID } from "./provided-context.ts";
 
 beforeAll(async () => {

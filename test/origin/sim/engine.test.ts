@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from "vitest";
 import type { Engine, EngineOutcome } from "../../../origin/engine.ts";
-import type { ItemPath } from "../../../origin/protocol.ts";
+import type { ItemPath } from "../../../contracts/protocol.ts";
 import { createSimEngine, type SimEngineOptions } from "../../../origin/sim/engine.ts";
 import { countTokens } from "../../../origin/sim/tokenizer.ts";
 

@@ -14,7 +14,7 @@ import {
   utcMonth,
   worstCaseMicros,
   type ModelPrice,
-} from "../../durable-objects/pricing.ts";
+} from "../../contracts/pricing.ts";
 
 // $0.15 per 1M input tokens, $0.075 per 1M cached input tokens, $0.60 per 1M output tokens.
 const price: ModelPrice = {

@@ -9,7 +9,7 @@ import {
   FramingError,
   FrameType,
   readFrames,
-} from "../../origin/protocol.ts";
+} from "../../contracts/protocol.ts";
 
 const bytes = (text: string) => new TextEncoder().encode(text);
 
