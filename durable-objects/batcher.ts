@@ -94,7 +94,8 @@ import {
   batchAnswerProblem,
   describe,
   postBatch,
-} from "../functions/origin-client.ts";
+  type UpstreamOrigin,
+} from "../contracts/upstream.ts";
 import {
   BATCH_PROTOCOL_VERSION,
   type BatchRequest,
@@ -865,7 +866,7 @@ export class Batcher extends DurableObject<Env> {
     }, callTimeoutMs);
     let response: Response;
     try {
-      response = await postBatch(batch, envelope, batch.abort.signal);
+      response = await postBatch(this.#upstream(batch.url), envelope, batch.abort.signal);
     } catch (error) {
       clearTimeout(callTimer);
       if (batch.abortReason === "all-cancelled") {
@@ -1212,7 +1213,7 @@ export class Batcher extends DurableObject<Env> {
     // Already asked (a cancel until END that the caller then stopped waiting for).
     if (!askOrigin) return;
     this.ctx.waitUntil(
-      cancelBatchItems(batch, batch.id, [caller.input.id]).then((ok) => {
+      cancelBatchItems(this.#upstream(batch.url), batch.id, [caller.input.id]).then((ok) => {
         if (!ok) console.warn("origin cancel failed", batch.id, batch.originId, caller.input.id);
       }),
     );
@@ -1294,12 +1295,17 @@ export class Batcher extends DurableObject<Env> {
     await Promise.all(
       rows.map(async (row) => {
         // Without ids the origin cancels every unfinished item of the call.
-        const ok = await cancelBatchItems({ url: row.origin_url }, row.batch_id);
+        const ok = await cancelBatchItems(this.#upstream(row.origin_url), row.batch_id);
         if (!ok) console.warn("orphaned batch cancel failed", row.batch_id, row.origin_id);
         this.#counters.orphansCancelled += 1;
         this.ctx.storage.sql.exec("DELETE FROM open_batches WHERE batch_id = ?", row.batch_id);
       }),
     );
+  }
+
+  // An origin as the upstream client calls it, with the edge's access token for origins.
+  #upstream(url: string): UpstreamOrigin {
+    return { url, token: this.env.ORIGIN_TOKEN };
   }
 
   async #migrate(): Promise<void> {

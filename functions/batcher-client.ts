@@ -39,7 +39,8 @@ import {
   openDirect,
 } from "./dispatch.ts";
 import { ApiError, type OriginFailureKind } from "../contracts/errors.ts";
-import { type FrameReader, describe, openItemFromFrames } from "./origin-client.ts";
+import { type FrameReader, describe } from "../contracts/upstream.ts";
+import { openItemFromFrames } from "./origin-client.ts";
 import { retryAfterHeaders } from "./rate-limit-headers.ts";
 
 /** Request header that moves a request to a lower-priority lane (never a higher one). */

@@ -46,6 +46,8 @@ export interface AttemptRequest {
   itemTimeoutMs: number;
   /** Origins that already failed this request. */
   avoidOrigins: readonly string[];
+  /** The origins' access token (the edge's `ORIGIN_TOKEN`). */
+  originToken?: string | undefined;
 }
 
 /** An attempt's outcome: an open item, a failure worth another candidate, or a final refusal. */
@@ -64,6 +66,7 @@ export type ItemOpener = (
 export const openDirect: ItemOpener = (candidate, request) =>
   openItem(candidate.origin, {
     requestId: request.attemptId,
+    originToken: request.originToken,
     path: request.path,
     body: request.body,
     headers: request.headers,
@@ -93,6 +96,8 @@ export interface DispatchOptions {
   stream: boolean;
   /** Lower-case headers forwarded to the engine. */
   headers: Record<string, string>;
+  /** The origins' access token (the edge's `ORIGIN_TOKEN`). */
+  originToken?: string | undefined;
   /** Called exactly once when the request ends, however it ends. */
   onSettled: (settled: Omit<SettledRequest, "requestId">) => void;
   /** How each attempt reaches an origin (default {@link openDirect}). */
@@ -144,6 +149,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       timeHead: options.stream,
       itemTimeoutMs: options.limits.request_timeout_ms,
       avoidOrigins: [...avoid],
+      originToken: options.originToken,
     });
     options.pool.end(planned);
     if (attempt.kind === "refused") throw attempt.error;

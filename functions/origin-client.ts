@@ -1,21 +1,14 @@
 /**
- * Talks the batch protocol to an origin: posts batches, cancels items, and reads an
- * item's frames as {@link ItemEvent}s behind the {@link OpenItem} interface. `openItem`
+ * Reads an item's frames as {@link ItemEvent}s behind the {@link OpenItem} interface, over
+ * the batch protocol's upstream client (contracts/upstream.ts). `openItem`
  * sends one request as a batch of one (the unbatched path); the `Batcher` Durable Object
  * sends many items per call with the same helpers and hands each caller the same events.
  */
-import { env } from "cloudflare:workers";
 import type { OriginConfig } from "./config.ts";
 import type { OriginFailureKind } from "../contracts/errors.ts";
 import {
-  BATCH_CANCEL_PATH,
-  BATCH_CONTENT_TYPE,
-  BATCH_PATH,
   BATCH_PROTOCOL_VERSION,
   type BatchRequest,
-  type CancelRequest,
-  type Frame,
-  FrameDecoder,
   FrameType,
   type ItemHead,
   type ItemPath,
@@ -24,6 +17,16 @@ import {
   concatBytes,
   decodeJsonPayload,
 } from "../contracts/protocol.ts";
+import {
+  type FrameReader,
+  type UpstreamOrigin,
+  batchAnswerProblem,
+  cancelBatchItems,
+  describe,
+  frameList,
+  frameReader,
+  postBatch,
+} from "../contracts/upstream.ts";
 
 /** What happens next in an item's response after its HEAD. */
 export type ItemEvent =
@@ -87,6 +90,8 @@ export type ItemAttempt =
 /** What to send and how long to wait. */
 export interface OpenItemOptions {
   requestId: string;
+  /** The origin's access token (the edge's `ORIGIN_TOKEN`), when it requires one. */
+  originToken?: string | undefined;
   path: ItemPath;
   body: string;
   headers: Record<string, string>;
@@ -111,159 +116,6 @@ export interface OpenItemOptions {
 
 /** Reason an attempt's abort carries when its first-byte timer fired. */
 export const FIRST_BYTE_TIMEOUT = "first byte timeout";
-
-/** Posts a batch envelope to an origin's batch endpoint; rejects only when the call fails. */
-export function postBatch(
-  origin: Pick<OriginConfig, "url">,
-  batch: BatchRequest,
-  signal: AbortSignal,
-): Promise<Response> {
-  return fetch(new URL(BATCH_PATH, origin.url), {
-    method: "POST",
-    headers: originHeaders({
-      "content-type": "application/json",
-      "warmgate-batch-version": String(BATCH_PROTOCOL_VERSION),
-    }),
-    body: JSON.stringify(batch),
-    signal,
-  });
-}
-
-/**
- * Headers for a call to an origin, with the `ORIGIN_TOKEN` secret as bearer token when set
- * (origins started with `--access-token` refuse calls without it).
- */
-export function originHeaders(headers: Record<string, string>): Record<string, string> {
-  const token = env.ORIGIN_TOKEN;
-  return token ? { ...headers, authorization: `Bearer ${token}` } : headers;
-}
-
-/**
- * Asks an origin to cancel items of a running batch (all unfinished ones when `ids` is
- * absent). Harmless when they already ended; resolves false when the origin did not answer.
- */
-export async function cancelBatchItems(
-  origin: Pick<OriginConfig, "url">,
-  batchId: string,
-  ids?: readonly string[],
-): Promise<boolean> {
-  const body: CancelRequest = { batch_id: batchId, ...(ids !== undefined && { ids: [...ids] }) };
-  try {
-    const response = await fetch(new URL(BATCH_CANCEL_PATH, origin.url), {
-      method: "POST",
-      headers: originHeaders({ "content-type": "application/json" }),
-      body: JSON.stringify(body),
-    });
-    await response.body?.cancel();
-    return response.ok;
-  } catch {
-    return false;
-  }
-}
-
-/** Why a batch response cannot be read as frames, or null when it can. */
-export function batchAnswerProblem(
-  response: Response,
-): { failure: OriginFailureKind; detail: string } | null {
-  if (response.status !== 200 || response.body === null) {
-    // 503 is an origin saying it cannot take work (draining, overloaded).
-    return {
-      failure: response.status === 503 ? "unavailable" : "bad_answer",
-      detail: `batch status ${response.status}`,
-    };
-  }
-  if (!(response.headers.get("content-type") ?? "").startsWith(BATCH_CONTENT_TYPE)) {
-    return { failure: "bad_answer", detail: "batch answer is not framed" };
-  }
-  return null;
-}
-
-/** Reads frames one at a time from a framed body; a string says why reading stopped. */
-export interface FrameReader {
-  /** The next frame, or why there is none (end of body, broken connection, bad framing). */
-  next(): Promise<Frame | string>;
-  /**
-   * The payload of the next frame if it has already arrived (read with an earlier one)
-   * and is a DATA frame, taken; otherwise undefined, and nothing is taken.
-   */
-  takeReadyData(): Uint8Array | undefined;
-  /** Stops reading and cancels the body (the sender learns the reader went away). */
-  cancel(): void;
-}
-
-/** A {@link FrameReader} over a framed body (a batch response or a batcher item stream). */
-export function frameReader(body: ReadableStream<Uint8Array>): FrameReader {
-  const reader = body.getReader();
-  const decoder = new FrameDecoder();
-  // Frames decoded from the last chunk read; `at` is the next one to hand out.
-  let ready: Frame[] = [];
-  let at = 0;
-  let stopped: string | null = null;
-  return {
-    async next() {
-      for (;;) {
-        const frame = ready[at];
-        if (frame !== undefined) {
-          at++;
-          return frame;
-        }
-        if (stopped !== null) return stopped;
-        try {
-          const { done, value } = await reader.read();
-          if (done) {
-            decoder.finish();
-            stopped = "body ended before the item's END";
-          } else {
-            ready = decoder.push(value);
-            at = 0;
-          }
-        } catch (error) {
-          stopped = describe(error);
-        }
-      }
-    },
-    takeReadyData() {
-      const frame = ready[at];
-      if (frame?.type !== FrameType.DATA) return undefined;
-      at++;
-      return frame.payload;
-    },
-    cancel() {
-      if (stopped === null) stopped = "reader cancelled";
-      ready = [];
-      at = 0;
-      reader.cancel().catch(() => {});
-    },
-  };
-}
-
-/** A {@link FrameReader} over a whole framed body already read; throws on bad framing. */
-function frameList(bytes: Uint8Array): FrameReader {
-  const decoder = new FrameDecoder();
-  const frames = decoder.push(bytes);
-  decoder.finish();
-  let at = 0;
-  let stopped: string | null = null;
-  return {
-    next() {
-      const frame = frames[at];
-      if (stopped === null && frame !== undefined) {
-        at++;
-        return Promise.resolve(frame);
-      }
-      return Promise.resolve(stopped ?? "body ended before the item's END");
-    },
-    takeReadyData() {
-      const frame = frames[at];
-      if (stopped !== null || frame?.type !== FrameType.DATA) return undefined;
-      at++;
-      return frame.payload;
-    },
-    cancel() {
-      stopped ??= "reader cancelled";
-    },
-  };
-}
 
 /**
  * `first` joined with the DATA frames that arrived with it: bytes that came together leave
@@ -369,6 +221,7 @@ export async function openItem(
   origin: OriginConfig,
   options: OpenItemOptions,
 ): Promise<ItemAttempt> {
+  const upstream: UpstreamOrigin = { url: origin.url, token: options.originToken };
   const batch: BatchRequest = {
     v: BATCH_PROTOCOL_VERSION,
     batch_id: options.requestId,
@@ -397,7 +250,7 @@ export async function openItem(
 
   let response: Response;
   try {
-    response = await postBatch(origin, batch, abort.signal);
+    response = await postBatch(upstream, batch, abort.signal);
   } catch (error) {
     return failed("unavailable", `connect: ${describe(error)}`);
   }
@@ -452,12 +305,7 @@ export async function openItem(
     frames,
     () => abort.abort("client went away"),
     options.onLoad,
-    () => cancelBatchItems(origin, options.requestId, [options.requestId]),
+    () => cancelBatchItems(upstream, options.requestId, [options.requestId]),
   );
   return { kind: "open", item, originId: origin.id };
-}
-
-/** A short description of a thrown value, for logs and failure details. */
-export function describe(error: unknown): string {
-  return error instanceof Error ? `${error.name}: ${error.message}` : String(error);
 }

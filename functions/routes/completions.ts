@@ -79,6 +79,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     limits: config.limits,
     stream: plan.stream,
     headers,
+    originToken: c.env.ORIGIN_TOKEN,
     onSettled: (settled) => settlement.settle(settled),
     signal: c.req.raw.signal,
     open: batcherOpener({

@@ -14,7 +14,7 @@ import {
   OPEN_BATCH_RECORD_DELAY_MS,
 } from "../../durable-objects/batcher.ts";
 import { type WindowConfigInput, WindowConfigSchema } from "../../durable-objects/window.ts";
-import { type FrameReader, frameReader } from "../../functions/origin-client.ts";
+import { type FrameReader, frameReader } from "../../contracts/upstream.ts";
 import { FrameType, type ItemTrailer, decodeJsonPayload } from "../../contracts/protocol.ts";
 import { chatBody, lastEvent, metricValue } from "../support/edge-requests.ts";
 

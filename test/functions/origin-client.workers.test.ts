@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { frameReader, openItemFromFrames } from "../../functions/origin-client.ts";
+import { frameReader } from "../../contracts/upstream.ts";
+import { openItemFromFrames } from "../../functions/origin-client.ts";
 import {
   FrameType,
   type ItemHead,

@@ -1,0 +1,184 @@
+/**
+ * The upstream client of the batch protocol (origin/PROTOCOL.md), shared by the edge's
+ * unbatched path and the Batcher: post a batch, cancel items, tell whether an answer is a
+ * framed batch, and read its frames. The origin's access token is passed in, never read
+ * from a global.
+ */
+import type { OriginFailureKind } from "./errors.ts";
+import {
+  BATCH_CANCEL_PATH,
+  BATCH_CONTENT_TYPE,
+  BATCH_PATH,
+  BATCH_PROTOCOL_VERSION,
+  type BatchRequest,
+  type CancelRequest,
+  type Frame,
+  FrameDecoder,
+  FrameType,
+} from "./protocol.ts";
+
+/** Where an origin listens, and the bearer token it requires (none on open loopback). */
+export interface UpstreamOrigin {
+  url: string;
+  token?: string | undefined;
+}
+
+/** Posts a batch envelope to an origin's batch endpoint; rejects only when the call fails. */
+export function postBatch(
+  origin: UpstreamOrigin,
+  batch: BatchRequest,
+  signal: AbortSignal,
+): Promise<Response> {
+  return fetch(new URL(BATCH_PATH, origin.url), {
+    method: "POST",
+    headers: originHeaders(origin, {
+      "content-type": "application/json",
+      "warmgate-batch-version": String(BATCH_PROTOCOL_VERSION),
+    }),
+    body: JSON.stringify(batch),
+    signal,
+  });
+}
+
+/**
+ * Headers for a call to an origin, with its access token (the edge's `ORIGIN_TOKEN`) as
+ * bearer token when set: origins started with `--access-token` refuse calls without it.
+ */
+export function originHeaders(
+  origin: UpstreamOrigin,
+  headers: Record<string, string>,
+): Record<string, string> {
+  return origin.token ? { ...headers, authorization: `Bearer ${origin.token}` } : headers;
+}
+
+/**
+ * Asks an origin to cancel items of a running batch (all unfinished ones when `ids` is
+ * absent). Harmless when they already ended; resolves false when the origin did not answer.
+ */
+export async function cancelBatchItems(
+  origin: UpstreamOrigin,
+  batchId: string,
+  ids?: readonly string[],
+): Promise<boolean> {
+  const body: CancelRequest = { batch_id: batchId, ...(ids !== undefined && { ids: [...ids] }) };
+  try {
+    const response = await fetch(new URL(BATCH_CANCEL_PATH, origin.url), {
+      method: "POST",
+      headers: originHeaders(origin, { "content-type": "application/json" }),
+      body: JSON.stringify(body),
+    });
+    await response.body?.cancel();
+    return response.ok;
+  } catch {
+    return false;
+  }
+}
+
+/** Why a batch response cannot be read as frames, or null when it can. */
+export function batchAnswerProblem(
+  response: Response,
+): { failure: OriginFailureKind; detail: string } | null {
+  if (response.status !== 200 || response.body === null) {
+    // 503 is an origin saying it cannot take work (draining, overloaded).
+    return {
+      failure: response.status === 503 ? "unavailable" : "bad_answer",
+      detail: `batch status ${response.status}`,
+    };
+  }
+  if (!(response.headers.get("content-type") ?? "").startsWith(BATCH_CONTENT_TYPE)) {
+    return { failure: "bad_answer", detail: "batch answer is not framed" };
+  }
+  return null;
+}
+
+/** Reads frames one at a time from a framed body; a string says why reading stopped. */
+export interface FrameReader {
+  /** The next frame, or why there is none (end of body, broken connection, bad framing). */
+  next(): Promise<Frame | string>;
+  /**
+   * The payload of the next frame if it has already arrived (read with an earlier one)
+   * and is a DATA frame, taken; otherwise undefined, and nothing is taken.
+   */
+  takeReadyData(): Uint8Array | undefined;
+  /** Stops reading and cancels the body (the sender learns the reader went away). */
+  cancel(): void;
+}
+
+/** A {@link FrameReader} over a framed body (a batch response or a batcher item stream). */
+export function frameReader(body: ReadableStream<Uint8Array>): FrameReader {
+  const reader = body.getReader();
+  const decoder = new FrameDecoder();
+  // Frames decoded from the last chunk read; `at` is the next one to hand out.
+  let ready: Frame[] = [];
+  let at = 0;
+  let stopped: string | null = null;
+  return {
+    async next() {
+      for (;;) {
+        const frame = ready[at];
+        if (frame !== undefined) {
+          at++;
+          return frame;
+        }
+        if (stopped !== null) return stopped;
+        try {
+          const { done, value } = await reader.read();
+          if (done) {
+            decoder.finish();
+            stopped = "body ended before the item's END";
+          } else {
+            ready = decoder.push(value);
+            at = 0;
+          }
+        } catch (error) {
+          stopped = describe(error);
+        }
+      }
+    },
+    takeReadyData() {
+      const frame = ready[at];
+      if (frame?.type !== FrameType.DATA) return undefined;
+      at++;
+      return frame.payload;
+    },
+    cancel() {
+      if (stopped === null) stopped = "reader cancelled";
+      ready = [];
+      at = 0;
+      reader.cancel().catch(() => {});
+    },
+  };
+}
+
+/** A {@link FrameReader} over a whole framed body already read; throws on bad framing. */
+export function frameList(bytes: Uint8Array): FrameReader {
+  const decoder = new FrameDecoder();
+  const frames = decoder.push(bytes);
+  decoder.finish();
+  let at = 0;
+  let stopped: string | null = null;
+  return {
+    next() {
+      const frame = frames[at];
+      if (stopped === null && frame !== undefined) {
+        at++;
+        return Promise.resolve(frame);
+      }
+      return Promise.resolve(stopped ?? "body ended before the item's END");
+    },
+    takeReadyData() {
+      const frame = frames[at];
+      if (stopped !== null || frame?.type !== FrameType.DATA) return undefined;
+      at++;
+      return frame.payload;
+    },
+    cancel() {
+      stopped ??= "reader cancelled";
+    },
+  };
+}
+
+/** A short description of a thrown value, for logs and failure details. */
+export function describe(error: unknown): string {
+  return error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+}
