@@ -6,7 +6,7 @@
 /**
  * Where an answer of a key's account stands among its commits, so that the edge knows when
  * a settlement it carried is durable (see "Commits the edge can see" at the top of
- * durable-objects/key-account.ts, which answers with it).
+ * docs/key-account.md; the key account answers with it).
  */
 export interface CommitStamp {
   /** The account's run: random, new whenever it starts (or a commit fails). */

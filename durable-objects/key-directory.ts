@@ -13,7 +13,7 @@
 
 import { applyMigrations } from "./migrations.ts";
 import { DurableObject } from "cloudflare:workers";
-import type { KeyRecord } from "./key-account.ts";
+import type { KeyRecord } from "./key-account/types.ts";
 
 /** The name of the single directory instance. */
 export const DIRECTORY_NAME = "key-directory";

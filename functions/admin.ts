@@ -6,8 +6,8 @@
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
 import { z } from "zod";
-import { NO_BUDGETS, type Budgets, type Limits } from "../durable-objects/admission.ts";
-import { KEY_TIERS, type KeyRecord, type UsageRow } from "../durable-objects/key-account.ts";
+import { NO_BUDGETS, type Budgets, type Limits } from "../durable-objects/key-account/admission.ts";
+import { KEY_TIERS, type KeyRecord, type UsageRow } from "../durable-objects/key-account/types.ts";
 import { microsToUsd, usdToMicros } from "../contracts/pricing.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory.ts";
 import { ApiError } from "../contracts/errors.ts";

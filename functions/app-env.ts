@@ -1,7 +1,7 @@
 /**
  * The Hono environment shared by every route and middleware of the edge.
  */
-import type { AdmitOk } from "../durable-objects/key-account.ts";
+import type { AdmitOk } from "../durable-objects/key-account/types.ts";
 import type { GatewayConfig, ModelConfig } from "./config.ts";
 import type { Credential } from "./key-auth.ts";
 import type { ChatCompletionRequest, CompletionRequest } from "./openai-schemas.ts";

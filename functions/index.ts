@@ -44,6 +44,6 @@ app.onError(handleError);
 reportConfigAtStartup(env.WARMGATE_CONFIG);
 
 export default app satisfies ExportedHandler<Env>;
-export { KeyAccount } from "../durable-objects/key-account.ts";
+export { KeyAccount } from "../durable-objects/key-account/index.ts";
 export { KeyDirectory } from "../durable-objects/key-directory.ts";
 export { Batcher } from "../durable-objects/batcher.ts";

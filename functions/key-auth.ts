@@ -2,17 +2,20 @@
 // edge (no Durable Object call), admit the request in its key's KeyAccount (one call),
 // settle it there when it ends, and turn refusals into OpenAI errors and headers.
 
-import type { AdmissionRefusal, InvalidKeyReason } from "../durable-objects/admission.ts";
+import type {
+  AdmissionRefusal,
+  InvalidKeyReason,
+} from "../durable-objects/key-account/admission.ts";
+import { type KeyAccount } from "../durable-objects/key-account/index.ts";
 import {
   ACCOUNT_WRITE_DELAY_MS,
   type AdmitInput,
   type AdmitCredential,
   type AdmitResult,
-  type KeyAccount,
   type KeyCheckResult,
   type SettleInput,
   type SettleResult,
-} from "../durable-objects/key-account.ts";
+} from "../durable-objects/key-account/types.ts";
 import { formatUsd } from "../contracts/pricing.ts";
 import { verifyBrowserToken, type BrowserScope } from "./browser-tokens.ts";
 import { ApiError } from "../contracts/errors.ts";

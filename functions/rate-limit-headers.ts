@@ -3,7 +3,7 @@
 // `retry-after` is whole seconds (RFC 9110 §10.2.3) and `retry-after-ms` is what the
 // official SDKs read first.
 
-import type { RateLimitInfo } from "../durable-objects/admission.ts";
+import type { RateLimitInfo } from "../durable-objects/key-account/admission.ts";
 
 /** Formats milliseconds as OpenAI's reset duration string (`6m0s`, `120ms`, `1s`). */
 export function formatResetDuration(ms: number): string {

@@ -5,7 +5,7 @@
  * carried it within {@link SETTLE_FLUSH_MS}, it goes in a call of its own.
  *
  * An admit call applies what it carries in the account's memory and commits it behind, a
- * write delay later (key-account.ts): a crash within that window loses it. So a carried
+ * write delay later (docs/key-account.md): a crash within that window loses it. So a carried
  * settlement stays here, applied but unconfirmed, with the account's incarnation and the
  * commit its writes land in, until an answer of the same incarnation reports that commit
  * (in steady traffic, the answers of the next admits do). An answer of another incarnation

@@ -32,7 +32,7 @@ import { waitUntilOf } from "./request-context.ts";
 import { modelPrice } from "../pricing.ts";
 import { rateLimitHeaders } from "../rate-limit-headers.ts";
 import type { SettledRequest } from "../settlement.ts";
-import type { AdmitOk, SettleInput } from "../../durable-objects/key-account.ts";
+import type { AdmitOk, SettleInput } from "../../durable-objects/key-account/types.ts";
 
 /** Response header with a non-streaming completion's cost in USD (six decimal places). */
 export const COST_HEADER = "x-warmgate-cost-usd";

@@ -9,7 +9,11 @@ import { Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
 import type { Credential } from "../key-auth.ts";
 import { keyAccount, refusalError } from "../key-auth.ts";
-import type { LedgerRecord, UsageRow, UsageTotals } from "../../durable-objects/key-account.ts";
+import type {
+  LedgerRecord,
+  UsageRow,
+  UsageTotals,
+} from "../../durable-objects/key-account/types.ts";
 import { microsToUsd, utcDay } from "../../contracts/pricing.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { ApiError, invalidRequest } from "../../contracts/errors.ts";

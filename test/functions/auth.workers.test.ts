@@ -6,7 +6,7 @@ import {
 } from "cloudflare:test";
 import { env, exports } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
-import type { KeyAccount } from "../../durable-objects/key-account.ts";
+import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
 import app from "../../functions/index.ts";
 import {
   admitRequest,

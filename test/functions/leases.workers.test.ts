@@ -1,7 +1,7 @@
 import { runInDurableObject } from "cloudflare:test";
 import { env, exports } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import type { KeyAccount } from "../../durable-objects/key-account.ts";
+import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
 import { LEASE_MS, LEASE_RENEW_MS } from "../../functions/middleware/auth.ts";
 import { createKey } from "../support/admin-keys.workers.ts";
 import { chatBody, edgeRequest } from "../support/edge-requests.ts";

@@ -5,7 +5,7 @@ import {
 } from "cloudflare:test";
 import { env, exports } from "cloudflare:workers";
 import { afterEach, describe, expect, inject, it } from "vitest";
-import type { KeyAccount } from "../../durable-objects/key-account.ts";
+import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
 import { costMicros, formatUsd, usdToMicros } from "../../contracts/pricing.ts";
 import app from "../../functions/index.ts";
 import { modelPrice } from "../../functions/pricing.ts";

@@ -6,7 +6,7 @@ import {
   refill,
   snapshot,
   take,
-} from "../../durable-objects/token-bucket.ts";
+} from "../../../durable-objects/key-account/token-bucket.ts";
 
 describe("token bucket", () => {
   it("starts full and takes units until empty", () => {

@@ -1,103 +1,15 @@
-// KeyAccount: one Durable Object per API key (named by the key id). It holds the
-// key's record, secrets, rate-limit buckets, budgets and its ledger in SQLite, and
-// answers `admit` and `settle` for the request path in one call each.
-//
-// Memory ahead of SQLite
-//   While the object lives, its memory is the authority on the hot state: the record and
-//   secrets, the buckets (the key's, and each end user's from first use), the open ledger
-//   rows (all of them, loaded at start), and the spend and usage_daily rows settling has
-//   touched (each loaded from SQLite on first use). `admit`, the settlements it carries and
-//   the expiry of reservations decide from memory and queue the latest state of each row
-//   they change in a write-behind queue (write-behind.ts), committed in one transaction
-//   ACCOUNT_WRITE_DELAY_MS (50 ms) after its first write. SQLite is thus behind memory by
-//   at most that delay. Why: every storage write of a Durable Object holds all of its
-//   outgoing messages (the output gate) until the write is durable, an fsync under
-//   `wrangler dev` and a replication round in production; an admit that wrote would answer
-//   only after a commit. Written behind, it answers from memory, and many requests' writes
-//   share one commit (an admit and its settlement within one window are one row INSERT).
-//   Whatever reads these tables flushes first (`usage`, `record`, the alarm, the settlement
-//   of a request that is not open), so reads are consistent. A settlement sent on its own
-//   (`settle`, `settleMany`) is committed before it is answered: it carries a bill, and the
-//   edge sends it after the response (a quiet key commits once per request either way).
-//
-//   A crash (process death, deploy; not an eviction, which only happens to an idle
-//   object) forgets the writes of its last ≤ 50 ms, and only those:
-//     - counters and reservations of that window: requests taken from the buckets, token
-//       refunds and charges, admissions (their open rows and reserved spend);
-//     - settlements that an admit call carried in that window, which the edge therefore
-//       keeps until an answer shows them committed, and sends again otherwise (below).
-//   It never loses or doubles a committed bill, and never loses the bill of a request whose
-//   admission it forgot: that request's settlement carries the edge's prices and
-//   reservation (SettleInput.admitted), and a settlement of a request the account does not
-//   know is recorded and billed from them, as a settled row with nothing reserved, in the
-//   day it is settled.
-//
-// Commits the edge can see
-//   Every answer of `admit` and `settleMany` carries a CommitStamp: the object's incarnation
-//   (random, made when it starts), the number of commits it made since (`committed`), and the
-//   commit the call's writes land in (`pending`; the writes queued now all land in the next
-//   one). An answer leaves only once every commit made before it is durable (the output
-//   gate), so `committed` is a fact the edge can rely on: a settlement an admit carried with
-//   `pending` n is durable once an answer of the same incarnation says `committed` >= n. An
-//   answer of another incarnation says the object restarted, maybe within the window: the
-//   edge sends the settlement again. Settling is idempotent by request id, whatever the
-//   restart kept: an open row loaded from SQLite is settled, a settled one is left as it is
-//   (`already_settled`), and a forgotten one is billed from `admitted`. The stamp is read from
-//   memory: no SQL in the admit turn.
-//
-// Tables
-//   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
-//   key_record         The key, at most one row (singleton = 1); absent until `create`.
-//                      Times are epoch ms; models NULL allows every model; budget_*_micros
-//                      and credit_micros NULL mean no such budget. Written at once.
-//   secrets            secret_hash PK (SHA-256 hex of the whole key), valid_until.
-//                      Exactly one row with valid_until NULL (the current secret) while
-//                      the key exists; rotated-out secrets carry the end of their grace.
-//                      Written at once.
-//   buckets            (scope, kind) PK → level, updated_at. scope 'key' is the key,
-//                      'u:<subject>' one end user of browser tokens; kind 'requests' or
-//                      'tokens'. A missing row is a full bucket. Written behind.
-//   ledger             One row per admitted request, request_id PK. state 'open' →
-//                      'settled' | 'expired', exactly once (an 'expired' row may still take
-//                      its real usage once, → 'settled'); a write never moves a row back.
-//                      day is the UTC day of admission; the request's cost counts in that
-//                      day and its month. candidates is
-//                      the JSON list [model, input, cached input, output price] of the
-//                      models it may be served by, prices fixed at admission. model is the
-//                      first candidate, then the one that served it. Open rows are the
-//                      in-flight requests: concurrency is their count. Closed rows stay
-//                      LEDGER_RETENTION_MS, then are pruned (the rollups keep their sums).
-//                      Written behind.
-//   usage_daily        (day, model) PK → requests, prompt_tokens, cached_tokens,
-//                      completion_tokens, cost_micros: the sums over the closed ledger rows
-//                      of that day and model. Kept for good. Written behind.
-//   spend              period PK ('d:YYYY-MM-DD', 'm:YYYY-MM' or 'all') → settled_micros
-//                      (Σ cost_micros of the period's closed rows) and reserved_micros
-//                      (Σ reserved_micros of its open rows). Written behind.
-//
-// Invariants
-//   - `admit` reads, decides and updates memory without an await in between, so concurrent
-//     calls are serialised by the input gate: no two decisions see the same counters.
-//   - The rows in SQLite plus the writes queued are the rows in memory; a read of SQLite
-//     that flushed first sees exactly what memory holds.
-//   - For every period with a budget, settled + reserved never exceeds the budget after an
-//     admission: a request is refused rather than reserved past it, and settling charges at
-//     most what was reserved. (Only a late settlement of an expired row, whose reservation
-//     was already released, can go past it.)
-//   - Every request is settled at most once: its cost is added to spend and usage_daily
-//     exactly once, its reservation released exactly once (settle or expiry).
-//   - Every token reserved is given back or charged exactly once (settle), or kept
-//     when the reservation expires unsettled (its real cost is unknown).
-//   - An alarm is set whenever an open reservation or a prunable row exists, no later
-//     than the earliest open expiry; running it twice changes nothing. Steady traffic
-//     never moves it (a new lease ends after the alarm), so admits do not write it.
-
-import { applyMigrations } from "./migrations.ts";
+/**
+ * KeyAccount: one Durable Object per API key (named by the key id) holding its record,
+ * secrets, rate-limit buckets, budgets and ledger in SQLite; it answers `admit` and
+ * `settle` for the request path in one call each, decides from memory and writes behind.
+ * Storage, invariants and commit stamps: docs/key-account.md.
+ */
+import { applyMigrations } from "../migrations.ts";
 import { lookupOutcomes, outcomeSources, reconcile } from "./reconcile.ts";
-import { MAX_OUTCOME_IDS } from "../contracts/protocol.ts";
+import { MAX_OUTCOME_IDS } from "../../contracts/protocol.ts";
 import { DurableObject } from "cloudflare:workers";
 import { adjust, fullBucket, type BucketState } from "./token-bucket.ts";
-import { WriteBehind } from "./write-behind.ts";
+import { WriteBehind } from "../write-behind.ts";
 import {
   NO_BUDGETS,
   billingCap,
@@ -105,12 +17,8 @@ import {
   hasBudgets,
   rateLimitNow,
   tokenCorrection,
-  type Admission,
   type AdmissionRefusal,
-  type Budgets,
   type CandidateModel,
-  type KeyStatus,
-  type Limits,
   type PeriodSpend,
   type ScopeBuckets,
   type ScopeUsage,
@@ -122,426 +30,59 @@ import {
   utcDay,
   utcMonth,
   worstCaseMicros,
-  type ModelPrice,
   type TokenUsage,
-} from "../contracts/pricing.ts";
-import { constantTimeEqual } from "../contracts/hashing.ts";
-import type { CommitStamp } from "../contracts/commit-stamp.ts";
-
-/** Priority tiers, lowest first; the batcher maps them to lanes. */
-export const KEY_TIERS = ["low", "standard", "high"] as const;
-
-/** A key's priority tier. */
-export type KeyTier = (typeof KEY_TIERS)[number];
-
-/** How long a reservation may stay open before the alarm releases it, unless given. */
-export const RESERVATION_LEASE_MS = 15 * 60_000;
-
-/**
- * How long after its lease lapsed a request is still looked for on the origins (they
- * remember items for 15 minutes), and how often while one still runs there.
- */
-export const RECONCILE_WINDOW_MS = 10 * 60_000;
-export const RECONCILE_RETRY_MS = 5_000;
-
-/** How long a closed ledger row is kept (a repeated settle is recognised meanwhile). */
-export const LEDGER_RETENTION_MS = 35 * 86_400_000;
+} from "../../contracts/pricing.ts";
+import { constantTimeEqual } from "../../contracts/hashing.ts";
+import type { CommitStamp } from "../../contracts/commit-stamp.ts";
+import {
+  KEY_ACCOUNT_MIGRATIONS,
+  KEY_SCOPE,
+  LEDGER_COLUMNS,
+  NOT_CLOSED,
+  type LedgerEntry,
+  type LedgerRow,
+  type RecordRow,
+  type SecretRow,
+  type StoredCandidate,
+  type UsageDbRow,
+  ledgerEntryOf,
+  ledgerRecordOf,
+  modelsColumn,
+  priceOf,
+  recordOf,
+  storedCandidate,
+} from "./schema.ts";
+import {
+  ACCOUNT_WRITE_DELAY_MS,
+  RECONCILE_RETRY_MS,
+  RECONCILE_WINDOW_MS,
+  LEDGER_RETENTION_MS,
+  RESERVATION_LEASE_MS,
+  type AdmitAnswer,
+  type AdmitInput,
+  type AdmitResult,
+  type CheckCredential,
+  type KeyCheckResult,
+  type KeyCreateInput,
+  type KeyRecord,
+  type KeyUpdateInput,
+  type RecordResult,
+  type SettleInput,
+  type SettleManyResult,
+  type SettleResult,
+  type UsageResult,
+  type UsageTotals,
+} from "./types.ts";
 
 // Spend rows of days and months this far back are no longer needed for any budget.
 const SPEND_RETENTION_MS = 62 * 86_400_000;
-
 // Pruning runs at most this often, so steady traffic does not turn into an alarm per request.
 const PRUNE_INTERVAL_MS = 60_000;
 // An end user's buckets untouched this long are full again (or their debt is forgiven).
 const IDLE_BUCKET_MS = 10 * 60_000;
 
-/** The key record as the KeyAccount holds it (times in epoch ms). */
-export interface KeyRecord {
-  id: string;
-  name: string;
-  status: KeyStatus;
-  limits: Limits;
-  /** Spending limits in micro-dollars. */
-  budgets: Budgets;
-  allowedOrigins: string[];
-  models: string[] | null;
-  tier: KeyTier;
-  /** Whether its requests may pick their region with `x-warmgate-region`. */
-  allowRegionOverride: boolean;
-  expiresAt: number | null;
-  createdAt: number;
-  updatedAt: number;
-  revokedAt: number | null;
-  /** End of the grace period of the previous secret after a rotation, if still running. */
-  previousSecretValidUntil: number | null;
-  /** Increases with every change, so copies of the record (the directory) keep the newest. */
-  version: number;
-}
-
-/** What `create` needs: the record's fields and the hash of the first secret. */
-export interface KeyCreateInput {
-  id: string;
-  name: string;
-  secretHash: string;
-  limits: Limits;
-  /** Absent: no budgets. */
-  budgets?: Budgets;
-  allowedOrigins: string[];
-  models: string[] | null;
-  tier: KeyTier;
-  allowRegionOverride?: boolean;
-  expiresAt: number | null;
-  now: number;
-}
-
-/** A partial change to a key; `models: null` allows every model, `expiresAt: null` removes expiry. */
-export interface KeyUpdateInput {
-  name?: string;
-  limits?: Partial<Limits>;
-  /** A budget set to null is removed. */
-  budgets?: Partial<Budgets>;
-  allowedOrigins?: string[];
-  models?: string[] | null;
-  tier?: KeyTier;
-  allowRegionOverride?: boolean;
-  expiresAt?: number | null;
-  now: number;
-}
-
-/** How a request presents itself to `admit`: an API key's hash or a verified browser token's scope. */
-export type AdmitCredential =
-  | { kind: "key"; secretHash: string }
-  | {
-      kind: "browser";
-      /** When the token was minted (epoch ms): it dies with the secret that was current then. */
-      issuedAt: number;
-      /** End user id, or a per-token subject when the token names no user. */
-      subject: string;
-      limits: Limits;
-      models: string[] | null;
-    };
-
-/** A model a request may fall back to, with its price and token allowance. */
-export interface AdmitFallback {
-  model: string;
-  maxTokens: number;
-  price: ModelPrice;
-}
-
-/** One admission request from the edge. */
-export interface AdmitInput {
-  requestId: string;
-  credential: AdmitCredential;
-  /** The model to try first. */
-  model: string;
-  promptTokens: number;
-  /** Tokens the completion may produce; reserved in full until settled. */
-  maxTokens: number;
-  /** Prices of `model` in micro-dollars per 1M tokens; absent: free. */
-  price?: ModelPrice;
-  /** Models to try after `model`, in order (the rest of an alias's list). */
-  fallbacks?: AdmitFallback[];
-  /** The OpenAI `user` field, recorded with the reservation. */
-  endUser?: string | null;
-  /** The browser `Origin` header, if any. */
-  origin?: string | null;
-  /** Decision time; omit to use this object's clock (one clock per key). */
-  now?: number;
-  /** How long the reservation may stay open before the alarm releases it. */
-  leaseMs?: number;
-  /**
-   * Settlements of this key's earlier requests that the edge sends along (one call
-   * instead of two); applied before the decision, whatever it is.
-   */
-  settle?: SettleInput[];
-}
-
-/** An admitted request: its tier, rate-limit headers and when its reservation lapses. */
-export type AdmitOk = Admission & {
-  requestId: string;
-  tier: KeyTier;
-  /** Whether the request may pick its region (the key's `allow_region_override`). */
-  allowRegionOverride: boolean;
-  leaseExpiresAt: number;
-  /**
-   * Whether the key has a budget: then a cost above the reservation is billed only as far
-   * as the budgets have room, which only the account knows when it settles.
-   */
-  budgeted: boolean;
-};
-
-/** The answer to `admit`. */
-export type AdmitResult = AdmitOk | AdmissionRefusal;
-
-/** What `admit` answers: the decision and where the call's writes stand. */
-export type AdmitAnswer = AdmitResult & { commit: CommitStamp };
-
-/** How a request ended. */
-export type SettleOutcome = "ok" | "error" | "cancelled" | "timeout";
-
-/** Real token usage, as OpenAI reports it (`cached_tokens`: prompt tokens the prefix cache served). */
-export interface SettleUsage {
-  prompt_tokens: number;
-  completion_tokens: number;
-  cached_tokens?: number;
-}
-
-/**
- * One settlement from the edge. Its cost comes from the usage at the served model's
- * admitted price (at most the reserved cost); without usage it costs nothing and its
- * reserved tokens stay charged to the rate limit.
- */
-export interface SettleInput {
-  requestId: string;
-  outcome: SettleOutcome;
-  usage?: SettleUsage | null;
-  /** The model that served the request, when it is not the one admitted (alias fallback). */
-  model?: string | null;
-  /**
-   * Whether an origin began answering (default true). Without usage, a request no origin
-   * began generated nothing: its tokens are given back at once.
-   */
-  originBegan?: boolean;
-  /**
-   * The admission as the edge holds it, used only when the account does not know the
-   * request: a crash forgot its admission before it was written. The request is then
-   * still settled and billed, as a settled row with nothing reserved.
-   */
-  admitted?: SettledAdmission | null;
-  now?: number;
-}
-
-/** What the edge knows of an admission: enough to bill the request if the account lost it. */
-export interface SettledAdmission {
-  /** The models it was admitted for, in the order tried, at their prices. */
-  models: { model: string; price: ModelPrice }[];
-  /** The worst-case cost it reserved: billed up to this whatever the budgets' room, as agreed. */
-  reservedMicros: number;
-}
-
-/** The answer to `settle`: applied once, or why nothing changed. */
-export type SettleResult =
-  | {
-      settled: true;
-      requestId: string;
-      reservedTokens: number;
-      usedTokens: number | null;
-      /** The cost billed, in micro-dollars. */
-      costMicros: number;
-      late: boolean;
-    }
-  | { settled: false; requestId: string; reason: "already_settled" | "unknown_request" };
-
-/** What `settleMany` answers: one result per input, in order, all of them committed. */
-export interface SettleManyResult {
-  results: SettleResult[];
-  commit: CommitStamp;
-}
-
-/** What `check` compares: an API key's hash, or a verified browser token (its key's state only). */
-export type CheckCredential =
-  | { kind: "key"; secretHash: string }
-  | { kind: "browser"; issuedAt: number };
-
-/** Result of checking a credential without admitting a request (token minting, `/v1/models`). */
-export type KeyCheckResult =
-  | { ok: true; record: KeyRecord }
-  | Extract<AdmissionRefusal, { code: "invalid_api_key" | "origin_not_allowed" }>;
-
-/** A refusal of a credential. */
-export type CredentialRefusal = Exclude<KeyCheckResult, { ok: true }>;
-
-/** Totals of one UTC day and model (or of a whole range when `day` and `model` are null). */
-export interface UsageTotals {
-  requests: number;
-  promptTokens: number;
-  cachedTokens: number;
-  completionTokens: number;
-  costMicros: number;
-}
-
-/** One row of the usage rollup. */
-export type UsageRow = UsageTotals & { day: string; model: string };
-
-/** One request's ledger record (times epoch ms). */
-export interface LedgerRecord {
-  requestId: string;
-  /** The model that served it (or the first candidate while it runs). */
-  model: string;
-  state: "open" | "settled" | "expired";
-  outcome: SettleOutcome | "expired" | null;
-  day: string;
-  createdAt: number;
-  closedAt: number | null;
-  promptTokens: number | null;
-  cachedTokens: number | null;
-  completionTokens: number | null;
-  reservedMicros: number;
-  costMicros: number;
-  endUser: string | null;
-}
-
-/** The answer to `usage`: rollup rows, or why the credential was refused. */
-export type UsageResult = { ok: true; rows: UsageRow[] } | CredentialRefusal;
-
-/** The answer to `record`: the request's ledger row (null when unknown), or a refusal. */
-export type RecordResult = { ok: true; record: LedgerRecord | null } | CredentialRefusal;
-
-/** The schema migrations, in order (version n is entry n - 1). */
-export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
-  `CREATE TABLE key_record (
-     singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
-     id TEXT NOT NULL, name TEXT NOT NULL, status TEXT NOT NULL,
-     rpm INTEGER NOT NULL, tpm INTEGER NOT NULL, concurrency INTEGER NOT NULL,
-     allowed_origins TEXT NOT NULL, models TEXT, tier TEXT NOT NULL, expires_at INTEGER,
-     created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, revoked_at INTEGER,
-     version INTEGER NOT NULL);
-   CREATE TABLE secrets (
-     secret_hash TEXT PRIMARY KEY, created_at INTEGER NOT NULL, valid_until INTEGER);
-   CREATE TABLE buckets (
-     scope TEXT NOT NULL, kind TEXT NOT NULL, level REAL NOT NULL, updated_at INTEGER NOT NULL,
-     PRIMARY KEY (scope, kind));
-   CREATE TABLE reservations (
-     request_id TEXT PRIMARY KEY, state TEXT NOT NULL, model TEXT NOT NULL,
-     subject TEXT, subject_tpm INTEGER, end_user TEXT,
-     reserved_tokens INTEGER NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
-     closed_at INTEGER, outcome TEXT, prompt_tokens INTEGER, completion_tokens INTEGER);
-   CREATE INDEX reservations_open ON reservations (state, expires_at);
-   CREATE INDEX reservations_subject ON reservations (state, subject);
-   CREATE INDEX reservations_closed ON reservations (closed_at);`,
-  // Budgets, costs, the ledger and its rollups. Reservations become ledger rows and
-  // rows closed before this migration count in the rollups with their tokens, at no cost.
-  `ALTER TABLE key_record ADD COLUMN budget_day_micros INTEGER;
-   ALTER TABLE key_record ADD COLUMN budget_month_micros INTEGER;
-   ALTER TABLE key_record ADD COLUMN credit_micros INTEGER;
-   ALTER TABLE reservations RENAME TO ledger;
-   ALTER TABLE ledger ADD COLUMN day TEXT NOT NULL DEFAULT '';
-   ALTER TABLE ledger ADD COLUMN cached_tokens INTEGER;
-   ALTER TABLE ledger ADD COLUMN reserved_micros INTEGER NOT NULL DEFAULT 0;
-   ALTER TABLE ledger ADD COLUMN cost_micros INTEGER NOT NULL DEFAULT 0;
-   ALTER TABLE ledger ADD COLUMN candidates TEXT NOT NULL DEFAULT '[]';
-   UPDATE ledger SET day = strftime('%Y-%m-%d', created_at / 1000, 'unixepoch'),
-     cached_tokens = CASE WHEN prompt_tokens IS NULL THEN NULL ELSE 0 END;
-   CREATE INDEX ledger_day ON ledger (day);
-   CREATE TABLE usage_daily (
-     day TEXT NOT NULL, model TEXT NOT NULL, requests INTEGER NOT NULL,
-     prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
-     completion_tokens INTEGER NOT NULL, cost_micros INTEGER NOT NULL,
-     PRIMARY KEY (day, model));
-   INSERT INTO usage_daily (day, model, requests, prompt_tokens, cached_tokens,
-       completion_tokens, cost_micros)
-     SELECT day, model, COUNT(*), COALESCE(SUM(prompt_tokens), 0), 0,
-       COALESCE(SUM(completion_tokens), 0), 0
-     FROM ledger WHERE state <> 'open' GROUP BY day, model;
-   CREATE TABLE spend (
-     period TEXT PRIMARY KEY, settled_micros INTEGER NOT NULL, reserved_micros INTEGER NOT NULL);`,
-  `ALTER TABLE key_record ADD COLUMN allow_region_override INTEGER NOT NULL DEFAULT 0;`,
-];
-
-const KEY_SCOPE = "key";
-
-type RecordRow = {
-  id: string;
-  name: string;
-  status: string;
-  rpm: number;
-  tpm: number;
-  concurrency: number;
-  allowed_origins: string;
-  models: string | null;
-  tier: string;
-  expires_at: number | null;
-  created_at: number;
-  updated_at: number;
-  revoked_at: number | null;
-  version: number;
-  budget_day_micros: number | null;
-  budget_month_micros: number | null;
-  credit_micros: number | null;
-  allow_region_override: number;
-};
-
-type SecretRow = { secret_hash: string; created_at: number; valid_until: number | null };
-
-/** A candidate as a ledger row stores it: model and its three prices. */
-type StoredCandidate = [model: string, input: number, cachedInput: number, output: number];
-
-/** A ledger row as the account holds it in memory and writes it. */
-interface LedgerEntry {
-  requestId: string;
-  state: LedgerRecord["state"];
-  model: string;
-  day: string;
-  subject: string | null;
-  subjectTpm: number | null;
-  endUser: string | null;
-  reservedTokens: number;
-  reservedMicros: number;
-  candidates: StoredCandidate[];
-  createdAt: number;
-  expiresAt: number;
-  closedAt: number | null;
-  outcome: LedgerRecord["outcome"];
-  promptTokens: number | null;
-  cachedTokens: number | null;
-  completionTokens: number | null;
-  costMicros: number;
-}
-
-/** The fields of a ledger entry that only its closing sets. */
-const NOT_CLOSED = {
-  closedAt: null,
-  outcome: null,
-  promptTokens: null,
-  cachedTokens: null,
-  completionTokens: null,
-  costMicros: 0,
-} as const satisfies Partial<LedgerEntry>;
-
-const LEDGER_COLUMNS = `request_id, state, model, day, subject, subject_tpm, end_user,
-  reserved_tokens, reserved_micros, candidates, created_at, expires_at, closed_at, outcome,
-  prompt_tokens, cached_tokens, completion_tokens, cost_micros`;
-
-type LedgerRow = {
-  request_id: string;
-  state: string;
-  model: string;
-  day: string;
-  subject: string | null;
-  subject_tpm: number | null;
-  end_user: string | null;
-  reserved_tokens: number;
-  reserved_micros: number;
-  candidates: string;
-  created_at: number;
-  expires_at: number;
-  closed_at: number | null;
-  outcome: string | null;
-  prompt_tokens: number | null;
-  cached_tokens: number | null;
-  completion_tokens: number | null;
-  cost_micros: number;
-};
-
-type UsageDbRow = {
-  day: string;
-  model: string;
-  requests: number;
-  prompt_tokens: number;
-  cached_tokens: number;
-  completion_tokens: number;
-  cost_micros: number;
-};
-
 /** A scope's buckets as last decided; null is a full bucket (never used, or idle and pruned). */
 type ScopeState = { requests: BucketState | null; tokens: BucketState | null };
-
-/**
- * The longest a write of the account waits in memory for its commit, which is the most a
- * crash can forget (see the top of this file): short, yet long enough for a busy key's
- * requests to share one commit instead of holding each answer for its own.
- */
-export const ACCOUNT_WRITE_DELAY_MS = 50;
 
 /** Limits, counters and reservations of one API key. */
 export class KeyAccount extends DurableObject<Env> {
@@ -1493,49 +1034,6 @@ export class KeyAccount extends DurableObject<Env> {
   }
 }
 
-function recordOf(row: RecordRow): KeyRecord {
-  return {
-    id: row.id,
-    name: row.name,
-    status: row.status === "revoked" ? "revoked" : "active",
-    limits: { rpm: row.rpm, tpm: row.tpm, concurrency: row.concurrency },
-    budgets: {
-      dayMicros: row.budget_day_micros,
-      monthMicros: row.budget_month_micros,
-      creditMicros: row.credit_micros,
-    },
-    allowedOrigins: JSON.parse(row.allowed_origins) as string[],
-    models: row.models === null ? null : (JSON.parse(row.models) as string[]),
-    tier: KEY_TIERS.find((tier) => tier === row.tier) ?? "standard",
-    allowRegionOverride: row.allow_region_override === 1,
-    expiresAt: row.expires_at,
-    createdAt: row.created_at,
-    updatedAt: row.updated_at,
-    revokedAt: row.revoked_at,
-    previousSecretValidUntil: null,
-    version: row.version,
-  };
-}
-
-function storedCandidate(model: string, price: ModelPrice): StoredCandidate {
-  return [
-    model,
-    price.inputMicrosPerMtok,
-    price.cachedInputMicrosPerMtok,
-    price.outputMicrosPerMtok,
-  ];
-}
-
-function priceOf(candidate: StoredCandidate | undefined): ModelPrice {
-  if (candidate === undefined) return FREE;
-  const [, input, cachedInput, output] = candidate;
-  return {
-    inputMicrosPerMtok: input,
-    cachedInputMicrosPerMtok: cachedInput,
-    outputMicrosPerMtok: output,
-  };
-}
-
 // Spend as it would be with `micros` more reserved in each period.
 function withReserved(spend: SpendState, micros: number): SpendState {
   const add = (period: PeriodSpend) => ({
@@ -1543,54 +1041,6 @@ function withReserved(spend: SpendState, micros: number): SpendState {
     reservedMicros: period.reservedMicros + micros,
   });
   return { day: add(spend.day), month: add(spend.month), lifetime: add(spend.lifetime) };
-}
-
-const LEDGER_STATES = ["open", "settled", "expired"] as const;
-const LEDGER_OUTCOMES = ["ok", "error", "cancelled", "timeout", "expired"] as const;
-
-function ledgerEntryOf(row: LedgerRow): LedgerEntry {
-  return {
-    requestId: row.request_id,
-    state: LEDGER_STATES.find((state) => state === row.state) ?? "open",
-    model: row.model,
-    day: row.day,
-    subject: row.subject,
-    subjectTpm: row.subject_tpm,
-    endUser: row.end_user,
-    reservedTokens: row.reserved_tokens,
-    reservedMicros: row.reserved_micros,
-    candidates: JSON.parse(row.candidates) as StoredCandidate[],
-    createdAt: row.created_at,
-    expiresAt: row.expires_at,
-    closedAt: row.closed_at,
-    outcome: LEDGER_OUTCOMES.find((outcome) => outcome === row.outcome) ?? null,
-    promptTokens: row.prompt_tokens,
-    cachedTokens: row.cached_tokens,
-    completionTokens: row.completion_tokens,
-    costMicros: row.cost_micros,
-  };
-}
-
-function ledgerRecordOf(entry: LedgerEntry): LedgerRecord {
-  return {
-    requestId: entry.requestId,
-    model: entry.model,
-    state: entry.state,
-    outcome: entry.outcome,
-    day: entry.day,
-    createdAt: entry.createdAt,
-    closedAt: entry.closedAt,
-    promptTokens: entry.promptTokens,
-    cachedTokens: entry.cachedTokens,
-    completionTokens: entry.completionTokens,
-    reservedMicros: entry.reservedMicros,
-    costMicros: entry.costMicros,
-    endUser: entry.endUser,
-  };
-}
-
-function modelsColumn(models: string[] | null): string | null {
-  return models === null ? null : JSON.stringify(models);
 }
 
 function userScope(subject: string): string {

@@ -12,7 +12,7 @@ import {
   OUTCOMES_PATH,
   type OutcomesResponse,
   requestIdOf,
-} from "../contracts/protocol.ts";
+} from "../../contracts/protocol.ts";
 
 /** An origin to ask. */
 export interface OutcomeSource {

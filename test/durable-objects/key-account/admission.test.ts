@@ -10,7 +10,7 @@ import {
   type KeyPolicy,
   type ScopeUsage,
   type SpendState,
-} from "../../durable-objects/admission.ts";
+} from "../../../durable-objects/key-account/admission.ts";
 
 const key: KeyPolicy = {
   status: "active",

@@ -11,7 +11,7 @@ import {
   type BucketState,
   fullBucket,
 } from "./token-bucket.ts";
-import { msToNextUtcDay, msToNextUtcMonth } from "../contracts/pricing.ts";
+import { msToNextUtcDay, msToNextUtcMonth } from "../../contracts/pricing.ts";
 
 /** Whether a key may be used at all. */
 export type KeyStatus = "active" | "revoked";

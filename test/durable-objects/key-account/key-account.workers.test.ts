@@ -1,17 +1,17 @@
 import { evictDurableObject, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it, vi } from "vitest";
-import type { Budgets, Limits } from "../../durable-objects/admission.ts";
+import type { Budgets, Limits } from "../../../durable-objects/key-account/admission.ts";
+import { type KeyAccount } from "../../../durable-objects/key-account/index.ts";
+import { KEY_ACCOUNT_MIGRATIONS } from "../../../durable-objects/key-account/schema.ts";
 import {
   ACCOUNT_WRITE_DELAY_MS,
-  KEY_ACCOUNT_MIGRATIONS,
   RESERVATION_LEASE_MS,
   type AdmitInput,
   type AdmitResult,
-  type KeyAccount,
-} from "../../durable-objects/key-account.ts";
-import type { CommitStamp } from "../../contracts/commit-stamp.ts";
-import { mintApiKey, newKeyId } from "../../functions/keys.ts";
+} from "../../../durable-objects/key-account/types.ts";
+import type { CommitStamp } from "../../../contracts/commit-stamp.ts";
+import { mintApiKey, newKeyId } from "../../../functions/keys.ts";
 
 const LIMITS: Limits = { rpm: 100_000, tpm: 100_000_000, concurrency: 10 };
 

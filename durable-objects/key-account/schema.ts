@@ -1,0 +1,244 @@
+/**
+ * The key account's SQLite schema (docs/key-account.md, "Storage"): its migrations, the
+ * rows as SQLite returns them, and the mappers between rows and what memory holds.
+ */
+import { FREE, type ModelPrice } from "../../contracts/pricing.ts";
+import { KEY_TIERS, type KeyRecord, type LedgerRecord } from "./types.ts";
+
+/** The schema migrations, in order (version n is entry n - 1). */
+export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
+  `CREATE TABLE key_record (
+     singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+     id TEXT NOT NULL, name TEXT NOT NULL, status TEXT NOT NULL,
+     rpm INTEGER NOT NULL, tpm INTEGER NOT NULL, concurrency INTEGER NOT NULL,
+     allowed_origins TEXT NOT NULL, models TEXT, tier TEXT NOT NULL, expires_at INTEGER,
+     created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, revoked_at INTEGER,
+     version INTEGER NOT NULL);
+   CREATE TABLE secrets (
+     secret_hash TEXT PRIMARY KEY, created_at INTEGER NOT NULL, valid_until INTEGER);
+   CREATE TABLE buckets (
+     scope TEXT NOT NULL, kind TEXT NOT NULL, level REAL NOT NULL, updated_at INTEGER NOT NULL,
+     PRIMARY KEY (scope, kind));
+   CREATE TABLE reservations (
+     request_id TEXT PRIMARY KEY, state TEXT NOT NULL, model TEXT NOT NULL,
+     subject TEXT, subject_tpm INTEGER, end_user TEXT,
+     reserved_tokens INTEGER NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
+     closed_at INTEGER, outcome TEXT, prompt_tokens INTEGER, completion_tokens INTEGER);
+   CREATE INDEX reservations_open ON reservations (state, expires_at);
+   CREATE INDEX reservations_subject ON reservations (state, subject);
+   CREATE INDEX reservations_closed ON reservations (closed_at);`,
+  // Budgets, costs, the ledger and its rollups. Reservations become ledger rows and
+  // rows closed before this migration count in the rollups with their tokens, at no cost.
+  `ALTER TABLE key_record ADD COLUMN budget_day_micros INTEGER;
+   ALTER TABLE key_record ADD COLUMN budget_month_micros INTEGER;
+   ALTER TABLE key_record ADD COLUMN credit_micros INTEGER;
+   ALTER TABLE reservations RENAME TO ledger;
+   ALTER TABLE ledger ADD COLUMN day TEXT NOT NULL DEFAULT '';
+   ALTER TABLE ledger ADD COLUMN cached_tokens INTEGER;
+   ALTER TABLE ledger ADD COLUMN reserved_micros INTEGER NOT NULL DEFAULT 0;
+   ALTER TABLE ledger ADD COLUMN cost_micros INTEGER NOT NULL DEFAULT 0;
+   ALTER TABLE ledger ADD COLUMN candidates TEXT NOT NULL DEFAULT '[]';
+   UPDATE ledger SET day = strftime('%Y-%m-%d', created_at / 1000, 'unixepoch'),
+     cached_tokens = CASE WHEN prompt_tokens IS NULL THEN NULL ELSE 0 END;
+   CREATE INDEX ledger_day ON ledger (day);
+   CREATE TABLE usage_daily (
+     day TEXT NOT NULL, model TEXT NOT NULL, requests INTEGER NOT NULL,
+     prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
+     completion_tokens INTEGER NOT NULL, cost_micros INTEGER NOT NULL,
+     PRIMARY KEY (day, model));
+   INSERT INTO usage_daily (day, model, requests, prompt_tokens, cached_tokens,
+       completion_tokens, cost_micros)
+     SELECT day, model, COUNT(*), COALESCE(SUM(prompt_tokens), 0), 0,
+       COALESCE(SUM(completion_tokens), 0), 0
+     FROM ledger WHERE state <> 'open' GROUP BY day, model;
+   CREATE TABLE spend (
+     period TEXT PRIMARY KEY, settled_micros INTEGER NOT NULL, reserved_micros INTEGER NOT NULL);`,
+  `ALTER TABLE key_record ADD COLUMN allow_region_override INTEGER NOT NULL DEFAULT 0;`,
+];
+
+/** The `buckets` scope of the key itself (end users are `u:<subject>`). */
+export const KEY_SCOPE = "key";
+
+export type RecordRow = {
+  id: string;
+  name: string;
+  status: string;
+  rpm: number;
+  tpm: number;
+  concurrency: number;
+  allowed_origins: string;
+  models: string | null;
+  tier: string;
+  expires_at: number | null;
+  created_at: number;
+  updated_at: number;
+  revoked_at: number | null;
+  version: number;
+  budget_day_micros: number | null;
+  budget_month_micros: number | null;
+  credit_micros: number | null;
+  allow_region_override: number;
+};
+
+export type SecretRow = { secret_hash: string; created_at: number; valid_until: number | null };
+
+/** A candidate as a ledger row stores it: model and its three prices. */
+export type StoredCandidate = [model: string, input: number, cachedInput: number, output: number];
+
+/** A ledger row as the account holds it in memory and writes it. */
+export interface LedgerEntry {
+  requestId: string;
+  state: LedgerRecord["state"];
+  model: string;
+  day: string;
+  subject: string | null;
+  subjectTpm: number | null;
+  endUser: string | null;
+  reservedTokens: number;
+  reservedMicros: number;
+  candidates: StoredCandidate[];
+  createdAt: number;
+  expiresAt: number;
+  closedAt: number | null;
+  outcome: LedgerRecord["outcome"];
+  promptTokens: number | null;
+  cachedTokens: number | null;
+  completionTokens: number | null;
+  costMicros: number;
+}
+
+/** The fields of a ledger entry that only its closing sets. */
+export const NOT_CLOSED = {
+  closedAt: null,
+  outcome: null,
+  promptTokens: null,
+  cachedTokens: null,
+  completionTokens: null,
+  costMicros: 0,
+} as const satisfies Partial<LedgerEntry>;
+
+export const LEDGER_COLUMNS = `request_id, state, model, day, subject, subject_tpm, end_user,
+  reserved_tokens, reserved_micros, candidates, created_at, expires_at, closed_at, outcome,
+  prompt_tokens, cached_tokens, completion_tokens, cost_micros`;
+
+export type LedgerRow = {
+  request_id: string;
+  state: string;
+  model: string;
+  day: string;
+  subject: string | null;
+  subject_tpm: number | null;
+  end_user: string | null;
+  reserved_tokens: number;
+  reserved_micros: number;
+  candidates: string;
+  created_at: number;
+  expires_at: number;
+  closed_at: number | null;
+  outcome: string | null;
+  prompt_tokens: number | null;
+  cached_tokens: number | null;
+  completion_tokens: number | null;
+  cost_micros: number;
+};
+
+export type UsageDbRow = {
+  day: string;
+  model: string;
+  requests: number;
+  prompt_tokens: number;
+  cached_tokens: number;
+  completion_tokens: number;
+  cost_micros: number;
+};
+
+export function recordOf(row: RecordRow): KeyRecord {
+  return {
+    id: row.id,
+    name: row.name,
+    status: row.status === "revoked" ? "revoked" : "active",
+    limits: { rpm: row.rpm, tpm: row.tpm, concurrency: row.concurrency },
+    budgets: {
+      dayMicros: row.budget_day_micros,
+      monthMicros: row.budget_month_micros,
+      creditMicros: row.credit_micros,
+    },
+    allowedOrigins: JSON.parse(row.allowed_origins) as string[],
+    models: row.models === null ? null : (JSON.parse(row.models) as string[]),
+    tier: KEY_TIERS.find((tier) => tier === row.tier) ?? "standard",
+    allowRegionOverride: row.allow_region_override === 1,
+    expiresAt: row.expires_at,
+    createdAt: row.created_at,
+    updatedAt: row.updated_at,
+    revokedAt: row.revoked_at,
+    previousSecretValidUntil: null,
+    version: row.version,
+  };
+}
+
+export function storedCandidate(model: string, price: ModelPrice): StoredCandidate {
+  return [
+    model,
+    price.inputMicrosPerMtok,
+    price.cachedInputMicrosPerMtok,
+    price.outputMicrosPerMtok,
+  ];
+}
+
+export function priceOf(candidate: StoredCandidate | undefined): ModelPrice {
+  if (candidate === undefined) return FREE;
+  const [, input, cachedInput, output] = candidate;
+  return {
+    inputMicrosPerMtok: input,
+    cachedInputMicrosPerMtok: cachedInput,
+    outputMicrosPerMtok: output,
+  };
+}
+
+const LEDGER_STATES = ["open", "settled", "expired"] as const;
+const LEDGER_OUTCOMES = ["ok", "error", "cancelled", "timeout", "expired"] as const;
+
+export function ledgerEntryOf(row: LedgerRow): LedgerEntry {
+  return {
+    requestId: row.request_id,
+    state: LEDGER_STATES.find((state) => state === row.state) ?? "open",
+    model: row.model,
+    day: row.day,
+    subject: row.subject,
+    subjectTpm: row.subject_tpm,
+    endUser: row.end_user,
+    reservedTokens: row.reserved_tokens,
+    reservedMicros: row.reserved_micros,
+    candidates: JSON.parse(row.candidates) as StoredCandidate[],
+    createdAt: row.created_at,
+    expiresAt: row.expires_at,
+    closedAt: row.closed_at,
+    outcome: LEDGER_OUTCOMES.find((outcome) => outcome === row.outcome) ?? null,
+    promptTokens: row.prompt_tokens,
+    cachedTokens: row.cached_tokens,
+    completionTokens: row.completion_tokens,
+    costMicros: row.cost_micros,
+  };
+}
+
+export function ledgerRecordOf(entry: LedgerEntry): LedgerRecord {
+  return {
+    requestId: entry.requestId,
+    model: entry.model,
+    state: entry.state,
+    outcome: entry.outcome,
+    day: entry.day,
+    createdAt: entry.createdAt,
+    closedAt: entry.closedAt,
+    promptTokens: entry.promptTokens,
+    cachedTokens: entry.cachedTokens,
+    completionTokens: entry.completionTokens,
+    reservedMicros: entry.reservedMicros,
+    costMicros: entry.costMicros,
+    endUser: entry.endUser,
+  };
+}
+
+export function modelsColumn(models: string[] | null): string | null {
+  return models === null ? null : JSON.stringify(models);
+}

@@ -1,0 +1,265 @@
+/**
+ * The contract of a key's `KeyAccount` (docs/key-account.md): what the edge sends to it and
+ * what it answers, and the constants both sides use.
+ */
+import type { Admission, AdmissionRefusal, Budgets, KeyStatus, Limits } from "./admission.ts";
+import type { CommitStamp } from "../../contracts/commit-stamp.ts";
+import type { ModelPrice } from "../../contracts/pricing.ts";
+
+/** Priority tiers, lowest first; the batcher maps them to lanes. */
+export const KEY_TIERS = ["low", "standard", "high"] as const;
+
+/** A key's priority tier. */
+export type KeyTier = (typeof KEY_TIERS)[number];
+
+/** How long a reservation may stay open before the alarm releases it, unless given. */
+export const RESERVATION_LEASE_MS = 15 * 60_000;
+
+/**
+ * How long after its lease lapsed a request is still looked for on the origins (they
+ * remember items for 15 minutes), and how often while one still runs there.
+ */
+export const RECONCILE_WINDOW_MS = 10 * 60_000;
+export const RECONCILE_RETRY_MS = 5_000;
+
+/** How long a closed ledger row is kept (a repeated settle is recognised meanwhile). */
+export const LEDGER_RETENTION_MS = 35 * 86_400_000;
+
+/** The key record as the KeyAccount holds it (times in epoch ms). */
+export interface KeyRecord {
+  id: string;
+  name: string;
+  status: KeyStatus;
+  limits: Limits;
+  /** Spending limits in micro-dollars. */
+  budgets: Budgets;
+  allowedOrigins: string[];
+  models: string[] | null;
+  tier: KeyTier;
+  /** Whether its requests may pick their region with `x-warmgate-region`. */
+  allowRegionOverride: boolean;
+  expiresAt: number | null;
+  createdAt: number;
+  updatedAt: number;
+  revokedAt: number | null;
+  /** End of the grace period of the previous secret after a rotation, if still running. */
+  previousSecretValidUntil: number | null;
+  /** Increases with every change, so copies of the record (the directory) keep the newest. */
+  version: number;
+}
+
+/** What `create` needs: the record's fields and the hash of the first secret. */
+export interface KeyCreateInput {
+  id: string;
+  name: string;
+  secretHash: string;
+  limits: Limits;
+  /** Absent: no budgets. */
+  budgets?: Budgets;
+  allowedOrigins: string[];
+  models: string[] | null;
+  tier: KeyTier;
+  allowRegionOverride?: boolean;
+  expiresAt: number | null;
+  now: number;
+}
+
+/** A partial change to a key; `models: null` allows every model, `expiresAt: null` removes expiry. */
+export interface KeyUpdateInput {
+  name?: string;
+  limits?: Partial<Limits>;
+  /** A budget set to null is removed. */
+  budgets?: Partial<Budgets>;
+  allowedOrigins?: string[];
+  models?: string[] | null;
+  tier?: KeyTier;
+  allowRegionOverride?: boolean;
+  expiresAt?: number | null;
+  now: number;
+}
+
+/** How a request presents itself to `admit`: an API key's hash or a verified browser token's scope. */
+export type AdmitCredential =
+  | { kind: "key"; secretHash: string }
+  | {
+      kind: "browser";
+      /** When the token was minted (epoch ms): it dies with the secret that was current then. */
+      issuedAt: number;
+      /** End user id, or a per-token subject when the token names no user. */
+      subject: string;
+      limits: Limits;
+      models: string[] | null;
+    };
+
+/** A model a request may fall back to, with its price and token allowance. */
+export interface AdmitFallback {
+  model: string;
+  maxTokens: number;
+  price: ModelPrice;
+}
+
+/** One admission request from the edge. */
+export interface AdmitInput {
+  requestId: string;
+  credential: AdmitCredential;
+  /** The model to try first. */
+  model: string;
+  promptTokens: number;
+  /** Tokens the completion may produce; reserved in full until settled. */
+  maxTokens: number;
+  /** Prices of `model` in micro-dollars per 1M tokens; absent: free. */
+  price?: ModelPrice;
+  /** Models to try after `model`, in order (the rest of an alias's list). */
+  fallbacks?: AdmitFallback[];
+  /** The OpenAI `user` field, recorded with the reservation. */
+  endUser?: string | null;
+  /** The browser `Origin` header, if any. */
+  origin?: string | null;
+  /** Decision time; omit to use this object's clock (one clock per key). */
+  now?: number;
+  /** How long the reservation may stay open before the alarm releases it. */
+  leaseMs?: number;
+  /**
+   * Settlements of this key's earlier requests that the edge sends along (one call
+   * instead of two); applied before the decision, whatever it is.
+   */
+  settle?: SettleInput[];
+}
+
+/** An admitted request: its tier, rate-limit headers and when its reservation lapses. */
+export type AdmitOk = Admission & {
+  requestId: string;
+  tier: KeyTier;
+  /** Whether the request may pick its region (the key's `allow_region_override`). */
+  allowRegionOverride: boolean;
+  leaseExpiresAt: number;
+  /**
+   * Whether the key has a budget: then a cost above the reservation is billed only as far
+   * as the budgets have room, which only the account knows when it settles.
+   */
+  budgeted: boolean;
+};
+
+/** The answer to `admit`. */
+export type AdmitResult = AdmitOk | AdmissionRefusal;
+
+/** What `admit` answers: the decision and where the call's writes stand. */
+export type AdmitAnswer = AdmitResult & { commit: CommitStamp };
+
+/** How a request ended. */
+export type SettleOutcome = "ok" | "error" | "cancelled" | "timeout";
+
+/** Real token usage, as OpenAI reports it (`cached_tokens`: prompt tokens the prefix cache served). */
+export interface SettleUsage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  cached_tokens?: number;
+}
+
+/**
+ * One settlement from the edge. Its cost comes from the usage at the served model's
+ * admitted price (at most the reserved cost); without usage it costs nothing and its
+ * reserved tokens stay charged to the rate limit.
+ */
+export interface SettleInput {
+  requestId: string;
+  outcome: SettleOutcome;
+  usage?: SettleUsage | null;
+  /** The model that served the request, when it is not the one admitted (alias fallback). */
+  model?: string | null;
+  /**
+   * Whether an origin began answering (default true). Without usage, a request no origin
+   * began generated nothing: its tokens are given back at once.
+   */
+  originBegan?: boolean;
+  /**
+   * The admission as the edge holds it, used only when the account does not know the
+   * request: a crash forgot its admission before it was written. The request is then
+   * still settled and billed, as a settled row with nothing reserved.
+   */
+  admitted?: SettledAdmission | null;
+  now?: number;
+}
+
+/** What the edge knows of an admission: enough to bill the request if the account lost it. */
+export interface SettledAdmission {
+  /** The models it was admitted for, in the order tried, at their prices. */
+  models: { model: string; price: ModelPrice }[];
+  /** The worst-case cost it reserved: billed up to this whatever the budgets' room, as agreed. */
+  reservedMicros: number;
+}
+
+/** The answer to `settle`: applied once, or why nothing changed. */
+export type SettleResult =
+  | {
+      settled: true;
+      requestId: string;
+      reservedTokens: number;
+      usedTokens: number | null;
+      /** The cost billed, in micro-dollars. */
+      costMicros: number;
+      late: boolean;
+    }
+  | { settled: false; requestId: string; reason: "already_settled" | "unknown_request" };
+
+/** What `settleMany` answers: one result per input, in order, all of them committed. */
+export interface SettleManyResult {
+  results: SettleResult[];
+  commit: CommitStamp;
+}
+
+/** What `check` compares: an API key's hash, or a verified browser token (its key's state only). */
+export type CheckCredential =
+  | { kind: "key"; secretHash: string }
+  | { kind: "browser"; issuedAt: number };
+
+/** Result of checking a credential without admitting a request (token minting, `/v1/models`). */
+export type KeyCheckResult =
+  | { ok: true; record: KeyRecord }
+  | Extract<AdmissionRefusal, { code: "invalid_api_key" | "origin_not_allowed" }>;
+
+/** A refusal of a credential. */
+export type CredentialRefusal = Exclude<KeyCheckResult, { ok: true }>;
+
+/** Totals of one UTC day and model (or of a whole range when `day` and `model` are null). */
+export interface UsageTotals {
+  requests: number;
+  promptTokens: number;
+  cachedTokens: number;
+  completionTokens: number;
+  costMicros: number;
+}
+
+/** One row of the usage rollup. */
+export type UsageRow = UsageTotals & { day: string; model: string };
+
+/** One request's ledger record (times epoch ms). */
+export interface LedgerRecord {
+  requestId: string;
+  /** The model that served it (or the first candidate while it runs). */
+  model: string;
+  state: "open" | "settled" | "expired";
+  outcome: SettleOutcome | "expired" | null;
+  day: string;
+  createdAt: number;
+  closedAt: number | null;
+  promptTokens: number | null;
+  cachedTokens: number | null;
+  completionTokens: number | null;
+  reservedMicros: number;
+  costMicros: number;
+  endUser: string | null;
+}
+
+/** The answer to `usage`: rollup rows, or why the credential was refused. */
+export type UsageResult = { ok: true; rows: UsageRow[] } | CredentialRefusal;
+
+/** The answer to `record`: the request's ledger row (null when unknown), or a refusal. */
+export type RecordResult = { ok: true; record: LedgerRecord | null } | CredentialRefusal;
+
+/**
+ * The longest a write of the account waits in memory for its commit, which is the most a
+ * crash can forget (docs/key-account.md): short, yet long enough for a busy key's requests
+ * to share one commit instead of holding each answer for its own.
+ */
+export const ACCOUNT_WRITE_DELAY_MS = 50;
