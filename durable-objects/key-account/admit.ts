@@ -1,0 +1,121 @@
+/**
+ * Admitting a request: the credential, then the pure admission policy (admission.ts) over
+ * the key's current state, and on admission the reservation and its open ledger row, in
+ * one synchronous turn (docs/key-account.md, "What a request reserves").
+ */
+import { decideAdmission, hasBudgets, rateLimitNow, type CandidateModel } from "./admission.ts";
+import { FREE, utcDay, worstCaseMicros } from "../../contracts/pricing.ts";
+import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, storedCandidate } from "./schema.ts";
+import { type AccountStore, userScope } from "./store.ts";
+import { RESERVATION_LEASE_MS, type AdmitInput, type AdmitResult } from "./types.ts";
+
+/** A requested lease, bounded to 1 s – 1 h (default {@link RESERVATION_LEASE_MS}). */
+export function clampLease(leaseMs: number | undefined): number {
+  if (leaseMs === undefined || !Number.isFinite(leaseMs)) return RESERVATION_LEASE_MS;
+  return Math.min(60 * 60_000, Math.max(1_000, Math.floor(leaseMs)));
+}
+
+// --- admission -------------------------------------------------------------------
+
+// Synchronous from first read to last update: this is the atomic section.
+/** Decides an admission from memory and applies it; synchronous, so it is atomic. */
+export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
+  const now = input.now ?? Date.now();
+  const record = store.record;
+  if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
+  const { credential } = input;
+  const refused = store.credentialRefusal(credential, now);
+  if (refused !== null) return refused;
+  // A repeated admit (the edge retried the call) must not reserve twice. Request ids are
+  // the edge's random ids, never reused: a closed row is not looked for (and a ledger
+  // write never reopens one).
+  const existing = store.open.get(input.requestId);
+  if (existing !== undefined) {
+    return {
+      ok: true,
+      models: existing.candidates.map(([model]) => model),
+      reservedTokens: existing.reservedTokens,
+      reservedMicros: existing.reservedMicros,
+      rateLimit: rateLimitNow(record.limits, store.scopeUsage(KEY_SCOPE, null), now),
+      requestId: input.requestId,
+      tier: record.tier,
+      allowRegionOverride: record.allowRegionOverride,
+      leaseExpiresAt: existing.expiresAt,
+      budgeted: hasBudgets(record.budgets),
+    };
+  }
+
+  store.expireDue(now);
+  const subject = credential.kind === "browser" ? credential.subject : null;
+  const endUser =
+    credential.kind === "browser"
+      ? { subject: credential.subject, limits: credential.limits, models: credential.models }
+      : null;
+  const offered = [
+    { model: input.model, maxTokens: input.maxTokens, price: input.price ?? FREE },
+    ...(input.fallbacks ?? []),
+  ];
+  const candidates: CandidateModel[] = offered.map((candidate) => ({
+    model: candidate.model,
+    maxTokens: candidate.maxTokens,
+    worstCaseMicros: worstCaseMicros(candidate.price, input.promptTokens, candidate.maxTokens),
+  }));
+  const day = utcDay(now);
+  const outcome = decideAdmission({
+    key: {
+      status: record.status,
+      expiresAt: record.expiresAt,
+      models: record.models,
+      allowedOrigins: record.allowedOrigins,
+      limits: record.limits,
+      budgets: record.budgets,
+    },
+    endUser,
+    usage: {
+      key: store.scopeUsage(KEY_SCOPE, null),
+      endUser: subject === null ? null : store.scopeUsage(userScope(subject), subject),
+    },
+    spend: store.spendOf(day),
+    request: {
+      candidates,
+      promptTokens: input.promptTokens,
+      origin: input.origin ?? null,
+      now,
+    },
+  });
+  const { decision, state } = outcome;
+  if (!decision.ok) return decision;
+
+  const stored: StoredCandidate[] = offered
+    .filter((candidate) => decision.models.includes(candidate.model))
+    .map(({ model, price }) => storedCandidate(model, price));
+  const leaseExpiresAt = now + clampLease(input.leaseMs);
+  store.putBuckets(KEY_SCOPE, state.key);
+  if (subject !== null && state.endUser !== null) {
+    store.putBuckets(userScope(subject), state.endUser);
+  }
+  store.openRequest({
+    requestId: input.requestId,
+    state: "open",
+    model: decision.models[0] ?? input.model,
+    day,
+    subject,
+    subjectTpm: endUser?.limits.tpm ?? null,
+    endUser: input.endUser ?? null,
+    reservedTokens: decision.reservedTokens,
+    reservedMicros: decision.reservedMicros,
+    candidates: stored,
+    createdAt: now,
+    expiresAt: leaseExpiresAt,
+    ...NOT_CLOSED,
+  });
+  store.addSpend(day, { reservedMicros: decision.reservedMicros, settledMicros: 0 });
+  return {
+    ...decision,
+    requestId: input.requestId,
+    tier: record.tier,
+    allowRegionOverride: record.allowRegionOverride,
+    leaseExpiresAt,
+    budgeted: hasBudgets(record.budgets),
+  };
+}
