@@ -3,9 +3,12 @@
  * the key's current state, and on admission the reservation and its open ledger row, in
  * one synchronous turn (docs/key-account.md, "What a request reserves").
  */
-import { decideAdmission, hasBudgets, rateLimitNow, type CandidateModel } from "./admission.ts";
+import { decideAdmission, rateLimitNow, type CandidateModel } from "./admission.ts";
+import { hasBudgets } from "./budgets.ts";
 import { FREE, utcDay, worstCaseMicros } from "../../contracts/pricing.ts";
 import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, storedCandidate } from "./schema.ts";
+import { credentialRefusal } from "./record.ts";
+import { addSpend, spendOf } from "./rollups.ts";
 import { type AccountStore, userScope } from "./store.ts";
 import { RESERVATION_LEASE_MS, type AdmitInput, type AdmitResult } from "./types.ts";
 
@@ -24,7 +27,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
   const record = store.record;
   if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
   const { credential } = input;
-  const refused = store.credentialRefusal(credential, now);
+  const refused = credentialRefusal(store, credential, now);
   if (refused !== null) return refused;
   // A repeated admit (the edge retried the call) must not reserve twice. Request ids are
   // the edge's random ids, never reused: a closed row is not looked for (and a ledger
@@ -75,7 +78,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
       key: store.scopeUsage(KEY_SCOPE, null),
       endUser: subject === null ? null : store.scopeUsage(userScope(subject), subject),
     },
-    spend: store.spendOf(day),
+    spend: spendOf(store, day),
     request: {
       candidates,
       promptTokens: input.promptTokens,
@@ -109,7 +112,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     expiresAt: leaseExpiresAt,
     ...NOT_CLOSED,
   });
-  store.addSpend(day, { reservedMicros: decision.reservedMicros, settledMicros: 0 });
+  addSpend(store, day, { reservedMicros: decision.reservedMicros, settledMicros: 0 });
   return {
     ...decision,
     requestId: input.requestId,

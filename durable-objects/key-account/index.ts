@@ -9,6 +9,16 @@ import { applyMigrations } from "../migrations.ts";
 import { MAX_OUTCOME_IDS } from "../../contracts/protocol.ts";
 import { clampLease, decide } from "./admit.ts";
 import { lookupOutcomes, outcomeSources, reconcile } from "./reconcile.ts";
+import {
+  createKey,
+  loadKeyRecord,
+  recordView,
+  revokeKey,
+  rotateSecret,
+  updateKey,
+  credentialRefusal,
+} from "./record.ts";
+import { usageRows } from "./rollups.ts";
 import { KEY_ACCOUNT_MIGRATIONS, KEY_SCOPE, ledgerRecordOf } from "./schema.ts";
 import { settle } from "./settle.ts";
 import { AccountStore, IDLE_BUCKET_MS } from "./store.ts";
@@ -47,22 +57,22 @@ export class KeyAccount extends DurableObject<Env> {
 
   /** Creates the key; null when this object already holds one. */
   create(input: KeyCreateInput): KeyRecord | null {
-    return this.#store.createKey(input);
+    return createKey(this.#store, input);
   }
 
   /** The key record, or null when no key lives here. */
   get(now?: number): KeyRecord | null {
-    return this.#store.view(now ?? Date.now());
+    return recordView(this.#store, now ?? Date.now());
   }
 
   /** Applies a partial change; null when no key lives here. */
   update(input: KeyUpdateInput): KeyRecord | null {
-    return this.#store.updateKey(input);
+    return updateKey(this.#store, input);
   }
 
   /** Revokes the key: its very next request is refused. Null when no key lives here. */
   revoke(now: number): KeyRecord | null {
-    return this.#store.revokeKey(now);
+    return revokeKey(this.#store, now);
   }
 
   /**
@@ -70,7 +80,7 @@ export class KeyAccount extends DurableObject<Env> {
    * Null when no key lives here or the key is revoked.
    */
   rotate(input: { secretHash: string; graceMs: number; now: number }): KeyRecord | null {
-    return this.#store.rotateSecret(input);
+    return rotateSecret(this.#store, input);
   }
 
   /**
@@ -86,7 +96,7 @@ export class KeyAccount extends DurableObject<Env> {
     const record = this.#store.record;
     if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
     const { credential } = input;
-    const refused = this.#store.credentialRefusal(credential, now);
+    const refused = credentialRefusal(this.#store, credential, now);
     if (refused !== null) return refused;
     if (record.status === "revoked")
       return { ok: false, code: "invalid_api_key", reason: "revoked" };
@@ -97,7 +107,7 @@ export class KeyAccount extends DurableObject<Env> {
     if (origin !== null && !record.allowedOrigins.includes(origin)) {
       return { ok: false, code: "origin_not_allowed", origin };
     }
-    return { ok: true, record: this.#store.view(now) ?? record };
+    return { ok: true, record: recordView(this.#store, now) ?? record };
   }
 
   /**
@@ -162,7 +172,7 @@ export class KeyAccount extends DurableObject<Env> {
       const check = this.check({ credential: input.credential });
       if (!check.ok) return check;
     }
-    return { ok: true, rows: this.#store.usageRows(input.from, input.to, input.user) };
+    return { ok: true, rows: usageRows(this.#store, input.from, input.to, input.user) };
   }
 
   /** One request's ledger record (null when unknown or pruned), for its own key's secret. */
@@ -273,7 +283,7 @@ export class KeyAccount extends DurableObject<Env> {
 
   async #migrate(): Promise<void> {
     applyMigrations(this.ctx.storage, KEY_ACCOUNT_MIGRATIONS);
-    this.#store.load();
+    loadKeyRecord(this.#store);
     this.#store.loadLedger(Date.now());
     this.#alarmAt = await this.ctx.storage.getAlarm();
   }

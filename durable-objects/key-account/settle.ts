@@ -3,15 +3,11 @@
  * budgets' room), an expired one settled late, a forgotten one billed from what the edge
  * held of it (docs/key-account.md, "Keys and settlement").
  */
-import {
-  NO_BUDGETS,
-  billingCap,
-  tokenCorrection,
-  type PeriodSpend,
-  type SpendState,
-} from "./admission.ts";
+import { NO_BUDGETS, tokenCorrection, type PeriodSpend, type SpendState } from "./admission.ts";
+import { billingCap } from "./budgets.ts";
 import { billedMicros, utcDay, type TokenUsage } from "../../contracts/pricing.ts";
 import { KEY_SCOPE, NOT_CLOSED, type LedgerEntry, priceOf, storedCandidate } from "./schema.ts";
+import { addSpend, addUsage, spendOf } from "./rollups.ts";
 import { type AccountStore, userScope } from "./store.ts";
 import type { SettleInput, SettleResult } from "./types.ts";
 
@@ -25,7 +21,7 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   if (open !== undefined) {
     // Exact, unless that would take a budget past its limit: the reservation was agreed at
     // admission, anything above it only while the budgets have room.
-    const cap = billingCap(budgets, store.spendOf(open.day), open.reservedMicros);
+    const cap = billingCap(budgets, spendOf(store, open.day), open.reservedMicros);
     return close(store, open, input, now, cap);
   }
   // Not in flight: settled or expired already, or its admission was forgotten by a crash
@@ -36,7 +32,7 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   if (row.state === "settled") return { settled: false, requestId, reason: "already_settled" };
   if (row.state === "open") throw new Error(`open ledger row ${requestId} is not in memory`);
   // Expired: its reservation was released then, so it is billed only as far as budgets have room.
-  return close(store, row, input, now, billingCap(budgets, store.spendOf(row.day), 0));
+  return close(store, row, input, now, billingCap(budgets, spendOf(store, row.day), 0));
 }
 
 // Settles a request whose admission a crash forgot, from what the edge held of it: a
@@ -68,7 +64,7 @@ function settleForgotten(store: AccountStore, input: SettleInput, now: number): 
   // room with that reservation counted, as it was before the crash.
   const reserved = Math.max(0, admitted.reservedMicros);
   const budgets = store.record?.budgets ?? NO_BUDGETS;
-  const cap = billingCap(budgets, withReserved(store.spendOf(day), reserved), reserved);
+  const cap = billingCap(budgets, withReserved(spendOf(store, day), reserved), reserved);
   return close(store, entry, input, now, cap);
 }
 
@@ -117,12 +113,12 @@ function close(
     costMicros: cost,
   });
   // An expired row released its reservation and was counted when it expired.
-  store.addSpend(row.day, {
+  addSpend(store, row.day, {
     reservedMicros: late ? 0 : -row.reservedMicros,
     settledMicros: cost,
   });
-  if (late && model !== row.model) store.addUsage(row.day, row.model, -1, null, 0);
-  store.addUsage(row.day, model, late && model === row.model ? 0 : 1, tokens, cost);
+  if (late && model !== row.model) addUsage(store, row.day, row.model, -1, null, 0);
+  addUsage(store, row.day, model, late && model === row.model ? 0 : 1, tokens, cost);
   return {
     settled: true,
     requestId: row.requestId,

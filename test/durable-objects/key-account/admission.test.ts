@@ -1,8 +1,6 @@
 import { describe, expect, it } from "vitest";
 import {
-  CONCURRENCY_RETRY_MS,
   NO_BUDGETS,
-  billingCap,
   decideAdmission,
   tokenCorrection,
   type AdmissionInput,
@@ -11,6 +9,7 @@ import {
   type ScopeUsage,
   type SpendState,
 } from "../../../durable-objects/key-account/admission.ts";
+import { CONCURRENCY_RETRY_MS, billingCap } from "../../../durable-objects/key-account/budgets.ts";
 
 const key: KeyPolicy = {
   status: "active",

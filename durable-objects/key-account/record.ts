@@ -1,0 +1,175 @@
+/**
+ * The key's record and secrets: created, changed, revoked and rotated at once (not written
+ * behind), read into memory, and the one credential check every path uses (docs/key-account.md).
+ */
+import { constantTimeEqual } from "../../contracts/hashing.ts";
+import type { AdmissionRefusal } from "./admission.ts";
+import { type RecordRow, type SecretRow, modelsColumn, recordOf } from "./schema.ts";
+import type { AccountStore } from "./store.ts";
+import type { CheckCredential, KeyCreateInput, KeyRecord, KeyUpdateInput } from "./types.ts";
+
+/** Creates the key; null when this object already holds one. */
+export function createKey(store: AccountStore, input: KeyCreateInput): KeyRecord | null {
+  if (store.record !== null) return null;
+  const sql = store.storage.sql;
+  store.storage.transactionSync(() => {
+    sql.exec(
+      `INSERT INTO key_record (singleton, id, name, status, rpm, tpm, concurrency, allowed_origins,
+         models, tier, expires_at, created_at, updated_at, revoked_at, version,
+         budget_day_micros, budget_month_micros, credit_micros, allow_region_override)
+       VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1, ?, ?, ?, ?)`,
+      input.id,
+      input.name,
+      input.limits.rpm,
+      input.limits.tpm,
+      input.limits.concurrency,
+      JSON.stringify(input.allowedOrigins),
+      input.models === null ? null : JSON.stringify(input.models),
+      input.tier,
+      input.expiresAt,
+      input.now,
+      input.now,
+      input.budgets?.dayMicros ?? null,
+      input.budgets?.monthMicros ?? null,
+      input.budgets?.creditMicros ?? null,
+      input.allowRegionOverride === true ? 1 : 0,
+    );
+    sql.exec(
+      "INSERT INTO secrets (secret_hash, created_at, valid_until) VALUES (?, ?, NULL)",
+      input.secretHash,
+      input.now,
+    );
+  });
+  loadKeyRecord(store);
+  return store.record;
+}
+
+/** Applies a partial change; null when no key lives here. */
+export function updateKey(store: AccountStore, input: KeyUpdateInput): KeyRecord | null {
+  const current = store.record;
+  if (current === null) return null;
+  const limits = { ...current.limits, ...input.limits };
+  const budgets = { ...current.budgets, ...input.budgets };
+  store.storage.sql.exec(
+    `UPDATE key_record SET name = ?, rpm = ?, tpm = ?, concurrency = ?, allowed_origins = ?,
+       models = ?, tier = ?, expires_at = ?, updated_at = ?, version = version + 1,
+       budget_day_micros = ?, budget_month_micros = ?, credit_micros = ?,
+       allow_region_override = ?`,
+    input.name ?? current.name,
+    limits.rpm,
+    limits.tpm,
+    limits.concurrency,
+    JSON.stringify(input.allowedOrigins ?? current.allowedOrigins),
+    modelsColumn(input.models === undefined ? current.models : input.models),
+    input.tier ?? current.tier,
+    input.expiresAt === undefined ? current.expiresAt : input.expiresAt,
+    input.now,
+    budgets.dayMicros,
+    budgets.monthMicros,
+    budgets.creditMicros,
+    (input.allowRegionOverride ?? current.allowRegionOverride) ? 1 : 0,
+  );
+  loadKeyRecord(store);
+  return recordView(store, input.now);
+}
+
+/** Revokes the key: its very next request is refused. Null when no key lives here. */
+export function revokeKey(store: AccountStore, now: number): KeyRecord | null {
+  if (store.record === null) return null;
+  if (store.record.status !== "revoked") {
+    store.storage.sql.exec(
+      "UPDATE key_record SET status = 'revoked', revoked_at = ?, updated_at = ?, version = version + 1",
+      now,
+      now,
+    );
+    loadKeyRecord(store);
+  }
+  return recordView(store, now);
+}
+
+/**
+ * Makes `secretHash` the current secret; the previous one stays valid for `graceMs`.
+ * Null when no key lives here or the key is revoked.
+ */
+export function rotateSecret(
+  store: AccountStore,
+  input: { secretHash: string; graceMs: number; now: number },
+): KeyRecord | null {
+  if (store.record === null || store.record.status === "revoked") return null;
+  const sql = store.storage.sql;
+  const { now } = input;
+  store.storage.transactionSync(() => {
+    sql.exec("DELETE FROM secrets WHERE valid_until IS NOT NULL AND valid_until <= ?", now);
+    sql.exec(
+      "UPDATE secrets SET valid_until = ? WHERE valid_until IS NULL",
+      now + Math.max(0, input.graceMs),
+    );
+    sql.exec(
+      "INSERT INTO secrets (secret_hash, created_at, valid_until) VALUES (?, ?, NULL)",
+      input.secretHash,
+      now,
+    );
+    sql.exec("UPDATE key_record SET updated_at = ?, version = version + 1", now);
+  });
+  loadKeyRecord(store);
+  return recordView(store, now);
+}
+
+export function loadKeyRecord(store: AccountStore): void {
+  const row = store.storage.sql.exec<RecordRow>("SELECT * FROM key_record").toArray()[0];
+  store.record = row === undefined ? null : recordOf(row);
+  loadSecrets(store);
+}
+
+export function loadSecrets(store: AccountStore): void {
+  store.secrets = store.storage.sql
+    .exec<SecretRow>("SELECT secret_hash, created_at, valid_until FROM secrets")
+    .toArray();
+}
+
+export function recordView(store: AccountStore, now: number): KeyRecord | null {
+  if (store.record === null) return null;
+  let previous: number | null = null;
+  for (const secret of store.secrets) {
+    if (secret.valid_until !== null && secret.valid_until > now) {
+      previous = Math.max(previous ?? 0, secret.valid_until);
+    }
+  }
+  return { ...store.record, previousSecretValidUntil: previous };
+}
+
+// A key must match a live secret; a browser token dies with the secret that was current
+// when it was minted, so a rotation's grace period ends the tokens minted before it.
+export function credentialRefusal(
+  store: AccountStore,
+  credential: CheckCredential,
+  now: number,
+): Extract<AdmissionRefusal, { code: "invalid_api_key" }> | null {
+  if (credential.kind === "key") {
+    if (secretMatches(store, credential.secretHash, now)) return null;
+    return { ok: false, code: "invalid_api_key", reason: "bad_secret" };
+  }
+  // Tokens carry whole seconds: one minted in the second of a rotation counts as after it.
+  const minted = credential.issuedAt + 999;
+  let current: SecretRow | null = null;
+  for (const secret of store.secrets) {
+    if (
+      secret.created_at <= minted &&
+      (current === null || secret.created_at > current.created_at)
+    ) {
+      current = secret;
+    }
+  }
+  if (current !== null && (current.valid_until === null || current.valid_until > now)) return null;
+  return { ok: false, code: "invalid_api_key", reason: "rotated" };
+}
+
+export function secretMatches(store: AccountStore, secretHash: string, now: number): boolean {
+  // Compare against every live secret, without stopping at the first match.
+  let match = false;
+  for (const secret of store.secrets) {
+    const live = secret.valid_until === null || secret.valid_until > now;
+    match = constantTimeEqual(secret.secret_hash, secretHash) && live ? true : match;
+  }
+  return match;
+}
