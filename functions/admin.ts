@@ -6,10 +6,11 @@
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
 import { z } from "zod";
-import { NO_BUDGETS, type Budgets, type Limits } from "../durable-objects/key-account/admission.ts";
+import type { Budgets, Limits } from "../durable-objects/key-account/admission.ts";
+import { NO_BUDGETS } from "../durable-objects/key-account/types.ts";
 import { KEY_TIERS, type KeyRecord, type UsageRow } from "../durable-objects/key-account/types.ts";
 import { microsToUsd, usdToMicros } from "../contracts/pricing.ts";
-import { DIRECTORY_NAME } from "../durable-objects/key-directory.ts";
+import { DIRECTORY_NAME } from "../durable-objects/key-directory/types.ts";
 import { ApiError } from "../contracts/errors.ts";
 import { readJsonBody } from "./json-body.ts";
 import { sumUsage, totalsJson, usageRange, usageReport } from "./routes/usage.ts";
@@ -24,7 +25,7 @@ export const DEFAULT_ROTATION_GRACE_SECONDS = 3_600;
 
 const MAX_ROTATION_GRACE_SECONDS = 7 * 86_400;
 
-// US dollars, exact to the micro-dollar (see durable-objects/pricing.ts).
+// US dollars, exact to the micro-dollar (see contracts/pricing.ts).
 const Usd = z.number().refine((amount) => usdToMicros(amount) !== null, {
   message: "Expected US dollars from 0 to 1e9 with at most six decimal places.",
 });

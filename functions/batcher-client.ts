@@ -5,8 +5,8 @@
  * `dispatch.ts`. With `batching.enabled: false` for a region or model, attempts go
  * straight to the candidate origin instead.
  */
+import type { Batcher } from "../durable-objects/batcher/index.ts";
 import type {
-  Batcher,
   BatcherAnswerResult,
   BatcherCancelOptions,
   BatcherFailureCode,
@@ -15,9 +15,9 @@ import type {
   BatcherOpenResult,
   BatcherSetup,
   BatcherSubmit,
-} from "../durable-objects/batcher.ts";
-import { DEFAULT_CLIENT_BACKLOG_BYTES } from "../durable-objects/batcher.ts";
-import { type WindowConfigInput, WindowConfigSchema } from "../durable-objects/window.ts";
+} from "../durable-objects/batcher/types.ts";
+import { DEFAULT_CLIENT_BACKLOG_BYTES } from "../durable-objects/batcher/types.ts";
+import { type WindowConfigInput, WindowConfigSchema } from "../durable-objects/batcher/settings.ts";
 import {
   type Frame,
   type ItemTrailer,
@@ -457,7 +457,7 @@ async function openAtBatcher(
   signal?.addEventListener("abort", gone, { once: true });
   let result: BatcherOpenResult;
   const opening = stub.open(input);
-  // Right behind `open`, so it arrives after it (see batcher.ts); read only once the item
+  // Right behind `open`, so it arrives after it (see durable-objects/batcher/index.ts); read only once the item
   // opened: a refused or failed one has no END.
   const ending = stub.end(id);
   ending.catch(() => {});

@@ -55,7 +55,7 @@ export const LimitsConfigSchema = z.strictObject({
   retry_budget: z.int().min(0).max(10).default(DEFAULT_LIMITS.retry_budget),
 });
 
-/** One priority lane of the batcher (see `durable-objects/window.ts`, `LaneConfigSchema`). */
+/** One priority lane of the batcher (see `durable-objects/batcher/settings.ts`, `LaneConfigSchema`). */
 export const BatchingLaneSchema = z.strictObject({
   /** Longest wait in the batcher before `on_timeout` applies (default 30 s, 60 s, 5 min). */
   queue_timeout_ms: z.int().positive().optional(),
@@ -67,7 +67,7 @@ export const BatchingLaneSchema = z.strictObject({
   timeout_status: z.union([z.literal(429), z.literal(503)]).optional(),
 });
 
-/** Batching settings; every field optional, defaults in `durable-objects/window.ts`. */
+/** Batching settings; every field optional, defaults in `durable-objects/batcher/settings.ts`. */
 const batchingSettings = {
   /** Send through the Batcher (default) or straight to origins, one call per request. */
   enabled: z.boolean().optional(),

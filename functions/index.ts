@@ -45,5 +45,5 @@ reportConfigAtStartup(env.WARMGATE_CONFIG);
 
 export default app satisfies ExportedHandler<Env>;
 export { KeyAccount } from "../durable-objects/key-account/index.ts";
-export { KeyDirectory } from "../durable-objects/key-directory.ts";
-export { Batcher } from "../durable-objects/batcher.ts";
+export { KeyDirectory } from "../durable-objects/key-directory/index.ts";
+export { Batcher } from "../durable-objects/batcher/index.ts";

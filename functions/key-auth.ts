@@ -6,7 +6,7 @@ import type {
   AdmissionRefusal,
   InvalidKeyReason,
 } from "../durable-objects/key-account/admission.ts";
-import { type KeyAccount } from "../durable-objects/key-account/index.ts";
+import type { KeyAccount } from "../durable-objects/key-account/index.ts";
 import {
   ACCOUNT_WRITE_DELAY_MS,
   type AdmitInput,

@@ -2,7 +2,7 @@
  * Prices and aliases in the gateway configuration: each model's price table (USD per 1M
  * input, cached input and output tokens) and aliases that name ordered lists of models
  * (`fast`, `cheap`, `best`, …). Validated with zod; costs are computed in exact integers
- * by the pricing core (`durable-objects/pricing.ts`).
+ * by the pricing core (`contracts/pricing.ts`).
  */
 import { z } from "zod";
 import { FREE, type ModelPrice, microsToUsd, usdToMicros } from "../contracts/pricing.ts";

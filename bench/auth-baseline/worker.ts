@@ -122,4 +122,4 @@ export default {
     return apps[mode].fetch(request, env, ctx);
   },
 } satisfies ExportedHandler<Env>;
-export { Batcher } from "../../durable-objects/batcher.ts";
+export { Batcher } from "../../durable-objects/batcher/index.ts";

@@ -30,9 +30,6 @@ export interface Budgets {
   creditMicros: number | null;
 }
 
-/** No spending limit at all. */
-export const NO_BUDGETS: Budgets = { dayMicros: null, monthMicros: null, creditMicros: null };
-
 /** Spend in one period: costs of settled requests and reservations of open ones. */
 export interface PeriodSpend {
   settledMicros: number;

@@ -3,7 +3,8 @@
  * budgets' room), an expired one settled late, a forgotten one billed from what the edge
  * held of it (docs/key-account.md, "Keys and settlement").
  */
-import { NO_BUDGETS, tokenCorrection, type PeriodSpend, type SpendState } from "./admission.ts";
+import { tokenCorrection, type PeriodSpend, type SpendState } from "./admission.ts";
+import { NO_BUDGETS } from "./types.ts";
 import { billingCap } from "./budgets.ts";
 import { billedMicros, utcDay, type TokenUsage } from "../../contracts/pricing.ts";
 import { KEY_SCOPE, NOT_CLOSED, type LedgerEntry, priceOf, storedCandidate } from "./schema.ts";

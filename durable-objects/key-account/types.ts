@@ -263,3 +263,6 @@ export type RecordResult = { ok: true; record: LedgerRecord | null } | Credentia
  * to share one commit instead of holding each answer for its own.
  */
 export const ACCOUNT_WRITE_DELAY_MS = 50;
+
+/** No spending limit at all. */
+export const NO_BUDGETS: Budgets = { dayMicros: null, monthMicros: null, creditMicros: null };

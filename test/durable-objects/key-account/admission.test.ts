@@ -1,6 +1,5 @@
 import { describe, expect, it } from "vitest";
 import {
-  NO_BUDGETS,
   decideAdmission,
   tokenCorrection,
   type AdmissionInput,
@@ -9,6 +8,7 @@ import {
   type ScopeUsage,
   type SpendState,
 } from "../../../durable-objects/key-account/admission.ts";
+import { NO_BUDGETS } from "../../../durable-objects/key-account/types.ts";
 import { CONCURRENCY_RETRY_MS, billingCap } from "../../../durable-objects/key-account/budgets.ts";
 
 const key: KeyPolicy = {

@@ -1,11 +1,11 @@
 /**
- * Where the `Batcher` sends a caller's HEAD, DATA and END (see `batcher.ts`): a stream of the
+ * Where the `Batcher` sends a caller's HEAD, DATA and END (see `index.ts`): a stream of the
  * item's frames ({@link FrameStreamSink}, for `submit`), the answers of `open` and `end`
  * ({@link AnswerSink}, for a streamed item whose body has a stream of its own), or one
  * answer with all of them ({@link WholeSink}, for `answer`: a JSON item, which its client
  * gets whole anyway).
  */
-import { FrameType, concatBytes, encodeFrame, encodeJsonFrame } from "../contracts/protocol.ts";
+import { FrameType, concatBytes, encodeFrame, encodeJsonFrame } from "../../contracts/protocol.ts";
 
 /** What the Batcher tells a caller about its item, in order: HEAD, DATA…, END, close. */
 export interface CallerSink {

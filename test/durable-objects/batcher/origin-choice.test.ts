@@ -3,7 +3,7 @@ import {
   chooseLeastLoaded,
   chooseLeastLoadedInTurn,
   type OriginCandidate,
-} from "../../durable-objects/origin-choice.ts";
+} from "../../../durable-objects/batcher/origin-choice.ts";
 
 function candidate(id: string, over: Partial<OriginCandidate> = {}): OriginCandidate {
   return { id, load: 0, freeSlots: null, kvRoomTokens: null, inFlight: 0, ...over };

@@ -11,12 +11,9 @@
 //   key_origins        (origin, key_id) PK: one row per allowed origin of each key;
 //                      always exactly the origins in the key's latest record.
 
-import { applyMigrations } from "./migrations.ts";
+import { applyMigrations } from "../migrations.ts";
 import { DurableObject } from "cloudflare:workers";
-import type { KeyRecord } from "./key-account/types.ts";
-
-/** The name of the single directory instance. */
-export const DIRECTORY_NAME = "key-directory";
+import type { KeyRecord } from "../key-account/types.ts";
 
 /** One page of keys, newest first. */
 export interface KeyPage {

@@ -1,8 +1,8 @@
 import { env } from "cloudflare:workers";
 import { abortAllDurableObjects, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { describe, expect, inject, it } from "vitest";
+import { type Batcher } from "../../../durable-objects/batcher/index.ts";
 import {
-  type Batcher,
   type BatcherAnswerResult,
   type BatcherFailureTrailer,
   type BatcherHead,
@@ -12,11 +12,14 @@ import {
   type BatcherSubmitResult,
   DEFAULT_CLIENT_BACKLOG_BYTES,
   OPEN_BATCH_RECORD_DELAY_MS,
-} from "../../durable-objects/batcher.ts";
-import { type WindowConfigInput, WindowConfigSchema } from "../../durable-objects/window.ts";
-import { type FrameReader, frameReader } from "../../contracts/upstream.ts";
-import { FrameType, type ItemTrailer, decodeJsonPayload } from "../../contracts/protocol.ts";
-import { chatBody, lastEvent, metricValue } from "../support/edge-requests.ts";
+} from "../../../durable-objects/batcher/types.ts";
+import {
+  type WindowConfigInput,
+  WindowConfigSchema,
+} from "../../../durable-objects/batcher/settings.ts";
+import { type FrameReader, frameReader } from "../../../contracts/upstream.ts";
+import { FrameType, type ItemTrailer, decodeJsonPayload } from "../../../contracts/protocol.ts";
+import { chatBody, lastEvent, metricValue } from "../../support/edge-requests.ts";
 
 // batch-1 and batch-2 are this file's alone; they generate about one token per 20 ms, so a
 // long request is still running while the next ones arrive.

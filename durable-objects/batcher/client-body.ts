@@ -1,5 +1,5 @@
 /**
- * A client's response body that the `Batcher` writes for a caller (see `batcher.ts`). One
+ * A client's response body that the `Batcher` writes for a caller (see `index.ts`). One
  * write is in flight at a time, and bytes that come meanwhile are joined behind it: at low
  * load each token leaves as it comes, and under load, when the runtime takes writes more
  * slowly, tokens leave in fewer, larger writes, so their fixed cost is paid less often.
@@ -12,7 +12,7 @@
  * clean end), and the owner, told by `closed`, cancels the item and bills what was
  * generated.
  */
-import { concatBytes } from "../contracts/protocol.ts";
+import { concatBytes } from "../../contracts/protocol.ts";
 
 export class ClientBody {
   readonly #writer: WritableStreamDefaultWriter<Uint8Array>;

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
-import type { LoadReport } from "../../contracts/protocol.ts";
-import { chooseLeastLoaded } from "../../durable-objects/origin-choice.ts";
-import type { OriginChooser } from "../../durable-objects/origin-choice.ts";
+import type { LoadReport } from "../../../contracts/protocol.ts";
+import { chooseLeastLoaded } from "../../../durable-objects/batcher/origin-choice.ts";
+import type { OriginChooser } from "../../../durable-objects/batcher/origin-choice.ts";
 import {
   cancel,
   createWindowState,
@@ -20,15 +20,15 @@ import {
   tokenHoldMs,
   MIN_HOLD_MS,
   tick,
-  WindowConfigSchema,
-} from "../../durable-objects/window.ts";
+} from "../../../durable-objects/batcher/window.ts";
+import { WindowConfigSchema } from "../../../durable-objects/batcher/settings.ts";
 import type {
   Batch,
   EnqueueDecision,
-  WindowConfigInput,
   WindowRequest,
   WindowState,
-} from "../../durable-objects/window.ts";
+} from "../../../durable-objects/batcher/window.ts";
+import type { WindowConfigInput } from "../../../durable-objects/batcher/settings.ts";
 
 function stateWith(input: Partial<WindowConfigInput> = {}, now = 0): WindowState {
   return createWindowState(WindowConfigSchema.parse({ origins: [{ id: "a" }], ...input }), now);

@@ -1,0 +1,241 @@
+/**
+ * The contract of a `Batcher` (docs/batching.md): its setup, what a request attempt sends,
+ * what `open`, `answer`, `submit`, `cancel` and `snapshot` answer, and its constants.
+ */
+import type { ItemHead, ItemPath, ItemTrailer } from "../../contracts/protocol.ts";
+import type { FlushReason, OriginLoadView } from "./window.ts";
+import type { WindowConfig } from "./settings.ts";
+
+/** Bytes a caller's frame stream buffers before writes wait for the caller to read. */
+export const CALLER_BUFFER_BYTES = 4 * 1024 * 1024;
+
+/**
+ * Bytes a client's body stream buffers, and by default the most that may wait behind its
+ * write in flight, in this object's memory, before the client counts as too slow and is cut
+ * (see `client-body.ts`, and `batching.max_client_backlog_bytes`): tens of seconds of tokens
+ * at an engine's pace.
+ */
+export const BODY_BUFFER_BYTES = 64 * 1024;
+export const DEFAULT_CLIENT_BACKLOG_BYTES = 512 * 1024;
+
+/**
+ * Longest stretch an upstream call's reading keeps this object's thread before it gives way
+ * to the rest of its work (see {@link Batcher} `#runBatch`).
+ */
+export const READ_TURN_MS = 10;
+
+/** How long the backstop alarm waits while work is pending. */
+export const ALARM_BACKSTOP_MS = 30_000;
+
+/**
+ * How long an upstream call runs before its `open_batches` row is written (see the top of
+ * this file): most calls end sooner and never touch storage.
+ */
+export const OPEN_BATCH_RECORD_DELAY_MS = 100;
+
+/** What a Batcher runs with; the edge derives it from `WARMGATE_CONFIG` and sends it along. */
+export interface BatcherSetup {
+  /** Hash of everything below; part of the object's name. */
+  version: string;
+  /** The window policy's settings, defaults filled in. */
+  window: WindowConfig;
+  /** Where each origin of `window.origins` listens. */
+  origins: { id: string; url: string }[];
+  /** How long an origin whose call failed is skipped. */
+  quarantineMs: number;
+  /** Most bytes a streamed client's body may have waiting behind its stream (see `client-body.ts`). */
+  clientBacklogBytes: number;
+}
+
+/** One request attempt handed to `submit`. */
+export interface BatcherSubmit {
+  setup: BatcherSetup;
+  /** Item id on the wire; unique per attempt (a retry in the same region gets a new one). */
+  id: string;
+  path: ItemPath;
+  /** The client's body text, forwarded untouched. */
+  body: string;
+  /** Lower-case headers passed to the engine. */
+  headers: Record<string, string>;
+  /** Priority lane, 0 highest. */
+  lane: number;
+  promptTokens: number;
+  maxTokens: number;
+  /** Absolute ms after which the caller no longer wants an answer. */
+  deadline: number;
+  /** Once sent, give up when the origin has not answered within this many ms. */
+  firstByteTimeoutMs: number;
+  /** Whether that timeout also covers the item's HEAD (streaming answers). */
+  timeHead: boolean;
+  /** The origin gives up on the item after this many ms. */
+  itemTimeoutMs: number;
+  /** Origins that already failed this request. */
+  avoidOrigins: string[];
+  /**
+   * How long the caller's recent requests here waited for their first byte, as it saw it
+   * (ms; null when it has no figure yet): the window's wait term takes it into account.
+   */
+  recentFirstByteMs?: number | null;
+}
+
+/** The HEAD payload a caller receives: the origin's, plus which origin it is. */
+export interface BatcherHead extends ItemHead {
+  /** The configured id of the origin serving the item. */
+  origin: string;
+}
+
+/** Why an item ended before its origin answered (`error.code` of its lone END). */
+export type BatcherFailureCode =
+  /** Waited past its lane's timeout or its deadline; the trailer carries `status`. */
+  | "queue_timeout"
+  /** No origin of this batcher may take it (all down, or all avoided). */
+  | "no_healthy_origin"
+  /** The origin could not be reached or said it cannot take work. */
+  | "origin_unavailable"
+  /** The origin answered the call with something other than a framed batch, or broke. */
+  | "origin_error"
+  /** The origin did not answer within the first-byte timeout. */
+  | "origin_timeout"
+  /** No origin's KV cache can ever hold the prompt. */
+  | "prompt_too_large";
+
+/** The trailer of an item's lone END when it ended before its origin answered. */
+export interface BatcherFailureTrailer extends ItemTrailer {
+  outcome: "error" | "timeout";
+  error: { message: string; type: string; code: BatcherFailureCode };
+  /** The origin that failed it, when one did. */
+  origin?: string;
+  /** For `queue_timeout`: the status to answer (429 or 503) and when to retry. */
+  status?: 429 | 503;
+  retry_after_ms?: number;
+}
+
+/** The answer to `submit`. */
+export type BatcherSubmitResult =
+  /**
+   * Admitted: the item's frames follow on `frames`. `atOnce`: it was sent at once, alone,
+   * with no window (this batcher had nothing to wait for).
+   */
+  | { kind: "accepted"; frames: ReadableStream<Uint8Array>; atOnce: boolean }
+  /** The lane is full: answer 429 with `retry-after`. */
+  | { kind: "refused"; reason: "queue_full"; retryAfterMs: number }
+  /** Refused before queueing, for a reason another region may not share. */
+  | { kind: "failed"; code: BatcherFailureCode | "duplicate_id"; detail: string };
+
+/** A request the batcher did not admit: a full lane, or a failure before queueing. */
+export type BatcherNotAdmitted = Exclude<BatcherSubmitResult, { kind: "accepted" }>;
+
+/** The answer to `answer`. */
+export type BatcherAnswerResult =
+  /**
+   * The item ended (or closed without an END: cancelled, cut, or lost): its HEAD (null when
+   * none came), body and END trailer (null without one), and how many ms after admission the
+   * HEAD came. `atOnce` as for `submit`.
+   */
+  | {
+      kind: "answered";
+      head: BatcherHead | null;
+      headMs: number | null;
+      body: Uint8Array;
+      trailer: Uint8Array | null;
+      atOnce: boolean;
+    }
+  | BatcherNotAdmitted;
+
+/** The answer to `open`. */
+export type BatcherOpenResult =
+  /**
+   * Opened: the origin's HEAD, and the item's body on a stream of its own, which the caller
+   * hands its client as it is. `atOnce` as for `submit`.
+   */
+  | { kind: "open"; head: BatcherHead; body: ReadableStream<Uint8Array>; atOnce: boolean }
+  /** Ended before its origin answered: the lone END's trailer says why. */
+  | { kind: "ended"; trailer: BatcherFailureTrailer; atOnce: boolean }
+  /** Its caller cancelled it before its HEAD. */
+  | { kind: "cancelled" }
+  | BatcherNotAdmitted;
+
+/** How `cancel` treats a running item. */
+export interface BatcherCancelOptions {
+  /**
+   * Cancel it on its origin but keep its stream open up to its END, whose usage counts
+   * what was generated before the cancel (for billing a client that went away).
+   */
+  untilEnd?: boolean;
+  /**
+   * The caller's request timed out: a running item's body (see `open`) ends with a timeout
+   * error event, and the item is cancelled (outright, or up to its END with `untilEnd`). An
+   * item still waiting in its lane is left there: the lane's own timeout and policy decide.
+   */
+  timedOut?: boolean;
+}
+
+/** Counters since this incarnation started. */
+export interface BatcherCounters {
+  submitted: number;
+  /** Sent at once, alone, with no window (the low-load path). */
+  dispatchedAtOnce: number;
+  /** Placed in a lane to wait for a flush. */
+  queued: number;
+  refusedQueueFull: number;
+  /** Refused or failed before queueing for another reason. */
+  refusedOther: number;
+  queueTimeouts: number;
+  cancelledWaiting: number;
+  cancelledRunning: number;
+  /** Items that failed after leaving the queue, before their origin's HEAD. */
+  failedBeforeHead: number;
+  /** Upstream calls by why they left, and the items they carried. */
+  batches: Record<FlushReason, number>;
+  batchItems: number;
+  /** Upstream calls by items carried, in power-of-two buckets (`1`, `2`, `3-4`, `5-8`, …). */
+  batchSizes: Record<string, number>;
+  /** Orphaned calls of earlier incarnations cancelled on their origins. */
+  orphansCancelled: number;
+  /** Times a call's reading gave way to the rest of this object's work (see {@link READ_TURN_MS}). */
+  readPauses: number;
+  /** Times a call began to hold streamed tokens so that they leave together (see `tokenHoldMs`). */
+  holds: number;
+}
+
+/** One recent upstream call, as `snapshot` lists it. */
+export interface BatchRecord {
+  batchId: string;
+  originId: string;
+  reason: FlushReason;
+  /** Item ids in the order the origin received them. */
+  items: string[];
+}
+
+/** How many recent calls `snapshot` lists. */
+export const RECENT_BATCHES = 32;
+
+/** What `snapshot` shows. */
+export interface BatcherSnapshot {
+  version: string | null;
+  queued: number;
+  /** The window a request arriving now would wait, ms. */
+  windowMs: number;
+  /**
+   * How late this object's thread has recently run work it was given, ms (a decaying mean;
+   * 0 when not measured lately): near 0 unless the thread is saturated, when the window
+   * grows with it and more shards would help.
+   */
+  threadLagMs: number;
+  /** How long a streamed item's later tokens may be held now to leave together, ms. */
+  holdMs: number;
+  /** Items this batcher has running per origin. */
+  inFlight: Record<string, number>;
+  /**
+   * Each origin's last load report as this batcher uses it (tokens, not blocks), with its
+   * age; null before the first. `stepMs` is the engine's reported step time (0: none).
+   */
+  origins: Record<string, (OriginLoadView & { ageMs: number }) | null>;
+  /** Upstream calls whose response has not ended. */
+  openBatches: number;
+  /** Rows in `open_batches` (this incarnation's calls plus orphans not yet cancelled). */
+  persistedBatches: number;
+  counters: BatcherCounters;
+  /** The latest upstream calls, oldest first. */
+  recentBatches: BatchRecord[];
+}
