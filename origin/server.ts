@@ -10,7 +10,7 @@ import { Hono } from "hono";
 import type { Context } from "hono";
 import { z } from "zod";
 import { adminTokenOf, bearerMatches, exposureProblem } from "./access.ts";
-import type { Engine, EngineOutcome, EngineResponse } from "./engine.ts";
+import type { Engine } from "./engine.ts";
 import {
   createFaultController,
   FaultConfigPatchSchema,
@@ -21,7 +21,7 @@ import type { FaultConfig, FaultController } from "./faults.ts";
 import { createGpuMonitor } from "./gpu.ts";
 import type { GpuMonitor } from "./gpu.ts";
 import { createOriginCounters, renderOriginMetrics } from "./metrics.ts";
-import type { AbortReason, OriginCounters } from "./metrics.ts";
+import type { OriginCounters } from "./metrics.ts";
 import {
   BATCH_CANCEL_PATH,
   BATCH_CONTENT_TYPE,
@@ -36,8 +36,8 @@ import {
   MAX_OUTCOME_IDS,
   OUTCOMES_PATH,
 } from "../contracts/protocol.ts";
-import { OutcomeLog } from "./outcome-log.ts";
-import type { ItemHead, ItemPath, ItemTrailer, LoadReport } from "../contracts/protocol.ts";
+import { type ItemRun, type ItemSpec, ItemRunner, drain, errorBody } from "./items.ts";
+import type { ItemHead, ItemPath, LoadReport } from "../contracts/protocol.ts";
 
 /** Configuration of an origin. */
 export interface OriginOptions {
@@ -90,19 +90,6 @@ const FORWARDED_HEADERS = new Set([
   "traceparent",
   "tracestate",
 ]);
-/** Engine response headers that describe a connection, not the response (RFC 9110 §7.6.1). */
-const HOP_BY_HOP = new Set([
-  "connection",
-  "keep-alive",
-  "transfer-encoding",
-  "content-length",
-  "content-encoding",
-  "upgrade",
-  "proxy-connection",
-  "trailer",
-  "te",
-]);
-
 /** An error answered in OpenAI's shape. */
 class OriginError extends Error {
   override name = "OriginError";
@@ -124,15 +111,6 @@ class OriginError extends Error {
             ? "server_error"
             : "invalid_request_error";
   }
-}
-
-function errorBody(
-  message: string,
-  type: string,
-  code: string | null,
-  param: string | null = null,
-) {
-  return { error: { message, type, param, code } };
 }
 
 const BatchItemSchema = z.object({
@@ -175,100 +153,6 @@ async function readJson(c: Context): Promise<unknown> {
   }
 }
 
-/** One item's life on this origin. */
-interface ItemRun {
-  controller: AbortController;
-  reason: AbortReason | null;
-  done: boolean;
-}
-
-/** What an item needs, whichever route it came from. */
-interface ItemSpec {
-  id: string;
-  path: ItemPath;
-  body: string;
-  headers: Record<string, string>;
-  priority: number;
-  timeoutMs?: number;
-}
-
-/** An item whose status and headers are known; drain `body`, then call `finish`. */
-interface OpenedItem {
-  status: number;
-  headers: Record<string, string>;
-  body: AsyncIterator<Uint8Array>;
-  /** Waits for the engine's outcome; safe to call more than once. */
-  finish(): Promise<ItemTrailer>;
-}
-
-const encoder = new TextEncoder();
-
-function syntheticResponse(
-  status: number,
-  message: string,
-  type: string,
-  code: string,
-  outcome: EngineOutcome["outcome"],
-): EngineResponse {
-  const body = JSON.stringify(errorBody(message, type, code));
-  return {
-    status,
-    headers: { "content-type": "application/json" },
-    body: (async function* () {
-      yield encoder.encode(body);
-    })(),
-    outcome: Promise.resolve({
-      outcome,
-      usage: null,
-      error: { message, type, code },
-      queued_ms: 0,
-      ttft_ms: null,
-    }),
-  };
-}
-
-function abortedResponse(reason: AbortReason): EngineResponse {
-  return reason === "timeout"
-    ? syntheticResponse(504, "The request timed out.", "server_error", "item_timeout", "timeout")
-    : syntheticResponse(
-        499,
-        "The request was cancelled.",
-        "server_error",
-        "item_cancelled",
-        "cancelled",
-      );
-}
-
-/** Reads an iterator to its end, ignoring what it yields (engines settle `outcome` after). */
-async function drain(iterator: AsyncIterator<Uint8Array>): Promise<void> {
-  try {
-    for (;;) {
-      const next = await iterator.next();
-      if (next.done === true) return;
-    }
-  } catch {
-    // An engine body that throws has ended; its outcome says why.
-  }
-}
-
-function cleanHeaders(headers: Record<string, string>): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const [name, value] of Object.entries(headers)) {
-    const lower = name.toLowerCase();
-    if (!HOP_BY_HOP.has(lower)) out[lower] = value;
-  }
-  return out;
-}
-
-function isJsonObjectText(text: string): boolean {
-  try {
-    const value: unknown = JSON.parse(text);
-    return typeof value === "object" && value !== null && !Array.isArray(value);
-  } catch {
-    return false;
-  }
-}
-
 /** The Node response behind a request, when @hono/node-server serves it. */
 function outgoingOf(c: Context): { destroy(): void } | null {
   const env: unknown = c.env;
@@ -283,10 +167,6 @@ function outgoingOf(c: Context): { destroy(): void } | null {
 }
 
 /** Milliseconds to two decimals: enough for latency work, short on the wire. */
-function roundMs(ms: number): number {
-  return Math.round(ms * 100) / 100;
-}
-
 /** The pieces {@link startOrigin} needs beyond the Hono app. */
 interface Origin {
   app: Hono;
@@ -301,137 +181,14 @@ function buildOrigin(options: OriginOptions): Origin {
   const engine = withFaults(options.engine, faults);
   const gpu = options.gpu ?? createGpuMonitor();
   const counters: OriginCounters = createOriginCounters();
+  const items = new ItemRunner(engine, counters);
   const loadIntervalMs = options.loadIntervalMs ?? DEFAULT_LOAD_INTERVAL_MS;
   const maxBatchItems = Math.min(options.maxBatchItems ?? DEFAULT_MAX_BATCH_ITEMS, MAX_BATCH_ITEMS);
   const startedAt = Date.now();
-  const active = new Set<ItemRun>();
-  const engineIds = new Set<string>();
   const batches = new Map<string, Map<string, ItemRun>>();
-  const outcomes = new OutcomeLog();
-  let idSuffix = 0;
-
-  function newRun(): ItemRun {
-    const run: ItemRun = { controller: new AbortController(), reason: null, done: false };
-    active.add(run);
-    return run;
-  }
-
-  function abortItem(run: ItemRun, reason: AbortReason): boolean {
-    if (run.done || run.controller.signal.aborted) return false;
-    run.reason = reason;
-    counters.cancellations[reason]++;
-    run.controller.abort(reason);
-    return true;
-  }
 
   function loadReport(): LoadReport {
     return { origin: options.originId, t: Date.now(), ...engine.load() };
-  }
-
-  async function openItem(spec: ItemSpec, run: ItemRun): Promise<OpenedItem> {
-    const started = performance.now();
-    counters.inFlight++;
-    // Ids must be unique among running items; a repeat (a retried request) gets a suffix.
-    let engineId = spec.id;
-    while (engineIds.has(engineId)) engineId = `${spec.id}~${++idSuffix}`;
-    engineIds.add(engineId);
-    outcomes.started(spec.id, Date.now());
-    const timer =
-      spec.timeoutMs === undefined
-        ? undefined
-        : setTimeout(() => abortItem(run, "timeout"), spec.timeoutMs);
-    const signal = run.controller.signal;
-
-    let response: EngineResponse;
-    if (!isJsonObjectText(spec.body)) {
-      response = syntheticResponse(
-        400,
-        "The request body must be a JSON object.",
-        "invalid_request_error",
-        "invalid_json",
-        "error",
-      );
-    } else {
-      const submitted = engine
-        .submit({
-          id: engineId,
-          path: spec.path,
-          body: spec.body,
-          headers: spec.headers,
-          signal,
-          priority: spec.priority,
-        })
-        .catch((): EngineResponse =>
-          syntheticResponse(500, "The engine failed.", "server_error", "engine_error", "error"),
-        );
-      const aborted = new Promise<null>((resolve) => {
-        if (signal.aborted) resolve(null);
-        else signal.addEventListener("abort", () => resolve(null), { once: true });
-      });
-      const first = await Promise.race([submitted, aborted]);
-      if (first === null) {
-        // The engine was told through the signal; still drain what it answers so it can settle.
-        void submitted.then(async (late) => {
-          await drain(late.body[Symbol.asyncIterator]());
-          await late.outcome;
-        });
-        response = abortedResponse(run.reason ?? "cancel");
-      } else {
-        response = first;
-      }
-    }
-
-    let finished: Promise<ItemTrailer> | null = null;
-    const finish = (): Promise<ItemTrailer> => {
-      finished ??= (async () => {
-        const result = await response.outcome;
-        if (timer !== undefined) clearTimeout(timer);
-        let { outcome, error } = result;
-        // Our own abort names the outcome, unless the engine had already finished cleanly.
-        if (run.reason !== null && outcome !== "ok") {
-          if (run.reason === "timeout") {
-            outcome = "timeout";
-            error = {
-              message: "The request timed out.",
-              type: "server_error",
-              code: "item_timeout",
-            };
-          } else {
-            outcome = "cancelled";
-            error = {
-              message: "The request was cancelled.",
-              type: "server_error",
-              code: "item_cancelled",
-            };
-          }
-        }
-        run.done = true;
-        active.delete(run);
-        engineIds.delete(engineId);
-        counters.inFlight--;
-        counters.outcomes[outcome]++;
-        outcomes.ended(spec.id, outcome, result.usage, Date.now());
-        const trailer: ItemTrailer = {
-          id: spec.id,
-          outcome,
-          usage: result.usage,
-          timing: {
-            queued_ms: roundMs(result.queued_ms),
-            ttft_ms: result.ttft_ms === null ? null : roundMs(result.ttft_ms),
-            total_ms: roundMs(performance.now() - started),
-          },
-        };
-        if (outcome !== "ok" && error !== undefined) trailer.error = error;
-        return trailer;
-      })();
-      return finished;
-    };
-    return {
-      status: response.status,
-      headers: cleanHeaders(response.headers),
-      body: response.body[Symbol.asyncIterator](),
-      finish,
-    };
   }
 
   const app = new Hono();
@@ -479,12 +236,15 @@ function buildOrigin(options: OriginOptions): Origin {
       }
       const id = headers["x-request-id"] ?? `req-${randomUUID()}`;
       const priority = Number(headers["x-warmgate-priority"] ?? 0);
-      const run = newRun();
+      const run = items.newRun();
       const clientSignal = c.req.raw.signal;
-      if (clientSignal.aborted) abortItem(run, "client");
-      else clientSignal.addEventListener("abort", () => abortItem(run, "client"), { once: true });
+      if (clientSignal.aborted) items.abortItem(run, "client");
+      else
+        clientSignal.addEventListener("abort", () => items.abortItem(run, "client"), {
+          once: true,
+        });
 
-      const opened = await openItem(
+      const opened = await items.openItem(
         { id, path, body, headers, priority: Number.isFinite(priority) ? priority : 0 },
         run,
       );
@@ -516,7 +276,7 @@ function buildOrigin(options: OriginOptions): Origin {
           },
           async cancel() {
             cancelled = true;
-            abortItem(run, "client");
+            items.abortItem(run, "client");
             await drain(opened.body);
             await opened.finish();
           },
@@ -645,7 +405,7 @@ function buildOrigin(options: OriginOptions): Origin {
     counters.batchItems += envelope.items.length;
     const runs = new Map<string, ItemRun>();
     batches.set(envelope.batch_id, runs);
-    for (const item of envelope.items) runs.set(item.id, newRun());
+    for (const item of envelope.items) runs.set(item.id, items.newRun());
 
     const batchSignal = c.req.raw.signal;
     let closed = false;
@@ -660,7 +420,7 @@ function buildOrigin(options: OriginOptions): Origin {
       if (closed) return;
       closed = true;
       release();
-      for (const run of runs.values()) abortItem(run, "client");
+      for (const run of runs.values()) items.abortItem(run, "client");
     };
 
     const stream = new ReadableStream<Uint8Array>(
@@ -699,7 +459,7 @@ function buildOrigin(options: OriginOptions): Origin {
               priority: item.priority ?? 0,
             };
             if (item.timeout_ms !== undefined) spec.timeoutMs = item.timeout_ms;
-            const opened = await openItem(spec, run);
+            const opened = await items.openItem(spec, run);
             const head: ItemHead = { id: item.id, status: opened.status, headers: opened.headers };
             await emit(encodeJsonFrame(FrameType.HEAD, index, head));
             for (;;) {
@@ -771,7 +531,7 @@ function buildOrigin(options: OriginOptions): Origin {
       const ids = parsed.data.ids ?? [...runs.keys()];
       for (const id of ids) {
         const run = runs.get(id);
-        if (run !== undefined && abortItem(run, "cancel")) cancelled.push(id);
+        if (run !== undefined && items.abortItem(run, "cancel")) cancelled.push(id);
       }
     }
     return c.json({ cancelled });
@@ -784,7 +544,7 @@ function buildOrigin(options: OriginOptions): Origin {
       const { message, param } = zodMessage(parsed.error);
       throw new OriginError(400, message, "invalid_outcomes_request", param);
     }
-    return c.json({ items: outcomes.lookup(parsed.data.ids, Date.now()) });
+    return c.json({ items: items.outcomes.lookup(parsed.data.ids, Date.now()) });
   });
 
   return {
@@ -792,7 +552,7 @@ function buildOrigin(options: OriginOptions): Origin {
     faults,
     engine,
     abortAll() {
-      for (const run of active) abortItem(run, "shutdown");
+      items.abortAll();
     },
   };
 }
