@@ -8,7 +8,6 @@ import type { AddressInfo } from "node:net";
 import { createAdaptorServer } from "@hono/node-server";
 import { Hono } from "hono";
 import type { Context } from "hono";
-import { z } from "zod";
 import { adminTokenOf, bearerMatches, exposureProblem } from "./access.ts";
 import type { Engine } from "./engine.ts";
 import {
@@ -22,22 +21,11 @@ import { createGpuMonitor } from "./gpu.ts";
 import type { GpuMonitor } from "./gpu.ts";
 import { createOriginCounters, renderOriginMetrics } from "./metrics.ts";
 import type { OriginCounters } from "./metrics.ts";
-import {
-  BATCH_CANCEL_PATH,
-  BATCH_CONTENT_TYPE,
-  BATCH_ITEM,
-  BATCH_PATH,
-  BATCH_PROTOCOL_VERSION,
-  concatBytes,
-  encodeFrame,
-  encodeJsonFrame,
-  FrameType,
-  MAX_BATCH_ITEMS,
-  MAX_OUTCOME_IDS,
-  OUTCOMES_PATH,
-} from "../contracts/protocol.ts";
-import { type ItemRun, type ItemSpec, ItemRunner, drain, errorBody } from "./items.ts";
-import type { ItemHead, ItemPath, LoadReport } from "../contracts/protocol.ts";
+import { MAX_BATCH_ITEMS } from "../contracts/protocol.ts";
+import { type ItemRun, ItemRunner, drain, errorBody } from "./items.ts";
+import { batchRoutes } from "./batch-routes.ts";
+import { OriginError, readJson, zodMessage } from "./http.ts";
+import type { ItemPath, LoadReport } from "../contracts/protocol.ts";
 
 /** Configuration of an origin. */
 export interface OriginOptions {
@@ -79,9 +67,6 @@ export const DEFAULT_LOAD_INTERVAL_MS = 250;
 /** Default most items in one batch. */
 export const DEFAULT_MAX_BATCH_ITEMS = 1024;
 
-/** Backpressure threshold of a batch response: beyond it, items wait for the edge to read. */
-const BATCH_HIGH_WATER_BYTES = 1 << 20;
-
 /** Headers of a client request that reach the engine. */
 const FORWARDED_HEADERS = new Set([
   "accept",
@@ -90,69 +75,6 @@ const FORWARDED_HEADERS = new Set([
   "traceparent",
   "tracestate",
 ]);
-/** An error answered in OpenAI's shape. */
-class OriginError extends Error {
-  override name = "OriginError";
-  readonly status: number;
-  readonly type: string;
-  readonly code: string | null;
-  readonly param: string | null;
-  constructor(status: number, message: string, code: string | null, param: string | null = null) {
-    super(message);
-    this.status = status;
-    this.code = code;
-    this.param = param;
-    this.type =
-      status === 401
-        ? "authentication_error"
-        : status === 429
-          ? "rate_limit_error"
-          : status >= 500
-            ? "server_error"
-            : "invalid_request_error";
-  }
-}
-
-const BatchItemSchema = z.object({
-  id: z.string().min(1).max(256),
-  path: z.enum(["/v1/chat/completions", "/v1/completions"]),
-  headers: z.record(z.string(), z.string()).optional(),
-  body: z.string(),
-  timeout_ms: z.number().int().positive().optional(),
-  priority: z.number().optional(),
-});
-
-const BatchRequestSchema = z.object({
-  v: z.literal(BATCH_PROTOCOL_VERSION),
-  batch_id: z.string().min(1).max(256),
-  items: z.array(BatchItemSchema).min(1),
-});
-
-const CancelRequestSchema = z.object({
-  batch_id: z.string().min(1),
-  ids: z.array(z.string()).optional(),
-});
-
-const OutcomesRequestSchema = z.object({
-  ids: z.array(z.string().min(1).max(256)).max(MAX_OUTCOME_IDS),
-});
-
-function zodMessage(error: z.ZodError): { message: string; param: string | null } {
-  const issue = error.issues[0];
-  if (issue === undefined) return { message: "Invalid request body.", param: null };
-  const path = issue.path.map(String).join(".");
-  return { message: path ? `${path}: ${issue.message}` : issue.message, param: path || null };
-}
-
-async function readJson(c: Context): Promise<unknown> {
-  const text = await c.req.text();
-  try {
-    return JSON.parse(text);
-  } catch {
-    throw new OriginError(400, "The request body is not valid JSON.", "invalid_json");
-  }
-}
-
 /** The Node response behind a request, when @hono/node-server serves it. */
 function outgoingOf(c: Context): { destroy(): void } | null {
   const env: unknown = c.env;
@@ -372,179 +294,14 @@ function buildOrigin(options: OriginOptions): Origin {
     return c.json(faults.reset());
   });
 
-  app.post(BATCH_PATH, async (c) => {
-    const parsed = BatchRequestSchema.safeParse(await readJson(c));
-    if (!parsed.success) {
-      const { message, param } = zodMessage(parsed.error);
-      throw new OriginError(400, message, "invalid_batch", param);
-    }
-    const envelope = parsed.data;
-    if (envelope.items.length > maxBatchItems) {
-      throw new OriginError(
-        400,
-        `A batch holds at most ${maxBatchItems} items; got ${envelope.items.length}.`,
-        "batch_too_large",
-        "items",
-      );
-    }
-    const seen = new Set<string>();
-    for (const item of envelope.items) {
-      if (seen.has(item.id)) {
-        throw new OriginError(400, `Duplicate item id: ${item.id}`, "duplicate_item_id", "items");
-      }
-      seen.add(item.id);
-    }
-    if (batches.has(envelope.batch_id)) {
-      throw new OriginError(
-        409,
-        `Batch ${envelope.batch_id} is already running.`,
-        "batch_conflict",
-      );
-    }
-    counters.batches++;
-    counters.batchItems += envelope.items.length;
-    const runs = new Map<string, ItemRun>();
-    batches.set(envelope.batch_id, runs);
-    for (const item of envelope.items) runs.set(item.id, items.newRun());
-
-    const batchSignal = c.req.raw.signal;
-    let closed = false;
-    let waiters: (() => void)[] = [];
-    let ticker: ReturnType<typeof setInterval> | undefined;
-    const release = () => {
-      const pending = waiters;
-      waiters = [];
-      for (const wake of pending) wake();
-    };
-    const dropBatch = () => {
-      if (closed) return;
-      closed = true;
-      release();
-      for (const run of runs.values()) items.abortItem(run, "client");
-    };
-
-    const stream = new ReadableStream<Uint8Array>(
-      {
-        start(controller) {
-          // Frames emitted in one turn of the event loop leave as one chunk: the items of a
-          // batch produce their tokens at the same engine step, and the reader pays per
-          // chunk (one read and one hop each), not per byte. They wait one turn at most.
-          let queued: Uint8Array[] = [];
-          const sendQueued = () => {
-            const frames = queued;
-            queued = [];
-            if (closed || frames.length === 0) return;
-            controller.enqueue(concatBytes(frames));
-          };
-          const emit = async (frame: Uint8Array): Promise<void> => {
-            if (closed) return;
-            if (queued.push(frame) === 1) setImmediate(sendQueued);
-            // Backpressure: past the high-water mark, wait until the edge reads.
-            if ((controller.desiredSize ?? 1) <= 0) {
-              await new Promise<void>((resolve) => waiters.push(resolve));
-            }
-          };
-          const emitLoad = () => emit(encodeJsonFrame(FrameType.LOAD, BATCH_ITEM, loadReport()));
-
-          const runOne = async (index: number, item: z.infer<typeof BatchItemSchema>) => {
-            const run = runs.get(item.id);
-            if (run === undefined) return;
-            const spec: ItemSpec = {
-              id: item.id,
-              path: item.path,
-              body: item.body,
-              headers: Object.fromEntries(
-                Object.entries(item.headers ?? {}).map(([k, v]) => [k.toLowerCase(), v]),
-              ),
-              priority: item.priority ?? 0,
-            };
-            if (item.timeout_ms !== undefined) spec.timeoutMs = item.timeout_ms;
-            const opened = await items.openItem(spec, run);
-            const head: ItemHead = { id: item.id, status: opened.status, headers: opened.headers };
-            await emit(encodeJsonFrame(FrameType.HEAD, index, head));
-            for (;;) {
-              let next: IteratorResult<Uint8Array>;
-              try {
-                next = await opened.body.next();
-              } catch {
-                break;
-              }
-              if (next.done === true) break;
-              await emit(encodeFrame(FrameType.DATA, index, next.value));
-            }
-            await emit(encodeJsonFrame(FrameType.END, index, await opened.finish()));
-          };
-
-          const work = async () => {
-            await emitLoad();
-            ticker = setInterval(() => void emitLoad(), loadIntervalMs);
-            await Promise.all(envelope.items.map((item, index) => runOne(index, item)));
-            clearInterval(ticker);
-            await emitLoad();
-            batches.delete(envelope.batch_id);
-            if (!closed) {
-              sendQueued();
-              closed = true;
-              controller.close();
-            }
-          };
-          work().catch(() => {
-            // Only a bug lands here; end the batch rather than leave the edge waiting.
-            clearInterval(ticker);
-            batches.delete(envelope.batch_id);
-            dropBatch();
-            controller.error(new Error("batch failed"));
-          });
-        },
-        pull() {
-          release();
-        },
-        cancel() {
-          clearInterval(ticker);
-          dropBatch();
-        },
-      },
-      new ByteLengthQueuingStrategy({ highWaterMark: BATCH_HIGH_WATER_BYTES }),
-    );
-    batchSignal.addEventListener("abort", dropBatch, { once: true });
-
-    return new Response(stream, {
-      status: 200,
-      headers: {
-        "content-type": BATCH_CONTENT_TYPE,
-        "cache-control": "no-store",
-        "warmgate-batch-version": String(BATCH_PROTOCOL_VERSION),
-        "x-warmgate-origin": options.originId,
-      },
-    });
-  });
-
-  app.post(BATCH_CANCEL_PATH, async (c) => {
-    const parsed = CancelRequestSchema.safeParse(await readJson(c));
-    if (!parsed.success) {
-      const { message, param } = zodMessage(parsed.error);
-      throw new OriginError(400, message, "invalid_cancel", param);
-    }
-    const runs = batches.get(parsed.data.batch_id);
-    const cancelled: string[] = [];
-    if (runs !== undefined) {
-      const ids = parsed.data.ids ?? [...runs.keys()];
-      for (const id of ids) {
-        const run = runs.get(id);
-        if (run !== undefined && items.abortItem(run, "cancel")) cancelled.push(id);
-      }
-    }
-    return c.json({ cancelled });
-  });
-
-  // How the items of given requests ended: an edge that lost them in a restart bills from it.
-  app.post(OUTCOMES_PATH, async (c) => {
-    const parsed = OutcomesRequestSchema.safeParse(await readJson(c));
-    if (!parsed.success) {
-      const { message, param } = zodMessage(parsed.error);
-      throw new OriginError(400, message, "invalid_outcomes_request", param);
-    }
-    return c.json({ items: items.outcomes.lookup(parsed.data.ids, Date.now()) });
+  batchRoutes(app, {
+    items,
+    batches,
+    counters,
+    originId: options.originId,
+    loadIntervalMs,
+    maxBatchItems,
+    loadReport,
   });
 
   return {

@@ -1,0 +1,243 @@
+/**
+ * The batch protocol's routes on an origin (origin/PROTOCOL.md): `POST /v1/batch` runs
+ * each item on the engine and streams their frames back multiplexed with load reports;
+ * `/v1/batch/cancel` stops items; `/v1/batch/outcomes` tells how recent items ended.
+ */
+import type { Hono } from "hono";
+import { z } from "zod";
+import {
+  BATCH_CANCEL_PATH,
+  BATCH_CONTENT_TYPE,
+  BATCH_ITEM,
+  BATCH_PATH,
+  BATCH_PROTOCOL_VERSION,
+  FrameType,
+  MAX_OUTCOME_IDS,
+  OUTCOMES_PATH,
+  type ItemHead,
+  type LoadReport,
+  concatBytes,
+  encodeFrame,
+  encodeJsonFrame,
+} from "../contracts/protocol.ts";
+import type { ItemRun, ItemRunner, ItemSpec } from "./items.ts";
+import type { OriginCounters } from "./metrics.ts";
+import { OriginError, readJson, zodMessage } from "./http.ts";
+
+/** Backpressure threshold of a batch response: beyond it, items wait for the edge to read. */
+const BATCH_HIGH_WATER_BYTES = 1 << 20;
+
+const BatchItemSchema = z.object({
+  id: z.string().min(1).max(256),
+  path: z.enum(["/v1/chat/completions", "/v1/completions"]),
+  headers: z.record(z.string(), z.string()).optional(),
+  body: z.string(),
+  timeout_ms: z.number().int().positive().optional(),
+  priority: z.number().optional(),
+});
+
+const BatchRequestSchema = z.object({
+  v: z.literal(BATCH_PROTOCOL_VERSION),
+  batch_id: z.string().min(1).max(256),
+  items: z.array(BatchItemSchema).min(1),
+});
+
+const CancelRequestSchema = z.object({
+  batch_id: z.string().min(1),
+  ids: z.array(z.string()).optional(),
+});
+
+const OutcomesRequestSchema = z.object({
+  ids: z.array(z.string().min(1).max(256)).max(MAX_OUTCOME_IDS),
+});
+
+/** What the batch routes share with the rest of the origin. */
+export interface BatchRouteDeps {
+  items: ItemRunner;
+  /** Running batches by id: each item's run by item id. */
+  batches: Map<string, Map<string, ItemRun>>;
+  counters: OriginCounters;
+  originId: string;
+  loadIntervalMs: number;
+  maxBatchItems: number;
+  loadReport: () => LoadReport;
+}
+
+/** Adds the batch routes to the origin's app. */
+export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
+  app.post(BATCH_PATH, async (c) => {
+    const parsed = BatchRequestSchema.safeParse(await readJson(c));
+    if (!parsed.success) {
+      const { message, param } = zodMessage(parsed.error);
+      throw new OriginError(400, message, "invalid_batch", param);
+    }
+    const envelope = parsed.data;
+    if (envelope.items.length > deps.maxBatchItems) {
+      throw new OriginError(
+        400,
+        `A batch holds at most ${deps.maxBatchItems} items; got ${envelope.items.length}.`,
+        "batch_too_large",
+        "items",
+      );
+    }
+    const seen = new Set<string>();
+    for (const item of envelope.items) {
+      if (seen.has(item.id)) {
+        throw new OriginError(400, `Duplicate item id: ${item.id}`, "duplicate_item_id", "items");
+      }
+      seen.add(item.id);
+    }
+    if (deps.batches.has(envelope.batch_id)) {
+      throw new OriginError(
+        409,
+        `Batch ${envelope.batch_id} is already running.`,
+        "batch_conflict",
+      );
+    }
+    deps.counters.batches++;
+    deps.counters.batchItems += envelope.items.length;
+    const runs = new Map<string, ItemRun>();
+    deps.batches.set(envelope.batch_id, runs);
+    for (const item of envelope.items) runs.set(item.id, deps.items.newRun());
+
+    const batchSignal = c.req.raw.signal;
+    let closed = false;
+    let waiters: (() => void)[] = [];
+    let ticker: ReturnType<typeof setInterval> | undefined;
+    const release = () => {
+      const pending = waiters;
+      waiters = [];
+      for (const wake of pending) wake();
+    };
+    const dropBatch = () => {
+      if (closed) return;
+      closed = true;
+      release();
+      for (const run of runs.values()) deps.items.abortItem(run, "client");
+    };
+
+    const stream = new ReadableStream<Uint8Array>(
+      {
+        start(controller) {
+          // Frames emitted in one turn of the event loop leave as one chunk: the items of a
+          // batch produce their tokens at the same engine step, and the reader pays per
+          // chunk (one read and one hop each), not per byte. They wait one turn at most.
+          let queued: Uint8Array[] = [];
+          const sendQueued = () => {
+            const frames = queued;
+            queued = [];
+            if (closed || frames.length === 0) return;
+            controller.enqueue(concatBytes(frames));
+          };
+          const emit = async (frame: Uint8Array): Promise<void> => {
+            if (closed) return;
+            if (queued.push(frame) === 1) setImmediate(sendQueued);
+            // Backpressure: past the high-water mark, wait until the edge reads.
+            if ((controller.desiredSize ?? 1) <= 0) {
+              await new Promise<void>((resolve) => waiters.push(resolve));
+            }
+          };
+          const emitLoad = () =>
+            emit(encodeJsonFrame(FrameType.LOAD, BATCH_ITEM, deps.loadReport()));
+
+          const runOne = async (index: number, item: z.infer<typeof BatchItemSchema>) => {
+            const run = runs.get(item.id);
+            if (run === undefined) return;
+            const spec: ItemSpec = {
+              id: item.id,
+              path: item.path,
+              body: item.body,
+              headers: Object.fromEntries(
+                Object.entries(item.headers ?? {}).map(([k, v]) => [k.toLowerCase(), v]),
+              ),
+              priority: item.priority ?? 0,
+            };
+            if (item.timeout_ms !== undefined) spec.timeoutMs = item.timeout_ms;
+            const opened = await deps.items.openItem(spec, run);
+            const head: ItemHead = { id: item.id, status: opened.status, headers: opened.headers };
+            await emit(encodeJsonFrame(FrameType.HEAD, index, head));
+            for (;;) {
+              let next: IteratorResult<Uint8Array>;
+              try {
+                next = await opened.body.next();
+              } catch {
+                break;
+              }
+              if (next.done === true) break;
+              await emit(encodeFrame(FrameType.DATA, index, next.value));
+            }
+            await emit(encodeJsonFrame(FrameType.END, index, await opened.finish()));
+          };
+
+          const work = async () => {
+            await emitLoad();
+            ticker = setInterval(() => void emitLoad(), deps.loadIntervalMs);
+            await Promise.all(envelope.items.map((item, index) => runOne(index, item)));
+            clearInterval(ticker);
+            await emitLoad();
+            deps.batches.delete(envelope.batch_id);
+            if (!closed) {
+              sendQueued();
+              closed = true;
+              controller.close();
+            }
+          };
+          work().catch(() => {
+            // Only a bug lands here; end the batch rather than leave the edge waiting.
+            clearInterval(ticker);
+            deps.batches.delete(envelope.batch_id);
+            dropBatch();
+            controller.error(new Error("batch failed"));
+          });
+        },
+        pull() {
+          release();
+        },
+        cancel() {
+          clearInterval(ticker);
+          dropBatch();
+        },
+      },
+      new ByteLengthQueuingStrategy({ highWaterMark: BATCH_HIGH_WATER_BYTES }),
+    );
+    batchSignal.addEventListener("abort", dropBatch, { once: true });
+
+    return new Response(stream, {
+      status: 200,
+      headers: {
+        "content-type": BATCH_CONTENT_TYPE,
+        "cache-control": "no-store",
+        "warmgate-batch-version": String(BATCH_PROTOCOL_VERSION),
+        "x-warmgate-origin": deps.originId,
+      },
+    });
+  });
+
+  app.post(BATCH_CANCEL_PATH, async (c) => {
+    const parsed = CancelRequestSchema.safeParse(await readJson(c));
+    if (!parsed.success) {
+      const { message, param } = zodMessage(parsed.error);
+      throw new OriginError(400, message, "invalid_cancel", param);
+    }
+    const runs = deps.batches.get(parsed.data.batch_id);
+    const cancelled: string[] = [];
+    if (runs !== undefined) {
+      const ids = parsed.data.ids ?? [...runs.keys()];
+      for (const id of ids) {
+        const run = runs.get(id);
+        if (run !== undefined && deps.items.abortItem(run, "cancel")) cancelled.push(id);
+      }
+    }
+    return c.json({ cancelled });
+  });
+
+  // How the items of given requests ended: an edge that lost them in a restart bills from it.
+  app.post(OUTCOMES_PATH, async (c) => {
+    const parsed = OutcomesRequestSchema.safeParse(await readJson(c));
+    if (!parsed.success) {
+      const { message, param } = zodMessage(parsed.error);
+      throw new OriginError(400, message, "invalid_outcomes_request", param);
+    }
+    return c.json({ items: deps.items.outcomes.lookup(parsed.data.ids, Date.now()) });
+  });
+}
