@@ -32,14 +32,8 @@ import {
   type PathResult,
   type Workload,
 } from "./lib.ts";
-import {
-  ROOT,
-  createKey,
-  parseRuntime,
-  startEdge,
-  startStack,
-  type RunningEdge,
-} from "../scripts/stack.ts";
+import { createKey, startStack } from "../scripts/stack.ts";
+import { ROOT, parseRuntime, startEdge, type RunningEdge } from "../scripts/edge.ts";
 
 const { values: args } = parseArgs({
   options: {

@@ -35,14 +35,11 @@ import {
 import {
   DEV_KEY_LIMITS,
   type SpawnedOrigin,
-  ROOT,
   createKey,
   simFlags,
   spawnOrigin,
-  parseRuntime,
-  startEdge,
-  type RunningEdge,
 } from "../scripts/stack.ts";
+import { ROOT, parseRuntime, startEdge, type RunningEdge } from "../scripts/edge.ts";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
 

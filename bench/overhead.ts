@@ -25,7 +25,8 @@ import {
   type PathResult,
   type Workload,
 } from "./lib.ts";
-import { ROOT, parseRuntime, startEdge, startStack } from "../scripts/stack.ts";
+import { startStack } from "../scripts/stack.ts";
+import { ROOT, parseRuntime, startEdge } from "../scripts/edge.ts";
 
 const { values: args } = parseArgs({
   options: {

@@ -18,7 +18,7 @@ import {
   workerdPid,
   writeResult,
 } from "./lib.ts";
-import { ROOT, startWorkerd } from "../scripts/stack.ts";
+import { ROOT, startWorkerd } from "../scripts/edge.ts";
 
 const { values: args } = parseArgs({
   options: {

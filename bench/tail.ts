@@ -34,13 +34,12 @@ import { parseArgs } from "node:util";
 import { benchChatBody, benchCommand, fmt, markdownTable, writeResult } from "./lib.ts";
 import {
   DEV_KEY_LIMITS,
-  ROOT,
   type SpawnedOrigin,
   createKey,
   simFlags,
   spawnOrigin,
-  startWorkerd,
 } from "../scripts/stack.ts";
+import { ROOT, startWorkerd } from "../scripts/edge.ts";
 
 const { values: args } = parseArgs({
   options: {

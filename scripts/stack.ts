@@ -6,16 +6,18 @@
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
-import { createServer } from "node:net";
-import { tmpdir } from "node:os";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import {
+  type EdgeOptions,
+  type EdgeRuntime,
+  type RunningEdge,
+  ROOT,
+  crashDetached,
+  startEdge,
+} from "./edge.ts";
 import { startOrigin, type RunningOrigin } from "../origin/server.ts";
 import { createSimEngine, type SimEngineOptions } from "../origin/sim/engine.ts";
-
-/** Repository root. */
-export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 
 /** One region of the local stack. */
 export interface StackRegion {
@@ -55,21 +57,6 @@ export interface StackOptions {
   originProcesses?: boolean;
   /** How the edge runs (default `wrangler-dev`); see {@link EdgeRuntime}. */
   runtime?: EdgeRuntime;
-}
-
-/**
- * How a Worker runs locally. `wrangler-dev`: `wrangler dev`, as users run it, which puts
- * its dev proxy (a second workerd that relays every request through one Durable Object,
- * to hold requests while the Worker reloads) in front of the Worker's workerd. `workerd`:
- * the same workerd and Miniflare with the same bindings, without that proxy, as a
- * deployed Worker is reached (`scripts/workerd.ts`).
- */
-export type EdgeRuntime = "wrangler-dev" | "workerd";
-
-/** Parses a `--runtime` flag. */
-export function parseRuntime(value: string): EdgeRuntime {
-  if (value === "wrangler-dev" || value === "workerd") return value;
-  throw new Error(`--runtime must be wrangler-dev or workerd, not ${value}`);
 }
 
 /** An origin of the running stack. */
@@ -162,20 +149,6 @@ export const DEFAULT_REGIONS: StackRegion[] = [
   { id: "eu", continents: ["EU", "AF"], origins: 2 },
   { id: "us", continents: ["NA", "SA", "AS", "OC", "AN"], origins: 2 },
 ];
-
-/** Finds a free TCP port on loopback (bind to port 0, read it, release it). */
-export async function freePort(): Promise<number> {
-  return new Promise((resolvePort, reject) => {
-    const server = createServer();
-    server.unref();
-    server.on("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address();
-      const port = typeof address === "object" && address ? address.port : 0;
-      server.close(() => resolvePort(port));
-    });
-  });
-}
 
 async function fetchModels(url: string): Promise<{ id: string; max_model_len: number }[]> {
   const res = await fetch(`${url}/v1/models`);
@@ -309,224 +282,6 @@ async function ensureDevKey(edgeUrl: string, secrets: DevSecrets): Promise<strin
     limits: DEV_KEY_LIMITS,
     allow_region_override: true,
   });
-}
-
-function dotenvLine(name: string, value: string): string {
-  // Single quotes keep JSON intact in dotenv files.
-  return `${name}='${value.replaceAll("'", "\\'")}'`;
-}
-
-async function waitForHealth(url: string, child: ChildProcess, timeoutMs: number): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  const state: { exitCode: number | null } = { exitCode: null };
-  child.once("exit", (code) => {
-    state.exitCode = code ?? -1;
-  });
-  while (Date.now() < deadline) {
-    if (state.exitCode !== null) {
-      throw new Error(`the edge exited with code ${state.exitCode} before it was ready`);
-    }
-    try {
-      const res = await fetch(`${url}/health`);
-      await res.body?.cancel();
-      if (res.ok) return;
-    } catch {
-      // Not listening yet.
-    }
-    await new Promise((r) => setTimeout(r, 150));
-  }
-  throw new Error(`edge at ${url} not ready within ${timeoutMs} ms`);
-}
-
-/**
- * Ends a detached child with SIGTERM, sent to it alone or to its whole process group, and
- * with SIGKILL to the group if it has not exited 5 s later.
- */
-async function stopDetached(child: ChildProcess, to: "process" | "group"): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const exited = new Promise((r) => child.once("exit", r));
-  try {
-    if (to === "group") process.kill(-(child.pid ?? 0), "SIGTERM");
-    else child.kill("SIGTERM");
-  } catch {
-    child.kill("SIGTERM");
-  }
-  const timer = setTimeout(() => {
-    try {
-      process.kill(-(child.pid ?? 0), "SIGKILL");
-    } catch {
-      // Already gone.
-    }
-  }, 5000);
-  await exited;
-  clearTimeout(timer);
-}
-
-/** Starts a Worker under `wrangler dev` on a free port and waits until `/health` answers. */
-export async function startWranglerDev(options: EdgeOptions): Promise<RunningEdge> {
-  const port = options.port || (await freePort());
-  const inspectorPort = await freePort();
-  const scratch = await mkdtemp(join(tmpdir(), "warmgate-edge-"));
-  const envFile = join(scratch, "edge.env");
-  await writeFile(
-    envFile,
-    Object.entries(options.vars)
-      .map(([k, v]) => dotenvLine(k, v))
-      .join("\n") + "\n",
-    { mode: 0o600 },
-  );
-  const persistTo = options.persistTo ?? join(scratch, "state");
-  const wrangler = join(ROOT, "node_modules", "wrangler", "bin", "wrangler.js");
-  const child = spawn(
-    process.execPath,
-    [
-      wrangler,
-      "dev",
-      "--config",
-      options.config,
-      "--ip",
-      "127.0.0.1",
-      "--port",
-      String(port),
-      "--inspector-port",
-      String(inspectorPort),
-      "--env-file",
-      envFile,
-      "--persist-to",
-      persistTo,
-      "--show-interactive-dev-session=false",
-      "--log-level",
-      options.verbose ? "info" : "warn",
-    ],
-    {
-      cwd: ROOT,
-      env: {
-        ...process.env,
-        WRANGLER_SEND_METRICS: "false",
-        // Offline: use miniflare's placeholder `request.cf` instead of fetching one.
-        CLOUDFLARE_CF_FETCH_ENABLED: "false",
-        CI: "true",
-        NO_COLOR: "1",
-      },
-      stdio: ["ignore", options.verbose ? "inherit" : "pipe", options.verbose ? "inherit" : "pipe"],
-      detached: true,
-    },
-  );
-  let output = "";
-  const keep = (chunk: Buffer) => {
-    output = (output + chunk.toString()).slice(-8000);
-  };
-  child.stdout?.on("data", keep);
-  child.stderr?.on("data", keep);
-  const url = `http://127.0.0.1:${port}`;
-  const stop = async () => {
-    // wrangler runs workerd as a child: signal the whole process group.
-    await stopDetached(child, "group");
-    await rm(scratch, { recursive: true, force: true });
-  };
-  try {
-    await waitForHealth(url, child, 90_000);
-  } catch (error) {
-    await stop();
-    throw new Error(`${(error as Error).message}\n--- wrangler output ---\n${output}`, {
-      cause: error,
-    });
-  }
-  return { url, child, stop };
-}
-
-/** Options for {@link startWranglerDev}, {@link startWorkerd} and {@link startEdge}. */
-export interface EdgeOptions {
-  config: string;
-  port?: number;
-  vars: Record<string, string>;
-  persistTo?: string;
-  verbose?: boolean;
-  /** workerd writes its async activity trace to this file (workerd runtime only). */
-  asyncTrace?: string;
-  /** Reach the Worker through Miniflare's entry Worker (workerd runtime only; `--entry-worker`). */
-  entryWorker?: boolean;
-}
-
-/** A Worker running locally. */
-export interface RunningEdge {
-  url: string;
-  child: ChildProcess;
-  stop(): Promise<void>;
-}
-
-/** Kills a detached child's whole process group at once (SIGKILL), as a crash would. */
-export async function crashDetached(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const exited = new Promise((r) => child.once("exit", r));
-  try {
-    process.kill(-(child.pid ?? 0), "SIGKILL");
-  } catch {
-    child.kill("SIGKILL");
-  }
-  await exited;
-}
-
-/**
- * Starts a Worker under workerd without wrangler's dev proxy (`scripts/workerd.ts`) on a
- * free port and waits until `/health` answers.
- */
-export async function startWorkerd(options: EdgeOptions): Promise<RunningEdge> {
-  const scratch = await mkdtemp(join(tmpdir(), "warmgate-edge-"));
-  const varsFile = join(scratch, "vars.json");
-  await writeFile(varsFile, JSON.stringify(options.vars), { mode: 0o600 });
-  const child = spawn(
-    process.execPath,
-    [
-      join(ROOT, "scripts", "workerd.ts"),
-      "--config",
-      options.config,
-      "--vars-file",
-      varsFile,
-      "--port",
-      String(options.port ?? 0),
-      ...(options.persistTo ? ["--persist-to", options.persistTo] : []),
-      ...(options.asyncTrace ? ["--async-trace", options.asyncTrace] : []),
-      ...(options.entryWorker ? ["--entry-worker"] : []),
-      ...(options.verbose ? ["--verbose"] : []),
-    ],
-    {
-      cwd: ROOT,
-      env: { ...process.env, WRANGLER_SEND_METRICS: "false", NO_COLOR: "1" },
-      stdio: ["ignore", "pipe", options.verbose ? "inherit" : "pipe"],
-      detached: true,
-    },
-  );
-  let output = "";
-  const stop = async () => {
-    // Miniflare stops its workerd when its process gets SIGTERM.
-    await stopDetached(child, "process");
-    await rm(scratch, { recursive: true, force: true });
-  };
-  try {
-    const url = await new Promise<string>((resolveUrl, reject) => {
-      const onData = (chunk: Buffer) => {
-        output = (output + chunk.toString()).slice(-8000);
-        const match = /listening on (http:\/\/\S+)/.exec(output);
-        if (match?.[1]) resolveUrl(match[1]);
-      };
-      child.stdout?.on("data", onData);
-      child.stderr?.on("data", onData);
-      child.once("exit", (code) =>
-        reject(new Error(`workerd exited (${code}) before it was ready`)),
-      );
-    });
-    await waitForHealth(url, child, 90_000);
-    return { url, child, stop };
-  } catch (error) {
-    await stop();
-    throw new Error(`${(error as Error).message}\n--- output ---\n${output}`, { cause: error });
-  }
-}
-
-/** Starts a Worker under `runtime` (see {@link EdgeRuntime}). */
-export function startEdge(runtime: EdgeRuntime, options: EdgeOptions): Promise<RunningEdge> {
-  return runtime === "workerd" ? startWorkerd(options) : startWranglerDev(options);
 }
 
 /** Starts simulated origins for every region and the edge wired to them. */

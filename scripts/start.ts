@@ -4,7 +4,8 @@
  */
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { DEFAULT_REGIONS, ROOT, startStack } from "./stack.ts";
+import { ROOT } from "./edge.ts";
+import { DEFAULT_REGIONS, startStack } from "./stack.ts";
 
 const USAGE =
   "usage: npm start -- [--port N] [--time-scale X] [--origins-per-region N] [--state DIR] [--verbose]";
