@@ -25,13 +25,12 @@ import {
   fmt,
   markdownTable,
   benchCommand,
-  cpuTimeMs,
   resultName,
   summarize,
   type LatencySummary,
-  workerdPid,
   writeResult,
 } from "./lib.ts";
+import { cpuTimeMs, workerdPid } from "./processes.ts";
 import {
   DEV_KEY_LIMITS,
   type SpawnedOrigin,

@@ -20,11 +20,11 @@ import {
   markdownTable,
   targetsTable,
   timedRequest,
-  workerdRss,
   writeResult,
   type PathResult,
   type Workload,
 } from "./lib.ts";
+import { workerdRss } from "./processes.ts";
 import { startStack } from "../scripts/stack.ts";
 import { ROOT, parseRuntime, startEdge } from "../scripts/edge.ts";
 

@@ -9,15 +9,8 @@
  */
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import {
-  benchCommand,
-  closedLoop,
-  cpuTimeMs,
-  fmt,
-  markdownTable,
-  workerdPid,
-  writeResult,
-} from "./lib.ts";
+import { benchCommand, closedLoop, fmt, markdownTable, writeResult } from "./lib.ts";
+import { cpuTimeMs, workerdPid } from "./processes.ts";
 import { ROOT, startWorkerd } from "../scripts/edge.ts";
 
 const { values: args } = parseArgs({
