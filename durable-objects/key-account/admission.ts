@@ -180,6 +180,25 @@ export function modelAllowed(allowed: readonly string[] | null, model: string): 
 }
 
 /**
+ * Why the key refuses a request at `now` whatever it asks for (revoked, expired, or a
+ * browser origin it does not allow), or null: the one check of admission and `check`.
+ */
+export function keyRefusal(
+  key: Pick<KeyPolicy, "status" | "expiresAt" | "allowedOrigins">,
+  origin: string | null,
+  now: number,
+): Extract<AdmissionRefusal, { code: "invalid_api_key" | "origin_not_allowed" }> | null {
+  if (key.status === "revoked") return { ok: false, code: "invalid_api_key", reason: "revoked" };
+  if (key.expiresAt !== null && now >= key.expiresAt) {
+    return { ok: false, code: "invalid_api_key", reason: "expired" };
+  }
+  if (origin !== null && !key.allowedOrigins.includes(origin)) {
+    return { ok: false, code: "origin_not_allowed", origin };
+  }
+  return null;
+}
+
+/**
  * Decides one admission: status, origin, models, concurrency, requests, tokens and
  * budgets, all or nothing.
  */
@@ -192,14 +211,8 @@ export function decideAdmission(input: AdmissionInput): AdmissionOutcome {
   const unchanged = { key: keyBuckets, endUser: userBuckets };
   const refuse = (decision: AdmissionRefusal): AdmissionOutcome => ({ state: unchanged, decision });
 
-  if (key.status === "revoked")
-    return refuse({ ok: false, code: "invalid_api_key", reason: "revoked" });
-  if (key.expiresAt !== null && now >= key.expiresAt) {
-    return refuse({ ok: false, code: "invalid_api_key", reason: "expired" });
-  }
-  if (request.origin !== null && !key.allowedOrigins.includes(request.origin)) {
-    return refuse({ ok: false, code: "origin_not_allowed", origin: request.origin });
-  }
+  const refusedKey = keyRefusal(key, request.origin, now);
+  if (refusedKey !== null) return refuse(refusedKey);
   const allowed = request.candidates.filter(
     (candidate) =>
       modelAllowed(key.models, candidate.model) &&

@@ -7,6 +7,7 @@
 import { DurableObject } from "cloudflare:workers";
 import { applyMigrations } from "../migrations.ts";
 import { MAX_OUTCOME_IDS } from "../../contracts/protocol.ts";
+import { keyRefusal } from "./admission.ts";
 import { clampLease, decide } from "./admit.ts";
 import { lookupOutcomes, outcomeSources, reconcile } from "./reconcile.ts";
 import {
@@ -98,15 +99,8 @@ export class KeyAccount extends DurableObject<Env> {
     const { credential } = input;
     const refused = credentialRefusal(this.#store, credential, now);
     if (refused !== null) return refused;
-    if (record.status === "revoked")
-      return { ok: false, code: "invalid_api_key", reason: "revoked" };
-    if (record.expiresAt !== null && now >= record.expiresAt) {
-      return { ok: false, code: "invalid_api_key", reason: "expired" };
-    }
-    const origin = input.origin ?? null;
-    if (origin !== null && !record.allowedOrigins.includes(origin)) {
-      return { ok: false, code: "origin_not_allowed", origin };
-    }
+    const refusedKey = keyRefusal(record, input.origin ?? null, now);
+    if (refusedKey !== null) return refusedKey;
     return { ok: true, record: recordView(this.#store, now) ?? record };
   }
 

@@ -64,7 +64,9 @@ export function reconcile(requestIds: readonly string[], items: readonly ItemRec
   const byRequest = new Map<string, ItemRecord[]>();
   for (const item of items) {
     const id = requestIdOf(item.id);
-    byRequest.set(id, [...(byRequest.get(id) ?? []), item]);
+    const found = byRequest.get(id);
+    if (found === undefined) byRequest.set(id, [item]);
+    else found.push(item);
   }
   const result = new Map<string, Reconciled>();
   for (const id of requestIds) {
