@@ -9,7 +9,7 @@ import type { Engine } from "./engine.ts";
 import type { OpenAIEngineOptions } from "./openai-engine.ts";
 import { startOrigin } from "./server.ts";
 import type { RunningOrigin } from "./server.ts";
-import type { SimEngineOptions } from "./sim/engine.ts";
+import type { SimEngineOptions } from "./sim/options.ts";
 
 /** Loads only the chosen engine, so a configuration error is reported before any engine code runs. */
 async function createEngine(config: OriginCliConfig): Promise<Engine> {

@@ -17,7 +17,8 @@ import {
   startEdge,
 } from "./edge.ts";
 import { startOrigin, type RunningOrigin } from "../origin/server.ts";
-import { createSimEngine, type SimEngineOptions } from "../origin/sim/engine.ts";
+import { createSimEngine } from "../origin/sim/engine.ts";
+import type { SimEngineOptions } from "../origin/sim/options.ts";
 
 /** One region of the local stack. */
 export interface StackRegion {

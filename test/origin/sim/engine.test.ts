@@ -1,7 +1,8 @@
 import { afterEach, describe, expect, it } from "vitest";
 import type { Engine, EngineOutcome } from "../../../origin/engine.ts";
 import type { ItemPath } from "../../../contracts/protocol.ts";
-import { createSimEngine, type SimEngineOptions } from "../../../origin/sim/engine.ts";
+import { createSimEngine } from "../../../origin/sim/engine.ts";
+import type { SimEngineOptions } from "../../../origin/sim/options.ts";
 import { countTokens } from "../../../origin/sim/tokenizer.ts";
 
 const decoder = new TextDecoder();

@@ -1,11 +1,11 @@
 import { describe, expect, it } from "vitest";
 import { KvCache } from "../../../origin/sim/kv-cache.ts";
 import {
-  DEFAULT_SIM_TIMING,
   Scheduler,
   type SchedulerOptions,
   type StepResult,
 } from "../../../origin/sim/scheduler.ts";
+import { DEFAULT_SIM_TIMING } from "../../../origin/sim/timing.ts";
 
 function makeScheduler(
   options: Partial<Omit<SchedulerOptions, "cache">> & { kvBlocks?: number } = {},

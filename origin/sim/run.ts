@@ -1,0 +1,304 @@
+/**
+ * One request as the simulated engine runs it (docs/configuration.md, "The simulated
+ * engine"): its choices and their planned output, and the bytes it answers with, released
+ * token by token in a stable order as the scheduler produces them.
+ */
+import type { EngineOutcome, EngineResponse, EngineItem } from "../engine.ts";
+import type { ItemUsage } from "../../contracts/protocol.ts";
+import {
+  chatChunk,
+  chatCompletion,
+  errorJson,
+  jsonBody,
+  sseEvent,
+  SSE_DONE,
+  textChunk,
+  textCompletion,
+  usageChunk,
+  usageJson,
+  type ChoiceResult,
+  type ResponseHead,
+} from "./format.ts";
+import { planOutput, type OutputPlan } from "./generate.ts";
+import { Hasher, hashHex } from "./hash.ts";
+import type { SeqId } from "./kv-cache.ts";
+import type { ResolvedSimEngineOptions } from "./options.ts";
+import type { OpenAIError, SimRequest } from "./request.ts";
+
+export const JSON_HEADERS = { "content-type": "application/json" };
+export const SSE_HEADERS = { "content-type": "text/event-stream", "cache-control": "no-cache" };
+
+/** Hands a run's next bytes to its body. */
+export type Push = (bytes: Uint8Array) => void;
+
+export interface Choice {
+  index: number;
+  promptIndex: number;
+  seq: SeqId;
+  plan: OutputPlan;
+  /** Tokens the scheduler has produced for this choice. */
+  produced: number;
+  finished: boolean;
+  lastTokenAt: number | null;
+}
+
+export interface Run {
+  item: EngineItem;
+  request: SimRequest;
+  head: ResponseHead;
+  choices: Choice[];
+  /** Prompt tokens served from cache, per prompt (from its first choice's admission). */
+  cached: number[];
+  queue: Uint8Array[];
+  wake: (() => void) | null;
+  state: "active" | "ok" | "cancelled" | "error";
+  error: OpenAIError | null;
+  submittedAt: number;
+  queuedMs: number | null;
+  ttftMs: number | null;
+  firstTokenAt: number | null;
+  /** Release cursor: token `round` of choice `pos` goes out next (keeps n > 1 byte-stable). */
+  round: number;
+  pos: number;
+  settle: (outcome: EngineOutcome) => void;
+  settled: boolean;
+  onAbort: () => void;
+}
+
+export function requestHash(seed: number, request: SimRequest): { sampling: number; id: number } {
+  const h = new Hasher(0x73696d)
+    .int(seed >>> 0)
+    .str(request.kind)
+    .str(request.model.id);
+  for (const prompt of request.prompts) h.ints(prompt);
+  // Greedy decoding ignores the seed, as in a real engine.
+  if (request.temperature > 0) h.str(String(request.seed ?? "none"));
+  h.str(String(request.temperature)).str(String(request.topP)).str(JSON.stringify(request.mode));
+  h.str(String(request.ignoreEos));
+  const sampling = h.digest();
+  const id = h.int(request.n).int(request.maxTokens).str(JSON.stringify(request.stop)).digest();
+  return { sampling, id };
+}
+
+export function errorResponse(status: number, error: OpenAIError): EngineResponse {
+  const body = jsonBody(errorJson(error));
+  return {
+    status,
+    headers: { ...JSON_HEADERS },
+    body: (async function* () {
+      yield body;
+    })(),
+    outcome: Promise.resolve({
+      outcome: "error",
+      usage: null,
+      error: { message: error.message, type: error.type, code: error.code },
+      queued_ms: 0,
+      ttft_ms: null,
+    }),
+  };
+}
+
+/** What a run has used so far. */
+export function usageOf(run: Run): ItemUsage {
+  const prompt = run.request.prompts.reduce((sum, p) => sum + p.length, 0);
+  const completion = run.choices.reduce((sum, c) => sum + c.produced, 0);
+  const cached = run.cached.reduce((sum, c) => sum + c, 0);
+  return {
+    prompt_tokens: prompt,
+    completion_tokens: completion,
+    total_tokens: prompt + completion,
+    cached_tokens: cached,
+  };
+}
+
+/** Sends every token whose turn has come: token r of choice i after token r of choices before i. */
+export function releaseTokens(run: Run, push: Push): void {
+  const { choices } = run;
+  for (;;) {
+    const choice = choices[run.pos];
+    if (choice === undefined) {
+      run.round++;
+      run.pos = 0;
+      if (choices.every((c) => c.plan.ids.length <= run.round)) return;
+      continue;
+    }
+    if (choice.plan.ids.length <= run.round) {
+      run.pos++;
+      continue;
+    }
+    if (choice.produced <= run.round) return;
+    if (run.request.stream) streamToken(run, choice, run.round, push);
+    run.pos++;
+  }
+}
+
+export function streamToken(run: Run, choice: Choice, index: number, push: Push): void {
+  const { head, request } = run;
+  const plan = choice.plan;
+  const last = index === plan.ids.length - 1;
+  const finish = last ? plan.finishReason : null;
+  const delta = plan.deltas[index] ?? "";
+  if (request.kind === "completion") {
+    if (delta !== "" || last)
+      push(sseEvent(textChunk(head, choice.index, delta, finish, request.includeUsage)));
+    return;
+  }
+  if (index === 0) {
+    push(
+      sseEvent(
+        chatChunk(
+          head,
+          choice.index,
+          { role: "assistant", content: "" },
+          null,
+          request.includeUsage,
+        ),
+      ),
+    );
+  }
+  const call = plan.toolCall;
+  if (call !== null) {
+    const toolDelta =
+      index === 0
+        ? {
+            index: 0 as const,
+            id: call.id,
+            type: "function" as const,
+            function: { name: call.name, arguments: "" as const },
+          }
+        : { index: 0 as const, function: { arguments: delta } };
+    push(
+      sseEvent(
+        chatChunk(head, choice.index, { tool_calls: [toolDelta] }, finish, request.includeUsage),
+      ),
+    );
+    return;
+  }
+  if (delta !== "" || last) {
+    push(sseEvent(chatChunk(head, choice.index, { content: delta }, finish, request.includeUsage)));
+  }
+}
+
+/** The last bytes of a run that ended well: the usage chunk and `[DONE]`, or the whole JSON. */
+export function finalChunks(run: Run): Uint8Array[] {
+  const { head, request } = run;
+  const usage = usageOf(run);
+  const json = usageJson(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
+  if (!request.stream) {
+    const results: ChoiceResult[] = run.choices.map((c) => ({
+      index: c.index,
+      text: c.plan.text,
+      finishReason: c.plan.finishReason,
+      toolCall: c.plan.toolCall,
+    }));
+    return [
+      jsonBody(
+        request.kind === "chat"
+          ? chatCompletion(head, results, json)
+          : textCompletion(head, results, json),
+      ),
+    ];
+  }
+  const object = request.kind === "chat" ? "chat.completion.chunk" : "text_completion";
+  return request.includeUsage ? [sseEvent(usageChunk(head, object, json)), SSE_DONE] : [SSE_DONE];
+}
+
+/**
+ * The choices of a request, each with its planned output; an error answer when one of them
+ * could never fit in the KV cache.
+ */
+export function planChoices(
+  request: SimRequest,
+  options: ResolvedSimEngineOptions,
+  nextSeq: () => SeqId,
+): Choice[] | EngineResponse {
+  const hashes = requestHash(options.seed, request);
+  const choices: Choice[] = [];
+  for (let p = 0; p < request.prompts.length; p++) {
+    const prompt = request.prompts[p] ?? [];
+    for (let i = 0; i < request.n; i++) {
+      const seed = new Hasher(p)
+        .int(hashes.sampling)
+        .int(request.temperature === 0 ? 0 : i + 1)
+        .digest();
+      const plan = planOutput({
+        seed,
+        maxTokens: request.maxTokens,
+        stop: request.stop,
+        mode: request.mode,
+        ignoreEos: request.ignoreEos,
+      });
+      const blocks = Math.ceil((prompt.length + plan.ids.length) / options.blockSize);
+      if (blocks > options.kvBlocks) {
+        return errorResponse(400, {
+          message: `This request needs ${blocks} KV cache blocks (${prompt.length} prompt tokens and ${plan.ids.length} completion tokens) but the engine holds ${options.kvBlocks}. Please reduce the length of the ${request.kind === "chat" ? "messages" : "prompt"} or completion.`,
+          type: "invalid_request_error",
+          param: request.kind === "chat" ? "messages" : "prompt",
+          code: "context_length_exceeded",
+        });
+      }
+      choices.push({
+        index: p * request.n + i,
+        promptIndex: p,
+        seq: nextSeq(),
+        plan,
+        produced: 0,
+        finished: false,
+        lastTokenAt: null,
+      });
+    }
+  }
+  return choices;
+}
+
+/** How a run that stopped ended, with what it used. */
+export function outcomeOf(run: Run): EngineOutcome {
+  const outcome = run.state === "ok" ? "ok" : run.state === "error" ? "error" : "cancelled";
+  const error =
+    run.error ??
+    (outcome === "cancelled"
+      ? { message: "The request was cancelled.", type: "cancelled", code: null }
+      : undefined);
+  return {
+    outcome,
+    usage: usageOf(run),
+    ...(outcome === "ok" || error === undefined
+      ? {}
+      : { error: { message: error.message, type: error.type, code: error.code } }),
+    queued_ms: run.queuedMs ?? performance.now() - run.submittedAt,
+    ttft_ms: run.ttftMs,
+  };
+}
+
+/** A run as submitted, before the scheduler has it. */
+export function newRun(
+  item: EngineItem,
+  request: SimRequest,
+  choices: Choice[],
+  options: ResolvedSimEngineOptions,
+  settle: (outcome: EngineOutcome) => void,
+): Run {
+  const hashes = requestHash(options.seed, request);
+  const prefix = request.kind === "chat" ? "chatcmpl-" : "cmpl-";
+  const created = options.created === "clock" ? Math.floor(Date.now() / 1000) : options.created;
+  return {
+    item,
+    request,
+    head: { id: prefix + hashHex(hashes.id, 32), created, model: request.model.id },
+    choices,
+    cached: request.prompts.map(() => 0),
+    queue: [],
+    wake: null,
+    state: "active",
+    error: null,
+    submittedAt: performance.now(),
+    queuedMs: null,
+    ttftMs: null,
+    firstTokenAt: null,
+    round: 0,
+    pos: 0,
+    settle,
+    settled: false,
+    onAbort: () => {},
+  };
+}
