@@ -9,6 +9,7 @@ import { FREE, utcDay, worstCaseMicros } from "../../contracts/pricing.ts";
 import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, storedCandidate } from "./schema.ts";
 import { credentialRefusal } from "./record.ts";
 import { addSpend, spendOf } from "./rollups.ts";
+import { expireDue } from "./settle.ts";
 import { type AccountStore, userScope } from "./store.ts";
 import { RESERVATION_LEASE_MS, type AdmitInput, type AdmitResult } from "./types.ts";
 
@@ -48,7 +49,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     };
   }
 
-  store.expireDue(now);
+  expireDue(store, now);
   const subject = credential.kind === "browser" ? credential.subject : null;
   const endUser =
     credential.kind === "browser"

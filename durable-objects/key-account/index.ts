@@ -21,7 +21,7 @@ import {
 } from "./record.ts";
 import { usageRows } from "./rollups.ts";
 import { KEY_ACCOUNT_MIGRATIONS, KEY_SCOPE, ledgerRecordOf } from "./schema.ts";
-import { settle } from "./settle.ts";
+import { expireDue, settle } from "./settle.ts";
 import { AccountStore, IDLE_BUCKET_MS } from "./store.ts";
 import {
   LEDGER_RETENTION_MS,
@@ -206,7 +206,7 @@ export class KeyAccount extends DurableObject<Env> {
   override async alarm(): Promise<void> {
     this.#alarmAt = null;
     const now = Date.now();
-    this.#store.expireDue(now);
+    expireDue(this.#store, now);
     await this.#reconcileLapsed(now);
     this.#store.writes.flush();
     this.#store.prune(now);

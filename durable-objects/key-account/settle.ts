@@ -3,11 +3,11 @@
  * budgets' room), an expired one settled late, a forgotten one billed from what the edge
  * held of it (docs/key-account.md, "Keys and settlement").
  */
-import { tokenCorrection, type PeriodSpend, type SpendState } from "./admission.ts";
+import type { PeriodSpend, SpendState } from "./admission.ts";
 import { NO_BUDGETS } from "./types.ts";
 import { billingCap } from "./budgets.ts";
-import { billedMicros, utcDay, type TokenUsage } from "../../contracts/pricing.ts";
-import { KEY_SCOPE, NOT_CLOSED, type LedgerEntry, priceOf, storedCandidate } from "./schema.ts";
+import { type LedgerChange, expireRow, forgottenRow, settleRow } from "./ledger.ts";
+import { KEY_SCOPE, type LedgerEntry } from "./schema.ts";
 import { addSpend, addUsage, spendOf } from "./rollups.ts";
 import { type AccountStore, userScope } from "./store.ts";
 import type { SettleInput, SettleResult } from "./types.ts";
@@ -40,32 +40,14 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
 // settled row with nothing reserved, in the day it settles. A request the edge does not
 // say it admitted is unknown.
 function settleForgotten(store: AccountStore, input: SettleInput, now: number): SettleResult {
-  const admitted = input.admitted ?? null;
-  const first = admitted?.models[0];
-  if (admitted === null || first === undefined) {
+  const entry = forgottenRow(input, now);
+  if (entry === null)
     return { settled: false, requestId: input.requestId, reason: "unknown_request" };
-  }
-  const day = utcDay(now);
-  const entry: LedgerEntry = {
-    requestId: input.requestId,
-    state: "open",
-    model: first.model,
-    day,
-    subject: null,
-    subjectTpm: null,
-    endUser: null,
-    reservedTokens: 0,
-    reservedMicros: 0,
-    candidates: admitted.models.map(({ model, price }) => storedCandidate(model, price)),
-    createdAt: now,
-    expiresAt: now,
-    ...NOT_CLOSED,
-  };
   // As the admission agreed: its reservation in full, above it as far as the budgets have
   // room with that reservation counted, as it was before the crash.
-  const reserved = Math.max(0, admitted.reservedMicros);
+  const reserved = Math.max(0, input.admitted?.reservedMicros ?? 0);
   const budgets = store.record?.budgets ?? NO_BUDGETS;
-  const cap = billingCap(budgets, withReserved(spendOf(store, day), reserved), reserved);
+  const cap = billingCap(budgets, withReserved(spendOf(store, entry.day), reserved), reserved);
   return close(store, entry, input, now, cap);
 }
 
@@ -77,57 +59,47 @@ function close(
   now: number,
   capMicros: number | null,
 ): SettleResult {
-  const usage = input.usage ?? null;
-  const usedTokens = usage === null ? null : usage.prompt_tokens + usage.completion_tokens;
-  const delta = tokenCorrection(row.reservedTokens, usedTokens, input.originBegan ?? true);
-  // The model that served it, if it was one of the request's candidates.
-  const served =
-    row.candidates.find(([model]) => model === input.model) ??
-    row.candidates.find(([model]) => model === row.model);
-  const model = served?.[0] ?? row.model;
-  const tokens: TokenUsage | null =
-    usage === null
-      ? null
-      : {
-          promptTokens: usage.prompt_tokens,
-          cachedTokens: usage.cached_tokens ?? 0,
-          completionTokens: usage.completion_tokens,
-        };
-  const late = row.state === "expired";
-  const cost = billedMicros(tokens, priceOf(served), capMicros);
-  if (delta !== 0) {
-    store.adjustTokens(KEY_SCOPE, store.record?.limits.tpm ?? 0, delta, now);
+  const { change, result } = settleRow(row, input, now, capMicros);
+  applyChange(store, row, change, now);
+  return result;
+}
+
+/** Expires every open row whose lease ran out by `now` (settled late, should its END come). */
+export function expireDue(store: AccountStore, now: number): void {
+  if (now < store.nextExpiry) return;
+  let next = Number.POSITIVE_INFINITY;
+  // Deleting the entry being visited is safe while iterating a Map.
+  for (const row of store.open.values()) {
+    if (row.expiresAt > now) {
+      next = Math.min(next, row.expiresAt);
+      continue;
+    }
+    applyChange(store, row, expireRow(row, now), now);
+    store.lapsed.set(row.requestId, now);
+  }
+  store.nextExpiry = next;
+}
+
+/** Applies what a ledger event changed: the buckets, the row, spend and usage. */
+export function applyChange(
+  store: AccountStore,
+  before: LedgerEntry,
+  change: LedgerChange,
+  now: number,
+): void {
+  const { row } = change;
+  if (change.tokens !== 0) {
+    store.adjustTokens(KEY_SCOPE, store.record?.limits.tpm ?? 0, change.tokens, now);
     if (row.subject !== null && row.subjectTpm !== null) {
-      store.adjustTokens(userScope(row.subject), row.subjectTpm, delta, now);
+      store.adjustTokens(userScope(row.subject), row.subjectTpm, change.tokens, now);
     }
   }
-  store.untrackOpen(row);
-  store.putLedger({
-    ...row,
-    state: "settled",
-    closedAt: now,
-    outcome: input.outcome,
-    model,
-    promptTokens: usage?.prompt_tokens ?? null,
-    cachedTokens: usage === null ? null : (usage.cached_tokens ?? 0),
-    completionTokens: usage?.completion_tokens ?? null,
-    costMicros: cost,
-  });
-  // An expired row released its reservation and was counted when it expired.
-  addSpend(store, row.day, {
-    reservedMicros: late ? 0 : -row.reservedMicros,
-    settledMicros: cost,
-  });
-  if (late && model !== row.model) addUsage(store, row.day, row.model, -1, null, 0);
-  addUsage(store, row.day, model, late && model === row.model ? 0 : 1, tokens, cost);
-  return {
-    settled: true,
-    requestId: row.requestId,
-    reservedTokens: row.reservedTokens,
-    usedTokens,
-    costMicros: cost,
-    late,
-  };
+  store.untrackOpen(before);
+  store.putLedger(row);
+  addSpend(store, row.day, change.spend);
+  for (const delta of change.usage) {
+    addUsage(store, row.day, delta.model, delta.requests, delta.tokens, delta.costMicros);
+  }
 }
 
 // Spend as it would be with `micros` more reserved in each period.

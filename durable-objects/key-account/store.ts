@@ -10,7 +10,6 @@ import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 import type { PeriodSpend, ScopeBuckets, ScopeUsage } from "./admission.ts";
 import { adjust, fullBucket, type BucketState } from "./token-bucket.ts";
 import { loadSecrets } from "./record.ts";
-import { addSpend, addUsage } from "./rollups.ts";
 import {
   KEY_SCOPE,
   LEDGER_COLUMNS,
@@ -206,32 +205,6 @@ export class AccountStore {
     // A missing bucket is full: a refund has nowhere to go, a charge starts from full.
     const current = this.scope(scope).tokens ?? fullBucket(capacity, now);
     this.putBucket(scope, "tokens", adjust(current, capacity, delta, now));
-  }
-
-  // --- spend and usage ------------------------------------------------------------
-
-  expireDue(now: number): void {
-    if (now < this.nextExpiry) return;
-    let next = Number.POSITIVE_INFINITY;
-    // Deleting the entry being visited is safe while iterating a Map.
-    for (const row of this.open.values()) {
-      if (row.expiresAt > now) {
-        next = Math.min(next, row.expiresAt);
-        continue;
-      }
-      this.untrackOpen(row);
-      this.putLedger({
-        ...row,
-        state: "expired",
-        closedAt: now,
-        outcome: "expired",
-        costMicros: 0,
-      });
-      addSpend(this, row.day, { reservedMicros: -row.reservedMicros, settledMicros: 0 });
-      addUsage(this, row.day, row.model, 1, null, 0);
-      this.lapsed.set(row.requestId, now);
-    }
-    this.nextExpiry = next;
   }
 
   // Deletes what is past its retention; the caller flushed, so SQLite holds all of memory.

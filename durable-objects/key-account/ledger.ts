@@ -1,0 +1,125 @@
+/**
+ * The ledger's arithmetic (docs/key-account.md, "Keys and settlement"): what settling or
+ * expiring a request changes, as a value. Pure: the store applies the change (buckets,
+ * the row, spend and usage) in `settle.ts`.
+ */
+import { billedMicros, type TokenUsage, utcDay } from "../../contracts/pricing.ts";
+import { type PeriodSpend, tokenCorrection } from "./admission.ts";
+import { type LedgerEntry, NOT_CLOSED, priceOf, storedCandidate } from "./schema.ts";
+import type { SettleInput, SettleResult } from "./types.ts";
+
+/** A change to one model's usage of the row's day. */
+export interface UsageDelta {
+  model: string;
+  requests: number;
+  tokens: TokenUsage | null;
+  costMicros: number;
+}
+
+/** What one ledger event changes. */
+export interface LedgerChange {
+  /** The row as it is after the event. */
+  row: LedgerEntry;
+  /** Tokens charged (positive) or given back (negative) to the key's and the subject's buckets. */
+  tokens: number;
+  /** Added to the spend of the row's day, its month and the lifetime. */
+  spend: PeriodSpend;
+  /** Added to the usage of the row's day. */
+  usage: UsageDelta[];
+}
+
+/**
+ * Settles an open, expired or forgotten row with the request's real usage, billed at most
+ * `capMicros` (null: no cap).
+ */
+export function settleRow(
+  row: LedgerEntry,
+  input: SettleInput,
+  now: number,
+  capMicros: number | null,
+): { change: LedgerChange; result: SettleResult } {
+  const usage = input.usage ?? null;
+  const usedTokens = usage === null ? null : usage.prompt_tokens + usage.completion_tokens;
+  // The model that served it, if it was one of the request's candidates.
+  const served =
+    row.candidates.find(([model]) => model === input.model) ??
+    row.candidates.find(([model]) => model === row.model);
+  const model = served?.[0] ?? row.model;
+  const tokens: TokenUsage | null =
+    usage === null
+      ? null
+      : {
+          promptTokens: usage.prompt_tokens,
+          cachedTokens: usage.cached_tokens ?? 0,
+          completionTokens: usage.completion_tokens,
+        };
+  // An expired row released its reservation and was counted when it expired.
+  const late = row.state === "expired";
+  const cost = billedMicros(tokens, priceOf(served), capMicros);
+  const counted: UsageDelta[] =
+    late && model !== row.model
+      ? [{ model: row.model, requests: -1, tokens: null, costMicros: 0 }]
+      : [];
+  const change: LedgerChange = {
+    row: {
+      ...row,
+      state: "settled",
+      closedAt: now,
+      outcome: input.outcome,
+      model,
+      promptTokens: usage?.prompt_tokens ?? null,
+      cachedTokens: usage === null ? null : (usage.cached_tokens ?? 0),
+      completionTokens: usage?.completion_tokens ?? null,
+      costMicros: cost,
+    },
+    tokens: tokenCorrection(row.reservedTokens, usedTokens, input.originBegan ?? true),
+    spend: { reservedMicros: late ? 0 : -row.reservedMicros, settledMicros: cost },
+    usage: [
+      ...counted,
+      { model, requests: late && model === row.model ? 0 : 1, tokens, costMicros: cost },
+    ],
+  };
+  const result: SettleResult = {
+    settled: true,
+    requestId: row.requestId,
+    reservedTokens: row.reservedTokens,
+    usedTokens,
+    costMicros: cost,
+    late,
+  };
+  return { change, result };
+}
+
+/** An open row whose lease ran out: its reservation released, counted as one request. */
+export function expireRow(row: LedgerEntry, now: number): LedgerChange {
+  return {
+    row: { ...row, state: "expired", closedAt: now, outcome: "expired", costMicros: 0 },
+    tokens: 0,
+    spend: { reservedMicros: -row.reservedMicros, settledMicros: 0 },
+    usage: [{ model: row.model, requests: 1, tokens: null, costMicros: 0 }],
+  };
+}
+
+/**
+ * The row of a request whose admission a crash forgot, from what the edge held of it:
+ * nothing reserved, in the day it settles. Null when the edge does not say it admitted it.
+ */
+export function forgottenRow(input: SettleInput, now: number): LedgerEntry | null {
+  const first = input.admitted?.models[0];
+  if (input.admitted === undefined || input.admitted === null || first === undefined) return null;
+  return {
+    requestId: input.requestId,
+    state: "open",
+    model: first.model,
+    day: utcDay(now),
+    subject: null,
+    subjectTpm: null,
+    endUser: null,
+    reservedTokens: 0,
+    reservedMicros: 0,
+    candidates: input.admitted.models.map(({ model, price }) => storedCandidate(model, price)),
+    createdAt: now,
+    expiresAt: now,
+    ...NOT_CLOSED,
+  };
+}
