@@ -1,6 +1,7 @@
 /**
  * The Hono environment shared by every route and middleware of the edge.
  */
+import type { DeliveryMode } from "./delivery/failover.ts";
 import type { AdmitOk } from "../durable-objects/key-account/types.ts";
 import type { GatewayConfig, ModelConfig } from "./config.ts";
 import type { Credential } from "./key-auth.ts";
@@ -34,7 +35,8 @@ export interface CompletionPlan {
   sequences: number;
   /** Completion tokens of one sequence (`max_completion_tokens`/`max_tokens`), null when unbounded. */
   maxTokens: number | null;
-  stream: boolean;
+  /** Streamed as it comes (`stream: true`) or whole once it ended: decided here, once. */
+  delivery: DeliveryMode;
 }
 
 /** The one Hono environment: Worker bindings plus per-request variables. */

@@ -5,6 +5,7 @@
  * (cached by its text) and every problem names the field at fault.
  */
 import { z } from "zod";
+import { BATCHING_FIELDS } from "../durable-objects/batcher/settings.ts";
 import { AliasesSchema, ModelPricingSchema, aliasIssues } from "./pricing.ts";
 
 /** Default request limits; 8 MB bodies match OpenAI's documented request size cap. */
@@ -55,79 +56,11 @@ export const LimitsConfigSchema = z.strictObject({
   retry_budget: z.int().min(0).max(10).default(DEFAULT_LIMITS.retry_budget),
 });
 
-/** One priority lane of the batcher (see `durable-objects/batcher/settings.ts`, `LaneConfigSchema`). */
-export const BatchingLaneSchema = z.strictObject({
-  /** Longest wait in the batcher before `on_timeout` applies (default 30 s, 60 s, 5 min). */
-  queue_timeout_ms: z.int().positive().optional(),
-  /** `reject` answers `timeout_status` once the wait is over; `wait` keeps the request queued. */
-  on_timeout: z.enum(["reject", "wait"]).optional(),
-  /** Requests the lane holds; one more is refused at once with 429 and `retry-after`. */
-  max_queue: z.int().positive().optional(),
-  /** Status of a queue timeout: 503 (default) or 429 with `retry-after`. */
-  timeout_status: z.union([z.literal(429), z.literal(503)]).optional(),
-});
-
-/** Batching settings; every field optional, defaults in `durable-objects/batcher/settings.ts`. */
-const batchingSettings = {
-  /** Send through the Batcher (default) or straight to origins, one call per request. */
-  enabled: z.boolean().optional(),
-  /** Most requests in one upstream call (default 32). */
-  max_batch_size: z.int().min(1).max(0xfffe).optional(),
-  /** Most prompt plus `max_tokens` in one upstream call (default 65536). */
-  max_batch_tokens: z.int().positive().optional(),
-  /** Upper bound of the adaptive window (default 10 ms). */
-  max_window_ms: z.number().nonnegative().max(1000).optional(),
-  /**
-   * Shortest useful gap between calls to one origin (default 5 ms; 0: no call pacing); an
-   * origin that reports a longer engine step is called at most once per step.
-   */
-  call_interval_ms: z.number().nonnegative().max(1000).optional(),
-  /** Time constant of the arrival and completion rates (default 250 ms). */
-  rate_window_ms: z.number().positive().optional(),
-  /** Age past which an origin's load report is not trusted while idle (default 1 s). */
-  load_report_ttl_ms: z.int().positive().optional(),
-  /** Priority lanes, highest first (default three: interactive, standard, background). */
-  lanes: z.array(BatchingLaneSchema).min(1).max(16).optional(),
-  /** Lane of a caller with no tier (default 1, clamped to the lanes there are). */
-  default_lane: z.int().min(0).max(15).optional(),
-  /** Batchers per region and model (default 1). */
-  shards: z.int().min(1).max(256).optional(),
-  /** What picks a request's shard: its request id (default) or its API key. */
-  shard_by: z.enum(["request", "key"]).optional(),
-  /** How long an origin whose batch call failed is skipped (default 2 s). */
-  origin_quarantine_ms: z.int().nonnegative().max(600_000).optional(),
-  /** Share of the recent wait for a first byte the window may add (default 0.1; 0: off). */
-  wait_share: z.number().min(0).max(1).optional(),
-  /**
-   * Share of the batcher's thread lag for which a streamed answer's later tokens may be held
-   * to leave in one write (default 1; 0: every origin chunk leaves at once).
-   */
-  hold_share: z.number().min(0).max(1).optional(),
-  /** Longest such hold, ms (default 10). */
-  max_hold_ms: z.number().nonnegative().max(1000).optional(),
-  /**
-   * How long after its region's batcher last sent a request at once an edge isolate with
-   * nothing else in flight there sends straight to the origin, skipping the batcher call
-   * (default 1000 ms; 0: always ask the batcher).
-   */
-  idle_bypass_ms: z.int().nonnegative().max(60_000).optional(),
-  /**
-   * Bytes of a streamed answer the batcher holds for a client that reads more slowly than
-   * the answer is generated (beyond what the runtime is already carrying to it) before it
-   * drops the client and cancels the item, billing what was generated (default 512 KiB).
-   */
-  max_client_backlog_bytes: z
-    .int()
-    .positive()
-    .max(64 * 1024 * 1024)
-    .optional(),
-};
-
 /** Batching: global settings plus overrides for a region, a model, or both (later wins). */
 export const BatchingConfigSchema = z.strictObject({
-  ...batchingSettings,
+  ...BATCHING_FIELDS,
   overrides: z
-    .array(z.strictObject({ region: id.optional(), model: id.optional(), ...batchingSettings }))
+    .array(z.strictObject({ region: id.optional(), model: id.optional(), ...BATCHING_FIELDS }))
     .default([]),
 });
 

@@ -1,15 +1,13 @@
 /**
  * Spreads requests over the origins of each region and steps around origins that failed
- * recently. The state is a per-isolate cache (in-flight counts, recent failures); durable
- * circuit breakers replace it later. Pure: time comes in as `now`.
+ * recently, by the rule of `contracts/origin-health.ts`. The state is a per-isolate cache
+ * (in-flight counts, recent failures). Pure: time comes in as `now`.
  */
+import { OriginHealth } from "../contracts/origin-health.ts";
 import { type OriginConfig, type RegionConfig, originServes } from "./config.ts";
 
-/** How long an origin that failed is tried only after every healthy one. */
-export const ORIGIN_QUARANTINE_MS = 5_000;
-
 /** One origin to try, with the region it belongs to. */
-export interface OriginCandidate {
+export interface RegionOrigin {
   region: RegionConfig;
   origin: OriginConfig;
 }
@@ -17,33 +15,31 @@ export interface OriginCandidate {
 /** In-isolate view of origin load and health. */
 export class OriginPool {
   #inFlight = new Map<string, number>();
-  #failedUntil = new Map<string, number>();
+  readonly #health: OriginHealth;
   #turn = 0;
+
+  constructor(health: OriginHealth = new OriginHealth()) {
+    this.#health = health;
+  }
 
   /**
    * Every origin serving `model`, in the order to try them: region by region, each
    * region's healthy origins least-loaded first (ties rotate, so load spreads round robin),
    * and origins that failed recently last, as a final resort rather than never.
    */
-  candidates(regions: readonly RegionConfig[], model: string, now: number): OriginCandidate[] {
+  candidates(regions: readonly RegionConfig[], model: string, now: number): RegionOrigin[] {
     const turn = this.#turn++;
-    const healthy: OriginCandidate[] = [];
-    const quarantined: OriginCandidate[] = [];
+    const ordered: RegionOrigin[] = [];
     for (const region of regions) {
       const serving = region.origins.filter((origin) => originServes(origin, model));
       const start = serving.length === 0 ? 0 : turn % serving.length;
       const rotated = [...serving.slice(start), ...serving.slice(0, start)];
-      const ready: OriginCandidate[] = [];
-      for (const origin of rotated) {
-        const until = this.#failedUntil.get(origin.id);
-        if (until !== undefined && until > now) quarantined.push({ region, origin });
-        else ready.push({ region, origin });
-      }
       // Array.prototype.sort is stable, so equal loads keep the rotated order.
-      ready.sort((a, b) => this.inFlight(a.origin.id) - this.inFlight(b.origin.id));
-      healthy.push(...ready);
+      rotated.sort((a, b) => this.inFlight(a.id) - this.inFlight(b.id));
+      ordered.push(...rotated.map((origin) => ({ region, origin })));
     }
-    return [...healthy, ...quarantined];
+    // Quarantined origins go after every healthy one, in every region.
+    return this.#health.rank(ordered, (c) => c.origin.id, now);
   }
 
   /** Requests this isolate has running on an origin. */
@@ -65,11 +61,11 @@ export class OriginPool {
 
   /** The origin failed before answering: try it last for a while. */
   reportFailure(originId: string, now: number): void {
-    this.#failedUntil.set(originId, now + ORIGIN_QUARANTINE_MS);
+    this.#health.failed(originId, now);
   }
 
   /** The origin answered: it is healthy again. */
   reportSuccess(originId: string): void {
-    this.#failedUntil.delete(originId);
+    this.#health.answered(originId);
   }
 }

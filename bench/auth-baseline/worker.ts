@@ -74,7 +74,7 @@ function localAdmission() {
       budgeted: false,
     });
     await next();
-    if (!plan.stream) {
+    if (plan.delivery === "whole") {
       let bytes: ArrayBuffer;
       try {
         bytes = await c.res.arrayBuffer();

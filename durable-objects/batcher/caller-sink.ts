@@ -1,11 +1,10 @@
 /**
- * Where the `Batcher` sends a caller's HEAD, DATA and END (see `index.ts`): a stream of the
- * item's frames ({@link FrameStreamSink}, for `submit`), the answers of `open` and `end`
- * ({@link AnswerSink}, for a streamed item whose body has a stream of its own), or one
- * answer with all of them ({@link WholeSink}, for `answer`: a JSON item, which its client
- * gets whole anyway).
+ * Where the `Batcher` sends a caller's HEAD, DATA and END (docs/batching.md, "Callers"):
+ * the answers of `open` and `end` ({@link AnswerSink}, for a streamed item whose body has a
+ * stream of its own), or one answer with all of them ({@link WholeSink}, for `answer`: a
+ * JSON item, which its client gets whole anyway).
  */
-import { FrameType, concatBytes, encodeFrame, encodeJsonFrame } from "../../contracts/protocol.ts";
+import { concatBytes } from "../../contracts/protocol.ts";
 
 /** What the Batcher tells a caller about its item, in order: HEAD, DATA…, END, close. */
 export interface CallerSink {
@@ -19,45 +18,6 @@ export interface CallerSink {
   flush(): void;
   /** Nothing more comes: after the END, or without one when the item was cut or cancelled. */
   close(): void;
-}
-
-/**
- * A caller's frames on a byte stream in the protocol's framing, item index 0. What one
- * origin chunk carries for the caller leaves in one write.
- */
-export class FrameStreamSink implements CallerSink {
-  readonly #writer: WritableStreamDefaultWriter<Uint8Array>;
-  #pending: Uint8Array[] = [];
-
-  constructor(writer: WritableStreamDefaultWriter<Uint8Array>) {
-    this.#writer = writer;
-  }
-
-  head(head: object): void {
-    this.#pending.push(encodeJsonFrame(FrameType.HEAD, 0, head));
-  }
-
-  data(bytes: Uint8Array): void {
-    this.#pending.push(encodeFrame(FrameType.DATA, 0, bytes));
-  }
-
-  end(trailer: Uint8Array): void {
-    this.#pending.push(encodeFrame(FrameType.END, 0, trailer));
-  }
-
-  flush(): void {
-    if (this.#pending.length === 0) return;
-    // A write fails only when the caller cancelled the stream, which the Batcher learns
-    // once, from the writer's `closed`.
-    this.#writer.write(concatBytes(this.#pending)).catch(() => {});
-    this.#pending = [];
-  }
-
-  close(): void {
-    this.#pending = [];
-    // Rejects when already closed or cancelled by the caller: nothing left to do then.
-    this.#writer.close().catch(() => {});
-  }
 }
 
 /** How an item opened, as {@link AnswerSink.opened} tells it. */

@@ -1,80 +1,157 @@
 /**
- * The batching settings of a Batcher, with their defaults, in one place: the edge
- * validates `WARMGATE_CONFIG`'s `batching` with them and sends the result in each
- * Batcher's setup (docs/batching.md, "Settings").
+ * The batching settings in one place (docs/batching.md, "Settings"): the schema of
+ * `WARMGATE_CONFIG`'s `batching` section and of each override, every default, and the
+ * window configuration a Batcher runs with, derived from them.
  */
 import { z } from "zod";
+import { DEFAULT_QUARANTINE_MS } from "../../contracts/origin-health.ts";
 import { MAX_BATCH_ITEMS } from "../../contracts/protocol.ts";
 
-/** One priority lane: how long its requests may wait and what happens after that. */
-export const LaneConfigSchema = z.strictObject({
-  /** Longest wait in the batcher before the lane's timeout policy applies. */
-  queueTimeoutMs: z.int().positive().default(30_000),
-  /** `reject` settles the request with a queue-timeout error; `wait` keeps it queued. */
-  onTimeout: z.enum(["reject", "wait"]).default("reject"),
-  /** Queued requests the lane holds; one more is refused at once with `retry-after`. */
-  maxQueue: z.int().positive().default(1024),
-  /** Status of a queue-timeout refusal: 503 (overloaded) or 429 (retry later, `retry-after`). */
-  timeoutStatus: z.union([z.literal(429), z.literal(503)]).default(503),
+/** One priority lane as written; every field optional. */
+export const BatchingLaneSchema = z.strictObject({
+  /** Longest wait in the batcher before `on_timeout` applies (default 30 s, 60 s, 5 min). */
+  queue_timeout_ms: z.int().positive().optional(),
+  /** `reject` answers `timeout_status` once the wait is over; `wait` keeps the request queued. */
+  on_timeout: z.enum(["reject", "wait"]).optional(),
+  /** Requests the lane holds; one more is refused at once with 429 and `retry-after`. */
+  max_queue: z.int().positive().optional(),
+  /** Status of a queue timeout: 503 (default) or 429 with `retry-after`. */
+  timeout_status: z.union([z.literal(429), z.literal(503)]).optional(),
 });
-/** A validated lane configuration. */
-export type LaneConfig = z.infer<typeof LaneConfigSchema>;
+
+/** The batching fields as written; every one optional, defaults in {@link BATCHING_DEFAULTS}. */
+export const BATCHING_FIELDS = {
+  /** Send through the Batcher or straight to origins, one call per request. */
+  enabled: z.boolean().optional(),
+  /** Most requests in one upstream call. */
+  max_batch_size: z.int().min(1).max(MAX_BATCH_ITEMS).optional(),
+  /** Most prompt plus `max_tokens` in one call; a lone larger request still goes alone. */
+  max_batch_tokens: z.int().positive().optional(),
+  /** Upper bound of the adaptive window. */
+  max_window_ms: z.number().nonnegative().max(1000).optional(),
+  /**
+   * Shortest useful gap between calls to one origin, about one engine step (0: no call
+   * pacing); an origin that reports a longer engine step is called at most once per step.
+   */
+  call_interval_ms: z.number().nonnegative().max(1000).optional(),
+  /** Time constant of the arrival, completion and dispatch rates. */
+  rate_window_ms: z.number().positive().optional(),
+  /** Age past which an origin's load report is not trusted while idle. */
+  load_report_ttl_ms: z.int().positive().optional(),
+  /** Priority lanes, highest first. */
+  lanes: z.array(BatchingLaneSchema).min(1).max(16).optional(),
+  /** Lane of a caller with no tier (clamped to the lanes there are). */
+  default_lane: z.int().min(0).max(15).optional(),
+  /** Batchers per region and model. */
+  shards: z.int().min(1).max(256).optional(),
+  /** What picks a request's shard: its request id or its API key. */
+  shard_by: z.enum(["request", "key"]).optional(),
+  /** How long an origin that failed is tried only after every healthy one. */
+  origin_quarantine_ms: z.int().nonnegative().max(600_000).optional(),
+  /** Share of the recent wait for a first byte the window may add (0: off). */
+  wait_share: z.number().min(0).max(1).optional(),
+  /** Share of the Batcher's thread lag for which a streamed answer's later tokens may wait. */
+  hold_share: z.number().min(0).max(1).optional(),
+  /** Longest such hold, ms. */
+  max_hold_ms: z.number().nonnegative().max(1000).optional(),
+  /** How long after its Batcher last sent at once an otherwise idle edge skips it (0: never). */
+  idle_bypass_ms: z.int().nonnegative().max(60_000).optional(),
+  /** Bytes of a streamed answer held for a slow client before it is dropped. */
+  max_client_backlog_bytes: z
+    .int()
+    .positive()
+    .max(64 * 1024 * 1024)
+    .optional(),
+};
+
+/** The batching settings as written (global, or one override's). */
+export type BatchingSettings = z.infer<z.ZodObject<typeof BATCHING_FIELDS>>;
+
+/** One priority lane, defaults filled in. */
+export interface LaneConfig {
+  queueTimeoutMs: number;
+  onTimeout: "reject" | "wait";
+  maxQueue: number;
+  timeoutStatus: 429 | 503;
+}
+
+/** What a lane given without some field has for it. */
+const LANE_DEFAULTS: LaneConfig = {
+  queueTimeoutMs: 30_000,
+  onTimeout: "reject",
+  maxQueue: 1024,
+  timeoutStatus: 503,
+};
 
 /** Default lanes: interactive, standard, and background (which waits rather than fail). */
 export const DEFAULT_LANES: readonly LaneConfig[] = [
-  { queueTimeoutMs: 30_000, onTimeout: "reject", maxQueue: 1024, timeoutStatus: 503 },
-  { queueTimeoutMs: 60_000, onTimeout: "reject", maxQueue: 2048, timeoutStatus: 503 },
-  { queueTimeoutMs: 300_000, onTimeout: "wait", maxQueue: 4096, timeoutStatus: 503 },
+  LANE_DEFAULTS,
+  { ...LANE_DEFAULTS, queueTimeoutMs: 60_000, maxQueue: 2048 },
+  { ...LANE_DEFAULTS, queueTimeoutMs: 300_000, onTimeout: "wait", maxQueue: 4096 },
 ];
 
-/** Batching configuration of one Batcher. */
-export const WindowConfigSchema = z
-  .strictObject({
-    /** Most requests in one upstream call (Triton's `max_batch_size`). */
-    maxBatchSize: z.int().min(1).max(MAX_BATCH_ITEMS).default(32),
-    /** Most prompt plus `max_tokens` in one call; a lone larger request still goes alone. */
-    maxBatchTokens: z.int().positive().default(65_536),
-    /** Upper bound of the adaptive window (Triton's `max_queue_delay_microseconds`). */
-    maxWindowMs: z.number().nonnegative().max(1000).default(10),
-    /**
-     * Shortest useful gap between two calls to one origin, about one engine step (vLLM
-     * admits new sequences only at step boundaries): while requests arrive faster than one
-     * per this many ms per healthy origin, they share calls. An origin whose load reports
-     * carry a longer step time (`step_ms`) is called at most once per step instead. 0
-     * turns the call term off.
-     */
-    callIntervalMs: z.number().nonnegative().max(1000).default(5),
-    /**
-     * Share of the current wait for a first byte (see the top of this file) that the window
-     * may add. 0 turns the wait term off.
-     */
-    waitShare: z.number().min(0).max(1).default(0.1),
-    /**
-     * Share of the thread's recent lag (see `recordThreadLag`) for which a streamed item's
-     * later tokens may be held to leave in one write (see {@link tokenHoldMs}). 0: every
-     * origin chunk's bytes leave at once.
-     */
-    holdShare: z.number().min(0).max(1).default(1),
-    /** Upper bound of that hold, ms. */
-    maxHoldMs: z.number().nonnegative().max(1000).default(10),
-    /** Time constant of the decaying arrival, completion and dispatch counts. */
-    rateWindowMs: z.number().positive().default(250),
-    /** A load report older than this, with nothing of ours in flight there, is not trusted. */
-    loadReportTtlMs: z.int().positive().default(1000),
-    /** Priority lanes, highest first; lane 0 leaves before lane 1. */
-    lanes: z
-      .array(LaneConfigSchema)
-      .min(1)
-      .max(16)
-      .default(() => DEFAULT_LANES.map((lane) => ({ ...lane }))),
-    /** Origins of this region and model, in preference order for ties. */
-    origins: z.array(z.strictObject({ id: z.string().min(1).max(128) })).min(1),
-  })
-  .refine((config) => new Set(config.origins.map((o) => o.id)).size === config.origins.length, {
-    message: "origin ids must be unique",
-    path: ["origins"],
-  });
-/** A validated batching configuration (defaults filled in). */
-export type WindowConfig = z.infer<typeof WindowConfigSchema>;
-/** Batching configuration as written, before defaults. */
-export type WindowConfigInput = z.input<typeof WindowConfigSchema>;
+/** Every batching default. */
+export const BATCHING_DEFAULTS = {
+  enabled: true,
+  max_batch_size: 32,
+  max_batch_tokens: 65_536,
+  max_window_ms: 10,
+  call_interval_ms: 5,
+  rate_window_ms: 250,
+  load_report_ttl_ms: 1000,
+  default_lane: 1,
+  shards: 1,
+  shard_by: "request",
+  origin_quarantine_ms: DEFAULT_QUARANTINE_MS,
+  wait_share: 0.1,
+  hold_share: 1,
+  max_hold_ms: 10,
+  idle_bypass_ms: 1000,
+  max_client_backlog_bytes: 512 * 1024,
+} as const satisfies Required<Omit<BatchingSettings, "lanes">>;
+
+/** What a Batcher's window policy runs with (docs/batching.md, "The window"). */
+export interface WindowConfig {
+  maxBatchSize: number;
+  maxBatchTokens: number;
+  maxWindowMs: number;
+  callIntervalMs: number;
+  /** Share of the current wait for a first byte that the window may add. */
+  waitShare: number;
+  /** Share of the thread's recent lag for which later tokens may be held. */
+  holdShare: number;
+  maxHoldMs: number;
+  rateWindowMs: number;
+  loadReportTtlMs: number;
+  /** Highest first; lane 0 leaves before lane 1. */
+  lanes: LaneConfig[];
+  /** Origins of this region and model, in preference order for ties. */
+  origins: { id: string }[];
+}
+
+/** The window configuration for `settings` (defaults filled in) over these origins. */
+export function windowConfigOf(
+  settings: BatchingSettings,
+  originIds: readonly string[],
+): WindowConfig {
+  const d = BATCHING_DEFAULTS;
+  return {
+    maxBatchSize: settings.max_batch_size ?? d.max_batch_size,
+    maxBatchTokens: settings.max_batch_tokens ?? d.max_batch_tokens,
+    maxWindowMs: settings.max_window_ms ?? d.max_window_ms,
+    callIntervalMs: settings.call_interval_ms ?? d.call_interval_ms,
+    waitShare: settings.wait_share ?? d.wait_share,
+    holdShare: settings.hold_share ?? d.hold_share,
+    maxHoldMs: settings.max_hold_ms ?? d.max_hold_ms,
+    rateWindowMs: settings.rate_window_ms ?? d.rate_window_ms,
+    loadReportTtlMs: settings.load_report_ttl_ms ?? d.load_report_ttl_ms,
+    lanes:
+      settings.lanes?.map((lane) => ({
+        queueTimeoutMs: lane.queue_timeout_ms ?? LANE_DEFAULTS.queueTimeoutMs,
+        onTimeout: lane.on_timeout ?? LANE_DEFAULTS.onTimeout,
+        maxQueue: lane.max_queue ?? LANE_DEFAULTS.maxQueue,
+        timeoutStatus: lane.timeout_status ?? LANE_DEFAULTS.timeoutStatus,
+      })) ?? DEFAULT_LANES.map((lane) => ({ ...lane })),
+    origins: originIds.map((id) => ({ id })),
+  };
+}

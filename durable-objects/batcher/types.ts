@@ -1,26 +1,20 @@
 /**
  * The contract of a `Batcher` (docs/batching.md): its setup, what a request attempt sends,
- * what `open`, `answer`, `submit`, `cancel` and `snapshot` answer, and its constants.
+ * what `open`, `end`, `answer`, `cancel` and `snapshot` answer, and its constants.
  */
 import type { ItemHead, ItemPath, ItemTrailer } from "../../contracts/protocol.ts";
-import type { FlushReason, OriginLoadView } from "./window.ts";
+import type { FlushReason, OriginLoadView } from "./window/index.ts";
 import type { WindowConfig } from "./settings.ts";
 
-/** Bytes a caller's frame stream buffers before writes wait for the caller to read. */
-export const CALLER_BUFFER_BYTES = 4 * 1024 * 1024;
-
 /**
- * Bytes a client's body stream buffers, and by default the most that may wait behind its
- * write in flight, in this object's memory, before the client counts as too slow and is cut
- * (see `client-body.ts`, and `batching.max_client_backlog_bytes`): tens of seconds of tokens
- * at an engine's pace.
+ * Bytes a client's body stream buffers; what may wait behind its write in flight before the
+ * client counts as too slow is `batching.max_client_backlog_bytes` (see `client-body.ts`).
  */
 export const BODY_BUFFER_BYTES = 64 * 1024;
-export const DEFAULT_CLIENT_BACKLOG_BYTES = 512 * 1024;
 
 /**
  * Longest stretch an upstream call's reading keeps this object's thread before it gives way
- * to the rest of its work (see {@link Batcher} `#runBatch`).
+ * to the rest of its work (see `upstream-call.ts`).
  */
 export const READ_TURN_MS = 10;
 
@@ -47,8 +41,8 @@ export interface BatcherSetup {
   clientBacklogBytes: number;
 }
 
-/** One request attempt handed to `submit`. */
-export interface BatcherSubmit {
+/** One request attempt handed to `open` or `answer`. */
+export interface BatcherAttempt {
   setup: BatcherSetup;
   /** Item id on the wire; unique per attempt (a retry in the same region gets a new one). */
   id: string;
@@ -110,27 +104,19 @@ export interface BatcherFailureTrailer extends ItemTrailer {
   retry_after_ms?: number;
 }
 
-/** The answer to `submit`. */
-export type BatcherSubmitResult =
-  /**
-   * Admitted: the item's frames follow on `frames`. `atOnce`: it was sent at once, alone,
-   * with no window (this batcher had nothing to wait for).
-   */
-  | { kind: "accepted"; frames: ReadableStream<Uint8Array>; atOnce: boolean }
+/** A request the batcher did not admit. */
+export type BatcherNotAdmitted =
   /** The lane is full: answer 429 with `retry-after`. */
   | { kind: "refused"; reason: "queue_full"; retryAfterMs: number }
   /** Refused before queueing, for a reason another region may not share. */
   | { kind: "failed"; code: BatcherFailureCode | "duplicate_id"; detail: string };
-
-/** A request the batcher did not admit: a full lane, or a failure before queueing. */
-export type BatcherNotAdmitted = Exclude<BatcherSubmitResult, { kind: "accepted" }>;
 
 /** The answer to `answer`. */
 export type BatcherAnswerResult =
   /**
    * The item ended (or closed without an END: cancelled, cut, or lost): its HEAD (null when
    * none came), body and END trailer (null without one), and how many ms after admission the
-   * HEAD came. `atOnce` as for `submit`.
+   * HEAD came. `atOnce`: it was sent at once, alone, with no window.
    */
   | {
       kind: "answered";
@@ -146,7 +132,7 @@ export type BatcherAnswerResult =
 export type BatcherOpenResult =
   /**
    * Opened: the origin's HEAD, and the item's body on a stream of its own, which the caller
-   * hands its client as it is. `atOnce` as for `submit`.
+   * hands its client as it is. `atOnce` as for `answer`.
    */
   | { kind: "open"; head: BatcherHead; body: ReadableStream<Uint8Array>; atOnce: boolean }
   /** Ended before its origin answered: the lone END's trailer says why. */

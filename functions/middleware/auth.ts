@@ -132,7 +132,7 @@ export function admitCompletion() {
       }, LEASE_RENEW_MS);
     }
     await next();
-    if (!plan.stream && !isEventStream(c.res)) {
+    if (plan.delivery === "whole" && !isEventStream(c.res)) {
       // A JSON answer was read whole up to the origin's END, which carries the usage (see
       // `respondWhole` in dispatch.ts): the request is settled, so its headers can carry
       // its cost.

@@ -46,7 +46,7 @@ export function planCompletion() {
         totalPromptTokens: promptTokens,
         sequences: body.n ?? 1,
         maxTokens: body.max_completion_tokens ?? body.max_tokens ?? null,
-        stream: body.stream === true,
+        delivery: body.stream === true ? "stream" : "whole",
       };
     } else {
       const { body } = completion;
@@ -57,7 +57,7 @@ export function planCompletion() {
         // `best_of` sequences are generated (and billed) per prompt, `n` of them returned.
         sequences: prompts.length * Math.max(body.n ?? 1, body.best_of ?? 1),
         maxTokens: body.max_tokens ?? COMPLETIONS_DEFAULT_MAX_TOKENS,
-        stream: body.stream === true,
+        delivery: body.stream === true ? "stream" : "whole",
       };
     }
     const completionTokens = request.maxTokens ?? 0;

@@ -6,7 +6,7 @@
 import { Hono } from "hono";
 import { adminAuth } from "../admin.ts";
 import type { AppEnv } from "../app-env.ts";
-import { batcherName, batchingPlan } from "../batcher-client.ts";
+import { batcherName, batchingPlan } from "../delivery/batcher-plan.ts";
 import { ApiError } from "../../contracts/errors.ts";
 
 /** The batcher inspection route group, mounted at `/admin/batchers`. */

@@ -4,8 +4,9 @@
  */
 import { type Context, Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
-import { PRIORITY_HEADER, batcherOpener } from "../batcher-client.ts";
-import { dispatchCompletion } from "../dispatch.ts";
+import { batcherOpener } from "../delivery/batcher.ts";
+import { PRIORITY_HEADER } from "../delivery/batcher-plan.ts";
+import { dispatchCompletion } from "../delivery/failover.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
@@ -77,7 +78,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     candidates: originPool.candidates(order.regions, plan.model.id, Date.now()),
     pool: originPool,
     limits: config.limits,
-    stream: plan.stream,
+    delivery: plan.delivery,
     headers,
     originToken: c.env.ORIGIN_TOKEN,
     onSettled: (settled) => settlement.settle(settled),

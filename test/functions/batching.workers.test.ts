@@ -12,7 +12,7 @@ import {
   batcherName,
   batchingPlan,
   laneFor,
-} from "../../functions/batcher-client.ts";
+} from "../../functions/delivery/batcher-plan.ts";
 import { parseGatewayConfig } from "../../functions/config.ts";
 import app from "../../functions/index.ts";
 import {

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { parseGatewayConfig } from "../../functions/config.ts";
-import { ORIGIN_QUARANTINE_MS, OriginPool } from "../../functions/origin-pool.ts";
+import { DEFAULT_QUARANTINE_MS } from "../../contracts/origin-health.ts";
+import { OriginPool } from "../../functions/origin-pool.ts";
 import { nearestRegion, regionOrder } from "../../functions/region-choice.ts";
 
 const config = parseGatewayConfig(
@@ -103,8 +104,8 @@ describe("origin pool", () => {
     const pool = new OriginPool();
     pool.reportFailure("eu-1", 1_000);
     expect(origins(pool, "a", 1_000)).toEqual(["eu-2", "us-1", "ap-1", "eu-1"]);
-    expect(origins(pool, "a", 1_000 + ORIGIN_QUARANTINE_MS)).toContain("eu-1");
-    expect(origins(pool, "a", 1_000 + ORIGIN_QUARANTINE_MS).at(-1)).toBe("ap-1");
+    expect(origins(pool, "a", 1_000 + DEFAULT_QUARANTINE_MS)).toContain("eu-1");
+    expect(origins(pool, "a", 1_000 + DEFAULT_QUARANTINE_MS).at(-1)).toBe("ap-1");
   });
 
   it("clears the quarantine when the origin answers again", () => {

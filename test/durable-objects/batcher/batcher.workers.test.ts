@@ -8,17 +8,19 @@ import {
   type BatcherHead,
   type BatcherOpenResult,
   type BatcherSetup,
-  type BatcherSubmit,
-  type BatcherSubmitResult,
-  DEFAULT_CLIENT_BACKLOG_BYTES,
+  type BatcherAttempt,
   OPEN_BATCH_RECORD_DELAY_MS,
 } from "../../../durable-objects/batcher/types.ts";
+import { BATCHING_DEFAULTS } from "../../../durable-objects/batcher/settings.ts";
+import { type WindowConfigInput, windowConfig } from "../../support/window-config.ts";
+import type { FrameReader } from "../../../contracts/upstream.ts";
 import {
-  type WindowConfigInput,
-  WindowConfigSchema,
-} from "../../../durable-objects/batcher/settings.ts";
-import { type FrameReader, frameReader } from "../../../contracts/upstream.ts";
-import { FrameType, type ItemTrailer, decodeJsonPayload } from "../../../contracts/protocol.ts";
+  type Frame,
+  FrameType,
+  type ItemTrailer,
+  decodeJsonPayload,
+  encodeJsonPayload,
+} from "../../../contracts/protocol.ts";
 import { chatBody, lastEvent, metricValue } from "../../support/edge-requests.ts";
 
 // batch-1 and batch-2 are this file's alone; they generate about one token per 20 ms, so a
@@ -33,23 +35,23 @@ function urlOf(id: string): string {
 /** Settings under which a request that finds its origin busy waits up to a second. */
 const HOLD: Partial<WindowConfigInput> = { maxWindowMs: 1000, callIntervalMs: 1000 };
 
-type SubmitOverrides = Partial<Omit<BatcherSubmit, "body">> & { body?: Record<string, unknown> };
+type AttemptOverrides = Partial<Omit<BatcherAttempt, "body">> & { body?: Record<string, unknown> };
 
 /** A fresh batcher (its own name and counters) over the given origins. */
 function batcher(
   window: Partial<WindowConfigInput> = {},
   ids: string[] = ["batch-1"],
-  clientBacklogBytes = DEFAULT_CLIENT_BACKLOG_BYTES,
+  clientBacklogBytes = BATCHING_DEFAULTS.max_client_backlog_bytes,
 ) {
   const setup: BatcherSetup = {
     version: `test-${crypto.randomUUID().slice(0, 8)}`,
-    window: WindowConfigSchema.parse({ ...window, origins: ids.map((id) => ({ id })) }),
+    window: windowConfig({ ...window, origins: ids.map((id) => ({ id })) }),
     origins: ids.map((id) => ({ id, url: urlOf(id) })),
     quarantineMs: 1000,
     clientBacklogBytes,
   };
   const stub = env.BATCHER.getByName(`test:${setup.version}`);
-  const input = (id: string, over: SubmitOverrides): BatcherSubmit => {
+  const input = (id: string, over: AttemptOverrides): BatcherAttempt => {
     const { body, ...rest } = over;
     return {
       setup,
@@ -68,25 +70,95 @@ function batcher(
       ...rest,
     };
   };
-  const submit = (id: string, over: SubmitOverrides = {}): Promise<BatcherSubmitResult> =>
-    stub.submit(input(id, over));
   // As the edge does: `end` right behind `open`.
-  const open = (id: string, over: SubmitOverrides = {}) => {
-    const opening: Promise<BatcherOpenResult> = stub.open(input(id, over));
-    const ending: Promise<Uint8Array | null> = stub.end(id);
-    // A test that never reads it leaves it to fail when a later test resets the objects.
-    ending.catch(() => {});
-    return { opening, ending };
+  const open = (id: string, over: AttemptOverrides = {}) => openOn(stub, input(id, over));
+  // A streamed item read as its frames: HEAD, DATA…, END.
+  const stream = (id: string, over: AttemptOverrides = {}): FrameReader => {
+    const { opening, ending } = open(id, over);
+    return openedFrames(opening, ending);
   };
   // A JSON item, answered whole.
-  const answer = (id: string, over: SubmitOverrides = {}): Promise<BatcherAnswerResult> =>
+  const answer = (id: string, over: AttemptOverrides = {}): Promise<BatcherAnswerResult> =>
     stub.answer(input(id, { timeHead: false, ...over, body: { stream: false, ...over.body } }));
-  return { stub, setup, submit, open, answer };
+  return { stub, setup, open, stream, answer };
 }
 
-function framesOf(result: BatcherSubmitResult): FrameReader {
-  if (result.kind !== "accepted") throw new Error(`expected accepted, got ${result.kind}`);
-  return frameReader(result.frames);
+/** `open` and, right behind it, `end`, as the edge calls them. */
+function openOn(stub: DurableObjectStub<Batcher>, input: BatcherAttempt) {
+  const opening: Promise<BatcherOpenResult> = stub.open(input);
+  const ending: Promise<Uint8Array | null> = stub.end(input.id);
+  // A test that never reads it leaves it to fail when a later test resets the objects.
+  ending.catch(() => {});
+  return { opening, ending };
+}
+
+function frameOf(type: FrameType, payload: Uint8Array): Frame {
+  return { type, item: 0, payload };
+}
+
+/**
+ * An opened item as frames: a HEAD from `open`, DATA from its body's reads, and the END
+ * from `end`; or the lone END of an item that ended before its HEAD. Reading stops, with
+ * why, when the item was cut, cancelled or lost.
+ */
+function openedFrames(
+  opening: Promise<BatcherOpenResult>,
+  ending: Promise<Uint8Array | null>,
+): FrameReader {
+  let body: ReadableStreamDefaultReader<Uint8Array> | null = null;
+  let phase: "opening" | "body" | "end" | "stopped" = "opening";
+  let stopped = "";
+  let cancelled = false;
+  const stop = (why: unknown): string => {
+    phase = "stopped";
+    stopped = String(why);
+    return stopped;
+  };
+  return {
+    async next() {
+      try {
+        if (phase === "opening") {
+          const result = await opening;
+          switch (result.kind) {
+            case "open":
+              body = result.body.getReader();
+              if (cancelled) void body.cancel().catch(() => {});
+              phase = "body";
+              return frameOf(FrameType.HEAD, encodeJsonPayload(result.head));
+            case "ended":
+              stop("after its lone END");
+              return frameOf(FrameType.END, encodeJsonPayload(result.trailer));
+            case "cancelled":
+              return stop("cancelled");
+            default:
+              throw new Error(`expected open, got ${result.kind}`);
+          }
+        }
+        if (phase === "body" && body !== null) {
+          const chunk = await body.read();
+          if (!chunk.done) return frameOf(FrameType.DATA, chunk.value);
+          phase = "end";
+        }
+        if (phase === "end") {
+          const trailer = await ending;
+          if (trailer === null) return stop("ended without END");
+          stop("after END");
+          return frameOf(FrameType.END, trailer);
+        }
+        return stopped;
+      } catch (error) {
+        if (phase === "opening" && error instanceof Error && error.message.startsWith("expected")) {
+          throw error;
+        }
+        return stop(error);
+      }
+    },
+    takeReadyData: () => undefined,
+    cancel() {
+      cancelled = true;
+      if (body !== null) void body.cancel().catch(() => {});
+    },
+  };
 }
 
 interface ReadItem {
@@ -176,15 +248,15 @@ async function direct(body: Record<string, unknown>, id = "batch-1"): Promise<Ui
   return new Uint8Array(await res.arrayBuffer());
 }
 
-/** Lets go of an item as the edge does when its client leaves: the stream, then the RPC. */
+/** Lets go of an item: the cancel RPC, then its body. */
 async function release(b: ReturnType<typeof batcher>, id: string, frames: FrameReader) {
-  frames.cancel();
   await b.stub.cancel(id);
+  frames.cancel();
 }
 
 /** Starts a long request that keeps the origin busy; returns its frames once it runs. */
 async function occupy(b: ReturnType<typeof batcher>, id = "occupier"): Promise<FrameReader> {
-  const frames = framesOf(await b.submit(id, { body: { max_tokens: 2000 }, maxTokens: 2000 }));
+  const frames = b.stream(id, { body: { max_tokens: 2000 }, maxTokens: 2000 });
   await untilHead(frames);
   return frames;
 }
@@ -193,15 +265,15 @@ describe("dispatch", () => {
   it("sends a lone request at once, alone, without a window", async () => {
     const b = batcher(HOLD);
     const before = await counts("batch-1");
-    const result = await b.submit("lone");
+    const frames = b.stream("lone");
     const snapshot = await b.stub.snapshot();
-    // Decided inside submit: sent before any timer could have run.
+    // Decided inside `open`: sent before any timer could have run.
     expect(snapshot.counters).toMatchObject({ submitted: 1, dispatchedAtOnce: 1, queued: 0 });
     expect(snapshot.queued).toBe(0);
     expect(snapshot.recentBatches).toEqual([
       expect.objectContaining({ originId: "batch-1", reason: "idle", items: ["lone"] }),
     ]);
-    const item = await readItem(framesOf(result));
+    const item = await readItem(frames);
     expect(item.head).toMatchObject({ id: "lone", status: 200, origin: "batch-1" });
     expect(item.trailer).toMatchObject({ id: "lone", outcome: "ok" });
     const after = await counts("batch-1");
@@ -212,8 +284,8 @@ describe("dispatch", () => {
     const b = batcher({ ...HOLD, maxBatchSize: 4 });
     const occupier = await occupy(b);
     const before = await counts("batch-1");
-    const results = await Promise.all(["s1", "s2", "s3", "s4"].map((id) => b.submit(id)));
-    const items = await Promise.all(results.map((r) => readItem(framesOf(r))));
+    const streams = ["s1", "s2", "s3", "s4"].map((id) => b.stream(id));
+    const items = await Promise.all(streams.map(readItem));
     expect(items.map((i) => i.trailer?.outcome)).toEqual(["ok", "ok", "ok", "ok"]);
     const after = await counts("batch-1");
     expect([after.batches - before.batches, after.items - before.items]).toEqual([1, 4]);
@@ -231,10 +303,10 @@ describe("dispatch", () => {
     const occupier = await occupy(b);
     const before = await counts("batch-1");
     // 100 tokens each: the third reaches the budget; the first two fit in it.
-    const results = await Promise.all(
-      ["t1", "t2", "t3"].map((id) => b.submit(id, { promptTokens: 96, maxTokens: 4 })),
+    const streams = ["t1", "t2", "t3"].map((id) =>
+      b.stream(id, { promptTokens: 96, maxTokens: 4 }),
     );
-    const items = await Promise.all(results.map((r) => readItem(framesOf(r))));
+    const items = await Promise.all(streams.map(readItem));
     expect(items.map((i) => i.trailer?.outcome)).toEqual(["ok", "ok", "ok"]);
     const snapshot = await b.stub.snapshot();
     expect(snapshot.recentBatches.slice(1)).toEqual([
@@ -250,10 +322,10 @@ describe("dispatch", () => {
     const b = batcher({ maxWindowMs: 50, callIntervalMs: 1000 });
     const occupier = await occupy(b);
     const before = await counts("batch-1");
-    const results = await Promise.all(["w1", "w2"].map((id) => b.submit(id)));
+    const streams = ["w1", "w2"].map((id) => b.stream(id));
     const queued = await b.stub.snapshot();
     expect(queued.counters.queued).toBe(2);
-    const items = await Promise.all(results.map((r) => readItem(framesOf(r))));
+    const items = await Promise.all(streams.map(readItem));
     expect(items.map((i) => i.trailer?.outcome)).toEqual(["ok", "ok"]);
     const snapshot = await b.stub.snapshot();
     expect(snapshot.recentBatches.at(-1)).toMatchObject({ reason: "window", items: ["w1", "w2"] });
@@ -266,8 +338,7 @@ describe("dispatch", () => {
     const b = batcher({ ...HOLD, maxBatchSize: 2 });
     const occupier = await occupy(b);
     const long = { body: { max_tokens: 200 }, maxTokens: 200 };
-    const results = await Promise.all(["m1", "m2", "m3", "m4"].map((id) => b.submit(id, long)));
-    const heads = results.map(framesOf);
+    const heads = ["m1", "m2", "m3", "m4"].map((id) => b.stream(id, long));
     await Promise.all(heads.map(untilHead));
     const snapshot = await b.stub.snapshot();
     expect(snapshot.openBatches).toBe(3);
@@ -288,8 +359,7 @@ describe("lanes", () => {
       ["high-b", 0],
       ["low-b", 2],
     ];
-    const results = await Promise.all(order.map(([id, lane]) => b.submit(id, { lane })));
-    await Promise.all(results.map((r) => readItem(framesOf(r))));
+    await Promise.all(order.map(([id, lane]) => readItem(b.stream(id, { lane }))));
     const snapshot = await b.stub.snapshot();
     expect(snapshot.recentBatches.at(-1)?.items).toEqual([
       "high-a",
@@ -308,7 +378,7 @@ describe("lanes", () => {
     });
     const occupier = await occupy(b);
     const before = await counts("batch-1");
-    const item = await readItem(framesOf(await b.submit("late")));
+    const item = await readItem(b.stream("late"));
     expect(item.head).toBeNull();
     const trailer = item.trailer as BatcherFailureTrailer;
     expect(trailer).toMatchObject({
@@ -328,8 +398,8 @@ describe("lanes", () => {
   it("refuses a request to a full lane at once with retryAfterMs", async () => {
     const b = batcher({ ...HOLD, lanes: [{ maxQueue: 1 }, {}] });
     const occupier = await occupy(b);
-    const first = framesOf(await b.submit("q1"));
-    const refused = await b.submit("q2");
+    const first = b.stream("q1");
+    const refused = await b.open("q2").opening;
     expect(refused).toEqual({
       kind: "refused",
       reason: "queue_full",
@@ -337,10 +407,10 @@ describe("lanes", () => {
     });
     expect(refused.kind === "refused" && refused.retryAfterMs).toBeGreaterThanOrEqual(1000);
     // Another lane still has room.
-    const other = await b.submit("q3", { lane: 1 });
-    expect(other.kind).toBe("accepted");
+    const other = b.stream("q3", { lane: 1 });
+    expect((await b.stub.snapshot()).queued).toBe(2);
     await release(b, "q1", first);
-    await release(b, "q3", framesOf(other));
+    await release(b, "q3", other);
     await release(b, "occupier", occupier);
   });
 });
@@ -350,9 +420,9 @@ describe("cancellation", () => {
     const b = batcher(HOLD);
     const occupier = await occupy(b);
     const before = await counts("batch-1");
-    const waiting = framesOf(await b.submit("c1"));
+    const waiting = b.stream("c1");
     expect((await b.stub.snapshot()).queued).toBe(1);
-    // What the edge does when its client goes away: cancel the stream and tell the batcher.
+    // What the edge does when its client goes away: tell the batcher.
     await release(b, "c1", waiting);
     const snapshot = await b.stub.snapshot();
     expect(snapshot.queued).toBe(0);
@@ -371,11 +441,11 @@ describe("cancellation", () => {
   it("cancels a streaming request on its origin, which frees its slot", async () => {
     const b = batcher(HOLD);
     const before = await counts("batch-1");
-    const frames = framesOf(await b.submit("c2", { body: { max_tokens: 2000 } }));
+    const frames = b.stream("c2", { body: { max_tokens: 2000 } });
     await untilHead(frames);
     const first = await frames.next();
     expect(typeof first !== "string" && first.type).toBe(FrameType.DATA);
-    frames.cancel();
+    await release(b, "c2", frames);
     const after = await waitForCounts(
       "batch-1",
       (c) => c.inFlight === before.inFlight && c.dropped > before.dropped,
@@ -387,7 +457,7 @@ describe("cancellation", () => {
 
   it("cancels a running request until its END, which still reports what it generated", async () => {
     const b = batcher(HOLD);
-    const frames = framesOf(await b.submit("u1", { body: { max_tokens: 2000 } }));
+    const frames = b.stream("u1", { body: { max_tokens: 2000 } });
     await untilHead(frames);
     await frames.next();
     expect(await b.stub.cancel("u1", { untilEnd: true })).toBe(true);
@@ -401,14 +471,11 @@ describe("cancellation", () => {
     const b = batcher({ ...HOLD, maxBatchSize: 2 });
     const occupier = await occupy(b);
     const before = await counts("batch-1");
-    const [gone, kept] = await Promise.all([
-      b.submit("n1", { body: { max_tokens: 2000 } }),
-      b.submit("n2", { body: { max_tokens: 8 } }),
-    ]);
-    const goneFrames = framesOf(gone);
+    const goneFrames = b.stream("n1", { body: { max_tokens: 2000 } });
+    const kept = b.stream("n2", { body: { max_tokens: 8 } });
     await untilHead(goneFrames);
     await release(b, "n1", goneFrames);
-    const neighbour = await readItem(framesOf(kept));
+    const neighbour = await readItem(kept);
     expect(neighbour.trailer).toMatchObject({ id: "n2", outcome: "ok" });
     const after = await waitForCounts("batch-1", (c) => c.cancelled > before.cancelled);
     expect(after.cancelled).toBe(before.cancelled + 1);
@@ -437,7 +504,7 @@ async function setFaults(id: string, faults: Record<string, unknown> | null): Pr
 }
 
 /** An item `open` opened: its body, and its END trailer (null when none came). */
-async function opened(b: ReturnType<typeof batcher>, id: string, over: SubmitOverrides) {
+async function opened(b: ReturnType<typeof batcher>, id: string, over: AttemptOverrides) {
   const { opening, ending } = b.open(id, over);
   const result = await opening;
   if (result.kind !== "open") throw new Error(`expected open, got ${result.kind}`);
@@ -669,10 +736,10 @@ describe("bytes", () => {
     ];
     // Warm the prefix cache first: `cached_tokens` depends on it.
     for (const body of bodies) await direct(body);
-    const results = await Promise.all(
-      bodies.map((body, i) => b.submit(`bytes-${i}`, { body, timeHead: body.stream === true })),
+    const streams = bodies.map((body, i) =>
+      b.stream(`bytes-${i}`, { body, timeHead: body.stream === true }),
     );
-    const items = await Promise.all(results.map((r) => readItem(framesOf(r))));
+    const items = await Promise.all(streams.map(readItem));
     expect((await b.stub.snapshot()).recentBatches.at(-1)?.items).toHaveLength(3);
     for (const [i, body] of bodies.entries()) {
       expect(items[i]?.trailer?.outcome).toBe("ok");
@@ -688,7 +755,7 @@ describe("reading a call's answer", () => {
     // About 20 ms a token: reading this answer takes several turns of READ_TURN_MS.
     const body = chatBody({ stream: true, max_tokens: 24, seed: 11 });
     const expected = await direct(body);
-    const item = await readItem(framesOf(await b.submit("long", { body, maxTokens: 24 })));
+    const item = await readItem(b.stream("long", { body, maxTokens: 24 }));
     expect(item.trailer?.outcome).toBe("ok");
     expect(item.body).toEqual(expected);
     const snapshot = await b.stub.snapshot();
@@ -704,13 +771,11 @@ describe("reading a call's answer", () => {
  * `busyMs`, so those timers fire about that late. Returns the snapshot taken right after.
  */
 async function lagThread(b: ReturnType<typeof batcher>, busyMs: number, stretches: number) {
-  const frames = framesOf(
-    await b.submit("lagger", {
-      body: { max_tokens: 2000 },
-      maxTokens: 2000,
-      avoidOrigins: b.setup.origins.map((o) => o.id).filter((id) => id !== "batch-1"),
-    }),
-  );
+  const frames = b.stream("lagger", {
+    body: { max_tokens: 2000 },
+    maxTokens: 2000,
+    avoidOrigins: b.setup.origins.map((o) => o.id).filter((id) => id !== "batch-1"),
+  });
   await untilHead(frames);
   await runInDurableObject(b.stub, async () => {
     for (let i = 0; i < stretches; i++) {
@@ -805,7 +870,7 @@ describe("open_batches", () => {
     // eu-1 answers at once (no simulated time).
     const b = batcher({}, ["eu-1"]);
     const records = await watchRecords(b);
-    const item = await readItem(framesOf(await b.submit("quick", { body: { max_tokens: 1 } })));
+    const item = await readItem(b.stream("quick", { body: { max_tokens: 1 } }));
     expect(item.trailer).toMatchObject({ id: "quick", outcome: "ok" });
     // snapshot commits whatever is still queued.
     expect((await b.stub.snapshot()).persistedBatches).toBe(0);
@@ -837,13 +902,13 @@ describe("restart", () => {
     const b = batcher(HOLD);
     const before = await counts("batch-1");
     const occupier = await occupy(b);
-    const waiting = await Promise.all(["e1", "e2"].map((id) => b.submit(id)));
+    const waiting = ["e1", "e2"].map((id) => b.stream(id));
     expect((await b.stub.snapshot()).queued).toBe(2);
 
     // The object goes away mid-window, as on a crash or a deploy.
     await abortAllDurableObjects();
 
-    const ends = await Promise.all([occupier, ...waiting.map(framesOf)].map(readItem));
+    const ends = await Promise.all([occupier, ...waiting].map(readItem));
     // Nobody gets an answer: no HEAD for the waiting ones, no END for anyone, an error instead.
     // (The occupier's HEAD was read before.)
     expect(ends.map((end) => [end.head, end.trailer, typeof end.stopped])).toEqual([
@@ -872,17 +937,17 @@ describe("origin failures", () => {
   it("fails items before their HEAD when the origin cannot be reached, and skips it after", async () => {
     const setup: BatcherSetup = {
       version: `dead-${crypto.randomUUID().slice(0, 8)}`,
-      window: WindowConfigSchema.parse({ origins: [{ id: "dead" }, { id: "batch-2" }] }),
+      window: windowConfig({ origins: [{ id: "dead" }, { id: "batch-2" }] }),
       origins: [
         { id: "dead", url: "http://127.0.0.1:9" },
         { id: "batch-2", url: urlOf("batch-2") },
       ],
       quarantineMs: 60_000,
-      clientBacklogBytes: DEFAULT_CLIENT_BACKLOG_BYTES,
+      clientBacklogBytes: BATCHING_DEFAULTS.max_client_backlog_bytes,
     };
     const stub = env.BATCHER.getByName(`test:${setup.version}`);
-    const submit = (id: string) =>
-      stub.submit({
+    const stream = (id: string) => {
+      const { opening, ending } = openOn(stub, {
         setup,
         id,
         path: "/v1/chat/completions",
@@ -897,14 +962,16 @@ describe("origin failures", () => {
         itemTimeoutMs: 60_000,
         avoidOrigins: [],
       });
-    const first = await readItem(framesOf(await submit("f1")));
+      return openedFrames(opening, ending);
+    };
+    const first = await readItem(stream("f1"));
     expect(first.head).toBeNull();
     expect(first.trailer).toMatchObject({
       outcome: "error",
       origin: "dead",
       error: { code: "origin_unavailable" },
     });
-    const second = await readItem(framesOf(await submit("f2")));
+    const second = await readItem(stream("f2"));
     expect(second.head).toMatchObject({ status: 200, origin: "batch-2" });
   });
 });

@@ -20,18 +20,20 @@ import {
   tokenHoldMs,
   MIN_HOLD_MS,
   tick,
-} from "../../../durable-objects/batcher/window.ts";
-import { WindowConfigSchema } from "../../../durable-objects/batcher/settings.ts";
+} from "../../../durable-objects/batcher/window/index.ts";
+import { z } from "zod";
+import { BATCHING_FIELDS } from "../../../durable-objects/batcher/settings.ts";
+import { MAX_BATCH_ITEMS } from "../../../contracts/protocol.ts";
+import { type WindowConfigInput, windowConfig } from "../../support/window-config.ts";
 import type {
   Batch,
   EnqueueDecision,
   WindowRequest,
   WindowState,
-} from "../../../durable-objects/batcher/window.ts";
-import type { WindowConfigInput } from "../../../durable-objects/batcher/settings.ts";
+} from "../../../durable-objects/batcher/window/index.ts";
 
 function stateWith(input: Partial<WindowConfigInput> = {}, now = 0): WindowState {
-  return createWindowState(WindowConfigSchema.parse({ origins: [{ id: "a" }], ...input }), now);
+  return createWindowState(windowConfig(input), now);
 }
 
 function report(over: Partial<LoadReport> = {}): LoadReport {
@@ -79,7 +81,7 @@ function expectQueued(decision: EnqueueDecision): { flushAt: number; windowMs: n
 
 describe("window configuration", () => {
   it("fills in defaults: 32 per batch, 65536 tokens, a 10 ms window and three lanes", () => {
-    const config = WindowConfigSchema.parse({ origins: [{ id: "a" }] });
+    const config = windowConfig();
     expect(config.maxBatchSize).toBe(32);
     expect(config.maxBatchTokens).toBe(65_536);
     expect(config.maxWindowMs).toBe(10);
@@ -87,14 +89,11 @@ describe("window configuration", () => {
     expect(config.lanes.map((lane) => lane.onTimeout)).toEqual(["reject", "reject", "wait"]);
   });
 
-  it("refuses no origins, duplicate origin ids and an empty batch size", () => {
-    expect(WindowConfigSchema.safeParse({ origins: [] }).success).toBe(false);
-    expect(WindowConfigSchema.safeParse({ origins: [{ id: "a" }, { id: "a" }] }).success).toBe(
-      false,
-    );
-    expect(WindowConfigSchema.safeParse({ origins: [{ id: "a" }], maxBatchSize: 0 }).success).toBe(
-      false,
-    );
+  it("refuses an empty or oversized batch size", () => {
+    const schema = z.strictObject(BATCHING_FIELDS);
+    expect(schema.safeParse({ max_batch_size: 0 }).success).toBe(false);
+    expect(schema.safeParse({ max_batch_size: MAX_BATCH_ITEMS + 1 }).success).toBe(false);
+    expect(schema.safeParse({ max_batch_size: 1 }).success).toBe(true);
   });
 
   it("treats a request for an unconfigured lane or with negative tokens as a bug", () => {
@@ -482,7 +481,7 @@ describe("holding streamed tokens", () => {
   });
 
   it("defaults to the whole lag, at most 10 ms", () => {
-    const config = WindowConfigSchema.parse({ origins: [{ id: "a" }] });
+    const config = windowConfig();
     expect([config.holdShare, config.maxHoldMs]).toEqual([1, 10]);
   });
 });
@@ -817,7 +816,7 @@ describe("no request is lost or duplicated", () => {
         return value;
       };
       const origins = ["a", "b", "c"];
-      const config = WindowConfigSchema.parse({
+      const config = windowConfig({
         maxBatchSize: 1 + Math.floor(random() * 8),
         maxBatchTokens: 500 + Math.floor(random() * 3000),
         maxWindowMs: Math.floor(random() * 20),

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { frameReader } from "../../contracts/upstream.ts";
-import { openItemFromFrames } from "../../functions/origin-client.ts";
+import { frameItem } from "../../functions/delivery/item.ts";
 import {
   FrameType,
   type ItemHead,
@@ -36,9 +36,16 @@ function body(chunks: Uint8Array[]): ReadableStream<Uint8Array> {
   });
 }
 
+/** A body's reads, as text. */
+async function textsOf(stream: ReadableStream<Uint8Array>): Promise<string[]> {
+  const out: string[] = [];
+  for await (const chunk of stream) out.push(decoder.decode(chunk));
+  return out;
+}
+
 describe("an open item's DATA", () => {
   it("leaves joined when frames arrive in one chunk, with the same bytes and order", async () => {
-    const item = openItemFromFrames(
+    const item = frameItem(
       head,
       frameReader(
         body([
@@ -46,15 +53,14 @@ describe("an open item's DATA", () => {
           concatBytes([data("data: d\n\n"), encodeJsonFrame(FrameType.END, 0, trailer)]),
         ]),
       ),
-      () => {},
+      { cancel: () => {} },
     );
-    const events = [await item.next(), await item.next(), await item.next()];
-    expect(events.map((e) => (e.kind === "data" ? decoder.decode(e.bytes) : e.kind))).toEqual([
+    const streamed = item.stream(() => {});
+    expect(await textsOf(streamed.body)).toEqual([
       "data: a\n\ndata: b\n\ndata: c\n\n",
       "data: d\n\n",
-      "end",
     ]);
-    expect(events[2]).toEqual({ kind: "end", trailer });
+    expect(await streamed.ended).toEqual({ kind: "end", trailer });
   });
 
   it("is not held back for frames that have not arrived", async () => {
@@ -74,17 +80,20 @@ describe("an open item's DATA", () => {
         }
       },
     });
-    const item = openItemFromFrames(head, frameReader(slow), () => {});
-    const first = await item.next();
-    expect(first.kind === "data" && decoder.decode(first.bytes)).toBe("data: first\n\n");
+    const item = frameItem(head, frameReader(slow), { cancel: () => {} });
+    const streamed = item.stream(() => {});
+    const reader = streamed.body.getReader();
+    const first = await reader.read();
+    expect(decoder.decode(first.value)).toBe("data: first\n\n");
     release?.();
-    expect((await item.next()).kind).toBe("end");
+    expect((await reader.read()).done).toBe(true);
+    expect((await streamed.ended).kind).toBe("end");
   });
 
   it("stops at a LOAD frame between DATA frames and reports it", async () => {
     const loads: unknown[] = [];
     const load = { running: 1, waiting: 0 };
-    const item = openItemFromFrames(
+    const item = frameItem(
       head,
       frameReader(
         body([
@@ -96,17 +105,25 @@ describe("an open item's DATA", () => {
           ]),
         ]),
       ),
-      () => {},
-      (report) => loads.push(report),
+      { cancel: () => {}, onLoad: (report) => loads.push(report) },
     );
-    const texts: string[] = [];
-    for (;;) {
-      const event = await item.next();
-      if (event.kind !== "data") break;
-      texts.push(decoder.decode(event.bytes));
-    }
-    expect(texts).toEqual(["x", "y"]);
+    expect(await textsOf(item.stream(() => {}).body)).toEqual(["x", "y"]);
     expect(loads).toEqual([load]);
+  });
+});
+
+describe("an item read whole", () => {
+  it("brings its body and its END", async () => {
+    const item = frameItem(
+      head,
+      frameReader(
+        body([concatBytes([data("{"), data("}"), encodeJsonFrame(FrameType.END, 0, trailer)])]),
+      ),
+      { cancel: () => {} },
+    );
+    const whole = await item.whole();
+    expect(decoder.decode(whole.body)).toBe("{}");
+    expect(whole.end).toEqual({ kind: "end", trailer });
   });
 });
 
@@ -122,18 +139,19 @@ describe("a client that goes away while a read waits", () => {
       void writer.write(encodeJsonFrame(FrameType.END, 0, { ...trailer, outcome: "cancelled" }));
       return Promise.resolve();
     };
-    const item = openItemFromFrames(
-      head,
-      frameReader(readable),
-      () => {},
-      undefined,
-      originCancels,
-    );
+    const item = frameItem(head, frameReader(readable), {
+      cancel: () => {},
+      cancelUntilEnd: originCancels,
+    });
+    const streamed = item.stream(() => {});
     // The body's pull, waiting for the next frame when the client leaves.
-    const waiting = item.next();
-    const usage = await item.cancelForUsage(1_000);
-    expect(usage).toEqual({ ...trailer, outcome: "cancelled" });
+    const waiting = streamed.body.getReader().read();
+    streamed.clientGone();
+    expect(await streamed.ended).toEqual({
+      kind: "end",
+      trailer: { ...trailer, outcome: "cancelled" },
+    });
     const event = await waiting;
-    expect(event.kind === "data" && decoder.decode(event.bytes)).toBe("data: last\n\n");
+    expect(decoder.decode(event.value)).toBe("data: last\n\n");
   });
 });

@@ -1,198 +1,38 @@
 /**
- * The edge's side of the `Batcher` Durable Object: which batcher a request goes to
- * (region, model, shard and settings version), its priority lane, and one `submit` RPC
- * per attempt whose frame stream becomes the same {@link OpenItem} the direct path gives
- * `dispatch.ts`. With `batching.enabled: false` for a region or model, attempts go
- * straight to the candidate origin instead.
+ * Attempts through the region's `Batcher` (docs/batching.md): one `answer` RPC for an
+ * answer its client gets whole, or `open` and `end` for a streamed one, whose body the
+ * Batcher streams to the client itself. Where batching is off, or where the Batcher has
+ * just had nothing to batch and this isolate has nothing else in flight there
+ * (`idle_bypass_ms`), an attempt goes straight to the candidate origin instead.
  */
-import type { Batcher } from "../durable-objects/batcher/index.ts";
+import type { Batcher } from "../../durable-objects/batcher/index.ts";
 import type {
   BatcherAnswerResult,
+  BatcherAttempt,
   BatcherCancelOptions,
-  BatcherFailureCode,
   BatcherFailureTrailer,
-  BatcherNotAdmitted,
   BatcherOpenResult,
-  BatcherSetup,
-  BatcherSubmit,
-} from "../durable-objects/batcher/types.ts";
-import { DEFAULT_CLIENT_BACKLOG_BYTES } from "../durable-objects/batcher/types.ts";
-import { type WindowConfigInput, WindowConfigSchema } from "../durable-objects/batcher/settings.ts";
+} from "../../durable-objects/batcher/types.ts";
 import {
   type Frame,
+  FrameType,
+  type ItemHead,
   type ItemTrailer,
   decodeJsonPayload,
   encodeJsonPayload,
-  FrameType,
-} from "../contracts/protocol.ts";
-import {
-  type BatchingConfig,
-  type GatewayConfig,
-  type RegionConfig,
-  originServes,
-} from "./config.ts";
+} from "../../contracts/protocol.ts";
+import { type FrameReader, describe } from "../../contracts/upstream.ts";
+import type { GatewayConfig } from "../config.ts";
+import { type BatchingPlan, batcherName, batchingPlan, laneFor, shardOf } from "./batcher-plan.ts";
 import {
   type AttemptRequest,
-  CANCEL_USAGE_WAIT_MS,
   type DispatchAttempt,
   type ItemOpener,
   openDirect,
-} from "./dispatch.ts";
-import { ApiError, type OriginFailureKind } from "../contracts/errors.ts";
-import { type FrameReader, describe } from "../contracts/upstream.ts";
-import { openItemFromFrames } from "./origin-client.ts";
-import { retryAfterHeaders } from "./rate-limit-headers.ts";
-
-/** Request header that moves a request to a lower-priority lane (never a higher one). */
-export const PRIORITY_HEADER = "x-warmgate-priority";
-
-/** Lane of each key tier when the lanes are the default three (interactive, standard, background). */
-export const TIER_LANES: Readonly<Record<string, number>> = { high: 0, standard: 1, low: 2 };
-
-/** How long an origin whose call failed is skipped unless configured otherwise. */
-export const DEFAULT_ORIGIN_QUARANTINE_MS = 2_000;
-
-/** See `batching.idle_bypass_ms`. */
-export const DEFAULT_IDLE_BYPASS_MS = 1_000;
-
-const DEFAULT_LANE = 1;
-
-/** Where and how one region's requests for one model are batched. */
-export interface BatchingPlan {
-  /** False: the unbatched path, one call per request straight to the origin. */
-  enabled: boolean;
-  setup: BatcherSetup;
-  shards: number;
-  shardBy: "request" | "key";
-  /** Lane of a caller with no tier, clamped to the lanes there are. */
-  defaultLane: number;
-  /** See `batching.idle_bypass_ms`; 0 never bypasses the batcher. */
-  idleBypassMs: number;
-}
-
-type BatchingSettings = Omit<BatchingConfig, "overrides">;
-
-const plans = new WeakMap<GatewayConfig, Map<string, BatchingPlan | null>>();
-
-/**
- * The batching plan for a region and model (null when no origin of the region serves it).
- * Global settings first, then each matching override in order; cached per config.
- */
-export function batchingPlan(
-  config: GatewayConfig,
-  region: RegionConfig,
-  model: string,
-): BatchingPlan | null {
-  let byTarget = plans.get(config);
-  if (byTarget === undefined) {
-    byTarget = new Map();
-    plans.set(config, byTarget);
-  }
-  const key = `${region.id}\u0000${model}`;
-  const cached = byTarget.get(key);
-  if (cached !== undefined) return cached;
-  const plan = buildPlan(config.batching, region, model);
-  byTarget.set(key, plan);
-  return plan;
-}
-
-function buildPlan(
-  batching: BatchingConfig,
-  region: RegionConfig,
-  model: string,
-): BatchingPlan | null {
-  const origins = region.origins.filter((origin) => originServes(origin, model));
-  if (origins.length === 0) return null;
-  const { overrides, ...base } = batching;
-  let settings: BatchingSettings = base;
-  for (const { region: r, model: m, ...override } of overrides) {
-    if ((r === undefined || r === region.id) && (m === undefined || m === model)) {
-      settings = { ...settings, ...definedOnly(override) };
-    }
-  }
-  const input: WindowConfigInput = {
-    maxBatchSize: settings.max_batch_size,
-    maxBatchTokens: settings.max_batch_tokens,
-    maxWindowMs: settings.max_window_ms,
-    callIntervalMs: settings.call_interval_ms,
-    waitShare: settings.wait_share,
-    holdShare: settings.hold_share,
-    maxHoldMs: settings.max_hold_ms,
-    rateWindowMs: settings.rate_window_ms,
-    loadReportTtlMs: settings.load_report_ttl_ms,
-    lanes: settings.lanes?.map((lane) => ({
-      queueTimeoutMs: lane.queue_timeout_ms,
-      onTimeout: lane.on_timeout,
-      maxQueue: lane.max_queue,
-      timeoutStatus: lane.timeout_status,
-    })),
-    origins: origins.map((origin) => ({ id: origin.id })),
-  };
-  const window = WindowConfigSchema.parse(input);
-  const quarantineMs = settings.origin_quarantine_ms ?? DEFAULT_ORIGIN_QUARANTINE_MS;
-  const clientBacklogBytes = settings.max_client_backlog_bytes ?? DEFAULT_CLIENT_BACKLOG_BYTES;
-  const urls = origins.map((origin) => ({ id: origin.id, url: origin.url }));
-  return {
-    enabled: settings.enabled ?? true,
-    setup: {
-      version: fnv1a(JSON.stringify({ window, urls, quarantineMs, clientBacklogBytes })),
-      window,
-      origins: urls,
-      quarantineMs,
-      clientBacklogBytes,
-    },
-    shards: settings.shards ?? 1,
-    shardBy: settings.shard_by ?? "request",
-    defaultLane: Math.min(settings.default_lane ?? DEFAULT_LANE, window.lanes.length - 1),
-    idleBypassMs: settings.idle_bypass_ms ?? DEFAULT_IDLE_BYPASS_MS,
-  };
-}
-
-function definedOnly<T extends object>(value: T): Partial<T> {
-  return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== undefined)) as Partial<T>;
-}
-
-/**
- * The lane of a request: its key tier's (or the default), moved down by the priority
- * header when that names a lower lane (`high`, `standard`, `low`, or a lane number).
- */
-export function laneFor(
-  plan: BatchingPlan,
-  tier: string | undefined,
-  header: string | undefined,
-): number {
-  const last = plan.setup.window.lanes.length - 1;
-  const tierLane = tier === undefined ? undefined : TIER_LANES[tier];
-  const base = Math.min(tierLane ?? plan.defaultLane, last);
-  const asked = parsePriority(header);
-  // Only lower: a caller may give up priority, never take more than its key has.
-  return asked === null ? base : Math.min(Math.max(base, asked), last);
-}
-
-function parsePriority(header: string | undefined): number | null {
-  if (header === undefined) return null;
-  const value = header.trim().toLowerCase();
-  const tierLane = TIER_LANES[value];
-  if (tierLane !== undefined) return tierLane;
-  return /^\d{1,2}$/.test(value) ? Number(value) : null;
-}
-
-/** Name of the batcher for a region, model and shard: `region:model:shard:version`. */
-export function batcherName(
-  region: string,
-  model: string,
-  shard: number,
-  plan: BatchingPlan,
-): string {
-  return `${region}:${model}:${shard}:${plan.setup.version}`;
-}
-
-/** The shard of a request: a hash of its request id or its key id, per `shard_by`. */
-export function shardOf(plan: BatchingPlan, requestId: string, keyId: string | undefined): number {
-  if (plan.shards === 1) return 0;
-  const basis = plan.shardBy === "key" && keyId !== undefined ? keyId : requestId;
-  return Number.parseInt(fnv1a(basis), 16) % plan.shards;
-}
+} from "./failover.ts";
+import { type ItemEnd, type OpenItem, frameItem } from "./item.ts";
+import { failed, failedBeforeHead, notAdmitted } from "./refusals.ts";
+import { CANCEL_USAGE_WAIT_MS } from "./response.ts";
 
 /** What the batcher route needs beyond each attempt's request. */
 export interface BatcherRoute {
@@ -291,7 +131,7 @@ export async function submitToBatcher(
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number }> {
   const shard = shardOf(plan, request.requestId, route.keyId);
   const stub = route.namespace.getByName(batcherName(region, route.model, shard, plan));
-  const input: BatcherSubmit = {
+  const input: BatcherAttempt = {
     setup: plan.setup,
     id: request.attemptId,
     path: request.path,
@@ -302,7 +142,7 @@ export async function submitToBatcher(
     maxTokens: route.maxTokens,
     deadline: route.deadline,
     firstByteTimeoutMs: request.firstByteTimeoutMs,
-    timeHead: request.timeHead,
+    timeHead: request.delivery === "stream",
     itemTimeoutMs: request.itemTimeoutMs,
     avoidOrigins: [...request.avoidOrigins],
     // Always sent (null before a first figure): the batcher then counts this edge's
@@ -320,7 +160,7 @@ export async function submitToBatcher(
   // A streamed answer's body comes on a stream of its own, which becomes the client's
   // response body as it is: the runtime moves the bytes and this isolate runs nothing per
   // token. Its HEAD answers `open`, and its END the `end` call made right behind it.
-  if (request.timeHead) return openAtBatcher(stub, input, tell, route.signal);
+  if (request.delivery === "stream") return openAtBatcher(stub, input, tell, route.signal);
   try {
     return await answerAtBatcher(stub, input, ask, route);
   } catch (error) {
@@ -335,7 +175,7 @@ export async function submitToBatcher(
  */
 async function answerAtBatcher(
   stub: DurableObjectStub<Batcher>,
-  input: BatcherSubmit,
+  input: BatcherAttempt,
   ask: (options: BatcherCancelOptions) => Promise<boolean>,
   route: BatcherRoute,
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number }> {
@@ -400,13 +240,8 @@ async function answerAtBatcher(
   const frames: Frame[] = [];
   if (body.byteLength > 0) frames.push({ type: FrameType.DATA, item: 0, payload: body });
   if (trailer !== null) frames.push({ type: FrameType.END, item: 0, payload: trailer });
-  const item = openItemFromFrames(
-    head,
-    memoryFrames(frames),
-    () => {},
-    undefined,
-    async () => {},
-  );
+  // Read from memory: the item has ended, and there is nothing to stop on its origin.
+  const item = frameItem(head, memoryFrames(frames), { cancel: () => {} });
   return {
     attempt: { kind: "open", item, originId: head.origin },
     atOnce,
@@ -447,7 +282,7 @@ function memoryFrames(frames: readonly Frame[]): FrameReader {
 /** A streamed attempt: `open` answers at the item's HEAD, `end` at its END. */
 async function openAtBatcher(
   stub: DurableObjectStub<Batcher>,
-  input: BatcherSubmit,
+  input: BatcherAttempt,
   tell: (options?: BatcherCancelOptions) => void,
   signal: AbortSignal | undefined,
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean }> {
@@ -481,125 +316,60 @@ async function openAtBatcher(
     default:
       return assertNever(result);
   }
-  const { head, body } = result;
-  const cancel = () => {
-    body.cancel().catch(() => {});
-    tell();
-  };
-  const item = openItemFromFrames(head, endReader(ending), cancel, undefined, () =>
-    stub.cancel(id, { untilEnd: true }),
-  );
-  item.piped = {
-    body,
-    clientGone: () => tell({ untilEnd: true }),
-    timeOut: () => tell({ timedOut: true }),
-  };
-  return { attempt: { kind: "open", item, originId: head.origin }, atOnce: result.atOnce };
+  const item = pipedItem(result.head, result.body, endOf(ending), tell);
+  return { attempt: { kind: "open", item, originId: result.head.origin }, atOnce: result.atOnce };
 }
 
-/** The END that `end` answers, as the one frame left to read of an opened item. */
-function endReader(ending: Promise<Uint8Array | null>): FrameReader {
-  let read = false;
+/**
+ * A streamed item whose body the Batcher streams to the client itself: the edge hands the
+ * body over as it is and reads only the END, to settle the request. The Batcher writes the
+ * error event of a failure after the HEAD, and cancels the item when its body is left.
+ */
+function pipedItem(
+  head: ItemHead,
+  body: ReadableStream<Uint8Array>,
+  ended: Promise<ItemEnd>,
+  tell: (options?: BatcherCancelOptions) => void,
+): OpenItem {
   return {
-    async next() {
-      if (read) return "no frames after the END";
-      read = true;
+    head,
+    stream: () => ({
+      body,
+      ended,
+      clientGone: () => tell({ untilEnd: true }),
+      timeOut: () => tell({ timedOut: true }),
+    }),
+    async whole() {
+      let bytes = new Uint8Array();
       try {
-        const trailer = await ending;
-        // Null: the item's call was cut after its HEAD, or the batcher lost the item.
-        if (trailer === null) return "the item ended without an END";
-        return { type: FrameType.END, item: 0, payload: trailer };
-      } catch (error) {
-        return `batcher: ${describe(error)}`;
+        bytes = new Uint8Array(await new Response(body).arrayBuffer());
+      } catch {
+        // A body cut short: the END, or its absence, says how the item ended.
       }
+      return { body: bytes, end: await ended };
     },
-    takeReadyData: () => undefined,
     cancel() {
-      read = true;
+      body.cancel().catch(() => {});
+      tell();
     },
   };
+}
+
+/** The END that `end` answers, as how the item ended. */
+async function endOf(ending: Promise<Uint8Array | null>): Promise<ItemEnd> {
+  try {
+    const trailer = await ending;
+    // Null: the item's call was cut after its HEAD, or the batcher lost the item.
+    if (trailer === null) return { kind: "broken", detail: "the item ended without an END" };
+    return { kind: "end", trailer: decodeJsonPayload(trailer) as ItemTrailer };
+  } catch (error) {
+    return { kind: "broken", detail: `batcher: ${describe(error)}` };
+  }
 }
 
 /** The batcher itself failed (restarted, overloaded): another region's may not. */
 function batcherFailed(error: unknown): { attempt: DispatchAttempt; atOnce: boolean } {
   return { attempt: failed("unavailable", `batcher: ${describe(error)}`, null), atOnce: false };
-}
-
-/** A refusal or failure at admission, before the item was queued. */
-function notAdmitted(result: BatcherNotAdmitted): DispatchAttempt {
-  if (result.kind === "refused") return { kind: "refused", error: queueFull(result.retryAfterMs) };
-  const failure = result.code === "duplicate_id" ? "bad_answer" : failureOf(result.code);
-  return failed(failure, result.detail, null);
-}
-
-/** An item that ended before its origin answered, from its lone END's trailer. */
-function failedBeforeHead(trailer: BatcherFailureTrailer): DispatchAttempt {
-  const { code, message } = trailer.error;
-  if (code === "queue_timeout") {
-    return {
-      kind: "refused",
-      error: queueTimeout(trailer.status ?? 503, trailer.retry_after_ms ?? 1_000),
-    };
-  }
-  return failed(failureOf(code), message, trailer.origin ?? null);
-}
-
-function failed(
-  failure: OriginFailureKind,
-  detail: string,
-  originId: string | null,
-): DispatchAttempt {
-  return { kind: "failed", failure, detail, originId };
-}
-
-const FAILURES: Record<Exclude<BatcherFailureCode, "queue_timeout">, OriginFailureKind> = {
-  no_healthy_origin: "unavailable",
-  origin_unavailable: "unavailable",
-  origin_error: "bad_answer",
-  origin_timeout: "timeout",
-  // No origin of this region can hold it; another region's may.
-  prompt_too_large: "unavailable",
-};
-
-function failureOf(code: BatcherFailureCode): OriginFailureKind {
-  return code === "queue_timeout" ? "timeout" : FAILURES[code];
-}
-
-/** 429 for a full lane: the client should come back after `retry-after`. */
-export function queueFull(retryAfterMs: number): ApiError {
-  const seconds = Math.max(1, Math.ceil(retryAfterMs / 1_000));
-  return new ApiError(
-    429,
-    `The server is receiving more requests for this model than it can queue. Please try again in ${seconds}s.`,
-    {
-      type: "rate_limit_error",
-      code: "rate_limit_exceeded",
-      headers: retryAfterHeaders(retryAfterMs),
-    },
-  );
-}
-
-/** A lane's queue timeout: 503 (overloaded) or 429 (retry later), with `retry-after`. */
-export function queueTimeout(status: 429 | 503, retryAfterMs: number): ApiError {
-  return new ApiError(
-    status,
-    "The request waited too long for capacity on this model. Please try again later.",
-    {
-      type: status === 429 ? "rate_limit_error" : "server_error",
-      code: "queue_timeout",
-      headers: retryAfterHeaders(retryAfterMs),
-    },
-  );
-}
-
-/** 32-bit FNV-1a of a string, as 8 hex digits: stable names and shard choice, not security. */
-export function fnv1a(text: string): string {
-  let hash = 0x811c9dc5;
-  for (let i = 0; i < text.length; i++) {
-    hash ^= text.charCodeAt(i);
-    hash = Math.imul(hash, 0x01000193);
-  }
-  return (hash >>> 0).toString(16).padStart(8, "0");
 }
 
 function assertNever(value: never): never {

@@ -1,0 +1,346 @@
+/**
+ * The Batcher's upstream calls (docs/batching.md, "Upstream calls"): sending a flushed
+ * batch, handing each caller its own item's frames, holding a streamed item's later tokens
+ * while the thread lags, and ending every item of a call that failed or broke off. Each
+ * failure and answer is reported to the origins' health.
+ */
+import {
+  type Frame,
+  FrameType,
+  type ItemHead,
+  type ItemTrailer,
+  type LoadReport,
+  decodeJsonPayload,
+} from "../../contracts/protocol.ts";
+import { type UpstreamOrigin, cancelBatchItems } from "../../contracts/upstream.ts";
+import {
+  type BatchCaller,
+  type OpenCall,
+  answerEnd,
+  assertNever,
+  clearHeadTimer,
+  deliver,
+  failBody,
+} from "./caller.ts";
+import type { Callers } from "./callers.ts";
+import { countBatch } from "./counters.ts";
+import type { Queue } from "./queue.ts";
+import type { CallRecords } from "./records.ts";
+import {
+  type BatcherCounters,
+  type BatcherFailureCode,
+  type BatchRecord,
+  RECENT_BATCHES,
+} from "./types.ts";
+import { runCall } from "./upstream-call.ts";
+import {
+  type Batch,
+  cancel as cancelInWindow,
+  onDispatched,
+  onItemDone,
+  onOriginLoad,
+  recordThreadLag,
+  tokenHoldMs,
+} from "./window/index.ts";
+
+/** What the calls need of their Batcher. */
+export interface CallsHost {
+  queue: Queue;
+  callers: Callers;
+  counters: BatcherCounters;
+  records: CallRecords;
+  /** Keeps the object alive for `work`. */
+  waitUntil(work: Promise<unknown>): void;
+  /** An origin as the upstream client calls it, with the edge's access token. */
+  upstream(url: string): UpstreamOrigin;
+  armAlarm(): void;
+}
+
+export class Calls {
+  readonly #open = new Map<string, OpenCall>();
+  readonly #host: CallsHost;
+  /** Call ids must not collide with calls an earlier incarnation may still have running. */
+  readonly #incarnation = crypto.randomUUID().slice(0, 8);
+  #nextSeq = 1;
+  readonly recent: BatchRecord[] = [];
+
+  constructor(host: CallsHost) {
+    this.#host = host;
+  }
+
+  get size(): number {
+    return this.#open.size;
+  }
+
+  has(id: string): boolean {
+    return this.#open.has(id);
+  }
+
+  /** Sends a flushed batch to its origin. */
+  send(batch: Batch, now: number): void {
+    const { queue, callers, counters, records } = this.#host;
+    const origin = queue.setup?.origins.find((o) => o.id === batch.originId);
+    if (origin === undefined) throw new Error(`no URL for origin ${batch.originId}`);
+    const members = batch.items.map((entry) => {
+      const caller = callers.get(entry.id);
+      if (caller === undefined) throw new Error(`batched item ${entry.id} has no caller`);
+      return caller;
+    });
+    const call: OpenCall = {
+      id: `${this.#incarnation}-${this.#nextSeq++}`,
+      originId: origin.id,
+      url: origin.url,
+      callers: members,
+      done: new Set(),
+      abort: new AbortController(),
+      abortReason: null,
+      held: new Set(),
+      holdTimer: null,
+    };
+    for (const caller of members) {
+      caller.stage = "sent";
+      caller.call = call;
+      if (caller.input.timeHead) {
+        caller.headTimer = setTimeout(
+          () => this.#headTimeout(caller),
+          caller.input.firstByteTimeoutMs,
+        );
+      }
+    }
+    this.#open.set(call.id, call);
+    queue.sent(origin.id, now);
+    countBatch(counters, batch.reason, members.length);
+    const items = members.map((c) => c.input.id);
+    this.recent.push({ batchId: call.id, originId: origin.id, reason: batch.reason, items });
+    if (this.recent.length > RECENT_BATCHES) this.recent.shift();
+    records.opened(call, now, items);
+    this.#host.armAlarm();
+    const lanes = queue.state?.config.lanes.length ?? 1;
+    const running = runCall(call, this.#host.upstream(call.url), lanes, {
+      frames: (frames) => this.#onFrames(call, frames),
+      paused: (lagMs, at) => {
+        counters.readPauses += 1;
+        queue.update((s) => recordThreadLag(s, lagMs, at));
+      },
+      failed: (code, detail, quarantine) => this.#failed(call, code, detail, quarantine),
+      ended: (broken) => this.#ended(call, broken),
+    });
+    this.#host.waitUntil(running);
+  }
+
+  /**
+   * Stops a running item on its origin. When nothing else in its call is still wanted,
+   * closing the call does it (the origin cancels every unfinished item of a dropped call)
+   * and saves a request; otherwise the origin's cancel endpoint stops just this item.
+   */
+  stop(caller: BatchCaller, call: OpenCall, mayCloseCall: boolean, askOrigin: boolean): void {
+    const now = Date.now();
+    this.#host.queue.update((s) => cancelInWindow(s, caller.input.id, now).state);
+    const wanted = call.callers.some(
+      (other, index) => other !== caller && !call.done.has(index) && other.stage !== "ended",
+    );
+    if (mayCloseCall && !wanted) {
+      call.abortReason = "all-cancelled";
+      call.abort.abort("every item was cancelled");
+      return;
+    }
+    // Already asked (a cancel until END that the caller then stopped waiting for).
+    if (!askOrigin) return;
+    this.#host.waitUntil(
+      cancelBatchItems(this.#host.upstream(call.url), call.id, [caller.input.id]).then((ok) => {
+        if (!ok) console.warn("origin cancel failed", call.id, call.originId, caller.input.id);
+      }),
+    );
+  }
+
+  /** Applies one origin chunk's frames; each caller gets its share in one write. */
+  #onFrames(call: OpenCall, frames: readonly Frame[]): void {
+    if (frames.length === 0) return;
+    const { queue, callers } = this.#host;
+    const now = Date.now();
+    let freed = false;
+    // Callers with frames of this chunk, each once.
+    const touched = new Set<BatchCaller>();
+    // Callers whose HEAD or first DATA came in this chunk: never held.
+    const fresh = new Set<BatchCaller>();
+    for (const frame of frames) {
+      if (frame.type === FrameType.LOAD) {
+        const report = decodeJsonPayload(frame.payload) as LoadReport;
+        queue.update((s) => onOriginLoad(s, call.originId, report, now).state);
+        freed = true;
+        continue;
+      }
+      const caller = call.callers[frame.item];
+      if (caller === undefined) continue;
+      switch (frame.type) {
+        case FrameType.HEAD: {
+          if (caller.stage !== "sent") break;
+          caller.stage = "open";
+          clearHeadTimer(caller);
+          const head = decodeJsonPayload(frame.payload) as ItemHead;
+          caller.status = head.status;
+          if (head.status >= 500) queue.health.failed(call.originId, now);
+          else queue.health.answered(call.originId);
+          touched.add(caller);
+          fresh.add(caller);
+          // The caller learns which origin serves it from an added `origin` field.
+          caller.sink.head({ ...head, origin: call.originId });
+          break;
+        }
+        case FrameType.DATA:
+          if (!caller.firstByte) {
+            // The wait term of the window learns how long first bytes take. Edges that
+            // report what their requests waited are counted by their reports, not twice.
+            caller.firstByte = true;
+            fresh.add(caller);
+            const countWait = caller.input.recentFirstByteMs === undefined;
+            queue.update(
+              (s) => onDispatched(s, call.originId, caller.input.id, now, { countWait }).state,
+            );
+          }
+          if (caller.stage !== "open") break;
+          touched.add(caller);
+          if (caller.body !== null) caller.body.push(frame.payload);
+          else caller.sink.data(frame.payload);
+          break;
+        case FrameType.END: {
+          if (call.done.has(frame.item)) break;
+          call.done.add(frame.item);
+          queue.update((s) => onItemDone(s, call.originId, caller.input.id, now).state);
+          freed = true;
+          const trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
+          if (caller.stage === "open") {
+            touched.add(caller);
+            if (trailer.outcome !== "ok") failBody(caller, trailer.outcome === "timeout");
+            answerEnd(caller, frame.payload, trailer);
+            callers.ended(caller);
+          } else if (caller.stage === "sent") {
+            // Origins always answer a HEAD first; an END alone is a broken origin.
+            callers.failSent(
+              caller,
+              trailer.outcome === "timeout" ? "origin_timeout" : "origin_error",
+              `item ended before its HEAD: ${trailer.error?.message ?? trailer.outcome}`,
+              call.originId,
+            );
+          }
+          break;
+        }
+      }
+    }
+    // Written now, not from a zero-delay timer (which costs about as much as relaying a
+    // frame). Only while this object's thread lags are a streamed item's later tokens held,
+    // for a share of that lag, so that several engine steps leave in one write (see
+    // `tokenHoldMs`); its HEAD, first token and END never wait.
+    const holdMs = queue.state === null ? 0 : tokenHoldMs(queue.state, now);
+    for (const caller of touched) {
+      if (holdMs > 0 && caller.body !== null && caller.stage === "open" && !fresh.has(caller)) {
+        call.held.add(caller);
+        continue;
+      }
+      call.held.delete(caller);
+      deliver(caller);
+    }
+    if (call.held.size > 0 && call.holdTimer === null) this.#hold(call, holdMs, now);
+    if (freed) queue.flushIfQueued(now);
+  }
+
+  /** Delivers the call's held callers in `holdMs`; how late that fires is the thread's lag. */
+  #hold(call: OpenCall, holdMs: number, now: number): void {
+    const due = now + holdMs;
+    this.#host.counters.holds += 1;
+    call.holdTimer = setTimeout(() => {
+      call.holdTimer = null;
+      const firedAt = Date.now();
+      this.#host.queue.update((s) => recordThreadLag(s, Math.max(0, firedAt - due), firedAt));
+      deliverHeld(call);
+    }, holdMs);
+  }
+
+  /** The call failed before any frame: every item fails before its HEAD. */
+  #failed(call: OpenCall, code: BatcherFailureCode, detail: string, quarantine: boolean): void {
+    const now = Date.now();
+    console.warn("batch call failed", call.id, call.originId, detail);
+    for (const [index, caller] of call.callers.entries()) {
+      this.#closeItem(call, index, now);
+      if (caller.stage === "sent") this.#host.callers.failSent(caller, code, detail, call.originId);
+    }
+    if (quarantine) this.#host.queue.health.failed(call.originId, now);
+    this.#forget(call, now);
+  }
+
+  /** The call's answer ended: items without an END end now (failed or cut off). */
+  #ended(call: OpenCall, broken: string | null): void {
+    const now = Date.now();
+    let cut = false;
+    for (const [index, caller] of call.callers.entries()) {
+      if (call.done.has(index)) continue;
+      this.#closeItem(call, index, now);
+      switch (caller.stage) {
+        case "sent":
+          cut = true;
+          this.#host.callers.failSent(
+            caller,
+            "origin_error",
+            broken ?? "batch ended early",
+            call.originId,
+          );
+          break;
+        case "open":
+          // After HEAD the caller has bytes: an answer without END tells it the item was
+          // cut, and a body of its own ends with the error event.
+          cut = true;
+          failBody(caller, false);
+          this.#host.callers.ended(caller);
+          deliver(caller);
+          break;
+        case "queued":
+        case "ended":
+          break;
+        default:
+          assertNever(caller.stage);
+      }
+    }
+    if (cut && call.abortReason === null) {
+      console.warn("batch response cut", call.id, call.originId, broken ?? "no final frames");
+      this.#host.queue.health.failed(call.originId, now);
+    }
+    this.#forget(call, now);
+  }
+
+  #closeItem(call: OpenCall, index: number, now: number): void {
+    if (call.done.has(index)) return;
+    call.done.add(index);
+    const caller = call.callers[index];
+    if (caller === undefined) return;
+    clearHeadTimer(caller);
+    this.#host.queue.update((s) => onItemDone(s, call.originId, caller.input.id, now).state);
+  }
+
+  #forget(call: OpenCall, now: number): void {
+    this.#open.delete(call.id);
+    if (call.holdTimer !== null) clearTimeout(call.holdTimer);
+    call.holdTimer = null;
+    deliverHeld(call);
+    this.#host.records.closed(call.id);
+    this.#host.queue.flushIfQueued(now);
+  }
+
+  #headTimeout(caller: BatchCaller): void {
+    caller.headTimer = null;
+    const call = caller.call;
+    if (caller.stage !== "sent" || call === null) return;
+    this.stop(caller, call, true, true);
+    this.#host.callers.failSent(
+      caller,
+      "origin_timeout",
+      "no answer within the first-byte timeout",
+      call.originId,
+    );
+  }
+}
+
+function deliverHeld(call: OpenCall): void {
+  const held = [...call.held];
+  call.held.clear();
+  for (const caller of held) deliver(caller);
+}

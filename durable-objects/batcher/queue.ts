@@ -1,0 +1,124 @@
+/**
+ * The Batcher's lanes over time (docs/batching.md, "The window"): the window policy's state,
+ * the one timer that flushes it, and the origin choice it uses, which ranks origins by the
+ * quarantine rule of `contracts/origin-health.ts`. Flushed batches and the notices of items
+ * that leave a lane otherwise go to the handlers given at construction.
+ */
+import { OriginHealth } from "../../contracts/origin-health.ts";
+import { chooseLeastLoadedInTurn } from "./origin-choice.ts";
+import type { BatcherSetup } from "./types.ts";
+import {
+  type Batch,
+  type TickNotice,
+  type WindowOptions,
+  type WindowState,
+  createWindowState,
+  queuedCount,
+  tick,
+} from "./window/index.ts";
+
+/** Where a flush's results go. */
+export interface QueueHandlers {
+  send(batch: Batch, now: number): void;
+  notice(notice: TickNotice): void;
+}
+
+/** The window's state and timer, and the origins' health as this Batcher sees it. */
+export class Queue {
+  #setup: BatcherSetup | null = null;
+  #state: WindowState | null = null;
+  #health = new OriginHealth();
+  readonly #lastSentAt = new Map<string, number>();
+  readonly #inTurn = chooseLeastLoadedInTurn((id) => this.#lastSentAt.get(id) ?? null);
+  readonly #handlers: QueueHandlers;
+  #timer: ReturnType<typeof setTimeout> | null = null;
+  #timerAt: number | null = null;
+  readonly options: WindowOptions = {
+    // Healthy origins first; a quarantined one only when no healthy one can take the batch.
+    chooseOrigin: (candidates, head) => {
+      const now = Date.now();
+      const healthy = candidates.filter((c) => !this.#health.quarantined(c.id, now));
+      return this.#inTurn(healthy, head) ?? this.#inTurn(candidates, head);
+    },
+  };
+
+  constructor(handlers: QueueHandlers) {
+    this.#handlers = handlers;
+  }
+
+  get setup(): BatcherSetup | null {
+    return this.#setup;
+  }
+
+  get state(): WindowState | null {
+    return this.#state;
+  }
+
+  get health(): OriginHealth {
+    return this.#health;
+  }
+
+  /**
+   * The state for `setup`, which replaces the one in use unless that is the same version or
+   * still has work (`busy`): a name's setup never changes.
+   */
+  configure(setup: BatcherSetup, now: number, busy: boolean): WindowState {
+    if (this.#state !== null && this.#setup !== null) {
+      if (this.#setup.version === setup.version || busy) return this.#state;
+    }
+    this.#setup = setup;
+    this.#state = createWindowState(setup.window, now);
+    this.#health = new OriginHealth(setup.quarantineMs);
+    this.#lastSentAt.clear();
+    return this.#state;
+  }
+
+  /** Replaces the state with `step` of it (nothing before the first setup). */
+  update(step: (state: WindowState) => WindowState): void {
+    if (this.#state !== null) this.#state = step(this.#state);
+  }
+
+  replace(state: WindowState): void {
+    this.#state = state;
+  }
+
+  queued(): number {
+    return this.#state === null ? 0 : queuedCount(this.#state);
+  }
+
+  /** A batch left for `originId`. */
+  sent(originId: string, now: number): void {
+    this.#lastSentAt.set(originId, now);
+  }
+
+  /** Sends what is due, tells of items that left otherwise, and sets the timer for the next. */
+  flush(now: number): void {
+    if (this.#state === null) return;
+    const result = tick(this.#state, now, this.options);
+    this.#state = result.state;
+    for (const notice of result.notices) this.#handlers.notice(notice);
+    for (const batch of result.batches) this.#handlers.send(batch, now);
+    if (result.nextWakeAt !== null) this.schedule(result.nextWakeAt);
+  }
+
+  /** Flushes when anything waits: room was freed. */
+  flushIfQueued(now: number): void {
+    if (this.queued() > 0) this.flush(now);
+  }
+
+  /** Flushes at `at` unless a flush is due sooner. */
+  schedule(at: number): void {
+    if (this.#timerAt !== null && this.#timerAt <= at) return;
+    if (this.#timer !== null) clearTimeout(this.#timer);
+    this.#timerAt = at;
+    // A timer, not an alarm: windows are milliseconds and alarms are too coarse for them.
+    this.#timer = setTimeout(
+      () => {
+        this.#timer = null;
+        this.#timerAt = null;
+        this.flush(Date.now());
+      },
+      Math.max(0, at - Date.now()),
+    );
+  }
+}

@@ -1,0 +1,84 @@
+/**
+ * The Batcher's one table, `open_batches` (docs/batching.md, "Open calls"): which upstream
+ * calls an origin may still be running, so that a later incarnation can cancel them. Rows
+ * are written behind, once a call has run for {@link OPEN_BATCH_RECORD_DELAY_MS}; a call
+ * that ends sooner never touches storage.
+ */
+import { applyMigrations } from "../migrations.ts";
+import { WriteBehind } from "../write-behind.ts";
+import { OPEN_BATCH_RECORD_DELAY_MS } from "./types.ts";
+
+const MIGRATIONS: readonly string[] = [
+  `CREATE TABLE open_batches (
+     batch_id TEXT PRIMARY KEY, origin_id TEXT NOT NULL, origin_url TEXT NOT NULL,
+     sent_at INTEGER NOT NULL, item_ids TEXT NOT NULL);`,
+];
+
+/** A call an earlier incarnation left open. */
+export type OrphanCall = { batch_id: string; origin_id: string; origin_url: string };
+
+/** `open_batches`, with its writes behind. */
+export class CallRecords {
+  readonly #storage: DurableObjectStorage;
+  readonly #writes: WriteBehind;
+
+  constructor(storage: DurableObjectStorage) {
+    this.#storage = storage;
+    this.#writes = new WriteBehind(storage, OPEN_BATCH_RECORD_DELAY_MS);
+  }
+
+  /** Applies the schema; answers how many rows an earlier incarnation left. */
+  migrate(): number {
+    applyMigrations(this.#storage, MIGRATIONS);
+    return this.count();
+  }
+
+  /** A call was sent: its row is written once it has run for the record delay. */
+  opened(call: { id: string; originId: string; url: string }, sentAt: number, items: string[]) {
+    const itemIds = JSON.stringify(items);
+    this.#writes.set(keyOf(call.id), () =>
+      this.#storage.sql.exec(
+        "INSERT INTO open_batches (batch_id, origin_id, origin_url, sent_at, item_ids) VALUES (?, ?, ?, ?, ?)",
+        call.id,
+        call.originId,
+        call.url,
+        sentAt,
+        itemIds,
+      ),
+    );
+  }
+
+  /** A call's response ended, however it ended. */
+  closed(id: string): void {
+    const key = keyOf(id);
+    // Still queued: the row was never written, so there is nothing to delete.
+    if (this.#writes.delete(key)) return;
+    this.#writes.set(key, () =>
+      this.#storage.sql.exec("DELETE FROM open_batches WHERE batch_id = ?", id),
+    );
+  }
+
+  /** Rows in the table, queued writes included. */
+  count(): number {
+    this.#writes.flush();
+    return this.#storage.sql.exec<{ n: number }>("SELECT COUNT(*) AS n FROM open_batches").one().n;
+  }
+
+  /** Rows of calls that are not `live` (an earlier incarnation's). */
+  orphans(live: (id: string) => boolean): OrphanCall[] {
+    this.#writes.flush();
+    return this.#storage.sql
+      .exec<OrphanCall>("SELECT batch_id, origin_id, origin_url FROM open_batches")
+      .toArray()
+      .filter((row) => !live(row.batch_id));
+  }
+
+  /** Deletes an orphan's row once its origin was told to cancel it. */
+  remove(id: string): void {
+    this.#storage.sql.exec("DELETE FROM open_batches WHERE batch_id = ?", id);
+  }
+}
+
+function keyOf(batchId: string): string {
+  return `batch:${batchId}`;
+}

@@ -1,0 +1,113 @@
+/**
+ * One upstream call of the Batcher (docs/batching.md, "Upstream calls"): the batch request
+ * to an origin, the first-byte timer, and the reading of its framed answer, which gives way
+ * to the rest of the object every {@link READ_TURN_MS}. What happens is told to `events`.
+ */
+import {
+  BATCH_PROTOCOL_VERSION,
+  type BatchRequest,
+  type Frame,
+  FrameDecoder,
+} from "../../contracts/protocol.ts";
+import {
+  type UpstreamOrigin,
+  batchAnswerProblem,
+  describe,
+  postBatch,
+} from "../../contracts/upstream.ts";
+import type { OpenCall } from "./caller.ts";
+import { type BatcherFailureCode, READ_TURN_MS } from "./types.ts";
+
+/** What a call tells its Batcher. */
+export interface CallEvents {
+  /** One origin chunk's frames. */
+  frames(frames: readonly Frame[]): void;
+  /** The reading gave way and got its turn back `lagMs` late, at `at`. */
+  paused(lagMs: number, at: number): void;
+  /** The call failed before any frame; `quarantine` when the origin is to blame. */
+  failed(code: BatcherFailureCode, detail: string, quarantine: boolean): void;
+  /** The answer ended: cleanly (`broken` null) or broken off. */
+  ended(broken: string | null): void;
+}
+
+/** Runs `call` against `origin` until its answer ends; never rejects. */
+export async function runCall(
+  call: OpenCall,
+  origin: UpstreamOrigin,
+  lanes: number,
+  events: CallEvents,
+): Promise<void> {
+  const envelope: BatchRequest = {
+    v: BATCH_PROTOCOL_VERSION,
+    batch_id: call.id,
+    items: call.callers.map(({ input }) => ({
+      id: input.id,
+      path: input.path,
+      headers: input.headers,
+      body: input.body,
+      timeout_ms: input.itemTimeoutMs,
+      // The protocol runs higher priorities first; lane 0 is the highest.
+      priority: lanes - 1 - input.lane,
+    })),
+  };
+  const callTimeoutMs = Math.max(...call.callers.map((c) => c.input.firstByteTimeoutMs));
+  const callTimer = setTimeout(() => {
+    call.abortReason = "timeout";
+    call.abort.abort("first byte timeout");
+  }, callTimeoutMs);
+  let response: Response;
+  try {
+    response = await postBatch(origin, envelope, call.abort.signal);
+  } catch (error) {
+    clearTimeout(callTimer);
+    if (call.abortReason === "all-cancelled") {
+      events.ended(null);
+      return;
+    }
+    const timedOut = call.abortReason === "timeout";
+    events.failed(
+      timedOut ? "origin_timeout" : "origin_unavailable",
+      `connect: ${describe(error)}`,
+      true,
+    );
+    return;
+  }
+  clearTimeout(callTimer);
+  const problem = batchAnswerProblem(response);
+  if (problem !== null || response.body === null) {
+    await response.body?.cancel().catch(() => {});
+    events.failed(
+      problem?.failure === "unavailable" ? "origin_unavailable" : "origin_error",
+      problem?.detail ?? "no body",
+      true,
+    );
+    return;
+  }
+
+  const reader = response.body.getReader();
+  const decoder = new FrameDecoder();
+  let broken: string | null = null;
+  try {
+    let turnStartedAt = Date.now();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      events.frames(decoder.push(value));
+      // When the origin's answer is already buffered, each read is answered at once, and a
+      // busy call could keep the thread through its whole answer while the streams it just
+      // wrote to, other calls and new requests all wait. So the read gives way every
+      // READ_TURN_MS, behind a zero-delay timer, and how late that timer fires is how
+      // saturated the thread is, which the window's wait term weighs.
+      const readAt = Date.now();
+      if (readAt - turnStartedAt >= READ_TURN_MS) {
+        await new Promise((resolve) => setTimeout(resolve, 0));
+        turnStartedAt = Date.now();
+        events.paused(turnStartedAt - readAt, turnStartedAt);
+      }
+    }
+    decoder.finish();
+  } catch (error) {
+    broken = call.abortReason === "all-cancelled" ? null : describe(error);
+  }
+  events.ended(broken);
+}

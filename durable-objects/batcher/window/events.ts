@@ -1,0 +1,164 @@
+/**
+ * What the window learns from its origins and callers (docs/batching.md, "The window"): load
+ * reports, first bytes, ends, cancels, and origins taken out of use until a given time.
+ */
+import type { LoadReport } from "../../../contracts/protocol.ts";
+import type {
+  CancelOutcome,
+  ItemEventOutcome,
+  OnDispatchedOptions,
+  OriginEventOutcome,
+  WindowState,
+} from "./types.ts";
+import { assertTime, bump, count, draft, laneQueue, originById } from "./state.ts";
+
+/** Takes in a load report piggybacked on a batch response; it replaces the previous one. */
+export function onOriginLoad(
+  state: WindowState,
+  originId: string,
+  report: LoadReport,
+  now: number,
+): { state: WindowState; outcome: OriginEventOutcome } {
+  assertTime(now, "now");
+  if (!state.origins.some((o) => o.id === originId)) {
+    return { state, outcome: { kind: "unknown-origin" } };
+  }
+  const next = draft(state);
+  const origin = originById(next, originId);
+  const blockSize = count(report.block_size);
+  origin.report = {
+    receivedAt: now,
+    running: count(report.running),
+    waiting: count(report.waiting),
+    maxNumSeqs: count(report.max_num_seqs),
+    kvFreeTokens: count(report.kv_free_blocks) * blockSize,
+    kvTotalTokens: count(report.kv_total_blocks) * blockSize,
+    stepMs: stepMsOf(report.step_ms),
+  };
+  // The report already counts what we sent before it arrived; a report written just
+  // before a send can undercount by that batch until the next report (one per response).
+  origin.sentSinceReport = 0;
+  origin.promptTokensSinceReport = 0;
+  origin.doneSinceReport = 0;
+  origin.inFlight = origin.inFlight.map((item) =>
+    item.sinceReport ? { ...item, sinceReport: false } : item,
+  );
+  return { state: next, outcome: { kind: "updated" } };
+}
+
+// A reported step time in ms: a finite positive number, else 0 (unknown).
+function stepMsOf(value: unknown): number {
+  return typeof value === "number" && Number.isFinite(value) && value > 0 ? value : 0;
+}
+
+/** Records that an in-flight item's first byte came back (it no longer waits). */
+export function onDispatched(
+  state: WindowState,
+  originId: string,
+  itemId: string,
+  now: number,
+  options: OnDispatchedOptions = {},
+): { state: WindowState; outcome: ItemEventOutcome } {
+  assertTime(now, "now");
+  const index =
+    state.origins.find((o) => o.id === originId)?.inFlight.findIndex((i) => i.id === itemId) ?? -1;
+  if (index < 0) return { state, outcome: { kind: "not-found" } };
+  const next = draft(state);
+  const origin = originById(next, originId);
+  const found = origin.inFlight[index];
+  if (found === undefined) throw new Error(`in-flight item ${itemId} vanished`);
+  const item = { ...found, startedAt: found.startedAt ?? now };
+  origin.inFlight[index] = item;
+  if (found.startedAt === null && options.countWait !== false) {
+    const { rateWindowMs } = next.config;
+    const waited = Math.max(0, now - found.enqueuedAt);
+    next.firstByteWaitMs = bump(next.firstByteWaitMs, waited, rateWindowMs, now);
+    next.firstBytes = bump(next.firstBytes, 1, rateWindowMs, now);
+  }
+  return { state: next, outcome: { kind: "updated", item: { ...item } } };
+}
+
+/** Records that an in-flight item ended (any outcome): frees its slot and KV accounting. */
+export function onItemDone(
+  state: WindowState,
+  originId: string,
+  itemId: string,
+  now: number,
+): { state: WindowState; outcome: ItemEventOutcome } {
+  assertTime(now, "now");
+  const index =
+    state.origins.find((o) => o.id === originId)?.inFlight.findIndex((i) => i.id === itemId) ?? -1;
+  if (index < 0) return { state, outcome: { kind: "not-found" } };
+  const next = draft(state);
+  const origin = originById(next, originId);
+  const [item] = origin.inFlight.splice(index, 1);
+  if (item === undefined) throw new Error(`in-flight item ${itemId} vanished`);
+  if (item.sinceReport) {
+    // Its prompt blocks are free or evictable again (vLLM counts both as free), so the
+    // tokens we subtracted from the report come back; earlier items wait for a report.
+    origin.sentSinceReport -= 1;
+    origin.promptTokensSinceReport -= item.promptTokens;
+  } else {
+    origin.doneSinceReport += 1;
+  }
+  next.completions = bump(next.completions, 1, next.config.rateWindowMs, now);
+  return { state: next, outcome: { kind: "updated", item } };
+}
+
+/** Cancels a request: removes it when waiting, or says where to send the origin cancel. */
+export function cancel(
+  state: WindowState,
+  id: string,
+  now: number,
+): { state: WindowState; outcome: CancelOutcome } {
+  assertTime(now, "now");
+  for (const [lane, queue] of state.lanes.entries()) {
+    const index = queue.findIndex((item) => item.id === id);
+    if (index < 0) continue;
+    const next = draft(state);
+    const [item] = laneQueue(next, lane).splice(index, 1);
+    if (item === undefined) throw new Error(`queued item ${id} vanished`);
+    return { state: next, outcome: { kind: "removed", item } };
+  }
+  for (const [o, origin] of state.origins.entries()) {
+    const index = origin.inFlight.findIndex((item) => item.id === id);
+    const found = origin.inFlight[index];
+    if (found === undefined) continue;
+    if (found.cancelled) {
+      return {
+        state,
+        outcome: { kind: "already-cancelling", originId: origin.id, batchSeq: found.batchSeq },
+      };
+    }
+    const next = draft(state);
+    const inFlight = next.origins[o]?.inFlight;
+    if (inFlight === undefined) throw new Error(`origin ${origin.id} vanished`);
+    const item = { ...found, cancelled: true };
+    inFlight[index] = item;
+    return {
+      state: next,
+      outcome: {
+        kind: "cancel-in-flight",
+        originId: origin.id,
+        batchSeq: item.batchSeq,
+        itemId: id,
+      },
+    };
+  }
+  return { state, outcome: { kind: "not-found" } };
+}
+
+/** Skips an origin until `until` (ms); pass the current time to bring it back. */
+export function markOriginDown(
+  state: WindowState,
+  originId: string,
+  until: number,
+): { state: WindowState; outcome: OriginEventOutcome } {
+  assertTime(until, "until");
+  if (!state.origins.some((o) => o.id === originId)) {
+    return { state, outcome: { kind: "unknown-origin" } };
+  }
+  const next = draft(state);
+  originById(next, originId).downUntil = until;
+  return { state: next, outcome: { kind: "updated" } };
+}

@@ -1,0 +1,160 @@
+/**
+ * The unbatched path (docs/configuration.md, "Delivery"): one request sent straight to an
+ * origin as a batch of one over the batch protocol's upstream client, opened at its HEAD.
+ */
+import type { OriginConfig } from "../config.ts";
+import type { OriginFailureKind } from "../../contracts/errors.ts";
+import {
+  BATCH_PROTOCOL_VERSION,
+  type BatchRequest,
+  FrameType,
+  type ItemHead,
+  type ItemPath,
+  type ItemTrailer,
+  type LoadReport,
+  decodeJsonPayload,
+} from "../../contracts/protocol.ts";
+import {
+  type FrameReader,
+  type UpstreamOrigin,
+  batchAnswerProblem,
+  cancelBatchItems,
+  describe,
+  frameList,
+  frameReader,
+  postBatch,
+} from "../../contracts/upstream.ts";
+import { type OpenItem, frameItem } from "./item.ts";
+
+/** The outcome of one attempt at an origin; `originId` names the origin that was tried. */
+export type ItemAttempt =
+  | { kind: "open"; item: OpenItem; originId: string }
+  | {
+      kind: "failed";
+      failure: OriginFailureKind;
+      detail: string;
+      /** The origin that failed, or null when none was reached (no healthy origin). */
+      originId: string | null;
+    };
+
+/** What to send and how long to wait. */
+export interface OpenItemOptions {
+  requestId: string;
+  /** The origin's access token (the edge's `ORIGIN_TOKEN`), when it requires one. */
+  originToken?: string | undefined;
+  path: ItemPath;
+  body: string;
+  headers: Record<string, string>;
+  /** Give up when the origin has not answered within this many ms (see `waitForHead`). */
+  firstByteTimeoutMs: number;
+  /**
+   * Whether the first-byte timeout also covers the item's HEAD. Engines send a streaming
+   * answer's headers at once but a non-streaming answer's only when it is complete, so for
+   * those only the batch call's own headers are timed.
+   */
+  timeHead: boolean;
+  /** The origin gives up on the item after this many ms (outcome `timeout`). */
+  itemTimeoutMs: number;
+  /** Called with each load report the origin piggybacks on the response. */
+  onLoad?: (report: LoadReport) => void;
+  /**
+   * Read the batch response whole before looking at its frames: for a JSON answer, which
+   * the engine sends at once when it is complete, one read instead of one per chunk.
+   */
+  readWhole?: boolean;
+}
+
+/** Reason an attempt's abort carries when its first-byte timer fired. */
+export const FIRST_BYTE_TIMEOUT = "first byte timeout";
+
+/** Posts a one-item batch to `origin` and waits for the item's HEAD. Never rejects. */
+export async function openItem(
+  origin: OriginConfig,
+  options: OpenItemOptions,
+): Promise<ItemAttempt> {
+  const upstream: UpstreamOrigin = { url: origin.url, token: options.originToken };
+  const batch: BatchRequest = {
+    v: BATCH_PROTOCOL_VERSION,
+    batch_id: options.requestId,
+    items: [
+      {
+        id: options.requestId,
+        path: options.path,
+        headers: options.headers,
+        body: options.body,
+        timeout_ms: options.itemTimeoutMs,
+      },
+    ],
+  };
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(FIRST_BYTE_TIMEOUT), options.firstByteTimeoutMs);
+  const failed = (failure: OriginFailureKind, detail: string): ItemAttempt => {
+    clearTimeout(timer);
+    abort.abort("attempt abandoned");
+    return {
+      kind: "failed",
+      failure: abort.signal.reason === FIRST_BYTE_TIMEOUT ? "timeout" : failure,
+      detail,
+      originId: origin.id,
+    };
+  };
+
+  let response: Response;
+  try {
+    response = await postBatch(upstream, batch, abort.signal);
+  } catch (error) {
+    return failed("unavailable", `connect: ${describe(error)}`);
+  }
+  const problem = batchAnswerProblem(response);
+  if (problem !== null || response.body === null) {
+    await response.body?.cancel().catch(() => {});
+    return failed(problem?.failure ?? "bad_answer", problem?.detail ?? "no body");
+  }
+  if (!options.timeHead) clearTimeout(timer);
+
+  let frames: FrameReader;
+  if (options.readWhole === true) {
+    // The origin ends the item by its own timeout; this only bounds a call that never ends.
+    const stuck = setTimeout(() => abort.abort("item never ended"), options.itemTimeoutMs + 5_000);
+    try {
+      frames = frameList(new Uint8Array(await response.arrayBuffer()));
+    } catch (error) {
+      return failed("bad_answer", `read: ${describe(error)}`);
+    } finally {
+      clearTimeout(stuck);
+    }
+  } else {
+    frames = frameReader(response.body);
+  }
+  let head: ItemHead | undefined;
+  while (head === undefined) {
+    const frame = await frames.next();
+    if (typeof frame === "string") return failed("bad_answer", frame);
+    switch (frame.type) {
+      case FrameType.LOAD:
+        options.onLoad?.(decodeJsonPayload(frame.payload) as LoadReport);
+        break;
+      case FrameType.HEAD:
+        head = decodeJsonPayload(frame.payload) as ItemHead;
+        break;
+      case FrameType.END: {
+        const trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
+        const failure = trailer.outcome === "timeout" ? "timeout" : "bad_answer";
+        return failed(
+          failure,
+          `item ended before its HEAD: ${trailer.error?.message ?? trailer.outcome}`,
+        );
+      }
+      case FrameType.DATA:
+        return failed("bad_answer", "DATA before HEAD");
+    }
+  }
+  clearTimeout(timer);
+  const item = frameItem(head, frames, {
+    // For a batch of one, closing the call cancels the item on the origin.
+    cancel: () => abort.abort("client went away"),
+    cancelUntilEnd: () => cancelBatchItems(upstream, options.requestId, [options.requestId]),
+    ...(options.onLoad !== undefined && { onLoad: options.onLoad }),
+  });
+  return { kind: "open", item, originId: origin.id };
+}

@@ -1,0 +1,154 @@
+/**
+ * The one failover loop of the edge (docs/configuration.md, "Delivery"): each attempt goes
+ * through an {@link ItemOpener}, straight to the candidate origin as a batch of one
+ * ({@link openDirect}) or through the region's `Batcher` (`batcher.ts`), which both answer
+ * with an `OpenItem` (`item.ts`). Before the first byte reaches the client a failing origin is
+ * replaced by the next candidate, within the retry budget, and origins that failed are
+ * avoided; the answer is then delivered by `response.ts`.
+ */
+import type { LimitsConfig } from "../config.ts";
+import { type ApiError, type OriginFailureKind, originFailure } from "../../contracts/errors.ts";
+import type { ItemPath } from "../../contracts/protocol.ts";
+import type { OriginPool, RegionOrigin } from "../origin-pool.ts";
+import type { SettledRequest } from "../settlement.ts";
+import { type ItemAttempt, openItem } from "./direct.ts";
+import { respond } from "./response.ts";
+
+/** How the client gets its answer: streamed as it comes, or whole once it ended. */
+export type DeliveryMode = "stream" | "whole";
+
+/** One attempt at serving the request, as an opener receives it. */
+export interface AttemptRequest {
+  requestId: string;
+  /** Item id for this attempt: the request id, suffixed for retries (unique per attempt). */
+  attemptId: string;
+  path: ItemPath;
+  body: string;
+  headers: Record<string, string>;
+  firstByteTimeoutMs: number;
+  /** How the client gets its answer: streamed as it comes, or whole once it ended. */
+  delivery: DeliveryMode;
+  itemTimeoutMs: number;
+  /** Origins that already failed this request. */
+  avoidOrigins: readonly string[];
+  /** The origins' access token (the edge's `ORIGIN_TOKEN`). */
+  originToken?: string | undefined;
+}
+
+/** An attempt's outcome: an open item, a failure worth another candidate, or a final refusal. */
+export type DispatchAttempt =
+  | ItemAttempt
+  /** Refused for a reason no other origin changes (a full queue): answered as it is. */
+  | { kind: "refused"; error: ApiError };
+
+/** Opens the request's item for one candidate; never rejects. */
+export type ItemOpener = (
+  candidate: RegionOrigin,
+  request: AttemptRequest,
+) => Promise<DispatchAttempt>;
+
+/** The unbatched path: the candidate origin, a batch of one. */
+export const openDirect: ItemOpener = (candidate, request) =>
+  openItem(candidate.origin, {
+    requestId: request.attemptId,
+    originToken: request.originToken,
+    path: request.path,
+    body: request.body,
+    headers: request.headers,
+    firstByteTimeoutMs: request.firstByteTimeoutMs,
+    // Engines send a streamed answer's HEAD at once, a whole one's when it is complete.
+    timeHead: request.delivery === "stream",
+    itemTimeoutMs: request.itemTimeoutMs,
+    readWhole: request.delivery === "whole",
+  });
+
+/** What the edge sends and how it reports the end. */
+export interface DispatchOptions {
+  requestId: string;
+  path: ItemPath;
+  /** The client's body text (with only the model alias replaced), forwarded as is. */
+  body: string;
+  /** The resolved model id. */
+  model: string;
+  /** Origins in the order to try them. */
+  candidates: readonly RegionOrigin[];
+  pool: OriginPool;
+  limits: LimitsConfig;
+  /** How the client gets its answer (the plan's decision). */
+  delivery: DeliveryMode;
+  /** Lower-case headers forwarded to the engine. */
+  headers: Record<string, string>;
+  /** The origins' access token (the edge's `ORIGIN_TOKEN`). */
+  originToken?: string | undefined;
+  /** Called exactly once when the request ends, however it ends. */
+  onSettled: (settled: Omit<SettledRequest, "requestId">) => void;
+  /** How each attempt reaches an origin (default {@link openDirect}). */
+  open?: ItemOpener;
+  /**
+   * Aborts when the client disconnects (Workers' `request.signal`): how the edge learns it
+   * for a body the upstream streams itself (the Batcher's).
+   */
+  signal?: AbortSignal;
+  now?: () => number;
+}
+
+/**
+ * Tries candidates until one answers; returns the client's response, or throws the
+ * {@link ApiError} (502/503/504, or an opener's refusal) of the last failure when none did.
+ */
+export async function dispatchCompletion(options: DispatchOptions): Promise<Response> {
+  const now = options.now ?? Date.now;
+  const open = options.open ?? openDirect;
+  const attempts = Math.min(options.candidates.length, options.limits.retry_budget + 1);
+  const avoid: string[] = [];
+  let failure: OriginFailureKind = "unavailable";
+  for (let i = 0; i < attempts; i++) {
+    // A client that went away while an attempt waited wants no other origin tried.
+    if (i > 0 && options.signal?.aborted === true) break;
+    const candidate = options.candidates[i] as RegionOrigin;
+    const planned = candidate.origin.id;
+    const last = i === attempts - 1;
+    options.pool.begin(planned);
+    const attempt = await open(candidate, {
+      requestId: options.requestId,
+      attemptId: i === 0 ? options.requestId : `${options.requestId}.${i}`,
+      path: options.path,
+      body: options.body,
+      headers: options.headers,
+      firstByteTimeoutMs: options.limits.first_byte_timeout_ms,
+      delivery: options.delivery,
+      itemTimeoutMs: options.limits.request_timeout_ms,
+      avoidOrigins: [...avoid],
+      originToken: options.originToken,
+    });
+    options.pool.end(planned);
+    if (attempt.kind === "refused") throw attempt.error;
+    if (attempt.kind === "failed") {
+      if (attempt.originId !== null) {
+        options.pool.reportFailure(attempt.originId, now());
+        avoid.push(attempt.originId);
+      }
+      failure = attempt.failure;
+      console.warn("origin attempt failed", options.requestId, attempt.originId, attempt.detail);
+      continue;
+    }
+    const originId = attempt.originId;
+    const { status } = attempt.item.head;
+    // 5xx means the engine failed; 429 means it is full: another origin may do better.
+    // A last 429 goes to the client as it is, with the engine's retry-after.
+    if (status >= 500 || (status === 429 && !last)) {
+      attempt.item.cancel();
+      avoid.push(originId);
+      if (status >= 500) options.pool.reportFailure(originId, now());
+      // The origin's own item timeout answers 504 (see origin/server.ts).
+      failure = status === 504 ? "timeout" : "bad_answer";
+      console.warn("origin answered", status, options.requestId, originId);
+      continue;
+    }
+    options.pool.reportSuccess(originId);
+    options.pool.begin(originId);
+    return respond(attempt.item, { region: candidate.region.id, origin: originId }, options);
+  }
+  const error: ApiError = originFailure(options.candidates.length === 0 ? "unavailable" : failure);
+  throw error;
+}

@@ -1,0 +1,80 @@
+/**
+ * What the Batcher's refusals and failures mean to the edge (docs/batching.md, "Callers"):
+ * a full lane or a queue timeout is answered as it is (429 or 503 with `retry-after`);
+ * every other failure is an attempt that another region's origins may still serve.
+ */
+import { ApiError, type OriginFailureKind } from "../../contracts/errors.ts";
+import type {
+  BatcherFailureCode,
+  BatcherFailureTrailer,
+  BatcherNotAdmitted,
+} from "../../durable-objects/batcher/types.ts";
+import { retryAfterHeaders } from "../rate-limit-headers.ts";
+import type { DispatchAttempt } from "./failover.ts";
+
+/** A refusal or failure at admission, before the item was queued. */
+export function notAdmitted(result: BatcherNotAdmitted): DispatchAttempt {
+  if (result.kind === "refused") return { kind: "refused", error: queueFull(result.retryAfterMs) };
+  const failure = result.code === "duplicate_id" ? "bad_answer" : failureOf(result.code);
+  return failed(failure, result.detail, null);
+}
+
+/** An item that ended before its origin answered, from its lone END's trailer. */
+export function failedBeforeHead(trailer: BatcherFailureTrailer): DispatchAttempt {
+  const { code, message } = trailer.error;
+  if (code === "queue_timeout") {
+    return {
+      kind: "refused",
+      error: queueTimeout(trailer.status ?? 503, trailer.retry_after_ms ?? 1_000),
+    };
+  }
+  return failed(failureOf(code), message, trailer.origin ?? null);
+}
+
+export function failed(
+  failure: OriginFailureKind,
+  detail: string,
+  originId: string | null,
+): DispatchAttempt {
+  return { kind: "failed", failure, detail, originId };
+}
+
+const FAILURES: Record<Exclude<BatcherFailureCode, "queue_timeout">, OriginFailureKind> = {
+  no_healthy_origin: "unavailable",
+  origin_unavailable: "unavailable",
+  origin_error: "bad_answer",
+  origin_timeout: "timeout",
+  // No origin of this region can hold it; another region's may.
+  prompt_too_large: "unavailable",
+};
+
+function failureOf(code: BatcherFailureCode): OriginFailureKind {
+  return code === "queue_timeout" ? "timeout" : FAILURES[code];
+}
+
+/** 429 for a full lane: the client should come back after `retry-after`. */
+export function queueFull(retryAfterMs: number): ApiError {
+  const seconds = Math.max(1, Math.ceil(retryAfterMs / 1_000));
+  return new ApiError(
+    429,
+    `The server is receiving more requests for this model than it can queue. Please try again in ${seconds}s.`,
+    {
+      type: "rate_limit_error",
+      code: "rate_limit_exceeded",
+      headers: retryAfterHeaders(retryAfterMs),
+    },
+  );
+}
+
+/** A lane's queue timeout: 503 (overloaded) or 429 (retry later), with `retry-after`. */
+export function queueTimeout(status: 429 | 503, retryAfterMs: number): ApiError {
+  return new ApiError(
+    status,
+    "The request waited too long for capacity on this model. Please try again later.",
+    {
+      type: status === 429 ? "rate_limit_error" : "server_error",
+      code: "queue_timeout",
+      headers: retryAfterHeaders(retryAfterMs),
+    },
+  );
+}

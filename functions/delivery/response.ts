@@ -1,0 +1,199 @@
+/**
+ * One response lifecycle for an opened item (docs/configuration.md, "Delivery"): one
+ * deadline, one finish and one settlement, with two body strategies. A streamed answer's
+ * body goes to the client as it comes, and a failure after its HEAD ends it with OpenAI's
+ * error event; a whole (JSON) answer is read first, so a failure inside it answers 502/504.
+ */
+import { originFailure } from "../../contracts/errors.ts";
+import type { ItemHead, ItemTrailer } from "../../contracts/protocol.ts";
+import type { SettledRequest } from "../settlement.ts";
+import type { DispatchOptions } from "./failover.ts";
+import type { ItemEnd, OpenItem } from "./item.ts";
+
+/** Longest wait for a cancelled item's END (and its usage) after the client went away. */
+export const CANCEL_USAGE_WAIT_MS = 5_000;
+
+/** Where the item is served. */
+export interface Served {
+  region: string;
+  origin: string;
+}
+
+type Outcome = SettledRequest["outcome"];
+
+/** The client's response for `item`; a whole answer that failed throws its ApiError. */
+export function respond(
+  item: OpenItem,
+  served: Served,
+  options: DispatchOptions,
+): Response | Promise<Response> {
+  const life = new Lifecycle(item, served, options);
+  // An engine's own error answer to a streamed request is JSON, whole as it is.
+  return options.delivery === "stream" && isEventStream(item.head) ? life.stream() : life.whole();
+}
+
+class Lifecycle {
+  readonly #item: OpenItem;
+  readonly #served: Served;
+  readonly #options: DispatchOptions;
+  #finished = false;
+  readonly #deadline: ReturnType<typeof setTimeout>;
+  #onTimeout: () => void = () => {};
+
+  constructor(item: OpenItem, served: Served, options: DispatchOptions) {
+    this.#item = item;
+    this.#served = served;
+    this.#options = options;
+    // No request may outlive its timeout, even if the origin stops sending without closing.
+    this.#deadline = setTimeout(() => this.#onTimeout(), options.limits.request_timeout_ms);
+  }
+
+  /** Hands the body to the client as it comes; settles once the item ended. */
+  stream(): Response {
+    const { head } = this.#item;
+    let clientGone = false;
+    let gaveUp: ReturnType<typeof setTimeout> | undefined;
+    const gone = (): void => {
+      if (clientGone || this.#finished) return;
+      clientGone = true;
+      streamed.clientGone();
+      // The item's END still reports the tokens generated until then; should none come:
+      gaveUp = setTimeout(() => {
+        this.#finish("cancelled", null, head.status);
+        this.#item.cancel();
+      }, CANCEL_USAGE_WAIT_MS);
+    };
+    const streamed = this.#item.stream(gone);
+    const signal = this.#options.signal;
+    const stopListening = () => {
+      signal?.removeEventListener("abort", gone);
+      if (gaveUp !== undefined) clearTimeout(gaveUp);
+    };
+    this.#onTimeout = () => {
+      streamed.timeOut();
+      stopListening();
+      this.#finish("timeout", null, head.status);
+    };
+    if (signal?.aborted === true) gone();
+    else signal?.addEventListener("abort", gone, { once: true });
+    void streamed.ended.then((end) => {
+      stopListening();
+      if (end.kind === "broken") {
+        if (!clientGone) this.#warn("origin failed mid-stream", end.detail);
+        this.#finish(clientGone ? "cancelled" : "error", null, head.status);
+        return;
+      }
+      const { trailer } = end;
+      // The upstream cancels an item whose client's body went away before this edge knew.
+      if (clientGone || trailer.outcome === "cancelled") {
+        this.#finish("cancelled", trailer, head.status);
+        return;
+      }
+      const ended = endOutcome(trailer, head.status);
+      if (!ended.complete) this.#warn("origin failed mid-stream", trailer.error?.message);
+      this.#finish(ended.outcome, trailer, head.status);
+    });
+    return new Response(streamed.body, { status: head.status, headers: this.#headers() });
+  }
+
+  /** Reads the whole answer, then answers with it, or throws the failure it ended in. */
+  async whole(): Promise<Response> {
+    const { head } = this.#item;
+    let timedOut = false;
+    this.#onTimeout = () => {
+      timedOut = true;
+      this.#item.cancel();
+    };
+    const { body, end } = await this.#item.whole();
+    const trailer = end.kind === "end" ? end.trailer : null;
+    const { complete, outcome: endedAs } =
+      trailer === null
+        ? { complete: false, outcome: "error" as const }
+        : endOutcome(trailer, head.status);
+    // Cut short: by the request's timeout, or because its client went away (the item was
+    // cancelled on its origin, whose END still reports what it generated).
+    const outcome: Outcome = complete
+      ? endedAs
+      : timedOut
+        ? "timeout"
+        : this.#options.signal?.aborted === true
+          ? "cancelled"
+          : endedAs;
+    const failure = complete
+      ? null
+      : originFailure(outcome === "timeout" ? "timeout" : "bad_answer");
+    this.#finish(outcome, trailer, failure?.status ?? head.status);
+    if (failure !== null) {
+      this.#warn("origin failed mid-response", detailOf(end) ?? outcome);
+      throw failure;
+    }
+    return new Response(body, { status: head.status, headers: this.#headers() });
+  }
+
+  /** Ends the request once: the deadline stops, the pool hears of it, it is settled. */
+  #finish(outcome: Outcome, trailer: ItemTrailer | null, status: number): void {
+    if (this.#finished) return;
+    this.#finished = true;
+    clearTimeout(this.#deadline);
+    const options = this.#options;
+    options.pool.end(this.#served.origin);
+    const headStatus = this.#item.head.status;
+    options.onSettled({
+      model: options.model,
+      outcome,
+      usage: trailer?.usage ?? null,
+      ...this.#served,
+      status,
+      originBegan: headStatus < 400,
+    });
+  }
+
+  #warn(what: string, detail: string | undefined): void {
+    console.warn(what, this.#options.requestId, this.#served.origin, detail);
+  }
+
+  #headers(): Headers {
+    const headers = new Headers();
+    for (const [name, value] of Object.entries(this.#item.head.headers)) {
+      if (!DROPPED_HEADERS.has(name.toLowerCase())) headers.set(name, value);
+    }
+    headers.set("x-warmgate-region", this.#served.region);
+    headers.set("x-warmgate-origin", this.#served.origin);
+    return headers;
+  }
+}
+
+function detailOf(end: ItemEnd): string | undefined {
+  return end.kind === "broken" ? end.detail : end.trailer.error?.message;
+}
+
+/**
+ * How an item whose END came ends for its client: complete when the engine finished it (or
+ * answered with its own error, a 4xx, which is whole whatever its outcome says), otherwise
+ * failed after its HEAD.
+ */
+function endOutcome(trailer: ItemTrailer, status: number): { complete: boolean; outcome: Outcome } {
+  if (trailer.outcome === "ok") return { complete: true, outcome: "ok" };
+  if (status >= 400) return { complete: true, outcome: "error" };
+  return { complete: false, outcome: trailer.outcome === "timeout" ? "timeout" : "error" };
+}
+
+// Hop-by-hop headers (RFC 9110 §7.6.1) and framing the runtime sets for the client itself.
+const DROPPED_HEADERS = new Set([
+  "connection",
+  "keep-alive",
+  "transfer-encoding",
+  "te",
+  "trailer",
+  "upgrade",
+  "proxy-connection",
+  "content-length",
+]);
+
+/** Whether an answer is an SSE stream, by its content type. */
+export function isEventStream(head: ItemHead): boolean {
+  for (const [name, value] of Object.entries(head.headers)) {
+    if (name.toLowerCase() === "content-type") return value.startsWith("text/event-stream");
+  }
+  return false;
+}
