@@ -1,19 +1,10 @@
 /**
- * `npm run bench:auth`: what per-key accounts cost. The same workload, alternating, three
- * ways on loopback, against one simulated origin process (no simulated delay):
- *
- * - `previous`: the path before accounts (bench/auth-baseline, `static`): a static key
- *   compared in constant time, then the same validation, planning and dispatch;
- * - `no-account`: the keyed edge's path with the account's answer made up in the isolate
- *   (bench/auth-baseline, `local`): key check at the edge, headers, JSON read whole for
- *   its cost header, but no Durable Object call;
- * - `keyed`: the warmgate edge with a key whose limits and budgets are on (high enough
- *   that no request is refused): the KeyAccount admits each completion in one call,
- *   reserving tokens and cost, and settles it after the response.
- *
- * All three batch through a Batcher, as deployed. `keyed` − `no-account` is what the key's
- * Durable Object calls add; `keyed` − `previous` is what accounts add in all. Prints a
- * table and writes bench/results/auth.json. The goal: the DO call adds at most 1 ms p50.
+ * `npm run bench:auth` (docs/benchmarks.md, "Cost of keys and limits"): what per-key
+ * accounts cost. One workload, alternating three ways against one simulated origin:
+ * `previous` (a static key, bench/auth-baseline `static`), `no-account` (the keyed path
+ * with the admission made up in the isolate, `local`) and `keyed` (the edge, a KeyAccount
+ * call per completion). All batch through a Batcher. Prints a table and writes
+ * bench/results/auth.json; the goal: the account's call adds at most 1 ms p50.
  */
 import { join } from "node:path";
 import { parseArgs } from "node:util";

@@ -1,23 +1,11 @@
 /**
- * `npm run bench:batching`: what micro-batching costs at low load and saves at high load.
- *
- * One edge on loopback, under workerd as deployed Workers are reached (`--runtime workerd`,
- * the default) or behind `wrangler dev`'s proxy (`--runtime wrangler-dev`), with regions
- * that each have their own simulated origin process: `batched` sends through the region's Batcher, `direct` has
- * `batching.enabled: false` (one upstream call per request). The same streaming workload
- * runs against both at 1, 32 and 500 concurrent closed-loop clients, in alternating
- * rounds, bounded in time. Reports upstream calls per client request (the origins'
- * `/metrics` deltas), the batch size distribution (the Batcher's counters), time to first
- * byte and its difference from the unbatched path, throughput, and the CPU time the edge's
- * workerd spends per request (Linux). Prints a table and writes bench/results/batching.json.
- *
- * Everything shares one machine, and the edge's Worker and Durable Objects share one workerd
- * thread, so requests/s follow that thread's CPU per request: compare the paths by it.
- * `wrangler dev` also runs its local trace collector on that thread, which costs every
- * invocation (each Durable Object call included) a large share of that CPU; run with
- * `X_LOCAL_OBSERVABILITY=false` to leave it out. Its proxy relays every request and
- * response through one Durable Object in a second workerd process, which at 500 clients
- * holds some streams for seconds while new connections pile in.
+ * `npm run bench:batching` (docs/benchmarks.md, "Micro-batching"): what micro-batching
+ * costs at low load and saves at high load. One edge, regions with an origin process each:
+ * `batched` through the region's Batcher, `direct` with batching off. The same streaming
+ * workload at 1, 32 and 500 closed-loop clients, in alternating rounds: upstream calls per
+ * request, batch sizes, time to first byte against the unbatched path, throughput, and the
+ * edge's CPU per request. Prints a table and writes bench/results/batching.json; run with
+ * `X_LOCAL_OBSERVABILITY=false` behind `wrangler dev` (`--runtime wrangler-dev`).
  */
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";

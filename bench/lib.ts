@@ -1,5 +1,6 @@
 /**
  * Shared helpers for warmgate benchmarks: closed-loop load, percentiles, tables, JSON.
+ * See docs/benchmarks.md.
  */
 import { mkdir, writeFile } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";

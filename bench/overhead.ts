@@ -6,6 +6,7 @@
  * reached (`--runtime workerd`, the default) or behind `wrangler dev`'s proxy
  * (`--runtime wrangler-dev`). Prints a table and writes bench/results/overhead.json
  * (overhead-wrangler-dev.json for the latter).
+ * See docs/benchmarks.md.
  */
 import { parseArgs } from "node:util";
 import { join } from "node:path";

@@ -6,6 +6,7 @@
  * response body as it is (`pass`, how the edge takes a Batcher's body stream). The same
  * workerd thread runs both sides, so its CPU per request is what each design costs in
  * all. Prints a table and writes bench/results/relay.json.
+ * See docs/benchmarks.md.
  */
 import { join } from "node:path";
 import { parseArgs } from "node:util";

@@ -1,27 +1,11 @@
 /**
- * `npm run bench:tail`: where a streamed request's time to first byte goes at 500 clients,
- * split between the runtime and the Worker, on the batched and the unbatched path.
- *
- * The stress workload of `bench:batching` (500 closed-loop streaming clients, an engine
- * without delay; `--time-scale`, `--max-tokens` and `--max-num-seqs` as there) runs for a
- * few seconds per path against an edge whose workerd writes its async activity trace (`scripts/workerd.ts --async-trace`). Each request carries its
- * sequence number in its `user-agent`, which the trace records, so the client's timestamps
- * and the runtime's join per request:
- *
- * - before the Worker: from the client's send until the runtime starts the request's
- *   JavaScript (accepting the connection, reading the request);
- * - in the Worker: until the Worker's Response is handed back (validation, the key's
- *   account, the Batcher's window, the origin's HEAD);
- * - Response to headers: until the client has the response headers;
- * - headers to first byte: until the client has the first bytes of the body.
- *
- * The runtime's timestamps come from its trace, on the same clock as the client's
- * (`performance.timeOrigin`-based, in milliseconds since the epoch). The edge is reached
- * through Miniflare's entry Worker here (`--entry-worker`; the other benchmarks reach it
- * directly): a request's start and its Response are where the trace shows the entry
- * Worker's call to the edge, which carries the user-agent. Prints a table and writes
- * bench/results/tail.json. Tracing costs every request some CPU: compare the paths with
- * each other here, and take absolute figures from `bench:batching`.
+ * `npm run bench:tail` (docs/benchmarks.md, "Where the tail goes"): where a streamed
+ * request's time to first byte goes at 500 clients, on the batched and unbatched paths:
+ * before the Worker, in the Worker, from its Response to the headers, and from the headers
+ * to the first byte. The edge's workerd writes its async activity trace
+ * (`scripts/workerd.ts --async-trace --entry-worker`); each request carries its number in
+ * its `user-agent`, which joins the client's timestamps to the runtime's. Tracing costs
+ * CPU: compare the paths here, take absolute figures from `bench:batching`.
  */
 import { createReadStream } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";

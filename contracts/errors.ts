@@ -3,6 +3,7 @@
  *
  * Handlers and middleware throw {@link ApiError}; only `app.onError`, `notFound` and the
  * stream's mid-flight error event turn it into `{"error":{message,type,param,code}}`.
+ * See docs/edge.md, "Errors".
  */
 import type { ContentfulStatusCode } from "hono/utils/http-status";
 

@@ -1,6 +1,7 @@
 /**
  * Encodings, digests and comparisons that the edge and its Durable Objects share: hex and
  * base32, SHA-256 and HMAC-SHA256 (Web Crypto), and a constant-time string compare.
+ * See docs/edge.md.
  */
 
 const BASE32 = "abcdefghijklmnopqrstuvwxyz234567";

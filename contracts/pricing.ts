@@ -1,17 +1,9 @@
-// Prices and costs as exact integers, as a pure module (the edge and the KeyAccount both
-// use it, so the cost a response header shows is the cost the ledger records).
-//
-// Units
-//   - Prices: integer micro-dollars (1e-6 USD) per million tokens. A configured price such
-//     as $0.15 per 1M tokens is 150_000; prices have at most six decimal places in USD.
-//   - Costs, budgets, reservations: integer micro-dollars.
-//
-// Rounding rule
-//   A request's exact cost is Σ tokens × price in pico-dollars (1e-12 USD), an exact
-//   integer (computed as a bigint). It is rounded once, to whole micro-dollars, half up
-//   (0.5 µ$ rounds up). Totals are sums of these per-request integers, so a key's totals
-//   are exactly the sum of its requests' costs: nothing drifts.
-
+/**
+ * Prices and costs as exact integers (docs/edge.md, "Pricing"): prices in micro-dollars per
+ * million tokens, costs in micro-dollars, a request's cost computed exactly in pico-dollars
+ * and rounded once, half up. The edge and the KeyAccount both use it, so the cost a
+ * response header shows is the cost the ledger records.
+ */
 /** Micro-dollars in one US dollar. */
 export const MICROS_PER_USD = 1_000_000;
 

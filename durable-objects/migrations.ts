@@ -2,6 +2,7 @@
  * Schema migrations for Durable Object SQLite storage, tracked in `schema_migrations`
  * (version, applied_at): each pending step runs in its own transaction with its record,
  * so a crash between steps leaves the schema at a whole version.
+ * See docs/key-account.md, "Storage".
  */
 
 /**

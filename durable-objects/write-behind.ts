@@ -1,17 +1,8 @@
 /**
  * Writes a Durable Object makes on its hot path, gathered in memory and committed together
- * in one transaction a little later.
- *
- * Why not write at once: a Durable Object's storage write holds every outgoing message of
- * the object (its RPC answers, the bytes it streams) until the write is durable, which is
- * an fsync on the local disk under `wrangler dev` and a replication round in production.
- * An object that answers from its in-memory state and writes behind answers without that
- * wait, and many requests' writes share one commit. The price is a bounded window: a
- * crash (not an eviction, which only happens to an idle object) forgets at most the last
- * `delayMs` of writes, and each class says what that means for it.
- *
- * Writes are keyed: a later write under the same key replaces the queued one (write the
- * latest state of a row, not each step), and a write that became pointless can be dropped.
+ * in one transaction a little later (docs/key-account.md, "Writing behind"). Writes are
+ * keyed: a later write under a key replaces the queued one, and one that became pointless
+ * can be dropped. A crash forgets at most the last `delayMs` of writes.
  */
 export class WriteBehind {
   readonly #storage: DurableObjectStorage;

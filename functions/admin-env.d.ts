@@ -1,5 +1,6 @@
 // Secrets (`wrangler secret put`); `wrangler types` cannot see secrets, so they are
 // declared here.
+// See docs/edge.md.
 interface Env {
   /** Bearer token of the `/admin` API. */
   ADMIN_TOKEN?: string;

@@ -2,6 +2,7 @@
 // <ADMIN_TOKEN>`. Each key's KeyAccount is its source of truth; every change is then
 // copied to the KeyDirectory (versioned, so copies never go backwards), which answers
 // listing. A key's secret appears only in the answers to create and rotate.
+// See docs/edge.md.
 
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";

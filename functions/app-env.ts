@@ -1,5 +1,6 @@
 /**
  * The Hono environment shared by every route and middleware of the edge.
+ * See docs/edge.md.
  */
 import type { DeliveryMode } from "./delivery/failover.ts";
 import type { AdmitOk } from "../durable-objects/key-account/types.ts";

@@ -1,16 +1,10 @@
-// Browser tokens: short-lived HS256 JWTs (hono/jwt) that a customer's backend mints with
-// its API key, so a frontend never holds the key. A token names its key (`sub`), an
-// optional end user, narrowed limits and models, and the key's allowed origins; the edge
-// verifies it with no storage lookup and the KeyAccount enforces the end user's limits.
-//
-// CORS. A preflight carries no credentials, so it cannot name a key. A preflight is
-// allowed when its Origin is allowed by any active key (KeyDirectory, cached briefly in
-// the isolate and by the browser for CORS_MAX_AGE_SECONDS); the actual request then
-// carries its token or key, and is refused (403) unless that token's origins, and the
-// key's current allowed origins in its KeyAccount, include the Origin. Every answer to an
-// Origin that some active key allows carries CORS headers, refusals included
-// (middleware/cors.ts). A token dies with the key secret current when it was minted.
-
+/**
+ * Browser tokens (docs/edge.md, "Browser tokens and CORS"): short-lived HS256 JWTs that a
+ * customer's backend mints with its API key, naming the key, an optional end user, narrowed
+ * limits and models, and the key's allowed origins; verified at the edge with no storage
+ * lookup. A preflight is allowed for an Origin some active key allows (the KeyDirectory);
+ * the actual request is refused unless its token's and key's origins include it.
+ */
 import { Hono } from "hono";
 import { sign, verify } from "hono/jwt";
 import { z } from "zod";

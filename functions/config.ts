@@ -3,6 +3,7 @@
  *
  * It arrives as JSON in the `WARMGATE_CONFIG` var, is validated with zod once per isolate
  * (cached by its text) and every problem names the field at fault.
+ * See docs/configuration.md.
  */
 import { z } from "zod";
 import { BATCHING_FIELDS } from "../durable-objects/batcher/settings.ts";

@@ -1,6 +1,7 @@
 /**
  * `app.onError` and `app.notFound`: the only places (with the validator) where an error
  * becomes OpenAI's `{"error":{message,type,param,code}}` body. Never a stack, never HTML.
+ * See docs/edge.md.
  */
 import type { Context, ErrorHandler, NotFoundHandler } from "hono";
 import { HTTPException } from "hono/http-exception";

@@ -1,3 +1,7 @@
+/**
+ * The edge Worker (docs/edge.md): the Hono app with its route groups, and the Durable
+ * Object classes it exports.
+ */
 import { env } from "cloudflare:workers";
 import { Hono } from "hono";
 import { adminApp } from "./admin.ts";

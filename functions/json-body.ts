@@ -2,6 +2,7 @@
  * Reading JSON request bodies: the content type, a size limit and JSON syntax, each
  * failure an OpenAI-shaped 400 or 413. The admin and token routes then validate with zod
  * here (an empty body counts as `{}`); the completion routes with their own schemas.
+ * See docs/edge.md.
  */
 import type { z } from "zod";
 import { ApiError, bodyTooLarge, clipped, invalidJson } from "../contracts/errors.ts";

@@ -2,6 +2,7 @@
  * Surgical edits of JSON text. The edge forwards the client's body text, never a
  * re-serialisation (unknown fields, number spellings and key order stay as sent); the one
  * edit it needs is the `model` value when an alias resolves to a model id.
+ * See docs/edge.md.
  */
 
 /**

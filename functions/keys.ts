@@ -1,14 +1,10 @@
-// API key format, hashing and comparison.
-//
-// A key is `wg_<id>_<secret><check>`:
-//   id      16 base32 chars (80 random bits), names the key's KeyAccount;
-//   secret  26 base32 chars (128 random bits);
-//   check   8 base32 chars, the first 40 bits of HMAC-SHA256 over `wg_<id>_<secret>`
-//           with a key derived from the edge's signing secret.
-// The check lets the edge refuse malformed and forged keys without calling a
-// Durable Object: only keys this gateway minted reach a KeyAccount. Only the SHA-256
-// of the whole key is stored. No function here logs or echoes a key.
-
+/**
+ * API keys (docs/edge.md): `wg_<id>_<secret><check>`, where `id` (80 random bits) names the
+ * key's KeyAccount, `secret` holds 128 random bits, and `check` is the first 40 bits of an
+ * HMAC over the rest under the edge's signing secret, so malformed and forged keys are
+ * refused without calling a Durable Object. Only the SHA-256 of the whole key is stored,
+ * and no function here logs or echoes a key.
+ */
 import { base32, constantTimeEqual, hmacSha256, sha256Hex } from "../contracts/hashing.ts";
 
 /** The prefix every API key starts with. */

@@ -3,6 +3,7 @@
  * origin that can answer (503 `no_healthy_origin`, or 502/504 before any byte reached the
  * client), the next model serves the request. Only the models the key's account admitted
  * are tried; the reservation already covers the priciest of them.
+ * See docs/edge.md.
  */
 import type { Context } from "hono";
 import type { AppEnv } from "./app-env.ts";

@@ -4,6 +4,7 @@
  * They reject what OpenAI rejects (types, ranges, enums, required fields) and let every
  * other field through (`.loose()`): engines such as vLLM accept extensions (`top_k`,
  * `guided_json`, …) and the original body text is what reaches the origin anyway.
+ * See docs/edge.md.
  */
 import { z } from "zod";
 

@@ -2,6 +2,7 @@
  * Spreads requests over the origins of each region and steps around origins that failed
  * recently, by the rule of `contracts/origin-health.ts`. The state is a per-isolate cache
  * (in-flight counts, recent failures). Pure: time comes in as `now`.
+ * See docs/edge.md, "Delivery".
  */
 import { OriginHealth } from "../contracts/origin-health.ts";
 import { type OriginConfig, type RegionConfig, originServes } from "./config.ts";

@@ -3,6 +3,7 @@
  * input, cached input and output tokens) and aliases that name ordered lists of models
  * (`fast`, `cheap`, `best`, …). Validated with zod; costs are computed in exact integers
  * by the pricing core (`contracts/pricing.ts`).
+ * See docs/edge.md, "Pricing".
  */
 import { z } from "zod";
 import { FREE, type ModelPrice, microsToUsd, usdToMicros } from "../contracts/pricing.ts";

@@ -2,6 +2,7 @@
 // OpenAI sends (Go's time.Duration format: `120ms`, `1s`, `1.5s`, `6m0s`, `1h0m0s`);
 // `retry-after` is whole seconds (RFC 9110 §10.2.3) and `retry-after-ms` is what the
 // official SDKs read first.
+// See docs/edge.md.
 
 import type { RateLimitInfo } from "../durable-objects/key-account/admission.ts";
 

@@ -2,6 +2,7 @@
  * Which region serves a caller: the nearest by Cloudflare colo, then country, then
  * continent (as mapped in config), or a region named in `x-warmgate-region`; then every
  * other region in config order as fallbacks. Pure: no runtime imports.
+ * See docs/configuration.md.
  */
 import type { GatewayConfig, RegionConfig } from "./config.ts";
 

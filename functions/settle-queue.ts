@@ -1,22 +1,9 @@
 /**
- * Settlements on their way to their key's KeyAccount, held until the account has them
- * durably. A settlement rides on the next admit call of the same key from this isolate, so
- * a busy key costs one Durable Object call per request instead of two; when no admit call
- * carried it within {@link SETTLE_FLUSH_MS}, it goes in a call of its own.
- *
- * An admit call applies what it carries in the account's memory and commits it behind, a
- * write delay later (docs/key-account.md): a crash within that window loses it. So a carried
- * settlement stays here, applied but unconfirmed, with the account's incarnation and the
- * commit its writes land in, until an answer of the same incarnation reports that commit
- * (in steady traffic, the answers of the next admits do). An answer of another incarnation
- * means the account restarted: the settlement goes along on the next call again. One that
- * no answer confirmed within the write delay and {@link SETTLE_CONFIRM_MARGIN_MS} goes in a
- * call of its own, which the account commits before answering.
- *
- * Each settlement is waited for in its own request's context (under `waitUntil`), and no
- * promise is resolved across requests: a call's answer only sets the state of the entries
- * it carried or confirms, which each settlement's own timers read. Sending one twice is
- * harmless: settling is idempotent by request id, so it is applied once.
+ * Settlements on their way to their key's KeyAccount (docs/edge.md, "Settlement"): each
+ * rides on the next admit call of the same key, or goes in a call of its own after
+ * {@link SETTLE_FLUSH_MS}; a carried one is held until an answer of the same incarnation
+ * reports the commit it landed in, and sent again otherwise. Settling is idempotent, and no
+ * promise is resolved across requests.
  */
 /** Longest time a settlement waits for an admit call to carry it. */
 import type { CommitStamp } from "../contracts/commit-stamp.ts";

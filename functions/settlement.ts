@@ -2,6 +2,7 @@
  * The per-request completion hook. Every request is settled exactly once, whether it
  * ended in success, an origin or edge error, a client cancel or a timeout; metering,
  * limit release and the ledger register hooks with {@link Settlement.onSettled}.
+ * See docs/edge.md, "Settlement".
  */
 import type { ItemOutcome, ItemUsage } from "../contracts/protocol.ts";
 

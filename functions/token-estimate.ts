@@ -2,6 +2,7 @@
  * A cheap prompt-token estimate, without a tokenizer, that errs high for real BPE
  * tokenizers (Llama, Mistral, Qwen, cl100k/o200k): the edge uses it to refuse prompts that
  * cannot fit a model's window before calling any origin, and to reserve tokens for limits.
+ * See docs/edge.md.
  */
 import type { ChatCompletionRequest, ChatMessage, CompletionRequest } from "./openai-schemas.ts";
 

@@ -2,6 +2,7 @@
  * Turns a zod issue into OpenAI's 400: the same messages, `param` paths
  * (`messages[0].content[1].type`) and codes (`missing_required_parameter`, `invalid_type`,
  * `invalid_value`, `empty_array`, `integer_below_min_value`, …) that OpenAI's API returns.
+ * See docs/edge.md.
  */
 import type { z } from "zod";
 import { formatPath } from "./config.ts";

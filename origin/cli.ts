@@ -1,6 +1,7 @@
 /**
  * Command-line and environment configuration of `npm run origin`: a pure parser, so
  * every bad input is caught (and tested) before anything starts listening.
+ * See docs/configuration.md, "The origin".
  */
 import { parseArgs } from "node:util";
 import { exposureProblem } from "./access.ts";

@@ -1,6 +1,7 @@
 /**
  * Reading an engine's Prometheus metrics (vLLM's names): families summed over their label
  * sets, and the engine's step time from its inter-token latency histogram.
+ * See docs/configuration.md, "The origin".
  */
 
 /** A metric family summed over its label sets, and the label sets themselves. */

@@ -5,6 +5,7 @@
  * writes the {@link EngineResponse} back unchanged. Two engines implement it: the
  * built-in simulated engine (`origin/sim/`) and the OpenAI-compatible forwarder
  * (`origin/openai-engine.ts`) for vLLM, SGLang, llama.cpp server, Ollama, ….
+ * See docs/configuration.md, "The origin".
  */
 import type { ItemOutcome, ItemPath, ItemUsage, LoadReport } from "../contracts/protocol.ts";
 

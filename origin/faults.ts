@@ -4,6 +4,7 @@
  *
  * Decisions come from a seeded PRNG drawn once per item in submission order, so a
  * test or a benchmark with the same seed and the same request order sees the same faults.
+ * See docs/configuration.md, "The origin".
  */
 import { z } from "zod";
 import type { Engine, EngineItem, EngineOutcome, EngineResponse } from "./engine.ts";

@@ -2,6 +2,7 @@
  * GPU readings from `nvidia-smi`, cached for a couple of seconds and read without
  * blocking the event loop. Where there is no `nvidia-smi`, the snapshot says so
  * instead of inventing numbers.
+ * See docs/configuration.md, "The origin".
  */
 import { execFile } from "node:child_process";
 

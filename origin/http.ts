@@ -1,6 +1,7 @@
 /**
  * Errors and bodies of the origin's routes: OpenAI's error shape as an exception the app's
  * error handler answers, and JSON bodies read with a clear 400.
+ * See origin/PROTOCOL.md.
  */
 import type { Context } from "hono";
 import type { z } from "zod";

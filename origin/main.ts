@@ -1,6 +1,7 @@
 /**
  * `npm run origin`: one regional GPU origin in front of the simulated engine or a real
  * OpenAI-compatible engine, configured by flags and environment (see origin/cli.ts).
+ * See docs/configuration.md, "The origin".
  */
 import { hostname } from "node:os";
 import { parseOriginCli } from "./cli.ts";

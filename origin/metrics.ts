@@ -1,6 +1,7 @@
 /**
  * The origin's own Prometheus counters (batches, items, cancellations, faults) and
  * GPU gauges, rendered beside the engine's vLLM-named metrics in `GET /metrics`.
+ * See docs/configuration.md, "The origin".
  */
 import type { FaultKind } from "./faults.ts";
 import type { GpuReading, GpuSnapshot } from "./gpu.ts";

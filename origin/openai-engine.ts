@@ -2,6 +2,7 @@
  * The `openai` engine: forwards each item to a real engine's OpenAI-compatible URL
  * (vLLM, SGLang, llama.cpp server, Ollama) over kept-alive connections, learns usage
  * from the stream, and reads load from the engine's Prometheus metrics when it has them.
+ * See docs/configuration.md, "The origin".
  */
 import type {
   Engine,

@@ -1,6 +1,7 @@
 /**
  * The regional GPU origin: the OpenAI-compatible API and the batch endpoint in front
  * of one engine, with load reports, Prometheus metrics, GPU readings and faults.
+ * See origin/PROTOCOL.md.
  */
 import { randomUUID } from "node:crypto";
 import type { Server } from "node:http";

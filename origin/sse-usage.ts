@@ -2,6 +2,7 @@
  * Usage in an engine's SSE stream: splitting the stream into events, asking for the usage
  * chunk (`stream_options.include_usage`) on the way in, and hiding exactly that chunk on
  * the way out when the client did not ask for it.
+ * See docs/configuration.md, "The origin".
  */
 import type { ItemUsage } from "../contracts/protocol.ts";
 

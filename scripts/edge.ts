@@ -3,6 +3,7 @@
  * the same bindings and no dev proxy (`scripts/workerd.ts`), as a deployed Worker is
  * reached; stopping it, or killing it as a crash would. Used by the local stack and the
  * benchmarks' pass-through Workers.
+ * See README.md, "Quick start".
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";

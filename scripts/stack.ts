@@ -3,6 +3,7 @@
  * `wrangler dev` (or under workerd without wrangler's dev proxy, for the benchmarks),
  * wired together on free ports. Used by `npm start`, the benchmarks and the end-to-end
  * tests.
+ * See README.md, "Quick start".
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";

@@ -1,6 +1,7 @@
 /**
  * `npm start`: the whole warmgate stack on this machine — simulated GPU origins for two
  * regions and the edge under `wrangler dev` — then shell-sourceable lines to use it.
+ * See README.md, "Quick start".
  */
 import { join } from "node:path";
 import { parseArgs } from "node:util";

@@ -1,30 +1,12 @@
 /**
- * Serves a Worker under workerd the way `wrangler dev` runs it (the same Miniflare, the same
- * workerd, the same bindings from its wrangler.toml), but without wrangler's dev proxy: a
- * second workerd process in front that exists to hold requests while the Worker reloads.
- * Its socket leads straight to the Worker, not through Miniflare's entry Worker (a Worker of
- * Miniflare's own that every request passes through first, one more call between Workers:
- * about 0.7 ms at one client here). Deployed Workers have neither, so the benchmarks
- * measure the edge this way (and through `wrangler dev` beside it, with `--runtime
- * wrangler-dev`). Without the entry Worker, `request.cf` is absent (wrangler dev gives a
- * placeholder): the edge then picks its default region, or the one a header names.
+ * Serves a Worker under workerd as `wrangler dev` runs it (same Miniflare, workerd and
+ * bindings) but without wrangler's dev proxy or Miniflare's entry Worker, as deployed
+ * Workers are reached (docs/benchmarks.md). Bundles as `wrangler deploy --dry-run` would,
+ * prints `listening on http://127.0.0.1:PORT`, and stops (removing its state) on SIGTERM.
  *
- *   node scripts/workerd.ts --config wrangler.toml [--vars-file vars.json] [--port 0]
- *     [--persist-to DIR] [--inspector-port PORT] [--async-trace FILE] [--entry-worker]
+ *   node scripts/workerd.ts --config wrangler.toml [--vars-file F] [--port 0]
+ *     [--persist-to DIR] [--inspector-port P] [--async-trace FILE] [--entry-worker]
  *     [--verbose]
- *
- * `--async-trace FILE` has workerd write its async activity trace there: one JSON object per
- * line for each request, turn of JavaScript, timer, I/O and binding call, with timestamps and
- * what caused what (see `npm run bench:tail`). It costs every request some CPU.
- *
- * `--entry-worker` listens through Miniflare's entry Worker instead, as Miniflare does by
- * default: the trace then shows each request's call from it to the Worker with the
- * request's user-agent, which is how `bench:tail` tells requests apart (a request straight
- * into the Worker carries nothing in the trace that names it).
- *
- * Bundles the Worker as `wrangler deploy --dry-run` would, starts it on loopback, prints
- * `listening on http://127.0.0.1:PORT`, and stops (removing its bundle and state) on SIGTERM or
- * SIGINT.
  */
 import { spawnSync } from "node:child_process";
 import { createRequire } from "node:module";

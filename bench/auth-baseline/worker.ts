@@ -1,13 +1,8 @@
 /**
- * The edge without per-key accounts, for `npm run bench:auth`. Benchmark only: nothing
- * here is metered, so it never ships. `BENCH_MODE` picks what stands in for the account:
- *
- * - `static`: the path before accounts: a static key compared in constant time, then the
- *   same request context, configuration, validation, planning and dispatch;
- * - `local`: the edge's own path (API key checked at the edge, admission middleware,
- *   rate-limit and cost headers, model fallback, dispatch) with the admission answered
- *   in the isolate instead of by the KeyAccount, and nothing settled: what is left of the
- *   keyed path without its Durable Object calls.
+ * The edge without per-key accounts, for `npm run bench:auth` (docs/benchmarks.md); never
+ * shipped. `BENCH_MODE` picks what stands in for the account: `static`, a static key
+ * compared in constant time, then the same validation, planning and dispatch; `local`, the
+ * edge's own keyed path with the admission answered in the isolate and nothing settled.
  */
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";

@@ -1,6 +1,7 @@
 /**
  * The floor for any edge: a Worker that forwards each request to one origin and
  * returns its response as is. Benchmarks compare warmgate against it.
+ * See docs/benchmarks.md.
  */
 interface PassthroughEnv {
   ORIGIN_URL: string;

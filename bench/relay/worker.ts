@@ -1,16 +1,10 @@
 /**
- * Three ways for a Durable Object to stream bytes to the client of another Worker, as the
- * Batcher streams each caller's tokens (bench/relay.ts measures them):
- *
- * - `/read`: the object returns a ReadableStream over RPC and the Worker reads it chunk by
- *   chunk into its response (how the edge relayed the Batcher's frames before);
- * - `/handoff`: the Worker hands the object the writable side of its response body, and
- *   the runtime carries each write to the client without the Worker running per chunk;
- * - `/pass`: the object returns a ReadableStream over RPC and the Worker makes it its
- *   response body as it is (how the edge takes a Batcher's body stream now: unlike a handed
- *   writable, a returned stream is errored by the runtime when the object goes away).
- *
- * The object writes `n` SSE-sized chunks, each once the last one was taken (as tokens come).
+ * Three ways for a Durable Object to stream bytes to another Worker's client, as the Batcher
+ * streams each caller's tokens (`npm run bench:relay`, docs/benchmarks.md): `/read`, the
+ * Worker reads a stream returned over RPC into its response; `/handoff`, the object writes
+ * to the response body's writable side it was handed; `/pass`, the stream returned over RPC
+ * is the response body as it is (what the edge does). The object writes `n` SSE-sized
+ * chunks, each once the last one was taken.
  */
 import { DurableObject } from "cloudflare:workers";
 

@@ -1,16 +1,9 @@
 /**
- * A client's response body that the `Batcher` writes for a caller (see `index.ts`). One
- * write is in flight at a time, and bytes that come meanwhile are joined behind it: at low
- * load each token leaves as it comes, and under load, when the runtime takes writes more
- * slowly, tokens leave in fewer, larger writes, so their fixed cost is paid less often.
- * Nothing is held back while no write is in flight, and the bytes and their order never
- * change.
- *
- * A client that reads more slowly than its item is generated leaves its bytes here, in the
- * Batcher's memory, which every other stream of the Batcher shares. Past `maxBacklogBytes`
- * waiting behind a write the body is aborted: the client's connection drops (never a
- * clean end), and the owner, told by `closed`, cancels the item and bills what was
- * generated.
+ * A streamed client's body as the `Batcher` writes it (docs/batching.md, "Callers"): one
+ * write in flight, bytes that come meanwhile joined behind it, so under load tokens leave
+ * in fewer, larger writes; nothing waits while no write is in flight, and bytes and order
+ * never change. Past `maxBacklogBytes` waiting behind a write the body is aborted (the
+ * connection drops, never a clean end), and the owner, told by `closed`, cancels the item.
  */
 import { concatBytes } from "../../contracts/protocol.ts";
 

@@ -1,6 +1,7 @@
 // Origin choice inside one Batcher: which healthy origin gets the next batch. Kept apart
 // from the window policy so a KV-cache-aware scorer (prefix affinity, predicted
 // time-to-first-token) can replace it without touching lanes or flush rules.
+// See docs/batching.md, "The window".
 
 /** What the batcher knows about one healthy origin when it places a batch. */
 export interface OriginCandidate {

@@ -3,6 +3,7 @@
 // new bucket state and what to reserve. `KeyAccount` loads the inputs from SQLite, calls
 // `decideAdmission` and persists the result in the same synchronous turn, which is what
 // makes the decision atomic. Nothing here touches storage or the clock.
+// See docs/key-account.md, "What a request reserves".
 
 import {
   take,

@@ -2,6 +2,7 @@
 // bucket is full again after one minute. Pure: time comes in as `now` (ms).
 // The level may go below zero when real usage exceeds a reservation (debt);
 // it then refills from the debt like any other level.
+// See docs/key-account.md.
 
 /** Milliseconds over which an empty bucket refills completely. */
 export const BUCKET_WINDOW_MS = 60_000;

@@ -1,16 +1,9 @@
-// KeyDirectory: the index across API keys, for listing keys and for answering CORS
-// preflights (which carry no credentials) with the union of active keys' origins.
-// One instance (named DIRECTORY_NAME) indexes; each KeyAccount stays the source of
-// truth for its own key, and the admin API copies every change here.
-//
-// Tables
-//   schema_migrations  version INTEGER PK, applied_at. One row per applied migration.
-//   keys               id PK, created_at, version, status, expires_at, record (JSON of
-//                      the KeyRecord). A row is replaced only by a higher version, so
-//                      copies arriving out of order never roll a key back.
-//   key_origins        (origin, key_id) PK: one row per allowed origin of each key;
-//                      always exactly the origins in the key's latest record.
-
+/**
+ * KeyDirectory: the index across API keys (docs/key-account.md, "The key directory"), for
+ * listing keys and for answering CORS preflights with the union of active keys' origins.
+ * Each KeyAccount stays the source of truth for its own key; the admin API copies every
+ * change here, and a row is replaced only by a higher version.
+ */
 import { applyMigrations } from "../migrations.ts";
 import { DurableObject } from "cloudflare:workers";
 import type { KeyRecord } from "../key-account/types.ts";

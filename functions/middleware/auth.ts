@@ -1,15 +1,9 @@
 /**
- * Authentication and admission of `/v1/*` requests against per-key accounts.
- *
- * - {@link authenticate} (every `/v1/*` route) checks the bearer credential at the edge,
- *   with no storage call: a malformed or forged key, or a bad browser token, is a 401.
- * - {@link verifyCredential} (routes that consume nothing, like `/v1/models`) asks the
- *   key's KeyAccount, read-only, whether the key is live (revoked and expired keys fail).
- * - {@link admitCompletion} (completion routes, after the body is validated and planned)
- *   makes the one KeyAccount call of the hot path: admit and reserve tokens and the
- *   worst-case cost, atomically. It registers the settlement that bills the request and
- *   releases the rest however it ends, puts OpenAI's `x-ratelimit-*` headers on every
- *   response of the admitted request, and `x-warmgate-cost-usd` on JSON answers.
+ * Authentication and admission of `/v1/*` requests (docs/edge.md): `authenticate` checks
+ * the bearer credential at the edge with no storage call; `verifyCredential` asks the key's
+ * KeyAccount, read-only, whether the key is live; `admitCompletion` makes the one KeyAccount
+ * call of the hot path (admit and reserve), registers the settlement, and puts OpenAI's
+ * `x-ratelimit-*` headers and, on JSON answers, `x-warmgate-cost-usd` on the response.
  */
 import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";

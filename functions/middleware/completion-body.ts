@@ -2,6 +2,7 @@
  * The validator of completion bodies: JSON content type, the configured size limit, JSON
  * syntax, then the OpenAI schema. It keeps the exact body text: that, not a
  * re-serialisation, is what the origin receives.
+ * See docs/edge.md.
  */
 import { createMiddleware } from "hono/factory";
 import type { AppEnv, CompletionBody } from "../app-env.ts";

@@ -3,6 +3,7 @@
  * and keeps the models whose window the request fits; when none does, it is refused before
  * any origin is called: estimated prompt tokens plus the requested completion tokens over
  * `max_model_len` is OpenAI's 400 `context_length_exceeded`.
+ * See docs/edge.md.
  */
 import { createMiddleware } from "hono/factory";
 import type { AppEnv, CompletionPlan } from "../app-env.ts";

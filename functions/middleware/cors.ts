@@ -3,6 +3,7 @@
  * an expired token or a 429 instead of seeing "Failed to fetch" (which SDKs retry as a
  * connection error). An answer carries the headers when its key allowed the Origin, or
  * else when any active key does (the preflight's rule, cached per isolate).
+ * See docs/edge.md.
  */
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../app-env.ts";

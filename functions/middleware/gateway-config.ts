@@ -1,6 +1,7 @@
 /**
  * Loads the validated configuration into `c.var.config` (parsed once per isolate); a bad
  * configuration answers every request with a 500 `config_error` naming the bad field.
+ * See docs/edge.md.
  */
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../app-env.ts";

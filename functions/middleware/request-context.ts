@@ -1,6 +1,7 @@
 /**
  * Gives every request its `x-request-id` (echoing the client's `x-client-request-id`, as
  * OpenAI does) and its {@link Settlement}; settles requests the edge answered itself.
+ * See docs/edge.md.
  */
 import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";

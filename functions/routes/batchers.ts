@@ -2,6 +2,7 @@
  * `GET /admin/batchers/:region/:model`: what each batcher of a region and model is doing
  * (queue, window, calls in flight, counters, recent calls), for operators and benchmarks.
  * Behind the admin token.
+ * See docs/batching.md, "Snapshot".
  */
 import { Hono } from "hono";
 import { adminAuth } from "../admin.ts";

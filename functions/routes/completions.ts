@@ -1,6 +1,7 @@
 /**
  * `POST /v1/chat/completions` and `POST /v1/completions`: validate, plan, pick origins
  * and stream the origin's answer back unchanged.
+ * See docs/edge.md.
  */
 import { type Context, Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";

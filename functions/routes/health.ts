@@ -1,5 +1,6 @@
 /**
  * `GET /health`: the edge is up and its configuration is valid (a bad one answers 500).
+ * See docs/edge.md.
  */
 import { Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";

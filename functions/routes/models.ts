@@ -2,6 +2,7 @@
  * `GET /v1/models` and `GET /v1/models/{id}` in OpenAI's list shape, each model with
  * `max_model_len` (its context window, as vLLM reports it) and `pricing` (USD per 1M
  * input, cached input and output tokens).
+ * See docs/edge.md.
  */
 import { Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";

@@ -4,6 +4,7 @@
  * today; `&user=U` for one end user's requests) and `GET /v1/usage/requests/{request_id}` (one request's record, by the
  * `x-request-id` it was answered with). Costs are in USD, exact to the micro-dollar.
  * Streamed requests are billed here once their stream ended.
+ * See docs/key-account.md.
  */
 import { Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";

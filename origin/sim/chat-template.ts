@@ -1,6 +1,7 @@
 /**
  * Renders chat messages and tool definitions into prompt tokens, ChatML-style (as Qwen's
  * template does), so prompt_tokens counts everything a real template would include.
+ * See docs/configuration.md, "The simulated engine".
  */
 import { Hasher } from "./hash.ts";
 import { VOCAB_SIZE, tokenize } from "./tokenizer.ts";

@@ -1,6 +1,7 @@
 /**
  * OpenAI response shapes the simulated engine writes: `chat.completion`,
  * `chat.completion.chunk`, `text_completion`, usage and errors, and SSE framing.
+ * See docs/configuration.md, "The simulated engine".
  */
 import type { OpenAIError } from "./request.ts";
 

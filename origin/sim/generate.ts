@@ -2,6 +2,7 @@
  * Deterministic output for the simulated engine: text, JSON or a tool call, planned
  * token by token from a seeded PRNG before any step runs, so the bytes never depend on
  * timing or cache state.
+ * See docs/configuration.md, "The simulated engine".
  */
 import { Hasher, Rng, hashHex } from "./hash.ts";
 import { VOCAB_SIZE, tokenizeWithText } from "./tokenizer.ts";

@@ -3,6 +3,7 @@
  *
  * Everything the simulator derives from a request (token ids, block hashes, completion
  * ids, generated text) goes through these, so equal inputs give equal bytes on any host.
+ * See docs/configuration.md, "The simulated engine".
  */
 
 const TWO_32 = 4294967296;

@@ -5,6 +5,7 @@
  * Invariants: a block is in exactly one of three places (referenced by sequences, the
  * empty pool, or the evictable LRU list); referenced + empty + evictable = capacity;
  * a block whose hash is registered holds exactly the tokens that hash names.
+ * See docs/configuration.md, "The simulated engine".
  */
 import { Hasher, hashString } from "./hash.ts";
 

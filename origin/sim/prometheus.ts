@@ -1,6 +1,7 @@
 /**
  * Minimal Prometheus text exposition for the simulated engine's vLLM-named metrics:
  * counters, gauges and cumulative histograms keyed by label sets.
+ * See docs/configuration.md, "The simulated engine".
  */
 
 /** Label names to values. */

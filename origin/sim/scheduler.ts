@@ -1,12 +1,10 @@
 /**
- * Continuous batching like vLLM V1, as a pure core: the caller passes `now` and gets
- * back what one engine step did and how long it takes; no timers, no clock.
- *
- * Each step has a token budget shared by decodes (one token per running sequence) and
- * chunked prefills. Running sequences are served first; waiting ones are admitted in
- * priority then arrival order while slots, budget and KV blocks last. When a running
- * sequence cannot get a block, the lowest-priority, latest-arrived one is preempted and
- * recomputed later (its cached blocks usually survive, so recompute is cheap).
+ * Continuous batching like vLLM V1, as a pure core (docs/configuration.md, "The simulated
+ * engine"): the caller passes `now` and gets back what one engine step did and how long it
+ * takes. Each step's token budget is shared by decodes and chunked prefills; running
+ * sequences first, waiting ones admitted by priority then arrival while slots, budget and
+ * KV blocks last; when a running sequence cannot get a block, the lowest-priority,
+ * latest-arrived one is preempted and recomputed later.
  */
 import type { KvCache, SeqId } from "./kv-cache.ts";
 import { type SimTiming, stepDurationMs } from "./timing.ts";

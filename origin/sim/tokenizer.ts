@@ -5,6 +5,7 @@
  * space, numbers in groups of 1–3 digits, punctuation runs, whitespace); then ASCII runs
  * split every 4 characters, each CJK, kana or hangul character is one token, and other
  * non-ASCII text costs one token per 2 UTF-8 bytes. Ids come from a hash of the piece.
+ * See docs/configuration.md, "The simulated engine".
  */
 import { hashString } from "./hash.ts";
 
