@@ -22,6 +22,7 @@ import {
   tick,
 } from "../../../durable-objects/batcher/window/index.ts";
 import { z } from "zod";
+import { mulberry32 } from "../../../origin/faults.ts";
 import { BATCHING_FIELDS } from "../../../durable-objects/batcher/settings.ts";
 import { MAX_BATCH_ITEMS } from "../../../contracts/protocol.ts";
 import { type WindowConfigInput, windowConfig } from "../../support/window-config.ts";
@@ -794,22 +795,10 @@ describe("state", () => {
   });
 });
 
-/** Mulberry32: a small seeded PRNG, so a failing sequence can be replayed. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 describe("no request is lost or duplicated", () => {
   for (let seed = 1; seed <= 20; seed++) {
     it(`settles every id exactly once under random arrivals (seed ${seed})`, () => {
-      const random = prng(seed);
+      const random = mulberry32(seed);
       const pick = <T>(values: readonly T[]): T => {
         const value = values[Math.floor(random() * values.length)];
         if (value === undefined) throw new Error("empty choice");
