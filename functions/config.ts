@@ -7,6 +7,7 @@
  */
 import { z } from "zod";
 import { BATCHING_FIELDS } from "../durable-objects/batcher/settings.ts";
+import { BreakersConfigSchema } from "../durable-objects/origin-breakers/settings.ts";
 import { AliasesSchema, ModelPricingSchema, aliasIssues } from "./pricing.ts";
 
 /** Default request limits; 8 MB bodies match OpenAI's documented request size cap. */
@@ -76,6 +77,8 @@ export const GatewayConfigSchema = z
     aliases: AliasesSchema.default({}),
     limits: LimitsConfigSchema.default(LimitsConfigSchema.parse({})),
     batching: BatchingConfigSchema.default(BatchingConfigSchema.parse({})),
+    /** Circuit breakers of the origins (docs/failover.md). */
+    breakers: BreakersConfigSchema.optional(),
   })
   .superRefine((config, ctx) => {
     const modelIds = new Set<string>();

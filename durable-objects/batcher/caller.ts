@@ -39,7 +39,9 @@ export interface OpenCall {
   done: Set<number>;
   abort: AbortController;
   /** Why the call was aborted on purpose, if it was. */
-  abortReason: "timeout" | "all-cancelled" | null;
+  abortReason: "timeout" | "silent" | "all-cancelled" | null;
+  /** When it was sent. */
+  sentAt: number;
   /** Callers whose later tokens wait for {@link OpenCall.holdTimer} (see `tokenHoldMs`). */
   held: Set<BatchCaller>;
   holdTimer: ReturnType<typeof setTimeout> | null;

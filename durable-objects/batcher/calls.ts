@@ -54,6 +54,8 @@ export interface CallsHost {
   /** An origin as the upstream client calls it, with the edge's access token. */
   upstream(url: string): UpstreamOrigin;
   armAlarm(): void;
+  /** How a request at an origin went, for its breaker. */
+  outcome(originId: string, ok: boolean): void;
 }
 
 export class Calls {
@@ -94,6 +96,7 @@ export class Calls {
       done: new Set(),
       abort: new AbortController(),
       abortReason: null,
+      sentAt: now,
       held: new Set(),
       holdTimer: null,
     };
@@ -116,7 +119,8 @@ export class Calls {
     records.opened(call, now, items);
     this.#host.armAlarm();
     const lanes = queue.state?.config.lanes.length ?? 1;
-    const running = runCall(call, this.#host.upstream(call.url), lanes, {
+    const silenceMs = queue.setup?.breakers.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
+    const running = runCall(call, this.#host.upstream(call.url), lanes, silenceMs, {
       frames: (frames) => this.#onFrames(call, frames),
       paused: (lagMs, at) => {
         counters.readPauses += 1;
@@ -181,6 +185,13 @@ export class Calls {
           caller.status = head.status;
           if (head.status >= 500) queue.health.failed(call.originId, now);
           else queue.health.answered(call.originId);
+          // An origin's 429 is overload, not sickness; a streamed HEAD that took longer than
+          // allowed is as sick as an error.
+          if (head.status !== 429) {
+            const slowMs = queue.setup?.breakers.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
+            const slow = caller.input.timeHead && now - call.sentAt > slowMs;
+            this.#host.outcome(call.originId, head.status < 500 && !slow);
+          }
           touched.add(caller);
           fresh.add(caller);
           // The caller learns which origin serves it from an added `origin` field.
@@ -262,7 +273,9 @@ export class Calls {
     console.warn("batch call failed", call.id, call.originId, detail);
     for (const [index, caller] of call.callers.entries()) {
       this.#closeItem(call, index, now);
-      if (caller.stage === "sent") this.#host.callers.failSent(caller, code, detail, call.originId);
+      if (caller.stage !== "sent") continue;
+      if (quarantine) this.#host.outcome(call.originId, false);
+      this.#host.callers.failSent(caller, code, detail, call.originId);
     }
     if (quarantine) this.#host.queue.health.failed(call.originId, now);
     this.#forget(call, now);
@@ -300,9 +313,10 @@ export class Calls {
           assertNever(caller.stage);
       }
     }
-    if (cut && call.abortReason === null) {
+    if (cut && (call.abortReason === null || call.abortReason === "silent")) {
       console.warn("batch response cut", call.id, call.originId, broken ?? "no final frames");
       this.#host.queue.health.failed(call.originId, now);
+      this.#host.outcome(call.originId, false);
     }
     this.#forget(call, now);
   }
@@ -323,6 +337,26 @@ export class Calls {
     deliverHeld(call);
     this.#host.records.closed(call.id);
     this.#host.queue.flushIfQueued(now);
+  }
+
+  /**
+   * Gives up on every item an origin has not begun to answer (its breaker opened): each
+   * fails before its HEAD, so its caller tries elsewhere, and is stopped on the origin.
+   */
+  abandon(originId: string): void {
+    for (const call of this.#open.values()) {
+      if (call.originId !== originId) continue;
+      for (const caller of call.callers) {
+        if (caller.stage !== "sent") continue;
+        this.stop(caller, call, true, true);
+        this.#host.callers.failSent(
+          caller,
+          "origin_unavailable",
+          "the origin's circuit breaker opened",
+          originId,
+        );
+      }
+    }
   }
 
   #headTimeout(caller: BatchCaller): void {

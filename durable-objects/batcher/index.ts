@@ -8,6 +8,7 @@
  * their own, and the table of open calls in `records.ts`.
  */
 import { DurableObject } from "cloudflare:workers";
+import { BreakerCache } from "../../contracts/breaker-cache.ts";
 import { decodeJsonPayload } from "../../contracts/protocol.ts";
 import { type UpstreamOrigin, cancelBatchItems } from "../../contracts/upstream.ts";
 import { assertNever } from "./caller.ts";
@@ -51,6 +52,16 @@ export class Batcher extends DurableObject<Env> {
   readonly #callers: Callers = new Callers(this.#queue, this.#counters, (...args) =>
     this.#calls.stop(...args),
   );
+  readonly #breakers = new BreakerCache(
+    (region, reports) => this.env.ORIGIN_BREAKERS.getByName(region).report(region, reports),
+    {
+      onChange: (changed) => {
+        for (const origin of this.#queue.breakersChanged(changed, Date.now())) {
+          this.#calls.abandon(origin);
+        }
+      },
+    },
+  );
   readonly #calls: Calls = new Calls({
     queue: this.#queue,
     callers: this.#callers,
@@ -59,6 +70,12 @@ export class Batcher extends DurableObject<Env> {
     waitUntil: (work) => this.ctx.waitUntil(work),
     upstream: (url): UpstreamOrigin => ({ url, token: this.env.ORIGIN_TOKEN }),
     armAlarm: () => this.#armAlarm(),
+    outcome: (origin, ok) => {
+      const setup = this.#queue.setup;
+      if (setup === null || !setup.breakers.enabled) return;
+      const sync = this.#breakers.record(setup.region, origin, ok, Date.now());
+      if (sync !== null) this.ctx.waitUntil(sync);
+    },
   });
   /** Items `open` opened whose END `end` has not asked for yet. */
   readonly #answers = new Map<string, AnswerSink>();
@@ -204,7 +221,11 @@ export class Batcher extends DurableObject<Env> {
     body: ClientBody | null,
   ): BatcherNotAdmitted | { kind: "accepted"; atOnce: boolean } {
     const now = Date.now();
-    let state = this.#queue.configure(input.setup, now, this.#busy());
+    let state = this.#queue.configure(input.setup, now, this.#busy(), this.#breakers);
+    if (input.setup.breakers.enabled) {
+      const sync = this.#breakers.sync(input.setup.region, now);
+      if (sync !== null) this.ctx.waitUntil(sync);
+    }
     if (input.recentFirstByteMs !== undefined && input.recentFirstByteMs !== null) {
       state = recordFirstByteWait(state, input.recentFirstByteMs, now);
       this.#queue.replace(state);

@@ -4,7 +4,8 @@
  * quarantine rule of `contracts/origin-health.ts`. Flushed batches and the notices of items
  * that leave a lane otherwise go to the handlers given at construction.
  */
-import { OriginHealth } from "../../contracts/origin-health.ts";
+import type { BreakerView } from "../../contracts/breaker.ts";
+import { type BreakerGate, OriginHealth } from "../../contracts/origin-health.ts";
 import { chooseLeastLoadedInTurn } from "./origin-choice.ts";
 import type { BatcherSetup } from "./types.ts";
 import {
@@ -13,9 +14,13 @@ import {
   type WindowOptions,
   type WindowState,
   createWindowState,
+  markOriginDown,
   queuedCount,
   tick,
 } from "./window/index.ts";
+
+/** How long an origin whose breaker is half-open (no retry time) is kept out of the window. */
+const HALF_OPEN_HOLD_MS = 3_600_000;
 
 /** Where a flush's results go. */
 export interface QueueHandlers {
@@ -62,15 +67,35 @@ export class Queue {
    * The state for `setup`, which replaces the one in use unless that is the same version or
    * still has work (`busy`): a name's setup never changes.
    */
-  configure(setup: BatcherSetup, now: number, busy: boolean): WindowState {
+  configure(setup: BatcherSetup, now: number, busy: boolean, breakers: BreakerGate): WindowState {
     if (this.#state !== null && this.#setup !== null) {
       if (this.#setup.version === setup.version || busy) return this.#state;
     }
     this.#setup = setup;
     this.#state = createWindowState(setup.window, now);
-    this.#health = new OriginHealth(setup.quarantineMs);
+    this.#health = new OriginHealth(
+      setup.quarantineMs,
+      setup.breakers.enabled ? breakers : undefined,
+    );
     this.#lastSentAt.clear();
     return this.#state;
+  }
+
+  /**
+   * Breakers that changed: an origin behind an open or half-open breaker takes nothing
+   * from the window until it closes. Answers the origins that became blocked.
+   */
+  breakersChanged(changed: readonly BreakerView[], now: number): string[] {
+    if (this.#setup?.breakers.enabled !== true) return [];
+    const blocked: string[] = [];
+    for (const view of changed) {
+      const shut = view.state !== "closed";
+      if (shut) blocked.push(view.origin);
+      const until = shut ? (view.retry_at ?? now + HALF_OPEN_HOLD_MS) : now;
+      this.update((s) => markOriginDown(s, view.origin, Math.max(until, now)).state);
+    }
+    this.flushIfQueued(now);
+    return blocked;
   }
 
   /** Replaces the state with `step` of it (nothing before the first setup). */

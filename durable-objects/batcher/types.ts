@@ -31,6 +31,13 @@ export const OPEN_BATCH_RECORD_DELAY_MS = 100;
 export interface BatcherSetup {
   /** Hash of everything below; part of the object's name. */
   version: string;
+  /** The region whose origins it batches for (its breakers are that region's). */
+  region: string;
+  /**
+   * Whether the origins' breakers apply, and how slow an origin may be: a first byte of a
+   * streamed item, or any frame of a call, slower than `slowFirstByteMs` is a failure.
+   */
+  breakers: { enabled: boolean; slowFirstByteMs: number };
   /** The window policy's settings, defaults filled in. */
   window: WindowConfig;
   /** Where each origin of `window.origins` listens. */

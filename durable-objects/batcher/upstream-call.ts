@@ -35,6 +35,7 @@ export async function runCall(
   call: OpenCall,
   origin: UpstreamOrigin,
   lanes: number,
+  silenceMs: number,
   events: CallEvents,
 ): Promise<void> {
   const envelope: BatchRequest = {
@@ -50,11 +51,16 @@ export async function runCall(
       priority: lanes - 1 - input.lane,
     })),
   };
+  // An origin answers a call's headers and its first LOAD at once: one that does not within
+  // `silenceMs` is frozen, whatever the items' own first-byte timeouts allow.
   const callTimeoutMs = Math.max(...call.callers.map((c) => c.input.firstByteTimeoutMs));
-  const callTimer = setTimeout(() => {
-    call.abortReason = "timeout";
-    call.abort.abort("first byte timeout");
-  }, callTimeoutMs);
+  const callTimer = setTimeout(
+    () => {
+      call.abortReason = "timeout";
+      call.abort.abort("first byte timeout");
+    },
+    Math.min(callTimeoutMs, silenceMs),
+  );
   let response: Response;
   try {
     response = await postBatch(origin, envelope, call.abort.signal);
@@ -87,11 +93,23 @@ export async function runCall(
   const reader = response.body.getReader();
   const decoder = new FrameDecoder();
   let broken: string | null = null;
+  // While items run, the origin writes a LOAD frame every load interval: a call silent for
+  // `silenceMs` is an origin that froze mid-answer.
+  let lastReadAt = Date.now();
+  const watchdog = setInterval(
+    () => {
+      if (Date.now() - lastReadAt < silenceMs) return;
+      call.abortReason = "silent";
+      call.abort.abort("the origin went silent");
+    },
+    Math.max(50, silenceMs / 4),
+  );
   try {
     let turnStartedAt = Date.now();
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
+      lastReadAt = Date.now();
       events.frames(decoder.push(value));
       // When the origin's answer is already buffered, each read is answered at once, and a
       // busy call could keep the thread through its whole answer while the streams it just
@@ -107,7 +125,14 @@ export async function runCall(
     }
     decoder.finish();
   } catch (error) {
-    broken = call.abortReason === "all-cancelled" ? null : describe(error);
+    broken =
+      call.abortReason === "all-cancelled"
+        ? null
+        : call.abortReason === "silent"
+          ? `the origin sent nothing for ${silenceMs} ms`
+          : describe(error);
+  } finally {
+    clearInterval(watchdog);
   }
   events.ended(broken);
 }

@@ -9,12 +9,8 @@ import {
   type BatchingSettings,
   windowConfigOf,
 } from "../../durable-objects/batcher/settings.ts";
-import {
-  type BatchingConfig,
-  type GatewayConfig,
-  type RegionConfig,
-  originServes,
-} from "../config.ts";
+import { breakerSettingsOf } from "../../durable-objects/origin-breakers/settings.ts";
+import { type GatewayConfig, type RegionConfig, originServes } from "../config.ts";
 
 /** Request header that moves a request to a lower-priority lane (never a higher one). */
 export const PRIORITY_HEADER = "x-warmgate-priority";
@@ -54,16 +50,17 @@ export function batchingPlan(
   const key = `${region.id}\u0000${model}`;
   const cached = byTarget.get(key);
   if (cached !== undefined) return cached;
-  const plan = buildPlan(config.batching, region, model);
+  const plan = buildPlan(config, region, model);
   byTarget.set(key, plan);
   return plan;
 }
 
 function buildPlan(
-  batching: BatchingConfig,
+  config: GatewayConfig,
   region: RegionConfig,
   model: string,
 ): BatchingPlan | null {
+  const batching = config.batching;
   const origins = region.origins.filter((origin) => originServes(origin, model));
   if (origins.length === 0) return null;
   const { overrides, ...base } = batching;
@@ -81,10 +78,17 @@ function buildPlan(
   const quarantineMs = settings.origin_quarantine_ms ?? d.origin_quarantine_ms;
   const clientBacklogBytes = settings.max_client_backlog_bytes ?? d.max_client_backlog_bytes;
   const urls = origins.map((origin) => ({ id: origin.id, url: origin.url }));
+  const breakers = {
+    enabled: config.breakers?.enabled ?? true,
+    slowFirstByteMs: breakerSettingsOf(config.breakers).slowFirstByteMs,
+  };
+  const versioned = { window, urls, quarantineMs, clientBacklogBytes, breakers };
   return {
     enabled: settings.enabled ?? d.enabled,
     setup: {
-      version: fnv1a(JSON.stringify({ window, urls, quarantineMs, clientBacklogBytes })),
+      version: fnv1a(JSON.stringify(versioned)),
+      region: region.id,
+      breakers,
       window,
       origins: urls,
       quarantineMs,

@@ -100,7 +100,8 @@ export function batcherOpener(route: BatcherRoute): ItemOpener {
         previous === undefined ? waited : previous + FIRST_BYTE_SMOOTHING * (waited - previous),
       );
     }
-    return attempt.attempt;
+    // The Batcher told the breakers how its call went.
+    return { ...attempt.attempt, reported: plan.setup.breakers.enabled };
   };
 }
 

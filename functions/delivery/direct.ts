@@ -27,7 +27,7 @@ import {
 import { type OpenItem, frameItem } from "./item.ts";
 
 /** The outcome of one attempt at an origin; `originId` names the origin that was tried. */
-export type ItemAttempt =
+export type ItemAttempt = (
   | { kind: "open"; item: OpenItem; originId: string }
   | {
       kind: "failed";
@@ -35,7 +35,11 @@ export type ItemAttempt =
       detail: string;
       /** The origin that failed, or null when none was reached (no healthy origin). */
       originId: string | null;
-    };
+    }
+) & {
+  /** The upstream (a Batcher) already told the breakers how the attempt went. */
+  reported?: boolean;
+};
 
 /** What to send and how long to wait. */
 export interface OpenItemOptions {

@@ -85,6 +85,14 @@ export interface DispatchOptions {
   /** How each attempt reaches an origin (default {@link openDirect}). */
   open?: ItemOpener;
   /**
+   * Told how each attempt at an origin went (`ok`: it answered below 500, its first byte
+   * within `slowFirstByteMs` for a stream), for the breakers; not for attempts the upstream
+   * reported itself.
+   */
+  onOutcome?: (region: string, origin: string, ok: boolean) => void;
+  /** A streamed answer's HEAD slower than this counts as a failure. */
+  slowFirstByteMs?: number;
+  /**
    * Aborts when the client disconnects (Workers' `request.signal`): how the edge learns it
    * for a body the upstream streams itself (the Batcher's).
    */
@@ -109,6 +117,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
     const planned = candidate.origin.id;
     const last = i === attempts - 1;
     options.pool.begin(planned);
+    const startedAt = now();
     const attempt = await open(candidate, {
       requestId: options.requestId,
       attemptId: i === 0 ? options.requestId : `${options.requestId}.${i}`,
@@ -123,8 +132,12 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
     });
     options.pool.end(planned);
     if (attempt.kind === "refused") throw attempt.error;
+    const tell = (origin: string, ok: boolean) => {
+      if (attempt.reported !== true) options.onOutcome?.(candidate.region.id, origin, ok);
+    };
     if (attempt.kind === "failed") {
       if (attempt.originId !== null) {
+        tell(attempt.originId, false);
         options.pool.reportFailure(attempt.originId, now());
         avoid.push(attempt.originId);
       }
@@ -136,6 +149,13 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
     const { status } = attempt.item.head;
     // 5xx means the engine failed; 429 means it is full: another origin may do better.
     // A last 429 goes to the client as it is, with the engine's retry-after.
+    // An origin's 429 is overload, not sickness: it is avoided, never counted.
+    if (status !== 429) {
+      const slow =
+        options.delivery === "stream" &&
+        now() - startedAt > (options.slowFirstByteMs ?? Number.POSITIVE_INFINITY);
+      tell(originId, status < 500 && !slow);
+    }
     if (status >= 500 || (status === 429 && !last)) {
       attempt.item.cancel();
       avoid.push(originId);

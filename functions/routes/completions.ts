@@ -17,6 +17,10 @@ import { withModelFallback } from "../model-fallback.ts";
 import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
 import { waitUntilOf } from "../middleware/request-context.ts";
 import { OriginPool } from "../origin-pool.ts";
+import { allOriginsOpen, breakersOn, edgeBreakers, syncBreakers } from "../breakers.ts";
+import { originServes } from "../config.ts";
+import { DEFAULT_QUARANTINE_MS, OriginHealth } from "../../contracts/origin-health.ts";
+import { breakerSettingsOf } from "../../durable-objects/origin-breakers/settings.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
 import type { ItemPath } from "../../contracts/protocol.ts";
 
@@ -24,7 +28,7 @@ import type { ItemPath } from "../../contracts/protocol.ts";
 export const REGION_OVERRIDE_HEADER = "x-warmgate-region";
 
 // Per-isolate load and failure memo; a cache, so losing it with the isolate is harmless.
-const originPool = new OriginPool();
+const originPool = new OriginPool(new OriginHealth(DEFAULT_QUARANTINE_MS, edgeBreakers));
 
 // Request headers worth passing to the engine; never credentials.
 const FORWARDED_HEADERS = ["traceparent", "tracestate", "user-agent"] as const;
@@ -71,12 +75,21 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     completion.body.model === plan.model.id
       ? completion.text
       : replaceTopLevelString(completion.text, "model", plan.model.id);
+  const now = Date.now();
+  const breakers = breakersOn(config);
+  const waitUntil = waitUntilOf(c);
+  if (breakers) for (const work of syncBreakers(order.regions, now)) waitUntil(work);
+  const candidates = originPool.candidates(order.regions, plan.model.id, now);
+  if (candidates.length === 0 && breakers) {
+    throw allOriginsOpen(order.regions, (origin) => originServes(origin, plan.model.id), now);
+  }
+  const slowFirstByteMs = breakerSettingsOf(config.breakers).slowFirstByteMs;
   const response = await dispatchCompletion({
     requestId,
     path,
     body,
     model: plan.model.id,
-    candidates: originPool.candidates(order.regions, plan.model.id, Date.now()),
+    candidates,
     pool: originPool,
     limits: config.limits,
     delivery: plan.delivery,
@@ -84,6 +97,13 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     originToken: c.env.ORIGIN_TOKEN,
     onSettled: (settled) => settlement.settle(settled),
     signal: c.req.raw.signal,
+    ...(breakers && {
+      onOutcome: (region: string, origin: string, ok: boolean) => {
+        const sync = edgeBreakers.record(region, origin, ok, Date.now());
+        if (sync !== null) waitUntil(sync);
+      },
+      slowFirstByteMs,
+    }),
     open: batcherOpener({
       namespace: c.env.BATCHER,
       config,

@@ -45,6 +45,8 @@ function batcher(
 ) {
   const setup: BatcherSetup = {
     version: `test-${crypto.randomUUID().slice(0, 8)}`,
+    region: "test",
+    breakers: { enabled: false, slowFirstByteMs: 60_000 },
     window: windowConfig({ ...window, origins: ids.map((id) => ({ id })) }),
     origins: ids.map((id) => ({ id, url: urlOf(id) })),
     quarantineMs: 1000,
@@ -937,6 +939,8 @@ describe("origin failures", () => {
   it("fails items before their HEAD when the origin cannot be reached, and skips it after", async () => {
     const setup: BatcherSetup = {
       version: `dead-${crypto.randomUUID().slice(0, 8)}`,
+      region: "test",
+      breakers: { enabled: false, slowFirstByteMs: 60_000 },
       window: windowConfig({ origins: [{ id: "dead" }, { id: "batch-2" }] }),
       origins: [
         { id: "dead", url: "http://127.0.0.1:9" },

@@ -1,0 +1,121 @@
+/**
+ * A reporter's copy of its regions' breakers (docs/failover.md, "Breakers"), kept by every
+ * edge isolate and every Batcher: no Durable Object call per request. Outcomes gather here
+ * and go to the region's `OriginBreakers` in bulk, at most every `flushMs` (at once after a
+ * failure that found none pending), and the answer brings every breaker of the region back;
+ * a copy older than `refreshMs` is refreshed the same way. Time comes in as `now`.
+ */
+import type { BreakerView, OutcomeReport } from "./breaker.ts";
+
+/** Sends a region's outcomes and answers its breakers. */
+export type BreakerExchange = (region: string, reports: OutcomeReport[]) => Promise<BreakerView[]>;
+
+export interface BreakerCacheOptions {
+  refreshMs: number;
+  flushMs: number;
+  /** Told of every breaker whose state changed in a region's answer. */
+  onChange?: (changed: BreakerView[]) => void;
+}
+
+export const DEFAULT_BREAKER_CACHE: Readonly<BreakerCacheOptions> = {
+  refreshMs: 1_000,
+  flushMs: 250,
+};
+
+interface Region {
+  views: Map<string, BreakerView>;
+  syncedAt: number;
+  pending: Map<string, OutcomeReport>;
+  sending: Promise<void> | null;
+}
+
+export class BreakerCache {
+  readonly #exchange: BreakerExchange;
+  readonly #options: BreakerCacheOptions;
+  readonly #regions = new Map<string, Region>();
+
+  constructor(exchange: BreakerExchange, options: Partial<BreakerCacheOptions> = {}) {
+    this.#exchange = exchange;
+    this.#options = { ...DEFAULT_BREAKER_CACHE, ...options };
+  }
+
+  /** The breaker of an origin as last heard; undefined before the first answer. */
+  view(origin: string): BreakerView | undefined {
+    for (const region of this.#regions.values()) {
+      const view = region.views.get(origin);
+      if (view !== undefined) return view;
+    }
+    return undefined;
+  }
+
+  /** Whether the origin's breaker keeps client requests away (open or half-open). */
+  blocked(origin: string): boolean {
+    const state = this.view(origin)?.state;
+    return state === "open" || state === "half_open";
+  }
+
+  /** Counts one request's outcome at an origin. */
+  record(region: string, origin: string, ok: boolean, now: number): Promise<void> | null {
+    const r = this.#region(region);
+    const current = r.pending.get(origin) ?? { origin, requests: 0, failures: 0, trailing: 0 };
+    const wasClean = [...r.pending.values()].every((p) => p.failures === 0);
+    r.pending.set(origin, {
+      origin,
+      requests: current.requests + 1,
+      failures: current.failures + (ok ? 0 : 1),
+      trailing: ok ? 0 : current.trailing + 1,
+    });
+    // A first failure goes at once: a trip must reach every reporter within a second.
+    return this.sync(region, now, !ok && wasClean);
+  }
+
+  /**
+   * Sends what is pending and takes the answer, when due (or `now`, when `urgent`); the
+   * promise to keep the sender alive for, or null when nothing was due.
+   */
+  sync(region: string, now: number, urgent = false): Promise<void> | null {
+    const r = this.#region(region);
+    if (r.sending !== null) return null;
+    const age = now - r.syncedAt;
+    const due =
+      age >= this.#options.refreshMs ||
+      (r.pending.size > 0 && (urgent || age >= this.#options.flushMs));
+    if (!due) return null;
+    const reports = [...r.pending.values()];
+    r.pending.clear();
+    r.syncedAt = now;
+    r.sending = this.#exchange(region, reports)
+      .then((views) => this.#take(r, views))
+      .catch(() => {
+        // Lost outcomes are few; the next sync carries on from here.
+      })
+      .finally(() => {
+        r.sending = null;
+      });
+    return r.sending;
+  }
+
+  #take(r: Region, views: readonly BreakerView[]): void {
+    const changed: BreakerView[] = [];
+    for (const view of views) {
+      const before = r.views.get(view.origin);
+      if (before?.state !== view.state) changed.push(view);
+      r.views.set(view.origin, view);
+    }
+    if (changed.length > 0) this.#options.onChange?.(changed);
+  }
+
+  #region(id: string): Region {
+    let r = this.#regions.get(id);
+    if (r === undefined) {
+      r = {
+        views: new Map(),
+        syncedAt: Number.NEGATIVE_INFINITY,
+        pending: new Map(),
+        sending: null,
+      };
+      this.#regions.set(id, r);
+    }
+    return r;
+  }
+}

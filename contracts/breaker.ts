@@ -1,0 +1,70 @@
+/**
+ * An origin's circuit breaker as every part of warmgate sees it (docs/failover.md): its
+ * state, the outcomes reported to it, and the settings it trips by. The state machine is a
+ * pure core in `durable-objects/origin-breakers/breaker.ts`; the edge and the Batchers keep
+ * a cached copy of these views.
+ */
+
+export type BreakerState = "closed" | "open" | "half_open";
+
+/** One origin's breaker, as `GET /admin/breakers` lists it. */
+export interface BreakerView {
+  region: string;
+  origin: string;
+  state: BreakerState;
+  /** When it entered its state, epoch ms. */
+  since: number;
+  /** Failures and requests in the sliding window. */
+  failures: number;
+  requests: number;
+  /** Times it opened since it was last forced closed. */
+  opened_count: number;
+  /** When an open breaker lets its first probe through, epoch ms; null unless open. */
+  retry_at: number | null;
+  /** Set by an operator (`POST /admin/breakers/{origin}`): it stays so until set again. */
+  forced: boolean;
+}
+
+/** What one reporter saw of one origin since its last report. */
+export interface OutcomeReport {
+  origin: string;
+  /** Requests that ended, or failed, at the origin: successes plus failures. */
+  requests: number;
+  /** Connection errors, timeouts, 5xx, broken answers, and first bytes slower than allowed. */
+  failures: number;
+  /** Failures since the reporter's last success (all of `failures` when none succeeded). */
+  trailing: number;
+}
+
+/** How breakers trip, recover and are probed. */
+export interface BreakerSettings {
+  /** Failures in a row that open a breaker. */
+  consecutiveFailures: number;
+  /** Share of failures in the window that opens it, once the window has `minRequests`. */
+  failureRatio: number;
+  minRequests: number;
+  windowMs: number;
+  /** A first byte slower than this counts as a failure (a frozen origin is found by it). */
+  slowFirstByteMs: number;
+  /** How long a breaker stays open the first time; doubled each time it opens again. */
+  cooldownMs: number;
+  maxCooldownMs: number;
+  /** Health probes in a row that close a half-open breaker. */
+  probes: number;
+}
+
+export const DEFAULT_BREAKER_SETTINGS: Readonly<BreakerSettings> = {
+  consecutiveFailures: 5,
+  failureRatio: 0.5,
+  minRequests: 20,
+  windowMs: 10_000,
+  slowFirstByteMs: 5_000,
+  cooldownMs: 5_000,
+  maxCooldownMs: 120_000,
+  probes: 2,
+};
+
+/** Whether a breaker keeps client requests away from its origin at `now`. */
+export function blocks(view: Pick<BreakerView, "state">): boolean {
+  return view.state !== "closed";
+}

@@ -1,0 +1,171 @@
+/**
+ * The circuit breaker of one origin as a pure state machine (docs/failover.md, "Breakers"):
+ * closed → open on consecutive failures or a failure ratio over a sliding window; open →
+ * half-open once its cooldown (doubled on each reopening, capped) has passed; half-open →
+ * closed after enough health probes in a row, or open again on a failed one. Time comes in
+ * as `now`; nothing is mutated.
+ */
+import type {
+  BreakerSettings,
+  BreakerState,
+  BreakerView,
+  OutcomeReport,
+} from "../../contracts/breaker.ts";
+
+/** One bucket of the sliding window. */
+interface Bucket {
+  at: number;
+  requests: number;
+  failures: number;
+}
+
+/** A breaker's whole state. */
+export interface Breaker {
+  region: string;
+  origin: string;
+  state: BreakerState;
+  since: number;
+  consecutive: number;
+  buckets: Bucket[];
+  openedCount: number;
+  retryAt: number | null;
+  /** Probes in a row that succeeded while half-open. */
+  probeSuccesses: number;
+  forced: boolean;
+}
+
+/** Buckets per window. */
+const BUCKETS = 10;
+
+export function newBreaker(region: string, origin: string, now: number): Breaker {
+  return {
+    region,
+    origin,
+    state: "closed",
+    since: now,
+    consecutive: 0,
+    buckets: [],
+    openedCount: 0,
+    retryAt: null,
+    probeSuccesses: 0,
+    forced: false,
+  };
+}
+
+/** Takes in a reporter's outcomes; may open the breaker. */
+export function record(
+  b: Breaker,
+  report: OutcomeReport,
+  now: number,
+  s: BreakerSettings,
+): Breaker {
+  if (report.requests <= 0 && report.failures <= 0) return b;
+  const bucketMs = s.windowMs / BUCKETS;
+  const at = Math.floor(now / bucketMs) * bucketMs;
+  const kept = b.buckets.filter((bucket) => bucket.at > now - s.windowMs);
+  const last = kept.at(-1);
+  const buckets =
+    last !== undefined && last.at === at
+      ? [
+          ...kept.slice(0, -1),
+          {
+            at,
+            requests: last.requests + report.requests,
+            failures: last.failures + report.failures,
+          },
+        ]
+      : [...kept, { at, requests: report.requests, failures: report.failures }];
+  const succeeded = report.requests > report.failures;
+  const consecutive = succeeded ? report.trailing : b.consecutive + report.failures;
+  const next = { ...b, buckets, consecutive };
+  if (b.state !== "closed" || b.forced) return next;
+  const { requests, failures } = windowCounts(next, now, s);
+  const ratioTrips = requests >= s.minRequests && failures / requests >= s.failureRatio;
+  return consecutive >= s.consecutiveFailures || ratioTrips ? open(next, now, s) : next;
+}
+
+/**
+ * Moves an open breaker whose cooldown has passed to half-open, and forgets the openings
+ * of one that has stayed closed for the longest cooldown.
+ */
+export function tick(b: Breaker, now: number, s: BreakerSettings): Breaker {
+  if (b.state === "closed") {
+    const settled = b.openedCount > 0 && now - b.since >= s.maxCooldownMs;
+    return settled ? { ...b, openedCount: 0 } : b;
+  }
+  if (b.state !== "open" || b.forced || b.retryAt === null || b.retryAt > now) return b;
+  return { ...b, state: "half_open", since: now, probeSuccesses: 0 };
+}
+
+/** A health probe of a half-open breaker's origin answered (`ok`) or failed. */
+export function probed(b: Breaker, ok: boolean, now: number, s: BreakerSettings): Breaker {
+  if (b.state !== "half_open" || b.forced) return b;
+  if (!ok) return open(b, now, s);
+  const probeSuccesses = b.probeSuccesses + 1;
+  if (probeSuccesses < s.probes) return { ...b, probeSuccesses };
+  return close(b, now);
+}
+
+/** An operator's choice: open until set otherwise, or closed (and trips again as usual). */
+export function force(b: Breaker, state: "open" | "closed", now: number): Breaker {
+  if (state === "open") {
+    return { ...b, state: "open", since: now, retryAt: null, forced: true, probeSuccesses: 0 };
+  }
+  return { ...close(b, now), openedCount: 0, forced: false };
+}
+
+/** The breaker as the API shows it. */
+export function viewOf(b: Breaker, now: number, s: BreakerSettings): BreakerView {
+  const { requests, failures } = windowCounts(b, now, s);
+  return {
+    region: b.region,
+    origin: b.origin,
+    state: b.state,
+    since: b.since,
+    failures,
+    requests,
+    opened_count: b.openedCount,
+    retry_at: b.state === "open" ? b.retryAt : null,
+    forced: b.forced,
+  };
+}
+
+/** The cooldown of the `n`th opening: `cooldownMs`, doubled each time, at most `maxCooldownMs`. */
+export function cooldownMs(n: number, s: BreakerSettings): number {
+  return Math.min(s.maxCooldownMs, s.cooldownMs * 2 ** Math.max(0, n - 1));
+}
+
+function open(b: Breaker, now: number, s: BreakerSettings): Breaker {
+  const openedCount = b.openedCount + 1;
+  return {
+    ...b,
+    state: "open",
+    since: now,
+    openedCount,
+    retryAt: now + cooldownMs(openedCount, s),
+    probeSuccesses: 0,
+  };
+}
+
+function close(b: Breaker, now: number): Breaker {
+  return {
+    ...b,
+    state: "closed",
+    since: now,
+    consecutive: 0,
+    buckets: [],
+    retryAt: null,
+    probeSuccesses: 0,
+  };
+}
+
+function windowCounts(b: Breaker, now: number, s: BreakerSettings) {
+  let requests = 0;
+  let failures = 0;
+  for (const bucket of b.buckets) {
+    if (bucket.at <= now - s.windowMs) continue;
+    requests += bucket.requests;
+    failures += bucket.failures;
+  }
+  return { requests, failures };
+}

@@ -1,0 +1,202 @@
+/**
+ * OriginBreakers: the circuit breakers of one region's origins (docs/failover.md,
+ * "Breakers"), one object per region so that every edge isolate and every Batcher shard
+ * sees the same state. Reporters send outcomes in bulk and get every breaker of the region
+ * back; the alarm moves open breakers to half-open when their cooldown ends and probes
+ * their origins' `/health` until they close or open again. State changes are written at
+ * once (they are rare); the sliding windows live in memory.
+ */
+import { DurableObject } from "cloudflare:workers";
+import type { BreakerSettings } from "../../contracts/breaker.ts";
+import { applyMigrations } from "../migrations.ts";
+import { type Breaker, force, newBreaker, probed, record, tick, viewOf } from "./breaker.ts";
+import { breakerConfigOf } from "./settings.ts";
+import {
+  type BreakerView,
+  type OutcomeReport,
+  PROBE_INTERVAL_MS,
+  PROBE_TIMEOUT_MS,
+} from "./types.ts";
+
+const MIGRATIONS: readonly string[] = [
+  `CREATE TABLE breakers (
+     origin TEXT PRIMARY KEY, state TEXT NOT NULL, since INTEGER NOT NULL,
+     opened_count INTEGER NOT NULL, retry_at INTEGER, forced INTEGER NOT NULL);`,
+];
+
+type BreakerRow = {
+  origin: string;
+  state: string;
+  since: number;
+  opened_count: number;
+  retry_at: number | null;
+  forced: number;
+};
+
+/** The breakers of one region's origins. */
+export class OriginBreakers extends DurableObject<Env> {
+  readonly #breakers = new Map<string, Breaker>();
+  readonly #urls = new Map<string, string>();
+  #settings: BreakerSettings;
+  #region = "";
+
+  constructor(ctx: DurableObjectState, env: Env) {
+    super(ctx, env);
+    this.#settings = breakerConfigOf(env.WARMGATE_CONFIG).settings;
+    ctx
+      .blockConcurrencyWhile(async () => {
+        applyMigrations(ctx.storage, MIGRATIONS);
+      })
+      .catch(() => {});
+  }
+
+  /** Takes in outcomes of the region's origins; answers every breaker of the region. */
+  report(region: string, reports: readonly OutcomeReport[]): BreakerView[] {
+    const now = Date.now();
+    this.#load(region, now);
+    for (const report of reports) {
+      const before = this.#breakers.get(report.origin);
+      if (before === undefined) continue;
+      this.#put(before, record(before, report, now, this.#settings), now);
+    }
+    return this.#views(now);
+  }
+
+  /** Every breaker of the region. */
+  views(region: string): BreakerView[] {
+    const now = Date.now();
+    this.#load(region, now);
+    return this.#views(now);
+  }
+
+  /** An operator forces a breaker open or closed; null for an origin the region lacks. */
+  force(region: string, origin: string, state: "open" | "closed"): BreakerView | null {
+    const now = Date.now();
+    this.#load(region, now);
+    const before = this.#breakers.get(origin);
+    if (before === undefined) return null;
+    const after = force(before, state, now);
+    this.#put(before, after, now);
+    return viewOf(after, now, this.#settings);
+  }
+
+  /** Half-opens breakers whose cooldown ended and probes their origins. */
+  override async alarm(): Promise<void> {
+    const now = Date.now();
+    for (const b of this.#breakers.values()) this.#put(b, tick(b, now, this.#settings), now);
+    const halfOpen = [...this.#breakers.values()].filter((b) => b.state === "half_open");
+    await Promise.all(
+      halfOpen.map(async (b) => {
+        const ok = await this.#probe(b.origin);
+        const current = this.#breakers.get(b.origin);
+        if (current !== undefined) {
+          this.#put(current, probed(current, ok, Date.now(), this.#settings), Date.now());
+        }
+      }),
+    );
+    await this.#arm(Date.now());
+  }
+
+  // Breakers of the configured origins, from SQLite on first use.
+  #load(region: string, now: number): void {
+    if (this.#region === region && this.#breakers.size > 0) return;
+    this.#region = region;
+    const config = breakerConfigOf(this.env.WARMGATE_CONFIG);
+    this.#settings = config.settings;
+    const rows = new Map(
+      this.ctx.storage.sql
+        .exec<BreakerRow>(
+          "SELECT origin, state, since, opened_count, retry_at, forced FROM breakers",
+        )
+        .toArray()
+        .map((row) => [row.origin, row]),
+    );
+    for (const origin of config.origins) {
+      if (origin.region !== region) continue;
+      this.#urls.set(origin.id, origin.url);
+      const row = rows.get(origin.id);
+      const fresh = newBreaker(region, origin.id, now);
+      this.#breakers.set(
+        origin.id,
+        row === undefined
+          ? fresh
+          : {
+              ...fresh,
+              state: row.state === "open" || row.state === "half_open" ? row.state : "closed",
+              since: row.since,
+              openedCount: row.opened_count,
+              retryAt: row.retry_at,
+              forced: row.forced === 1,
+            },
+      );
+    }
+  }
+
+  #views(now: number): BreakerView[] {
+    return [...this.#breakers.values()].map((b) => viewOf(b, now, this.#settings));
+  }
+
+  // Keeps a breaker's new state; writes it, and re-arms the alarm, when it changed.
+  #put(before: Breaker, after: Breaker, now: number): void {
+    this.#breakers.set(after.origin, after);
+    const changed =
+      before.state !== after.state ||
+      before.forced !== after.forced ||
+      before.retryAt !== after.retryAt ||
+      before.openedCount !== after.openedCount;
+    if (!changed) return;
+    if (before.state !== after.state) {
+      console.warn("breaker", this.#region, after.origin, before.state, "->", after.state);
+    }
+    this.ctx.storage.sql.exec(
+      `INSERT INTO breakers (origin, state, since, opened_count, retry_at, forced)
+       VALUES (?, ?, ?, ?, ?, ?)
+       ON CONFLICT (origin) DO UPDATE SET state = excluded.state, since = excluded.since,
+         opened_count = excluded.opened_count, retry_at = excluded.retry_at,
+         forced = excluded.forced`,
+      after.origin,
+      after.state,
+      after.since,
+      after.openedCount,
+      after.retryAt,
+      after.forced ? 1 : 0,
+    );
+    this.ctx.waitUntil(this.#arm(now));
+  }
+
+  // The alarm runs at the earliest cooldown's end, or soon while a breaker is half-open.
+  async #arm(now: number): Promise<void> {
+    let at: number | null = null;
+    for (const b of this.#breakers.values()) {
+      if (b.forced) continue;
+      const due =
+        b.state === "half_open"
+          ? now + PROBE_INTERVAL_MS
+          : b.state === "open" && b.retryAt !== null
+            ? b.retryAt
+            : null;
+      if (due !== null && (at === null || due < at)) at = due;
+    }
+    if (at === null) await this.ctx.storage.deleteAlarm();
+    else await this.ctx.storage.setAlarm(at);
+  }
+
+  // A synthetic health probe: the origin's `/health`, behind the edge's access token.
+  async #probe(origin: string): Promise<boolean> {
+    const url = this.#urls.get(origin);
+    if (url === undefined) return false;
+    try {
+      const res = await fetch(`${url}/health`, {
+        headers:
+          this.env.ORIGIN_TOKEN === undefined
+            ? {}
+            : { authorization: `Bearer ${this.env.ORIGIN_TOKEN}` },
+        signal: AbortSignal.timeout(PROBE_TIMEOUT_MS),
+      });
+      await res.body?.cancel();
+      return res.ok;
+    } catch {
+      return false;
+    }
+  }
+}

@@ -1,0 +1,55 @@
+/**
+ * The edge isolate's copy of the origins' circuit breakers (docs/failover.md, "Breakers"):
+ * outcomes of the requests it sent straight to origins go to each region's `OriginBreakers`
+ * in bulk, and the breakers come back with the answer; no Durable Object call per request.
+ */
+import { env } from "cloudflare:workers";
+import { BreakerCache } from "../contracts/breaker-cache.ts";
+import { type ApiError, originFailure } from "../contracts/errors.ts";
+import type { GatewayConfig, RegionConfig } from "./config.ts";
+import { retryAfterHeaders } from "./rate-limit-headers.ts";
+
+/** This isolate's breakers (a cache: losing it with the isolate only costs a sync). */
+export const edgeBreakers = new BreakerCache((region, reports) =>
+  env.ORIGIN_BREAKERS.getByName(region).report(region, reports),
+);
+
+/** Whether breakers apply under `config` (`breakers.enabled`, default true). */
+export function breakersOn(config: GatewayConfig): boolean {
+  return config.breakers?.enabled ?? true;
+}
+
+/** Brings the copies of these regions' breakers up to date when due; the work to wait for. */
+export function syncBreakers(regions: readonly RegionConfig[], now: number): Promise<unknown>[] {
+  const work: Promise<unknown>[] = [];
+  for (const region of regions) {
+    const sync = edgeBreakers.sync(region.id, now);
+    if (sync !== null) work.push(sync);
+  }
+  return work;
+}
+
+/**
+ * 503 `no_healthy_origin` for a request every origin of whose model is behind an open
+ * breaker, with `retry-after` at the earliest breaker's retry time.
+ */
+export function allOriginsOpen(
+  regions: readonly RegionConfig[],
+  serves: (origin: RegionConfig["origins"][number]) => boolean,
+  now: number,
+): ApiError {
+  let earliest: number | null = null;
+  for (const region of regions) {
+    for (const origin of region.origins) {
+      if (!serves(origin)) continue;
+      const at = edgeBreakers.view(origin.id)?.retry_at ?? null;
+      if (at !== null && (earliest === null || at < earliest)) earliest = at;
+    }
+  }
+  const error = originFailure("unavailable");
+  const waitMs = Math.max(1_000, (earliest ?? now + 1_000) - now);
+  for (const [name, value] of Object.entries(retryAfterHeaders(waitMs))) {
+    error.headers[name] = value;
+  }
+  return error;
+}

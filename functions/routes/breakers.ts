@@ -1,0 +1,38 @@
+/**
+ * `GET /admin/breakers` and `POST /admin/breakers/:origin`: the origins' circuit breakers,
+ * and forcing one open or closed. Behind the admin token.
+ * See docs/failover.md, "Breakers".
+ */
+import { Hono } from "hono";
+import { z } from "zod";
+import { adminAuth } from "../admin.ts";
+import type { AppEnv } from "../app-env.ts";
+import { ApiError } from "../../contracts/errors.ts";
+import { readJsonBody } from "../json-body.ts";
+
+const ForceSchema = z.strictObject({ state: z.enum(["open", "closed"]) });
+
+/** The breaker route group, mounted at `/admin/breakers`. */
+export const breakers = new Hono<AppEnv>()
+  .use("*", adminAuth())
+  .get("/", async (c) => {
+    const regions = c.var.config.regions;
+    const views = await Promise.all(
+      regions.map((region) => c.env.ORIGIN_BREAKERS.getByName(region.id).views(region.id)),
+    );
+    return c.json({ data: views.flat() });
+  })
+  .post("/:origin", async (c) => {
+    const origin = c.req.param("origin");
+    const region = c.var.config.regions.find((r) => r.origins.some((o) => o.id === origin));
+    if (region === undefined) {
+      throw new ApiError(404, `No origin '${origin}' is configured.`, {
+        type: "invalid_request_error",
+        param: "origin",
+        code: "origin_not_found",
+      });
+    }
+    const { state } = await readJsonBody(c.req.raw, ForceSchema);
+    const view = await c.env.ORIGIN_BREAKERS.getByName(region.id).force(region.id, origin, state);
+    return c.json(view);
+  });
