@@ -1,14 +1,17 @@
 /**
  * A reporter's copy of its regions' breakers (docs/failover.md, "Breakers"), kept by every
  * edge isolate and every Batcher: no Durable Object call per request. Outcomes gather here
- * and go to the region's `OriginBreakers` in bulk, at most every `flushMs` (at once after a
- * failure that found none pending), and the answer brings every breaker of the region back;
- * a copy older than `refreshMs` is refreshed the same way. Time comes in as `now`.
+ * and go to the region's `OriginBreakers` in bulk: successes at most every `flushMs`, a
+ * failure at once (or right behind the exchange in flight), and the answer brings every
+ * breaker of the region back; a copy older than `refreshMs` is refreshed the same way.
  */
-import type { BreakerView, OutcomeReport } from "./breaker.ts";
+import type { BreakerRegion, BreakerView, OutcomeReport } from "./breaker.ts";
 
 /** Sends a region's outcomes and answers its breakers. */
-export type BreakerExchange = (region: string, reports: OutcomeReport[]) => Promise<BreakerView[]>;
+export type BreakerExchange = (
+  region: BreakerRegion,
+  reports: OutcomeReport[],
+) => Promise<BreakerView[]>;
 
 export interface BreakerCacheOptions {
   refreshMs: number;
@@ -55,31 +58,32 @@ export class BreakerCache {
   }
 
   /** Counts one request's outcome at an origin. */
-  record(region: string, origin: string, ok: boolean, now: number): Promise<void> | null {
-    const r = this.#region(region);
+  record(region: BreakerRegion, origin: string, ok: boolean, now: number): Promise<void> | null {
+    const r = this.#region(region.id);
     const current = r.pending.get(origin) ?? { origin, requests: 0, failures: 0, trailing: 0 };
-    const wasClean = [...r.pending.values()].every((p) => p.failures === 0);
     r.pending.set(origin, {
       origin,
       requests: current.requests + 1,
       failures: current.failures + (ok ? 0 : 1),
       trailing: ok ? 0 : current.trailing + 1,
     });
-    // A first failure goes at once: a trip must reach every reporter within a second.
-    return this.sync(region, now, !ok && wasClean);
+    // Failures go at once: a trip must reach every reporter within a second.
+    return this.sync(region, now, !ok);
   }
 
   /**
-   * Sends what is pending and takes the answer, when due (or `now`, when `urgent`); the
-   * promise to keep the sender alive for, or null when nothing was due.
+   * Sends what is pending and takes the answer, when due (at once when `urgent`: a failure
+   * that may have opened a breaker); the promise to keep the sender alive for, or null when
+   * nothing was due or an exchange is already in flight.
    */
-  sync(region: string, now: number, urgent = false): Promise<void> | null {
-    const r = this.#region(region);
+  sync(region: BreakerRegion, now: number, urgent = false): Promise<void> | null {
+    const r = this.#region(region.id);
     if (r.sending !== null) return null;
     const age = now - r.syncedAt;
     const due =
+      urgent ||
       age >= this.#options.refreshMs ||
-      (r.pending.size > 0 && (urgent || age >= this.#options.flushMs));
+      (r.pending.size > 0 && age >= this.#options.flushMs);
     if (!due) return null;
     const reports = [...r.pending.values()];
     r.pending.clear();
@@ -89,8 +93,11 @@ export class BreakerCache {
       .catch(() => {
         // Lost outcomes are few; the next sync carries on from here.
       })
-      .finally(() => {
+      .then(() => {
         r.sending = null;
+        // Failures that came while the exchange was in flight go right behind it.
+        const failed = [...r.pending.values()].some((p) => p.failures > 0);
+        return failed ? (this.sync(region, Date.now(), true) ?? undefined) : undefined;
       });
     return r.sending;
   }

@@ -64,6 +64,13 @@ export const DEFAULT_BREAKER_SETTINGS: Readonly<BreakerSettings> = {
   probes: 2,
 };
 
+/** A region as a reporter knows it: its origins and the settings its breakers trip by. */
+export interface BreakerRegion {
+  id: string;
+  origins: { id: string; url: string }[];
+  settings: BreakerSettings;
+}
+
 /** Whether a breaker keeps client requests away from its origin at `now`. */
 export function blocks(view: Pick<BreakerView, "state">): boolean {
   return view.state !== "closed";

@@ -18,7 +18,7 @@ const NO_BREAKERS: BreakerGate = { blocked: () => false };
 
 /** Quarantine and breaker state of a set of origins, by id. */
 export class OriginHealth {
-  readonly #failedAt = new Map<string, number>();
+  readonly #until = new Map<string, number>();
   readonly quarantineMs: number;
   readonly #breakers: BreakerGate;
 
@@ -32,20 +32,22 @@ export class OriginHealth {
     return !this.#breakers.blocked(id);
   }
 
-  /** The origin failed a request: it could not be reached, timed out, answered 5xx or broke off. */
-  failed(id: string, now: number): void {
-    this.#failedAt.set(id, now);
+  /**
+   * The origin failed a request: it could not be reached, timed out, answered 5xx or broke
+   * off. It is quarantined for `quarantineMs` (this rule's, unless given).
+   */
+  failed(id: string, now: number, quarantineMs: number = this.quarantineMs): void {
+    this.#until.set(id, now + quarantineMs);
   }
 
   /** The origin answered: healthy again. */
   answered(id: string): void {
-    this.#failedAt.delete(id);
+    this.#until.delete(id);
   }
 
   /** Whether the origin is quarantined at `now`. */
   quarantined(id: string, now: number): boolean {
-    const at = this.#failedAt.get(id);
-    return at !== undefined && at + this.quarantineMs > now;
+    return (this.#until.get(id) ?? Number.NEGATIVE_INFINITY) > now;
   }
 
   /**
@@ -65,6 +67,6 @@ export class OriginHealth {
 
   /** Forgets every failure. */
   clear(): void {
-    this.#failedAt.clear();
+    this.#until.clear();
   }
 }

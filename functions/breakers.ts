@@ -4,15 +4,63 @@
  * in bulk, and the breakers come back with the answer; no Durable Object call per request.
  */
 import { env } from "cloudflare:workers";
+import type { BreakerRegion } from "../contracts/breaker.ts";
 import { BreakerCache } from "../contracts/breaker-cache.ts";
+import { breakerSettingsOf } from "../durable-objects/origin-breakers/settings.ts";
 import { type ApiError, originFailure } from "../contracts/errors.ts";
 import type { GatewayConfig, RegionConfig } from "./config.ts";
 import { retryAfterHeaders } from "./rate-limit-headers.ts";
 
 /** This isolate's breakers (a cache: losing it with the isolate only costs a sync). */
-export const edgeBreakers = new BreakerCache((region, reports) =>
-  env.ORIGIN_BREAKERS.getByName(region).report(region, reports),
+export const edgeBreakers = new BreakerCache(
+  (region, reports) => env.ORIGIN_BREAKERS.getByName(region.id).report(region, reports),
+  {
+    onChange: (changed) => {
+      for (const view of changed) {
+        if (view.state === "closed") continue;
+        for (const giveUp of watchers.get(view.origin) ?? []) giveUp();
+      }
+    },
+  },
 );
+
+// Attempts sent straight to an origin, to give up should its breaker open.
+const watchers = new Map<string, Set<() => void>>();
+
+/** Calls `giveUp` should `origin`'s breaker open; answers how to stop watching. */
+export function watchBreaker(origin: string, giveUp: () => void): () => void {
+  let set = watchers.get(origin);
+  if (set === undefined) {
+    set = new Set();
+    watchers.set(origin, set);
+  }
+  set.add(giveUp);
+  return () => {
+    set.delete(giveUp);
+    if (set.size === 0) watchers.delete(origin);
+  };
+}
+
+const regionsOf = new WeakMap<GatewayConfig, Map<string, BreakerRegion>>();
+
+/** A configured region as its breakers know it (cached per config). */
+export function breakerRegion(config: GatewayConfig, region: RegionConfig): BreakerRegion {
+  let byId = regionsOf.get(config);
+  if (byId === undefined) {
+    byId = new Map();
+    regionsOf.set(config, byId);
+  }
+  let known = byId.get(region.id);
+  if (known === undefined) {
+    known = {
+      id: region.id,
+      origins: region.origins.map((origin) => ({ id: origin.id, url: origin.url })),
+      settings: breakerSettingsOf(config.breakers),
+    };
+    byId.set(region.id, known);
+  }
+  return known;
+}
 
 /** Whether breakers apply under `config` (`breakers.enabled`, default true). */
 export function breakersOn(config: GatewayConfig): boolean {
@@ -20,10 +68,14 @@ export function breakersOn(config: GatewayConfig): boolean {
 }
 
 /** Brings the copies of these regions' breakers up to date when due; the work to wait for. */
-export function syncBreakers(regions: readonly RegionConfig[], now: number): Promise<unknown>[] {
+export function syncBreakers(
+  config: GatewayConfig,
+  regions: readonly RegionConfig[],
+  now: number,
+): Promise<unknown>[] {
   const work: Promise<unknown>[] = [];
   for (const region of regions) {
-    const sync = edgeBreakers.sync(region.id, now);
+    const sync = edgeBreakers.sync(breakerRegion(config, region), now);
     if (sync !== null) work.push(sync);
   }
   return work;

@@ -60,9 +60,9 @@ export class OriginPool {
     else this.#inFlight.delete(originId);
   }
 
-  /** The origin failed before answering: try it last for a while. */
-  reportFailure(originId: string, now: number): void {
-    this.#health.failed(originId, now);
+  /** The origin failed before answering: try it last for a while (`quarantineMs`). */
+  reportFailure(originId: string, now: number, quarantineMs?: number): void {
+    this.#health.failed(originId, now, quarantineMs);
   }
 
   /** The origin answered: it is healthy again. */

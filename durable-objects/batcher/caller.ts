@@ -26,6 +26,8 @@ export interface BatchCaller {
   cancelling: boolean;
   /** Its first body byte has come back. */
   firstByte: boolean;
+  /** Its HEAD was slower than the breakers allow, and its origin was told so. */
+  slow: boolean;
 }
 
 /** An upstream call to one origin, carrying one batch. */
@@ -63,6 +65,7 @@ export function newCaller(
     status: null,
     cancelling: false,
     firstByte: false,
+    slow: false,
   };
 }
 

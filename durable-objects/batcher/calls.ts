@@ -104,10 +104,15 @@ export class Calls {
       caller.stage = "sent";
       caller.call = call;
       if (caller.input.timeHead) {
-        caller.headTimer = setTimeout(
-          () => this.#headTimeout(caller),
-          caller.input.firstByteTimeoutMs,
-        );
+        const timeoutMs = caller.input.firstByteTimeoutMs;
+        const slowMs =
+          queue.setup?.breakers.enabled === true
+            ? queue.setup.breakers.settings.slowFirstByteMs
+            : timeoutMs;
+        caller.headTimer =
+          slowMs < timeoutMs
+            ? setTimeout(() => this.#slowHead(caller, timeoutMs - slowMs), slowMs)
+            : setTimeout(() => this.#headTimeout(caller), timeoutMs);
       }
     }
     this.#open.set(call.id, call);
@@ -119,7 +124,7 @@ export class Calls {
     records.opened(call, now, items);
     this.#host.armAlarm();
     const lanes = queue.state?.config.lanes.length ?? 1;
-    const silenceMs = queue.setup?.breakers.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
+    const silenceMs = queue.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
     const running = runCall(call, this.#host.upstream(call.url), lanes, silenceMs, {
       frames: (frames) => this.#onFrames(call, frames),
       paused: (lagMs, at) => {
@@ -187,8 +192,9 @@ export class Calls {
           else queue.health.answered(call.originId);
           // An origin's 429 is overload, not sickness; a streamed HEAD that took longer than
           // allowed is as sick as an error.
-          if (head.status !== 429) {
-            const slowMs = queue.setup?.breakers.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
+          if (head.status !== 429 && !caller.slow) {
+            const slowMs =
+              queue.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
             const slow = caller.input.timeHead && now - call.sentAt > slowMs;
             this.#host.outcome(call.originId, head.status < 500 && !slow);
           }
@@ -274,7 +280,7 @@ export class Calls {
     for (const [index, caller] of call.callers.entries()) {
       this.#closeItem(call, index, now);
       if (caller.stage !== "sent") continue;
-      if (quarantine) this.#host.outcome(call.originId, false);
+      if (quarantine && !caller.slow) this.#host.outcome(call.originId, false);
       this.#host.callers.failSent(caller, code, detail, call.originId);
     }
     if (quarantine) this.#host.queue.health.failed(call.originId, now);
@@ -357,6 +363,20 @@ export class Calls {
         );
       }
     }
+  }
+
+  /**
+   * A streamed item's HEAD is slower than the breakers allow: its origin is told of a
+   * failure now (a frozen origin is found this way), and the item waits on up to its
+   * first-byte timeout, `restMs` from now.
+   */
+  #slowHead(caller: BatchCaller, restMs: number): void {
+    caller.headTimer = null;
+    const call = caller.call;
+    if (caller.stage !== "sent" || call === null) return;
+    caller.slow = true;
+    this.#host.outcome(call.originId, false);
+    caller.headTimer = setTimeout(() => this.#headTimeout(caller), restMs);
   }
 
   #headTimeout(caller: BatchCaller): void {

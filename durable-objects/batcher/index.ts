@@ -8,6 +8,7 @@
  * their own, and the table of open calls in `records.ts`.
  */
 import { DurableObject } from "cloudflare:workers";
+import type { BreakerRegion } from "../../contracts/breaker.ts";
 import { BreakerCache } from "../../contracts/breaker-cache.ts";
 import { decodeJsonPayload } from "../../contracts/protocol.ts";
 import { type UpstreamOrigin, cancelBatchItems } from "../../contracts/upstream.ts";
@@ -29,6 +30,7 @@ import {
   type BatcherHead,
   type BatcherNotAdmitted,
   type BatcherOpenResult,
+  type BatcherSetup,
   type BatcherSnapshot,
 } from "./types.ts";
 import {
@@ -53,7 +55,7 @@ export class Batcher extends DurableObject<Env> {
     this.#calls.stop(...args),
   );
   readonly #breakers = new BreakerCache(
-    (region, reports) => this.env.ORIGIN_BREAKERS.getByName(region).report(region, reports),
+    (region, reports) => this.env.ORIGIN_BREAKERS.getByName(region.id).report(region, reports),
     {
       onChange: (changed) => {
         for (const origin of this.#queue.breakersChanged(changed, Date.now())) {
@@ -73,7 +75,7 @@ export class Batcher extends DurableObject<Env> {
     outcome: (origin, ok) => {
       const setup = this.#queue.setup;
       if (setup === null || !setup.breakers.enabled) return;
-      const sync = this.#breakers.record(setup.region, origin, ok, Date.now());
+      const sync = this.#breakers.record(breakerRegionOf(setup), origin, ok, Date.now());
       if (sync !== null) this.ctx.waitUntil(sync);
     },
   });
@@ -223,7 +225,7 @@ export class Batcher extends DurableObject<Env> {
     const now = Date.now();
     let state = this.#queue.configure(input.setup, now, this.#busy(), this.#breakers);
     if (input.setup.breakers.enabled) {
-      const sync = this.#breakers.sync(input.setup.region, now);
+      const sync = this.#breakers.sync(breakerRegionOf(input.setup), now);
       if (sync !== null) this.ctx.waitUntil(sync);
     }
     if (input.recentFirstByteMs !== undefined && input.recentFirstByteMs !== null) {
@@ -336,4 +338,9 @@ export class Batcher extends DurableObject<Env> {
       }),
     );
   }
+}
+
+/** The region of a setup as its breakers know it. */
+function breakerRegionOf(setup: BatcherSetup): BreakerRegion {
+  return { id: setup.region, origins: setup.origins, settings: setup.breakers.settings };
 }

@@ -2,6 +2,7 @@
  * The contract of a `Batcher` (docs/batching.md): its setup, what a request attempt sends,
  * what `open`, `end`, `answer`, `cancel` and `snapshot` answer, and its constants.
  */
+import type { BreakerSettings } from "../../contracts/breaker.ts";
 import type { ItemHead, ItemPath, ItemTrailer } from "../../contracts/protocol.ts";
 import type { FlushReason, OriginLoadView } from "./window/index.ts";
 import type { WindowConfig } from "./settings.ts";
@@ -37,7 +38,7 @@ export interface BatcherSetup {
    * Whether the origins' breakers apply, and how slow an origin may be: a first byte of a
    * streamed item, or any frame of a call, slower than `slowFirstByteMs` is a failure.
    */
-  breakers: { enabled: boolean; slowFirstByteMs: number };
+  breakers: { enabled: boolean; settings: BreakerSettings };
   /** The window policy's settings, defaults filled in. */
   window: WindowConfig;
   /** Where each origin of `window.origins` listens. */

@@ -7,10 +7,13 @@
  * once (they are rare); the sliding windows live in memory.
  */
 import { DurableObject } from "cloudflare:workers";
-import type { BreakerSettings } from "../../contracts/breaker.ts";
+import {
+  type BreakerRegion,
+  type BreakerSettings,
+  DEFAULT_BREAKER_SETTINGS,
+} from "../../contracts/breaker.ts";
 import { applyMigrations } from "../migrations.ts";
 import { type Breaker, force, newBreaker, probed, record, tick, viewOf } from "./breaker.ts";
-import { breakerConfigOf } from "./settings.ts";
 import {
   type BreakerView,
   type OutcomeReport,
@@ -37,12 +40,11 @@ type BreakerRow = {
 export class OriginBreakers extends DurableObject<Env> {
   readonly #breakers = new Map<string, Breaker>();
   readonly #urls = new Map<string, string>();
-  #settings: BreakerSettings;
-  #region = "";
+  #settings: BreakerSettings = { ...DEFAULT_BREAKER_SETTINGS };
+  #rows: Map<string, BreakerRow> | null = null;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
-    this.#settings = breakerConfigOf(env.WARMGATE_CONFIG).settings;
     ctx
       .blockConcurrencyWhile(async () => {
         applyMigrations(ctx.storage, MIGRATIONS);
@@ -51,9 +53,9 @@ export class OriginBreakers extends DurableObject<Env> {
   }
 
   /** Takes in outcomes of the region's origins; answers every breaker of the region. */
-  report(region: string, reports: readonly OutcomeReport[]): BreakerView[] {
+  report(region: BreakerRegion, reports: readonly OutcomeReport[]): BreakerView[] {
     const now = Date.now();
-    this.#load(region, now);
+    this.#know(region, now);
     for (const report of reports) {
       const before = this.#breakers.get(report.origin);
       if (before === undefined) continue;
@@ -63,16 +65,16 @@ export class OriginBreakers extends DurableObject<Env> {
   }
 
   /** Every breaker of the region. */
-  views(region: string): BreakerView[] {
+  views(region: BreakerRegion): BreakerView[] {
     const now = Date.now();
-    this.#load(region, now);
+    this.#know(region, now);
     return this.#views(now);
   }
 
   /** An operator forces a breaker open or closed; null for an origin the region lacks. */
-  force(region: string, origin: string, state: "open" | "closed"): BreakerView | null {
+  force(region: BreakerRegion, origin: string, state: "open" | "closed"): BreakerView | null {
     const now = Date.now();
-    this.#load(region, now);
+    this.#know(region, now);
     const before = this.#breakers.get(origin);
     if (before === undefined) return null;
     const after = force(before, state, now);
@@ -97,13 +99,11 @@ export class OriginBreakers extends DurableObject<Env> {
     await this.#arm(Date.now());
   }
 
-  // Breakers of the configured origins, from SQLite on first use.
-  #load(region: string, now: number): void {
-    if (this.#region === region && this.#breakers.size > 0) return;
-    this.#region = region;
-    const config = breakerConfigOf(this.env.WARMGATE_CONFIG);
-    this.#settings = config.settings;
-    const rows = new Map(
+  // The region's origins as the reporter names them (new ones join, from SQLite when
+  // they have a row) and its latest settings.
+  #know(region: BreakerRegion, now: number): void {
+    this.#settings = region.settings;
+    this.#rows ??= new Map(
       this.ctx.storage.sql
         .exec<BreakerRow>(
           "SELECT origin, state, since, opened_count, retry_at, forced FROM breakers",
@@ -111,11 +111,11 @@ export class OriginBreakers extends DurableObject<Env> {
         .toArray()
         .map((row) => [row.origin, row]),
     );
-    for (const origin of config.origins) {
-      if (origin.region !== region) continue;
+    for (const origin of region.origins) {
       this.#urls.set(origin.id, origin.url);
-      const row = rows.get(origin.id);
-      const fresh = newBreaker(region, origin.id, now);
+      if (this.#breakers.has(origin.id)) continue;
+      const row = this.#rows.get(origin.id);
+      const fresh = newBreaker(region.id, origin.id, now);
       this.#breakers.set(
         origin.id,
         row === undefined
@@ -146,7 +146,7 @@ export class OriginBreakers extends DurableObject<Env> {
       before.openedCount !== after.openedCount;
     if (!changed) return;
     if (before.state !== after.state) {
-      console.warn("breaker", this.#region, after.origin, before.state, "->", after.state);
+      console.warn("breaker", after.region, after.origin, before.state, "->", after.state);
     }
     this.ctx.storage.sql.exec(
       `INSERT INTO breakers (origin, state, since, opened_count, retry_at, forced)

@@ -1,7 +1,7 @@
 /**
  * The `breakers` section of `WARMGATE_CONFIG` (docs/failover.md, "Settings"): how origins'
- * circuit breakers trip, cool down and are probed. The edge validates it at start-up; the
- * `OriginBreakers` object reads the same document.
+ * circuit breakers trip, cool down and are probed. The edge validates it at start-up and
+ * sends the settings with every report.
  */
 import { z } from "zod";
 import { type BreakerSettings, DEFAULT_BREAKER_SETTINGS } from "../../contracts/breaker.ts";
@@ -33,40 +33,5 @@ export function breakerSettingsOf(config: BreakersConfig | undefined): BreakerSe
     cooldownMs,
     maxCooldownMs: Math.max(cooldownMs, config?.max_cooldown_ms ?? d.maxCooldownMs),
     probes: config?.probes ?? d.probes,
-  };
-}
-
-/** The regions' origins and the breaker settings of a `WARMGATE_CONFIG` text, read defensively. */
-export function breakerConfigOf(text: string | undefined): {
-  enabled: boolean;
-  settings: BreakerSettings;
-  origins: { region: string; id: string; url: string }[];
-} {
-  let parsed: unknown = null;
-  try {
-    parsed = JSON.parse(text ?? "null");
-  } catch {
-    // The edge refuses such a document at start-up; here it means no origins.
-  }
-  const doc = z
-    .object({
-      regions: z
-        .array(
-          z.object({
-            id: z.string(),
-            origins: z.array(z.object({ id: z.string(), url: z.string() })),
-          }),
-        )
-        .catch([]),
-      breakers: BreakersConfigSchema.optional().catch(undefined),
-    })
-    .catch({ regions: [], breakers: undefined })
-    .parse(parsed ?? {});
-  return {
-    enabled: doc.breakers?.enabled ?? true,
-    settings: breakerSettingsOf(doc.breakers),
-    origins: doc.regions.flatMap((region) =>
-      region.origins.map((origin) => ({ region: region.id, id: origin.id, url: origin.url })),
-    ),
   };
 }

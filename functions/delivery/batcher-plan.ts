@@ -80,7 +80,7 @@ function buildPlan(
   const urls = origins.map((origin) => ({ id: origin.id, url: origin.url }));
   const breakers = {
     enabled: config.breakers?.enabled ?? true,
-    slowFirstByteMs: breakerSettingsOf(config.breakers).slowFirstByteMs,
+    settings: breakerSettingsOf(config.breakers),
   };
   const versioned = { window, urls, quarantineMs, clientBacklogBytes, breakers };
   return {

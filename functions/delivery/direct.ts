@@ -61,6 +61,8 @@ export interface OpenItemOptions {
   itemTimeoutMs: number;
   /** Called with each load report the origin piggybacks on the response. */
   onLoad?: (report: LoadReport) => void;
+  /** Called once the attempt is under way, with a way to give it up before its HEAD. */
+  onStart?: (giveUp: () => void) => void;
   /**
    * Read the batch response whole before looking at its frames: for a JSON answer, which
    * the engine sends at once when it is complete, one read instead of one per chunk.
@@ -70,6 +72,8 @@ export interface OpenItemOptions {
 
 /** Reason an attempt's abort carries when its first-byte timer fired. */
 export const FIRST_BYTE_TIMEOUT = "first byte timeout";
+/** Reason it carries when it was given up (its origin's breaker opened). */
+const GIVEN_UP = "given up: the origin's circuit breaker opened";
 
 /** Posts a one-item batch to `origin` and waits for the item's HEAD. Never rejects. */
 export async function openItem(
@@ -92,6 +96,7 @@ export async function openItem(
   };
   const abort = new AbortController();
   const timer = setTimeout(() => abort.abort(FIRST_BYTE_TIMEOUT), options.firstByteTimeoutMs);
+  options.onStart?.(() => abort.abort(GIVEN_UP));
   const failed = (failure: OriginFailureKind, detail: string): ItemAttempt => {
     clearTimeout(timer);
     abort.abort("attempt abandoned");

@@ -6,7 +6,7 @@
  * replaced by the next candidate, within the retry budget, and origins that failed are
  * avoided; the answer is then delivered by `response.ts`.
  */
-import type { LimitsConfig } from "../config.ts";
+import type { LimitsConfig, RegionConfig } from "../config.ts";
 import { type ApiError, type OriginFailureKind, originFailure } from "../../contracts/errors.ts";
 import type { ItemPath } from "../../contracts/protocol.ts";
 import type { OriginPool, RegionOrigin } from "../origin-pool.ts";
@@ -31,6 +31,8 @@ export interface AttemptRequest {
   itemTimeoutMs: number;
   /** Origins that already failed this request. */
   avoidOrigins: readonly string[];
+  /** For an attempt sent straight to an origin: told once it is under way (see `direct.ts`). */
+  onStart?: (giveUp: () => void) => void;
   /** The origins' access token (the edge's `ORIGIN_TOKEN`). */
   originToken?: string | undefined;
 }
@@ -60,6 +62,7 @@ export const openDirect: ItemOpener = (candidate, request) =>
     timeHead: request.delivery === "stream",
     itemTimeoutMs: request.itemTimeoutMs,
     readWhole: request.delivery === "whole",
+    ...(request.onStart !== undefined && { onStart: request.onStart }),
   });
 
 /** What the edge sends and how it reports the end. */
@@ -89,9 +92,15 @@ export interface DispatchOptions {
    * within `slowFirstByteMs` for a stream), for the breakers; not for attempts the upstream
    * reported itself.
    */
-  onOutcome?: (region: string, origin: string, ok: boolean) => void;
+  onOutcome?: (region: RegionConfig, origin: string, ok: boolean) => void;
   /** A streamed answer's HEAD slower than this counts as a failure. */
   slowFirstByteMs?: number;
+  /** How long an origin that failed is tried only after every healthy one. */
+  quarantineMs?: number;
+  /** Calls `giveUp` should the origin's breaker open; answers how to stop watching. */
+  watchBreaker?: (origin: string, giveUp: () => void) => () => void;
+  /** An attempt through a Batcher failed: the region's breakers may have changed. */
+  onUpstreamFailure?: (region: RegionConfig) => void;
   /**
    * Aborts when the client disconnects (Workers' `request.signal`): how the edge learns it
    * for a body the upstream streams itself (the Batcher's).
@@ -118,6 +127,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
     const last = i === attempts - 1;
     options.pool.begin(planned);
     const startedAt = now();
+    const watch = watchAttempt(options, candidate);
     const attempt = await open(candidate, {
       requestId: options.requestId,
       attemptId: i === 0 ? options.requestId : `${options.requestId}.${i}`,
@@ -129,16 +139,23 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       itemTimeoutMs: options.limits.request_timeout_ms,
       avoidOrigins: [...avoid],
       originToken: options.originToken,
+      onStart: watch.start,
     });
+    watch.stop();
     options.pool.end(planned);
     if (attempt.kind === "refused") throw attempt.error;
     const tell = (origin: string, ok: boolean) => {
-      if (attempt.reported !== true) options.onOutcome?.(candidate.region.id, origin, ok);
+      if (attempt.reported !== true && !watch.toldSlow) {
+        options.onOutcome?.(candidate.region, origin, ok);
+      }
     };
+    if (attempt.kind === "failed" && attempt.reported === true) {
+      options.onUpstreamFailure?.(candidate.region);
+    }
     if (attempt.kind === "failed") {
       if (attempt.originId !== null) {
         tell(attempt.originId, false);
-        options.pool.reportFailure(attempt.originId, now());
+        options.pool.reportFailure(attempt.originId, now(), options.quarantineMs);
         avoid.push(attempt.originId);
       }
       failure = attempt.failure;
@@ -159,7 +176,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
     if (status >= 500 || (status === 429 && !last)) {
       attempt.item.cancel();
       avoid.push(originId);
-      if (status >= 500) options.pool.reportFailure(originId, now());
+      if (status >= 500) options.pool.reportFailure(originId, now(), options.quarantineMs);
       // The origin's own item timeout answers 504 (see origin/server.ts).
       failure = status === 504 ? "timeout" : "bad_answer";
       console.warn("origin answered", status, options.requestId, originId);
@@ -171,4 +188,32 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
   }
   const error: ApiError = originFailure(options.candidates.length === 0 ? "unavailable" : failure);
   throw error;
+}
+
+/**
+ * Watches an attempt sent straight to an origin: a streamed HEAD slower than
+ * `slowFirstByteMs` is told as a failure while it is still awaited, and the attempt is
+ * given up should the origin's breaker open meanwhile.
+ */
+function watchAttempt(options: DispatchOptions, candidate: RegionOrigin) {
+  let slowTimer: ReturnType<typeof setTimeout> | undefined;
+  let unwatch = () => {};
+  const watch = {
+    toldSlow: false,
+    start(giveUp: () => void) {
+      const slowMs = options.slowFirstByteMs;
+      if (options.delivery === "stream" && slowMs !== undefined) {
+        slowTimer = setTimeout(() => {
+          watch.toldSlow = true;
+          options.onOutcome?.(candidate.region, candidate.origin.id, false);
+        }, slowMs);
+      }
+      unwatch = options.watchBreaker?.(candidate.origin.id, giveUp) ?? unwatch;
+    },
+    stop() {
+      if (slowTimer !== undefined) clearTimeout(slowTimer);
+      unwatch();
+    },
+  };
+  return watch;
 }

@@ -9,6 +9,7 @@ import { adminAuth } from "../admin.ts";
 import type { AppEnv } from "../app-env.ts";
 import { ApiError } from "../../contracts/errors.ts";
 import { readJsonBody } from "../json-body.ts";
+import { breakerRegion } from "../breakers.ts";
 
 const ForceSchema = z.strictObject({ state: z.enum(["open", "closed"]) });
 
@@ -18,7 +19,9 @@ export const breakers = new Hono<AppEnv>()
   .get("/", async (c) => {
     const regions = c.var.config.regions;
     const views = await Promise.all(
-      regions.map((region) => c.env.ORIGIN_BREAKERS.getByName(region.id).views(region.id)),
+      regions.map((region) =>
+        c.env.ORIGIN_BREAKERS.getByName(region.id).views(breakerRegion(c.var.config, region)),
+      ),
     );
     return c.json({ data: views.flat() });
   })
@@ -33,6 +36,10 @@ export const breakers = new Hono<AppEnv>()
       });
     }
     const { state } = await readJsonBody(c.req.raw, ForceSchema);
-    const view = await c.env.ORIGIN_BREAKERS.getByName(region.id).force(region.id, origin, state);
+    const view = await c.env.ORIGIN_BREAKERS.getByName(region.id).force(
+      breakerRegion(c.var.config, region),
+      origin,
+      state,
+    );
     return c.json(view);
   });

@@ -17,8 +17,15 @@ import { withModelFallback } from "../model-fallback.ts";
 import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
 import { waitUntilOf } from "../middleware/request-context.ts";
 import { OriginPool } from "../origin-pool.ts";
-import { allOriginsOpen, breakersOn, edgeBreakers, syncBreakers } from "../breakers.ts";
-import { originServes } from "../config.ts";
+import {
+  allOriginsOpen,
+  breakerRegion,
+  breakersOn,
+  edgeBreakers,
+  syncBreakers,
+  watchBreaker,
+} from "../breakers.ts";
+import { type RegionConfig, originServes } from "../config.ts";
 import { DEFAULT_QUARANTINE_MS, OriginHealth } from "../../contracts/origin-health.ts";
 import { breakerSettingsOf } from "../../durable-objects/origin-breakers/settings.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
@@ -78,18 +85,20 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
   const now = Date.now();
   const breakers = breakersOn(config);
   const waitUntil = waitUntilOf(c);
-  if (breakers) for (const work of syncBreakers(order.regions, now)) waitUntil(work);
+  if (breakers) for (const work of syncBreakers(config, order.regions, now)) waitUntil(work);
   const candidates = originPool.candidates(order.regions, plan.model.id, now);
   if (candidates.length === 0 && breakers) {
     throw allOriginsOpen(order.regions, (origin) => originServes(origin, plan.model.id), now);
   }
   const slowFirstByteMs = breakerSettingsOf(config.breakers).slowFirstByteMs;
+  const quarantineMs = config.batching.origin_quarantine_ms ?? DEFAULT_QUARANTINE_MS;
   const response = await dispatchCompletion({
     requestId,
     path,
     body,
     model: plan.model.id,
     candidates,
+    quarantineMs,
     pool: originPool,
     limits: config.limits,
     delivery: plan.delivery,
@@ -98,11 +107,16 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     onSettled: (settled) => settlement.settle(settled),
     signal: c.req.raw.signal,
     ...(breakers && {
-      onOutcome: (region: string, origin: string, ok: boolean) => {
-        const sync = edgeBreakers.record(region, origin, ok, Date.now());
+      onOutcome: (region: RegionConfig, origin: string, ok: boolean) => {
+        const sync = edgeBreakers.record(breakerRegion(config, region), origin, ok, Date.now());
         if (sync !== null) waitUntil(sync);
       },
       slowFirstByteMs,
+      watchBreaker,
+      onUpstreamFailure: (region: RegionConfig) => {
+        const sync = edgeBreakers.sync(breakerRegion(config, region), Date.now(), true);
+        if (sync !== null) waitUntil(sync);
+      },
     }),
     open: batcherOpener({
       namespace: c.env.BATCHER,

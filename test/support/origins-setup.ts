@@ -29,6 +29,9 @@ const ORIGINS: { id: string; region: string; timeScale: number }[] = [
   { id: "edge-batch-1", region: "edge-batching", timeScale: 5 },
   // Metering tests inject faults into these and address them directly, in configs of their own.
   { id: "meter-1", region: "metering", timeScale: 0 },
+  // The breaker tests break these and address them directly, in configs of their own.
+  { id: "breaker-1", region: "breakers", timeScale: 0 },
+  { id: "breaker-2", region: "breakers", timeScale: 0 },
   { id: "meter-slow-1", region: "metering", timeScale: 5 },
 ];
 

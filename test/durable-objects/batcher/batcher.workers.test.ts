@@ -12,6 +12,7 @@ import {
   OPEN_BATCH_RECORD_DELAY_MS,
 } from "../../../durable-objects/batcher/types.ts";
 import { BATCHING_DEFAULTS } from "../../../durable-objects/batcher/settings.ts";
+import { DEFAULT_BREAKER_SETTINGS } from "../../../contracts/breaker.ts";
 import { type WindowConfigInput, windowConfig } from "../../support/window-config.ts";
 import type { FrameReader } from "../../../contracts/upstream.ts";
 import {
@@ -46,7 +47,7 @@ function batcher(
   const setup: BatcherSetup = {
     version: `test-${crypto.randomUUID().slice(0, 8)}`,
     region: "test",
-    breakers: { enabled: false, slowFirstByteMs: 60_000 },
+    breakers: { enabled: false, settings: DEFAULT_BREAKER_SETTINGS },
     window: windowConfig({ ...window, origins: ids.map((id) => ({ id })) }),
     origins: ids.map((id) => ({ id, url: urlOf(id) })),
     quarantineMs: 1000,
@@ -238,6 +239,11 @@ async function waitForCounts(
     current = await counts(id);
   }
   return current;
+}
+
+/** The origin's counts once items of earlier tests have left it (it cancels asynchronously). */
+function quiet(id: string): Promise<OriginCounts> {
+  return waitForCounts(id, (c) => c.inFlight === 0);
 }
 
 /** The same request straight to batch-1's own OpenAI route, as bytes. */
@@ -442,7 +448,7 @@ describe("cancellation", () => {
 
   it("cancels a streaming request on its origin, which frees its slot", async () => {
     const b = batcher(HOLD);
-    const before = await counts("batch-1");
+    const before = await quiet("batch-1");
     const frames = b.stream("c2", { body: { max_tokens: 2000 } });
     await untilHead(frames);
     const first = await frames.next();
@@ -606,7 +612,7 @@ describe("open: a streamed answer's body on a stream of its own", () => {
 
   it("ends the body with a timeout error event when the caller gives up on the item", async () => {
     const b = batcher(HOLD);
-    const before = await counts("batch-1");
+    const before = await quiet("batch-1");
     const item = await opened(b, "p2", { body: { max_tokens: 2000 } });
     const reader = item.body.getReader();
     await reader.read();
@@ -902,7 +908,7 @@ describe("open_batches", () => {
 describe("restart", () => {
   it("ends every caller with an error, and cancels the orphaned calls on their origins", async () => {
     const b = batcher(HOLD);
-    const before = await counts("batch-1");
+    const before = await quiet("batch-1");
     const occupier = await occupy(b);
     const waiting = ["e1", "e2"].map((id) => b.stream(id));
     expect((await b.stub.snapshot()).queued).toBe(2);
@@ -940,7 +946,7 @@ describe("origin failures", () => {
     const setup: BatcherSetup = {
       version: `dead-${crypto.randomUUID().slice(0, 8)}`,
       region: "test",
-      breakers: { enabled: false, slowFirstByteMs: 60_000 },
+      breakers: { enabled: false, settings: DEFAULT_BREAKER_SETTINGS },
       window: windowConfig({ origins: [{ id: "dead" }, { id: "batch-2" }] }),
       origins: [
         { id: "dead", url: "http://127.0.0.1:9" },
