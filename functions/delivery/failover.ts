@@ -139,7 +139,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       itemTimeoutMs: options.limits.request_timeout_ms,
       avoidOrigins: [...avoid],
       originToken: options.originToken,
-      onStart: watch.start,
+      onStart: (giveUp) => watch.start(giveUp),
     });
     watch.stop();
     options.pool.end(planned);
@@ -197,7 +197,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
  */
 function watchAttempt(options: DispatchOptions, candidate: RegionOrigin) {
   let slowTimer: ReturnType<typeof setTimeout> | undefined;
-  let unwatch = () => {};
+  let unwatch: (() => void) | null = null;
   const watch = {
     toldSlow: false,
     start(giveUp: () => void) {
@@ -208,11 +208,11 @@ function watchAttempt(options: DispatchOptions, candidate: RegionOrigin) {
           options.onOutcome?.(candidate.region, candidate.origin.id, false);
         }, slowMs);
       }
-      unwatch = options.watchBreaker?.(candidate.origin.id, giveUp) ?? unwatch;
+      unwatch = options.watchBreaker?.(candidate.origin.id, giveUp) ?? null;
     },
     stop() {
       if (slowTimer !== undefined) clearTimeout(slowTimer);
-      unwatch();
+      unwatch?.();
     },
   };
   return watch;

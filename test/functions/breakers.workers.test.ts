@@ -61,10 +61,13 @@ async function send(config: string, request: Request): Promise<Response> {
   return new Response(body, response);
 }
 
-const admin = (path: string, init: RequestInit = {}) =>
+const admin = (path: string, init: { method?: string; body?: string } = {}) =>
   new Request(`https://edge.test${path}`, {
     ...init,
-    headers: { authorization: `Bearer ${TEST_ADMIN_TOKEN}`, ...init.headers },
+    headers: {
+      authorization: `Bearer ${TEST_ADMIN_TOKEN}`,
+      ...(init.body !== undefined && { "content-type": "application/json" }),
+    },
   });
 
 async function breakerOf(config: string, origin: string): Promise<BreakerView | undefined> {
@@ -161,7 +164,6 @@ describe("every origin of a model open", () => {
         config,
         admin(`/admin/breakers/${id}@${tag}`, {
           method: "POST",
-          headers: { "content-type": "application/json" },
           body: JSON.stringify({ state: "open" }),
         }),
       );
@@ -187,7 +189,6 @@ describe("every origin of a model open", () => {
         config,
         admin(`/admin/breakers/${id}@${tag}`, {
           method: "POST",
-          headers: { "content-type": "application/json" },
           body: JSON.stringify({ state: "closed" }),
         }),
       );
@@ -228,7 +229,6 @@ describe("the breaker admin API", () => {
       config,
       admin("/admin/breakers/breaker-1@refusals", {
         method: "POST",
-        headers: { "content-type": "application/json" },
         body: JSON.stringify({ state: "half_open" }),
       }),
     );
@@ -241,7 +241,6 @@ describe("the breaker admin API", () => {
       config,
       admin("/admin/breakers/nowhere", {
         method: "POST",
-        headers: { "content-type": "application/json" },
         body: JSON.stringify({ state: "open" }),
       }),
     );
