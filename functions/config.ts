@@ -16,6 +16,8 @@ export const DEFAULT_LIMITS = {
   first_byte_timeout_ms: 30_000,
   request_timeout_ms: 600_000,
   retry_budget: 2,
+  retry_ratio: 0.1,
+  retry_floor: 10,
 } as const;
 
 const id = z.string().min(1).max(128);
@@ -56,6 +58,10 @@ export const LimitsConfigSchema = z.strictObject({
   request_timeout_ms: z.int().positive().default(DEFAULT_LIMITS.request_timeout_ms),
   /** Extra origins tried after the first fails before any byte reached the client. */
   retry_budget: z.int().min(0).max(10).default(DEFAULT_LIMITS.retry_budget),
+  /** Retries an isolate makes at most, as a share of its requests over 10 s... */
+  retry_ratio: z.number().min(0).max(10).default(DEFAULT_LIMITS.retry_ratio),
+  /** ...plus this many, however few requests there were. */
+  retry_floor: z.int().min(0).max(100_000).default(DEFAULT_LIMITS.retry_floor),
 });
 
 /** Batching: global settings plus overrides for a region, a model, or both (later wins). */

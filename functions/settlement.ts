@@ -5,6 +5,7 @@
  * See docs/edge.md, "Settlement".
  */
 import type { ItemOutcome, ItemUsage } from "../contracts/protocol.ts";
+import type { RequestAttempt } from "../durable-objects/key-account/types.ts";
 
 /** How a request ended: the origin protocol's outcomes, seen from the client. */
 export type RequestOutcome = ItemOutcome;
@@ -35,6 +36,8 @@ export type SettleHook = (settled: SettledRequest) => void | Promise<void>;
 /** Collects hooks and runs them once, off the response path, under `waitUntil`. */
 export class Settlement {
   readonly requestId: string;
+  /** Every attempt at serving it so far, in order (see `delivery/failover.ts`). */
+  readonly attempts: RequestAttempt[] = [];
   #hooks: SettleHook[] = [];
   #record: SettledRequest | null = null;
   #settled = false;

@@ -71,6 +71,7 @@ export function settleRow(
       cachedTokens: usage === null ? null : (usage.cached_tokens ?? 0),
       completionTokens: usage?.completion_tokens ?? null,
       costMicros: cost,
+      attempts: input.attempts ?? row.attempts,
     },
     tokens: tokenCorrection(row.reservedTokens, usedTokens, input.originBegan ?? true),
     spend: { reservedMicros: late ? 0 : -row.reservedMicros, settledMicros: cost },

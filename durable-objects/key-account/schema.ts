@@ -3,7 +3,7 @@
  * rows as SQLite returns them, and the mappers between rows and what memory holds.
  */
 import { FREE, type ModelPrice } from "../../contracts/pricing.ts";
-import { KEY_TIERS, type KeyRecord, type LedgerRecord } from "./types.ts";
+import { KEY_TIERS, type KeyRecord, type LedgerRecord, type RequestAttempt } from "./types.ts";
 
 /** The schema migrations, in order (version n is entry n - 1). */
 export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
@@ -54,6 +54,7 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
    CREATE TABLE spend (
      period TEXT PRIMARY KEY, settled_micros INTEGER NOT NULL, reserved_micros INTEGER NOT NULL);`,
   `ALTER TABLE key_record ADD COLUMN allow_region_override INTEGER NOT NULL DEFAULT 0;`,
+  `ALTER TABLE ledger ADD COLUMN attempts TEXT NOT NULL DEFAULT '[]';`,
 ];
 
 /** The `buckets` scope of the key itself (end users are `u:<subject>`). */
@@ -105,6 +106,7 @@ export interface LedgerEntry {
   cachedTokens: number | null;
   completionTokens: number | null;
   costMicros: number;
+  attempts: RequestAttempt[];
 }
 
 /** The fields of a ledger entry that only its closing sets. */
@@ -115,11 +117,12 @@ export const NOT_CLOSED = {
   cachedTokens: null,
   completionTokens: null,
   costMicros: 0,
+  attempts: [],
 } as const satisfies Partial<LedgerEntry>;
 
 export const LEDGER_COLUMNS = `request_id, state, model, day, subject, subject_tpm, end_user,
   reserved_tokens, reserved_micros, candidates, created_at, expires_at, closed_at, outcome,
-  prompt_tokens, cached_tokens, completion_tokens, cost_micros`;
+  prompt_tokens, cached_tokens, completion_tokens, cost_micros, attempts`;
 
 export type LedgerRow = {
   request_id: string;
@@ -140,6 +143,7 @@ export type LedgerRow = {
   cached_tokens: number | null;
   completion_tokens: number | null;
   cost_micros: number;
+  attempts: string;
 };
 
 export type UsageDbRow = {
@@ -218,6 +222,7 @@ export function ledgerEntryOf(row: LedgerRow): LedgerEntry {
     cachedTokens: row.cached_tokens,
     completionTokens: row.completion_tokens,
     costMicros: row.cost_micros,
+    attempts: JSON.parse(row.attempts) as RequestAttempt[],
   };
 }
 
@@ -236,6 +241,7 @@ export function ledgerRecordOf(entry: LedgerEntry): LedgerRecord {
     reservedMicros: entry.reservedMicros,
     costMicros: entry.costMicros,
     endUser: entry.endUser,
+    attempts: entry.attempts,
   };
 }
 

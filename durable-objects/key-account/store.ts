@@ -164,12 +164,12 @@ export class AccountStore {
     this.writes.set(`ledger:${entry.requestId}`, () =>
       this.storage.sql.exec(
         `INSERT INTO ledger (${LEDGER_COLUMNS})
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT (request_id) DO UPDATE SET state = excluded.state, model = excluded.model,
            closed_at = excluded.closed_at, outcome = excluded.outcome,
            prompt_tokens = excluded.prompt_tokens, cached_tokens = excluded.cached_tokens,
            completion_tokens = excluded.completion_tokens, cost_micros = excluded.cost_micros,
-           expires_at = excluded.expires_at
+           expires_at = excluded.expires_at, attempts = excluded.attempts
          WHERE ledger.state = 'open' OR (ledger.state = 'expired' AND excluded.state = 'settled')`,
         entry.requestId,
         entry.state,
@@ -189,6 +189,7 @@ export class AccountStore {
         entry.cachedTokens,
         entry.completionTokens,
         entry.costMicros,
+        JSON.stringify(entry.attempts),
       ),
     );
   }

@@ -161,9 +161,20 @@ export interface SettleUsage {
  * admitted price (at most the reserved cost); without usage it costs nothing and its
  * reserved tokens stay charged to the rate limit.
  */
+/** One attempt at serving a request, as its usage record lists it. */
+export interface RequestAttempt {
+  region: string;
+  /** The origin tried, or null when none could be (the region had no healthy one). */
+  origin: string | null;
+  /** `served`: it answered the client; `failed`: another candidate was tried, or none was. */
+  result: "served" | "failed";
+}
+
 export interface SettleInput {
   requestId: string;
   outcome: SettleOutcome;
+  /** Every attempt at serving it, in order. */
+  attempts?: RequestAttempt[];
   usage?: SettleUsage | null;
   /** The model that served the request, when it is not the one admitted (alias fallback). */
   model?: string | null;
@@ -249,6 +260,7 @@ export interface LedgerRecord {
   reservedMicros: number;
   costMicros: number;
   endUser: string | null;
+  attempts: RequestAttempt[];
 }
 
 /** The answer to `usage`: rollup rows, or why the credential was refused. */

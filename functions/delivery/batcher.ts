@@ -19,7 +19,6 @@ import {
   type ItemHead,
   type ItemTrailer,
   decodeJsonPayload,
-  encodeJsonPayload,
 } from "../../contracts/protocol.ts";
 import { type FrameReader, describe } from "../../contracts/upstream.ts";
 import type { GatewayConfig } from "../config.ts";
@@ -223,7 +222,7 @@ async function answerAtBatcher(
       return assertNever(result);
   }
   const { head, body, atOnce } = result;
-  let { trailer } = result;
+  const { trailer } = result;
   if (head === null) {
     if (trailer !== null) {
       return {
@@ -237,7 +236,13 @@ async function answerAtBatcher(
       atOnce,
     };
   }
-  if (timedOutRunning) trailer = timedOutTrailer(input.id, trailer);
+  if (timedOutRunning) {
+    // Cut at the request's timeout: a timeout, whatever the origin said of the cancel.
+    const ended = trailer === null ? null : (decodeJsonPayload(trailer) as ItemTrailer);
+    if (ended?.outcome !== "ok") {
+      return { attempt: failed("timeout", "the request timed out", head.origin), atOnce };
+    }
+  }
   const frames: Frame[] = [];
   if (body.byteLength > 0) frames.push({ type: FrameType.DATA, item: 0, payload: body });
   if (trailer !== null) frames.push({ type: FrameType.END, item: 0, payload: trailer });
@@ -248,22 +253,6 @@ async function answerAtBatcher(
     atOnce,
     ...(result.headMs === null ? {} : { waitedMs: result.headMs }),
   };
-}
-
-/**
- * The END of an item cut at its request's timeout: a timeout, whatever the origin said of
- * the cancel, with the usage it reported (none when no END came).
- */
-function timedOutTrailer(id: string, trailer: Uint8Array | null): Uint8Array {
-  const ended = trailer === null ? null : (decodeJsonPayload(trailer) as ItemTrailer);
-  if (ended?.outcome === "ok") return trailer as Uint8Array;
-  const timedOut: ItemTrailer = {
-    id,
-    outcome: "timeout",
-    usage: ended?.usage ?? null,
-    error: { message: "The request timed out.", type: "server_error", code: "timeout" },
-  };
-  return encodeJsonPayload(timedOut);
 }
 
 /** A {@link FrameReader} over frames already in memory. */

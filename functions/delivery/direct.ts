@@ -64,6 +64,11 @@ export interface OpenItemOptions {
   /** Called once the attempt is under way, with a way to give it up before its HEAD. */
   onStart?: (giveUp: () => void) => void;
   /**
+   * An origin sends its answer's headers at once and a LOAD frame every load interval while
+   * the item runs: one silent this long is frozen, and the attempt fails.
+   */
+  silenceMs?: number;
+  /**
    * Read the batch response whole before looking at its frames: for a JSON answer, which
    * the engine sends at once when it is complete, one read instead of one per chunk.
    */
@@ -74,6 +79,39 @@ export interface OpenItemOptions {
 export const FIRST_BYTE_TIMEOUT = "first byte timeout";
 /** Reason it carries when it was given up (its origin's breaker opened). */
 const GIVEN_UP = "given up: the origin's circuit breaker opened";
+/** Reason it carries when the origin went silent. */
+const SILENT = "the origin went silent";
+
+/** `body`, with `silent` called should no byte of it come for `silenceMs`. */
+function watched(
+  body: ReadableStream<Uint8Array>,
+  silenceMs: number,
+  silent: () => void,
+): ReadableStream<Uint8Array> {
+  let lastAt = Date.now();
+  const dog = setInterval(
+    () => {
+      if (Date.now() - lastAt < silenceMs) return;
+      clearInterval(dog);
+      silent();
+    },
+    Math.max(50, silenceMs / 4),
+  );
+  return body.pipeThrough(
+    new TransformStream<Uint8Array, Uint8Array>({
+      transform(chunk, controller) {
+        lastAt = Date.now();
+        controller.enqueue(chunk);
+      },
+      flush() {
+        clearInterval(dog);
+      },
+      cancel() {
+        clearInterval(dog);
+      },
+    }),
+  );
+}
 
 /** Posts a one-item batch to `origin` and waits for the item's HEAD. Never rejects. */
 export async function openItem(
@@ -95,7 +133,11 @@ export async function openItem(
     ],
   };
   const abort = new AbortController();
-  const timer = setTimeout(() => abort.abort(FIRST_BYTE_TIMEOUT), options.firstByteTimeoutMs);
+  const silenceMs = options.silenceMs ?? Number.POSITIVE_INFINITY;
+  const timer = setTimeout(
+    () => abort.abort(FIRST_BYTE_TIMEOUT),
+    Math.min(options.firstByteTimeoutMs, silenceMs),
+  );
   options.onStart?.(() => abort.abort(GIVEN_UP));
   const failed = (failure: OriginFailureKind, detail: string): ItemAttempt => {
     clearTimeout(timer);
@@ -120,20 +162,24 @@ export async function openItem(
     return failed(problem?.failure ?? "bad_answer", problem?.detail ?? "no body");
   }
   if (!options.timeHead) clearTimeout(timer);
+  const body = Number.isFinite(silenceMs)
+    ? watched(response.body, silenceMs, () => abort.abort(SILENT))
+    : response.body;
 
   let frames: FrameReader;
   if (options.readWhole === true) {
     // The origin ends the item by its own timeout; this only bounds a call that never ends.
     const stuck = setTimeout(() => abort.abort("item never ended"), options.itemTimeoutMs + 5_000);
     try {
-      frames = frameList(new Uint8Array(await response.arrayBuffer()));
+      frames = frameList(new Uint8Array(await new Response(body).arrayBuffer()));
     } catch (error) {
-      return failed("bad_answer", `read: ${describe(error)}`);
+      const silent = abort.signal.reason === SILENT;
+      return failed(silent ? "timeout" : "bad_answer", `read: ${describe(error)}`);
     } finally {
       clearTimeout(stuck);
     }
   } else {
-    frames = frameReader(response.body);
+    frames = frameReader(body);
   }
   let head: ItemHead | undefined;
   while (head === undefined) {

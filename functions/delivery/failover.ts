@@ -11,8 +11,10 @@ import { type ApiError, type OriginFailureKind, originFailure } from "../../cont
 import type { ItemPath } from "../../contracts/protocol.ts";
 import type { OriginPool, RegionOrigin } from "../origin-pool.ts";
 import type { SettledRequest } from "../settlement.ts";
+import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
 import { type ItemAttempt, openItem } from "./direct.ts";
-import { respond } from "./response.ts";
+import { readWhole, respond, streams } from "./response.ts";
+import { DEFAULT_RETRY_BUDGET, type RetryBudget } from "./retry-budget.ts";
 
 /** How the client gets its answer: streamed as it comes, or whole once it ended. */
 export type DeliveryMode = "stream" | "whole";
@@ -33,6 +35,8 @@ export interface AttemptRequest {
   avoidOrigins: readonly string[];
   /** For an attempt sent straight to an origin: told once it is under way (see `direct.ts`). */
   onStart?: (giveUp: () => void) => void;
+  /** How long the origin may send nothing before it counts as frozen. */
+  silenceMs?: number;
   /** The origins' access token (the edge's `ORIGIN_TOKEN`). */
   originToken?: string | undefined;
 }
@@ -63,6 +67,7 @@ export const openDirect: ItemOpener = (candidate, request) =>
     itemTimeoutMs: request.itemTimeoutMs,
     readWhole: request.delivery === "whole",
     ...(request.onStart !== undefined && { onStart: request.onStart }),
+    ...(request.silenceMs !== undefined && { silenceMs: request.silenceMs }),
   });
 
 /** What the edge sends and how it reports the end. */
@@ -101,6 +106,10 @@ export interface DispatchOptions {
   watchBreaker?: (origin: string, giveUp: () => void) => () => void;
   /** An attempt through a Batcher failed: the region's breakers may have changed. */
   onUpstreamFailure?: (region: RegionConfig) => void;
+  /** Where each attempt is listed, for the request's usage record. */
+  attempts?: RequestAttempt[];
+  /** The isolate's retry budget; without one, retries are bounded by `retry_budget` alone. */
+  retryBudget?: RetryBudget;
   /**
    * Aborts when the client disconnects (Workers' `request.signal`): how the edge learns it
    * for a body the upstream streams itself (the Batcher's).
@@ -118,10 +127,23 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
   const open = options.open ?? openDirect;
   const attempts = Math.min(options.candidates.length, options.limits.retry_budget + 1);
   const avoid: string[] = [];
+  // The request timeout bounds every attempt together.
+  const deadline = now() + options.limits.request_timeout_ms;
+  const { retry_ratio: ratio, retry_floor: floor } = options.limits;
+  options.retryBudget?.request(now());
   let failure: OriginFailureKind = "unavailable";
   for (let i = 0; i < attempts; i++) {
     // A client that went away while an attempt waited wants no other origin tried.
     if (i > 0 && options.signal?.aborted === true) break;
+    if (i > 0 && now() >= deadline) {
+      failure = "timeout";
+      break;
+    }
+    const budget = { ratio, floor, windowMs: DEFAULT_RETRY_BUDGET.windowMs };
+    if (i > 0 && options.retryBudget !== undefined && !options.retryBudget.retry(now(), budget)) {
+      console.warn("retry budget spent", options.requestId);
+      break;
+    }
     const candidate = options.candidates[i] as RegionOrigin;
     const planned = candidate.origin.id;
     const last = i === attempts - 1;
@@ -140,10 +162,17 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       avoidOrigins: [...avoid],
       originToken: options.originToken,
       onStart: (giveUp) => watch.start(giveUp),
+      ...(options.slowFirstByteMs !== undefined && { silenceMs: options.slowFirstByteMs }),
     });
     watch.stop();
     options.pool.end(planned);
     if (attempt.kind === "refused") throw attempt.error;
+    const listed: RequestAttempt = {
+      region: candidate.region.id,
+      origin: attempt.originId,
+      result: "failed",
+    };
+    options.attempts?.push(listed);
     const tell = (origin: string, ok: boolean) => {
       if (attempt.reported !== true && !watch.toldSlow) {
         options.onOutcome?.(candidate.region, origin, ok);
@@ -182,9 +211,30 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       console.warn("origin answered", status, options.requestId, originId);
       continue;
     }
+    const served = { region: candidate.region.id, origin: originId };
+    if (streams(attempt.item, options)) {
+      listed.result = "served";
+      options.pool.reportSuccess(originId);
+      options.pool.begin(originId);
+      return respond(attempt.item, served, options, null);
+    }
+    // A whole answer is read before the client sees anything: one its origin cut or failed
+    // is tried again elsewhere, and never billed (its client received none of it).
+    const read = await readWhole(attempt.item, deadline - now());
+    const retry =
+      !read.complete && !read.timedOut && status < 400 && !last && options.signal?.aborted !== true;
+    if (retry) {
+      tell(originId, false);
+      avoid.push(originId);
+      options.pool.reportFailure(originId, now(), options.quarantineMs);
+      failure = "bad_answer";
+      console.warn("origin failed mid-response", options.requestId, originId);
+      continue;
+    }
+    listed.result = "served";
     options.pool.reportSuccess(originId);
     options.pool.begin(originId);
-    return respond(attempt.item, { region: candidate.region.id, origin: originId }, options);
+    return respond(attempt.item, served, options, read);
   }
   const error: ApiError = originFailure(options.candidates.length === 0 ? "unavailable" : failure);
   throw error;

@@ -21,15 +21,53 @@ export interface Served {
 
 type Outcome = SettledRequest["outcome"];
 
-/** The client's response for `item`; a whole answer that failed throws its ApiError. */
+/** A whole answer as read before the client gets anything. */
+export interface WholeRead {
+  body: Uint8Array;
+  end: ItemEnd;
+  /** The request's time ran out while it was read (the item was stopped). */
+  timedOut: boolean;
+  /** Its END came and says it is whole (see {@link endOutcome}). */
+  complete: boolean;
+}
+
+/** Whether `item`'s answer is streamed to the client or read whole first. */
+export function streams(item: OpenItem, options: DispatchOptions): boolean {
+  // An engine's own error answer to a streamed request is JSON, whole as it is.
+  return options.delivery === "stream" && isEventStream(item.head);
+}
+
+/** Reads `item`'s whole answer, giving up after `timeoutMs`. */
+export async function readWhole(item: OpenItem, timeoutMs: number): Promise<WholeRead> {
+  let timedOut = false;
+  const timer = setTimeout(
+    () => {
+      timedOut = true;
+      item.cancel();
+    },
+    Math.max(0, timeoutMs),
+  );
+  try {
+    const { body, end } = await item.whole();
+    const complete = end.kind === "end" && endOutcome(end.trailer, item.head.status).complete;
+    return { body, end, timedOut, complete };
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * The client's response for `item`: streamed, or from its whole answer already `read`; a
+ * whole answer that failed throws its ApiError.
+ */
 export function respond(
   item: OpenItem,
   served: Served,
   options: DispatchOptions,
-): Response | Promise<Response> {
+  read: WholeRead | null,
+): Response {
   const life = new Lifecycle(item, served, options);
-  // An engine's own error answer to a streamed request is JSON, whole as it is.
-  return options.delivery === "stream" && isEventStream(item.head) ? life.stream() : life.whole();
+  return read === null ? life.stream() : life.whole(read);
 }
 
 class Lifecycle {
@@ -96,15 +134,10 @@ class Lifecycle {
     return new Response(streamed.body, { status: head.status, headers: this.#headers() });
   }
 
-  /** Reads the whole answer, then answers with it, or throws the failure it ended in. */
-  async whole(): Promise<Response> {
+  /** Answers with the whole answer read, or throws the failure it ended in. */
+  whole(read: WholeRead): Response {
     const { head } = this.#item;
-    let timedOut = false;
-    this.#onTimeout = () => {
-      timedOut = true;
-      this.#item.cancel();
-    };
-    const { body, end } = await this.#item.whole();
+    const { body, end, timedOut } = read;
     const trailer = end.kind === "end" ? end.trailer : null;
     const { complete, outcome: endedAs } =
       trailer === null

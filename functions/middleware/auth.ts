@@ -182,6 +182,7 @@ function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
     usage: settled.usage,
     model: settled.model,
     originBegan: settled.originBegan,
+    attempts: c.var.settlement.attempts,
   };
   // Unset when the admit call failed: then the request was never admitted.
   const admission: AdmitOk | undefined = c.get("admission");

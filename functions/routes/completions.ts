@@ -8,6 +8,7 @@ import type { AppEnv } from "../app-env.ts";
 import { batcherOpener } from "../delivery/batcher.ts";
 import { PRIORITY_HEADER } from "../delivery/batcher-plan.ts";
 import { dispatchCompletion } from "../delivery/failover.ts";
+import { RetryBudget } from "../delivery/retry-budget.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
@@ -36,6 +37,8 @@ export const REGION_OVERRIDE_HEADER = "x-warmgate-region";
 
 // Per-isolate load and failure memo; a cache, so losing it with the isolate is harmless.
 const originPool = new OriginPool(new OriginHealth(DEFAULT_QUARANTINE_MS, edgeBreakers));
+// Per-isolate: retries at most a share of requests (limits.retry_ratio, retry_floor).
+const retryBudget = new RetryBudget();
 
 // Request headers worth passing to the engine; never credentials.
 const FORWARDED_HEADERS = ["traceparent", "tracestate", "user-agent"] as const;
@@ -99,6 +102,8 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     model: plan.model.id,
     candidates,
     quarantineMs,
+    attempts: settlement.attempts,
+    retryBudget,
     pool: originPool,
     limits: config.limits,
     delivery: plan.delivery,

@@ -136,6 +136,8 @@ export function requestRecordJson(record: LedgerRecord) {
     cost_usd: microsToUsd(record.costMicros),
     // While a request runs its worst case is held against the key's budgets.
     reserved_usd: record.state === "open" ? microsToUsd(record.reservedMicros) : 0,
+    // Every origin tried for it, in order; only the one that served it is billed.
+    attempts: record.attempts,
   };
 }
 

@@ -178,6 +178,24 @@ describe("failure after the first byte", () => {
     expect(text).not.toContain("[DONE]");
   });
 
+  it("tries a JSON completion its origin cut again elsewhere: nothing had reached the client", async () => {
+    await setFaults("faulty-1", { dropAfterTokens: 3, dropRate: 1 });
+    const before = await faultCount("faulty-1", "drop");
+    for (let i = 0; i < 4; i++) {
+      const res = await exports.default.fetch(
+        edgeRequest("/v1/chat/completions", {
+          body: chatBody({ max_tokens: 20 }),
+          region: "faulty",
+        }),
+      );
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-warmgate-origin")).toBe("faulty-2");
+      const body = await res.json<{ usage: { completion_tokens: number } }>();
+      expect(body.usage.completion_tokens).toBe(20);
+    }
+    expect(await faultCount("faulty-1", "drop")).toBeGreaterThan(before);
+  });
+
   it("answers a JSON completion the origin cut with an OpenAI error, never a partial 200", async () => {
     for (const id of FAULTY) await setFaults(id, { dropAfterTokens: 3, dropRate: 1 });
     const res = await exports.default.fetch(
