@@ -36,7 +36,7 @@ export class RetryBudget {
       requests += b.requests;
       retries += b.retries;
     }
-    if (retries >= settings.floor + settings.ratio * requests) return false;
+    if (retries >= settings.floor + Math.floor(settings.ratio * requests)) return false;
     this.#bucket(now).retries += 1;
     return true;
   }
