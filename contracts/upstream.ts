@@ -4,6 +4,7 @@
  * framed batch, and read its frames. The origin's access token is passed in, never read
  * from a global.
  */
+import { type CredentialRing, credentialRefused } from "./credentials.ts";
 import type { OriginFailureKind } from "./errors.ts";
 import {
   BATCH_CANCEL_PATH,
@@ -38,6 +39,41 @@ export function postBatch(
     body: JSON.stringify(batch),
     signal,
   });
+}
+
+/** An origin with its credentials, and the ring that says which one it is on. */
+export interface CredentialedOrigin {
+  id: string;
+  url: string;
+  credentials: readonly string[];
+  ring: CredentialRing;
+}
+
+/** The origin as one call reaches it: its URL and its current credential. */
+export function currentUpstream(origin: CredentialedOrigin): UpstreamOrigin {
+  return { url: origin.url, token: origin.ring.current(origin.id, origin.credentials) };
+}
+
+/**
+ * {@link postBatch} with the origin's credentials: an answer that refuses the credential
+ * (401 or 429) moves the origin to its next one, which is tried at once; each credential is
+ * tried at most once per call.
+ */
+export async function postBatchWithCredentials(
+  origin: CredentialedOrigin,
+  batch: BatchRequest,
+  signal: AbortSignal,
+): Promise<Response> {
+  for (let tried = 1; ; tried++) {
+    const upstream = currentUpstream(origin);
+    const response = await postBatch(upstream, batch, signal);
+    const another =
+      credentialRefused(response.status) &&
+      tried < origin.credentials.length &&
+      origin.ring.refused(origin.id, origin.credentials, upstream.token);
+    if (!another) return response;
+    await response.body?.cancel().catch(() => {});
+  }
 }
 
 /**

@@ -40,6 +40,15 @@ export const OriginConfigSchema = z.strictObject({
   url: z.url({ protocol: /^https?$/ }),
   /** Models this origin serves; absent means every configured model. */
   models: z.array(id).optional(),
+  /**
+   * Names of the secrets whose values the edge presents to this origin as bearer tokens,
+   * in order of rotation (default `["ORIGIN_TOKEN"]`): a 401 or 429 moves to the next.
+   */
+  credentials: z
+    .array(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, "a secret's name"))
+    .min(1)
+    .max(8)
+    .optional(),
 });
 
 /** A region: where its callers are (Cloudflare colos, countries, continents) and its origins. */

@@ -1,22 +1,17 @@
 /**
  * The Batcher's upstream calls (docs/batching.md, "Upstream calls"): sending a flushed
- * batch, handing each caller its own item's frames, holding a streamed item's later tokens
- * while the thread lags, and ending every item of a call that failed or broke off. Each
- * failure and answer is reported to the origins' health.
+ * batch (its frames go to `demux.ts`), stopping items, giving up on an origin whose breaker
+ * opened, and ending every item of a call that failed or broke off. Each failure and answer
+ * is reported to the origins' health.
  */
 import {
-  type Frame,
-  FrameType,
-  type ItemHead,
-  type ItemTrailer,
-  type LoadReport,
-  decodeJsonPayload,
-} from "../../contracts/protocol.ts";
-import { type UpstreamOrigin, cancelBatchItems } from "../../contracts/upstream.ts";
+  type CredentialedOrigin,
+  cancelBatchItems,
+  currentUpstream,
+} from "../../contracts/upstream.ts";
 import {
   type BatchCaller,
   type OpenCall,
-  answerEnd,
   assertNever,
   clearHeadTimer,
   deliver,
@@ -32,15 +27,13 @@ import {
   type BatchRecord,
   RECENT_BATCHES,
 } from "./types.ts";
+import { deliverHeld, demultiplex } from "./demux.ts";
 import { runCall } from "./upstream-call.ts";
 import {
   type Batch,
   cancel as cancelInWindow,
-  onDispatched,
   onItemDone,
-  onOriginLoad,
   recordThreadLag,
-  tokenHoldMs,
 } from "./window/index.ts";
 
 /** What the calls need of their Batcher. */
@@ -51,8 +44,8 @@ export interface CallsHost {
   records: CallRecords;
   /** Keeps the object alive for `work`. */
   waitUntil(work: Promise<unknown>): void;
-  /** An origin as the upstream client calls it, with the edge's access token. */
-  upstream(url: string): UpstreamOrigin;
+  /** An origin as the upstream client calls it, with its credentials. */
+  upstream(originId: string, url: string): CredentialedOrigin;
   armAlarm(): void;
   /** How a request at an origin went, for its breaker. */
   outcome(originId: string, ok: boolean): void;
@@ -125,8 +118,8 @@ export class Calls {
     this.#host.armAlarm();
     const lanes = queue.state?.config.lanes.length ?? 1;
     const silenceMs = queue.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
-    const running = runCall(call, this.#host.upstream(call.url), lanes, silenceMs, {
-      frames: (frames) => this.#onFrames(call, frames),
+    const running = runCall(call, this.#host.upstream(call.originId, call.url), lanes, silenceMs, {
+      frames: (frames) => demultiplex(this.#host, call, frames),
       paused: (lagMs, at) => {
         counters.readPauses += 1;
         queue.update((s) => recordThreadLag(s, lagMs, at));
@@ -156,121 +149,12 @@ export class Calls {
     // Already asked (a cancel until END that the caller then stopped waiting for).
     if (!askOrigin) return;
     this.#host.waitUntil(
-      cancelBatchItems(this.#host.upstream(call.url), call.id, [caller.input.id]).then((ok) => {
+      cancelBatchItems(currentUpstream(this.#host.upstream(call.originId, call.url)), call.id, [
+        caller.input.id,
+      ]).then((ok) => {
         if (!ok) console.warn("origin cancel failed", call.id, call.originId, caller.input.id);
       }),
     );
-  }
-
-  /** Applies one origin chunk's frames; each caller gets its share in one write. */
-  #onFrames(call: OpenCall, frames: readonly Frame[]): void {
-    if (frames.length === 0) return;
-    const { queue, callers } = this.#host;
-    const now = Date.now();
-    let freed = false;
-    // Callers with frames of this chunk, each once.
-    const touched = new Set<BatchCaller>();
-    // Callers whose HEAD or first DATA came in this chunk: never held.
-    const fresh = new Set<BatchCaller>();
-    for (const frame of frames) {
-      if (frame.type === FrameType.LOAD) {
-        const report = decodeJsonPayload(frame.payload) as LoadReport;
-        queue.update((s) => onOriginLoad(s, call.originId, report, now).state);
-        freed = true;
-        continue;
-      }
-      const caller = call.callers[frame.item];
-      if (caller === undefined) continue;
-      switch (frame.type) {
-        case FrameType.HEAD: {
-          if (caller.stage !== "sent") break;
-          caller.stage = "open";
-          clearHeadTimer(caller);
-          const head = decodeJsonPayload(frame.payload) as ItemHead;
-          caller.status = head.status;
-          if (head.status >= 500) queue.health.failed(call.originId, now);
-          else queue.health.answered(call.originId);
-          // An origin's 429 is overload, not sickness; a streamed HEAD that took longer than
-          // allowed is as sick as an error.
-          if (head.status !== 429 && !caller.slow) {
-            const slowMs =
-              queue.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
-            const slow = caller.input.timeHead && now - call.sentAt > slowMs;
-            this.#host.outcome(call.originId, head.status < 500 && !slow);
-          }
-          touched.add(caller);
-          fresh.add(caller);
-          // The caller learns which origin serves it from an added `origin` field.
-          caller.sink.head({ ...head, origin: call.originId });
-          break;
-        }
-        case FrameType.DATA:
-          if (!caller.firstByte) {
-            // The wait term of the window learns how long first bytes take. Edges that
-            // report what their requests waited are counted by their reports, not twice.
-            caller.firstByte = true;
-            fresh.add(caller);
-            const countWait = caller.input.recentFirstByteMs === undefined;
-            queue.update(
-              (s) => onDispatched(s, call.originId, caller.input.id, now, { countWait }).state,
-            );
-          }
-          if (caller.stage !== "open") break;
-          touched.add(caller);
-          if (caller.body !== null) caller.body.push(frame.payload);
-          else caller.sink.data(frame.payload);
-          break;
-        case FrameType.END: {
-          if (call.done.has(frame.item)) break;
-          call.done.add(frame.item);
-          queue.update((s) => onItemDone(s, call.originId, caller.input.id, now).state);
-          freed = true;
-          const trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
-          if (caller.stage === "open") {
-            touched.add(caller);
-            if (trailer.outcome !== "ok") failBody(caller, trailer.outcome === "timeout");
-            answerEnd(caller, frame.payload, trailer);
-            callers.ended(caller);
-          } else if (caller.stage === "sent") {
-            // Origins always answer a HEAD first; an END alone is a broken origin.
-            callers.failSent(
-              caller,
-              trailer.outcome === "timeout" ? "origin_timeout" : "origin_error",
-              `item ended before its HEAD: ${trailer.error?.message ?? trailer.outcome}`,
-              call.originId,
-            );
-          }
-          break;
-        }
-      }
-    }
-    // Written now, not from a zero-delay timer (which costs about as much as relaying a
-    // frame). Only while this object's thread lags are a streamed item's later tokens held,
-    // for a share of that lag, so that several engine steps leave in one write (see
-    // `tokenHoldMs`); its HEAD, first token and END never wait.
-    const holdMs = queue.state === null ? 0 : tokenHoldMs(queue.state, now);
-    for (const caller of touched) {
-      if (holdMs > 0 && caller.body !== null && caller.stage === "open" && !fresh.has(caller)) {
-        call.held.add(caller);
-        continue;
-      }
-      call.held.delete(caller);
-      deliver(caller);
-    }
-    if (call.held.size > 0 && call.holdTimer === null) this.#hold(call, holdMs, now);
-    if (freed) queue.flushIfQueued(now);
-  }
-
-  /** Delivers the call's held callers in `holdMs`; how late that fires is the thread's lag. */
-  #hold(call: OpenCall, holdMs: number, now: number): void {
-    const due = now + holdMs;
-    this.#host.counters.holds += 1;
-    call.holdTimer = setTimeout(() => {
-      call.holdTimer = null;
-      const firedAt = Date.now();
-      this.#host.queue.update((s) => recordThreadLag(s, Math.max(0, firedAt - due), firedAt));
-      deliverHeld(call);
-    }, holdMs);
   }
 
   /** The call failed before any frame: every item fails before its HEAD. */
@@ -391,10 +275,4 @@ export class Calls {
       call.originId,
     );
   }
-}
-
-function deliverHeld(call: OpenCall): void {
-  const held = [...call.held];
-  call.held.clear();
-  for (const caller of held) deliver(caller);
 }

@@ -8,16 +8,15 @@
  * their own, and the table of open calls in `records.ts`.
  */
 import { DurableObject } from "cloudflare:workers";
-import type { BreakerRegion } from "../../contracts/breaker.ts";
-import { BreakerCache } from "../../contracts/breaker-cache.ts";
 import { decodeJsonPayload } from "../../contracts/protocol.ts";
-import { type UpstreamOrigin, cancelBatchItems } from "../../contracts/upstream.ts";
+import { cancelBatchItems, currentUpstream } from "../../contracts/upstream.ts";
 import { assertNever } from "./caller.ts";
 import { AnswerSink, type CallerSink, WholeSink } from "./caller-sink.ts";
 import { Callers } from "./callers.ts";
 import { Calls } from "./calls.ts";
 import { ClientBody } from "./client-body.ts";
 import { newCounters } from "./counters.ts";
+import { OriginLinks } from "./origin-links.ts";
 import { Queue } from "./queue.ts";
 import { CallRecords } from "./records.ts";
 import {
@@ -30,7 +29,6 @@ import {
   type BatcherHead,
   type BatcherNotAdmitted,
   type BatcherOpenResult,
-  type BatcherSetup,
   type BatcherSnapshot,
 } from "./types.ts";
 import {
@@ -54,14 +52,13 @@ export class Batcher extends DurableObject<Env> {
   readonly #callers: Callers = new Callers(this.#queue, this.#counters, (...args) =>
     this.#calls.stop(...args),
   );
-  readonly #breakers = new BreakerCache(
-    (region, reports) => this.env.ORIGIN_BREAKERS.getByName(region.id).report(region, reports),
-    {
-      onChange: (changed) => {
-        for (const origin of this.#queue.breakersChanged(changed, Date.now())) {
-          this.#calls.abandon(origin);
-        }
-      },
+  readonly #links = new OriginLinks(
+    this.env,
+    (work) => this.ctx.waitUntil(work),
+    (changed) => {
+      for (const origin of this.#queue.breakersChanged(changed, Date.now())) {
+        this.#calls.abandon(origin);
+      }
     },
   );
   readonly #calls: Calls = new Calls({
@@ -70,14 +67,9 @@ export class Batcher extends DurableObject<Env> {
     counters: this.#counters,
     records: this.#records,
     waitUntil: (work) => this.ctx.waitUntil(work),
-    upstream: (url): UpstreamOrigin => ({ url, token: this.env.ORIGIN_TOKEN }),
+    upstream: (id, url) => this.#links.credentialed(this.#queue.setup, id, url),
     armAlarm: () => this.#armAlarm(),
-    outcome: (origin, ok) => {
-      const setup = this.#queue.setup;
-      if (setup === null || !setup.breakers.enabled) return;
-      const sync = this.#breakers.record(breakerRegionOf(setup), origin, ok, Date.now());
-      if (sync !== null) this.ctx.waitUntil(sync);
-    },
+    outcome: (origin, ok) => this.#links.outcome(this.#queue.setup, origin, ok),
   });
   /** Items `open` opened whose END `end` has not asked for yet. */
   readonly #answers = new Map<string, AnswerSink>();
@@ -223,11 +215,8 @@ export class Batcher extends DurableObject<Env> {
     body: ClientBody | null,
   ): BatcherNotAdmitted | { kind: "accepted"; atOnce: boolean } {
     const now = Date.now();
-    let state = this.#queue.configure(input.setup, now, this.#busy(), this.#breakers);
-    if (input.setup.breakers.enabled) {
-      const sync = this.#breakers.sync(breakerRegionOf(input.setup), now);
-      if (sync !== null) this.ctx.waitUntil(sync);
-    }
+    let state = this.#queue.configure(input.setup, now, this.#busy(), this.#links.breakers);
+    this.#links.sync(input.setup, now);
     if (input.recentFirstByteMs !== undefined && input.recentFirstByteMs !== null) {
       state = recordFirstByteWait(state, input.recentFirstByteMs, now);
       this.#queue.replace(state);
@@ -330,7 +319,8 @@ export class Batcher extends DurableObject<Env> {
     await Promise.all(
       orphans.map(async (row) => {
         // Without ids the origin cancels every unfinished item of the call.
-        const origin = { url: row.origin_url, token: this.env.ORIGIN_TOKEN };
+        const links = this.#links.credentialed(this.#queue.setup, row.origin_id, row.origin_url);
+        const origin = currentUpstream(links);
         const ok = await cancelBatchItems(origin, row.batch_id);
         if (!ok) console.warn("orphaned batch cancel failed", row.batch_id, row.origin_id);
         this.#counters.orphansCancelled += 1;
@@ -338,9 +328,4 @@ export class Batcher extends DurableObject<Env> {
       }),
     );
   }
-}
-
-/** The region of a setup as its breakers know it. */
-function breakerRegionOf(setup: BatcherSetup): BreakerRegion {
-  return { id: setup.region, origins: setup.origins, settings: setup.breakers.settings };
 }

@@ -41,8 +41,11 @@ export interface BatcherSetup {
   breakers: { enabled: boolean; settings: BreakerSettings };
   /** The window policy's settings, defaults filled in. */
   window: WindowConfig;
-  /** Where each origin of `window.origins` listens. */
-  origins: { id: string; url: string }[];
+  /**
+   * Where each origin of `window.origins` listens, and the names of the secrets it takes
+   * as bearer tokens, in order of rotation (default `ORIGIN_TOKEN`).
+   */
+  origins: { id: string; url: string; credentials?: string[] }[];
   /** How long an origin whose call failed is skipped. */
   quarantineMs: number;
   /** Most bytes a streamed client's body may have waiting behind its stream (see `client-body.ts`). */

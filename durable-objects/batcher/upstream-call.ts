@@ -10,10 +10,10 @@ import {
   FrameDecoder,
 } from "../../contracts/protocol.ts";
 import {
-  type UpstreamOrigin,
+  type CredentialedOrigin,
   batchAnswerProblem,
   describe,
-  postBatch,
+  postBatchWithCredentials,
 } from "../../contracts/upstream.ts";
 import type { OpenCall } from "./caller.ts";
 import { type BatcherFailureCode, READ_TURN_MS } from "./types.ts";
@@ -33,7 +33,7 @@ export interface CallEvents {
 /** Runs `call` against `origin` until its answer ends; never rejects. */
 export async function runCall(
   call: OpenCall,
-  origin: UpstreamOrigin,
+  origin: CredentialedOrigin,
   lanes: number,
   silenceMs: number,
   events: CallEvents,
@@ -63,7 +63,7 @@ export async function runCall(
   );
   let response: Response;
   try {
-    response = await postBatch(origin, envelope, call.abort.signal);
+    response = await postBatchWithCredentials(origin, envelope, call.abort.signal);
   } catch (error) {
     clearTimeout(callTimer);
     if (call.abortReason === "all-cancelled") {

@@ -222,7 +222,7 @@ export class KeyAccount extends DurableObject<Env> {
     const ids = [...this.#store.lapsed.keys()].slice(0, MAX_OUTCOME_IDS);
     if (ids.length === 0) return;
     const sources = outcomeSources(this.env.WARMGATE_CONFIG);
-    const { items, complete } = await lookupOutcomes(sources, ids, this.env.ORIGIN_TOKEN);
+    const { items, complete } = await lookupOutcomes(sources, ids, this.env);
     for (const [requestId, found] of reconcile(ids, items)) {
       if (found.kind === "running" || (found.kind === "unknown" && !complete)) continue;
       this.#store.lapsed.delete(requestId);

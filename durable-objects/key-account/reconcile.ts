@@ -13,11 +13,14 @@ import {
   type OutcomesResponse,
   requestIdOf,
 } from "../../contracts/protocol.ts";
+import { credentialRefused, credentialValues } from "../../contracts/credentials.ts";
 
 /** An origin to ask. */
 export interface OutcomeSource {
   id: string;
   url: string;
+  /** Names of the secrets it takes as bearer tokens, in order (see `contracts/credentials.ts`). */
+  credentials?: string[];
 }
 
 /** Longest wait for one origin's answer. */
@@ -47,10 +50,20 @@ export function outcomeSources(configText: string | undefined): OutcomeSource[] 
   const sources = new Map<string, OutcomeSource>();
   for (const region of regions as { origins?: unknown }[]) {
     if (!Array.isArray(region.origins)) continue;
-    for (const origin of region.origins as { id?: unknown; url?: unknown }[]) {
-      if (typeof origin.id === "string" && typeof origin.url === "string") {
-        sources.set(origin.url, { id: origin.id, url: origin.url.replace(/\/+$/, "") });
-      }
+    for (const origin of region.origins as {
+      id?: unknown;
+      url?: unknown;
+      credentials?: unknown;
+    }[]) {
+      if (typeof origin.id !== "string" || typeof origin.url !== "string") continue;
+      const names = Array.isArray(origin.credentials)
+        ? origin.credentials.filter((name): name is string => typeof name === "string")
+        : undefined;
+      sources.set(origin.url, {
+        id: origin.id,
+        url: origin.url.replace(/\/+$/, ""),
+        ...(names !== undefined && { credentials: names }),
+      });
     }
   }
   return [...sources.values()];
@@ -101,30 +114,33 @@ function rank(item: Extract<ItemRecord, { state: "ended" }>): number {
 export async function lookupOutcomes(
   sources: readonly OutcomeSource[],
   requestIds: readonly string[],
-  token: string | undefined,
+  secrets: object,
 ): Promise<{ items: ItemRecord[]; complete: boolean }> {
   const ids = requestIds.slice(0, MAX_OUTCOME_IDS);
   if (ids.length < requestIds.length) throw new Error(`at most ${MAX_OUTCOME_IDS} ids a lookup`);
   const answers = await Promise.all(
     sources.map(async (source) => {
-      try {
-        const response = await fetch(`${source.url}${OUTCOMES_PATH}`, {
-          method: "POST",
-          headers: {
-            "content-type": "application/json",
-            ...(token === undefined || token === "" ? {} : { authorization: `Bearer ${token}` }),
-          },
-          body: JSON.stringify({ ids }),
-          signal: AbortSignal.timeout(OUTCOME_LOOKUP_TIMEOUT_MS),
-        });
-        if (!response.ok) {
+      // Each credential in turn, until one is not refused.
+      const tokens: (string | undefined)[] = credentialValues(secrets, source.credentials);
+      for (const token of tokens.length === 0 ? [undefined] : tokens) {
+        try {
+          const response = await fetch(`${source.url}${OUTCOMES_PATH}`, {
+            method: "POST",
+            headers: {
+              "content-type": "application/json",
+              ...(token === undefined ? {} : { authorization: `Bearer ${token}` }),
+            },
+            body: JSON.stringify({ ids }),
+            signal: AbortSignal.timeout(OUTCOME_LOOKUP_TIMEOUT_MS),
+          });
+          if (response.ok) return (await response.json<OutcomesResponse>()).items;
           await response.body?.cancel();
+          if (!credentialRefused(response.status)) return null;
+        } catch {
           return null;
         }
-        return (await response.json<OutcomesResponse>()).items;
-      } catch {
-        return null;
       }
+      return null;
     }),
   );
   const items: ItemRecord[] = [];

@@ -181,18 +181,13 @@ export class OriginBreakers extends DurableObject<Env> {
     else await this.ctx.storage.setAlarm(at);
   }
 
-  // A synthetic health probe: the origin's `/health`, behind the edge's access token.
+  // A synthetic health probe: the origin's `/health`.
   async #probe(origin: string): Promise<boolean> {
     const url = this.#urls.get(origin);
     if (url === undefined) return false;
     try {
-      const res = await fetch(`${url}/health`, {
-        headers:
-          this.env.ORIGIN_TOKEN === undefined
-            ? {}
-            : { authorization: `Bearer ${this.env.ORIGIN_TOKEN}` },
-        signal: AbortSignal.timeout(PROBE_TIMEOUT_MS),
-      });
+      // `/health` is open (origin/PROTOCOL.md): no credential goes with the probe.
+      const res = await fetch(`${url}/health`, { signal: AbortSignal.timeout(PROBE_TIMEOUT_MS) });
       await res.body?.cancel();
       return res.ok;
     } catch {

@@ -77,7 +77,11 @@ function buildPlan(
   const d = BATCHING_DEFAULTS;
   const quarantineMs = settings.origin_quarantine_ms ?? d.origin_quarantine_ms;
   const clientBacklogBytes = settings.max_client_backlog_bytes ?? d.max_client_backlog_bytes;
-  const urls = origins.map((origin) => ({ id: origin.id, url: origin.url }));
+  const urls = origins.map((origin) => ({
+    id: origin.id,
+    url: origin.url,
+    ...(origin.credentials !== undefined && { credentials: origin.credentials }),
+  }));
   const breakers = {
     enabled: config.breakers?.enabled ?? true,
     settings: breakerSettingsOf(config.breakers),

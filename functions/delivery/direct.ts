@@ -14,15 +14,17 @@ import {
   type LoadReport,
   decodeJsonPayload,
 } from "../../contracts/protocol.ts";
+import { CredentialRing } from "../../contracts/credentials.ts";
 import {
+  type CredentialedOrigin,
   type FrameReader,
-  type UpstreamOrigin,
   batchAnswerProblem,
   cancelBatchItems,
+  currentUpstream,
   describe,
   frameList,
   frameReader,
-  postBatch,
+  postBatchWithCredentials,
 } from "../../contracts/upstream.ts";
 import { type OpenItem, frameItem } from "./item.ts";
 
@@ -44,8 +46,8 @@ export type ItemAttempt = (
 /** What to send and how long to wait. */
 export interface OpenItemOptions {
   requestId: string;
-  /** The origin's access token (the edge's `ORIGIN_TOKEN`), when it requires one. */
-  originToken?: string | undefined;
+  /** The origin's credentials, in order of rotation (none for an open origin). */
+  credentials: readonly string[];
   path: ItemPath;
   body: string;
   headers: Record<string, string>;
@@ -74,6 +76,9 @@ export interface OpenItemOptions {
    */
   readWhole?: boolean;
 }
+
+/** Which credential each origin is on, in this isolate. */
+const credentialRing = new CredentialRing();
 
 /** Reason an attempt's abort carries when its first-byte timer fired. */
 export const FIRST_BYTE_TIMEOUT = "first byte timeout";
@@ -118,7 +123,12 @@ export async function openItem(
   origin: OriginConfig,
   options: OpenItemOptions,
 ): Promise<ItemAttempt> {
-  const upstream: UpstreamOrigin = { url: origin.url, token: options.originToken };
+  const credentialed: CredentialedOrigin = {
+    id: origin.id,
+    url: origin.url,
+    credentials: options.credentials,
+    ring: credentialRing,
+  };
   const batch: BatchRequest = {
     v: BATCH_PROTOCOL_VERSION,
     batch_id: options.requestId,
@@ -152,7 +162,7 @@ export async function openItem(
 
   let response: Response;
   try {
-    response = await postBatch(upstream, batch, abort.signal);
+    response = await postBatchWithCredentials(credentialed, batch, abort.signal);
   } catch (error) {
     return failed("unavailable", `connect: ${describe(error)}`);
   }
@@ -208,7 +218,8 @@ export async function openItem(
   const item = frameItem(head, frames, {
     // For a batch of one, closing the call cancels the item on the origin.
     cancel: () => abort.abort("client went away"),
-    cancelUntilEnd: () => cancelBatchItems(upstream, options.requestId, [options.requestId]),
+    cancelUntilEnd: () =>
+      cancelBatchItems(currentUpstream(credentialed), options.requestId, [options.requestId]),
     ...(options.onLoad !== undefined && { onLoad: options.onLoad }),
   });
   return { kind: "open", item, originId: origin.id };

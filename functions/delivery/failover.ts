@@ -11,6 +11,7 @@ import { type ApiError, type OriginFailureKind, originFailure } from "../../cont
 import type { ItemPath } from "../../contracts/protocol.ts";
 import type { OriginPool, RegionOrigin } from "../origin-pool.ts";
 import type { SettledRequest } from "../settlement.ts";
+import { credentialValues } from "../../contracts/credentials.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
 import { type ItemAttempt, openItem } from "./direct.ts";
 import { readWhole, respond, streams } from "./response.ts";
@@ -37,8 +38,8 @@ export interface AttemptRequest {
   onStart?: (giveUp: () => void) => void;
   /** How long the origin may send nothing before it counts as frozen. */
   silenceMs?: number;
-  /** The origins' access token (the edge's `ORIGIN_TOKEN`). */
-  originToken?: string | undefined;
+  /** Where the origins' credentials are (the Worker's secrets). */
+  secrets: object;
 }
 
 /** An attempt's outcome: an open item, a failure worth another candidate, or a final refusal. */
@@ -57,7 +58,7 @@ export type ItemOpener = (
 export const openDirect: ItemOpener = (candidate, request) =>
   openItem(candidate.origin, {
     requestId: request.attemptId,
-    originToken: request.originToken,
+    credentials: credentialValues(request.secrets, candidate.origin.credentials),
     path: request.path,
     body: request.body,
     headers: request.headers,
@@ -86,8 +87,8 @@ export interface DispatchOptions {
   delivery: DeliveryMode;
   /** Lower-case headers forwarded to the engine. */
   headers: Record<string, string>;
-  /** The origins' access token (the edge's `ORIGIN_TOKEN`). */
-  originToken?: string | undefined;
+  /** Where the origins' credentials are (the Worker's secrets). */
+  secrets: object;
   /** Called exactly once when the request ends, however it ends. */
   onSettled: (settled: Omit<SettledRequest, "requestId">) => void;
   /** How each attempt reaches an origin (default {@link openDirect}). */
@@ -160,7 +161,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       delivery: options.delivery,
       itemTimeoutMs: options.limits.request_timeout_ms,
       avoidOrigins: [...avoid],
-      originToken: options.originToken,
+      secrets: options.secrets,
       onStart: (giveUp) => watch.start(giveUp),
       ...(options.slowFirstByteMs !== undefined && { silenceMs: options.slowFirstByteMs }),
     });

@@ -108,7 +108,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     limits: config.limits,
     delivery: plan.delivery,
     headers,
-    originToken: c.env.ORIGIN_TOKEN,
+    secrets: c.env,
     onSettled: (settled) => settlement.settle(settled),
     signal: c.req.raw.signal,
     ...(breakers && {
