@@ -126,6 +126,14 @@ export function resultName(name: string, runtime: string): string {
   return runtime === "workerd" ? name : `${name}-${runtime}`;
 }
 
+/** Writes a benchmark's other result file (a chart) under bench/results/; returns the path. */
+export async function writeResultFile(name: string, text: string): Promise<string> {
+  await mkdir(RESULTS_DIR, { recursive: true });
+  const path = join(RESULTS_DIR, name);
+  await writeFile(path, text);
+  return path;
+}
+
 /** Writes a benchmark's JSON result under bench/results/ and returns the path. */
 export async function writeResult(name: string, data: unknown): Promise<string> {
   await mkdir(RESULTS_DIR, { recursive: true });

@@ -58,7 +58,7 @@ export const DEFAULT_BREAKER_SETTINGS: Readonly<BreakerSettings> = {
   failureRatio: 0.5,
   minRequests: 20,
   windowMs: 10_000,
-  slowFirstByteMs: 5_000,
+  slowFirstByteMs: 2_000,
   cooldownMs: 5_000,
   maxCooldownMs: 120_000,
   probes: 2,

@@ -40,6 +40,8 @@ export interface StackOptions {
   sim?: SimEngineOptions;
   /** Extra fields merged into the edge's `limits` configuration. */
   limits?: Record<string, number>;
+  /** More sections of the edge's configuration (`breakers`, `batching`). */
+  settings?: Record<string, unknown>;
   /** Where `wrangler dev` keeps Durable Object state; absent means a throwaway folder. */
   persistTo?: string;
   /** Forward wrangler's output to this process's stderr. */
@@ -180,6 +182,7 @@ export function stackConfig(
   regions: StackRegion[],
   models: { id: string; max_model_len: number }[],
   limits: Record<string, number> = {},
+  settings: Record<string, unknown> = {},
 ): string {
   const served = new Set(models.map((m) => m.id));
   const aliases = Object.fromEntries(
@@ -207,6 +210,7 @@ export function stackConfig(
     })),
     default_region: regions[0]?.id,
     limits,
+    ...settings,
   });
 }
 
@@ -335,7 +339,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
     await stopOrigins();
     throw error;
   }
-  const config = stackConfig(origins, regions, models, options.limits);
+  const config = stackConfig(origins, regions, models, options.limits, options.settings);
   const secrets = await loadDevSecrets(options.persistTo);
   const runtime = options.runtime ?? "wrangler-dev";
   const edgeOptions: EdgeOptions = {

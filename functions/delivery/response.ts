@@ -192,6 +192,8 @@ class Lifecycle {
     }
     headers.set("x-warmgate-region", this.#served.region);
     headers.set("x-warmgate-origin", this.#served.origin);
+    // How many origins were tried for it, this one included (failed ones are not billed).
+    headers.set("x-warmgate-attempts", String(Math.max(1, this.#options.attempts?.length ?? 1)));
     return headers;
   }
 }

@@ -9,12 +9,12 @@
 import type { TestProject } from "vitest/node";
 import { type RunningOrigin, startOrigin } from "../../origin/server.ts";
 import { createSimEngine } from "../../origin/sim/engine.ts";
-import type { TestOrigin } from "./provided-context.ts";
+import { CREDENTIAL_ORIGIN_TOKEN, type TestOrigin } from "./provided-context.ts";
 
 /** Engine seed shared by every origin, so the same request gives the same bytes anywhere. */
 export const SIM_SEED = 7;
 
-const ORIGINS: { id: string; region: string; timeScale: number }[] = [
+const ORIGINS: { id: string; region: string; timeScale: number; accessToken?: string }[] = [
   { id: "eu-1", region: "eu", timeScale: 0 },
   { id: "eu-2", region: "eu", timeScale: 0 },
   { id: "us-1", region: "us", timeScale: 0 },
@@ -32,6 +32,13 @@ const ORIGINS: { id: string; region: string; timeScale: number }[] = [
   // The breaker tests break these and address them directly, in configs of their own.
   { id: "breaker-1", region: "breakers", timeScale: 0 },
   { id: "breaker-2", region: "breakers", timeScale: 0 },
+  // Demands a bearer token; the credential tests address it in configs of their own.
+  {
+    id: "credential-1",
+    region: "credentials",
+    timeScale: 0,
+    accessToken: CREDENTIAL_ORIGIN_TOKEN,
+  },
   { id: "meter-slow-1", region: "metering", timeScale: 5 },
 ];
 
@@ -56,6 +63,9 @@ export function testConfig(origins: readonly TestOrigin[]): string {
     })),
     default_region: "eu",
     limits: { first_byte_timeout_ms: 3_000, request_timeout_ms: 60_000, retry_budget: 2 },
+    // Tests that break origins on purpose must not open breakers for the tests after them;
+    // the breakers' own tests use configs of their own.
+    breakers: { enabled: false },
   });
 }
 
@@ -69,6 +79,7 @@ export default async function setup(project: TestProject): Promise<() => Promise
       originId: spec.id,
       region: spec.region,
       port: 0,
+      ...(spec.accessToken !== undefined && { accessToken: spec.accessToken }),
     });
     running.push(origin);
     origins.push({ id: spec.id, region: spec.region, url: origin.url });

@@ -15,6 +15,9 @@ export const TEST_SIGNING_SECRET = "test-token-signing-secret";
 /** Admin token of the workers project's edge (`ADMIN_TOKEN`). */
 export const TEST_ADMIN_TOKEN = "test-admin-token";
 
+/** The access token of the test origin that demands one (`credential-1`). */
+export const CREDENTIAL_ORIGIN_TOKEN = "credential-origin-token";
+
 /** Id of the API key every workers test file may use (see test/support/test-key.ts). */
 export const TEST_KEY_ID = "warmgatetestkey2";
 
