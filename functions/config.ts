@@ -8,6 +8,7 @@
 import { z } from "zod";
 import { BATCHING_FIELDS } from "../durable-objects/batcher/settings.ts";
 import { BreakersConfigSchema } from "../durable-objects/origin-breakers/settings.ts";
+import { CanaryConfigSchema } from "../durable-objects/canaries/settings.ts";
 import { AliasesSchema, ModelPricingSchema, aliasIssues } from "./pricing.ts";
 
 /** Default request limits; 8 MB bodies match OpenAI's documented request size cap. */
@@ -94,6 +95,8 @@ export const GatewayConfigSchema = z
     batching: BatchingConfigSchema.default(BatchingConfigSchema.parse({})),
     /** Circuit breakers of the origins (docs/failover.md). */
     breakers: BreakersConfigSchema.optional(),
+    /** Canary rollouts, at most one per model (docs/failover.md, "Canaries"). */
+    canaries: z.array(CanaryConfigSchema).default([]),
   })
   .superRefine((config, ctx) => {
     const modelIds = new Set<string>();
@@ -161,6 +164,28 @@ export const GatewayConfigSchema = z
           message: `unknown model "${override.model}"`,
         });
       }
+    });
+    const canaried = new Set<string>();
+    config.canaries.forEach((canary, i) => {
+      if (!modelIds.has(canary.model) || canaried.has(canary.model)) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["canaries", i, "model"],
+          message: canaried.has(canary.model)
+            ? `a second canary for "${canary.model}"`
+            : `unknown model "${canary.model}"`,
+        });
+      }
+      canaried.add(canary.model);
+      canary.origins.forEach((origin, j) => {
+        if (!originIds.has(origin)) {
+          ctx.addIssue({
+            code: "custom",
+            path: ["canaries", i, "origins", j],
+            message: `unknown origin "${origin}"`,
+          });
+        }
+      });
     });
     if (!regionIds.has(config.default_region)) {
       ctx.addIssue({

@@ -15,6 +15,7 @@ import { gatewayConfig } from "./middleware/gateway-config.ts";
 import { requestContext } from "./middleware/request-context.ts";
 import { batchers } from "./routes/batchers.ts";
 import { breakers } from "./routes/breakers.ts";
+import { canaries } from "./routes/canaries.ts";
 import { completions } from "./routes/completions.ts";
 import { health } from "./routes/health.ts";
 import { models } from "./routes/models.ts";
@@ -34,6 +35,7 @@ app.route("/health", health);
 // After the config: the route resolves batcher names from it.
 app.route("/admin/batchers", batchers);
 app.route("/admin/breakers", breakers);
+app.route("/admin/canaries", canaries);
 // Keys are checked at the edge first (no storage call for forged ones); completions then
 // make their one KeyAccount call after the body is planned (see routes/completions.ts).
 app.use("/v1/*", authenticate());
@@ -54,3 +56,4 @@ export { KeyAccount } from "../durable-objects/key-account/index.ts";
 export { KeyDirectory } from "../durable-objects/key-directory/index.ts";
 export { Batcher } from "../durable-objects/batcher/index.ts";
 export { OriginBreakers } from "../durable-objects/origin-breakers/index.ts";
+export { Canaries } from "../durable-objects/canaries/index.ts";

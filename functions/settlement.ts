@@ -28,6 +28,8 @@ export interface SettledRequest {
    * have generated tokens; one that did not generated none, so its tokens are given back.
    */
   originBegan: boolean;
+  /** The engine's time to first token, from the item's END, when it reported one. */
+  ttftMs?: number | null;
 }
 
 /** Runs when a request is settled; may be async (it runs under `waitUntil`). */

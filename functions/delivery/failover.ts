@@ -111,6 +111,10 @@ export interface DispatchOptions {
   attempts?: RequestAttempt[];
   /** The isolate's retry budget; without one, retries are bounded by `retry_budget` alone. */
   retryBudget?: RetryBudget;
+  /** Origins no attempt may go to (a canary's pool, for its baseline requests). */
+  avoidAlways?: readonly string[];
+  /** Origins the first attempt may not go to (the baseline, for a canary request). */
+  avoidFirst?: readonly string[];
   /**
    * Aborts when the client disconnects (Workers' `request.signal`): how the edge learns it
    * for a body the upstream streams itself (the Batcher's).
@@ -160,7 +164,11 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       firstByteTimeoutMs: options.limits.first_byte_timeout_ms,
       delivery: options.delivery,
       itemTimeoutMs: options.limits.request_timeout_ms,
-      avoidOrigins: [...avoid],
+      avoidOrigins: [
+        ...avoid,
+        ...(options.avoidAlways ?? []),
+        ...(i === 0 ? (options.avoidFirst ?? []) : []),
+      ],
       secrets: options.secrets,
       onStart: (giveUp) => watch.start(giveUp),
       ...(options.slowFirstByteMs !== undefined && { silenceMs: options.slowFirstByteMs }),

@@ -178,6 +178,7 @@ class Lifecycle {
       ...this.#served,
       status,
       originBegan: headStatus < 400,
+      ttftMs: trailer?.timing?.ttft_ms ?? null,
     });
   }
 

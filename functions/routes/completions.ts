@@ -9,6 +9,14 @@ import { batcherOpener } from "../delivery/batcher.ts";
 import { PRIORITY_HEADER } from "../delivery/batcher-plan.ts";
 import { dispatchCompletion } from "../delivery/failover.ts";
 import { RetryBudget } from "../delivery/retry-budget.ts";
+import {
+  armAvoids,
+  armCandidates,
+  armFirstAvoids,
+  canaryPlan,
+  recordCanary,
+  syncCanary,
+} from "../canaries.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
@@ -89,7 +97,16 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
   const breakers = breakersOn(config);
   const waitUntil = waitUntilOf(c);
   if (breakers) for (const work of syncBreakers(config, order.regions, now)) waitUntil(work);
-  const candidates = originPool.candidates(order.regions, plan.model.id, now);
+  const canary = canaryPlan(config, plan.model.id);
+  const ranked = originPool.candidates(order.regions, plan.model.id, now);
+  const candidates = canary === null ? ranked : armCandidates(canary, ranked);
+  if (canary !== null) {
+    const sync = syncCanary(canary.spec, now);
+    if (sync !== null) waitUntil(sync);
+    settlement.onSettled(
+      (settled) => recordCanary(canary, settled, settlement.attempts, Date.now()) ?? undefined,
+    );
+  }
   if (candidates.length === 0 && breakers) {
     throw allOriginsOpen(order.regions, (origin) => originServes(origin, plan.model.id), now);
   }
@@ -104,6 +121,10 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     quarantineMs,
     attempts: settlement.attempts,
     retryBudget,
+    ...(canary !== null && {
+      avoidAlways: armAvoids(canary),
+      avoidFirst: armFirstAvoids(canary, candidates),
+    }),
     pool: originPool,
     limits: config.limits,
     delivery: plan.delivery,

@@ -1,0 +1,86 @@
+/**
+ * Canaries: one model's canary rollout (docs/failover.md, "Canaries"), shared by every
+ * edge isolate. Reporters send both arms' outcomes in bulk with the canary's configured
+ * spec and get the canary's view back; a canary worse than its baseline is rolled back
+ * here, once for everyone. Its state is written at once (it changes rarely); the arms'
+ * recent outcomes live in memory.
+ */
+import { DurableObject } from "cloudflare:workers";
+import { applyMigrations } from "../migrations.ts";
+import { type Canary, act, newCanary, record, viewOf } from "./canary.ts";
+import type { ArmReport, CanaryAction, CanaryArm, CanarySpec, CanaryView } from "./types.ts";
+
+const MIGRATIONS: readonly string[] = [
+  `CREATE TABLE canary (
+     model TEXT PRIMARY KEY, state TEXT NOT NULL, since INTEGER NOT NULL, reason TEXT);`,
+];
+
+type CanaryRow = { model: string; state: string; since: number; reason: string | null };
+
+export class Canaries extends DurableObject<Env> {
+  #canary: Canary | null = null;
+
+  constructor(ctx: DurableObjectState, env: Env) {
+    super(ctx, env);
+    ctx
+      .blockConcurrencyWhile(async () => {
+        applyMigrations(ctx.storage, MIGRATIONS);
+      })
+      .catch(() => {});
+  }
+
+  /** Takes in both arms' outcomes; answers the canary as it now stands. */
+  report(spec: CanarySpec, reports: Partial<Record<CanaryArm, ArmReport>>): CanaryView {
+    const now = Date.now();
+    this.#put(record(this.#load(spec, now), reports, spec, now));
+    return viewOf(this.#load(spec, now), spec);
+  }
+
+  view(spec: CanarySpec): CanaryView {
+    return viewOf(this.#load(spec, Date.now()), spec);
+  }
+
+  /** An operator promotes, pauses, resumes or rolls back the canary. */
+  act(spec: CanarySpec, action: CanaryAction): CanaryView {
+    const now = Date.now();
+    this.#put(act(this.#load(spec, now), action, now));
+    return viewOf(this.#load(spec, now), spec);
+  }
+
+  #load(spec: CanarySpec, now: number): Canary {
+    if (this.#canary !== null) return this.#canary;
+    const row = this.ctx.storage.sql
+      .exec<CanaryRow>("SELECT model, state, since, reason FROM canary WHERE model = ?", spec.model)
+      .toArray()[0];
+    const fresh = newCanary(spec.model, now);
+    const states = ["running", "paused", "promoted", "rolled_back"] as const;
+    this.#canary =
+      row === undefined
+        ? fresh
+        : {
+            ...fresh,
+            state: states.find((s) => s === row.state) ?? "running",
+            since: row.since,
+            reason: row.reason,
+          };
+    return this.#canary;
+  }
+
+  #put(next: Canary): void {
+    const before = this.#canary;
+    this.#canary = next;
+    if (before?.state === next.state && before.since === next.since) return;
+    if (before?.state !== next.state) {
+      console.warn("canary", next.model, before?.state, "->", next.state, next.reason ?? "");
+    }
+    this.ctx.storage.sql.exec(
+      `INSERT INTO canary (model, state, since, reason) VALUES (?, ?, ?, ?)
+       ON CONFLICT (model) DO UPDATE SET state = excluded.state, since = excluded.since,
+         reason = excluded.reason`,
+      next.model,
+      next.state,
+      next.since,
+      next.reason,
+    );
+  }
+}

@@ -1,0 +1,43 @@
+/**
+ * `GET /admin/canaries` and `POST /admin/canaries/:model`: the canary rollouts with both
+ * arms' figures, and promoting, pausing, resuming or rolling one back. Behind the admin
+ * token.
+ * See docs/failover.md, "Canaries".
+ */
+import { Hono } from "hono";
+import { z } from "zod";
+import { adminAuth } from "../admin.ts";
+import type { AppEnv } from "../app-env.ts";
+import { canaryOf } from "../canaries.ts";
+import { canaryName } from "../../contracts/canary.ts";
+import { ApiError } from "../../contracts/errors.ts";
+import { readJsonBody } from "../json-body.ts";
+
+const ActionSchema = z.strictObject({ action: z.enum(["promote", "pause", "resume", "rollback"]) });
+
+/** The canary route group, mounted at `/admin/canaries`. */
+export const canaries = new Hono<AppEnv>()
+  .use("*", adminAuth())
+  .get("/", async (c) => {
+    const specs = c.var.config.canaries.flatMap((entry) => {
+      const spec = canaryOf(c.var.config, entry.model);
+      return spec === undefined ? [] : [spec];
+    });
+    const data = await Promise.all(
+      specs.map((spec) => c.env.CANARIES.getByName(canaryName(spec)).view(spec)),
+    );
+    return c.json({ data });
+  })
+  .post("/:model", async (c) => {
+    const model = c.req.param("model");
+    const spec = canaryOf(c.var.config, model);
+    if (spec === undefined) {
+      throw new ApiError(404, `No canary is configured for model '${model.slice(0, 128)}'.`, {
+        type: "invalid_request_error",
+        param: "model",
+        code: "canary_not_found",
+      });
+    }
+    const { action } = await readJsonBody(c.req.raw, ActionSchema);
+    return c.json(await c.env.CANARIES.getByName(canaryName(spec)).act(spec, action));
+  });

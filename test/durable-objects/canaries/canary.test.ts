@@ -1,0 +1,100 @@
+import { describe, expect, it } from "vitest";
+import type { CanarySpec } from "../../../contracts/canary.ts";
+import {
+  act,
+  newCanary,
+  record,
+  viewOf,
+  weightOf,
+} from "../../../durable-objects/canaries/canary.ts";
+
+const SPEC: CanarySpec = {
+  model: "m",
+  origins: ["c-1"],
+  weight: 0.1,
+  minRequests: 10,
+  maxErrorRateIncrease: 0.05,
+  maxTtftP95Ratio: 1.5,
+};
+
+const ttfts = (n: number, ms: number) => Array.from({ length: n }, () => ms);
+
+describe("a running canary", () => {
+  it("is rolled back once both arms have enough requests and its error rate is too high", () => {
+    const early = record(
+      newCanary("m", 0),
+      {
+        canary: { requests: 9, errors: 9, ttftMs: [] },
+        baseline: { requests: 100, errors: 0, ttftMs: [] },
+      },
+      SPEC,
+      1,
+    );
+    expect(early.state).toBe("running");
+    const late = record(early, { canary: { requests: 1, errors: 0, ttftMs: [] } }, SPEC, 2);
+    expect(late).toMatchObject({ state: "rolled_back", since: 2 });
+    expect(late.reason).toMatch(/error rate 90\.0% against 0\.0%/);
+  });
+
+  it("is rolled back when its TTFT p95 is more than 1.5 times the baseline's", () => {
+    const slow = record(
+      newCanary("m", 0),
+      {
+        canary: { requests: 20, errors: 0, ttftMs: ttfts(20, 400) },
+        baseline: { requests: 20, errors: 0, ttftMs: ttfts(20, 100) },
+      },
+      SPEC,
+      5,
+    );
+    expect(slow.state).toBe("rolled_back");
+    expect(slow.reason).toBe("TTFT p95 400 ms against 100 ms");
+  });
+
+  it("keeps running while it is as good as the baseline", () => {
+    const fine = record(
+      newCanary("m", 0),
+      {
+        canary: { requests: 50, errors: 1, ttftMs: ttfts(50, 110) },
+        baseline: { requests: 500, errors: 5, ttftMs: ttfts(500, 100) },
+      },
+      SPEC,
+      5,
+    );
+    expect(fine.state).toBe("running");
+    expect(viewOf(fine, SPEC).arms.canary).toMatchObject({
+      requests: 50,
+      errors: 1,
+      error_rate: 0.02,
+      ttft_p50_ms: 110,
+      ttft_p95_ms: 110,
+    });
+  });
+});
+
+describe("an operator", () => {
+  it("promotes, pauses, resumes and rolls back, and the weight follows", () => {
+    const c = newCanary("m", 0);
+    expect(weightOf(act(c, "promote", 1).state, SPEC)).toBe(1);
+    expect(weightOf(act(c, "pause", 1).state, SPEC)).toBe(0);
+    expect(weightOf(act(act(c, "pause", 1), "resume", 2).state, SPEC)).toBe(0.1);
+    expect(act(c, "rollback", 3)).toMatchObject({
+      state: "rolled_back",
+      reason: "rolled back by an operator",
+    });
+  });
+
+  it("resumes a rolled-back canary with a fresh comparison", () => {
+    const bad = record(
+      newCanary("m", 0),
+      {
+        canary: { requests: 10, errors: 10, ttftMs: [] },
+        baseline: { requests: 10, errors: 0, ttftMs: [] },
+      },
+      SPEC,
+      1,
+    );
+    const again = act(bad, "resume", 2);
+    expect(again.state).toBe("running");
+    expect(viewOf(again, SPEC).arms.canary.requests).toBe(0);
+  });
+});
