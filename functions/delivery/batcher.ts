@@ -19,6 +19,7 @@ import {
   type ItemHead,
   type ItemTrailer,
   decodeJsonPayload,
+  encodeJsonPayload,
 } from "../../contracts/protocol.ts";
 import { type FrameReader, describe } from "../../contracts/upstream.ts";
 import type { GatewayConfig } from "../config.ts";
@@ -236,16 +237,12 @@ async function answerAtBatcher(
       atOnce,
     };
   }
-  if (timedOutRunning) {
-    // Cut at the request's timeout: a timeout, whatever the origin said of the cancel.
-    const ended = trailer === null ? null : (decodeJsonPayload(trailer) as ItemTrailer);
-    if (ended?.outcome !== "ok") {
-      return { attempt: failed("timeout", "the request timed out", head.origin), atOnce };
-    }
-  }
+  // Cut at the request's timeout: a timeout, whatever the origin said of the cancel, with
+  // the usage it reported (what was generated is billed, as for any cancel).
+  const ended = timedOutRunning ? timedOutTrailer(input.id, trailer) : trailer;
   const frames: Frame[] = [];
   if (body.byteLength > 0) frames.push({ type: FrameType.DATA, item: 0, payload: body });
-  if (trailer !== null) frames.push({ type: FrameType.END, item: 0, payload: trailer });
+  if (ended !== null) frames.push({ type: FrameType.END, item: 0, payload: ended });
   // Read from memory: the item has ended, and there is nothing to stop on its origin.
   const item = frameItem(head, memoryFrames(frames), { cancel: () => {} });
   return {
@@ -253,6 +250,19 @@ async function answerAtBatcher(
     atOnce,
     ...(result.headMs === null ? {} : { waitedMs: result.headMs }),
   };
+}
+
+/** The END of an item cut at its request's timeout: a timeout unless it had ended well. */
+function timedOutTrailer(id: string, trailer: Uint8Array | null): Uint8Array {
+  const ended = trailer === null ? null : (decodeJsonPayload(trailer) as ItemTrailer);
+  if (ended?.outcome === "ok") return trailer as Uint8Array;
+  const timedOut: ItemTrailer = {
+    id,
+    outcome: "timeout",
+    usage: ended?.usage ?? null,
+    error: { message: "The request timed out.", type: "server_error", code: "timeout" },
+  };
+  return encodeJsonPayload(timedOut);
 }
 
 /** A {@link FrameReader} over frames already in memory. */

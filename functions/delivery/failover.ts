@@ -231,7 +231,12 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
     // is tried again elsewhere, and never billed (its client received none of it).
     const read = await readWhole(attempt.item, deadline - now());
     const retry =
-      !read.complete && !read.timedOut && status < 400 && !last && options.signal?.aborted !== true;
+      !read.complete &&
+      !read.timedOut &&
+      status < 400 &&
+      !last &&
+      now() < deadline &&
+      options.signal?.aborted !== true;
     if (retry) {
       tell(originId, false);
       avoid.push(originId);

@@ -210,8 +210,10 @@ function detailOf(end: ItemEnd): string | undefined {
  */
 function endOutcome(trailer: ItemTrailer, status: number): { complete: boolean; outcome: Outcome } {
   if (trailer.outcome === "ok") return { complete: true, outcome: "ok" };
+  // Timed out, whatever status the origin gave the cut item (a cancelled one is 499).
+  if (trailer.outcome === "timeout") return { complete: false, outcome: "timeout" };
   if (status >= 400) return { complete: true, outcome: "error" };
-  return { complete: false, outcome: trailer.outcome === "timeout" ? "timeout" : "error" };
+  return { complete: false, outcome: "error" };
 }
 
 // Hop-by-hop headers (RFC 9110 §7.6.1) and framing the runtime sets for the client itself.
