@@ -225,7 +225,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       listed.result = "served";
       options.pool.reportSuccess(originId);
       options.pool.begin(originId);
-      return respond(attempt.item, served, options, null);
+      return respond(attempt.item, served, options, null, deadline);
     }
     // A whole answer is read before the client sees anything: one its origin cut or failed
     // is tried again elsewhere, and never billed (its client received none of it).
@@ -248,7 +248,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
     listed.result = "served";
     options.pool.reportSuccess(originId);
     options.pool.begin(originId);
-    return respond(attempt.item, served, options, read);
+    return respond(attempt.item, served, options, read, deadline);
   }
   const error: ApiError = originFailure(options.candidates.length === 0 ? "unavailable" : failure);
   throw error;

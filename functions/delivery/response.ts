@@ -65,8 +65,9 @@ export function respond(
   served: Served,
   options: DispatchOptions,
   read: WholeRead | null,
+  deadline: number,
 ): Response {
-  const life = new Lifecycle(item, served, options);
+  const life = new Lifecycle(item, served, options, deadline);
   return read === null ? life.stream() : life.whole(read);
 }
 
@@ -78,12 +79,13 @@ class Lifecycle {
   readonly #deadline: ReturnType<typeof setTimeout>;
   #onTimeout: () => void = () => {};
 
-  constructor(item: OpenItem, served: Served, options: DispatchOptions) {
+  constructor(item: OpenItem, served: Served, options: DispatchOptions, deadline: number) {
     this.#item = item;
     this.#served = served;
     this.#options = options;
-    // No request may outlive its timeout, even if the origin stops sending without closing.
-    this.#deadline = setTimeout(() => this.#onTimeout(), options.limits.request_timeout_ms);
+    // No request may outlive its timeout (counted from its first attempt), even if the
+    // origin stops sending without closing.
+    this.#deadline = setTimeout(() => this.#onTimeout(), Math.max(0, deadline - Date.now()));
   }
 
   /** Hands the body to the client as it comes; settles once the item ended. */

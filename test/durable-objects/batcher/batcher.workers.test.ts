@@ -272,7 +272,7 @@ async function occupy(b: ReturnType<typeof batcher>, id = "occupier"): Promise<F
 describe("dispatch", () => {
   it("sends a lone request at once, alone, without a window", async () => {
     const b = batcher(HOLD);
-    const before = await counts("batch-1");
+    const before = await quiet("batch-1");
     const frames = b.stream("lone");
     const snapshot = await b.stub.snapshot();
     // Decided inside `open`: sent before any timer could have run.
@@ -540,7 +540,7 @@ describe("answer: a JSON item whole, in one answer", () => {
 
   it("cancels a running item until its END, which still reports what it generated", async () => {
     const b = batcher(HOLD);
-    const before = await counts("batch-1");
+    const before = await quiet("batch-1");
     const answering = b.answer("w2", { body: { max_tokens: 2000 }, maxTokens: 2000 });
     await waitForCounts("batch-1", (c) => c.inFlight > before.inFlight);
     await new Promise((resolve) => setTimeout(resolve, 100));
