@@ -48,6 +48,13 @@ const PHASES: { name: PhaseName; seconds: number }[] = [
 
 type Arm = "breakers" | "no-breakers";
 
+/** The kinds of error each arm's clients saw, with how often. */
+const errorKinds = new Map<string, number>();
+function noteError(arm: Arm, what: string): void {
+  const key = `${arm}: ${what}`;
+  errorKinds.set(key, (errorKinds.get(key) ?? 0) + 1);
+}
+
 async function runArm(arm: Arm): Promise<Second[]> {
   const stack = await startStack({
     regions: [{ id: "eu", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 2 }],
@@ -97,9 +104,16 @@ async function runArm(arm: Arm): Promise<Second[]> {
           if (res.headers.get("x-warmgate-origin") === sickId || attempts > 1) bucket.toSick += 1;
           const ok = res.status === 200 && text.endsWith("data: [DONE]\n\n");
           if (ok) bucket.latencies.push(performance.now() - sentAt);
-          else bucket.errors += 1;
-        } catch {
+          else {
+            bucket.errors += 1;
+            noteError(
+              arm,
+              `${res.status} ${text.split("\n\n").filter(Boolean).at(-1)?.slice(0, 160)}`,
+            );
+          }
+        } catch (error) {
           bucket.errors += 1;
+          noteError(arm, String(error).slice(0, 160));
         }
       }
     };
@@ -242,6 +256,7 @@ console.log(
     targets.map((t) => [t.target, t.measured, t.goal, t.met ? "yes" : "NO"]),
   )}`,
 );
+for (const [kind, n] of errorKinds) console.log(`- ${n} × ${kind}`);
 const svg = await failoverChart(series);
 const svgPath = await writeResultFile("failover.svg", svg);
 const path = await writeResult("failover", {
@@ -255,5 +270,6 @@ const path = await writeResult("failover", {
   phases: rows,
   seconds: series.map(({ latencies, ...rest }) => ({ ...rest, requests: latencies.length })),
   targets,
+  errors: Object.fromEntries(errorKinds),
 });
 console.log(`\nwrote ${path} and ${svgPath}`);

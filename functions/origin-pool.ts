@@ -43,6 +43,11 @@ export class OriginPool {
     return this.#health.rank(ordered, (c) => c.origin.id, now);
   }
 
+  /** The region's origins whose breaker keeps requests away (a Batcher must not pick them). */
+  blocked(region: RegionConfig): string[] {
+    return region.origins.filter((o) => !this.#health.usable(o.id)).map((o) => o.id);
+  }
+
   /** Requests this isolate has running on an origin. */
   inFlight(originId: string): number {
     return this.#inFlight.get(originId) ?? 0;

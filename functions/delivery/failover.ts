@@ -166,6 +166,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       itemTimeoutMs: options.limits.request_timeout_ms,
       avoidOrigins: [
         ...avoid,
+        ...options.pool.blocked(candidate.region),
         ...(options.avoidAlways ?? []),
         ...(i === 0 ? (options.avoidFirst ?? []) : []),
       ],
