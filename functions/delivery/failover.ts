@@ -212,6 +212,10 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
         now() - startedAt > (options.slowFirstByteMs ?? Number.POSITIVE_INFINITY);
       tell(originId, status < 500 && !slow);
     }
+    // An overloaded origin is tried last until its retry-after (1 s when it names none).
+    if (status === 429) {
+      options.pool.reportFailure(originId, now(), retryAfterMs(attempt.item.head.headers));
+    }
     if (status >= 500 || (status === 429 && !last)) {
       attempt.item.cancel();
       avoid.push(originId);
@@ -281,4 +285,14 @@ function watchAttempt(options: DispatchOptions, candidate: RegionOrigin) {
     },
   };
   return watch;
+}
+
+/** How long an origin's 429 asks to be left alone, ms, from `retry-after-ms` or `retry-after`. */
+function retryAfterMs(headers: Record<string, string>): number {
+  const header = (name: string) =>
+    Object.entries(headers).find(([key]) => key.toLowerCase() === name)?.[1];
+  const ms = Number(header("retry-after-ms"));
+  if (Number.isFinite(ms) && ms > 0) return Math.min(ms, 60_000);
+  const seconds = Number(header("retry-after"));
+  return Number.isFinite(seconds) && seconds > 0 ? Math.min(seconds * 1_000, 60_000) : 1_000;
 }

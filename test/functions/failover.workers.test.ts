@@ -68,6 +68,20 @@ afterEach(async () => {
 });
 
 describe("failover before the first byte", () => {
+  it("leaves an origin that answered 429 alone until its retry-after, without counting it sick", async () => {
+    await setFaults("faulty-1", { errorRate: 1, errorStatuses: [429] });
+    const before = await faultCount("faulty-1", "error");
+    const config = configOf([["faulty-1@busy"], ["faulty-2@busy"]]);
+    const first = await fetchWithConfig(config, chat());
+    expect(first.status).toBe(200);
+    expect(first.headers.get("x-warmgate-attempts")).toBe("2");
+    // Within the origin's retry-after (1 s): the overloaded origin is tried only last.
+    const second = await fetchWithConfig(config, chat());
+    expect(second.headers.get("x-warmgate-origin")).toBe("faulty-2@busy");
+    expect(second.headers.get("x-warmgate-attempts")).toBe("1");
+    expect((await faultCount("faulty-1", "error")) - before).toBe(1);
+  });
+
   it("moves to another origin of the region when one answers 500", async () => {
     await setFaults("faulty-1", { errorRate: 1, errorStatuses: [500] });
     const before = await faultCount("faulty-1", "error");
