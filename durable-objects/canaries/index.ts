@@ -6,7 +6,7 @@
  * recent outcomes live in memory.
  */
 import { DurableObject } from "cloudflare:workers";
-import { applyMigrations } from "../migrations.ts";
+import { migrateOnStart } from "../migrations.ts";
 import { type Canary, act, newCanary, record, viewOf } from "./canary.ts";
 import type { ArmReport, CanaryAction, CanaryArm, CanarySpec, CanaryView } from "./types.ts";
 
@@ -22,11 +22,7 @@ export class Canaries extends DurableObject<Env> {
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
-    ctx
-      .blockConcurrencyWhile(async () => {
-        applyMigrations(ctx.storage, MIGRATIONS);
-      })
-      .catch(() => {});
+    migrateOnStart(ctx, MIGRATIONS);
   }
 
   /** Takes in both arms' outcomes; answers the canary as it now stands. */

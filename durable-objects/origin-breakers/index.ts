@@ -12,7 +12,7 @@ import {
   type BreakerSettings,
   DEFAULT_BREAKER_SETTINGS,
 } from "../../contracts/breaker.ts";
-import { applyMigrations } from "../migrations.ts";
+import { migrateOnStart } from "../migrations.ts";
 import { type Breaker, force, newBreaker, probed, record, tick, viewOf } from "./breaker.ts";
 import {
   type BreakerView,
@@ -45,11 +45,7 @@ export class OriginBreakers extends DurableObject<Env> {
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
-    ctx
-      .blockConcurrencyWhile(async () => {
-        applyMigrations(ctx.storage, MIGRATIONS);
-      })
-      .catch(() => {});
+    migrateOnStart(ctx, MIGRATIONS);
   }
 
   /** Takes in outcomes of the region's origins; answers every breaker of the region. */

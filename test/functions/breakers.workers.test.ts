@@ -1,33 +1,15 @@
-import { env } from "cloudflare:workers";
-import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
-import { afterEach, describe, expect, inject, it } from "vitest";
-import app from "../../functions/index.ts";
+import { afterEach, describe, expect, it } from "vitest";
 import type { BreakerView } from "../../contracts/breaker.ts";
-import { type ErrorBody, chatBody, edgeRequest, metricValue } from "../support/edge-requests.ts";
-import { TEST_ADMIN_TOKEN } from "../support/provided-context.ts";
+import { type ErrorBody, chatBody, edgeRequest } from "../support/edge-requests.ts";
+import {
+  adminRequest,
+  injected,
+  originUrl,
+  sendWith,
+  setFaults,
+} from "../support/test-origins.workers.ts";
 
 // breaker-1 and breaker-2 are this file's alone.
-const origins = inject("testOrigins");
-function originUrl(id: string): string {
-  const origin = origins.find((o) => o.id === id);
-  if (origin === undefined) throw new Error(`${id} is not running`);
-  return origin.url;
-}
-
-async function setFaults(id: string, faults: Record<string, unknown> | null): Promise<void> {
-  const res = await fetch(`${originUrl(id)}/admin/faults`, {
-    method: faults === null ? "DELETE" : "PUT",
-    headers: { "content-type": "application/json" },
-    ...(faults !== null && { body: JSON.stringify(faults) }),
-  });
-  expect(res.ok).toBe(true);
-  await res.arrayBuffer();
-}
-
-async function injected(id: string, kind: string): Promise<number> {
-  const text = await (await fetch(`${originUrl(id)}/metrics`)).text();
-  return metricValue(text, "warmgate_origin_fault_injections_total", `kind="${kind}"`);
-}
 
 /**
  * A config with `sick` alone in the first region and `well` in the second, each under a
@@ -53,22 +35,15 @@ function configOf(
   });
 }
 
-async function send(config: string, request: Request): Promise<Response> {
-  const ctx = createExecutionContext();
-  const response = await app.fetch(request, { ...env, WARMGATE_CONFIG: config }, ctx);
-  const body = await response.arrayBuffer();
-  await waitOnExecutionContext(ctx);
-  return new Response(body, response);
-}
+const send = sendWith;
+const admin = adminRequest;
 
-const admin = (path: string, init: { method?: string; body?: string } = {}) =>
-  new Request(`https://edge.test${path}`, {
-    ...init,
-    headers: {
-      authorization: `Bearer ${TEST_ADMIN_TOKEN}`,
-      ...(init.body !== undefined && { "content-type": "application/json" }),
-    },
-  });
+/** Forces a breaker open or closed. */
+async function force(config: string, origin: string, state: "open" | "closed") {
+  const res = await send(config, admin(`/admin/breakers/${origin}`, { state }));
+  expect(res.status).toBe(200);
+  return res.json<BreakerView>();
+}
 
 async function breakerOf(config: string, origin: string): Promise<BreakerView | undefined> {
   const res = await send(config, admin("/admin/breakers"));
@@ -160,15 +135,10 @@ describe("every origin of a model open", () => {
     const tag = "all-open";
     const config = configOf(tag, true);
     for (const id of ["breaker-1", "breaker-2"]) {
-      const res = await send(
-        config,
-        admin(`/admin/breakers/${id}@${tag}`, {
-          method: "POST",
-          body: JSON.stringify({ state: "open" }),
-        }),
-      );
-      expect(res.status).toBe(200);
-      expect(await res.json()).toMatchObject({ state: "open", forced: true });
+      expect(await force(config, `${id}@${tag}`, "open")).toMatchObject({
+        state: "open",
+        forced: true,
+      });
     }
     // The edge learns of it at its next sync; the next request is refused without a call.
     await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
@@ -184,15 +154,7 @@ describe("every origin of a model open", () => {
     });
 
     // Forced closed, traffic returns.
-    for (const id of ["breaker-1", "breaker-2"]) {
-      await send(
-        config,
-        admin(`/admin/breakers/${id}@${tag}`, {
-          method: "POST",
-          body: JSON.stringify({ state: "closed" }),
-        }),
-      );
-    }
+    for (const id of ["breaker-1", "breaker-2"]) await force(config, `${id}@${tag}`, "closed");
     const served = await until(
       () => send(config, edgeRequest("/v1/chat/completions", { body: chatBody() })),
       (r) => r.status === 200,
@@ -227,23 +189,14 @@ describe("the breaker admin API", () => {
     const config = configOf("refusals", true);
     const bad = await send(
       config,
-      admin("/admin/breakers/breaker-1@refusals", {
-        method: "POST",
-        body: JSON.stringify({ state: "half_open" }),
-      }),
+      admin("/admin/breakers/breaker-1@refusals", { state: "half_open" }),
     );
     expect(bad.status).toBe(400);
     expect((await bad.json<ErrorBody>()).error).toMatchObject({
       type: "invalid_request_error",
       param: "state",
     });
-    const unknown = await send(
-      config,
-      admin("/admin/breakers/nowhere", {
-        method: "POST",
-        body: JSON.stringify({ state: "open" }),
-      }),
-    );
+    const unknown = await send(config, admin("/admin/breakers/nowhere", { state: "open" }));
     expect(unknown.status).toBe(404);
     expect((await unknown.json<ErrorBody>()).error.code).toBe("origin_not_found");
     const anonymous = await send(config, new Request("https://edge.test/admin/breakers"));

@@ -1,28 +1,9 @@
-import { env } from "cloudflare:workers";
-import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
-import { afterEach, describe, expect, inject, it } from "vitest";
-import app from "../../functions/index.ts";
+import { afterEach, describe, expect, it } from "vitest";
 import type { CanaryView } from "../../contracts/canary.ts";
 import { type ErrorBody, chatBody, edgeRequest } from "../support/edge-requests.ts";
-import { TEST_ADMIN_TOKEN } from "../support/provided-context.ts";
+import { adminRequest, originUrl, sendWith, setFaults } from "../support/test-origins.workers.ts";
 
 // canary-1 and canary-2 are this file's alone.
-const origins = inject("testOrigins");
-function originUrl(id: string): string {
-  const origin = origins.find((o) => o.id === id);
-  if (origin === undefined) throw new Error(`${id} is not running`);
-  return origin.url;
-}
-
-async function setFaults(id: string, faults: Record<string, unknown> | null): Promise<void> {
-  const res = await fetch(`${originUrl(id)}/admin/faults`, {
-    method: faults === null ? "DELETE" : "PUT",
-    headers: { "content-type": "application/json" },
-    ...(faults !== null && { body: JSON.stringify(faults) }),
-  });
-  expect(res.ok).toBe(true);
-  await res.arrayBuffer();
-}
 
 /** One region of canary-1 (the canary, under a fresh name per test) and canary-2. */
 function configOf(tag: string, model: string, weight: number): string {
@@ -44,23 +25,8 @@ function configOf(tag: string, model: string, weight: number): string {
   });
 }
 
-async function send(config: string, request: Request): Promise<Response> {
-  const ctx = createExecutionContext();
-  const response = await app.fetch(request, { ...env, WARMGATE_CONFIG: config }, ctx);
-  const body = await response.arrayBuffer();
-  await waitOnExecutionContext(ctx);
-  return new Response(body, response);
-}
-
-const admin = (path: string, body?: unknown) =>
-  new Request(`https://edge.test${path}`, {
-    method: body === undefined ? "GET" : "POST",
-    headers: {
-      authorization: `Bearer ${TEST_ADMIN_TOKEN}`,
-      ...(body !== undefined && { "content-type": "application/json" }),
-    },
-    ...(body !== undefined && { body: JSON.stringify(body) }),
-  });
+const send = sendWith;
+const admin = adminRequest;
 
 async function canary(config: string, model: string): Promise<CanaryView | undefined> {
   const res = await send(config, admin("/admin/canaries"));

@@ -1,9 +1,7 @@
-import { env } from "cloudflare:workers";
-import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { describe, expect, inject, it } from "vitest";
-import app from "../../functions/index.ts";
 import { type ErrorBody, chatBody, edgeRequest } from "../support/edge-requests.ts";
 import { CREDENTIAL_ORIGIN_TOKEN } from "../support/provided-context.ts";
+import { sendWith } from "../support/test-origins.workers.ts";
 
 // credential-1 demands CREDENTIAL_ORIGIN_TOKEN; this file alone calls it.
 const origin = inject("testOrigins").find((o) => o.id === "credential-1");
@@ -21,14 +19,12 @@ function configOf(tag: string, credentials: string[]): string {
   });
 }
 
-async function send(config: string, secrets: Record<string, string>): Promise<Response> {
-  const ctx = createExecutionContext();
-  const request = edgeRequest("/v1/chat/completions", { body: chatBody({ max_tokens: 3 }) });
-  const response = await app.fetch(request, { ...env, ...secrets, WARMGATE_CONFIG: config }, ctx);
-  const body = await response.arrayBuffer();
-  await waitOnExecutionContext(ctx);
-  return new Response(body, response);
-}
+const send = (config: string, secrets: Record<string, string>) =>
+  sendWith(
+    config,
+    edgeRequest("/v1/chat/completions", { body: chatBody({ max_tokens: 3 }) }),
+    secrets,
+  );
 
 describe("an origin's credentials", () => {
   it("rotate to the next one when the origin refuses the first, unseen by the client", async () => {
