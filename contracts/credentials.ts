@@ -1,5 +1,5 @@
 /**
- * The bearer credentials the edge presents to an origin (docs/configuration.md, "Origin
+ * The bearer credentials the edge presents to an origin (docs/failover.md, "Origin
  * credentials"): several per origin, the names of secrets, used in order. A 401 or 429 from
  * an origin moves that origin to its next credential; a credential is never logged and
  * never reaches a client.

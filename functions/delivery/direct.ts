@@ -1,5 +1,5 @@
 /**
- * The unbatched path (docs/configuration.md, "Delivery"): one request sent straight to an
+ * The unbatched path (docs/edge.md, "Delivery"): one request sent straight to an
  * origin as a batch of one over the batch protocol's upstream client, opened at its HEAD.
  */
 import type { OriginConfig } from "../config.ts";

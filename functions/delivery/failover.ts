@@ -1,5 +1,5 @@
 /**
- * The one failover loop of the edge (docs/configuration.md, "Delivery"): each attempt goes
+ * The one failover loop of the edge (docs/edge.md, "Delivery"): each attempt goes
  * through an {@link ItemOpener}, straight to the candidate origin as a batch of one
  * ({@link openDirect}) or through the region's `Batcher` (`batcher.ts`), which both answer
  * with an `OpenItem` (`item.ts`). Before the first byte reaches the client a failing origin is

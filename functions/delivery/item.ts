@@ -1,5 +1,5 @@
 /**
- * An item whose origin answered with a HEAD, as the edge delivers it (docs/configuration.md,
+ * An item whose origin answered with a HEAD, as the edge delivers it (docs/edge.md,
  * "Delivery"): its body as a stream for the client or read whole, and how it ended. The same
  * shape whether it came straight from an origin or through the `Batcher`; this module builds
  * it from an item's frames.

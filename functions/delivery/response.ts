@@ -1,5 +1,5 @@
 /**
- * One response lifecycle for an opened item (docs/configuration.md, "Delivery"): one
+ * One response lifecycle for an opened item (docs/edge.md, "Delivery"): one
  * deadline, one finish and one settlement, with two body strategies. A streamed answer's
  * body goes to the client as it comes, and a failure after its HEAD ends it with OpenAI's
  * error event; a whole (JSON) answer is read first, so a failure inside it answers 502/504.
