@@ -140,8 +140,11 @@ export interface FrameReader {
   cancel(): void;
 }
 
-/** A {@link FrameReader} over a framed body (a batch response or a batcher item stream). */
-export function frameReader(body: ReadableStream<Uint8Array>): FrameReader {
+/**
+ * A {@link FrameReader} over a framed body (a batch response or a batcher item stream);
+ * `onRead` hears of every chunk read (a watchdog's heartbeat).
+ */
+export function frameReader(body: ReadableStream<Uint8Array>, onRead?: () => void): FrameReader {
   const reader = body.getReader();
   const decoder = new FrameDecoder();
   // Frames decoded from the last chunk read; `at` is the next one to hand out.
@@ -163,6 +166,7 @@ export function frameReader(body: ReadableStream<Uint8Array>): FrameReader {
             decoder.finish();
             stopped = "body ended before the item's END";
           } else {
+            onRead?.();
             ready = decoder.push(value);
             at = 0;
           }

@@ -12,6 +12,7 @@ import {
   type ItemPath,
   type ItemTrailer,
   type LoadReport,
+  concatBytes,
   decodeJsonPayload,
 } from "../../contracts/protocol.ts";
 import { CredentialRing } from "../../contracts/credentials.ts";
@@ -87,35 +88,38 @@ const GIVEN_UP = "given up: the origin's circuit breaker opened";
 /** Reason it carries when the origin went silent. */
 const SILENT = "the origin went silent";
 
-/** `body`, with `silent` called should no byte of it come for `silenceMs`. */
-function watched(
-  body: ReadableStream<Uint8Array>,
-  silenceMs: number,
-  silent: () => void,
-): ReadableStream<Uint8Array> {
+/** Calls `silent` once no `beat` came for `silenceMs` (never when that is not finite). */
+function watchdog(silenceMs: number, silent: () => void) {
   let lastAt = Date.now();
-  const dog = setInterval(
-    () => {
-      if (Date.now() - lastAt < silenceMs) return;
-      clearInterval(dog);
-      silent();
+  const timer = Number.isFinite(silenceMs)
+    ? setInterval(
+        () => {
+          if (Date.now() - lastAt < silenceMs) return;
+          stop();
+          silent();
+        },
+        Math.max(50, silenceMs / 4),
+      )
+    : null;
+  const stop = () => {
+    if (timer !== null) clearInterval(timer);
+  };
+  return {
+    beat: () => {
+      lastAt = Date.now();
     },
-    Math.max(50, silenceMs / 4),
-  );
-  return body.pipeThrough(
-    new TransformStream<Uint8Array, Uint8Array>({
-      transform(chunk, controller) {
-        lastAt = Date.now();
-        controller.enqueue(chunk);
-      },
-      flush() {
-        clearInterval(dog);
-      },
-      cancel() {
-        clearInterval(dog);
-      },
-    }),
-  );
+    stop,
+  };
+}
+
+/** A whole body's bytes, with `onRead` told of every chunk. */
+async function readAll(body: ReadableStream<Uint8Array>, onRead: () => void): Promise<Uint8Array> {
+  const chunks: Uint8Array[] = [];
+  for await (const chunk of body) {
+    onRead();
+    chunks.push(chunk);
+  }
+  return concatBytes(chunks);
 }
 
 /** Posts a one-item batch to `origin` and waits for the item's HEAD. Never rejects. */
@@ -172,24 +176,25 @@ export async function openItem(
     return failed(problem?.failure ?? "bad_answer", problem?.detail ?? "no body");
   }
   if (!options.timeHead) clearTimeout(timer);
-  const body = Number.isFinite(silenceMs)
-    ? watched(response.body, silenceMs, () => abort.abort(SILENT))
-    : response.body;
+  // Every read is a heartbeat: an origin silent for `silenceMs` is frozen (see `SILENT`).
+  const dog = watchdog(silenceMs, () => abort.abort(SILENT));
+  abort.signal.addEventListener("abort", dog.stop, { once: true });
 
   let frames: FrameReader;
   if (options.readWhole === true) {
     // The origin ends the item by its own timeout; this only bounds a call that never ends.
     const stuck = setTimeout(() => abort.abort("item never ended"), options.itemTimeoutMs + 5_000);
     try {
-      frames = frameList(new Uint8Array(await new Response(body).arrayBuffer()));
+      frames = frameList(await readAll(response.body, dog.beat));
     } catch (error) {
       const silent = abort.signal.reason === SILENT;
       return failed(silent ? "timeout" : "bad_answer", `read: ${describe(error)}`);
     } finally {
       clearTimeout(stuck);
+      dog.stop();
     }
   } else {
-    frames = frameReader(body);
+    frames = frameReader(response.body, dog.beat);
   }
   let head: ItemHead | undefined;
   while (head === undefined) {
@@ -220,6 +225,7 @@ export async function openItem(
     cancel: () => abort.abort("client went away"),
     cancelUntilEnd: () =>
       cancelBatchItems(currentUpstream(credentialed), options.requestId, [options.requestId]),
+    onDone: dog.stop,
     ...(options.onLoad !== undefined && { onLoad: options.onLoad }),
   });
   return { kind: "open", item, originId: origin.id };

@@ -52,6 +52,8 @@ export interface FrameItemControls {
   cancelUntilEnd?: () => Promise<unknown>;
   /** Each load report the origin piggybacks on the answer. */
   onLoad?: (report: LoadReport) => void;
+  /** The item's frames ended: its END came, or reading stopped. */
+  onDone?: () => void;
 }
 
 /** The {@link OpenItem} of an item whose HEAD was read: its DATA and END from `frames`. */
@@ -60,7 +62,7 @@ export function frameItem(
   frames: FrameReader,
   controls: FrameItemControls,
 ): OpenItem {
-  const events = new FrameEvents(frames, controls.onLoad);
+  const events = new FrameEvents(frames, controls.onLoad, controls.onDone);
   const cancel = () => {
     events.stop();
     controls.cancel();
@@ -177,12 +179,14 @@ type FrameEvent = ItemEnd | { kind: "data"; bytes: Uint8Array };
 class FrameEvents {
   readonly #frames: FrameReader;
   readonly #onLoad: ((report: LoadReport) => void) | undefined;
+  readonly #onDone: (() => void) | undefined;
   #finished = false;
   #reading: Promise<FrameEvent> | null = null;
 
-  constructor(frames: FrameReader, onLoad?: (report: LoadReport) => void) {
+  constructor(frames: FrameReader, onLoad?: (report: LoadReport) => void, onDone?: () => void) {
     this.#frames = frames;
     this.#onLoad = onLoad;
+    this.#onDone = onDone;
   }
 
   next(): Promise<FrameEvent> {
@@ -194,9 +198,16 @@ class FrameEvents {
   stop(): void {
     this.#finished = true;
     this.#frames.cancel();
+    this.#onDone?.();
   }
 
   async #read(): Promise<FrameEvent> {
+    const event = await this.#readFrame();
+    if (event.kind !== "data") this.#onDone?.();
+    return event;
+  }
+
+  async #readFrame(): Promise<FrameEvent> {
     if (this.#finished) return { kind: "broken", detail: "item stopped" };
     for (;;) {
       const frame = await this.#frames.next();
