@@ -70,8 +70,3 @@ export interface BreakerRegion {
   origins: { id: string; url: string }[];
   settings: BreakerSettings;
 }
-
-/** Whether a breaker keeps client requests away from its origin at `now`. */
-export function blocks(view: Pick<BreakerView, "state">): boolean {
-  return view.state !== "closed";
-}

@@ -6,7 +6,7 @@
 import { env } from "cloudflare:workers";
 import type { BreakerRegion } from "../contracts/breaker.ts";
 import { BreakerCache } from "../contracts/breaker-cache.ts";
-import { breakerSettingsOf } from "../durable-objects/origin-breakers/settings.ts";
+import { breakerSettingsOf, breakersEnabled } from "../durable-objects/origin-breakers/settings.ts";
 import { type ApiError, originFailure } from "../contracts/errors.ts";
 import type { GatewayConfig, RegionConfig } from "./config.ts";
 import { retryAfterHeaders } from "./rate-limit-headers.ts";
@@ -64,7 +64,7 @@ export function breakerRegion(config: GatewayConfig, region: RegionConfig): Brea
 
 /** Whether breakers apply under `config` (`breakers.enabled`, default true). */
 export function breakersOn(config: GatewayConfig): boolean {
-  return config.breakers?.enabled ?? true;
+  return breakersEnabled(config.breakers);
 }
 
 /** Brings the copies of these regions' breakers up to date when due; the work to wait for. */

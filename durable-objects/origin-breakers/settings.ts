@@ -20,6 +20,11 @@ export const BreakersConfigSchema = z.strictObject({
 });
 export type BreakersConfig = z.infer<typeof BreakersConfigSchema>;
 
+/** Whether breakers apply under `config` (on unless `enabled: false`). */
+export function breakersEnabled(config: BreakersConfig | undefined): boolean {
+  return config?.enabled ?? true;
+}
+
 /** The settings for `config`, defaults filled in. */
 export function breakerSettingsOf(config: BreakersConfig | undefined): BreakerSettings {
   const d = DEFAULT_BREAKER_SETTINGS;

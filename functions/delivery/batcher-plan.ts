@@ -9,7 +9,10 @@ import {
   type BatchingSettings,
   windowConfigOf,
 } from "../../durable-objects/batcher/settings.ts";
-import { breakerSettingsOf } from "../../durable-objects/origin-breakers/settings.ts";
+import {
+  breakerSettingsOf,
+  breakersEnabled,
+} from "../../durable-objects/origin-breakers/settings.ts";
 import { type GatewayConfig, type RegionConfig, originServes } from "../config.ts";
 
 /** Request header that moves a request to a lower-priority lane (never a higher one). */
@@ -83,7 +86,7 @@ function buildPlan(
     ...(origin.credentials !== undefined && { credentials: origin.credentials }),
   }));
   const breakers = {
-    enabled: config.breakers?.enabled ?? true,
+    enabled: breakersEnabled(config.breakers),
     settings: breakerSettingsOf(config.breakers),
   };
   const versioned = { window, urls, quarantineMs, clientBacklogBytes, breakers };
