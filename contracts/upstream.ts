@@ -222,3 +222,31 @@ export function frameList(bytes: Uint8Array): FrameReader {
 export function describe(error: unknown): string {
   return error instanceof Error ? `${error.name}: ${error.message}` : String(error);
 }
+
+/**
+ * Calls `silent` once no `beat` came for `silenceMs` (never when that is not finite): an
+ * origin sends a LOAD frame every load interval while items run, so a call silent that long
+ * is an origin that froze. `stop` ends the watch.
+ */
+export function silenceWatchdog(silenceMs: number, silent: () => void) {
+  let lastAt = Date.now();
+  const timer = Number.isFinite(silenceMs)
+    ? setInterval(
+        () => {
+          if (Date.now() - lastAt < silenceMs) return;
+          stop();
+          silent();
+        },
+        Math.max(50, silenceMs / 4),
+      )
+    : null;
+  const stop = () => {
+    if (timer !== null) clearInterval(timer);
+  };
+  return {
+    beat: () => {
+      lastAt = Date.now();
+    },
+    stop,
+  };
+}

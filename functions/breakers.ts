@@ -4,7 +4,7 @@
  * in bulk, and the breakers come back with the answer; no Durable Object call per request.
  */
 import { env } from "cloudflare:workers";
-import type { BreakerRegion } from "../contracts/breaker.ts";
+import type { BreakerRegion, BreakerSettings } from "../contracts/breaker.ts";
 import { BreakerCache } from "../contracts/breaker-cache.ts";
 import { breakerSettingsOf, breakersEnabled } from "../durable-objects/origin-breakers/settings.ts";
 import { type ApiError, originFailure } from "../contracts/errors.ts";
@@ -42,6 +42,17 @@ export function watchBreaker(origin: string, giveUp: () => void): () => void {
 }
 
 const regionsOf = new WeakMap<GatewayConfig, Map<string, BreakerRegion>>();
+const settingsOf = new WeakMap<GatewayConfig, BreakerSettings>();
+
+/** The breaker settings of `config`, defaults filled in (cached per config). */
+export function breakerSettings(config: GatewayConfig): BreakerSettings {
+  let settings = settingsOf.get(config);
+  if (settings === undefined) {
+    settings = breakerSettingsOf(config.breakers);
+    settingsOf.set(config, settings);
+  }
+  return settings;
+}
 
 /** A configured region as its breakers know it (cached per config). */
 export function breakerRegion(config: GatewayConfig, region: RegionConfig): BreakerRegion {
@@ -55,7 +66,7 @@ export function breakerRegion(config: GatewayConfig, region: RegionConfig): Brea
     known = {
       id: region.id,
       origins: region.origins.map((origin) => ({ id: origin.id, url: origin.url })),
-      settings: breakerSettingsOf(config.breakers),
+      settings: breakerSettings(config),
     };
     byId.set(region.id, known);
   }

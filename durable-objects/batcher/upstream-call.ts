@@ -14,6 +14,7 @@ import {
   batchAnswerProblem,
   describe,
   postBatchWithCredentials,
+  silenceWatchdog,
 } from "../../contracts/upstream.ts";
 import type { OpenCall } from "./caller.ts";
 import { type BatcherFailureCode, READ_TURN_MS } from "./types.ts";
@@ -93,23 +94,17 @@ export async function runCall(
   const reader = response.body.getReader();
   const decoder = new FrameDecoder();
   let broken: string | null = null;
-  // While items run, the origin writes a LOAD frame every load interval: a call silent for
-  // `silenceMs` is an origin that froze mid-answer.
-  let lastReadAt = Date.now();
-  const watchdog = setInterval(
-    () => {
-      if (Date.now() - lastReadAt < silenceMs) return;
-      call.abortReason = "silent";
-      call.abort.abort("the origin went silent");
-    },
-    Math.max(50, silenceMs / 4),
-  );
+  // A call silent for `silenceMs` is an origin that froze mid-answer.
+  const watchdog = silenceWatchdog(silenceMs, () => {
+    call.abortReason = "silent";
+    call.abort.abort("the origin went silent");
+  });
   try {
     let turnStartedAt = Date.now();
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
-      lastReadAt = Date.now();
+      watchdog.beat();
       events.frames(decoder.push(value));
       // When the origin's answer is already buffered, each read is answered at once, and a
       // busy call could keep the thread through its whole answer while the streams it just
@@ -132,7 +127,7 @@ export async function runCall(
           ? `the origin sent nothing for ${silenceMs} ms`
           : describe(error);
   } finally {
-    clearInterval(watchdog);
+    watchdog.stop();
   }
   events.ended(broken);
 }

@@ -26,6 +26,7 @@ import {
   frameList,
   frameReader,
   postBatchWithCredentials,
+  silenceWatchdog,
 } from "../../contracts/upstream.ts";
 import { type OpenItem, frameItem } from "./item.ts";
 
@@ -87,30 +88,6 @@ export const FIRST_BYTE_TIMEOUT = "first byte timeout";
 const GIVEN_UP = "given up: the origin's circuit breaker opened";
 /** Reason it carries when the origin went silent. */
 const SILENT = "the origin went silent";
-
-/** Calls `silent` once no `beat` came for `silenceMs` (never when that is not finite). */
-function watchdog(silenceMs: number, silent: () => void) {
-  let lastAt = Date.now();
-  const timer = Number.isFinite(silenceMs)
-    ? setInterval(
-        () => {
-          if (Date.now() - lastAt < silenceMs) return;
-          stop();
-          silent();
-        },
-        Math.max(50, silenceMs / 4),
-      )
-    : null;
-  const stop = () => {
-    if (timer !== null) clearInterval(timer);
-  };
-  return {
-    beat: () => {
-      lastAt = Date.now();
-    },
-    stop,
-  };
-}
 
 /** A whole body's bytes, with `onRead` told of every chunk. */
 async function readAll(body: ReadableStream<Uint8Array>, onRead: () => void): Promise<Uint8Array> {
@@ -177,7 +154,7 @@ export async function openItem(
   }
   if (!options.timeHead) clearTimeout(timer);
   // Every read is a heartbeat: an origin silent for `silenceMs` is frozen (see `SILENT`).
-  const dog = watchdog(silenceMs, () => abort.abort(SILENT));
+  const dog = silenceWatchdog(silenceMs, () => abort.abort(SILENT));
   abort.signal.addEventListener("abort", dog.stop, { once: true });
 
   let frames: FrameReader;

@@ -29,6 +29,7 @@ import { OriginPool } from "../origin-pool.ts";
 import {
   allOriginsOpen,
   breakerRegion,
+  breakerSettings,
   breakersOn,
   edgeBreakers,
   syncBreakers,
@@ -36,7 +37,6 @@ import {
 } from "../breakers.ts";
 import { type RegionConfig, originServes } from "../config.ts";
 import { DEFAULT_QUARANTINE_MS, OriginHealth } from "../../contracts/origin-health.ts";
-import { breakerSettingsOf } from "../../durable-objects/origin-breakers/settings.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
 import type { ItemPath } from "../../contracts/protocol.ts";
 
@@ -110,7 +110,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
   if (candidates.length === 0 && breakers) {
     throw allOriginsOpen(order.regions, (origin) => originServes(origin, plan.model.id), now);
   }
-  const slowFirstByteMs = breakerSettingsOf(config.breakers).slowFirstByteMs;
+  const { slowFirstByteMs } = breakerSettings(config);
   const quarantineMs = config.batching.origin_quarantine_ms ?? DEFAULT_QUARANTINE_MS;
   const response = await dispatchCompletion({
     requestId,
