@@ -63,6 +63,33 @@ export interface BatchRequest {
   /** Unique id of the batch, used by the cancel endpoint. */
   batch_id: string;
   items: BatchItem[];
+  /**
+   * The block events this caller has seen from the origin's log: the call's LOAD frames
+   * bring the ones after it (see {@link KvEvents}). Absent: send none.
+   */
+  kv_events_after?: KvEventCursor;
+}
+
+/** A place in an origin's log of block events. */
+export interface KvEventCursor {
+  /** The log's identity; a new one (the origin restarted) starts from nothing. */
+  log: string;
+  /** The last event seen (0: none). */
+  seq: number;
+}
+
+/**
+ * What the origin's engine stored in and dropped from its prefix cache since a cursor, as
+ * the edge's block hashes (contracts/prefix-blocks.ts) of the prompts it served.
+ */
+export interface KvEvents extends KvEventCursor {
+  stored: number[];
+  removed: number[];
+  /**
+   * The engine's whole state follows (a caller of another log, or further behind than the
+   * log keeps): forget what was known before `stored`.
+   */
+  cleared: boolean;
 }
 
 /** Body of `POST /v1/batch/cancel`. */
@@ -154,6 +181,10 @@ export interface LoadReport {
    * step boundaries. Absent or 0 when unknown.
    */
   step_ms?: number;
+  /** Prompt tokens per second the engine prefills, when it knows. */
+  prefill_tokens_per_s?: number;
+  /** Block events since the call's `kv_events_after`, where the engine reports them. */
+  kv_events?: KvEvents;
 }
 
 /** A decoded frame. `payload` may be a view into the chunk it arrived in. */

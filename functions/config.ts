@@ -9,6 +9,11 @@ import { z } from "zod";
 import { BATCHING_FIELDS } from "../durable-objects/batcher/settings.ts";
 import { BreakersConfigSchema } from "../durable-objects/origin-breakers/settings.ts";
 import { CanaryConfigSchema } from "../durable-objects/canaries/settings.ts";
+import {
+  MAX_ROUTED_ORIGINS,
+  RoutingConfigSchema,
+  routingEnabled,
+} from "../durable-objects/batcher/settings.ts";
 import { AliasesSchema, ModelPricingSchema, aliasIssues } from "./pricing.ts";
 
 /** Default request limits; 8 MB bodies match OpenAI's documented request size cap. */
@@ -97,6 +102,8 @@ export const GatewayConfigSchema = z
     breakers: BreakersConfigSchema.optional(),
     /** Canary rollouts, at most one per model (docs/failover.md, "Canaries"). */
     canaries: z.array(CanaryConfigSchema).default([]),
+    /** Routing to warm prefix caches (docs/routing.md). */
+    routing: RoutingConfigSchema.optional(),
   })
   .superRefine((config, ctx) => {
     const modelIds = new Set<string>();
@@ -129,6 +136,13 @@ export const GatewayConfigSchema = z
         });
       }
       regionIds.add(region.id);
+      if (routingEnabled(config.routing) && region.origins.length > MAX_ROUTED_ORIGINS) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["regions", i, "origins"],
+          message: `routing follows at most ${MAX_ROUTED_ORIGINS} origins per region; split the region or set routing.enabled to false`,
+        });
+      }
       region.origins.forEach((origin, j) => {
         if (originIds.has(origin.id)) {
           ctx.addIssue({

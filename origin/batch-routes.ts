@@ -15,6 +15,7 @@ import {
   MAX_OUTCOME_IDS,
   OUTCOMES_PATH,
   type ItemHead,
+  type KvEventCursor,
   type LoadReport,
   concatBytes,
   encodeFrame,
@@ -40,6 +41,7 @@ const BatchRequestSchema = z.object({
   v: z.literal(BATCH_PROTOCOL_VERSION),
   batch_id: z.string().min(1).max(256),
   items: z.array(BatchItemSchema).min(1),
+  kv_events_after: z.object({ log: z.string().max(64), seq: z.int().nonnegative() }).optional(),
 });
 
 const CancelRequestSchema = z.object({
@@ -60,7 +62,8 @@ export interface BatchRouteDeps {
   originId: string;
   loadIntervalMs: number;
   maxBatchItems: number;
-  loadReport: () => LoadReport;
+  /** The origin's load now, with its block events after `cursor` when one is given. */
+  loadReport: (cursor?: KvEventCursor) => LoadReport;
 }
 
 /** Adds the batch routes to the origin's app. */
@@ -137,8 +140,15 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
               await new Promise<void>((resolve) => waiters.push(resolve));
             }
           };
-          const emitLoad = () =>
-            emit(encodeJsonFrame(FrameType.LOAD, BATCH_ITEM, deps.loadReport()));
+          // Each LOAD brings the block events since the one before it on this call.
+          let cursor = envelope.kv_events_after;
+          const emitLoad = () => {
+            const report = deps.loadReport(cursor);
+            if (report.kv_events !== undefined) {
+              cursor = { log: report.kv_events.log, seq: report.kv_events.seq };
+            }
+            return emit(encodeJsonFrame(FrameType.LOAD, BATCH_ITEM, report));
+          };
 
           const runOne = async (index: number, item: z.infer<typeof BatchItemSchema>) => {
             const run = runs.get(item.id);

@@ -65,6 +65,16 @@ export interface EngineHealth {
   detail?: string;
 }
 
+/**
+ * A change to the engine's prefix cache in its own block hashes (vLLM's KV-cache events):
+ * blocks of an item's prompt stored from chain position `start` (of `promptBlocks` full
+ * blocks in the prompt), blocks evicted, or the whole cache dropped.
+ */
+export type EngineBlockEvent =
+  | { kind: "stored"; item: string; start: number; hashes: number[]; promptBlocks: number }
+  | { kind: "removed"; hashes: number[] }
+  | { kind: "cleared" };
+
 /** An inference engine behind the origin. */
 export interface Engine {
   readonly kind: "sim" | "openai";
@@ -77,6 +87,11 @@ export interface Engine {
   /** Prometheus text for engine metrics (vLLM names), without a trailing blank line. */
   metrics(): string;
   health(): Promise<EngineHealth>;
+  /**
+   * Follows the prefix cache's changes, where the engine can say exactly what it holds;
+   * absent where it cannot.
+   */
+  onBlocks?(listener: (event: EngineBlockEvent) => void): void;
   /** Stops background work and frees resources. */
   close(): Promise<void>;
 }

@@ -271,6 +271,10 @@ function dropAfter(
 export function withFaults(engine: Engine, faults: FaultController): Engine {
   return {
     kind: engine.kind,
+    ...(engine.onBlocks !== undefined && {
+      onBlocks: (listener: Parameters<NonNullable<Engine["onBlocks"]>>[0]) =>
+        engine.onBlocks?.(listener),
+    }),
     models: () => engine.models(),
     load: () => engine.load(),
     metrics: () => engine.metrics(),

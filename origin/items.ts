@@ -3,6 +3,7 @@
  * id), its engine request, its trailer, and the outcome log that remembers it
  * (origin/PROTOCOL.md, "Outcomes").
  */
+import { KvEventLog } from "./kv-events.ts";
 import type { Engine, EngineOutcome, EngineResponse } from "./engine.ts";
 import type { AbortReason, OriginCounters } from "./metrics.ts";
 import { OutcomeLog } from "./outcome-log.ts";
@@ -138,9 +139,15 @@ export class ItemRunner {
   /** How recent items ended, for `POST /v1/batch/outcomes`. */
   readonly outcomes = new OutcomeLog();
 
+  /** The engine's block events in the edge's hashes, where the engine reports them. */
+  readonly kvLog: KvEventLog | null;
+
   constructor(engine: Engine, counters: OriginCounters) {
     this.#engine = engine;
     this.#counters = counters;
+    this.kvLog = engine.onBlocks === undefined ? null : new KvEventLog();
+    const log = this.kvLog;
+    if (log !== null) engine.onBlocks?.((event) => log.apply(event));
   }
 
   newRun(): ItemRun {
@@ -186,6 +193,7 @@ export class ItemRunner {
         "error",
       );
     } else {
+      this.kvLog?.track(engineId, spec.body);
       const submitted = this.#engine
         .submit({
           id: engineId,
@@ -242,6 +250,7 @@ export class ItemRunner {
         run.done = true;
         this.#active.delete(run);
         this.#engineIds.delete(engineId);
+        this.kvLog?.untrack(engineId);
         this.#counters.inFlight--;
         this.#counters.outcomes[outcome]++;
         this.outcomes.ended(spec.id, outcome, result.usage, Date.now());

@@ -26,7 +26,7 @@ import { MAX_BATCH_ITEMS } from "../contracts/protocol.ts";
 import { type ItemRun, ItemRunner, drain, errorBody } from "./items.ts";
 import { batchRoutes } from "./batch-routes.ts";
 import { OriginError, readJson, zodMessage } from "./http.ts";
-import type { ItemPath, LoadReport } from "../contracts/protocol.ts";
+import type { ItemPath, KvEventCursor, LoadReport } from "../contracts/protocol.ts";
 
 /** Configuration of an origin. */
 export interface OriginOptions {
@@ -110,8 +110,10 @@ function buildOrigin(options: OriginOptions): Origin {
   const startedAt = Date.now();
   const batches = new Map<string, Map<string, ItemRun>>();
 
-  function loadReport(): LoadReport {
-    return { origin: options.originId, t: Date.now(), ...engine.load() };
+  function loadReport(cursor?: KvEventCursor): LoadReport {
+    const report: LoadReport = { origin: options.originId, t: Date.now(), ...engine.load() };
+    if (cursor !== undefined && items.kvLog !== null) report.kv_events = items.kvLog.since(cursor);
+    return report;
   }
 
   const app = new Hono();

@@ -62,6 +62,7 @@ export class Callers {
   ended(caller: BatchCaller): void {
     caller.stage = "ended";
     this.#byId.delete(caller.input.id);
+    this.#queue.router?.forget(caller.input.id);
   }
 
   /** The caller cancelled its item (its client went away); false when it had ended. */

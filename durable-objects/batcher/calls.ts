@@ -28,7 +28,10 @@ import {
   RECENT_BATCHES,
 } from "./types.ts";
 import { deliverHeld, demultiplex } from "./demux.ts";
-import { runCall } from "./upstream-call.ts";
+import { type CallEvents, runCall } from "./upstream-call.ts";
+
+/** The cursor of a router that has seen none of an origin's block events. */
+const FIRST_EVENT = { log: "", seq: 0 } as const;
 import {
   type Batch,
   cancel as cancelInWindow,
@@ -118,7 +121,11 @@ export class Calls {
     this.#host.armAlarm();
     const lanes = queue.state?.config.lanes.length ?? 1;
     const silenceMs = queue.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
-    const running = runCall(call, this.#host.upstream(call.originId, call.url), lanes, silenceMs, {
+    // With routing on, the call asks for the origin's block events since those last seen.
+    const router = queue.router;
+    const kvEventsAfter = router === null ? null : (router.cursor(origin.id) ?? FIRST_EVENT);
+    const upstream = this.#host.upstream(call.originId, call.url);
+    const events: CallEvents = {
       frames: (frames) => demultiplex(this.#host, call, frames),
       paused: (lagMs, at) => {
         counters.readPauses += 1;
@@ -126,7 +133,8 @@ export class Calls {
       },
       failed: (code, detail, quarantine) => this.#failed(call, code, detail, quarantine),
       ended: (broken) => this.#ended(call, broken),
-    });
+    };
+    const running = runCall(call, upstream, lanes, silenceMs, events, kvEventsAfter);
     this.#host.waitUntil(running);
   }
 

@@ -43,6 +43,11 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
     if (frame.type === FrameType.LOAD) {
       const report = decodeJsonPayload(frame.payload) as LoadReport;
       queue.update((s) => onOriginLoad(s, call.originId, report, now).state);
+      queue.router?.report(call.originId, {
+        kvTotalTokens: (report.kv_total_blocks ?? 0) * (report.block_size ?? 0),
+        prefixQueries: report.prefix_queries ?? 0,
+      });
+      if (report.kv_events !== undefined) queue.router?.events(call.originId, report.kv_events);
       freed = true;
       continue;
     }
@@ -76,6 +81,7 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
           // report what their requests waited are counted by their reports, not twice.
           caller.firstByte = true;
           fresh.add(caller);
+          queue.router?.started(caller.input.id);
           const countWait = caller.input.recentFirstByteMs === undefined;
           queue.update(
             (s) => onDispatched(s, call.originId, caller.input.id, now, { countWait }).state,
@@ -92,6 +98,7 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
         queue.update((s) => onItemDone(s, call.originId, caller.input.id, now).state);
         freed = true;
         const trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
+        queue.router?.ended(caller.input.id, trailer.usage);
         if (caller.stage === "open") {
           touched.add(caller);
           if (trailer.outcome !== "ok") failBody(caller, trailer.outcome === "timeout");

@@ -19,6 +19,7 @@ import { newCounters } from "./counters.ts";
 import { OriginLinks } from "./origin-links.ts";
 import { Queue } from "./queue.ts";
 import { CallRecords } from "./records.ts";
+import { RoutingLink } from "./routing-link.ts";
 import {
   ALARM_BACKSTOP_MS,
   BODY_BUFFER_BYTES,
@@ -45,6 +46,7 @@ import {
 export class Batcher extends DurableObject<Env> {
   readonly #counters = newCounters();
   readonly #records = new CallRecords(this.ctx.storage);
+  readonly #routing = new RoutingLink(this.ctx.storage);
   readonly #queue = new Queue({
     send: (batch, now) => this.#calls.send(batch, now),
     notice: (notice) => this.#notice(notice),
@@ -193,6 +195,7 @@ export class Batcher extends DurableObject<Env> {
       holdMs: state === null ? 0 : tokenHoldMs(state, now),
       inFlight,
       origins,
+      routing: this.#queue.router?.view() ?? null,
       openBatches: this.#calls.size,
       persistedBatches: this.#records.count(),
       counters: structuredClone(this.#counters),
@@ -228,6 +231,10 @@ export class Batcher extends DurableObject<Env> {
       this.#counters.refusedOther += 1;
       return { kind: "failed", code: "no_healthy_origin", detail: "no healthy origin to try" };
     }
+    const health = this.#queue.health;
+    const target = this.#routing.place(this.#queue.router, input, allowed, (id) =>
+      health.quarantined(id, now),
+    );
     const request = {
       id: input.id,
       lane: Math.min(input.lane, state.config.lanes.length - 1),
@@ -236,10 +243,12 @@ export class Batcher extends DurableObject<Env> {
       deadline: input.deadline,
       enqueuedAt: now,
       avoidOrigins: avoid,
+      ...(target !== undefined && { target }),
     };
     const { state: next, decision } = enqueue(state, request, now, this.#queue.options);
     switch (decision.kind) {
       case "rejected":
+        this.#queue.router?.forget(input.id);
         this.#counters[decision.reason === "queue_full" ? "refusedQueueFull" : "refusedOther"] += 1;
         switch (decision.reason) {
           case "queue_full":

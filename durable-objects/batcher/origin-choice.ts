@@ -14,6 +14,8 @@ export interface OriginCandidate {
   kvRoomTokens: number | null;
   /** Items this batcher has sent the origin that have not finished. */
   inFlight: number;
+  /** What its fresh load report says of its engine; absent without one. */
+  engine?: { maxNumSeqs: number; stepMs: number; prefillTokensPerMs: number | null };
 }
 
 /** The request a batch is being opened for (the head of the queue). */
@@ -21,6 +23,8 @@ export interface PlacementRequest {
   id: string;
   lane: number;
   promptTokens: number;
+  /** The origin the router placed it on, if it did. */
+  target?: string;
 }
 
 /** Picks the origin for a batch whose first item is `head`, or null when none can hold it. */

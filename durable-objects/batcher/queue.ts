@@ -6,7 +6,8 @@
  */
 import type { BreakerView } from "../../contracts/breaker.ts";
 import { type BreakerGate, OriginHealth } from "../../contracts/origin-health.ts";
-import { chooseLeastLoadedInTurn } from "./origin-choice.ts";
+import { chooseLeastLoadedInTurn, fitsKv } from "./origin-choice.ts";
+import { Router } from "./routing/router.ts";
 import type { BatcherSetup } from "./types.ts";
 import {
   type Batch,
@@ -33,17 +34,26 @@ export class Queue {
   #setup: BatcherSetup | null = null;
   #state: WindowState | null = null;
   #health = new OriginHealth();
+  #router: Router | null = null;
   readonly #lastSentAt = new Map<string, number>();
   readonly #inTurn = chooseLeastLoadedInTurn((id) => this.#lastSentAt.get(id) ?? null);
   readonly #handlers: QueueHandlers;
   #timer: ReturnType<typeof setTimeout> | null = null;
   #timerAt: number | null = null;
   readonly options: WindowOptions = {
-    // Healthy origins first; a quarantined one only when no healthy one can take the batch.
+    // The router's origin while it is up and can hold the head; else healthy origins
+    // first, and a quarantined one only when no healthy one can take the batch.
     chooseOrigin: (candidates, head) => {
+      const { target } = head;
       const now = Date.now();
+      if (target !== undefined && !this.#health.quarantined(target, now)) {
+        const placed = candidates.find((c) => c.id === target);
+        if (placed !== undefined && fitsKv(placed, head.promptTokens)) return target;
+      }
       const healthy = candidates.filter((c) => !this.#health.quarantined(c.id, now));
-      return this.#inTurn(healthy, head) ?? this.#inTurn(candidates, head);
+      const origin = this.#inTurn(healthy, head) ?? this.#inTurn(candidates, head);
+      if (target !== undefined && origin !== null) this.#router?.moved(head.id, origin);
+      return origin;
     },
   };
 
@@ -63,6 +73,11 @@ export class Queue {
     return this.#health;
   }
 
+  /** The router of the current setup; null where routing is off. */
+  get router(): Router | null {
+    return this.#router;
+  }
+
   /**
    * The state for `setup`, which replaces the one in use unless that is the same version or
    * still has work (`busy`): a name's setup never changes.
@@ -78,6 +93,13 @@ export class Queue {
       setup.breakers.enabled ? breakers : undefined,
     );
     this.#lastSentAt.clear();
+    this.#router =
+      setup.routing === null
+        ? null
+        : new Router(
+            setup.origins.map((origin) => origin.id),
+            setup.routing,
+          );
     return this.#state;
   }
 

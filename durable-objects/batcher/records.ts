@@ -1,8 +1,8 @@
 /**
- * The Batcher's one table, `open_batches` (docs/batching.md, "Open calls"): which upstream
- * calls an origin may still be running, so that a later incarnation can cancel them. Rows
- * are written behind, once a call has run for {@link OPEN_BATCH_RECORD_DELAY_MS}; a call
- * that ends sooner never touches storage.
+ * The Batcher's tables (docs/batching.md, "Open calls"; docs/routing.md, "The index"), and
+ * `open_batches`: which upstream calls an origin may still be running, so that a later
+ * incarnation can cancel them. Rows are written behind, once a call has run for
+ * {@link OPEN_BATCH_RECORD_DELAY_MS}; a call that ends sooner never touches storage.
  */
 import { applyMigrations } from "../migrations.ts";
 import { WriteBehind } from "../write-behind.ts";
@@ -12,6 +12,8 @@ const MIGRATIONS: readonly string[] = [
   `CREATE TABLE open_batches (
      batch_id TEXT PRIMARY KEY, origin_id TEXT NOT NULL, origin_url TEXT NOT NULL,
      sent_at INTEGER NOT NULL, item_ids TEXT NOT NULL);`,
+  // The router's index (routing/index-store.ts): one row per origin and one of the rest.
+  `CREATE TABLE router_index (part TEXT PRIMARY KEY, data BLOB NOT NULL);`,
 ];
 
 /** A call an earlier incarnation left open. */

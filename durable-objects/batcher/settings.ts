@@ -1,7 +1,8 @@
 /**
- * The batching settings in one place (docs/batching.md, "Settings"): the schema of
- * `WARMGATE_CONFIG`'s `batching` section and of each override, every default, and the
- * window configuration a Batcher runs with, derived from them.
+ * The Batcher's settings in one place (docs/batching.md, "Settings"; docs/routing.md,
+ * "Settings"): the schemas of `WARMGATE_CONFIG`'s `batching` section (and each override)
+ * and `routing` section, every default, and the window configuration and router settings
+ * a Batcher runs with, derived from them.
  */
 import { z } from "zod";
 import { DEFAULT_QUARANTINE_MS } from "../../contracts/origin-health.ts";
@@ -153,5 +154,75 @@ export function windowConfigOf(
         timeoutStatus: lane.timeout_status ?? LANE_DEFAULTS.timeoutStatus,
       })) ?? DEFAULT_LANES.map((lane) => ({ ...lane })),
     origins: originIds.map((id) => ({ id })),
+  };
+}
+
+/** Most origins a region may have where routing is on (the index keeps one bit each). */
+export const MAX_ROUTED_ORIGINS = 32;
+
+/** Leading prefix blocks (64 tokens) whose hash keys a cold prefix and a request's shard. */
+export const COLD_KEY_BLOCKS = 4;
+
+/** The `routing` section as written; every field optional. */
+export const RoutingConfigSchema = z.strictObject({
+  /** Route each request to the origin whose prefix cache is warm for it (default true). */
+  enabled: z.boolean().optional(),
+  /** Fewest leading blocks (16 tokens each) that make an origin's match worth keeping. */
+  min_match_blocks: z.int().min(1).max(1024).optional(),
+  /**
+   * A warm origin keeps its prefixes until its predicted time to first token exceeds the
+   * best origin's by this share plus `spread_ms`; past it the prefix spreads.
+   */
+  spread_ratio: z.number().min(0).max(100).optional(),
+  spread_ms: z.number().min(0).max(60_000).optional(),
+  /** A cold prefix's consistent-hash origin is skipped above this multiple of the mean load. */
+  load_bound: z.number().min(1).max(10).optional(),
+  /** Prefill speed assumed for an origin that reports none (prompt tokens per second). */
+  prefill_tokens_per_s: z.number().positive().optional(),
+  /** Most prefix blocks remembered per origin (a bound on memory). */
+  max_index_blocks: z.int().min(16).max(1_048_576).optional(),
+});
+
+/** The `routing` section as written. */
+export type RoutingConfig = z.infer<typeof RoutingConfigSchema>;
+
+/** What a router runs with, every default filled in. */
+export interface RouterSettings {
+  minMatchBlocks: number;
+  spreadRatio: number;
+  spreadMs: number;
+  loadBound: number;
+  prefillTokensPerMs: number;
+  maxIndexBlocks: number;
+}
+
+/** The defaults of {@link RouterSettings}. */
+export const ROUTER_DEFAULTS: Readonly<RouterSettings> = {
+  minMatchBlocks: 4,
+  spreadRatio: 0.5,
+  spreadMs: 50,
+  loadBound: 1.25,
+  prefillTokensPerMs: 10,
+  maxIndexBlocks: 65_536,
+};
+
+/** Whether routing applies: on unless the section turns it off. */
+export function routingEnabled(config: RoutingConfig | undefined): boolean {
+  return config?.enabled ?? true;
+}
+
+/** The router settings of a `routing` section. */
+export function routerSettingsOf(config: RoutingConfig | undefined): RouterSettings {
+  const d = ROUTER_DEFAULTS;
+  return {
+    minMatchBlocks: config?.min_match_blocks ?? d.minMatchBlocks,
+    spreadRatio: config?.spread_ratio ?? d.spreadRatio,
+    spreadMs: config?.spread_ms ?? d.spreadMs,
+    loadBound: config?.load_bound ?? d.loadBound,
+    prefillTokensPerMs:
+      config?.prefill_tokens_per_s === undefined
+        ? d.prefillTokensPerMs
+        : config.prefill_tokens_per_s / 1000,
+    maxIndexBlocks: config?.max_index_blocks ?? d.maxIndexBlocks,
   };
 }

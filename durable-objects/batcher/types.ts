@@ -4,6 +4,8 @@
  */
 import type { BreakerSettings } from "../../contracts/breaker.ts";
 import type { ItemHead, ItemPath, ItemTrailer } from "../../contracts/protocol.ts";
+import type { RouterView } from "./routing/router.ts";
+import type { RouterSettings } from "./settings.ts";
 import type { FlushReason, OriginLoadView } from "./window/index.ts";
 import type { WindowConfig } from "./settings.ts";
 
@@ -46,6 +48,8 @@ export interface BatcherSetup {
    * as bearer tokens, in order of rotation (default `ORIGIN_TOKEN`).
    */
   origins: { id: string; url: string; credentials?: string[] }[];
+  /** How requests are routed to warm prefix caches (docs/routing.md); null: off. */
+  routing: RouterSettings | null;
   /** How long an origin whose call failed is skipped. */
   quarantineMs: number;
   /** Most bytes a streamed client's body may have waiting behind its stream (see `client-body.ts`). */
@@ -81,6 +85,18 @@ export interface BatcherAttempt {
    * (ms; null when it has no figure yet): the window's wait term takes it into account.
    */
   recentFirstByteMs?: number | null;
+  /** Its prefix, where routing is on (see {@link AttemptRoute}). */
+  route?: AttemptRoute;
+}
+
+/** What the router needs of a request beyond its size. */
+export interface AttemptRoute {
+  /** Chain hashes of its prompt's prefix blocks (contracts/prefix-blocks.ts). */
+  blocks: number[];
+  /** Its session: the OpenAI `user` field or the `x-warmgate-session` header. */
+  session: string | null;
+  /** An origin it asks for (`x-warmgate-origin`, where its key allows it). */
+  pinned: string | null;
 }
 
 /** The HEAD payload a caller receives: the origin's, plus which origin it is. */
@@ -228,6 +244,8 @@ export interface BatcherSnapshot {
    * age; null before the first. `stepMs` is the engine's reported step time (0: none).
    */
   origins: Record<string, (OriginLoadView & { ageMs: number }) | null>;
+  /** The router's index and placements; null where routing is off. */
+  routing: RouterView | null;
   /** Upstream calls whose response has not ended. */
   openBatches: number;
   /** Rows in `open_batches` (this incarnation's calls plus orphans not yet cancelled). */

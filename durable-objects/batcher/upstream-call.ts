@@ -6,6 +6,7 @@
 import {
   BATCH_PROTOCOL_VERSION,
   type BatchRequest,
+  type KvEventCursor,
   type Frame,
   FrameDecoder,
 } from "../../contracts/protocol.ts";
@@ -38,6 +39,7 @@ export async function runCall(
   lanes: number,
   silenceMs: number,
   events: CallEvents,
+  kvEventsAfter: KvEventCursor | null = null,
 ): Promise<void> {
   const envelope: BatchRequest = {
     v: BATCH_PROTOCOL_VERSION,
@@ -51,6 +53,7 @@ export async function runCall(
       // The protocol runs higher priorities first; lane 0 is the highest.
       priority: lanes - 1 - input.lane,
     })),
+    ...(kvEventsAfter !== null && { kv_events_after: kvEventsAfter }),
   };
   // An origin answers a call's headers and its first LOAD at once: one that does not within
   // `silenceMs` is frozen, whatever the items' own first-byte timeouts allow.

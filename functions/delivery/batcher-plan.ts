@@ -7,6 +7,9 @@ import type { BatcherSetup } from "../../durable-objects/batcher/types.ts";
 import {
   BATCHING_DEFAULTS,
   type BatchingSettings,
+  COLD_KEY_BLOCKS,
+  routerSettingsOf,
+  routingEnabled,
   windowConfigOf,
 } from "../../durable-objects/batcher/settings.ts";
 import {
@@ -89,7 +92,10 @@ function buildPlan(
     enabled: breakersEnabled(config.breakers),
     settings: breakerSettingsOf(config.breakers),
   };
-  const versioned = { window, urls, quarantineMs, clientBacklogBytes, breakers };
+  // With one origin there is nothing to choose: such a region's lone requests may bypass.
+  const routed = routingEnabled(config.routing) && origins.length > 1;
+  const routing = routed ? routerSettingsOf(config.routing) : null;
+  const versioned = { window, urls, quarantineMs, clientBacklogBytes, breakers, routing };
   return {
     enabled: settings.enabled ?? d.enabled,
     setup: {
@@ -100,6 +106,7 @@ function buildPlan(
       origins: urls,
       quarantineMs,
       clientBacklogBytes,
+      routing,
     },
     shards: settings.shards ?? d.shards,
     shardBy: settings.shard_by ?? d.shard_by,
@@ -147,9 +154,22 @@ export function batcherName(
   return `${region}:${model}:${shard}:${plan.setup.version}`;
 }
 
-/** The shard of a request: a hash of its request id or its key id, per `shard_by`. */
-export function shardOf(plan: BatchingPlan, requestId: string, keyId: string | undefined): number {
+/**
+ * The shard of a request: where routing is on, a hash of its first prefix blocks, so that
+ * one shard's index is the authority for a prefix; else a hash of its request id or its
+ * key id, per `shard_by`.
+ */
+export function shardOf(
+  plan: BatchingPlan,
+  requestId: string,
+  keyId: string | undefined,
+  blocks: readonly number[] | null = null,
+): number {
   if (plan.shards === 1) return 0;
+  if (plan.setup.routing !== null && blocks !== null && blocks.length > 0) {
+    const first = blocks[Math.min(blocks.length, COLD_KEY_BLOCKS) - 1] as number;
+    return first % plan.shards;
+  }
   const basis = plan.shardBy === "key" && keyId !== undefined ? keyId : requestId;
   return Number.parseInt(fnv1a(basis), 16) % plan.shards;
 }

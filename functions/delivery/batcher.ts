@@ -12,6 +12,7 @@ import type {
   BatcherCancelOptions,
   BatcherFailureTrailer,
   BatcherOpenResult,
+  AttemptRoute,
 } from "../../durable-objects/batcher/types.ts";
 import {
   type Frame,
@@ -45,6 +46,8 @@ export interface BatcherRoute {
   priority: string | undefined;
   /** The caller's key id (for `shard_by: "key"`). */
   keyId: string | undefined;
+  /** The request's prefix for the router, per model (null where routing is off). */
+  route: (model: string) => AttemptRoute | null;
   promptTokens: number;
   /** Completion tokens the request may produce (its worst case when unbounded). */
   maxTokens: number;
@@ -111,7 +114,9 @@ function bypasses(
   route: BatcherRoute,
   request: AttemptRequest,
 ): boolean {
+  // A routed request goes through its Batcher, whose router picks the origin.
   if (plan.idleBypassMs <= 0 || request.avoidOrigins.length > 0) return false;
+  if (plan.setup.routing !== null) return false;
   const last = sentAtOnce.get(quiet);
   if (last === undefined || Date.now() - last >= plan.idleBypassMs) return false;
   // This request is counted once it began: more than one means company.
@@ -130,7 +135,8 @@ export async function submitToBatcher(
   request: AttemptRequest,
   seen: { recentFirstByteMs: number | null } = { recentFirstByteMs: null },
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number }> {
-  const shard = shardOf(plan, request.requestId, route.keyId);
+  const prefix = plan.setup.routing === null ? null : route.route(route.model);
+  const shard = shardOf(plan, request.requestId, route.keyId, prefix?.blocks ?? null);
   const stub = route.namespace.getByName(batcherName(region, route.model, shard, plan));
   const input: BatcherAttempt = {
     setup: plan.setup,
@@ -149,6 +155,7 @@ export async function submitToBatcher(
     // Always sent (null before a first figure): the batcher then counts this edge's
     // waits by its reports only.
     recentFirstByteMs: seen.recentFirstByteMs,
+    ...(prefix !== null && { route: prefix }),
   };
   const id = request.attemptId;
   // Cancels the item, kept alive past the response; resolves with whether it applied.

@@ -26,6 +26,7 @@ import { withModelFallback } from "../model-fallback.ts";
 import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
 import { waitUntilOf } from "../middleware/request-context.ts";
 import { OriginPool } from "../origin-pool.ts";
+import { attemptRoutes } from "../prefix-route.ts";
 import {
   allOriginsOpen,
   breakerRegion,
@@ -83,6 +84,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
       "invalid_region",
     );
   }
+  const route = attemptRoutes(c);
   const headers: Record<string, string> = { "x-request-id": requestId };
   for (const name of FORWARDED_HEADERS) {
     const value = c.req.header(name);
@@ -151,6 +153,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
       tier: c.get("admission")?.tier,
       priority: c.req.header(PRIORITY_HEADER),
       keyId: c.get("caller")?.keyId,
+      route,
       promptTokens: plan.promptTokens,
       maxTokens: sequenceAllowance(plan, plan.model),
       deadline: Date.now() + config.limits.request_timeout_ms,

@@ -5,6 +5,7 @@
  * step ends.
  */
 import type {
+  EngineBlockEvent,
   EngineHealth,
   EngineItem,
   EngineModel,
@@ -70,6 +71,27 @@ class SimEngineImpl implements SimEngine {
     });
     this.#metrics = new SimMetrics(this.options.models);
     this.#loop = this.#run();
+  }
+
+  onBlocks(listener: (event: EngineBlockEvent) => void): void {
+    const blockSize = this.#cache.blockSize;
+    this.#cache.onEvent = (event) => {
+      if (event.kind === "removed") {
+        listener({ kind: "removed", hashes: [event.hash] });
+        return;
+      }
+      // The first prompt of a request is the one the edge routes by.
+      const entry = this.#bySeq.get(event.seq);
+      if (entry === undefined || entry.choice.promptIndex !== 0) return;
+      const prompt = entry.run.request.prompts[0]?.length ?? 0;
+      listener({
+        kind: "stored",
+        item: entry.run.item.id,
+        start: event.start,
+        hashes: event.hashes,
+        promptBlocks: Math.floor(prompt / blockSize),
+      });
+    };
   }
 
   models(): EngineModel[] {
@@ -142,6 +164,7 @@ class SimEngineImpl implements SimEngine {
       prefix_hits: this.#cache.prefixHits,
       max_num_seqs: this.#scheduler.maxNumSeqs,
       step_ms: Math.round(this.#stepMs * 100) / 100,
+      ...prefillSpeed(this.options),
     };
   }
 
@@ -379,4 +402,10 @@ class SimEngineImpl implements SimEngine {
 /** Starts a simulated engine; its step loop runs until {@link Engine.close}. */
 export function createSimEngine(options: SimEngineOptions = {}): SimEngine {
   return new SimEngineImpl(options);
+}
+
+/** The prefill speed the step cost model gives, in real prompt tokens per second. */
+function prefillSpeed(options: ResolvedSimEngineOptions): { prefill_tokens_per_s?: number } {
+  const msPerToken = options.timing.prefillMsPerToken * options.timeScale;
+  return msPerToken > 0 ? { prefill_tokens_per_s: Math.round(1000 / msPerToken) } : {};
 }

@@ -30,6 +30,14 @@ export interface PrefixHit {
   tokens: number;
 }
 
+/**
+ * A change to the prefix cache, as vLLM's KV-cache events report it: a sequence's blocks
+ * from chain position `start` were stored, or a cached block was evicted.
+ */
+export type CacheEvent =
+  | { kind: "stored"; seq: SeqId; start: number; hashes: number[] }
+  | { kind: "removed"; hash: number };
+
 /** Outcome of {@link KvCache.allocate}: failure is a value, never a throw. */
 export type AllocateResult =
   | { ok: true; newBlocks: number }
@@ -70,6 +78,8 @@ export class KvCache {
   prefixHits = 0;
   /** Cached blocks dropped to make room. */
   evictions = 0;
+  /** Told of every stored and evicted block, when set. */
+  onEvent: ((event: CacheEvent) => void) | null = null;
 
   readonly #refCount: Int32Array;
   readonly #blockHash: Float64Array;
@@ -214,7 +224,8 @@ export class KvCache {
     if (entry === undefined) return;
     const full = Math.min(Math.floor(numComputed / this.blockSize), entry.blocks.length);
     let parent = entry.hashes.at(-1) ?? modelRoot(entry.model);
-    for (let i = entry.hashes.length; i < full; i++) {
+    const first = entry.hashes.length;
+    for (let i = first; i < full; i++) {
       const start = i * this.blockSize;
       parent = chainBlockHash(parent, entry.model, tokens, start, start + this.blockSize);
       entry.hashes.push(parent);
@@ -223,6 +234,9 @@ export class KvCache {
       if (block === undefined || this.#byHash.has(parent)) continue;
       this.#byHash.set(parent, block);
       this.#blockHash[block] = parent;
+    }
+    if (this.onEvent !== null && full > first) {
+      this.onEvent({ kind: "stored", seq, start: first, hashes: entry.hashes.slice(first, full) });
     }
   }
 
@@ -257,7 +271,10 @@ export class KvCache {
       block = lru.value;
       this.#evictable.delete(block);
       const hash = this.#blockHash[block] ?? NO_HASH;
-      if (this.#byHash.get(hash) === block) this.#byHash.delete(hash);
+      if (this.#byHash.get(hash) === block) {
+        this.#byHash.delete(hash);
+        this.onEvent?.({ kind: "removed", hash });
+      }
       this.#blockHash[block] = NO_HASH;
       this.evictions++;
     }

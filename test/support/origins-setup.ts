@@ -43,6 +43,10 @@ const ORIGINS: { id: string; region: string; timeScale: number; accessToken?: st
     accessToken: CREDENTIAL_ORIGIN_TOKEN,
   },
   { id: "meter-slow-1", region: "metering", timeScale: 5 },
+  // The routing tests address these in configs of their own; their caches are theirs.
+  { id: "route-1", region: "routing", timeScale: 0 },
+  { id: "route-2", region: "routing", timeScale: 0 },
+  { id: "route-3", region: "routing", timeScale: 0 },
 ];
 
 /** Builds the edge configuration for the started origins. */

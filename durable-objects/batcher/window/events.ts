@@ -34,6 +34,7 @@ export function onOriginLoad(
     kvFreeTokens: count(report.kv_free_blocks) * blockSize,
     kvTotalTokens: count(report.kv_total_blocks) * blockSize,
     stepMs: stepMsOf(report.step_ms),
+    prefillTokensPerMs: stepMsOf(report.prefill_tokens_per_s) / 1000 || null,
   };
   // The report already counts what we sent before it arrived; a report written just
   // before a send can undercount by that batch until the next report (one per response).

@@ -71,6 +71,7 @@ export function enqueue(
     flushBy: avoid.length > 0 ? now : Math.min(deadline, now + windowMs),
     overdue: false,
     ...(avoid.length > 0 && { avoidOrigins: [...avoid] }),
+    ...(req.target !== undefined && { target: req.target }),
   };
 
   if (queuedCount(next) === 0 && deadline > now) {
@@ -189,7 +190,7 @@ function flushDue(state: WindowState, now: number, choose: OriginChooser): Batch
     if (head === null) return batches;
     const originId = choose(allowedCandidates(candidates, head), head);
     if (originId === null) return batches;
-    const taken = fillBatch(state, candidateById(candidates, originId));
+    const taken = fillBatch(state, candidateById(candidates, originId), head, candidates);
     if (taken.length === 0) {
       throw new Error(`origin chooser picked ${originId}, which cannot hold ${head.id}`);
     }
@@ -207,16 +208,27 @@ function flushDue(state: WindowState, now: number, choose: OriginChooser): Batch
  * not fit rather than letting later ones overtake it, as vLLM's FCFS scheduler does, so
  * a long prompt is delayed but never starved; it may still go to another origin. A
  * request that avoids this origin is passed over: it is not short of room, it may only
- * go elsewhere.
+ * go elsewhere; so is one the router placed on another origin that is up, unless it is
+ * the head this batch is for.
  */
-function fillBatch(state: WindowState, origin: OriginCandidate): QueuedRequest[] {
+function fillBatch(
+  state: WindowState,
+  origin: OriginCandidate,
+  head: QueuedRequest,
+  candidates: readonly OriginCandidate[],
+): QueuedRequest[] {
   const { maxBatchSize, maxBatchTokens } = state.config;
   const taken: QueuedRequest[] = [];
   let tokens = 0;
   let kvRoom = origin.kvRoomTokens;
+  const up = new Set(candidates.map((c) => c.id));
   for (const queue of state.lanes) {
     for (const item of queue) {
       if (item.avoidOrigins?.includes(origin.id) === true) continue;
+      const { target } = item;
+      if (target !== undefined && target !== origin.id && item !== head && up.has(target)) {
+        continue;
+      }
       const itemTokens = item.promptTokens + item.maxTokens;
       if (taken.length >= maxBatchSize) return taken;
       if (taken.length > 0 && tokens + itemTokens > maxBatchTokens) return taken;

@@ -164,7 +164,12 @@ function candidateOf(origin: OriginState, config: WindowConfig, now: number): Or
   // Sequences already waiting mean the engine is not starting more right now.
   const freeSlots = report.waiting > 0 ? 0 : Math.max(0, report.maxNumSeqs - load);
   const kvRoomTokens = Math.max(0, report.kvFreeTokens - origin.promptTokensSinceReport);
-  return { id: origin.id, load, freeSlots, kvRoomTokens, inFlight };
+  const engine = {
+    maxNumSeqs: report.maxNumSeqs,
+    stepMs: report.stepMs,
+    prefillTokensPerMs: report.prefillTokensPerMs,
+  };
+  return { id: origin.id, load, freeSlots, kvRoomTokens, inFlight, engine };
 }
 
 export function candidateById(candidates: readonly OriginCandidate[], id: string): OriginCandidate {

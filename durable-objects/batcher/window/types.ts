@@ -29,6 +29,11 @@ export interface WindowRequest {
    * leaves at once, without a window: it has waited once already.
    */
   avoidOrigins?: readonly string[];
+  /**
+   * The origin the router placed it on: it leaves in that origin's batch, unless that
+   * origin is down or cannot hold it when it heads the queue.
+   */
+  target?: string;
 }
 
 /** A request waiting in a lane. */
@@ -46,6 +51,8 @@ export interface QueuedRequest {
   overdue: boolean;
   /** Origins it must not go to; absent when any will do. */
   avoidOrigins?: string[];
+  /** The origin the router placed it on; absent when any will do. */
+  target?: string;
 }
 
 /** A request sent to an origin and not yet finished. */
@@ -76,6 +83,8 @@ export interface OriginLoadView {
   kvTotalTokens: number;
   /** The engine's reported step time (ms); 0 when it reports none. */
   stepMs: number;
+  /** The engine's reported prefill speed (prompt tokens per ms), or null. */
+  prefillTokensPerMs: number | null;
 }
 
 /** The batcher's view of one origin. */

@@ -48,6 +48,7 @@ function batcher(
     version: `test-${crypto.randomUUID().slice(0, 8)}`,
     region: "test",
     breakers: { enabled: false, settings: DEFAULT_BREAKER_SETTINGS },
+    routing: null,
     window: windowConfig({ ...window, origins: ids.map((id) => ({ id })) }),
     origins: ids.map((id) => ({ id, url: urlOf(id) })),
     quarantineMs: 1000,
@@ -947,6 +948,7 @@ describe("origin failures", () => {
       version: `dead-${crypto.randomUUID().slice(0, 8)}`,
       region: "test",
       breakers: { enabled: false, settings: DEFAULT_BREAKER_SETTINGS },
+      routing: null,
       window: windowConfig({ origins: [{ id: "dead" }, { id: "batch-2" }] }),
       origins: [
         { id: "dead", url: "http://127.0.0.1:9" },

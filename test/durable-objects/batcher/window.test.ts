@@ -770,11 +770,40 @@ describe("origin choice and health", () => {
     expect(decision.kind === "dispatch-now" && decision.batch.originId).toBe("b");
   });
 
+  it("fills each origin's batch with the requests the router placed on it", () => {
+    const byTarget: OriginChooser = (candidates, head) => head.target ?? candidates[0]?.id ?? null;
+    let state = stateWith({ origins: [{ id: "a" }, { id: "b" }], maxWindowMs: 5 });
+    state = load(load(state, "a", { running: 8, waiting: 1 }), "b", { running: 8, waiting: 1 });
+    for (const [id, target] of [
+      ["r1", "a"],
+      ["r2", "b"],
+      ["r3", "a"],
+    ] as const) {
+      state = enqueue(state, request(id, { target }), 0, { chooseOrigin: byTarget }).state;
+    }
+    const split = tick(state, 1_000, { chooseOrigin: byTarget });
+    expect(split.batches.map((b) => [b.originId, ids(b)])).toEqual([
+      ["a", ["r1", "r3"]],
+      ["b", ["r2"]],
+    ]);
+    // An origin that is down holds nobody back: its requests join another's batch.
+    const down = markOriginDown(state, "b", 5_000).state;
+    const joined = tick(down, 1_000, { chooseOrigin: byTarget });
+    expect(joined.batches.map((b) => [b.originId, ids(b)])).toEqual([["a", ["r1", "r2", "r3"]]]);
+  });
+
   it("reports its candidates the way the chooser sees them", () => {
     let state = load(stateWith(), "a", { running: 3, max_num_seqs: 8, kv_free_blocks: 4 });
     state = add(state, request("r1", { promptTokens: 10 }), 0).state;
     expect(healthyCandidates(state, 1)).toEqual([
-      { id: "a", load: 4, freeSlots: 4, kvRoomTokens: 54, inFlight: 1 },
+      {
+        id: "a",
+        load: 4,
+        freeSlots: 4,
+        kvRoomTokens: 54,
+        inFlight: 1,
+        engine: { maxNumSeqs: 8, stepMs: 0, prefillTokensPerMs: null },
+      },
     ]);
     expect(
       chooseLeastLoaded(healthyCandidates(state, 1), { id: "x", lane: 0, promptTokens: 55 }),

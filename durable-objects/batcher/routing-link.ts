@@ -1,0 +1,56 @@
+/**
+ * Where the Batcher meets its router (docs/routing.md): placing an admitted attempt on an
+ * origin among those it may go to, with the index read from storage first and stored
+ * behind after each change.
+ */
+import type { OriginCandidate } from "./origin-choice.ts";
+import { IndexStore } from "./routing/index-store.ts";
+import type { RouteCandidate } from "./routing/placement.ts";
+import type { Router } from "./routing/router.ts";
+import type { BatcherAttempt } from "./types.ts";
+
+/** Places attempts with the queue's router and keeps its index stored. */
+export class RoutingLink {
+  readonly #store: IndexStore;
+
+  constructor(storage: DurableObjectStorage) {
+    this.#store = new IndexStore(storage);
+  }
+
+  /**
+   * The origin `input` is placed on among `allowed`, leaving out those `quarantined` (they
+   * failed lately: their warm blocks are no reason to send them traffic) unless no other
+   * is left; undefined where routing is off.
+   */
+  place(
+    router: Router | null,
+    input: BatcherAttempt,
+    allowed: readonly OriginCandidate[],
+    quarantined: (origin: string) => boolean,
+  ): string | undefined {
+    if (router === null || input.route === undefined || allowed.length === 0) return undefined;
+    const healthy = allowed.filter((c) => !quarantined(c.id));
+    const candidates = healthy.length > 0 ? healthy : allowed;
+    this.#store.attach(router);
+    const { blocks, session, pinned } = input.route;
+    const request = { id: input.id, blocks, promptTokens: input.promptTokens, session, pinned };
+    const choice = router.place(
+      request,
+      candidates.map((c) => routeCandidate(c, router)),
+    );
+    this.#store.changed();
+    return choice.origin;
+  }
+}
+
+function routeCandidate(c: OriginCandidate, router: Router): RouteCandidate {
+  return {
+    id: c.id,
+    load: c.load,
+    maxNumSeqs: c.engine?.maxNumSeqs ?? null,
+    stepMs: c.engine?.stepMs ?? 0,
+    prefillTokensPerMs: c.engine?.prefillTokensPerMs ?? null,
+    backlogTokens: router.backlogTokens(c.id),
+    kvRoomTokens: c.kvRoomTokens,
+  };
+}

@@ -1,0 +1,177 @@
+/**
+ * The placement decision (docs/routing.md, "Placement"): a predicted time to first token
+ * per origin from its queue, its uncached share of the prompt and its decode load; the
+ * warmest origin unless it is much worse than the best; a cold prefix on its
+ * consistent-hash origin under a bound on load. Pure: the same inputs give the same
+ * origin on every edge and Batcher shard.
+ */
+import type { RouterSettings } from "../settings.ts";
+
+/** What the router knows of one origin it may place on. */
+export interface RouteCandidate {
+  id: string;
+  /** Sequences it runs or queues (last report plus what was sent since). */
+  load: number;
+  /** Sequences its engine runs at once, when reported. */
+  maxNumSeqs: number | null;
+  /** Its engine's recent step time, ms (0 when unknown). */
+  stepMs: number;
+  /** Its reported prefill speed, prompt tokens per ms, or null. */
+  prefillTokensPerMs: number | null;
+  /** Uncached prompt tokens placed on it whose first token has not come yet. */
+  backlogTokens: number;
+  /** Prompt tokens its KV cache can still take, or null when unknown. */
+  kvRoomTokens: number | null;
+}
+
+/** Why a request went where it went. */
+export type PlacementReason = "cache_hit" | "session" | "cold" | "spread" | "pinned" | "fallback";
+
+/** Every reason, in the order the admin view lists them. */
+export const PLACEMENT_REASONS: readonly PlacementReason[] = [
+  "cache_hit",
+  "session",
+  "cold",
+  "spread",
+  "pinned",
+  "fallback",
+];
+
+/** A request as placement sees it. */
+export interface PlacementInput {
+  /** Its prefix blocks' chain hashes. */
+  blocks: ArrayLike<number>;
+  /** Its prompt tokens as the edge estimates them. */
+  promptTokens: number;
+  /** The key cold placement hashes: a session, else its first blocks (see `coldKey`). */
+  coldKey: number;
+  /** Leading blocks each candidate holds, by candidate. */
+  matched: readonly number[];
+  /** The origin its session last went to, when it has one. */
+  sessionOrigin: string | null;
+}
+
+/** Where a request goes and what was predicted for it there. */
+export interface PlacementChoice {
+  origin: string;
+  reason: PlacementReason;
+  /** Leading blocks the origin was expected to hold. */
+  matchedBlocks: number;
+  predictedTtftMs: number;
+}
+
+/** Predicted time to first token on `c` for a prompt of which `uncached` tokens need a prefill. */
+export function predictTtftMs(c: RouteCandidate, uncached: number, s: RouterSettings): number {
+  const rate = c.prefillTokensPerMs ?? s.prefillTokensPerMs;
+  const step = c.stepMs > 0 ? c.stepMs : 1;
+  // Sequences beyond the engine's slots wait for others to finish: about a few steps each.
+  const slots = c.maxNumSeqs ?? Number.POSITIVE_INFINITY;
+  const excess = Math.max(0, c.load + 1 - slots);
+  return (c.backlogTokens + uncached) / rate + step * (1 + 4 * excess);
+}
+
+/** Uncached prompt tokens when `matched` of `blocks` leading blocks are cached. */
+export function uncachedTokens(promptTokens: number, blocks: number, matched: number): number {
+  if (blocks === 0) return promptTokens;
+  return Math.max(1, Math.round(promptTokens * (1 - matched / blocks)));
+}
+
+/**
+ * The placement among `candidates` (non-empty): the warmest origin (at least
+ * `minMatchBlocks`) unless its predicted TTFT is above the best's by more than
+ * `spreadRatio` and `spreadMs` (then the best: the prefix spreads); else the session's
+ * origin on the same terms; else the cold key's consistent-hash origin, skipping those
+ * above `loadBound` times the mean load.
+ */
+export function choosePlacement(
+  candidates: readonly RouteCandidate[],
+  input: PlacementInput,
+  s: RouterSettings,
+): PlacementChoice {
+  const n = input.blocks.length;
+  const ttft = candidates.map((c, i) =>
+    predictTtftMs(c, uncachedTokens(input.promptTokens, n, input.matched[i] ?? 0), s),
+  );
+  const fits = candidates.map((c, i) => {
+    const need = uncachedTokens(input.promptTokens, n, input.matched[i] ?? 0);
+    return c.kvRoomTokens === null || c.kvRoomTokens >= need;
+  });
+  const order = rendezvousOrder(candidates, input.coldKey);
+  let best = -1;
+  for (const i of order) {
+    if (!fits[i] && fits.some(Boolean)) continue;
+    if (best < 0 || (ttft[i] as number) < (ttft[best] as number)) best = i;
+  }
+  const bestTtft = ttft[best] as number;
+  const choice = (i: number, reason: PlacementReason): PlacementChoice => ({
+    origin: (candidates[i] as RouteCandidate).id,
+    reason,
+    matchedBlocks: input.matched[i] ?? 0,
+    predictedTtftMs: ttft[i] as number,
+  });
+  const closeEnough = (i: number) =>
+    fits[i] === true && (ttft[i] as number) <= bestTtft * (1 + s.spreadRatio) + s.spreadMs;
+
+  let warm = -1;
+  for (const i of order) {
+    const m = input.matched[i] ?? 0;
+    if (m < Math.min(s.minMatchBlocks, n)) continue;
+    if (warm < 0 || m > (input.matched[warm] ?? 0)) warm = i;
+    else if (m === input.matched[warm] && (ttft[i] as number) < (ttft[warm] as number)) warm = i;
+  }
+  if (warm >= 0 && n > 0) return closeEnough(warm) ? choice(warm, "cache_hit") : spread(warm);
+
+  if (input.sessionOrigin !== null) {
+    const at = candidates.findIndex((c) => c.id === input.sessionOrigin);
+    if (at >= 0 && closeEnough(at)) return choice(at, "session");
+  }
+
+  // Cold: the first origin in the key's rendezvous order under the load bound.
+  const total = candidates.reduce((sum, c) => sum + c.load, 0);
+  const bound = Math.ceil((s.loadBound * (total + 1)) / candidates.length);
+  for (const i of order) {
+    if (fits[i] === true && (candidates[i] as RouteCandidate).load < bound && closeEnough(i)) {
+      return choice(i, "cold");
+    }
+  }
+  return choice(best, "spread");
+
+  function spread(from: number): PlacementChoice {
+    // Among the origins close to the best, the warmest: a hot prefix spreads to as few
+    // origins as keep its time to first token low.
+    let pick = best;
+    for (const i of order) {
+      if (closeEnough(i) && (input.matched[i] ?? 0) > (input.matched[pick] ?? 0)) pick = i;
+    }
+    return choice(pick, pick === from ? "cache_hit" : "spread");
+  }
+}
+
+/** Candidate positions by rendezvous (highest random weight) hashing of `key`. */
+export function rendezvousOrder(candidates: readonly { id: string }[], key: number): number[] {
+  const weights = candidates.map((c) => mix32(key ^ originHash(c.id)));
+  return candidates
+    .map((_, i) => i)
+    .sort((a, b) => (weights[b] as number) - (weights[a] as number));
+}
+
+const originHashes = new Map<string, number>();
+
+function originHash(id: string): number {
+  let hash = originHashes.get(id);
+  if (hash === undefined) {
+    hash = 0x811c9dc5;
+    for (let i = 0; i < id.length; i++) hash = Math.imul(hash ^ id.charCodeAt(i), 0x01000193);
+    hash = mix32(hash);
+    originHashes.set(id, hash);
+  }
+  return hash;
+}
+
+/** Murmur3's finalizer: a 32-bit value whose bits all depend on every input bit. */
+export function mix32(value: number): number {
+  let h = value | 0;
+  h = Math.imul(h ^ (h >>> 16), 0x85ebca6b);
+  h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35);
+  return (h ^ (h >>> 16)) >>> 0;
+}

@@ -1,0 +1,211 @@
+import { describe, expect, it } from "vitest";
+import { blockHashes } from "../../../contracts/prefix-blocks.ts";
+import {
+  type RouteCandidate,
+  choosePlacement,
+  rendezvousOrder,
+} from "../../../durable-objects/batcher/routing/placement.ts";
+import { PrefixIndex } from "../../../durable-objects/batcher/routing/prefix-index.ts";
+import {
+  type RouteRequest,
+  Router,
+  coldKey,
+} from "../../../durable-objects/batcher/routing/router.ts";
+import { ROUTER_DEFAULTS } from "../../../durable-objects/batcher/settings.ts";
+
+const ORIGINS = ["o1", "o2", "o3", "o4"];
+const system = (n: number) => `System prompt number ${n}. `.repeat(400);
+
+function request(id: string, text: string, session: string | null = null): RouteRequest {
+  const blocks = blockHashes("m", text);
+  return { id, blocks, promptTokens: blocks.length * 16, session, pinned: null };
+}
+
+function idle(id: string, extra: Partial<RouteCandidate> = {}): RouteCandidate {
+  return {
+    id,
+    load: 0,
+    maxNumSeqs: 64,
+    stepMs: 10,
+    prefillTokensPerMs: 16,
+    backlogTokens: 0,
+    kvRoomTokens: null,
+    ...extra,
+  };
+}
+
+describe("prefix index", () => {
+  it("finds each origin's longest run of leading blocks in one pass", () => {
+    const index = new PrefixIndex(["a", "b", "c"], 1000);
+    index.store(0, [1, 2, 3, 4]);
+    index.store(1, [1, 2]);
+    expect(index.match([1, 2, 3, 9])).toEqual([3, 2, 0]);
+    expect(index.match([7])).toEqual([0, 0, 0]);
+  });
+
+  it("evicts a prefix's tail before its head, least recently used first", () => {
+    const index = new PrefixIndex(["a"], 4);
+    index.store(0, [1, 2, 3]);
+    index.store(0, [10, 11]);
+    // Five blocks for four places: the tail of the older prefix goes.
+    expect(index.match([1, 2, 3])).toEqual([2]);
+    expect(index.match([10, 11])).toEqual([2]);
+  });
+
+  it("comes back whole from a snapshot", () => {
+    const index = new PrefixIndex(["a", "b"], 100);
+    index.store(0, [1, 2, 3]);
+    index.store(1, [5, 6]);
+    const copy = new PrefixIndex(["b", "a"], 100);
+    copy.restore(JSON.parse(JSON.stringify(index.snapshot())));
+    expect(copy.match([1, 2, 3])).toEqual([0, 3]);
+    expect(copy.match([5, 6])).toEqual([2, 0]);
+  });
+});
+
+describe("placement", () => {
+  it("sends a prompt to the origin that holds its prefix", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const candidates = ORIGINS.map((id) => idle(id));
+    const first = router.place(request("a", `${system(1)}Q1`), candidates);
+    const second = router.place(request("b", `${system(1)}Another question`), candidates);
+    expect(second.origin).toBe(first.origin);
+    expect(second.reason).toBe("cache_hit");
+    expect(second.matchedBlocks).toBeGreaterThan(90);
+  });
+
+  it("places cold prefixes the same way on two routers that share nothing", () => {
+    const a = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const b = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const candidates = ORIGINS.map((id) => idle(id));
+    const used = new Set<string>();
+    for (let n = 0; n < 40; n++) {
+      const req = request(`r${n}`, `${system(n)}Q`);
+      const onA = a.preview(req, candidates);
+      expect(b.preview(req, candidates)).toEqual(onA);
+      expect(onA.reason).toBe("cold");
+      used.add(onA.origin);
+    }
+    expect(used.size).toBe(4);
+  });
+
+  it("moves a cold prefix off its hashed origin when that one is over the load bound", () => {
+    const req = request("x", `${system(3)}Q`);
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const home = router.preview(
+      req,
+      ORIGINS.map((id) => idle(id)),
+    ).origin;
+    const busy = ORIGINS.map((id) => idle(id, id === home ? { load: 40 } : { load: 2 }));
+    const moved = router.preview(req, busy);
+    // The next origin in the key's rendezvous order, the same on every router.
+    const order = rendezvousOrder(busy, coldKey(req)).map((i) => busy[i]?.id);
+    expect(moved.origin).toBe(order[1]);
+    expect(moved.origin).not.toBe(home);
+    expect(moved.reason).toBe("cold");
+  });
+
+  it("spreads a hot prefix once its warm origin is much slower than another", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const hot = system(7);
+    const home = router.place(
+      request("h0", `${hot}q0`),
+      ORIGINS.map((id) => idle(id)),
+    ).origin;
+    // The warm origin has 40,000 prefill tokens ahead: 2.5 s against 0.2 s elsewhere.
+    const candidates = ORIGINS.map((id) =>
+      idle(id, id === home ? { backlogTokens: 40_000, load: 30 } : {}),
+    );
+    const next = router.place(request("h1", `${hot}q1`), candidates);
+    expect(next.origin).not.toBe(home);
+    expect(next.reason).toBe("spread");
+    // Now two origins hold it; the next request takes the unloaded warm one.
+    const third = router.place(request("h2", `${hot}q2`), candidates);
+    expect(third.origin).toBe(next.origin);
+    expect(third.reason).toBe("cache_hit");
+  });
+
+  it("keeps a session on its origin for a new prefix, and honours a pinned origin", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const candidates = ORIGINS.map((id) => idle(id));
+    const first = router.place(request("s1", `${system(1)}Q`, "alice"), candidates);
+    const other = router.place(request("s2", `${system(99)}Q`, "alice"), candidates);
+    expect(other.origin).toBe(first.origin);
+    const pinned = router.place({ ...request("p", `${system(1)}Q`), pinned: "o3" }, candidates);
+    expect(pinned).toMatchObject({ origin: "o3", reason: "pinned" });
+  });
+
+  it("counts an uncached prompt as the prefill ahead of the next request on that origin", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const req = request("a", `${system(1)}Q`);
+    const placed = router.place(
+      req,
+      ORIGINS.map((id) => idle(id)),
+    );
+    expect(router.backlogTokens(placed.origin)).toBe(req.promptTokens);
+    router.started("a");
+    expect(router.backlogTokens(placed.origin)).toBe(0);
+  });
+
+  it("never places on an origin whose KV room cannot take the uncached prompt when another can", () => {
+    const candidates = [idle("o1", { kvRoomTokens: 10 }), idle("o2")];
+    const blocks = blockHashes("m", system(2));
+    const choice = choosePlacement(
+      candidates,
+      { blocks, promptTokens: 1000, coldKey: 1, matched: [0, 0], sessionOrigin: null },
+      ROUTER_DEFAULTS,
+    );
+    expect(choice.origin).toBe("o2");
+  });
+});
+
+describe("corrections", () => {
+  it("forgets an origin's blocks when its engine restarted", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const candidates = ORIGINS.map((id) => idle(id));
+    const home = router.place(request("a", `${system(1)}Q`), candidates).origin;
+    router.report(home, { kvTotalTokens: 131_072, prefixQueries: 5000 });
+    router.report(home, { kvTotalTokens: 131_072, prefixQueries: 10 });
+    expect(router.view().origins[home]?.blocks).toBe(0);
+  });
+
+  it("shrinks an origin's assumed cache when it reports fewer cached tokens than predicted", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const candidates = ORIGINS.map((id) => idle(id));
+    const home = router.place(request("a", `${system(1)}Q`), candidates).origin;
+    router.report(home, { kvTotalTokens: 131_072, prefixQueries: 0 });
+    const before = router.view().origins[home]?.capacity_blocks ?? 0;
+    router.place(request("b", `${system(1)}R`), candidates);
+    router.ended("b", { prompt_tokens: 1600, cached_tokens: 0 });
+    expect(router.view().origins[home]?.capacity_blocks).toBeLessThan(before);
+    expect(router.view().hit_rate).toMatchObject({ reported: 0, requests: 1 });
+    expect(router.view().hit_rate.predicted).toBeGreaterThan(0.9);
+  });
+
+  it("applies the engine's block events", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const req = request("a", `${system(1)}Q`);
+    const home = router.place(
+      req,
+      ORIGINS.map((id) => idle(id)),
+    ).origin;
+    const log = { log: "l1", cleared: false };
+    router.events(home, { ...log, seq: 1, stored: [], removed: req.blocks.slice(0, 1) });
+    const again = router.preview(
+      request("b", `${system(1)}Q`),
+      ORIGINS.map((id) => idle(id)),
+    );
+    expect(again.matchedBlocks).toBe(0);
+    router.events(home, {
+      ...log,
+      seq: 2,
+      cleared: true,
+      stored: req.blocks.slice(0, 10),
+      removed: [],
+    });
+    expect(router.view().origins[home]?.blocks).toBe(10);
+    // A second call's LOAD brings the same events again: applied once.
+    router.events(home, { ...log, seq: 1, stored: [], removed: req.blocks.slice(0, 10) });
+    expect(router.view().origins[home]?.blocks).toBe(10);
+  });
+});
