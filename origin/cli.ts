@@ -30,6 +30,8 @@ export interface OriginCliConfig {
   timeScale?: number;
   seed?: number;
   apiKey?: string;
+  /** vLLM's KV-cache event publisher (openai). */
+  kvEvents?: string;
   adminToken?: string;
   accessToken?: string;
   loadIntervalMs?: number;
@@ -48,6 +50,7 @@ export const USAGE = `usage: npm run origin -- [options]
   --engine sim|openai         engine behind the origin (default sim)
   --engine-url URL            OpenAI-compatible engine URL (required for openai), e.g. http://127.0.0.1:8000
   --api-key KEY               bearer key the engine expects (openai)
+  --kv-events ENDPOINT        vLLM's KV-cache event publisher, e.g. tcp://127.0.0.1:5557 (openai)
   --port N                    port to listen on (default 0: a free port)
   --host H                    address to bind (default 127.0.0.1)
   --origin-id ID              identity in load reports and metrics (default: host name)
@@ -78,6 +81,7 @@ const STRING_OPTIONS = [
   "engine",
   "engine-url",
   "api-key",
+  "kv-events",
   "port",
   "host",
   "origin-id",
@@ -182,6 +186,14 @@ function build(values: Partial<Record<OptionName, string>>): OriginCliConfig {
   if (values["origin-id"] !== undefined) config.originId = values["origin-id"];
   if (values.region !== undefined) config.region = values.region;
   if (values["api-key"] !== undefined) config.apiKey = values["api-key"];
+  if (values["kv-events"] !== undefined) {
+    if (!/^(tcp|ipc):\/\/\S+$/.test(values["kv-events"])) {
+      throw new CliError(
+        `--kv-events must be a ZMQ endpoint (tcp://host:port), got "${values["kv-events"]}"`,
+      );
+    }
+    config.kvEvents = values["kv-events"];
+  }
   if (values["admin-token"] !== undefined) config.adminToken = values["admin-token"];
   if (values["access-token"] !== undefined) config.accessToken = values["access-token"];
   const exposed = exposureProblem(config.host, config.accessToken);

@@ -71,9 +71,12 @@ export interface EngineHealth {
  * blocks in the prompt), blocks evicted, or the whole cache dropped.
  */
 export type EngineBlockEvent =
-  | { kind: "stored"; item: string; start: number; hashes: number[]; promptBlocks: number }
-  | { kind: "removed"; hashes: number[] }
+  | { kind: "stored"; item: string; start: number; hashes: EngineBlockHash[]; promptBlocks: number }
+  | { kind: "removed"; hashes: EngineBlockHash[] }
   | { kind: "cleared" };
+
+/** An engine's own name for a block: a number (the simulated engine) or a string (vLLM's). */
+export type EngineBlockHash = number | string;
 
 /** An inference engine behind the origin. */
 export interface Engine {

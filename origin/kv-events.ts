@@ -7,7 +7,10 @@
  */
 import { type PrefixRequest, promptBlocks } from "../contracts/prefix-blocks.ts";
 import type { KvEventCursor, KvEvents } from "../contracts/protocol.ts";
-import type { EngineBlockEvent } from "./engine.ts";
+import type { EngineBlockEvent, EngineBlockHash } from "./engine.ts";
+
+/** How long an ended item's prompt waits for its engine's events. */
+const PROMPT_KEPT_MS = 30_000;
 
 /** Most block hashes the log keeps; a caller further behind gets the whole state. */
 export const KV_LOG_HASHES = 65_536;
@@ -23,8 +26,9 @@ export class KvEventLog {
   /** This log's identity: a restarted origin starts a new one. */
   readonly id = crypto.randomUUID();
   readonly #prompts = new Map<string, number[]>();
+  readonly #ended: { item: string; at: number }[] = [];
   // Engine block hash -> the edge block hashes it completes.
-  readonly #held = new Map<number, number[]>();
+  readonly #held = new Map<EngineBlockHash, number[]>();
   #entries: Entry[] = [];
   #logged = 0;
   #seq = 0;
@@ -41,8 +45,16 @@ export class KvEventLog {
     }
   }
 
-  untrack(item: string): void {
-    this.#prompts.delete(item);
+  /**
+   * The item ended. Its prompt is kept a while: an engine may report its blocks later
+   * (vLLM publishes its events apart from the response).
+   */
+  untrack(item: string, now = Date.now()): void {
+    this.#ended.push({ item, at: now });
+    while ((this.#ended[0]?.at ?? now) < now - PROMPT_KEPT_MS) {
+      const done = this.#ended.shift();
+      if (done !== undefined) this.#prompts.delete(done.item);
+    }
   }
 
   /** Applies one engine event. */

@@ -18,6 +18,7 @@ async function createEngine(config: OriginCliConfig): Promise<Engine> {
     const { createOpenAIEngine } = await import("./openai-engine.ts");
     const options: OpenAIEngineOptions = { url: config.engineUrl ?? "" };
     if (config.apiKey !== undefined) options.apiKey = config.apiKey;
+    if (config.kvEvents !== undefined) options.kvEvents = { endpoint: config.kvEvents };
     if (config.models !== undefined) options.models = config.models;
     if (config.maxNumSeqs !== undefined) options.maxNumSeqs = config.maxNumSeqs;
     return createOpenAIEngine(options);

@@ -4,6 +4,8 @@
  * from the stream, and reads load from the engine's Prometheus metrics when it has them.
  * See docs/configuration.md, "The origin".
  */
+import { VllmKvEvents, vllmTokenize } from "./vllm-kv-events.ts";
+import { describeFetchError, errorOf, jsonError } from "./openai-errors.ts";
 import type {
   Engine,
   EngineHealth,
@@ -44,6 +46,12 @@ export interface OpenAIEngineOptions {
   requestUsage?: boolean;
   /** The fetch to use (tests). Node's fetch keeps connections alive per origin. */
   fetch?: typeof fetch;
+  /**
+   * vLLM's KV-cache event publisher (`--kv-events-config '{"enable_kv_cache_events": true,
+   * "publisher": "zmq", "endpoint": "tcp://*:5557"}'`): the origin then reports the blocks
+   * the engine holds to the edge's router.
+   */
+  kvEvents?: { endpoint: string; topic?: string };
 }
 
 /** Error code of an item whose engine could not be reached. */
@@ -66,59 +74,7 @@ const UNFORWARDED = new Set([
   "content-type",
 ]);
 
-const encoder = new TextEncoder();
 const decoder = new TextDecoder();
-
-function describeFetchError(error: unknown): string {
-  if (error instanceof Error) {
-    const cause = error.cause;
-    if (typeof cause === "object" && cause !== null && "code" in cause) return String(cause.code);
-    // undici wraps the socket error ("fetch failed"); the cause says what really happened.
-    if (cause instanceof Error && cause.message !== "") return cause.message;
-    return error.message;
-  }
-  return String(error);
-}
-
-function jsonError(status: number, message: string, type: string, code: string): EngineResponse {
-  const text = JSON.stringify({ error: { message, type, param: null, code } });
-  return {
-    status,
-    headers: { "content-type": "application/json" },
-    body: (async function* () {
-      yield encoder.encode(text);
-    })(),
-    outcome: Promise.resolve({
-      outcome: status === 499 ? "cancelled" : "error",
-      usage: null,
-      error: { message, type, code },
-      queued_ms: 0,
-      ttft_ms: null,
-    }),
-  };
-}
-
-function errorOf(text: string, status: number): NonNullable<EngineOutcome["error"]> {
-  const body = objectOrNull(text);
-  const error = body?.error;
-  if (typeof error === "object" && error !== null) {
-    const e = error as { message?: unknown; type?: unknown; code?: unknown };
-    return {
-      message: typeof e.message === "string" ? e.message : `engine answered ${status}`,
-      type: typeof e.type === "string" ? e.type : "server_error",
-      code:
-        typeof e.code === "string" ? e.code : typeof e.code === "number" ? String(e.code) : null,
-    };
-  }
-  // vLLM and FastAPI also answer {"detail": …} or {"message": …} for some errors.
-  const message =
-    typeof body?.message === "string"
-      ? body.message
-      : typeof body?.detail === "string"
-        ? body.detail
-        : `engine answered ${status}`;
-  return { message, type: status >= 500 ? "server_error" : "invalid_request_error", code: null };
-}
 
 /** Most bytes of a non-streaming body kept to read its usage. */
 const MAX_COLLECTED_BYTES = 16 * 1024 * 1024;
@@ -213,8 +169,17 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
     return undefined;
   }
 
+  const kv =
+    options.kvEvents === undefined
+      ? null
+      : new VllmKvEvents({
+          ...options.kvEvents,
+          tokenize: (path, body) => vllmTokenize(fetchImpl, base, auth, path, body),
+        });
+
   async function submit(item: EngineItem): Promise<EngineResponse> {
     const started = performance.now();
+    kv?.track(item.id, item.path, item.body);
     const { body, injected } =
       options.requestUsage === false
         ? { body: item.body, injected: false }
@@ -333,6 +298,7 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
     kind: "openai",
     models: () => models,
     submit,
+    ...(kv !== null && { onBlocks: (listener) => kv.onBlocks(listener) }),
     load(): Omit<LoadReport, "origin" | "t"> {
       const maxNumSeqs = options.maxNumSeqs ?? 0;
       if (scrape === null) {
@@ -384,6 +350,7 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
     },
     close(): Promise<void> {
       closed = true;
+      kv?.close();
       for (const timer of timers) clearInterval(timer);
       return Promise.resolve();
     },

@@ -46,6 +46,7 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
       queue.router?.report(call.originId, {
         kvTotalTokens: (report.kv_total_blocks ?? 0) * (report.block_size ?? 0),
         prefixQueries: report.prefix_queries ?? 0,
+        at: report.t ?? 0,
       });
       if (report.kv_events !== undefined) queue.router?.events(call.originId, report.kv_events);
       freed = true;

@@ -109,15 +109,21 @@ export function choosePlacement(
     matchedBlocks: input.matched[i] ?? 0,
     predictedTtftMs: ttft[i] as number,
   });
+  // Bounded load, as consistent hashing with bounded loads has it: no origin takes more
+  // than `loadBound` times the mean sequences (plus this one) for its warm blocks.
+  const total = candidates.reduce((sum, c) => sum + c.load, 0);
+  const bound = Math.ceil((s.loadBound * (total + 1)) / candidates.length);
   const closeEnough = (i: number) =>
-    fits[i] === true && (ttft[i] as number) <= bestTtft * (1 + s.spreadRatio) + s.spreadMs;
+    fits[i] === true &&
+    (candidates[i] as RouteCandidate).load < bound &&
+    (ttft[i] as number) <= bestTtft * (1 + s.spreadRatio) + s.spreadMs;
 
   let warm = -1;
   for (const i of order) {
     const m = input.matched[i] ?? 0;
     if (m < Math.min(s.minMatchBlocks, n)) continue;
+    // Ties go to the first in rendezvous order, as on every other router.
     if (warm < 0 || m > (input.matched[warm] ?? 0)) warm = i;
-    else if (m === input.matched[warm] && (ttft[i] as number) < (ttft[warm] as number)) warm = i;
   }
   if (warm >= 0 && n > 0) return closeEnough(warm) ? choice(warm, "cache_hit") : spread(warm);
 
@@ -126,13 +132,12 @@ export function choosePlacement(
     if (at >= 0 && closeEnough(at)) return choice(at, "session");
   }
 
-  // Cold: the first origin in the key's rendezvous order under the load bound.
-  const total = candidates.reduce((sum, c) => sum + c.load, 0);
-  const bound = Math.ceil((s.loadBound * (total + 1)) / candidates.length);
+  // Cold: the first origin in the key's rendezvous order under the load bound. Only what
+  // every edge sees (load and room, not this router's own backlog) decides, so that edges
+  // and shards that share nothing place a new prefix alike.
   for (const i of order) {
-    if (fits[i] === true && (candidates[i] as RouteCandidate).load < bound && closeEnough(i)) {
+    if (fits[i] === true && (candidates[i] as RouteCandidate).load < bound)
       return choice(i, "cold");
-    }
   }
   return choice(best, "spread");
 

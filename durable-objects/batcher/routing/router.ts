@@ -37,6 +37,8 @@ export interface RouterReport {
   kvTotalTokens: number;
   /** Prompt tokens the engine has looked up since it started (falls at a restart). */
   prefixQueries: number;
+  /** When the origin wrote the report (its clock, ms). */
+  at: number;
 }
 
 /** The index as the admin view shows it, per origin and in all. */
@@ -62,6 +64,11 @@ interface Placed {
   uncached: number;
   started: boolean;
   matched: number;
+  /**
+   * No request of the same first block was still prefilling there when it was placed: a
+   * hit it then does not get means the origin lost the blocks, not that they were late.
+   */
+  settled: boolean;
 }
 
 /** Sessions remembered, most recent last. */
@@ -75,7 +82,7 @@ export class Router {
   readonly #placed = new Map<string, Placed>();
   readonly #backlog: number[];
   readonly #sessions = new Map<string, string>();
-  readonly #lastQueries: (number | null)[];
+  readonly #lastReport: ({ at: number; queries: number } | null)[];
   readonly #cursors: (KvEventCursor | null)[];
   // Each origin's share of its KV cache the index assumes is ours, learned from hits.
   readonly #share: number[];
@@ -95,7 +102,7 @@ export class Router {
     this.settings = settings;
     this.#index = new PrefixIndex(origins, settings.maxIndexBlocks);
     this.#backlog = origins.map(() => 0);
-    this.#lastQueries = origins.map(() => null);
+    this.#lastReport = origins.map(() => null);
     this.#cursors = origins.map(() => null);
     this.#share = origins.map(() => 1);
     this.#kvTokens = origins.map(() => null);
@@ -145,7 +152,23 @@ export class Router {
     if (slot < 0) return;
     this.forget(request.id);
     const uncached = uncachedTokens(request.promptTokens, request.blocks.length, matched);
-    this.#placed.set(request.id, { request, slot, reason, uncached, started: false, matched });
+    const head = request.blocks[0];
+    let settled = true;
+    for (const other of this.#placed.values()) {
+      if (other.slot === slot && !other.started && other.request.blocks[0] === head) {
+        settled = false;
+        break;
+      }
+    }
+    this.#placed.set(request.id, {
+      request,
+      slot,
+      reason,
+      uncached,
+      started: false,
+      matched,
+      settled,
+    });
     this.#backlog[slot] = (this.#backlog[slot] ?? 0) + uncached;
     this.#index.store(slot, request.blocks);
     this.#byReason[reason] += 1;
@@ -203,6 +226,9 @@ export class Router {
     const ratio = (blocks * BLOCK_TOKENS) / usage.prompt_tokens;
     this.#tokensPerEngineToken += 0.1 * (ratio - this.#tokensPerEngineToken);
     const slot = placed.slot;
+    // Block events say exactly what the engine dropped; without them, a hit that did not
+    // come says the origin holds less of ours than assumed.
+    if (this.#cursors[slot] !== null || !placed.settled) return;
     const share = this.#share[slot] ?? 1;
     if (reported < predicted - MISPREDICTED) this.#share[slot] = Math.max(0.05, share * 0.8);
     else if (reported >= predicted - MISPREDICTED / 2)
@@ -220,13 +246,17 @@ export class Router {
     }
   }
 
-  /** A load report: an engine whose lookups counter fell restarted with an empty cache. */
+  /**
+   * A load report: an engine whose lookups counter fell since an earlier report restarted
+   * with an empty cache. Reports of concurrent calls may arrive out of order.
+   */
   report(origin: string, report: RouterReport): void {
     const slot = this.#index.slot(origin);
     if (slot < 0) return;
-    const last = this.#lastQueries[slot] ?? null;
-    if (last !== null && report.prefixQueries < last) this.#index.clear(slot);
-    this.#lastQueries[slot] = report.prefixQueries;
+    const last = this.#lastReport[slot] ?? null;
+    if (last !== null && report.at < last.at) return;
+    if (last !== null && report.prefixQueries < last.queries) this.#index.clear(slot);
+    this.#lastReport[slot] = { at: report.at, queries: report.prefixQueries };
     if (report.kvTotalTokens > 0) this.#kvTokens[slot] = report.kvTotalTokens;
     this.#resize(slot);
   }
@@ -244,12 +274,21 @@ export class Router {
     const slot = this.#index.slot(origin);
     if (slot < 0) return;
     const seen = this.#cursors[slot] ?? null;
-    if (seen !== null && seen.log === events.log && events.seq <= seen.seq) return;
-    // A new log (the origin restarted) starts from an empty engine.
-    if (events.cleared || (seen !== null && seen.log !== events.log)) this.#index.clear(slot);
+    const following = seen !== null && seen.log === events.log;
+    if (following && events.seq <= seen.seq) return;
+    this.#cursors[slot] = { log: events.log, seq: events.seq };
+    // The whole state of a log this router did not follow (its first, or the origin
+    // restarted) replaces what it guessed; one of a log it follows (a call sent before its
+    // cursor moved) adds to it, as it saw every removal.
+    if (events.cleared && !following) {
+      this.#index.clear(slot);
+      // Requests placed there whose prefill has not been reported yet are still coming.
+      for (const placed of this.#placed.values()) {
+        if (placed.slot === slot) this.#index.store(slot, placed.request.blocks);
+      }
+    }
     this.#index.remove(slot, events.removed);
     this.#index.store(slot, events.stored);
-    this.#cursors[slot] = { log: events.log, seq: events.seq };
   }
 
   view(): RouterView {

@@ -164,8 +164,11 @@ describe("corrections", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
     const candidates = ORIGINS.map((id) => idle(id));
     const home = router.place(request("a", `${system(1)}Q`), candidates).origin;
-    router.report(home, { kvTotalTokens: 131_072, prefixQueries: 5000 });
-    router.report(home, { kvTotalTokens: 131_072, prefixQueries: 10 });
+    router.report(home, { kvTotalTokens: 131_072, prefixQueries: 5000, at: 2 });
+    // A report written earlier that arrived late (another call) is no restart.
+    router.report(home, { kvTotalTokens: 131_072, prefixQueries: 4000, at: 1 });
+    expect(router.view().origins[home]?.blocks).toBeGreaterThan(0);
+    router.report(home, { kvTotalTokens: 131_072, prefixQueries: 10, at: 3 });
     expect(router.view().origins[home]?.blocks).toBe(0);
   });
 
@@ -173,7 +176,7 @@ describe("corrections", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
     const candidates = ORIGINS.map((id) => idle(id));
     const home = router.place(request("a", `${system(1)}Q`), candidates).origin;
-    router.report(home, { kvTotalTokens: 131_072, prefixQueries: 0 });
+    router.report(home, { kvTotalTokens: 131_072, prefixQueries: 0, at: 1 });
     const before = router.view().origins[home]?.capacity_blocks ?? 0;
     router.place(request("b", `${system(1)}R`), candidates);
     router.ended("b", { prompt_tokens: 1600, cached_tokens: 0 });

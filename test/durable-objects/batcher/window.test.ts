@@ -737,6 +737,7 @@ describe("in-flight accounting and cancellation", () => {
   });
 });
 
+const byTarget: OriginChooser = (candidates, head) => head.target ?? candidates[0]?.id ?? null;
 const alwaysB: OriginChooser = (candidates) => candidates.find((c) => c.id === "b")?.id ?? null;
 
 describe("origin choice and health", () => {
@@ -771,7 +772,6 @@ describe("origin choice and health", () => {
   });
 
   it("fills each origin's batch with the requests the router placed on it", () => {
-    const byTarget: OriginChooser = (candidates, head) => head.target ?? candidates[0]?.id ?? null;
     let state = stateWith({ origins: [{ id: "a" }, { id: "b" }], maxWindowMs: 5 });
     state = load(load(state, "a", { running: 8, waiting: 1 }), "b", { running: 8, waiting: 1 });
     for (const [id, target] of [

@@ -1,0 +1,72 @@
+/**
+ * The report of `npm run bench:routing` (docs/benchmarks.md, "Routing"): the table of
+ * every cell, the targets, and the chart of TTFT p90 against request rate per policy and
+ * workload, drawn with Vega-Lite as SVG.
+ */
+import * as vega from "vega";
+import type { TopLevelSpec } from "vega-lite";
+import { compile } from "vega-lite";
+import { fmt, markdownTable } from "./lib.ts";
+import type { CellResult } from "./routing-sim.ts";
+
+/** One row per cell. */
+export function cellsTable(cells: readonly CellResult[]): string {
+  return markdownTable(
+    [
+      "workload",
+      "origins",
+      "rate/s",
+      "policy",
+      "hit rate",
+      "ceiling",
+      "TTFT p50 ms",
+      "TTFT p90 ms",
+      "tokens/s",
+      "max/mean",
+      "failures",
+    ],
+    cells.map((c) => [
+      c.workload,
+      String(c.origins),
+      String(c.rate),
+      c.policy,
+      fmt(c.hitRate, 3),
+      fmt(c.ceiling, 3),
+      fmt(c.ttft.p50, 0),
+      fmt(c.ttft.p90, 0),
+      fmt(c.throughput, 0),
+      fmt(c.imbalance, 2),
+      String(c.failures),
+    ]),
+  );
+}
+
+/** TTFT p90 against rate, one panel per workload, one line per policy (4 origins). */
+export async function ttftChart(cells: readonly CellResult[], origins: number): Promise<string> {
+  const values = cells
+    .filter((c) => c.origins === origins)
+    .map((c) => ({ workload: c.workload, policy: c.policy, rate: c.rate, p90: c.ttft.p90 }));
+  const spec: TopLevelSpec = {
+    $schema: "https://vega.github.io/schema/vega-lite/v6.json",
+    data: { values },
+    facet: { column: { field: "workload", type: "nominal", title: null } },
+    spec: {
+      width: 220,
+      height: 200,
+      mark: { type: "line", point: true },
+      encoding: {
+        x: { field: "rate", type: "quantitative", title: "requests per second" },
+        y: {
+          field: "p90",
+          type: "quantitative",
+          scale: { type: "log" },
+          title: `TTFT p90 (ms), ${origins} origins`,
+        },
+        color: { field: "policy", type: "nominal", title: null },
+      },
+    },
+    resolve: { scale: { x: "independent" } },
+  };
+  const view = new vega.View(vega.parse(compile(spec).spec), { renderer: "none" });
+  return view.toSVG();
+}
