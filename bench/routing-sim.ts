@@ -17,7 +17,7 @@ import {
 } from "../contracts/protocol.ts";
 import { rendezvousOrder } from "../durable-objects/batcher/routing/placement.ts";
 import { type RouteRequest, Router, coldKey } from "../durable-objects/batcher/routing/router.ts";
-import { routerSettingsOf } from "../durable-objects/batcher/settings.ts";
+import { type RoutingConfig, routerSettingsOf } from "../durable-objects/batcher/settings.ts";
 import { type RunningOrigin, startOrigin } from "../origin/server.ts";
 import { createSimEngine } from "../origin/sim/engine.ts";
 import { type LatencySummary, summarize } from "./lib.ts";
@@ -36,6 +36,8 @@ export interface CellOptions {
   timeScale: number;
   /** Routers placing alternate requests, each with an index of its own (warmgate only). */
   edges?: 1 | 2;
+  /** The router's `routing` settings (defaults where absent). */
+  routing?: RoutingConfig;
 }
 
 /** What one cell measured; times in engine ms. */
@@ -49,7 +51,7 @@ export interface CellResult {
   hitRate: number;
   ceiling: number;
   ttft: LatencySummary;
-  /** Completion tokens per second of engine time. */
+  /** Completion tokens per second of engine time, from the first request to the last answer. */
   throughput: number;
   /** Most requests one origin served over the mean. */
   imbalance: number;
@@ -63,6 +65,8 @@ export interface CellResult {
 interface Tracked {
   inFlight: number;
   report: LoadReport | null;
+  /** When the report came (ms). */
+  reportAt: number;
 }
 
 /** Runs one cell on fresh origins (cold caches) and stops them. */
@@ -84,9 +88,11 @@ export async function runCell(options: CellOptions): Promise<CellResult> {
 async function drive(options: CellOptions, origins: RunningOrigin[]): Promise<CellResult> {
   const ids = origins.map((origin) => origin.originId);
   const urls = new Map(origins.map((origin) => [origin.originId, origin.url]));
-  const tracked = new Map<string, Tracked>(ids.map((id) => [id, { inFlight: 0, report: null }]));
+  const tracked = new Map<string, Tracked>(
+    ids.map((id) => [id, { inFlight: 0, report: null, reportAt: 0 }]),
+  );
   const edges = options.policy === "warmgate" ? (options.edges ?? 1) : 1;
-  const settings = routerSettingsOf(undefined);
+  const settings = routerSettingsOf(options.routing);
   const routers = Array.from({ length: edges }, () => new Router(ids, settings));
   const cursors = routers.map(() => new Map<string, KvEventCursor>());
   let turn = 0;
@@ -103,7 +109,12 @@ async function drive(options: CellOptions, origins: RunningOrigin[]): Promise<Ce
         maxNumSeqs: t.report?.max_num_seqs ?? null,
         stepMs: t.report?.step_ms ?? 0,
         prefillTokensPerMs: speed === undefined ? null : speed / 1000,
-        backlogTokens: router?.backlogTokens(id) ?? 0,
+        backlogTokens:
+          router === null
+            ? 0
+            : t.report?.prefill_backlog_tokens === undefined
+              ? router.backlogTokens(id)
+              : t.report.prefill_backlog_tokens + router.backlogTokens(id, t.reportAt),
         kvRoomTokens: null,
       };
     });
@@ -143,7 +154,7 @@ async function drive(options: CellOptions, origins: RunningOrigin[]): Promise<Ce
       }
       case "warmgate": {
         const router = routerAt(edge);
-        const placed = router.place(request, candidates(router)).origin;
+        const placed = router.place(request, candidates(router), Date.now()).origin;
         const other = routers[1 - edge];
         if (other !== undefined) {
           compared += 1;
@@ -202,6 +213,7 @@ async function drive(options: CellOptions, origins: RunningOrigin[]): Promise<Ce
         if (frame.type === FrameType.LOAD) {
           const report = decodeJsonPayload(frame.payload) as LoadReport;
           t.report = report;
+          t.reportAt = Date.now();
           if (router !== null) {
             router.report(origin, {
               kvTotalTokens: report.kv_total_blocks * report.block_size,

@@ -7,6 +7,7 @@
  * bench/results/routing.json and routing.svg. `--quick`: fewer cells, for a smoke run.
  */
 import { parseArgs } from "node:util";
+import type { RoutingConfig } from "../durable-objects/batcher/settings.ts";
 import { benchCommand, fmt, markdownTable, writeResult, writeResultFile } from "./lib.ts";
 import { type EdgeRun, runThroughEdge } from "./routing-edge.ts";
 import { cellsTable, ttftChart } from "./routing-report.ts";
@@ -18,21 +19,25 @@ const { values: args } = parseArgs({
     quick: { type: "boolean", default: false },
     "time-scale": { type: "string", default: "0.5" },
     "no-edge": { type: "boolean", default: false },
+    /** The router's `routing` settings as JSON, to try others than the defaults. */
+    routing: { type: "string" },
   },
 });
 const timeScale = Number(args["time-scale"]);
+const routing =
+  args.routing === undefined ? undefined : (JSON.parse(args.routing) as RoutingConfig);
 
 /** Each workload with its request rates at 4 origins (doubled at 8). */
 const MATRIX: { workload: Workload; rates: number[] }[] = [
-  { workload: sharedPrefix(24, 10), rates: [10, 20, 30] },
-  { workload: multiTurn(64, 6, 2_000), rates: [8, 16, 32] },
+  { workload: sharedPrefix(24, 10), rates: [15, 30, 45] },
+  { workload: multiTurn(64, 12, 2_000), rates: [8, 16, 32] },
   { workload: hotPrefix(), rates: [30, 60, 90] },
   { workload: uniform(), rates: [20, 40, 60] },
 ];
 
 const cells: CellResult[] = [];
 async function cell(workload: Workload, policy: PolicyName, origins: number, rate: number) {
-  const result = await runCell({ workload, policy, origins, rate, timeScale });
+  const result = await runCell({ workload, policy, origins, rate, timeScale, routing });
   cells.push(result);
   console.error(
     `${workload.name} ${origins} origins ${rate}/s ${policy}: hit ${fmt(result.hitRate, 3)}, ` +
@@ -58,6 +63,7 @@ const twoEdges = await runCell({
   rate: shared.rates[1] ?? 20,
   timeScale,
   edges: 2,
+  routing,
 });
 const edgeRuns: EdgeRun[] = args["no-edge"]
   ? []

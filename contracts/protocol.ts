@@ -183,6 +183,8 @@ export interface LoadReport {
   step_ms?: number;
   /** Prompt tokens per second the engine prefills, when it knows. */
   prefill_tokens_per_s?: number;
+  /** Prompt tokens the engine still has to prefill (queued and in progress), when it knows. */
+  prefill_backlog_tokens?: number;
   /** Block events since the call's `kv_events_after`, where the engine reports them. */
   kv_events?: KvEvents;
 }

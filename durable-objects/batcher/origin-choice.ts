@@ -15,7 +15,14 @@ export interface OriginCandidate {
   /** Items this batcher has sent the origin that have not finished. */
   inFlight: number;
   /** What its fresh load report says of its engine; absent without one. */
-  engine?: { maxNumSeqs: number; stepMs: number; prefillTokensPerMs: number | null };
+  engine?: {
+    maxNumSeqs: number;
+    stepMs: number;
+    prefillTokensPerMs: number | null;
+    /** Prompt tokens it reported still to prefill (null: it does not say), and when. */
+    prefillBacklogTokens: number | null;
+    reportedAt: number;
+  };
 }
 
 /** The request a batch is being opened for (the head of the queue). */

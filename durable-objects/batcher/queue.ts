@@ -52,7 +52,7 @@ export class Queue {
       }
       const healthy = candidates.filter((c) => !this.#health.quarantined(c.id, now));
       const origin = this.#inTurn(healthy, head) ?? this.#inTurn(candidates, head);
-      if (target !== undefined && origin !== null) this.#router?.moved(head.id, origin);
+      if (target !== undefined && origin !== null) this.#router?.moved(head.id, origin, now);
       return origin;
     },
   };

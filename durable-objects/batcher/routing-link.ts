@@ -37,20 +37,30 @@ export class RoutingLink {
     const choice = router.place(
       request,
       candidates.map((c) => routeCandidate(c, router)),
+      Date.now(),
     );
     this.#store.changed();
     return choice.origin;
   }
 }
 
+/**
+ * A window candidate as the router sees it. Its prefill backlog is what the origin last
+ * reported, which every Batcher sees alike, plus what this one placed since.
+ */
 function routeCandidate(c: OriginCandidate, router: Router): RouteCandidate {
+  const reported = c.engine?.prefillBacklogTokens ?? null;
+  const backlogTokens =
+    reported === null || c.engine === undefined
+      ? router.backlogTokens(c.id)
+      : reported + router.backlogTokens(c.id, c.engine.reportedAt);
   return {
     id: c.id,
     load: c.load,
     maxNumSeqs: c.engine?.maxNumSeqs ?? null,
     stepMs: c.engine?.stepMs ?? 0,
     prefillTokensPerMs: c.engine?.prefillTokensPerMs ?? null,
-    backlogTokens: router.backlogTokens(c.id),
+    backlogTokens,
     kvRoomTokens: c.kvRoomTokens,
   };
 }

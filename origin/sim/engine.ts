@@ -13,6 +13,7 @@ import type {
   EngineResponse,
 } from "../engine.ts";
 import type { LoadReport } from "../../contracts/protocol.ts";
+import { engineBlockEvent, prefillSpeed } from "./block-events.ts";
 import { KvCache, type SeqId } from "./kv-cache.ts";
 import { SimMetrics } from "./metrics.ts";
 import {
@@ -74,23 +75,10 @@ class SimEngineImpl implements SimEngine {
   }
 
   onBlocks(listener: (event: EngineBlockEvent) => void): void {
-    const blockSize = this.#cache.blockSize;
     this.#cache.onEvent = (event) => {
-      if (event.kind === "removed") {
-        listener({ kind: "removed", hashes: [event.hash] });
-        return;
-      }
-      // The first prompt of a request is the one the edge routes by.
-      const entry = this.#bySeq.get(event.seq);
-      if (entry === undefined || entry.choice.promptIndex !== 0) return;
-      const prompt = entry.run.request.prompts[0]?.length ?? 0;
-      listener({
-        kind: "stored",
-        item: entry.run.item.id,
-        start: event.start,
-        hashes: event.hashes,
-        promptBlocks: Math.floor(prompt / blockSize),
-      });
+      const entry = event.kind === "stored" ? this.#bySeq.get(event.seq) : undefined;
+      const out = engineBlockEvent(event, entry, this.#cache.blockSize);
+      if (out !== null) listener(out);
     };
   }
 
@@ -165,6 +153,7 @@ class SimEngineImpl implements SimEngine {
       max_num_seqs: this.#scheduler.maxNumSeqs,
       step_ms: Math.round(this.#stepMs * 100) / 100,
       ...prefillSpeed(this.options),
+      prefill_backlog_tokens: this.#scheduler.prefillBacklog,
     };
   }
 
@@ -402,10 +391,4 @@ class SimEngineImpl implements SimEngine {
 /** Starts a simulated engine; its step loop runs until {@link Engine.close}. */
 export function createSimEngine(options: SimEngineOptions = {}): SimEngine {
   return new SimEngineImpl(options);
-}
-
-/** The prefill speed the step cost model gives, in real prompt tokens per second. */
-function prefillSpeed(options: ResolvedSimEngineOptions): { prefill_tokens_per_s?: number } {
-  const msPerToken = options.timing.prefillMsPerToken * options.timeScale;
-  return msPerToken > 0 ? { prefill_tokens_per_s: Math.round(1000 / msPerToken) } : {};
 }

@@ -60,6 +60,8 @@ interface Seq {
   numComputed: number;
   numGenerated: number;
   cachedTokens: number | null;
+  /** Prompt tokens not in the prefix cache when it arrived: its prefill still to come. */
+  expectedUncached: number;
   arrivedAt: number;
   firstScheduledAt: number | null;
   firstTokenAt: number | null;
@@ -124,6 +126,19 @@ export class Scheduler {
     return this.#waiting.length;
   }
 
+  /**
+   * Prompt tokens still to prefill: what waiting sequences did not find cached when they
+   * arrived, and what running ones have left of their prompt.
+   */
+  get prefillBacklog(): number {
+    let tokens = 0;
+    for (const seq of this.#waiting) {
+      tokens += seq.numComputed > 0 ? seq.tokens.length - seq.numComputed : seq.expectedUncached;
+    }
+    for (const seq of this.#running) tokens += Math.max(0, seq.promptLength - seq.numComputed);
+    return tokens;
+  }
+
   /** Whether a step would do anything. */
   get hasWork(): boolean {
     return this.#running.length > 0 || this.#waiting.length > 0;
@@ -145,6 +160,8 @@ export class Scheduler {
       numComputed: 0,
       numGenerated: 0,
       cachedTokens: null,
+      expectedUncached:
+        spec.promptTokens.length - this.cache.lookup(spec.model, spec.promptTokens).tokens,
       arrivedAt: now,
       firstScheduledAt: null,
       firstTokenAt: null,

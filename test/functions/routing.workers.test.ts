@@ -1,4 +1,6 @@
+import { abortAllDurableObjects } from "cloudflare:test";
 import { afterEach, describe, expect, it } from "vitest";
+import { INDEX_SAVE_MS } from "../../durable-objects/batcher/routing/index-store.ts";
 import { createKey } from "../support/admin-keys.workers.ts";
 import { type ErrorBody, edgeRequest } from "../support/edge-requests.ts";
 import { adminRequest, originUrl, sendWith, setFaults } from "../support/test-origins.workers.ts";
@@ -170,5 +172,23 @@ describe("KV-cache-aware routing", () => {
     expect(res.status).toBe(200);
     const view = await sendWith(config, adminRequest(`/admin/batchers/routing-${tag}/${MODEL}`));
     expect((await view.json<{ routing: unknown }>()).routing).toBeNull();
+  });
+});
+
+describe("the stored index", () => {
+  it("brings an evicted Batcher back warm", async () => {
+    const tag = crypto.randomUUID().slice(0, 6);
+    const config = configOf(tag);
+    const first = await sendWith(config, ask(tag, 0, "Hello?"));
+    const home = first.headers.get("x-warmgate-origin");
+    // The index is stored behind, within INDEX_SAVE_MS.
+    await new Promise((resolve) => setTimeout(resolve, INDEX_SAVE_MS + 300));
+    await abortAllDurableObjects();
+    const again = await sendWith(config, ask(tag, 0, "After the restart?"));
+    expect(again.headers.get("x-warmgate-origin")).toBe(home);
+    const view = await sendWith(config, adminRequest(`/admin/batchers/routing-${tag}/${MODEL}`));
+    const { routing } = await view.json<{ routing: { placements: Record<string, number> } }>();
+    // A new incarnation (its counters start again) that knew the prefix.
+    expect(routing.placements).toMatchObject({ cache_hit: 1, cold: 0 });
   });
 });

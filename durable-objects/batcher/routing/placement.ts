@@ -24,6 +24,9 @@ export interface RouteCandidate {
   kvRoomTokens: number | null;
 }
 
+/** Sequences a warm origin may carry beyond the load bound before its prefix spreads. */
+export const WARM_SLACK_SEQS = 4;
+
 /** Why a request went where it went. */
 export type PlacementReason = "cache_hit" | "session" | "cold" | "spread" | "pinned" | "fallback";
 
@@ -109,21 +112,28 @@ export function choosePlacement(
     matchedBlocks: input.matched[i] ?? 0,
     predictedTtftMs: ttft[i] as number,
   });
-  // Bounded load, as consistent hashing with bounded loads has it: no origin takes more
-  // than `loadBound` times the mean sequences (plus this one) for its warm blocks.
+  // Bounded load, as consistent hashing with bounded loads has it: a new prefix goes to
+  // no origin above `loadBound` times the mean sequences (counting this one); a warm one
+  // stays a few sequences beyond, as moving it costs a prefill (what matters at low load)
+  // while imbalance costs decode speed (what matters at high load).
   const total = candidates.reduce((sum, c) => sum + c.load, 0);
-  const bound = Math.ceil((s.loadBound * (total + 1)) / candidates.length);
-  const closeEnough = (i: number) =>
-    fits[i] === true &&
-    (candidates[i] as RouteCandidate).load < bound &&
-    (ttft[i] as number) <= bestTtft * (1 + s.spreadRatio) + s.spreadMs;
+  const mean = (total + 1) / candidates.length;
+  const coldBound = Math.ceil(s.loadBound * mean);
+  const warmBound = coldBound + WARM_SLACK_SEQS;
+  const fast = (i: number) => (ttft[i] as number) <= bestTtft * (1 + s.spreadRatio) + s.spreadMs;
+  const load = (i: number) => (candidates[i] as RouteCandidate).load;
+  const under = (i: number, bound: number) => load(i) < bound;
+  const closeEnough = (i: number) => fits[i] === true && under(i, warmBound) && fast(i);
 
   let warm = -1;
   for (const i of order) {
     const m = input.matched[i] ?? 0;
     if (m < Math.min(s.minMatchBlocks, n)) continue;
-    // Ties go to the first in rendezvous order, as on every other router.
-    if (warm < 0 || m > (input.matched[warm] ?? 0)) warm = i;
+    // Of origins holding as much, the first in rendezvous order (as on every other
+    // router) while it is under the bound, else the least loaded.
+    const held = input.matched[warm] ?? 0;
+    const lighter = warm >= 0 && !under(warm, coldBound) && load(i) < load(warm);
+    if (warm < 0 || m > held || (m === held && lighter)) warm = i;
   }
   if (warm >= 0 && n > 0) return closeEnough(warm) ? choice(warm, "cache_hit") : spread(warm);
 
@@ -132,12 +142,11 @@ export function choosePlacement(
     if (at >= 0 && closeEnough(at)) return choice(at, "session");
   }
 
-  // Cold: the first origin in the key's rendezvous order under the load bound. Only what
-  // every edge sees (load and room, not this router's own backlog) decides, so that edges
-  // and shards that share nothing place a new prefix alike.
+  // Cold: the first origin in the key's rendezvous order that is under the bound and
+  // close to the best, so that edges and Batcher shards that share nothing (their
+  // backlogs come from the same load reports) place a new prefix alike.
   for (const i of order) {
-    if (fits[i] === true && (candidates[i] as RouteCandidate).load < bound)
-      return choice(i, "cold");
+    if (fits[i] === true && under(i, coldBound) && fast(i)) return choice(i, "cold");
   }
   return choice(best, "spread");
 

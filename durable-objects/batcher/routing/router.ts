@@ -69,6 +69,8 @@ interface Placed {
    * hit it then does not get means the origin lost the blocks, not that they were late.
    */
   settled: boolean;
+  /** When it was placed (ms). */
+  at: number;
 }
 
 /** Sessions remembered, most recent last. */
@@ -109,9 +111,18 @@ export class Router {
     this.#byOrigin = origins.map(() => 0);
   }
 
-  /** Uncached prompt tokens placed on `origin` still waiting for their first token. */
-  backlogTokens(origin: string): number {
-    return this.#backlog[this.#index.slot(origin)] ?? 0;
+  /**
+   * Uncached prompt tokens placed on `origin` still waiting for their first token; with
+   * `since`, only those placed at or after it (what a load report of then does not count).
+   */
+  backlogTokens(origin: string, since?: number): number {
+    const slot = this.#index.slot(origin);
+    if (since === undefined) return this.#backlog[slot] ?? 0;
+    let tokens = 0;
+    for (const placed of this.#placed.values()) {
+      if (placed.slot === slot && !placed.started && placed.at >= since) tokens += placed.uncached;
+    }
+    return tokens;
   }
 
   /** Where `request` would go among `candidates` (non-empty), without recording it. */
@@ -139,15 +150,21 @@ export class Router {
     );
   }
 
-  /** Places `request` and records it: its blocks now count as held by that origin. */
-  place(request: RouteRequest, candidates: readonly RouteCandidate[]): PlacementChoice {
+  /** Places `request` at `now` and records it: its blocks now count as held by that origin. */
+  place(request: RouteRequest, candidates: readonly RouteCandidate[], now = 0): PlacementChoice {
     const choice = this.preview(request, candidates);
-    this.assign(request, choice.origin, choice.reason, choice.matchedBlocks);
+    this.assign(request, choice.origin, choice.reason, choice.matchedBlocks, now);
     return choice;
   }
 
-  /** Records that `request` goes to `origin` (a placement, or a fallback's). */
-  assign(request: RouteRequest, origin: string, reason: PlacementReason, matched: number): void {
+  /** Records that `request` goes to `origin` (a placement, or a fallback's) at `now`. */
+  assign(
+    request: RouteRequest,
+    origin: string,
+    reason: PlacementReason,
+    matched: number,
+    now = 0,
+  ): void {
     const slot = this.#index.slot(origin);
     if (slot < 0) return;
     this.forget(request.id);
@@ -168,6 +185,7 @@ export class Router {
       started: false,
       matched,
       settled,
+      at: now,
     });
     this.#backlog[slot] = (this.#backlog[slot] ?? 0) + uncached;
     this.#index.store(slot, request.blocks);
@@ -186,14 +204,14 @@ export class Router {
    * The request left for another origin than its placement's (that one was down or full
    * when it headed the queue): a fallback, and that origin now holds its blocks.
    */
-  moved(id: string, origin: string): void {
+  moved(id: string, origin: string, now = 0): void {
     const placed = this.#placed.get(id);
     const slot = this.#index.slot(origin);
     if (placed === undefined || slot < 0 || placed.slot === slot) return;
     this.#byReason[placed.reason] -= 1;
     this.#byOrigin[placed.slot] = (this.#byOrigin[placed.slot] ?? 1) - 1;
     const matched = this.#index.match(placed.request.blocks)[slot] ?? 0;
-    this.assign(placed.request, origin, "fallback", matched);
+    this.assign(placed.request, origin, "fallback", matched, now);
   }
 
   /** The request's first token came: its prefill is no longer ahead of others. */

@@ -35,6 +35,10 @@ export function onOriginLoad(
     kvTotalTokens: count(report.kv_total_blocks) * blockSize,
     stepMs: stepMsOf(report.step_ms),
     prefillTokensPerMs: stepMsOf(report.prefill_tokens_per_s) / 1000 || null,
+    prefillBacklogTokens:
+      typeof report.prefill_backlog_tokens === "number"
+        ? count(report.prefill_backlog_tokens)
+        : null,
   };
   // The report already counts what we sent before it arrived; a report written just
   // before a send can undercount by that batch until the next report (one per response).

@@ -168,6 +168,8 @@ function candidateOf(origin: OriginState, config: WindowConfig, now: number): Or
     maxNumSeqs: report.maxNumSeqs,
     stepMs: report.stepMs,
     prefillTokensPerMs: report.prefillTokensPerMs,
+    prefillBacklogTokens: report.prefillBacklogTokens,
+    reportedAt: report.receivedAt,
   };
   return { id: origin.id, load, freeSlots, kvRoomTokens, inFlight, engine };
 }

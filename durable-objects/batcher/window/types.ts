@@ -85,6 +85,8 @@ export interface OriginLoadView {
   stepMs: number;
   /** The engine's reported prefill speed (prompt tokens per ms), or null. */
   prefillTokensPerMs: number | null;
+  /** Prompt tokens it reported still to prefill, or null. */
+  prefillBacklogTokens: number | null;
 }
 
 /** The batcher's view of one origin. */

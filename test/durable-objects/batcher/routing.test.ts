@@ -178,37 +178,52 @@ describe("corrections", () => {
     const home = router.place(request("a", `${system(1)}Q`), candidates).origin;
     router.report(home, { kvTotalTokens: 131_072, prefixQueries: 0, at: 1 });
     const before = router.view().origins[home]?.capacity_blocks ?? 0;
+    // While "a" still prefills, a second request's missed hit only says it came early.
+    router.place(request("early", `${system(1)}E`), candidates);
+    router.ended("early", { prompt_tokens: 1600, cached_tokens: 0 });
+    expect(router.view().origins[home]?.capacity_blocks).toBe(before);
+    router.started("a");
+    router.ended("a", { prompt_tokens: 1600, cached_tokens: 0 });
     router.place(request("b", `${system(1)}R`), candidates);
     router.ended("b", { prompt_tokens: 1600, cached_tokens: 0 });
     expect(router.view().origins[home]?.capacity_blocks).toBeLessThan(before);
-    expect(router.view().hit_rate).toMatchObject({ reported: 0, requests: 1 });
-    expect(router.view().hit_rate.predicted).toBeGreaterThan(0.9);
+    expect(router.view().hit_rate).toMatchObject({ reported: 0, requests: 3 });
+    // Predicted: "a" cold, the two others warm.
+    expect(router.view().hit_rate.predicted).toBeCloseTo(2 / 3, 1);
   });
 
   it("applies the engine's block events", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const candidates = ORIGINS.map((id) => idle(id));
     const req = request("a", `${system(1)}Q`);
-    const home = router.place(
-      req,
-      ORIGINS.map((id) => idle(id)),
-    ).origin;
+    const home = router.place(req, candidates).origin;
+    router.ended("a", { prompt_tokens: 1600, cached_tokens: 0 });
     const log = { log: "l1", cleared: false };
     router.events(home, { ...log, seq: 1, stored: [], removed: req.blocks.slice(0, 1) });
-    const again = router.preview(
-      request("b", `${system(1)}Q`),
-      ORIGINS.map((id) => idle(id)),
-    );
-    expect(again.matchedBlocks).toBe(0);
+    expect(router.preview(request("b", `${system(1)}Q`), candidates).matchedBlocks).toBe(0);
+    // The whole state of a log followed already adds to what is known.
     router.events(home, {
       ...log,
       seq: 2,
       cleared: true,
-      stored: req.blocks.slice(0, 10),
+      stored: req.blocks.slice(0, 1),
       removed: [],
     });
-    expect(router.view().origins[home]?.blocks).toBe(10);
+    expect(router.view().origins[home]?.blocks).toBe(req.blocks.length);
+    // A new log (the origin restarted) replaces it, keeping what is still prefilling there.
+    const pending = request("c", `${system(2)}Q`);
+    router.place({ ...pending, pinned: home }, candidates);
+    const fresh = {
+      log: "l2",
+      seq: 1,
+      cleared: true,
+      stored: req.blocks.slice(0, 10),
+      removed: [],
+    };
+    router.events(home, fresh);
+    expect(router.view().origins[home]?.blocks).toBe(10 + pending.blocks.length);
     // A second call's LOAD brings the same events again: applied once.
-    router.events(home, { ...log, seq: 1, stored: [], removed: req.blocks.slice(0, 10) });
-    expect(router.view().origins[home]?.blocks).toBe(10);
+    router.events(home, { ...fresh, cleared: false, stored: [], removed: req.blocks.slice(0, 10) });
+    expect(router.view().origins[home]?.blocks).toBe(10 + pending.blocks.length);
   });
 });

@@ -802,7 +802,13 @@ describe("origin choice and health", () => {
         freeSlots: 4,
         kvRoomTokens: 54,
         inFlight: 1,
-        engine: { maxNumSeqs: 8, stepMs: 0, prefillTokensPerMs: null },
+        engine: {
+          maxNumSeqs: 8,
+          stepMs: 0,
+          prefillTokensPerMs: null,
+          prefillBacklogTokens: null,
+          reportedAt: 0,
+        },
       },
     ]);
     expect(

@@ -375,3 +375,23 @@ describe("Scheduler batching", () => {
     expect(trace.tokenTimes.has("a")).toBe(false);
   });
 });
+
+function spec(id: string, prompt: number[]) {
+  return { id, model: "m", promptTokens: prompt, outputTokens: output(2), priority: 0 };
+}
+
+describe("prefill backlog", () => {
+  it("counts what waiting and running sequences have left to prefill, cached prefixes not", () => {
+    const scheduler = makeScheduler({ maxNumBatchedTokens: 1024 });
+    scheduler.add(spec("a", tokens(3000, 0)), 0);
+    expect(scheduler.prefillBacklog).toBe(3000);
+    scheduler.step(0);
+    // One step of 1024 tokens done; 1976 left.
+    expect(scheduler.prefillBacklog).toBe(1976);
+    drain(scheduler, 1);
+    expect(scheduler.prefillBacklog).toBe(0);
+    // The same prompt again: its cached blocks are no backlog (the last block is recomputed).
+    scheduler.add(spec("b", tokens(3000, 0)), 10_000);
+    expect(scheduler.prefillBacklog).toBeLessThan(32);
+  });
+});
