@@ -27,13 +27,21 @@ const timeScale = Number(args["time-scale"]);
 const routing =
   args.routing === undefined ? undefined : (JSON.parse(args.routing) as RoutingConfig);
 
-/** Each workload with its request rates at 4 origins (doubled at 8). */
-const MATRIX: { workload: Workload; rates: number[] }[] = [
-  { workload: sharedPrefix(24, 10), rates: [15, 30, 45] },
-  { workload: multiTurn(64, 12, 2_000), rates: [8, 16, 32] },
-  { workload: hotPrefix(), rates: [30, 60, 90] },
-  { workload: uniform(), rates: [20, 40, 60] },
-];
+/**
+ * Each workload with its request rates at 4 origins; at 8 the workload and the top rate
+ * double (twice the groups, sessions, hot prefixes or requests), so that each origin has as
+ * much to hold and to do.
+ */
+function matrix(scale: number): { workload: Workload; rates: number[] }[] {
+  return [
+    { workload: sharedPrefix(24 * scale, 20), rates: [15, 30, 45].map((r) => r * scale) },
+    { workload: multiTurn(64 * scale, 12, 2_000), rates: [8, 16, 32].map((r) => r * scale) },
+    { workload: hotPrefix(480 * scale, 2 * scale), rates: [30, 60, 90].map((r) => r * scale) },
+    { workload: uniform(480 * scale), rates: [20, 40, 60].map((r) => r * scale) },
+  ];
+}
+const MATRIX = matrix(1);
+const WIDE = matrix(2);
 
 const cells: CellResult[] = [];
 async function cell(workload: Workload, policy: PolicyName, origins: number, rate: number) {
@@ -46,12 +54,13 @@ async function cell(workload: Workload, policy: PolicyName, origins: number, rat
   return result;
 }
 
-for (const { workload, rates } of MATRIX) {
+for (const [at, { workload, rates }] of MATRIX.entries()) {
   const used = args.quick ? rates.slice(-1) : rates;
   for (const rate of used) for (const policy of POLICIES) await cell(workload, policy, 4, rate);
-  if (!args.quick) {
-    const top = (rates.at(-1) ?? 0) * 2;
-    for (const policy of POLICIES) await cell(workload, policy, 8, top);
+  const wide = WIDE[at];
+  if (!args.quick && wide !== undefined) {
+    const top = wide.rates.at(-1) ?? 0;
+    for (const policy of POLICIES) await cell(wide.workload, policy, 8, top);
   }
 }
 const [shared] = MATRIX;

@@ -165,6 +165,28 @@ describe("KV-cache-aware routing", () => {
     expect((await unknown.json<ErrorBody>()).error.code).toBe("invalid_origin");
   });
 
+  it("sends a prefix to one Batcher shard, whose index is its authority", async () => {
+    const tag = crypto.randomUUID().slice(0, 6);
+    const config = configOf(tag, { batching: { shards: 4 } });
+    for (let n = 0; n < 4; n++) {
+      for (const question of ["A?", "B?", "C?"]) {
+        expect((await sendWith(config, ask(tag, n, question))).status).toBe(200);
+      }
+    }
+    const view = await sendWith(config, adminRequest(`/admin/batchers/routing-${tag}/${MODEL}`));
+    const { shards, routing } = await view.json<{
+      shards: { routing: { placements: Record<string, number> } }[];
+      routing: { placements: Record<string, number> };
+    }>();
+    expect(shards).toHaveLength(4);
+    // Each prefix's three requests met in one shard: one cold placement and two hits.
+    for (const shard of shards) {
+      const { cold = 0, cache_hit: hits = 0 } = shard.routing.placements;
+      expect(hits).toBe(cold * 2);
+    }
+    expect(routing.placements).toMatchObject({ cold: 4, cache_hit: 8 });
+  });
+
   it("places like least-loaded where routing is off", async () => {
     const tag = crypto.randomUUID().slice(0, 6);
     const config = configOf(tag, { routing: { enabled: false } });
