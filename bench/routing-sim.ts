@@ -18,8 +18,7 @@ import {
 import { rendezvousOrder } from "../durable-objects/batcher/routing/placement.ts";
 import { type RouteRequest, Router, coldKey } from "../durable-objects/batcher/routing/router.ts";
 import { type RoutingConfig, routerSettingsOf } from "../durable-objects/batcher/settings.ts";
-import { type RunningOrigin, startOrigin } from "../origin/server.ts";
-import { createSimEngine } from "../origin/sim/engine.ts";
+import { type SpawnedOrigin, simFlags, spawnOrigin } from "../scripts/stack.ts";
 import { type LatencySummary, summarize } from "./lib.ts";
 import { MODEL, type Message, type Workload, chatBody, hitCeiling } from "./routing-workloads.ts";
 
@@ -51,10 +50,16 @@ export interface CellResult {
   hitRate: number;
   ceiling: number;
   ttft: LatencySummary;
-  /** Completion tokens per second of engine time, from the first request to the last answer. */
+  /**
+   * Completion tokens per second of engine time while the run is in its stride: between
+   * the 10th and the 90th percentile of answer times, so neither the ramp nor the drain of
+   * a finite run decides it.
+   */
   throughput: number;
   /** Most requests one origin served over the mean. */
   imbalance: number;
+  /** Requests each origin served, in order. */
+  perOrigin: number[];
   /** Share of placements the other router would have made the same (two edges only). */
   agreement: number | null;
   /** The (first) router's placements by reason and its predicted hit rate (warmgate only). */
@@ -69,15 +74,21 @@ interface Tracked {
   reportAt: number;
 }
 
-/** Runs one cell on fresh origins (cold caches) and stops them. */
+/**
+ * Runs one cell on fresh origins (cold caches), each in a process of its own as on a GPU
+ * host, so that the engines' work does not slow the clients' timing, and stops them.
+ */
 export async function runCell(options: CellOptions): Promise<CellResult> {
-  const origins: RunningOrigin[] = [];
-  for (let i = 0; i < options.origins; i++) {
-    const engine = createSimEngine({ timeScale: options.timeScale, seed: 1 });
-    origins.push(
-      await startOrigin({ engine, originId: `o${i}`, region: "sim", port: 0, loadIntervalMs: 100 }),
-    );
-  }
+  const flags = [
+    ...simFlags({ timeScale: options.timeScale, seed: 1 }),
+    "--load-interval-ms",
+    "100",
+  ];
+  const origins = await Promise.all(
+    Array.from({ length: options.origins }, (_, i) =>
+      spawnOrigin([...flags, "--origin-id", `o${i}`, "--region", "sim"]),
+    ),
+  );
   try {
     return await drive(options, origins);
   } finally {
@@ -85,7 +96,7 @@ export async function runCell(options: CellOptions): Promise<CellResult> {
   }
 }
 
-async function drive(options: CellOptions, origins: RunningOrigin[]): Promise<CellResult> {
+async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<CellResult> {
   const ids = origins.map((origin) => origin.originId);
   const urls = new Map(origins.map((origin) => [origin.originId, origin.url]));
   const tracked = new Map<string, Tracked>(
@@ -172,7 +183,7 @@ async function drive(options: CellOptions, origins: RunningOrigin[]): Promise<Ce
   const served = new Map<string, number>(ids.map((id) => [id, 0]));
   let prompt = 0;
   let cached = 0;
-  let completion = 0;
+  const answers: { at: number; tokens: number }[] = [];
   let failures = 0;
   let seq = 0;
 
@@ -241,7 +252,7 @@ async function drive(options: CellOptions, origins: RunningOrigin[]): Promise<Ce
       else {
         prompt += ended.usage.prompt_tokens;
         cached += ended.usage.cached_tokens;
-        completion += ended.usage.completion_tokens;
+        answers.push({ at: performance.now(), tokens: ended.usage.completion_tokens });
       }
     } catch {
       failures += 1;
@@ -275,7 +286,6 @@ async function drive(options: CellOptions, origins: RunningOrigin[]): Promise<Ce
     );
   }
   await Promise.all(runs);
-  const engineSeconds = (performance.now() - began) / 1000 / options.timeScale;
   const counts = [...served.values()];
   const mean = counts.reduce((a, b) => a + b, 0) / counts.length;
   return {
@@ -288,8 +298,9 @@ async function drive(options: CellOptions, origins: RunningOrigin[]): Promise<Ce
     hitRate: prompt === 0 ? 0 : cached / prompt,
     ceiling: hitCeiling(bodies),
     ttft: summarize(ttfts),
-    throughput: completion / engineSeconds,
+    throughput: strideThroughput(answers, options.timeScale),
     imbalance: mean === 0 ? 0 : Math.max(...counts) / mean,
+    perOrigin: counts,
     agreement: compared === 0 ? null : agreed / compared,
     placements: options.policy === "warmgate" ? (routers[0]?.view().placements ?? null) : null,
     predictedHitRate:
@@ -316,4 +327,17 @@ function contentOf(sse: string): string {
     }
   }
   return out;
+}
+
+/** Completion tokens per engine second between the 10th and 90th percentile answers. */
+function strideThroughput(answers: { at: number; tokens: number }[], timeScale: number): number {
+  const sorted = [...answers].sort((a, b) => a.at - b.at);
+  const from = Math.floor(sorted.length * 0.1);
+  const to = Math.ceil(sorted.length * 0.9) - 1;
+  const first = sorted[from];
+  const last = sorted[to];
+  if (first === undefined || last === undefined || last.at <= first.at) return 0;
+  let tokens = 0;
+  for (let i = from + 1; i <= to; i++) tokens += sorted[i]?.tokens ?? 0;
+  return tokens / ((last.at - first.at) / 1000 / timeScale);
 }

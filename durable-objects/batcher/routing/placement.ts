@@ -24,8 +24,20 @@ export interface RouteCandidate {
   kvRoomTokens: number | null;
 }
 
-/** Sequences a warm origin may carry beyond the load bound before its prefix spreads. */
-export const WARM_SLACK_SEQS = 4;
+/**
+ * Sequences by which a warm origin may exceed the least loaded one (when also above
+ * `loadBound` times it) before its prefix spreads: below it, moving a prefix costs more
+ * (a prefill) than the imbalance (decode speed), as the SGLang router's balance
+ * thresholds have it.
+ */
+export const WARM_IMBALANCE_SEQS = 8;
+
+/**
+ * How close to the best predicted TTFT a new prefix's rendezvous origin must be to take
+ * it: ties (idle origins, equal queues) go by the hash, anything else to the fastest.
+ */
+export const COLD_TIE_RATIO = 0;
+export const COLD_TIE_MS = 10;
 
 /** Why a request went where it went. */
 export type PlacementReason = "cache_hit" | "session" | "cold" | "spread" | "pinned" | "fallback";
@@ -113,26 +125,27 @@ export function choosePlacement(
     predictedTtftMs: ttft[i] as number,
   });
   // Bounded load, as consistent hashing with bounded loads has it: a new prefix goes to
-  // no origin above `loadBound` times the mean sequences (counting this one); a warm one
-  // stays a few sequences beyond, as moving it costs a prefill (what matters at low load)
-  // while imbalance costs decode speed (what matters at high load).
-  const total = candidates.reduce((sum, c) => sum + c.load, 0);
-  const mean = (total + 1) / candidates.length;
-  const coldBound = Math.ceil(s.loadBound * mean);
-  const warmBound = coldBound + WARM_SLACK_SEQS;
-  const fast = (i: number) => (ttft[i] as number) <= bestTtft * (1 + s.spreadRatio) + s.spreadMs;
+  // no origin above `loadBound` times the mean sequences (counting this one). A warm one
+  // stays unless its origin is both `loadBound` times and WARM_IMBALANCE_SEQS above the
+  // least loaded.
   const load = (i: number) => (candidates[i] as RouteCandidate).load;
+  const total = candidates.reduce((sum, c) => sum + c.load, 0);
+  const least = Math.min(...candidates.map((c) => c.load));
+  const coldBound = Math.ceil((s.loadBound * (total + 1)) / candidates.length);
   const under = (i: number, bound: number) => load(i) < bound;
-  const closeEnough = (i: number) => fits[i] === true && under(i, warmBound) && fast(i);
+  const balanced = (i: number) =>
+    load(i) < s.loadBound * (least + 1) || load(i) - least <= WARM_IMBALANCE_SEQS;
+  const fast = (i: number) => (ttft[i] as number) <= bestTtft * (1 + s.spreadRatio) + s.spreadMs;
+  const closeEnough = (i: number) => fits[i] === true && balanced(i) && fast(i);
 
   let warm = -1;
   for (const i of order) {
     const m = input.matched[i] ?? 0;
     if (m < Math.min(s.minMatchBlocks, n)) continue;
-    // Of origins holding as much, the first in rendezvous order (as on every other
-    // router) while it is under the bound, else the least loaded.
+    // Of origins holding as much, the least loaded (load reports are the same on every
+    // router), then the first in rendezvous order.
     const held = input.matched[warm] ?? 0;
-    const lighter = warm >= 0 && !under(warm, coldBound) && load(i) < load(warm);
+    const lighter = warm >= 0 && load(i) < load(warm);
     if (warm < 0 || m > held || (m === held && lighter)) warm = i;
   }
   if (warm >= 0 && n > 0) return closeEnough(warm) ? choice(warm, "cache_hit") : spread(warm);
@@ -145,8 +158,9 @@ export function choosePlacement(
   // Cold: the first origin in the key's rendezvous order that is under the bound and
   // close to the best, so that edges and Batcher shards that share nothing (their
   // backlogs come from the same load reports) place a new prefix alike.
+  const tied = (i: number) => (ttft[i] as number) <= bestTtft * (1 + COLD_TIE_RATIO) + COLD_TIE_MS;
   for (const i of order) {
-    if (fits[i] === true && under(i, coldBound) && fast(i)) return choice(i, "cold");
+    if (fits[i] === true && under(i, coldBound) && tied(i)) return choice(i, "cold");
   }
   return choice(best, "spread");
 
