@@ -199,8 +199,8 @@ export interface RouterSettings {
 /** The defaults of {@link RouterSettings}. */
 export const ROUTER_DEFAULTS: Readonly<RouterSettings> = {
   minMatchBlocks: 4,
-  spreadRatio: 0.5,
-  spreadMs: 50,
+  spreadRatio: 1,
+  spreadMs: 100,
   loadBound: 1.25,
   prefillTokensPerMs: 10,
   maxIndexBlocks: 65_536,
