@@ -50,11 +50,7 @@ export interface CellResult {
   hitRate: number;
   ceiling: number;
   ttft: LatencySummary;
-  /**
-   * Completion tokens per second of engine time while the run is in its stride: between
-   * the 10th and the 90th percentile of answer times, so neither the ramp nor the drain of
-   * a finite run decides it.
-   */
+  /** Completion tokens per second of engine time, from the first request to the last answer. */
   throughput: number;
   /** Most requests one origin served over the mean. */
   imbalance: number;
@@ -106,6 +102,7 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
   const settings = routerSettingsOf(options.routing);
   const routers = Array.from({ length: edges }, () => new Router(ids, settings));
   const cursors = routers.map(() => new Map<string, KvEventCursor>());
+  const carrying = routers.map(() => new Map<string, string>());
   let turn = 0;
   let agreed = 0;
   let compared = 0;
@@ -183,7 +180,7 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
   const served = new Map<string, number>(ids.map((id) => [id, 0]));
   let prompt = 0;
   let cached = 0;
-  const answers: { at: number; tokens: number }[] = [];
+  const answers: { tokens: number }[] = [];
   let failures = 0;
   let seq = 0;
 
@@ -203,7 +200,11 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
     t.inFlight += 1;
     served.set(origin, (served.get(origin) ?? 0) + 1);
     bodies.push(body);
-    const cursor = router === null ? null : (cursors[edge]?.get(origin) ?? { log: "", seq: 0 });
+    // As the Batcher does: one open call per origin and router brings the block events.
+    const carriers = carrying[edge] ?? new Map<string, string>();
+    const carries = router !== null && !carriers.has(origin);
+    if (carries) carriers.set(origin, id);
+    const cursor = carries ? (cursors[edge]?.get(origin) ?? { log: "", seq: 0 }) : null;
     const started = performance.now();
     let answer = "";
     let first = true;
@@ -252,13 +253,14 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
       else {
         prompt += ended.usage.prompt_tokens;
         cached += ended.usage.cached_tokens;
-        answers.push({ at: performance.now(), tokens: ended.usage.completion_tokens });
+        answers.push({ tokens: ended.usage.completion_tokens });
       }
     } catch {
       failures += 1;
       router?.forget(id);
     } finally {
       t.inFlight -= 1;
+      if (carriers.get(origin) === id) carriers.delete(origin);
     }
     return answer;
   };
@@ -298,7 +300,9 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
     hitRate: prompt === 0 ? 0 : cached / prompt,
     ceiling: hitCeiling(bodies),
     ttft: summarize(ttfts),
-    throughput: strideThroughput(answers, options.timeScale),
+    throughput:
+      answers.reduce((n, a) => n + a.tokens, 0) /
+      ((performance.now() - began) / 1000 / options.timeScale),
     imbalance: mean === 0 ? 0 : Math.max(...counts) / mean,
     perOrigin: counts,
     agreement: compared === 0 ? null : agreed / compared,
@@ -327,17 +331,4 @@ function contentOf(sse: string): string {
     }
   }
   return out;
-}
-
-/** Completion tokens per engine second between the 10th and 90th percentile answers. */
-function strideThroughput(answers: { at: number; tokens: number }[], timeScale: number): number {
-  const sorted = [...answers].sort((a, b) => a.at - b.at);
-  const from = Math.floor(sorted.length * 0.1);
-  const to = Math.ceil(sorted.length * 0.9) - 1;
-  const first = sorted[from];
-  const last = sorted[to];
-  if (first === undefined || last === undefined || last.at <= first.at) return 0;
-  let tokens = 0;
-  for (let i = from + 1; i <= to; i++) tokens += sorted[i]?.tokens ?? 0;
-  return tokens / ((last.at - first.at) / 1000 / timeScale);
 }

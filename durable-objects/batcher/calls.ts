@@ -56,6 +56,8 @@ export interface CallsHost {
 
 export class Calls {
   readonly #open = new Map<string, OpenCall>();
+  /** The open call that brings each origin's block events, by origin id. */
+  readonly #eventCarriers = new Map<string, string>();
   readonly #host: CallsHost;
   /** Call ids must not collide with calls an earlier incarnation may still have running. */
   readonly #incarnation = crypto.randomUUID().slice(0, 8);
@@ -121,9 +123,12 @@ export class Calls {
     this.#host.armAlarm();
     const lanes = queue.state?.config.lanes.length ?? 1;
     const silenceMs = queue.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
-    // With routing on, the call asks for the origin's block events since those last seen.
+    // With routing on, one open call per origin at a time asks for the origin's block
+    // events since those last seen: concurrent calls would each bring the same ones.
     const router = queue.router;
-    const kvEventsAfter = router === null ? null : (router.cursor(origin.id) ?? FIRST_EVENT);
+    const carries = router !== null && !this.#eventCarriers.has(origin.id);
+    if (carries) this.#eventCarriers.set(origin.id, call.id);
+    const kvEventsAfter = carries ? (router.cursor(origin.id) ?? FIRST_EVENT) : null;
     const upstream = this.#host.upstream(call.originId, call.url);
     const events: CallEvents = {
       frames: (frames) => demultiplex(this.#host, call, frames),
@@ -230,6 +235,8 @@ export class Calls {
 
   #forget(call: OpenCall, now: number): void {
     this.#open.delete(call.id);
+    if (this.#eventCarriers.get(call.originId) === call.id)
+      this.#eventCarriers.delete(call.originId);
     if (call.holdTimer !== null) clearTimeout(call.holdTimer);
     call.holdTimer = null;
     deliverHeld(call);

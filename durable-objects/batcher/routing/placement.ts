@@ -25,7 +25,7 @@ export interface RouteCandidate {
 }
 
 /**
- * Sequences by which a warm origin may exceed the least loaded one (when also above
+ * Sequences by which a warm origin may exceed the mean load (when also above
  * `loadBound` times it) before its prefix spreads: below it, moving a prefix costs more
  * (a prefill) than the imbalance (decode speed), as the SGLang router's balance
  * thresholds have it.
@@ -127,14 +127,14 @@ export function choosePlacement(
   // Bounded load, as consistent hashing with bounded loads has it: a new prefix goes to
   // no origin above `loadBound` times the mean sequences (counting this one). A warm one
   // stays unless its origin is both `loadBound` times and WARM_IMBALANCE_SEQS above the
-  // least loaded.
+  // mean.
   const load = (i: number) => (candidates[i] as RouteCandidate).load;
   const total = candidates.reduce((sum, c) => sum + c.load, 0);
-  const least = Math.min(...candidates.map((c) => c.load));
   const coldBound = Math.ceil((s.loadBound * (total + 1)) / candidates.length);
   const under = (i: number, bound: number) => load(i) < bound;
+  const mean = (total + 1) / candidates.length;
   const balanced = (i: number) =>
-    load(i) < s.loadBound * (least + 1) || load(i) - least <= WARM_IMBALANCE_SEQS;
+    load(i) < s.loadBound * mean || load(i) - mean <= WARM_IMBALANCE_SEQS;
   const fast = (i: number) => (ttft[i] as number) <= bestTtft * (1 + s.spreadRatio) + s.spreadMs;
   const closeEnough = (i: number) => fits[i] === true && balanced(i) && fast(i);
 
