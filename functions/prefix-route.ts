@@ -27,17 +27,7 @@ export function attemptRoutes(c: Context<AppEnv>): (model: string) => AttemptRou
   const { completion, config } = c.var;
   const pinned = c.req.header(ORIGIN_OVERRIDE_HEADER) ?? null;
   if (pinned !== null) {
-    if (!(c.get("admission")?.allowRegionOverride ?? false)) {
-      throw new ApiError(
-        403,
-        `This key may not choose its origin: create it with "allow_region_override": true to use the ${ORIGIN_OVERRIDE_HEADER} header.`,
-        {
-          type: "permission_error",
-          param: ORIGIN_OVERRIDE_HEADER,
-          code: "origin_override_not_allowed",
-        },
-      );
-    }
+    allowOverride(c, ORIGIN_OVERRIDE_HEADER, "origin");
     if (!config.regions.some((region) => region.origins.some((o) => o.id === pinned))) {
       throw invalidRequest(
         `Unknown origin '${clipped(pinned)}' in the ${ORIGIN_OVERRIDE_HEADER} header.`,
@@ -59,4 +49,18 @@ export function attemptRoutes(c: Context<AppEnv>): (model: string) => AttemptRou
     }
     return route;
   };
+}
+
+/**
+ * Refuses a header that picks where a request goes (`x-warmgate-region`,
+ * `x-warmgate-origin`) for a key without `allow_region_override`: a caller could otherwise
+ * send its traffic to a far or private region or origin.
+ */
+export function allowOverride(c: Context<AppEnv>, header: string, what: "region" | "origin") {
+  if (c.get("admission")?.allowRegionOverride ?? false) return;
+  throw new ApiError(
+    403,
+    `This key may not choose its ${what}: create it with "allow_region_override": true to use the ${header} header.`,
+    { type: "permission_error", param: header, code: `${what}_override_not_allowed` },
+  );
 }

@@ -18,7 +18,7 @@ import {
   syncCanary,
 } from "../canaries.ts";
 import { methodNotAllowed } from "../error-handler.ts";
-import { ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
+import { clipped, invalidRequest } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
 import { admitCompletion } from "../middleware/auth.ts";
 import { completionBody } from "../middleware/completion-body.ts";
@@ -26,7 +26,7 @@ import { withModelFallback } from "../model-fallback.ts";
 import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
 import { waitUntilOf } from "../middleware/request-context.ts";
 import { OriginPool } from "../origin-pool.ts";
-import { attemptRoutes } from "../prefix-route.ts";
+import { allowOverride, attemptRoutes } from "../prefix-route.ts";
 import {
   allOriginsOpen,
   breakerRegion,
@@ -61,18 +61,7 @@ function callerLocation(request: Request): CallerLocation {
 export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Response> {
   const { config, plan, completion, requestId, settlement } = c.var;
   const override = c.req.header(REGION_OVERRIDE_HEADER);
-  // A caller could otherwise send its traffic to a far or private region.
-  if (override !== undefined && !(c.get("admission")?.allowRegionOverride ?? false)) {
-    throw new ApiError(
-      403,
-      `This key may not choose its region: create it with "allow_region_override": true to use the ${REGION_OVERRIDE_HEADER} header.`,
-      {
-        type: "permission_error",
-        param: REGION_OVERRIDE_HEADER,
-        code: "region_override_not_allowed",
-      },
-    );
-  }
+  if (override !== undefined) allowOverride(c, REGION_OVERRIDE_HEADER, "region");
   // Reading `request.cf` parses it; with an override or a single region, where the caller
   // is decides nothing.
   const located = override === undefined && config.regions.length > 1;

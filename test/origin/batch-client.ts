@@ -3,7 +3,13 @@
  * frames back, and group them per item.
  */
 import { BATCH_PATH, decodeJsonPayload, FrameType, readFrames } from "../../contracts/protocol.ts";
-import type { BatchItem, ItemHead, ItemTrailer, LoadReport } from "../../contracts/protocol.ts";
+import type {
+  BatchItem,
+  ItemHead,
+  ItemTrailer,
+  KvEventCursor,
+  LoadReport,
+} from "../../contracts/protocol.ts";
 
 /** One item's frames, as the client saw them. */
 export interface ItemFrames {
@@ -90,4 +96,25 @@ export async function eventuallyAsync(check: () => Promise<boolean>, what: strin
     await new Promise((resolve) => setTimeout(resolve, 10));
   }
   throw new Error(`timed out waiting for: ${what}`);
+}
+
+/**
+ * Applies the block events of a call's LOAD frames, in order, to a set of edge block
+ * hashes; answers the cursor after the last.
+ */
+export function applyKvEvents(
+  held: Set<number>,
+  loads: readonly LoadReport[],
+  cursor: KvEventCursor = { log: "", seq: 0 },
+): KvEventCursor {
+  let at = cursor;
+  for (const load of loads) {
+    const events = load.kv_events;
+    if (events === undefined) continue;
+    if (events.cleared) held.clear();
+    for (const hash of events.removed) held.delete(hash);
+    for (const hash of events.stored) held.add(hash);
+    at = { log: events.log, seq: events.seq };
+  }
+  return at;
 }

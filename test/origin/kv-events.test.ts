@@ -1,11 +1,11 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { promptBlocks } from "../../contracts/prefix-blocks.ts";
-import type { BatchItem, KvEvents } from "../../contracts/protocol.ts";
+import type { BatchItem, LoadReport } from "../../contracts/protocol.ts";
 import { BATCH_PATH } from "../../contracts/protocol.ts";
 import { KvEventLog } from "../../origin/kv-events.ts";
 import { type RunningOrigin, startOrigin } from "../../origin/server.ts";
 import { createSimEngine } from "../../origin/sim/engine.ts";
-import { readBatch } from "./batch-client.ts";
+import { applyKvEvents, readBatch } from "./batch-client.ts";
 
 let origin: RunningOrigin | undefined;
 
@@ -39,17 +39,9 @@ async function batch(url: string, id: string, items: BatchItem[], after: object)
 }
 
 /** Every LOAD's events of a call, applied in order to a set of hashes. */
-function heldAfter(loads: { kv_events?: KvEvents }[], start: Set<number> = new Set()) {
+function heldAfter(loads: LoadReport[], start: Set<number> = new Set()) {
   const held = new Set(start);
-  let cursor = { log: "", seq: 0 };
-  for (const load of loads) {
-    const events = load.kv_events;
-    if (events === undefined) continue;
-    if (events.cleared) held.clear();
-    for (const hash of events.removed) held.delete(hash);
-    for (const hash of events.stored) held.add(hash);
-    cursor = { log: events.log, seq: events.seq };
-  }
+  const cursor = applyKvEvents(held, loads);
   return { held, cursor };
 }
 

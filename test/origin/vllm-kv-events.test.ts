@@ -9,7 +9,7 @@ import type { EngineBlockEvent } from "../../origin/engine.ts";
 import { createOpenAIEngine } from "../../origin/openai-engine.ts";
 import { type RunningOrigin, startOrigin } from "../../origin/server.ts";
 import { VllmKvEvents } from "../../origin/vllm-kv-events.ts";
-import { eventuallyAsync, readBatch } from "./batch-client.ts";
+import { applyKvEvents, eventuallyAsync, readBatch } from "./batch-client.ts";
 
 // A publisher that speaks vLLM's format (vllm/distributed/kv_events.py): multipart topic,
 // 8-byte big-endian sequence, msgpack of KVEventBatch as an array [ts, events, dp_rank],
@@ -133,14 +133,7 @@ describe("vLLM KV-cache events", () => {
           kv_events_after: cursor,
         }),
       });
-      for (const load of (await readBatch(response)).loads) {
-        const events = load.kv_events;
-        if (events === undefined) continue;
-        if (events.cleared) held.clear();
-        for (const hash of events.removed) held.delete(hash);
-        for (const hash of events.stored) held.add(hash);
-        cursor = { log: events.log, seq: events.seq };
-      }
+      cursor = applyKvEvents(held, (await readBatch(response)).loads, cursor);
     };
     await call("a");
     // vLLM publishes the prompt's six blocks once it has prefilled them (again until the
