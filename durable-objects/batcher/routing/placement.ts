@@ -104,17 +104,18 @@ export function choosePlacement(
   s: RouterSettings,
 ): PlacementChoice {
   const n = input.blocks.length;
-  const ttft = candidates.map((c, i) =>
-    predictTtftMs(c, uncachedTokens(input.promptTokens, n, input.matched[i] ?? 0), s),
+  const need = candidates.map((_, i) =>
+    uncachedTokens(input.promptTokens, n, input.matched[i] ?? 0),
   );
-  const fits = candidates.map((c, i) => {
-    const need = uncachedTokens(input.promptTokens, n, input.matched[i] ?? 0);
-    return c.kvRoomTokens === null || c.kvRoomTokens >= need;
-  });
+  const ttft = candidates.map((c, i) => predictTtftMs(c, need[i] ?? 0, s));
+  const fits = candidates.map(
+    (c, i) => c.kvRoomTokens === null || c.kvRoomTokens >= (need[i] ?? 0),
+  );
+  const anyFits = fits.some(Boolean);
   const order = rendezvousOrder(candidates, input.coldKey);
   let best = -1;
   for (const i of order) {
-    if (!fits[i] && fits.some(Boolean)) continue;
+    if (!fits[i] && anyFits) continue;
     if (best < 0 || (ttft[i] as number) < (ttft[best] as number)) best = i;
   }
   const bestTtft = ttft[best] as number;
