@@ -3,9 +3,8 @@
  * Vega-Lite as SVG: per second and per arm, the p99 latency, the client-visible errors and
  * the requests sent to the sick origin, with the phases of the timeline marked.
  */
-import * as vega from "vega";
 import type { TopLevelSpec } from "vega-lite";
-import { compile } from "vega-lite";
+import { vegaLiteSvg } from "./vega.ts";
 import type { Second } from "./failover-report.ts";
 import { summarize } from "./lib.ts";
 
@@ -50,6 +49,5 @@ export async function failoverChart(seconds: readonly Second[]): Promise<string>
     },
     resolve: { scale: { y: "independent" } },
   };
-  const view = new vega.View(vega.parse(compile(spec).spec), { renderer: "none" });
-  return view.toSVG();
+  return vegaLiteSvg(spec);
 }

@@ -3,9 +3,8 @@
  * every cell, the targets, and the chart of TTFT p90 against request rate per policy and
  * workload, drawn with Vega-Lite as SVG.
  */
-import * as vega from "vega";
 import type { TopLevelSpec } from "vega-lite";
-import { compile } from "vega-lite";
+import { vegaLiteSvg } from "./vega.ts";
 import { fmt, markdownTable } from "./lib.ts";
 import type { CellResult } from "./routing-sim.ts";
 
@@ -67,6 +66,5 @@ export async function ttftChart(cells: readonly CellResult[], origins: number): 
     },
     resolve: { scale: { x: "independent" } },
   };
-  const view = new vega.View(vega.parse(compile(spec).spec), { renderer: "none" });
-  return view.toSVG();
+  return vegaLiteSvg(spec);
 }
