@@ -120,9 +120,12 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
         backlogTokens:
           router === null
             ? 0
-            : t.report?.prefill_backlog_tokens === undefined
-              ? router.backlogTokens(id)
-              : t.report.prefill_backlog_tokens + router.backlogTokens(id, t.reportAt),
+            : router.backlogTokens(
+                id,
+                t.report?.prefill_backlog_tokens === undefined
+                  ? null
+                  : { tokens: t.report.prefill_backlog_tokens, at: t.reportAt },
+              ),
         kvRoomTokens: null,
       };
     });

@@ -50,10 +50,12 @@ export class RoutingLink {
  */
 function routeCandidate(c: OriginCandidate, router: Router): RouteCandidate {
   const reported = c.engine?.prefillBacklogTokens ?? null;
-  const backlogTokens =
+  const backlogTokens = router.backlogTokens(
+    c.id,
     reported === null || c.engine === undefined
-      ? router.backlogTokens(c.id)
-      : reported + router.backlogTokens(c.id, c.engine.reportedAt);
+      ? null
+      : { tokens: reported, at: c.engine.reportedAt },
+  );
   return {
     id: c.id,
     load: c.load,

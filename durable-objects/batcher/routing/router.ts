@@ -82,7 +82,6 @@ export class Router {
   readonly settings: RouterSettings;
   readonly #index: PrefixIndex;
   readonly #placed = new Map<string, Placed>();
-  readonly #backlog: number[];
   readonly #sessions = new Map<string, string>();
   readonly #lastReport: ({ at: number; queries: number } | null)[];
   readonly #cursors: (KvEventCursor | null)[];
@@ -103,7 +102,6 @@ export class Router {
   constructor(origins: readonly string[], settings: RouterSettings) {
     this.settings = settings;
     this.#index = new PrefixIndex(origins, settings.maxIndexBlocks);
-    this.#backlog = origins.map(() => 0);
     this.#lastReport = origins.map(() => null);
     this.#cursors = origins.map(() => null);
     this.#share = origins.map(() => 1);
@@ -112,13 +110,14 @@ export class Router {
   }
 
   /**
-   * Uncached prompt tokens placed on `origin` still waiting for their first token; with
-   * `since`, only those placed at or after it (what a load report of then does not count).
+   * Prompt tokens `origin` still has to prefill: with its last load report's backlog
+   * (`reported`, which every router sees alike), that plus what this router placed there
+   * since the report; without one, what this router placed there that has not started.
    */
-  backlogTokens(origin: string, since?: number): number {
+  backlogTokens(origin: string, reported: { tokens: number; at: number } | null = null): number {
     const slot = this.#index.slot(origin);
-    if (since === undefined) return this.#backlog[slot] ?? 0;
-    let tokens = 0;
+    const since = reported?.at ?? Number.NEGATIVE_INFINITY;
+    let tokens = reported?.tokens ?? 0;
     for (const placed of this.#placed.values()) {
       if (placed.slot === slot && !placed.started && placed.at >= since) tokens += placed.uncached;
     }
@@ -153,12 +152,12 @@ export class Router {
   /** Places `request` at `now` and records it: its blocks now count as held by that origin. */
   place(request: RouteRequest, candidates: readonly RouteCandidate[], now = 0): PlacementChoice {
     const choice = this.preview(request, candidates);
-    this.assign(request, choice.origin, choice.reason, choice.matchedBlocks, now);
+    this.#assign(request, choice.origin, choice.reason, choice.matchedBlocks, now);
     return choice;
   }
 
   /** Records that `request` goes to `origin` (a placement, or a fallback's) at `now`. */
-  assign(
+  #assign(
     request: RouteRequest,
     origin: string,
     reason: PlacementReason,
@@ -187,7 +186,6 @@ export class Router {
       settled,
       at: now,
     });
-    this.#backlog[slot] = (this.#backlog[slot] ?? 0) + uncached;
     this.#index.store(slot, request.blocks);
     this.#byReason[reason] += 1;
     this.#byOrigin[slot] = (this.#byOrigin[slot] ?? 0) + 1;
@@ -211,7 +209,7 @@ export class Router {
     this.#byReason[placed.reason] -= 1;
     this.#byOrigin[placed.slot] = (this.#byOrigin[placed.slot] ?? 1) - 1;
     const matched = this.#index.match(placed.request.blocks)[slot] ?? 0;
-    this.assign(placed.request, origin, "fallback", matched, now);
+    this.#assign(placed.request, origin, "fallback", matched, now);
   }
 
   /** The request's first token came: its prefill is no longer ahead of others. */
@@ -219,7 +217,6 @@ export class Router {
     const placed = this.#placed.get(id);
     if (placed === undefined || placed.started) return;
     placed.started = true;
-    this.#backlog[placed.slot] = Math.max(0, (this.#backlog[placed.slot] ?? 0) - placed.uncached);
   }
 
   /**
@@ -256,12 +253,7 @@ export class Router {
 
   /** Forgets a request that ended without usage (cancelled, failed, refused). */
   forget(id: string): void {
-    const placed = this.#placed.get(id);
-    if (placed === undefined) return;
     this.#placed.delete(id);
-    if (!placed.started) {
-      this.#backlog[placed.slot] = Math.max(0, (this.#backlog[placed.slot] ?? 0) - placed.uncached);
-    }
   }
 
   /**
