@@ -29,6 +29,8 @@ export interface OriginCliConfig {
   maxBatchedTokens?: number;
   timeScale?: number;
   seed?: number;
+  /** Same bytes for the same request without a seed, and a fixed `created` (sim). */
+  deterministic?: boolean;
   apiKey?: string;
   /** vLLM's KV-cache event publisher (openai). */
   kvEvents?: string;
@@ -62,6 +64,8 @@ export const USAGE = `usage: npm run origin -- [options]
   --max-batched-tokens N      simulated per-step token budget
   --time-scale X              simulated time: 1 realistic, 0 no delay
   --seed N                    seed of the simulated engine and of fault injection
+  --deterministic             same answer and id for the same request even without a
+                              seed, and a fixed created time (sim; for tests)
   --admin-token T             bearer token for /admin/* (default: the access token)
   --access-token T            bearer token the edge must send on /v1/* (required when
                               --host is not a loopback address)
@@ -252,13 +256,19 @@ export function parseOriginCli(
     return { kind: "error", message: message ?? "invalid arguments" };
   }
   if (parsed.help === true) return { kind: "help", text: USAGE };
+  const deterministicEnv = env["WARMGATE_ORIGIN_DETERMINISTIC"];
+  const deterministic =
+    parsed.deterministic === true ||
+    (deterministicEnv !== undefined && /^(1|true|yes)$/i.test(deterministicEnv));
   const values: Partial<Record<OptionName, string>> = {};
   for (const option of STRING_OPTIONS) {
     const value = parsed[option] ?? env[envName(option)];
     if (value !== undefined) values[option] = value;
   }
   try {
-    return { kind: "config", config: build(values) };
+    const config = build(values);
+    if (deterministic) config.deterministic = true;
+    return { kind: "config", config };
   } catch (error) {
     if (error instanceof CliError) return { kind: "error", message: error.message };
     throw error;
@@ -267,9 +277,10 @@ export function parseOriginCli(
 
 function parseFlags(
   argv: readonly string[],
-): Partial<Record<OptionName, string>> & { help?: boolean } {
-  const options: Record<string, { type: "string" } | { type: "boolean"; short: string }> = {
+): Partial<Record<OptionName, string>> & { help?: boolean; deterministic?: boolean } {
+  const options: Record<string, { type: "string" } | { type: "boolean"; short?: string }> = {
     help: { type: "boolean", short: "h" },
+    deterministic: { type: "boolean" },
   };
   for (const name of STRING_OPTIONS) options[name] = { type: "string" };
   const { values } = parseArgs({ args: [...argv], options, strict: true, allowPositionals: false });

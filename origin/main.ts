@@ -31,6 +31,7 @@ async function createEngine(config: OriginCliConfig): Promise<Engine> {
   if (config.maxBatchedTokens !== undefined) sim.maxNumBatchedTokens = config.maxBatchedTokens;
   if (config.timeScale !== undefined) sim.timeScale = config.timeScale;
   if (config.seed !== undefined) sim.seed = config.seed;
+  if (config.deterministic === true) sim.deterministic = true;
   const { createSimEngine } = await import("./sim/engine.ts");
   return createSimEngine(sim);
 }

@@ -113,6 +113,7 @@ export function simFlags(sim: SimEngineOptions = {}): string[] {
   const flags: string[] = ["--engine", "sim"];
   if (sim.timeScale !== undefined) flags.push("--time-scale", String(sim.timeScale));
   if (sim.seed !== undefined) flags.push("--seed", String(sim.seed));
+  if (sim.deterministic === true) flags.push("--deterministic");
   if (sim.kvBlocks !== undefined) flags.push("--kv-blocks", String(sim.kvBlocks));
   if (sim.maxNumSeqs !== undefined) flags.push("--max-num-seqs", String(sim.maxNumSeqs));
   if (sim.maxNumBatchedTokens !== undefined) {

@@ -12,6 +12,7 @@ import type {
   EngineOutcome,
   EngineResponse,
 } from "../engine.ts";
+import { randomInt } from "node:crypto";
 import type { LoadReport } from "../../contracts/protocol.ts";
 import { engineBlockEvent, prefillSpeed } from "./block-events.ts";
 import { KvCache, type SeqId } from "./kv-cache.ts";
@@ -34,6 +35,7 @@ import {
   releaseTokens,
   newRun,
   outcomeOf,
+  requestHash,
 } from "./run.ts";
 import { Scheduler } from "./scheduler.ts";
 
@@ -102,11 +104,14 @@ class SimEngineImpl implements SimEngine {
     const parsed = parseRequest(item.path, item.body, this.options.models);
     if (!parsed.ok) return errorResponse(parsed.status, parsed.error);
     const request = parsed.request;
-    const choices = planChoices(request, this.options, () => `${++this.#seqCounter}`);
+    // Without a seed, each request samples anew, as a real engine does.
+    const nonce = request.seed === null && !this.options.deterministic ? randomInt(2 ** 47) : null;
+    const hashes = requestHash(this.options.seed, request, nonce);
+    const choices = planChoices(request, this.options, () => `${++this.#seqCounter}`, hashes);
     if (!Array.isArray(choices)) return choices;
 
     const { promise: outcome, resolve: settle } = Promise.withResolvers<EngineOutcome>();
-    const run: Run = newRun(item, request, choices, this.options, settle);
+    const run: Run = newRun(item, request, choices, this.options, settle, hashes);
     run.onAbort = () => this.#cancel(run);
 
     if (item.signal.aborted) {

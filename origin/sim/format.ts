@@ -26,6 +26,8 @@ export interface ChoiceResult {
   text: string;
   finishReason: "stop" | "length" | "tool_calls";
   toolCall: { id: string; name: string; arguments: string } | null;
+  /** The choice's `logprobs` object, or null when none were asked for. */
+  logprobs: unknown;
 }
 
 const encoder = new TextEncoder();
@@ -86,7 +88,7 @@ export function chatCompletion(
                 },
               ],
             },
-      logprobs: null,
+      logprobs: c.logprobs,
       finish_reason: c.finishReason,
     })),
     usage,
@@ -107,7 +109,7 @@ export function textCompletion(
     choices: choices.map((c) => ({
       index: c.index,
       text: c.text,
-      logprobs: null,
+      logprobs: c.logprobs,
       finish_reason: c.finishReason,
     })),
     usage,
@@ -135,13 +137,14 @@ export function chatChunk(
   delta: ChatDelta,
   finishReason: string | null,
   includeUsage: boolean,
+  logprobs: unknown = null,
 ): unknown {
   return {
     id: head.id,
     object: "chat.completion.chunk",
     created: head.created,
     model: head.model,
-    choices: [{ index, delta, logprobs: null, finish_reason: finishReason }],
+    choices: [{ index, delta, logprobs, finish_reason: finishReason }],
     ...(includeUsage ? { usage: null } : {}),
   };
 }
@@ -153,13 +156,14 @@ export function textChunk(
   text: string,
   finishReason: string | null,
   includeUsage: boolean,
+  logprobs: unknown = null,
 ): unknown {
   return {
     id: head.id,
     object: "text_completion",
     created: head.created,
     model: head.model,
-    choices: [{ index, text, logprobs: null, finish_reason: finishReason }],
+    choices: [{ index, text, logprobs, finish_reason: finishReason }],
     ...(includeUsage ? { usage: null } : {}),
   };
 }

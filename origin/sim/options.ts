@@ -25,7 +25,12 @@ export interface SimEngineOptions {
   timeScale?: number;
   /** Engine-wide seed: same options give the same bytes for the same request. */
   seed?: number;
-  /** `created` of responses: fixed epoch seconds, or the wall clock. */
+  /**
+   * Same bytes for the same request even without a `seed`, and a fixed `created`: for
+   * tests that compare answers. Otherwise a request without a seed samples anew.
+   */
+  deterministic?: boolean;
+  /** `created` of responses: fixed epoch seconds, or the wall clock (default; fixed when deterministic). */
   created?: number | "clock";
   /** Step cost model; missing fields take {@link DEFAULT_SIM_TIMING}. */
   timing?: Partial<SimTiming>;
@@ -40,6 +45,7 @@ export interface ResolvedSimEngineOptions {
   maxNumBatchedTokens: number;
   timeScale: number;
   seed: number;
+  deterministic: boolean;
   created: number | "clock";
   timing: SimTiming;
 }
@@ -53,7 +59,7 @@ export const DEFAULT_SIM_MODELS: readonly SimModel[] = [
   { id: "warmgate-sim-70b", max_model_len: 8192 },
 ];
 
-/** 2026-01-01T00:00:00Z, the default fixed `created`. */
+/** 2026-01-01T00:00:00Z, the fixed `created` of the deterministic mode. */
 export const DEFAULT_CREATED = 1767225600;
 
 function positiveInteger(name: string, value: number): number {
@@ -78,7 +84,8 @@ export function resolveSimEngineOptions(options: SimEngineOptions = {}): Resolve
   for (const [key, value] of Object.entries(timing)) {
     if (!Number.isFinite(value) || value < 0) throw new RangeError(`timing.${key} must be >= 0`);
   }
-  const created = options.created ?? DEFAULT_CREATED;
+  const deterministic = options.deterministic ?? false;
+  const created = options.created ?? (deterministic ? DEFAULT_CREATED : "clock");
   if (created !== "clock" && !Number.isInteger(created)) {
     throw new RangeError(`created must be an integer or "clock", got ${created}`);
   }
@@ -93,6 +100,7 @@ export function resolveSimEngineOptions(options: SimEngineOptions = {}): Resolve
     ),
     timeScale,
     seed: Math.trunc(options.seed ?? 0),
+    deterministic,
     created,
     timing,
   };

@@ -9,7 +9,6 @@ import {
   type RenderedToolCall,
   type ToolDefinition,
 } from "./chat-template.ts";
-import type { OutputMode } from "./generate.ts";
 import { tokenize } from "./tokenizer.ts";
 
 export class InvalidRequest extends Error {
@@ -213,13 +212,25 @@ export function parseMessages(value: unknown): ChatMessage[] {
   });
 }
 
-export function parseTools(value: unknown): ToolDefinition[] {
+/**
+ * Function tools: chat's `{type, function: {name, …}}`, or with `flat` the Responses API's
+ * `{type, name, …}`. Other tool types are refused by name.
+ */
+export function parseTools(value: unknown, flat = false): ToolDefinition[] {
   if (value === undefined || value === null) return [];
   if (!Array.isArray(value)) throw invalidType("tools", "an array", value);
   return value.map((raw: unknown, i): ToolDefinition => {
     const at = `tools[${i}]`;
     if (!isRecord(raw)) throw invalidType(at, "an object", raw);
-    const fn = raw["function"];
+    const type = raw["type"] ?? "function";
+    if (type !== "function") {
+      throw new InvalidRequest(
+        `The simulated engine supports function tools only; ${at}.type is ${JSON.stringify(type)}.`,
+        `${at}.type`,
+        "unsupported_value",
+      );
+    }
+    const fn = flat ? raw : raw["function"];
     if (!isRecord(fn)) {
       throw new InvalidRequest(
         `Missing required parameter: '${at}.function'.`,
@@ -230,8 +241,8 @@ export function parseTools(value: unknown): ToolDefinition[] {
     const name = fn["name"];
     if (typeof name !== "string" || !/^[a-zA-Z0-9_-]{1,64}$/.test(name)) {
       throw new InvalidRequest(
-        `Invalid '${at}.function.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.`,
-        `${at}.function.name`,
+        `Invalid '${at}${flat ? "" : ".function"}.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.`,
+        `${at}${flat ? "" : ".function"}.name`,
         "invalid_value",
       );
     }
@@ -260,67 +271,6 @@ export function parseStop(value: unknown): string[] {
   throw invalidType("stop", "a string or an array of strings", value);
 }
 
-export function parseMode(body: Json, tools: ToolDefinition[]): OutputMode {
-  const choice = body["tool_choice"];
-  if (choice !== undefined && choice !== null && tools.length === 0) {
-    throw new InvalidRequest(
-      "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.",
-      "tool_choice",
-      null,
-    );
-  }
-  const first = tools[0];
-  if (choice === "required" && first !== undefined) {
-    return { kind: "tool", name: first.name, parameters: first.parameters ?? null };
-  }
-  if (isRecord(choice)) {
-    const fn = choice["function"];
-    const name = isRecord(fn) ? fn["name"] : undefined;
-    const tool = tools.find((t) => t.name === name);
-    if (tool === undefined) {
-      throw new InvalidRequest(
-        `Tool choice '${String(name)}' does not match any of the provided tools.`,
-        "tool_choice",
-        "invalid_value",
-      );
-    }
-    return { kind: "tool", name: tool.name, parameters: tool.parameters ?? null };
-  }
-  if (
-    choice !== undefined &&
-    choice !== null &&
-    choice !== "auto" &&
-    choice !== "none" &&
-    choice !== "required"
-  ) {
-    throw new InvalidRequest(
-      `Invalid value: ${JSON.stringify(choice)}. Supported values are: 'none', 'auto', and 'required'.`,
-      "tool_choice",
-      "invalid_value",
-    );
-  }
-
-  const format = body["response_format"];
-  if (format === undefined || format === null) return { kind: "text" };
-  if (!isRecord(format)) throw invalidType("response_format", "an object", format);
-  switch (format["type"]) {
-    case "text":
-      return { kind: "text" };
-    case "json_object":
-      return { kind: "json", schema: null };
-    case "json_schema": {
-      const spec = format["json_schema"];
-      return { kind: "json", schema: isRecord(spec) ? (spec["schema"] ?? null) : null };
-    }
-    default:
-      throw new InvalidRequest(
-        `Invalid value: '${String(format["type"])}'. Supported values are: 'text', 'json_object', and 'json_schema'.`,
-        "response_format.type",
-        "invalid_value",
-      );
-  }
-}
-
 function isTokenList(value: unknown): value is number[] {
   return (
     Array.isArray(value) &&
@@ -328,7 +278,13 @@ function isTokenList(value: unknown): value is number[] {
   );
 }
 
-export function parsePrompts(value: unknown): number[][] {
+/** One completions prompt: its tokens, and its text when it was given as text. */
+export interface PromptInput {
+  tokens: number[];
+  text: string | null;
+}
+
+export function parsePrompts(value: unknown): PromptInput[] {
   if (value === undefined) {
     throw new InvalidRequest(
       "Missing required parameter: 'prompt'.",
@@ -336,11 +292,42 @@ export function parsePrompts(value: unknown): number[][] {
       "missing_required_parameter",
     );
   }
-  if (typeof value === "string") return [tokenize(value)];
+  if (typeof value === "string") return [{ tokens: tokenize(value), text: value }];
   if (Array.isArray(value) && value.length > 0) {
-    if (isTokenList(value)) return [value];
-    if (value.every((p) => typeof p === "string")) return value.map((p: string) => tokenize(p));
-    if (value.every(isTokenList)) return value.map((p: number[]) => [...p]);
+    if (isTokenList(value)) return [{ tokens: value, text: null }];
+    if (value.every((p) => typeof p === "string")) {
+      return value.map((p: string) => ({ tokens: tokenize(p), text: p }));
+    }
+    if (value.every(isTokenList))
+      return value.map((p: number[]) => ({ tokens: [...p], text: null }));
   }
   throw invalidType("prompt", "a string, an array of strings or an array of token arrays", value);
+}
+
+/** The prompts' texts for `echo`; token prompts have none the simulated engine could show. */
+export function echoTexts(prompts: PromptInput[]): string[] {
+  return prompts.map((p) => {
+    if (p.text === null) {
+      throw new InvalidRequest(
+        "The simulated engine cannot echo a prompt given as token ids (it has no vocabulary to decode them); send the prompt as text, or leave 'echo' unset.",
+        "echo",
+        "unsupported_value",
+      );
+    }
+    return p.text;
+  });
+}
+
+/** Chat's `logprobs` and `top_logprobs`: how many alternatives to report, or null for none. */
+export function parseChatLogprobs(body: Json): number | null {
+  const on = optionalBoolean(body, "logprobs") ?? false;
+  const top = optionalNumber(body, "top_logprobs", 0, 20, true);
+  if (top !== undefined && !on) {
+    throw new InvalidRequest(
+      "Invalid value for 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is used.",
+      "top_logprobs",
+      "invalid_value",
+    );
+  }
+  return on ? (top ?? 0) : null;
 }

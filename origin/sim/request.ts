@@ -15,9 +15,11 @@ import {
   parseMessages,
   parseTools,
   parseStop,
-  parseMode,
   parsePrompts,
+  parseChatLogprobs,
+  echoTexts,
 } from "./request-fields.ts";
+import { parseMode } from "./tool-choice.ts";
 
 /** A model the engine serves. */
 export interface SimModel {
@@ -49,6 +51,10 @@ export interface SimRequest {
   topP: number;
   ignoreEos: boolean;
   mode: OutputMode;
+  /** Alternatives per token to report with log probabilities; null: no log probabilities. */
+  logprobs: number | null;
+  /** Completions' `echo`: the prompt's text (one per prompt) comes back before the answer. */
+  echo: string[] | null;
 }
 
 /** Result of {@link parseRequest}. */
@@ -103,14 +109,20 @@ function parse(path: ItemPath, text: string, models: readonly SimModel[]): SimRe
   const kind = path === "/v1/chat/completions" ? "chat" : "completion";
   let prompts: number[][];
   let mode: OutputMode = { kind: "text" };
+  let logprobs: number | null;
+  let echo: string[] | null = null;
   if (kind === "chat") {
     const messages = parseMessages(body["messages"]);
     const tools = parseTools(body["tools"]);
-    mode = parseMode(body, tools);
+    mode = parseMode(body, tools, messages);
     // tool_choice "none" hides nothing from the template: tools still count as prompt.
     prompts = [renderChatPrompt(messages, tools)];
+    logprobs = parseChatLogprobs(body);
   } else {
-    prompts = parsePrompts(body["prompt"]);
+    const parsed = parsePrompts(body["prompt"]);
+    prompts = parsed.map((p) => p.tokens);
+    logprobs = optionalNumber(body, "logprobs", 0, 5, true) ?? null;
+    if (optionalBoolean(body, "echo") === true) echo = echoTexts(parsed);
   }
 
   const stream = optionalBoolean(body, "stream") ?? false;
@@ -166,6 +178,8 @@ function parse(path: ItemPath, text: string, models: readonly SimModel[]): SimRe
     topP,
     ignoreEos,
     mode,
+    logprobs,
+    echo,
   };
 }
 

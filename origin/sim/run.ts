@@ -20,6 +20,14 @@ import {
   type ResponseHead,
 } from "./format.ts";
 import { planOutput, type OutputPlan } from "./generate.ts";
+import {
+  chatLogprobs,
+  completionLogprobs,
+  generatedEntries,
+  type LogprobSource,
+  promptEntries,
+} from "./logprobs.ts";
+import { tokenizeWithText } from "./tokenizer.ts";
 import { Hasher, hashHex } from "./hash.ts";
 import type { SeqId } from "./kv-cache.ts";
 import type { ResolvedSimEngineOptions } from "./options.ts";
@@ -34,6 +42,8 @@ export type Push = (bytes: Uint8Array) => void;
 export interface Choice {
   index: number;
   promptIndex: number;
+  /** Seed of the choice's output (and of its log probabilities). */
+  seed: number;
   seq: SeqId;
   plan: OutputPlan;
   /** Tokens the scheduler has produced for this choice. */
@@ -65,18 +75,34 @@ export interface Run {
   onAbort: () => void;
 }
 
-export function requestHash(seed: number, request: SimRequest): { sampling: number; id: number } {
+/** The hashes a request's output and id come from. */
+export interface RequestHashes {
+  sampling: number;
+  id: number;
+}
+
+/**
+ * A request's hashes. `nonce` (null for none) stands for the randomness of a request
+ * without a seed: it changes the id always, and the output unless decoding is greedy.
+ */
+export function requestHash(
+  seed: number,
+  request: SimRequest,
+  nonce: number | null = null,
+): RequestHashes {
   const h = new Hasher(0x73696d)
     .int(seed >>> 0)
     .str(request.kind)
     .str(request.model.id);
   for (const prompt of request.prompts) h.ints(prompt);
   // Greedy decoding ignores the seed, as in a real engine.
-  if (request.temperature > 0) h.str(String(request.seed ?? "none"));
+  if (request.temperature > 0) h.str(String(request.seed ?? nonce ?? "none"));
   h.str(String(request.temperature)).str(String(request.topP)).str(JSON.stringify(request.mode));
   h.str(String(request.ignoreEos));
   const sampling = h.digest();
-  const id = h.int(request.n).int(request.maxTokens).str(JSON.stringify(request.stop)).digest();
+  h.int(request.n).int(request.maxTokens).str(JSON.stringify(request.stop));
+  h.str(String(request.logprobs)).str(JSON.stringify(request.echo));
+  const id = (nonce === null ? h : h.str(String(nonce))).digest();
   return { sampling, id };
 }
 
@@ -111,6 +137,16 @@ export function usageOf(run: Run): ItemUsage {
   };
 }
 
+function sourceOf(choice: Choice): LogprobSource {
+  return { seed: choice.seed, deltas: choice.plan.deltas };
+}
+
+function echoEntries(echo: string, seed: number, top: number) {
+  if (echo === "") return [];
+  const tokens = tokenizeWithText(echo).map((t) => t.text);
+  return promptEntries(tokens, seed, Math.max(1, top));
+}
+
 /** Sends every token whose turn has come: token r of choice i after token r of choices before i. */
 export function releaseTokens(run: Run, push: Push): void {
   const { choices } = run;
@@ -138,11 +174,28 @@ export function streamToken(run: Run, choice: Choice, index: number, push: Push)
   const last = index === plan.ids.length - 1;
   const finish = last ? plan.finishReason : null;
   const delta = plan.deltas[index] ?? "";
+  const top = request.logprobs;
   if (request.kind === "completion") {
-    if (delta !== "" || last)
-      push(sseEvent(textChunk(head, choice.index, delta, finish, request.includeUsage)));
+    const echo = request.echo?.[choice.promptIndex] ?? "";
+    if (index === 0 && echo !== "") {
+      const logprobs =
+        top === null ? null : completionLogprobs(echoEntries(echo, choice.seed, top), 0);
+      push(sseEvent(textChunk(head, choice.index, echo, null, request.includeUsage, logprobs)));
+    }
+    if (delta !== "" || last) {
+      const logprobs =
+        top === null
+          ? null
+          : completionLogprobs(
+              generatedEntries(sourceOf(choice), Math.max(1, top), index, index + 1),
+              echo.length + plan.deltas.slice(0, index).join("").length,
+            );
+      push(sseEvent(textChunk(head, choice.index, delta, finish, request.includeUsage, logprobs)));
+    }
     return;
   }
+  const logprobs =
+    top === null ? null : chatLogprobs(generatedEntries(sourceOf(choice), top, index, index + 1));
   if (index === 0) {
     push(
       sseEvent(
@@ -175,7 +228,18 @@ export function streamToken(run: Run, choice: Choice, index: number, push: Push)
     return;
   }
   if (delta !== "" || last) {
-    push(sseEvent(chatChunk(head, choice.index, { content: delta }, finish, request.includeUsage)));
+    push(
+      sseEvent(
+        chatChunk(
+          head,
+          choice.index,
+          { content: delta },
+          finish,
+          request.includeUsage,
+          delta === "" ? null : logprobs,
+        ),
+      ),
+    );
   }
 }
 
@@ -185,12 +249,27 @@ export function finalChunks(run: Run): Uint8Array[] {
   const usage = usageOf(run);
   const json = usageJson(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
   if (!request.stream) {
-    const results: ChoiceResult[] = run.choices.map((c) => ({
-      index: c.index,
-      text: c.plan.text,
-      finishReason: c.plan.finishReason,
-      toolCall: c.plan.toolCall,
-    }));
+    const top = request.logprobs;
+    const results: ChoiceResult[] = run.choices.map((c) => {
+      const echo = request.echo?.[c.promptIndex] ?? "";
+      let logprobs: unknown = null;
+      if (top !== null && request.kind === "chat") {
+        logprobs = chatLogprobs(generatedEntries(sourceOf(c), top));
+      } else if (top !== null) {
+        const entries = [
+          ...echoEntries(echo, c.seed, top),
+          ...generatedEntries(sourceOf(c), Math.max(1, top)),
+        ];
+        logprobs = completionLogprobs(entries, 0);
+      }
+      return {
+        index: c.index,
+        text: echo + c.plan.text,
+        finishReason: c.plan.finishReason,
+        toolCall: c.plan.toolCall,
+        logprobs,
+      };
+    });
     return [
       jsonBody(
         request.kind === "chat"
@@ -211,8 +290,8 @@ export function planChoices(
   request: SimRequest,
   options: ResolvedSimEngineOptions,
   nextSeq: () => SeqId,
+  hashes: RequestHashes,
 ): Choice[] | EngineResponse {
-  const hashes = requestHash(options.seed, request);
   const choices: Choice[] = [];
   for (let p = 0; p < request.prompts.length; p++) {
     const prompt = request.prompts[p] ?? [];
@@ -240,6 +319,7 @@ export function planChoices(
       choices.push({
         index: p * request.n + i,
         promptIndex: p,
+        seed,
         seq: nextSeq(),
         plan,
         produced: 0,
@@ -277,8 +357,8 @@ export function newRun(
   choices: Choice[],
   options: ResolvedSimEngineOptions,
   settle: (outcome: EngineOutcome) => void,
+  hashes: RequestHashes,
 ): Run {
-  const hashes = requestHash(options.seed, request);
   const prefix = request.kind === "chat" ? "chatcmpl-" : "cmpl-";
   const created = options.created === "clock" ? Math.floor(Date.now() / 1000) : options.created;
   return {

@@ -120,7 +120,7 @@ describe("the openai engine in front of a simulated origin", () => {
 
   beforeAll(async () => {
     engineOrigin = await startOrigin({
-      engine: createSimEngine({ timeScale: 0.01, seed: 3 }),
+      engine: createSimEngine({ timeScale: 0.01, seed: 3, deterministic: true }),
       originId: "engine",
     });
     const engine = createOpenAIEngine({ url: engineOrigin.url, metricsIntervalMs: 10 });

@@ -16,7 +16,7 @@ describe("an origin on the simulated engine", () => {
   let origin: RunningOrigin;
 
   beforeAll(async () => {
-    engine = createSimEngine({ timeScale: 0.01, seed: 11 });
+    engine = createSimEngine({ timeScale: 0.01, seed: 11, deterministic: true });
     origin = await startOrigin({ engine, originId: "sim-1", region: "eu", loadIntervalMs: 20 });
   });
   afterAll(() => origin.close());

@@ -82,7 +82,7 @@ export default async function setup(project: TestProject): Promise<() => Promise
   const origins: TestOrigin[] = [];
   for (const spec of ORIGINS) {
     const origin = await startOrigin({
-      engine: createSimEngine({ seed: SIM_SEED, timeScale: spec.timeScale }),
+      engine: createSimEngine({ seed: SIM_SEED, timeScale: spec.timeScale, deterministic: true }),
       originId: spec.id,
       region: spec.region,
       port: 0,

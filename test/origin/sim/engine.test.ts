@@ -1,64 +1,8 @@
 import { afterEach, describe, expect, it } from "vitest";
-import type { Engine, EngineOutcome } from "../../../origin/engine.ts";
-import type { ItemPath } from "../../../contracts/protocol.ts";
-import { createSimEngine } from "../../../origin/sim/engine.ts";
-import type { SimEngineOptions } from "../../../origin/sim/options.ts";
+import { call, closeEngines, engine, events } from "./sim-call.ts";
 import { countTokens } from "../../../origin/sim/tokenizer.ts";
 
-const decoder = new TextDecoder();
-const engines: Engine[] = [];
-
-afterEach(async () => {
-  await Promise.all(engines.splice(0).map((e) => e.close()));
-});
-
-function engine(options: SimEngineOptions = {}): ReturnType<typeof createSimEngine> {
-  const e = createSimEngine({ timeScale: 0, ...options });
-  engines.push(e);
-  return e;
-}
-
-interface Answer {
-  status: number;
-  headers: Record<string, string>;
-  chunks: string[];
-  text: string;
-  outcome: EngineOutcome;
-}
-
-let nextId = 0;
-
-async function call(
-  e: Engine,
-  body: unknown,
-  path: ItemPath = "/v1/chat/completions",
-  signal = new AbortController().signal,
-): Promise<Answer> {
-  const response = await e.submit({
-    id: `req-${++nextId}`,
-    path,
-    body: typeof body === "string" ? body : JSON.stringify(body),
-    headers: {},
-    signal,
-    priority: 0,
-  });
-  const chunks: string[] = [];
-  for await (const chunk of response.body) chunks.push(decoder.decode(chunk));
-  return {
-    status: response.status,
-    headers: response.headers,
-    chunks,
-    text: chunks.join(""),
-    outcome: await response.outcome,
-  };
-}
-
-/** Parsed `data:` payloads of an SSE body, without the `[DONE]` line. */
-function events(answer: Answer): Record<string, unknown>[] {
-  return answer.chunks
-    .filter((c) => c !== "data: [DONE]\n\n")
-    .map((c) => JSON.parse(c.slice("data: ".length)) as Record<string, unknown>);
-}
+afterEach(closeEngines);
 
 interface ChatJson {
   id: string;
@@ -381,7 +325,7 @@ describe("simulated engine: errors", () => {
         tool_choice: { type: "function", function: { name: "b" } },
       },
       400,
-      { param: "tool_choice" },
+      { param: "tool_choice.function.name" },
     ],
   ];
   for (const [what, body, status, error] of cases) {
