@@ -17,8 +17,41 @@ export interface RenderedMessage {
   content: unknown;
 }
 
-/** A request as far as its prefix goes: chat messages, or a completion's prompt. */
-export type PrefixRequest = { messages: readonly RenderedMessage[] } | { prompt: unknown };
+/** A request as far as its prefix goes: chat messages, a completion's prompt, or a response's input. */
+export type PrefixRequest =
+  | { messages: readonly RenderedMessage[] }
+  | { prompt: unknown }
+  | { input: unknown; instructions?: unknown };
+
+/**
+ * A Responses API request's `instructions` and `input` as chat messages: instructions as a
+ * system message, a string input as a user message, message items as they are, and tool
+ * calls and their outputs as messages of their type with their arguments or output.
+ */
+export function responsesMessages(request: { input?: unknown; instructions?: unknown }) {
+  const messages: RenderedMessage[] = [];
+  const { input, instructions } = request;
+  if (typeof instructions === "string") messages.push({ role: "system", content: instructions });
+  if (typeof input === "string") messages.push({ role: "user", content: input });
+  else if (Array.isArray(input)) {
+    for (const item of input as Record<string, unknown>[]) {
+      if (typeof item !== "object" || item === null) continue;
+      if (typeof item.role === "string") {
+        // Parts as chat writes them: `input_text` and `output_text` are text parts.
+        const content = Array.isArray(item.content)
+          ? (item.content as { type?: unknown; text?: unknown }[]).map((part) =>
+              typeof part?.text === "string" ? { type: "text", text: part.text } : part,
+            )
+          : item.content;
+        messages.push({ role: item.role, content });
+      } else if (typeof item.type === "string") {
+        const content = item.arguments ?? item.output ?? "";
+        messages.push({ role: item.type, content: typeof content === "string" ? content : "" });
+      }
+    }
+  }
+  return messages;
+}
 
 /**
  * The text a prompt's prefix cache follows: each chat message as `<|role|>` and its text
@@ -58,8 +91,9 @@ export function blockTokens(blocks: number): number {
 }
 
 function forEachPiece(request: PrefixRequest, piece: (text: string) => void): void {
-  if ("messages" in request) {
-    for (const message of request.messages) {
+  if ("messages" in request || "input" in request) {
+    const messages = "messages" in request ? request.messages : responsesMessages(request);
+    for (const message of messages) {
       piece(`<|${message.role}|>\n`);
       const { content } = message;
       if (typeof content === "string") piece(content);

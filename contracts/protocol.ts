@@ -39,7 +39,14 @@ export const FrameType = {
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];
 
 /** The engine paths an item may target. */
-export type ItemPath = "/v1/chat/completions" | "/v1/completions";
+export const ITEM_PATHS = [
+  "/v1/chat/completions",
+  "/v1/completions",
+  "/v1/responses",
+  "/v1/embeddings",
+] as const;
+/** An engine path an item may target. */
+export type ItemPath = (typeof ITEM_PATHS)[number];
 
 /** One request inside a batch. */
 export interface BatchItem {

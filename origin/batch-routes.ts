@@ -12,6 +12,7 @@ import {
   BATCH_PATH,
   BATCH_PROTOCOL_VERSION,
   FrameType,
+  ITEM_PATHS,
   MAX_OUTCOME_IDS,
   OUTCOMES_PATH,
   type ItemHead,
@@ -30,7 +31,7 @@ const BATCH_HIGH_WATER_BYTES = 1 << 20;
 
 const BatchItemSchema = z.object({
   id: z.string().min(1).max(256),
-  path: z.enum(["/v1/chat/completions", "/v1/completions"]),
+  path: z.enum(ITEM_PATHS),
   headers: z.record(z.string(), z.string()).optional(),
   body: z.string(),
   timeout_ms: z.number().int().positive().optional(),

@@ -12,6 +12,8 @@ import type { FaultConfig } from "./faults.ts";
 export interface CliModel {
   id: string;
   max_model_len: number;
+  /** An embedding model (sim). */
+  kind?: "embed";
 }
 
 /** Everything `origin/main.ts` needs to start an origin. */
@@ -57,7 +59,8 @@ export const USAGE = `usage: npm run origin -- [options]
   --host H                    address to bind (default 127.0.0.1)
   --origin-id ID              identity in load reports and metrics (default: host name)
   --region R                  region label
-  --models id:len,id:len      models and context windows (sim; openai: override discovery)
+  --models id:len,id:len      models and context windows (sim; openai: override discovery);
+                              id:len:embed is an embedding model (sim)
   --kv-blocks N               simulated KV cache blocks
   --block-size N              simulated tokens per KV block
   --max-num-seqs N            simulated concurrent sequences
@@ -139,12 +142,19 @@ function decimal(name: string, raw: string, min: number, max = Number.POSITIVE_I
 
 function parseModels(raw: string): CliModel[] {
   return raw.split(",").map((entry) => {
-    const at = entry.lastIndexOf(":");
-    const id = entry.slice(0, at).trim();
+    // `id:len`, or `id:len:embed` for an embedding model (sim).
+    const embed = entry.endsWith(":embed");
+    const spec = embed ? entry.slice(0, -":embed".length) : entry;
+    const at = spec.lastIndexOf(":");
+    const id = spec.slice(0, at).trim();
     if (at <= 0 || id === "") {
-      throw new CliError(`--models entries look like id:max_model_len, got "${entry}"`);
+      throw new CliError(
+        `--models entries look like id:max_model_len or id:max_model_len:embed, got "${entry}"`,
+      );
     }
-    return { id, max_model_len: integer("models", entry.slice(at + 1), 1) };
+    const model: CliModel = { id, max_model_len: integer("models", spec.slice(at + 1), 1) };
+    if (embed) model.kind = "embed";
+    return model;
   });
 }
 

@@ -38,7 +38,7 @@ export class KvEventLog {
     try {
       const parsed = JSON.parse(body) as { model?: unknown } & PrefixRequest;
       if (typeof parsed.model !== "string") return;
-      if (!("messages" in parsed) && !("prompt" in parsed)) return;
+      if (!("messages" in parsed) && !("prompt" in parsed) && !("input" in parsed)) return;
       this.#prompts.set(item, promptBlocks(parsed.model, parsed));
     } catch {
       // The engine answers a body it cannot parse; there are no blocks to follow.

@@ -11,7 +11,7 @@ import type { ItemOutcome } from "../contracts/protocol.ts";
 export type AbortReason = "cancel" | "client" | "timeout" | "shutdown";
 
 /** Where an item came in. */
-export type ItemRoute = "chat" | "completions" | "batch";
+export type ItemRoute = "chat" | "completions" | "responses" | "embeddings" | "batch";
 
 /** Counters the origin keeps; plain numbers, read when `/metrics` is scraped. */
 export interface OriginCounters {
@@ -28,7 +28,7 @@ export function createOriginCounters(): OriginCounters {
   return {
     batches: 0,
     batchItems: 0,
-    requests: { chat: 0, completions: 0 },
+    requests: { chat: 0, completions: 0, responses: 0, embeddings: 0 },
     inFlight: 0,
     outcomes: { ok: 0, error: 0, cancelled: 0, timeout: 0 },
     cancellations: { cancel: 0, client: 0, timeout: 0, shutdown: 0 },

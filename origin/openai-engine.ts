@@ -5,7 +5,7 @@
  * See docs/configuration.md, "The origin".
  */
 import { VllmKvEvents, vllmTokenize } from "./vllm-kv-events.ts";
-import { describeFetchError, errorOf, jsonError } from "./openai-errors.ts";
+import { describeFetchError, errorOf, jsonError, responseError } from "./openai-errors.ts";
 import type {
   Engine,
   EngineHealth,
@@ -17,11 +17,13 @@ import type {
 import type { ItemUsage, LoadReport } from "../contracts/protocol.ts";
 import { type Scrape, meanStepMs, parsePrometheus } from "./engine-metrics.ts";
 import {
+  RESPONSE_END_EVENTS,
   SseSplitter,
   dataOf,
   hideInjectedUsage,
   objectOrNull,
   requestUsage,
+  takesStreamOptions,
   toItemUsage,
 } from "./sse-usage.ts";
 
@@ -179,9 +181,9 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
 
   async function submit(item: EngineItem): Promise<EngineResponse> {
     const started = performance.now();
-    kv?.track(item.id, item.path, item.body);
+    if (item.path !== "/v1/embeddings") kv?.track(item.id, item.path, item.body);
     const { body, injected } =
-      options.requestUsage === false
+      options.requestUsage === false || !takesStreamOptions(item.path)
         ? { body: item.body, injected: false }
         : requestUsage(item.body);
     const headers: Record<string, string> = { ...auth, "content-type": "application/json" };
@@ -224,6 +226,7 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
       let ttft: number | null = null;
       let usage: ItemUsage | null = null;
       let sawDone = false;
+      let failed: EngineOutcome["error"] | null = null;
       let finished = false;
       let broken = false;
       const inspect = (event: Uint8Array): Uint8Array | null => {
@@ -232,7 +235,16 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
         if (data.trim() === "[DONE]") sawDone = true;
         else if (data.includes('"usage"')) {
           const chunk = objectOrNull(data);
-          const u = chunk?.usage;
+          // The Responses API ends on an event that carries the whole response.
+          const type = typeof chunk?.type === "string" ? chunk.type : null;
+          const ended = type !== null && RESPONSE_END_EVENTS.has(type);
+          if (ended) {
+            sawDone = true;
+            if (type === "response.failed") failed = responseError(chunk);
+          }
+          const u = ended
+            ? (chunk?.response as { usage?: unknown } | undefined)?.usage
+            : chunk?.usage;
           if (typeof u === "object" && u !== null) usage = toItemUsage(u);
         }
         return injected ? hideInjectedUsage(event) : event;
@@ -275,6 +287,8 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
           settle({ ...common, outcome: "cancelled" });
         } else if (!ok) {
           settle({ ...common, outcome: "error", error: errorOf(text, status) });
+        } else if (failed !== null) {
+          settle({ ...common, outcome: "error", error: failed });
         } else if (broken || !finished || (isSse && !sawDone)) {
           settle({
             ...common,

@@ -66,3 +66,16 @@ export function errorOf(text: string, status: number): NonNullable<EngineOutcome
         : `engine answered ${status}`;
   return { message, type: status >= 500 ? "server_error" : "invalid_request_error", code: null };
 }
+
+/** The error of a Responses API `response.failed` event, as the item's error. */
+export function responseError(
+  event: Record<string, unknown> | null,
+): NonNullable<EngineOutcome["error"]> {
+  const response = event?.response as { error?: { message?: unknown; code?: unknown } } | undefined;
+  const error = response?.error;
+  return {
+    message: typeof error?.message === "string" ? error.message : "The engine's response failed.",
+    type: "server_error",
+    code: typeof error?.code === "string" ? error.code : "response_failed",
+  };
+}

@@ -21,7 +21,7 @@ import type { FaultConfig, FaultController } from "./faults.ts";
 import { createGpuMonitor } from "./gpu.ts";
 import type { GpuMonitor } from "./gpu.ts";
 import { createOriginCounters, renderOriginMetrics } from "./metrics.ts";
-import type { OriginCounters } from "./metrics.ts";
+import type { ItemRoute, OriginCounters } from "./metrics.ts";
 import { MAX_BATCH_ITEMS } from "../contracts/protocol.ts";
 import { type ItemRun, ItemRunner, drain, errorBody } from "./items.ts";
 import { batchRoutes } from "./batch-routes.ts";
@@ -151,7 +151,7 @@ function buildOrigin(options: OriginOptions): Origin {
     ),
   );
 
-  function plainRoute(path: ItemPath, route: "chat" | "completions") {
+  function plainRoute(path: ItemPath, route: Exclude<ItemRoute, "batch">) {
     return async function openaiRoute(c: Context): Promise<Response> {
       counters.requests[route]++;
       const body = await c.req.text();
@@ -217,6 +217,8 @@ function buildOrigin(options: OriginOptions): Origin {
 
   app.post("/v1/chat/completions", plainRoute("/v1/chat/completions", "chat"));
   app.post("/v1/completions", plainRoute("/v1/completions", "completions"));
+  app.post("/v1/responses", plainRoute("/v1/responses", "responses"));
+  app.post("/v1/embeddings", plainRoute("/v1/embeddings", "embeddings"));
 
   app.get("/v1/models", (c) => {
     const created = Math.floor(startedAt / 1000);

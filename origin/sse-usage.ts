@@ -45,22 +45,39 @@ export class SseSplitter {
   }
 }
 
+/** Usage as chat, completions and embeddings report it, or as the Responses API does. */
 export interface UsageJson {
   prompt_tokens?: number;
   completion_tokens?: number;
   total_tokens?: number;
   prompt_tokens_details?: { cached_tokens?: number } | null;
+  input_tokens?: number;
+  output_tokens?: number;
+  input_tokens_details?: { cached_tokens?: number } | null;
 }
 
 export function toItemUsage(usage: UsageJson): ItemUsage {
-  const prompt = usage.prompt_tokens ?? 0;
-  const completion = usage.completion_tokens ?? 0;
+  const prompt = usage.prompt_tokens ?? usage.input_tokens ?? 0;
+  const completion = usage.completion_tokens ?? usage.output_tokens ?? 0;
   return {
     prompt_tokens: prompt,
     completion_tokens: completion,
     total_tokens: usage.total_tokens ?? prompt + completion,
-    cached_tokens: usage.prompt_tokens_details?.cached_tokens ?? 0,
+    cached_tokens:
+      usage.prompt_tokens_details?.cached_tokens ?? usage.input_tokens_details?.cached_tokens ?? 0,
   };
+}
+
+/** Responses API stream events that end a response, each carrying the response with its usage. */
+export const RESPONSE_END_EVENTS: ReadonlySet<string> = new Set([
+  "response.completed",
+  "response.incomplete",
+  "response.failed",
+]);
+
+/** Whether the engine may be asked for a usage chunk: chat and completions streams only. */
+export function takesStreamOptions(path: string): boolean {
+  return path === "/v1/chat/completions" || path === "/v1/completions";
 }
 
 export function objectOrNull(text: string): Record<string, unknown> | null {

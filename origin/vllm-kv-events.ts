@@ -9,6 +9,7 @@
 import { decode } from "@msgpack/msgpack";
 import { Subscriber } from "zeromq";
 import type { EngineBlockEvent } from "./engine.ts";
+import { responsesMessages } from "../contracts/prefix-blocks.ts";
 
 /** How long a forwarded prompt waits for its blocks' events. */
 const MATCH_WINDOW_MS = 30_000;
@@ -193,12 +194,20 @@ export async function vllmTokenize(
   path: string,
   body: string,
 ): Promise<number[] | null> {
-  const parsed = JSON.parse(body) as { model?: unknown; messages?: unknown; prompt?: unknown };
+  const parsed = JSON.parse(body) as {
+    model?: unknown;
+    messages?: unknown;
+    prompt?: unknown;
+    input?: unknown;
+    instructions?: unknown;
+  };
   const prompt = Array.isArray(parsed.prompt) ? parsed.prompt[0] : parsed.prompt;
   const request =
     path === "/v1/chat/completions"
       ? { model: parsed.model, messages: parsed.messages }
-      : { model: parsed.model, prompt };
+      : path === "/v1/responses"
+        ? { model: parsed.model, messages: responsesMessages(parsed) }
+        : { model: parsed.model, prompt };
   const response = await fetchImpl(`${base}/tokenize`, {
     method: "POST",
     headers: { ...auth, "content-type": "application/json" },

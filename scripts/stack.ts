@@ -120,7 +120,12 @@ export function simFlags(sim: SimEngineOptions = {}): string[] {
     flags.push("--max-batched-tokens", String(sim.maxNumBatchedTokens));
   }
   if (sim.models)
-    flags.push("--models", sim.models.map((m) => `${m.id}:${m.max_model_len}`).join(","));
+    flags.push(
+      "--models",
+      sim.models
+        .map((m) => `${m.id}:${m.max_model_len}${m.kind === "embed" ? ":embed" : ""}`)
+        .join(","),
+    );
   return flags;
 }
 

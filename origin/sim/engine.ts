@@ -30,7 +30,6 @@ import {
   type Run,
   SSE_HEADERS,
   errorResponse,
-  finalChunks,
   planChoices,
   releaseTokens,
   newRun,
@@ -38,6 +37,7 @@ import {
   requestHash,
 } from "./run.ts";
 import { Scheduler } from "./scheduler.ts";
+import { finalChunks } from "./render.ts";
 
 /** Weight of the newest step in the reported mean step time. */
 const STEP_MS_WEIGHT = 0.2;

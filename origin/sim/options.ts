@@ -12,7 +12,12 @@ export type { SimTiming } from "./timing.ts";
 /** Options of {@link createSimEngine}. */
 export interface SimEngineOptions {
   /** Models served; requests for others get 404 `model_not_found`. */
-  models?: { id: string; max_model_len: number }[];
+  models?: {
+    id: string;
+    max_model_len: number;
+    kind?: "generate" | "embed";
+    dimensions?: number;
+  }[];
   /** KV capacity in blocks (the simulated GPU memory). */
   kvBlocks?: number;
   /** Tokens per KV block. */
@@ -57,6 +62,7 @@ export type SimEngine = Engine & { readonly options: ResolvedSimEngineOptions };
 export const DEFAULT_SIM_MODELS: readonly SimModel[] = [
   { id: "warmgate-sim-8b", max_model_len: 32768 },
   { id: "warmgate-sim-70b", max_model_len: 8192 },
+  { id: "warmgate-sim-embed", max_model_len: 8192, kind: "embed", dimensions: 768 },
 ];
 
 /** 2026-01-01T00:00:00Z, the fixed `created` of the deterministic mode. */
@@ -71,9 +77,12 @@ function positiveInteger(name: string, value: number): number {
 
 /** Fills defaults and rejects impossible settings (a configuration bug, so it throws). */
 export function resolveSimEngineOptions(options: SimEngineOptions = {}): ResolvedSimEngineOptions {
-  const models = (options.models ?? DEFAULT_SIM_MODELS).map((m) => ({
+  const models = (options.models ?? DEFAULT_SIM_MODELS).map((m): SimModel => ({
     id: m.id,
     max_model_len: positiveInteger(`max_model_len of ${m.id}`, m.max_model_len),
+    ...(m.kind === "embed"
+      ? { kind: "embed", dimensions: positiveInteger(`dimensions of ${m.id}`, m.dimensions ?? 768) }
+      : {}),
   }));
   if (models.length === 0) throw new RangeError("the simulated engine needs at least one model");
   const timeScale = options.timeScale ?? 1;

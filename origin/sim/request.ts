@@ -20,12 +20,39 @@ import {
   echoTexts,
 } from "./request-fields.ts";
 import { parseMode } from "./tool-choice.ts";
+import { parseResponsesFields } from "./responses-request.ts";
+import {
+  DEFAULT_EMBEDDING_DIMENSIONS,
+  type EmbeddingFields,
+  parseEmbeddingFields,
+} from "./embeddings.ts";
 
 /** A model the engine serves. */
 export interface SimModel {
   id: string;
   max_model_len: number;
+  /** `embed`: an embedding model, which serves `/v1/embeddings` only. */
+  kind?: "generate" | "embed";
+  /** Vector size of an embedding model. */
+  dimensions?: number;
 }
+
+/** The request kind each path carries. */
+export type RequestKind = "chat" | "completion" | "responses" | "embedding";
+
+const KINDS: Record<ItemPath, RequestKind> = {
+  "/v1/chat/completions": "chat",
+  "/v1/completions": "completion",
+  "/v1/responses": "responses",
+  "/v1/embeddings": "embedding",
+};
+
+const API_NAMES: Record<RequestKind, string> = {
+  chat: "Chat Completions API",
+  completion: "Completions API",
+  responses: "Responses API",
+  embedding: "Embeddings API",
+};
 
 /** The OpenAI error object. */
 export interface OpenAIError {
@@ -37,7 +64,7 @@ export interface OpenAIError {
 
 /** A validated request, rendered into prompt tokens. */
 export interface SimRequest {
-  kind: "chat" | "completion";
+  kind: RequestKind;
   model: SimModel;
   /** One prompt for chat; one per prompt for completions given a list. */
   prompts: number[][];
@@ -55,6 +82,10 @@ export interface SimRequest {
   logprobs: number | null;
   /** Completions' `echo`: the prompt's text (one per prompt) comes back before the answer. */
   echo: string[] | null;
+  /** Request fields a Responses API answer repeats; null for other kinds. */
+  responses: Record<string, unknown> | null;
+  /** What an embeddings request asks for; null for other kinds. */
+  embedding: EmbeddingFields | null;
 }
 
 /** Result of {@link parseRequest}. */
@@ -71,7 +102,7 @@ function contextError(
   maxTokens: number | undefined,
   param: string,
 ): InvalidRequest {
-  const what = param === "messages" ? "messages" : "prompt";
+  const what = param;
   const message =
     maxTokens === undefined
       ? `This model's maximum context length is ${model.max_model_len} tokens. However, your request has ${promptTokens} input tokens. Please reduce the length of the ${what}.`
@@ -106,12 +137,27 @@ function parse(path: ItemPath, text: string, models: readonly SimModel[]): SimRe
     );
   }
 
-  const kind = path === "/v1/chat/completions" ? "chat" : "completion";
+  const kind = KINDS[path];
+  if ((kind === "embedding") !== (model.kind === "embed")) {
+    throw new InvalidRequest(
+      `The model \`${model.id}\` does not support the ${API_NAMES[kind]}.`,
+      "model",
+      "model_not_supported",
+    );
+  }
+  if (kind === "embedding") return embeddingRequest(model, body);
   let prompts: number[][];
   let mode: OutputMode = { kind: "text" };
   let logprobs: number | null;
   let echo: string[] | null = null;
-  if (kind === "chat") {
+  let responses: Record<string, unknown> | null = null;
+  if (kind === "responses") {
+    const fields = parseResponsesFields(body);
+    prompts = [renderChatPrompt(fields.messages, fields.tools)];
+    mode = fields.mode;
+    logprobs = fields.logprobs;
+    responses = fields.echoed;
+  } else if (kind === "chat") {
     const messages = parseMessages(body["messages"]);
     const tools = parseTools(body["tools"]);
     mode = parseMode(body, tools, messages);
@@ -137,23 +183,27 @@ function parse(path: ItemPath, text: string, models: readonly SimModel[]): SimRe
     }
     if (!isRecord(streamOptions)) throw invalidType("stream_options", "an object", streamOptions);
   }
-  const includeUsage = isRecord(streamOptions) && streamOptions["include_usage"] === true;
+  // A Responses stream always ends with the response and its usage.
+  const includeUsage =
+    kind !== "responses" && isRecord(streamOptions) && streamOptions["include_usage"] === true;
 
-  const n = optionalNumber(body, "n", 1, 128, true) ?? 1;
+  const n = kind === "responses" ? 1 : (optionalNumber(body, "n", 1, 128, true) ?? 1);
   const temperature = optionalNumber(body, "temperature", 0, 2, false) ?? DEFAULT_TEMPERATURE;
   const topP = optionalNumber(body, "top_p", 0, 1, false) ?? 1;
   const seed =
     optionalNumber(body, "seed", Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER, true) ?? null;
   const ignoreEos = optionalBoolean(body, "ignore_eos") ?? false;
-  const stop = parseStop(body["stop"]);
+  const stop = kind === "responses" ? [] : parseStop(body["stop"]);
   // vLLM prefers max_completion_tokens, the successor of the deprecated max_tokens.
   const maxParam =
-    body["max_completion_tokens"] !== undefined && body["max_completion_tokens"] !== null
-      ? "max_completion_tokens"
-      : "max_tokens";
+    kind === "responses"
+      ? "max_output_tokens"
+      : body["max_completion_tokens"] !== undefined && body["max_completion_tokens"] !== null
+        ? "max_completion_tokens"
+        : "max_tokens";
   const requested = optionalNumber(body, maxParam, 1, Number.MAX_SAFE_INTEGER, true);
 
-  const param = kind === "chat" ? "messages" : "prompt";
+  const param = kind === "chat" ? "messages" : kind === "responses" ? "input" : "prompt";
   const longest = Math.max(...prompts.map((p) => p.length));
   if (prompts.some((p) => p.length === 0) && kind === "completion") {
     throw new InvalidRequest("Prompt cannot be empty.", "prompt", "invalid_value");
@@ -180,6 +230,40 @@ function parse(path: ItemPath, text: string, models: readonly SimModel[]): SimRe
     mode,
     logprobs,
     echo,
+    responses,
+    embedding: null,
+  };
+}
+
+function embeddingRequest(model: SimModel, body: Record<string, unknown>): SimRequest {
+  const fields = parseEmbeddingFields(body, model.dimensions ?? DEFAULT_EMBEDDING_DIMENSIONS);
+  const longest = Math.max(...fields.inputs.map((p) => p.length));
+  if (longest > model.max_model_len) {
+    throw new InvalidRequest(
+      `This model's maximum context length is ${model.max_model_len} tokens. However, you requested ${longest} tokens in the input for embedding generation. Please reduce the length of the input.`,
+      "input",
+      "context_length_exceeded",
+    );
+  }
+  // Pooling runs at the end of the prefill: one step, no generated token.
+  return {
+    kind: "embedding",
+    model,
+    prompts: fields.inputs,
+    n: 1,
+    maxTokens: 1,
+    stream: false,
+    includeUsage: false,
+    stop: [],
+    seed: 0,
+    temperature: 0,
+    topP: 1,
+    ignoreEos: false,
+    mode: { kind: "text" },
+    logprobs: null,
+    echo: null,
+    responses: null,
+    embedding: fields,
   };
 }
 

@@ -5,33 +5,13 @@
  */
 import type { EngineOutcome, EngineResponse, EngineItem } from "../engine.ts";
 import type { ItemUsage } from "../../contracts/protocol.ts";
-import {
-  chatChunk,
-  chatCompletion,
-  errorJson,
-  jsonBody,
-  sseEvent,
-  SSE_DONE,
-  textChunk,
-  textCompletion,
-  usageChunk,
-  usageJson,
-  type ChoiceResult,
-  type ResponseHead,
-} from "./format.ts";
+import { errorJson, jsonBody, type ResponseHead } from "./format.ts";
 import { planOutput, type OutputPlan } from "./generate.ts";
-import {
-  chatLogprobs,
-  completionLogprobs,
-  generatedEntries,
-  type LogprobSource,
-  promptEntries,
-} from "./logprobs.ts";
-import { tokenizeWithText } from "./tokenizer.ts";
 import { Hasher, hashHex } from "./hash.ts";
 import type { SeqId } from "./kv-cache.ts";
 import type { ResolvedSimEngineOptions } from "./options.ts";
 import type { OpenAIError, SimRequest } from "./request.ts";
+import { streamToken } from "./render.ts";
 
 export const JSON_HEADERS = { "content-type": "application/json" };
 export const SSE_HEADERS = { "content-type": "text/event-stream", "cache-control": "no-cache" };
@@ -70,6 +50,8 @@ export interface Run {
   /** Release cursor: token `round` of choice `pos` goes out next (keeps n > 1 byte-stable). */
   round: number;
   pos: number;
+  /** Events a Responses API stream has sent (its `sequence_number`). */
+  events: number;
   settle: (outcome: EngineOutcome) => void;
   settled: boolean;
   onAbort: () => void;
@@ -127,7 +109,9 @@ export function errorResponse(status: number, error: OpenAIError): EngineRespons
 /** What a run has used so far. */
 export function usageOf(run: Run): ItemUsage {
   const prompt = run.request.prompts.reduce((sum, p) => sum + p.length, 0);
-  const completion = run.choices.reduce((sum, c) => sum + c.produced, 0);
+  // An embedding's one step pools the prompt: it generates nothing.
+  const completion =
+    run.request.kind === "embedding" ? 0 : run.choices.reduce((sum, c) => sum + c.produced, 0);
   const cached = run.cached.reduce((sum, c) => sum + c, 0);
   return {
     prompt_tokens: prompt,
@@ -135,16 +119,6 @@ export function usageOf(run: Run): ItemUsage {
     total_tokens: prompt + completion,
     cached_tokens: cached,
   };
-}
-
-function sourceOf(choice: Choice): LogprobSource {
-  return { seed: choice.seed, deltas: choice.plan.deltas };
-}
-
-function echoEntries(echo: string, seed: number, top: number) {
-  if (echo === "") return [];
-  const tokens = tokenizeWithText(echo).map((t) => t.text);
-  return promptEntries(tokens, seed, Math.max(1, top));
 }
 
 /** Sends every token whose turn has come: token r of choice i after token r of choices before i. */
@@ -168,120 +142,6 @@ export function releaseTokens(run: Run, push: Push): void {
   }
 }
 
-export function streamToken(run: Run, choice: Choice, index: number, push: Push): void {
-  const { head, request } = run;
-  const plan = choice.plan;
-  const last = index === plan.ids.length - 1;
-  const finish = last ? plan.finishReason : null;
-  const delta = plan.deltas[index] ?? "";
-  const top = request.logprobs;
-  if (request.kind === "completion") {
-    const echo = request.echo?.[choice.promptIndex] ?? "";
-    if (index === 0 && echo !== "") {
-      const logprobs =
-        top === null ? null : completionLogprobs(echoEntries(echo, choice.seed, top), 0);
-      push(sseEvent(textChunk(head, choice.index, echo, null, request.includeUsage, logprobs)));
-    }
-    if (delta !== "" || last) {
-      const logprobs =
-        top === null
-          ? null
-          : completionLogprobs(
-              generatedEntries(sourceOf(choice), Math.max(1, top), index, index + 1),
-              echo.length + plan.deltas.slice(0, index).join("").length,
-            );
-      push(sseEvent(textChunk(head, choice.index, delta, finish, request.includeUsage, logprobs)));
-    }
-    return;
-  }
-  const logprobs =
-    top === null ? null : chatLogprobs(generatedEntries(sourceOf(choice), top, index, index + 1));
-  if (index === 0) {
-    push(
-      sseEvent(
-        chatChunk(
-          head,
-          choice.index,
-          { role: "assistant", content: "" },
-          null,
-          request.includeUsage,
-        ),
-      ),
-    );
-  }
-  const call = plan.toolCall;
-  if (call !== null) {
-    const toolDelta =
-      index === 0
-        ? {
-            index: 0 as const,
-            id: call.id,
-            type: "function" as const,
-            function: { name: call.name, arguments: "" as const },
-          }
-        : { index: 0 as const, function: { arguments: delta } };
-    push(
-      sseEvent(
-        chatChunk(head, choice.index, { tool_calls: [toolDelta] }, finish, request.includeUsage),
-      ),
-    );
-    return;
-  }
-  if (delta !== "" || last) {
-    push(
-      sseEvent(
-        chatChunk(
-          head,
-          choice.index,
-          { content: delta },
-          finish,
-          request.includeUsage,
-          delta === "" ? null : logprobs,
-        ),
-      ),
-    );
-  }
-}
-
-/** The last bytes of a run that ended well: the usage chunk and `[DONE]`, or the whole JSON. */
-export function finalChunks(run: Run): Uint8Array[] {
-  const { head, request } = run;
-  const usage = usageOf(run);
-  const json = usageJson(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
-  if (!request.stream) {
-    const top = request.logprobs;
-    const results: ChoiceResult[] = run.choices.map((c) => {
-      const echo = request.echo?.[c.promptIndex] ?? "";
-      let logprobs: unknown = null;
-      if (top !== null && request.kind === "chat") {
-        logprobs = chatLogprobs(generatedEntries(sourceOf(c), top));
-      } else if (top !== null) {
-        const entries = [
-          ...echoEntries(echo, c.seed, top),
-          ...generatedEntries(sourceOf(c), Math.max(1, top)),
-        ];
-        logprobs = completionLogprobs(entries, 0);
-      }
-      return {
-        index: c.index,
-        text: echo + c.plan.text,
-        finishReason: c.plan.finishReason,
-        toolCall: c.plan.toolCall,
-        logprobs,
-      };
-    });
-    return [
-      jsonBody(
-        request.kind === "chat"
-          ? chatCompletion(head, results, json)
-          : textCompletion(head, results, json),
-      ),
-    ];
-  }
-  const object = request.kind === "chat" ? "chat.completion.chunk" : "text_completion";
-  return request.includeUsage ? [sseEvent(usageChunk(head, object, json)), SSE_DONE] : [SSE_DONE];
-}
-
 /**
  * The choices of a request, each with its planned output; an error answer when one of them
  * could never fit in the KV cache.
@@ -300,19 +160,22 @@ export function planChoices(
         .int(hashes.sampling)
         .int(request.temperature === 0 ? 0 : i + 1)
         .digest();
-      const plan = planOutput({
-        seed,
-        maxTokens: request.maxTokens,
-        stop: request.stop,
-        mode: request.mode,
-        ignoreEos: request.ignoreEos,
-      });
+      const plan =
+        request.kind === "embedding"
+          ? POOLING_STEP
+          : planOutput({
+              seed,
+              maxTokens: request.maxTokens,
+              stop: request.stop,
+              mode: request.mode,
+              ignoreEos: request.ignoreEos,
+            });
       const blocks = Math.ceil((prompt.length + plan.ids.length) / options.blockSize);
       if (blocks > options.kvBlocks) {
         return errorResponse(400, {
-          message: `This request needs ${blocks} KV cache blocks (${prompt.length} prompt tokens and ${plan.ids.length} completion tokens) but the engine holds ${options.kvBlocks}. Please reduce the length of the ${request.kind === "chat" ? "messages" : "prompt"} or completion.`,
+          message: `This request needs ${blocks} KV cache blocks (${prompt.length} prompt tokens and ${plan.ids.length} completion tokens) but the engine holds ${options.kvBlocks}. Please reduce the length of the ${PROMPT_PARAMS[request.kind]} or completion.`,
           type: "invalid_request_error",
-          param: request.kind === "chat" ? "messages" : "prompt",
+          param: PROMPT_PARAMS[request.kind],
           code: "context_length_exceeded",
         });
       }
@@ -350,6 +213,30 @@ export function outcomeOf(run: Run): EngineOutcome {
   };
 }
 
+/** An embedding's one scheduler step, which shows nothing. */
+const POOLING_STEP: OutputPlan = {
+  ids: [0],
+  deltas: [""],
+  text: "",
+  finishReason: "stop",
+  toolCall: null,
+};
+
+/** The field that holds a request's prompt. */
+const PROMPT_PARAMS: Record<SimRequest["kind"], string> = {
+  chat: "messages",
+  completion: "prompt",
+  responses: "input",
+  embedding: "input",
+};
+
+const ID_PREFIXES: Record<SimRequest["kind"], string> = {
+  chat: "chatcmpl-",
+  completion: "cmpl-",
+  responses: "resp_",
+  embedding: "embd-",
+};
+
 /** A run as submitted, before the scheduler has it. */
 export function newRun(
   item: EngineItem,
@@ -359,7 +246,7 @@ export function newRun(
   settle: (outcome: EngineOutcome) => void,
   hashes: RequestHashes,
 ): Run {
-  const prefix = request.kind === "chat" ? "chatcmpl-" : "cmpl-";
+  const prefix = ID_PREFIXES[request.kind];
   const created = options.created === "clock" ? Math.floor(Date.now() / 1000) : options.created;
   return {
     item,
@@ -377,6 +264,7 @@ export function newRun(
     firstTokenAt: null,
     round: 0,
     pos: 0,
+    events: 0,
     settle,
     settled: false,
     onAbort: () => {},

@@ -134,6 +134,7 @@ describe("the official openai SDK against the edge", () => {
     expect(ids).toEqual([
       ["warmgate-sim-8b", 32768],
       ["warmgate-sim-70b", 8192],
+      ["warmgate-sim-embed", 8192],
     ]);
   });
 });

@@ -230,7 +230,7 @@ describe("POST /v1/batch envelope errors", () => {
     const body = JSON.stringify({
       v: 1,
       batch_id: "b",
-      items: [{ ...item, path: "/v1/embeddings" }],
+      items: [{ ...item, path: "/v1/audio/speech" }],
     });
     expect(await envelopeError(body)).toEqual([400, "invalid_batch", "invalid_request_error"]);
   });

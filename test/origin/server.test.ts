@@ -99,7 +99,7 @@ describe("OpenAI routes", () => {
 
   it("answers an unknown route with an OpenAI-shaped 404", async () => {
     const app = createOriginApp({ engine: createFakeEngine(), originId: "o", gpu: noGpu });
-    const response = await app.request("/v1/embeddings", { method: "POST" });
+    const response = await app.request("/v1/audio/speech", { method: "POST" });
     expect(response.status).toBe(404);
     expect(await response.json()).toMatchObject({ error: { code: "not_found" } });
   });

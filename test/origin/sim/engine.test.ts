@@ -481,7 +481,11 @@ describe("simulated engine: cancellation and load", () => {
       ),
     );
     expect(metrics.endsWith("\n")).toBe(false);
-    expect(e.models().map((m) => m.id)).toEqual(["warmgate-sim-8b", "warmgate-sim-70b"]);
+    expect(e.models().map((m) => m.id)).toEqual([
+      "warmgate-sim-8b",
+      "warmgate-sim-70b",
+      "warmgate-sim-embed",
+    ]);
   });
 
   it("ends unfinished requests with an error when the engine closes", async () => {
