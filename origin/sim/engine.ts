@@ -31,13 +31,12 @@ import {
   SSE_HEADERS,
   errorResponse,
   planChoices,
-  releaseTokens,
   newRun,
   outcomeOf,
   requestHash,
 } from "./run.ts";
 import { Scheduler } from "./scheduler.ts";
-import { finalChunks } from "./render.ts";
+import { finalChunks, releaseTokens } from "./render.ts";
 
 /** Weight of the newest step in the reported mean step time. */
 const STEP_MS_WEIGHT = 0.2;

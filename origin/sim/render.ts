@@ -39,6 +39,27 @@ function echoEntries(echo: string, seed: number, top: number) {
   return promptEntries(tokens, seed, Math.max(1, top));
 }
 
+/** Sends every token whose turn has come: token r of choice i after token r of choices before i. */
+export function releaseTokens(run: Run, push: Push): void {
+  const { choices } = run;
+  for (;;) {
+    const choice = choices[run.pos];
+    if (choice === undefined) {
+      run.round++;
+      run.pos = 0;
+      if (choices.every((c) => c.plan.ids.length <= run.round)) return;
+      continue;
+    }
+    if (choice.plan.ids.length <= run.round) {
+      run.pos++;
+      continue;
+    }
+    if (choice.produced <= run.round) return;
+    if (run.request.stream) streamToken(run, choice, run.round, push);
+    run.pos++;
+  }
+}
+
 export function streamToken(run: Run, choice: Choice, index: number, push: Push): void {
   const { head, request } = run;
   if (request.kind === "responses") {

@@ -11,7 +11,6 @@ import { Hasher, hashHex } from "./hash.ts";
 import type { SeqId } from "./kv-cache.ts";
 import type { ResolvedSimEngineOptions } from "./options.ts";
 import type { OpenAIError, SimRequest } from "./request.ts";
-import { streamToken } from "./render.ts";
 
 export const JSON_HEADERS = { "content-type": "application/json" };
 export const SSE_HEADERS = { "content-type": "text/event-stream", "cache-control": "no-cache" };
@@ -119,27 +118,6 @@ export function usageOf(run: Run): ItemUsage {
     total_tokens: prompt + completion,
     cached_tokens: cached,
   };
-}
-
-/** Sends every token whose turn has come: token r of choice i after token r of choices before i. */
-export function releaseTokens(run: Run, push: Push): void {
-  const { choices } = run;
-  for (;;) {
-    const choice = choices[run.pos];
-    if (choice === undefined) {
-      run.round++;
-      run.pos = 0;
-      if (choices.every((c) => c.plan.ids.length <= run.round)) return;
-      continue;
-    }
-    if (choice.plan.ids.length <= run.round) {
-      run.pos++;
-      continue;
-    }
-    if (choice.produced <= run.round) return;
-    if (run.request.stream) streamToken(run, choice, run.round, push);
-    run.pos++;
-  }
 }
 
 /**
