@@ -140,10 +140,10 @@ export function contextLengthExceeded(
   maxModelLen: number,
   promptTokens: number,
   completionTokens: number,
-  param: "messages" | "prompt",
+  param: "messages" | "prompt" | "input",
 ): ApiError {
   return invalidRequest(
-    `This model's maximum context length is ${maxModelLen} tokens. However, you requested ${promptTokens + completionTokens} tokens (${promptTokens} in the ${param === "messages" ? "messages" : "prompt"}, ${completionTokens} in the completion). Please reduce the length of the ${param === "messages" ? "messages" : "prompt"} or completion.`,
+    `This model's maximum context length is ${maxModelLen} tokens. However, you requested ${promptTokens + completionTokens} tokens (${promptTokens} in the ${param}, ${completionTokens} in the completion). Please reduce the length of the ${param} or completion.`,
     param,
     "context_length_exceeded",
   );

@@ -7,6 +7,7 @@ import type { AdmitOk } from "../durable-objects/key-account/types.ts";
 import type { GatewayConfig, ModelConfig } from "./config.ts";
 import type { Credential } from "./key-auth.ts";
 import type { ChatCompletionRequest, CompletionRequest } from "./openai-schemas.ts";
+import type { EmbeddingsRequest, ResponsesRequest } from "./responses-schemas.ts";
 import type { Settlement } from "./settlement.ts";
 
 /** Who is calling, as authentication established it. */
@@ -20,7 +21,9 @@ export interface Caller {
 /** A validated completion body with the exact text it came as. */
 export type CompletionBody =
   | { kind: "chat"; body: ChatCompletionRequest; text: string }
-  | { kind: "completion"; body: CompletionRequest; text: string };
+  | { kind: "completion"; body: CompletionRequest; text: string }
+  | { kind: "responses"; body: ResponsesRequest; text: string }
+  | { kind: "embeddings"; body: EmbeddingsRequest; text: string };
 
 /** What the edge decided about a completion before dispatching it. */
 export interface CompletionPlan {

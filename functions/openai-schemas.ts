@@ -13,11 +13,12 @@ const MAX_STOP = 4;
 const MAX_TOOLS = 128;
 const MAX_N = 128;
 
-const nullableOptional = <T extends z.ZodType>(schema: T) => schema.nullable().optional();
+/** A field that may be absent or null. */
+export const nullableOptional = <T extends z.ZodType>(schema: T) => schema.nullable().optional();
 
 const stopSchema = nullableOptional(z.union([z.string(), z.array(z.string()).max(MAX_STOP)]));
 
-const streamOptionsSchema = nullableOptional(
+export const streamOptionsSchema = nullableOptional(
   z.looseObject({
     include_usage: z.boolean().optional(),
     include_obfuscation: z.boolean().optional(),
@@ -101,7 +102,7 @@ export const ChatMessageSchema = z.discriminatedUnion("role", [
 ]);
 
 // OpenAI: function names are a-z, A-Z, 0-9, underscores and dashes, at most 64 characters.
-const functionName = z
+export const functionName = z
   .string()
   .regex(/^[a-zA-Z0-9_-]{1,64}$/, "string does not match pattern '^[a-zA-Z0-9_-]{1,64}$'");
 
@@ -168,7 +169,7 @@ const samplingFields = {
 };
 
 /** OpenAI refuses `stream_options` unless `stream` is true. */
-function checkStreamOptions(
+export function checkStreamOptions(
   body: { stream?: boolean | null | undefined; stream_options?: unknown },
   ctx: z.RefinementCtx,
 ): void {

@@ -43,7 +43,11 @@ export function attemptRoutes(c: Context<AppEnv>): (model: string) => AttemptRou
   return (model) => {
     let route = byModel.get(model);
     if (route === undefined) {
-      const blocks = promptBlocks(model, completion.body as PrefixRequest, MAX_ROUTE_BLOCKS);
+      // An embedding is one prefill with nothing to reuse: no prefix routes it.
+      const blocks =
+        completion.kind === "embeddings"
+          ? []
+          : promptBlocks(model, completion.body as PrefixRequest, MAX_ROUTE_BLOCKS);
       route = { blocks, session, pinned };
       byModel.set(model, route);
     }

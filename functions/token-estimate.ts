@@ -5,6 +5,7 @@
  * See docs/edge.md.
  */
 import type { ChatCompletionRequest, ChatMessage, CompletionRequest } from "./openai-schemas.ts";
+import type { EmbeddingsRequest, ResponsesRequest } from "./responses-schemas.ts";
 
 /** Chat-template tokens around each message (Llama 3: `<|start_header_id|>role<|end_header_id|>\n\n … <|eot_id|>`). */
 export const TOKENS_PER_MESSAGE = 5;
@@ -123,4 +124,56 @@ export function estimateCompletionPrompts(request: CompletionRequest): number[] 
 /** Estimated prompt tokens of a legacy completion's longest prompt: what must fit the window. */
 export function estimateCompletionPromptTokens(request: CompletionRequest): number {
   return Math.max(0, ...estimateCompletionPrompts(request));
+}
+
+function estimateResponsesContent(content: unknown): number {
+  if (typeof content === "string") return estimateTextTokens(content);
+  if (!Array.isArray(content)) return 0;
+  let tokens = 0;
+  for (const part of content as { type?: unknown; text?: unknown }[]) {
+    if (typeof part.text === "string") tokens += estimateTextTokens(part.text);
+    else if (part.type === "input_image") tokens += TOKENS_PER_IMAGE;
+    else tokens += estimateTextTokens(JSON.stringify(part));
+  }
+  return tokens;
+}
+
+/**
+ * Estimated prompt tokens of a Responses API request: instructions, each input item (a
+ * message's content, a tool call's arguments, a tool output), and the tools.
+ */
+export function estimateResponsesPromptTokens(request: ResponsesRequest): number {
+  let tokens = TOKENS_PER_PROMPT;
+  if (typeof request.instructions === "string") {
+    tokens += TOKENS_PER_MESSAGE + estimateTextTokens(request.instructions);
+  }
+  const { input } = request;
+  if (typeof input === "string") tokens += TOKENS_PER_MESSAGE + estimateTextTokens(input);
+  else {
+    for (const item of input) {
+      tokens += TOKENS_PER_MESSAGE;
+      if (item.content !== undefined) tokens += estimateResponsesContent(item.content);
+      else {
+        const { arguments: args, output, name } = item as Record<string, unknown>;
+        for (const text of [name, args, output]) {
+          if (typeof text === "string") tokens += estimateTextTokens(text);
+          else if (text !== undefined) tokens += estimateTextTokens(JSON.stringify(text));
+        }
+      }
+    }
+  }
+  if (request.tools !== undefined && request.tools.length > 0) {
+    tokens += estimateTextTokens(JSON.stringify(request.tools));
+  }
+  return tokens;
+}
+
+/** Estimated tokens of each input of an embeddings request; token-id inputs exactly. */
+export function estimateEmbeddingInputs(request: EmbeddingsRequest): number[] {
+  const { input } = request;
+  if (typeof input === "string") return [1 + estimateTextTokens(input)];
+  if (typeof input[0] === "number") return [input.length];
+  return input.map((item) =>
+    typeof item === "string" ? 1 + estimateTextTokens(item) : Array.isArray(item) ? item.length : 0,
+  );
 }

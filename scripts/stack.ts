@@ -173,6 +173,7 @@ export const SIM_PRICING: Record<
 > = {
   "warmgate-sim-8b": { input_per_mtok: 0.1, cached_input_per_mtok: 0.025, output_per_mtok: 0.4 },
   "warmgate-sim-70b": { input_per_mtok: 0.6, cached_input_per_mtok: 0.15, output_per_mtok: 2.4 },
+  "warmgate-sim-embed": { input_per_mtok: 0.02, cached_input_per_mtok: 0.02, output_per_mtok: 0 },
 };
 
 /** Aliases of the local stack: ordered model lists, the next serving when one has no origin. */

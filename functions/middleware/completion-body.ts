@@ -9,9 +9,20 @@ import type { AppEnv, CompletionBody } from "../app-env.ts";
 import { invalidJson } from "../../contracts/errors.ts";
 import { readBodyText, requireJsonType } from "../json-body.ts";
 import { ChatCompletionRequestSchema, CompletionRequestSchema } from "../openai-schemas.ts";
+import { EmbeddingsRequestSchema, ResponsesRequestSchema } from "../responses-schemas.ts";
 import { validationError } from "../validation-errors.ts";
 
-/** Validates the body of `/v1/chat/completions` (`chat`) or `/v1/completions` (`completion`). */
+const SCHEMAS = {
+  chat: ChatCompletionRequestSchema,
+  completion: CompletionRequestSchema,
+  responses: ResponsesRequestSchema,
+  embeddings: EmbeddingsRequestSchema,
+} as const;
+
+/**
+ * Validates the body of `/v1/chat/completions` (`chat`), `/v1/completions` (`completion`),
+ * `/v1/responses` (`responses`) or `/v1/embeddings` (`embeddings`).
+ */
 export function completionBody(kind: CompletionBody["kind"]) {
   return createMiddleware<AppEnv>(async function validateCompletionBody(c, next) {
     requireJsonType(c.req.raw);
@@ -22,15 +33,10 @@ export function completionBody(kind: CompletionBody["kind"]) {
     } catch {
       throw invalidJson();
     }
-    if (kind === "chat") {
-      const result = ChatCompletionRequestSchema.safeParse(json, { reportInput: true });
-      if (!result.success) throw validationError(result.error.issues);
-      c.set("completion", { kind, body: result.data, text });
-    } else {
-      const result = CompletionRequestSchema.safeParse(json, { reportInput: true });
-      if (!result.success) throw validationError(result.error.issues);
-      c.set("completion", { kind, body: result.data, text });
-    }
+    const result = SCHEMAS[kind].safeParse(json, { reportInput: true });
+    if (!result.success) throw validationError(result.error.issues);
+    // The schema was chosen by `kind`, so the body is that kind's.
+    c.set("completion", { kind, body: result.data, text } as CompletionBody);
     await next();
   });
 }

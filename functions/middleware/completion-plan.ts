@@ -6,10 +6,15 @@
  * See docs/edge.md.
  */
 import { createMiddleware } from "hono/factory";
-import type { AppEnv, CompletionPlan } from "../app-env.ts";
+import type { AppEnv, CompletionBody, CompletionPlan } from "../app-env.ts";
 import { type ModelConfig, resolveModels } from "../config.ts";
 import { contextLengthExceeded, modelNotFound } from "../../contracts/errors.ts";
-import { estimateChatPromptTokens, estimateCompletionPrompts } from "../token-estimate.ts";
+import {
+  estimateChatPromptTokens,
+  estimateCompletionPrompts,
+  estimateEmbeddingInputs,
+  estimateResponsesPromptTokens,
+} from "../token-estimate.ts";
 
 // OpenAI's legacy completions default `max_tokens` to 16; chat leaves it to the window.
 const COMPLETIONS_DEFAULT_MAX_TOKENS = 16;
@@ -30,6 +35,65 @@ export function completionAllowance(
   return sequenceAllowance(plan, model) * plan.sequences;
 }
 
+/** The field that holds each kind's prompt, named in a context-length error. */
+const PROMPT_PARAMS: Record<CompletionBody["kind"], "messages" | "prompt" | "input"> = {
+  chat: "messages",
+  completion: "prompt",
+  responses: "input",
+  embeddings: "input",
+};
+
+/** What a request asks of a model: its prompt tokens, sequences, and completion tokens. */
+function requestShape(completion: CompletionBody): Omit<CompletionPlan, "model" | "models"> {
+  const delivery = completion.body.stream === true ? "stream" : "whole";
+  switch (completion.kind) {
+    case "chat": {
+      const { body } = completion;
+      const promptTokens = estimateChatPromptTokens(body);
+      return {
+        promptTokens,
+        totalPromptTokens: promptTokens,
+        sequences: body.n ?? 1,
+        maxTokens: body.max_completion_tokens ?? body.max_tokens ?? null,
+        delivery,
+      };
+    }
+    case "completion": {
+      const { body } = completion;
+      const prompts = estimateCompletionPrompts(body);
+      return {
+        promptTokens: Math.max(0, ...prompts),
+        totalPromptTokens: prompts.reduce((sum, tokens) => sum + tokens, 0),
+        // `best_of` sequences are generated (and billed) per prompt, `n` of them returned.
+        sequences: prompts.length * Math.max(body.n ?? 1, body.best_of ?? 1),
+        maxTokens: body.max_tokens ?? COMPLETIONS_DEFAULT_MAX_TOKENS,
+        delivery,
+      };
+    }
+    case "responses": {
+      const promptTokens = estimateResponsesPromptTokens(completion.body);
+      return {
+        promptTokens,
+        totalPromptTokens: promptTokens,
+        sequences: 1,
+        maxTokens: completion.body.max_output_tokens ?? null,
+        delivery,
+      };
+    }
+    case "embeddings": {
+      const inputs = estimateEmbeddingInputs(completion.body);
+      // An embedding generates nothing: only its input is billed.
+      return {
+        promptTokens: Math.max(0, ...inputs),
+        totalPromptTokens: inputs.reduce((sum, tokens) => sum + tokens, 0),
+        sequences: inputs.length,
+        maxTokens: 0,
+        delivery: "whole",
+      };
+    }
+  }
+}
+
 /** Sets `c.var.plan` for the validated completion. */
 export function planCompletion() {
   return createMiddleware<AppEnv>(async function planCompletionRequest(c, next) {
@@ -38,29 +102,7 @@ export function planCompletion() {
     const named = resolveModels(c.var.config, completion.body.model);
     const first = named[0];
     if (first === undefined) throw modelNotFound(completion.body.model);
-    let request: Omit<CompletionPlan, "model" | "models">;
-    if (completion.kind === "chat") {
-      const { body } = completion;
-      const promptTokens = estimateChatPromptTokens(body);
-      request = {
-        promptTokens,
-        totalPromptTokens: promptTokens,
-        sequences: body.n ?? 1,
-        maxTokens: body.max_completion_tokens ?? body.max_tokens ?? null,
-        delivery: body.stream === true ? "stream" : "whole",
-      };
-    } else {
-      const { body } = completion;
-      const prompts = estimateCompletionPrompts(body);
-      request = {
-        promptTokens: Math.max(0, ...prompts),
-        totalPromptTokens: prompts.reduce((sum, tokens) => sum + tokens, 0),
-        // `best_of` sequences are generated (and billed) per prompt, `n` of them returned.
-        sequences: prompts.length * Math.max(body.n ?? 1, body.best_of ?? 1),
-        maxTokens: body.max_tokens ?? COMPLETIONS_DEFAULT_MAX_TOKENS,
-        delivery: body.stream === true ? "stream" : "whole",
-      };
-    }
+    const request = requestShape(completion);
     const completionTokens = request.maxTokens ?? 0;
     // vLLM refuses when prompt + max_tokens > max_model_len, and a prompt that fills the
     // window leaves no room for even one token when max_tokens is unset.
@@ -74,7 +116,7 @@ export function planCompletion() {
         first.max_model_len,
         request.promptTokens,
         completionTokens,
-        completion.kind === "chat" ? "messages" : "prompt",
+        PROMPT_PARAMS[completion.kind],
       );
     }
     c.set("plan", { ...request, model, models });

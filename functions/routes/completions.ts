@@ -1,6 +1,6 @@
 /**
- * `POST /v1/chat/completions` and `POST /v1/completions`: validate, plan, pick origins
- * and stream the origin's answer back unchanged.
+ * `POST /v1/chat/completions`, `/v1/completions`, `/v1/responses` and `/v1/embeddings`:
+ * validate, plan, pick origins and stream the origin's answer back unchanged.
  * See docs/edge.md.
  */
 import { type Context, Hono } from "hono";
@@ -18,9 +18,9 @@ import {
   syncCanary,
 } from "../canaries.ts";
 import { methodNotAllowed } from "../error-handler.ts";
-import { clipped, invalidRequest } from "../../contracts/errors.ts";
+import { ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
-import { admitCompletion } from "../middleware/auth.ts";
+import { admitCompletion, verifyCredential } from "../middleware/auth.ts";
 import { completionBody } from "../middleware/completion-body.ts";
 import { withModelFallback } from "../model-fallback.ts";
 import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
@@ -164,4 +164,20 @@ export const completions = new Hono<AppEnv>()
   .post("/completions", completionBody("completion"), planCompletion(), admitCompletion(), (c) =>
     withModelFallback(c, () => forward(c, "/v1/completions")),
   )
-  .all("/completions", methodNotAllowed(["POST"]));
+  .all("/completions", methodNotAllowed(["POST"]))
+  .post("/responses", completionBody("responses"), planCompletion(), admitCompletion(), (c) =>
+    withModelFallback(c, () => forward(c, "/v1/responses")),
+  )
+  .all("/responses", methodNotAllowed(["POST"]))
+  // A stored response would be the caller's: only a valid key learns that none is kept.
+  .all("/responses/:id{.+}", verifyCredential(), (c) => {
+    throw new ApiError(
+      404,
+      `No response '${clipped(c.req.param("id").split("/")[0] ?? "")}' is stored: this gateway keeps no responses, so they cannot be retrieved, cancelled or deleted.`,
+      { type: "invalid_request_error", param: "response_id", code: "response_not_found" },
+    );
+  })
+  .post("/embeddings", completionBody("embeddings"), planCompletion(), admitCompletion(), (c) =>
+    withModelFallback(c, () => forward(c, "/v1/embeddings")),
+  )
+  .all("/embeddings", methodNotAllowed(["POST"]));

@@ -36,11 +36,42 @@ const FIELDS = [
   "ttl_seconds",
   "role",
   "content",
+  "input",
+  "instructions",
+  "max_output_tokens",
+  "text",
+  "include",
+  "store",
+  "previous_response_id",
+  "dimensions",
+  "encoding_format",
 ];
 
 const fieldValue = fc.oneof(
   fc.jsonValue({ maxDepth: 3 }),
-  fc.constantFrom("warmgate-sim-8b", "fast", "user", "assistant", "system", "tool", ""),
+  fc.constantFrom(
+    "warmgate-sim-8b",
+    "warmgate-sim-embed",
+    "fast",
+    "user",
+    "assistant",
+    "system",
+    "tool",
+    "",
+  ),
+  fc.array(
+    fc.record(
+      {
+        type: fc.constantFrom("function", "message", "function_call", "web_search", "x"),
+        name: fc.oneof(fc.constantFrom("get_weather", ""), fc.jsonValue({ maxDepth: 1 })),
+        role: fc.constantFrom("user", "assistant", "x"),
+        content: fc.jsonValue({ maxDepth: 2 }),
+        parameters: fc.jsonValue({ maxDepth: 2 }),
+      },
+      { requiredKeys: [] },
+    ),
+    { maxLength: 3 },
+  ),
   fc.array(
     fc.record(
       {
@@ -155,6 +186,13 @@ function routeRequest(
 const ROUTES: { method: string; path: fc.Arbitrary<string>; admin: boolean }[] = [
   { method: "POST", path: fc.constant("/v1/chat/completions"), admin: false },
   { method: "POST", path: fc.constant("/v1/completions"), admin: false },
+  { method: "POST", path: fc.constant("/v1/responses"), admin: false },
+  { method: "POST", path: fc.constant("/v1/embeddings"), admin: false },
+  {
+    method: "GET",
+    path: printable.map((s) => `/v1/responses/${encodeURIComponent(s)}`),
+    admin: false,
+  },
   { method: "POST", path: fc.constant("/v1/tokens"), admin: false },
   {
     method: "GET",
