@@ -80,7 +80,7 @@ function requestShape(completion: CompletionBody): Omit<CompletionPlan, "model" 
         delivery,
       };
     }
-    case "embeddings": {
+    default: {
       const inputs = estimateEmbeddingInputs(completion.body);
       // An embedding generates nothing: only its input is billed.
       return {

@@ -44,9 +44,10 @@ async function recorded(requestId: string): Promise<Recorded> {
   throw new Error(`request ${requestId} was never settled`);
 }
 
-describe("the official openai package", () => {
-  const client = () => new OpenAI({ baseURL, apiKey: stack.apiKey, maxRetries: 0 });
+const client = () => new OpenAI({ baseURL, apiKey: stack.apiKey, maxRetries: 0 });
+const provider = () => createOpenAI({ baseURL, apiKey: stack.apiKey });
 
+describe("the official openai package", () => {
   it("creates a response, and the ledger bills its usage", async () => {
     const { data, response } = await client()
       .responses.create({ model: MODEL, input: "Say hi", max_output_tokens: 12 })
@@ -120,8 +121,6 @@ describe("the official openai package", () => {
 });
 
 describe("the Vercel AI SDK's default OpenAI provider (the Responses API)", () => {
-  const provider = () => createOpenAI({ baseURL, apiKey: stack.apiKey });
-
   it("generates and streams text, with usage", async () => {
     const generated = await generateText({
       model: provider()(MODEL),
@@ -147,17 +146,17 @@ describe("the Vercel AI SDK's default OpenAI provider (the Responses API)", () =
   });
 });
 
-describe("LangChain's ChatOpenAI with useResponsesApi", () => {
-  const chat = () =>
-    new ChatOpenAI({
-      model: MODEL,
-      apiKey: stack.apiKey,
-      configuration: { baseURL },
-      useResponsesApi: true,
-      maxTokens: 12,
-      maxRetries: 0,
-    });
+const chat = () =>
+  new ChatOpenAI({
+    model: MODEL,
+    apiKey: stack.apiKey,
+    configuration: { baseURL },
+    useResponsesApi: true,
+    maxTokens: 12,
+    maxRetries: 0,
+  });
 
+describe("LangChain's ChatOpenAI with useResponsesApi", () => {
   it("invokes and streams, with usage metadata", async () => {
     const message = await chat().invoke("Say hi");
     expect(message.text.length).toBeGreaterThan(0);

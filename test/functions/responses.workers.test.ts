@@ -152,7 +152,8 @@ describe("POST /v1/responses", () => {
         ctx,
       );
       expect(response.status).toBe(404);
-      expect(((await response.json()) as ErrorBody).error.code).toBe("response_not_found");
+      const body: ErrorBody = await response.json();
+      expect(body.error.code).toBe("response_not_found");
       await waitOnExecutionContext(ctx);
     }
     const anonymous = await app.fetch(
