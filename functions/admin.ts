@@ -14,6 +14,7 @@ import { microsToUsd, usdToMicros } from "../contracts/pricing.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory/types.ts";
 import { ApiError } from "../contracts/errors.ts";
 import { readJsonBody } from "./json-body.ts";
+import { checkKeyModels } from "./key-models.ts";
 import { sumUsage, totalsJson, usageRange, usageReport } from "./routes/usage.ts";
 import { KEY_ID_PATTERN, bearerToken, mintApiKey, newKeyId } from "./keys.ts";
 import { constantTimeEqual, sha256Hex } from "../contracts/hashing.ts";
@@ -195,6 +196,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
   })
   .post("/keys", async (c) => {
     const body = await readJsonBody(c.req.raw, CreateKeyRequest);
+    if (body.models) checkKeyModels(c.env.WARMGATE_CONFIG, body.models);
     const now = Date.now();
     const id = newKeyId();
     const { key, secretHash } = await mintApiKey(c.env, id);
@@ -245,6 +247,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
     if (!(await known(c.env, id))) throw noSuchKey(id);
     const body = await readJsonBody(c.req.raw, UpdateKeyRequest);
     const { name, limits, allowed_origins, models, tier, expires_at } = body;
+    if (models) checkKeyModels(c.env.WARMGATE_CONFIG, models);
     const override = body.allow_region_override;
     const record = await account(c.env, id).update({
       now: Date.now(),

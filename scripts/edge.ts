@@ -30,6 +30,27 @@ export function parseRuntime(value: string): EdgeRuntime {
   throw new Error(`--runtime must be wrangler-dev or workerd, not ${value}`);
 }
 
+/** Thrown when a port asked for is taken: a message for one line, no wrangler output. */
+export class PortInUseError extends Error {}
+
+/** Throws {@link PortInUseError} unless `port` on loopback can be listened on now. */
+export async function assertPortFree(port: number): Promise<void> {
+  await new Promise<void>((resolveFree, reject) => {
+    const server = createServer();
+    server.unref();
+    server.on("error", (error: NodeJS.ErrnoException) => {
+      reject(
+        error.code === "EADDRINUSE" || error.code === "EACCES"
+          ? new PortInUseError(
+              `port ${port} on 127.0.0.1 is ${error.code === "EACCES" ? "not permitted" : "already in use"}; choose another with --port, or leave it out for a free one`,
+            )
+          : error,
+      );
+    });
+    server.listen(port, "127.0.0.1", () => server.close(() => resolveFree()));
+  });
+}
+
 /** Finds a free TCP port on loopback (bind to port 0, read it, release it). */
 export async function freePort(): Promise<number> {
   return new Promise((resolvePort, reject) => {
@@ -97,6 +118,8 @@ async function stopDetached(child: ChildProcess, to: "process" | "group"): Promi
 
 /** Starts a Worker under `wrangler dev` on a free port and waits until `/health` answers. */
 export async function startWranglerDev(options: EdgeOptions): Promise<RunningEdge> {
+  // wrangler waits for a busy port instead of failing: find out before it starts.
+  if (options.port) await assertPortFree(options.port);
   const port = options.port || (await freePort());
   const inspectorPort = await freePort();
   const scratch = await mkdtemp(join(tmpdir(), "warmgate-edge-"));

@@ -1,15 +1,19 @@
 /**
  * `npm start`: the whole warmgate stack on this machine — simulated GPU origins for two
- * regions and the edge under `wrangler dev` — then shell-sourceable lines to use it.
+ * regions and the edge under `wrangler dev` — then `export` lines to use it, also written
+ * to an env file for other terminals. Stops every part on SIGINT or SIGTERM, or when the
+ * process that started it is gone.
  * See README.md, "Quick start".
  */
-import { join } from "node:path";
+import { rm, writeFile } from "node:fs/promises";
+import { join, relative } from "node:path";
 import { parseArgs } from "node:util";
+import { onParentExit } from "./parent-watch.ts";
 import { ROOT } from "./edge.ts";
 import { DEFAULT_REGIONS, startStack } from "./stack.ts";
 
 const USAGE =
-  "usage: npm start -- [--port N] [--time-scale X] [--origins-per-region N] [--state DIR] [--verbose]";
+  "usage: npm start -- [--port N] [--time-scale X] [--origins-per-region N] [--state DIR] [--env-file FILE] [--verbose]";
 
 function fail(message: string): never {
   console.error(`warmgate: ${message}\n${USAGE}`);
@@ -33,6 +37,7 @@ try {
       "time-scale": { type: "string" },
       "origins-per-region": { type: "string" },
       state: { type: "string" },
+      "env-file": { type: "string" },
       verbose: { type: "boolean", default: false },
       help: { type: "boolean", default: false },
     },
@@ -51,47 +56,65 @@ if (port !== undefined && !Number.isInteger(port)) fail(`--port must be an integ
 const timeScale = parseNumber("time-scale", args["time-scale"], 0, 100) ?? 1;
 const perRegion = parseNumber("origins-per-region", args["origins-per-region"], 1, 16) ?? 2;
 
+const state = args.state ?? join(ROOT, ".wrangler", "state");
+const envFile = args["env-file"] ?? join(state, "warmgate.env");
+
+// A signal during start-up stops what has started so far (startStack cleans up on failure).
+let stopping = false;
+let stopStack: (() => Promise<void>) | null = null;
+async function shutdown(why: string, code = 0) {
+  if (stopping) return;
+  stopping = true;
+  console.error(`warmgate: ${why}, stopping…`);
+  await stopStack?.();
+  await rm(envFile, { force: true });
+  process.exit(code);
+}
+process.on("SIGINT", () => void shutdown("SIGINT"));
+process.on("SIGTERM", () => void shutdown("SIGTERM"));
+process.on("SIGHUP", () => void shutdown("SIGHUP"));
+// `npm start` runs this under a shell that does not pass signals on: when npm is stopped,
+// the shell goes and this process is left, so it watches for that.
+onParentExit(() => void shutdown("the process that started warmgate exited"));
+
 console.error("warmgate: starting simulated origins and the edge (wrangler dev)…");
 const stack = await startStack({
   ...(port ? { edgePort: port } : {}),
   sim: { timeScale },
   regions: DEFAULT_REGIONS.map((region) => ({ ...region, origins: perRegion })),
-  persistTo: args.state ?? join(ROOT, ".wrangler", "state"),
+  persistTo: state,
   verbose: args.verbose,
 }).catch((error: unknown) => {
   console.error(`warmgate: could not start: ${(error as Error).message}`);
   process.exit(1);
 });
+stopStack = () => stack.stop();
+if (stopping) await stack.stop();
 
-const origins = stack.origins.map((o) => o.origin.url).join(",");
-console.log(`WARMGATE_URL=${stack.edgeUrl}`);
-console.log(`WARMGATE_ORIGINS=${origins}`);
-console.log(`WARMGATE_ADMIN_TOKEN=${stack.adminToken}`);
-console.log(`WARMGATE_KEY=${stack.apiKey}`);
-console.log(`WARMGATE_ORIGIN_ADMIN_TOKEN=${stack.originAdminToken}`);
-console.log(
-  `curl -sN ${stack.edgeUrl}/v1/chat/completions -H "authorization: Bearer ${stack.apiKey}" ` +
-    `-H "content-type: application/json" ` +
-    `-d '{"model":"warmgate-sim-8b","stream":true,"messages":[{"role":"user","content":"Hello!"}]}'`,
-);
+const vars = {
+  WARMGATE_URL: stack.edgeUrl,
+  // What the openai SDKs read, so their examples run as written.
+  OPENAI_BASE_URL: `${stack.edgeUrl}/v1`,
+  OPENAI_API_KEY: stack.apiKey,
+  WARMGATE_KEY: stack.apiKey,
+  WARMGATE_ADMIN_TOKEN: stack.adminToken,
+  WARMGATE_ORIGINS: stack.origins.map((o) => o.origin.url).join(","),
+  WARMGATE_ORIGIN_ADMIN_TOKEN: stack.originAdminToken,
+};
+const lines = Object.entries(vars).map(([name, value]) => `export ${name}='${value}'`);
+await writeFile(envFile, lines.join("\n") + "\n", { mode: 0o600 });
+for (const line of lines) console.log(line);
 console.error(
   "warmgate: ready. Regions: " +
     stack.origins.map((o) => `${o.region}:${o.origin.originId}@${o.origin.url}`).join(" ") +
-    ". Ctrl-C stops everything.",
+    ".\nwarmgate: in another terminal: source " +
+    relative(process.cwd(), envFile) +
+    ` && curl -sN $WARMGATE_URL/v1/chat/completions -H "authorization: Bearer $WARMGATE_KEY" ` +
+    `-H "content-type: application/json" ` +
+    `-d '{"model":"warmgate-sim-8b","stream":true,"messages":[{"role":"user","content":"Hello!"}]}'` +
+    "\nwarmgate: Ctrl-C stops everything.",
 );
 
-let stopping = false;
-async function shutdown(signal: string) {
-  if (stopping) return;
-  stopping = true;
-  console.error(`warmgate: ${signal}, stopping…`);
-  await stack.stop();
-  process.exit(0);
-}
-process.on("SIGINT", () => void shutdown("SIGINT"));
-process.on("SIGTERM", () => void shutdown("SIGTERM"));
 stack.edge.once("exit", (code) => {
-  if (stopping) return;
-  console.error(`warmgate: wrangler dev exited (${code ?? "signal"}), stopping origins`);
-  void stack.stop().then(() => process.exit(1));
+  void shutdown(`wrangler dev exited (${code ?? "signal"})`, 1);
 });

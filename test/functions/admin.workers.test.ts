@@ -114,14 +114,14 @@ describe("admin API keys", () => {
       name: "full",
       limits: { rpm: 5, tpm: 500, concurrency: 2 },
       allowed_origins: ["https://app.example", "http://localhost:3000"],
-      models: ["small", "large"],
+      models: ["warmgate-sim-8b", "warmgate-sim-70b"],
       tier: "high",
       expires_at: expires,
     });
     expect(created).toMatchObject({
       limits: { rpm: 5, tpm: 500, concurrency: 2 },
       allowed_origins: ["https://app.example", "http://localhost:3000"],
-      models: ["small", "large"],
+      models: ["warmgate-sim-8b", "warmgate-sim-70b"],
       tier: "high",
       expires_at: expires,
     });
@@ -134,6 +134,8 @@ describe("admin API keys", () => {
       [{ name: "x", allowed_origins: ["https://app.example/path"] }, "allowed_origins.0"],
       [{ name: "x", tier: "gold" }, "tier"],
       [{ name: "x", unknown: 1 }, null],
+      [{ name: "x", models: ["warmgate-sim-8b", "llama-3.1-8b-instruct"] }, "models[1]"],
+      [{ name: "x", models: ["fast"] }, "models[0]"],
     ] as const) {
       const res = await admin("/keys", { method: "POST", body });
       expect(res.status).toBe(400);
@@ -148,17 +150,40 @@ describe("admin API keys", () => {
     expect(res.status).toBe(400);
   });
 
+  it("refuses models the gateway does not serve, on create and on update, naming the served ones", async () => {
+    const res = await admin("/keys", {
+      method: "POST",
+      body: { name: "typo", models: ["llama-3.1-8b-instruct"] },
+    });
+    expect(res.status).toBe(400);
+    const { error } = await res.json<{ error: { message: string; code: string } }>();
+    expect(error.code).toBe("model_not_found");
+    expect(error.message).toContain("warmgate-sim-8b");
+    const created = await createKey({ name: "patch-typo" });
+    const patched = await admin(`/keys/${created.id}`, {
+      method: "PATCH",
+      body: { models: ["nope"] },
+    });
+    expect(patched.status).toBe(400);
+    const alias = await admin("/keys", {
+      method: "POST",
+      body: { name: "alias", models: ["fast"] },
+    });
+    const aliasError = await alias.json<{ error: { message: string } }>();
+    expect(aliasError.error.message).toContain("alias");
+  });
+
   it("updates limits and keeps the other fields", async () => {
     const created = await createKey({ name: "patch-me", limits: { rpm: 5 } });
     const res = await admin(`/keys/${created.id}`, {
       method: "PATCH",
-      body: { limits: { tpm: 123 }, models: ["m"] },
+      body: { limits: { tpm: 123 }, models: ["warmgate-sim-70b"] },
     });
     expect(res.status).toBe(200);
     expect(await res.json()).toMatchObject({
       name: "patch-me",
       limits: { rpm: 5, tpm: 123 },
-      models: ["m"],
+      models: ["warmgate-sim-70b"],
     });
   });
 

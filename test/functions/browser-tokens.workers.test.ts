@@ -30,7 +30,7 @@ describe("POST /v1/tokens", () => {
     const { id, key } = await createKey({
       name: "web",
       limits: { rpm: 100, tpm: 50_000, concurrency: 5 },
-      models: ["small", "large"],
+      models: ["warmgate-sim-8b", "warmgate-sim-70b"],
       allowed_origins: ["https://app.example"],
     });
     const before = Math.floor(Date.now() / 1_000);
@@ -38,7 +38,7 @@ describe("POST /v1/tokens", () => {
       user: "alice",
       ttl_seconds: 600,
       limits: { rpm: 10, tpm: 1_000_000 },
-      models: ["small"],
+      models: ["warmgate-sim-8b"],
     });
     expect(res.status).toBe(200);
     const minted = await res.json<Minted>();
@@ -46,20 +46,20 @@ describe("POST /v1/tokens", () => {
     expect(minted.expires_at).toBeLessThanOrEqual(before + 601);
     // Never wider than the key: tpm is capped at the key's.
     expect(minted.limits).toEqual({ rpm: 10, tpm: 50_000, concurrency: 5 });
-    expect(minted.models).toEqual(["small"]);
+    expect(minted.models).toEqual(["warmgate-sim-8b"]);
     const scope = await verifyBrowserToken(env, minted.token, Date.now());
     expect(scope).toMatchObject({
       keyId: id,
       user: "alice",
       subject: "user:alice",
-      models: ["small"],
+      models: ["warmgate-sim-8b"],
       origins: ["https://app.example"],
     });
   });
 
   it("refuses a model the key does not allow, and a ttl over an hour", async () => {
-    const { key } = await createKey({ name: "narrow", models: ["small"] });
-    expect((await mint(key, { models: ["large"] })).status).toBe(400);
+    const { key } = await createKey({ name: "narrow", models: ["warmgate-sim-8b"] });
+    expect((await mint(key, { models: ["warmgate-sim-70b"] })).status).toBe(400);
     expect((await mint(key, { ttl_seconds: 3_601 })).status).toBe(400);
   });
 

@@ -1,0 +1,125 @@
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { createServer, connect } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, describe, expect, it } from "vitest";
+import { ROOT } from "../../scripts/edge.ts";
+
+// `npm start` as a user or a process manager runs it: its own state folder, real npm.
+const dirs: string[] = [];
+const children: ChildProcess[] = [];
+
+afterEach(async () => {
+  for (const child of children.splice(0)) if (child.exitCode === null) child.kill("SIGKILL");
+  await Promise.all(dirs.splice(0).map((d) => rm(d, { recursive: true, force: true })));
+});
+
+async function stateDir(): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), "warmgate-start-"));
+  dirs.push(dir);
+  return dir;
+}
+
+function npmStart(args: string[]): { child: ChildProcess; out: () => string; err: () => string } {
+  const child = spawn("npm", ["start", "--", ...args], {
+    cwd: ROOT,
+    stdio: ["ignore", "pipe", "pipe"],
+    detached: true,
+  });
+  children.push(child);
+  let out = "";
+  let err = "";
+  child.stdout?.on("data", (c: Buffer) => (out += c.toString()));
+  child.stderr?.on("data", (c: Buffer) => (err += c.toString()));
+  return { child, out: () => out, err: () => err };
+}
+
+async function until(what: string, check: () => boolean | Promise<boolean>): Promise<void> {
+  for (let i = 0; i < 600; i++) {
+    if (await check()) return;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+
+function listening(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = connect(port, "127.0.0.1");
+    socket.once("connect", () => {
+      socket.destroy();
+      resolve(true);
+    });
+    socket.once("error", () => resolve(false));
+  });
+}
+
+/** Processes whose command line names `marker` (the state folder), other than `ps`. */
+function processesWith(marker: string): string[] {
+  return execFileSync("ps", ["-eo", "args"], { encoding: "utf8" })
+    .split("\n")
+    .filter((line) => line.includes(marker) && !line.startsWith("ps "));
+}
+
+describe("npm start", () => {
+  it("fails at once with one clear line when --port is taken", async () => {
+    const server = createServer();
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    const address = server.address();
+    const port = typeof address === "object" && address !== null ? address.port : 0;
+    try {
+      const run = npmStart(["--port", String(port), "--state", await stateDir()]);
+      const code = await new Promise<number | null>((r) => run.child.once("exit", r));
+      expect(code).toBe(1);
+      const errors = run
+        .err()
+        .split("\n")
+        .filter((l) => l.includes("could not start"));
+      expect(errors).toEqual([
+        expect.stringContaining(`port ${port} on 127.0.0.1 is already in use`),
+      ]);
+    } finally {
+      server.close();
+    }
+  });
+
+  it("writes an env file that works from another shell, and stops every part on SIGTERM to npm", async () => {
+    const state = await stateDir();
+    const run = npmStart(["--state", state, "--origins-per-region", "1"]);
+    const envFile = join(state, "warmgate.env");
+    await until("the stack to be ready", () => run.err().includes("Ctrl-C stops everything"));
+    const text = await readFile(envFile, "utf8");
+    expect(
+      text
+        .split("\n")
+        .filter(Boolean)
+        .every((l) => l.startsWith("export ")),
+    ).toBe(true);
+    // What the README tells a user to run in a second terminal.
+    const status = execFileSync(
+      "bash",
+      [
+        "-c",
+        `source '${envFile}' && "${process.execPath}" -e 'fetch(process.env.OPENAI_BASE_URL + "/models", { headers: { authorization: "Bearer " + process.env.OPENAI_API_KEY } }).then((r) => process.stdout.write(String(r.status)))'`,
+      ],
+      { encoding: "utf8" },
+    );
+    expect(status).toBe("200");
+    const ports = [...text.matchAll(/127\.0\.0\.1:(\d+)/g)].map((m) => Number(m[1]));
+    expect(ports.length).toBeGreaterThanOrEqual(3);
+    expect(processesWith(state).length).toBeGreaterThan(0);
+
+    process.kill(run.child.pid ?? 0, "SIGTERM");
+    await until("every part to stop", async () => {
+      const open = await Promise.all(ports.map(listening));
+      return !open.includes(true) && processesWith(state).length === 0;
+    });
+    await until("the env file to go", async () => {
+      const gone = await readFile(envFile).then(
+        () => false,
+        () => true,
+      );
+      return gone;
+    });
+  });
+});
