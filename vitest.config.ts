@@ -24,6 +24,7 @@ export default defineConfig({
             miniflare: {
               bindings: {
                 WARMGATE_CONFIG: inject("warmgateConfig"),
+                WARMGATE_ENV: "local",
                 ADMIN_TOKEN: TEST_ADMIN_TOKEN,
                 TOKEN_SIGNING_SECRET: TEST_SIGNING_SECRET,
               },

@@ -1,5 +1,5 @@
-// Secrets (`wrangler secret put`); `wrangler types` cannot see secrets, so they are
-// declared here.
+// Secrets (`wrangler secret put`) and `.dev.vars` variables; `wrangler types` cannot see
+// them, so they are declared here.
 // See docs/edge.md.
 interface Env {
   /** Bearer token of the `/admin` API. */
@@ -11,6 +11,8 @@ interface Env {
   TOKEN_SIGNING_SECRET?: string;
   /** Bearer token the edge presents to origins started with `--access-token`. */
   ORIGIN_TOKEN?: string;
+  /** `local` for `wrangler dev` and `npm start` (in `.dev.vars`): origins may be on loopback. */
+  WARMGATE_ENV?: string;
 }
 
 declare namespace Cloudflare {
@@ -18,5 +20,6 @@ declare namespace Cloudflare {
     ADMIN_TOKEN?: string;
     TOKEN_SIGNING_SECRET?: string;
     ORIGIN_TOKEN?: string;
+    WARMGATE_ENV?: string;
   }
 }

@@ -15,6 +15,7 @@ import { DIRECTORY_NAME } from "../durable-objects/key-directory/types.ts";
 import { ApiError } from "../contracts/errors.ts";
 import { readJsonBody } from "./json-body.ts";
 import { checkKeyModels } from "./key-models.ts";
+import { missingSecret } from "./deployment.ts";
 import { sumUsage, totalsJson, usageRange, usageReport } from "./routes/usage.ts";
 import { KEY_ID_PATTERN, bearerToken, mintApiKey, newKeyId } from "./keys.ts";
 import { constantTimeEqual, sha256Hex } from "../contracts/hashing.ts";
@@ -134,6 +135,7 @@ export function keyJson(record: KeyRecord): Record<string, unknown> {
 export function adminAuth() {
   return createMiddleware<{ Bindings: Env }>(async function adminToken(c, next) {
     const expected = c.env.ADMIN_TOKEN;
+    if (expected === undefined || expected === "") throw missingSecret("ADMIN_TOKEN");
     const presented = bearerToken(c.req.header("authorization"));
     // Hashing both sides first makes the comparison independent of the token's length.
     const ok =

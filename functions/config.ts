@@ -319,13 +319,3 @@ export function resolveModels(config: GatewayConfig, name: string): ModelConfig[
   const owner = config.models.find((m) => m.aliases.includes(name));
   return owner === undefined ? [] : [owner];
 }
-
-/** Logs a configuration problem once, when the Worker starts, so operators see it at once. */
-export function reportConfigAtStartup(text: string | undefined): void {
-  try {
-    loadGatewayConfig(text);
-  } catch (error) {
-    if (!(error instanceof ConfigError)) throw error;
-    console.error(`warmgate: ${error.message}`);
-  }
-}

@@ -7,7 +7,7 @@ import { Hono } from "hono";
 import { adminApp } from "./admin.ts";
 import type { AppEnv } from "./app-env.ts";
 import { browserTokensApp } from "./browser-tokens.ts";
-import { reportConfigAtStartup } from "./config.ts";
+import { checkDeployment } from "./deployment.ts";
 import { handleError, handleNotFound } from "./error-handler.ts";
 import { authenticate, verifyCredential } from "./middleware/auth.ts";
 import { browserCors } from "./middleware/cors.ts";
@@ -47,9 +47,10 @@ app.route("/v1", completions);
 app.notFound(handleNotFound);
 app.onError(handleError);
 
-// Module scope runs when workerd loads the Worker, so `wrangler dev` shows a bad config
-// at start-up (requests then answer 500 config_error).
-reportConfigAtStartup(env.WARMGATE_CONFIG);
+// Module scope runs when workerd loads the Worker: `wrangler dev` shows a bad config or a
+// missing secret at start-up (requests then answer 500 config_error), and outside local
+// runs a configuration that cannot work stops the Worker from starting or deploying.
+checkDeployment(env);
 
 export default app satisfies ExportedHandler<Env>;
 export { KeyAccount } from "../durable-objects/key-account/index.ts";

@@ -5,6 +5,7 @@
  * refused without calling a Durable Object. Only the SHA-256 of the whole key is stored,
  * and no function here logs or echoes a key.
  */
+import { missingSecret } from "./deployment.ts";
 import { base32, constantTimeEqual, hmacSha256, sha256Hex } from "../contracts/hashing.ts";
 
 /** The prefix every API key starts with. */
@@ -34,9 +35,7 @@ export interface SigningEnv {
  */
 export function signingSecret(env: SigningEnv): string {
   const secret = env.TOKEN_SIGNING_SECRET ?? env.ADMIN_TOKEN;
-  if (secret === undefined || secret === "") {
-    throw new Error("TOKEN_SIGNING_SECRET or ADMIN_TOKEN must be set");
-  }
+  if (secret === undefined || secret === "") throw missingSecret("TOKEN_SIGNING_SECRET");
   return secret;
 }
 

@@ -30,6 +30,11 @@ export function parseRuntime(value: string): EdgeRuntime {
   throw new Error(`--runtime must be wrangler-dev or workerd, not ${value}`);
 }
 
+/** A local Worker's variables: origins on loopback are expected here (`WARMGATE_ENV`). */
+function localVars(vars: Record<string, string>): Record<string, string> {
+  return { WARMGATE_ENV: "local", ...vars };
+}
+
 /** Thrown when a port asked for is taken: a message for one line, no wrangler output. */
 export class PortInUseError extends Error {}
 
@@ -126,7 +131,7 @@ export async function startWranglerDev(options: EdgeOptions): Promise<RunningEdg
   const envFile = join(scratch, "edge.env");
   await writeFile(
     envFile,
-    Object.entries(options.vars)
+    Object.entries(localVars(options.vars))
       .map(([k, v]) => dotenvLine(k, v))
       .join("\n") + "\n",
     { mode: 0o600 },
@@ -230,7 +235,7 @@ export async function crashDetached(child: ChildProcess): Promise<void> {
 export async function startWorkerd(options: EdgeOptions): Promise<RunningEdge> {
   const scratch = await mkdtemp(join(tmpdir(), "warmgate-edge-"));
   const varsFile = join(scratch, "vars.json");
-  await writeFile(varsFile, JSON.stringify(options.vars), { mode: 0o600 });
+  await writeFile(varsFile, JSON.stringify(localVars(options.vars)), { mode: 0o600 });
   const child = spawn(
     process.execPath,
     [

@@ -1,10 +1,9 @@
-import { describe, expect, it, vi } from "vitest";
+import { describe, expect, it } from "vitest";
 import {
   ConfigError,
   DEFAULT_LIMITS,
   loadGatewayConfig,
   parseGatewayConfig,
-  reportConfigAtStartup,
   resolveModel,
   resolveModels,
 } from "../../functions/config.ts";
@@ -127,19 +126,6 @@ describe("gateway configuration", () => {
     expect(resolveModel(config, "fast")?.id).toBe("m-8b");
     expect(resolveModel(config, "m-70b")?.id).toBe("m-70b");
     expect(resolveModel(config, "gpt-4")).toBeUndefined();
-  });
-
-  it("logs a bad config once at start-up, naming the field", () => {
-    const log = vi.spyOn(console, "error").mockImplementation(() => {});
-    try {
-      reportConfigAtStartup(JSON.stringify({ ...valid, default_region: 5 }));
-      reportConfigAtStartup(JSON.stringify(valid));
-      expect(log.mock.calls).toEqual([
-        [expect.stringMatching(/^warmgate: WARMGATE_CONFIG is invalid at default_region: /)],
-      ]);
-    } finally {
-      log.mockRestore();
-    }
   });
 });
 

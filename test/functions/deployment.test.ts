@@ -1,0 +1,71 @@
+import { describe, expect, it, vi } from "vitest";
+import { checkDeployment, deploymentProblems } from "../../functions/deployment.ts";
+
+const config = (url: string) =>
+  JSON.stringify({
+    models: [{ id: "m", max_model_len: 1024 }],
+    regions: [{ id: "eu", origins: [{ id: "eu-1", url }] }],
+    default_region: "eu",
+  });
+const secrets = { ADMIN_TOKEN: "a", TOKEN_SIGNING_SECRET: "s" };
+
+describe("the Worker's start-up checks", () => {
+  it("refuses to start outside local runs with an origin a Worker cannot reach", () => {
+    for (const url of [
+      "http://127.0.0.1:9101",
+      "http://localhost:8000",
+      "http://10.0.0.5",
+      "http://192.168.1.2",
+      "http://[::1]:9000",
+    ]) {
+      const log = vi.spyOn(console, "error").mockImplementation(() => {});
+      expect(() => checkDeployment({ WARMGATE_CONFIG: config(url), ...secrets })).toThrow(
+        /will not start: origin eu-1 of region eu is at .* cannot reach/,
+      );
+      log.mockRestore();
+    }
+    expect(
+      deploymentProblems({ WARMGATE_CONFIG: config("https://gpu.example.com"), ...secrets }),
+    ).toEqual([]);
+  });
+
+  it("lets local runs use loopback origins", () => {
+    const env = {
+      WARMGATE_CONFIG: config("http://127.0.0.1:9101"),
+      WARMGATE_ENV: "local",
+      ...secrets,
+    };
+    expect(deploymentProblems(env)).toEqual([]);
+    expect(() => checkDeployment(env)).not.toThrow();
+  });
+
+  it("refuses to start with a missing or invalid config, naming the field", () => {
+    const log = vi.spyOn(console, "error").mockImplementation(() => {});
+    try {
+      expect(() => checkDeployment({ ...secrets })).toThrow(/WARMGATE_CONFIG/);
+      expect(() =>
+        checkDeployment({ WARMGATE_CONFIG: '{"models":[]}', WARMGATE_ENV: "local", ...secrets }),
+      ).not.toThrow();
+      expect(log.mock.calls.at(-1)?.[0]).toMatch(/^warmgate: WARMGATE_CONFIG is invalid at /);
+    } finally {
+      log.mockRestore();
+    }
+  });
+
+  it("reports missing secrets with how to set them, and starts anyway", () => {
+    const log = vi.spyOn(console, "error").mockImplementation(() => {});
+    try {
+      expect(() =>
+        checkDeployment({ WARMGATE_CONFIG: config("https://gpu.example.com") }),
+      ).not.toThrow();
+      const lines = log.mock.calls.map((call) => String(call[0]));
+      expect(lines).toEqual([
+        expect.stringContaining("ADMIN_TOKEN is not set: run `wrangler secret put ADMIN_TOKEN`"),
+        expect.stringContaining("TOKEN_SIGNING_SECRET is not set"),
+      ]);
+      expect(lines[0]).toContain(".dev.vars.example");
+    } finally {
+      log.mockRestore();
+    }
+  });
+});
