@@ -1,9 +1,14 @@
+import { readFileSync } from "node:fs";
 import { cloudflareTest } from "@cloudflare/vitest-plugin";
 import { defineConfig } from "vitest/config";
 import { TEST_ADMIN_TOKEN, TEST_SIGNING_SECRET } from "./test/support/provided-context.ts";
 
 // Two projects: `unit` runs pure cores, the origin and scripts in Node;
 // `workers` runs the edge and its Durable Objects inside workerd.
+// WARMGATE_CONFIG_FILE=my-config.json also checks a deployment's own configuration there
+// (test/functions/user-config.workers.test.ts; docs/deploy.md).
+const userConfigFile = process.env["WARMGATE_CONFIG_FILE"];
+const userConfig = userConfigFile === undefined ? "" : readFileSync(userConfigFile, "utf8");
 export default defineConfig({
   test: {
     projects: [
@@ -25,6 +30,7 @@ export default defineConfig({
               bindings: {
                 WARMGATE_CONFIG: inject("warmgateConfig"),
                 WARMGATE_ENV: "local",
+                WARMGATE_USER_CONFIG: userConfig,
                 ADMIN_TOKEN: TEST_ADMIN_TOKEN,
                 TOKEN_SIGNING_SECRET: TEST_SIGNING_SECRET,
               },
