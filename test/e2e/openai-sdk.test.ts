@@ -16,7 +16,7 @@ beforeAll(async () => {
       { id: "eu", continents: ["EU"], origins: 1 },
       { id: "us", continents: ["NA"], origins: 1 },
     ],
-    sim: { seed: 11 },
+    sim: { seed: 11, deterministic: true },
   });
   const eu = stack.origins.find((o) => o.region === "eu");
   if (eu === undefined) throw new Error("no eu origin");
