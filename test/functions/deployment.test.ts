@@ -69,3 +69,30 @@ describe("the Worker's start-up checks", () => {
     }
   });
 });
+
+describe("the committed local settings", () => {
+  it("let wrangler dev start with the default wrangler.toml: .dev.vars.example sets every secret", async () => {
+    const { readFile } = await import("node:fs/promises");
+    const { join } = await import("node:path");
+    const { ROOT } = await import("../../scripts/edge.ts");
+    const vars = Object.fromEntries(
+      (await readFile(join(ROOT, ".dev.vars.example"), "utf8"))
+        .split("\n")
+        .filter((line) => /^[A-Z_]+=/.test(line))
+        .map((line) => [line.slice(0, line.indexOf("=")), line.slice(line.indexOf("=") + 1)]),
+    );
+    expect(Object.keys(vars)).toEqual(
+      expect.arrayContaining([
+        "WARMGATE_ENV",
+        "ADMIN_TOKEN",
+        "TOKEN_SIGNING_SECRET",
+        "ORIGIN_TOKEN",
+      ]),
+    );
+    const toml = await readFile(join(ROOT, "wrangler.toml"), "utf8");
+    const config = /^WARMGATE_CONFIG = '(.*)'$/m.exec(toml)?.[1];
+    expect(deploymentProblems({ ...vars, WARMGATE_CONFIG: config })).toEqual([]);
+    // Without them, the same config is one a Worker on Cloudflare could never serve.
+    expect(deploymentProblems({ WARMGATE_CONFIG: config, ADMIN_TOKEN: "x" })).not.toEqual([]);
+  });
+});

@@ -53,6 +53,37 @@ afterEach(async () => {
 });
 
 describe("KV-cache-aware routing", () => {
+  it("keeps Responses API requests with the same instructions on their warm origin", async () => {
+    const tag = crypto.randomUUID().slice(0, 6);
+    const config = configOf(tag);
+    const homes = new Map<number, string>();
+    let prompt = 0;
+    let cached = 0;
+    for (const question of ["Hello?", "What is due?", "Refund please."]) {
+      for (let n = 0; n < 6; n++) {
+        const body = {
+          model: MODEL,
+          max_output_tokens: 3,
+          instructions: system(tag, n),
+          input: question,
+        };
+        const res = await sendWith(config, edgeRequest("/v1/responses", { body }));
+        expect(res.status).toBe(200);
+        const origin = res.headers.get("x-warmgate-origin") ?? "";
+        expect(homes.get(n) ?? origin).toBe(origin);
+        homes.set(n, origin);
+        const { usage } = await res.json<{
+          usage: { input_tokens: number; input_tokens_details: { cached_tokens: number } };
+        }>();
+        if (question !== "Hello?") {
+          prompt += usage.input_tokens;
+          cached += usage.input_tokens_details.cached_tokens;
+        }
+      }
+    }
+    expect(cached / prompt).toBeGreaterThan(0.9);
+  });
+
   it("sends prompts that share a long system prompt to the origin that prefilled it", async () => {
     const tag = crypto.randomUUID().slice(0, 6);
     const config = configOf(tag);
