@@ -1,5 +1,8 @@
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
 import { describe, expect, it, vi } from "vitest";
 import { checkDeployment, deploymentProblems } from "../../functions/deployment.ts";
+import { ROOT } from "../../scripts/edge.ts";
 
 const config = (url: string) =>
   JSON.stringify({
@@ -72,9 +75,6 @@ describe("the Worker's start-up checks", () => {
 
 describe("the committed local settings", () => {
   it("let wrangler dev start with the default wrangler.toml: .dev.vars.example sets every secret", async () => {
-    const { readFile } = await import("node:fs/promises");
-    const { join } = await import("node:path");
-    const { ROOT } = await import("../../scripts/edge.ts");
     const vars = Object.fromEntries(
       (await readFile(join(ROOT, ".dev.vars.example"), "utf8"))
         .split("\n")
@@ -90,9 +90,9 @@ describe("the committed local settings", () => {
       ]),
     );
     const toml = await readFile(join(ROOT, "wrangler.toml"), "utf8");
-    const config = /^WARMGATE_CONFIG = '(.*)'$/m.exec(toml)?.[1];
-    expect(deploymentProblems({ ...vars, WARMGATE_CONFIG: config })).toEqual([]);
+    const local = /^WARMGATE_CONFIG = '(.*)'$/m.exec(toml)?.[1];
+    expect(deploymentProblems({ ...vars, WARMGATE_CONFIG: local })).toEqual([]);
     // Without them, the same config is one a Worker on Cloudflare could never serve.
-    expect(deploymentProblems({ WARMGATE_CONFIG: config, ADMIN_TOKEN: "x" })).not.toEqual([]);
+    expect(deploymentProblems({ WARMGATE_CONFIG: local, ADMIN_TOKEN: "x" })).not.toEqual([]);
   });
 });
