@@ -11,10 +11,10 @@ import type { Budgets, Limits } from "../durable-objects/key-account/admission.t
 import { NO_BUDGETS } from "../durable-objects/key-account/types.ts";
 import { KEY_TIERS, type KeyRecord, type UsageRow } from "../durable-objects/key-account/types.ts";
 import { microsToUsd, usdToMicros } from "../contracts/pricing.ts";
-import { DIRECTORY_NAME } from "../durable-objects/key-directory/types.ts";
 import { ApiError } from "../contracts/errors.ts";
 import { readJsonBody } from "./json-body.ts";
 import { checkKeyModels } from "./key-models.ts";
+import { keyAccount, keyDirectory } from "./key-auth.ts";
 import { missingSecret } from "./deployment.ts";
 import { sumUsage, totalsJson, usageRange, usageReport } from "./routes/usage.ts";
 import { KEY_ID_PATTERN, bearerToken, mintApiKey, newKeyId } from "./keys.ts";
@@ -295,13 +295,8 @@ export const adminApp = new Hono<{ Bindings: Env }>()
     return c.json({ ...keyJson(record), key });
   });
 
-function account(env: Env, id: string) {
-  return env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
-}
-
-function directory(env: Env) {
-  return env.KEY_DIRECTORY.get(env.KEY_DIRECTORY.idFromName(DIRECTORY_NAME));
-}
+const account = keyAccount;
+const directory = keyDirectory;
 
 // Only indexed keys are looked up, so probing ids never creates a KeyAccount.
 async function known(env: Env, id: string): Promise<boolean> {

@@ -19,6 +19,7 @@ import { canaries } from "./routes/canaries.ts";
 import { completions } from "./routes/completions.ts";
 import { health } from "./routes/health.ts";
 import { models } from "./routes/models.ts";
+import { metrics, stats } from "./routes/observability.ts";
 import { usage } from "./routes/usage.ts";
 
 /** The warmgate edge Worker. */
@@ -36,6 +37,8 @@ app.route("/health", health);
 app.route("/admin/batchers", batchers);
 app.route("/admin/breakers", breakers);
 app.route("/admin/canaries", canaries);
+app.route("/admin/stats", stats);
+app.route("/metrics", metrics);
 // Keys are checked at the edge first (no storage call for forged ones); completions then
 // make their one KeyAccount call after the body is planned (see routes/completions.ts).
 app.use("/v1/*", authenticate());

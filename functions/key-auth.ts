@@ -8,6 +8,8 @@ import type {
   InvalidKeyReason,
 } from "../durable-objects/key-account/admission.ts";
 import type { KeyAccount } from "../durable-objects/key-account/index.ts";
+import type { KeyDirectory } from "../durable-objects/key-directory/index.ts";
+import { DIRECTORY_NAME } from "../durable-objects/key-directory/types.ts";
 import {
   ACCOUNT_WRITE_DELAY_MS,
   type AdmitInput,
@@ -86,6 +88,11 @@ export function admitCredential(credential: Credential): AdmitCredential {
 /** The KeyAccount of a key id. */
 export function keyAccount(env: Env, keyId: string): DurableObjectStub<KeyAccount> {
   return env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
+}
+
+/** The one KeyDirectory, which lists every key. */
+export function keyDirectory(env: Env): DurableObjectStub<KeyDirectory> {
+  return env.KEY_DIRECTORY.get(env.KEY_DIRECTORY.idFromName(DIRECTORY_NAME));
 }
 
 // Settlements of this isolate until their key's account holds them durably.

@@ -30,6 +30,8 @@ export interface SettledRequest {
   originBegan: boolean;
   /** The engine's time to first token, from the item's END, when it reported one. */
   ttftMs?: number | null;
+  /** When a streamed answer's first body bytes went to the client (epoch ms). */
+  firstByteAt?: number | null;
 }
 
 /** Runs when a request is settled; may be async (it runs under `waitUntil`). */
@@ -38,6 +40,8 @@ export type SettleHook = (settled: SettledRequest) => void | Promise<void>;
 /** Collects hooks and runs them once, off the response path, under `waitUntil`. */
 export class Settlement {
   readonly requestId: string;
+  /** When the edge received the request (epoch ms). */
+  readonly startedAt = Date.now();
   /** Every attempt at serving it so far, in order (see `delivery/failover.ts`). */
   readonly attempts: RequestAttempt[] = [];
   #hooks: SettleHook[] = [];

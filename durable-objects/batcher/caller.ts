@@ -24,8 +24,10 @@ export interface BatchCaller {
   status: number | null;
   /** Cancelled on its origin while it waits for its END (`cancel` with `untilEnd`). */
   cancelling: boolean;
-  /** Its first body byte has come back. */
-  firstByte: boolean;
+  /** When its first body byte came back (epoch ms), null before. */
+  firstByteAt: number | null;
+  /** When it was admitted (epoch ms): its wait in the queue counts from here. */
+  admittedAt: number;
   /** Its HEAD was slower than the breakers allow, and its origin was told so. */
   slow: boolean;
 }
@@ -64,7 +66,8 @@ export function newCaller(
     headTimer: null,
     status: null,
     cancelling: false,
-    firstByte: false,
+    firstByteAt: null,
+    admittedAt: Date.now(),
     slow: false,
   };
 }

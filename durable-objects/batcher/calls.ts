@@ -18,7 +18,7 @@ import {
   failBody,
 } from "./caller.ts";
 import type { Callers } from "./callers.ts";
-import { countBatch } from "./counters.ts";
+import { countBatch, countQueueWait } from "./counters.ts";
 import type { Queue } from "./queue.ts";
 import type { CallRecords } from "./records.ts";
 import {
@@ -99,6 +99,7 @@ export class Calls {
       holdTimer: null,
     };
     for (const caller of members) {
+      countQueueWait(counters, Math.max(0, now - caller.admittedAt));
       caller.stage = "sent";
       caller.call = call;
       if (caller.input.timeHead) {

@@ -1,6 +1,7 @@
 /** The Batcher's counters (docs/batching.md, "Snapshot"), since its incarnation started. */
+
 import type { FlushReason } from "./window/index.ts";
-import type { BatcherCounters } from "./types.ts";
+import { type BatcherCounters, QUEUE_WAIT_BOUNDS_MS } from "./types.ts";
 
 export function newCounters(): BatcherCounters {
   return {
@@ -16,6 +17,7 @@ export function newCounters(): BatcherCounters {
     batches: { idle: 0, size: 0, tokens: 0, window: 0 },
     batchItems: 0,
     batchSizes: {},
+    queueWaitMs: { counts: QUEUE_WAIT_BOUNDS_MS.map(() => 0), sum: 0, count: 0 },
     orphansCancelled: 0,
     readPauses: 0,
     holds: 0,
@@ -28,6 +30,15 @@ export function countBatch(counters: BatcherCounters, reason: FlushReason, size:
   counters.batchItems += size;
   const bucket = sizeBucket(size);
   counters.batchSizes[bucket] = (counters.batchSizes[bucket] ?? 0) + 1;
+}
+
+/** Counts how long an item waited between its admission and its call leaving, ms. */
+export function countQueueWait(counters: BatcherCounters, waitMs: number): void {
+  const histogram = counters.queueWaitMs;
+  const at = QUEUE_WAIT_BOUNDS_MS.findIndex((bound) => waitMs <= bound);
+  if (at >= 0) histogram.counts[at] = (histogram.counts[at] ?? 0) + 1;
+  histogram.sum += waitMs;
+  histogram.count += 1;
 }
 
 /** The histogram bucket of a batch size: `1`, `2`, `3-4`, `5-8`, `9-16`, … */

@@ -77,10 +77,10 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
         break;
       }
       case FrameType.DATA:
-        if (!caller.firstByte) {
+        if (caller.firstByteAt === null) {
           // The wait term of the window learns how long first bytes take. Edges that
           // report what their requests waited are counted by their reports, not twice.
-          caller.firstByte = true;
+          caller.firstByteAt = now;
           fresh.add(caller);
           queue.router?.started(caller.input.id);
           const countWait = caller.input.recentFirstByteMs === undefined;

@@ -26,6 +26,7 @@ import {
   type BatcherAnswerResult,
   type BatcherAttempt,
   type BatcherCancelOptions,
+  type BatcherEnd,
   type BatcherFailureTrailer,
   type BatcherHead,
   type BatcherNotAdmitted,
@@ -157,11 +158,14 @@ export class Batcher extends DurableObject<Env> {
    * with); null when the item was cut or cancelled without an END, or when this object
    * does not know the item (it was refused, or `end` came twice).
    */
-  async end(id: string): Promise<Uint8Array | null> {
+  async end(id: string): Promise<BatcherEnd> {
     const sink = this.#answers.get(id);
-    if (sink === undefined) return null;
+    if (sink === undefined) return { trailer: null, firstByteAt: null };
     this.#answers.delete(id);
-    return sink.ended;
+    // The caller, while it is known: when its first body byte left, for the edge's metrics.
+    const caller = this.#callers.get(id);
+    const trailer = await sink.ended;
+    return { trailer, firstByteAt: caller?.firstByteAt ?? null };
   }
 
   /**
@@ -190,6 +194,7 @@ export class Batcher extends DurableObject<Env> {
     return {
       version: this.#queue.setup?.version ?? null,
       queued: this.#queue.queued(),
+      lanes: state?.lanes.map((lane) => lane.length) ?? [],
       windowMs: state === null ? 0 : currentWindowMs(state, now),
       threadLagMs: state === null ? 0 : meanThreadLagMs(state, now),
       holdMs: state === null ? 0 : tokenHoldMs(state, now),

@@ -156,6 +156,14 @@ export type BatcherAnswerResult =
   | BatcherNotAdmitted;
 
 /** The answer to `open`. */
+/** What `end` answers: the item's END as the origin sent it, and when its first byte left. */
+export interface BatcherEnd {
+  /** The trailer's JSON bytes; null when the item was cut, cancelled or unknown. */
+  trailer: Uint8Array | null;
+  /** When its first body byte left for the client (epoch ms); null when none did. */
+  firstByteAt: number | null;
+}
+
 export type BatcherOpenResult =
   /**
    * Opened: the origin's HEAD, and the item's body on a stream of its own, which the caller
@@ -203,6 +211,8 @@ export interface BatcherCounters {
   batchItems: number;
   /** Upstream calls by items carried, in power-of-two buckets (`1`, `2`, `3-4`, `5-8`, …). */
   batchSizes: Record<string, number>;
+  /** Waits from admission to the call leaving, ms, per bucket of `QUEUE_WAIT_BOUNDS_MS`. */
+  queueWaitMs: { counts: number[]; sum: number; count: number };
   /** Orphaned calls of earlier incarnations cancelled on their origins. */
   orphansCancelled: number;
   /** Times a call's reading gave way to the rest of this object's work (see {@link READ_TURN_MS}). */
@@ -227,6 +237,8 @@ export const RECENT_BATCHES = 32;
 export interface BatcherSnapshot {
   version: string | null;
   queued: number;
+  /** Requests waiting in each lane, highest priority first. */
+  lanes: number[];
   /** The window a request arriving now would wait, ms. */
   windowMs: number;
   /**
@@ -254,3 +266,6 @@ export interface BatcherSnapshot {
   /** The latest upstream calls, oldest first. */
   recentBatches: BatchRecord[];
 }
+
+/** Upper bounds of a Batcher's queue-wait buckets, ms (docs/metrics.md). */
+export const QUEUE_WAIT_BOUNDS_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 30_000];

@@ -3,6 +3,7 @@
  * the key's current state, and on admission the reservation and its open ledger row, in
  * one synchronous turn (docs/key-account.md, "What a request reserves").
  */
+import { recordRequest, refusedSample } from "./metrics.ts";
 import { decideAdmission, rateLimitNow, type CandidateModel } from "./admission.ts";
 import { hasBudgets } from "./budgets.ts";
 import { FREE, utcDay, worstCaseMicros } from "../../contracts/pricing.ts";
@@ -29,7 +30,10 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
   if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
   const { credential } = input;
   const refused = credentialRefusal(store, credential, now);
-  if (refused !== null) return refused;
+  if (refused !== null) {
+    recordRequest(store, refusedSample(input.requestId, input.model, refused.code, now));
+    return refused;
+  }
   // A repeated admit (the edge retried the call) must not reserve twice. Request ids are
   // the edge's random ids, never reused: a closed row is not looked for (and a ledger
   // write never reopens one).
@@ -88,7 +92,10 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     },
   });
   const { decision, state } = outcome;
-  if (!decision.ok) return decision;
+  if (!decision.ok) {
+    recordRequest(store, refusedSample(input.requestId, input.model, decision.code, now));
+    return decision;
+  }
 
   const stored: StoredCandidate[] = offered
     .filter((candidate) => decision.models.includes(candidate.model))

@@ -22,6 +22,7 @@ import {
 import { usageRows } from "./rollups.ts";
 import { KEY_ACCOUNT_MIGRATIONS, KEY_SCOPE, ledgerRecordOf } from "./schema.ts";
 import { expireDue, settle } from "./settle.ts";
+import { type KeyMetrics, keyMetrics } from "./metrics.ts";
 import { AccountStore, IDLE_BUCKET_MS } from "./store.ts";
 import {
   LEDGER_RETENTION_MS,
@@ -147,6 +148,11 @@ export class KeyAccount extends DurableObject<Env> {
   }
 
   /** Commits the writes memory holds ahead of SQLite now (for tests and direct reads). */
+  /** The key's request metrics, for the edge's `/metrics` and dashboard (docs/metrics.md). */
+  metrics(): KeyMetrics {
+    return keyMetrics(this.#store);
+  }
+
   flush(): void {
     this.#store.writes.flush();
   }

@@ -55,6 +55,7 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
      period TEXT PRIMARY KEY, settled_micros INTEGER NOT NULL, reserved_micros INTEGER NOT NULL);`,
   `ALTER TABLE key_record ADD COLUMN allow_region_override INTEGER NOT NULL DEFAULT 0;`,
   `ALTER TABLE ledger ADD COLUMN attempts TEXT NOT NULL DEFAULT '[]';`,
+  `CREATE TABLE metrics (name TEXT PRIMARY KEY, data TEXT NOT NULL);`,
 ];
 
 /** The `buckets` scope of the key itself (end users are `u:<subject>`). */

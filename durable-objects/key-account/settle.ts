@@ -9,6 +9,7 @@ import { billingCap } from "./budgets.ts";
 import { type LedgerChange, expireRow, forgottenRow, settleRow } from "./ledger.ts";
 import { KEY_SCOPE, type LedgerEntry } from "./schema.ts";
 import { addSpend, addUsage, spendOf } from "./rollups.ts";
+import { recordRequest, settledSample } from "./metrics.ts";
 import { type AccountStore, userScope } from "./store.ts";
 import type { SettleInput, SettleResult } from "./types.ts";
 
@@ -61,6 +62,9 @@ function close(
 ): SettleResult {
   const { change, result } = settleRow(row, input, now, capMicros);
   applyChange(store, row, change, now);
+  if (result.settled) {
+    recordRequest(store, settledSample(input, change.row.model, result.costMicros, now));
+  }
   return result;
 }
 

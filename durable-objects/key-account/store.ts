@@ -10,6 +10,7 @@ import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 import type { PeriodSpend, ScopeBuckets, ScopeUsage } from "./admission.ts";
 import { adjust, fullBucket, type BucketState } from "./token-bucket.ts";
 import { loadSecrets } from "./record.ts";
+import type { MetricsState } from "./metrics.ts";
 import {
   KEY_SCOPE,
   LEDGER_COLUMNS,
@@ -60,6 +61,8 @@ export class AccountStore {
   readonly buckets = new Map<string, ScopeState>();
   readonly periods = new Map<string, PeriodSpend>();
   readonly rollups = new Map<string, UsageTotals>();
+  // The key's request metrics, loaded on first use (see metrics.ts).
+  metrics: MetricsState | null = null;
 
   constructor(storage: DurableObjectStorage, onCommitFailed: () => void) {
     this.storage = storage;

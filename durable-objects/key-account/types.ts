@@ -189,7 +189,21 @@ export interface SettleInput {
    * still settled and billed, as a settled row with nothing reserved.
    */
   admitted?: SettledAdmission | null;
+  /** How the client saw it, for the account's metrics (docs/metrics.md). */
+  metrics?: SettleMetrics;
   now?: number;
+}
+
+/** A request as its client saw it: where it was served, its status and its timings. */
+export interface SettleMetrics {
+  /** The region that served it, or null when none did. */
+  region: string | null;
+  /** The HTTP status the client received. */
+  status: number;
+  /** From the edge receiving it to its settlement. */
+  durationMs: number;
+  /** From the edge receiving it to its first body byte, for a streamed answer; else null. */
+  ttftMs: number | null;
 }
 
 /** What the edge knows of an admission: enough to bill the request if the account lost it. */
@@ -278,3 +292,8 @@ export const ACCOUNT_WRITE_DELAY_MS = 50;
 
 /** No spending limit at all. */
 export const NO_BUDGETS: Budgets = { dayMicros: null, monthMicros: null, creditMicros: null };
+
+/** Upper bounds of the request-duration buckets of a key's metrics, seconds. */
+export const DURATION_BOUNDS_S = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+/** Upper bounds of the time-to-first-token buckets of a key's metrics, seconds. */
+export const TTFT_BOUNDS_S = [0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];

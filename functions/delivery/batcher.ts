@@ -10,6 +10,7 @@ import type {
   BatcherAnswerResult,
   BatcherAttempt,
   BatcherCancelOptions,
+  BatcherEnd,
   BatcherFailureTrailer,
   BatcherOpenResult,
   AttemptRoute,
@@ -323,7 +324,11 @@ async function openAtBatcher(
     default:
       return assertNever(result);
   }
-  const item = pipedItem(result.head, result.body, endOf(ending), tell);
+  const firstByteAt = ending.then(
+    (end) => end.firstByteAt,
+    () => null,
+  );
+  const item = pipedItem(result.head, result.body, endOf(ending), firstByteAt, tell);
   return { attempt: { kind: "open", item, originId: result.head.origin }, atOnce: result.atOnce };
 }
 
@@ -336,15 +341,25 @@ function pipedItem(
   head: ItemHead,
   body: ReadableStream<Uint8Array>,
   ended: Promise<ItemEnd>,
+  firstByte: Promise<number | null>,
   tell: (options?: BatcherCancelOptions) => void,
 ): OpenItem {
+  // Known once the END is: the Batcher streams the body, so it says when it began.
+  let firstByteAt: number | null = null;
+  void firstByte.then((at) => {
+    firstByteAt = at;
+  });
   return {
     head,
     stream: () => ({
       body,
-      ended,
+      ended: ended.then(async (end) => {
+        await firstByte;
+        return end;
+      }),
       clientGone: () => tell({ untilEnd: true }),
       timeOut: () => tell({ timedOut: true }),
+      firstByteAt: () => firstByteAt,
     }),
     async whole() {
       let bytes = new Uint8Array();
@@ -363,9 +378,9 @@ function pipedItem(
 }
 
 /** The END that `end` answers, as how the item ended. */
-async function endOf(ending: Promise<Uint8Array | null>): Promise<ItemEnd> {
+async function endOf(ending: Promise<BatcherEnd>): Promise<ItemEnd> {
   try {
-    const trailer = await ending;
+    const { trailer } = await ending;
     // Null: the item's call was cut after its HEAD, or the batcher lost the item.
     if (trailer === null) return { kind: "broken", detail: "the item ended without an END" };
     return { kind: "end", trailer: decodeJsonPayload(trailer) as ItemTrailer };

@@ -31,6 +31,8 @@ export interface ItemStream {
   clientGone(): void;
   /** The request timed out: the body ends with a timeout error event, and the item stops. */
   timeOut(): void;
+  /** When the first body bytes went to the client (epoch ms), null before. */
+  firstByteAt(): number | null;
 }
 
 /** An item with its HEAD; `stream` or `whole` is called once, `cancel` at any time. */
@@ -82,6 +84,7 @@ export function frameItem(
       const { promise: ended, resolve: resolveEnded } = Promise.withResolvers<ItemEnd>();
       let done = false;
       let gone = false;
+      let firstByteAt: number | null = null;
       let controller: ReadableStreamDefaultController<Uint8Array> | undefined;
       const end = (how: ItemEnd, failure: "timeout" | "bad_answer" | null) => {
         if (done) return;
@@ -131,6 +134,7 @@ export function frameItem(
               switch (event.kind) {
                 case "data":
                   if (event.bytes.byteLength === 0) continue;
+                  firstByteAt ??= Date.now();
                   c.enqueue(event.bytes);
                   return;
                 case "end":
@@ -158,6 +162,7 @@ export function frameItem(
           cancel();
           end({ kind: "broken", detail: "request timeout" }, "timeout");
         },
+        firstByteAt: () => firstByteAt,
       };
     },
   };

@@ -99,7 +99,7 @@ class Lifecycle {
       streamed.clientGone();
       // The item's END still reports the tokens generated until then; should none come:
       gaveUp = setTimeout(() => {
-        this.#finish("cancelled", null, head.status);
+        this.#finish("cancelled", null, head.status, streamed.firstByteAt());
         this.#item.cancel();
       }, CANCEL_USAGE_WAIT_MS);
     };
@@ -112,7 +112,7 @@ class Lifecycle {
     this.#onTimeout = () => {
       streamed.timeOut();
       stopListening();
-      this.#finish("timeout", null, head.status);
+      this.#finish("timeout", null, head.status, streamed.firstByteAt());
     };
     if (signal?.aborted === true) gone();
     else signal?.addEventListener("abort", gone, { once: true });
@@ -120,18 +120,18 @@ class Lifecycle {
       stopListening();
       if (end.kind === "broken") {
         if (!clientGone) this.#warn("origin failed mid-stream", end.detail);
-        this.#finish(clientGone ? "cancelled" : "error", null, head.status);
+        this.#finish(clientGone ? "cancelled" : "error", null, head.status, streamed.firstByteAt());
         return;
       }
       const { trailer } = end;
       // The upstream cancels an item whose client's body went away before this edge knew.
       if (clientGone || trailer.outcome === "cancelled") {
-        this.#finish("cancelled", trailer, head.status);
+        this.#finish("cancelled", trailer, head.status, streamed.firstByteAt());
         return;
       }
       const ended = endOutcome(trailer, head.status);
       if (!ended.complete) this.#warn("origin failed mid-stream", trailer.error?.message);
-      this.#finish(ended.outcome, trailer, head.status);
+      this.#finish(ended.outcome, trailer, head.status, streamed.firstByteAt());
     });
     return new Response(streamed.body, { status: head.status, headers: this.#headers() });
   }
@@ -166,7 +166,12 @@ class Lifecycle {
   }
 
   /** Ends the request once: the deadline stops, the pool hears of it, it is settled. */
-  #finish(outcome: Outcome, trailer: ItemTrailer | null, status: number): void {
+  #finish(
+    outcome: Outcome,
+    trailer: ItemTrailer | null,
+    status: number,
+    firstByteAt: number | null = null,
+  ): void {
     if (this.#finished) return;
     this.#finished = true;
     clearTimeout(this.#deadline);
@@ -181,6 +186,7 @@ class Lifecycle {
       status,
       originBegan: headStatus < 400,
       ttftMs: trailer?.timing?.ttft_ms ?? null,
+      firstByteAt,
     });
   }
 

@@ -26,7 +26,11 @@ import { waitUntilOf } from "./request-context.ts";
 import { modelPrice } from "../pricing.ts";
 import { rateLimitHeaders } from "../rate-limit-headers.ts";
 import type { SettledRequest } from "../settlement.ts";
-import type { AdmitOk, SettleInput } from "../../durable-objects/key-account/types.ts";
+import type {
+  AdmitOk,
+  SettleInput,
+  SettleMetrics,
+} from "../../durable-objects/key-account/types.ts";
 
 /** Response header with a non-streaming completion's cost in USD (six decimal places). */
 export const COST_HEADER = "x-warmgate-cost-usd";
@@ -183,6 +187,7 @@ function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
     model: settled.model,
     originBegan: settled.originBegan,
     attempts: c.var.settlement.attempts,
+    metrics: settleMetrics(c.var.settlement.startedAt, settled),
   };
   // Unset when the admit call failed: then the request was never admitted.
   const admission: AdmitOk | undefined = c.get("admission");
@@ -197,6 +202,17 @@ function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
       })),
       reservedMicros: admission.reservedMicros,
     },
+  };
+}
+
+/** How the client saw a settled request, for its account's metrics (docs/metrics.md). */
+export function settleMetrics(startedAt: number, settled: SettledRequest): SettleMetrics {
+  const firstByteAt = settled.firstByteAt ?? null;
+  return {
+    region: settled.region,
+    status: settled.status,
+    durationMs: Math.max(0, Date.now() - startedAt),
+    ttftMs: firstByteAt === null ? null : Math.max(0, firstByteAt - startedAt),
   };
 }
 

@@ -2,7 +2,7 @@
  * The simulated engine's Prometheus metrics, under vLLM's names and bucket bounds, so that
  * dashboards and scrapers built for vLLM read them unchanged (docs/configuration.md).
  */
-import { Histogram, Metric } from "./prometheus.ts";
+import { Histogram, Metric } from "../../contracts/prometheus.ts";
 import type { SimModel } from "./request.ts";
 
 // vLLM's bucket bounds, so dashboards built for vLLM read these unchanged.

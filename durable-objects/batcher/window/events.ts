@@ -39,6 +39,8 @@ export function onOriginLoad(
       typeof report.prefill_backlog_tokens === "number"
         ? count(report.prefill_backlog_tokens)
         : null,
+    prefixQueries: count(report.prefix_queries),
+    prefixHits: count(report.prefix_hits),
   };
   // The report already counts what we sent before it arrived; a report written just
   // before a send can undercount by that batch until the next report (one per response).

@@ -87,6 +87,9 @@ export interface OriginLoadView {
   prefillTokensPerMs: number | null;
   /** Prompt tokens it reported still to prefill, or null. */
   prefillBacklogTokens: number | null;
+  /** Prompt tokens looked up in its prefix cache since it started, and those found. */
+  prefixQueries: number;
+  prefixHits: number;
 }
 
 /** The batcher's view of one origin. */

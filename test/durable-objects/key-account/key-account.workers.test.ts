@@ -549,7 +549,8 @@ describe("KeyAccount schema migration", () => {
     const created = Date.UTC(2026, 0, 15, 12);
     await runInDurableObject(stub, (_instance: KeyAccount, state) => {
       const sql = state.storage.sql;
-      for (const table of ["ledger", "usage_daily", "spend"]) sql.exec(`DROP TABLE ${table}`);
+      for (const table of ["ledger", "usage_daily", "spend", "metrics"])
+        sql.exec(`DROP TABLE ${table}`);
       sql.exec("DROP TABLE key_record");
       sql.exec("DROP TABLE secrets");
       sql.exec("DROP TABLE buckets");
@@ -825,12 +826,10 @@ describe("KeyAccount commit numbers", () => {
     // The write-behind timer commits it; a later answer of the same incarnation says so.
     await vi.waitFor(
       async () => {
+        // A refusal is counted in the key's metrics, a write of its own behind the admit's.
         const later = await stub.admit(refusedRequest(secretHash, "probe"));
-        expect(later.commit).toEqual({
-          incarnation: first.commit.incarnation,
-          committed: first.commit.pending,
-          pending: first.commit.pending,
-        });
+        expect(later.commit.incarnation).toBe(first.commit.incarnation);
+        expect(later.commit.committed).toBeGreaterThanOrEqual(first.commit.pending);
       },
       { timeout: 20 * ACCOUNT_WRITE_DELAY_MS, interval: ACCOUNT_WRITE_DELAY_MS / 5 },
     );
@@ -873,7 +872,7 @@ describe("KeyAccount commit numbers", () => {
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
     const after = await again.admit(refusedRequest(secretHash, "probe"));
     expect(after.commit.incarnation).not.toBe(before?.incarnation);
-    expect(after.commit).toMatchObject({ committed: 0, pending: 0 });
+    expect(after.commit.committed).toBe(0);
     // `a` is open again; sent again, it is settled, and a third time changes nothing.
     expect(await again.record({ requestId: "a" })).toMatchObject({ record: { state: "open" } });
     const settlement = { requestId: "a", outcome: "ok" as const, usage };

@@ -1,7 +1,8 @@
 /**
- * Minimal Prometheus text exposition for the simulated engine's vLLM-named metrics:
- * counters, gauges and cumulative histograms keyed by label sets.
- * See docs/configuration.md, "The simulated engine".
+ * Prometheus text exposition (format 0.0.4): counter, gauge and cumulative histogram
+ * families keyed by label sets, for the edge's `/metrics` and the origins' (docs/metrics.md).
+ * Written here rather than taken from prom-client, which needs Node's runtime (cluster,
+ * perf_hooks) that the Worker does not run with.
  */
 
 /** Label names to values. */
@@ -18,6 +19,11 @@ function renderLabels(labels: Labels): string {
 
 function labelKey(labels: Labels): string {
   return JSON.stringify(Object.entries(labels).sort(([a], [b]) => (a < b ? -1 : 1)));
+}
+
+/** Renders families as one exposition document, ending in a newline. */
+export function renderFamilies(families: readonly { render(): string[] }[]): string {
+  return families.flatMap((family) => family.render()).join("\n") + "\n";
 }
 
 function formatValue(value: number): string {
@@ -95,6 +101,23 @@ export class Histogram {
     }
     series.sum += value;
     series.count++;
+  }
+
+  /** Adds counts gathered elsewhere (per bucket, not cumulative), with their sum and count. */
+  add(labels: Labels, counts: readonly number[], sum: number, count: number): void {
+    const key = labelKey(labels);
+    let series = this.#series.get(key);
+    if (series === undefined) {
+      series = { labels, counts: this.buckets.map(() => 0), sum: 0, count: 0 };
+      this.#series.set(key, series);
+    }
+    let cumulative = 0;
+    for (let i = 0; i < this.buckets.length; i++) {
+      cumulative += counts[i] ?? 0;
+      series.counts[i] = (series.counts[i] ?? 0) + cumulative;
+    }
+    series.sum += sum;
+    series.count += count;
   }
 
   /** Makes a series exist (all zero) so scrapes show it before the first observation. */

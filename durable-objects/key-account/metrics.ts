@@ -1,0 +1,264 @@
+/**
+ * What a key's requests looked like, for the edge's `/metrics` and dashboard
+ * (docs/metrics.md): counters and histograms per model, region and status class, updated
+ * when a request settles or its admission is refused, and the latest errors. Kept in the
+ * `metrics` table, written behind with the settlement itself: no call of its own.
+ */
+import type { AccountStore } from "./store.ts";
+import { DURATION_BOUNDS_S, type SettleInput, type SettleOutcome, TTFT_BOUNDS_S } from "./types.ts";
+
+/** Errors a key keeps for the dashboard. */
+export const RECENT_ERRORS = 20;
+
+/** Observations with per-bucket (not cumulative) counts; past the last bound only `count`. */
+export interface HistogramData {
+  counts: number[];
+  sum: number;
+  count: number;
+}
+
+/** One model, region and status class of a key's requests. */
+export interface RequestSeries {
+  model: string;
+  /** The serving region, or `none` when no region served it (refused, failed). */
+  region: string;
+  /** `2xx`, `4xx`, `5xx`. */
+  statusClass: string;
+  requests: number;
+  /** Origins tried, all requests together (one per request served at once). */
+  attempts: number;
+  /** Origins tried after a request's first failed before its first byte. */
+  retries: number;
+  spendMicros: number;
+  promptTokens: number;
+  cachedTokens: number;
+  completionTokens: number;
+  durationS: HistogramData;
+  ttftS: HistogramData;
+}
+
+/** A request that ended in an error, for the dashboard. */
+export interface RecentError {
+  requestId: string;
+  at: number;
+  model: string;
+  region: string;
+  status: number;
+  outcome: SettleOutcome | "refused";
+  code: string | null;
+}
+
+/** What `KeyAccount.metrics()` answers. */
+export interface KeyMetrics {
+  keyId: string;
+  name: string;
+  tier: string;
+  series: RequestSeries[];
+  recentErrors: RecentError[];
+}
+
+/** What the metrics of one request are made of. */
+export interface RequestSample {
+  requestId: string;
+  model: string;
+  region: string;
+  status: number;
+  outcome: SettleOutcome | "refused";
+  code?: string | null;
+  durationMs: number | null;
+  ttftMs: number | null;
+  attempts: number;
+  costMicros: number;
+  tokens: { prompt: number; cached: number; completion: number } | null;
+  at: number;
+}
+
+/** A key's metrics as the account holds them. */
+export interface MetricsState {
+  series: Map<string, RequestSeries>;
+  errors: RecentError[];
+}
+
+function emptyHistogram(bounds: readonly number[]): HistogramData {
+  return { counts: bounds.map(() => 0), sum: 0, count: 0 };
+}
+
+/** Adds one observation to a histogram with `bounds`. */
+export function observe(histogram: HistogramData, bounds: readonly number[], value: number): void {
+  const at = bounds.findIndex((bound) => value <= bound);
+  if (at >= 0) histogram.counts[at] = (histogram.counts[at] ?? 0) + 1;
+  histogram.sum += value;
+  histogram.count += 1;
+}
+
+/** The status class of an HTTP status. */
+export function statusClass(status: number): string {
+  return `${Math.min(5, Math.max(1, Math.floor(status / 100)))}xx`;
+}
+
+/** Adds one request to the series it belongs to; an error also to the recent ones. */
+export function addSample(
+  state: MetricsState,
+  sample: RequestSample,
+): { key: string; isError: boolean } {
+  const cls = statusClass(sample.status);
+  const key = `${sample.model}\u0000${sample.region}\u0000${cls}`;
+  let series = state.series.get(key);
+  if (series === undefined) {
+    series = {
+      model: sample.model,
+      region: sample.region,
+      statusClass: cls,
+      requests: 0,
+      attempts: 0,
+      retries: 0,
+      spendMicros: 0,
+      promptTokens: 0,
+      cachedTokens: 0,
+      completionTokens: 0,
+      durationS: emptyHistogram(DURATION_BOUNDS_S),
+      ttftS: emptyHistogram(TTFT_BOUNDS_S),
+    };
+    state.series.set(key, series);
+  }
+  series.requests += 1;
+  series.attempts += sample.attempts;
+  series.retries += Math.max(0, sample.attempts - 1);
+  series.spendMicros += sample.costMicros;
+  if (sample.tokens !== null) {
+    series.promptTokens += sample.tokens.prompt;
+    series.cachedTokens += Math.min(sample.tokens.cached, sample.tokens.prompt);
+    series.completionTokens += sample.tokens.completion;
+  }
+  if (sample.durationMs !== null)
+    observe(series.durationS, DURATION_BOUNDS_S, sample.durationMs / 1000);
+  if (sample.ttftMs !== null) observe(series.ttftS, TTFT_BOUNDS_S, sample.ttftMs / 1000);
+  const isError =
+    sample.status >= 400 || (sample.outcome !== "ok" && sample.outcome !== "cancelled");
+  if (isError) {
+    state.errors.push({
+      requestId: sample.requestId,
+      at: sample.at,
+      model: sample.model,
+      region: sample.region,
+      status: sample.status,
+      outcome: sample.outcome,
+      code: sample.code ?? null,
+    });
+    if (state.errors.length > RECENT_ERRORS)
+      state.errors.splice(0, state.errors.length - RECENT_ERRORS);
+  }
+  return { key, isError };
+}
+
+const REFUSAL_STATUS: Record<string, number> = {
+  invalid_api_key: 401,
+  origin_not_allowed: 403,
+  model_not_allowed: 403,
+  rate_limit_exceeded: 429,
+  insufficient_quota: 429,
+};
+
+/** The sample of an admission the account refused (it never reached an origin). */
+export function refusedSample(
+  requestId: string,
+  model: string,
+  code: string,
+  now: number,
+): RequestSample {
+  return {
+    requestId,
+    model,
+    region: "none",
+    status: REFUSAL_STATUS[code] ?? 400,
+    outcome: "refused",
+    code,
+    durationMs: null,
+    ttftMs: null,
+    attempts: 0,
+    costMicros: 0,
+    tokens: null,
+    at: now,
+  };
+}
+
+/** The status a settlement without the edge's metrics stands for (a late one). */
+function statusOf(outcome: SettleOutcome): number {
+  return outcome === "ok" ? 200 : outcome === "cancelled" ? 499 : outcome === "timeout" ? 504 : 502;
+}
+
+/** The sample of a settled request. */
+export function settledSample(
+  input: SettleInput,
+  model: string,
+  costMicros: number,
+  now: number,
+): RequestSample {
+  const m = input.metrics;
+  const usage = input.usage ?? null;
+  return {
+    requestId: input.requestId,
+    model: input.model ?? model,
+    region: m?.region ?? "none",
+    status: m?.status ?? statusOf(input.outcome),
+    outcome: input.outcome,
+    durationMs: m?.durationMs ?? null,
+    ttftMs: m?.ttftMs ?? null,
+    attempts: input.attempts?.filter((a) => a.origin !== null).length ?? 0,
+    costMicros,
+    tokens:
+      usage === null
+        ? null
+        : {
+            prompt: usage.prompt_tokens,
+            cached: usage.cached_tokens ?? 0,
+            completion: usage.completion_tokens,
+          },
+    at: now,
+  };
+}
+
+// --- the shell: state in memory ahead of the `metrics` table ------------------------
+
+function load(store: AccountStore): MetricsState {
+  if (store.metrics !== null) return store.metrics;
+  const state: MetricsState = { series: new Map(), errors: [] };
+  for (const row of store.storage.sql.exec<{ name: string; data: string }>(
+    "SELECT name, data FROM metrics",
+  )) {
+    if (row.name === "errors") state.errors = JSON.parse(row.data) as RecentError[];
+    else state.series.set(row.name, JSON.parse(row.data) as RequestSeries);
+  }
+  store.metrics = state;
+  return state;
+}
+
+function put(store: AccountStore, name: string, value: unknown): void {
+  store.writes.set(`metrics:${name}`, () =>
+    store.storage.sql.exec(
+      "INSERT INTO metrics (name, data) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET data = excluded.data",
+      name,
+      JSON.stringify(value),
+    ),
+  );
+}
+
+/** Counts one request; written behind with whatever else its call changed. */
+export function recordRequest(store: AccountStore, sample: RequestSample): void {
+  const state = load(store);
+  const { key, isError } = addSample(state, sample);
+  put(store, key, state.series.get(key));
+  if (isError) put(store, "errors", state.errors);
+}
+
+/** The key's metrics. */
+export function keyMetrics(store: AccountStore): KeyMetrics {
+  const state = load(store);
+  return {
+    keyId: store.record?.id ?? "",
+    name: store.record?.name ?? "",
+    tier: store.record?.tier ?? "standard",
+    series: [...state.series.values()],
+    recentErrors: [...state.errors],
+  };
+}

@@ -1,0 +1,95 @@
+/**
+ * What the fleet is doing, gathered when `/metrics` or the dashboard asks (docs/metrics.md)
+ * from the Durable Objects that own the figures: every key's account (requests, latency,
+ * spend, errors), every Batcher (batches, queues, load reports, routing) and the breakers.
+ * A scrape costs a call per key and per Batcher; a request costs nothing more.
+ */
+import type { BreakerView } from "../../contracts/breaker.ts";
+import type { BatcherSnapshot } from "../../durable-objects/batcher/types.ts";
+import type { KeyMetrics } from "../../durable-objects/key-account/metrics.ts";
+import { breakerRegion } from "../breakers.ts";
+import { type GatewayConfig, originServes } from "../config.ts";
+import { batcherName, batchingPlan } from "../delivery/batcher-plan.ts";
+import { keyAccount, keyDirectory } from "../key-auth.ts";
+
+/** Keys read per directory page. */
+const PAGE = 100;
+/** Most keys one collection reads (a hundred pages). */
+export const MAX_COLLECTED_KEYS = 10_000;
+
+/** One Batcher's snapshot, with where it works. */
+export interface BatcherStats {
+  region: string;
+  model: string;
+  shard: number;
+  snapshot: BatcherSnapshot;
+}
+
+/** Everything one collection gathered. */
+export interface FleetStats {
+  at: number;
+  keys: KeyMetrics[];
+  /** Whether more keys exist than {@link MAX_COLLECTED_KEYS}. */
+  keysTruncated: boolean;
+  batchers: BatcherStats[];
+  breakers: BreakerView[];
+}
+
+async function collectKeys(env: Env): Promise<{ keys: KeyMetrics[]; truncated: boolean }> {
+  const ids: string[] = [];
+  let after: string | null = null;
+  for (;;) {
+    const page = await keyDirectory(env).list({ limit: PAGE, after });
+    for (const key of page.keys) ids.push(key.id);
+    const last = page.keys.at(-1);
+    if (!page.hasMore || last === undefined) break;
+    if (ids.length >= MAX_COLLECTED_KEYS) return { keys: await read(env, ids), truncated: true };
+    after = last.id;
+  }
+  return { keys: await read(env, ids), truncated: false };
+}
+
+async function read(env: Env, ids: readonly string[]): Promise<KeyMetrics[]> {
+  const keys = await Promise.all(ids.map((id) => keyAccount(env, id).metrics()));
+  return keys.filter((key) => key.series.length > 0 || key.recentErrors.length > 0);
+}
+
+async function collectBatchers(env: Env, config: GatewayConfig): Promise<BatcherStats[]> {
+  const wanted: { region: string; model: string; shard: number; name: string }[] = [];
+  for (const region of config.regions) {
+    for (const model of config.models) {
+      if (!region.origins.some((origin) => originServes(origin, model.id))) continue;
+      const plan = batchingPlan(config, region, model.id);
+      if (plan === null || !plan.enabled) continue;
+      for (let shard = 0; shard < plan.shards; shard++) {
+        const name = batcherName(region.id, model.id, shard, plan);
+        wanted.push({ region: region.id, model: model.id, shard, name });
+      }
+    }
+  }
+  return Promise.all(
+    wanted.map(async ({ name, ...where }) => ({
+      ...where,
+      snapshot: await env.BATCHER.getByName(name).snapshot(),
+    })),
+  );
+}
+
+async function collectBreakers(env: Env, config: GatewayConfig): Promise<BreakerView[]> {
+  const views = await Promise.all(
+    config.regions.map((region) =>
+      env.ORIGIN_BREAKERS.getByName(region.id).views(breakerRegion(config, region)),
+    ),
+  );
+  return views.flat();
+}
+
+/** Gathers the fleet's figures from the objects that own them. */
+export async function collectFleet(env: Env, config: GatewayConfig): Promise<FleetStats> {
+  const [keys, batchers, breakers] = await Promise.all([
+    collectKeys(env),
+    collectBatchers(env, config),
+    collectBreakers(env, config),
+  ]);
+  return { at: Date.now(), keys: keys.keys, keysTruncated: keys.truncated, batchers, breakers };
+}

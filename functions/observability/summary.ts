@@ -1,0 +1,127 @@
+/**
+ * The dashboard's view of a collection (docs/metrics.md, "Dashboard"): regions and their
+ * origins with breaker state, load, KV usage and prefix-hit rate; latency and
+ * time-to-first-token histograms (the page turns their differences between two polls
+ * into percentiles over time); batch sizes; the keys with most requests; recent errors.
+ */
+import { microsToUsd } from "../../contracts/pricing.ts";
+import type { HistogramData, RecentError } from "../../durable-objects/key-account/metrics.ts";
+import { DURATION_BOUNDS_S, TTFT_BOUNDS_S } from "../../durable-objects/key-account/types.ts";
+import type { GatewayConfig } from "../config.ts";
+import type { FleetStats } from "./collect.ts";
+import { BATCH_SIZE_BOUNDS } from "./exposition.ts";
+
+/** Keys and errors the dashboard lists. */
+const TOP_KEYS = 10;
+const ERRORS = 25;
+
+function merged(bounds: readonly number[]): HistogramData & { bounds: readonly number[] } {
+  return { bounds, counts: bounds.map(() => 0), sum: 0, count: 0 };
+}
+
+function addInto(into: HistogramData, from: HistogramData): void {
+  from.counts.forEach((n, i) => {
+    into.counts[i] = (into.counts[i] ?? 0) + n;
+  });
+  into.sum += from.sum;
+  into.count += from.count;
+}
+
+/** What `GET /admin/stats` answers. */
+export function summarize(stats: FleetStats, config: GatewayConfig) {
+  const latency = merged(DURATION_BOUNDS_S);
+  const ttft = merged(TTFT_BOUNDS_S);
+  let requests = 0;
+  let errors = 0;
+  let spendMicros = 0;
+  const keys = stats.keys.map((key) => {
+    let n = 0;
+    let micros = 0;
+    for (const s of key.series) {
+      addInto(latency, s.durationS);
+      addInto(ttft, s.ttftS);
+      n += s.requests;
+      micros += s.spendMicros;
+      if (s.statusClass !== "2xx") errors += s.requests;
+    }
+    requests += n;
+    spendMicros += micros;
+    return {
+      id: key.keyId,
+      name: key.name,
+      tier: key.tier,
+      requests: n,
+      spend_usd: microsToUsd(micros),
+    };
+  });
+  const recent: (RecentError & { key: string })[] = stats.keys
+    .flatMap((key) => key.recentErrors.map((e) => ({ ...e, key: key.name || key.keyId })))
+    .sort((a, b) => b.at - a.at)
+    .slice(0, ERRORS);
+
+  const batchSizes = merged(BATCH_SIZE_BOUNDS);
+  const load = new Map<
+    string,
+    {
+      running: number;
+      waiting: number;
+      kv_usage: number;
+      prefix_hit: number | null;
+      age_ms: number;
+    }
+  >();
+  for (const b of stats.batchers) {
+    for (const [bucket, count] of Object.entries(b.snapshot.counters.batchSizes)) {
+      const at = BATCH_SIZE_BOUNDS.indexOf(Number(bucket.split("-").at(-1)));
+      if (at >= 0) batchSizes.counts[at] = (batchSizes.counts[at] ?? 0) + count;
+      batchSizes.count += count;
+    }
+    batchSizes.sum += b.snapshot.counters.batchItems;
+    for (const [origin, report] of Object.entries(b.snapshot.origins)) {
+      const seen = load.get(origin);
+      if (report === null || (seen !== undefined && seen.age_ms <= report.ageMs)) continue;
+      load.set(origin, {
+        running: report.running,
+        waiting: report.waiting,
+        kv_usage: report.kvTotalTokens > 0 ? 1 - report.kvFreeTokens / report.kvTotalTokens : 0,
+        prefix_hit: report.prefixQueries > 0 ? report.prefixHits / report.prefixQueries : null,
+        age_ms: report.ageMs,
+      });
+    }
+  }
+  const breakers = new Map(stats.breakers.map((view) => [view.origin, view]));
+  const routing = stats.batchers
+    .filter((b) => b.snapshot.routing !== null)
+    .map((b) => ({
+      region: b.region,
+      model: b.model,
+      shard: b.shard,
+      predicted: b.snapshot.routing?.hit_rate.predicted ?? null,
+      reported: b.snapshot.routing?.hit_rate.reported ?? null,
+    }));
+  return {
+    at: stats.at,
+    totals: { requests, errors, spend_usd: microsToUsd(spendMicros), keys: stats.keys.length },
+    regions: config.regions.map((region) => ({
+      id: region.id,
+      origins: region.origins.map((origin) => ({
+        id: origin.id,
+        breaker: breakers.get(origin.id)?.state ?? "closed",
+        ...(load.get(origin.id) ?? {
+          running: null,
+          waiting: null,
+          kv_usage: null,
+          prefix_hit: null,
+          age_ms: null,
+        }),
+      })),
+    })),
+    latency,
+    ttft,
+    batch_sizes: batchSizes,
+    queued: stats.batchers.reduce((sum, b) => sum + b.snapshot.queued, 0),
+    routing,
+    top_keys: keys.sort((a, b) => b.requests - a.requests).slice(0, TOP_KEYS),
+    recent_errors: recent,
+  };
+}

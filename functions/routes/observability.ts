@@ -1,0 +1,28 @@
+/**
+ * `GET /metrics` (Prometheus text) and `GET /admin/stats` (the dashboard's JSON), behind
+ * the admin token; both gather the fleet from the Durable Objects that own its figures
+ * when asked. The dashboard page itself is a static asset (`dashboard/public`).
+ * See docs/metrics.md.
+ */
+import { Hono } from "hono";
+import { adminAuth } from "../admin.ts";
+import type { AppEnv } from "../app-env.ts";
+import { collectFleet } from "../observability/collect.ts";
+import { renderFleet } from "../observability/exposition.ts";
+import { summarize } from "../observability/summary.ts";
+
+/** `GET /metrics`, mounted at `/metrics`. */
+export const metrics = new Hono<AppEnv>().use("*", adminAuth()).get("/", async (c) => {
+  const stats = await collectFleet(c.env, c.var.config);
+  return c.body(renderFleet(stats), 200, {
+    "content-type": "text/plain; version=0.0.4; charset=utf-8",
+    "cache-control": "no-store",
+  });
+});
+
+/** `GET /admin/stats`, mounted at `/admin/stats`. */
+export const stats = new Hono<AppEnv>().use("*", adminAuth()).get("/", async (c) => {
+  const collected = await collectFleet(c.env, c.var.config);
+  c.header("cache-control", "no-store");
+  return c.json(summarize(collected, c.var.config));
+});
