@@ -4,6 +4,7 @@
  * keyed: a later write under a key replaces the queued one, and one that became pointless
  * can be dropped. A crash forgets at most the last `delayMs` of writes.
  */
+import { logError } from "../contracts/log.ts";
 export class WriteBehind {
   readonly #storage: DurableObjectStorage;
   readonly #delayMs: number;
@@ -73,7 +74,7 @@ export class WriteBehind {
       this.#commits++;
     } catch (error) {
       // The transaction rolled back and its writes are gone from the queue.
-      console.error("write-behind commit failed", error);
+      logError("write-behind commit failed", { error });
       this.#onFailure(error);
       throw error;
     }

@@ -13,6 +13,8 @@ interface Env {
   ORIGIN_TOKEN?: string;
   /** `local` for `wrangler dev` and `npm start` (in `.dev.vars`): origins may be on loopback. */
   WARMGATE_ENV?: string;
+  /** Workers Analytics Engine dataset for per-request events; optional (wrangler.toml). */
+  ANALYTICS?: AnalyticsEngineDataset;
 }
 
 declare namespace Cloudflare {
@@ -21,5 +23,6 @@ declare namespace Cloudflare {
     TOKEN_SIGNING_SECRET?: string;
     ORIGIN_TOKEN?: string;
     WARMGATE_ENV?: string;
+    ANALYTICS?: AnalyticsEngineDataset;
   }
 }

@@ -4,6 +4,7 @@
  * Worker cannot reach (loopback, private networks). Outside local runs the first problem
  * is thrown at start-up, so `wrangler deploy` of an unchanged checkout fails with it.
  */
+import { logError } from "../contracts/log.ts";
 import { configError, type ApiError } from "../contracts/errors.ts";
 import { ConfigError, loadGatewayConfig } from "./config.ts";
 
@@ -80,7 +81,7 @@ export function deploymentProblems(env: DeploymentEnv): string[] {
  */
 export function checkDeployment(env: DeploymentEnv): void {
   const problems = deploymentProblems(env);
-  for (const problem of problems) console.error(`warmgate: ${problem}`);
+  for (const problem of problems) logError(`warmgate: ${problem}`);
   if (env.WARMGATE_ENV === "local") return;
   const fatal = problems.find((p) => !p.startsWith("The secret "));
   if (fatal !== undefined) throw new Error(`warmgate will not start: ${fatal}`);

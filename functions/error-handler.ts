@@ -3,6 +3,7 @@
  * becomes OpenAI's `{"error":{message,type,param,code}}` body. Never a stack, never HTML.
  * See docs/edge.md.
  */
+import { logError } from "../contracts/log.ts";
 import type { Context, ErrorHandler, NotFoundHandler } from "hono";
 import { HTTPException } from "hono/http-exception";
 import type { AppEnv } from "./app-env.ts";
@@ -18,7 +19,7 @@ function toApiError(error: unknown, c: Context<AppEnv>): ApiError {
       type: "invalid_request_error",
     });
   }
-  console.error("unhandled error", c.get("requestId"), error);
+  logError("unhandled error", { request_id: c.get("requestId"), error });
   return internalError();
 }
 

@@ -3,6 +3,7 @@
 // settle it there when it ends, and turn refusals into OpenAI errors and headers.
 // See docs/edge.md.
 
+import { logWarn } from "../contracts/log.ts";
 import type {
   AdmissionRefusal,
   InvalidKeyReason,
@@ -157,7 +158,7 @@ export async function renewLease(
   try {
     await keyAccount(env, keyId).renew({ requestIds: [requestId], leaseMs });
   } catch (error) {
-    console.warn("lease renewal failed", requestId, error);
+    logWarn("lease renewal failed", { request_id: requestId, error });
   }
 }
 

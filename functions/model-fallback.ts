@@ -5,6 +5,7 @@
  * are tried; the reservation already covers the priciest of them.
  * See docs/edge.md.
  */
+import { logWarn } from "../contracts/log.ts";
 import type { Context } from "hono";
 import type { AppEnv } from "./app-env.ts";
 import { ApiError } from "../contracts/errors.ts";
@@ -35,7 +36,7 @@ export async function withModelFallback(
       return await send();
     } catch (error) {
       if (i === models.length - 1 || !fallsBack(error)) throw error;
-      console.warn("model has no origin that answers; trying the next", model.id);
+      logWarn("model has no origin that answers; trying the next", { model: model.id });
     }
   }
   // Unreachable for an admitted request (it has at least one model); send as planned.

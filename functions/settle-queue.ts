@@ -6,6 +6,7 @@
  * promise is resolved across requests.
  */
 /** Longest time a settlement waits for an admit call to carry it. */
+import { logError } from "../contracts/log.ts";
 import type { CommitStamp } from "../contracts/commit-stamp.ts";
 
 export const SETTLE_FLUSH_MS = 20;
@@ -132,7 +133,7 @@ export class SettleQueue<T extends QueuedSettlement> {
         this.#answered(keyId, [...entries], commit);
         return;
       } catch (error) {
-        console.error("settling failed", keyId, count, error);
+        logError("settling failed", { key_id: keyId, count, error });
         // Back in the queue: an admit call may carry them meanwhile.
         for (const e of entries) {
           if (e.state.kind === "sent") this.#move(keyId, e, { kind: "queued" });
@@ -141,7 +142,7 @@ export class SettleQueue<T extends QueuedSettlement> {
       if (attempt === 0) await sleep(SETTLE_RETRY_MS);
       if (entry.state.kind === "done") return;
     }
-    console.error("settlements given up until their lease ends", keyId, count);
+    logError("settlements given up until their lease ends", { key_id: keyId, count });
   }
 
   #answered(keyId: string, carried: Entry<T>[], commit: CommitStamp): void {

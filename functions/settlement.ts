@@ -4,6 +4,7 @@
  * limit release and the ledger register hooks with {@link Settlement.onSettled}.
  * See docs/edge.md, "Settlement".
  */
+import { logError } from "../contracts/log.ts";
 import type { ItemOutcome, ItemUsage } from "../contracts/protocol.ts";
 import type { RequestAttempt } from "../durable-objects/key-account/types.ts";
 
@@ -107,7 +108,7 @@ export class Settlement {
         await hook(record);
       } catch (error) {
         // A failing hook must not stop the others (each settles its own concern).
-        console.error("settle hook failed", record.requestId, error);
+        logError("settle hook failed", { request_id: record.requestId, error });
       }
     }
   }

@@ -4,6 +4,7 @@
  * opened, and ending every item of a call that failed or broke off. Each failure and answer
  * is reported to the origins' health.
  */
+import { logWarn } from "../../contracts/log.ts";
 import {
   type CredentialedOrigin,
   cancelBatchItems,
@@ -166,7 +167,13 @@ export class Calls {
       cancelBatchItems(currentUpstream(this.#host.upstream(call.originId, call.url)), call.id, [
         caller.input.id,
       ]).then((ok) => {
-        if (!ok) console.warn("origin cancel failed", call.id, call.originId, caller.input.id);
+        if (!ok) {
+          logWarn("origin cancel failed", {
+            batch: call.id,
+            origin: call.originId,
+            request_id: caller.input.id,
+          });
+        }
       }),
     );
   }
@@ -174,7 +181,7 @@ export class Calls {
   /** The call failed before any frame: every item fails before its HEAD. */
   #failed(call: OpenCall, code: BatcherFailureCode, detail: string, quarantine: boolean): void {
     const now = Date.now();
-    console.warn("batch call failed", call.id, call.originId, detail);
+    logWarn("batch call failed", { batch: call.id, origin: call.originId, detail });
     for (const [index, caller] of call.callers.entries()) {
       this.#closeItem(call, index, now);
       if (caller.stage !== "sent") continue;
@@ -218,7 +225,11 @@ export class Calls {
       }
     }
     if (cut && (call.abortReason === null || call.abortReason === "silent")) {
-      console.warn("batch response cut", call.id, call.originId, broken ?? "no final frames");
+      logWarn("batch response cut", {
+        batch: call.id,
+        origin: call.originId,
+        detail: broken ?? "no final frames",
+      });
       this.#host.queue.health.failed(call.originId, now);
       this.#host.outcome(call.originId, false);
     }

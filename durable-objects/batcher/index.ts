@@ -7,6 +7,7 @@
  * policy is the pure core in `window.ts`; the queue, callers and calls are in modules of
  * their own, and the table of open calls in `records.ts`.
  */
+import { logWarn } from "../../contracts/log.ts";
 import { DurableObject } from "cloudflare:workers";
 import { decodeJsonPayload } from "../../contracts/protocol.ts";
 import { cancelBatchItems, currentUpstream } from "../../contracts/upstream.ts";
@@ -336,7 +337,8 @@ export class Batcher extends DurableObject<Env> {
         const links = this.#links.credentialed(this.#queue.setup, row.origin_id, row.origin_url);
         const origin = currentUpstream(links);
         const ok = await cancelBatchItems(origin, row.batch_id);
-        if (!ok) console.warn("orphaned batch cancel failed", row.batch_id, row.origin_id);
+        if (!ok)
+          logWarn("orphaned batch cancel failed", { batch: row.batch_id, origin: row.origin_id });
         this.#counters.orphansCancelled += 1;
         this.#records.remove(row.batch_id);
       }),

@@ -5,6 +5,7 @@
  * here, once for everyone. Its state is written at once (it changes rarely); the arms'
  * recent outcomes live in memory.
  */
+import { logWarn } from "../../contracts/log.ts";
 import { DurableObject } from "cloudflare:workers";
 import { migrateOnStart } from "../migrations.ts";
 import { type Canary, act, newCanary, record, viewOf } from "./canary.ts";
@@ -67,7 +68,12 @@ export class Canaries extends DurableObject<Env> {
     this.#canary = next;
     if (before?.state === next.state && before.since === next.since) return;
     if (before?.state !== next.state) {
-      console.warn("canary", next.model, before?.state, "->", next.state, next.reason ?? "");
+      logWarn("canary changed state", {
+        model: next.model,
+        from: before?.state,
+        to: next.state,
+        reason: next.reason,
+      });
     }
     this.ctx.storage.sql.exec(
       `INSERT INTO canary (model, state, since, reason) VALUES (?, ?, ?, ?)

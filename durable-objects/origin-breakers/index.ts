@@ -6,6 +6,7 @@
  * their origins' `/health` until they close or open again. State changes are written at
  * once (they are rare); the sliding windows live in memory.
  */
+import { logWarn } from "../../contracts/log.ts";
 import { DurableObject } from "cloudflare:workers";
 import {
   type BreakerRegion,
@@ -142,7 +143,12 @@ export class OriginBreakers extends DurableObject<Env> {
       before.openedCount !== after.openedCount;
     if (!changed) return;
     if (before.state !== after.state) {
-      console.warn("breaker", after.region, after.origin, before.state, "->", after.state);
+      logWarn("breaker changed state", {
+        region: after.region,
+        origin: after.origin,
+        from: before.state,
+        to: after.state,
+      });
     }
     this.ctx.storage.sql.exec(
       `INSERT INTO breakers (origin, state, since, opened_count, retry_at, forced)

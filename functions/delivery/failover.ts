@@ -6,6 +6,7 @@
  * replaced by the next candidate, within the retry budget, and origins that failed are
  * avoided; the answer is then delivered by `response.ts`.
  */
+import { logWarn } from "../../contracts/log.ts";
 import type { LimitsConfig, RegionConfig } from "../config.ts";
 import { type ApiError, type OriginFailureKind, originFailure } from "../../contracts/errors.ts";
 import type { ItemPath } from "../../contracts/protocol.ts";
@@ -146,7 +147,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
     }
     const budget = { ratio, floor, windowMs: DEFAULT_RETRY_BUDGET.windowMs };
     if (i > 0 && options.retryBudget !== undefined && !options.retryBudget.retry(now(), budget)) {
-      console.warn("retry budget spent", options.requestId);
+      logWarn("retry budget spent", { request_id: options.requestId });
       break;
     }
     const candidate = options.candidates[i] as RegionOrigin;
@@ -198,7 +199,11 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
         avoid.push(attempt.originId);
       }
       failure = attempt.failure;
-      console.warn("origin attempt failed", options.requestId, attempt.originId, attempt.detail);
+      logWarn("origin attempt failed", {
+        request_id: options.requestId,
+        origin: attempt.originId,
+        detail: attempt.detail,
+      });
       continue;
     }
     const originId = attempt.originId;
@@ -222,7 +227,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       if (status >= 500) options.pool.reportFailure(originId, now(), options.quarantineMs);
       // The origin's own item timeout answers 504 (see origin/server.ts).
       failure = status === 504 ? "timeout" : "bad_answer";
-      console.warn("origin answered", status, options.requestId, originId);
+      logWarn("origin answered", { status, request_id: options.requestId, origin: originId });
       continue;
     }
     const served = { region: candidate.region.id, origin: originId };
@@ -247,7 +252,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       avoid.push(originId);
       options.pool.reportFailure(originId, now(), options.quarantineMs);
       failure = "bad_answer";
-      console.warn("origin failed mid-response", options.requestId, originId);
+      logWarn("origin failed mid-response", { request_id: options.requestId, origin: originId });
       continue;
     }
     listed.result = "served";

@@ -4,6 +4,7 @@
  * body goes to the client as it comes, and a failure after its HEAD ends it with OpenAI's
  * error event; a whole (JSON) answer is read first, so a failure inside it answers 502/504.
  */
+import { logWarn } from "../../contracts/log.ts";
 import { originFailure } from "../../contracts/errors.ts";
 import type { ItemHead, ItemTrailer } from "../../contracts/protocol.ts";
 import type { SettledRequest } from "../settlement.ts";
@@ -191,7 +192,7 @@ class Lifecycle {
   }
 
   #warn(what: string, detail: string | undefined): void {
-    console.warn(what, this.#options.requestId, this.#served.origin, detail);
+    logWarn(what, { request_id: this.#options.requestId, origin: this.#served.origin, detail });
   }
 
   #headers(): Headers {

@@ -5,6 +5,7 @@
  * call of the hot path (admit and reserve), registers the settlement, and puts OpenAI's
  * `x-ratelimit-*` headers and, on JSON answers, `x-warmgate-cost-usd` on the response.
  */
+import { writeRequestEvent } from "../observability/analytics.ts";
 import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../app-env.ts";
@@ -92,7 +93,20 @@ export function admitCompletion() {
     settlement.onSettled(async (settled) => {
       if (renewal !== null) clearInterval(renewal);
       if (refused) return;
-      await queueSettlement(c.env, credential.keyId, settleInput(c, settled));
+      const input = settleInput(c, settled);
+      const admission: AdmitOk | undefined = c.get("admission");
+      if (input.metrics !== undefined && admission !== undefined) {
+        const cost = usageCost(c.var.config, settled, admission.models);
+        writeRequestEvent(
+          c.env.ANALYTICS,
+          credential.keyId,
+          admission.tier,
+          settled,
+          input.metrics,
+          cost,
+        );
+      }
+      await queueSettlement(c.env, credential.keyId, input);
     });
     // Every prompt and every sequence (`n`, `best_of`, a prompt list) is reserved: a client
     // never receives more than its reservation covers.

@@ -152,3 +152,30 @@ describe("GET /metrics", () => {
     expect(view.recent_errors.some((e) => e.status === 429)).toBe(true);
   });
 });
+
+describe("Workers Analytics Engine events", () => {
+  it("writes one event per settled request when the binding is configured, with no key or prompt", async () => {
+    const { id, key } = await createKey({ name: "analytics" });
+    const points: AnalyticsEngineDataPoint[] = [];
+    const dataset = {
+      writeDataPoint: (point?: AnalyticsEngineDataPoint) => point && points.push(point),
+    };
+    const prompt = "A prompt that must never reach the analytics dataset.";
+    const body = chatBody({ messages: [{ role: "user", content: prompt }] });
+    const res = await sendWith(
+      CONFIG,
+      edgeRequest("/v1/chat/completions", { body, headers: { authorization: `Bearer ${key}` } }),
+      { ANALYTICS: dataset as unknown as string },
+    );
+    expect(res.status).toBe(200);
+    expect(points).toHaveLength(1);
+    expect(points[0]).toMatchObject({
+      indexes: [id],
+      blobs: ["warmgate-sim-8b", "metering", "2xx", "standard", "ok", "meter-1"],
+    });
+    expect(points[0]?.doubles?.[0]).toBeGreaterThanOrEqual(0);
+    const text = JSON.stringify(points);
+    expect(text).not.toContain(key);
+    expect(text).not.toContain(prompt);
+  });
+});
