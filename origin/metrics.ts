@@ -128,6 +128,36 @@ export function renderOriginMetrics(input: OriginMetricsInput): string {
         if (value !== null) w.sample(name, value, { gpu: String(g.index), name: g.name });
       }
     }
+    // The same readings under NVIDIA DCGM-exporter's names, for its dashboards and alerts.
+    const mib = (bytes: number | null) => (bytes === null ? null : Math.round(bytes / 1048576));
+    const dcgm: [string, string, (g: GpuReading) => number | null][] = [
+      ["DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", (g) => g.utilization_percent],
+      ["DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", (g) => mib(g.memory_used_bytes)],
+      [
+        "DCGM_FI_DEV_FB_FREE",
+        "Framebuffer memory free (in MiB).",
+        (g) =>
+          g.memory_total_bytes === null || g.memory_used_bytes === null
+            ? null
+            : mib(g.memory_total_bytes - g.memory_used_bytes),
+      ],
+      ["DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", (g) => g.temperature_celsius],
+      ["DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", (g) => g.power_watts],
+    ];
+    for (const [name, help, pick] of dcgm) {
+      w.family(name, "gauge", help);
+      for (const g of gpu.gpus) {
+        const value = pick(g);
+        if (value !== null) w.sample(name, value, { gpu: String(g.index), modelName: g.name });
+      }
+    }
+  } else {
+    w.family(
+      "warmgate_origin_gpu_unavailable_info",
+      "gauge",
+      "Why there are no GPU readings (no nvidia-smi, no GPU); always 1.",
+    );
+    w.sample("warmgate_origin_gpu_unavailable_info", 1, { reason: gpu.reason });
   }
   return w.lines.join("\n");
 }

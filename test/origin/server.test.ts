@@ -168,6 +168,7 @@ describe("GET /metrics", () => {
     expect(text).toContain('warmgate_origin_requests_total{route="chat"} 1');
     expect(text).toContain("warmgate_origin_batches_total 0");
     expect(text).toContain("warmgate_origin_gpu_available 0");
+    expect(text).toContain('warmgate_origin_gpu_unavailable_info{reason="nvidia-smi not found"} 1');
     expect(text).not.toContain("warmgate_origin_gpu_utilization_percent{");
     expect(text.endsWith("\n")).toBe(true);
   });
@@ -182,6 +183,9 @@ describe("GET /metrics", () => {
       'warmgate_origin_gpu_memory_total_bytes{gpu="0",name="NVIDIA H200"} 4096',
     );
     expect(text).not.toContain("warmgate_origin_gpu_power_watts{");
+    // DCGM-exporter's names for the same readings (memory in MiB).
+    expect(text).toContain('DCGM_FI_DEV_GPU_UTIL{gpu="0",modelName="NVIDIA H200"} 42');
+    expect(text).toContain("# TYPE DCGM_FI_DEV_FB_USED gauge");
   });
 });
 
