@@ -14,7 +14,11 @@ function describe(value: unknown): LogValue {
   if (typeof value === "string" || typeof value === "number" || typeof value === "boolean") {
     return value;
   }
-  return String(value);
+  try {
+    return JSON.stringify(value);
+  } catch {
+    return Object.prototype.toString.call(value);
+  }
 }
 
 function line(level: string, msg: string, fields: Record<string, unknown>): string {

@@ -51,6 +51,10 @@ class MetricWriter {
   }
 }
 
+function mib(bytes: number | null): number | null {
+  return bytes === null ? null : Math.round(bytes / 1048576);
+}
+
 /** Inputs of {@link renderOriginMetrics}. */
 export interface OriginMetricsInput {
   originId: string;
@@ -129,7 +133,6 @@ export function renderOriginMetrics(input: OriginMetricsInput): string {
       }
     }
     // The same readings under NVIDIA DCGM-exporter's names, for its dashboards and alerts.
-    const mib = (bytes: number | null) => (bytes === null ? null : Math.round(bytes / 1048576));
     const dcgm: [string, string, (g: GpuReading) => number | null][] = [
       ["DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", (g) => g.utilization_percent],
       ["DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", (g) => mib(g.memory_used_bytes)],
