@@ -100,6 +100,8 @@ const vars = {
   WARMGATE_ADMIN_TOKEN: stack.adminToken,
   WARMGATE_ORIGINS: stack.origins.map((o) => o.origin.url).join(","),
   WARMGATE_ORIGIN_ADMIN_TOKEN: stack.originAdminToken,
+  // The origins' access token (the edge's ORIGIN_TOKEN), to call an origin directly.
+  WARMGATE_ORIGIN_TOKEN: stack.originAccessToken,
 };
 const lines = Object.entries(vars).map(([name, value]) => `export ${name}='${value}'`);
 await writeFile(envFile, lines.join("\n") + "\n", { mode: 0o600 });
