@@ -113,10 +113,14 @@ export function estimateChatPromptTokens(request: ChatCompletionRequest): number
  * as separate sequences); token-id prompts are counted exactly.
  */
 export function estimateCompletionPrompts(request: CompletionRequest): number[] {
-  const { prompt } = request;
-  if (typeof prompt === "string") return [1 + estimateTextTokens(prompt)];
-  if (typeof prompt[0] === "number") return [prompt.length];
-  return prompt.map((item) =>
+  return estimatePromptList(request.prompt);
+}
+
+/** A text, texts, token ids or token-id lists, each estimated (token ids counted exactly). */
+function estimatePromptList(value: string | string[] | number[] | number[][]): number[] {
+  if (typeof value === "string") return [1 + estimateTextTokens(value)];
+  if (typeof value[0] === "number") return [value.length];
+  return value.map((item) =>
     typeof item === "string" ? 1 + estimateTextTokens(item) : Array.isArray(item) ? item.length : 0,
   );
 }
@@ -170,10 +174,5 @@ export function estimateResponsesPromptTokens(request: ResponsesRequest): number
 
 /** Estimated tokens of each input of an embeddings request; token-id inputs exactly. */
 export function estimateEmbeddingInputs(request: EmbeddingsRequest): number[] {
-  const { input } = request;
-  if (typeof input === "string") return [1 + estimateTextTokens(input)];
-  if (typeof input[0] === "number") return [input.length];
-  return input.map((item) =>
-    typeof item === "string" ? 1 + estimateTextTokens(item) : Array.isArray(item) ? item.length : 0,
-  );
+  return estimatePromptList(request.input);
 }

@@ -7,7 +7,6 @@
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import {
   type EdgeOptions,
@@ -19,6 +18,7 @@ import {
 } from "./edge.ts";
 import { startOrigin, type RunningOrigin } from "../origin/server.ts";
 import { createSimEngine } from "../origin/sim/engine.ts";
+import { type DevSecrets, loadDevSecrets, saveDevSecrets } from "./dev-secrets.ts";
 import type { SimEngineOptions } from "../origin/sim/options.ts";
 
 /** One region of the local stack. */
@@ -219,44 +219,6 @@ export function stackConfig(
     limits,
     ...settings,
   });
-}
-
-/** Development secrets, kept across restarts when state persists so printed keys keep working. */
-interface DevSecrets {
-  adminToken: string;
-  signingSecret: string;
-  apiKey?: string;
-}
-
-function devSecretsFile(dir: string): string {
-  return join(dir, "warmgate-dev.json");
-}
-
-async function loadDevSecrets(dir: string | undefined): Promise<DevSecrets> {
-  const fresh: DevSecrets = {
-    adminToken: `wgadmin_${randomBytes(18).toString("base64url")}`,
-    signingSecret: randomBytes(32).toString("base64url"),
-  };
-  if (!dir) return fresh;
-  try {
-    const saved = JSON.parse(await readFile(devSecretsFile(dir), "utf8")) as Partial<DevSecrets>;
-    if (saved.adminToken && saved.signingSecret) {
-      return {
-        adminToken: saved.adminToken,
-        signingSecret: saved.signingSecret,
-        ...(saved.apiKey ? { apiKey: saved.apiKey } : {}),
-      };
-    }
-  } catch {
-    // First run: nothing saved yet.
-  }
-  return fresh;
-}
-
-async function saveDevSecrets(dir: string | undefined, secrets: DevSecrets): Promise<void> {
-  if (!dir) return;
-  await mkdir(dir, { recursive: true });
-  await writeFile(devSecretsFile(dir), JSON.stringify(secrets, null, 2) + "\n", { mode: 0o600 });
 }
 
 /** Limits of the development key: generous, so local load tests measure the gateway. */

@@ -84,6 +84,35 @@ async function collectBreakers(env: Env, config: GatewayConfig): Promise<Breaker
   return views.flat();
 }
 
+/** Upper bounds of the batch-size histogram: the Batcher's power-of-two buckets. */
+export const BATCH_SIZE_BOUNDS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+
+/** A Batcher's batch sizes (`1`, `2`, `3-4`, `5-8`, …) per bucket of {@link BATCH_SIZE_BOUNDS}. */
+export function batchSizeCounts(sizes: Record<string, number>): {
+  counts: number[];
+  calls: number;
+} {
+  const counts = BATCH_SIZE_BOUNDS.map(() => 0);
+  let calls = 0;
+  for (const [bucket, count] of Object.entries(sizes)) {
+    const at = BATCH_SIZE_BOUNDS.indexOf(Number(bucket.split("-").at(-1)));
+    if (at >= 0) counts[at] = (counts[at] ?? 0) + count;
+    calls += count;
+  }
+  return { counts, calls };
+}
+
+/** An origin's load report as shares: KV cache in use, and prompt tokens its cache served. */
+export function originShares(report: NonNullable<BatcherSnapshot["origins"][string]>): {
+  kvUsage: number;
+  prefixHit: number | null;
+} {
+  return {
+    kvUsage: report.kvTotalTokens > 0 ? 1 - report.kvFreeTokens / report.kvTotalTokens : 0,
+    prefixHit: report.prefixQueries > 0 ? report.prefixHits / report.prefixQueries : null,
+  };
+}
+
 /** Gathers the fleet's figures from the objects that own them. */
 export async function collectFleet(env: Env, config: GatewayConfig): Promise<FleetStats> {
   const [keys, batchers, breakers] = await Promise.all([

@@ -8,18 +8,10 @@ import { Histogram, Metric, renderFamilies } from "../../contracts/prometheus.ts
 import { microsToUsd } from "../../contracts/pricing.ts";
 import { DURATION_BOUNDS_S, TTFT_BOUNDS_S } from "../../durable-objects/key-account/types.ts";
 import { QUEUE_WAIT_BOUNDS_MS } from "../../durable-objects/batcher/types.ts";
-import type { FleetStats } from "./collect.ts";
-
-/** Upper bounds of the batch-size histogram: the Batcher's power-of-two buckets. */
-export const BATCH_SIZE_BOUNDS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+import { BATCH_SIZE_BOUNDS, type FleetStats, batchSizeCounts, originShares } from "./collect.ts";
 
 /** `warmgate_breaker_state`'s values. */
 export const BREAKER_STATE_VALUES = { closed: 0, half_open: 1, open: 2 } as const;
-
-/** The upper bound a Batcher batch-size bucket (`1`, `2`, `3-4`, `5-8`, …) counts up to. */
-function sizeBound(bucket: string): number {
-  return Number(bucket.split("-").at(-1));
-}
 
 /** Renders a collection as one exposition document. */
 export function renderFleet(stats: FleetStats): string {
@@ -144,16 +136,13 @@ export function renderFleet(stats: FleetStats): string {
     const { counters } = b.snapshot;
     for (const [reason, count] of Object.entries(counters.batches))
       batches.inc({ ...where, reason }, count);
-    const sizes = BATCH_SIZE_BOUNDS.map(() => 0);
-    let items = 0;
-    let calls = 0;
-    for (const [bucket, count] of Object.entries(counters.batchSizes)) {
-      const at = BATCH_SIZE_BOUNDS.indexOf(sizeBound(bucket));
-      if (at >= 0) sizes[at] = (sizes[at] ?? 0) + count;
-      calls += count;
-    }
-    items = counters.batchItems;
-    batchSize.add({ region: b.region, model: b.model }, sizes, items, calls);
+    const sizes = batchSizeCounts(counters.batchSizes);
+    batchSize.add(
+      { region: b.region, model: b.model },
+      sizes.counts,
+      counters.batchItems,
+      sizes.calls,
+    );
     const wait = counters.queueWaitMs;
     queueWait.add({ region: b.region, model: b.model }, wait.counts, wait.sum / 1000, wait.count);
     b.snapshot.lanes.forEach((n, lane) => depth.set({ ...where, lane: String(lane) }, n));
@@ -163,11 +152,9 @@ export function renderFleet(stats: FleetStats): string {
       const labels = { region: b.region, origin };
       running.set(labels, report.running);
       waiting.set(labels, report.waiting);
-      kvUsage.set(
-        labels,
-        report.kvTotalTokens > 0 ? 1 - report.kvFreeTokens / report.kvTotalTokens : 0,
-      );
-      if (report.prefixQueries > 0) prefixHit.set(labels, report.prefixHits / report.prefixQueries);
+      const shares = originShares(report);
+      kvUsage.set(labels, shares.kvUsage);
+      if (shares.prefixHit !== null) prefixHit.set(labels, shares.prefixHit);
     }
     const routing = b.snapshot.routing;
     if (routing !== null) {

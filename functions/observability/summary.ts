@@ -8,8 +8,7 @@ import { microsToUsd } from "../../contracts/pricing.ts";
 import type { HistogramData, RecentError } from "../../durable-objects/key-account/metrics.ts";
 import { DURATION_BOUNDS_S, TTFT_BOUNDS_S } from "../../durable-objects/key-account/types.ts";
 import type { GatewayConfig } from "../config.ts";
-import type { FleetStats } from "./collect.ts";
-import { BATCH_SIZE_BOUNDS } from "./exposition.ts";
+import { BATCH_SIZE_BOUNDS, type FleetStats, batchSizeCounts, originShares } from "./collect.ts";
 
 /** Keys and errors the dashboard lists. */
 const TOP_KEYS = 10;
@@ -71,20 +70,21 @@ export function summarize(stats: FleetStats, config: GatewayConfig) {
     }
   >();
   for (const b of stats.batchers) {
-    for (const [bucket, count] of Object.entries(b.snapshot.counters.batchSizes)) {
-      const at = BATCH_SIZE_BOUNDS.indexOf(Number(bucket.split("-").at(-1)));
-      if (at >= 0) batchSizes.counts[at] = (batchSizes.counts[at] ?? 0) + count;
-      batchSizes.count += count;
-    }
-    batchSizes.sum += b.snapshot.counters.batchItems;
+    const sizes = batchSizeCounts(b.snapshot.counters.batchSizes);
+    addInto(batchSizes, {
+      counts: sizes.counts,
+      sum: b.snapshot.counters.batchItems,
+      count: sizes.calls,
+    });
     for (const [origin, report] of Object.entries(b.snapshot.origins)) {
       const seen = load.get(origin);
       if (report === null || (seen !== undefined && seen.age_ms <= report.ageMs)) continue;
+      const shares = originShares(report);
       load.set(origin, {
         running: report.running,
         waiting: report.waiting,
-        kv_usage: report.kvTotalTokens > 0 ? 1 - report.kvFreeTokens / report.kvTotalTokens : 0,
-        prefix_hit: report.prefixQueries > 0 ? report.prefixHits / report.prefixQueries : null,
+        kv_usage: shares.kvUsage,
+        prefix_hit: shares.prefixHit,
         age_ms: report.ageMs,
       });
     }

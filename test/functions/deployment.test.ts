@@ -49,7 +49,9 @@ describe("the Worker's start-up checks", () => {
       expect(() =>
         checkDeployment({ WARMGATE_CONFIG: '{"models":[]}', WARMGATE_ENV: "local", ...secrets }),
       ).not.toThrow();
-      expect(log.mock.calls.at(-1)?.[0]).toMatch(/^warmgate: WARMGATE_CONFIG is invalid at /);
+      const line = JSON.parse(String(log.mock.calls.at(-1)?.[0])) as { level: string; msg: string };
+      expect(line.level).toBe("error");
+      expect(line.msg).toMatch(/^warmgate: WARMGATE_CONFIG is invalid at /);
     } finally {
       log.mockRestore();
     }

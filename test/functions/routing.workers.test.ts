@@ -48,6 +48,36 @@ interface Answer {
   usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens?: number } };
 }
 
+/**
+ * Three rounds of questions to `groups` groups of one long prompt each: every group must
+ * keep to one origin; the prompt and cached tokens of the warm rounds are summed.
+ */
+async function rounds(
+  groups: number,
+  send: (
+    group: number,
+    question: string,
+  ) => Promise<{ res: Response; prompt: number; cached: number }>,
+): Promise<{ homes: Map<number, string>; prompt: number; cached: number }> {
+  const homes = new Map<number, string>();
+  let prompt = 0;
+  let cached = 0;
+  for (const question of ["Hello?", "What is due?", "Refund please."]) {
+    for (let n = 0; n < groups; n++) {
+      const answer = await send(n, question);
+      expect(answer.res.status).toBe(200);
+      const origin = answer.res.headers.get("x-warmgate-origin") ?? "";
+      expect(homes.get(n) ?? origin).toBe(origin);
+      homes.set(n, origin);
+      if (question !== "Hello?") {
+        prompt += answer.prompt;
+        cached += answer.cached;
+      }
+    }
+  }
+  return { homes, prompt, cached };
+}
+
 afterEach(async () => {
   for (const id of PHYSICAL) await setFaults(id, null);
 });
@@ -56,54 +86,34 @@ describe("KV-cache-aware routing", () => {
   it("keeps Responses API requests with the same instructions on their warm origin", async () => {
     const tag = crypto.randomUUID().slice(0, 6);
     const config = configOf(tag);
-    const homes = new Map<number, string>();
-    let prompt = 0;
-    let cached = 0;
-    for (const question of ["Hello?", "What is due?", "Refund please."]) {
-      for (let n = 0; n < 6; n++) {
-        const body = {
-          model: MODEL,
-          max_output_tokens: 3,
-          instructions: system(tag, n),
-          input: question,
-        };
-        const res = await sendWith(config, edgeRequest("/v1/responses", { body }));
-        expect(res.status).toBe(200);
-        const origin = res.headers.get("x-warmgate-origin") ?? "";
-        expect(homes.get(n) ?? origin).toBe(origin);
-        homes.set(n, origin);
-        const { usage } = await res.json<{
-          usage: { input_tokens: number; input_tokens_details: { cached_tokens: number } };
-        }>();
-        if (question !== "Hello?") {
-          prompt += usage.input_tokens;
-          cached += usage.input_tokens_details.cached_tokens;
-        }
-      }
-    }
+    const { prompt, cached } = await rounds(6, async (n, question) => {
+      const body = {
+        model: MODEL,
+        max_output_tokens: 3,
+        instructions: system(tag, n),
+        input: question,
+      };
+      const res = await sendWith(config, edgeRequest("/v1/responses", { body }));
+      const { usage } = await res.json<{
+        usage: { input_tokens: number; input_tokens_details: { cached_tokens: number } };
+      }>();
+      return { res, prompt: usage.input_tokens, cached: usage.input_tokens_details.cached_tokens };
+    });
     expect(cached / prompt).toBeGreaterThan(0.9);
   });
 
   it("sends prompts that share a long system prompt to the origin that prefilled it", async () => {
     const tag = crypto.randomUUID().slice(0, 6);
     const config = configOf(tag);
-    const homes = new Map<number, string>();
-    let prompt = 0;
-    let cached = 0;
-    for (const question of ["Hello?", "What is due?", "Refund please."]) {
-      for (let n = 0; n < 9; n++) {
-        const res = await sendWith(config, ask(tag, n, question));
-        expect(res.status).toBe(200);
-        const origin = res.headers.get("x-warmgate-origin") ?? "";
-        expect(homes.get(n) ?? origin).toBe(origin);
-        homes.set(n, origin);
-        const { usage } = await res.json<Answer>();
-        if (question !== "Hello?") {
-          prompt += usage.prompt_tokens;
-          cached += usage.prompt_tokens_details?.cached_tokens ?? 0;
-        }
-      }
-    }
+    const { homes, prompt, cached } = await rounds(9, async (n, question) => {
+      const res = await sendWith(config, ask(tag, n, question));
+      const { usage } = await res.json<Answer>();
+      return {
+        res,
+        prompt: usage.prompt_tokens,
+        cached: usage.prompt_tokens_details?.cached_tokens ?? 0,
+      };
+    });
     // Cold prompts spread over the origins; warm ones were almost all served from cache.
     expect(new Set(homes.values()).size).toBeGreaterThan(1);
     expect(cached / prompt).toBeGreaterThan(0.9);
