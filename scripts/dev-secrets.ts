@@ -44,4 +44,3 @@ export async function saveDevSecrets(dir: string | undefined, secrets: DevSecret
   await mkdir(dir, { recursive: true });
   await writeFile(devSecretsFile(dir), JSON.stringify(secrets, null, 2) + "\n", { mode: 0o600 });
 }
-
