@@ -13,6 +13,8 @@ let previous = null;
 const series = { t: [], lat: [[], [], []], ttft: [[], [], []], rps: [], eps: [] };
 const charts = {};
 let batchBounds = [];
+// The key list's order: by `requests` or by `spend_usd`.
+let keyOrder = "requests";
 
 function quantile(bounds, counts, q) {
   const total = counts.reduce((a, b) => a + b, 0);
@@ -174,14 +176,10 @@ function render(view) {
       )
       .join(" · "),
   );
+  const keys = [...view.top_keys].sort((a, b) => b[keyOrder] - a[keyOrder]);
   fill(
     $("keys").tBodies[0],
-    view.top_keys.map((k) => [
-      [k.name || k.id],
-      [k.tier],
-      [String(k.requests)],
-      [k.spend_usd.toFixed(6)],
-    ]),
+    keys.map((k) => [[k.name || k.id], [k.tier], [String(k.requests)], [k.spend_usd.toFixed(6)]]),
   );
   fill(
     $("errors").tBodies[0],
@@ -240,6 +238,15 @@ $("sign-in").addEventListener("submit", (event) => {
   sessionStorage.setItem(TOKEN_KEY, token);
   signedIn();
 });
+
+function orderKeys(by) {
+  keyOrder = by;
+  $("by-requests").textContent = by === "requests" ? "requests ▾" : "requests";
+  $("by-spend").textContent = by === "spend_usd" ? "spend (USD) ▾" : "spend (USD)";
+  if (previous !== null) render(previous);
+}
+$("by-requests").addEventListener("click", () => orderKeys("requests"));
+$("by-spend").addEventListener("click", () => orderKeys("spend_usd"));
 
 $("sign-out").addEventListener("click", () => {
   sessionStorage.removeItem(TOKEN_KEY);

@@ -121,7 +121,13 @@ export function summarize(stats: FleetStats, config: GatewayConfig) {
     batch_sizes: batchSizes,
     queued: stats.batchers.reduce((sum, b) => sum + b.snapshot.queued, 0),
     routing,
-    top_keys: keys.sort((a, b) => b.requests - a.requests).slice(0, TOP_KEYS),
+    // The busiest keys by requests and by spend, together (the page sorts them either way).
+    top_keys: [
+      ...new Set([
+        ...[...keys].sort((a, b) => b.requests - a.requests).slice(0, TOP_KEYS),
+        ...[...keys].sort((a, b) => b.spend_usd - a.spend_usd).slice(0, TOP_KEYS),
+      ]),
+    ].sort((a, b) => b.requests - a.requests),
     recent_errors: recent,
   };
 }

@@ -97,6 +97,9 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       );
       await page.waitForFunction(() => document.querySelectorAll("#keys tbody tr").length > 0);
       expect(await page.textContent("#keys tbody tr td")).toBe("development");
+      await page.click("#by-spend");
+      expect(await page.textContent("#by-spend")).toContain("▾");
+      expect(await page.textContent("#keys tbody tr td")).toBe("development");
       expect(await page.$$("#chart-latency canvas")).toHaveLength(1);
       await mkdir(ARTIFACTS, { recursive: true });
       await page.screenshot({ path: join(ARTIFACTS, "dashboard.png"), fullPage: true });
