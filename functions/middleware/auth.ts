@@ -95,7 +95,7 @@ export function admitCompletion() {
       if (refused) return;
       const input = settleInput(c, settled);
       const admission: AdmitOk | undefined = c.get("admission");
-      if (input.metrics !== undefined && admission !== undefined) {
+      if (c.env.ANALYTICS !== undefined && input.metrics !== undefined && admission !== undefined) {
         const cost = usageCost(c.var.config, settled, admission.models);
         writeRequestEvent(
           c.env.ANALYTICS,
