@@ -19,6 +19,7 @@ import { canaries } from "./routes/canaries.ts";
 import { completions } from "./routes/completions.ts";
 import { health } from "./routes/health.ts";
 import { models } from "./routes/models.ts";
+import { dashboard } from "./routes/dashboard.ts";
 import { metrics, stats } from "./routes/observability.ts";
 import { usage } from "./routes/usage.ts";
 
@@ -26,6 +27,8 @@ import { usage } from "./routes/usage.ts";
 const app = new Hono<AppEnv>();
 
 app.use(requestContext());
+// The dashboard's page and files: static, and no secret needed to load them.
+app.route("/", dashboard);
 app.use("/v1/*", browserCors());
 // Before config and key auth: the admin API, token minting and CORS preflights
 // authenticate themselves and must answer even when the gateway config is broken.

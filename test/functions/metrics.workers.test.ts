@@ -179,3 +179,24 @@ describe("Workers Analytics Engine events", () => {
     expect(text).not.toContain(prompt);
   });
 });
+
+describe("the dashboard's page", () => {
+  it("is served at / with its scripts, under a policy that allows only its own", async () => {
+    const page = await sendWith(CONFIG, new Request("https://edge.test/"));
+    expect(page.status).toBe(200);
+    expect(page.headers.get("content-type")).toContain("text/html");
+    expect(page.headers.get("content-security-policy")).toContain("script-src 'self'");
+    const html = await page.text();
+    expect(html).toContain('<script src="/app.js"></script>');
+    for (const path of [
+      "/app.js",
+      "/style.css",
+      "/vendor/uPlot.iife.min.js",
+      "/vendor/uPlot.min.css",
+    ]) {
+      const res = await sendWith(CONFIG, new Request(`https://edge.test${path}`));
+      expect(res.status, path).toBe(200);
+      expect((await res.text()).length, path).toBeGreaterThan(100);
+    }
+  });
+});
