@@ -40,13 +40,29 @@ const responsesToolChoice = z.union([
   z.looseObject({ type: z.string() }),
 ]);
 
-/** Fields the gateway cannot serve, as it stores no responses. */
-const STORED_FIELDS = {
-  previous_response_id:
+/** Fields the gateway cannot serve, as it stores no responses: when each is refused, and why. */
+const STORED_FIELDS: [field: string, refused: (value: unknown) => boolean, message: string][] = [
+  [
+    "previous_response_id",
+    (v) => v != null,
     "'previous_response_id' needs stored responses, which this gateway does not keep; send the whole conversation in 'input' instead.",
-  conversation:
+  ],
+  [
+    "conversation",
+    (v) => v != null,
     "'conversation' needs stored conversations, which this gateway does not keep; send the whole conversation in 'input' instead.",
-} as const;
+  ],
+  [
+    "store",
+    (v) => v === true,
+    "'store: true' asks to keep the response, which this gateway does not do; send 'store: false' or leave it out.",
+  ],
+  [
+    "background",
+    (v) => v === true,
+    "'background' responses are polled from a response store, which this gateway does not keep; stream the response instead.",
+  ],
+];
 
 /** Body of `POST /v1/responses`. */
 export const ResponsesRequestSchema = z
@@ -77,8 +93,8 @@ export const ResponsesRequestSchema = z
   })
   .superRefine((body, ctx) => {
     checkStreamOptions(body, ctx);
-    for (const [field, message] of Object.entries(STORED_FIELDS)) {
-      if (body[field as keyof typeof STORED_FIELDS] != null) {
+    for (const [field, refused, message] of STORED_FIELDS) {
+      if (refused((body as Record<string, unknown>)[field])) {
         ctx.addIssue({
           code: "custom",
           path: [field],
@@ -86,24 +102,6 @@ export const ResponsesRequestSchema = z
           params: { openai: "unsupported_parameter", verbatim: true },
         });
       }
-    }
-    if (body.store === true) {
-      ctx.addIssue({
-        code: "custom",
-        path: ["store"],
-        message:
-          "'store: true' asks to keep the response, which this gateway does not do; send 'store: false' or leave it out.",
-        params: { openai: "unsupported_parameter", verbatim: true },
-      });
-    }
-    if (body.background === true) {
-      ctx.addIssue({
-        code: "custom",
-        path: ["background"],
-        message:
-          "'background' responses are polled from a response store, which this gateway does not keep; stream the response instead.",
-        params: { openai: "unsupported_parameter", verbatim: true },
-      });
     }
   });
 

@@ -195,8 +195,8 @@ describe("the dashboard's page", () => {
       "/vendor/uPlot.min.css",
     ]) {
       const res = await sendWith(CONFIG, new Request(`https://edge.test${path}`));
-      expect(res.status, path).toBe(200);
-      expect((await res.text()).length, path).toBeGreaterThan(100);
+      expect([path, res.status]).toEqual([path, 200]);
+      expect((await res.text()).length).toBeGreaterThan(100);
     }
   });
 });
