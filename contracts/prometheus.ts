@@ -21,6 +21,26 @@ function labelKey(labels: Labels): string {
   return JSON.stringify(Object.entries(labels).sort(([a], [b]) => (a < b ? -1 : 1)));
 }
 
+/** Observations with per-bucket (not cumulative) counts; past the last bound only `count`. */
+export interface HistogramData {
+  counts: number[];
+  sum: number;
+  count: number;
+}
+
+/** A histogram with `bounds` and no observations. */
+export function emptyHistogram(bounds: readonly number[]): HistogramData {
+  return { counts: bounds.map(() => 0), sum: 0, count: 0 };
+}
+
+/** Adds one observation to a histogram with `bounds`. */
+export function observe(histogram: HistogramData, bounds: readonly number[], value: number): void {
+  const at = bounds.findIndex((bound) => value <= bound);
+  if (at >= 0) histogram.counts[at] = (histogram.counts[at] ?? 0) + 1;
+  histogram.sum += value;
+  histogram.count += 1;
+}
+
 /** Renders families as one exposition document, ending in a newline. */
 export function renderFamilies(families: readonly { render(): string[] }[]): string {
   return families.flatMap((family) => family.render()).join("\n") + "\n";

@@ -51,6 +51,25 @@ class MetricWriter {
   }
 }
 
+/** A GPU gauge: its name, help, and the reading it shows (null: not read). */
+type GpuGauge = [name: string, help: string, pick: (g: GpuReading) => number | null];
+
+/** Each gauge's family and one sample per GPU whose reading exists, labelled by `labels`. */
+function writeGpuGauges(
+  w: MetricWriter,
+  gauges: readonly GpuGauge[],
+  gpus: readonly GpuReading[],
+  labels: (g: GpuReading) => Record<string, string>,
+): void {
+  for (const [name, help, pick] of gauges) {
+    w.family(name, "gauge", help);
+    for (const g of gpus) {
+      const value = pick(g);
+      if (value !== null) w.sample(name, value, labels(g));
+    }
+  }
+}
+
 function mib(bytes: number | null): number | null {
   return bytes === null ? null : Math.round(bytes / 1048576);
 }
@@ -102,7 +121,7 @@ export function renderOriginMetrics(input: OriginMetricsInput): string {
   w.family("warmgate_origin_gpu_available", "gauge", "1 when nvidia-smi readings are present.");
   w.sample("warmgate_origin_gpu_available", gpu.available ? 1 : 0);
   if (gpu.available) {
-    const gauges: [string, string, (g: GpuReading) => number | null][] = [
+    const gauges: GpuGauge[] = [
       [
         "warmgate_origin_gpu_utilization_percent",
         "GPU utilisation, percent.",
@@ -125,15 +144,9 @@ export function renderOriginMetrics(input: OriginMetricsInput): string {
       ],
       ["warmgate_origin_gpu_power_watts", "GPU power draw, watts.", (g) => g.power_watts],
     ];
-    for (const [name, help, pick] of gauges) {
-      w.family(name, "gauge", help);
-      for (const g of gpu.gpus) {
-        const value = pick(g);
-        if (value !== null) w.sample(name, value, { gpu: String(g.index), name: g.name });
-      }
-    }
+    writeGpuGauges(w, gauges, gpu.gpus, (g) => ({ gpu: String(g.index), name: g.name }));
     // The same readings under NVIDIA DCGM-exporter's names, for its dashboards and alerts.
-    const dcgm: [string, string, (g: GpuReading) => number | null][] = [
+    const dcgm: GpuGauge[] = [
       ["DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", (g) => g.utilization_percent],
       ["DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", (g) => mib(g.memory_used_bytes)],
       [
@@ -147,13 +160,7 @@ export function renderOriginMetrics(input: OriginMetricsInput): string {
       ["DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", (g) => g.temperature_celsius],
       ["DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", (g) => g.power_watts],
     ];
-    for (const [name, help, pick] of dcgm) {
-      w.family(name, "gauge", help);
-      for (const g of gpu.gpus) {
-        const value = pick(g);
-        if (value !== null) w.sample(name, value, { gpu: String(g.index), modelName: g.name });
-      }
-    }
+    writeGpuGauges(w, dcgm, gpu.gpus, (g) => ({ gpu: String(g.index), modelName: g.name }));
   } else {
     w.family(
       "warmgate_origin_gpu_unavailable_info",

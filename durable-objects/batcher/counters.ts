@@ -1,6 +1,7 @@
 /** The Batcher's counters (docs/batching.md, "Snapshot"), since its incarnation started. */
 
 import type { FlushReason } from "./window/index.ts";
+import { emptyHistogram, observe } from "../../contracts/prometheus.ts";
 import { type BatcherCounters, QUEUE_WAIT_BOUNDS_MS } from "./types.ts";
 
 export function newCounters(): BatcherCounters {
@@ -17,7 +18,7 @@ export function newCounters(): BatcherCounters {
     batches: { idle: 0, size: 0, tokens: 0, window: 0 },
     batchItems: 0,
     batchSizes: {},
-    queueWaitMs: { counts: QUEUE_WAIT_BOUNDS_MS.map(() => 0), sum: 0, count: 0 },
+    queueWaitMs: emptyHistogram(QUEUE_WAIT_BOUNDS_MS),
     orphansCancelled: 0,
     readPauses: 0,
     holds: 0,
@@ -34,11 +35,7 @@ export function countBatch(counters: BatcherCounters, reason: FlushReason, size:
 
 /** Counts how long an item waited between its admission and its call leaving, ms. */
 export function countQueueWait(counters: BatcherCounters, waitMs: number): void {
-  const histogram = counters.queueWaitMs;
-  const at = QUEUE_WAIT_BOUNDS_MS.findIndex((bound) => waitMs <= bound);
-  if (at >= 0) histogram.counts[at] = (histogram.counts[at] ?? 0) + 1;
-  histogram.sum += waitMs;
-  histogram.count += 1;
+  observe(counters.queueWaitMs, QUEUE_WAIT_BOUNDS_MS, waitMs);
 }
 
 /** The histogram bucket of a batch size: `1`, `2`, `3-4`, `5-8`, `9-16`, … */

@@ -2,6 +2,7 @@
  * The contract of a `Batcher` (docs/batching.md): its setup, what a request attempt sends,
  * what `open`, `end`, `answer`, `cancel` and `snapshot` answer, and its constants.
  */
+import type { HistogramData } from "../../contracts/prometheus.ts";
 import type { BreakerSettings } from "../../contracts/breaker.ts";
 import type { ItemHead, ItemPath, ItemTrailer } from "../../contracts/protocol.ts";
 import type { RouterView } from "./routing/router.ts";
@@ -212,7 +213,7 @@ export interface BatcherCounters {
   /** Upstream calls by items carried, in power-of-two buckets (`1`, `2`, `3-4`, `5-8`, …). */
   batchSizes: Record<string, number>;
   /** Waits from admission to the call leaving, ms, per bucket of `QUEUE_WAIT_BOUNDS_MS`. */
-  queueWaitMs: { counts: number[]; sum: number; count: number };
+  queueWaitMs: HistogramData;
   /** Orphaned calls of earlier incarnations cancelled on their origins. */
   orphansCancelled: number;
   /** Times a call's reading gave way to the rest of this object's work (see {@link READ_TURN_MS}). */

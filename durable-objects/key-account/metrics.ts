@@ -4,18 +4,12 @@
  * when a request settles or its admission is refused, and the latest errors. Kept in the
  * `metrics` table, written behind with the settlement itself: no call of its own.
  */
+import { type HistogramData, emptyHistogram, observe } from "../../contracts/prometheus.ts";
 import type { AccountStore } from "./store.ts";
 import { DURATION_BOUNDS_S, type SettleInput, type SettleOutcome, TTFT_BOUNDS_S } from "./types.ts";
 
 /** Errors a key keeps for the dashboard. */
 export const RECENT_ERRORS = 20;
-
-/** Observations with per-bucket (not cumulative) counts; past the last bound only `count`. */
-export interface HistogramData {
-  counts: number[];
-  sum: number;
-  count: number;
-}
 
 /** One model, region and status class of a key's requests. */
 export interface RequestSeries {
@@ -77,18 +71,6 @@ export interface RequestSample {
 export interface MetricsState {
   series: Map<string, RequestSeries>;
   errors: RecentError[];
-}
-
-function emptyHistogram(bounds: readonly number[]): HistogramData {
-  return { counts: bounds.map(() => 0), sum: 0, count: 0 };
-}
-
-/** Adds one observation to a histogram with `bounds`. */
-export function observe(histogram: HistogramData, bounds: readonly number[], value: number): void {
-  const at = bounds.findIndex((bound) => value <= bound);
-  if (at >= 0) histogram.counts[at] = (histogram.counts[at] ?? 0) + 1;
-  histogram.sum += value;
-  histogram.count += 1;
 }
 
 /** The status class of an HTTP status. */

@@ -5,7 +5,8 @@
  * into percentiles over time); batch sizes; the keys with most requests; recent errors.
  */
 import { microsToUsd } from "../../contracts/pricing.ts";
-import type { HistogramData, RecentError } from "../../durable-objects/key-account/metrics.ts";
+import { type HistogramData, emptyHistogram } from "../../contracts/prometheus.ts";
+import type { RecentError } from "../../durable-objects/key-account/metrics.ts";
 import { DURATION_BOUNDS_S, TTFT_BOUNDS_S } from "../../durable-objects/key-account/types.ts";
 import type { GatewayConfig } from "../config.ts";
 import { BATCH_SIZE_BOUNDS, type FleetStats, batchSizeCounts, originShares } from "./collect.ts";
@@ -15,7 +16,7 @@ const TOP_KEYS = 10;
 const ERRORS = 25;
 
 function merged(bounds: readonly number[]): HistogramData & { bounds: readonly number[] } {
-  return { bounds, counts: bounds.map(() => 0), sum: 0, count: 0 };
+  return { bounds, ...emptyHistogram(bounds) };
 }
 
 function addInto(into: HistogramData, from: HistogramData): void {
