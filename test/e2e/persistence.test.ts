@@ -61,7 +61,12 @@ describe("state across a wrangler dev restart", () => {
     let credited: { id: string; key: string };
     let billed: UsageReport;
 
-    const first = await startStack({ regions: REGIONS, persistTo: dir });
+    // Deterministic answers: the credit below is sized to what the first answer costs.
+    const first = await startStack({
+      regions: REGIONS,
+      persistTo: dir,
+      sim: { deterministic: true },
+    });
     try {
       devKey = first.apiKey;
       const created = async (name: string, limits: Record<string, number> = {}) => {
@@ -92,7 +97,11 @@ describe("state across a wrangler dev restart", () => {
       await first.stop();
     }
 
-    const second = await startStack({ regions: REGIONS, persistTo: dir });
+    const second = await startStack({
+      regions: REGIONS,
+      persistTo: dir,
+      sim: { deterministic: true },
+    });
     try {
       // The development key saved by the first run is still accepted, so it is reused.
       expect(second.apiKey).toBe(devKey);
