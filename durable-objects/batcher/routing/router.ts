@@ -258,14 +258,18 @@ export class Router {
 
   /**
    * A load report: an engine whose lookups counter fell since an earlier report restarted
-   * with an empty cache. Reports of concurrent calls may arrive out of order.
+   * with an empty cache. Reports of concurrent calls may arrive out of order, and two
+   * written in the same millisecond (the clock's grain) in either order.
    */
   report(origin: string, report: RouterReport): void {
     const slot = this.#index.slot(origin);
     if (slot < 0) return;
     const last = this.#lastReport[slot] ?? null;
     if (last !== null && report.at < last.at) return;
-    if (last !== null && report.prefixQueries < last.queries) this.#index.clear(slot);
+    if (last !== null && report.prefixQueries < last.queries) {
+      if (report.at === last.at) return;
+      this.#index.clear(slot);
+    }
     this.#lastReport[slot] = { at: report.at, queries: report.prefixQueries };
     if (report.kvTotalTokens > 0) this.#kvTokens[slot] = report.kvTotalTokens;
     this.#resize(slot);

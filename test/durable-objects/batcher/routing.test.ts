@@ -168,6 +168,9 @@ describe("corrections", () => {
     // A report written earlier that arrived late (another call) is no restart.
     router.report(home, { kvTotalTokens: 131_072, prefixQueries: 4000, at: 1 });
     expect(router.view().origins[home]?.blocks).toBeGreaterThan(0);
+    // Nor is one written in the same millisecond before it: clocks count in whole ms.
+    router.report(home, { kvTotalTokens: 131_072, prefixQueries: 4900, at: 2 });
+    expect(router.view().origins[home]?.blocks).toBeGreaterThan(0);
     router.report(home, { kvTotalTokens: 131_072, prefixQueries: 10, at: 3 });
     expect(router.view().origins[home]?.blocks).toBe(0);
   });
