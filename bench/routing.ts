@@ -7,12 +7,19 @@
  * bench/results/routing.json and routing.svg. `--quick`: fewer cells, for a smoke run.
  * `--time-scale`: wall ms per engine ms at 4 origins, and in proportion at 8 (see docs).
  * `--repeats N`: paired runs behind each throughput target. `--only W,…`: rerun those
- * workloads, keeping the other figures of bench/results/routing.json.
+ * workloads (or `edge`), keeping the other figures of bench/results/routing.json.
  */
 import { readFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
 import type { RoutingConfig } from "../durable-objects/batcher/settings.ts";
-import { benchCommand, fmt, markdownTable, writeResult, writeResultFile } from "./lib.ts";
+import {
+  benchCommand,
+  fmt,
+  markdownTable,
+  percentile,
+  writeResult,
+  writeResultFile,
+} from "./lib.ts";
 import { type EdgeRun, runThroughEdge } from "./routing-edge.ts";
 import { cellsTable, ttftChart } from "./routing-report.ts";
 import { type CellResult, POLICIES, type PolicyName, runCell } from "./routing-sim.ts";
@@ -58,7 +65,8 @@ const repeats = Math.max(1, Number(args.repeats));
 /** What `--only` keeps of the last full run. */
 interface Previous {
   cells: CellResult[];
-  pairs: Record<string, number[]>;
+  /** Absent in files written before paired runs. */
+  pairs?: Record<string, number[]>;
   twoEdges: CellResult;
   fitsInOneOrigin: CellResult[];
   edge: EdgeRun[];
@@ -121,7 +129,7 @@ for (const [at, { workload, rates }] of MATRIX.entries()) {
   for (const [load, origins, rate] of sizes) {
     const key = `${workload.name}/${origins}/${rate}`;
     if (!rerun(workload.name)) {
-      pairs[key] = previous?.pairs[key] ?? [];
+      pairs[key] = previous?.pairs?.[key] ?? [];
       continue;
     }
     const ours = find(workload.name, "warmgate", origins, rate);
@@ -203,7 +211,10 @@ for (const { workload, rates } of MATRIX) {
       });
     } else {
       const ratios = pairs[`${name}/${origins}/${rate}`] ?? [];
-      const ratio = median(ratios);
+      const ratio = percentile(
+        [...ratios].sort((a, b) => a - b),
+        50,
+      );
       targets.push({
         target: `${name}, ${origins} origins, ${rate}/s: throughput / least-loaded's, median of ${ratios.length} pairs`,
         measured: `${fmt(ratio, 3)} (${ratios.map((r) => fmt(r, 2)).join(", ")})`,
@@ -294,12 +305,3 @@ const path = await writeResult("routing", {
 });
 console.log(`\nwrote ${path} and ${svg}`);
 process.exit(0);
-
-function median(values: readonly number[]): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  const mid = Math.floor(sorted.length / 2);
-  if (sorted.length === 0) return Number.NaN;
-  return sorted.length % 2 === 1
-    ? (sorted[mid] ?? 0)
-    : ((sorted[mid - 1] ?? 0) + (sorted[mid] ?? 0)) / 2;
-}
