@@ -60,7 +60,7 @@ function matrix(scale: number): { workload: Workload; rates: number[] }[] {
 }
 const MATRIX = matrix(1);
 const WIDE = matrix(2);
-const repeats = Math.max(1, Number(args.repeats));
+const repeats = args.quick ? 1 : Math.max(1, Number(args.repeats));
 
 /** What `--only` keeps of the last full run. */
 interface Previous {
