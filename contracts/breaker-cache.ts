@@ -5,7 +5,7 @@
  * failure at once (or right behind the exchange in flight), and the answer brings every
  * breaker of the region back; a copy older than `refreshMs` is refreshed the same way.
  */
-import type { BreakerRegion, BreakerView, OutcomeReport } from "./breaker.ts";
+import type { BreakerRegion, BreakerView, OutcomeReport, Verdict } from "./breaker.ts";
 
 /** Sends a region's outcomes and answers its breakers. */
 export type BreakerExchange = (
@@ -57,18 +57,42 @@ export class BreakerCache {
     return state === "open" || state === "half_open";
   }
 
-  /** Counts one request's outcome at an origin. */
-  record(region: BreakerRegion, origin: string, ok: boolean, now: number): Promise<void> | null {
+  /** Counts one observation of an origin (see {@link Verdict}). */
+  record(
+    region: BreakerRegion,
+    origin: string,
+    verdict: Verdict,
+    now: number,
+  ): Promise<void> | null {
     const r = this.#region(region.id);
-    const current = r.pending.get(origin) ?? { origin, requests: 0, failures: 0, trailing: 0 };
+    const current = r.pending.get(origin) ?? {
+      origin,
+      requests: 0,
+      failures: 0,
+      trailing: 0,
+      slow: 0,
+    };
+    const ok = verdict === "ok";
     r.pending.set(origin, {
       origin,
-      requests: current.requests + 1,
+      // A cut answer's request was counted when its HEAD came.
+      requests: current.requests + (verdict === "cut" ? 0 : 1),
       failures: current.failures + (ok ? 0 : 1),
       trailing: ok ? 0 : current.trailing + 1,
+      slow: (current.slow ?? 0) + (verdict === "slow" ? 1 : 0),
     });
     // Failures go at once: a trip must reach every reporter within a second.
     return this.sync(region, now, !ok);
+  }
+
+  /**
+   * The copy brought up to date now, whatever its age: the exchange in flight, or a new one.
+   * For a request about to be refused because every breaker it knows is open.
+   */
+  async refresh(region: BreakerRegion, now: number): Promise<void> {
+    const r = this.#region(region.id);
+    if (r.sending !== null) await r.sending;
+    await (this.sync(region, now, true) ?? r.sending);
   }
 
   /**

@@ -34,7 +34,17 @@ export interface OutcomeReport {
   failures: number;
   /** Failures since the reporter's last success (all of `failures` when none succeeded). */
   trailing: number;
+  /** Of `failures`, those judged by time alone (silence, a late first byte): soft signals. */
+  slow?: number;
 }
+
+/**
+ * One observation of an origin, as its reporter judged it (docs/failover.md, "What counts"):
+ * it answered; it failed (unreachable, 5xx, broken); it was silent past the limit on a
+ * thread that was on time (`slow`, a soft signal); or an answer it had begun was cut after
+ * its HEAD (`cut`: the request was already counted when the HEAD came).
+ */
+export type Verdict = "ok" | "failed" | "slow" | "cut";
 
 /** How breakers trip, recover and are probed. */
 export interface BreakerSettings {
@@ -51,6 +61,11 @@ export interface BreakerSettings {
   maxCooldownMs: number;
   /** Health probes in a row that close a half-open breaker. */
   probes: number;
+  /**
+   * Most of a region's origins that may be open at once for soft signals (latency), as a
+   * share (Envoy's `max_ejection_percent`); hard failures are not capped.
+   */
+  maxEjectionShare: number;
 }
 
 export const DEFAULT_BREAKER_SETTINGS: Readonly<BreakerSettings> = {
@@ -62,11 +77,16 @@ export const DEFAULT_BREAKER_SETTINGS: Readonly<BreakerSettings> = {
   cooldownMs: 5_000,
   maxCooldownMs: 120_000,
   probes: 2,
+  maxEjectionShare: 0.5,
 };
 
-/** A region as a reporter knows it: its origins and the settings its breakers trip by. */
+/**
+ * A region as a reporter knows it: its origins and the settings its breakers trip by. The
+ * edge also names each origin's credentials (secret names) and a model it serves, for the
+ * probes; a reporter that leaves them out keeps what the object last heard.
+ */
 export interface BreakerRegion {
   id: string;
-  origins: { id: string; url: string }[];
+  origins: { id: string; url: string; credentials?: readonly string[]; probeModel?: string }[];
   settings: BreakerSettings;
 }

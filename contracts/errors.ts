@@ -162,10 +162,44 @@ const ORIGIN_FAILURES = {
   timeout: [504, "The origin server did not answer in time.", "origin_timeout"],
 } as const satisfies Record<OriginFailureKind, readonly [ContentfulStatusCode, string, string]>;
 
-/** 502/503/504 for origins that failed before the first byte reached the client. */
+/**
+ * 502/503/504 for origins that failed before the first byte reached the client; a 503
+ * always says when to come back (`retry-after`, 1 s unless the caller sets a later time).
+ */
 export function originFailure(kind: OriginFailureKind): ApiError {
   const [status, message, code] = ORIGIN_FAILURES[kind];
-  return new ApiError(status, message, { type: "server_error", code });
+  return new ApiError(status, message, {
+    type: "server_error",
+    code,
+    ...(kind === "unavailable" && { headers: { "retry-after": "1" } }),
+  });
+}
+
+function stringOr(value: unknown): string {
+  return typeof value === "string" ? value : "";
+}
+
+/**
+ * The answer to a request that failed the same way on two origins: the request's fault, not
+ * theirs (docs/failover.md, "Requests that fail everywhere"). 400 with the engine's message
+ * where its error says the input was bad, otherwise 502; no origin is blamed for it.
+ */
+export function failedEverywhere(engineBody: string): ApiError {
+  let error: { message?: unknown; type?: unknown; code?: unknown } | undefined;
+  try {
+    error = (JSON.parse(engineBody) as { error?: typeof error }).error;
+  } catch {
+    error = undefined;
+  }
+  const kind = `${stringOr(error?.type)} ${stringOr(error?.code)}`;
+  if (/invalid_request|bad_?request|validation/i.test(kind) && typeof error?.message === "string") {
+    return invalidRequest(clipped(error.message), null, "invalid_request");
+  }
+  return new ApiError(
+    502,
+    "The request failed on two origins in the same way, so it was not tried again; check its input.",
+    { type: "server_error", code: "origin_error" },
+  );
 }
 
 /** 500 for an unusable configuration; the message names the bad field (it holds no secrets). */

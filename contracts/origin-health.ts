@@ -1,13 +1,18 @@
 /**
- * The one rule for an origin's health (docs/failover.md): an origin whose circuit breaker
- * is open or half-open takes no client request; one that failed a request lately is
- * quarantined for `origin_quarantine_ms` and tried only after every healthy origin, as a
- * last resort rather than never, until its next answer. The edge's failover order and the
- * Batcher's origin choice both rank by it. Pure: time comes in as `now`.
+ * The one rule for an origin's health (docs/failover.md): what an answer says of its origin
+ * ({@link judgeHead}), how long an origin that refused for overload is left alone
+ * ({@link retryAfterMs}), and per isolate or Batcher which origins to try first
+ * ({@link OriginHealth}): behind an open breaker never (except the bounded panic trickle),
+ * busy or failed lately last, the rest first. Pure: time comes in as `now`.
  */
+
+import type { LoadReport } from "./protocol.ts";
 
 /** How long an origin that failed stays quarantined unless configured otherwise. */
 export const DEFAULT_QUARANTINE_MS = 2_000;
+
+/** While every origin of a model is behind an open breaker: one request per this, per isolate. */
+export const PANIC_INTERVAL_MS = 1_000;
 
 /** What the breakers say of an origin (see `breaker-cache.ts`). */
 export interface BreakerGate {
@@ -16,11 +21,48 @@ export interface BreakerGate {
 
 const NO_BREAKERS: BreakerGate = { blocked: () => false };
 
-/** Quarantine and breaker state of a set of origins, by id. */
+/**
+ * What an item's HEAD says of its origin: it answered (`ok`, a 4xx included: the request's
+ * doing); it is `busy` (429, or 503 with `retry-after`: overload, never counted against it);
+ * or its engine failed the request (`error`, 5xx: the origin's fault only once another origin
+ * answers the same request, see docs/failover.md).
+ */
+export function judgeHead(
+  status: number,
+  headers: Record<string, string>,
+): "ok" | "busy" | "error" {
+  if (status === 429) return "busy";
+  if (status === 503 && headerOf(headers, "retry-after") !== undefined) return "busy";
+  return status >= 500 ? "error" : "ok";
+}
+
+/** How long a busy origin asks to be left alone, ms, from `retry-after-ms` or `retry-after`. */
+export function retryAfterMs(headers: Record<string, string>): number {
+  const ms = Number(headerOf(headers, "retry-after-ms"));
+  if (Number.isFinite(ms) && ms > 0) return Math.min(ms, 60_000);
+  const seconds = Number(headerOf(headers, "retry-after"));
+  return Number.isFinite(seconds) && seconds > 0 ? Math.min(seconds * 1_000, 60_000) : 1_000;
+}
+
+/**
+ * Whether a load report shows the origin working through a queue: a HEAD that is late
+ * while it does is overload, not sickness (docs/failover.md, "Busy is not sick").
+ */
+export function reportsBusy(report: LoadReport | null): boolean {
+  return report !== null && (report.waiting > 0 || report.running >= report.max_num_seqs);
+}
+
+function headerOf(headers: Record<string, string>, name: string): string | undefined {
+  return Object.entries(headers).find(([key]) => key.toLowerCase() === name)?.[1];
+}
+
+/** Quarantine, busy and breaker state of a set of origins, by id. */
 export class OriginHealth {
   readonly #until = new Map<string, number>();
   readonly quarantineMs: number;
   readonly #breakers: BreakerGate;
+  #panicAt = Number.NEGATIVE_INFINITY;
+  #panicTurn = 0;
 
   constructor(quarantineMs: number = DEFAULT_QUARANTINE_MS, breakers: BreakerGate = NO_BREAKERS) {
     this.quarantineMs = quarantineMs;
@@ -33,11 +75,16 @@ export class OriginHealth {
   }
 
   /**
-   * The origin failed a request: it could not be reached, timed out, answered 5xx or broke
-   * off. It is quarantined for `quarantineMs` (this rule's, unless given).
+   * The origin failed a request: it could not be reached, went silent, or broke off. It is
+   * quarantined for `quarantineMs` (this rule's, unless given).
    */
   failed(id: string, now: number, quarantineMs: number = this.quarantineMs): void {
     this.#until.set(id, now + quarantineMs);
+  }
+
+  /** The origin refused for overload: tried last until its `retry-after` ends. */
+  busy(id: string, now: number, headers: Record<string, string>): void {
+    this.#until.set(id, Math.max(this.#until.get(id) ?? 0, now + retryAfterMs(headers)));
   }
 
   /** The origin answered: healthy again. */
@@ -45,7 +92,7 @@ export class OriginHealth {
     this.#until.delete(id);
   }
 
-  /** Whether the origin is quarantined at `now`. */
+  /** Whether the origin is quarantined or busy at `now`. */
   quarantined(id: string, now: number): boolean {
     return (this.#until.get(id) ?? Number.NEGATIVE_INFINITY) > now;
   }
@@ -63,6 +110,17 @@ export class OriginHealth {
       (this.quarantined(id, now) ? quarantined : healthy).push(item);
     }
     return healthy.concat(quarantined);
+  }
+
+  /**
+   * Envoy's panic mode, bounded: when every origin of a model is behind an open breaker,
+   * one of `items` in turn at most every {@link PANIC_INTERVAL_MS}, else none (the request
+   * is refused with `retry-after`). Probes go on meanwhile; this only keeps a trickle flowing.
+   */
+  panic<T>(items: readonly T[], now: number): T | null {
+    if (items.length === 0 || now - this.#panicAt < PANIC_INTERVAL_MS) return null;
+    this.#panicAt = now;
+    return items[this.#panicTurn++ % items.length] ?? null;
   }
 
   /** Forgets every failure. */

@@ -5,6 +5,7 @@
  * from a global.
  */
 import { type CredentialRing, credentialRefused } from "./credentials.ts";
+import { onTimeTimeout } from "./on-time.ts";
 import type { OriginFailureKind } from "./errors.ts";
 import {
   BATCH_CANCEL_PATH,
@@ -224,29 +225,12 @@ export function describe(error: unknown): string {
 }
 
 /**
- * Calls `silent` once no `beat` came for `silenceMs` (never when that is not finite): an
- * origin sends a LOAD frame every load interval while items run, so a call silent that long
- * is an origin that froze. `stop` ends the watch.
+ * Calls `silent` once no `beat` came for `silenceMs` of this thread's on-time (never when
+ * that is not finite): an origin sends a LOAD frame every load interval while items run, so
+ * a call silent that long while this thread kept time is an origin that froze; time this
+ * thread spent stalled is not counted against it (see `on-time.ts`). `stop` ends the watch.
  */
 export function silenceWatchdog(silenceMs: number, silent: () => void) {
-  let lastAt = Date.now();
-  const timer = Number.isFinite(silenceMs)
-    ? setInterval(
-        () => {
-          if (Date.now() - lastAt < silenceMs) return;
-          stop();
-          silent();
-        },
-        Math.max(50, silenceMs / 4),
-      )
-    : null;
-  const stop = () => {
-    if (timer !== null) clearInterval(timer);
-  };
-  return {
-    beat: () => {
-      lastAt = Date.now();
-    },
-    stop,
-  };
+  const timer = onTimeTimeout(silenceMs, silent);
+  return { beat: () => timer.reset(), stop: () => timer.stop() };
 }

@@ -8,7 +8,7 @@ import type { BreakerRegion, BreakerSettings } from "../contracts/breaker.ts";
 import { BreakerCache } from "../contracts/breaker-cache.ts";
 import { breakerSettingsOf, breakersEnabled } from "../durable-objects/origin-breakers/settings.ts";
 import { type ApiError, originFailure } from "../contracts/errors.ts";
-import type { GatewayConfig, RegionConfig } from "./config.ts";
+import { type GatewayConfig, type RegionConfig, originServes } from "./config.ts";
 import { retryAfterHeaders } from "./rate-limit-headers.ts";
 
 /** This isolate's breakers (a cache: losing it with the isolate only costs a sync). */
@@ -65,7 +65,16 @@ export function breakerRegion(config: GatewayConfig, region: RegionConfig): Brea
   if (known === undefined) {
     known = {
       id: region.id,
-      origins: region.origins.map((origin) => ({ id: origin.id, url: origin.url })),
+      origins: region.origins.map((origin) => {
+        // A model it serves: the probes of its breaker complete one token of it.
+        const probeModel = config.models.find((m) => originServes(origin, m.id))?.id;
+        return {
+          id: origin.id,
+          url: origin.url,
+          ...(origin.credentials !== undefined && { credentials: origin.credentials }),
+          ...(probeModel !== undefined && { probeModel }),
+        };
+      }),
       settings: breakerSettings(config),
     };
     byId.set(region.id, known);

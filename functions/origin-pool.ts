@@ -70,8 +70,25 @@ export class OriginPool {
     this.#health.failed(originId, now, quarantineMs);
   }
 
+  /** The origin refused for overload (429, or 503 with `retry-after`): tried last meanwhile. */
+  reportBusy(originId: string, now: number, headers: Record<string, string>): void {
+    this.#health.busy(originId, now, headers);
+  }
+
   /** The origin answered: it is healthy again. */
   reportSuccess(originId: string): void {
     this.#health.answered(originId);
+  }
+
+  /**
+   * Every origin serving `model` is behind an open breaker: one of them, at most once per
+   * `PANIC_INTERVAL_MS` in this isolate (see `OriginHealth.panic`), or none.
+   */
+  panic(regions: readonly RegionConfig[], model: string, now: number): RegionOrigin[] {
+    const all = regions.flatMap((region) =>
+      region.origins.filter((o) => originServes(o, model)).map((origin) => ({ region, origin })),
+    );
+    const pick = this.#health.panic(all, now);
+    return pick === null ? [] : [pick];
   }
 }

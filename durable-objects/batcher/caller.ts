@@ -4,10 +4,11 @@
  * its caller has had its answer (or went away), and comes exactly once.
  */
 import { errorEvent, originFailure } from "../../contracts/errors.ts";
-import { type ItemTrailer, encodeJsonPayload } from "../../contracts/protocol.ts";
+import { type ItemTrailer, type LoadReport, encodeJsonPayload } from "../../contracts/protocol.ts";
 import { AnswerSink, type CallerSink } from "./caller-sink.ts";
 import type { ClientBody } from "./client-body.ts";
 import type { BatcherAttempt } from "./types.ts";
+import type { OnTimeTimer } from "../../contracts/on-time.ts";
 
 export type CallerStage = "queued" | "sent" | "open" | "ended";
 
@@ -19,7 +20,6 @@ export interface BatchCaller {
   /** The client's response body, when it has a stream of its own (`open`). */
   body: ClientBody | null;
   call: OpenCall | null;
-  headTimer: ReturnType<typeof setTimeout> | null;
   /** The HEAD's status, once it came. */
   status: number | null;
   /** Cancelled on its origin while it waits for its END (`cancel` with `untilEnd`). */
@@ -28,8 +28,6 @@ export interface BatchCaller {
   firstByteAt: number | null;
   /** When it was admitted (epoch ms): its wait in the queue counts from here. */
   admittedAt: number;
-  /** Its HEAD was slower than the breakers allow, and its origin was told so. */
-  slow: boolean;
 }
 
 /** An upstream call to one origin, carrying one batch. */
@@ -49,6 +47,12 @@ export interface OpenCall {
   /** Callers whose later tokens wait for {@link OpenCall.holdTimer} (see `tokenHoldMs`). */
   held: Set<BatchCaller>;
   holdTimer: ReturnType<typeof setTimeout> | null;
+  /** Ends the streamed items still without a HEAD at their first-byte timeout. */
+  headTimer: OnTimeTimer | null;
+  /** Judges, once, streamed HEADs late past the breakers' `slowFirstByteMs`. */
+  slowTimer: OnTimeTimer | null;
+  /** The last load report this call brought. */
+  lastLoad: LoadReport | null;
 }
 
 /** A caller as admitted, before its item leaves the queue. */
@@ -63,19 +67,11 @@ export function newCaller(
     sink,
     body,
     call: null,
-    headTimer: null,
     status: null,
     cancelling: false,
     firstByteAt: null,
     admittedAt: Date.now(),
-    slow: false,
   };
-}
-
-export function clearHeadTimer(caller: BatchCaller): void {
-  if (caller.headTimer === null) return;
-  clearTimeout(caller.headTimer);
-  caller.headTimer = null;
 }
 
 /** Hands over what came since the last delivery; after the end, closes sink and body. */

@@ -4,14 +4,7 @@
  * after queueing, failed before its HEAD, cancelled while waiting or running, or timed out.
  */
 import { encodeJsonPayload } from "../../contracts/protocol.ts";
-import {
-  type BatchCaller,
-  type OpenCall,
-  clearHeadTimer,
-  deliver,
-  failBody,
-  newCaller,
-} from "./caller.ts";
+import { type BatchCaller, type OpenCall, deliver, failBody, newCaller } from "./caller.ts";
 import type { CallerSink } from "./caller-sink.ts";
 import type { ClientBody } from "./client-body.ts";
 import type { Queue } from "./queue.ts";
@@ -72,7 +65,6 @@ export class Callers {
     const now = Date.now();
     const previous = caller.stage;
     this.ended(caller);
-    clearHeadTimer(caller);
     caller.sink.close();
     // Aborted, never closed: a clean end would pass a cut answer off as a whole one.
     caller.body?.abort("item cancelled");
@@ -129,7 +121,6 @@ export class Callers {
   ): void {
     if (caller.stage === "ended") return;
     this.ended(caller);
-    clearHeadTimer(caller);
     const trailer: BatcherFailureTrailer = {
       id: caller.input.id,
       outcome: code === "queue_timeout" || code === "origin_timeout" ? "timeout" : "error",

@@ -10,14 +10,7 @@ import {
   cancelBatchItems,
   currentUpstream,
 } from "../../contracts/upstream.ts";
-import {
-  type BatchCaller,
-  type OpenCall,
-  assertNever,
-  clearHeadTimer,
-  deliver,
-  failBody,
-} from "./caller.ts";
+import { type BatchCaller, type OpenCall, assertNever, deliver, failBody } from "./caller.ts";
 import type { Callers } from "./callers.ts";
 import { countBatch, countQueueWait } from "./counters.ts";
 import type { Queue } from "./queue.ts";
@@ -30,6 +23,9 @@ import {
 } from "./types.ts";
 import { deliverHeld, demultiplex } from "./demux.ts";
 import { type CallEvents, runCall } from "./upstream-call.ts";
+import type { Verdict } from "../../contracts/breaker.ts";
+import { onTimeTimeout } from "../../contracts/on-time.ts";
+import { reportsBusy } from "../../contracts/origin-health.ts";
 
 /** The cursor of a router that has seen none of an origin's block events. */
 const FIRST_EVENT = { log: "", seq: 0 } as const;
@@ -51,8 +47,8 @@ export interface CallsHost {
   /** An origin as the upstream client calls it, with its credentials. */
   upstream(originId: string, url: string): CredentialedOrigin;
   armAlarm(): void;
-  /** How a request at an origin went, for its breaker. */
-  outcome(originId: string, ok: boolean): void;
+  /** What a call showed of its origin, for its breaker (one verdict per call). */
+  outcome(originId: string, verdict: Verdict): void;
 }
 
 export class Calls {
@@ -98,22 +94,32 @@ export class Calls {
       sentAt: now,
       held: new Set(),
       holdTimer: null,
+      headTimer: null,
+      slowTimer: null,
+      lastLoad: null,
     };
     for (const caller of members) {
       countQueueWait(counters, Math.max(0, now - caller.admittedAt));
       caller.stage = "sent";
       caller.call = call;
-      if (caller.input.timeHead) {
-        const timeoutMs = caller.input.firstByteTimeoutMs;
-        const slowMs =
-          queue.setup?.breakers.enabled === true
-            ? queue.setup.breakers.settings.slowFirstByteMs
-            : timeoutMs;
-        caller.headTimer =
-          slowMs < timeoutMs
-            ? setTimeout(() => this.#slowHead(caller, timeoutMs - slowMs), slowMs)
-            : setTimeout(() => this.#headTimeout(caller), timeoutMs);
-      }
+    }
+    // A streamed HEAD may take the whole first-byte timeout: an origin that keeps reporting
+    // while it queues our work is busy, not sick; a frozen one is found by the call's
+    // silence (see `upstream-call.ts`). One on-time timer per call, not per item.
+    const timed = members.filter((c) => c.input.timeHead);
+    if (timed.length > 0) {
+      const timeoutMs = Math.max(...timed.map((c) => c.input.firstByteTimeoutMs));
+      call.headTimer = onTimeTimeout(timeoutMs, () => {
+        call.headTimer = null;
+        for (const caller of timed) this.#headTimeout(caller);
+      });
+      // Late HEADs from an origin whose reports say it is idle: it lost or hung our work.
+      const slowMs = queue.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
+      call.slowTimer = onTimeTimeout(slowMs, () => {
+        call.slowTimer = null;
+        const late = timed.some((c) => c.stage === "sent");
+        if (late && !reportsBusy(call.lastLoad)) this.#host.outcome(call.originId, "slow");
+      });
     }
     this.#open.set(call.id, call);
     queue.sent(origin.id, now);
@@ -138,7 +144,7 @@ export class Calls {
         counters.readPauses += 1;
         queue.update((s) => recordThreadLag(s, lagMs, at));
       },
-      failed: (code, detail, quarantine) => this.#failed(call, code, detail, quarantine),
+      failed: (code, detail, blame) => this.#failed(call, code, detail, blame),
       ended: (broken) => this.#ended(call, broken),
     };
     const running = runCall(call, upstream, lanes, silenceMs, events, kvEventsAfter);
@@ -179,16 +185,25 @@ export class Calls {
   }
 
   /** The call failed before any frame: every item fails before its HEAD. */
-  #failed(call: OpenCall, code: BatcherFailureCode, detail: string, quarantine: boolean): void {
+  #failed(
+    call: OpenCall,
+    code: BatcherFailureCode,
+    detail: string,
+    blame: Verdict | "busy" | null,
+  ): void {
     const now = Date.now();
     logWarn("batch call failed", { batch: call.id, origin: call.originId, detail });
     for (const [index, caller] of call.callers.entries()) {
       this.#closeItem(call, index, now);
       if (caller.stage !== "sent") continue;
-      if (quarantine && !caller.slow) this.#host.outcome(call.originId, false);
       this.#host.callers.failSent(caller, code, detail, call.originId);
     }
-    if (quarantine) this.#host.queue.health.failed(call.originId, now);
+    // One call is one observation, however many items it carried.
+    if (blame === "busy") this.#host.queue.health.busy(call.originId, now, {});
+    else if (blame !== null) {
+      this.#host.queue.health.failed(call.originId, now);
+      this.#host.outcome(call.originId, blame);
+    }
     this.#forget(call, now);
   }
 
@@ -196,6 +211,7 @@ export class Calls {
   #ended(call: OpenCall, broken: string | null): void {
     const now = Date.now();
     let cut = false;
+    let begun = false;
     for (const [index, caller] of call.callers.entries()) {
       if (call.done.has(index)) continue;
       this.#closeItem(call, index, now);
@@ -213,6 +229,7 @@ export class Calls {
           // After HEAD the caller has bytes: an answer without END tells it the item was
           // cut, and a body of its own ends with the error event.
           cut = true;
+          begun = true;
           failBody(caller, false);
           this.#host.callers.ended(caller);
           deliver(caller);
@@ -231,7 +248,8 @@ export class Calls {
         detail: broken ?? "no final frames",
       });
       this.#host.queue.health.failed(call.originId, now);
-      this.#host.outcome(call.originId, false);
+      const verdict = call.abortReason === "silent" ? "slow" : begun ? "cut" : "failed";
+      this.#host.outcome(call.originId, verdict);
     }
     this.#forget(call, now);
   }
@@ -241,7 +259,6 @@ export class Calls {
     call.done.add(index);
     const caller = call.callers[index];
     if (caller === undefined) return;
-    clearHeadTimer(caller);
     this.#host.queue.update((s) => onItemDone(s, call.originId, caller.input.id, now).state);
   }
 
@@ -251,6 +268,10 @@ export class Calls {
       this.#eventCarriers.delete(call.originId);
     if (call.holdTimer !== null) clearTimeout(call.holdTimer);
     call.holdTimer = null;
+    call.headTimer?.stop();
+    call.headTimer = null;
+    call.slowTimer?.stop();
+    call.slowTimer = null;
     deliverHeld(call);
     this.#host.records.closed(call.id);
     this.#host.queue.flushIfQueued(now);
@@ -276,22 +297,7 @@ export class Calls {
     }
   }
 
-  /**
-   * A streamed item's HEAD is slower than the breakers allow: its origin is told of a
-   * failure now (a frozen origin is found this way), and the item waits on up to its
-   * first-byte timeout, `restMs` from now.
-   */
-  #slowHead(caller: BatchCaller, restMs: number): void {
-    caller.headTimer = null;
-    const call = caller.call;
-    if (caller.stage !== "sent" || call === null) return;
-    caller.slow = true;
-    this.#host.outcome(call.originId, false);
-    caller.headTimer = setTimeout(() => this.#headTimeout(caller), restMs);
-  }
-
   #headTimeout(caller: BatchCaller): void {
-    caller.headTimer = null;
     const call = caller.call;
     if (caller.stage !== "sent" || call === null) return;
     this.stop(caller, call, true, true);

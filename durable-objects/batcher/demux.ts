@@ -12,14 +12,8 @@ import {
   type LoadReport,
   decodeJsonPayload,
 } from "../../contracts/protocol.ts";
-import {
-  type BatchCaller,
-  type OpenCall,
-  answerEnd,
-  clearHeadTimer,
-  deliver,
-  failBody,
-} from "./caller.ts";
+import { judgeHead } from "../../contracts/origin-health.ts";
+import { type BatchCaller, type OpenCall, answerEnd, deliver, failBody } from "./caller.ts";
 import type { CallsHost } from "./calls.ts";
 import {
   onDispatched,
@@ -42,6 +36,7 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
   for (const frame of frames) {
     if (frame.type === FrameType.LOAD) {
       const report = decodeJsonPayload(frame.payload) as LoadReport;
+      call.lastLoad = report;
       queue.update((s) => onOriginLoad(s, call.originId, report, now).state);
       queue.router?.report(call.originId, {
         kvTotalTokens: (report.kv_total_blocks ?? 0) * (report.block_size ?? 0),
@@ -58,17 +53,19 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
       case FrameType.HEAD: {
         if (caller.stage !== "sent") break;
         caller.stage = "open";
-        clearHeadTimer(caller);
         const head = decodeJsonPayload(frame.payload) as ItemHead;
         caller.status = head.status;
-        if (head.status >= 500) queue.health.failed(call.originId, now);
-        else queue.health.answered(call.originId);
-        // An origin's 429 is overload, not sickness; a streamed HEAD that took longer than
-        // allowed is as sick as an error.
-        if (head.status !== 429 && !caller.slow) {
-          const slowMs = queue.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
-          const slow = caller.input.timeHead && now - call.sentAt > slowMs;
-          host.outcome(call.originId, head.status < 500 && !slow);
+        // The edge judges a HEAD's status, as it alone sees the request on every origin it
+        // tried; the window only learns whom to try first (docs/failover.md).
+        switch (judgeHead(head.status, head.headers)) {
+          case "busy":
+            queue.health.busy(call.originId, now, head.headers);
+            break;
+          case "ok":
+            queue.health.answered(call.originId);
+            break;
+          case "error":
+            break;
         }
         touched.add(caller);
         fresh.add(caller);
@@ -103,6 +100,11 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
         if (caller.stage === "open") {
           touched.add(caller);
           if (trailer.outcome !== "ok") failBody(caller, trailer.outcome === "timeout");
+          // An answer its origin cut after a successful HEAD (not the item's own timeout).
+          if (trailer.outcome === "error" && (caller.status ?? 0) < 400) {
+            queue.health.failed(call.originId, now);
+            host.outcome(call.originId, "cut");
+          }
           answerEnd(caller, frame.payload, trailer);
           callers.ended(caller);
         } else if (caller.stage === "sent") {

@@ -73,7 +73,7 @@ export class Batcher extends DurableObject<Env> {
     waitUntil: (work) => this.ctx.waitUntil(work),
     upstream: (id, url) => this.#links.credentialed(this.#queue.setup, id, url),
     armAlarm: () => this.#armAlarm(),
-    outcome: (origin, ok) => this.#links.outcome(this.#queue.setup, origin, ok),
+    outcome: (origin, verdict) => this.#links.outcome(this.#queue.setup, origin, verdict),
   });
   /** Items `open` opened whose END `end` has not asked for yet. */
   readonly #answers = new Map<string, AnswerSink>();
@@ -98,7 +98,7 @@ export class Batcher extends DurableObject<Env> {
    */
   async answer(input: BatcherAttempt): Promise<BatcherAnswerResult> {
     const sink = new WholeSink();
-    const admitted = this.#enqueue(input, sink, null);
+    const admitted = await this.#admit(input, sink, null);
     if (admitted.kind !== "accepted") return admitted;
     const whole = await sink.done;
     return {
@@ -126,7 +126,7 @@ export class Batcher extends DurableObject<Env> {
       highWaterMark: BODY_BUFFER_BYTES,
     });
     const body = new ClientBody(writable, input.setup.clientBacklogBytes);
-    const admitted = this.#enqueue(input, sink, body);
+    const admitted = await this.#admit(input, sink, body);
     if (admitted.kind !== "accepted") return admitted;
     this.#answers.set(input.id, sink);
     const opening = await sink.opened;
@@ -217,7 +217,17 @@ export class Batcher extends DurableObject<Env> {
     if (this.#busy()) this.#armAlarm();
   }
 
-  /** Admission shared by `answer` and `open`. */
+  /**
+   * Admission shared by `answer` and `open`. A refusal for want of a healthy origin may rest
+   * on a stale copy of the breakers: it is refreshed and the request admitted again.
+   */
+  async #admit(input: BatcherAttempt, sink: CallerSink, body: ClientBody | null) {
+    const admitted = this.#enqueue(input, sink, body);
+    if (admitted.kind !== "failed" || admitted.code !== "no_healthy_origin") return admitted;
+    if (!(await this.#links.refresh(input.setup))) return admitted;
+    return this.#enqueue(input, sink, body);
+  }
+
   #enqueue(
     input: BatcherAttempt,
     sink: CallerSink,

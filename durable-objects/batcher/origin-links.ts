@@ -3,7 +3,7 @@
  * breakers, as a cached copy reported to and refreshed from the region's `OriginBreakers`,
  * and the credentials it presents to each, rotating on a refusal.
  */
-import type { BreakerRegion, BreakerView } from "../../contracts/breaker.ts";
+import type { BreakerRegion, BreakerView, Verdict } from "../../contracts/breaker.ts";
 import { BreakerCache } from "../../contracts/breaker-cache.ts";
 import { CredentialRing, credentialValues } from "../../contracts/credentials.ts";
 import type { CredentialedOrigin } from "../../contracts/upstream.ts";
@@ -34,11 +34,18 @@ export class OriginLinks {
     return { id, url, credentials: credentialValues(this.#env, names), ring: this.#ring };
   }
 
-  /** Tells the origin's breaker how a request went. */
-  outcome(setup: BatcherSetup | null, origin: string, ok: boolean): void {
+  /** Tells the origin's breaker what a call showed of it. */
+  outcome(setup: BatcherSetup | null, origin: string, verdict: Verdict): void {
     if (setup === null || !setup.breakers.enabled) return;
-    const sync = this.breakers.record(regionOf(setup), origin, ok, Date.now());
+    const sync = this.breakers.record(regionOf(setup), origin, verdict, Date.now());
     if (sync !== null) this.#waitUntil(sync);
+  }
+
+  /** Brings the copy of the setup's breakers up to date now; false where breakers are off. */
+  async refresh(setup: BatcherSetup): Promise<boolean> {
+    if (!setup.breakers.enabled) return false;
+    await this.breakers.refresh(regionOf(setup), Date.now());
+    return true;
   }
 
   /** Refreshes the copy of the setup's breakers when due. */
@@ -51,5 +58,9 @@ export class OriginLinks {
 
 /** The region of a setup as its breakers know it. */
 function regionOf(setup: BatcherSetup): BreakerRegion {
-  return { id: setup.region, origins: setup.origins, settings: setup.breakers.settings };
+  return {
+    id: setup.region,
+    origins: setup.origins.map((o) => ({ id: o.id, url: o.url })),
+    settings: setup.breakers.settings,
+  };
 }

@@ -19,6 +19,8 @@ import {
 } from "../../contracts/upstream.ts";
 import type { OpenCall } from "./caller.ts";
 import { type BatcherFailureCode, READ_TURN_MS } from "./types.ts";
+import type { Verdict } from "../../contracts/breaker.ts";
+import { onTimeTimeout } from "../../contracts/on-time.ts";
 
 /** What a call tells its Batcher. */
 export interface CallEvents {
@@ -26,8 +28,11 @@ export interface CallEvents {
   frames(frames: readonly Frame[]): void;
   /** The reading gave way and got its turn back `lagMs` late, at `at`. */
   paused(lagMs: number, at: number): void;
-  /** The call failed before any frame; `quarantine` when the origin is to blame. */
-  failed(code: BatcherFailureCode, detail: string, quarantine: boolean): void;
+  /**
+   * The call failed before any frame; `blame` says what it shows of the origin (`slow` when
+   * it was silent on a thread that kept time, `busy` when it refused for overload).
+   */
+  failed(code: BatcherFailureCode, detail: string, blame: Verdict | "busy" | null): void;
   /** The answer ended: cleanly (`broken` null) or broken off. */
   ended(broken: string | null): void;
 }
@@ -58,18 +63,15 @@ export async function runCall(
   // An origin answers a call's headers and its first LOAD at once: one that does not within
   // `silenceMs` is frozen, whatever the items' own first-byte timeouts allow.
   const callTimeoutMs = Math.max(...call.callers.map((c) => c.input.firstByteTimeoutMs));
-  const callTimer = setTimeout(
-    () => {
-      call.abortReason = "timeout";
-      call.abort.abort("first byte timeout");
-    },
-    Math.min(callTimeoutMs, silenceMs),
-  );
+  const callTimer = onTimeTimeout(Math.min(callTimeoutMs, silenceMs), () => {
+    call.abortReason = "timeout";
+    call.abort.abort("first byte timeout");
+  });
   let response: Response;
   try {
     response = await postBatchWithCredentials(origin, envelope, call.abort.signal);
   } catch (error) {
-    clearTimeout(callTimer);
+    callTimer.stop();
     if (call.abortReason === "all-cancelled") {
       events.ended(null);
       return;
@@ -78,18 +80,19 @@ export async function runCall(
     events.failed(
       timedOut ? "origin_timeout" : "origin_unavailable",
       `connect: ${describe(error)}`,
-      true,
+      timedOut ? "slow" : "failed",
     );
     return;
   }
-  clearTimeout(callTimer);
+  callTimer.stop();
   const problem = batchAnswerProblem(response);
   if (problem !== null || response.body === null) {
     await response.body?.cancel().catch(() => {});
     events.failed(
       problem?.failure === "unavailable" ? "origin_unavailable" : "origin_error",
       problem?.detail ?? "no body",
-      true,
+      // An origin that refuses a whole call for overload is busy, not sick.
+      response.status === 429 || response.status === 503 ? "busy" : "failed",
     );
     return;
   }

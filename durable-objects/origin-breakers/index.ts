@@ -2,9 +2,9 @@
  * OriginBreakers: the circuit breakers of one region's origins (docs/failover.md,
  * "Breakers"), one object per region so that every edge isolate and every Batcher shard
  * sees the same state. Reporters send outcomes in bulk and get every breaker of the region
- * back; the alarm moves open breakers to half-open when their cooldown ends and probes
- * their origins' `/health` until they close or open again. State changes are written at
- * once (they are rare); the sliding windows live in memory.
+ * back; the alarm half-opens breakers whose cooldown ended and probes their origins until
+ * they close or open again. The region (origins, settings) and every state change are kept
+ * in SQLite, so a restarted object picks its probes up again with no traffic at all.
  */
 import { logWarn } from "../../contracts/log.ts";
 import { DurableObject } from "cloudflare:workers";
@@ -13,19 +13,31 @@ import {
   type BreakerSettings,
   DEFAULT_BREAKER_SETTINGS,
 } from "../../contracts/breaker.ts";
-import { migrateOnStart } from "../migrations.ts";
-import { type Breaker, force, newBreaker, probed, record, tick, viewOf } from "./breaker.ts";
+import { applyMigrations } from "../migrations.ts";
+import {
+  type Breaker,
+  force,
+  newBreaker,
+  probed,
+  record,
+  softEjectionRoom,
+  tick,
+  viewOf,
+} from "./breaker.ts";
+import { probeOrigin } from "./probe.ts";
 import {
   type BreakerView,
   type OutcomeReport,
   PROBE_INTERVAL_MS,
   PROBE_TIMEOUT_MS,
+  type ProbeTarget,
 } from "./types.ts";
 
 const MIGRATIONS: readonly string[] = [
   `CREATE TABLE breakers (
      origin TEXT PRIMARY KEY, state TEXT NOT NULL, since INTEGER NOT NULL,
      opened_count INTEGER NOT NULL, retry_at INTEGER, forced INTEGER NOT NULL);`,
+  `CREATE TABLE region (one INTEGER PRIMARY KEY CHECK (one = 1), body TEXT NOT NULL);`,
 ];
 
 type BreakerRow = {
@@ -40,13 +52,17 @@ type BreakerRow = {
 /** The breakers of one region's origins. */
 export class OriginBreakers extends DurableObject<Env> {
   readonly #breakers = new Map<string, Breaker>();
-  readonly #urls = new Map<string, string>();
+  readonly #targets = new Map<string, ProbeTarget>();
   #settings: BreakerSettings = { ...DEFAULT_BREAKER_SETTINGS };
-  #rows: Map<string, BreakerRow> | null = null;
+  #rows = new Map<string, BreakerRow>();
+  #regionText = "";
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
-    migrateOnStart(ctx, MIGRATIONS);
+    void ctx.blockConcurrencyWhile(async () => {
+      applyMigrations(ctx.storage, MIGRATIONS);
+      await this.#restore(Date.now());
+    });
   }
 
   /** Takes in outcomes of the region's origins; answers every breaker of the region. */
@@ -56,7 +72,8 @@ export class OriginBreakers extends DurableObject<Env> {
     for (const report of reports) {
       const before = this.#breakers.get(report.origin);
       if (before === undefined) continue;
-      this.#put(before, record(before, report, now, this.#settings), now);
+      const room = softEjectionRoom([...this.#breakers.values()], this.#settings);
+      this.#put(before, record(before, report, now, this.#settings, room), now);
     }
     return this.#views(now);
   }
@@ -81,12 +98,14 @@ export class OriginBreakers extends DurableObject<Env> {
 
   /** Half-opens breakers whose cooldown ended and probes their origins. */
   override async alarm(): Promise<void> {
-    const now = Date.now();
-    for (const b of this.#breakers.values()) this.#put(b, tick(b, now, this.#settings), now);
+    this.#tickAll(Date.now());
     const halfOpen = [...this.#breakers.values()].filter((b) => b.state === "half_open");
     await Promise.all(
       halfOpen.map(async (b) => {
-        const ok = await this.#probe(b.origin);
+        const target = this.#targets.get(b.origin);
+        // Without its URL (no reporter has named it since a restart) it waits for one.
+        if (target === undefined) return;
+        const ok = await probeOrigin(target, this.env, PROBE_TIMEOUT_MS);
         const current = this.#breakers.get(b.origin);
         if (current !== undefined) {
           this.#put(current, probed(current, ok, Date.now(), this.#settings), Date.now());
@@ -96,20 +115,38 @@ export class OriginBreakers extends DurableObject<Env> {
     await this.#arm(Date.now());
   }
 
-  // The region's origins as the reporter names them (new ones join, from SQLite when
-  // they have a row) and its latest settings.
-  #know(region: BreakerRegion, now: number): void {
-    this.#settings = region.settings;
-    this.#rows ??= new Map(
-      this.ctx.storage.sql
+  // A fresh instance: the region and breakers as they were kept, the alarm set again.
+  async #restore(now: number): Promise<void> {
+    const sql = this.ctx.storage.sql;
+    this.#rows = new Map(
+      sql
         .exec<BreakerRow>(
           "SELECT origin, state, since, opened_count, retry_at, forced FROM breakers",
         )
         .toArray()
         .map((row) => [row.origin, row]),
     );
+    const kept = sql.exec<{ body: string }>("SELECT body FROM region").toArray()[0];
+    if (kept !== undefined) this.#know(JSON.parse(kept.body) as BreakerRegion, now);
+    await this.#arm(now);
+  }
+
+  // The region's origins as the reporter names them (new ones join, from SQLite when they
+  // have a row) and its latest settings; open breakers whose cooldown ended half-open now.
+  #know(region: BreakerRegion, now: number): void {
+    this.#settings = region.settings;
     for (const origin of region.origins) {
-      this.#urls.set(origin.id, origin.url);
+      const known = this.#targets.get(origin.id);
+      this.#targets.set(origin.id, {
+        id: origin.id,
+        url: origin.url,
+        ...((origin.credentials ?? known?.credentials) !== undefined && {
+          credentials: origin.credentials ?? known?.credentials,
+        }),
+        ...((origin.probeModel ?? known?.probeModel) !== undefined && {
+          probeModel: origin.probeModel ?? known?.probeModel,
+        }),
+      });
       if (this.#breakers.has(origin.id)) continue;
       const row = this.#rows.get(origin.id);
       const fresh = newBreaker(region.id, origin.id, now);
@@ -127,6 +164,23 @@ export class OriginBreakers extends DurableObject<Env> {
             },
       );
     }
+    const text = JSON.stringify({
+      id: region.id,
+      origins: [...this.#targets.values()],
+      settings: this.#settings,
+    });
+    if (text !== this.#regionText) {
+      this.#regionText = text;
+      this.ctx.storage.sql.exec(
+        "INSERT INTO region (one, body) VALUES (1, ?) ON CONFLICT (one) DO UPDATE SET body = excluded.body",
+        text,
+      );
+    }
+    this.#tickAll(now);
+  }
+
+  #tickAll(now: number): void {
+    for (const b of this.#breakers.values()) this.#put(b, tick(b, now, this.#settings), now);
   }
 
   #views(now: number): BreakerView[] {
@@ -181,19 +235,5 @@ export class OriginBreakers extends DurableObject<Env> {
     }
     if (at === null) await this.ctx.storage.deleteAlarm();
     else await this.ctx.storage.setAlarm(at);
-  }
-
-  // A synthetic health probe: the origin's `/health`.
-  async #probe(origin: string): Promise<boolean> {
-    const url = this.#urls.get(origin);
-    if (url === undefined) return false;
-    try {
-      // `/health` is open (origin/PROTOCOL.md): no credential goes with the probe.
-      const res = await fetch(`${url}/health`, { signal: AbortSignal.timeout(PROBE_TIMEOUT_MS) });
-      await res.body?.cancel();
-      return res.ok;
-    } catch {
-      return false;
-    }
   }
 }

@@ -17,6 +17,7 @@ export const BreakersConfigSchema = z.strictObject({
   cooldown_ms: z.int().min(100).max(3_600_000).optional(),
   max_cooldown_ms: z.int().min(100).max(86_400_000).optional(),
   probes: z.int().min(1).max(100).optional(),
+  max_ejection_share: z.number().min(0).max(1).optional(),
 });
 export type BreakersConfig = z.infer<typeof BreakersConfigSchema>;
 
@@ -38,5 +39,6 @@ export function breakerSettingsOf(config: BreakersConfig | undefined): BreakerSe
     cooldownMs,
     maxCooldownMs: Math.max(cooldownMs, config?.max_cooldown_ms ?? d.maxCooldownMs),
     probes: config?.probes ?? d.probes,
+    maxEjectionShare: config?.max_ejection_share ?? d.maxEjectionShare,
   };
 }

@@ -4,8 +4,18 @@
  */
 export type { BreakerView, OutcomeReport } from "../../contracts/breaker.ts";
 
-/** How long a health probe of a half-open origin may take. */
+/** How long a health probe of a half-open origin may take (of the object's on-time). */
 export const PROBE_TIMEOUT_MS = 2_000;
 
 /** Gap between the probes of a half-open origin. */
 export const PROBE_INTERVAL_MS = 500;
+
+/** An origin as its probe reaches it. */
+export interface ProbeTarget {
+  id: string;
+  url: string;
+  /** Names of the secrets holding its credentials. */
+  credentials?: readonly string[];
+  /** A model it serves: the probe completes one token of it (else `/health` alone). */
+  probeModel?: string;
+}

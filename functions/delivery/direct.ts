@@ -29,6 +29,8 @@ import {
   silenceWatchdog,
 } from "../../contracts/upstream.ts";
 import { type OpenItem, frameItem } from "./item.ts";
+import { type OnTimeTimer, onTimeTimeout } from "../../contracts/on-time.ts";
+import { reportsBusy } from "../../contracts/origin-health.ts";
 
 /** The outcome of one attempt at an origin; `originId` names the origin that was tried. */
 export type ItemAttempt = (
@@ -43,6 +45,8 @@ export type ItemAttempt = (
 ) & {
   /** The upstream (a Batcher) already told the breakers how the attempt went. */
   reported?: boolean;
+  /** It failed by time alone (silence, a first-byte timeout): a soft signal. */
+  soft?: boolean;
 };
 
 /** What to send and how long to wait. */
@@ -67,6 +71,8 @@ export interface OpenItemOptions {
   onLoad?: (report: LoadReport) => void;
   /** Called once the attempt is under way, with a way to give it up before its HEAD. */
   onStart?: (giveUp: () => void) => void;
+  /** Told once should a streamed HEAD be late by `silenceMs` while the origin is idle. */
+  onSlowHead?: () => void;
   /**
    * An origin sends its answer's headers at once and a LOAD frame every load interval while
    * the item runs: one silent this long is frozen, and the attempt fails.
@@ -125,19 +131,24 @@ export async function openItem(
   };
   const abort = new AbortController();
   const silenceMs = options.silenceMs ?? Number.POSITIVE_INFINITY;
-  const timer = setTimeout(
-    () => abort.abort(FIRST_BYTE_TIMEOUT),
-    Math.min(options.firstByteTimeoutMs, silenceMs),
+  // Until the call's headers come, an origin silent for `silenceMs` is frozen; after them,
+  // the silence watchdog judges that, and a streamed HEAD gets the whole first-byte timeout
+  // (an origin queueing our work is busy, not sick). Both count this thread's on-time only.
+  let timer = onTimeTimeout(Math.min(options.firstByteTimeoutMs, silenceMs), () =>
+    abort.abort(FIRST_BYTE_TIMEOUT),
   );
   options.onStart?.(() => abort.abort(GIVEN_UP));
   const failed = (failure: OriginFailureKind, detail: string): ItemAttempt => {
-    clearTimeout(timer);
+    timer.stop();
+    const reason: unknown = abort.signal.reason;
     abort.abort("attempt abandoned");
+    const timedOut = reason === FIRST_BYTE_TIMEOUT || reason === SILENT;
     return {
       kind: "failed",
-      failure: abort.signal.reason === FIRST_BYTE_TIMEOUT ? "timeout" : failure,
+      failure: reason === FIRST_BYTE_TIMEOUT ? "timeout" : failure,
       detail,
       originId: origin.id,
+      ...(timedOut && { soft: true }),
     };
   };
 
@@ -152,7 +163,17 @@ export async function openItem(
     await response.body?.cancel().catch(() => {});
     return failed(problem?.failure ?? "bad_answer", problem?.detail ?? "no body");
   }
-  if (!options.timeHead) clearTimeout(timer);
+  timer.stop();
+  let lastLoad: LoadReport | null = null;
+  let slow: OnTimeTimer | null = null;
+  if (options.timeHead) {
+    timer = onTimeTimeout(options.firstByteTimeoutMs, () => abort.abort(FIRST_BYTE_TIMEOUT));
+    // A HEAD late while the origin's reports say it is idle: it lost or hung our work.
+    slow = onTimeTimeout(silenceMs, () => {
+      if (!reportsBusy(lastLoad)) options.onSlowHead?.();
+    });
+    abort.signal.addEventListener("abort", () => slow?.stop(), { once: true });
+  }
   // Every read is a heartbeat: an origin silent for `silenceMs` is frozen (see `SILENT`).
   const dog = silenceWatchdog(silenceMs, () => abort.abort(SILENT));
   abort.signal.addEventListener("abort", dog.stop, { once: true });
@@ -179,7 +200,8 @@ export async function openItem(
     if (typeof frame === "string") return failed("bad_answer", frame);
     switch (frame.type) {
       case FrameType.LOAD:
-        options.onLoad?.(decodeJsonPayload(frame.payload) as LoadReport);
+        lastLoad = decodeJsonPayload(frame.payload) as LoadReport;
+        options.onLoad?.(lastLoad);
         break;
       case FrameType.HEAD:
         head = decodeJsonPayload(frame.payload) as ItemHead;
@@ -196,7 +218,8 @@ export async function openItem(
         return failed("bad_answer", "DATA before HEAD");
     }
   }
-  clearTimeout(timer);
+  timer.stop();
+  slow?.stop();
   const item = frameItem(head, frames, {
     // For a batch of one, closing the call cancels the item on the origin.
     cancel: () => abort.abort("client went away"),

@@ -8,7 +8,14 @@
  */
 import { logWarn } from "../../contracts/log.ts";
 import type { LimitsConfig, RegionConfig } from "../config.ts";
-import { type ApiError, type OriginFailureKind, originFailure } from "../../contracts/errors.ts";
+import {
+  type ApiError,
+  type OriginFailureKind,
+  failedEverywhere,
+  originFailure,
+} from "../../contracts/errors.ts";
+import type { Verdict } from "../../contracts/breaker.ts";
+import { judgeHead } from "../../contracts/origin-health.ts";
 import type { ItemPath } from "../../contracts/protocol.ts";
 import type { OriginPool, RegionOrigin } from "../origin-pool.ts";
 import type { SettledRequest } from "../settlement.ts";
@@ -37,6 +44,8 @@ export interface AttemptRequest {
   avoidOrigins: readonly string[];
   /** For an attempt sent straight to an origin: told once it is under way (see `direct.ts`). */
   onStart?: (giveUp: () => void) => void;
+  /** For an attempt sent straight to an origin: its HEAD is late while the origin is idle. */
+  onSlowHead?: () => void;
   /** How long the origin may send nothing before it counts as frozen. */
   silenceMs?: number;
   /** Where the origins' credentials are (the Worker's secrets). */
@@ -69,6 +78,7 @@ export const openDirect: ItemOpener = (candidate, request) =>
     itemTimeoutMs: request.itemTimeoutMs,
     readWhole: request.delivery === "whole",
     ...(request.onStart !== undefined && { onStart: request.onStart }),
+    ...(request.onSlowHead !== undefined && { onSlowHead: request.onSlowHead }),
     ...(request.silenceMs !== undefined && { silenceMs: request.silenceMs }),
   });
 
@@ -95,12 +105,11 @@ export interface DispatchOptions {
   /** How each attempt reaches an origin (default {@link openDirect}). */
   open?: ItemOpener;
   /**
-   * Told how each attempt at an origin went (`ok`: it answered below 500, its first byte
-   * within `slowFirstByteMs` for a stream), for the breakers; not for attempts the upstream
-   * reported itself.
+   * Told how each attempt at an origin went, for the breakers (docs/failover.md, "What
+   * counts"); not of what a Batcher judged itself.
    */
-  onOutcome?: (region: RegionConfig, origin: string, ok: boolean) => void;
-  /** A streamed answer's HEAD slower than this counts as a failure. */
+  onOutcome?: (region: RegionConfig, origin: string, verdict: Verdict) => void;
+  /** An origin silent this long (of this thread's on-time) is frozen. */
   slowFirstByteMs?: number;
   /** How long an origin that failed is tried only after every healthy one. */
   quarantineMs?: number;
@@ -127,6 +136,7 @@ export interface DispatchOptions {
 /**
  * Tries candidates until one answers; returns the client's response, or throws the
  * {@link ApiError} (502/503/504, or an opener's refusal) of the last failure when none did.
+ * Each attempt is judged once by the rule of `contracts/origin-health.ts` (docs/failover.md).
  */
 export async function dispatchCompletion(options: DispatchOptions): Promise<Response> {
   const now = options.now ?? Date.now;
@@ -138,166 +148,156 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
   const { retry_ratio: ratio, retry_floor: floor } = options.limits;
   options.retryBudget?.request(now());
   let failure: OriginFailureKind = "unavailable";
-  for (let i = 0; i < attempts; i++) {
-    // A client that went away while an attempt waited wants no other origin tried.
-    if (i > 0 && options.signal?.aborted === true) break;
-    if (i > 0 && now() >= deadline) {
-      failure = "timeout";
-      break;
-    }
-    const budget = { ratio, floor, windowMs: DEFAULT_RETRY_BUDGET.windowMs };
-    if (i > 0 && options.retryBudget !== undefined && !options.retryBudget.retry(now(), budget)) {
-      logWarn("retry budget spent", { request_id: options.requestId });
-      break;
-    }
-    const candidate = options.candidates[i] as RegionOrigin;
-    const planned = candidate.origin.id;
-    const last = i === attempts - 1;
-    options.pool.begin(planned);
-    const startedAt = now();
-    const watch = watchAttempt(options, candidate);
-    const attempt = await open(candidate, {
-      requestId: options.requestId,
-      attemptId: i === 0 ? options.requestId : `${options.requestId}.${i}`,
-      path: options.path,
-      body: options.body,
-      headers: options.headers,
-      firstByteTimeoutMs: options.limits.first_byte_timeout_ms,
-      delivery: options.delivery,
-      itemTimeoutMs: options.limits.request_timeout_ms,
-      avoidOrigins: [
-        ...avoid,
-        ...options.pool.blocked(candidate.region),
-        ...(options.avoidAlways ?? []),
-        ...(i === 0 ? (options.avoidFirst ?? []) : []),
-      ],
-      secrets: options.secrets,
-      onStart: (giveUp) => watch.start(giveUp),
-      ...(options.slowFirstByteMs !== undefined && { silenceMs: options.slowFirstByteMs }),
-    });
-    watch.stop();
-    options.pool.end(planned);
-    if (attempt.kind === "refused") throw attempt.error;
-    const listed: RequestAttempt = {
-      region: candidate.region.id,
-      origin: attempt.originId,
-      result: "failed",
-    };
-    options.attempts?.push(listed);
-    const tell = (origin: string, ok: boolean) => {
-      if (attempt.reported !== true && !watch.toldSlow) {
-        options.onOutcome?.(candidate.region, origin, ok);
+  // An origin whose engine answered 5xx waits for a second opinion: another origin that
+  // answers the same request convicts it; one that fails it too convicts the request.
+  let suspect: { candidate: RegionOrigin; originId: string } | null = null;
+  const judge = (candidate: RegionOrigin, origin: string, verdict: Verdict) =>
+    options.onOutcome?.(candidate.region, origin, verdict);
+  const convictSuspect = () => {
+    if (suspect !== null) judge(suspect.candidate, suspect.originId, "failed");
+    suspect = null;
+  };
+  try {
+    for (let i = 0; i < attempts; i++) {
+      // A client that went away while an attempt waited wants no other origin tried.
+      if (i > 0 && options.signal?.aborted === true) break;
+      if (i > 0 && now() >= deadline) {
+        failure = "timeout";
+        break;
       }
-    };
-    if (attempt.kind === "failed" && attempt.reported === true) {
-      options.onUpstreamFailure?.(candidate.region);
-    }
-    if (attempt.kind === "failed") {
-      if (attempt.originId !== null) {
-        tell(attempt.originId, false);
-        options.pool.reportFailure(attempt.originId, now(), options.quarantineMs);
-        avoid.push(attempt.originId);
+      const budget = { ratio, floor, windowMs: DEFAULT_RETRY_BUDGET.windowMs };
+      if (i > 0 && options.retryBudget !== undefined && !options.retryBudget.retry(now(), budget)) {
+        logWarn("retry budget spent", { request_id: options.requestId });
+        break;
       }
-      failure = attempt.failure;
-      logWarn("origin attempt failed", {
-        request_id: options.requestId,
-        origin: attempt.originId,
-        detail: attempt.detail,
+      const candidate = options.candidates[i] as RegionOrigin;
+      const planned = candidate.origin.id;
+      const last = i === attempts - 1;
+      options.pool.begin(planned);
+      let unwatch: (() => void) | null = null;
+      // Judged slow while it waited: that was its verdict.
+      let toldSlow = false;
+      const attempt = await open(candidate, {
+        requestId: options.requestId,
+        attemptId: i === 0 ? options.requestId : `${options.requestId}.${i}`,
+        path: options.path,
+        body: options.body,
+        headers: options.headers,
+        firstByteTimeoutMs: options.limits.first_byte_timeout_ms,
+        delivery: options.delivery,
+        itemTimeoutMs: options.limits.request_timeout_ms,
+        avoidOrigins: [
+          ...avoid,
+          ...options.pool.blocked(candidate.region),
+          ...(options.avoidAlways ?? []),
+          ...(i === 0 ? (options.avoidFirst ?? []) : []),
+        ],
+        secrets: options.secrets,
+        onStart: (giveUp) => {
+          unwatch = options.watchBreaker?.(planned, giveUp) ?? null;
+        },
+        onSlowHead: () => {
+          toldSlow = true;
+          judge(candidate, planned, "slow");
+        },
+        ...(options.slowFirstByteMs !== undefined && { silenceMs: options.slowFirstByteMs }),
       });
-      continue;
-    }
-    const originId = attempt.originId;
-    const { status } = attempt.item.head;
-    // 5xx means the engine failed; 429 means it is full: another origin may do better.
-    // A last 429 goes to the client as it is, with the engine's retry-after.
-    // An origin's 429 is overload, not sickness: it is avoided, never counted.
-    if (status !== 429) {
-      const slow =
-        options.delivery === "stream" &&
-        now() - startedAt > (options.slowFirstByteMs ?? Number.POSITIVE_INFINITY);
-      tell(originId, status < 500 && !slow);
-    }
-    // An overloaded origin is tried last until its retry-after (1 s when it names none).
-    if (status === 429) {
-      options.pool.reportFailure(originId, now(), retryAfterMs(attempt.item.head.headers));
-    }
-    if (status >= 500 || (status === 429 && !last)) {
-      attempt.item.cancel();
-      avoid.push(originId);
-      if (status >= 500) options.pool.reportFailure(originId, now(), options.quarantineMs);
-      // The origin's own item timeout answers 504 (see origin/server.ts).
-      failure = status === 504 ? "timeout" : "bad_answer";
-      logWarn("origin answered", { status, request_id: options.requestId, origin: originId });
-      continue;
-    }
-    const served = { region: candidate.region.id, origin: originId };
-    if (streams(attempt.item, options)) {
+      (unwatch as (() => void) | null)?.();
+      options.pool.end(planned);
+      if (attempt.kind === "refused") throw attempt.error;
+      const listed: RequestAttempt = {
+        region: candidate.region.id,
+        origin: attempt.originId,
+        result: "failed",
+      };
+      options.attempts?.push(listed);
+      if (attempt.kind === "failed") {
+        if (attempt.reported === true) options.onUpstreamFailure?.(candidate.region);
+        if (attempt.originId !== null) {
+          // A Batcher judged its own call; an attempt sent straight is judged here.
+          if (attempt.reported !== true && !toldSlow) {
+            judge(candidate, attempt.originId, attempt.soft === true ? "slow" : "failed");
+          }
+          options.pool.reportFailure(attempt.originId, now(), options.quarantineMs);
+          avoid.push(attempt.originId);
+        }
+        failure = attempt.failure;
+        logWarn("origin attempt failed", {
+          request_id: options.requestId,
+          origin: attempt.originId,
+          detail: attempt.detail,
+        });
+        continue;
+      }
+      const originId = attempt.originId;
+      const { status, headers } = attempt.item.head;
+      const judged = judgeHead(status, headers);
+      if (judged === "busy") {
+        // Overload, never counted: avoided until its retry-after. A last one goes to the
+        // client as it is, with the engine's retry-after.
+        options.pool.reportBusy(originId, now(), headers);
+        if (!last) {
+          attempt.item.cancel();
+          avoid.push(originId);
+          failure = "unavailable";
+          continue;
+        }
+      }
+      if (judged === "error") {
+        avoid.push(originId);
+        // The origin's own item timeout answers 504 (see origin/server.ts).
+        failure = status === 504 ? "timeout" : "bad_answer";
+        logWarn("origin answered", { status, request_id: options.requestId, origin: originId });
+        if (suspect !== null) {
+          // Two origins failed it alike: the request's fault, and no origin's.
+          suspect = null;
+          const { body } = await attempt.item.whole();
+          throw failedEverywhere(new TextDecoder().decode(body));
+        }
+        attempt.item.cancel();
+        suspect = { candidate, originId };
+        continue;
+      }
+      if (judged === "ok") {
+        convictSuspect();
+        if (!toldSlow) judge(candidate, originId, "ok");
+      }
+      const served = { region: candidate.region.id, origin: originId };
+      // A stream cut after its HEAD is the origin's failure; a Batcher tells of its own.
+      const onCut = attempt.reported === true ? undefined : () => judge(candidate, originId, "cut");
+      if (streams(attempt.item, options)) {
+        listed.result = "served";
+        options.pool.reportSuccess(originId);
+        options.pool.begin(originId);
+        return respond(attempt.item, served, options, null, deadline, onCut);
+      }
+      // A whole answer is read before the client sees anything: one its origin cut or failed
+      // is tried again elsewhere, and never billed (its client received none of it).
+      const read = await readWhole(attempt.item, deadline - now());
+      const retry =
+        !read.complete &&
+        !read.timedOut &&
+        status < 400 &&
+        !last &&
+        now() < deadline &&
+        options.signal?.aborted !== true;
+      if (retry) {
+        onCut?.();
+        avoid.push(originId);
+        options.pool.reportFailure(originId, now(), options.quarantineMs);
+        failure = "bad_answer";
+        logWarn("origin failed mid-response", { request_id: options.requestId, origin: originId });
+        continue;
+      }
       listed.result = "served";
       options.pool.reportSuccess(originId);
       options.pool.begin(originId);
-      return respond(attempt.item, served, options, null, deadline);
+      return respond(attempt.item, served, options, read, deadline, onCut);
     }
-    // A whole answer is read before the client sees anything: one its origin cut or failed
-    // is tried again elsewhere, and never billed (its client received none of it).
-    const read = await readWhole(attempt.item, deadline - now());
-    const retry =
-      !read.complete &&
-      !read.timedOut &&
-      status < 400 &&
-      !last &&
-      now() < deadline &&
-      options.signal?.aborted !== true;
-    if (retry) {
-      tell(originId, false);
-      avoid.push(originId);
-      options.pool.reportFailure(originId, now(), options.quarantineMs);
-      failure = "bad_answer";
-      logWarn("origin failed mid-response", { request_id: options.requestId, origin: originId });
-      continue;
-    }
-    listed.result = "served";
-    options.pool.reportSuccess(originId);
-    options.pool.begin(originId);
-    return respond(attempt.item, served, options, read, deadline);
+  } finally {
+    // No second opinion came (one candidate, or the retries ran out): the 5xx counts.
+    convictSuspect();
   }
   const error: ApiError = originFailure(options.candidates.length === 0 ? "unavailable" : failure);
   throw error;
-}
-
-/**
- * Watches an attempt sent straight to an origin: a streamed HEAD slower than
- * `slowFirstByteMs` is told as a failure while it is still awaited, and the attempt is
- * given up should the origin's breaker open meanwhile.
- */
-function watchAttempt(options: DispatchOptions, candidate: RegionOrigin) {
-  let slowTimer: ReturnType<typeof setTimeout> | undefined;
-  let unwatch: (() => void) | null = null;
-  const watch = {
-    toldSlow: false,
-    start(giveUp: () => void) {
-      const slowMs = options.slowFirstByteMs;
-      if (options.delivery === "stream" && slowMs !== undefined) {
-        slowTimer = setTimeout(() => {
-          watch.toldSlow = true;
-          options.onOutcome?.(candidate.region, candidate.origin.id, false);
-        }, slowMs);
-      }
-      unwatch = options.watchBreaker?.(candidate.origin.id, giveUp) ?? null;
-    },
-    stop() {
-      if (slowTimer !== undefined) clearTimeout(slowTimer);
-      unwatch?.();
-    },
-  };
-  return watch;
-}
-
-/** How long an origin's 429 asks to be left alone, ms, from `retry-after-ms` or `retry-after`. */
-function retryAfterMs(headers: Record<string, string>): number {
-  const header = (name: string) =>
-    Object.entries(headers).find(([key]) => key.toLowerCase() === name)?.[1];
-  const ms = Number(header("retry-after-ms"));
-  if (Number.isFinite(ms) && ms > 0) return Math.min(ms, 60_000);
-  const seconds = Number(header("retry-after"));
-  return Number.isFinite(seconds) && seconds > 0 ? Math.min(seconds * 1_000, 60_000) : 1_000;
 }

@@ -67,8 +67,9 @@ export function respond(
   options: DispatchOptions,
   read: WholeRead | null,
   deadline: number,
+  onCut?: () => void,
 ): Response {
-  const life = new Lifecycle(item, served, options, deadline);
+  const life = new Lifecycle(item, served, options, deadline, onCut);
   return read === null ? life.stream() : life.whole(read);
 }
 
@@ -79,11 +80,19 @@ class Lifecycle {
   #finished = false;
   readonly #deadline: ReturnType<typeof setTimeout>;
   #onTimeout: () => void = () => {};
+  readonly #onCut: (() => void) | undefined;
 
-  constructor(item: OpenItem, served: Served, options: DispatchOptions, deadline: number) {
+  constructor(
+    item: OpenItem,
+    served: Served,
+    options: DispatchOptions,
+    deadline: number,
+    onCut: (() => void) | undefined,
+  ) {
     this.#item = item;
     this.#served = served;
     this.#options = options;
+    this.#onCut = onCut;
     // No request may outlive its timeout (counted from its first attempt), even if the
     // origin stops sending without closing.
     this.#deadline = setTimeout(() => this.#onTimeout(), Math.max(0, deadline - Date.now()));
@@ -120,7 +129,10 @@ class Lifecycle {
     void streamed.ended.then((end) => {
       stopListening();
       if (end.kind === "broken") {
-        if (!clientGone) this.#warn("origin failed mid-stream", end.detail);
+        if (!clientGone && !this.#finished) {
+          this.#warn("origin failed mid-stream", end.detail);
+          this.#onCut?.();
+        }
         this.#finish(clientGone ? "cancelled" : "error", null, head.status, streamed.firstByteAt());
         return;
       }
@@ -132,6 +144,8 @@ class Lifecycle {
       }
       const ended = endOutcome(trailer, head.status);
       if (!ended.complete) this.#warn("origin failed mid-stream", trailer.error?.message);
+      // Cut by its origin, not by the request's own time limit.
+      if (!ended.complete && ended.outcome === "error" && !this.#finished) this.#onCut?.();
       this.#finish(ended.outcome, trailer, head.status, streamed.firstByteAt());
     });
     return new Response(streamed.body, { status: head.status, headers: this.#headers() });

@@ -40,6 +40,7 @@ import { type RegionConfig, originServes } from "../config.ts";
 import { DEFAULT_QUARANTINE_MS, OriginHealth } from "../../contracts/origin-health.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
 import type { ItemPath } from "../../contracts/protocol.ts";
+import type { Verdict } from "../../contracts/breaker.ts";
 
 /** Request header that picks the first region to try (for tests and diagnostics). */
 export const REGION_OVERRIDE_HEADER = "x-warmgate-region";
@@ -89,7 +90,20 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
   const waitUntil = waitUntilOf(c);
   if (breakers) for (const work of syncBreakers(config, order.regions, now)) waitUntil(work);
   const canary = canaryPlan(config, plan.model.id);
-  const ranked = originPool.candidates(order.regions, plan.model.id, now);
+  let ranked = originPool.candidates(order.regions, plan.model.id, now);
+  let panicking = false;
+  if (ranked.length === 0 && breakers) {
+    // The copy may be stale: a breaker that closed since is seen by this request, not the
+    // next one. Still all open: Envoy's panic mode, a bounded trickle (docs/failover.md).
+    await Promise.all(
+      order.regions.map((region) => edgeBreakers.refresh(breakerRegion(config, region), now)),
+    );
+    ranked = originPool.candidates(order.regions, plan.model.id, Date.now());
+    if (ranked.length === 0) {
+      ranked = originPool.panic(order.regions, plan.model.id, Date.now());
+      panicking = ranked.length > 0;
+    }
+  }
   const candidates = canary === null ? ranked : armCandidates(canary, ranked);
   if (canary !== null) {
     const sync = syncCanary(canary.spec, now);
@@ -124,8 +138,13 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     onSettled: (settled) => settlement.settle(settled),
     signal: c.req.raw.signal,
     ...(breakers && {
-      onOutcome: (region: RegionConfig, origin: string, ok: boolean) => {
-        const sync = edgeBreakers.record(breakerRegion(config, region), origin, ok, Date.now());
+      onOutcome: (region: RegionConfig, origin: string, verdict: Verdict) => {
+        const sync = edgeBreakers.record(
+          breakerRegion(config, region),
+          origin,
+          verdict,
+          Date.now(),
+        );
         if (sync !== null) waitUntil(sync);
       },
       slowFirstByteMs,
@@ -135,20 +154,23 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
         if (sync !== null) waitUntil(sync);
       },
     }),
-    open: batcherOpener({
-      namespace: c.env.BATCHER,
-      config,
-      model: plan.model.id,
-      tier: c.get("admission")?.tier,
-      priority: c.req.header(PRIORITY_HEADER),
-      keyId: c.get("caller")?.keyId,
-      route,
-      promptTokens: plan.promptTokens,
-      maxTokens: sequenceAllowance(plan, plan.model),
-      deadline: Date.now() + config.limits.request_timeout_ms,
-      isolateInFlight: (ids) => ids.reduce((n, id) => n + originPool.inFlight(id), 0),
-      waitUntil: waitUntilOf(c),
-      signal: c.req.raw.signal,
+    // A panic request goes straight: every Batcher keeps open breakers' origins out.
+    ...(!panicking && {
+      open: batcherOpener({
+        namespace: c.env.BATCHER,
+        config,
+        model: plan.model.id,
+        tier: c.get("admission")?.tier,
+        priority: c.req.header(PRIORITY_HEADER),
+        keyId: c.get("caller")?.keyId,
+        route,
+        promptTokens: plan.promptTokens,
+        maxTokens: sequenceAllowance(plan, plan.model),
+        deadline: Date.now() + config.limits.request_timeout_ms,
+        isolateInFlight: (ids) => ids.reduce((n, id) => n + originPool.inFlight(id), 0),
+        waitUntil: waitUntilOf(c),
+        signal: c.req.raw.signal,
+      }),
     }),
   });
   settlement.hold();

@@ -1,0 +1,81 @@
+/**
+ * The health probe of a half-open origin (docs/failover.md, "Probes"): its `/health`, then,
+ * where the region names a model for it, one real completion of one token through the batch
+ * protocol, so that an origin failing part of its requests is seen failing, not only alive.
+ * Answers true (healthy), false (failed), or null when the origin's URL is not known yet.
+ */
+import { CredentialRing, credentialValues } from "../../contracts/credentials.ts";
+import { onTimeTimeout } from "../../contracts/on-time.ts";
+import {
+  BATCH_PROTOCOL_VERSION,
+  type BatchRequest,
+  FrameType,
+  type ItemHead,
+  type ItemTrailer,
+  decodeJsonPayload,
+} from "../../contracts/protocol.ts";
+import { frameReader, postBatchWithCredentials } from "../../contracts/upstream.ts";
+import type { ProbeTarget } from "./types.ts";
+
+const ring = new CredentialRing();
+
+/** Probes `target` within `timeoutMs` of this thread's on-time. */
+export async function probeOrigin(
+  target: ProbeTarget,
+  env: object,
+  timeoutMs: number,
+): Promise<boolean> {
+  const abort = new AbortController();
+  const timer = onTimeTimeout(timeoutMs, () => abort.abort("probe timed out"));
+  try {
+    // `/health` is open (origin/PROTOCOL.md): no credential goes with it.
+    const res = await fetch(`${target.url}/health`, { signal: abort.signal });
+    await res.body?.cancel();
+    if (!res.ok) return false;
+    if (target.probeModel === undefined) return true;
+    return await completes(target, env, abort.signal);
+  } catch {
+    return false;
+  } finally {
+    timer.stop();
+  }
+}
+
+async function completes(target: ProbeTarget, env: object, signal: AbortSignal) {
+  const id = `probe-${crypto.randomUUID()}`;
+  const body = JSON.stringify({
+    model: target.probeModel,
+    messages: [{ role: "user", content: "ping" }],
+    max_tokens: 1,
+  });
+  const origin = {
+    id: target.id,
+    url: target.url,
+    credentials: credentialValues(env, target.credentials),
+    ring,
+  };
+  const batch: BatchRequest = {
+    v: BATCH_PROTOCOL_VERSION,
+    batch_id: id,
+    items: [{ id, path: "/v1/chat/completions", body, headers: {} }],
+  };
+  const res = await postBatchWithCredentials(origin, batch, signal);
+  if (res.status !== 200 || res.body === null) {
+    await res.body?.cancel();
+    return false;
+  }
+  const frames = frameReader(res.body);
+  let status = 0;
+  for (;;) {
+    const frame = await frames.next();
+    if (typeof frame === "string") return false;
+    if (frame.type === FrameType.HEAD) {
+      status = (decodeJsonPayload(frame.payload) as ItemHead).status;
+    } else if (frame.type === FrameType.END) {
+      frames.cancel();
+      const { outcome } = decodeJsonPayload(frame.payload) as ItemTrailer;
+      // The engine answered; a 4xx is about the probe's own request, not the origin's health.
+      return outcome === "ok" || (status >= 400 && status < 500 && status !== 429);
+    }
+  }
+}
