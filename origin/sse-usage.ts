@@ -100,10 +100,7 @@ export function requestUsage(body: string): { body: string; injected: boolean } 
   if (request === null || request.stream !== true) return { body, injected: false };
   const options = request.stream_options;
   if (options === null) {
-    return {
-      body: JSON.stringify({ ...request, stream_options: { include_usage: true } }),
-      injected: true,
-    };
+    return reserialised(body, { ...request, stream_options: { include_usage: true } });
   }
   if (options === undefined) {
     // Textual insertion keeps every other byte of the client's body as it was.
@@ -119,12 +116,24 @@ export function requestUsage(body: string): { body: string; injected: boolean } 
     typeof options === "object" &&
     (options as { include_usage?: unknown }).include_usage !== true
   ) {
-    return {
-      body: JSON.stringify({ ...request, stream_options: { ...options, include_usage: true } }),
-      injected: true,
-    };
+    return reserialised(body, {
+      ...request,
+      stream_options: { ...options, include_usage: true },
+    });
   }
   return { body, injected: false };
+}
+
+/**
+ * `request` as the body to send; the client's `body` untouched when it nests too deeply to
+ * serialise (JSON.stringify recurses), so the engine judges it, as it would without us.
+ */
+function reserialised(body: string, request: object): { body: string; injected: boolean } {
+  try {
+    return { body: JSON.stringify(request), injected: true };
+  } catch {
+    return { body, injected: false };
+  }
 }
 
 const USAGE_NULL_AFTER = /,\s*"usage"\s*:\s*null(?=\s*[,}])/g;

@@ -6,7 +6,7 @@
  * float32.
  */
 import { Hasher, Rng } from "./hash.ts";
-import { InvalidRequest, invalidType, isRecord } from "./request-fields.ts";
+import { InvalidRequest, arrayTooLong, invalidType, isRecord } from "./request-fields.ts";
 import { tokenize } from "./tokenizer.ts";
 
 /** Vector size of an embedding model without `dimensions` of its own. */
@@ -31,11 +31,7 @@ function inputTokens(input: unknown): number[][] {
   if (isTokens(input) && input.length > 0) return [input];
   if (Array.isArray(input) && input.length > 0) {
     if (input.length > MAX_EMBEDDING_INPUTS) {
-      throw new InvalidRequest(
-        `Invalid 'input': array too long. Expected an array with maximum length ${MAX_EMBEDDING_INPUTS}, but got an array with length ${input.length} instead.`,
-        "input",
-        "array_above_max_length",
-      );
+      throw arrayTooLong("input", MAX_EMBEDDING_INPUTS, input.length);
     }
     if (input.every((i) => typeof i === "string")) return input.map((i: string) => tokenize(i));
     if (input.every(isTokens)) return input.map((i: number[]) => [...i]);

@@ -41,6 +41,12 @@ import { finalChunks, releaseTokens } from "./render.ts";
 /** Weight of the newest step in the reported mean step time. */
 const STEP_MS_WEIGHT = 0.2;
 
+function serverError(message: string): OpenAIError {
+  return { message, type: "server_error", param: null, code: null };
+}
+/** What a run hears when the engine fails under it (a bug, never the client's input). */
+const ENGINE_FAILED = serverError("The engine failed while running the request.");
+
 class SimEngineImpl implements SimEngine {
   readonly kind = "sim";
   readonly options: ResolvedSimEngineOptions;
@@ -93,12 +99,7 @@ class SimEngineImpl implements SimEngine {
 
   async submit(item: EngineItem): Promise<EngineResponse> {
     if (this.#closed) {
-      return errorResponse(503, {
-        message: "The engine is shutting down.",
-        type: "server_error",
-        param: null,
-        code: null,
-      });
+      return errorResponse(503, serverError("The engine is shutting down."));
     }
     const parsed = parseRequest(item.path, item.body, this.options.models);
     if (!parsed.ok) return errorResponse(parsed.status, parsed.error);
@@ -189,12 +190,7 @@ class SimEngineImpl implements SimEngine {
     if (this.#closed) return this.#loop;
     this.#closed = true;
     for (const run of this.#runs) {
-      this.#fail(run, {
-        message: "The engine shut down before the request finished.",
-        type: "server_error",
-        param: null,
-        code: null,
-      });
+      this.#fail(run, serverError("The engine shut down before the request finished."));
     }
     if (this.#sleepTimer !== null) clearTimeout(this.#sleepTimer);
     this.#endSleep?.();
@@ -314,8 +310,15 @@ class SimEngineImpl implements SimEngine {
       this.#metrics.success.inc({ model_name: entry.run.head.model, finished_reason: reason });
     }
     for (const run of touched) {
-      releaseTokens(run, (bytes) => this.#push(run, bytes));
-      if (run.choices.every((c) => c.finished)) this.#finish(run);
+      try {
+        releaseTokens(run, (bytes) => this.#push(run, bytes));
+        if (run.choices.every((c) => c.finished)) this.#finish(run);
+      } catch (error) {
+        // One answer that cannot be written fails alone; thrown out of the step loop, it
+        // would stop the engine and take the origin's process with it.
+        console.error("simulated engine could not write an answer", error);
+        this.#fail(run, ENGINE_FAILED);
+      }
     }
   }
 
@@ -352,14 +355,7 @@ class SimEngineImpl implements SimEngine {
         step = this.#scheduler.step(now);
       } catch (error) {
         console.error("simulated engine step failed", error);
-        for (const run of this.#runs) {
-          this.#fail(run, {
-            message: "The engine failed while running the request.",
-            type: "server_error",
-            param: null,
-            code: null,
-          });
-        }
+        for (const run of this.#runs) this.#fail(run, ENGINE_FAILED);
         continue;
       }
       if (step === null) {

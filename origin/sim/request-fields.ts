@@ -9,6 +9,7 @@ import {
   type RenderedToolCall,
   type ToolDefinition,
 } from "./chat-template.ts";
+import { MAX_SEQUENCES, MAX_TOOLS } from "./request-limits.ts";
 import { tokenize } from "./tokenizer.ts";
 
 export class InvalidRequest extends Error {
@@ -40,6 +41,15 @@ export function invalidType(param: string, expected: string, value: unknown): In
     `Invalid type for '${param}': expected ${expected}, but got ${typeName(value)} instead.`,
     param,
     "invalid_type",
+  );
+}
+
+/** OpenAI's answer to a list longer than a field takes. */
+export function arrayTooLong(param: string, max: number, length: number): InvalidRequest {
+  return new InvalidRequest(
+    `Invalid '${param}': array too long. Expected an array with maximum length ${max}, but got an array with length ${length} instead.`,
+    param,
+    "array_above_max_length",
   );
 }
 
@@ -219,6 +229,7 @@ export function parseMessages(value: unknown): ChatMessage[] {
 export function parseTools(value: unknown, flat = false): ToolDefinition[] {
   if (value === undefined || value === null) return [];
   if (!Array.isArray(value)) throw invalidType("tools", "an array", value);
+  if (value.length > MAX_TOOLS) throw arrayTooLong("tools", MAX_TOOLS, value.length);
   return value.map((raw: unknown, i): ToolDefinition => {
     const at = `tools[${i}]`;
     if (!isRecord(raw)) throw invalidType(at, "an object", raw);
@@ -259,13 +270,7 @@ export function parseStop(value: unknown): string[] {
   if (value === undefined || value === null) return [];
   if (typeof value === "string") return [value];
   if (Array.isArray(value) && value.every((s): s is string => typeof s === "string")) {
-    if (value.length > 4) {
-      throw new InvalidRequest(
-        `Invalid 'stop': array too long. Expected an array with maximum length 4, but got an array with length ${value.length} instead.`,
-        "stop",
-        "array_above_max_length",
-      );
-    }
+    if (value.length > 4) throw arrayTooLong("stop", 4, value.length);
     return value;
   }
   throw invalidType("stop", "a string or an array of strings", value);
@@ -295,6 +300,7 @@ export function parsePrompts(value: unknown): PromptInput[] {
   if (typeof value === "string") return [{ tokens: tokenize(value), text: value }];
   if (Array.isArray(value) && value.length > 0) {
     if (isTokenList(value)) return [{ tokens: value, text: null }];
+    if (value.length > MAX_SEQUENCES) throw arrayTooLong("prompt", MAX_SEQUENCES, value.length);
     if (value.every((p) => typeof p === "string")) {
       return value.map((p: string) => ({ tokens: tokenize(p), text: p }));
     }

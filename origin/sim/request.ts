@@ -19,6 +19,7 @@ import {
   parseChatLogprobs,
   echoTexts,
 } from "./request-fields.ts";
+import { MAX_BODY_DEPTH, MAX_SEQUENCES, tooDeepAt } from "./request-limits.ts";
 import { parseMode } from "./tool-choice.ts";
 import { parseResponsesFields } from "./responses-request.ts";
 import {
@@ -121,6 +122,14 @@ function parse(path: ItemPath, text: string, models: readonly SimModel[]): SimRe
     );
   }
   if (!isRecord(body)) throw invalidType("body", "an object", body);
+  const deep = tooDeepAt(body);
+  if (deep !== null) {
+    throw new InvalidRequest(
+      `Invalid '${deep}': nested too deeply. Expected at most ${MAX_BODY_DEPTH} levels of objects and arrays in the request body.`,
+      deep,
+      "nesting_above_max_depth",
+    );
+  }
 
   const modelId = body["model"];
   if (modelId === undefined || modelId === null) {
@@ -188,6 +197,13 @@ function parse(path: ItemPath, text: string, models: readonly SimModel[]): SimRe
     kind !== "responses" && isRecord(streamOptions) && streamOptions["include_usage"] === true;
 
   const n = kind === "responses" ? 1 : (optionalNumber(body, "n", 1, 128, true) ?? 1);
+  if (prompts.length * n > MAX_SEQUENCES) {
+    throw new InvalidRequest(
+      `Invalid 'n': ${prompts.length} prompts with n=${n} would start ${prompts.length * n} sequences; a request starts at most ${MAX_SEQUENCES}.`,
+      "n",
+      "invalid_value",
+    );
+  }
   const temperature = optionalNumber(body, "temperature", 0, 2, false) ?? DEFAULT_TEMPERATURE;
   const topP = optionalNumber(body, "top_p", 0, 1, false) ?? 1;
   const seed =

@@ -32,6 +32,10 @@ describe("requestUsage", () => {
     const plain = '{"stream":false}';
     expect(requestUsage(plain)).toEqual({ body: plain, injected: false });
   });
+  it("forwards a body too deep to serialise again untouched, for the engine to judge", () => {
+    const deep = `{"stream":true,"stream_options":{},"x":${"[".repeat(100_000)}${"]".repeat(100_000)}}`;
+    expect(requestUsage(deep)).toEqual({ body: deep, injected: false });
+  });
 });
 
 describe("hideInjectedUsage", () => {
