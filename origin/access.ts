@@ -1,7 +1,7 @@
 /**
- * Who may call an origin: the edge with its access token on `/v1/*`, operators with the
- * admin token on `/admin/*`. An origin that listens beyond loopback must have an access
- * token (see origin/PROTOCOL.md, "Authentication").
+ * Who may call an origin: the edge with its access token on `/v1/*` and `/metrics`,
+ * operators with the admin token on `/admin/*` and `/metrics`. An origin that listens
+ * beyond loopback must have an access token (see origin/PROTOCOL.md, "Authentication").
  */
 import { timingSafeEqual } from "node:crypto";
 
@@ -28,6 +28,20 @@ export function adminTokenOf(options: {
   accessToken?: string;
 }): string | null {
   return options.adminToken ?? options.accessToken ?? null;
+}
+
+/**
+ * The tokens `GET /metrics` takes: the access token or the admin token; null (open) when
+ * `/v1/*` is open too, which only loopback allows.
+ */
+export function metricsTokensOf(options: {
+  adminToken?: string;
+  accessToken?: string;
+}): string[] | null {
+  if (options.accessToken === undefined) return null;
+  return options.adminToken === undefined
+    ? [options.accessToken]
+    : [options.accessToken, options.adminToken];
 }
 
 /** Constant-time check of an `Authorization: Bearer …` header against `token`. */

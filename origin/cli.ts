@@ -5,6 +5,7 @@
  */
 import { parseArgs } from "node:util";
 import { exposureProblem } from "./access.ts";
+import { connectionLimitsProblem } from "./connection-limits.ts";
 import { FAULT_STATUSES } from "./faults.ts";
 import type { FaultConfig } from "./faults.ts";
 
@@ -39,6 +40,10 @@ export interface OriginCliConfig {
   adminToken?: string;
   accessToken?: string;
   loadIntervalMs?: number;
+  maxConnections?: number;
+  headersTimeoutMs?: number;
+  requestTimeoutMs?: number;
+  keepAliveTimeoutMs?: number;
   faults: Partial<FaultConfig>;
 }
 
@@ -73,6 +78,12 @@ export const USAGE = `usage: npm run origin -- [options]
   --access-token T            bearer token the edge must send on /v1/* (required when
                               --host is not a loopback address)
   --load-interval-ms N        milliseconds between batch load reports (default 250)
+  --max-connections N         most open connections; more are closed at once (default 1024)
+  --headers-timeout-ms N      time a client has to send its request headers (default 10000)
+  --request-timeout-ms N      time a client has to send its whole request, body included
+                              (default 60000; at least --headers-timeout-ms); answers stream
+                              for as long as they take
+  --keep-alive-timeout-ms N   time an idle keep-alive connection stays open (default 65000)
   --fault-error-rate X        fraction of items answered with an error status
   --fault-statuses 429,503    statuses injected errors use (from 429, 500, 503)
   --fault-latency-ms N        milliseconds added before each item
@@ -103,6 +114,10 @@ const STRING_OPTIONS = [
   "admin-token",
   "access-token",
   "load-interval-ms",
+  "max-connections",
+  "headers-timeout-ms",
+  "request-timeout-ms",
+  "keep-alive-timeout-ms",
   "fault-error-rate",
   "fault-statuses",
   "fault-latency-ms",
@@ -182,6 +197,28 @@ function parseUrl(raw: string): string {
   return url.href.replace(/\/+$/, "").replace(/\/v1$/, "");
 }
 
+/** The connection limits (origin/connection-limits.ts). */
+function listenLimits(config: OriginCliConfig, values: Partial<Record<OptionName, string>>): void {
+  const ms = (name: OptionName) => {
+    const raw = values[name];
+    return raw === undefined ? undefined : integer(name, raw, 1, 3_600_000);
+  };
+  const maxConnections = values["max-connections"];
+  if (maxConnections !== undefined) {
+    config.maxConnections = integer("max-connections", maxConnections, 1);
+  }
+  const headers = ms("headers-timeout-ms");
+  const request = ms("request-timeout-ms");
+  const keepAlive = ms("keep-alive-timeout-ms");
+  if (headers !== undefined) config.headersTimeoutMs = headers;
+  if (request !== undefined) config.requestTimeoutMs = request;
+  if (keepAlive !== undefined) config.keepAliveTimeoutMs = keepAlive;
+  const problem = connectionLimitsProblem(config);
+  if (problem !== null) {
+    throw new CliError(`--request-timeout-ms and --headers-timeout-ms: ${problem}`);
+  }
+}
+
 function build(values: Partial<Record<OptionName, string>>): OriginCliConfig {
   const engine = values.engine ?? "sim";
   if (engine !== "sim" && engine !== "openai") {
@@ -231,6 +268,7 @@ function build(values: Partial<Record<OptionName, string>>): OriginCliConfig {
   if (values["load-interval-ms"] !== undefined) {
     config.loadIntervalMs = integer("load-interval-ms", values["load-interval-ms"], 1);
   }
+  listenLimits(config, values);
   const f = config.faults;
   if (values["fault-error-rate"] !== undefined) {
     f.errorRate = decimal("fault-error-rate", values["fault-error-rate"], 0, 1);

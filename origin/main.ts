@@ -69,6 +69,12 @@ async function main(): Promise<void> {
       ...(config.accessToken !== undefined && { accessToken: config.accessToken }),
       ...(config.loadIntervalMs !== undefined && { loadIntervalMs: config.loadIntervalMs }),
       ...(config.seed !== undefined && { faultSeed: config.seed }),
+      ...(config.maxConnections !== undefined && { maxConnections: config.maxConnections }),
+      ...(config.headersTimeoutMs !== undefined && { headersTimeoutMs: config.headersTimeoutMs }),
+      ...(config.requestTimeoutMs !== undefined && { requestTimeoutMs: config.requestTimeoutMs }),
+      ...(config.keepAliveTimeoutMs !== undefined && {
+        keepAliveTimeoutMs: config.keepAliveTimeoutMs,
+      }),
       faults: config.faults,
       port: config.port,
       host: config.host,

@@ -21,6 +21,8 @@ export interface OriginCounters {
   inFlight: number;
   outcomes: Record<ItemOutcome, number>;
   cancellations: Record<AbortReason, number>;
+  /** Connections closed on arrival because `maxConnections` were open. */
+  connectionsRefused: number;
 }
 
 /** Fresh zeroed counters. */
@@ -32,6 +34,7 @@ export function createOriginCounters(): OriginCounters {
     inFlight: 0,
     outcomes: { ok: 0, error: 0, cancelled: 0, timeout: 0 },
     cancellations: { cancel: 0, client: 0, timeout: 0, shutdown: 0 },
+    connectionsRefused: 0,
   };
 }
 
@@ -113,6 +116,12 @@ export function renderOriginMetrics(input: OriginMetricsInput): string {
   for (const [reason, n] of Object.entries(counters.cancellations)) {
     w.sample("warmgate_origin_cancellations_total", n, { reason });
   }
+  w.family(
+    "warmgate_origin_connections_refused_total",
+    "counter",
+    "Connections closed on arrival because the most the origin takes were open.",
+  );
+  w.sample("warmgate_origin_connections_refused_total", counters.connectionsRefused);
   w.family("warmgate_origin_fault_injections_total", "counter", "Injected faults, by kind.");
   for (const [kind, n] of Object.entries(input.faults)) {
     w.sample("warmgate_origin_fault_injections_total", n, { kind });

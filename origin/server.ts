@@ -3,30 +3,31 @@
  * of one engine, with load reports, Prometheus metrics, GPU readings and faults.
  * See origin/PROTOCOL.md.
  */
-import { randomUUID } from "node:crypto";
 import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { createAdaptorServer } from "@hono/node-server";
 import { Hono } from "hono";
 import type { Context } from "hono";
-import { adminTokenOf, bearerMatches, exposureProblem } from "./access.ts";
-import type { Engine } from "./engine.ts";
 import {
-  createFaultController,
-  FaultConfigPatchSchema,
-  STREAM_DROPPED_CODE,
-  withFaults,
-} from "./faults.ts";
+  type ConnectionLimits,
+  DEFAULT_MAX_CONNECTIONS,
+  connectionLimitsProblem,
+  timeoutServerOptions,
+} from "./connection-limits.ts";
+import { adminTokenOf, bearerMatches, exposureProblem, metricsTokensOf } from "./access.ts";
+import type { Engine } from "./engine.ts";
+import { createFaultController, FaultConfigPatchSchema, withFaults } from "./faults.ts";
 import type { FaultConfig, FaultController } from "./faults.ts";
 import { createGpuMonitor } from "./gpu.ts";
 import type { GpuMonitor } from "./gpu.ts";
 import { createOriginCounters, renderOriginMetrics } from "./metrics.ts";
-import type { ItemRoute, OriginCounters } from "./metrics.ts";
+import type { OriginCounters } from "./metrics.ts";
 import { MAX_BATCH_ITEMS } from "../contracts/protocol.ts";
-import { type ItemRun, ItemRunner, drain, errorBody } from "./items.ts";
+import { type ItemRun, ItemRunner, errorBody } from "./items.ts";
 import { batchRoutes } from "./batch-routes.ts";
+import { plainRoutes } from "./plain-routes.ts";
 import { OriginError, readJson, zodMessage } from "./http.ts";
-import type { ItemPath, KvEventCursor, LoadReport } from "../contracts/protocol.ts";
+import type { KvEventCursor, LoadReport } from "../contracts/protocol.ts";
 
 /** Configuration of an origin. */
 export interface OriginOptions {
@@ -53,6 +54,14 @@ export interface OriginOptions {
   gpu?: GpuMonitor;
 }
 
+/** Where an origin listens, and the limits its HTTP server keeps. */
+export interface OriginListenOptions extends ConnectionLimits {
+  /** Port to listen on (0, the default, picks a free one). */
+  port?: number;
+  /** Address to bind (default 127.0.0.1). */
+  host?: string;
+}
+
 /** An origin listening on a port. */
 export interface RunningOrigin {
   url: string;
@@ -68,33 +77,12 @@ export const DEFAULT_LOAD_INTERVAL_MS = 250;
 /** Default most items in one batch. */
 export const DEFAULT_MAX_BATCH_ITEMS = 1024;
 
-/** Headers of a client request that reach the engine. */
-const FORWARDED_HEADERS = new Set([
-  "accept",
-  "user-agent",
-  "x-request-id",
-  "traceparent",
-  "tracestate",
-]);
-/** The Node response behind a request, when @hono/node-server serves it. */
-function outgoingOf(c: Context): { destroy(): void } | null {
-  const env: unknown = c.env;
-  if (typeof env !== "object" || env === null || !("outgoing" in env)) return null;
-  const outgoing: unknown = env.outgoing;
-  return typeof outgoing === "object" &&
-    outgoing !== null &&
-    "destroy" in outgoing &&
-    typeof outgoing.destroy === "function"
-    ? (outgoing as { destroy(): void })
-    : null;
-}
-
-/** Milliseconds to two decimals: enough for latency work, short on the wire. */
 /** The pieces {@link startOrigin} needs beyond the Hono app. */
 interface Origin {
   app: Hono;
   faults: FaultController;
   engine: Engine;
+  counters: OriginCounters;
   /** Aborts every running item with reason `shutdown`. */
   abortAll(): void;
 }
@@ -122,13 +110,17 @@ function buildOrigin(options: OriginOptions): Origin {
     if (err instanceof OriginError) {
       return c.json(errorBody(err.message, err.type, err.code, err.param), err.status as 400);
     }
+    // A bug, unless the client went away mid-request (nobody is left to answer): say so in
+    // the log, and nothing of it to the client.
+    if (!c.req.raw.signal.aborted)
+      console.error(`origin: ${c.req.method} ${c.req.path} failed`, err);
     return c.json(
       errorBody("The origin failed to handle the request.", "server_error", "internal_error"),
       500,
     );
   });
-  // `/v1/models` stays open like `/health` and `/metrics`: it reveals no prompts and
-  // monitoring discovers models with it.
+  // `/v1/models` stays open like `/health`: it reveals no prompts and monitoring discovers
+  // models with it.
   app.use("/v1/*", async (c, next) => {
     if (options.accessToken === undefined || c.req.path === "/v1/models") return next();
     if (!bearerMatches(c.req.header("authorization"), options.accessToken)) {
@@ -151,74 +143,7 @@ function buildOrigin(options: OriginOptions): Origin {
     ),
   );
 
-  function plainRoute(path: ItemPath, route: Exclude<ItemRoute, "batch">) {
-    return async function openaiRoute(c: Context): Promise<Response> {
-      counters.requests[route]++;
-      const body = await c.req.text();
-      const headers: Record<string, string> = {};
-      for (const [name, value] of c.req.raw.headers) {
-        if (FORWARDED_HEADERS.has(name) || name.startsWith("x-warmgate-")) headers[name] = value;
-      }
-      const id = headers["x-request-id"] ?? `req-${randomUUID()}`;
-      const priority = Number(headers["x-warmgate-priority"] ?? 0);
-      const run = items.newRun();
-      const clientSignal = c.req.raw.signal;
-      if (clientSignal.aborted) items.abortItem(run, "client");
-      else
-        clientSignal.addEventListener("abort", () => items.abortItem(run, "client"), {
-          once: true,
-        });
-
-      const opened = await items.openItem(
-        { id, path, body, headers, priority: Number.isFinite(priority) ? priority : 0 },
-        run,
-      );
-      let cancelled = false;
-      const stream = new ReadableStream<Uint8Array>(
-        {
-          async pull(controller) {
-            let next: IteratorResult<Uint8Array>;
-            try {
-              next = await opened.body.next();
-            } catch {
-              next = { done: true, value: undefined };
-            }
-            if (cancelled) return;
-            if (next.done !== true) {
-              controller.enqueue(next.value);
-              return;
-            }
-            const trailer = await opened.finish();
-            if (cancelled) return;
-            if (trailer.error?.code === STREAM_DROPPED_CODE) {
-              // A dropped stream must look like a lost connection: no terminating chunk.
-              const outgoing = outgoingOf(c);
-              if (outgoing !== null) outgoing.destroy();
-              else controller.error(new Error("stream dropped"));
-            } else {
-              controller.close();
-            }
-          },
-          async cancel() {
-            cancelled = true;
-            items.abortItem(run, "client");
-            await drain(opened.body);
-            await opened.finish();
-          },
-        },
-        { highWaterMark: 0 },
-      );
-      return new Response(stream, {
-        status: opened.status,
-        headers: { ...opened.headers, "x-request-id": id, "x-warmgate-origin": options.originId },
-      });
-    };
-  }
-
-  app.post("/v1/chat/completions", plainRoute("/v1/chat/completions", "chat"));
-  app.post("/v1/completions", plainRoute("/v1/completions", "completions"));
-  app.post("/v1/responses", plainRoute("/v1/responses", "responses"));
-  app.post("/v1/embeddings", plainRoute("/v1/embeddings", "embeddings"));
+  plainRoutes(app, { items, counters, originId: options.originId });
 
   app.get("/v1/models", (c) => {
     const created = Math.floor(startedAt / 1000);
@@ -259,7 +184,18 @@ function buildOrigin(options: OriginOptions): Origin {
     );
   });
 
+  // Metrics tell load, traffic and faults: whoever may call `/v1/*` may read them, and so
+  // may operators with the admin token.
+  const metricsTokens = metricsTokensOf(options);
   app.get("/metrics", async (c) => {
+    const authorization = c.req.header("authorization");
+    if (metricsTokens !== null && !metricsTokens.some((t) => bearerMatches(authorization, t))) {
+      throw new OriginError(
+        401,
+        "This origin's metrics require its access token or admin token as a bearer token.",
+        "invalid_access_token",
+      );
+    }
     const origin = renderOriginMetrics({
       originId: options.originId,
       region: options.region,
@@ -313,6 +249,7 @@ function buildOrigin(options: OriginOptions): Origin {
     app,
     faults,
     engine,
+    counters,
     abortAll() {
       items.abortAll();
     },
@@ -326,18 +263,22 @@ export function createOriginApp(options: OriginOptions): Hono {
 
 /** Starts an origin on `port` (0, the default, picks a free one) and `host` (127.0.0.1). */
 export async function startOrigin(
-  options: OriginOptions & { port?: number; host?: string },
+  options: OriginOptions & OriginListenOptions,
 ): Promise<RunningOrigin> {
   const host = options.host ?? "127.0.0.1";
-  const exposed = exposureProblem(host, options.accessToken);
-  if (exposed !== null) throw new Error(exposed);
+  const problem = exposureProblem(host, options.accessToken) ?? connectionLimitsProblem(options);
+  if (problem !== null) throw new Error(problem);
   const origin = buildOrigin(options);
   const server = createAdaptorServer({
     fetch: origin.app.fetch,
     hostname: host,
     // Keep-alive matters: the edge reuses one connection for batch after batch.
-    serverOptions: { keepAlive: true, keepAliveTimeout: 65_000, noDelay: true },
+    serverOptions: { keepAlive: true, noDelay: true, ...timeoutServerOptions(options) },
   }) as Server;
+  // Past the cap Node closes a new connection at once: the edge retries elsewhere, and the
+  // connections already open, the edge's batches among them, keep their file descriptors.
+  server.maxConnections = options.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
+  server.on("drop", () => origin.counters.connectionsRefused++);
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
     server.listen(options.port ?? 0, host, () => {

@@ -146,7 +146,7 @@ describe("metering through the whole stack", () => {
     expect(new Set(ids).size).toBe(300);
     // The origin failed some of them (the edge moved those to another region, or cut
     // their streams); every one was admitted and is in the ledger.
-    const metrics = await (await fetch(`${euOrigin}/metrics`)).text();
+    const metrics = await (await fetch(`${euOrigin}/metrics`, { headers: originAdmin() })).text();
     for (const kind of ["error", "drop"]) {
       expect(
         metricValue(metrics, "warmgate_origin_fault_injections_total", `kind="${kind}"`),

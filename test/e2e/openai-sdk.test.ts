@@ -52,7 +52,7 @@ async function rawBytes(url: string, body: unknown, headers: Record<string, stri
 }
 
 async function originMetrics() {
-  const text = await (await fetch(`${euOrigin}/metrics`)).text();
+  const text = await (await fetch(`${euOrigin}/metrics`, { headers: originAdmin() })).text();
   return {
     inFlight: metricValue(text, "warmgate_origin_items_in_flight"),
     // Through the cancel endpoint (so END still reports the usage), or by a dropped call.

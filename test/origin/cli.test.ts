@@ -131,6 +131,36 @@ describe("parseOriginCli", () => {
     expect(error(parseOriginCli(["--engine-url", "localhost:8000"]))).toMatch(/--engine-url/);
   });
 
+  it("reads the connection limits, from flags or the environment", () => {
+    const c = config(
+      parseOriginCli(
+        [
+          "--max-connections",
+          "256",
+          "--headers-timeout-ms",
+          "5000",
+          "--request-timeout-ms",
+          "30000",
+        ],
+        { [envName("keep-alive-timeout-ms")]: "75000" },
+      ),
+    );
+    expect(c).toMatchObject({
+      maxConnections: 256,
+      headersTimeoutMs: 5000,
+      requestTimeoutMs: 30000,
+      keepAliveTimeoutMs: 75000,
+    });
+  });
+
+  it("refuses a request timeout shorter than the headers timeout, and zero limits", () => {
+    expect(error(parseOriginCli(["--request-timeout-ms", "5000"]))).toMatch(
+      /--request-timeout-ms.*5000 ms.*10000 ms/,
+    );
+    expect(error(parseOriginCli(["--headers-timeout-ms", "0"]))).toMatch(/--headers-timeout-ms/);
+    expect(error(parseOriginCli(["--max-connections", "0"]))).toMatch(/--max-connections/);
+  });
+
   it("answers --help with the usage text", () => {
     const result = parseOriginCli(["--help"]);
     expect(result.kind).toBe("help");

@@ -251,3 +251,36 @@ describe("access token", () => {
     expect((await fetch(`${url}/health`)).status).toBe(200);
   });
 });
+
+describe("GET /metrics behind the access token", () => {
+  it("answers 401 without the access token, and 200 with it or the admin token", async () => {
+    const { url } = await start({ accessToken: "edge-secret", adminToken: "ops-secret" });
+    const scrape = (authorization?: string) =>
+      fetch(`${url}/metrics`, { headers: authorization === undefined ? {} : { authorization } });
+    const anonymous = await scrape();
+    expect(anonymous.status).toBe(401);
+    expect(await anonymous.json()).toMatchObject({
+      error: { type: "authentication_error", code: "invalid_access_token" },
+    });
+    expect((await scrape("Bearer wrong")).status).toBe(401);
+    const edge = await scrape("Bearer edge-secret");
+    expect(edge.status).toBe(200);
+    expect(await edge.text()).toContain("warmgate_origin_batches_total 0");
+    expect((await scrape("Bearer ops-secret")).status).toBe(200);
+  });
+
+  it("keeps /health open, telling status, identity, engine, GPUs, items in flight and uptime", async () => {
+    const { url } = await start({ accessToken: "edge-secret" });
+    const response = await fetch(`${url}/health`);
+    expect(response.status).toBe(200);
+    expect(Object.keys((await response.json()) as object).sort()).toEqual([
+      "engine",
+      "gpu",
+      "in_flight",
+      "origin",
+      "region",
+      "status",
+      "uptime_s",
+    ]);
+  });
+});
