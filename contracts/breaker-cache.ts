@@ -57,6 +57,11 @@ export class BreakerCache {
     return state === "open" || state === "half_open";
   }
 
+  /** Whether an operator forced the origin's breaker (open or closed). */
+  forced(origin: string): boolean {
+    return this.view(origin)?.forced === true;
+  }
+
   /** Counts one observation of an origin (see {@link Verdict}). */
   record(
     region: BreakerRegion,
@@ -75,8 +80,7 @@ export class BreakerCache {
     const ok = verdict === "ok";
     r.pending.set(origin, {
       origin,
-      // A cut answer's request was counted when its HEAD came.
-      requests: current.requests + (verdict === "cut" ? 0 : 1),
+      requests: current.requests + 1,
       failures: current.failures + (ok ? 0 : 1),
       trailing: ok ? 0 : current.trailing + 1,
       slow: (current.slow ?? 0) + (verdict === "slow" ? 1 : 0),

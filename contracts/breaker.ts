@@ -40,11 +40,11 @@ export interface OutcomeReport {
 
 /**
  * One observation of an origin, as its reporter judged it (docs/failover.md, "What counts"):
- * it answered; it failed (unreachable, 5xx, broken); it was silent past the limit on a
- * thread that was on time (`slow`, a soft signal); or an answer it had begun was cut after
- * its HEAD (`cut`: the request was already counted when the HEAD came).
+ * it answered whole; it failed (unreachable, a 5xx that another origin did not give, an
+ * answer cut after its HEAD); or it was silent past the limit on a thread that kept time,
+ * or late with a HEAD while its reports said it was idle (`slow`, a soft signal).
  */
-export type Verdict = "ok" | "failed" | "slow" | "cut";
+export type Verdict = "ok" | "failed" | "slow";
 
 /** How breakers trip, recover and are probed. */
 export interface BreakerSettings {

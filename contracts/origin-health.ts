@@ -17,6 +17,8 @@ export const PANIC_INTERVAL_MS = 1_000;
 /** What the breakers say of an origin (see `breaker-cache.ts`). */
 export interface BreakerGate {
   blocked(id: string): boolean;
+  /** Whether an operator forced it open: then not even the panic trickle goes there. */
+  forced?(id: string): boolean;
 }
 
 const NO_BREAKERS: BreakerGate = { blocked: () => false };
@@ -115,12 +117,14 @@ export class OriginHealth {
   /**
    * Envoy's panic mode, bounded: when every origin of a model is behind an open breaker,
    * one of `items` in turn at most every {@link PANIC_INTERVAL_MS}, else none (the request
-   * is refused with `retry-after`). Probes go on meanwhile; this only keeps a trickle flowing.
+   * is refused with `retry-after`); never one an operator forced open. Probes go on
+   * meanwhile; this only keeps a trickle flowing.
    */
-  panic<T>(items: readonly T[], now: number): T | null {
-    if (items.length === 0 || now - this.#panicAt < PANIC_INTERVAL_MS) return null;
+  panic<T>(items: readonly T[], idOf: (item: T) => string, now: number): T | null {
+    const open = items.filter((item) => this.#breakers.forced?.(idOf(item)) !== true);
+    if (open.length === 0 || now - this.#panicAt < PANIC_INTERVAL_MS) return null;
     this.#panicAt = now;
-    return items[this.#panicTurn++ % items.length] ?? null;
+    return open[this.#panicTurn++ % open.length] ?? null;
   }
 
   /** Forgets every failure. */

@@ -88,7 +88,7 @@ export class OriginPool {
     const all = regions.flatMap((region) =>
       region.origins.filter((o) => originServes(o, model)).map((origin) => ({ region, origin })),
     );
-    const pick = this.#health.panic(all, now);
+    const pick = this.#health.panic(all, (c) => c.origin.id, now);
     return pick === null ? [] : [pick];
   }
 }

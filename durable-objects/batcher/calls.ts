@@ -211,13 +211,14 @@ export class Calls {
   #ended(call: OpenCall, broken: string | null): void {
     const now = Date.now();
     let cut = false;
-    let begun = false;
+    let beforeHead = false;
     for (const [index, caller] of call.callers.entries()) {
       if (call.done.has(index)) continue;
       this.#closeItem(call, index, now);
       switch (caller.stage) {
         case "sent":
           cut = true;
+          beforeHead = true;
           this.#host.callers.failSent(
             caller,
             "origin_error",
@@ -229,7 +230,6 @@ export class Calls {
           // After HEAD the caller has bytes: an answer without END tells it the item was
           // cut, and a body of its own ends with the error event.
           cut = true;
-          begun = true;
           failBody(caller, false);
           this.#host.callers.ended(caller);
           deliver(caller);
@@ -248,8 +248,11 @@ export class Calls {
         detail: broken ?? "no final frames",
       });
       this.#host.queue.health.failed(call.originId, now);
-      const verdict = call.abortReason === "silent" ? "slow" : begun ? "cut" : "failed";
-      this.#host.outcome(call.originId, verdict);
+      // Answers cut after their HEAD are judged by the edge, which sees them end; items
+      // that never had one are this call's to tell, once.
+      if (beforeHead) {
+        this.#host.outcome(call.originId, call.abortReason === "silent" ? "slow" : "failed");
+      }
     }
     this.#forget(call, now);
   }

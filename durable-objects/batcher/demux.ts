@@ -100,10 +100,10 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
         if (caller.stage === "open") {
           touched.add(caller);
           if (trailer.outcome !== "ok") failBody(caller, trailer.outcome === "timeout");
-          // An answer its origin cut after a successful HEAD (not the item's own timeout).
+          // Cut by its origin after a good HEAD: tried last for a while. The edge, which
+          // sees how every answer ends, tells the breaker.
           if (trailer.outcome === "error" && (caller.status ?? 0) < 400) {
             queue.health.failed(call.originId, now);
-            host.outcome(call.originId, "cut");
           }
           answerEnd(caller, frame.payload, trailer);
           callers.ended(caller);

@@ -258,31 +258,26 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
         suspect = { candidate, originId };
         continue;
       }
-      if (judged === "ok") {
-        convictSuspect();
-        if (!toldSlow) judge(candidate, originId, "ok");
-      }
+      // Another origin answered: the one that failed this request before was sick.
+      if (judged === "ok") convictSuspect();
+      // An answer is judged once it ended, whole or cut after its HEAD (by either path).
+      const onEnd = (verdict: "ok" | "failed") => {
+        if (!toldSlow && judged === "ok") judge(candidate, originId, verdict);
+      };
       const served = { region: candidate.region.id, origin: originId };
-      // A stream cut after its HEAD is the origin's failure; a Batcher tells of its own.
-      const onCut = attempt.reported === true ? undefined : () => judge(candidate, originId, "cut");
       if (streams(attempt.item, options)) {
         listed.result = "served";
         options.pool.reportSuccess(originId);
         options.pool.begin(originId);
-        return respond(attempt.item, served, options, null, deadline, onCut);
+        return respond(attempt.item, served, options, null, deadline, onEnd);
       }
       // A whole answer is read before the client sees anything: one its origin cut or failed
       // is tried again elsewhere, and never billed (its client received none of it).
       const read = await readWhole(attempt.item, deadline - now());
-      const retry =
-        !read.complete &&
-        !read.timedOut &&
-        status < 400 &&
-        !last &&
-        now() < deadline &&
-        options.signal?.aborted !== true;
+      const cut = !read.complete && !read.timedOut && status < 400;
+      if (!read.timedOut) onEnd(cut ? "failed" : "ok");
+      const retry = cut && !last && now() < deadline && options.signal?.aborted !== true;
       if (retry) {
-        onCut?.();
         avoid.push(originId);
         options.pool.reportFailure(originId, now(), options.quarantineMs);
         failure = "bad_answer";
@@ -292,7 +287,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       listed.result = "served";
       options.pool.reportSuccess(originId);
       options.pool.begin(originId);
-      return respond(attempt.item, served, options, read, deadline, onCut);
+      return respond(attempt.item, served, options, read, deadline);
     }
   } finally {
     // No second opinion came (one candidate, or the retries ran out): the 5xx counts.

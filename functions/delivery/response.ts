@@ -67,9 +67,9 @@ export function respond(
   options: DispatchOptions,
   read: WholeRead | null,
   deadline: number,
-  onCut?: () => void,
+  onEnd?: (verdict: "ok" | "failed") => void,
 ): Response {
-  const life = new Lifecycle(item, served, options, deadline, onCut);
+  const life = new Lifecycle(item, served, options, deadline, onEnd);
   return read === null ? life.stream() : life.whole(read);
 }
 
@@ -80,19 +80,20 @@ class Lifecycle {
   #finished = false;
   readonly #deadline: ReturnType<typeof setTimeout>;
   #onTimeout: () => void = () => {};
-  readonly #onCut: (() => void) | undefined;
+  /** Told how a stream ended for its origin's breaker: whole (or left by its client), or cut. */
+  readonly #onEnd: ((verdict: "ok" | "failed") => void) | undefined;
 
   constructor(
     item: OpenItem,
     served: Served,
     options: DispatchOptions,
     deadline: number,
-    onCut: (() => void) | undefined,
+    onEnd: ((verdict: "ok" | "failed") => void) | undefined,
   ) {
     this.#item = item;
     this.#served = served;
     this.#options = options;
-    this.#onCut = onCut;
+    this.#onEnd = onEnd;
     // No request may outlive its timeout (counted from its first attempt), even if the
     // origin stops sending without closing.
     this.#deadline = setTimeout(() => this.#onTimeout(), Math.max(0, deadline - Date.now()));
@@ -129,23 +130,24 @@ class Lifecycle {
     void streamed.ended.then((end) => {
       stopListening();
       if (end.kind === "broken") {
-        if (!clientGone && !this.#finished) {
-          this.#warn("origin failed mid-stream", end.detail);
-          this.#onCut?.();
-        }
+        if (!this.#finished) this.#onEnd?.(clientGone ? "ok" : "failed");
+        if (!clientGone) this.#warn("origin failed mid-stream", end.detail);
         this.#finish(clientGone ? "cancelled" : "error", null, head.status, streamed.firstByteAt());
         return;
       }
       const { trailer } = end;
       // The upstream cancels an item whose client's body went away before this edge knew.
       if (clientGone || trailer.outcome === "cancelled") {
+        if (!this.#finished) this.#onEnd?.("ok");
         this.#finish("cancelled", trailer, head.status, streamed.firstByteAt());
         return;
       }
       const ended = endOutcome(trailer, head.status);
       if (!ended.complete) this.#warn("origin failed mid-stream", trailer.error?.message);
       // Cut by its origin, not by the request's own time limit.
-      if (!ended.complete && ended.outcome === "error" && !this.#finished) this.#onCut?.();
+      if (ended.outcome !== "timeout" && !this.#finished) {
+        this.#onEnd?.(ended.complete ? "ok" : "failed");
+      }
       this.#finish(ended.outcome, trailer, head.status, streamed.firstByteAt());
     });
     return new Response(streamed.body, { status: head.status, headers: this.#headers() });

@@ -29,7 +29,8 @@ function configOf(
       { id: `well-${tag}`, origins: [origin("breaker-2")] },
     ],
     default_region: `sick-${tag}`,
-    limits: { first_byte_timeout_ms: firstByteTimeoutMs, retry_budget: 2 },
+    // The isolate's retry budget is shared with every test before: a floor of its own.
+    limits: { first_byte_timeout_ms: firstByteTimeoutMs, retry_budget: 2, retry_floor: 10_000 },
     batching: { enabled: batching, origin_quarantine_ms: 0 },
     breakers: { consecutive_failures: 3, cooldown_ms: 400, probes: 1, ...breakers },
   });
@@ -161,12 +162,10 @@ describe("every origin of a model open", () => {
       code: "no_healthy_origin",
     });
 
-    // Forced closed, traffic returns.
+    // Forced closed, traffic returns with the very next request: a copy that says every
+    // origin is open is refreshed before anything is refused.
     for (const id of ["breaker-1", "breaker-2"]) await force(config, `${id}@${tag}`, "closed");
-    const served = await until(
-      () => send(config, edgeRequest("/v1/chat/completions", { body: chatBody() })),
-      (r) => r.status === 200,
-    );
+    const served = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
     expect(served.status).toBe(200);
   });
 });
@@ -211,3 +210,78 @@ describe("the breaker admin API", () => {
     expect(anonymous.status).toBe(401);
   });
 });
+
+describe("a request that fails on every origin it tries", () => {
+  it("is the request's fault: answered 502 and counted against no origin", async () => {
+    const tag = "poison";
+    const config = configOf(tag, true);
+    for (const id of ["breaker-1", "breaker-2"]) {
+      await setFaults(id, { errorRate: 1, errorStatuses: [500] });
+    }
+    for (let i = 0; i < 10; i++) {
+      const res = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+      expect(res.status).toBe(502);
+      expect((await res.json<ErrorBody>()).error.code).toBe("origin_error");
+    }
+    for (const id of ["breaker-1", "breaker-2"]) {
+      expect(await breakerOf(config, `${id}@${tag}`)).toMatchObject({
+        state: "closed",
+        failures: 0,
+      });
+    }
+  });
+});
+
+describe("an origin that answers 429", () => {
+  it("is busy, not sick: avoided while the other serves, its breaker untouched", async () => {
+    const tag = "busy";
+    // Both in one region, so that the Batcher itself must step around the busy one.
+    const config = JSON.stringify({
+      ...JSON.parse(configOf(tag, true)),
+      regions: [
+        {
+          id: `both-${tag}`,
+          origins: ["breaker-1", "breaker-2"].map((id) => ({
+            id: `${id}@${tag}`,
+            url: originUrl(id),
+          })),
+        },
+      ],
+      default_region: `both-${tag}`,
+    });
+    await setFaults("breaker-1", { errorRate: 1, errorStatuses: [429] });
+    const before = await injected("breaker-1", "error");
+    for (let i = 0; i < 10; i++) {
+      const res = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-warmgate-origin")).toBe(`breaker-2@${tag}`);
+    }
+    // Its retry-after (1 s) keeps it last: it saw at most the first request or two.
+    expect((await injected("breaker-1", "error")) - before).toBeLessThanOrEqual(2);
+    expect(await breakerOf(config, `breaker-1@${tag}`)).toMatchObject({ state: "closed" });
+  });
+});
+
+for (const batching of [false, true]) {
+  describe(`an origin that cuts every stream, ${batching ? "through the Batcher" : "straight"}`, () => {
+    it("has each cut counted, and its breaker opens", async () => {
+      const tag = `cut-${batching}`;
+      const config = configOf(tag, batching);
+      await setFaults("breaker-1", { dropRate: 1, dropAfterTokens: 2 });
+      const stream = chatBody({ stream: true, max_tokens: 20 });
+      for (let i = 0; i < 3; i++) {
+        const res = await send(config, edgeRequest("/v1/chat/completions", { body: stream }));
+        expect(res.status).toBe(200);
+        // Cut after its first bytes: the stream ends with an error event, not [DONE].
+        const text = await res.text();
+        expect(text).toContain('"error"');
+        expect(text).not.toContain("[DONE]");
+      }
+      const view = await until(
+        () => breakerOf(config, `breaker-1@${tag}`),
+        (v) => v?.state === "open",
+      );
+      expect(view?.state).toBe("open");
+    });
+  });
+}

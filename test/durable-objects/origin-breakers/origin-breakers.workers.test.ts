@@ -1,0 +1,75 @@
+import { env } from "cloudflare:workers";
+import { evictDurableObject, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
+import { describe, expect, it } from "vitest";
+import { type BreakerRegion, DEFAULT_BREAKER_SETTINGS } from "../../../contracts/breaker.ts";
+import { originUrl } from "../../support/test-origins.workers.ts";
+
+// us-1 is a healthy shared origin: the probes here only read it.
+function regionOf(tag: string): BreakerRegion {
+  return {
+    id: `restart-${tag}`,
+    origins: [
+      { id: `a@${tag}`, url: originUrl("us-1"), probeModel: "warmgate-sim-8b" },
+      { id: `b@${tag}`, url: originUrl("us-1") },
+    ],
+    settings: { ...DEFAULT_BREAKER_SETTINGS, consecutiveFailures: 2, cooldownMs: 100, probes: 2 },
+  };
+}
+
+const failures = (origin: string) => ({ origin, requests: 2, failures: 2, trailing: 2 });
+
+/** The breaker's row as kept in SQLite, read without any call that would refresh it. */
+async function keptState(stub: DurableObjectStub, origin: string) {
+  return runInDurableObject(stub, (_instance, state) => {
+    const rows = state.storage.sql
+      .exec<{ state: string }>("SELECT state FROM breakers WHERE origin = ?", origin)
+      .toArray();
+    return rows[0]?.state ?? null;
+  });
+}
+
+const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+describe("an open breaker whose object restarts during its cooldown", () => {
+  it("is probed and closed by its own alarms, with no reporter calling again", async () => {
+    const region = regionOf("evicted");
+    const stub = env.ORIGIN_BREAKERS.getByName(region.id);
+    const views = await stub.report(region, [failures(`a@evicted`)]);
+    expect(views.find((v) => v.origin === `a@evicted`)?.state).toBe("open");
+    await evictDurableObject(stub);
+    // The fresh instance's alarms half-open it and probe it (completing a token) until it
+    // closes; running them here only saves waiting for them.
+    let state = await keptState(stub, `a@evicted`);
+    for (let i = 0; i < 60 && state !== "closed"; i++) {
+      await pause(50);
+      await runDurableObjectAlarm(stub);
+      state = await keptState(stub, `a@evicted`);
+    }
+    expect(state).toBe("closed");
+    // Nothing left to do: no alarm stays armed.
+    expect(await runInDurableObject(stub, (_i, state) => state.storage.getAlarm())).toBeNull();
+  });
+
+  it("half-opens on the next report when its cooldown passed while nobody watched", async () => {
+    const region = regionOf("late");
+    const stub = env.ORIGIN_BREAKERS.getByName(region.id);
+    await stub.report(region, [failures(`a@late`)]);
+    await evictDurableObject(stub);
+    await pause(150);
+    const views = await stub.views(region);
+    expect(views.find((v) => v.origin === `a@late`)?.state).toBe("half_open");
+  });
+});
+
+describe("soft signals", () => {
+  it("open at most half of a region's origins; hard failures open any", async () => {
+    const region = regionOf("soft");
+    const stub = env.ORIGIN_BREAKERS.getByName(region.id);
+    const slow = (origin: string) => ({ ...failures(origin), slow: 2 });
+    await stub.report(region, [slow(`a@soft`)]);
+    const views = await stub.report(region, [slow(`b@soft`)]);
+    expect(views.map((v) => v.state).sort()).toEqual(["closed", "open"]);
+    const hard = await stub.report(region, [failures(`b@soft`)]);
+    expect(hard.map((v) => v.state)).toEqual(["open", "open"]);
+  });
+});
