@@ -7,11 +7,17 @@
  * See docs/edge.md.
  */
 import { z } from "zod";
-
-// OpenAI caps `stop` at 4 sequences, `tools` at 128 and `n` at 128.
-const MAX_STOP = 4;
-const MAX_TOOLS = 128;
-const MAX_N = 128;
+import {
+  MAX_LOGIT_BIAS,
+  MAX_MESSAGES,
+  MAX_N,
+  MAX_PROMPTS,
+  MAX_SEQUENCES,
+  MAX_STOP,
+  MAX_TOOL_CALLS,
+  MAX_TOOLS,
+  maxEntries,
+} from "./request-bounds.ts";
 
 /** A field that may be absent or null. */
 export const nullableOptional = <T extends z.ZodType>(schema: T) => schema.nullable().optional();
@@ -25,7 +31,9 @@ export const streamOptionsSchema = nullableOptional(
   }),
 );
 
-const logitBiasSchema = nullableOptional(z.record(z.string(), z.number().min(-100).max(100)));
+const logitBiasSchema = nullableOptional(
+  z.record(z.string(), z.number().min(-100).max(100)).superRefine(maxEntries(MAX_LOGIT_BIAS)),
+);
 
 const textPart = z.looseObject({ type: z.literal("text"), text: z.string() });
 const imagePart = z.looseObject({
@@ -83,7 +91,7 @@ export const ChatMessageSchema = z.discriminatedUnion("role", [
       role: z.literal("assistant"),
       content: nullableOptional(assistantContent),
       refusal: nullableOptional(z.string()),
-      tool_calls: z.array(toolCall).optional(),
+      tool_calls: z.array(toolCall).max(MAX_TOOL_CALLS).optional(),
       function_call: nullableOptional(functionCall),
       audio: nullableOptional(z.looseObject({ id: z.string() })),
       name,
@@ -131,7 +139,7 @@ const toolChoiceSchema = z.union([
       type: z.literal("allowed_tools"),
       allowed_tools: z.looseObject({
         mode: z.enum(["auto", "required"]),
-        tools: z.array(z.record(z.string(), z.unknown())),
+        tools: z.array(z.record(z.string(), z.unknown())).max(MAX_TOOLS),
       }),
     }),
   ]),
@@ -187,7 +195,7 @@ export function checkStreamOptions(
 export const ChatCompletionRequestSchema = z
   .looseObject({
     ...samplingFields,
-    messages: z.array(ChatMessageSchema).min(1),
+    messages: z.array(ChatMessageSchema).min(1).max(MAX_MESSAGES),
     max_completion_tokens: nullableOptional(z.int().min(1)),
     logprobs: nullableOptional(z.boolean()),
     top_logprobs: nullableOptional(z.int().min(0).max(20)),
@@ -195,7 +203,10 @@ export const ChatCompletionRequestSchema = z
     tool_choice: toolChoiceSchema.optional(),
     parallel_tool_calls: z.boolean().optional(),
     response_format: responseFormatSchema.optional(),
-    functions: z.array(z.looseObject({ name: functionName })).optional(),
+    functions: z
+      .array(z.looseObject({ name: functionName }))
+      .max(MAX_TOOLS)
+      .optional(),
     function_call: z
       .union([z.enum(["none", "auto"]), z.looseObject({ name: z.string() })])
       .optional(),
@@ -234,15 +245,45 @@ export type ChatCompletionRequest = z.output<typeof ChatCompletionRequestSchema>
 /** A parsed chat message. */
 export type ChatMessage = z.output<typeof ChatMessageSchema>;
 
+/**
+ * A legacy completion runs `n` sequences (`best_of` when larger) for each prompt: their
+ * product is bounded, and reported as the bound on `n` (or `best_of`) for so many prompts.
+ */
+function checkSequences(
+  body: {
+    prompt: string | string[] | number[] | number[][];
+    n?: number | null | undefined;
+    best_of?: number | null | undefined;
+  },
+  ctx: z.RefinementCtx,
+): void {
+  const { prompt } = body;
+  const prompts = typeof prompt === "string" || typeof prompt[0] === "number" ? 1 : prompt.length;
+  const n = body.n ?? 1;
+  const bestOf = body.best_of ?? 1;
+  const [field, each] = bestOf > n ? (["best_of", bestOf] as const) : (["n", n] as const);
+  if (prompts * each <= MAX_SEQUENCES) return;
+  const most = Math.floor(MAX_SEQUENCES / prompts);
+  ctx.addIssue({
+    code: "custom",
+    path: [field],
+    message: `Invalid '${field}': integer above maximum value. Expected a value <= ${most} for ${prompts} prompts (at most ${MAX_SEQUENCES} sequences per request), but got ${each} instead.`,
+    params: { openai: "integer_above_max_value", verbatim: true },
+  });
+}
+
 /** Body of the legacy `POST /v1/completions`: `prompt` as text, texts, tokens or token lists. */
 export const CompletionRequestSchema = z
   .looseObject({
     ...samplingFields,
     prompt: z.union([
       z.string(),
-      z.array(z.string()).min(1),
+      z.array(z.string()).min(1).max(MAX_PROMPTS),
       z.array(z.int().min(0)).min(1),
-      z.array(z.array(z.int().min(0)).min(1)).min(1),
+      z
+        .array(z.array(z.int().min(0)).min(1))
+        .min(1)
+        .max(MAX_PROMPTS),
     ]),
     // Legacy completions take an integer: how many top log-probabilities to return (0–5).
     logprobs: nullableOptional(z.int().min(0).max(5)),
@@ -250,7 +291,10 @@ export const CompletionRequestSchema = z
     suffix: nullableOptional(z.string()),
     best_of: nullableOptional(z.int().min(1).max(20)),
   })
-  .superRefine(checkStreamOptions);
+  .superRefine((body, ctx) => {
+    checkStreamOptions(body, ctx);
+    checkSequences(body, ctx);
+  });
 
 /** A parsed legacy completion request. */
 export type CompletionRequest = z.output<typeof CompletionRequestSchema>;

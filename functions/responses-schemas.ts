@@ -12,10 +12,7 @@ import {
   nullableOptional,
   streamOptionsSchema,
 } from "./openai-schemas.ts";
-
-// OpenAI caps an embeddings request at 2,048 inputs and a response's tools at 128.
-const MAX_EMBEDDING_INPUTS = 2048;
-const MAX_TOOLS = 128;
+import { MAX_MESSAGES, MAX_PROMPTS, MAX_TOOLS } from "./request-bounds.ts";
 
 const inputItem = z.looseObject({
   type: z.string().optional(),
@@ -68,7 +65,7 @@ const STORED_FIELDS: [field: string, refused: (value: unknown) => boolean, messa
 export const ResponsesRequestSchema = z
   .looseObject({
     model: z.string().min(1),
-    input: z.union([z.string(), z.array(inputItem).min(1)]),
+    input: z.union([z.string(), z.array(inputItem).min(1).max(MAX_MESSAGES)]),
     instructions: nullableOptional(z.string()),
     max_output_tokens: nullableOptional(z.int().min(1)),
     temperature: nullableOptional(z.number().min(0).max(2)),
@@ -115,9 +112,9 @@ export const EmbeddingsRequestSchema = z.looseObject({
   model: z.string().min(1),
   input: z.union([
     z.string().min(1),
-    z.array(z.string().min(1)).min(1).max(MAX_EMBEDDING_INPUTS),
+    z.array(z.string().min(1)).min(1).max(MAX_PROMPTS),
     tokenList,
-    z.array(tokenList).min(1).max(MAX_EMBEDDING_INPUTS),
+    z.array(tokenList).min(1).max(MAX_PROMPTS),
   ]),
   encoding_format: nullableOptional(z.enum(["float", "base64"])),
   dimensions: nullableOptional(z.int().min(1)),

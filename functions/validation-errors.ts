@@ -10,6 +10,16 @@ import { type ApiError, clipped, invalidRequest } from "../contracts/errors.ts";
 
 type Issue = z.core.$ZodIssue;
 
+/**
+ * Parse options for bodies that {@link validationError} reports: the input kept, and only
+ * the first issue made, as only it is reported (zod's `abortEarly`, which its `validate`
+ * uses): a body of a million bad values costs one issue, not a million.
+ */
+export const FIRST_ISSUE: z.core.ParseContextInternal<Issue> = {
+  reportInput: true,
+  abortEarly: true,
+};
+
 // Params that OpenAI types as integers, so their range errors say "integer", not "decimal".
 const INTEGER_PARAMS = new Set([
   "n",
@@ -114,12 +124,15 @@ function describeUnion(
     );
   }
   // Report the branch that got furthest: one that failed below the union's own value, or on
-  // something other than its type, is the one the caller meant.
+  // something other than its type, is the one the caller meant. An object or array refused
+  // by a branch of names (`tool_choice: "auto"`) failed on its type too.
+  const container = typeof issue.input === "object" && issue.input !== null;
   for (const branch of issue.errors) {
     const first = branch[0];
-    if (first !== undefined && (first.path.length > 0 || first.code !== "invalid_type")) {
-      return describeIssue(first, path);
-    }
+    if (first === undefined) continue;
+    const wrongType =
+      first.code === "invalid_type" || (first.code === "invalid_value" && container);
+    if (first.path.length > 0 || !wrongType) return describeIssue(first, path);
   }
   const expected = issue.errors.flatMap((branch) => {
     const first = branch[0];
@@ -160,6 +173,14 @@ function describeRange(
         `Invalid '${param}': array ${adjective}. Expected an array with ${side === "min" ? "minimum" : "maximum"} length ${String(bound)}, but got an array with length ${length} instead.`,
         param,
         side === "min" ? "array_below_min_length" : "array_above_max_length",
+      );
+    }
+    case "object": {
+      const size = typeof input === "object" && input !== null ? Object.keys(input).length : 0;
+      return invalidRequest(
+        `Invalid '${param}': too many properties. Expected an object with at most ${String(bound)} properties, but got an object with ${size} properties instead.`,
+        param,
+        "object_above_max_size",
       );
     }
     case "string": {

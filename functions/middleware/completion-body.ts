@@ -1,7 +1,7 @@
 /**
- * The validator of completion bodies: JSON content type, the configured size limit, JSON
- * syntax, then the OpenAI schema. It keeps the exact body text: that, not a
- * re-serialisation, is what the origin receives.
+ * The validator of completion bodies: JSON content type, the configured size limit, how
+ * deep the JSON nests, JSON syntax, then the OpenAI schema. It keeps the exact body text:
+ * that, not a re-serialisation, is what the origin receives.
  * See docs/edge.md.
  */
 import { createMiddleware } from "hono/factory";
@@ -10,7 +10,8 @@ import { invalidJson } from "../../contracts/errors.ts";
 import { readBodyText, requireJsonType } from "../json-body.ts";
 import { ChatCompletionRequestSchema, CompletionRequestSchema } from "../openai-schemas.ts";
 import { EmbeddingsRequestSchema, ResponsesRequestSchema } from "../responses-schemas.ts";
-import { validationError } from "../validation-errors.ts";
+import { SCHEMA_PATHS, findDeepNesting, nestingTooDeep } from "../request-bounds.ts";
+import { FIRST_ISSUE, validationError } from "../validation-errors.ts";
 
 const SCHEMAS = {
   chat: ChatCompletionRequestSchema,
@@ -27,13 +28,16 @@ export function completionBody(kind: CompletionBody["kind"]) {
   return createMiddleware<AppEnv>(async function validateCompletionBody(c, next) {
     requireJsonType(c.req.raw);
     const text = await readBodyText(c.req.raw, c.var.config.limits.max_body_bytes);
+    // Measured on the text: parsing a deeply nested body costs far more than its size says.
+    const deep = findDeepNesting(text, SCHEMA_PATHS[kind]);
+    if (deep !== undefined) throw nestingTooDeep(deep);
     let json: unknown;
     try {
       json = JSON.parse(text);
     } catch {
       throw invalidJson();
     }
-    const result = SCHEMAS[kind].safeParse(json, { reportInput: true });
+    const result = SCHEMAS[kind].safeParse(json, FIRST_ISSUE);
     if (!result.success) throw validationError(result.error.issues);
     // The schema was chosen by `kind`, so the body is that kind's.
     c.set("completion", { kind, body: result.data, text } as CompletionBody);

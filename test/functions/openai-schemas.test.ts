@@ -3,10 +3,11 @@ import {
   ChatCompletionRequestSchema,
   CompletionRequestSchema,
 } from "../../functions/openai-schemas.ts";
-import { validationError } from "../../functions/validation-errors.ts";
+import { MAX_MESSAGES, MAX_TOOL_CALLS, MAX_TOOLS } from "../../functions/request-bounds.ts";
+import { FIRST_ISSUE, validationError } from "../../functions/validation-errors.ts";
 
 function chatError(body: unknown) {
-  const result = ChatCompletionRequestSchema.safeParse(body, { reportInput: true });
+  const result = ChatCompletionRequestSchema.safeParse(body, FIRST_ISSUE);
   if (result.success) throw new Error("body was accepted");
   const error = validationError(result.error.issues);
   return { status: error.status, ...error.toBody().error };
@@ -224,11 +225,69 @@ describe("completion request schema", () => {
   });
 
   it("requires a prompt", () => {
-    const result = CompletionRequestSchema.safeParse({ model: "m" }, { reportInput: true });
+    const result = CompletionRequestSchema.safeParse({ model: "m" }, FIRST_ISSUE);
     if (result.success) throw new Error("accepted");
     expect(validationError(result.error.issues).toBody().error).toMatchObject({
       param: "prompt",
       code: "missing_required_parameter",
     });
+  });
+});
+
+const many = <T>(count: number, item: (i: number) => T) =>
+  Array.from({ length: count }, (_, i) => item(i));
+const toolCall = (i: number) => ({
+  id: `call_${i}`,
+  type: "function",
+  function: { name: "look", arguments: "{}" },
+});
+
+describe("list bounds", () => {
+  // Each list, by how many items it holds, with its param and OpenAI's (or our) limit.
+  const LISTS: [param: string, max: number, body: (count: number) => Record<string, unknown>][] = [
+    ["messages", MAX_MESSAGES, (count) => ({ messages: many(count, () => user) })],
+    [
+      "messages[1].tool_calls",
+      MAX_TOOL_CALLS,
+      (count) => ({ messages: [user, { role: "assistant", tool_calls: many(count, toolCall) }] }),
+    ],
+    [
+      "functions",
+      MAX_TOOLS,
+      (count) => ({ messages: [user], functions: many(count, (i) => ({ name: `f${i}` })) }),
+    ],
+    [
+      "tool_choice.allowed_tools.tools",
+      MAX_TOOLS,
+      (count) => ({
+        messages: [user],
+        tools: [{ type: "function", function: { name: "look" } }],
+        tool_choice: {
+          type: "allowed_tools",
+          allowed_tools: { mode: "auto", tools: many(count, () => ({ type: "function" })) },
+        },
+      }),
+    ],
+  ];
+
+  it("accepts each list at its limit and refuses one item more, naming the limit", () => {
+    for (const [param, max, body] of LISTS) {
+      expect(ChatCompletionRequestSchema.safeParse({ model: "m", ...body(max) }).success).toBe(
+        true,
+      );
+      expect(chatError({ model: "m", ...body(max + 1) })).toMatchObject({
+        param,
+        code: "array_above_max_length",
+        message: `Invalid '${param}': array too long. Expected an array with maximum length ${max}, but got an array with length ${max + 1} instead.`,
+      });
+    }
+  });
+
+  it("makes one issue however many values are wrong, as only the first is reported", () => {
+    const result = ChatCompletionRequestSchema.safeParse(
+      { model: "m", messages: many(MAX_MESSAGES, () => 1) },
+      FIRST_ISSUE,
+    );
+    expect(result.error?.issues).toHaveLength(1);
   });
 });
