@@ -47,7 +47,7 @@ describe("an open breaker whose object restarts during its cooldown", () => {
     }
     expect(state).toBe("closed");
     // Nothing left to do: no alarm stays armed.
-    expect(await runInDurableObject(stub, (_i, state) => state.storage.getAlarm())).toBeNull();
+    expect(await runInDurableObject(stub, (_i, ctx) => ctx.storage.getAlarm())).toBeNull();
   });
 
   it("half-opens on the next report when its cooldown passed while nobody watched", async () => {
