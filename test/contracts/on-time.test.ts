@@ -16,7 +16,7 @@ function stall(ms: number): void {
 
 describe("an on-time timer", () => {
   it("fires after its time when the thread keeps time", () => {
-    const fire = vi.fn();
+    const fire = vi.fn<() => void>();
     onTimeTimeout(2_000, fire);
     vi.advanceTimersByTime(1_999);
     expect(fire).not.toHaveBeenCalled();
@@ -25,7 +25,7 @@ describe("an on-time timer", () => {
   });
 
   it("does not count a stall of the thread as time waited", () => {
-    const fire = vi.fn();
+    const fire = vi.fn<() => void>();
     onTimeTimeout(2_000, fire);
     vi.advanceTimersByTime(500);
     // Ten seconds with no timer run (a burst held the thread), then the timers run late.
@@ -38,7 +38,7 @@ describe("an on-time timer", () => {
   });
 
   it("starts again on reset and never fires once stopped", () => {
-    const fire = vi.fn();
+    const fire = vi.fn<() => void>();
     const timer = onTimeTimeout(1_000, fire);
     vi.advanceTimersByTime(900);
     timer.reset();
@@ -50,7 +50,7 @@ describe("an on-time timer", () => {
   });
 
   it("never fires for an infinite time", () => {
-    const fire = vi.fn();
+    const fire = vi.fn<() => void>();
     onTimeTimeout(Number.POSITIVE_INFINITY, fire);
     vi.advanceTimersByTime(1e9);
     expect(fire).not.toHaveBeenCalled();
@@ -59,7 +59,7 @@ describe("an on-time timer", () => {
 
 describe("the silence watchdog", () => {
   it("blames an origin silent while the thread kept time, not one our stall hid", () => {
-    const silent = vi.fn();
+    const silent = vi.fn<() => void>();
     const dog = silenceWatchdog(2_000, silent);
     stall(9_800);
     vi.advanceTimersByTime(250);
