@@ -65,6 +65,8 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
             queue.health.answered(call.originId);
             break;
           case "error":
+            // Tried last for a while, whoever is to blame (a ranking, not a verdict).
+            queue.health.failed(call.originId, now);
             break;
         }
         touched.add(caller);

@@ -245,6 +245,8 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       }
       if (judged === "error") {
         avoid.push(originId);
+        // Tried last for a while, whoever is to blame (a ranking, not a verdict).
+        options.pool.reportFailure(originId, now(), options.quarantineMs);
         // The origin's own item timeout answers 504 (see origin/server.ts).
         failure = status === 504 ? "timeout" : "bad_answer";
         logWarn("origin answered", { status, request_id: options.requestId, origin: originId });
