@@ -2,7 +2,9 @@
  * Shared helpers for warmgate benchmarks: closed-loop load, percentiles, tables, JSON.
  * See docs/benchmarks.md.
  */
+import { execFileSync } from "node:child_process";
 import { mkdir, writeFile } from "node:fs/promises";
+import { cpus } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -116,6 +118,51 @@ export function targetsTable(targets: Record<string, TargetResult>): string {
 export function benchCommand(script: string): string {
   const args = process.argv.slice(2);
   return args.length === 0 ? `npm run ${script}` : `npm run ${script} -- ${args.join(" ")}`;
+}
+
+/** Where a result came from: the commit, whether the tree had changes, when, on how many CPUs. */
+export interface Provenance {
+  commit: string | null;
+  dirty: boolean | null;
+  date: string;
+  cpus: number;
+}
+
+// git's answer in this checkout, or null where git fails.
+function git(...args: string[]): string | null {
+  try {
+    return execFileSync("git", args, { cwd: dirname(RESULTS_DIR), encoding: "utf8" }).trim();
+  } catch {
+    return null;
+  }
+}
+
+/** The {@link Provenance} of a run in this checkout (git's answers null where git fails). */
+export function provenance(): Provenance {
+  const status = git("status", "--porcelain");
+  return {
+    commit: git("rev-parse", "HEAD"),
+    dirty: status === null ? null : status !== "",
+    date: new Date().toISOString(),
+    cpus: cpus().length,
+  };
+}
+
+/**
+ * Runs `stop` (the processes a benchmark started) before the process ends on SIGINT,
+ * SIGTERM or SIGHUP, then exits 130; answers how to unregister it once stopped normally.
+ * The edge runs in its own process group, which a terminal's Ctrl-C never reaches.
+ */
+export function stopOnSignal(stop: () => Promise<void>): () => void {
+  const onSignal = (signal: NodeJS.Signals) => {
+    process.stderr.write(`${signal}: stopping what the benchmark started…\n`);
+    void stop().finally(() => process.exit(130));
+  };
+  const signals: NodeJS.Signals[] = ["SIGINT", "SIGTERM", "SIGHUP"];
+  for (const signal of signals) process.once(signal, onSignal);
+  return () => {
+    for (const signal of signals) process.off(signal, onSignal);
+  };
 }
 
 /**
