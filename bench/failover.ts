@@ -1,16 +1,29 @@
 /**
  * `npm run bench:failover` (docs/benchmarks.md, "Failover"): one origin of a region fails
  * while steady streaming load runs: it answers errors, then freezes (SIGSTOP), then dies
- * (SIGKILL) and comes back. The same timeline runs twice, on one machine, one arm after the
- * other: with breakers and with them off. Per second: requests, client-visible errors,
- * p50/p99 latency and requests sent to the sick origin. Prints a table, writes
- * bench/results/failover.json and draws bench/results/failover.svg.
+ * (SIGKILL) and comes back. The same timeline runs once per arm, one after the other: with
+ * breakers, with them off, and with no health handling at all (no retries, quarantine,
+ * breakers or silence watchdog). Each second is labelled by the fault in force when it
+ * began; every target is scored on every arm. Prints the settings in effect and a table,
+ * writes bench/results/failover.json and draws bench/results/failover.svg.
  */
 import { parseArgs } from "node:util";
 import { setTimeout as sleep } from "node:timers/promises";
-import { fmt, markdownTable, benchCommand, writeResult, writeResultFile } from "./lib.ts";
+import { breakerSettingsOf } from "../durable-objects/origin-breakers/settings.ts";
+import { DEFAULT_QUARANTINE_MS } from "../contracts/origin-health.ts";
+import { GatewayConfigSchema } from "../functions/config.ts";
+import {
+  fmt,
+  markdownTable,
+  benchCommand,
+  provenance,
+  stopOnSignal,
+  writeResult,
+  writeResultFile,
+} from "./lib.ts";
 import { failoverChart } from "./failover-chart.ts";
-import { type PhaseName, type Second, phaseRows, targetsOf } from "./failover-report.ts";
+import { type FailedRequest, countTriedAt } from "./failover-ledger.ts";
+import { type PhaseName, type Second, phaseAt, phaseRows, targetsOf } from "./failover-report.ts";
 import {
   DEV_KEY_LIMITS,
   type SpawnedOrigin,
@@ -46,12 +59,51 @@ const PHASES: { name: PhaseName; seconds: number }[] = [
   { name: "back", seconds: PHASE_S },
 ];
 
-type Arm = "breakers" | "no-breakers";
+type Arm = "breakers" | "no-breakers" | "no-health";
 
-/** The kinds of error each arm's clients saw, with how often. */
+/**
+ * How each arm configures the edge (`WARMGATE_CONFIG`). `no-breakers` keeps the retries,
+ * the quarantine and the silence watchdog; `no-health` turns off all it can: the watchdog
+ * (the Batcher cuts a call silent for `slow_first_byte_ms` even with breakers off) only
+ * as far as that field's largest value, 600 s.
+ */
+const ARMS: Record<Arm, { limits?: Record<string, number>; settings: Record<string, unknown> }> = {
+  breakers: { settings: { breakers: { enabled: true, ...BREAKERS } } },
+  "no-breakers": { settings: { breakers: { enabled: false, ...BREAKERS } } },
+  "no-health": {
+    limits: { retry_budget: 0, retry_ratio: 0, retry_floor: 0 },
+    settings: {
+      breakers: { enabled: false, slow_first_byte_ms: 600_000 },
+      batching: { origin_quarantine_ms: 0 },
+    },
+  },
+};
+
+/** The health handling an arm's edge runs with, read back from its configuration. */
+function settingsInEffect(configText: string) {
+  const config = GatewayConfigSchema.parse(JSON.parse(configText));
+  const breakers = breakerSettingsOf(config.breakers);
+  return {
+    breakers: config.breakers?.enabled ?? true,
+    breakerSettings: breakers,
+    silenceWatchdogMs: breakers.slowFirstByteMs,
+    quarantineMs: config.batching.origin_quarantine_ms ?? DEFAULT_QUARANTINE_MS,
+    retryBudget: config.limits.retry_budget,
+    retryRatio: config.limits.retry_ratio,
+    retryFloor: config.limits.retry_floor,
+    firstByteTimeoutMs: config.limits.first_byte_timeout_ms,
+    requestTimeoutMs: config.limits.request_timeout_ms,
+  };
+}
+const inEffect = new Map<Arm, ReturnType<typeof settingsInEffect>>();
+
+/** Failed requests the ledger had no record of, per arm (not counted as sent anywhere). */
+const unrecorded = new Map<Arm, number>();
+
+/** The kinds of error each arm's clients saw in each phase (in force as they ended), with how often. */
 const errorKinds = new Map<string, number>();
-function noteError(arm: Arm, what: string): void {
-  const key = `${arm}: ${what}`;
+function noteError(arm: Arm, phase: PhaseName, what: string): void {
+  const key = `${arm}, ${phase}: ${what}`;
   errorKinds.set(key, (errorKinds.get(key) ?? 0) + 1);
 }
 
@@ -61,9 +113,21 @@ async function runArm(arm: Arm): Promise<Second[]> {
     sim: { timeScale: TIME_SCALE },
     originProcesses: true,
     runtime: "workerd",
-    settings: { breakers: { enabled: arm === "breakers", ...BREAKERS } },
+    ...(ARMS[arm].limits !== undefined && { limits: ARMS[arm].limits }),
+    settings: ARMS[arm].settings,
   });
+  inEffect.set(arm, settingsInEffect(stack.config));
+  // A stopped origin takes no SIGTERM: continue it before stopping.
+  const sickChild = (stack.origins[0]?.origin as unknown as SpawnedOrigin | undefined)?.child;
+  let replacement: SpawnedOrigin | null = null;
+  const stopAll = async () => {
+    sickChild?.kill("SIGCONT");
+    await Promise.all([stack.stop(), replacement?.close()]);
+  };
+  const unregister = stopOnSignal(stopAll);
   const seconds: Second[] = [];
+  /** When each phase's fault took effect, ms after the start. */
+  const starts: { name: PhaseName; at: number }[] = [];
   try {
     const key = await createKey(stack.edgeUrl, stack.adminToken, {
       name: `failover ${arm}`,
@@ -72,17 +136,18 @@ async function runArm(arm: Arm): Promise<Second[]> {
     const sick = stack.origins[0]?.origin as unknown as SpawnedOrigin;
     const sickId = sick.originId;
     const started = Date.now();
-    let phase: PhaseName = "healthy";
     const current = () => {
       const at = Math.floor((Date.now() - started) / 1_000);
       let second = seconds[at];
       if (second === undefined) {
-        second = { at, phase, arm, latencies: [], errors: 0, toSick: 0, breaker: null };
+        // Labelled once the run is over, by the fault in force when the second began.
+        second = { at, phase: "healthy", arm, latencies: [], errors: 0, toSick: 0, breaker: null };
         seconds[at] = second;
       }
       return second;
     };
     const run = { on: true };
+    const failed: FailedRequest[] = [];
     const client = async () => {
       while (run.on) {
         const sentAt = performance.now();
@@ -105,15 +170,22 @@ async function runArm(arm: Arm): Promise<Second[]> {
           const ok = res.status === 200 && text.endsWith("data: [DONE]\n\n");
           if (ok) bucket.latencies.push(performance.now() - sentAt);
           else {
-            bucket.errors += 1;
+            // An error counts when the client saw it: a stream a fault cut counts in the fault.
+            current().errors += 1;
+            // An error answer names no origin: the ledger says where it was tried.
+            const requestId = res.headers.get("x-request-id");
+            if (res.status !== 200 && requestId !== null) {
+              failed.push({ requestId, count: () => (bucket.toSick += 1) });
+            }
             noteError(
               arm,
+              phaseAt(starts, Date.now() - started),
               `${res.status} ${text.split("\n\n").filter(Boolean).at(-1)?.slice(0, 160)}`,
             );
           }
         } catch (error) {
-          bucket.errors += 1;
-          noteError(arm, String(error).slice(0, 160));
+          current().errors += 1;
+          noteError(arm, phaseAt(starts, Date.now() - started), String(error).slice(0, 160));
         }
       }
     };
@@ -132,10 +204,8 @@ async function runArm(arm: Arm): Promise<Second[]> {
       }
     })();
     const clients = Array.from({ length: CONCURRENCY }, client);
-    let replacement: SpawnedOrigin | null = null;
     for (const step of PHASES) {
-      phase = step.name;
-      process.stderr.write(`${arm}: ${phase}\n`);
+      process.stderr.write(`${arm}: ${step.name}\n`);
       await enter(
         step.name,
         sick,
@@ -143,15 +213,23 @@ async function runArm(arm: Arm): Promise<Second[]> {
         () => replacement,
         (o) => (replacement = o),
       );
+      starts.push({ name: step.name, at: Date.now() - started });
       await sleep(step.seconds * 1_000);
     }
     run.on = false;
     await Promise.all([...clients, watcher]);
-    await (replacement as SpawnedOrigin | null)?.close();
+    unrecorded.set(arm, await countTriedAt(stack.edgeUrl, key, sickId, failed));
   } finally {
-    await stack.stop();
+    await stopAll();
+    unregister();
   }
-  return seconds.filter((s) => s !== undefined);
+  return seconds
+    .filter((s) => s !== undefined)
+    .map((s) => {
+      const phase = phaseAt(starts, s.at * 1_000);
+      const last = phaseAt(starts, (s.at + 1) * 1_000 - 1);
+      return { ...s, phase, next: last === phase ? null : last };
+    });
 }
 
 // What happens to the sick origin as a phase begins.
@@ -211,21 +289,56 @@ async function enter(
   }
 }
 
-const arms: Arm[] = ["breakers", "no-breakers"];
+const origin = provenance();
+const arms: Arm[] = ["breakers", "no-breakers", "no-health"];
 const series: Second[] = [];
 for (const arm of arms) series.push(...(await runArm(arm)));
 
 const rows = phaseRows(series, arms, PHASES);
-const targets = targetsOf(series, BREAKERS.probes);
+const targets = arms.flatMap((arm) => targetsOf(series, arm, BREAKERS.probes));
 const command = benchCommand("bench:failover");
 console.log(`\n## Failover (\`${command}\`)\n`);
 console.log(
   `One region, two origins (simulated engine, time scale ${TIME_SCALE}), ${CONCURRENCY} ` +
     `closed-loop streaming clients; the first origin answers 500s, freezes (SIGSTOP) for ` +
-    `${FREEZE_S} s, is killed and started again. Breakers: ` +
-    `slow_first_byte_ms ${BREAKERS.slow_first_byte_ms}, cooldown_ms ${BREAKERS.cooldown_ms}, ` +
-    `probes ${BREAKERS.probes}; first_byte_timeout_ms 30000 (the default) in both arms.\n`,
+    `${FREEZE_S} s, is killed and started again. Each second is counted in the phase whose ` +
+    `fault was in force when it began; a request's latency and where it went count in the ` +
+    `second it was sent, an error in the second it reached the client. ` +
+    `"Sent to the sick origin": answers it served, or ` +
+    `after a failed attempt (\`x-warmgate-attempts\`), and error answers whose ledger record ` +
+    `lists an attempt there. Settings in effect, per arm:\n`,
 );
+console.log(
+  markdownTable(
+    [
+      "arm",
+      "breakers",
+      "slow_first_byte_ms (silence watchdog)",
+      "cooldown_ms",
+      "probes",
+      "quarantine ms",
+      "retry_budget",
+      "retry_ratio / floor",
+      "first_byte_timeout_ms",
+    ],
+    arms.map((arm) => {
+      const s = inEffect.get(arm);
+      if (s === undefined) return [arm];
+      return [
+        arm,
+        s.breakers ? "on" : "off",
+        String(s.silenceWatchdogMs),
+        String(s.breakerSettings.cooldownMs),
+        String(s.breakerSettings.probes),
+        String(s.quarantineMs),
+        String(s.retryBudget),
+        `${s.retryRatio} / ${s.retryFloor}`,
+        String(s.firstByteTimeoutMs),
+      ];
+    }),
+  ),
+);
+console.log();
 console.log(
   markdownTable(
     [
@@ -252,24 +365,34 @@ console.log(
 );
 console.log(
   `\n${markdownTable(
-    ["target", "measured", "goal", "met"],
-    targets.map((t) => [t.target, t.measured, t.goal, t.met ? "yes" : "NO"]),
+    ["arm", "target", "measured", "goal", "met"],
+    targets.map((t) => [t.arm, t.target, t.measured, t.goal, t.met ? "yes" : "NO"]),
   )}`,
 );
 for (const [kind, n] of errorKinds) console.log(`- ${n} × ${kind}`);
+for (const [arm, n] of unrecorded) {
+  if (n > 0)
+    console.log(
+      `- ${arm}: ${n} failed requests had no ledger record (not counted as sent to the sick origin)`,
+    );
+}
 const svg = await failoverChart(series);
 const svgPath = await writeResultFile("failover.svg", svg);
 const path = await writeResult("failover", {
   command,
+  provenance: origin,
   settings: {
     phaseSeconds: PHASE_S,
     freezeSeconds: FREEZE_S,
     concurrency: CONCURRENCY,
     breakers: BREAKERS,
+    arms: ARMS,
+    inEffect: Object.fromEntries(inEffect),
   },
   phases: rows,
   seconds: series.map(({ latencies, ...rest }) => ({ ...rest, requests: latencies.length })),
   targets,
   errors: Object.fromEntries(errorKinds),
+  unrecordedFailures: Object.fromEntries(unrecorded),
 });
 console.log(`\nwrote ${path} and ${svgPath}`);
