@@ -95,8 +95,12 @@ export class BreakerCache {
    */
   async refresh(region: BreakerRegion, now: number): Promise<void> {
     const r = this.#region(region.id);
-    if (r.sending !== null) await r.sending;
-    await (this.sync(region, now, true) ?? r.sending);
+    try {
+      if (r.sending !== null) await r.sending;
+      await (this.sync(region, now, true) ?? r.sending);
+    } catch {
+      // An object that cannot be reached leaves the copy as it was.
+    }
   }
 
   /**

@@ -253,8 +253,11 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
         if (suspect !== null) {
           // Two origins failed it alike: the request's fault, and no origin's.
           suspect = null;
-          const { body } = await attempt.item.whole();
-          throw failedEverywhere(new TextDecoder().decode(body));
+          const text = await attempt.item
+            .whole()
+            .then(({ body }) => new TextDecoder().decode(body))
+            .catch(() => "");
+          throw failedEverywhere(text);
         }
         attempt.item.cancel();
         suspect = { candidate, originId };
