@@ -2,7 +2,7 @@
  * One client of the chaos trial (`npm run bench:chaos`, docs/benchmarks.md): sends a
  * request of a drawn kind and says what it saw, as an application would: a whole answer
  * with its usage, an OpenAI error, a stream cut with an error event, a cut connection, or
- * a 200 that ended without its end (a silent truncation).
+ * a 200 that ended without its end (a silent truncation); and the counts of such outcomes.
  */
 
 /** The kinds of request the trial mixes. */
@@ -153,4 +153,44 @@ export async function sendChaos(
   } finally {
     if (timer !== null) clearTimeout(timer);
   }
+}
+
+/** What the clients saw, counted; the same for all requests and for the burst alone. */
+export interface ChaosCounts {
+  sent: number;
+  complete: number;
+  billedExactly: number;
+  clientAborts: number;
+  /** Client aborts that reached the edge after it had written the whole answer. */
+  abortsAfterTheEnd: number;
+  /** Connections refused or cut (the edge restart, mostly): the client saw them. */
+  connectionsFailed: number;
+  /** OpenAI-shaped 502/503/504 answers: origins that failed every attempt. */
+  originFailures: number;
+  /** OpenAI-shaped 429 answers (origins full, or the key's own limits). */
+  rateLimited: number;
+  streamsEndedWithErrorEvent: number;
+}
+
+/**
+ * Counts `outcomes`; `billed` holds those billed exactly, `abortsAfterTheEnd` the client
+ * aborts the edge recorded as delivered.
+ */
+export function countOutcomes(
+  outcomes: readonly ChaosOutcome[],
+  billed: ReadonlySet<ChaosOutcome>,
+  abortsAfterTheEnd: ReadonlySet<ChaosOutcome>,
+): ChaosCounts {
+  const count = (test: (o: ChaosOutcome) => boolean) => outcomes.filter(test).length;
+  return {
+    sent: outcomes.length,
+    complete: count((o) => o.complete),
+    billedExactly: count((o) => billed.has(o)),
+    clientAborts: count((o) => o.kind === "abort" && !o.complete && !o.connectionFailed),
+    abortsAfterTheEnd: count((o) => abortsAfterTheEnd.has(o)),
+    connectionsFailed: count((o) => o.connectionFailed),
+    originFailures: count((o) => o.status !== null && o.status >= 502 && !o.badErrorBody),
+    rateLimited: count((o) => o.status === 429),
+    streamsEndedWithErrorEvent: count((o) => o.errorEvent),
+  };
 }

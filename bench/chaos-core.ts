@@ -1,9 +1,9 @@
 /**
  * The chaos trial (docs/benchmarks.md, "Chaos"): the local stack with real origin
  * processes answering errors, hanging and cutting streams, one origin killed and started
- * again, then the whole edge killed and started again, all under mixed traffic; afterwards
- * every request is checked against the key's ledger. Used by `npm run bench:chaos` and,
- * bounded, by the end-to-end tests.
+ * again, a burst of streams at once, then the whole edge killed and started again, all
+ * under mixed traffic; afterwards every request is checked against its key's ledger. Used
+ * by `npm run bench:chaos` and, bounded, by the end-to-end tests.
  */
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -11,6 +11,7 @@ import { join } from "node:path";
 import { costMicros } from "../contracts/pricing.ts";
 import { modelPrice } from "../functions/pricing.ts";
 import {
+  DEV_KEY_LIMITS,
   type RunningStack,
   type SpawnedOrigin,
   createKey,
@@ -19,7 +20,14 @@ import {
   startStack,
 } from "../scripts/stack.ts";
 import { mulberry32 } from "../origin/faults.ts";
-import { type ChaosOutcome, drawKind, sendChaos } from "./chaos-client.ts";
+import {
+  type ChaosCounts,
+  type ChaosOutcome,
+  countOutcomes,
+  drawKind,
+  sendChaos,
+} from "./chaos-client.ts";
+import { stopOnSignal } from "./lib.ts";
 
 /** Options of a trial. */
 export interface ChaosOptions {
@@ -30,26 +38,19 @@ export interface ChaosOptions {
   settleWaitMs: number;
   /** Simulated engine speed (1 realistic). */
   timeScale: number;
+  /**
+   * Streams sent at once halfway through the requests, on a key of their own whose limits
+   * allow them (default 0: no burst); counted with the rest, and apart in `burst`.
+   */
+  burst?: number;
   log?: (line: string) => void;
 }
 
 /** Counts of what happened, and the losses, which should all be 0. */
 export interface ChaosReport {
-  counts: {
-    sent: number;
-    complete: number;
-    billedExactly: number;
-    clientAborts: number;
-    /** Client aborts that reached the edge after it had written the whole answer. */
-    abortsAfterTheEnd: number;
-    /** Connections refused or cut (the edge restart, mostly): the client saw them. */
-    connectionsFailed: number;
-    /** OpenAI-shaped 502/503/504 answers: origins that failed every attempt. */
-    originFailures: number;
-    /** OpenAI-shaped 429 answers (origins full, or the key's own limits). */
-    rateLimited: number;
-    streamsEndedWithErrorEvent: number;
-  };
+  counts: ChaosCounts;
+  /** The burst's streams alone (null without one). */
+  burst: ChaosCounts | null;
   losses: {
     lost_bills: number;
     double_bills: number;
@@ -152,6 +153,11 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
     persistTo: state,
     limits: { first_byte_timeout_ms: 2_000, request_timeout_ms: 20_000, retry_budget: 3 },
   });
+  const stopAll = async () => {
+    await stack.stop();
+    await rm(state, { recursive: true, force: true });
+  };
+  const unregister = stopOnSignal(stopAll);
   const timeline: ChaosReport["timeline"] = [];
   try {
     const config = JSON.parse(stack.config) as {
@@ -162,6 +168,20 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
       name: "chaos",
       limits: { rpm: 1_000_000, tpm: 1_000_000_000, concurrency: KEY_CONCURRENCY },
     });
+    const burstSize = options.burst ?? 0;
+    const burstKey =
+      burstSize > 0
+        ? await createKey(stack.edgeUrl, stack.adminToken, {
+            name: "chaos burst",
+            limits: { ...DEV_KEY_LIMITS, concurrency: Math.max(burstSize, KEY_CONCURRENCY) },
+          })
+        : null;
+    // The key each outcome was sent with, for its ledger record.
+    const keyOf = new Map<ChaosOutcome, string>();
+    const burstOutcomes: ChaosOutcome[] = [];
+    // The edge's crash waits for the burst to end, so that each fault is counted apart.
+    const burstEnded = Promise.withResolvers<void>();
+    if (burstKey === null) burstEnded.resolve();
     for (const { origin } of stack.origins) await setFaults(stack, origin.url);
 
     const random = mulberry32(options.seed);
@@ -207,9 +227,42 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
           });
         },
       ],
+      ...(burstKey === null
+        ? []
+        : [
+            [
+              at(0.5),
+              async () => {
+                // Streams at once, beside the clients' traffic, as a spike of callers would.
+                timeline.push({
+                  at_request: next,
+                  at_ms: Date.now() - started,
+                  event: `burst of ${burstSize} streams`,
+                });
+                try {
+                  const sent = await Promise.all(
+                    Array.from({ length: burstSize }, (_, i) =>
+                      sendChaos(stack.edgeUrl, burstKey, "stream", random, options.requests + i),
+                    ),
+                  );
+                  for (const outcome of sent) keyOf.set(outcome, burstKey);
+                  outcomes.push(...sent);
+                  burstOutcomes.push(...sent);
+                  timeline.push({
+                    at_request: next,
+                    at_ms: Date.now() - started,
+                    event: `burst done: ${sent.filter((o) => o.complete).length} complete`,
+                  });
+                } finally {
+                  burstEnded.resolve();
+                }
+              },
+            ] as const,
+          ]),
       [
         at(0.7),
         async () => {
+          await burstEnded.promise;
           timeline.push({ at_request: next, at_ms: Date.now() - started, event: "kill the edge" });
           await stack.restartEdge({ crash: true });
           timeline.push({ at_request: next, at_ms: Date.now() - started, event: "edge back" });
@@ -257,8 +310,8 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
       "5xx_edge_errors": 0,
       non_openai_error_bodies: 0,
     };
-    let billedExactly = 0;
-    let abortsRecordedOk = 0;
+    const billed = new Set<ChaosOutcome>();
+    const abortsRecordedOk = new Set<ChaosOutcome>();
     const examples: ChaosReport["examples"] = {};
     const example = (loss: string, seen: ChaosOutcome, found: LedgerRecord | null) => {
       const list = (examples[loss] ??= []);
@@ -270,18 +323,20 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
       if (outcome.badErrorBody) losses.non_openai_error_bodies++;
       if (outcome.status !== null && outcome.status >= 500) {
         const documented = ["origin_error", "origin_timeout", "no_healthy_origin"];
-        if (outcome.code === null || !documented.includes(outcome.code))
+        if (outcome.code === null || !documented.includes(outcome.code)) {
           losses["5xx_edge_errors"]++;
+          example("5xx_edge_errors", outcome, null);
+        }
       }
       if (outcome.requestId === null) continue;
-      const found = await record(stack, key, outcome.requestId);
+      const found = await record(stack, keyOf.get(outcome) ?? key, outcome.requestId);
       if (found !== null) recordsSeen++;
       if (found?.status === "open") losses.reservations_left_open++;
       if (!outcome.complete && outcome.status === 200 && found?.outcome === "ok") {
         // A client's own abort that reached the edge after it had written the whole answer
         // is delivered, as far as any server can tell; anything else is a loss.
         if (outcome.kind === "abort" && !outcome.connectionFailed && !outcome.errorEvent) {
-          abortsRecordedOk++;
+          abortsRecordedOk.add(outcome);
         } else {
           losses.cut_recorded_ok++;
           example("cut_recorded_ok", outcome, found);
@@ -296,42 +351,35 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
         },
         price,
       );
-      const billed = found === null ? 0 : Math.round(found.cost_usd * 1e6);
-      if (found === null || found.status !== "settled" || billed < expected) {
+      const cost = found === null ? 0 : Math.round(found.cost_usd * 1e6);
+      if (found === null || found.status !== "settled" || cost < expected) {
         losses.lost_bills++;
         example("lost_bills", outcome, found);
-      } else if (billed > expected) {
+      } else if (cost > expected) {
         losses.double_bills++;
         example("double_bills", outcome, found);
-      } else billedExactly++;
+      } else billed.add(outcome);
     }
-    const usage = await fetch(`${stack.edgeUrl}/v1/usage`, {
-      headers: { authorization: `Bearer ${key}` },
-    }).then((r) => r.json() as Promise<{ total: { requests: number } }>);
-    // Each request counts once in the rollups: more than were sent is a double count.
-    losses.double_bills += Math.max(0, usage.total.requests - outcomes.length);
+    // Each request counts once in its key's rollups: more than were sent is a double count.
+    for (const k of burstKey === null ? [key] : [key, burstKey]) {
+      const usage = await fetch(`${stack.edgeUrl}/v1/usage`, {
+        headers: { authorization: `Bearer ${k}` },
+      }).then((r) => r.json() as Promise<{ total: { requests: number } }>);
+      const sentWith = outcomes.filter((o) => (keyOf.get(o) ?? key) === k).length;
+      losses.double_bills += Math.max(0, usage.total.requests - sentWith);
+    }
     losses.slots_leaked_after_30s = await leakedSlots(stack, key, KEY_CONCURRENCY);
     log(`chaos: ${recordsSeen} ledger records read`);
 
-    const count = (test: (o: ChaosOutcome) => boolean) => outcomes.filter(test).length;
     return {
-      counts: {
-        sent: outcomes.length,
-        complete: count((o) => o.complete),
-        billedExactly,
-        clientAborts: count((o) => o.kind === "abort" && !o.complete && !o.connectionFailed),
-        abortsAfterTheEnd: abortsRecordedOk,
-        connectionsFailed: count((o) => o.connectionFailed),
-        originFailures: count((o) => o.status !== null && o.status >= 502 && !o.badErrorBody),
-        rateLimited: count((o) => o.status === 429),
-        streamsEndedWithErrorEvent: count((o) => o.errorEvent),
-      },
+      counts: countOutcomes(outcomes, billed, abortsRecordedOk),
+      burst: burstKey === null ? null : countOutcomes(burstOutcomes, billed, abortsRecordedOk),
       losses,
       timeline,
       examples,
     };
   } finally {
-    await stack.stop();
-    await rm(state, { recursive: true, force: true });
+    await stopAll();
+    unregister();
   }
 }

@@ -2,14 +2,17 @@
  * `npm run bench:chaos`: the edge tried as an attacker's faults and a careless client
  * would (see docs/benchmarks.md, "Chaos"). At least 2,000 mixed requests at concurrency 50
  * while every origin answers 20% errors, hangs and cuts streams; one origin killed and
- * started again; then the whole edge killed and started again. Prints a table and writes
- * bench/results/chaos.json with the counts and a `losses` map, each target 0.
+ * started again; a burst of streams at once; then the whole edge killed and started again.
+ * Prints a table and writes bench/results/chaos.json with the counts and a `losses` map,
+ * each target 0.
  */
 import { parseArgs } from "node:util";
+import type { ChaosCounts } from "./chaos-client.ts";
 import { runChaos } from "./chaos-core.ts";
 import {
   benchCommand,
   markdownTable,
+  provenance,
   targetsTable,
   writeResult,
   type TargetResult,
@@ -22,16 +25,19 @@ const { values: args } = parseArgs({
     seed: { type: "string", default: "17" },
     "time-scale": { type: "string", default: "1" },
     "settle-wait-ms": { type: "string", default: "35000" },
+    burst: { type: "string", default: "300" },
   },
   strict: true,
 });
 
+const origin = provenance();
 const report = await runChaos({
   requests: Number(args.requests),
   concurrency: Number(args.concurrency),
   seed: Number(args.seed),
   timeScale: Number(args["time-scale"]),
   settleWaitMs: Number(args["settle-wait-ms"]),
+  burst: Number(args.burst),
   log: (line) => console.error(line),
 });
 
@@ -39,9 +45,22 @@ const targets: Record<string, TargetResult> = {};
 for (const [name, value] of Object.entries(report.losses)) {
   targets[name] = { value, target: "0", met: value === 0 };
 }
+const row = (label: string, c: ChaosCounts) =>
+  [
+    label,
+    c.sent,
+    c.complete,
+    c.billedExactly,
+    `${c.clientAborts} (${c.abortsAfterTheEnd} after the end)`,
+    c.connectionsFailed,
+    c.originFailures,
+    c.rateLimited,
+    c.streamsEndedWithErrorEvent,
+  ].map(String);
 console.log(
   markdownTable(
     [
+      "requests",
       "sent",
       "complete",
       "billed exactly",
@@ -52,16 +71,8 @@ console.log(
       "error events",
     ],
     [
-      [
-        report.counts.sent,
-        report.counts.complete,
-        report.counts.billedExactly,
-        `${report.counts.clientAborts} (${report.counts.abortsAfterTheEnd} after the end)`,
-        report.counts.connectionsFailed,
-        report.counts.originFailures,
-        report.counts.rateLimited,
-        report.counts.streamsEndedWithErrorEvent,
-      ].map(String),
+      row("all", report.counts),
+      ...(report.burst === null ? [] : [row("of which the burst", report.burst)]),
     ],
   ),
 );
@@ -70,6 +81,7 @@ console.log(targetsTable(targets));
 const path = await writeResult("chaos", {
   command: benchCommand("bench:chaos"),
   at: new Date().toISOString(),
+  provenance: origin,
   ...report,
   targets,
 });
