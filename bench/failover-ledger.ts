@@ -42,7 +42,8 @@ export async function countTriedAt(
       const batch = pending.slice(i, i + 8);
       const found = await Promise.all(batch.map((f) => attemptsOf(edgeUrl, key, f.requestId)));
       found.forEach((attempts, j) => {
-        const request = batch[j] as FailedRequest;
+        const request = batch[j];
+        if (request === undefined) return;
         if (attempts === null) missing.push(request);
         else if (attempts.some((a) => a.origin === origin)) request.count();
       });

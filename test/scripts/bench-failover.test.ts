@@ -13,24 +13,25 @@ describe("the failover bench's seconds", () => {
   });
 });
 
-describe("the failover bench's dead-origin target", () => {
-  const second = (
-    at: number,
-    phase: Second["phase"],
-    toSick: number,
-    extra: Partial<Second> = {},
-  ) =>
-    ({
-      at,
-      phase,
-      arm: "a",
-      latencies: [10],
-      errors: 0,
-      toSick,
-      breaker: null,
-      ...extra,
-    }) as Second;
+function second(
+  at: number,
+  phase: Second["phase"],
+  toSick: number,
+  extra: Partial<Second> = {},
+): Second {
+  return {
+    at,
+    phase,
+    arm: "a",
+    latencies: [10],
+    errors: 0,
+    toSick,
+    breaker: null,
+    ...extra,
+  };
+}
 
+describe("the failover bench's dead-origin target", () => {
   it("counts an arm without breakers from 1 s after the death, leaving out the second it came back in", () => {
     const seconds = [
       second(9, "thawed", 4),
