@@ -6,6 +6,7 @@
  * busy or failed lately last, the rest first. Pure: time comes in as `now`.
  */
 
+import { type OnTimeTimer, onTimeTimeout } from "./on-time.ts";
 import type { LoadReport } from "./protocol.ts";
 
 /** How long an origin that failed stays quarantined unless configured otherwise. */
@@ -52,6 +53,20 @@ export function retryAfterMs(headers: Record<string, string>): number {
  */
 export function reportsBusy(report: LoadReport | null): boolean {
   return report !== null && (report.waiting > 0 || report.running >= report.max_num_seqs);
+}
+
+/**
+ * The slow-first-byte rule, for a call or an attempt still waiting for a HEAD: after `ms`
+ * of this thread's on-time, `onSlow` unless the origin's last report shows it queueing.
+ */
+export function watchFirstByte(
+  ms: number,
+  lastLoad: () => LoadReport | null,
+  onSlow: () => void,
+): OnTimeTimer {
+  return onTimeTimeout(ms, () => {
+    if (!reportsBusy(lastLoad())) onSlow();
+  });
 }
 
 function headerOf(headers: Record<string, string>, name: string): string | undefined {

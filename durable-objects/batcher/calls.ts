@@ -25,7 +25,7 @@ import { deliverHeld, demultiplex } from "./demux.ts";
 import { type CallEvents, runCall } from "./upstream-call.ts";
 import type { Verdict } from "../../contracts/breaker.ts";
 import { onTimeTimeout } from "../../contracts/on-time.ts";
-import { reportsBusy } from "../../contracts/origin-health.ts";
+import { watchFirstByte } from "../../contracts/origin-health.ts";
 
 /** The cursor of a router that has seen none of an origin's block events. */
 const FIRST_EVENT = { log: "", seq: 0 } as const;
@@ -115,11 +115,13 @@ export class Calls {
       });
       // Late HEADs from an origin whose reports say it is idle: it lost or hung our work.
       const slowMs = queue.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
-      call.slowTimer = onTimeTimeout(slowMs, () => {
-        call.slowTimer = null;
-        const late = timed.some((c) => c.stage === "sent");
-        if (late && !reportsBusy(call.lastLoad)) this.#host.outcome(call.originId, "slow");
-      });
+      call.slowTimer = watchFirstByte(
+        slowMs,
+        () => call.lastLoad,
+        () => {
+          if (timed.some((c) => c.stage === "sent")) this.#host.outcome(call.originId, "slow");
+        },
+      );
     }
     this.#open.set(call.id, call);
     queue.sent(origin.id, now);

@@ -21,6 +21,7 @@ import { OriginLinks } from "./origin-links.ts";
 import { Queue } from "./queue.ts";
 import { CallRecords } from "./records.ts";
 import { RoutingLink } from "./routing-link.ts";
+import { snapshotOf } from "./snapshot.ts";
 import {
   ALARM_BACKSTOP_MS,
   BODY_BUFFER_BYTES,
@@ -36,12 +37,9 @@ import {
 } from "./types.ts";
 import {
   type TickNotice,
-  currentWindowMs,
   enqueue,
   healthyCandidates,
-  meanThreadLagMs,
   recordFirstByteWait,
-  tokenHoldMs,
 } from "./window/index.ts";
 
 /** Micro-batching window, lanes and demultiplexing for one region, model and shard. */
@@ -183,30 +181,7 @@ export class Batcher extends DurableObject<Env> {
 
   /** Counters and the window's current view. */
   snapshot(): BatcherSnapshot {
-    const now = Date.now();
-    const state = this.#queue.state;
-    const inFlight: Record<string, number> = {};
-    const origins: BatcherSnapshot["origins"] = {};
-    for (const origin of state?.origins ?? []) {
-      inFlight[origin.id] = origin.inFlight.length;
-      const { report } = origin;
-      origins[origin.id] = report === null ? null : { ...report, ageMs: now - report.receivedAt };
-    }
-    return {
-      version: this.#queue.setup?.version ?? null,
-      queued: this.#queue.queued(),
-      lanes: state?.lanes.map((lane) => lane.length) ?? [],
-      windowMs: state === null ? 0 : currentWindowMs(state, now),
-      threadLagMs: state === null ? 0 : meanThreadLagMs(state, now),
-      holdMs: state === null ? 0 : tokenHoldMs(state, now),
-      inFlight,
-      origins,
-      routing: this.#queue.router?.view() ?? null,
-      openBatches: this.#calls.size,
-      persistedBatches: this.#records.count(),
-      counters: structuredClone(this.#counters),
-      recentBatches: structuredClone(this.#calls.recent),
-    };
+    return snapshotOf(this.#queue, this.#calls, this.#records.count(), this.#counters);
   }
 
   /** Backstop: flushes what is due, cancels orphaned calls, and re-arms while work remains. */
@@ -225,6 +200,9 @@ export class Batcher extends DurableObject<Env> {
     const admitted = this.#enqueue(input, sink, body);
     if (admitted.kind !== "failed" || admitted.code !== "no_healthy_origin") return admitted;
     if (!(await this.#links.refresh(input.setup))) return admitted;
+    // Counted once: the second try stands for the first.
+    this.#counters.submitted -= 1;
+    this.#counters.refusedOther -= 1;
     return this.#enqueue(input, sink, body);
   }
 

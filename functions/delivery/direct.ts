@@ -30,7 +30,7 @@ import {
 } from "../../contracts/upstream.ts";
 import { type OpenItem, frameItem } from "./item.ts";
 import { type OnTimeTimer, onTimeTimeout } from "../../contracts/on-time.ts";
-import { reportsBusy } from "../../contracts/origin-health.ts";
+import { watchFirstByte } from "../../contracts/origin-health.ts";
 
 /** The outcome of one attempt at an origin; `originId` names the origin that was tried. */
 export type ItemAttempt = (
@@ -169,9 +169,11 @@ export async function openItem(
   if (options.timeHead) {
     timer = onTimeTimeout(options.firstByteTimeoutMs, () => abort.abort(FIRST_BYTE_TIMEOUT));
     // A HEAD late while the origin's reports say it is idle: it lost or hung our work.
-    slow = onTimeTimeout(silenceMs, () => {
-      if (!reportsBusy(lastLoad)) options.onSlowHead?.();
-    });
+    slow = watchFirstByte(
+      silenceMs,
+      () => lastLoad,
+      () => options.onSlowHead?.(),
+    );
     abort.signal.addEventListener("abort", () => slow?.stop(), { once: true });
   }
   // Every read is a heartbeat: an origin silent for `silenceMs` is frozen (see `SILENT`).
