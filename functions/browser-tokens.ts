@@ -1,8 +1,8 @@
 /**
  * Browser tokens (docs/edge.md, "Browser tokens and CORS"): short-lived HS256 JWTs that a
  * customer's backend mints with its API key, naming the key, an optional end user, narrowed
- * limits and models, and the key's allowed origins; verified at the edge with no storage
- * lookup. A preflight is allowed for an Origin some active key allows (the KeyDirectory);
+ * limits and models, the key's allowed origins and the generation of the key secret that
+ * minted it (the token ends with that secret); verified at the edge with no storage lookup. A preflight is allowed for an Origin some active key allows (the KeyDirectory);
  * the actual request is refused unless its token's and key's origins include it.
  */
 import { Hono } from "hono";
@@ -70,6 +70,7 @@ const BrowserTokenClaims = z.object({
   iat: z.int(),
   nbf: z.int(),
   exp: z.int(),
+  gen: z.int().positive(),
   user: z.string().min(1).max(256).optional(),
   lim: LimitsClaim,
   mdl: z.array(z.string()).nullable(),
@@ -90,13 +91,15 @@ export interface BrowserScope {
   origins: string[];
   /** Epoch ms at which the token expires. */
   expiresAt: number;
-  /** Epoch ms at which it was minted (whole seconds). */
-  issuedAt: number;
+  /** The generation of the key secret that minted it; the KeyAccount ends it with that secret. */
+  secretGeneration: number;
 }
 
 /** What to put in a new browser token. */
 export interface MintBrowserTokenInput {
   keyId: string;
+  /** The generation of the key secret minting it (what the key's account answered). */
+  secretGeneration: number;
   user: string | null;
   limits: Limits;
   models: string[] | null;
@@ -120,6 +123,7 @@ export async function mintBrowserToken(
     iat,
     nbf: iat,
     exp,
+    gen: input.secretGeneration,
     ...(input.user === null ? {} : { user: input.user }),
     lim: input.limits,
     mdl: input.models,
@@ -152,7 +156,7 @@ export async function verifyBrowserToken(
   }
   const claims = BrowserTokenClaims.safeParse(payload);
   if (!claims.success) return null;
-  const { sub, jti, iat, nbf, exp, user, lim, mdl, org } = claims.data;
+  const { sub, jti, iat, nbf, exp, gen, user, lim, mdl, org } = claims.data;
   const seconds = now / 1_000;
   if (exp <= seconds || nbf > seconds + CLOCK_SKEW_SECONDS || iat > seconds + CLOCK_SKEW_SECONDS) {
     return null;
@@ -166,7 +170,7 @@ export async function verifyBrowserToken(
     models: mdl,
     origins: org,
     expiresAt: exp * 1_000,
-    issuedAt: iat * 1_000,
+    secretGeneration: gen,
   };
 }
 
@@ -264,6 +268,7 @@ export const browserTokensApp = new Hono<{ Bindings: Env }>()
     const user = requested.user ?? null;
     const { token, expiresAt } = await mintBrowserToken(c.env, {
       keyId: parsed.keyId,
+      secretGeneration: check.secretGeneration,
       user,
       limits,
       models,

@@ -79,7 +79,7 @@ export function admitCredential(credential: Credential): AdmitCredential {
     ? { kind: "key", secretHash: credential.secretHash }
     : {
         kind: "browser",
-        issuedAt: credential.scope.issuedAt,
+        secretGeneration: credential.scope.secretGeneration,
         subject: credential.scope.subject,
         limits: credential.scope.limits,
         models: credential.scope.models,
@@ -142,7 +142,7 @@ export async function checkCredential(
     credential:
       credential.kind === "key"
         ? { kind: "key", secretHash: credential.secretHash }
-        : { kind: "browser", issuedAt: credential.scope.issuedAt },
+        : { kind: "browser", secretGeneration: credential.scope.secretGeneration },
     origin: options.origin ?? null,
     ...(options.now === undefined ? {} : { now: options.now }),
   });

@@ -8,7 +8,7 @@ import { decideAdmission, rateLimitNow, type CandidateModel } from "./admission.
 import { hasBudgets } from "./budgets.ts";
 import { FREE, utcDay, worstCaseMicros } from "../../contracts/pricing.ts";
 import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, storedCandidate } from "./schema.ts";
-import { credentialRefusal } from "./record.ts";
+import { checkSecret } from "./record.ts";
 import { addSpend, spendOf } from "./rollups.ts";
 import { expireDue } from "./settle.ts";
 import { type AccountStore, userScope } from "./store.ts";
@@ -29,10 +29,10 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
   const record = store.record;
   if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
   const { credential } = input;
-  const refused = credentialRefusal(store, credential, now);
-  if (refused !== null) {
-    recordRequest(store, refusedSample(input.requestId, input.model, refused.code, now));
-    return refused;
+  const secret = checkSecret(store, credential, now);
+  if (!secret.ok) {
+    recordRequest(store, refusedSample(input.requestId, input.model, secret.code, now));
+    return secret;
   }
   // A repeated admit (the edge retried the call) must not reserve twice. Request ids are
   // the edge's random ids, never reused: a closed row is not looked for (and a ledger

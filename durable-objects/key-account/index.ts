@@ -17,7 +17,7 @@ import {
   revokeKey,
   rotateSecret,
   updateKey,
-  credentialRefusal,
+  checkSecret,
 } from "./record.ts";
 import { usageRows } from "./rollups.ts";
 import { KEY_ACCOUNT_MIGRATIONS, KEY_SCOPE, ledgerRecordOf } from "./schema.ts";
@@ -98,11 +98,15 @@ export class KeyAccount extends DurableObject<Env> {
     const record = this.#store.record;
     if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
     const { credential } = input;
-    const refused = credentialRefusal(this.#store, credential, now);
-    if (refused !== null) return refused;
+    const secret = checkSecret(this.#store, credential, now);
+    if (!secret.ok) return secret;
     const refusedKey = keyRefusal(record, input.origin ?? null, now);
     if (refusedKey !== null) return refusedKey;
-    return { ok: true, record: recordView(this.#store, now) ?? record };
+    return {
+      ok: true,
+      record: recordView(this.#store, now) ?? record,
+      secretGeneration: secret.secretGeneration,
+    };
   }
 
   /**

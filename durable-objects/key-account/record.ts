@@ -8,6 +8,8 @@ import { type RecordRow, type SecretRow, modelsColumn, recordOf } from "./schema
 import type { AccountStore } from "./store.ts";
 import type { CheckCredential, KeyCreateInput, KeyRecord, KeyUpdateInput } from "./types.ts";
 
+type InvalidKeyRefusal = Extract<AdmissionRefusal, { code: "invalid_api_key" }>;
+
 /** Creates the key; null when this object already holds one. */
 export function createKey(store: AccountStore, input: KeyCreateInput): KeyRecord | null {
   if (store.record !== null) return null;
@@ -35,7 +37,8 @@ export function createKey(store: AccountStore, input: KeyCreateInput): KeyRecord
       input.allowRegionOverride === true ? 1 : 0,
     );
     sql.exec(
-      "INSERT INTO secrets (secret_hash, created_at, valid_until) VALUES (?, ?, NULL)",
+      `INSERT INTO secrets (secret_hash, generation, created_at, valid_until)
+       VALUES (?, 1, ?, NULL)`,
       input.secretHash,
       input.now,
     );
@@ -104,8 +107,10 @@ export function rotateSecret(
       "UPDATE secrets SET valid_until = ? WHERE valid_until IS NULL",
       now + Math.max(0, input.graceMs),
     );
+    // The current secret is never deleted, so generations only grow.
     sql.exec(
-      "INSERT INTO secrets (secret_hash, created_at, valid_until) VALUES (?, ?, NULL)",
+      `INSERT INTO secrets (secret_hash, generation, created_at, valid_until)
+       SELECT ?, COALESCE(MAX(generation), 0) + 1, ?, NULL FROM secrets`,
       input.secretHash,
       now,
     );
@@ -123,7 +128,7 @@ export function loadKeyRecord(store: AccountStore): void {
 
 export function loadSecrets(store: AccountStore): void {
   store.secrets = store.storage.sql
-    .exec<SecretRow>("SELECT secret_hash, created_at, valid_until FROM secrets")
+    .exec<SecretRow>("SELECT secret_hash, generation, created_at, valid_until FROM secrets")
     .toArray();
 }
 
@@ -138,38 +143,38 @@ export function recordView(store: AccountStore, now: number): KeyRecord | null {
   return { ...store.record, previousSecretValidUntil: previous };
 }
 
-// A key must match a live secret; a browser token dies with the secret that was current
-// when it was minted, so a rotation's grace period ends the tokens minted before it.
-export function credentialRefusal(
+/**
+ * The live secret a credential stands on: the one an API key matches, or the one a browser
+ * token was minted with (its generation), so a token ends with that secret, to the
+ * millisecond, whenever in a second it was minted.
+ */
+export function checkSecret(
   store: AccountStore,
   credential: CheckCredential,
   now: number,
-): Extract<AdmissionRefusal, { code: "invalid_api_key" }> | null {
+): { ok: true; secretGeneration: number } | InvalidKeyRefusal {
   if (credential.kind === "key") {
-    if (secretMatches(store, credential.secretHash, now)) return null;
+    const secret = matchingSecret(store, credential.secretHash, now);
+    if (secret !== null) return { ok: true, secretGeneration: secret.generation };
     return { ok: false, code: "invalid_api_key", reason: "bad_secret" };
   }
-  // Tokens carry whole seconds: one minted in the second of a rotation counts as after it.
-  const minted = credential.issuedAt + 999;
-  let current: SecretRow | null = null;
-  for (const secret of store.secrets) {
-    if (
-      secret.created_at <= minted &&
-      (current === null || secret.created_at > current.created_at)
-    ) {
-      current = secret;
-    }
+  const secret = store.secrets.find((row) => row.generation === credential.secretGeneration);
+  if (secret !== undefined && live(secret, now)) {
+    return { ok: true, secretGeneration: secret.generation };
   }
-  if (current !== null && (current.valid_until === null || current.valid_until > now)) return null;
   return { ok: false, code: "invalid_api_key", reason: "rotated" };
 }
 
-export function secretMatches(store: AccountStore, secretHash: string, now: number): boolean {
-  // Compare against every live secret, without stopping at the first match.
-  let match = false;
+// The live secret whose hash is `secretHash`, compared with every secret, without stopping
+// at the first match.
+function matchingSecret(store: AccountStore, secretHash: string, now: number): SecretRow | null {
+  let match: SecretRow | null = null;
   for (const secret of store.secrets) {
-    const live = secret.valid_until === null || secret.valid_until > now;
-    match = constantTimeEqual(secret.secret_hash, secretHash) && live ? true : match;
+    match = constantTimeEqual(secret.secret_hash, secretHash) && live(secret, now) ? secret : match;
   }
   return match;
+}
+
+function live(secret: SecretRow, now: number): boolean {
+  return secret.valid_until === null || secret.valid_until > now;
 }

@@ -56,6 +56,9 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
   `ALTER TABLE key_record ADD COLUMN allow_region_override INTEGER NOT NULL DEFAULT 0;`,
   `ALTER TABLE ledger ADD COLUMN attempts TEXT NOT NULL DEFAULT '[]';`,
   `CREATE TABLE metrics (name TEXT PRIMARY KEY, data TEXT NOT NULL);`,
+  // Each secret's generation, which browser tokens name: a token ends with its secret.
+  `ALTER TABLE secrets ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+   UPDATE secrets SET generation = rowid;`,
 ];
 
 /** The `buckets` scope of the key itself (end users are `u:<subject>`). */
@@ -82,7 +85,12 @@ export type RecordRow = {
   allow_region_override: number;
 };
 
-export type SecretRow = { secret_hash: string; created_at: number; valid_until: number | null };
+export type SecretRow = {
+  secret_hash: string;
+  generation: number;
+  created_at: number;
+  valid_until: number | null;
+};
 
 /** A candidate as a ledger row stores it: model and its three prices. */
 export type StoredCandidate = [model: string, input: number, cachedInput: number, output: number];

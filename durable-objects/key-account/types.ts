@@ -83,8 +83,8 @@ export type AdmitCredential =
   | { kind: "key"; secretHash: string }
   | {
       kind: "browser";
-      /** When the token was minted (epoch ms): it dies with the secret that was current then. */
-      issuedAt: number;
+      /** The generation of the key secret that minted the token: it dies with that secret. */
+      secretGeneration: number;
       /** End user id, or a per-token subject when the token names no user. */
       subject: string;
       limits: Limits;
@@ -236,11 +236,14 @@ export interface SettleManyResult {
 /** What `check` compares: an API key's hash, or a verified browser token (its key's state only). */
 export type CheckCredential =
   | { kind: "key"; secretHash: string }
-  | { kind: "browser"; issuedAt: number };
+  | { kind: "browser"; secretGeneration: number };
 
-/** Result of checking a credential without admitting a request (token minting, `/v1/models`). */
+/**
+ * Result of checking a credential without admitting a request (token minting, `/v1/models`):
+ * with the generation of the secret it stands on, which the tokens it mints carry.
+ */
 export type KeyCheckResult =
-  | { ok: true; record: KeyRecord }
+  | { ok: true; record: KeyRecord; secretGeneration: number }
   | Extract<AdmissionRefusal, { code: "invalid_api_key" | "origin_not_allowed" }>;
 
 /** A refusal of a credential. */

@@ -50,7 +50,7 @@ async function admitWith(key: string, requestId: string) {
         ? { kind: "key", secretHash: auth.secretHash }
         : {
             kind: "browser",
-            issuedAt: auth.scope.issuedAt,
+            secretGeneration: auth.scope.secretGeneration,
             subject: "x",
             limits: auth.scope.limits,
             models: null,

@@ -54,6 +54,7 @@ describe("POST /v1/tokens", () => {
       subject: "user:alice",
       models: ["warmgate-sim-8b"],
       origins: ["https://app.example"],
+      secretGeneration: 1,
     });
   });
 
@@ -84,6 +85,7 @@ describe("POST /v1/tokens", () => {
 describe("browser token verification", () => {
   const base = {
     keyId: "abcdefghijklmnop",
+    secretGeneration: 1,
     user: null,
     limits: SCOPE,
     models: null,
@@ -122,7 +124,7 @@ describe("browser token verification", () => {
     expect(await verifyBrowserToken(env, "not-a-jwt", now)).toBeNull();
   });
 
-  it("refuses a token for another audience, and one without an expiry", async () => {
+  it("refuses a token for another audience, one without an expiry or without its secret", async () => {
     const now = Math.floor(Date.now() / 1_000);
     const secret = hex(await deriveSecret(env, "warmgate/browser-token/v1"));
     const claims = {
@@ -133,6 +135,7 @@ describe("browser token verification", () => {
       iat: now,
       nbf: now,
       exp: now + 60,
+      gen: 1,
       lim: SCOPE,
       mdl: null,
       org: [],
@@ -149,6 +152,10 @@ describe("browser token verification", () => {
     ).toBeNull();
     const tooLong = await sign({ ...claims, exp: now + 7_200 }, secret, "HS256");
     expect(await verifyBrowserToken(env, tooLong, Date.now())).toBeNull();
+    const { gen: _gen, ...noSecret } = claims;
+    expect(
+      await verifyBrowserToken(env, await sign(noSecret, secret, "HS256"), Date.now()),
+    ).toBeNull();
   });
 });
 
