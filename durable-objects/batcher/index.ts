@@ -220,7 +220,8 @@ export class Batcher extends DurableObject<Env> {
     }
     this.#counters.submitted += 1;
     const avoid = input.avoidOrigins;
-    const allowed = healthyCandidates(state, now).filter((c) => !avoid.includes(c.id));
+    const usable = this.#queue.options.usable;
+    const allowed = healthyCandidates(state, now, usable).filter((c) => !avoid.includes(c.id));
     if (allowed.length === 0) {
       this.#counters.refusedOther += 1;
       return { kind: "failed", code: "no_healthy_origin", detail: "no healthy origin to try" };

@@ -15,13 +15,9 @@ import {
   type WindowOptions,
   type WindowState,
   createWindowState,
-  markOriginDown,
   queuedCount,
   tick,
 } from "./window/index.ts";
-
-/** How long an origin whose breaker is half-open (no retry time) is kept out of the window. */
-const HALF_OPEN_HOLD_MS = 3_600_000;
 
 /** Where a flush's results go. */
 export interface QueueHandlers {
@@ -43,6 +39,8 @@ export class Queue {
   readonly options: WindowOptions = {
     // The router's origin while it is up and can hold the head; else healthy origins
     // first, and a quarantined one only when no healthy one can take the batch.
+    // The window asks the health rule which origins may take requests; it keeps none.
+    usable: (id) => this.#health.usable(id),
     chooseOrigin: (candidates, head) => {
       const { target } = head;
       const now = Date.now();
@@ -105,17 +103,12 @@ export class Queue {
 
   /**
    * Breakers that changed: an origin behind an open or half-open breaker takes nothing
-   * from the window until it closes. Answers the origins that became blocked.
+   * from the window until it closes (the health rule says so), and one that closed may
+   * take what waits. Answers the origins that became blocked.
    */
   breakersChanged(changed: readonly BreakerView[], now: number): string[] {
     if (this.#setup?.breakers.enabled !== true) return [];
-    const blocked: string[] = [];
-    for (const view of changed) {
-      const shut = view.state !== "closed";
-      if (shut) blocked.push(view.origin);
-      const until = shut ? (view.retry_at ?? now + HALF_OPEN_HOLD_MS) : now;
-      this.update((s) => markOriginDown(s, view.origin, Math.max(until, now)).state);
-    }
+    const blocked = changed.filter((view) => view.state !== "closed").map((v) => v.origin);
     this.flushIfQueued(now);
     return blocked;
   }

@@ -27,7 +27,7 @@ export function snapshotOf(
     version: queue.setup?.version ?? null,
     queued: queue.queued(),
     lanes: state?.lanes.map((lane) => lane.length) ?? [],
-    windowMs: state === null ? 0 : currentWindowMs(state, now),
+    windowMs: state === null ? 0 : currentWindowMs(state, now, queue.options.usable),
     threadLagMs: state === null ? 0 : meanThreadLagMs(state, now),
     holdMs: state === null ? 0 : tokenHoldMs(state, now),
     inFlight,

@@ -154,18 +154,3 @@ export function cancel(
   }
   return { state, outcome: { kind: "not-found" } };
 }
-
-/** Skips an origin until `until` (ms); pass the current time to bring it back. */
-export function markOriginDown(
-  state: WindowState,
-  originId: string,
-  until: number,
-): { state: WindowState; outcome: OriginEventOutcome } {
-  assertTime(until, "until");
-  if (!state.origins.some((o) => o.id === originId)) {
-    return { state, outcome: { kind: "unknown-origin" } };
-  }
-  const next = draft(state);
-  originById(next, originId).downUntil = until;
-  return { state: next, outcome: { kind: "updated" } };
-}

@@ -14,6 +14,7 @@ import {
   type QueuedRequest,
   type TickNotice,
   type TickResult,
+  type OriginFilter,
   type WindowOptions,
   type WindowRequest,
   type WindowState,
@@ -30,7 +31,13 @@ import {
   laneQueue,
   queuedCount,
 } from "./state.ts";
-import { allowedCandidates, candidateById, currentWindowMs, healthyCandidates } from "./terms.ts";
+import {
+  EVERY_ORIGIN,
+  allowedCandidates,
+  candidateById,
+  currentWindowMs,
+  healthyCandidates,
+} from "./terms.ts";
 
 /** Admits a request: sends it at once, queues it behind the window, or refuses it. */
 export function enqueue(
@@ -57,7 +64,8 @@ export function enqueue(
 
   const next = draft(state);
   next.arrivals = bump(next.arrivals, 1, next.config.rateWindowMs, now);
-  const windowMs = currentWindowMs(next, now);
+  const usable = options.usable ?? EVERY_ORIGIN;
+  const windowMs = currentWindowMs(next, now, usable);
   const enqueuedAt = req.enqueuedAt ?? now;
   const deadline = Math.min(req.deadline ?? Infinity, enqueuedAt + laneConfig.queueTimeoutMs);
   const avoid = req.avoidOrigins ?? [];
@@ -77,7 +85,7 @@ export function enqueue(
   if (queuedCount(next) === 0 && deadline > now) {
     // A lone request never waits for a window that nobody else will join: when the
     // origins keep up (window 0) or the chosen origin is idle, it leaves now.
-    const candidates = allowedCandidates(healthyCandidates(next, now), item);
+    const candidates = allowedCandidates(healthyCandidates(next, now, usable), item);
     const originId = (options.chooseOrigin ?? chooseLeastLoaded)(candidates, item);
     if (originId !== null) {
       const candidate = candidateById(candidates, originId);
@@ -142,7 +150,12 @@ export function tick(state: WindowState, now: number, options: WindowOptions = {
     }
   }
 
-  const batches = flushDue(next, now, options.chooseOrigin ?? chooseLeastLoaded);
+  const batches = flushDue(
+    next,
+    now,
+    options.chooseOrigin ?? chooseLeastLoaded,
+    options.usable ?? EVERY_ORIGIN,
+  );
   return { state: next, batches, notices, nextWakeAt: nextWakeAt(next, now) };
 }
 
@@ -178,12 +191,17 @@ function earliestFlushBy(state: WindowState): number | null {
   return earliest;
 }
 
-function flushDue(state: WindowState, now: number, choose: OriginChooser): Batch[] {
+function flushDue(
+  state: WindowState,
+  now: number,
+  choose: OriginChooser,
+  usable: OriginFilter,
+): Batch[] {
   const batches: Batch[] = [];
   for (;;) {
     const reason = dueReason(state, now);
     if (reason === null) return batches;
-    const candidates = healthyCandidates(state, now);
+    const candidates = healthyCandidates(state, now, usable);
     // The head is the first request some healthy origin may take: one that avoids every
     // healthy origin waits for another to come back without holding up the rest.
     const head = firstPlaceable(state, candidates);
@@ -295,10 +313,9 @@ export function nextWakeAt(state: WindowState, now: number): number | null {
     const flushBy = earliestFlushBy(state);
     if (flushBy !== null) consider(flushBy);
   } else {
-    // Due but no origin can take the head: wake when an origin returns or its untrusted
-    // report expires; completions and reports arrive as events and call `tick` anyway.
+    // Due but no origin can take the head: wake when an untrusted report expires; an
+    // origin that comes back, completions and reports call `tick` anyway.
     for (const origin of state.origins) {
-      if (origin.downUntil !== null) consider(origin.downUntil);
       if (origin.report !== null && origin.inFlight.length === 0) {
         consider(origin.report.receivedAt + state.config.loadReportTtlMs);
       }

@@ -23,6 +23,7 @@ export type {
   ItemEventOutcome,
   OriginEventOutcome,
   WindowOptions,
+  OriginFilter,
   OnDispatchedOptions,
 } from "./types.ts";
 export { createWindowState, queuedCount } from "./state.ts";
@@ -36,4 +37,4 @@ export {
   healthyCandidates,
 } from "./terms.ts";
 export { enqueue, tick } from "./flush.ts";
-export { onOriginLoad, onDispatched, onItemDone, cancel, markOriginDown } from "./events.ts";
+export { onOriginLoad, onDispatched, onItemDone, cancel } from "./events.ts";

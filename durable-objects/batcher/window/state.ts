@@ -21,7 +21,6 @@ export function createWindowState(config: WindowConfig, now: number): WindowStat
     lanes: config.lanes.map(() => []),
     origins: config.origins.map((o) => ({
       id: o.id,
-      downUntil: null,
       report: null,
       sentSinceReport: 0,
       promptTokensSinceReport: 0,

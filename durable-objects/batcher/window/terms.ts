@@ -5,7 +5,7 @@
  */
 import type { OriginCandidate } from "../origin-choice.ts";
 import type { WindowConfig } from "../settings.ts";
-import type { OriginState, WindowState } from "./types.ts";
+import type { OriginFilter, OriginState, WindowState } from "./types.ts";
 import { assertTime, bump, decayed, decayedMean, originById } from "./state.ts";
 
 /**
@@ -13,8 +13,12 @@ import { assertTime, bump, decayed, decayedMean, originById } from "./state.ts";
  * and wait terms (see the top of this file), at most `maxWindowMs`. 0 while the origins
  * keep up with all three.
  */
-export function currentWindowMs(state: WindowState, now: number): number {
-  const candidates = healthyCandidates(state, now);
+export function currentWindowMs(
+  state: WindowState,
+  now: number,
+  usable: OriginFilter = EVERY_ORIGIN,
+): number {
+  const candidates = healthyCandidates(state, now, usable);
   return Math.max(
     overloadWindowMs(state, candidates, now),
     callWindowMs(state, candidates, now),
@@ -138,11 +142,18 @@ export function meanThreadLagMs(state: WindowState, now: number): number {
   return decayedMean(state.threadLagMs, state.threadLags, state.config.rateWindowMs, now);
 }
 
-/** The origins the policy may send to now, as the origin chooser sees them. */
-export function healthyCandidates(state: WindowState, now: number): OriginCandidate[] {
+/** Every origin may take requests: the default where nobody says otherwise. */
+export const EVERY_ORIGIN: OriginFilter = () => true;
+
+/** The origins the policy may send to now (those `usable`), as the origin chooser sees them. */
+export function healthyCandidates(
+  state: WindowState,
+  now: number,
+  usable: OriginFilter = EVERY_ORIGIN,
+): OriginCandidate[] {
   const candidates: OriginCandidate[] = [];
   for (const origin of state.origins) {
-    if (origin.downUntil !== null && origin.downUntil > now) continue;
+    if (!usable(origin.id)) continue;
     candidates.push(candidateOf(origin, state.config, now));
   }
   return candidates;

@@ -95,8 +95,6 @@ export interface OriginLoadView {
 /** The batcher's view of one origin. */
 export interface OriginState {
   id: string;
-  /** Skipped until this time (ms); null when healthy. */
-  downUntil: number | null;
   report: OriginLoadView | null;
   /** Sequences and prompt tokens sent since the report (net of those already finished). */
   sentSinceReport: number;
@@ -198,14 +196,22 @@ export type ItemEventOutcome =
   /** Not in flight at that origin (already finished, or never sent there). */
   | { kind: "not-found" };
 
-/** Outcome of an origin event (`onOriginLoad`, `markOriginDown`). */
+/** Outcome of an origin event (`onOriginLoad`). */
 export type OriginEventOutcome = { kind: "updated" } | { kind: "unknown-origin" };
 
 /** Hooks that replace parts of the policy; functions, so never part of the state. */
 export interface WindowOptions {
   /** Origin choice; defaults to {@link chooseLeastLoaded}. */
   chooseOrigin?: OriginChooser;
+  /**
+   * Whether an origin may take requests at all, as the origin-health rule says (its
+   * breaker); every origin when absent. The window keeps no health state of its own.
+   */
+  usable?: OriginFilter;
 }
+
+/** Whether an origin may take requests. */
+export type OriginFilter = (originId: string) => boolean;
 
 /** Options of {@link onDispatched}. */
 export interface OnDispatchedOptions {

@@ -8,7 +8,6 @@ import {
   currentWindowMs,
   enqueue,
   healthyCandidates,
-  markOriginDown,
   meanThreadLagMs,
   MIN_RETRY_AFTER_MS,
   onDispatched,
@@ -29,6 +28,7 @@ import { type WindowConfigInput, windowConfig } from "../../support/window-confi
 import type {
   Batch,
   EnqueueDecision,
+  WindowOptions,
   WindowRequest,
   WindowState,
 } from "../../../durable-objects/batcher/window/index.ts";
@@ -67,8 +67,13 @@ function saturated(input: Partial<WindowConfigInput> = {}): WindowState {
   return load(stateWith(input), "a", { running: 8, waiting: 2 });
 }
 
-function add(state: WindowState, req: WindowRequest, now: number) {
-  return enqueue(state, req, now);
+function add(state: WindowState, req: WindowRequest, now: number, options: WindowOptions = {}) {
+  return enqueue(state, req, now, options);
+}
+
+/** The health rule says these origins may take nothing (their breakers are open). */
+function without(...down: string[]): WindowOptions {
+  return { usable: (id) => !down.includes(id) };
 }
 
 function ids(batch: Batch): string[] {
@@ -507,14 +512,15 @@ describe("origins to avoid", () => {
 
   it("passes over a request that avoids the only healthy origin without holding up the rest", () => {
     let state = stateWith({ origins: [{ id: "a" }, { id: "b" }] });
-    state = markOriginDown(state, "b", 100).state;
+    const bDown = without("b");
     state = load(state, "a", { running: 8, waiting: 2 });
-    state = add(state, request("r1", { avoidOrigins: ["a"] }), 0).state;
-    state = add(state, request("r2"), 0).state;
-    state = add(state, request("r3"), 0).state;
-    const first = tick(state, 10);
+    state = add(state, request("r1", { avoidOrigins: ["a"] }), 0, bDown).state;
+    state = add(state, request("r2"), 0, bDown).state;
+    state = add(state, request("r3"), 0, bDown).state;
+    const first = tick(state, 10, bDown);
     expect(first.batches.map((b) => [b.originId, ids(b)])).toEqual([["a", ["r2", "r3"]]]);
     expect(queuedCount(first.state)).toBe(1);
+    // b's breaker closes: the next tick sends what waited for it.
     const back = tick(first.state, 100);
     expect(back.batches.map((b) => [b.originId, ids(b)])).toEqual([["b", ["r1"]]]);
   });
@@ -546,29 +552,29 @@ describe("lanes", () => {
         { queueTimeoutMs: 100, onTimeout: "wait" },
       ],
     });
-    state = markOriginDown(state, "a", 1000).state;
-    state = add(state, request("x", { lane: 0 }), 0).state;
-    state = add(state, request("y", { lane: 1 }), 0).state;
-    const blocked = tick(state, 10);
+    const aDown = without("a");
+    state = add(state, request("x", { lane: 0 }), 0, aDown).state;
+    state = add(state, request("y", { lane: 1 }), 0, aDown).state;
+    const blocked = tick(state, 10, aDown);
     expect(blocked.batches).toEqual([]);
     expect(blocked.nextWakeAt).toBe(100);
 
-    const timeout = tick(blocked.state, 100);
+    const timeout = tick(blocked.state, 100, aDown);
     expect(timeout.notices.map((n) => [n.kind, n.item.id])).toEqual([
       ["timed-out", "x"],
       ["overdue", "y"],
     ]);
-    expect(timeout.nextWakeAt).toBe(1000);
-    expect(tick(timeout.state, 500).notices).toEqual([]);
+    // Nothing to wake for: the origin's return is an event that ticks the window.
+    expect(timeout.nextWakeAt).toBeNull();
+    expect(tick(timeout.state, 500, aDown).notices).toEqual([]);
 
     const back = tick(timeout.state, 1000);
     expect(back.batches.map(ids)).toEqual([["y"]]);
   });
 
   it("lets a caller's own deadline end the wait before the lane's timeout", () => {
-    let state = markOriginDown(stateWith(), "a", 10_000).state;
-    state = add(state, request("x", { deadline: 50 }), 0).state;
-    expect(tick(state, 50).notices.map((n) => n.kind)).toEqual(["timed-out"]);
+    const state = add(stateWith(), request("x", { deadline: 50 }), 0, without("a")).state;
+    expect(tick(state, 50, without("a")).notices.map((n) => n.kind)).toEqual(["timed-out"]);
   });
 
   it("times out a request whose deadline has already passed instead of sending it", () => {
@@ -650,10 +656,9 @@ describe("KV-memory-aware admission", () => {
   });
 
   it("settles a queued prompt as too large once the reports show it can never fit", () => {
-    let state = markOriginDown(stateWith(), "a", 100).state;
-    state = add(state, request("huge", { promptTokens: 5000 }), 0).state;
+    let state = add(stateWith(), request("huge", { promptTokens: 5000 }), 0, without("a")).state;
     state = load(state, "a", { kv_total_blocks: 10 }, 1);
-    const { notices } = tick(state, 1);
+    const { notices } = tick(state, 1, without("a"));
     expect(notices.map((n) => [n.kind, n.item.id])).toEqual([["too-large", "huge"]]);
   });
 
@@ -754,14 +759,12 @@ describe("origin choice and health", () => {
     expect(r3.decision.kind === "dispatch-now" && r3.decision.batch.originId).toBe("a");
   });
 
-  it("skips an origin marked down until its time is up", () => {
-    let state = stateWith({ origins: [{ id: "a" }, { id: "b" }] });
-    state = markOriginDown(state, "a", 100).state;
-    const down = add(state, request("r1"), 0);
+  it("skips an origin the health rule says may take nothing, and uses it once it may", () => {
+    const state = stateWith({ origins: [{ id: "a" }, { id: "b" }] });
+    const down = add(state, request("r1"), 0, without("a"));
     expect(down.decision.kind === "dispatch-now" && down.decision.batch.originId).toBe("b");
     const back = add(down.state, request("r2"), 100);
     expect(back.decision.kind === "dispatch-now" && back.decision.batch.originId).toBe("a");
-    expect(markOriginDown(state, "zz", 5).outcome).toEqual({ kind: "unknown-origin" });
     expect(onOriginLoad(state, "zz", report(), 5).outcome).toEqual({ kind: "unknown-origin" });
   });
 
@@ -787,8 +790,7 @@ describe("origin choice and health", () => {
       ["b", ["r2"]],
     ]);
     // An origin that is down holds nobody back: its requests join another's batch.
-    const down = markOriginDown(state, "b", 5_000).state;
-    const joined = tick(down, 1_000, { chooseOrigin: byTarget });
+    const joined = tick(state, 1_000, { chooseOrigin: byTarget, ...without("b") });
     expect(joined.batches.map((b) => [b.originId, ids(b)])).toEqual([["a", ["r1", "r2", "r3"]]]);
   });
 
@@ -825,7 +827,7 @@ describe("state", () => {
     tick(queued, 10);
     cancel(queued, "r1", 1);
     onOriginLoad(queued, "a", report(), 1);
-    markOriginDown(queued, "a", 5);
+    tick(queued, 20, without("a"));
     expect(state).toEqual(before);
   });
 });
@@ -900,8 +902,11 @@ describe("no request is lost or duplicated", () => {
           for (const item of batch.items) settle(item.id, "batch");
         }
       };
+      // The health rule's verdicts, as the shell would pass them: down until a time.
+      const downUntil = new Map<string, number>();
+      const health: WindowOptions = { usable: (id) => (downUntil.get(id) ?? 0) <= now };
       const rooms = (): Map<string, number | null> =>
-        new Map(healthyCandidates(state, now).map((c) => [c.id, c.kvRoomTokens]));
+        new Map(healthyCandidates(state, now, health.usable).map((c) => [c.id, c.kvRoomTokens]));
 
       for (let step = 0; step < 500; step++) {
         now += random() < 0.3 ? 0 : random() * 8;
@@ -920,6 +925,7 @@ describe("no request is lost or duplicated", () => {
               ...(random() < 0.2 ? { deadline: now + random() * 300 } : {}),
             },
             now,
+            health,
           );
           state = result.state;
           const decision = result.decision;
@@ -938,7 +944,7 @@ describe("no request is lost or duplicated", () => {
           // A retried id that is still queued or running is refused, never admitted twice.
           const known = [...state.lanes.flat().map((i) => i.id), ...inFlight().map(([, id]) => id)];
           if (known.length > 0) {
-            const result = enqueue(state, request(pick(known)), now);
+            const result = enqueue(state, request(pick(known)), now, health);
             check(
               result.decision.kind === "rejected" &&
                 result.decision.reason === "duplicate_id" &&
@@ -948,7 +954,7 @@ describe("no request is lost or duplicated", () => {
           }
         } else if (op < 0.67) {
           const roomBefore = rooms();
-          const result = tick(state, now);
+          const result = tick(state, now, health);
           state = result.state;
           checkBatches(result.batches, roomBefore);
           for (const notice of result.notices) {
@@ -988,7 +994,7 @@ describe("no request is lost or duplicated", () => {
           state = result.state;
           if (result.outcome.kind === "removed") settle(id, "cancelled");
         } else {
-          state = markOriginDown(state, pick(origins), now + random() * 200).state;
+          downUntil.set(pick(origins), now + random() * 200);
         }
 
         // The shell persists state as JSON and may rebuild it at any step.
@@ -1003,7 +1009,7 @@ describe("no request is lost or duplicated", () => {
 
       // Load falls away: every origin is healthy with room to spare, and time moves on.
       for (const id of origins) {
-        state = markOriginDown(state, id, now).state;
+        downUntil.delete(id);
         state = onOriginLoad(
           state,
           id,
