@@ -8,7 +8,7 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { costMicros } from "../contracts/pricing.ts";
+import { costPicos } from "../contracts/pricing.ts";
 import { modelPrice } from "../functions/pricing.ts";
 import {
   DEV_KEY_LIMITS,
@@ -343,7 +343,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
         }
       }
       if (!outcome.complete || outcome.usage === null) continue;
-      const expected = costMicros(
+      const expected = costPicos(
         {
           promptTokens: outcome.usage.prompt_tokens,
           cachedTokens: outcome.usage.cached_tokens,
@@ -351,7 +351,9 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
         },
         price,
       );
-      const cost = found === null ? 0 : Math.round(found.cost_usd * 1e6);
+      // cost_usd is the double nearest an exact pico-dollar amount: for the cents a request
+      // here costs, scaling it back recovers that amount.
+      const cost = found === null ? 0n : BigInt(Math.round(found.cost_usd * 1e12));
       if (found === null || found.status !== "settled" || cost < expected) {
         losses.lost_bills++;
         example("lost_bills", outcome, found);

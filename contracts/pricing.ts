@@ -1,14 +1,18 @@
 /**
  * Prices and costs as exact integers (docs/edge.md, "Pricing"): prices in micro-dollars per
- * million tokens, costs in micro-dollars, a request's cost computed exactly in pico-dollars
- * and rounded once, half up. The edge and the KeyAccount both use it, so the cost a
- * response header shows is the cost the ledger records.
+ * million tokens, so a token costs a whole number of pico-dollars, and costs, reservations
+ * and spend in pico-dollars (bigint), never rounded. The edge and the KeyAccount both use
+ * it, so the cost a response header shows is the cost the ledger records.
  */
 /** Micro-dollars in one US dollar. */
 export const MICROS_PER_USD = 1_000_000;
 
-/** Prices are per this many tokens. */
-export const TOKENS_PER_PRICE_UNIT = 1_000_000;
+/** Pico-dollars in one micro-dollar: a price per million tokens is the pico-dollars a token costs. */
+export const PICOS_PER_MICRO = 1_000_000n;
+
+// Pico-dollars in one US dollar, and the most of them a double holds exactly (2^53).
+const PICOS_PER_USD = 1e12;
+const MAX_EXACT_PICOS = 2n ** 53n;
 
 // Largest micro-dollar amount accepted from configuration or the admin API ($1e9).
 const MAX_MICROS = 1e15;
@@ -48,15 +52,9 @@ export function costPicos(usage: TokenUsage, price: ModelPrice): bigint {
   );
 }
 
-/** Pico-dollars rounded to whole micro-dollars, half up. */
-export function picosToMicros(picos: bigint): number {
-  const perMicro = BigInt(TOKENS_PER_PRICE_UNIT);
-  return Number((picos + perMicro / 2n) / perMicro);
-}
-
-/** A request's cost in micro-dollars: the exact cost, rounded once, half up. */
-export function costMicros(usage: TokenUsage, price: ModelPrice): number {
-  return picosToMicros(costPicos(usage, price));
+/** Whole micro-dollars (a budget) in pico-dollars. */
+export function microsToPicos(micros: number): bigint {
+  return BigInt(micros) * PICOS_PER_MICRO;
 }
 
 /**
@@ -69,16 +67,12 @@ export function reservedPromptTokens(estimate: number): number {
 }
 
 /**
- * The most a request can cost: its prompt ({@link reservedPromptTokens} of the estimate)
- * uncached at the input price plus all of `maxTokens` at the output price. Admission
- * reserves this against the key's budgets.
+ * The most a request can cost, in pico-dollars: its prompt ({@link reservedPromptTokens} of
+ * the estimate) uncached at the input price plus all of `maxTokens` at the output price.
+ * Admission reserves this against the key's budgets.
  */
-export function worstCaseMicros(
-  price: ModelPrice,
-  promptTokens: number,
-  maxTokens: number,
-): number {
-  return costMicros(
+export function worstCasePicos(price: ModelPrice, promptTokens: number, maxTokens: number): bigint {
+  return costPicos(
     {
       promptTokens: reservedPromptTokens(promptTokens),
       cachedTokens: 0,
@@ -89,18 +83,25 @@ export function worstCaseMicros(
 }
 
 /**
- * What a finished request is billed: the cost of the origin's usage, at most `capMicros`
- * when a budget limits it (null: no cap), and nothing when no usage was reported (no engine
- * ran it, or the connection broke before the origin could say).
+ * What a finished request is billed, in pico-dollars: the cost of the origin's usage, at
+ * most `capPicos` when a budget limits it (null: no cap), and nothing when no usage was
+ * reported (no engine ran it, or the connection broke before the origin could say).
  */
-export function billedMicros(
+export function billedPicos(
   usage: TokenUsage | null,
   price: ModelPrice,
-  capMicros: number | null,
-): number {
-  if (usage === null) return 0;
-  const cost = costMicros(usage, price);
-  return capMicros === null ? cost : Math.min(cost, Math.max(0, capMicros));
+  capPicos: bigint | null,
+): bigint {
+  if (usage === null) return 0n;
+  const cost = costPicos(usage, price);
+  if (capPicos === null) return cost;
+  const cap = capPicos > 0n ? capPicos : 0n;
+  return cost < cap ? cost : cap;
+}
+
+/** The larger of two amounts. */
+export function maxPicos(a: bigint, b: bigint): bigint {
+  return a > b ? a : b;
 }
 
 /**
@@ -116,18 +117,34 @@ export function usdToMicros(usd: number): number | null {
   return micros;
 }
 
-/** Micro-dollars as a USD number for JSON (prints exactly, e.g. 0.000123). */
+/** Micro-dollars (a price or a budget) as a USD number for JSON (prints exactly, e.g. 0.000123). */
 export function microsToUsd(micros: number): number {
   return micros / MICROS_PER_USD;
 }
 
-/** Micro-dollars as a USD decimal string with six places, e.g. `0.000123`. */
-export function formatUsd(micros: number): string {
-  const sign = micros < 0 ? "-" : "";
-  const abs = Math.abs(Math.trunc(micros));
-  const whole = Math.floor(abs / MICROS_PER_USD);
-  const fraction = String(abs % MICROS_PER_USD).padStart(6, "0");
-  return `${sign}${whole}.${fraction}`;
+/**
+ * Pico-dollars as a USD number for JSON: the double nearest the exact amount, which prints
+ * as its decimal (2e-7 for 200000). A float count (a metric) is divided as it is.
+ */
+export function picosToUsd(picos: bigint | number): number {
+  if (typeof picos === "number") return picos / PICOS_PER_USD;
+  // One correctly rounded division when the count is exact in a double, else the decimal.
+  const abs = picos < 0n ? -picos : picos;
+  return abs <= MAX_EXACT_PICOS ? Number(picos) / PICOS_PER_USD : Number(formatUsd(picos));
+}
+
+/**
+ * Pico-dollars as an exact USD decimal string: six places, more only as far as the amount
+ * needs (at most twelve), e.g. `0.000123`, `0.0000002`.
+ */
+export function formatUsd(picos: bigint): string {
+  const sign = picos < 0n ? "-" : "";
+  const abs = picos < 0n ? -picos : picos;
+  const perUsd = BigInt(PICOS_PER_USD);
+  const fraction = String(abs % perUsd)
+    .padStart(12, "0")
+    .replace(/0{1,6}$/, "");
+  return `${sign}${abs / perUsd}.${fraction}`;
 }
 
 // The last day `utcDay` named: every admission and settlement asks, nearly always for the

@@ -237,7 +237,7 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
             : `It renews in ${formatResetDuration(refusal.retryAfterMs)}.`;
       return new ApiError(
         429,
-        `You exceeded the ${budget} of key ${keyId}: limit $${formatUsd(refusal.limitMicros)}, spent $${formatUsd(refusal.spentMicros)}, reserved by requests in flight $${formatUsd(refusal.reservedMicros)}, this request may cost up to $${formatUsd(refusal.requestedMicros)}. ${when}`,
+        `You exceeded the ${budget} of key ${keyId}: limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, reserved by requests in flight $${formatUsd(refusal.reservedPicos)}, this request may cost up to $${formatUsd(refusal.requestedPicos)}. ${when}`,
         {
           type: "insufficient_quota",
           code: "insufficient_quota",

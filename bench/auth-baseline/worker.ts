@@ -60,7 +60,7 @@ function localAdmission() {
       ok: true,
       models,
       reservedTokens: 0,
-      reservedMicros: 0,
+      reservedPicos: 0n,
       rateLimit: UNLIMITED,
       requestId,
       tier: "standard",

@@ -48,6 +48,12 @@ function cell(row, value, className) {
   row.appendChild(td);
 }
 
+// USD with six decimal places, more where an amount needs them (billing is exact to the
+// pico-dollar: docs/edge.md, "Pricing").
+function usd(x) {
+  return x.toFixed(12).replace(/0{1,6}$/, "");
+}
+
 function percent(x) {
   return x === null || x === undefined ? "–" : `${(x * 100).toFixed(1)}%`;
 }
@@ -131,7 +137,7 @@ function render(view) {
   const seconds = previous === null ? null : (view.at - previous.at) / 1000;
   text($("total-requests"), String(view.totals.requests));
   text($("total-errors"), String(view.totals.errors));
-  text($("total-spend"), view.totals.spend_usd.toFixed(6));
+  text($("total-spend"), usd(view.totals.spend_usd));
   text($("total-queued"), String(view.queued));
   if (seconds !== null && seconds > 0) {
     const rps = (view.totals.requests - previous.totals.requests) / seconds;
@@ -179,7 +185,7 @@ function render(view) {
   const keys = [...view.top_keys].sort((a, b) => b[keyOrder] - a[keyOrder]);
   fill(
     $("keys").tBodies[0],
-    keys.map((k) => [[k.name || k.id], [k.tier], [String(k.requests)], [k.spend_usd.toFixed(6)]]),
+    keys.map((k) => [[k.name || k.id], [k.tier], [String(k.requests)], [usd(k.spend_usd)]]),
   );
   fill(
     $("errors").tBodies[0],

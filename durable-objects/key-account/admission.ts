@@ -13,6 +13,7 @@ import {
   fullBucket,
 } from "./token-bucket.ts";
 import { CONCURRENCY_RETRY_MS, budgetRefusal } from "./budgets.ts";
+import { maxPicos } from "../../contracts/pricing.ts";
 
 /** Whether a key may be used at all. */
 export type KeyStatus = "active" | "revoked";
@@ -31,10 +32,10 @@ export interface Budgets {
   creditMicros: number | null;
 }
 
-/** Spend in one period: costs of settled requests and reservations of open ones. */
+/** Spend in one period, in pico-dollars: costs of settled requests and reservations of open ones. */
 export interface PeriodSpend {
-  settledMicros: number;
-  reservedMicros: number;
+  settledPicos: bigint;
+  reservedPicos: bigint;
 }
 
 /** A key's spend in the periods its budgets cover, as of the admission's day. */
@@ -49,8 +50,8 @@ export interface CandidateModel {
   model: string;
   /** Completion tokens it may produce (`max_tokens`, or the rest of its window). */
   maxTokens: number;
-  /** Its worst-case cost in micro-dollars (see pricing.ts `worstCaseMicros`). */
-  worstCaseMicros: number;
+  /** Its worst-case cost in pico-dollars (see pricing.ts `worstCasePicos`). */
+  worstCasePicos: bigint;
 }
 
 /** What the key's record says about admission. */
@@ -144,12 +145,13 @@ export type AdmissionRefusal =
       ok: false;
       code: "insufficient_quota";
       budget: BudgetName;
-      limitMicros: number;
+      /** The budget, in pico-dollars like every amount here. */
+      limitPicos: bigint;
       /** Settled spend and open reservations in the budget's period. */
-      spentMicros: number;
-      reservedMicros: number;
+      spentPicos: bigint;
+      reservedPicos: bigint;
       /** The request's worst-case cost. */
-      requestedMicros: number;
+      requestedPicos: bigint;
       /**
        * When a retry can succeed: soon when only open reservations are in the way, at the
        * next UTC day or month for those budgets, never (null) for a spent credit.
@@ -164,8 +166,8 @@ export interface Admission {
   /** The candidate models the key allows, in the order to try them. */
   models: string[];
   reservedTokens: number;
-  /** The worst-case cost reserved against the key's budgets, in micro-dollars. */
-  reservedMicros: number;
+  /** The worst-case cost reserved against the key's budgets, in pico-dollars. */
+  reservedPicos: bigint;
   rateLimit: RateLimitInfo;
 }
 
@@ -229,7 +231,10 @@ export function decideAdmission(input: AdmissionInput): AdmissionOutcome {
 
   // Reserved for whichever allowed model ends up serving: the largest of each.
   const maxTokens = Math.max(...allowed.map((candidate) => candidate.maxTokens));
-  const reservedMicros = Math.max(...allowed.map((candidate) => candidate.worstCaseMicros));
+  const reservedPicos = allowed.reduce(
+    (most, candidate) => maxPicos(most, candidate.worstCasePicos),
+    0n,
+  );
   const tokens = request.promptTokens + maxTokens;
   const checks: ScopeCheck[] = [
     { scope: "key", limits: key.limits, buckets: keyBuckets, usage: usage.key },
@@ -296,7 +301,7 @@ export function decideAdmission(input: AdmissionInput): AdmissionOutcome {
   }
   if (worst !== null) return refuse(worst);
 
-  const overdraw = budgetRefusal(key.budgets, input.spend, reservedMicros, now);
+  const overdraw = budgetRefusal(key.budgets, input.spend, reservedPicos, now);
   if (overdraw !== null) return refuse({ ...overdraw, rateLimit: rateLimitOf(checks, now) });
 
   const after = checks.map((check, i) => ({ ...check, buckets: taken[i] ?? check.buckets }));
@@ -307,7 +312,7 @@ export function decideAdmission(input: AdmissionInput): AdmissionOutcome {
       ok: true,
       models: allowed.map((candidate) => candidate.model),
       reservedTokens: tokens,
-      reservedMicros,
+      reservedPicos,
       rateLimit: rateLimitOf(after, now),
     },
   };

@@ -6,7 +6,7 @@
 import { recordRequest, refusedSample } from "./metrics.ts";
 import { decideAdmission, rateLimitNow, type CandidateModel } from "./admission.ts";
 import { hasBudgets } from "./budgets.ts";
-import { FREE, utcDay, worstCaseMicros } from "../../contracts/pricing.ts";
+import { FREE, utcDay, worstCasePicos } from "../../contracts/pricing.ts";
 import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, storedCandidate } from "./schema.ts";
 import { checkSecret } from "./record.ts";
 import { addSpend, spendOf } from "./rollups.ts";
@@ -43,7 +43,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
       ok: true,
       models: existing.candidates.map(([model]) => model),
       reservedTokens: existing.reservedTokens,
-      reservedMicros: existing.reservedMicros,
+      reservedPicos: existing.reservedPicos,
       rateLimit: rateLimitNow(record.limits, store.scopeUsage(KEY_SCOPE, null), now),
       requestId: input.requestId,
       tier: record.tier,
@@ -66,7 +66,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
   const candidates: CandidateModel[] = offered.map((candidate) => ({
     model: candidate.model,
     maxTokens: candidate.maxTokens,
-    worstCaseMicros: worstCaseMicros(candidate.price, input.promptTokens, candidate.maxTokens),
+    worstCasePicos: worstCasePicos(candidate.price, input.promptTokens, candidate.maxTokens),
   }));
   const day = utcDay(now);
   const outcome = decideAdmission({
@@ -114,13 +114,13 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     subjectTpm: endUser?.limits.tpm ?? null,
     endUser: input.endUser ?? null,
     reservedTokens: decision.reservedTokens,
-    reservedMicros: decision.reservedMicros,
+    reservedPicos: decision.reservedPicos,
     candidates: stored,
     createdAt: now,
     expiresAt: leaseExpiresAt,
     ...NOT_CLOSED,
   });
-  addSpend(store, day, { reservedMicros: decision.reservedMicros, settledMicros: 0 });
+  addSpend(store, day, { reservedPicos: decision.reservedPicos, settledPicos: 0n });
   return {
     ...decision,
     requestId: input.requestId,

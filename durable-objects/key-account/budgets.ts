@@ -2,7 +2,12 @@
  * Budgets as pure functions: whether a key has any, the first one a reservation would
  * overdraw, and the most a settling request may be billed (docs/key-account.md).
  */
-import { msToNextUtcDay, msToNextUtcMonth } from "../../contracts/pricing.ts";
+import {
+  maxPicos,
+  microsToPicos,
+  msToNextUtcDay,
+  msToNextUtcMonth,
+} from "../../contracts/pricing.ts";
 import type {
   AdmissionRefusal,
   BudgetName,
@@ -31,9 +36,9 @@ export function hasBudgets(budgets: Budgets): boolean {
 export function billingCap(
   budgets: Budgets,
   spend: SpendState,
-  reservationMicros: number,
-): number | null {
-  let room: number | null = null;
+  reservationPicos: bigint,
+): bigint | null {
+  let room: bigint | null = null;
   const periods: [number | null, PeriodSpend][] = [
     [budgets.dayMicros, spend.day],
     [budgets.monthMicros, spend.month],
@@ -41,20 +46,20 @@ export function billingCap(
   ];
   for (const [limit, period] of periods) {
     if (limit === null) continue;
-    const left = limit - period.settledMicros - period.reservedMicros;
-    room = room === null ? left : Math.min(room, left);
+    const left = microsToPicos(limit) - period.settledPicos - period.reservedPicos;
+    room = room === null || left < room ? left : room;
   }
-  return room === null ? null : reservationMicros + Math.max(0, room);
+  return room === null ? null : reservationPicos + maxPicos(0n, room);
 }
 
 /**
- * The first budget that reserving `requestedMicros` more would overdraw, or null. A budget
+ * The first budget that reserving `requestedPicos` more would overdraw, or null. A budget
  * holds settled costs plus open reservations; both together never exceed it.
  */
 export function budgetRefusal(
   budgets: Budgets,
   spend: SpendState,
-  requestedMicros: number,
+  requestedPicos: bigint,
   now: number,
 ): Omit<QuotaRefusal, "rateLimit"> | null {
   const periods: [BudgetName, number | null, PeriodSpend, number | null][] = [
@@ -62,20 +67,21 @@ export function budgetRefusal(
     ["month", budgets.monthMicros, spend.month, msToNextUtcMonth(now)],
     ["day", budgets.dayMicros, spend.day, msToNextUtcDay(now)],
   ];
-  for (const [budget, limit, period, untilNextPeriod] of periods) {
-    if (limit === null) continue;
-    const committed = period.settledMicros + period.reservedMicros;
-    if (committed + requestedMicros <= limit) continue;
+  for (const [budget, limitMicros, period, untilNextPeriod] of periods) {
+    if (limitMicros === null) continue;
+    const limit = microsToPicos(limitMicros);
+    const committed = period.settledPicos + period.reservedPicos;
+    if (committed + requestedPicos <= limit) continue;
     // Open reservations usually settle for less: then a retry soon may fit.
-    const reservationsInTheWay = period.settledMicros + requestedMicros <= limit;
+    const reservationsInTheWay = period.settledPicos + requestedPicos <= limit;
     return {
       ok: false,
       code: "insufficient_quota",
       budget,
-      limitMicros: limit,
-      spentMicros: period.settledMicros,
-      reservedMicros: period.reservedMicros,
-      requestedMicros,
+      limitPicos: limit,
+      spentPicos: period.settledPicos,
+      reservedPicos: period.reservedPicos,
+      requestedPicos,
       retryAfterMs: reservationsInTheWay ? CONCURRENCY_RETRY_MS : untilNextPeriod,
     };
   }

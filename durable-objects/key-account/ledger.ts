@@ -3,7 +3,7 @@
  * expiring a request changes, as a value. Pure: the store applies the change (buckets,
  * the row, spend and usage) in `settle.ts`.
  */
-import { billedMicros, type TokenUsage, utcDay } from "../../contracts/pricing.ts";
+import { billedPicos, type TokenUsage, utcDay } from "../../contracts/pricing.ts";
 import { type PeriodSpend, tokenCorrection } from "./admission.ts";
 import { type LedgerEntry, NOT_CLOSED, priceOf, storedCandidate } from "./schema.ts";
 import type { SettleInput, SettleResult } from "./types.ts";
@@ -13,7 +13,7 @@ export interface UsageDelta {
   model: string;
   requests: number;
   tokens: TokenUsage | null;
-  costMicros: number;
+  costPicos: bigint;
 }
 
 /** What one ledger event changes. */
@@ -30,13 +30,13 @@ export interface LedgerChange {
 
 /**
  * Settles an open, expired or forgotten row with the request's real usage, billed at most
- * `capMicros` (null: no cap).
+ * `capPicos` (null: no cap).
  */
 export function settleRow(
   row: LedgerEntry,
   input: SettleInput,
   now: number,
-  capMicros: number | null,
+  capPicos: bigint | null,
 ): { change: LedgerChange; result: SettleResult } {
   const usage = input.usage ?? null;
   const usedTokens = usage === null ? null : usage.prompt_tokens + usage.completion_tokens;
@@ -55,10 +55,10 @@ export function settleRow(
         };
   // An expired row released its reservation and was counted when it expired.
   const late = row.state === "expired";
-  const cost = billedMicros(tokens, priceOf(served), capMicros);
+  const cost = billedPicos(tokens, priceOf(served), capPicos);
   const counted: UsageDelta[] =
     late && model !== row.model
-      ? [{ model: row.model, requests: -1, tokens: null, costMicros: 0 }]
+      ? [{ model: row.model, requests: -1, tokens: null, costPicos: 0n }]
       : [];
   const change: LedgerChange = {
     row: {
@@ -70,14 +70,14 @@ export function settleRow(
       promptTokens: usage?.prompt_tokens ?? null,
       cachedTokens: usage === null ? null : (usage.cached_tokens ?? 0),
       completionTokens: usage?.completion_tokens ?? null,
-      costMicros: cost,
+      costPicos: cost,
       attempts: input.attempts ?? row.attempts,
     },
     tokens: tokenCorrection(row.reservedTokens, usedTokens, input.originBegan ?? true),
-    spend: { reservedMicros: late ? 0 : -row.reservedMicros, settledMicros: cost },
+    spend: { reservedPicos: late ? 0n : -row.reservedPicos, settledPicos: cost },
     usage: [
       ...counted,
-      { model, requests: late && model === row.model ? 0 : 1, tokens, costMicros: cost },
+      { model, requests: late && model === row.model ? 0 : 1, tokens, costPicos: cost },
     ],
   };
   const result: SettleResult = {
@@ -85,7 +85,7 @@ export function settleRow(
     requestId: row.requestId,
     reservedTokens: row.reservedTokens,
     usedTokens,
-    costMicros: cost,
+    costPicos: cost,
     late,
   };
   return { change, result };
@@ -94,10 +94,10 @@ export function settleRow(
 /** An open row whose lease ran out: its reservation released, counted as one request. */
 export function expireRow(row: LedgerEntry, now: number): LedgerChange {
   return {
-    row: { ...row, state: "expired", closedAt: now, outcome: "expired", costMicros: 0 },
+    row: { ...row, state: "expired", closedAt: now, outcome: "expired", costPicos: 0n },
     tokens: 0,
-    spend: { reservedMicros: -row.reservedMicros, settledMicros: 0 },
-    usage: [{ model: row.model, requests: 1, tokens: null, costMicros: 0 }],
+    spend: { reservedPicos: -row.reservedPicos, settledPicos: 0n },
+    usage: [{ model: row.model, requests: 1, tokens: null, costPicos: 0n }],
   };
 }
 
@@ -117,7 +117,7 @@ export function forgottenRow(input: SettleInput, now: number): LedgerEntry | nul
     subjectTpm: null,
     endUser: null,
     reservedTokens: 0,
-    reservedMicros: 0,
+    reservedPicos: 0n,
     candidates: input.admitted.models.map(({ model, price }) => storedCandidate(model, price)),
     createdAt: now,
     expiresAt: now,

@@ -23,7 +23,8 @@ export interface RequestSeries {
   attempts: number;
   /** Origins tried after a request's first failed before its first byte. */
   retries: number;
-  spendMicros: number;
+  /** Pico-dollars billed: a float counter like every metric, exact below 2^53 ($9,007). */
+  spendPicos: number;
   promptTokens: number;
   cachedTokens: number;
   completionTokens: number;
@@ -62,7 +63,7 @@ export interface RequestSample {
   durationMs: number | null;
   ttftMs: number | null;
   attempts: number;
-  costMicros: number;
+  costPicos: bigint;
   tokens: { prompt: number; cached: number; completion: number } | null;
   at: number;
 }
@@ -94,7 +95,7 @@ export function addSample(
       requests: 0,
       attempts: 0,
       retries: 0,
-      spendMicros: 0,
+      spendPicos: 0,
       promptTokens: 0,
       cachedTokens: 0,
       completionTokens: 0,
@@ -106,7 +107,7 @@ export function addSample(
   series.requests += 1;
   series.attempts += sample.attempts;
   series.retries += Math.max(0, sample.attempts - 1);
-  series.spendMicros += sample.costMicros;
+  series.spendPicos += Number(sample.costPicos);
   if (sample.tokens !== null) {
     series.promptTokens += sample.tokens.prompt;
     series.cachedTokens += Math.min(sample.tokens.cached, sample.tokens.prompt);
@@ -158,7 +159,7 @@ export function refusedSample(
     durationMs: null,
     ttftMs: null,
     attempts: 0,
-    costMicros: 0,
+    costPicos: 0n,
     tokens: null,
     at: now,
   };
@@ -173,7 +174,7 @@ function statusOf(outcome: SettleOutcome): number {
 export function settledSample(
   input: SettleInput,
   model: string,
-  costMicros: number,
+  costPicos: bigint,
   now: number,
 ): RequestSample {
   const m = input.metrics;
@@ -187,7 +188,7 @@ export function settledSample(
     durationMs: m?.durationMs ?? null,
     ttftMs: m?.ttftMs ?? null,
     attempts: input.attempts?.filter((a) => a.origin !== null).length ?? 0,
-    costMicros,
+    costPicos,
     tokens:
       usage === null
         ? null

@@ -4,7 +4,7 @@
  */
 import type { PeriodSpend, SpendState } from "./admission.ts";
 import { type TokenUsage } from "../../contracts/pricing.ts";
-import type { UsageDbRow } from "./schema.ts";
+import { type UsageDbRow, picosColumns, storedPicos } from "./schema.ts";
 import type { AccountStore } from "./store.ts";
 import type { UsageRow, UsageTotals } from "./types.ts";
 
@@ -22,7 +22,7 @@ export function usageRows(
     input.user === undefined
       ? sql.exec<UsageDbRow>(
           `SELECT day, model, requests, prompt_tokens, cached_tokens, completion_tokens,
-             cost_micros
+             cost_micros, cost_picos
            FROM usage_daily WHERE day >= ? AND day <= ? ORDER BY day, model`,
           input.from,
           input.to,
@@ -32,7 +32,8 @@ export function usageRows(
              COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,
              COALESCE(SUM(cached_tokens), 0) AS cached_tokens,
              COALESCE(SUM(completion_tokens), 0) AS completion_tokens,
-             COALESCE(SUM(cost_micros), 0) AS cost_micros
+             COALESCE(SUM(cost_micros), 0) AS cost_micros,
+             COALESCE(SUM(cost_picos), 0) AS cost_picos
            FROM ledger WHERE day >= ? AND day <= ? AND end_user = ? AND state <> 'open'
            GROUP BY day, model ORDER BY day, model`,
           input.from,
@@ -46,7 +47,7 @@ export function usageRows(
     promptTokens: row.prompt_tokens,
     cachedTokens: row.cached_tokens,
     completionTokens: row.completion_tokens,
-    costMicros: row.cost_micros,
+    costPicos: storedPicos(row.cost_micros, row.cost_picos),
   }));
   return rows;
 }
@@ -64,14 +65,20 @@ export function periodSpend(store: AccountStore, period: string): PeriodSpend {
   const cached = store.periods.get(period);
   if (cached !== undefined) return cached;
   const row = store.storage.sql
-    .exec<{ settled_micros: number; reserved_micros: number }>(
-      "SELECT settled_micros, reserved_micros FROM spend WHERE period = ?",
+    .exec<{
+      settled_micros: number;
+      settled_picos: number;
+      reserved_micros: number;
+      reserved_picos: number;
+    }>(
+      `SELECT settled_micros, settled_picos, reserved_micros, reserved_picos
+       FROM spend WHERE period = ?`,
       period,
     )
     .toArray()[0];
   const spend = {
-    settledMicros: row?.settled_micros ?? 0,
-    reservedMicros: row?.reserved_micros ?? 0,
+    settledPicos: storedPicos(row?.settled_micros ?? 0, row?.settled_picos ?? 0),
+    reservedPicos: storedPicos(row?.reserved_micros ?? 0, row?.reserved_picos ?? 0),
   };
   store.periods.set(period, spend);
   return spend;
@@ -79,22 +86,24 @@ export function periodSpend(store: AccountStore, period: string): PeriodSpend {
 
 // Adds to the day's, its month's and the lifetime spend (negative releases).
 export function addSpend(store: AccountStore, day: string, delta: PeriodSpend): void {
-  if (delta.settledMicros === 0 && delta.reservedMicros === 0) return;
+  if (delta.settledPicos === 0n && delta.reservedPicos === 0n) return;
   for (const period of [`d:${day}`, `m:${day.slice(0, 7)}`, "all"]) {
     const current = periodSpend(store, period);
     const next = {
-      settledMicros: current.settledMicros + delta.settledMicros,
-      reservedMicros: current.reservedMicros + delta.reservedMicros,
+      settledPicos: current.settledPicos + delta.settledPicos,
+      reservedPicos: current.reservedPicos + delta.reservedPicos,
     };
     store.periods.set(period, next);
     store.writes.set(`spend:${period}`, () =>
       store.storage.sql.exec(
-        `INSERT INTO spend (period, settled_micros, reserved_micros) VALUES (?, ?, ?)
+        `INSERT INTO spend (period, settled_micros, settled_picos, reserved_micros,
+           reserved_picos) VALUES (?, ?, ?, ?, ?)
          ON CONFLICT (period) DO UPDATE SET settled_micros = excluded.settled_micros,
-           reserved_micros = excluded.reserved_micros`,
+           settled_picos = excluded.settled_picos, reserved_micros = excluded.reserved_micros,
+           reserved_picos = excluded.reserved_picos`,
         period,
-        next.settledMicros,
-        next.reservedMicros,
+        ...picosColumns(next.settledPicos),
+        ...picosColumns(next.reservedPicos),
       ),
     );
   }
@@ -106,7 +115,7 @@ export function addUsage(
   model: string,
   requests: number,
   tokens: TokenUsage | null,
-  costMicros: number,
+  costPicos: bigint,
 ): void {
   const key = `${day}\n${model}`;
   const current = store.rollups.get(key) ?? loadRollup(store, day, model);
@@ -117,23 +126,24 @@ export function addUsage(
       current.cachedTokens +
       (tokens === null ? 0 : Math.min(tokens.cachedTokens, tokens.promptTokens)),
     completionTokens: current.completionTokens + (tokens?.completionTokens ?? 0),
-    costMicros: current.costMicros + costMicros,
+    costPicos: current.costPicos + costPicos,
   };
   store.rollups.set(key, next);
   store.writes.set(`usage:${key}`, () =>
     store.storage.sql.exec(
       `INSERT INTO usage_daily (day, model, requests, prompt_tokens, cached_tokens,
-         completion_tokens, cost_micros) VALUES (?, ?, ?, ?, ?, ?, ?)
+         completion_tokens, cost_micros, cost_picos) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
        ON CONFLICT (day, model) DO UPDATE SET requests = excluded.requests,
          prompt_tokens = excluded.prompt_tokens, cached_tokens = excluded.cached_tokens,
-         completion_tokens = excluded.completion_tokens, cost_micros = excluded.cost_micros`,
+         completion_tokens = excluded.completion_tokens, cost_micros = excluded.cost_micros,
+         cost_picos = excluded.cost_picos`,
       day,
       model,
       next.requests,
       next.promptTokens,
       next.cachedTokens,
       next.completionTokens,
-      next.costMicros,
+      ...picosColumns(next.costPicos),
     ),
   );
 }
@@ -141,7 +151,8 @@ export function addUsage(
 export function loadRollup(store: AccountStore, day: string, model: string): UsageTotals {
   const row = store.storage.sql
     .exec<UsageDbRow>(
-      `SELECT day, model, requests, prompt_tokens, cached_tokens, completion_tokens, cost_micros
+      `SELECT day, model, requests, prompt_tokens, cached_tokens, completion_tokens, cost_micros,
+         cost_picos
        FROM usage_daily WHERE day = ? AND model = ?`,
       day,
       model,
@@ -152,6 +163,6 @@ export function loadRollup(store: AccountStore, day: string, model: string): Usa
     promptTokens: row?.prompt_tokens ?? 0,
     cachedTokens: row?.cached_tokens ?? 0,
     completionTokens: row?.completion_tokens ?? 0,
-    costMicros: row?.cost_micros ?? 0,
+    costPicos: storedPicos(row?.cost_micros ?? 0, row?.cost_picos ?? 0),
   };
 }

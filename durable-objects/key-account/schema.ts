@@ -2,7 +2,7 @@
  * The key account's SQLite schema (docs/key-account.md, "Storage"): its migrations, the
  * rows as SQLite returns them, and the mappers between rows and what memory holds.
  */
-import { FREE, type ModelPrice } from "../../contracts/pricing.ts";
+import { FREE, type ModelPrice, PICOS_PER_MICRO } from "../../contracts/pricing.ts";
 import { KEY_TIERS, type KeyRecord, type LedgerRecord, type RequestAttempt } from "./types.ts";
 
 /** The schema migrations, in order (version n is entry n - 1). */
@@ -59,7 +59,33 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
   // Each secret's generation, which browser tokens name: a token ends with its secret.
   `ALTER TABLE secrets ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
    UPDATE secrets SET generation = rowid;`,
+  // Amounts exact at any price: each amount's whole micro-dollars stay where they were, the
+  // pico-dollars below one micro-dollar go beside them (see storedPicos); the metrics count
+  // spend in pico-dollars.
+  `ALTER TABLE ledger ADD COLUMN reserved_picos INTEGER NOT NULL DEFAULT 0;
+   ALTER TABLE ledger ADD COLUMN cost_picos INTEGER NOT NULL DEFAULT 0;
+   ALTER TABLE usage_daily ADD COLUMN cost_picos INTEGER NOT NULL DEFAULT 0;
+   ALTER TABLE spend ADD COLUMN settled_picos INTEGER NOT NULL DEFAULT 0;
+   ALTER TABLE spend ADD COLUMN reserved_picos INTEGER NOT NULL DEFAULT 0;
+   UPDATE metrics SET data = json_remove(
+       json_set(data, '$.spendPicos', json_extract(data, '$.spendMicros') * 1000000),
+       '$.spendMicros')
+     WHERE name <> 'errors';`,
 ];
+
+/**
+ * An amount as SQLite stores it: whole micro-dollars and the pico-dollars below them (or a
+ * sum of each). SQLite's integers reach JavaScript as doubles, so one column of pico-dollars
+ * would be exact only to $9,007; a pair is exact to $9e9.
+ */
+export function storedPicos(micros: number, picos: number): bigint {
+  return BigInt(micros) * PICOS_PER_MICRO + BigInt(picos);
+}
+
+/** The two columns an amount is stored in: whole micro-dollars, then the pico-dollars left. */
+export function picosColumns(amount: bigint): [micros: number, picos: number] {
+  return [Number(amount / PICOS_PER_MICRO), Number(amount % PICOS_PER_MICRO)];
+}
 
 /** The `buckets` scope of the key itself (end users are `u:<subject>`). */
 export const KEY_SCOPE = "key";
@@ -105,7 +131,7 @@ export interface LedgerEntry {
   subjectTpm: number | null;
   endUser: string | null;
   reservedTokens: number;
-  reservedMicros: number;
+  reservedPicos: bigint;
   candidates: StoredCandidate[];
   createdAt: number;
   expiresAt: number;
@@ -114,7 +140,7 @@ export interface LedgerEntry {
   promptTokens: number | null;
   cachedTokens: number | null;
   completionTokens: number | null;
-  costMicros: number;
+  costPicos: bigint;
   attempts: RequestAttempt[];
 }
 
@@ -125,13 +151,14 @@ export const NOT_CLOSED = {
   promptTokens: null,
   cachedTokens: null,
   completionTokens: null,
-  costMicros: 0,
+  costPicos: 0n,
   attempts: [],
 } as const satisfies Partial<LedgerEntry>;
 
 export const LEDGER_COLUMNS = `request_id, state, model, day, subject, subject_tpm, end_user,
-  reserved_tokens, reserved_micros, candidates, created_at, expires_at, closed_at, outcome,
-  prompt_tokens, cached_tokens, completion_tokens, cost_micros, attempts`;
+  reserved_tokens, reserved_micros, reserved_picos, candidates, created_at, expires_at,
+  closed_at, outcome, prompt_tokens, cached_tokens, completion_tokens, cost_micros, cost_picos,
+  attempts`;
 
 export type LedgerRow = {
   request_id: string;
@@ -143,6 +170,7 @@ export type LedgerRow = {
   end_user: string | null;
   reserved_tokens: number;
   reserved_micros: number;
+  reserved_picos: number;
   candidates: string;
   created_at: number;
   expires_at: number;
@@ -152,6 +180,7 @@ export type LedgerRow = {
   cached_tokens: number | null;
   completion_tokens: number | null;
   cost_micros: number;
+  cost_picos: number;
   attempts: string;
 };
 
@@ -163,6 +192,7 @@ export type UsageDbRow = {
   cached_tokens: number;
   completion_tokens: number;
   cost_micros: number;
+  cost_picos: number;
 };
 
 export function recordOf(row: RecordRow): KeyRecord {
@@ -221,7 +251,7 @@ export function ledgerEntryOf(row: LedgerRow): LedgerEntry {
     subjectTpm: row.subject_tpm,
     endUser: row.end_user,
     reservedTokens: row.reserved_tokens,
-    reservedMicros: row.reserved_micros,
+    reservedPicos: storedPicos(row.reserved_micros, row.reserved_picos),
     candidates: JSON.parse(row.candidates) as StoredCandidate[],
     createdAt: row.created_at,
     expiresAt: row.expires_at,
@@ -230,7 +260,7 @@ export function ledgerEntryOf(row: LedgerRow): LedgerEntry {
     promptTokens: row.prompt_tokens,
     cachedTokens: row.cached_tokens,
     completionTokens: row.completion_tokens,
-    costMicros: row.cost_micros,
+    costPicos: storedPicos(row.cost_micros, row.cost_picos),
     attempts: JSON.parse(row.attempts) as RequestAttempt[],
   };
 }
@@ -247,8 +277,8 @@ export function ledgerRecordOf(entry: LedgerEntry): LedgerRecord {
     promptTokens: entry.promptTokens,
     cachedTokens: entry.cachedTokens,
     completionTokens: entry.completionTokens,
-    reservedMicros: entry.reservedMicros,
-    costMicros: entry.costMicros,
+    reservedPicos: entry.reservedPicos,
+    costPicos: entry.costPicos,
     endUser: entry.endUser,
     attempts: entry.attempts,
   };

@@ -23,7 +23,7 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   if (open !== undefined) {
     // Exact, unless that would take a budget past its limit: the reservation was agreed at
     // admission, anything above it only while the budgets have room.
-    const cap = billingCap(budgets, spendOf(store, open.day), open.reservedMicros);
+    const cap = billingCap(budgets, spendOf(store, open.day), open.reservedPicos);
     return close(store, open, input, now, cap);
   }
   // Not in flight: settled or expired already, or its admission was forgotten by a crash
@@ -34,7 +34,7 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   if (row.state === "settled") return { settled: false, requestId, reason: "already_settled" };
   if (row.state === "open") throw new Error(`open ledger row ${requestId} is not in memory`);
   // Expired: its reservation was released then, so it is billed only as far as budgets have room.
-  return close(store, row, input, now, billingCap(budgets, spendOf(store, row.day), 0));
+  return close(store, row, input, now, billingCap(budgets, spendOf(store, row.day), 0n));
 }
 
 // Settles a request whose admission a crash forgot, from what the edge held of it: a
@@ -46,24 +46,25 @@ function settleForgotten(store: AccountStore, input: SettleInput, now: number): 
     return { settled: false, requestId: input.requestId, reason: "unknown_request" };
   // As the admission agreed: its reservation in full, above it as far as the budgets have
   // room with that reservation counted, as it was before the crash.
-  const reserved = Math.max(0, input.admitted?.reservedMicros ?? 0);
+  const admitted = input.admitted?.reservedPicos ?? 0n;
+  const reserved = admitted > 0n ? admitted : 0n;
   const budgets = store.record?.budgets ?? NO_BUDGETS;
   const cap = billingCap(budgets, withReserved(spendOf(store, entry.day), reserved), reserved);
   return close(store, entry, input, now, cap);
 }
 
-// Settles an open, expired or forgotten row at most `capMicros` (null: no cap).
+// Settles an open, expired or forgotten row at most `capPicos` (null: no cap).
 function close(
   store: AccountStore,
   row: LedgerEntry,
   input: SettleInput,
   now: number,
-  capMicros: number | null,
+  capPicos: bigint | null,
 ): SettleResult {
-  const { change, result } = settleRow(row, input, now, capMicros);
+  const { change, result } = settleRow(row, input, now, capPicos);
   applyChange(store, row, change, now);
   if (result.settled) {
-    recordRequest(store, settledSample(input, change.row.model, result.costMicros, now));
+    recordRequest(store, settledSample(input, change.row.model, result.costPicos, now));
   }
   return result;
 }
@@ -102,15 +103,15 @@ export function applyChange(
   store.putLedger(row);
   addSpend(store, row.day, change.spend);
   for (const delta of change.usage) {
-    addUsage(store, row.day, delta.model, delta.requests, delta.tokens, delta.costMicros);
+    addUsage(store, row.day, delta.model, delta.requests, delta.tokens, delta.costPicos);
   }
 }
 
-// Spend as it would be with `micros` more reserved in each period.
-function withReserved(spend: SpendState, micros: number): SpendState {
+// Spend as it would be with `picos` more reserved in each period.
+function withReserved(spend: SpendState, picos: bigint): SpendState {
   const add = (period: PeriodSpend) => ({
     ...period,
-    reservedMicros: period.reservedMicros + micros,
+    reservedPicos: period.reservedPicos + picos,
   });
   return { day: add(spend.day), month: add(spend.month), lifetime: add(spend.lifetime) };
 }

@@ -18,6 +18,7 @@ import {
   type LedgerRow,
   type SecretRow,
   ledgerEntryOf,
+  picosColumns,
 } from "./schema.ts";
 import {
   ACCOUNT_WRITE_DELAY_MS,
@@ -167,12 +168,12 @@ export class AccountStore {
     this.writes.set(`ledger:${entry.requestId}`, () =>
       this.storage.sql.exec(
         `INSERT INTO ledger (${LEDGER_COLUMNS})
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT (request_id) DO UPDATE SET state = excluded.state, model = excluded.model,
            closed_at = excluded.closed_at, outcome = excluded.outcome,
            prompt_tokens = excluded.prompt_tokens, cached_tokens = excluded.cached_tokens,
            completion_tokens = excluded.completion_tokens, cost_micros = excluded.cost_micros,
-           expires_at = excluded.expires_at, attempts = excluded.attempts
+           cost_picos = excluded.cost_picos, expires_at = excluded.expires_at, attempts = excluded.attempts
          WHERE ledger.state = 'open' OR (ledger.state = 'expired' AND excluded.state = 'settled')`,
         entry.requestId,
         entry.state,
@@ -182,7 +183,7 @@ export class AccountStore {
         entry.subjectTpm,
         entry.endUser,
         entry.reservedTokens,
-        entry.reservedMicros,
+        ...picosColumns(entry.reservedPicos),
         JSON.stringify(entry.candidates),
         entry.createdAt,
         entry.expiresAt,
@@ -191,7 +192,7 @@ export class AccountStore {
         entry.promptTokens,
         entry.cachedTokens,
         entry.completionTokens,
-        entry.costMicros,
+        ...picosColumns(entry.costPicos),
         JSON.stringify(entry.attempts),
       ),
     );

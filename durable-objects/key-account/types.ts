@@ -210,8 +210,8 @@ export interface SettleMetrics {
 export interface SettledAdmission {
   /** The models it was admitted for, in the order tried, at their prices. */
   models: { model: string; price: ModelPrice }[];
-  /** The worst-case cost it reserved: billed up to this whatever the budgets' room, as agreed. */
-  reservedMicros: number;
+  /** The worst-case cost it reserved (pico-dollars): billed up to this whatever the budgets' room, as agreed. */
+  reservedPicos: bigint;
 }
 
 /** The answer to `settle`: applied once, or why nothing changed. */
@@ -221,8 +221,8 @@ export type SettleResult =
       requestId: string;
       reservedTokens: number;
       usedTokens: number | null;
-      /** The cost billed, in micro-dollars. */
-      costMicros: number;
+      /** The cost billed, in pico-dollars. */
+      costPicos: bigint;
       late: boolean;
     }
   | { settled: false; requestId: string; reason: "already_settled" | "unknown_request" };
@@ -255,7 +255,8 @@ export interface UsageTotals {
   promptTokens: number;
   cachedTokens: number;
   completionTokens: number;
-  costMicros: number;
+  /** In pico-dollars, exact. */
+  costPicos: bigint;
 }
 
 /** One row of the usage rollup. */
@@ -274,8 +275,9 @@ export interface LedgerRecord {
   promptTokens: number | null;
   cachedTokens: number | null;
   completionTokens: number | null;
-  reservedMicros: number;
-  costMicros: number;
+  /** In pico-dollars, exact. */
+  reservedPicos: bigint;
+  costPicos: bigint;
   endUser: string | null;
   attempts: RequestAttempt[];
 }

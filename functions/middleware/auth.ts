@@ -20,7 +20,7 @@ import {
   renewLease,
   settleRequest,
 } from "../key-auth.ts";
-import { billedMicros, formatUsd } from "../../contracts/pricing.ts";
+import { billedPicos, formatUsd } from "../../contracts/pricing.ts";
 import type { GatewayConfig } from "../config.ts";
 import { completionAllowance } from "./completion-plan.ts";
 import { waitUntilOf } from "./request-context.ts";
@@ -33,7 +33,7 @@ import type {
   SettleMetrics,
 } from "../../durable-objects/key-account/types.ts";
 
-/** Response header with a non-streaming completion's cost in USD (six decimal places). */
+/** Response header with a non-streaming completion's exact cost in USD (six to twelve places). */
 export const COST_HEADER = "x-warmgate-cost-usd";
 
 /**
@@ -153,7 +153,7 @@ export function admitCompletion() {
       // Up to its reservation a request is billed exactly this; above it only as far as the
       // key's budgets have room, which its account decides: ask it (the queued settlement
       // then finds the request settled).
-      if (settled !== null && result.budgeted && cost > result.reservedMicros) {
+      if (settled !== null && result.budgeted && cost > result.reservedPicos) {
         cost = await settledCost(c.env, credential.keyId, settleInput(c, settled));
       }
       setHeaders(c, { [COST_HEADER]: formatUsd(cost) });
@@ -171,15 +171,15 @@ export function endUserOf(credential: Credential, bodyUser: unknown): string | n
   return typeof bodyUser === "string" ? bodyUser : null;
 }
 
-/** The cost of a settled request's usage at the served model's price (nothing without usage). */
+/** The cost of a settled request's usage at the served model's price, in pico-dollars (nothing without usage). */
 export function usageCost(
   config: GatewayConfig,
   settled: SettledRequest | null,
   allowed: readonly string[],
-): number {
-  if (settled === null || settled.usage === null) return 0;
+): bigint {
+  if (settled === null || settled.usage === null) return 0n;
   const model = config.models.find((m) => m.id === settled.model && allowed.includes(m.id));
-  return billedMicros(
+  return billedPicos(
     {
       promptTokens: settled.usage.prompt_tokens,
       cachedTokens: settled.usage.cached_tokens,
@@ -214,7 +214,7 @@ function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
         model: id,
         price: modelPrice(models.find((model) => model.id === id)?.pricing),
       })),
-      reservedMicros: admission.reservedMicros,
+      reservedPicos: admission.reservedPicos,
     },
   };
 }
@@ -231,11 +231,11 @@ export function settleMetrics(startedAt: number, settled: SettledRequest): Settl
 }
 
 // Settles now and reads what the account billed (from the ledger if it was settled already).
-async function settledCost(env: Env, keyId: string, input: SettleInput): Promise<number> {
+async function settledCost(env: Env, keyId: string, input: SettleInput): Promise<bigint> {
   const result = await settleRequest(env, keyId, input);
-  if (result.settled) return result.costMicros;
+  if (result.settled) return result.costPicos;
   const found = await keyAccount(env, keyId).record({ requestId: input.requestId });
-  return found.ok && found.record !== null ? found.record.costMicros : 0;
+  return found.ok && found.record !== null ? found.record.costPicos : 0n;
 }
 
 function isEventStream(response: Response): boolean {

@@ -4,7 +4,7 @@
  * region, status class, tier, outcome, origin; doubles duration ms, TTFT ms (-1 for
  * none), prompt, cached and completion tokens, cost in USD. No key, token or prompt.
  */
-import { microsToUsd } from "../../contracts/pricing.ts";
+import { picosToUsd } from "../../contracts/pricing.ts";
 import type { SettleMetrics } from "../../durable-objects/key-account/types.ts";
 import type { SettledRequest } from "../settlement.ts";
 
@@ -15,7 +15,7 @@ export function writeRequestEvent(
   tier: string,
   settled: SettledRequest,
   metrics: SettleMetrics,
-  costMicros: number,
+  costPicos: bigint,
 ): void {
   if (dataset === undefined) return;
   const usage = settled.usage;
@@ -35,7 +35,7 @@ export function writeRequestEvent(
       usage?.prompt_tokens ?? 0,
       usage?.cached_tokens ?? 0,
       usage?.completion_tokens ?? 0,
-      microsToUsd(costMicros),
+      picosToUsd(costPicos),
     ],
   });
 }

@@ -5,7 +5,7 @@
  * Names are stable; labels are the model, region, status class, tier, lane and origin.
  */
 import { Histogram, Metric, renderFamilies } from "../../contracts/prometheus.ts";
-import { microsToUsd } from "../../contracts/pricing.ts";
+import { picosToUsd } from "../../contracts/pricing.ts";
 import { DURATION_BOUNDS_S, TTFT_BOUNDS_S } from "../../durable-objects/key-account/types.ts";
 import { QUEUE_WAIT_BOUNDS_MS } from "../../durable-objects/batcher/types.ts";
 import { BATCH_SIZE_BOUNDS, type FleetStats, batchSizeCounts, originShares } from "./collect.ts";
@@ -58,7 +58,7 @@ export function renderFleet(stats: FleetStats): string {
   );
   for (const key of stats.keys) {
     let keyCount = 0;
-    let keyMicros = 0;
+    let keyPicos = 0;
     for (const s of key.series) {
       requests.inc(
         { model: s.model, region: s.region, status_class: s.statusClass, tier: key.tier },
@@ -75,14 +75,14 @@ export function renderFleet(stats: FleetStats): string {
       tokens.inc({ model: s.model, kind: "prompt" }, s.promptTokens);
       tokens.inc({ model: s.model, kind: "cached" }, s.cachedTokens);
       tokens.inc({ model: s.model, kind: "completion" }, s.completionTokens);
-      spend.inc({ model: s.model, tier: key.tier }, microsToUsd(s.spendMicros));
+      spend.inc({ model: s.model, tier: key.tier }, picosToUsd(s.spendPicos));
       attempts.inc({ model: s.model, region: s.region }, s.attempts);
       retries.inc({ model: s.model, region: s.region }, s.retries);
       keyCount += s.requests;
-      keyMicros += s.spendMicros;
+      keyPicos += s.spendPicos;
     }
     keyRequests.inc({ key: key.keyId, name: key.name }, keyCount);
-    keySpend.inc({ key: key.keyId, name: key.name }, microsToUsd(keyMicros));
+    keySpend.inc({ key: key.keyId, name: key.name }, picosToUsd(keyPicos));
   }
 
   const batches = new Metric(

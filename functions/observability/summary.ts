@@ -4,7 +4,7 @@
  * time-to-first-token histograms (the page turns their differences between two polls
  * into percentiles over time); batch sizes; the keys with most requests; recent errors.
  */
-import { microsToUsd } from "../../contracts/pricing.ts";
+import { picosToUsd } from "../../contracts/pricing.ts";
 import { type HistogramData, emptyHistogram } from "../../contracts/prometheus.ts";
 import type { RecentError } from "../../durable-objects/key-account/metrics.ts";
 import { DURATION_BOUNDS_S, TTFT_BOUNDS_S } from "../../durable-objects/key-account/types.ts";
@@ -33,25 +33,25 @@ export function summarize(stats: FleetStats, config: GatewayConfig) {
   const ttft = merged(TTFT_BOUNDS_S);
   let requests = 0;
   let errors = 0;
-  let spendMicros = 0;
+  let spendPicos = 0;
   const keys = stats.keys.map((key) => {
     let n = 0;
-    let micros = 0;
+    let picos = 0;
     for (const s of key.series) {
       addInto(latency, s.durationS);
       addInto(ttft, s.ttftS);
       n += s.requests;
-      micros += s.spendMicros;
+      picos += s.spendPicos;
       if (s.statusClass !== "2xx") errors += s.requests;
     }
     requests += n;
-    spendMicros += micros;
+    spendPicos += picos;
     return {
       id: key.keyId,
       name: key.name,
       tier: key.tier,
       requests: n,
-      spend_usd: microsToUsd(micros),
+      spend_usd: picosToUsd(picos),
     };
   });
   const recent: (RecentError & { key: string })[] = stats.keys
@@ -102,7 +102,7 @@ export function summarize(stats: FleetStats, config: GatewayConfig) {
     }));
   return {
     at: stats.at,
-    totals: { requests, errors, spend_usd: microsToUsd(spendMicros), keys: stats.keys.length },
+    totals: { requests, errors, spend_usd: picosToUsd(spendPicos), keys: stats.keys.length },
     regions: config.regions.map((region) => ({
       id: region.id,
       origins: region.origins.map((origin) => ({

@@ -2,7 +2,7 @@
  * The usage API of the calling key, from its KeyAccount's ledger:
  * `GET /v1/usage?from=YYYY-MM-DD&to=YYYY-MM-DD` (totals per UTC day and model, default
  * today; `&user=U` for one end user's requests) and `GET /v1/usage/requests/{request_id}` (one request's record, by the
- * `x-request-id` it was answered with). Costs are in USD, exact to the micro-dollar.
+ * `x-request-id` it was answered with). Costs are in USD, exact (to the pico-dollar).
  * Streamed requests are billed here once their stream ended.
  * See docs/key-account.md.
  */
@@ -15,7 +15,7 @@ import type {
   UsageRow,
   UsageTotals,
 } from "../../durable-objects/key-account/types.ts";
-import { microsToUsd, utcDay } from "../../contracts/pricing.ts";
+import { picosToUsd, utcDay } from "../../contracts/pricing.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { ApiError, invalidRequest } from "../../contracts/errors.ts";
 
@@ -77,14 +77,14 @@ export function sumUsage(rows: readonly UsageTotals[]): UsageTotals {
     promptTokens: 0,
     cachedTokens: 0,
     completionTokens: 0,
-    costMicros: 0,
+    costPicos: 0n,
   };
   for (const row of rows) {
     total.requests += row.requests;
     total.promptTokens += row.promptTokens;
     total.cachedTokens += row.cachedTokens;
     total.completionTokens += row.completionTokens;
-    total.costMicros += row.costMicros;
+    total.costPicos += row.costPicos;
   }
   return total;
 }
@@ -96,7 +96,7 @@ export function totalsJson(totals: UsageTotals): UsageTotalsJson {
     prompt_tokens: totals.promptTokens,
     cached_tokens: totals.cachedTokens,
     completion_tokens: totals.completionTokens,
-    cost_usd: microsToUsd(totals.costMicros),
+    cost_usd: picosToUsd(totals.costPicos),
   };
 }
 
@@ -133,9 +133,9 @@ export function requestRecordJson(record: LedgerRecord) {
     cached_tokens: record.cachedTokens,
     completion_tokens: record.completionTokens,
     total_tokens: tokens,
-    cost_usd: microsToUsd(record.costMicros),
+    cost_usd: picosToUsd(record.costPicos),
     // While a request runs its worst case is held against the key's budgets.
-    reserved_usd: record.state === "open" ? microsToUsd(record.reservedMicros) : 0,
+    reserved_usd: record.state === "open" ? picosToUsd(record.reservedPicos) : 0,
     // Every origin tried for it, in order; only the one that served it is billed.
     attempts: record.attempts,
   };

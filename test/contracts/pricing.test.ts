@@ -1,18 +1,18 @@
 import { describe, expect, it } from "vitest";
 import {
   FREE,
-  billedMicros,
-  costMicros,
+  billedPicos,
   costPicos,
   formatUsd,
   microsToUsd,
   msToNextUtcDay,
   msToNextUtcMonth,
+  picosToUsd,
   reservedPromptTokens,
   usdToMicros,
   utcDay,
   utcMonth,
-  worstCaseMicros,
+  worstCasePicos,
   type ModelPrice,
 } from "../../contracts/pricing.ts";
 
@@ -23,69 +23,59 @@ const price: ModelPrice = {
   outputMicrosPerMtok: 600_000,
 };
 
-const output = (completionTokens: number) => ({
-  promptTokens: 0,
-  cachedTokens: 0,
-  completionTokens,
-});
+// Whole micro-dollars in pico-dollars.
+const micros = (n: number) => BigInt(n) * 1_000_000n;
 
 describe("costs", () => {
   it("prices uncached prompt, cached prompt and completion tokens at their own prices", () => {
     const usage = { promptTokens: 1_000_000, cachedTokens: 400_000, completionTokens: 1_000_000 };
     // 600k × $0.15 + 400k × $0.075 + 1M × $0.60 = $0.09 + $0.03 + $0.60
-    expect(costMicros(usage, price)).toBe(720_000);
+    expect(costPicos(usage, price)).toBe(micros(720_000));
   });
 
-  it("rounds once per request to whole micro-dollars, half up", () => {
-    const perToken = { ...FREE, outputMicrosPerMtok: 150_000 }; // 0.15 µ$ a token
-    expect(costMicros(output(3), perToken)).toBe(0); // 0.45
-    expect(costMicros(output(4), perToken)).toBe(1); // 0.60
-    expect(costMicros(output(10), perToken)).toBe(2); // 1.50 rounds up
-    expect(costPicos(output(10), perToken)).toBe(1_500_000n);
+  it("never rounds: a request worth a fraction of a micro-dollar costs that fraction", () => {
+    const embeddings = { ...FREE, inputMicrosPerMtok: 20_000 }; // $0.02 per 1M tokens
+    const tenTokens = { promptTokens: 10, cachedTokens: 0, completionTokens: 0 };
+    expect(costPicos(tenTokens, embeddings)).toBe(200_000n); // 0.2 µ$
+    let total = 0n;
+    for (let i = 0; i < 100; i++) total += costPicos(tenTokens, embeddings);
+    expect(total).toBe(micros(20));
+    expect(picosToUsd(total)).toBe(0.00002);
   });
 
   it("stays exact where binary floats would not", () => {
-    // 10M tokens at $1000 per 1M: 1e17 pico-dollars, past 2^53.
+    // 10M tokens at $1000 per 1M: 1e22 pico-dollars, far past 2^53.
     const pricey = { ...FREE, outputMicrosPerMtok: 1_000_000_000 };
-    expect(
-      costMicros({ promptTokens: 0, cachedTokens: 0, completionTokens: 10_000_001 }, pricey),
-    ).toBe(10_000_001_000);
+    const cost = costPicos(
+      { promptTokens: 0, cachedTokens: 0, completionTokens: 10_000_001 },
+      pricey,
+    );
+    expect(cost).toBe(micros(10_000_001_000));
+    expect(formatUsd(cost + 1n)).toBe("10000.001000000001");
     expect(usdToMicros(0.1)! + usdToMicros(0.2)!).toBe(usdToMicros(0.3));
-    // A thousand requests of 7 output tokens at $0.15/1M: each 1.05 µ$ billed as 1 µ$.
-    let total = 0;
-    for (let i = 0; i < 1_000; i++) {
-      total += costMicros(
-        { promptTokens: 0, cachedTokens: 0, completionTokens: 7 },
-        {
-          ...FREE,
-          outputMicrosPerMtok: 150_000,
-        },
-      );
-    }
-    expect(total).toBe(1_000);
   });
 
   it("never counts more cached tokens than prompt tokens, nor negative counts", () => {
     expect(
-      costMicros(
+      costPicos(
         { promptTokens: 10, cachedTokens: 50, completionTokens: -3 },
         { ...FREE, cachedInputMicrosPerMtok: 1_000_000 },
       ),
-    ).toBe(10);
+    ).toBe(micros(10));
   });
 
   it("reserves the worst case: the prompt with room for the chat template, uncached, and every max token", () => {
     expect(reservedPromptTokens(0)).toBe(32);
     expect(reservedPromptTokens(774)).toBe(1_000);
-    expect(worstCaseMicros(price, 774, 2_000)).toBe(150 + 1_200);
+    expect(worstCasePicos(price, 774, 2_000)).toBe(micros(150 + 1_200));
   });
 
   it("bills the usage, at most a budget's cap, and nothing without usage", () => {
     const usage = { promptTokens: 1_000, cachedTokens: 1_000, completionTokens: 100 };
-    expect(billedMicros(usage, price, null)).toBe(75 + 60);
-    expect(billedMicros(usage, price, 100)).toBe(100);
-    expect(billedMicros(usage, price, -5)).toBe(0);
-    expect(billedMicros(null, price, null)).toBe(0);
+    expect(billedPicos(usage, price, null)).toBe(micros(75 + 60));
+    expect(billedPicos(usage, price, micros(100))).toBe(micros(100));
+    expect(billedPicos(usage, price, -5n)).toBe(0n);
+    expect(billedPicos(null, price, null)).toBe(0n);
   });
 });
 
@@ -100,12 +90,18 @@ describe("dollars", () => {
     expect(usdToMicros(Number.NaN)).toBeNull();
   });
 
-  it("writes micro-dollars as six-place decimals and JSON numbers", () => {
-    expect(formatUsd(123)).toBe("0.000123");
-    expect(formatUsd(1_500_000)).toBe("1.500000");
-    expect(formatUsd(0)).toBe("0.000000");
+  it("writes pico-dollars as exact decimals of six to twelve places, and as JSON numbers", () => {
+    expect(formatUsd(micros(123))).toBe("0.000123");
+    expect(formatUsd(micros(1_500_000))).toBe("1.500000");
+    expect(formatUsd(0n)).toBe("0.000000");
+    expect(formatUsd(200_000n)).toBe("0.0000002");
+    expect(formatUsd(1n)).toBe("0.000000000001");
+    expect(JSON.stringify(picosToUsd(micros(123)))).toBe("0.000123");
+    expect(JSON.stringify(picosToUsd(micros(720_000)))).toBe("0.72");
+    expect(JSON.stringify(picosToUsd(200_000n))).toBe("2e-7");
+    // Past 2^53 pico-dollars, the double nearest the exact decimal.
+    expect(picosToUsd(10n ** 18n + 5n)).toBe(1_000_000);
     expect(JSON.stringify(microsToUsd(123))).toBe("0.000123");
-    expect(JSON.stringify(microsToUsd(720_000))).toBe("0.72");
   });
 });
 

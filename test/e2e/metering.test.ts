@@ -1,7 +1,6 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { usdToMicros } from "../../contracts/pricing.ts";
 import { type RunningStack, createKey, startStack } from "../../scripts/stack.ts";
-import { metricValue } from "../support/edge-requests.ts";
+import { metricValue, usdPicos } from "../support/edge-requests.ts";
 
 // Through the real edge (wrangler dev, batcher, key accounts) and simulated origins at a
 // realistic pace, so a stream is still running when its client goes away.
@@ -159,7 +158,7 @@ describe("metering through the whole stack", () => {
     const headers = results.flatMap((result, i) =>
       result.costHeader === null
         ? []
-        : [[usdToMicros(Number(result.costHeader)), usdToMicros(records[i]?.cost_usd ?? -1)]],
+        : [[usdPicos(Number(result.costHeader)), usdPicos(records[i]?.cost_usd ?? -1)]],
     );
     expect(headers.length).toBeGreaterThan(0);
     expect(headers.map(([header]) => header)).toEqual(headers.map(([, ledger]) => ledger));
@@ -171,10 +170,10 @@ describe("metering through the whole stack", () => {
     expect(cancelled.filter((r) => !((r.completion_tokens ?? 0) > 0 && r.cost_usd > 0))).toEqual(
       [],
     );
-    const sum = records.reduce((total, r) => total + (usdToMicros(r.cost_usd) ?? Number.NaN), 0);
+    const sum = records.reduce((total, r) => total + usdPicos(r.cost_usd), 0n);
     const report = await get<UsageReport>(key, "/v1/usage");
     expect(report.total.requests).toBe(300);
-    expect(usdToMicros(report.total.cost_usd)).toBe(sum);
+    expect(usdPicos(report.total.cost_usd)).toBe(sum);
   }, 240_000);
 
   it("never lets many concurrent requests together overdraw a small daily budget", async () => {
@@ -190,10 +189,10 @@ describe("metering through the whole stack", () => {
     expect(statuses.every((s) => s === 200 || s === 429)).toBe(true);
     const admitted = results.filter((r) => r.status === 200);
     const records = await Promise.all(admitted.map((r) => settledRecord(key, r.id)));
-    const spent = records.reduce((total, r) => total + (usdToMicros(r.cost_usd) ?? 0), 0);
-    expect(spent).toBeGreaterThan(0);
-    expect(spent).toBeLessThanOrEqual(300);
+    const spent = records.reduce((total, r) => total + usdPicos(r.cost_usd), 0n);
+    expect(spent).toBeGreaterThan(0n);
+    expect(spent).toBeLessThanOrEqual(300_000_000n); // $0.0003 in pico-dollars
     const report = await get<UsageReport>(key, "/v1/usage");
-    expect(usdToMicros(report.total.cost_usd)).toBe(spent);
+    expect(usdPicos(report.total.cost_usd)).toBe(spent);
   }, 120_000);
 });

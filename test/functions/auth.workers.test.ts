@@ -358,7 +358,7 @@ describe("settlements across an account crash", () => {
       outcome: "ok",
       usage,
       model: "m",
-      admitted: { models: [{ model: "m", price }], reservedMicros: a.reservedMicros },
+      admitted: { models: [{ model: "m", price }], reservedPicos: a.reservedPicos },
     });
     expect((await admitRequest(env, credential, request("b"))).ok).toBe(true);
     expect(heldSettlements(id)).toEqual({ queued: 0, unconfirmed: 1 });
@@ -370,7 +370,7 @@ describe("settlements across an account crash", () => {
       }),
     ).rejects.toThrow("crash inside the write window");
     expect(await account(id).record({ requestId: "a" })).toMatchObject({
-      record: { state: "open", costMicros: 0 },
+      record: { state: "open", costPicos: 0n },
     });
 
     // The next calls from the edge meet another incarnation and send it again.
@@ -381,20 +381,28 @@ describe("settlements across an account crash", () => {
 
     const restarted = account(id);
     expect(await restarted.record({ requestId: "a" })).toMatchObject({
-      record: { state: "settled", promptTokens: 1_000, cachedTokens: 400, costMicros: 420 },
+      record: { state: "settled", promptTokens: 1_000, cachedTokens: 400, costPicos: 420_000_000n },
     });
     const day = new Date().toISOString().slice(0, 10);
     expect(await restarted.usage({ from: day, to: day })).toMatchObject({
-      rows: [{ model: "m", requests: 1, promptTokens: 1_000, cachedTokens: 400, costMicros: 420 }],
+      rows: [
+        {
+          model: "m",
+          requests: 1,
+          promptTokens: 1_000,
+          cachedTokens: 400,
+          costPicos: 420_000_000n,
+        },
+      ],
     });
     const spend = await runInDurableObject(restarted, (instance: KeyAccount, state) => {
       instance.flush();
       return state.storage.sql
-        .exec<{ settled: number }>(
-          "SELECT settled_micros AS settled FROM spend WHERE period = 'all'",
+        .exec<{ micros: number; picos: number }>(
+          "SELECT settled_micros AS micros, settled_picos AS picos FROM spend WHERE period = 'all'",
         )
-        .one().settled;
+        .one();
     });
-    expect(spend).toBe(420);
+    expect(spend).toEqual({ micros: 420, picos: 0 });
   });
 });

@@ -6,10 +6,10 @@ import {
 import { env, exports } from "cloudflare:workers";
 import { afterEach, describe, expect, inject, it } from "vitest";
 import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
-import { costMicros, formatUsd, usdToMicros } from "../../contracts/pricing.ts";
+import { costPicos, formatUsd } from "../../contracts/pricing.ts";
 import app from "../../functions/index.ts";
 import { modelPrice } from "../../functions/pricing.ts";
-import { type ErrorBody, chatBody, edgeRequest } from "../support/edge-requests.ts";
+import { type ErrorBody, chatBody, edgeRequest, usdPicos } from "../support/edge-requests.ts";
 import { ADMIN, createKey } from "../support/admin-keys.workers.ts";
 
 function originUrl(id: string): string {
@@ -97,8 +97,8 @@ type Usage = {
   prompt_tokens_details?: { cached_tokens?: number };
 };
 
-function costOf(usage: Usage, pricing: typeof SMALL): number {
-  return costMicros(
+function costOf(usage: Usage, pricing: typeof SMALL): bigint {
+  return costPicos(
     {
       promptTokens: usage.prompt_tokens,
       cachedTokens: usage.prompt_tokens_details?.cached_tokens ?? 0,
@@ -161,9 +161,9 @@ describe("prices on the request path", () => {
       { ...usage, prompt_tokens_details: { cached_tokens: record.cached_tokens ?? 0 } },
       SMALL,
     );
-    expect(expected).toBeGreaterThan(0);
+    expect(expected).toBeGreaterThan(0n);
     expect(response.headers.get("x-warmgate-cost-usd")).toBe(formatUsd(expected));
-    expect(usdToMicros(record.cost_usd)).toBe(expected);
+    expect(usdPicos(record.cost_usd)).toBe(expected);
   });
 
   it("bills a stream from the origin's usage, without a cost header", async () => {
@@ -188,7 +188,7 @@ describe("prices on the request path", () => {
       (r) => r.json(),
     );
     expect(record).toMatchObject({ status: "settled", outcome: "ok", completion_tokens: 12 });
-    expect(usdToMicros((record as RequestRecord).cost_usd)).toBe(costOf(usage as Usage, SMALL));
+    expect(usdPicos((record as RequestRecord).cost_usd)).toBe(costOf(usage as Usage, SMALL));
   });
 
   // Unbatched, the edge relays the stream; batched, the batcher writes it into the response.
@@ -263,10 +263,10 @@ describe("prices on the request path", () => {
 describe("the usage API", () => {
   it("totals a key's requests per day and model, today by default", async () => {
     const { key } = await createKey({ name: "totals" });
-    const costs: number[] = [];
+    const costs: bigint[] = [];
     for (const model of ["warmgate-sim-8b", "warmgate-sim-70b", "warmgate-sim-8b"]) {
       const { response } = await send(pricedConfig(), chat(key, { model }));
-      costs.push(usdToMicros(Number(response.headers.get("x-warmgate-cost-usd"))) ?? -1);
+      costs.push(usdPicos(Number(response.headers.get("x-warmgate-cost-usd"))));
     }
     const { body } = await send(pricedConfig(), get(key, "/v1/usage"), (r) => r.json());
     const today = new Date().toISOString().slice(0, 10);
@@ -279,7 +279,7 @@ describe("the usage API", () => {
       [today, "warmgate-sim-8b", 2],
     ]);
     expect(report.total.requests).toBe(3);
-    expect(usdToMicros(report.total.cost_usd)).toBe(costs.reduce((a, b) => a + b, 0));
+    expect(usdPicos(report.total.cost_usd)).toBe(costs.reduce((a, b) => a + b, 0n));
   });
 
   it("refuses a bad range, a browser token, and an unknown request id", async () => {
@@ -382,18 +382,22 @@ describe("conservation", () => {
         const sql = s.storage.sql;
         return {
           rows: sql
-            .exec<{ request_id: string; state: string; cost_micros: number }>(
-              "SELECT request_id, state, cost_micros FROM ledger",
+            // Pico-dollars, as SQLite computes them (exact for these small amounts).
+            .exec<{ request_id: string; state: string; cost: number }>(
+              "SELECT request_id, state, cost_micros * 1000000 + cost_picos AS cost FROM ledger",
             )
             .toArray(),
           rollup: sql
             .exec<{ requests: number; cost: number }>(
-              "SELECT SUM(requests) AS requests, SUM(cost_micros) AS cost FROM usage_daily",
+              `SELECT SUM(requests) AS requests, SUM(cost_micros * 1000000 + cost_picos) AS cost
+               FROM usage_daily`,
             )
             .one(),
           spend: sql
             .exec<{ settled: number; reserved: number }>(
-              "SELECT settled_micros AS settled, reserved_micros AS reserved FROM spend WHERE period = 'all'",
+              `SELECT settled_micros * 1000000 + settled_picos AS settled,
+                 reserved_micros * 1000000 + reserved_picos AS reserved
+               FROM spend WHERE period = 'all'`,
             )
             .one(),
         };
@@ -404,7 +408,7 @@ describe("conservation", () => {
     expect(state.rows.map((row) => row.request_id).sort()).toEqual([...ids].sort());
     expect(state.rows.filter((row) => row.state !== "settled")).toEqual([]);
     // Conservation: the rows' costs are the rollups' and the key's spend, nothing reserved.
-    const sum = state.rows.reduce((total, row) => total + row.cost_micros, 0);
+    const sum = state.rows.reduce((total, row) => total + row.cost, 0);
     expect(sum).toBeGreaterThan(0);
     expect(state.rollup).toEqual({ requests: 200, cost: sum });
     expect(state.spend).toEqual({ settled: sum, reserved: 0 });
@@ -412,7 +416,7 @@ describe("conservation", () => {
     const { body } = await send(pricedConfig(), get(key, "/v1/usage"), (r) => r.json());
     const report = body as { total: { requests: number; cost_usd: number } };
     expect(report.total.requests).toBe(200);
-    expect(usdToMicros(report.total.cost_usd)).toBe(sum);
+    expect(usdPicos(report.total.cost_usd)).toBe(BigInt(sum));
   });
 
   it("never lets concurrent requests together overdraw a small budget", async () => {
@@ -433,13 +437,15 @@ describe("conservation", () => {
         instance.flush();
         return s.storage.sql
           .exec<{ settled: number; reserved: number }>(
-            "SELECT settled_micros AS settled, reserved_micros AS reserved FROM spend WHERE period = 'all'",
+            `SELECT settled_micros * 1000000 + settled_picos AS settled,
+               reserved_micros * 1000000 + reserved_picos AS reserved
+             FROM spend WHERE period = 'all'`,
           )
           .one();
       },
     );
     expect(spend.reserved).toBe(0);
     expect(spend.settled).toBeGreaterThan(0);
-    expect(spend.settled).toBeLessThanOrEqual(500);
+    expect(spend.settled).toBeLessThanOrEqual(500_000_000); // $0.0005 in pico-dollars
   });
 });

@@ -1,7 +1,7 @@
 import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
-import { costMicros, formatUsd, usdToMicros } from "../../contracts/pricing.ts";
+import { costPicos, formatUsd, picosToUsd } from "../../contracts/pricing.ts";
 import app from "../../functions/index.ts";
 import { modelPrice } from "../../functions/pricing.ts";
 import { type ErrorBody, edgeRequest } from "../support/edge-requests.ts";
@@ -85,7 +85,7 @@ describe("POST /v1/responses", () => {
         cached_tokens: body.usage.input_tokens_details.cached_tokens,
         completion_tokens: body.usage.output_tokens,
       });
-      const cost = costMicros(
+      const cost = costPicos(
         {
           promptTokens: record.prompt_tokens,
           cachedTokens: record.cached_tokens,
@@ -93,7 +93,7 @@ describe("POST /v1/responses", () => {
         },
         modelPrice(CHAT),
       );
-      expect(usdToMicros(record.cost_usd)).toBe(cost);
+      expect(record.cost_usd).toBe(picosToUsd(cost));
       expect(response.headers.get("x-warmgate-cost-usd")).toBe(formatUsd(cost));
     });
   }
@@ -211,7 +211,7 @@ describe("POST /v1/embeddings", () => {
       prompt_tokens: body.usage.prompt_tokens,
       completion_tokens: 0,
     });
-    const cost = costMicros(
+    const cost = costPicos(
       {
         promptTokens: record.prompt_tokens,
         cachedTokens: record.cached_tokens,
@@ -219,8 +219,8 @@ describe("POST /v1/embeddings", () => {
       },
       modelPrice(EMBED),
     );
-    expect(cost).toBeGreaterThan(0);
-    expect(usdToMicros(record.cost_usd)).toBe(cost);
+    expect(cost).toBeGreaterThan(0n);
+    expect(record.cost_usd).toBe(picosToUsd(cost));
   });
 
   it("refuses bad input with OpenAI's errors, and a chat model with the engine's", async () => {

@@ -76,3 +76,11 @@ export function lastEvent(text: string): { last: unknown; done: boolean } {
     done: text.includes("[DONE]"),
   };
 }
+
+/**
+ * The exact pico-dollars an amount of the API stands for (`cost_usd`, or the number of an
+ * `x-warmgate-cost-usd` header): its twelve decimal places, exact for a test's small amounts.
+ */
+export function usdPicos(usd: number): bigint {
+  return BigInt(usd.toFixed(12).replace(".", ""));
+}

@@ -21,10 +21,12 @@ const key: KeyPolicy = {
 };
 const idle: ScopeUsage = { requests: null, tokens: null, inFlight: 0 };
 const nothingSpent: SpendState = {
-  day: { settledMicros: 0, reservedMicros: 0 },
-  month: { settledMicros: 0, reservedMicros: 0 },
-  lifetime: { settledMicros: 0, reservedMicros: 0 },
+  day: { settledPicos: 0n, reservedPicos: 0n },
+  month: { settledPicos: 0n, reservedPicos: 0n },
+  lifetime: { settledPicos: 0n, reservedPicos: 0n },
 };
+// Whole micro-dollars (what budgets are set in) as pico-dollars (what amounts are).
+const micros = (n: number) => BigInt(n) * 1_000_000n;
 
 /** A request for one model, `m`. */
 function single(
@@ -32,12 +34,12 @@ function single(
     promptTokens?: number;
     maxTokens?: number;
     origin?: string | null;
-    micros?: number;
+    picos?: bigint;
   } = {},
 ): AdmissionRequest {
   return {
     candidates: [
-      { model: "m", maxTokens: overrides.maxTokens ?? 90, worstCaseMicros: overrides.micros ?? 0 },
+      { model: "m", maxTokens: overrides.maxTokens ?? 90, worstCasePicos: overrides.picos ?? 0n },
     ],
     promptTokens: overrides.promptTokens ?? 10,
     origin: overrides.origin ?? null,
@@ -63,7 +65,7 @@ describe("decideAdmission", () => {
       ok: true,
       models: ["m"],
       reservedTokens: 100,
-      reservedMicros: 0,
+      reservedPicos: 0n,
       rateLimit: {
         requests: { limit: 10, remaining: 9, resetMs: 6_000 },
         tokens: { limit: 1_000, remaining: 900, resetMs: 6_000 },
@@ -169,8 +171,8 @@ describe("decideAdmission", () => {
 
 describe("alias candidates", () => {
   const candidates = [
-    { model: "small", maxTokens: 100, worstCaseMicros: 50 },
-    { model: "large", maxTokens: 300, worstCaseMicros: 400 },
+    { model: "small", maxTokens: 100, worstCasePicos: micros(50) },
+    { model: "large", maxTokens: 300, worstCasePicos: micros(400) },
   ];
 
   it("keeps the allowed candidates in order and reserves the largest of each", () => {
@@ -179,13 +181,13 @@ describe("alias candidates", () => {
       ok: true,
       models: ["small", "large"],
       reservedTokens: 310,
-      reservedMicros: 400,
+      reservedPicos: micros(400),
     });
     const narrow = decideAdmission(input({ key: { ...key, models: ["small"] }, request }));
     expect(narrow.decision).toMatchObject({
       models: ["small"],
       reservedTokens: 110,
-      reservedMicros: 50,
+      reservedPicos: micros(50),
     });
   });
 
@@ -197,10 +199,11 @@ describe("alias candidates", () => {
   });
 });
 
-const spent = (day: number, reserved = 0): SpendState => ({
-  day: { settledMicros: day, reservedMicros: reserved },
-  month: { settledMicros: day, reservedMicros: reserved },
-  lifetime: { settledMicros: day, reservedMicros: reserved },
+// Spend in every period, in pico-dollars.
+const spent = (day: bigint, reserved = 0n): SpendState => ({
+  day: { settledPicos: day, reservedPicos: reserved },
+  month: { settledPicos: day, reservedPicos: reserved },
+  lifetime: { settledPicos: day, reservedPicos: reserved },
 });
 const budgeted = (budgets: Partial<KeyPolicy["budgets"]>): KeyPolicy => ({
   ...key,
@@ -212,29 +215,29 @@ describe("budgets", () => {
     const result = decideAdmission(
       input({
         key: budgeted({ dayMicros: 1_000 }),
-        spend: spent(600, 100),
-        request: single({ micros: 300 }),
+        spend: spent(micros(600), micros(100)),
+        request: single({ picos: micros(300) }),
       }),
     );
-    expect(result.decision).toMatchObject({ ok: true, reservedMicros: 300 });
+    expect(result.decision).toMatchObject({ ok: true, reservedPicos: micros(300) });
   });
 
-  it("refuses one micro-dollar over with insufficient_quota and takes nothing", () => {
+  it("refuses one pico-dollar over with insufficient_quota and takes nothing", () => {
     const { decision, state } = decideAdmission(
       input({
         key: budgeted({ dayMicros: 1_000 }),
-        spend: spent(600, 100),
-        request: single({ micros: 301 }),
+        spend: spent(micros(600) - 7n, micros(100) + 3n),
+        request: single({ picos: micros(300) + 5n }),
       }),
     );
     expect(decision).toMatchObject({
       ok: false,
       code: "insufficient_quota",
       budget: "day",
-      limitMicros: 1_000,
-      spentMicros: 600,
-      reservedMicros: 100,
-      requestedMicros: 301,
+      limitPicos: micros(1_000),
+      spentPicos: micros(600) - 7n,
+      reservedPicos: micros(100) + 3n,
+      requestedPicos: micros(300) + 5n,
     });
     expect(state.key.requests.level).toBe(10);
   });
@@ -243,8 +246,8 @@ describe("budgets", () => {
     const { decision } = decideAdmission(
       input({
         key: budgeted({ dayMicros: 1_000 }),
-        spend: spent(600, 300),
-        request: single({ micros: 300 }),
+        spend: spent(micros(600), micros(300)),
+        request: single({ picos: micros(300) }),
       }),
     );
     expect(decision).toMatchObject({ budget: "day", retryAfterMs: CONCURRENCY_RETRY_MS });
@@ -252,20 +255,20 @@ describe("budgets", () => {
 
   it("says when the next period starts for a spent day or month, and never for a spent credit", () => {
     const now = Date.UTC(2026, 10, 3, 23, 0, 0);
-    const request = { ...single({ micros: 10 }), now };
+    const request = { ...single({ picos: micros(10) }), now };
     const day = decideAdmission(
-      input({ key: budgeted({ dayMicros: 5 }), spend: spent(0), request }),
+      input({ key: budgeted({ dayMicros: 5 }), spend: spent(0n), request }),
     );
     expect(day.decision).toMatchObject({ budget: "day", retryAfterMs: 3_600_000 });
     const month = decideAdmission(
-      input({ key: budgeted({ monthMicros: 5 }), spend: spent(0), request }),
+      input({ key: budgeted({ monthMicros: 5 }), spend: spent(0n), request }),
     );
     expect(month.decision).toMatchObject({
       budget: "month",
       retryAfterMs: Date.UTC(2026, 11, 1) - now,
     });
     const credit = decideAdmission(
-      input({ key: budgeted({ creditMicros: 5, dayMicros: 5 }), spend: spent(0), request }),
+      input({ key: budgeted({ creditMicros: 5, dayMicros: 5 }), spend: spent(0n), request }),
     );
     expect(credit.decision).toMatchObject({ budget: "credit", retryAfterMs: null });
   });
@@ -276,7 +279,7 @@ describe("budgets", () => {
       input({
         key: budgeted({ dayMicros: 0 }),
         usage: { key: busy, endUser: null },
-        request: single({ micros: 1 }),
+        request: single({ picos: 1n }),
       }),
     );
     expect(decision).toMatchObject({ code: "rate_limit_exceeded", limit: "concurrency" });
@@ -286,13 +289,15 @@ describe("budgets", () => {
 describe("billingCap", () => {
   it("allows the reservation plus the tightest budget's room, and no cap without budgets", () => {
     // Day: 1000 − 300 settled − 200 reserved (this request's 100 among them) = 500 left.
-    const spend = spent(300, 200);
-    expect(billingCap({ ...NO_BUDGETS, dayMicros: 1_000 }, spend, 100)).toBe(600);
-    expect(billingCap({ ...NO_BUDGETS, dayMicros: 1_000, creditMicros: 600 }, spend, 100)).toBe(
-      200,
-    );
-    expect(billingCap({ ...NO_BUDGETS, creditMicros: 100 }, spend, 100)).toBe(100);
-    expect(billingCap(NO_BUDGETS, spend, 100)).toBeNull();
+    const spend = spent(micros(300), micros(200));
+    expect(billingCap({ ...NO_BUDGETS, dayMicros: 1_000 }, spend, micros(100))).toBe(micros(600));
+    expect(
+      billingCap({ ...NO_BUDGETS, dayMicros: 1_000, creditMicros: 600 }, spend, micros(100)),
+    ).toBe(micros(200));
+    expect(billingCap({ ...NO_BUDGETS, creditMicros: 100 }, spend, micros(100))).toBe(micros(100));
+    expect(billingCap(NO_BUDGETS, spend, micros(100))).toBeNull();
+    // Room below a micro-dollar counts to the pico-dollar.
+    expect(billingCap({ ...NO_BUDGETS, creditMicros: 1 }, spent(300_001n), 0n)).toBe(699_999n);
   });
 });
 

@@ -204,7 +204,7 @@ describe("KeyAccount settlement", () => {
       requestId: "r1",
       reservedTokens: 100,
       usedTokens: 30,
-      costMicros: 0,
+      costPicos: 0n,
       late: false,
     });
     expect(await stub.settle({ requestId: "r1", outcome: "ok", usage, now })).toEqual({
@@ -337,6 +337,9 @@ describe("KeyAccount persistence", () => {
   });
 });
 
+// Whole micro-dollars in pico-dollars, the unit of every amount.
+const micros = (n: number) => BigInt(n) * 1_000_000n;
+
 // $0.15 / $0.075 / $0.60 per 1M input, cached input and output tokens.
 const PRICE = {
   inputMicrosPerMtok: 150_000,
@@ -360,31 +363,36 @@ async function budgetedKey(budgets: Partial<Budgets>, limits: Partial<Limits> = 
 }
 
 async function spend(stub: DurableObjectStub<KeyAccount>, period: string) {
-  return runInDurableObject(stub, (instance: KeyAccount, state) => {
+  const row = await runInDurableObject(stub, (instance: KeyAccount, state) => {
     instance.flush();
     return state.storage.sql
-      .exec<{ settled_micros: number; reserved_micros: number }>(
-        "SELECT settled_micros, reserved_micros FROM spend WHERE period = ?",
+      .exec<{ sm: number; sp: number; rm: number; rp: number }>(
+        `SELECT settled_micros AS sm, settled_picos AS sp, reserved_micros AS rm,
+           reserved_picos AS rp FROM spend WHERE period = ?`,
         period,
       )
       .toArray()[0];
   });
+  // Whole micro-dollars and the pico-dollars below them (docs/key-account.md, "Storage").
+  return row === undefined
+    ? undefined
+    : { settled: micros(row.sm) + BigInt(row.sp), reserved: micros(row.rm) + BigInt(row.rp) };
 }
 
 describe("KeyAccount costs and budgets", () => {
   it("reserves the worst-case cost and settles the exact cost, cached tokens at the cached price", async () => {
     const { admitPriced, stub } = await budgetedKey({});
-    expect(await admitPriced("r1")).toMatchObject({ ok: true, reservedMicros: 750 });
-    expect(await spend(stub, "all")).toEqual({ settled_micros: 0, reserved_micros: 750 });
+    expect(await admitPriced("r1")).toMatchObject({ ok: true, reservedPicos: micros(750) });
+    expect(await spend(stub, "all")).toEqual({ settled: 0n, reserved: micros(750) });
     const usage = { prompt_tokens: 1_000, cached_tokens: 400, completion_tokens: 500 };
     // 600 × 0.15 + 400 × 0.075 + 500 × 0.60 µ$
     expect(await stub.settle({ requestId: "r1", outcome: "ok", usage })).toMatchObject({
       settled: true,
-      costMicros: 420,
+      costPicos: micros(420),
     });
-    expect(await spend(stub, "all")).toEqual({ settled_micros: 420, reserved_micros: 0 });
+    expect(await spend(stub, "all")).toEqual({ settled: micros(420), reserved: 0n });
     const day = new Date().toISOString().slice(0, 10);
-    expect(await spend(stub, `d:${day}`)).toEqual({ settled_micros: 420, reserved_micros: 0 });
+    expect(await spend(stub, `d:${day}`)).toEqual({ settled: micros(420), reserved: 0n });
     expect(await stub.usage({ from: day, to: day })).toEqual({
       ok: true,
       rows: [
@@ -395,13 +403,18 @@ describe("KeyAccount costs and budgets", () => {
           promptTokens: 1_000,
           cachedTokens: 400,
           completionTokens: 500,
-          costMicros: 420,
+          costPicos: micros(420),
         },
       ],
     });
     expect(await stub.record({ requestId: "r1" })).toMatchObject({
       ok: true,
-      record: { state: "settled", outcome: "ok", costMicros: 420, reservedMicros: 750 },
+      record: {
+        state: "settled",
+        outcome: "ok",
+        costPicos: micros(420),
+        reservedPicos: micros(750),
+      },
     });
   });
 
@@ -412,9 +425,9 @@ describe("KeyAccount costs and budgets", () => {
       ok: false,
       code: "insufficient_quota",
       budget: "day",
-      limitMicros: 1_000,
-      reservedMicros: 750,
-      requestedMicros: 750,
+      limitPicos: micros(1_000),
+      reservedPicos: micros(750),
+      requestedPicos: micros(750),
       retryAfterMs: 1_000,
     });
   });
@@ -435,13 +448,13 @@ describe("KeyAccount costs and budgets", () => {
     );
     const admitted = results.filter((r) => r.ok);
     expect(admitted).toHaveLength(10);
-    expect(await spend(stub, "all")).toEqual({ settled_micros: 0, reserved_micros: 7_500 });
+    expect(await spend(stub, "all")).toEqual({ settled: 0n, reserved: micros(7_500) });
     // Each used all it could: the whole credit is spent, not a micro-dollar more.
     const usage = { prompt_tokens: 1_000, cached_tokens: 0, completion_tokens: 1_000 };
     await stub.settleMany(
       admitted.map((r) => ({ requestId: r.ok ? r.requestId : "", outcome: "ok" as const, usage })),
     );
-    expect(await spend(stub, "all")).toEqual({ settled_micros: 7_500, reserved_micros: 0 });
+    expect(await spend(stub, "all")).toEqual({ settled: micros(7_500), reserved: 0n });
     expect(
       await stub.admit({
         requestId: "after",
@@ -459,7 +472,7 @@ describe("KeyAccount costs and budgets", () => {
     expect((await admitPriced("r1")).ok).toBe(true);
     const usage = { prompt_tokens: 5_000, cached_tokens: 0, completion_tokens: 1_000 };
     expect(await stub.settle({ requestId: "r1", outcome: "ok", usage })).toMatchObject({
-      costMicros: 750 + 600,
+      costPicos: micros(750 + 600),
     });
   });
 
@@ -468,9 +481,9 @@ describe("KeyAccount costs and budgets", () => {
     expect((await admitPriced("r1")).ok).toBe(true);
     const usage = { prompt_tokens: 5_000, cached_tokens: 0, completion_tokens: 1_000 };
     expect(await stub.settle({ requestId: "r1", outcome: "ok", usage })).toMatchObject({
-      costMicros: 1_000,
+      costPicos: micros(1_000),
     });
-    expect(await spend(stub, "all")).toEqual({ settled_micros: 1_000, reserved_micros: 0 });
+    expect(await spend(stub, "all")).toEqual({ settled: micros(1_000), reserved: 0n });
   });
 
   it("reserves for the priciest fallback and bills the model that served", async () => {
@@ -479,12 +492,12 @@ describe("KeyAccount costs and budgets", () => {
     expect(await admitPriced("r1", { fallbacks })).toMatchObject({
       ok: true,
       models: ["m", "big"],
-      reservedMicros: 5_000,
+      reservedPicos: micros(5_000),
     });
     const usage = { prompt_tokens: 100, cached_tokens: 0, completion_tokens: 100 };
     expect(
       await stub.settle({ requestId: "r1", outcome: "ok", usage, model: "big" }),
-    ).toMatchObject({ costMicros: 500 });
+    ).toMatchObject({ costPicos: micros(500) });
     expect(await stub.record({ requestId: "r1" })).toMatchObject({ record: { model: "big" } });
   });
 
@@ -492,7 +505,7 @@ describe("KeyAccount costs and budgets", () => {
     const { admitPriced, stub } = await budgetedKey({ dayMicros: 750 });
     expect((await admitPriced("r1")).ok).toBe(true);
     expect(await stub.settle({ requestId: "r1", outcome: "error" })).toMatchObject({
-      costMicros: 0,
+      costPicos: 0n,
     });
     expect((await admitPriced("r2")).ok).toBe(true);
   });
@@ -502,13 +515,13 @@ describe("KeyAccount costs and budgets", () => {
     const past = Date.now() - RESERVATION_LEASE_MS - 1_000;
     expect((await admitPriced("lost", { now: past })).ok).toBe(true);
     await runDurableObjectAlarm(stub);
-    expect((await spend(stub, "all"))?.reserved_micros).toBe(0);
+    expect((await spend(stub, "all"))?.reserved).toBe(0n);
     const usage = { prompt_tokens: 10, cached_tokens: 0, completion_tokens: 10 };
     expect(await stub.settle({ requestId: "lost", outcome: "ok", usage })).toMatchObject({
       late: true,
-      costMicros: 8,
+      costPicos: 7_500_000n, // 10 × 0.15 + 10 × 0.60 µ$, to the pico-dollar
     });
-    expect(await spend(stub, "all")).toEqual({ settled_micros: 8, reserved_micros: 0 });
+    expect(await spend(stub, "all")).toEqual({ settled: 7_500_000n, reserved: 0n });
     const day = new Date(past).toISOString().slice(0, 10);
     const { rows } = (await stub.usage({ from: day, to: day })) as { rows: { requests: number }[] };
     expect(rows.map((row) => row.requests)).toEqual([1]);
@@ -695,7 +708,7 @@ describe("KeyAccount writes behind", () => {
         state.abort("crash inside the write window");
       }),
     ).rejects.toThrow("crash inside the write window");
-    expect(admission).toMatchObject({ ok: true, reservedMicros: 750 });
+    expect(admission).toMatchObject({ ok: true, reservedPicos: micros(750) });
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
     expect(await again.record({ requestId: "lost" })).toEqual({ ok: true, record: null });
 
@@ -705,43 +718,45 @@ describe("KeyAccount writes behind", () => {
       requestId: "lost",
       outcome: "ok" as const,
       usage,
-      admitted: { models: [{ model: "m", price: PRICE }], reservedMicros: 750 },
+      admitted: { models: [{ model: "m", price: PRICE }], reservedPicos: micros(750) },
     };
     expect(await again.settle(settlement)).toMatchObject({
       settled: true,
       reservedTokens: 0,
       usedTokens: 1_500,
-      costMicros: 420,
+      costPicos: micros(420),
     });
     expect(await again.settle(settlement)).toMatchObject({
       settled: false,
       reason: "already_settled",
     });
     expect(await again.record({ requestId: "lost" })).toMatchObject({
-      record: { state: "settled", model: "m", reservedMicros: 0, costMicros: 420 },
+      record: { state: "settled", model: "m", reservedPicos: 0n, costPicos: micros(420) },
     });
     const day = new Date().toISOString().slice(0, 10);
     expect(await again.usage({ from: day, to: day })).toMatchObject({
-      rows: [{ model: "m", requests: 1, promptTokens: 1_000, cachedTokens: 400, costMicros: 420 }],
+      rows: [
+        { model: "m", requests: 1, promptTokens: 1_000, cachedTokens: 400, costPicos: micros(420) },
+      ],
     });
-    expect(await spend(again, "all")).toEqual({ settled_micros: 420, reserved_micros: 0 });
+    expect(await spend(again, "all")).toEqual({ settled: micros(420), reserved: 0n });
 
     // Still once after an eviction: the settled row is read back from SQLite.
     await evictDurableObject(again);
     const third = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
     expect(await third.settle(settlement)).toMatchObject({ reason: "already_settled" });
-    expect(await spend(third, "all")).toEqual({ settled_micros: 420, reserved_micros: 0 });
+    expect(await spend(third, "all")).toEqual({ settled: micros(420), reserved: 0n });
   });
 
   it("settles a forgotten request that reports no usage at no cost", async () => {
     const { stub } = await budgetedKey({});
-    const admitted = { models: [{ model: "m", price: PRICE }], reservedMicros: 750 };
+    const admitted = { models: [{ model: "m", price: PRICE }], reservedPicos: micros(750) };
     expect(await stub.settle({ requestId: "lost", outcome: "error", admitted })).toMatchObject({
       settled: true,
-      costMicros: 0,
+      costPicos: 0n,
     });
     expect(await stub.record({ requestId: "lost" })).toMatchObject({
-      record: { state: "settled", outcome: "error", costMicros: 0 },
+      record: { state: "settled", outcome: "error", costPicos: 0n },
     });
   });
 
@@ -770,13 +785,13 @@ describe("KeyAccount writes behind", () => {
 
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
     expect(await again.record({ requestId: "a" })).toMatchObject({
-      record: { state: "settled", costMicros: 420 },
+      record: { state: "settled", costPicos: micros(420) },
     });
     expect(await openReservations(again)).toBe(2);
-    expect(await spend(again, "all")).toEqual({ settled_micros: 420, reserved_micros: 1_500 });
+    expect(await spend(again, "all")).toEqual({ settled: micros(420), reserved: micros(1_500) });
     const day = new Date().toISOString().slice(0, 10);
     expect(await again.usage({ from: day, to: day })).toMatchObject({
-      rows: [{ model: "m", requests: 1, costMicros: 420 }],
+      rows: [{ model: "m", requests: 1, costPicos: micros(420) }],
     });
     // Both reservations still hold the two slots.
     expect(

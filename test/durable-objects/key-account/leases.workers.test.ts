@@ -69,7 +69,7 @@ describe("KeyAccount leases", () => {
     await runDurableObjectAlarm(stub);
     expect((await admit("req_after", 20_000)).ok).toBe(true);
     // Neither reached an origin: they stay expired, at no cost.
-    expect(await recordOf(stub, "req_cut_1")).toMatchObject({ state: "expired", costMicros: 0 });
+    expect(await recordOf(stub, "req_cut_1")).toMatchObject({ state: "expired", costPicos: 0n });
   });
 
   it("bills a lapsed request from what its origin remembers, never as ok", async () => {
@@ -96,9 +96,9 @@ describe("KeyAccount leases", () => {
       promptTokens: usage?.prompt_tokens,
       completionTokens: 7,
     });
-    expect(record.costMicros).toBeGreaterThan(0);
+    expect(record.costPicos).toBeGreaterThan(0n);
     // Once: another alarm changes nothing.
     await runDurableObjectAlarm(stub);
-    expect((await recordOf(stub, requestId)).costMicros).toBe(record.costMicros);
+    expect((await recordOf(stub, requestId)).costPicos).toBe(record.costPicos);
   });
 });
