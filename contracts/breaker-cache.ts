@@ -3,7 +3,8 @@
  * edge isolate and every Batcher: no Durable Object call per request. Outcomes gather here
  * and go to the region's `OriginBreakers` in bulk: successes at most every `flushMs`, a
  * failure at once (or right behind the exchange in flight), and the answer brings every
- * breaker of the region back; a copy older than `refreshMs` is refreshed the same way.
+ * breaker of the region back; a copy older than `refreshMs` (`shutRefreshMs` while one of
+ * its breakers is open) is refreshed the same way.
  */
 import type { BreakerRegion, BreakerView, OutcomeReport, Verdict } from "./breaker.ts";
 
@@ -15,6 +16,11 @@ export type BreakerExchange = (
 
 export interface BreakerCacheOptions {
   refreshMs: number;
+  /**
+   * The refresh while any breaker of the region is open or half-open: a half-open one may
+   * close at its next probe, and its origin should take requests again at once.
+   */
+  shutRefreshMs: number;
   flushMs: number;
   /** Told of every breaker whose state changed in a region's answer. */
   onChange?: (changed: BreakerView[]) => void;
@@ -22,6 +28,7 @@ export interface BreakerCacheOptions {
 
 export const DEFAULT_BREAKER_CACHE: Readonly<BreakerCacheOptions> = {
   refreshMs: 1_000,
+  shutRefreshMs: 250,
   flushMs: 250,
 };
 
@@ -112,9 +119,10 @@ export class BreakerCache {
     const r = this.#region(region.id);
     if (r.sending !== null) return null;
     const age = now - r.syncedAt;
+    const shut = [...r.views.values()].some((view) => view.state !== "closed");
     const due =
       urgent ||
-      age >= this.#options.refreshMs ||
+      age >= (shut ? this.#options.shutRefreshMs : this.#options.refreshMs) ||
       (r.pending.size > 0 && age >= this.#options.flushMs);
     if (!due) return null;
     const reports = [...r.pending.values()];
