@@ -16,7 +16,10 @@ describe("the edge under faults and crashes", () => {
     expect(report.counts.complete).toBeGreaterThan(50);
     expect(report.counts.billedExactly).toBe(report.counts.complete);
     // What the client saw of each loss, should there be any.
-    expect(report.losses, JSON.stringify(report.examples)).toEqual({
+    if (Object.values(report.losses).some((n) => n > 0)) {
+      console.error("chaos losses:", JSON.stringify(report.examples));
+    }
+    expect(report.losses).toEqual({
       lost_bills: 0,
       double_bills: 0,
       reservations_left_open: 0,
