@@ -15,7 +15,7 @@ import {
   originFailure,
 } from "../../contracts/errors.ts";
 import type { Verdict } from "../../contracts/breaker.ts";
-import { judgeHead } from "../../contracts/origin-health.ts";
+import { judgeHead, retryAfterMs } from "../../contracts/origin-health.ts";
 import type { ItemPath } from "../../contracts/protocol.ts";
 import type { OriginPool, RegionOrigin } from "../origin-pool.ts";
 import type { SettledRequest } from "../settlement.ts";
@@ -233,15 +233,17 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       const { status, headers } = attempt.item.head;
       const judged = judgeHead(status, headers);
       if (judged === "busy") {
-        // Overload, never counted: avoided until its retry-after. A last one goes to the
-        // client as it is, with the engine's retry-after.
+        // Overload, never counted: avoided until its retry-after. A last 429 goes to the
+        // client as it is (the SDKs back off by it); a last 503 becomes our own 503
+        // `no_healthy_origin`, with the origin's retry-after.
         options.pool.reportBusy(originId, now(), headers);
+        if (!last || status === 503) attempt.item.cancel();
         if (!last) {
-          attempt.item.cancel();
           avoid.push(originId);
           failure = "unavailable";
           continue;
         }
+        if (status === 503) throw busyEverywhere(headers);
       }
       if (judged === "error") {
         avoid.push(originId);
@@ -300,4 +302,11 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
   }
   const error: ApiError = originFailure(options.candidates.length === 0 ? "unavailable" : failure);
   throw error;
+}
+
+/** 503 `no_healthy_origin` for a request whose last origin was busy, with its retry-after. */
+function busyEverywhere(headers: Record<string, string>): ApiError {
+  const error = originFailure("unavailable");
+  error.headers["retry-after"] = String(Math.max(1, Math.ceil(retryAfterMs(headers) / 1_000)));
+  return error;
 }

@@ -286,3 +286,25 @@ for (const batching of [false, true]) {
     });
   });
 }
+
+describe("every origin answering 503 with retry-after", () => {
+  it("is busy: the client gets 503 no_healthy_origin with retry-after, no breaker counts it", async () => {
+    const tag = "all-busy";
+    const config = configOf(tag, true);
+    for (const id of ["breaker-1", "breaker-2"]) {
+      await setFaults(id, { errorRate: 1, errorStatuses: [503] });
+    }
+    for (let i = 0; i < 3; i++) {
+      const res = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+      expect(res.status).toBe(503);
+      expect(Number(res.headers.get("retry-after"))).toBeGreaterThanOrEqual(1);
+      expect((await res.json<ErrorBody>()).error.code).toBe("no_healthy_origin");
+    }
+    for (const id of ["breaker-1", "breaker-2"]) {
+      expect(await breakerOf(config, `${id}@${tag}`)).toMatchObject({
+        state: "closed",
+        failures: 0,
+      });
+    }
+  });
+});
