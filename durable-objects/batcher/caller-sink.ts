@@ -18,6 +18,8 @@ export interface CallerSink {
   flush(): void;
   /** Nothing more comes: after the END, or without one when the item was cut or cancelled. */
   close(): void;
+  /** The item's first body bytes left for the caller, at `at` (epoch ms). */
+  firstByte?(at: number): void;
 }
 
 /** How an item opened, as {@link AnswerSink.opened} tells it. */
@@ -37,6 +39,8 @@ export type SinkOpening =
 export class AnswerSink implements CallerSink {
   readonly opened: Promise<SinkOpening>;
   readonly ended: Promise<Uint8Array | null>;
+  /** When the item's first body bytes left (epoch ms), null before: kept past its caller. */
+  firstByteAt: number | null = null;
   #open: (opening: SinkOpening) => void = () => {};
   #end: (trailer: Uint8Array | null) => void = () => {};
   #settled = false;
@@ -55,6 +59,10 @@ export class AnswerSink implements CallerSink {
   }
 
   data(): void {}
+
+  firstByte(at: number): void {
+    this.firstByteAt ??= at;
+  }
 
   end(trailer: Uint8Array): void {
     // A settled promise ignores later calls: after a HEAD, this only settles `ended`.

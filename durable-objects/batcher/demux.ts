@@ -80,6 +80,7 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
           // The wait term of the window learns how long first bytes take. Edges that
           // report what their requests waited are counted by their reports, not twice.
           caller.firstByteAt = now;
+          caller.sink.firstByte?.(now);
           fresh.add(caller);
           queue.router?.started(caller.input.id);
           const countWait = caller.input.recentFirstByteMs === undefined;

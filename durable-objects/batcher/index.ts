@@ -124,9 +124,14 @@ export class Batcher extends DurableObject<Env> {
       highWaterMark: BODY_BUFFER_BYTES,
     });
     const body = new ClientBody(writable, input.setup.clientBacklogBytes);
-    const admitted = await this.#admit(input, sink, body);
-    if (admitted.kind !== "accepted") return admitted;
+    // Known before admission may wait (a breaker refresh): `end` may come meanwhile.
     this.#answers.set(input.id, sink);
+    const admitted = await this.#admit(input, sink, body);
+    if (admitted.kind !== "accepted") {
+      this.#answers.delete(input.id);
+      sink.close();
+      return admitted;
+    }
     const opening = await sink.opened;
     switch (opening.kind) {
       case "head":
@@ -161,10 +166,9 @@ export class Batcher extends DurableObject<Env> {
     const sink = this.#answers.get(id);
     if (sink === undefined) return { trailer: null, firstByteAt: null };
     this.#answers.delete(id);
-    // The caller, while it is known: when its first body byte left, for the edge's metrics.
-    const caller = this.#callers.get(id);
     const trailer = await sink.ended;
-    return { trailer, firstByteAt: caller?.firstByteAt ?? null };
+    // When its first body byte left, for the edge's metrics (an item may end before `end`).
+    return { trailer, firstByteAt: sink.firstByteAt };
   }
 
   /**
