@@ -82,7 +82,6 @@ export class BreakerCache {
       requests: 0,
       failures: 0,
       trailing: 0,
-      slow: 0,
     };
     const ok = verdict === "ok";
     r.pending.set(origin, {
@@ -90,7 +89,6 @@ export class BreakerCache {
       requests: current.requests + 1,
       failures: current.failures + (ok ? 0 : 1),
       trailing: ok ? 0 : current.trailing + 1,
-      slow: (current.slow ?? 0) + (verdict === "slow" ? 1 : 0),
     });
     // Failures go at once: a trip must reach every reporter within a second.
     return this.sync(region, now, !ok);

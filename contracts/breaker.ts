@@ -30,19 +30,17 @@ export interface OutcomeReport {
   origin: string;
   /** Requests that ended, or failed, at the origin: successes plus failures. */
   requests: number;
-  /** Connection errors, timeouts, 5xx, broken answers, and first bytes slower than allowed. */
+  /** Connection errors, 5xx, broken answers, silences and late HEADs of an idle origin. */
   failures: number;
   /** Failures since the reporter's last success (all of `failures` when none succeeded). */
   trailing: number;
-  /** Of `failures`, those judged by time alone (silence, a late first byte): soft signals. */
-  slow?: number;
 }
 
 /**
  * One observation of an origin, as its reporter judged it (docs/failover.md, "What counts"):
  * it answered whole; it failed (unreachable, a 5xx that another origin did not give, an
  * answer cut after its HEAD); or it was silent past the limit on a thread that kept time,
- * or late with a HEAD while its reports said it was idle (`slow`, a soft signal).
+ * or late with a HEAD while its reports said it was idle (`slow`). Both count as failures.
  */
 export type Verdict = "ok" | "failed" | "slow";
 
@@ -62,8 +60,8 @@ export interface BreakerSettings {
   /** Health probes in a row that close a half-open breaker. */
   probes: number;
   /**
-   * Most of a region's origins that may be open at once for soft signals (latency), as a
-   * share (Envoy's `max_ejection_percent`); hard failures are not capped.
+   * Most of a region's origins that may be open at once, as a share, and at least one
+   * (Envoy's `max_ejection_percent`): no kind of failure empties a pool of several.
    */
   maxEjectionShare: number;
 }

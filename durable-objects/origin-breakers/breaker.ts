@@ -53,16 +53,15 @@ export function newBreaker(region: string, origin: string, now: number): Breaker
 }
 
 /**
- * Takes in a reporter's outcomes; may open the breaker. A trip on soft signals alone (every
- * failure of the report `slow`) opens it only when `softRoom`: the region has room under its
- * ejection cap (see {@link softEjectionRoom}).
+ * Takes in a reporter's outcomes; may open the breaker, but only when `room`: its region has
+ * room under the ejection cap (see {@link ejectionRoom}).
  */
 export function record(
   b: Breaker,
   report: OutcomeReport,
   now: number,
   s: BreakerSettings,
-  softRoom = true,
+  room = true,
 ): Breaker {
   if (report.requests <= 0 && report.failures <= 0) return b;
   const bucketMs = s.windowMs / BUCKETS;
@@ -87,16 +86,15 @@ export function record(
   const { requests, failures } = windowCounts(next, now, s);
   const ratioTrips = requests >= s.minRequests && failures / requests >= s.failureRatio;
   if (consecutive < s.consecutiveFailures && !ratioTrips) return next;
-  const soft = report.failures > 0 && (report.slow ?? 0) >= report.failures;
-  return soft && !softRoom ? next : open(next, now, s);
+  return room ? open(next, now, s) : next;
 }
 
 /**
- * Whether one more of a region's breakers may open on soft signals: at most
- * `maxEjectionShare` of its origins open or half-open at once, and at least one (Envoy's
- * `max_ejection_percent`), so latency alone never empties a pool of several.
+ * Whether one more of a region's breakers may open: at most `maxEjectionShare` of its
+ * origins open or half-open at once, and at least one (Envoy's `max_ejection_percent`), so
+ * that origins failing alike (a bad deploy, a burst of odd traffic) never empty a pool.
  */
-export function softEjectionRoom(breakers: readonly Breaker[], s: BreakerSettings): boolean {
+export function ejectionRoom(breakers: readonly Breaker[], s: BreakerSettings): boolean {
   const shut = breakers.filter((b) => b.state !== "closed").length;
   return shut < Math.max(1, Math.floor(breakers.length * s.maxEjectionShare));
 }

@@ -20,7 +20,7 @@ import {
   newBreaker,
   probed,
   record,
-  softEjectionRoom,
+  ejectionRoom,
   tick,
   viewOf,
 } from "./breaker.ts";
@@ -72,7 +72,7 @@ export class OriginBreakers extends DurableObject<Env> {
     for (const report of reports) {
       const before = this.#breakers.get(report.origin);
       if (before === undefined) continue;
-      const room = softEjectionRoom([...this.#breakers.values()], this.#settings);
+      const room = ejectionRoom([...this.#breakers.values()], this.#settings);
       this.#put(before, record(before, report, now, this.#settings, room), now);
     }
     return this.#views(now);

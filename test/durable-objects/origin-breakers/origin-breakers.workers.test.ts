@@ -61,15 +61,16 @@ describe("an open breaker whose object restarts during its cooldown", () => {
   });
 });
 
-describe("soft signals", () => {
-  it("open at most half of a region's origins; hard failures open any", async () => {
-    const region = regionOf("soft");
+describe("the ejection cap", () => {
+  it("opens at most half of a region's origins, whatever fails them, and one more once one closes", async () => {
+    const region = regionOf("cap");
     const stub = env.ORIGIN_BREAKERS.getByName(region.id);
-    const slow = (origin: string) => ({ ...failures(origin), slow: 2 });
-    await stub.report(region, [slow(`a@soft`)]);
-    const views = await stub.report(region, [slow(`b@soft`)]);
+    await stub.report(region, [failures(`a@cap`)]);
+    const views = await stub.report(region, [failures(`b@cap`)]);
     expect(views.map((v) => v.state).sort()).toEqual(["closed", "open"]);
-    const hard = await stub.report(region, [failures(`b@soft`)]);
-    expect(hard.map((v) => v.state)).toEqual(["open", "open"]);
+    // b kept failing while a was open; once a is forced closed, b's next failure opens it.
+    await stub.force(region, `a@cap`, "closed");
+    const after = await stub.report(region, [failures(`b@cap`)]);
+    expect(after.find((v) => v.origin === `b@cap`)?.state).toBe("open");
   });
 });
