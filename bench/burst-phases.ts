@@ -16,6 +16,7 @@ import {
   watchBreakers,
 } from "./burst-breakers.ts";
 import { type Outcome, chatBody, poisonBody, sendChat } from "./burst-client.ts";
+import { setOriginFaults } from "./lib.ts";
 
 /** What every phase needs: the stack, the key and the run's settings. */
 export interface BurstContext {
@@ -258,15 +259,7 @@ export async function restart(
   // Forced closed, its earlier openings are forgotten: the cooldown is the configured one.
   await forceBreaker(stack.edgeUrl, stack.adminToken, origin, "closed");
   const pinned = { "x-warmgate-region": "eu", "x-warmgate-origin": origin };
-  const faults = (body: unknown) =>
-    fetch(`${target.url}/admin/faults`, {
-      method: body === null ? "DELETE" : "PUT",
-      headers: {
-        authorization: `Bearer ${stack.originAdminToken}`,
-        "content-type": "application/json",
-      },
-      ...(body !== null && { body: JSON.stringify(body) }),
-    }).then((r) => r.arrayBuffer());
+  const faults = (body: unknown) => setOriginFaults(target.url, stack.originAdminToken, body);
   ctx.log(`burst: tripping ${origin}'s breaker`);
   await faults({ errorRate: 1, errorStatuses: [500] });
   let open: BreakerView | undefined;

@@ -20,6 +20,7 @@ import {
   stopOnSignal,
   writeResult,
   writeResultFile,
+  setOriginFaults,
 } from "./lib.ts";
 import { failoverChart } from "./failover-chart.ts";
 import { type FailedRequest, countTriedAt } from "./failover-ledger.ts";
@@ -240,15 +241,7 @@ async function enter(
   replacement: () => SpawnedOrigin | null,
   replaced: (origin: SpawnedOrigin) => void,
 ): Promise<void> {
-  const faults = (body: unknown) =>
-    fetch(`${sick.url}/admin/faults`, {
-      method: body === null ? "DELETE" : "PUT",
-      headers: {
-        authorization: `Bearer ${stack.originAdminToken}`,
-        "content-type": "application/json",
-      },
-      ...(body !== null && { body: JSON.stringify(body) }),
-    }).then((r) => r.arrayBuffer());
+  const faults = (body: unknown) => setOriginFaults(sick.url, stack.originAdminToken, body);
   switch (phase) {
     case "healthy":
       return;

@@ -149,6 +149,18 @@ export function provenance(): Provenance {
 }
 
 /**
+ * Sets an origin's injected faults through its admin API (`null` clears them); the answer
+ * is read and dropped.
+ */
+export function setOriginFaults(url: string, adminToken: string, faults: unknown) {
+  return fetch(`${url}/admin/faults`, {
+    method: faults === null ? "DELETE" : "PUT",
+    headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" },
+    ...(faults !== null && { body: JSON.stringify(faults) }),
+  }).then((r) => r.arrayBuffer());
+}
+
+/**
  * Runs `stop` (the processes a benchmark started) before the process ends on SIGINT,
  * SIGTERM or SIGHUP, then exits 130; answers how to unregister it once stopped normally.
  * The edge runs in its own process group, which a terminal's Ctrl-C never reaches.
