@@ -148,6 +148,9 @@ export function provenance(): Provenance {
   };
 }
 
+/** This run's provenance, taken as the benchmark started (its own results dirty the tree). */
+const RUN_PROVENANCE = provenance();
+
 /**
  * Sets an origin's injected faults through its admin API (`null` clears them); the answer
  * is read and dropped.
@@ -193,11 +196,18 @@ export async function writeResultFile(name: string, text: string): Promise<strin
   return path;
 }
 
-/** Writes a benchmark's JSON result under bench/results/ and returns the path. */
+/**
+ * Writes a benchmark's JSON result under bench/results/ and returns the path. A result that
+ * names no `provenance` gets the run's: the commit, tree and CPUs as the run began.
+ */
 export async function writeResult(name: string, data: unknown): Promise<string> {
   await mkdir(RESULTS_DIR, { recursive: true });
   const path = join(RESULTS_DIR, `${name}.json`);
-  await writeFile(path, JSON.stringify(data, null, 2) + "\n");
+  const stamped =
+    typeof data === "object" && data !== null && !Array.isArray(data) && !("provenance" in data)
+      ? { provenance: RUN_PROVENANCE, ...data }
+      : data;
+  await writeFile(path, JSON.stringify(stamped, null, 2) + "\n");
   return path;
 }
 
