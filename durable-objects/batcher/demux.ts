@@ -36,8 +36,10 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
   for (const frame of frames) {
     if (frame.type === FrameType.LOAD) {
       const report = decodeJsonPayload(frame.payload) as LoadReport;
+      // An origin writes a call's first report before the call's items start (PROTOCOL.md).
+      const uncounted = call.lastLoad === null ? idsOf(call) : undefined;
       call.lastLoad = report;
-      queue.update((s) => onOriginLoad(s, call.originId, report, now).state);
+      queue.update((s) => onOriginLoad(s, call.originId, report, now, uncounted).state);
       queue.router?.report(call.originId, {
         kvTotalTokens: (report.kv_total_blocks ?? 0) * (report.block_size ?? 0),
         prefixQueries: report.prefix_queries ?? 0,
@@ -157,4 +159,8 @@ export function deliverHeld(call: OpenCall): void {
   const held = [...call.held];
   call.held.clear();
   for (const caller of held) deliver(caller);
+}
+
+function idsOf(call: OpenCall): Set<string> {
+  return new Set(call.callers.map((caller) => caller.input.id));
 }

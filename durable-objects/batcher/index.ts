@@ -251,7 +251,12 @@ export class Batcher extends DurableObject<Env> {
         this.#counters[decision.reason === "queue_full" ? "refusedQueueFull" : "refusedOther"] += 1;
         switch (decision.reason) {
           case "queue_full":
-            return { kind: "refused", reason: "queue_full", retryAfterMs: decision.retryAfterMs };
+            return {
+              kind: "refused",
+              reason: "queue_full",
+              status: state.config.lanes[request.lane]?.refuseStatus ?? 503,
+              retryAfterMs: decision.retryAfterMs,
+            };
           case "too_large":
             return {
               kind: "failed",
@@ -291,7 +296,7 @@ export class Batcher extends DurableObject<Env> {
         const lane = this.#queue.state?.config.lanes[notice.item.lane];
         if (caller === undefined) return;
         this.#callers.fail(caller, "queue_timeout", "The request waited too long for capacity.", {
-          status: lane?.timeoutStatus ?? 503,
+          status: lane?.refuseStatus ?? 503,
           retry_after_ms: 1_000,
         });
         return;

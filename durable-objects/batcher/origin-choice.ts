@@ -10,6 +10,11 @@ export interface OriginCandidate {
   load: number;
   /** Start slots left (`max_num_seqs` minus load), or null when the origin never reported. */
   freeSlots: number | null;
+  /**
+   * Sequences it may still be sent before its engine queues more than `maxOriginQueue`
+   * beyond its slots, or null when unknown (no trusted report, or no slot count in it).
+   */
+  room: number | null;
   /** Prompt tokens its KV cache can still take, or null when unknown (no fresh report). */
   kvRoomTokens: number | null;
   /** Items this batcher has sent the origin that have not finished. */

@@ -12,12 +12,12 @@ import { MAX_BATCH_ITEMS } from "../../contracts/protocol.ts";
 export const BatchingLaneSchema = z.strictObject({
   /** Longest wait in the batcher before `on_timeout` applies (default 30 s, 60 s, 5 min). */
   queue_timeout_ms: z.int().positive().optional(),
-  /** `reject` answers `timeout_status` once the wait is over; `wait` keeps the request queued. */
+  /** `reject` answers `refuse_status` once the wait is over; `wait` keeps the request queued. */
   on_timeout: z.enum(["reject", "wait"]).optional(),
-  /** Requests the lane holds; one more is refused at once with 429 and `retry-after`. */
+  /** Requests the lane holds; one more is refused at once with `refuse_status`. */
   max_queue: z.int().positive().optional(),
-  /** Status of a queue timeout: 503 (default) or 429 with `retry-after`. */
-  timeout_status: z.union([z.literal(429), z.literal(503)]).optional(),
+  /** Status of a refusal for overload (a full lane or a queue timeout): 503 (default) or 429. */
+  refuse_status: z.union([z.literal(429), z.literal(503)]).optional(),
 });
 
 /** The batching fields as written; every one optional, defaults in {@link BATCHING_DEFAULTS}. */
@@ -35,6 +35,11 @@ export const BATCHING_FIELDS = {
    * pacing); an origin that reports a longer engine step is called at most once per step.
    */
   call_interval_ms: z.number().nonnegative().max(1000).optional(),
+  /**
+   * Sequences an origin's engine may queue beyond its running slots, by its load reports,
+   * before the Batcher holds new requests in its lanes instead of sending them.
+   */
+  max_origin_queue: z.int().min(1).max(4096).optional(),
   /** Time constant of the arrival, completion and dispatch rates. */
   rate_window_ms: z.number().positive().optional(),
   /** Age past which an origin's load report is not trusted while idle. */
@@ -73,7 +78,7 @@ export interface LaneConfig {
   queueTimeoutMs: number;
   onTimeout: "reject" | "wait";
   maxQueue: number;
-  timeoutStatus: 429 | 503;
+  refuseStatus: 429 | 503;
 }
 
 /** What a lane given without some field has for it. */
@@ -81,7 +86,7 @@ const LANE_DEFAULTS: LaneConfig = {
   queueTimeoutMs: 30_000,
   onTimeout: "reject",
   maxQueue: 1024,
-  timeoutStatus: 503,
+  refuseStatus: 503,
 };
 
 /** Default lanes: interactive, standard, and background (which waits rather than fail). */
@@ -98,6 +103,7 @@ export const BATCHING_DEFAULTS = {
   max_batch_tokens: 65_536,
   max_window_ms: 10,
   call_interval_ms: 5,
+  max_origin_queue: 8,
   rate_window_ms: 250,
   load_report_ttl_ms: 1000,
   default_lane: 1,
@@ -117,6 +123,8 @@ export interface WindowConfig {
   maxBatchTokens: number;
   maxWindowMs: number;
   callIntervalMs: number;
+  /** Sequences an origin may queue beyond its slots before requests wait in the lanes. */
+  maxOriginQueue: number;
   /** Share of the current wait for a first byte that the window may add. */
   waitShare: number;
   /** Share of the thread's recent lag for which later tokens may be held. */
@@ -141,6 +149,7 @@ export function windowConfigOf(
     maxBatchTokens: settings.max_batch_tokens ?? d.max_batch_tokens,
     maxWindowMs: settings.max_window_ms ?? d.max_window_ms,
     callIntervalMs: settings.call_interval_ms ?? d.call_interval_ms,
+    maxOriginQueue: settings.max_origin_queue ?? d.max_origin_queue,
     waitShare: settings.wait_share ?? d.wait_share,
     holdShare: settings.hold_share ?? d.hold_share,
     maxHoldMs: settings.max_hold_ms ?? d.max_hold_ms,
@@ -151,7 +160,7 @@ export function windowConfigOf(
         queueTimeoutMs: lane.queue_timeout_ms ?? LANE_DEFAULTS.queueTimeoutMs,
         onTimeout: lane.on_timeout ?? LANE_DEFAULTS.onTimeout,
         maxQueue: lane.max_queue ?? LANE_DEFAULTS.maxQueue,
-        timeoutStatus: lane.timeout_status ?? LANE_DEFAULTS.timeoutStatus,
+        refuseStatus: lane.refuse_status ?? LANE_DEFAULTS.refuseStatus,
       })) ?? DEFAULT_LANES.map((lane) => ({ ...lane })),
     origins: originIds.map((id) => ({ id })),
   };

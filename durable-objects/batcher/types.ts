@@ -127,15 +127,15 @@ export interface BatcherFailureTrailer extends ItemTrailer {
   error: { message: string; type: string; code: BatcherFailureCode };
   /** The origin that failed it, when one did. */
   origin?: string;
-  /** For `queue_timeout`: the status to answer (429 or 503) and when to retry. */
+  /** For `queue_timeout`: the lane's status to answer (429 or 503) and when to retry. */
   status?: 429 | 503;
   retry_after_ms?: number;
 }
 
 /** A request the batcher did not admit. */
 export type BatcherNotAdmitted =
-  /** The lane is full: answer 429 with `retry-after`. */
-  | { kind: "refused"; reason: "queue_full"; retryAfterMs: number }
+  /** The lane is full: answer the lane's `status` with `retry-after`. */
+  | { kind: "refused"; reason: "queue_full"; status: 429 | 503; retryAfterMs: number }
   /** Refused before queueing, for a reason another region may not share. */
   | { kind: "failed"; code: BatcherFailureCode | "duplicate_id"; detail: string };
 

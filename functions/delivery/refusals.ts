@@ -1,6 +1,7 @@
 /**
  * What the Batcher's refusals and failures mean to the edge (docs/batching.md, "Callers"):
- * a full lane or a queue timeout is answered as it is (429 or 503 with `retry-after`);
+ * a full lane or a queue timeout is answered with its lane's status (503 by default, or 429)
+ * and `retry-after`;
  * every other failure is an attempt that another region's origins may still serve.
  */
 import { ApiError, type OriginFailureKind } from "../../contracts/errors.ts";
@@ -14,7 +15,9 @@ import type { DispatchAttempt } from "./failover.ts";
 
 /** A refusal or failure at admission, before the item was queued. */
 export function notAdmitted(result: BatcherNotAdmitted): DispatchAttempt {
-  if (result.kind === "refused") return { kind: "refused", error: queueFull(result.retryAfterMs) };
+  if (result.kind === "refused") {
+    return { kind: "refused", error: queueFull(result.status, result.retryAfterMs) };
+  }
   const failure = result.code === "duplicate_id" ? "bad_answer" : failureOf(result.code);
   return failed(failure, result.detail, null);
 }
@@ -52,15 +55,15 @@ function failureOf(code: BatcherFailureCode): OriginFailureKind {
   return code === "queue_timeout" ? "timeout" : FAILURES[code];
 }
 
-/** 429 for a full lane: the client should come back after `retry-after`. */
-export function queueFull(retryAfterMs: number): ApiError {
+/** A full lane: every origin is busy and the lane holds all it may; retry after `retry-after`. */
+export function queueFull(status: 429 | 503, retryAfterMs: number): ApiError {
   const seconds = Math.max(1, Math.ceil(retryAfterMs / 1_000));
   return new ApiError(
-    429,
+    status,
     `The server is receiving more requests for this model than it can queue. Please try again in ${seconds}s.`,
     {
-      type: "rate_limit_error",
-      code: "rate_limit_exceeded",
+      type: status === 429 ? "rate_limit_error" : "server_error",
+      code: "queue_full",
       headers: retryAfterHeaders(retryAfterMs),
     },
   );

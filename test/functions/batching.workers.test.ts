@@ -151,17 +151,17 @@ describe("the request path through the batcher", () => {
     await occupier.release();
   });
 
-  it("answers a full lane with 429 rate_limit_exceeded and retry-after", async () => {
+  it("answers a full lane with 503 queue_full and retry-after", async () => {
     const config = configWith({ ...HOLD, lanes: [{ max_queue: 1 }], default_lane: 0 });
     const occupier = await occupy(config);
     const waiting = send(config, chat());
     await waitForBatcher(config, (s) => s.queued === 1);
     const { response } = send(config, chat());
     const refused = await response;
-    expect(refused.status).toBe(429);
+    expect(refused.status).toBe(503);
     expect(Number(refused.headers.get("retry-after"))).toBeGreaterThanOrEqual(1);
     const body = await refused.json<ErrorBody>();
-    expect(body.error).toMatchObject({ type: "rate_limit_error", code: "rate_limit_exceeded" });
+    expect(body.error).toMatchObject({ type: "server_error", code: "queue_full" });
     await occupier.release();
     expect((await waiting.response).status).toBe(200);
     await (await waiting.response).arrayBuffer();
@@ -171,7 +171,7 @@ describe("the request path through the batcher", () => {
     for (const status of [503, 429] as const) {
       const config = configWith({
         ...HOLD,
-        lanes: [{ queue_timeout_ms: 100, timeout_status: status }],
+        lanes: [{ queue_timeout_ms: 100, refuse_status: status }],
         default_lane: 0,
       });
       const occupier = await occupy(config);

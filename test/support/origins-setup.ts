@@ -14,7 +14,13 @@ import { CREDENTIAL_ORIGIN_TOKEN, type TestOrigin } from "./provided-context.ts"
 /** Engine seed shared by every origin, so the same request gives the same bytes anywhere. */
 export const SIM_SEED = 7;
 
-const ORIGINS: { id: string; region: string; timeScale: number; accessToken?: string }[] = [
+const ORIGINS: {
+  id: string;
+  region: string;
+  timeScale: number;
+  accessToken?: string;
+  maxNumSeqs?: number;
+}[] = [
   { id: "eu-1", region: "eu", timeScale: 0 },
   { id: "eu-2", region: "eu", timeScale: 0 },
   { id: "us-1", region: "us", timeScale: 0 },
@@ -27,6 +33,8 @@ const ORIGINS: { id: string; region: string; timeScale: number; accessToken?: st
   { id: "batch-1", region: "batching", timeScale: 5 },
   { id: "batch-2", region: "batching", timeScale: 5 },
   { id: "edge-batch-1", region: "edge-batching", timeScale: 5 },
+  // Runs two sequences at once: the Batcher's backpressure tests fill it.
+  { id: "batch-narrow", region: "batching", timeScale: 5, maxNumSeqs: 2 },
   // Metering tests inject faults into these and address them directly, in configs of their own.
   { id: "meter-1", region: "metering", timeScale: 0 },
   // The breaker tests break these and address them directly, in configs of their own.
@@ -82,7 +90,12 @@ export default async function setup(project: TestProject): Promise<() => Promise
   const origins: TestOrigin[] = [];
   for (const spec of ORIGINS) {
     const origin = await startOrigin({
-      engine: createSimEngine({ seed: SIM_SEED, timeScale: spec.timeScale, deterministic: true }),
+      engine: createSimEngine({
+        seed: SIM_SEED,
+        timeScale: spec.timeScale,
+        deterministic: true,
+        ...(spec.maxNumSeqs !== undefined && { maxNumSeqs: spec.maxNumSeqs }),
+      }),
       originId: spec.id,
       region: spec.region,
       port: 0,

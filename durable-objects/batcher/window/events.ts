@@ -12,12 +12,18 @@ import type {
 } from "./types.ts";
 import { assertTime, bump, count, draft, laneQueue, originById } from "./state.ts";
 
-/** Takes in a load report piggybacked on a batch response; it replaces the previous one. */
+const NO_IDS: ReadonlySet<string> = new Set();
+
+/**
+ * Takes in a load report piggybacked on a batch response; it replaces the previous one.
+ * `uncounted`: ids of in-flight items the report cannot count yet.
+ */
 export function onOriginLoad(
   state: WindowState,
   originId: string,
   report: LoadReport,
   now: number,
+  uncounted: ReadonlySet<string> = NO_IDS,
 ): { state: WindowState; outcome: OriginEventOutcome } {
   assertTime(now, "now");
   if (!state.origins.some((o) => o.id === originId)) {
@@ -42,14 +48,20 @@ export function onOriginLoad(
     prefixQueries: count(report.prefix_queries),
     prefixHits: count(report.prefix_hits),
   };
-  // The report already counts what we sent before it arrived; a report written just
-  // before a send can undercount by that batch until the next report (one per response).
+  // The report counts what we sent before it arrived, except the items in `uncounted`
+  // (a call's first report is written before its own items start); a report written just
+  // before another send undercounts that batch until the next report.
   origin.sentSinceReport = 0;
   origin.promptTokensSinceReport = 0;
   origin.doneSinceReport = 0;
-  origin.inFlight = origin.inFlight.map((item) =>
-    item.sinceReport ? { ...item, sinceReport: false } : item,
-  );
+  origin.inFlight = origin.inFlight.map((item) => {
+    const counted = !uncounted.has(item.id);
+    if (!counted) {
+      origin.sentSinceReport += 1;
+      origin.promptTokensSinceReport += item.promptTokens;
+    }
+    return item.sinceReport === !counted ? item : { ...item, sinceReport: !counted };
+  });
   return { state: next, outcome: { kind: "updated" } };
 }
 

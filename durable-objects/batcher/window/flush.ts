@@ -36,6 +36,7 @@ import {
   allowedCandidates,
   candidateById,
   currentWindowMs,
+  hasRoom,
   healthyCandidates,
 } from "./terms.ts";
 
@@ -85,7 +86,7 @@ export function enqueue(
   if (queuedCount(next) === 0 && deadline > now) {
     // A lone request never waits for a window that nobody else will join: when the
     // origins keep up (window 0) or the chosen origin is idle, it leaves now.
-    const candidates = allowedCandidates(healthyCandidates(next, now, usable), item);
+    const candidates = allowedCandidates(roomyCandidates(next, now, usable), item);
     const originId = (options.chooseOrigin ?? chooseLeastLoaded)(candidates, item);
     if (originId !== null) {
       const candidate = candidateById(candidates, originId);
@@ -201,7 +202,7 @@ function flushDue(
   for (;;) {
     const reason = dueReason(state, now);
     if (reason === null) return batches;
-    const candidates = healthyCandidates(state, now, usable);
+    const candidates = roomyCandidates(state, now, usable);
     // The head is the first request some healthy origin may take: one that avoids every
     // healthy origin waits for another to come back without holding up the rest.
     const head = firstPlaceable(state, candidates);
@@ -221,8 +222,17 @@ function flushDue(
 }
 
 /**
+ * The usable origins that may be sent more now. When none may, requests wait in their
+ * lanes (bounded by each lane's timeout and `maxQueue`) rather than in the engines' queues,
+ * where lanes and cancels no longer reach them (docs/batching.md, "Backpressure").
+ */
+function roomyCandidates(state: WindowState, now: number, usable: OriginFilter): OriginCandidate[] {
+  return healthyCandidates(state, now, usable).filter((c) => hasRoom(c, state.config));
+}
+
+/**
  * Fills one batch for `origin`: lanes in priority order, FIFO within a lane, up to the
- * size and token limits and the origin's KV room. Stops at the first request that does
+ * size and token limits, the origin's room for sequences and its KV room. Stops at the first request that does
  * not fit rather than letting later ones overtake it, as vLLM's FCFS scheduler does, so
  * a long prompt is delayed but never starved; it may still go to another origin. A
  * request that avoids this origin is passed over: it is not short of room, it may only
@@ -249,6 +259,7 @@ function fillBatch(
       }
       const itemTokens = item.promptTokens + item.maxTokens;
       if (taken.length >= maxBatchSize) return taken;
+      if (origin.room !== null && taken.length >= origin.room) return taken;
       if (taken.length > 0 && tokens + itemTokens > maxBatchTokens) return taken;
       if (kvRoom !== null && item.promptTokens > kvRoom) return taken;
       taken.push(item);

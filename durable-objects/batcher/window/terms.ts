@@ -166,14 +166,25 @@ function candidateOf(origin: OriginState, config: WindowConfig, now: number): Or
   // one that says "full" would hold requests back forever; past the TTL we probe instead.
   const trusted =
     report !== null && (inFlight > 0 || now - report.receivedAt < config.loadReportTtlMs);
-  if (!trusted)
-    return { id: origin.id, load: inFlight, freeSlots: null, kvRoomTokens: null, inFlight };
+  if (!trusted) {
+    return {
+      id: origin.id,
+      load: inFlight,
+      freeSlots: null,
+      room: null,
+      kvRoomTokens: null,
+      inFlight,
+    };
+  }
   const load = Math.max(
     0,
     report.running + report.waiting + origin.sentSinceReport - origin.doneSinceReport,
   );
   // Sequences already waiting mean the engine is not starting more right now.
   const freeSlots = report.waiting > 0 ? 0 : Math.max(0, report.maxNumSeqs - load);
+  // An engine that does not say how many sequences it runs at once is never held for.
+  const room =
+    report.maxNumSeqs > 0 ? Math.max(0, report.maxNumSeqs + config.maxOriginQueue - load) : null;
   const kvRoomTokens = Math.max(0, report.kvFreeTokens - origin.promptTokensSinceReport);
   const engine = {
     maxNumSeqs: report.maxNumSeqs,
@@ -182,7 +193,22 @@ function candidateOf(origin: OriginState, config: WindowConfig, now: number): Or
     prefillBacklogTokens: report.prefillBacklogTokens,
     reportedAt: report.receivedAt,
   };
-  return { id: origin.id, load, freeSlots, kvRoomTokens, inFlight, engine };
+  return { id: origin.id, load, freeSlots, room, kvRoomTokens, inFlight, engine };
+}
+
+/**
+ * Whether an origin may be sent more now (docs/batching.md, "Backpressure"): yes unless its
+ * engine already queues about `maxOriginQueue` sequences beyond its slots. Once full it
+ * takes more only when half that queue has room again, so that work leaves in batches
+ * while the engine still has its own queue to start from, not one call per finished item.
+ */
+export function hasRoom(candidate: OriginCandidate, config: WindowConfig): boolean {
+  return candidate.room === null || candidate.room >= refillAt(config);
+}
+
+/** Room an origin must have again before a held batch leaves for it. */
+export function refillAt(config: WindowConfig): number {
+  return Math.max(1, Math.ceil(config.maxOriginQueue / 2));
 }
 
 export function candidateById(candidates: readonly OriginCandidate[], id: string): OriginCandidate {

@@ -1,274 +1,33 @@
 import { env } from "cloudflare:workers";
 import { abortAllDurableObjects, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
-import { describe, expect, inject, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { type Batcher } from "../../../durable-objects/batcher/index.ts";
 import {
-  type BatcherAnswerResult,
   type BatcherFailureTrailer,
-  type BatcherHead,
-  type BatcherOpenResult,
   type BatcherSetup,
-  type BatcherAttempt,
   OPEN_BATCH_RECORD_DELAY_MS,
 } from "../../../durable-objects/batcher/types.ts";
 import { BATCHING_DEFAULTS } from "../../../durable-objects/batcher/settings.ts";
 import { DEFAULT_BREAKER_SETTINGS } from "../../../contracts/breaker.ts";
 import { type WindowConfigInput, windowConfig } from "../../support/window-config.ts";
-import type { FrameReader } from "../../../contracts/upstream.ts";
+import { FrameType, type ItemTrailer, decodeJsonPayload } from "../../../contracts/protocol.ts";
+import { chatBody, lastEvent } from "../../support/edge-requests.ts";
 import {
-  type Frame,
-  FrameType,
-  type ItemTrailer,
-  decodeJsonPayload,
-  encodeJsonPayload,
-} from "../../../contracts/protocol.ts";
-import { chatBody, lastEvent, metricValue } from "../../support/edge-requests.ts";
-
-// batch-1 and batch-2 are this file's alone; they generate about one token per 20 ms, so a
-// long request is still running while the next ones arrive.
-const origins = inject("testOrigins");
-function urlOf(id: string): string {
-  const origin = origins.find((o) => o.id === id);
-  if (origin === undefined) throw new Error(`${id} is not running`);
-  return origin.url;
-}
-
-/** Settings under which a request that finds its origin busy waits up to a second. */
-const HOLD: Partial<WindowConfigInput> = { maxWindowMs: 1000, callIntervalMs: 1000 };
-
-type AttemptOverrides = Partial<Omit<BatcherAttempt, "body">> & { body?: Record<string, unknown> };
-
-/** A fresh batcher (its own name and counters) over the given origins. */
-function batcher(
-  window: Partial<WindowConfigInput> = {},
-  ids: string[] = ["batch-1"],
-  clientBacklogBytes = BATCHING_DEFAULTS.max_client_backlog_bytes,
-) {
-  const setup: BatcherSetup = {
-    version: `test-${crypto.randomUUID().slice(0, 8)}`,
-    region: "test",
-    breakers: { enabled: false, settings: DEFAULT_BREAKER_SETTINGS },
-    routing: null,
-    window: windowConfig({ ...window, origins: ids.map((id) => ({ id })) }),
-    origins: ids.map((id) => ({ id, url: urlOf(id) })),
-    quarantineMs: 1000,
-    clientBacklogBytes,
-  };
-  const stub = env.BATCHER.getByName(`test:${setup.version}`);
-  const input = (id: string, over: AttemptOverrides): BatcherAttempt => {
-    const { body, ...rest } = over;
-    return {
-      setup,
-      id,
-      path: "/v1/chat/completions",
-      body: JSON.stringify(chatBody({ stream: true, max_tokens: 4, ...body })),
-      headers: { "x-request-id": id },
-      lane: 0,
-      promptTokens: 30,
-      maxTokens: 4,
-      deadline: Date.now() + 60_000,
-      firstByteTimeoutMs: 10_000,
-      timeHead: true,
-      itemTimeoutMs: 60_000,
-      avoidOrigins: [],
-      ...rest,
-    };
-  };
-  // As the edge does: `end` right behind `open`.
-  const open = (id: string, over: AttemptOverrides = {}) => openOn(stub, input(id, over));
-  // A streamed item read as its frames: HEAD, DATA…, END.
-  const stream = (id: string, over: AttemptOverrides = {}): FrameReader => {
-    const { opening, ending } = open(id, over);
-    return openedFrames(opening, ending);
-  };
-  // A JSON item, answered whole.
-  const answer = (id: string, over: AttemptOverrides = {}): Promise<BatcherAnswerResult> =>
-    stub.answer(input(id, { timeHead: false, ...over, body: { stream: false, ...over.body } }));
-  return { stub, setup, open, stream, answer };
-}
-
-/** `open` and, right behind it, `end`, as the edge calls them. */
-function openOn(stub: DurableObjectStub<Batcher>, input: BatcherAttempt) {
-  const opening: Promise<BatcherOpenResult> = stub.open(input);
-  const ending: Promise<Uint8Array | null> = stub.end(input.id).then((end) => end.trailer);
-  // A test that never reads it leaves it to fail when a later test resets the objects.
-  ending.catch(() => {});
-  return { opening, ending };
-}
-
-function frameOf(type: FrameType, payload: Uint8Array): Frame {
-  return { type, item: 0, payload };
-}
-
-/**
- * An opened item as frames: a HEAD from `open`, DATA from its body's reads, and the END
- * from `end`; or the lone END of an item that ended before its HEAD. Reading stops, with
- * why, when the item was cut, cancelled or lost.
- */
-function openedFrames(
-  opening: Promise<BatcherOpenResult>,
-  ending: Promise<Uint8Array | null>,
-): FrameReader {
-  let body: ReadableStreamDefaultReader<Uint8Array> | null = null;
-  let phase: "opening" | "body" | "end" | "stopped" = "opening";
-  let stopped = "";
-  let cancelled = false;
-  const stop = (why: unknown): string => {
-    phase = "stopped";
-    stopped = String(why);
-    return stopped;
-  };
-  return {
-    async next() {
-      try {
-        if (phase === "opening") {
-          const result = await opening;
-          switch (result.kind) {
-            case "open":
-              body = result.body.getReader();
-              if (cancelled) void body.cancel().catch(() => {});
-              phase = "body";
-              return frameOf(FrameType.HEAD, encodeJsonPayload(result.head));
-            case "ended":
-              stop("after its lone END");
-              return frameOf(FrameType.END, encodeJsonPayload(result.trailer));
-            case "cancelled":
-              return stop("cancelled");
-            default:
-              throw new Error(`expected open, got ${result.kind}`);
-          }
-        }
-        if (phase === "body" && body !== null) {
-          const chunk = await body.read();
-          if (!chunk.done) return frameOf(FrameType.DATA, chunk.value);
-          phase = "end";
-        }
-        if (phase === "end") {
-          const trailer = await ending;
-          if (trailer === null) return stop("ended without END");
-          stop("after END");
-          return frameOf(FrameType.END, trailer);
-        }
-        return stopped;
-      } catch (error) {
-        if (phase === "opening" && error instanceof Error && error.message.startsWith("expected")) {
-          throw error;
-        }
-        return stop(error);
-      }
-    },
-    takeReadyData: () => undefined,
-    cancel() {
-      cancelled = true;
-      if (body !== null) void body.cancel().catch(() => {});
-    },
-  };
-}
-
-interface ReadItem {
-  head: BatcherHead | null;
-  body: Uint8Array;
-  trailer: ItemTrailer | null;
-  /** Why reading stopped when no END came. */
-  stopped: string | null;
-}
-
-/** Reads an item's frames to the end. */
-async function readItem(frames: FrameReader): Promise<ReadItem> {
-  const out: ReadItem = { head: null, body: new Uint8Array(), trailer: null, stopped: null };
-  for (;;) {
-    const frame = await frames.next();
-    if (typeof frame === "string") {
-      out.stopped = frame;
-      return out;
-    }
-    if (frame.type === FrameType.HEAD) out.head = decodeJsonPayload(frame.payload) as BatcherHead;
-    if (frame.type === FrameType.DATA) out.body = concat(out.body, frame.payload);
-    if (frame.type === FrameType.END) {
-      out.trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
-      return out;
-    }
-  }
-}
-
-/** Reads frames until the item's HEAD. */
-async function untilHead(frames: FrameReader): Promise<BatcherHead> {
-  for (;;) {
-    const frame = await frames.next();
-    if (typeof frame === "string") throw new Error(`no HEAD: ${frame}`);
-    if (frame.type === FrameType.HEAD) return decodeJsonPayload(frame.payload) as BatcherHead;
-    if (frame.type === FrameType.END) {
-      throw new Error(`END before HEAD: ${new TextDecoder().decode(frame.payload)}`);
-    }
-  }
-}
-
-function concat(a: Uint8Array, b: Uint8Array): Uint8Array {
-  const out = new Uint8Array(a.byteLength + b.byteLength);
-  out.set(a);
-  out.set(b, a.byteLength);
-  return out;
-}
-
-interface OriginCounts {
-  batches: number;
-  items: number;
-  inFlight: number;
-  cancelled: number;
-  dropped: number;
-}
-
-async function counts(id: string): Promise<OriginCounts> {
-  const text = await (await fetch(`${urlOf(id)}/metrics`)).text();
-  return {
-    batches: metricValue(text, "warmgate_origin_batches_total"),
-    items: metricValue(text, "warmgate_origin_batch_items_total"),
-    inFlight: metricValue(text, "warmgate_origin_items_in_flight"),
-    cancelled: metricValue(text, "warmgate_origin_cancellations_total", 'reason="cancel"'),
-    dropped: metricValue(text, "warmgate_origin_cancellations_total", 'reason="client"'),
-  };
-}
-
-/** Polls an origin until `done` holds (the origin learns of cancels asynchronously). */
-async function waitForCounts(
-  id: string,
-  done: (c: OriginCounts) => boolean,
-): Promise<OriginCounts> {
-  let current = await counts(id);
-  for (let i = 0; i < 200 && !done(current); i++) {
-    await new Promise((resolve) => setTimeout(resolve, 25));
-    current = await counts(id);
-  }
-  return current;
-}
-
-/** The origin's counts once items of earlier tests have left it (it cancels asynchronously). */
-function quiet(id: string): Promise<OriginCounts> {
-  return waitForCounts(id, (c) => c.inFlight === 0);
-}
-
-/** The same request straight to batch-1's own OpenAI route, as bytes. */
-async function direct(body: Record<string, unknown>, id = "batch-1"): Promise<Uint8Array> {
-  const res = await fetch(`${urlOf(id)}/v1/chat/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(body),
-  });
-  return new Uint8Array(await res.arrayBuffer());
-}
-
-/** Lets go of an item: the cancel RPC, then its body. */
-async function release(b: ReturnType<typeof batcher>, id: string, frames: FrameReader) {
-  await b.stub.cancel(id);
-  frames.cancel();
-}
-
-/** Starts a long request that keeps the origin busy; returns its frames once it runs. */
-async function occupy(b: ReturnType<typeof batcher>, id = "occupier"): Promise<FrameReader> {
-  const frames = b.stream(id, { body: { max_tokens: 2000 }, maxTokens: 2000 });
-  await untilHead(frames);
-  return frames;
-}
+  urlOf,
+  HOLD,
+  type AttemptOverrides,
+  batcher,
+  openOn,
+  openedFrames,
+  readItem,
+  untilHead,
+  counts,
+  waitForCounts,
+  quiet,
+  direct,
+  release,
+  occupy,
+} from "../../support/batcher-harness.workers.ts";
 
 describe("dispatch", () => {
   it("sends a lone request at once, alone, without a window", async () => {
@@ -383,7 +142,7 @@ describe("lanes", () => {
   it("ends a request that waited past its lane's timeout with queue_timeout and the lane's status", async () => {
     const b = batcher({
       ...HOLD,
-      lanes: [{ queueTimeoutMs: 100, onTimeout: "reject", timeoutStatus: 429 }],
+      lanes: [{ queueTimeoutMs: 100, onTimeout: "reject", refuseStatus: 429 }],
     });
     const occupier = await occupy(b);
     const before = await counts("batch-1");
@@ -412,6 +171,7 @@ describe("lanes", () => {
     expect(refused).toEqual({
       kind: "refused",
       reason: "queue_full",
+      status: 503,
       retryAfterMs: expect.any(Number),
     });
     expect(refused.kind === "refused" && refused.retryAfterMs).toBeGreaterThanOrEqual(1000);

@@ -6,7 +6,7 @@ import {
 } from "../../../durable-objects/batcher/origin-choice.ts";
 
 function candidate(id: string, over: Partial<OriginCandidate> = {}): OriginCandidate {
-  return { id, load: 0, freeSlots: null, kvRoomTokens: null, inFlight: 0, ...over };
+  return { id, load: 0, freeSlots: null, room: null, kvRoomTokens: null, inFlight: 0, ...over };
 }
 
 const head = { id: "r", lane: 0, promptTokens: 100 };

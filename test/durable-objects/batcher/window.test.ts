@@ -33,8 +33,9 @@ import type {
   WindowState,
 } from "../../../durable-objects/batcher/window/index.ts";
 
+// Origins here may queue without bound: holding for them is backpressure.test.ts's subject.
 function stateWith(input: Partial<WindowConfigInput> = {}, now = 0): WindowState {
-  return createWindowState(windowConfig(input), now);
+  return createWindowState(windowConfig({ maxOriginQueue: 4096, ...input }), now);
 }
 
 function report(over: Partial<LoadReport> = {}): LoadReport {
@@ -78,6 +79,12 @@ function without(...down: string[]): WindowOptions {
 
 function ids(batch: Batch): string[] {
   return batch.items.map((item) => item.id);
+}
+
+/** What an origin could take before a step: prompt tokens and sequences (null: unknown). */
+interface Room {
+  kv: number | null;
+  seqs: number | null;
 }
 
 function expectQueued(decision: EnqueueDecision): { flushAt: number; windowMs: number } {
@@ -802,6 +809,7 @@ describe("origin choice and health", () => {
         id: "a",
         load: 4,
         freeSlots: 4,
+        room: 4100,
         kvRoomTokens: 54,
         inFlight: 1,
         engine: {
@@ -848,6 +856,7 @@ describe("no request is lost or duplicated", () => {
         maxWindowMs: Math.floor(random() * 20),
         rateWindowMs: 20 + random() * 200,
         loadReportTtlMs: 50 + Math.floor(random() * 500),
+        maxOriginQueue: 1 + Math.floor(random() * 16),
         lanes: [0, 1, 2].map(() => ({
           queueTimeoutMs: 20 + Math.floor(random() * 400),
           onTimeout: pick(["reject", "wait"] as const),
@@ -870,8 +879,9 @@ describe("no request is lost or duplicated", () => {
       const inFlight = (): Array<[string, string]> =>
         state.origins.flatMap((o) => o.inFlight.map((i): [string, string] => [o.id, i.id]));
 
-      const checkBatches = (batches: readonly Batch[], roomBefore: Map<string, number | null>) => {
+      const checkBatches = (batches: readonly Batch[], roomBefore: Map<string, Room>) => {
         const used = new Map<string, number>();
+        const seqs = new Map<string, number>();
         for (const batch of batches) {
           expect(batch.items.length).toBeGreaterThan(0);
           expect(batch.items.length).toBeLessThanOrEqual(config.maxBatchSize);
@@ -898,15 +908,24 @@ describe("no request is lost or duplicated", () => {
             (used.get(batch.originId) ?? 0) + batch.items.reduce((s, i) => s + i.promptTokens, 0);
           used.set(batch.originId, sent);
           check(roomBefore.has(batch.originId), `batch ${batch.seq} went to an unhealthy origin`);
-          check(room === null || room === undefined || sent <= room, `${sent} tokens over KV room`);
+          check(room?.kv == null || sent <= room.kv, `${sent} tokens over KV room`);
+          // Never more sequences than its engine may queue beyond its slots.
+          const count = (seqs.get(batch.originId) ?? 0) + batch.items.length;
+          seqs.set(batch.originId, count);
+          check(room?.seqs == null || count <= room.seqs, `${count} sequences over room`);
           for (const item of batch.items) settle(item.id, "batch");
         }
       };
       // The health rule's verdicts, as the shell would pass them: down until a time.
       const downUntil = new Map<string, number>();
       const health: WindowOptions = { usable: (id) => (downUntil.get(id) ?? 0) <= now };
-      const rooms = (): Map<string, number | null> =>
-        new Map(healthyCandidates(state, now, health.usable).map((c) => [c.id, c.kvRoomTokens]));
+      const rooms = (): Map<string, Room> =>
+        new Map(
+          healthyCandidates(state, now, health.usable).map((c) => [
+            c.id,
+            { kv: c.kvRoomTokens, seqs: c.room },
+          ]),
+        );
 
       for (let step = 0; step < 500; step++) {
         now += random() < 0.3 ? 0 : random() * 8;
