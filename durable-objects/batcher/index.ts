@@ -297,7 +297,7 @@ export class Batcher extends DurableObject<Env> {
         if (caller === undefined) return;
         this.#callers.fail(caller, "queue_timeout", "The request waited too long for capacity.", {
           status: lane?.refuseStatus ?? 503,
-          retry_after_ms: 1_000,
+          retry_after_ms: notice.retryAfterMs,
         });
         return;
       }

@@ -124,9 +124,11 @@ export function tick(state: WindowState, now: number, options: WindowOptions = {
         continue;
       }
       switch (laneConfig.onTimeout) {
-        case "reject":
-          notices.push({ kind: "timed-out", item });
+        case "reject": {
+          const retryAfterMs = estimateRetryAfterMs(next, queue.length, laneConfig, now);
+          notices.push({ kind: "timed-out", item, retryAfterMs });
           break;
+        }
         case "wait": {
           const overdue = { ...item, overdue: true };
           kept.push(overdue);

@@ -163,8 +163,8 @@ export type EnqueueDecision =
 
 /** Something `tick` settled or noticed about a queued request. */
 export type TickNotice =
-  /** Removed: waited past its deadline in a `reject` lane. */
-  | { kind: "timed-out"; item: QueuedRequest }
+  /** Removed: waited past its deadline in a `reject` lane; retry after the lanes drain. */
+  | { kind: "timed-out"; item: QueuedRequest; retryAfterMs: number }
   /** Past its deadline in a `wait` lane: still queued; reported once. */
   | { kind: "overdue"; item: QueuedRequest }
   /** Removed: an origin report showed no origin can ever hold its prompt. */

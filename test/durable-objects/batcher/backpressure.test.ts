@@ -129,6 +129,8 @@ describe("backpressure", () => {
     const result = tick(state, 100);
     expect(result.batches).toEqual([]);
     expect(result.notices).toMatchObject([{ kind: "timed-out", item: { id: "r1" } }]);
+    // Nothing left the lanes: come back after the shortest `retry-after`, a second.
+    expect(result.notices[0]?.kind === "timed-out" && result.notices[0].retryAfterMs).toBe(1000);
     expect(queuedCount(result.state)).toBe(0);
   });
 
