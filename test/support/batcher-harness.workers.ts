@@ -3,7 +3,7 @@
  * over the simulated origins of `origins-setup.ts`, and reads what it answers as frames.
  */
 import { env } from "cloudflare:workers";
-import { inject } from "vitest";
+import { expect, inject } from "vitest";
 import { type Batcher } from "../../durable-objects/batcher/index.ts";
 import {
   type BatcherAnswerResult,
@@ -271,4 +271,35 @@ export async function occupy(b: ReturnType<typeof batcher>, id = "occupier"): Pr
   const frames = b.stream(id, { body: { max_tokens: 2000 }, maxTokens: 2000 });
   await untilHead(frames);
   return frames;
+}
+
+export async function untilQueued(b: ReturnType<typeof batcher>, n: number): Promise<void> {
+  for (let i = 0; i < 200; i++) {
+    if ((await b.stub.snapshot()).queued === n) return;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+  throw new Error(`never ${n} queued`);
+}
+
+/** Sets an origin's injected faults; null clears them. */
+export async function setFaults(id: string, faults: Record<string, unknown> | null): Promise<void> {
+  const res = await fetch(`${urlOf(id)}/admin/faults`, {
+    method: faults === null ? "DELETE" : "PUT",
+    headers: { "content-type": "application/json" },
+    ...(faults !== null && { body: JSON.stringify(faults) }),
+  });
+  expect(res.ok).toBe(true);
+  await res.arrayBuffer();
+}
+
+/** An item `open` opened: its body, and its END trailer (null when none came). */
+export async function opened(b: ReturnType<typeof batcher>, id: string, over: AttemptOverrides) {
+  const { opening, ending } = b.open(id, over);
+  const result = await opening;
+  if (result.kind !== "open") throw new Error(`expected open, got ${result.kind}`);
+  const trailer = async (): Promise<ItemTrailer | null> => {
+    const bytes = await ending;
+    return bytes === null ? null : (decodeJsonPayload(bytes) as ItemTrailer);
+  };
+  return { head: result.head, body: result.body, trailer };
 }

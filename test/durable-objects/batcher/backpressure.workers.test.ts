@@ -1,5 +1,11 @@
 import { describe, expect, it } from "vitest";
-import { batcher, occupy, readItem, release, untilHead } from "../../support/batcher-harness.workers.ts";
+import {
+  batcher,
+  occupy,
+  readItem,
+  release,
+  untilHead,
+} from "../../support/batcher-harness.workers.ts";
 
 // batch-narrow runs two sequences at once; with `maxOriginQueue: 1` the Batcher may have
 // one more queued in its engine, and holds the rest in its lanes.
