@@ -1,12 +1,12 @@
 /**
  * One client of the chaos trial (`npm run bench:chaos`, docs/benchmarks.md): sends a
  * request of a drawn kind and says what it saw, as an application would: a whole answer
- * with its usage, an OpenAI error, a stream cut with an error event, a cut connection, or
- * a 200 that ended without its end (a silent truncation); and the counts of such outcomes.
+ * with its usage, an OpenAI error, a stream cut with an error event, a cut connection, a
+ * 200 that ended without its end (a silent truncation), or its own cancel.
  */
 
 /** The kinds of request the trial mixes. */
-export type ChaosKind = "json" | "stream" | "n" | "abort";
+export type ChaosKind = "json" | "stream" | "n" | "abort" | "cancel";
 
 /** Usage as a client sees it. */
 export interface SeenUsage {
@@ -18,6 +18,8 @@ export interface SeenUsage {
 /** What one request came to, from the client's side. */
 export interface ChaosOutcome {
   kind: ChaosKind;
+  /** The `user` it was sent with, unique to it: its ledger rows' end user. */
+  user: string;
   status: number | null;
   requestId: string | null;
   /** A whole answer with its usage (JSON parsed, or a stream up to `[DONE]`). */
@@ -27,23 +29,37 @@ export interface ChaosOutcome {
   silentlyTruncated: boolean;
   /** A stream that ended with an OpenAI error event. */
   errorEvent: boolean;
-  /** The connection failed (refused or reset): visible to the client. */
+  /** The code of that error event. */
+  eventCode: string | null;
+  /** The client went away itself (a timer, or after its third read). */
+  clientAborted: boolean;
+  /** The connection failed (refused or reset) without the client asking. */
   connectionFailed: boolean;
   /** A status of 400 or more whose body is not OpenAI's error shape. */
   badErrorBody: boolean;
   /** The error code of an error answer. */
   code: string | null;
+  /** A 429 for the key's concurrent requests. */
+  concurrencyRefusal: boolean;
   /** A 429's `retry-after-ms`, which a client honours as the SDKs do. */
   retryAfterMs: number | null;
+  /** Epoch ms when it was sent and when the client was done with it. */
+  sentAt: number;
+  endedAt: number;
 }
 
-/** Draws the next request's kind: 40% JSON, 35% streams, 10% `n` > 1, 15% client aborts. */
+/**
+ * Draws the next request's kind: 35% JSON, 30% streams, 10% `n` > 1, 15% streams the client
+ * aborts on a timer, 10% long streams it cancels after three reads.
+ */
 export function drawKind(random: () => number): ChaosKind {
   const x = random();
-  return x < 0.4 ? "json" : x < 0.75 ? "stream" : x < 0.85 ? "n" : "abort";
+  return x < 0.35 ? "json" : x < 0.65 ? "stream" : x < 0.75 ? "n" : x < 0.9 ? "abort" : "cancel";
 }
 
-function isOpenAIError(body: unknown): body is { error: { code: string | null } } {
+type OpenAIError = { error: { code: string | null; message: string } };
+
+function isOpenAIError(body: unknown): body is OpenAIError {
   if (typeof body !== "object" || body === null) return false;
   const error = (body as { error?: unknown }).error;
   if (typeof error !== "object" || error === null) return false;
@@ -66,6 +82,41 @@ function usageOf(raw: unknown): SeenUsage | null {
   };
 }
 
+/** The chat request body of a kind. */
+function bodyOf(kind: ChaosKind, random: () => number, index: number, user: string) {
+  const stream = kind === "stream" || kind === "abort" || kind === "cancel";
+  return {
+    model: "warmgate-sim-8b",
+    messages: [
+      { role: "user", content: `Chaos request ${index}: tell me about ${index % 7} seas.` },
+    ],
+    // A cancelled stream is long, so its origin is still generating when the cancel comes.
+    ...(kind === "cancel"
+      ? { max_tokens: 200 + Math.floor(random() * 200), ignore_eos: true }
+      : { max_tokens: 8 + Math.floor(random() * 56) }),
+    ...(kind === "n" ? { n: 2 + Math.floor(random() * 3) } : {}),
+    ...(stream ? { stream: true, stream_options: { include_usage: true } } : {}),
+    user,
+  };
+}
+
+// Reads the body; after `cancelAfter` reads (if given) cancels it and answers null.
+async function readBody(res: Response, cancelAfter: number | null): Promise<string | null> {
+  const reader = res.body?.getReader();
+  if (reader === undefined) return "";
+  const decoder = new TextDecoder();
+  let text = "";
+  for (let reads = 0; ; reads++) {
+    if (cancelAfter !== null && reads >= cancelAfter) {
+      await reader.cancel();
+      return null;
+    }
+    const { done, value } = await reader.read();
+    if (done) return text + decoder.decode();
+    text += decoder.decode(value, { stream: true });
+  }
+}
+
 /** Sends one chat request of `kind` and classifies what came back. */
 export async function sendChaos(
   url: string,
@@ -74,28 +125,26 @@ export async function sendChaos(
   random: () => number,
   index: number,
 ): Promise<ChaosOutcome> {
-  const stream = kind === "stream" || kind === "abort";
-  const body = {
-    model: "warmgate-sim-8b",
-    messages: [
-      { role: "user", content: `Chaos request ${index}: tell me about ${index % 7} seas.` },
-    ],
-    max_tokens: 8 + Math.floor(random() * 56),
-    ...(kind === "n" ? { n: 2 + Math.floor(random() * 3) } : {}),
-    ...(stream ? { stream: true, stream_options: { include_usage: true } } : {}),
-  };
+  const user = `chaos-${index}`;
+  const body = bodyOf(kind, random, index, user);
   const outcome: ChaosOutcome = {
     kind,
+    user,
     status: null,
     requestId: null,
     complete: false,
     usage: null,
     silentlyTruncated: false,
     errorEvent: false,
+    eventCode: null,
+    clientAborted: false,
     connectionFailed: false,
     badErrorBody: false,
     code: null,
+    concurrencyRefusal: false,
     retryAfterMs: null,
+    sentAt: Date.now(),
+    endedAt: 0,
   };
   const abort = new AbortController();
   const abortAfter = kind === "abort" ? 20 + random() * 300 : null;
@@ -111,7 +160,11 @@ export async function sendChaos(
     outcome.requestId = res.headers.get("x-request-id");
     const retryAfter = Number(res.headers.get("retry-after-ms") ?? Number.NaN);
     if (res.status === 429 && Number.isFinite(retryAfter)) outcome.retryAfterMs = retryAfter;
-    const text = await res.text();
+    const text = await readBody(res, kind === "cancel" && res.status === 200 ? 3 : null);
+    if (text === null) {
+      outcome.clientAborted = true;
+      return outcome;
+    }
     if (res.status >= 400) {
       let parsed: unknown = null;
       try {
@@ -120,10 +173,14 @@ export async function sendChaos(
         // Not JSON: not OpenAI's shape either.
       }
       outcome.badErrorBody = !isOpenAIError(parsed);
-      outcome.code = isOpenAIError(parsed) ? parsed.error.code : null;
+      if (isOpenAIError(parsed)) {
+        outcome.code = parsed.error.code;
+        outcome.concurrencyRefusal =
+          res.status === 429 && parsed.error.message.includes("concurrent requests");
+      }
       return outcome;
     }
-    if (!stream) {
+    if (!("stream" in body)) {
       try {
         const json = JSON.parse(text) as { usage?: unknown; choices?: unknown[] };
         outcome.usage = usageOf(json.usage);
@@ -137,8 +194,11 @@ export async function sendChaos(
     for (const event of events) {
       const data = event.slice(6).trim();
       if (data === "[DONE]") continue;
-      const parsed = JSON.parse(data) as { usage?: unknown; error?: unknown };
-      if (parsed.error !== undefined) outcome.errorEvent = true;
+      const parsed = JSON.parse(data) as { usage?: unknown; error?: { code?: unknown } };
+      if (parsed.error !== undefined) {
+        outcome.errorEvent = true;
+        outcome.eventCode = typeof parsed.error.code === "string" ? parsed.error.code : null;
+      }
       const usage = usageOf(parsed.usage);
       if (usage !== null) outcome.usage = usage;
     }
@@ -148,49 +208,11 @@ export async function sendChaos(
     return outcome;
   } catch {
     // An abort the client made, or a connection the edge's restart cut: either way seen.
+    outcome.clientAborted = abort.signal.aborted;
     outcome.connectionFailed = !abort.signal.aborted;
     return outcome;
   } finally {
+    outcome.endedAt = Date.now();
     if (timer !== null) clearTimeout(timer);
   }
-}
-
-/** What the clients saw, counted; the same for all requests and for the burst alone. */
-export interface ChaosCounts {
-  sent: number;
-  complete: number;
-  billedExactly: number;
-  clientAborts: number;
-  /** Client aborts that reached the edge after it had written the whole answer. */
-  abortsAfterTheEnd: number;
-  /** Connections refused or cut (the edge restart, mostly): the client saw them. */
-  connectionsFailed: number;
-  /** OpenAI-shaped 502/503/504 answers: origins that failed every attempt. */
-  originFailures: number;
-  /** OpenAI-shaped 429 answers (origins full, or the key's own limits). */
-  rateLimited: number;
-  streamsEndedWithErrorEvent: number;
-}
-
-/**
- * Counts `outcomes`; `billed` holds those billed exactly, `abortsAfterTheEnd` the client
- * aborts the edge recorded as delivered.
- */
-export function countOutcomes(
-  outcomes: readonly ChaosOutcome[],
-  billed: ReadonlySet<ChaosOutcome>,
-  abortsAfterTheEnd: ReadonlySet<ChaosOutcome>,
-): ChaosCounts {
-  const count = (test: (o: ChaosOutcome) => boolean) => outcomes.filter(test).length;
-  return {
-    sent: outcomes.length,
-    complete: count((o) => o.complete),
-    billedExactly: count((o) => billed.has(o)),
-    clientAborts: count((o) => o.kind === "abort" && !o.complete && !o.connectionFailed),
-    abortsAfterTheEnd: count((o) => abortsAfterTheEnd.has(o)),
-    connectionsFailed: count((o) => o.connectionFailed),
-    originFailures: count((o) => o.status !== null && o.status >= 502 && !o.badErrorBody),
-    rateLimited: count((o) => o.status === 429),
-    streamsEndedWithErrorEvent: count((o) => o.errorEvent),
-  };
 }

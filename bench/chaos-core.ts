@@ -2,31 +2,40 @@
  * The chaos trial (docs/benchmarks.md, "Chaos"): the local stack with real origin
  * processes answering errors, hanging and cutting streams, one origin killed and started
  * again, a burst of streams at once, then the whole edge killed and started again, all
- * under mixed traffic; afterwards every request is checked against its key's ledger. Used
- * by `npm run bench:chaos` and, bounded, by the end-to-end tests.
+ * under mixed traffic. Afterwards every request is matched to its ledger record and to
+ * what its origins remember, before the edge's leases could have cleaned anything and
+ * again after. Used by `npm run bench:chaos` and, bounded, by the end-to-end tests.
  */
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { costPicos } from "../contracts/pricing.ts";
+import { setTimeout as sleep } from "node:timers/promises";
+import { type ModelPrice, utcDay } from "../contracts/pricing.ts";
+import type { ItemRecord } from "../contracts/protocol.ts";
 import { modelPrice } from "../functions/pricing.ts";
+import { DEV_KEY_LIMITS, createKey, startStack } from "../scripts/stack.ts";
+import type { ChaosOutcome } from "./chaos-client.ts";
 import {
-  DEV_KEY_LIMITS,
-  type RunningStack,
-  type SpawnedOrigin,
-  createKey,
-  simFlags,
-  spawnOrigin,
-  startStack,
-} from "../scripts/stack.ts";
-import { mulberry32 } from "../origin/faults.ts";
+  type ChaosLosses,
+  type LedgerEntry,
+  type OutcomeRow,
+  type RequestFacts,
+  type RollupCheck,
+  type UserRows,
+  billsByOutcome,
+  chaosLosses,
+  errorsByCode,
+  generatedBy,
+} from "./chaos-ledger.ts";
 import {
-  type ChaosCounts,
-  type ChaosOutcome,
-  countOutcomes,
-  drawKind,
-  sendChaos,
-} from "./chaos-client.ts";
+  type DayRange,
+  readOriginItems,
+  readRecords,
+  readUserRows,
+  refusedSlots,
+  usageTotals,
+} from "./chaos-lookup.ts";
+import { type TimelineEvent, type Traffic, runTraffic } from "./chaos-traffic.ts";
 import { stopOnSignal } from "./lib.ts";
 
 /** Options of a trial. */
@@ -34,109 +43,40 @@ export interface ChaosOptions {
   requests: number;
   concurrency: number;
   seed: number;
-  /** Wait after the traffic before checking slots and reservations (ms). */
+  /** Wait after the traffic before the first look at records and slots (ms). */
+  earlyWaitMs?: number;
+  /** Wait after the traffic before the last look, once leases have lapsed (ms). */
   settleWaitMs: number;
   /** Simulated engine speed (1 realistic). */
   timeScale: number;
   /**
    * Streams sent at once halfway through the requests, on a key of their own whose limits
-   * allow them (default 0: no burst); counted with the rest, and apart in `burst`.
+   * allow them (default 0: no burst); counted with the rest, and apart in `burstBills`.
    */
   burst?: number;
   log?: (line: string) => void;
 }
 
-/** Counts of what happened, and the losses, which should all be 0. */
+/** What the trial counted: bills by outcome, errors by code, and the losses (all 0 wanted). */
 export interface ChaosReport {
-  counts: ChaosCounts;
+  bills: OutcomeRow[];
   /** The burst's streams alone (null without one). */
-  burst: ChaosCounts | null;
-  losses: {
-    lost_bills: number;
-    double_bills: number;
-    reservations_left_open: number;
-    slots_leaked_after_30s: number;
-    silently_truncated_200s: number;
-    /** Answers cut by something other than their client (an error event, a cut connection) recorded as `ok`. */
-    cut_recorded_ok: number;
-    "5xx_edge_errors": number;
-    non_openai_error_bodies: number;
-  };
-  timeline: { at_request: number; at_ms: number; event: string }[];
-  /** Up to five examples of each loss: what the client saw, and the ledger's record. */
-  examples: Record<string, { seen: ChaosOutcome; record: LedgerRecord | null }[]>;
+  burstBills: OutcomeRow[] | null;
+  errors: ReturnType<typeof errorsByCode>;
+  losses: ChaosLosses;
+  /** Figures that are no loss by themselves. */
+  reported: Record<string, number>;
+  timeline: TimelineEvent[];
+  /** Up to five examples of each loss: what the client saw, the records, the origins' items. */
+  examples: Record<string, unknown[]>;
 }
 
-/** Faults every origin answers with during the trial. */
-export const CHAOS_FAULTS = {
-  errorRate: 0.2,
-  errorStatuses: [500, 503, 429],
-  hangRate: 0.02,
-  dropAfterTokens: 6,
-  dropRate: 0.2,
-};
-
+/** A lapsed lease frees a request's slot (functions/middleware/auth.ts, `LEASE_MS`). */
+export const EDGE_LEASE_MS = 20_000;
+// Time for a lapsed lease's alarm to run and its request to be looked up on the origins.
+const LEASE_MARGIN_MS = 5_000;
 const KEY_CONCURRENCY = 64;
-
-type LedgerRecord = {
-  status: string;
-  outcome: string | null;
-  prompt_tokens: number | null;
-  cached_tokens: number | null;
-  completion_tokens: number | null;
-  cost_usd: number;
-};
-
-async function setFaults(stack: RunningStack, url: string): Promise<void> {
-  const res = await fetch(`${url}/admin/faults`, {
-    method: "PUT",
-    headers: {
-      authorization: `Bearer ${stack.originAdminToken}`,
-      "content-type": "application/json",
-    },
-    body: JSON.stringify(CHAOS_FAULTS),
-  });
-  if (res.status !== 200) throw new Error(`setting faults on ${url}: ${res.status}`);
-  await res.arrayBuffer();
-}
-
-async function record(stack: RunningStack, key: string, id: string): Promise<LedgerRecord | null> {
-  const res = await fetch(`${stack.edgeUrl}/v1/usage/requests/${id}`, {
-    headers: { authorization: `Bearer ${key}` },
-  });
-  if (res.status === 404) {
-    await res.arrayBuffer();
-    return null;
-  }
-  if (res.status !== 200) throw new Error(`reading ${id}: ${res.status}`);
-  return (await res.json()) as LedgerRecord;
-}
-
-// Holds `n` streams at once and counts the ones refused for concurrency: leaked slots.
-async function leakedSlots(stack: RunningStack, key: string, n: number): Promise<number> {
-  const aborts = Array.from({ length: n }, () => new AbortController());
-  const statuses = await Promise.all(
-    aborts.map(async (abort) => {
-      const res = await fetch(`${stack.edgeUrl}/v1/chat/completions`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-        body: JSON.stringify({
-          model: "warmgate-sim-8b",
-          messages: [{ role: "user", content: "Hold a slot." }],
-          max_tokens: 2_000,
-          ignore_eos: true,
-          stream: true,
-        }),
-        signal: abort.signal,
-      });
-      const code =
-        res.status === 429 ? ((await res.json()) as { error: { code: string } }).error.code : null;
-      return { status: res.status, code, res };
-    }),
-  );
-  for (const abort of aborts) abort.abort();
-  return statuses.filter((s) => s.status === 429 && s.code === "rate_limit_exceeded").length;
-}
+const PROBE_USER = "chaos-slot-probe";
 
 /** Runs a trial and returns its report; the stack is stopped however it ends. */
 export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
@@ -158,12 +98,11 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
     await rm(state, { recursive: true, force: true });
   };
   const unregister = stopOnSignal(stopAll);
-  const timeline: ChaosReport["timeline"] = [];
   try {
     const config = JSON.parse(stack.config) as {
       models: { id: string; pricing?: Parameters<typeof modelPrice>[0] }[];
     };
-    const price = modelPrice(config.models.find((m) => m.id === "warmgate-sim-8b")?.pricing);
+    const prices = new Map(config.models.map((m) => [m.id, modelPrice(m.pricing)]));
     const key = await createKey(stack.edgeUrl, stack.adminToken, {
       name: "chaos",
       limits: { rpm: 1_000_000, tpm: 1_000_000_000, concurrency: KEY_CONCURRENCY },
@@ -176,212 +115,208 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
             limits: { ...DEV_KEY_LIMITS, concurrency: Math.max(burstSize, KEY_CONCURRENCY) },
           })
         : null;
-    // The key each outcome was sent with, for its ledger record.
-    const keyOf = new Map<ChaosOutcome, string>();
-    const burstOutcomes: ChaosOutcome[] = [];
-    // The edge's crash waits for the burst to end, so that each fault is counted apart.
-    const burstEnded = Promise.withResolvers<void>();
-    if (burstKey === null) burstEnded.resolve();
-    for (const { origin } of stack.origins) await setFaults(stack, origin.url);
+    const firstDay = utcDay(Date.now());
+    const traffic = await runTraffic(stack, {
+      ...options,
+      key,
+      burst: burstKey === null ? null : { key: burstKey, size: burstSize },
+      log,
+    });
+    const { outcomes, faults } = traffic;
+    const keys = burstKey === null ? [key] : [key, burstKey];
+    const sentWith = (k: string) => outcomes.filter((o) => traffic.keyOf.get(o) === k);
+    const readAll = async () => {
+      const all = new Map<string, LedgerEntry | null>();
+      for (const k of keys) {
+        for (const [id, entry] of await readRecords(stack.edgeUrl, k, idsOf(sentWith(k)))) {
+          all.set(id, entry);
+        }
+      }
+      return all;
+    };
 
-    const random = mulberry32(options.seed);
-    const started = Date.now();
-    const outcomes: ChaosOutcome[] = [];
-    let next = 0;
-    const at = (fraction: number) => Math.floor(options.requests * fraction);
-    const events = new Map<number, () => Promise<void>>([
-      [
-        at(0.35),
-        async () => {
-          // A crash of one origin process (SIGKILL), then the same origin on the same port.
-          const victim = stack.origins[0];
-          if (victim === undefined) return;
-          const spawned = victim.origin as unknown as SpawnedOrigin;
-          const port = new URL(spawned.url).port;
-          timeline.push({
-            at_request: next,
-            at_ms: Date.now() - started,
-            event: `kill origin ${victim.origin.originId}`,
-          });
-          spawned.child.kill("SIGKILL");
-          await new Promise((resolve) => setTimeout(resolve, 2_000));
-          const again = await spawnOrigin([
-            ...simFlags({ timeScale: options.timeScale }),
-            "--origin-id",
-            victim.origin.originId,
-            "--region",
-            victim.region,
-            "--port",
-            port,
-            "--access-token",
-            stack.originAccessToken,
-            "--admin-token",
-            stack.originAdminToken,
-          ]);
-          victim.origin = again;
-          await setFaults(stack, again.url);
-          timeline.push({
-            at_request: next,
-            at_ms: Date.now() - started,
-            event: `origin ${victim.origin.originId} back`,
-          });
-        },
-      ],
-      ...(burstKey === null
-        ? []
-        : [
-            [
-              at(0.5),
-              async () => {
-                // Streams at once, beside the clients' traffic, as a spike of callers would.
-                timeline.push({
-                  at_request: next,
-                  at_ms: Date.now() - started,
-                  event: `burst of ${burstSize} streams`,
-                });
-                try {
-                  const sent = await Promise.all(
-                    Array.from({ length: burstSize }, (_, i) =>
-                      sendChaos(stack.edgeUrl, burstKey, "stream", random, options.requests + i),
-                    ),
-                  );
-                  for (const outcome of sent) keyOf.set(outcome, burstKey);
-                  outcomes.push(...sent);
-                  burstOutcomes.push(...sent);
-                  timeline.push({
-                    at_request: next,
-                    at_ms: Date.now() - started,
-                    event: `burst done: ${sent.filter((o) => o.complete).length} complete`,
-                  });
-                } finally {
-                  burstEnded.resolve();
-                }
-              },
-            ] as const,
-          ]),
-      [
-        at(0.7),
-        async () => {
-          await burstEnded.promise;
-          timeline.push({ at_request: next, at_ms: Date.now() - started, event: "kill the edge" });
-          await stack.restartEdge({ crash: true });
-          timeline.push({ at_request: next, at_ms: Date.now() - started, event: "edge back" });
-        },
-      ],
-    ]);
-    const pending = new Set<Promise<void>>();
-    const client = async () => {
-      let failures = 0;
-      while (next < options.requests) {
-        const index = next++;
-        const event = events.get(index);
-        if (event !== undefined) {
-          log(`chaos: ${index} sent, the next fault begins`);
-          const running = event();
-          pending.add(running);
-          void running.finally(() => pending.delete(running));
-        }
-        const kind = drawKind(random);
-        const outcome = await sendChaos(stack.edgeUrl, key, kind, random, index);
-        outcomes.push(outcome);
-        // As an SDK would: after a failed connection, back off (0.25 s, doubling to 2 s).
-        // and after a 429, wait what its retry-after-ms says (at most 2 s).
-        failures = outcome.connectionFailed ? failures + 1 : 0;
-        const pause =
-          failures > 0
-            ? Math.min(2_000, 250 * 2 ** (failures - 1))
-            : Math.min(2_000, outcome.retryAfterMs ?? 0);
-        if (pause > 0) await new Promise((resolve) => setTimeout(resolve, pause));
-        if (index % 250 === 0) log(`chaos: ${index} of ${options.requests} sent`);
-      }
-    };
-    await Promise.all(Array.from({ length: options.concurrency }, client));
-    await Promise.all(pending);
-    log(`chaos: traffic done; waiting ${options.settleWaitMs} ms for leases and settlements`);
-    await new Promise((resolve) => setTimeout(resolve, options.settleWaitMs));
+    // The first look: before any lease that was live when the traffic ended could lapse,
+    // yet after those of the requests the edge's crash cut (they hold slots by design).
+    const trafficEnded = Date.now();
+    const earlyAt = Math.max(
+      trafficEnded + (options.earlyWaitMs ?? 5_000),
+      (faults.edgeKilledAt ?? 0) + EDGE_LEASE_MS + LEASE_MARGIN_MS,
+    );
+    log(`chaos: traffic done; first look in ${earlyAt - Date.now()} ms`);
+    await sleep(Math.max(0, earlyAt - Date.now()));
+    const early = await readAll();
+    const slotsRefusedBeforeLeases = await refusedSlots(
+      stack.edgeUrl,
+      key,
+      KEY_CONCURRENCY,
+      PROBE_USER,
+    );
+    const earlyDone = Date.now();
 
-    const losses: ChaosReport["losses"] = {
-      lost_bills: 0,
-      double_bills: 0,
-      reservations_left_open: 0,
-      slots_leaked_after_30s: 0,
-      silently_truncated_200s: 0,
-      cut_recorded_ok: 0,
-      "5xx_edge_errors": 0,
-      non_openai_error_bodies: 0,
-    };
-    const billed = new Set<ChaosOutcome>();
-    const abortsRecordedOk = new Set<ChaosOutcome>();
-    const examples: ChaosReport["examples"] = {};
-    const example = (loss: string, seen: ChaosOutcome, found: LedgerRecord | null) => {
-      const list = (examples[loss] ??= []);
-      if (list.length < 5) list.push({ seen, record: found });
-    };
-    let recordsSeen = 0;
-    for (const outcome of outcomes) {
-      if (outcome.silentlyTruncated) losses.silently_truncated_200s++;
-      if (outcome.badErrorBody) losses.non_openai_error_bodies++;
-      if (outcome.status !== null && outcome.status >= 500) {
-        const documented = ["origin_error", "origin_timeout", "no_healthy_origin"];
-        if (outcome.code === null || !documented.includes(outcome.code)) {
-          losses["5xx_edge_errors"]++;
-          example("5xx_edge_errors", outcome, null);
-        }
-      }
-      if (outcome.requestId === null) continue;
-      const found = await record(stack, keyOf.get(outcome) ?? key, outcome.requestId);
-      if (found !== null) recordsSeen++;
-      if (found?.status === "open") losses.reservations_left_open++;
-      if (!outcome.complete && outcome.status === 200 && found?.outcome === "ok") {
-        // A client's own abort that reached the edge after it had written the whole answer
-        // is delivered, as far as any server can tell; anything else is a loss.
-        if (outcome.kind === "abort" && !outcome.connectionFailed && !outcome.errorEvent) {
-          abortsRecordedOk.add(outcome);
-        } else {
-          losses.cut_recorded_ok++;
-          example("cut_recorded_ok", outcome, found);
-        }
-      }
-      if (!outcome.complete || outcome.usage === null) continue;
-      const expected = costPicos(
-        {
-          promptTokens: outcome.usage.prompt_tokens,
-          cachedTokens: outcome.usage.cached_tokens,
-          completionTokens: outcome.usage.completion_tokens,
-        },
-        price,
-      );
-      // cost_usd is the double nearest an exact pico-dollar amount: for the cents a request
-      // here costs, scaling it back recovers that amount.
-      const cost = found === null ? 0n : BigInt(Math.round(found.cost_usd * 1e12));
-      if (found === null || found.status !== "settled" || cost < expected) {
-        losses.lost_bills++;
-        example("lost_bills", outcome, found);
-      } else if (cost > expected) {
-        losses.double_bills++;
-        example("double_bills", outcome, found);
-      } else billed.add(outcome);
+    // The last look: every lease live at the first has lapsed and been reconciled.
+    const lateAt = Math.max(
+      trafficEnded + options.settleWaitMs,
+      earlyDone + EDGE_LEASE_MS + LEASE_MARGIN_MS,
+    );
+    log(`chaos: first look done; last look in ${lateAt - Date.now()} ms`);
+    await sleep(Math.max(0, lateAt - Date.now()));
+    const records = await readAll();
+    const range: DayRange = { from: firstDay, to: utcDay(Date.now()) };
+    const userRows = new Map<string, UserRows>();
+    const rollups: RollupCheck[] = [];
+    for (const k of keys) {
+      const noId = sentWith(k).filter((o) => o.requestId === null);
+      const users = [...noId.map((o) => o.user), ...(k === key ? [PROBE_USER] : [])];
+      const rows = await readUserRows(stack.edgeUrl, k, range, users);
+      for (const [user, found] of rows) userRows.set(user, found);
+      rollups.push({
+        rollup: await usageTotals(stack.edgeUrl, k, range),
+        rows: closedRows([
+          ...rows.values(),
+          ...idsOf(sentWith(k)).map((id) => records.get(id) ?? null),
+        ]),
+      });
     }
-    // Each request counts once in its key's rollups: more than were sent is a double count.
-    for (const k of burstKey === null ? [key] : [key, burstKey]) {
-      const usage = await fetch(`${stack.edgeUrl}/v1/usage`, {
-        headers: { authorization: `Bearer ${k}` },
-      }).then((r) => r.json() as Promise<{ total: { requests: number } }>);
-      const sentWith = outcomes.filter((o) => (keyOf.get(o) ?? key) === k).length;
-      losses.double_bills += Math.max(0, usage.total.requests - sentWith);
-    }
-    losses.slots_leaked_after_30s = await leakedSlots(stack, key, KEY_CONCURRENCY);
-    log(`chaos: ${recordsSeen} ledger records read`);
+    const items = await readOriginItems(
+      stack.origins.map(({ origin }) => ({
+        id: origin.originId,
+        url: origin.url,
+        token: stack.originAccessToken,
+      })),
+      idsOf(outcomes),
+    );
+    if (items === null) log("chaos: an origin did not answer; no bill can be checked");
+    const slotsRefusedAfterLeases = await refusedSlots(
+      stack.edgeUrl,
+      key,
+      KEY_CONCURRENCY,
+      PROBE_USER,
+    );
+    log(`chaos: ${records.size} ledger records and ${userRows.size} end users read`);
 
+    const price = (model: string | undefined): ModelPrice =>
+      prices.get(model ?? "warmgate-sim-8b") ?? modelPrice(undefined);
+    const factsOf = (seen: ChaosOutcome): RequestFacts => {
+      const id = seen.requestId;
+      const record = id === null ? undefined : (records.get(id) ?? null);
+      const remembered = id === null || items === null ? null : (items.get(id) ?? []);
+      const { edgeKilledAt, edgeBackAt, originBackAt, killedOrigin } = faults;
+      return {
+        seen,
+        early: id === null ? undefined : (early.get(id) ?? null),
+        record,
+        userRows: id === null ? (userRows.get(seen.user) ?? null) : null,
+        items: remembered,
+        // Admitted before the killed origin came back, and tried there by its record (a
+        // request through a Batcher lists no attempts: then remembered by no origin).
+        originForgot:
+          originBackAt !== null &&
+          seen.sentAt < originBackAt &&
+          record != null &&
+          remembered !== null &&
+          (record.origins.length === 0
+            ? remembered.length === 0
+            : record.origins.includes(killedOrigin) &&
+              !remembered.some((i) => i.origin === killedOrigin)),
+        crashExposed:
+          edgeKilledAt !== null &&
+          seen.sentAt <= (edgeBackAt ?? Date.now()) &&
+          seen.endedAt >= edgeKilledAt,
+        inCrashLeaseWindow:
+          edgeKilledAt !== null &&
+          seen.endedAt >= edgeKilledAt &&
+          seen.sentAt <= edgeKilledAt + EDGE_LEASE_MS + LEASE_MARGIN_MS,
+        price: price(record?.model),
+      };
+    };
+    const facts = outcomes.map(factsOf);
+    const { losses, examples } = chaosLosses(facts, {
+      slotsRefusedBeforeLeases,
+      slotsRefusedAfterLeases,
+      rollups,
+    });
+    const burstSet = new Set(traffic.burstOutcomes);
     return {
-      counts: countOutcomes(outcomes, billed, abortsRecordedOk),
-      burst: burstKey === null ? null : countOutcomes(burstOutcomes, billed, abortsRecordedOk),
+      bills: billsByOutcome(facts),
+      burstBills:
+        burstKey === null ? null : billsByOutcome(facts.filter((f) => burstSet.has(f.seen))),
+      errors: errorsByCode(outcomes),
       losses,
-      timeline,
-      examples,
+      reported: reportedFigures(facts, { trafficEnded, earlyAt, earlyDone, lateAt }, traffic),
+      timeline: traffic.timeline,
+      examples: Object.fromEntries(
+        Object.entries(examples).map(([name, list]) => [name, list.map(exampleJson)]),
+      ),
     };
   } finally {
     await stopAll();
     unregister();
   }
+}
+
+// The ids the clients saw.
+const idsOf = (list: readonly ChaosOutcome[]) =>
+  list.flatMap((o) => (o.requestId === null ? [] : [o.requestId]));
+
+// Closed rows (settled or expired) add up as the rollups count them; open ones do not.
+function closedRows(rows: readonly (UserRows | LedgerEntry | null)[]): UserRows {
+  const sum: UserRows = { requests: 0, costPicos: 0n };
+  for (const row of rows) {
+    if (row === null) continue;
+    if ("status" in row) {
+      if (row.status === "open") continue;
+      sum.requests++;
+    } else sum.requests += row.requests;
+    sum.costPicos += row.costPicos;
+  }
+  return sum;
+}
+
+function reportedFigures(
+  facts: readonly RequestFacts[],
+  times: { trafficEnded: number; earlyAt: number; earlyDone: number; lateAt: number },
+  traffic: Traffic,
+): Record<string, number> {
+  const count = (test: (f: RequestFacts) => boolean) => facts.filter(test).length;
+  const { edgeKilledAt } = traffic.faults;
+  let abandoned = 0;
+  for (const f of facts) {
+    // Tokens generated by attempts other than the one billed (a retry's first try).
+    const ended = (f.items ?? []).flatMap((i: ItemRecord) => (i.state === "ended" ? [i] : []));
+    const all = ended.reduce((n, i) => n + (i.usage?.completion_tokens ?? 0), 0);
+    abandoned += Math.max(0, all - (generatedBy(f)?.completionTokens ?? 0));
+  }
+  return {
+    matched_by_id: count((f) => f.record !== undefined),
+    matched_by_end_user_only: count((f) => f.record === undefined),
+    no_ledger_row: count((f) => f.record === null || (f.userRows?.requests ?? 1) === 0),
+    origin_forgot: count((f) => f.originForgot),
+    in_flight_while_the_edge_was_down: count((f) => f.crashExposed),
+    expired_at_first_look: count((f) => f.early?.status === "expired"),
+    expired_at_last_look: count((f) => f.record?.status === "expired"),
+    concurrency_refusals_while_crash_leases_held: count(
+      (f) => f.seen.concurrencyRefusal && f.inCrashLeaseWindow,
+    ),
+    tokens_of_abandoned_attempts: abandoned,
+    first_look_s_after_traffic: (times.earlyAt - times.trafficEnded) / 1000,
+    first_look_s_after_edge_kill:
+      edgeKilledAt === null ? Number.NaN : (times.earlyAt - edgeKilledAt) / 1000,
+    last_look_s_after_first: (times.lateAt - times.earlyDone) / 1000,
+  };
+}
+
+const entryJson = (e: LedgerEntry | null | undefined) =>
+  e === undefined || e === null ? (e ?? null) : { ...e, costPicos: String(e.costPicos) };
+
+function exampleJson(f: RequestFacts) {
+  return {
+    seen: f.seen,
+    early: entryJson(f.early),
+    record: entryJson(f.record),
+    user_rows:
+      f.userRows === null ? null : { ...f.userRows, costPicos: String(f.userRows.costPicos) },
+    items: f.items,
+    origin_forgot: f.originForgot,
+    crash_exposed: f.crashExposed,
+  };
 }
