@@ -99,9 +99,10 @@ export interface KvEvents extends KvEventCursor {
   cleared: boolean;
 }
 
-/** Body of `POST /v1/batch/cancel`. */
+/** Body of `POST /v1/batch/cancel`: a batch, items, or both (at least one). */
 export interface CancelRequest {
-  batch_id: string;
+  /** The batch; absent, each item is found in whichever batch runs it. */
+  batch_id?: string;
   /** Item ids to cancel; absent means every unfinished item of the batch. */
   ids?: string[];
 }

@@ -45,10 +45,15 @@ const BatchRequestSchema = z.object({
   kv_events_after: z.object({ log: z.string().max(64), seq: z.int().nonnegative() }).optional(),
 });
 
-const CancelRequestSchema = z.object({
-  batch_id: z.string().min(1),
-  ids: z.array(z.string()).optional(),
-});
+const CancelRequestSchema = z
+  .object({
+    batch_id: z.string().min(1).optional(),
+    ids: z.array(z.string()).optional(),
+  })
+  .refine((request) => request.batch_id !== undefined || request.ids !== undefined, {
+    message: "A cancel names a batch_id, ids, or both.",
+    path: ["batch_id"],
+  });
 
 const OutcomesRequestSchema = z.object({
   ids: z.array(z.string().min(1).max(256)).max(MAX_OUTCOME_IDS),
@@ -102,7 +107,16 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
     deps.counters.batchItems += envelope.items.length;
     const runs = new Map<string, ItemRun>();
     deps.batches.set(envelope.batch_id, runs);
-    for (const item of envelope.items) runs.set(item.id, deps.items.newRun());
+    // A cancel that overtook its batch stops its items before they reach the engine.
+    const now = Date.now();
+    const batchCancelled = deps.items.cancels.take(batchKey(envelope.batch_id), now);
+    for (const item of envelope.items) {
+      const run = deps.items.newRun();
+      runs.set(item.id, run);
+      if (batchCancelled || deps.items.cancels.take(itemKey(item.id), now)) {
+        deps.items.abortItem(run, "cancel");
+      }
+    }
 
     const batchSignal = c.req.raw.signal;
     let closed = false;
@@ -212,6 +226,8 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
       new ByteLengthQueuingStrategy({ highWaterMark: BATCH_HIGH_WATER_BYTES }),
     );
     batchSignal.addEventListener("abort", dropBatch, { once: true });
+    // The edge may have closed the call while its envelope was read.
+    if (batchSignal.aborted) dropBatch();
 
     return new Response(stream, {
       status: 200,
@@ -230,13 +246,27 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
       const { message, param } = zodMessage(parsed.error);
       throw new OriginError(400, message, "invalid_cancel", param);
     }
-    const runs = deps.batches.get(parsed.data.batch_id);
+    const { batch_id: batchId, ids } = parsed.data;
+    const now = Date.now();
+    const runs = batchId === undefined ? undefined : deps.batches.get(batchId);
     const cancelled: string[] = [];
-    if (runs !== undefined) {
-      const ids = parsed.data.ids ?? [...runs.keys()];
-      for (const id of ids) {
-        const run = runs.get(id);
-        if (run !== undefined && deps.items.abortItem(run, "cancel")) cancelled.push(id);
+    if (ids === undefined) {
+      if (runs === undefined && batchId !== undefined) {
+        deps.items.cancels.remember(batchKey(batchId), now);
+      }
+      for (const [id, run] of runs ?? []) {
+        if (deps.items.abortItem(run, "cancel")) cancelled.push(id);
+      }
+      return c.json({ cancelled });
+    }
+    for (const id of ids) {
+      // Named alone, an item is found in whichever batch runs it.
+      const run = batchId === undefined ? runningItem(deps.batches, id) : runs?.get(id);
+      if (run !== undefined) {
+        if (deps.items.abortItem(run, "cancel")) cancelled.push(id);
+      } else if (runs === undefined && !deps.items.outcomes.known(id)) {
+        // Not here yet: its batch may still be on its way.
+        deps.items.cancels.remember(itemKey(id), now);
       }
     }
     return c.json({ cancelled });
@@ -252,3 +282,16 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
     return c.json({ items: deps.items.outcomes.lookup(parsed.data.ids, Date.now()) });
   });
 }
+
+/** The run of item `id` in whichever running batch holds it. */
+function runningItem(batches: Map<string, Map<string, ItemRun>>, id: string): ItemRun | undefined {
+  for (const runs of batches.values()) {
+    const run = runs.get(id);
+    if (run !== undefined) return run;
+  }
+  return undefined;
+}
+
+// Item and batch ids share the memory of early cancels, each in a namespace of its own.
+const batchKey = (id: string) => `batch:${id}`;
+const itemKey = (id: string) => `item:${id}`;

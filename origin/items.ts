@@ -3,6 +3,7 @@
  * id), its engine request, its trailer, and the outcome log that remembers it
  * (origin/PROTOCOL.md, "Outcomes").
  */
+import { CancelMemory } from "./cancels.ts";
 import { KvEventLog } from "./kv-events.ts";
 import type { Engine, EngineOutcome, EngineResponse } from "./engine.ts";
 import type { AbortReason, OriginCounters } from "./metrics.ts";
@@ -138,6 +139,8 @@ export class ItemRunner {
   #idSuffix = 0;
   /** How recent items ended, for `POST /v1/batch/outcomes`. */
   readonly outcomes = new OutcomeLog();
+  /** Cancels that came before their items (see `cancels.ts`). */
+  readonly cancels = new CancelMemory();
 
   /** The engine's block events in the edge's hashes, where the engine reports them. */
   readonly kvLog: KvEventLog | null;
@@ -184,7 +187,10 @@ export class ItemRunner {
     const signal = run.controller.signal;
 
     let response: EngineResponse;
-    if (!isJsonObjectText(spec.body)) {
+    if (signal.aborted) {
+      // Cancelled before it started (an early cancel): the engine never sees it.
+      response = abortedResponse(run.reason ?? "cancel");
+    } else if (!isJsonObjectText(spec.body)) {
       response = syntheticResponse(
         400,
         "The request body must be a JSON object.",

@@ -59,6 +59,11 @@ export class OutcomeLog {
     this.#put(itemId, { id: itemId, state: "ended", outcome, usage }, now);
   }
 
+  /** Whether item `itemId` is remembered (running or ended). */
+  known(itemId: string): boolean {
+    return this.#byRequest.get(requestIdOf(itemId))?.has(itemId) ?? false;
+  }
+
   /** Every remembered item of the given requests (their attempts included). */
   lookup(requestIds: readonly string[], now: number): ItemRecord[] {
     this.#evict(now);
