@@ -61,3 +61,18 @@ export function events(answer: Answer): Record<string, unknown>[] {
     .filter((c) => c !== "data: [DONE]\n\n")
     .map((c) => JSON.parse(c.slice("data: ".length)) as Record<string, unknown>);
 }
+
+/** The engine's model, a long shared system prompt and a chat request over it. */
+export const MODEL = "warmgate-sim-8b";
+export const LONG_SYSTEM = "You are the support assistant of a large logistics company. ".repeat(
+  30,
+);
+export const chat = (extra: Record<string, unknown> = {}) => ({
+  model: MODEL,
+  messages: [
+    { role: "system", content: LONG_SYSTEM },
+    { role: "user", content: "Where is my parcel?" },
+  ],
+  max_tokens: 64,
+  ...extra,
+});
