@@ -9,7 +9,8 @@ import { applyMigrations } from "../migrations.ts";
 import { MAX_OUTCOME_IDS } from "../../contracts/protocol.ts";
 import { keyRefusal } from "./admission.ts";
 import { clampLease, decide } from "./admit.ts";
-import { lookupOutcomes, outcomeSources, reconcile } from "./reconcile.ts";
+import { lookupOutcomes, reconcile } from "../../contracts/outcomes.ts";
+import { outcomeSources } from "./reconcile.ts";
 import {
   createKey,
   loadKeyRecord,

@@ -1,0 +1,228 @@
+/**
+ * What origins remember of a request's items (`POST /v1/batch/outcomes`, origin/PROTOCOL.md),
+ * and the one rule for what a request generated: asked by the edge for an attempt whose END
+ * never reached it, before the request is settled, and by a key's account for a request
+ * whose lease lapsed. See docs/key-account.md, "Billing every outcome".
+ */
+import { credentialRefused, credentialValues } from "./credentials.ts";
+import {
+  BATCH_CANCEL_PATH,
+  type CancelRequest,
+  type ItemOutcome,
+  type ItemRecord,
+  type ItemUsage,
+  MAX_OUTCOME_IDS,
+  OUTCOMES_PATH,
+  type OutcomesResponse,
+  requestIdOf,
+} from "./protocol.ts";
+
+/** An origin to ask. */
+export interface OutcomeSource {
+  id: string;
+  url: string;
+  /** Names of the secrets it takes as bearer tokens, in order (see `credentials.ts`). */
+  credentials?: readonly string[] | undefined;
+}
+
+/** Longest wait for one origin's answer. */
+export const OUTCOME_LOOKUP_TIMEOUT_MS = 3_000;
+
+/** An item as an origin remembers it, with the origin that ran it. */
+export type FoundItem = ItemRecord & { origin: string };
+
+/** What the origins say of one request. */
+export type Reconciled =
+  /** An item still runs: ask again later. */
+  | { kind: "running" }
+  /** No origin remembers it: it never reached one, or that origin lost it. */
+  | { kind: "unknown" }
+  /** The attempt to bill: its item id, its origin, how it ended and what it generated. */
+  | { kind: "ended"; item: string; origin: string; outcome: ItemOutcome; usage: ItemUsage | null };
+
+/**
+ * How each request ended, by what its items' origins remember. The attempt that finished
+ * wins; else the one that generated the most.
+ */
+export function reconcile(
+  requestIds: readonly string[],
+  items: readonly FoundItem[],
+): Map<string, Reconciled> {
+  const byRequest = new Map<string, FoundItem[]>();
+  for (const item of items) {
+    const id = requestIdOf(item.id);
+    const found = byRequest.get(id);
+    if (found === undefined) byRequest.set(id, [item]);
+    else found.push(item);
+  }
+  const result = new Map<string, Reconciled>();
+  for (const id of requestIds) {
+    const found = byRequest.get(id) ?? [];
+    if (found.some((item) => item.state === "running")) {
+      result.set(id, { kind: "running" });
+      continue;
+    }
+    let best: Extract<FoundItem, { state: "ended" }> | null = null;
+    for (const item of found) {
+      if (item.state !== "ended") continue;
+      if (best === null || rank(item) > rank(best)) best = item;
+    }
+    result.set(
+      id,
+      best === null
+        ? { kind: "unknown" }
+        : {
+            kind: "ended",
+            item: best.id,
+            origin: best.origin,
+            outcome: best.outcome,
+            usage: best.usage,
+          },
+    );
+  }
+  return result;
+}
+
+function rank(item: Extract<ItemRecord, { state: "ended" }>): number {
+  return (item.outcome === "ok" ? 1e12 : 0) + (item.usage?.completion_tokens ?? 0);
+}
+
+/**
+ * Asks every origin about `requestIds`; `complete` is false when an origin did not answer
+ * (then a request none of the others remembers may yet be found there).
+ */
+export async function lookupOutcomes(
+  sources: readonly OutcomeSource[],
+  requestIds: readonly string[],
+  secrets: object,
+  timeoutMs = OUTCOME_LOOKUP_TIMEOUT_MS,
+): Promise<{ items: FoundItem[]; complete: boolean }> {
+  const ids = requestIds.slice(0, MAX_OUTCOME_IDS);
+  if (ids.length < requestIds.length) throw new Error(`at most ${MAX_OUTCOME_IDS} ids a lookup`);
+  const answers = await Promise.all(
+    sources.map(async (source) => {
+      const response = await postTo(source, OUTCOMES_PATH, { ids }, secrets, timeoutMs);
+      if (response === null) return null;
+      try {
+        const answer: unknown = await response.json();
+        const { items } = answer as OutcomesResponse;
+        return items.map((item): FoundItem => ({ ...item, origin: source.id }));
+      } catch {
+        return null;
+      }
+    }),
+  );
+  const items: FoundItem[] = [];
+  let complete = true;
+  for (const answer of answers) {
+    if (answer === null) complete = false;
+    else items.push(...answer);
+  }
+  return { items, complete };
+}
+
+/**
+ * Cancels items by their ids alone on `source`, in whichever batch runs them (an origin
+ * that has not seen one yet stops it when it comes); false when the origin did not answer.
+ */
+export async function cancelItems(
+  source: OutcomeSource,
+  ids: readonly string[],
+  secrets: object,
+  timeoutMs = OUTCOME_LOOKUP_TIMEOUT_MS,
+): Promise<boolean> {
+  const body: CancelRequest = { ids: [...ids] };
+  const response = await postTo(source, BATCH_CANCEL_PATH, body, secrets, timeoutMs);
+  await response?.body?.cancel().catch(() => {});
+  return response !== null;
+}
+
+/** How {@link settledOutcome} asks. */
+export interface SettledOutcomeOptions {
+  /** Lookups at most (default 5). */
+  tries?: number;
+  /** Between lookups, while an item still runs (default 200 ms). */
+  intervalMs?: number;
+  /** Longest wait for one origin's answer (default {@link OUTCOME_LOOKUP_TIMEOUT_MS}). */
+  timeoutMs?: number;
+}
+
+/**
+ * What the origins say request `requestId` generated, for settling it now: the items
+ * `itemIds` only (all of the request's when null). An item that still runs is cancelled on
+ * its origin and asked for again. `complete` is false when the answer may still change: an
+ * item ran at the last try, or an origin did not answer and none remembers the request.
+ */
+export async function settledOutcome(
+  sources: readonly OutcomeSource[],
+  requestId: string,
+  itemIds: readonly string[] | null,
+  secrets: object,
+  options: SettledOutcomeOptions = {},
+): Promise<{ found: Reconciled; complete: boolean }> {
+  const tries = options.tries ?? 5;
+  let last: { found: Reconciled; complete: boolean } = {
+    found: { kind: "unknown" },
+    complete: false,
+  };
+  for (let attempt = 0; attempt < tries; attempt++) {
+    if (attempt > 0) await sleep(options.intervalMs ?? 200);
+    const { items, complete } = await lookupOutcomes(
+      sources,
+      [requestId],
+      secrets,
+      options.timeoutMs,
+    );
+    const mine = itemIds === null ? items : items.filter((item) => itemIds.includes(item.id));
+    const found = reconcile([requestId], mine).get(requestId) ?? { kind: "unknown" };
+    if (found.kind === "ended" || (found.kind === "unknown" && complete)) {
+      return { found, complete: true };
+    }
+    last = { found, complete: false };
+    if (found.kind !== "running") continue;
+    // Nothing of it may run on once it is settled (its client is gone, or refused).
+    await Promise.all(
+      sources.map(async (source) => {
+        const running = mine.filter((i) => i.origin === source.id && i.state === "running");
+        if (running.length === 0) return;
+        const ids = running.map((item) => item.id);
+        await cancelItems(source, ids, secrets, options.timeoutMs);
+      }),
+    );
+  }
+  return last;
+}
+
+/** Posts JSON to an origin, each of its credentials in turn until one is not refused. */
+async function postTo(
+  source: OutcomeSource,
+  path: string,
+  body: unknown,
+  secrets: object,
+  timeoutMs: number,
+): Promise<Response | null> {
+  const tokens: (string | undefined)[] = credentialValues(secrets, source.credentials);
+  for (const token of tokens.length === 0 ? [undefined] : tokens) {
+    try {
+      const response = await fetch(`${source.url.replace(/\/+$/, "")}${path}`, {
+        method: "POST",
+        headers: {
+          "content-type": "application/json",
+          ...(token === undefined ? {} : { authorization: `Bearer ${token}` }),
+        },
+        body: JSON.stringify(body),
+        signal: AbortSignal.timeout(timeoutMs),
+      });
+      if (response.ok) return response;
+      await response.body?.cancel().catch(() => {});
+      if (!credentialRefused(response.status)) return null;
+    } catch {
+      return null;
+    }
+  }
+  return null;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
