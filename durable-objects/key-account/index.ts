@@ -118,13 +118,10 @@ export class KeyAccount extends DurableObject<Env> {
    */
   async admit(input: AdmitInput): Promise<AdmitAnswer> {
     const now = Date.now();
-    let settled = false;
-    for (const settlement of input.settle ?? []) {
-      settled = settle(this.#store, settlement, settlement.now ?? now).settled || settled;
-    }
+    const settled = (input.settle ?? []).map((one) => settle(this.#store, one, one.now ?? now));
     const result = decide(this.#store, input);
     if (result.ok) await this.#ensureAlarm(result.leaseExpiresAt);
-    if (settled) await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
+    await this.#alarmFor(settled, now);
     return { ...result, commit: this.#store.stamp() };
   }
 
@@ -146,9 +143,7 @@ export class KeyAccount extends DurableObject<Env> {
     // durable before the edge takes it as applied.
     this.#store.writes.flush();
     const commit = this.#store.stamp();
-    if (results.some((result) => result.settled)) {
-      await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
-    }
+    await this.#alarmFor(results, now);
     return { results, commit };
   }
 
@@ -245,6 +240,15 @@ export class KeyAccount extends DurableObject<Env> {
         { requestId, outcome, usage: found.usage, originBegan: true },
         Date.now(),
       );
+    }
+  }
+
+  // Settled rows are pruned in time; rows whose usage is to be asked of the origins, soon.
+  async #alarmFor(results: readonly SettleResult[], now: number): Promise<void> {
+    if (results.some((result) => result.settled))
+      await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
+    if (results.some((result) => !result.settled && result.reason === "reconciling")) {
+      await this.#ensureAlarm(now + RECONCILE_RETRY_MS);
     }
   }
 

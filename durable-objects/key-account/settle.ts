@@ -20,6 +20,7 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   const { requestId } = input;
   const budgets = store.record?.budgets ?? NO_BUDGETS;
   const open = store.open.get(requestId);
+  if (input.usageUnknown === true) return reconcileLater(store, open, input, now);
   if (open !== undefined) {
     // Exact, unless that would take a budget past its limit: the reservation was agreed at
     // admission, anything above it only while the budgets have room.
@@ -35,6 +36,28 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   if (row.state === "open") throw new Error(`open ledger row ${requestId} is not in memory`);
   // Expired: its reservation was released then, so it is billed only as far as budgets have room.
   return close(store, row, input, now, billingCap(budgets, spendOf(store, row.day), 0n));
+}
+
+// A request whose edge could not learn what its origin generated: its reservation is
+// released now, and the alarm asks the origins, as for a lapsed lease (an expired row is
+// asked about already). Any other is settled as usual, without usage.
+function reconcileLater(
+  store: AccountStore,
+  open: LedgerEntry | undefined,
+  input: SettleInput,
+  now: number,
+): SettleResult {
+  const { requestId } = input;
+  if (open !== undefined) {
+    applyChange(store, open, expireRow(open, now), now);
+  } else {
+    store.writes.flush();
+    if (store.ledgerRow(requestId)?.state !== "expired") {
+      return settle(store, { ...input, usageUnknown: false }, now);
+    }
+  }
+  store.lapsed.set(requestId, store.lapsed.get(requestId) ?? now);
+  return { settled: false, requestId, reason: "reconciling" };
 }
 
 // Settles a request whose admission a crash forgot, from what the edge held of it: a

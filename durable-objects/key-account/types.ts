@@ -184,6 +184,11 @@ export interface SettleInput {
    */
   originBegan?: boolean;
   /**
+   * No END reached the edge and the request's origin could not say what it generated: the
+   * account releases the reservation and asks the origins later, as for a lapsed lease.
+   */
+  usageUnknown?: boolean;
+  /**
    * The admission as the edge holds it, used only when the account does not know the
    * request: a crash forgot its admission before it was written. The request is then
    * still settled and billed, as a settled row with nothing reserved.
@@ -225,7 +230,12 @@ export type SettleResult =
       costPicos: bigint;
       late: boolean;
     }
-  | { settled: false; requestId: string; reason: "already_settled" | "unknown_request" };
+  | {
+      settled: false;
+      requestId: string;
+      /** `reconciling`: its usage is asked of the origins, and billed once found. */
+      reason: "already_settled" | "unknown_request" | "reconciling";
+    };
 
 /** What `settleMany` answers: one result per input, in order, all of them committed. */
 export interface SettleManyResult {

@@ -101,4 +101,32 @@ describe("KeyAccount leases", () => {
     await runDurableObjectAlarm(stub);
     expect((await recordOf(stub, requestId)).costPicos).toBe(record.costPicos);
   });
+
+  it("asks the origins later for a request whose edge could not learn its usage, freeing its slot now", async () => {
+    const { admit, stub } = await newAccount();
+    const requestId = `req_${crypto.randomUUID().replaceAll("-", "")}`;
+    expect((await admit(requestId, 60_000)).ok).toBe(true);
+    expect((await admit("req_other", 60_000)).ok).toBe(true);
+    // Its END never reached the edge, and its origin did not answer then.
+    const handedOver = await stub.settle({
+      requestId,
+      outcome: "cancelled",
+      usage: null,
+      usageUnknown: true,
+    });
+    expect(handedOver).toMatchObject({ settled: false, reason: "reconciling" });
+    expect((await admit("req_third", 60_000)).ok).toBe(true);
+    const body = JSON.stringify({
+      model: "warmgate-sim-8b",
+      messages: [{ role: "user", content: "Bill me once my origin answers." }],
+      max_tokens: 5,
+    });
+    await readBatch(
+      await postBatch(EU_1, "late", [{ id: requestId, path: "/v1/chat/completions", body }]),
+    );
+    await runDurableObjectAlarm(stub);
+    const record = await recordOf(stub, requestId);
+    expect(record).toMatchObject({ state: "settled", completionTokens: 5 });
+    expect(record.costPicos).toBeGreaterThan(0n);
+  });
 });
