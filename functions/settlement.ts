@@ -7,6 +7,7 @@
 import { logError } from "../contracts/log.ts";
 import type { ItemOutcome, ItemUsage } from "../contracts/protocol.ts";
 import type { RequestAttempt } from "../durable-objects/key-account/types.ts";
+import type { GivenUp } from "./delivery/generated.ts";
 
 /** How a request ended: the origin protocol's outcomes, seen from the client. */
 export type RequestOutcome = ItemOutcome;
@@ -17,8 +18,16 @@ export interface SettledRequest {
   /** The resolved model id, or null when the request failed before one was chosen. */
   model: string | null;
   outcome: RequestOutcome;
-  /** The origin's usage report (null when none came: failed before generating, cancelled). */
+  /**
+   * What its origin generated: from the item's END, or, when none reached the edge, from the
+   * origin's outcome record; null when nothing was generated.
+   */
   usage: ItemUsage | null;
+  /**
+   * No END came and its origin could not say what it generated (it did not answer, or the
+   * item would not end): its key's account asks the origins again later.
+   */
+  usageUnknown?: boolean;
   /** Region and origin that served it, or null when none did. */
   region: string | null;
   origin: string | null;
@@ -45,6 +54,9 @@ export class Settlement {
   readonly startedAt = Date.now();
   /** Every attempt at serving it so far, in order (see `delivery/failover.ts`). */
   readonly attempts: RequestAttempt[] = [];
+  /** Attempts given up on after reaching an origin, which may have generated tokens. */
+  readonly gaveUp: GivenUp[] = [];
+  #unserved: ((record: SettledRequest) => Promise<SettledRequest>) | null = null;
   #hooks: SettleHook[] = [];
   #record: SettledRequest | null = null;
   #settled = false;
@@ -72,6 +84,14 @@ export class Settlement {
     return this.#held;
   }
 
+  /**
+   * How a request that ends with no origin serving it learns what the attempts it gave up on
+   * generated (see `delivery/generated.ts`): asked before its hooks run, only then.
+   */
+  onUnserved(fill: (record: SettledRequest) => Promise<SettledRequest>): void {
+    this.#unserved = fill;
+  }
+
   /** Registers a hook; hooks run in registration order. */
   onSettled(hook: SettleHook): void {
     this.#hooks.push(hook);
@@ -96,8 +116,16 @@ export class Settlement {
     if (this.#settled) return;
     this.#settled = true;
     const record: SettledRequest = { requestId: this.requestId, ...settled };
-    this.#record = record;
-    const run = this.#run(record).finally(() => this.#release());
+    const fill = record.origin === null && this.gaveUp.length > 0 ? this.#unserved : null;
+    // Known now, unless its origins are to be asked first.
+    if (fill === null) this.#record = record;
+    const filled = fill === null ? Promise.resolve(record) : fill(record).catch(() => record);
+    const run = filled
+      .then((full) => {
+        this.#record = full;
+        return this.#run(full);
+      })
+      .finally(() => this.#release());
     // When held, the held promise resolves after `run`, so the context outlives the hooks.
     if (!this.#held) this.#waitUntil(run);
   }

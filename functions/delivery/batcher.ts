@@ -34,7 +34,7 @@ import {
 } from "./failover.ts";
 import { type ItemEnd, type OpenItem, frameItem } from "./item.ts";
 import { failed, failedBeforeHead, notAdmitted } from "./refusals.ts";
-import { CANCEL_USAGE_WAIT_MS } from "./response.ts";
+import { END_WAIT_MS } from "./generated.ts";
 
 /** What the batcher route needs beyond each attempt's request. */
 export interface BatcherRoute {
@@ -205,7 +205,7 @@ async function answerAtBatcher(
     void ask({ untilEnd: true, ...timedOut }).then((cancelling) => {
       if (cancelling && why === "timeout") timedOutRunning = true;
       if (cancelling && !answered) {
-        givenUp = setTimeout(() => void ask(timedOut), CANCEL_USAGE_WAIT_MS);
+        givenUp = setTimeout(() => void ask(timedOut), END_WAIT_MS);
       }
     });
   };

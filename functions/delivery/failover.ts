@@ -22,6 +22,7 @@ import type { SettledRequest } from "../settlement.ts";
 import { credentialValues } from "../../contracts/credentials.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
 import { type ItemAttempt, openItem } from "./direct.ts";
+import { type GivenUp, cancelGivenUp } from "./generated.ts";
 import { readWhole, respond, streams } from "./response.ts";
 import { DEFAULT_RETRY_BUDGET, type RetryBudget } from "./retry-budget.ts";
 
@@ -130,6 +131,13 @@ export interface DispatchOptions {
    * for a body the upstream streams itself (the Batcher's).
    */
   signal?: AbortSignal;
+  /**
+   * Where attempts given up on after reaching an origin are listed: should the request end
+   * unserved, it is billed for what they generated (see `generated.ts`).
+   */
+  gaveUp?: GivenUp[];
+  /** How long a stream whose client went away waits for its END (default `END_WAIT_MS`). */
+  endWaitMs?: number;
   now?: () => number;
 }
 
@@ -137,8 +145,22 @@ export interface DispatchOptions {
  * Tries candidates until one answers; returns the client's response, or throws the
  * {@link ApiError} (502/503/504, or an opener's refusal) of the last failure when none did.
  * Each attempt is judged once by the rule of `contracts/origin-health.ts` (docs/failover.md).
+ * Before a refusal, the attempts it gave up on are cancelled on their origins (listed in
+ * `gaveUp`, so that the request is billed for what they generated: docs/key-account.md).
  */
 export async function dispatchCompletion(options: DispatchOptions): Promise<Response> {
+  const gaveUp: GivenUp[] = [];
+  try {
+    return await tryCandidates(options, gaveUp);
+  } catch (error) {
+    await cancelGivenUp(gaveUp, options.secrets);
+    throw error;
+  } finally {
+    options.gaveUp?.push(...gaveUp);
+  }
+}
+
+async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promise<Response> {
   const now = options.now ?? Date.now;
   const open = options.open ?? openDirect;
   const attempts = Math.min(options.candidates.length, options.limits.retry_budget + 1);
@@ -177,9 +199,10 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       let unwatch: (() => void) | null = null;
       // Judged slow while it waited: that was its verdict.
       let toldSlow = false;
+      const itemId = i === 0 ? options.requestId : `${options.requestId}.${i}`;
       const attempt = await open(candidate, {
         requestId: options.requestId,
-        attemptId: i === 0 ? options.requestId : `${options.requestId}.${i}`,
+        attemptId: itemId,
         path: options.path,
         body: options.body,
         headers: options.headers,
@@ -214,6 +237,10 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       if (attempt.kind === "failed") {
         if (attempt.reported === true) options.onUpstreamFailure?.(candidate.region);
         if (attempt.originId !== null) {
+          // Refused or unreachable, an origin ran nothing; it may have, once it took the call.
+          if (attempt.failure !== "unavailable") {
+            gaveUp.push(...givenUp(options, attempt.originId, itemId));
+          }
           // A Batcher judged its own call; an attempt sent straight is judged here.
           if (attempt.reported !== true && !toldSlow) {
             judge(candidate, attempt.originId, attempt.soft === true ? "slow" : "failed");
@@ -285,6 +312,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
       if (!read.timedOut) onEnd(cut ? "failed" : "ok");
       const retry = cut && !last && now() < deadline && options.signal?.aborted !== true;
       if (retry) {
+        gaveUp.push(...givenUp(options, originId, itemId));
         avoid.push(originId);
         options.pool.reportFailure(originId, now(), options.quarantineMs);
         failure = "bad_answer";
@@ -302,6 +330,12 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
   }
   const error: ApiError = originFailure(options.candidates.length === 0 ? "unavailable" : failure);
   throw error;
+}
+
+/** Attempt `itemId`, given up on at origin `originId` (none for an origin not configured). */
+function givenUp(options: DispatchOptions, originId: string, itemId: string): GivenUp[] {
+  const served = options.candidates.find((candidate) => candidate.origin.id === originId);
+  return served === undefined ? [] : [{ region: served.region.id, origin: served.origin, itemId }];
 }
 
 /** 503 `no_healthy_origin` for a request whose last origin was busy, with its retry-after. */

@@ -9,10 +9,8 @@ import { originFailure } from "../../contracts/errors.ts";
 import type { ItemHead, ItemTrailer } from "../../contracts/protocol.ts";
 import type { SettledRequest } from "../settlement.ts";
 import type { DispatchOptions } from "./failover.ts";
+import { END_WAIT_MS, billed, generatedBy, originsNamed } from "./generated.ts";
 import type { ItemEnd, OpenItem } from "./item.ts";
-
-/** Longest wait for a cancelled item's END (and its usage) after the client went away. */
-export const CANCEL_USAGE_WAIT_MS = 5_000;
 
 /** Where the item is served. */
 export interface Served {
@@ -58,20 +56,23 @@ export async function readWhole(item: OpenItem, timeoutMs: number): Promise<Whol
 }
 
 /**
- * The client's response for `item`: streamed, or from its whole answer already `read`; a
- * whole answer that failed throws its ApiError.
+ * The client's response for `item`: streamed, or from its whole answer already `read` (once
+ * settled); a whole answer that failed rejects with its ApiError.
  */
-export function respond(
+export async function respond(
   item: OpenItem,
   served: Served,
   options: DispatchOptions,
   read: WholeRead | null,
   deadline: number,
   onEnd?: (verdict: "ok" | "failed") => void,
-): Response {
+): Promise<Response> {
   const life = new Lifecycle(item, served, options, deadline, onEnd);
   return read === null ? life.stream() : life.whole(read);
 }
+
+// How an item without END asks its origin: a whole answer's client waits for it.
+const ORIGIN_ASK = { tries: 3, intervalMs: 200, timeoutMs: 1_000 };
 
 class Lifecycle {
   readonly #item: OpenItem;
@@ -108,11 +109,12 @@ class Lifecycle {
       if (clientGone || this.#finished) return;
       clientGone = true;
       streamed.clientGone();
-      // The item's END still reports the tokens generated until then; should none come:
+      // The item's END still reports the tokens generated until then; should none come, its
+      // origin's outcome record does.
       gaveUp = setTimeout(() => {
-        this.#finish("cancelled", null, head.status, streamed.firstByteAt());
         this.#item.cancel();
-      }, CANCEL_USAGE_WAIT_MS);
+        void this.#finish("cancelled", null, head.status, streamed.firstByteAt());
+      }, this.#options.endWaitMs ?? END_WAIT_MS);
     };
     const streamed = this.#item.stream(gone);
     const signal = this.#options.signal;
@@ -123,7 +125,7 @@ class Lifecycle {
     this.#onTimeout = () => {
       streamed.timeOut();
       stopListening();
-      this.#finish("timeout", null, head.status, streamed.firstByteAt());
+      void this.#finish("timeout", null, head.status, streamed.firstByteAt());
     };
     if (signal?.aborted === true) gone();
     else signal?.addEventListener("abort", gone, { once: true });
@@ -132,14 +134,15 @@ class Lifecycle {
       if (end.kind === "broken") {
         if (!this.#finished) this.#onEnd?.(clientGone ? "ok" : "failed");
         if (!clientGone) this.#warn("origin failed mid-stream", end.detail);
-        this.#finish(clientGone ? "cancelled" : "error", null, head.status, streamed.firstByteAt());
+        const outcome = clientGone ? "cancelled" : "error";
+        void this.#finish(outcome, null, head.status, streamed.firstByteAt());
         return;
       }
       const { trailer } = end;
       // The upstream cancels an item whose client's body went away before this edge knew.
       if (clientGone || trailer.outcome === "cancelled") {
         if (!this.#finished) this.#onEnd?.("ok");
-        this.#finish("cancelled", trailer, head.status, streamed.firstByteAt());
+        void this.#finish("cancelled", trailer, head.status, streamed.firstByteAt());
         return;
       }
       const ended = endOutcome(trailer, head.status);
@@ -148,13 +151,13 @@ class Lifecycle {
       if (ended.outcome !== "timeout" && !this.#finished) {
         this.#onEnd?.(ended.complete ? "ok" : "failed");
       }
-      this.#finish(ended.outcome, trailer, head.status, streamed.firstByteAt());
+      void this.#finish(ended.outcome, trailer, head.status, streamed.firstByteAt());
     });
     return new Response(streamed.body, { status: head.status, headers: this.#headers() });
   }
 
-  /** Answers with the whole answer read, or throws the failure it ended in. */
-  whole(read: WholeRead): Response {
+  /** Answers with the whole answer read, or rejects with the failure it ended in. */
+  async whole(read: WholeRead): Promise<Response> {
     const { head } = this.#item;
     const { body, end, timedOut } = read;
     const trailer = end.kind === "end" ? end.trailer : null;
@@ -174,7 +177,7 @@ class Lifecycle {
     const failure = complete
       ? null
       : originFailure(outcome === "timeout" ? "timeout" : "bad_answer");
-    this.#finish(outcome, trailer, failure?.status ?? head.status);
+    await this.#finish(outcome, trailer, failure?.status ?? head.status);
     if (failure !== null) {
       this.#warn("origin failed mid-response", detailOf(end) ?? outcome);
       throw failure;
@@ -182,26 +185,42 @@ class Lifecycle {
     return new Response(body, { status: head.status, headers: this.#headers() });
   }
 
-  /** Ends the request once: the deadline stops, the pool hears of it, it is settled. */
-  #finish(
+  /**
+   * Ends the request once: the deadline stops, the pool hears of it, and it is settled with
+   * what its origin generated, from its END or, when none came, its origin's outcome record.
+   */
+  async #finish(
     outcome: Outcome,
     trailer: ItemTrailer | null,
     status: number,
     firstByteAt: number | null = null,
-  ): void {
+  ): Promise<void> {
     if (this.#finished) return;
     this.#finished = true;
     clearTimeout(this.#deadline);
     const options = this.#options;
     options.pool.end(this.#served.origin);
-    const headStatus = this.#item.head.status;
+    const { head } = this.#item;
+    // An engine's own error answer (a HEAD of 400 or more) generated nothing.
+    const usage =
+      trailer !== null || head.status >= 400
+        ? { usage: trailer?.usage ?? null }
+        : billed(
+            await generatedBy(
+              originsNamed(options.candidates, [this.#served.origin]),
+              options.requestId,
+              [head.id],
+              options.secrets,
+              ORIGIN_ASK,
+            ),
+          );
     options.onSettled({
       model: options.model,
       outcome,
-      usage: trailer?.usage ?? null,
+      ...usage,
       ...this.#served,
       status,
-      originBegan: headStatus < 400,
+      originBegan: head.status < 400,
       ttftMs: trailer?.timing?.ttft_ms ?? null,
       firstByteAt,
     });

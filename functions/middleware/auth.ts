@@ -144,9 +144,12 @@ export function admitCompletion() {
       }, LEASE_RENEW_MS);
     }
     await next();
-    if (plan.delivery === "whole" && !isEventStream(c.res)) {
+    // A refusal after attempts an origin may have begun is billed once their origins said
+    // what they generated, after the answer: it has no cost header.
+    const unserved = settlement.record === null && settlement.gaveUp.length > 0;
+    if (plan.delivery === "whole" && !isEventStream(c.res) && !unserved) {
       // A JSON answer was read whole up to the origin's END, which carries the usage (see
-      // `respondWhole` in dispatch.ts): the request is settled, so its headers can carry
+      // `respond` in delivery/response.ts): the request is settled, so its headers can carry
       // its cost.
       const settled = settlement.record;
       let cost = usageCost(c.var.config, settled, result.models);
@@ -200,6 +203,7 @@ function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
     usage: settled.usage,
     model: settled.model,
     originBegan: settled.originBegan,
+    ...(settled.usageUnknown === true && { usageUnknown: true }),
     attempts: c.var.settlement.attempts,
     metrics: settleMetrics(c.var.settlement.startedAt, settled),
   };

@@ -8,6 +8,7 @@ import type { AppEnv } from "../app-env.ts";
 import { batcherOpener } from "../delivery/batcher.ts";
 import { PRIORITY_HEADER } from "../delivery/batcher-plan.ts";
 import { dispatchCompletion } from "../delivery/failover.ts";
+import { unservedUsage } from "../delivery/generated.ts";
 import { RetryBudget } from "../delivery/retry-budget.ts";
 import {
   armAvoids,
@@ -115,6 +116,8 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
   if (candidates.length === 0 && breakers) {
     throw allOriginsOpen(order.regions, (origin) => originServes(origin, plan.model.id), now);
   }
+  // Unserved, it is billed for what the attempts it gave up on generated.
+  settlement.onUnserved((record) => unservedUsage(record, settlement.gaveUp, c.env));
   const { slowFirstByteMs } = breakerSettings(config);
   const quarantineMs = config.batching.origin_quarantine_ms ?? DEFAULT_QUARANTINE_MS;
   const response = await dispatchCompletion({
@@ -125,6 +128,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     candidates,
     quarantineMs,
     attempts: settlement.attempts,
+    gaveUp: settlement.gaveUp,
     retryBudget,
     ...(canary !== null && {
       avoidAlways: armAvoids(canary),

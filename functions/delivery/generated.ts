@@ -1,0 +1,120 @@
+/**
+ * What an attempt generated when its END never reached the edge (docs/key-account.md,
+ * "Billing every outcome"): its origin's outcome record, asked before the request is
+ * settled, with the item cancelled there should it still run. The rule that picks the
+ * attempt to bill is `contracts/outcomes.ts`'s, shared with the key accounts.
+ */
+import { logWarn } from "../../contracts/log.ts";
+import {
+  type SettledOutcomeOptions,
+  cancelItems,
+  settledOutcome,
+} from "../../contracts/outcomes.ts";
+import type { ItemUsage } from "../../contracts/protocol.ts";
+import type { OriginConfig } from "../config.ts";
+import type { RegionOrigin } from "../origin-pool.ts";
+import type { SettledRequest } from "../settlement.ts";
+
+/**
+ * How long a streamed answer waits for its END after its client went away, and a whole one
+ * cancelled for its client, before its origin is asked instead.
+ */
+export const END_WAIT_MS = 5_000;
+
+/**
+ * What the origins said: the usage to bill (null: nothing generated) and the origin that
+ * generated it, or not known yet.
+ */
+export type Generated =
+  | { known: true; usage: ItemUsage | null; origin: string | null }
+  | { known: false };
+
+/** The settlement fields of what was generated. */
+export function billed(generated: Generated): Pick<SettledRequest, "usage" | "usageUnknown"> {
+  return generated.known ? { usage: generated.usage } : { usage: null, usageUnknown: true };
+}
+
+/**
+ * What request `requestId`'s items `itemIds` generated on `origins`, by their outcome
+ * records; an item still running is cancelled there first. Unknown when an origin did not
+ * answer or an item would not end.
+ */
+export async function generatedBy(
+  origins: readonly OriginConfig[],
+  requestId: string,
+  itemIds: readonly string[],
+  secrets: object,
+  options: SettledOutcomeOptions = {},
+): Promise<Generated> {
+  if (origins.length === 0 || itemIds.length === 0) {
+    return { known: true, usage: null, origin: null };
+  }
+  const { found, complete } = await settledOutcome(origins, requestId, itemIds, secrets, options);
+  switch (found.kind) {
+    case "ended":
+      return { known: true, usage: found.usage, origin: found.origin };
+    case "unknown":
+      // Its origin does not remember it (restarted since): nothing more can be learnt.
+      if (complete) return { known: true, usage: null, origin: null };
+      break;
+    case "running":
+      break;
+  }
+  logWarn("origin outcome unknown", { request_id: requestId, detail: found.kind });
+  return { known: false };
+}
+
+/** An attempt the edge gave up on after sending it to an origin, which may have run it. */
+export interface GivenUp {
+  region: string;
+  origin: OriginConfig;
+  itemId: string;
+}
+
+// The client waits for the cancel of what its refusal gave up on: this long at most.
+const GIVEN_UP_CANCEL_MS = 500;
+
+/**
+ * Cancels attempts the edge gave up on, on their origins, before the request is refused:
+ * an origin remembers a cancel for an item that has not reached it yet.
+ */
+export async function cancelGivenUp(gaveUp: readonly GivenUp[], secrets: object): Promise<void> {
+  const origins = [...new Set(gaveUp.map((attempt) => attempt.origin))];
+  await Promise.all(
+    origins.map((origin) => {
+      const ids = gaveUp.filter((a) => a.origin === origin).map((attempt) => attempt.itemId);
+      return cancelItems(origin, ids, secrets, GIVEN_UP_CANCEL_MS);
+    }),
+  );
+}
+
+/**
+ * A request that ended without an answer from any origin, billed for what the attempts it
+ * gave up on generated (the attempt that finished, else the one that generated the most);
+ * as it was when they generated nothing.
+ */
+export async function unservedUsage(
+  record: SettledRequest,
+  gaveUp: readonly GivenUp[],
+  secrets: object,
+): Promise<SettledRequest> {
+  const origins = [...new Set(gaveUp.map((attempt) => attempt.origin))];
+  const itemIds = gaveUp.map((attempt) => attempt.itemId);
+  const generated = await generatedBy(origins, record.requestId, itemIds, secrets);
+  if (generated.known && generated.usage === null) return record;
+  const origin = generated.known ? generated.origin : null;
+  const region = gaveUp.find((attempt) => attempt.origin.id === origin)?.region ?? null;
+  return { ...record, ...billed(generated), origin, region, originBegan: true };
+}
+
+/** The configured origins named `ids` among `candidates` (each once). */
+export function originsNamed(
+  candidates: readonly RegionOrigin[],
+  ids: readonly string[],
+): OriginConfig[] {
+  const found = new Map<string, OriginConfig>();
+  for (const { origin } of candidates) {
+    if (ids.includes(origin.id)) found.set(origin.id, origin);
+  }
+  return [...found.values()];
+}
