@@ -235,6 +235,24 @@ describe("the request path through the batcher", () => {
     await occupier.release();
   });
 
+  it("lists the region and origin that served a batched request in its usage record", async () => {
+    const config = configWith(HOLD);
+    for (const stream of [true, false]) {
+      const { response, done } = send(config, chat({ stream }));
+      const res = await response;
+      await res.arrayBuffer();
+      await done();
+      const id = res.headers.get("x-request-id") ?? "";
+      const record = send(config, edgeRequest(`/v1/usage/requests/${id}`));
+      expect(await (await record.response).json()).toMatchObject({
+        id,
+        status: "settled",
+        attempts: [{ region: REGION, origin: "edge-batch-1", result: "served" }],
+      });
+      await record.done();
+    }
+  });
+
   it("skips the batcher for a lone request while the batcher has had nothing to batch", async () => {
     for (const [bypassMs, submitted] of [
       [60_000, 1],
