@@ -139,9 +139,9 @@ export async function cancelItems(
 
 /** How {@link settledOutcome} asks. */
 export interface SettledOutcomeOptions {
-  /** Lookups at most (default 5). */
+  /** Lookups at most, while an item still runs (default 5). */
   tries?: number;
-  /** Between lookups, while an item still runs (default 200 ms). */
+  /** Between those lookups (default 200 ms). */
   intervalMs?: number;
   /** Longest wait for one origin's answer (default {@link OUTCOME_LOOKUP_TIMEOUT_MS}). */
   timeoutMs?: number;
@@ -150,8 +150,9 @@ export interface SettledOutcomeOptions {
 /**
  * What the origins say request `requestId` generated, for settling it now: the items
  * `itemIds` only (all of the request's when null). An item that still runs is cancelled on
- * its origin and asked for again. `complete` is false when the answer may still change: an
- * item ran at the last try, or an origin did not answer and none remembers the request.
+ * its origin and asked for again (at most `tries` lookups). `complete` is false when the
+ * answer may still change: an item ran at the last try, or an origin did not answer and
+ * none remembers the request.
  */
 export async function settledOutcome(
   sources: readonly OutcomeSource[],
@@ -175,11 +176,10 @@ export async function settledOutcome(
     );
     const mine = itemIds === null ? items : items.filter((item) => itemIds.includes(item.id));
     const found = reconcile([requestId], mine).get(requestId) ?? { kind: "unknown" };
-    if (found.kind === "ended" || (found.kind === "unknown" && complete)) {
-      return { found, complete: true };
-    }
+    if (found.kind === "ended") return { found, complete: true };
+    // An origin that does not answer now is not waited for: the request's settlement is.
+    if (found.kind === "unknown") return { found, complete };
     last = { found, complete: false };
-    if (found.kind !== "running") continue;
     // Nothing of it may run on once it is settled (its client is gone, or refused).
     await Promise.all(
       sources.map(async (source) => {

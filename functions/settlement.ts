@@ -24,8 +24,8 @@ export interface SettledRequest {
    */
   usage: ItemUsage | null;
   /**
-   * No END came and its origin could not say what it generated (it did not answer, or the
-   * item would not end): its key's account asks the origins again later.
+   * No END came and its origin could not say yet what it generated (the item would not end
+   * there): its key's account asks the origins again later.
    */
   usageUnknown?: boolean;
   /** Region and origin that served it, or null when none did. */

@@ -184,8 +184,9 @@ export interface SettleInput {
    */
   originBegan?: boolean;
   /**
-   * No END reached the edge and the request's origin could not say what it generated: the
-   * account releases the reservation and asks the origins later, as for a lapsed lease.
+   * No END reached the edge and the request's origin could not say yet what it generated
+   * (its item would not end there): the account releases the reservation and asks the
+   * origins later, as for a lapsed lease.
    */
   usageUnknown?: boolean;
   /**

@@ -22,6 +22,12 @@ import type { SettledRequest } from "../settlement.ts";
 export const END_WAIT_MS = 5_000;
 
 /**
+ * How the edge asks: an origin gets a second to answer (a whole answer's client, and the
+ * request's settlement, wait for it), an item still running there a few tries to end.
+ */
+export const ORIGIN_ASK: SettledOutcomeOptions = { tries: 3, intervalMs: 200, timeoutMs: 1_000 };
+
+/**
  * What the origins said: the usage to bill (null: nothing generated) and the origin that
  * generated it, or not known yet.
  */
@@ -36,31 +42,27 @@ export function billed(generated: Generated): Pick<SettledRequest, "usage" | "us
 
 /**
  * What request `requestId`'s items `itemIds` generated on `origins`, by their outcome
- * records; an item still running is cancelled there first. Unknown when an origin did not
- * answer or an item would not end.
+ * records; an item still running is cancelled there first. Unknown while an item would not
+ * end; nothing when no origin remembers it, or none answers (an origin that died took its
+ * record with it, and the request's slot is not held waiting for one that may come back).
  */
 export async function generatedBy(
   origins: readonly OriginConfig[],
   requestId: string,
   itemIds: readonly string[],
   secrets: object,
-  options: SettledOutcomeOptions = {},
+  options: SettledOutcomeOptions = ORIGIN_ASK,
 ): Promise<Generated> {
   if (origins.length === 0 || itemIds.length === 0) {
     return { known: true, usage: null, origin: null };
   }
   const { found, complete } = await settledOutcome(origins, requestId, itemIds, secrets, options);
-  switch (found.kind) {
-    case "ended":
-      return { known: true, usage: found.usage, origin: found.origin };
-    case "unknown":
-      // Its origin does not remember it (restarted since): nothing more can be learnt.
-      if (complete) return { known: true, usage: null, origin: null };
-      break;
-    case "running":
-      break;
+  if (found.kind === "ended") return { known: true, usage: found.usage, origin: found.origin };
+  if (found.kind === "unknown") {
+    if (!complete) logWarn("origin outcome unknown", { request_id: requestId });
+    return { known: true, usage: null, origin: null };
   }
-  logWarn("origin outcome unknown", { request_id: requestId, detail: found.kind });
+  logWarn("origin item would not end", { request_id: requestId });
   return { known: false };
 }
 

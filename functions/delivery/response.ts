@@ -71,9 +71,6 @@ export async function respond(
   return read === null ? life.stream() : life.whole(read);
 }
 
-// How an item without END asks its origin: a whole answer's client waits for it.
-const ORIGIN_ASK = { tries: 3, intervalMs: 200, timeoutMs: 1_000 };
-
 class Lifecycle {
   readonly #item: OpenItem;
   readonly #served: Served;
@@ -211,7 +208,6 @@ class Lifecycle {
               options.requestId,
               [head.id],
               options.secrets,
-              ORIGIN_ASK,
             ),
           );
     options.onSettled({
