@@ -113,13 +113,18 @@ export class KeyAccount extends DurableObject<Env> {
   /**
    * Admits or refuses one request atomically: secret, status, origin, models, concurrency,
    * requests, tokens and budgets; on admission reserves a concurrency slot, the tokens and
-   * the worst-case cost, and opens the request's ledger row. Decided from memory; its writes
-   * (and those of the settlements it carries) are committed behind, in `commit.pending`.
+   * the worst-case cost, and opens the request's ledger row. Decided from memory; an
+   * admission's writes (and those of the settlements it carries) commit before it is
+   * answered, a refusal's behind, in `commit.pending`.
    */
   async admit(input: AdmitInput): Promise<AdmitAnswer> {
     const now = Date.now();
     const settled = (input.settle ?? []).map((one) => settle(this.#store, one, one.now ?? now));
     const result = decide(this.#store, input);
+    // Durable before any origin is asked to generate for it: the answer leaves once this
+    // commit is (the output gate), so a crash at any instant keeps the open row, whose
+    // lapsed lease is then billed from the origins' outcome records.
+    if (result.ok) this.#store.writes.flush();
     if (result.ok) await this.#ensureAlarm(result.leaseExpiresAt);
     await this.#alarmFor(settled, now);
     return { ...result, commit: this.#store.stamp() };

@@ -605,17 +605,16 @@ function keyRequest(secretHash: string) {
 }
 
 describe("KeyAccount writes behind", () => {
-  it("answers an admit from memory: its row is not written yet, but the next admit counts its reservation", async () => {
+  it("writes an admission's row before answering it, and writes a refusal behind", async () => {
     const { stub, secretHash } = await newKey({ concurrency: 1 });
     // Both calls in one turn of the object, well within the write delay.
     await runInDurableObject(stub, async (instance: KeyAccount, state) => {
       expect((await instance.admit({ ...keyRequest(secretHash), requestId: "r1" })).ok).toBe(true);
-      expect(committedLedger(state)).toEqual([]);
-      expect(await instance.admit({ ...keyRequest(secretHash), requestId: "r2" })).toMatchObject({
-        code: "rate_limit_exceeded",
-        limit: "concurrency",
-      });
-      expect(committedLedger(state)).toEqual([]);
+      expect(committedLedger(state)).toEqual([{ request_id: "r1", state: "open" }]);
+      const refused = await instance.admit({ ...keyRequest(secretHash), requestId: "r2" });
+      expect(refused).toMatchObject({ code: "rate_limit_exceeded", limit: "concurrency" });
+      expect(refused.commit.pending).toBe(refused.commit.committed + 1);
+      expect(committedLedger(state)).toEqual([{ request_id: "r1", state: "open" }]);
     });
   });
 
@@ -640,7 +639,7 @@ describe("KeyAccount writes behind", () => {
     );
   });
 
-  it("writes an admit and its settlement within one write window as one settled row", async () => {
+  it("writes an admission at once and its settlement as an update of the same row", async () => {
     const { stub, secretHash } = await newKey();
     const writes = await runInDurableObject(stub, async (instance: KeyAccount, state) => {
       const sql = state.storage.sql;
@@ -657,7 +656,10 @@ describe("KeyAccount writes behind", () => {
       });
       return sql.exec<CommittedRow>("SELECT request_id, state FROM ledger_writes").toArray();
     });
-    expect(writes).toEqual([{ request_id: "r1", state: "settled" }]);
+    expect(writes).toEqual([
+      { request_id: "r1", state: "open" },
+      { request_id: "r1", state: "settled" },
+    ]);
   });
 
   it("never moves the alarm, a write, while steady traffic admits and settles", async () => {
@@ -692,25 +694,27 @@ describe("KeyAccount writes behind", () => {
     expect(calls).toBe(0);
   });
 
-  it("bills a request whose admission a crash forgot before it was written, exactly once", async () => {
+  it("keeps an admission through a crash right after it was answered, and bills it once", async () => {
     const { id, stub, secretHash } = await budgetedKey({ creditMicros: 10_000 });
-    let admission: AdmitResult | null = null;
-    // Admitted, then the object crashes within the write window: the admission is lost.
+    // Answered, then the object crashes at once: the answer left once the admission was durable.
+    const admission: AdmitResult = await stub.admit({
+      ...keyRequest(secretHash),
+      requestId: "lost",
+      promptTokens: 774,
+      maxTokens: 1_000,
+      price: PRICE,
+    });
     await expect(
-      runInDurableObject(stub, async (instance: KeyAccount, state) => {
-        admission = await instance.admit({
-          ...keyRequest(secretHash),
-          requestId: "lost",
-          promptTokens: 774,
-          maxTokens: 1_000,
-          price: PRICE,
-        });
+      runInDurableObject(stub, (_instance: KeyAccount, state) => {
         state.abort("crash inside the write window");
       }),
     ).rejects.toThrow("crash inside the write window");
     expect(admission).toMatchObject({ ok: true, reservedPicos: micros(750) });
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
-    expect(await again.record({ requestId: "lost" })).toEqual({ ok: true, record: null });
+    expect(await again.record({ requestId: "lost" })).toMatchObject({
+      ok: true,
+      record: { state: "open", reservedPicos: micros(750) },
+    });
 
     // The edge's settlement carries what it holds of the admission.
     const usage = { prompt_tokens: 1_000, cached_tokens: 400, completion_tokens: 500 };
@@ -720,9 +724,10 @@ describe("KeyAccount writes behind", () => {
       usage,
       admitted: { models: [{ model: "m", price: PRICE }], reservedPicos: micros(750) },
     };
+    // It settles the open row it kept: the tokens it reserved come back.
     expect(await again.settle(settlement)).toMatchObject({
       settled: true,
-      reservedTokens: 0,
+      reservedTokens: 1_774,
       usedTokens: 1_500,
       costPicos: micros(420),
     });
@@ -731,7 +736,7 @@ describe("KeyAccount writes behind", () => {
       reason: "already_settled",
     });
     expect(await again.record({ requestId: "lost" })).toMatchObject({
-      record: { state: "settled", model: "m", reservedPicos: 0n, costPicos: micros(420) },
+      record: { state: "settled", model: "m", reservedPicos: micros(750), costPicos: micros(420) },
     });
     const day = new Date().toISOString().slice(0, 10);
     expect(await again.usage({ from: day, to: day })).toMatchObject({
@@ -816,24 +821,26 @@ function refusedRequest(secretHash: string, requestId: string): AdmitInput {
 }
 
 describe("KeyAccount commit numbers", () => {
-  it("reports the commit an admit's writes land in, and counts it once the write delay committed it", async () => {
+  it("answers an admission committed, and counts a refusal's write once the write delay committed it", async () => {
     const { stub, secretHash } = await newKey();
     const first = await stub.admit({ ...keyRequest(secretHash), requestId: "r1" });
     expect(first.ok).toBe(true);
-    expect(first.commit.pending).toBe(first.commit.committed + 1);
-    // The write-behind timer commits it; a later answer of the same incarnation says so.
-    await vi.waitFor(
-      async () => {
-        // A refusal is counted in the key's metrics, a write of its own behind the admit's.
-        const later = await stub.admit(refusedRequest(secretHash, "probe"));
-        expect(later.commit.incarnation).toBe(first.commit.incarnation);
-        expect(later.commit.committed).toBeGreaterThanOrEqual(first.commit.pending);
-      },
-      { timeout: 20 * ACCOUNT_WRITE_DELAY_MS, interval: ACCOUNT_WRITE_DELAY_MS / 5 },
-    );
+    expect(first.commit.pending).toBe(first.commit.committed);
     await runInDurableObject(stub, (_instance: KeyAccount, state) => {
       expect(committedLedger(state)).toEqual([{ request_id: "r1", state: "open" }]);
     });
+    // A refusal is counted in the key's metrics, a write behind.
+    const refused = await stub.admit(refusedRequest(secretHash, "refused"));
+    expect(refused.commit.pending).toBe(refused.commit.committed + 1);
+    // The write-behind timer commits it; a later answer of the same incarnation says so.
+    await vi.waitFor(
+      async () => {
+        const later = await stub.admit(refusedRequest(secretHash, "probe"));
+        expect(later.commit.incarnation).toBe(refused.commit.incarnation);
+        expect(later.commit.committed).toBeGreaterThanOrEqual(refused.commit.pending);
+      },
+      { timeout: 20 * ACCOUNT_WRITE_DELAY_MS, interval: ACCOUNT_WRITE_DELAY_MS / 5 },
+    );
   });
 
   it("answers a standalone settlement committed", async () => {
@@ -850,14 +857,14 @@ describe("KeyAccount commit numbers", () => {
     const { id, stub, secretHash } = await newKey({ concurrency: 2 });
     expect((await stub.admit({ ...keyRequest(secretHash), requestId: "a" })).ok).toBe(true);
     await runInDurableObject(stub, (instance: KeyAccount) => instance.flush());
-    // The settlement of `a` rides on the admit of `b`; the account crashes before committing.
+    // The settlement of `a` rides on a refused admit, written behind; the account crashes
+    // before committing it.
     const usage = { prompt_tokens: 10, completion_tokens: 5 };
     const stamps: CommitStamp[] = [];
     await expect(
       runInDurableObject(stub, async (instance: KeyAccount, state) => {
         const carried = await instance.admit({
-          ...keyRequest(secretHash),
-          requestId: "b",
+          ...refusedRequest(secretHash, "b"),
           settle: [{ requestId: "a", outcome: "ok", usage }],
         });
         stamps.push(carried.commit);
