@@ -58,6 +58,8 @@ export class Settlement {
   readonly gaveUp: GivenUp[] = [];
   #unserved: ((record: SettledRequest) => Promise<SettledRequest>) | null = null;
   #hooks: SettleHook[] = [];
+  #releaseHooks: SettleHook[] = [];
+  #released = false;
   #record: SettledRequest | null = null;
   #settled = false;
   #held = false;
@@ -95,6 +97,33 @@ export class Settlement {
   /** Registers a hook; hooks run in registration order. */
   onSettled(hook: SettleHook): void {
     this.#hooks.push(hook);
+  }
+
+  /** Registers a hook run by {@link release}. */
+  onReleased(hook: SettleHook): void {
+    this.#releaseHooks.push(hook);
+  }
+
+  /**
+   * The request's work ended before what it generated is known (its client went away):
+   * runs the release hooks once, unless it is settled already; {@link settle} follows.
+   */
+  release(released: Omit<SettledRequest, "requestId">): void {
+    if (this.#released || this.#settled) return;
+    this.#released = true;
+    const record: SettledRequest = { requestId: this.requestId, ...released };
+    const hooks = this.#releaseHooks;
+    this.#waitUntil(
+      (async () => {
+        for (const hook of hooks) {
+          try {
+            await hook(record);
+          } catch (error) {
+            logError("release hook failed", { request_id: record.requestId, error });
+          }
+        }
+      })(),
+    );
   }
 
   /**

@@ -34,7 +34,9 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   if (row === null) return settleForgotten(store, input, now);
   if (row.state === "settled") return { settled: false, requestId, reason: "already_settled" };
   if (row.state === "open") throw new Error(`open ledger row ${requestId} is not in memory`);
-  // Expired: its reservation was released then, so it is billed only as far as budgets have room.
+  // Expired: its reservation was released then, so it is billed only as far as budgets have
+  // room; its usage is known now, so the origins need not be asked.
+  store.lapsed.delete(requestId);
   return close(store, row, input, now, billingCap(budgets, spendOf(store, row.day), 0n));
 }
 

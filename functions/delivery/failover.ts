@@ -103,6 +103,11 @@ export interface DispatchOptions {
   secrets: object;
   /** Called exactly once when the request ends, however it ends. */
   onSettled: (settled: Omit<SettledRequest, "requestId">) => void;
+  /**
+   * Called at once, before `onSettled`, when a streamed answer's client went away while
+   * what its origin generated is not known yet: its slot and reservation come back now.
+   */
+  onReleased?: (released: Omit<SettledRequest, "requestId">) => void;
   /** How each attempt reaches an origin (default {@link openDirect}). */
   open?: ItemOpener;
   /**

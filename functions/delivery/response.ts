@@ -106,6 +106,17 @@ class Lifecycle {
       if (clientGone || this.#finished) return;
       clientGone = true;
       streamed.clientGone();
+      // The work ended for the client: its slot comes back now, its bill once it is known.
+      this.#options.onReleased?.({
+        model: this.#options.model,
+        outcome: "cancelled",
+        usage: null,
+        usageUnknown: true,
+        ...this.#served,
+        status: head.status,
+        originBegan: head.status < 400,
+        firstByteAt: streamed.firstByteAt(),
+      });
       // The item's END still reports the tokens generated until then; should none come, its
       // origin's outcome record does.
       gaveUp = setTimeout(() => {

@@ -108,6 +108,15 @@ export function admitCompletion() {
       }
       await queueSettlement(c.env, credential.keyId, input);
     });
+    // A client that went away before its usage is known frees its slot and reservation at
+    // once; the settlement that follows bills what was generated.
+    settlement.onReleased(async (released) => {
+      if (renewal !== null) clearInterval(renewal);
+      renewal = null;
+      if (refused) return;
+      const input = { ...settleInput(c, released), usageUnknown: true };
+      await queueSettlement(c.env, credential.keyId, input);
+    });
     // Every prompt and every sequence (`n`, `best_of`, a prompt list) is reserved: a client
     // never receives more than its reservation covers.
     const [first, ...rest] = plan.models;

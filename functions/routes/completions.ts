@@ -140,6 +140,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     headers,
     secrets: c.env,
     onSettled: (settled) => settlement.settle(settled),
+    onReleased: (released) => settlement.release(released),
     signal: c.req.raw.signal,
     ...(breakers && {
       onOutcome: (region: RegionConfig, origin: string, verdict: Verdict) => {

@@ -341,7 +341,7 @@ describe("settlements across an account crash", () => {
     price,
   });
 
-  it("sends again a settlement an admit carried when the account crashed before committing it, and bills it once", async () => {
+  it("sends again a settlement a refused admit carried when the account crashed before committing it, and bills it once", async () => {
     const { id, key } = await createKey({ name: "crash", limits: { concurrency: 10 } });
     const auth = await authenticateBearer(env, `Bearer ${key}`, { now: Date.now() });
     if (!auth.ok) throw new Error("the new key does not authenticate");
@@ -352,7 +352,8 @@ describe("settlements across an account crash", () => {
     if (!a.ok) throw new Error("`a` was refused");
     await runInDurableObject(account(id), (instance: KeyAccount) => instance.flush());
 
-    // Its settlement rides on the admit of `b`, and stays held: not committed yet.
+    // Its settlement rides on the admit of `b`, which is refused (too large for the key's
+    // tokens per minute) and so written behind: held, not committed yet.
     const settled = queueSettlement(env, id, {
       requestId: "a",
       outcome: "ok",
@@ -360,7 +361,8 @@ describe("settlements across an account crash", () => {
       model: "m",
       admitted: { models: [{ model: "m", price }], reservedPicos: a.reservedPicos },
     });
-    expect((await admitRequest(env, credential, request("b"))).ok).toBe(true);
+    const b = await admitRequest(env, credential, { ...request("b"), maxTokens: 100_000_000 });
+    expect(b).toMatchObject({ ok: false, code: "rate_limit_exceeded" });
     expect(heldSettlements(id)).toEqual({ queued: 0, unconfirmed: 1 });
 
     // The account crashes within its write window: the settlement of `a` is lost with it.

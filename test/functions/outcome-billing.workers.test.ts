@@ -103,67 +103,89 @@ describe("billing an answer whose END never reached the edge", () => {
   );
 });
 
-describe("billing a stream whose client left", () => {
-  it("bills it from its origin's record when its END never comes", async () => {
-    const config = parseGatewayConfig(slowConfig(false));
-    const region = config.regions[0];
-    const origin = region?.origins[0];
-    if (region === undefined || origin === undefined) throw new Error("no origin");
-    const requestId = `req_left${crypto.randomUUID().replaceAll("-", "")}`;
-    const body = JSON.stringify(chatBody({ stream: true, max_tokens: 4_000 }));
-    const attempt = await openDirect(
-      { region, origin },
-      {
-        requestId,
-        attemptId: requestId,
-        path: "/v1/chat/completions",
-        body,
-        headers: {},
-        firstByteTimeoutMs: 3_000,
-        delivery: "stream",
-        itemTimeoutMs: 60_000,
-        avoidOrigins: [],
-        secrets: env,
-      },
-    );
-    if (attempt.kind !== "open") throw new Error(`not opened: ${attempt.kind}`);
-    // As through a Batcher whose reading lags far behind: the body comes, the END does not.
-    const real = attempt.item;
-    const item: OpenItem = {
-      head: real.head,
-      stream: (onGone) => ({ ...real.stream(onGone), ended: new Promise(() => {}) }),
-      whole: () => real.whole(),
-      cancel: () => real.cancel(),
-    };
-    const client = new AbortController();
-    const settled = Promise.withResolvers<Omit<SettledRequest, "requestId">>();
-    const options: DispatchOptions = {
+/**
+ * A stream from meter-slow-1 whose END never reaches the edge (as through a Batcher whose
+ * reading lags far behind), left by its client after two reads; the edge waits `endWaitMs`
+ * for the END before it asks the origin.
+ */
+async function leaveStream(endWaitMs: number) {
+  const config = parseGatewayConfig(slowConfig(false));
+  const region = config.regions[0];
+  const origin = region?.origins[0];
+  if (region === undefined || origin === undefined) throw new Error("no origin");
+  const requestId = `req_left${crypto.randomUUID().replaceAll("-", "")}`;
+  const body = JSON.stringify(chatBody({ stream: true, max_tokens: 4_000 }));
+  const attempt = await openDirect(
+    { region, origin },
+    {
       requestId,
+      attemptId: requestId,
       path: "/v1/chat/completions",
       body,
-      model: "warmgate-sim-8b",
-      candidates: [{ region, origin }],
-      pool: new OriginPool(),
-      limits: config.limits,
-      delivery: "stream",
       headers: {},
+      firstByteTimeoutMs: 3_000,
+      delivery: "stream",
+      itemTimeoutMs: 60_000,
+      avoidOrigins: [],
       secrets: env,
-      onSettled: settled.resolve,
-      signal: client.signal,
-      endWaitMs: 0,
-    };
-    const served = { region: region.id, origin: origin.id };
-    const response = await respond(item, served, options, null, Date.now() + 60_000);
-    const reader = (response.body as ReadableStream<Uint8Array>).getReader();
-    await reader.read();
-    await reader.read();
-    client.abort();
-    await reader.cancel();
-    const record = await settled.promise;
+    },
+  );
+  if (attempt.kind !== "open") throw new Error(`not opened: ${attempt.kind}`);
+  // As through a Batcher whose reading lags far behind: the body comes, the END does not.
+  const real = attempt.item;
+  const item: OpenItem = {
+    head: real.head,
+    stream: (onGone) => ({ ...real.stream(onGone), ended: new Promise(() => {}) }),
+    whole: () => real.whole(),
+    cancel: () => real.cancel(),
+  };
+  const client = new AbortController();
+  const settled = Promise.withResolvers<Omit<SettledRequest, "requestId">>();
+  const released = Promise.withResolvers<Omit<SettledRequest, "requestId">>();
+  const options: DispatchOptions = {
+    requestId,
+    path: "/v1/chat/completions",
+    body,
+    model: "warmgate-sim-8b",
+    candidates: [{ region, origin }],
+    pool: new OriginPool(),
+    limits: config.limits,
+    delivery: "stream",
+    headers: {},
+    secrets: env,
+    onSettled: settled.resolve,
+    signal: client.signal,
+    endWaitMs,
+    onReleased: released.resolve,
+  };
+  const served = { region: region.id, origin: origin.id };
+  const response = await respond(item, served, options, null, Date.now() + 60_000);
+  const reader = (response.body as ReadableStream<Uint8Array>).getReader();
+  await reader.read();
+  await reader.read();
+  client.abort();
+  await reader.cancel();
+  return { requestId, released: released.promise, settled: settled.promise };
+}
+
+describe("billing a stream whose client left", () => {
+  it("bills it from its origin's record when its END never comes", async () => {
+    const { requestId, settled } = await leaveStream(0);
+    const record = await settled;
     const [found] = await originRecords(requestId);
     const usage = found?.state === "ended" ? found.usage : null;
     expect(usage?.completion_tokens).toBeGreaterThan(0);
     expect(record).toMatchObject({ outcome: "cancelled", usage, origin: "meter-slow-1" });
+  });
+
+  it("frees its slot as soon as its client leaves, before what it generated is known", async () => {
+    const order: string[] = [];
+    const { released, settled } = await leaveStream(300);
+    void settled.then(() => order.push("settled"));
+    expect(await released).toMatchObject({ outcome: "cancelled", usage: null, usageUnknown: true });
+    order.push("released");
+    expect((await settled).usage?.completion_tokens).toBeGreaterThan(0);
+    expect(order).toEqual(["released", "settled"]);
   });
 });
 

@@ -129,4 +129,29 @@ describe("KeyAccount leases", () => {
     expect(record).toMatchObject({ state: "settled", completionTokens: 5 });
     expect(record.costPicos).toBeGreaterThan(0n);
   });
+
+  it("frees a released request's slot at once, and bills it once from the settlement that follows", async () => {
+    const { admit, stub } = await newAccount();
+    expect((await admit("req_left", 60_000)).ok).toBe(true);
+    expect((await admit("req_other", 60_000)).ok).toBe(true);
+    // Its client went away; what its origin generated is not known yet.
+    const released = await stub.settle({
+      requestId: "req_left",
+      outcome: "cancelled",
+      usage: null,
+      usageUnknown: true,
+    });
+    expect(released).toMatchObject({ settled: false, reason: "reconciling" });
+    expect((await admit("req_next", 60_000)).ok).toBe(true);
+    // Its END came: billed once.
+    const usage = { prompt_tokens: 50, completion_tokens: 30 };
+    const settled = await stub.settle({ requestId: "req_left", outcome: "cancelled", usage });
+    expect(settled).toMatchObject({ settled: true, usedTokens: 80 });
+    expect(await stub.settle({ requestId: "req_left", outcome: "cancelled", usage })).toMatchObject(
+      { settled: false, reason: "already_settled" },
+    );
+    const record = await recordOf(stub, "req_left");
+    expect(record).toMatchObject({ state: "settled", completionTokens: 30 });
+    expect(record.costPicos).toBeGreaterThan(0n);
+  });
 });
