@@ -77,7 +77,7 @@ const fromItem = (u: {
 
 /**
  * What the GPUs generated for a request, by the rule the ledger reconciles by
- * (durable-objects/key-account/reconcile.ts): its finished attempt's usage; else the usage
+ * (contracts/outcomes.ts): its finished attempt's usage; else the usage
  * the client was told; else the attempt that generated the most. Null when nothing was
  * generated, undefined when it cannot be known (an attempt still runs, or its origin
  * forgot it).
