@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { ItemRecord, OutcomesResponse } from "../../contracts/protocol.ts";
 import { type RunningStack, createKey, startStack } from "../../scripts/stack.ts";
+import { inParallel } from "../support/in-parallel.ts";
 
 // The mixed traffic of metering.test.ts, every request through the Batchers (no idle
 // bypass), two origins a region and no faults: a Batcher busy with many streams may read an
@@ -85,21 +86,6 @@ async function originRecords(ids: readonly string[]): Promise<Map<string, ItemRe
     for (const item of ((await res.json()) as OutcomesResponse).items) found.set(item.id, item);
   }
   return found;
-}
-
-async function inParallel<T>(
-  count: number,
-  width: number,
-  task: (i: number) => Promise<T>,
-): Promise<T[]> {
-  const results: T[] = [];
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: width }, async () => {
-      for (let i = next++; i < count; i = next++) results[i] = await task(i);
-    }),
-  );
-  return results;
 }
 
 describe("billing mixed traffic through the Batchers", () => {

@@ -1,6 +1,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { type RunningStack, createKey, startStack } from "../../scripts/stack.ts";
 import { metricValue, usdPicos } from "../support/edge-requests.ts";
+import { inParallel } from "../support/in-parallel.ts";
 
 // Through the real edge (wrangler dev, batcher, key accounts) and simulated origins at a
 // realistic pace, so a stream is still running when its client goes away.
@@ -83,21 +84,6 @@ async function settledRecord(key: string, id: string): Promise<RequestRecord> {
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
   throw new Error(`request ${id} was never settled`);
-}
-
-async function inParallel<T>(
-  count: number,
-  width: number,
-  task: (i: number) => Promise<T>,
-): Promise<T[]> {
-  const results: T[] = [];
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: width }, async () => {
-      for (let i = next++; i < count; i = next++) results[i] = await task(i);
-    }),
-  );
-  return results;
 }
 
 describe("metering through the whole stack", () => {

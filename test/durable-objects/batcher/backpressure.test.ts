@@ -12,6 +12,7 @@ import {
   tick,
 } from "../../../durable-objects/batcher/window/index.ts";
 import { type WindowConfigInput, windowConfig } from "../../support/window-config.ts";
+import { report as engineReport } from "../../support/window-state.ts";
 
 // An engine of 8 slots, allowed to queue 4 of ours beyond them (held batches leave once 2
 // have room again).
@@ -22,20 +23,7 @@ function stateWith(input: Partial<WindowConfigInput> = {}): WindowState {
 }
 
 function report(origin: string, over: Partial<LoadReport>): LoadReport {
-  return {
-    origin,
-    t: 0,
-    running: 0,
-    waiting: 0,
-    kv_usage: 0,
-    kv_free_blocks: 1000,
-    kv_total_blocks: 1000,
-    block_size: 16,
-    prefix_queries: 0,
-    prefix_hits: 0,
-    max_num_seqs: 8,
-    ...over,
-  };
+  return engineReport({ origin, ...over });
 }
 
 function load(state: WindowState, origin: string, over: Partial<LoadReport>, now = 0) {
