@@ -19,6 +19,7 @@ import {
   onDispatched,
   onItemDone,
   onOriginLoad,
+  onItemsAcked,
   recordThreadLag,
   tokenHoldMs,
 } from "./window/index.ts";
@@ -36,10 +37,12 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
   for (const frame of frames) {
     if (frame.type === FrameType.LOAD) {
       const report = decodeJsonPayload(frame.payload) as LoadReport;
-      // An origin writes a call's first report before the call's items start (PROTOCOL.md).
-      const uncounted = call.lastLoad === null ? idsOf(call) : undefined;
+      const first = call.lastLoad === null;
       call.lastLoad = report;
-      queue.update((s) => onOriginLoad(s, call.originId, report, now, uncounted).state);
+      queue.update((s) => onOriginLoad(s, call.originId, report, now).state);
+      // An origin writes a call's first report before the call's items start (PROTOCOL.md):
+      // the reports after it count them.
+      if (first) queue.update((s) => onItemsAcked(s, call.originId, idsOf(call)));
       queue.router?.report(call.originId, {
         kvTotalTokens: (report.kv_total_blocks ?? 0) * (report.block_size ?? 0),
         prefixQueries: report.prefix_queries ?? 0,

@@ -12,18 +12,12 @@ import type {
 } from "./types.ts";
 import { assertTime, bump, count, draft, laneQueue, originById } from "./state.ts";
 
-const NO_IDS: ReadonlySet<string> = new Set();
-
-/**
- * Takes in a load report piggybacked on a batch response; it replaces the previous one.
- * `uncounted`: ids of in-flight items the report cannot count yet.
- */
+/** Takes in a load report piggybacked on a batch response; it replaces the previous one. */
 export function onOriginLoad(
   state: WindowState,
   originId: string,
   report: LoadReport,
   now: number,
-  uncounted: ReadonlySet<string> = NO_IDS,
 ): { state: WindowState; outcome: OriginEventOutcome } {
   assertTime(now, "now");
   if (!state.origins.some((o) => o.id === originId)) {
@@ -48,14 +42,13 @@ export function onOriginLoad(
     prefixQueries: count(report.prefix_queries),
     prefixHits: count(report.prefix_hits),
   };
-  // The report counts what we sent before it arrived, except the items in `uncounted`
-  // (a call's first report is written before its own items start); a report written just
-  // before another send undercounts that batch until the next report.
+  // The report counts what the origin had acknowledged (see `InFlightItem.acked`); the rest
+  // is still ours to add.
   origin.sentSinceReport = 0;
   origin.promptTokensSinceReport = 0;
   origin.doneSinceReport = 0;
   origin.inFlight = origin.inFlight.map((item) => {
-    const counted = !uncounted.has(item.id);
+    const counted = item.acked;
     if (!counted) {
       origin.sentSinceReport += 1;
       origin.promptTokensSinceReport += item.promptTokens;
@@ -63,6 +56,27 @@ export function onOriginLoad(
     return item.sinceReport === !counted ? item : { ...item, sinceReport: !counted };
   });
   return { state: next, outcome: { kind: "updated" } };
+}
+
+/**
+ * The origin acknowledged these in-flight items (their call's first load report arrived):
+ * its later reports count them.
+ */
+export function onItemsAcked(
+  state: WindowState,
+  originId: string,
+  itemIds: ReadonlySet<string>,
+): WindowState {
+  const origin = state.origins.find((o) => o.id === originId);
+  if (origin === undefined || !origin.inFlight.some((i) => !i.acked && itemIds.has(i.id))) {
+    return state;
+  }
+  const next = draft(state);
+  const drafted = originById(next, originId);
+  drafted.inFlight = drafted.inFlight.map((item) =>
+    !item.acked && itemIds.has(item.id) ? { ...item, acked: true } : item,
+  );
+  return next;
 }
 
 // A reported step time in ms: a finite positive number, else 0 (unknown).

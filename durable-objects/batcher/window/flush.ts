@@ -295,6 +295,7 @@ function sendBatch(
       startedAt: null,
       cancelled: false,
       sinceReport: true,
+      acked: false,
     });
     origin.sentSinceReport += 1;
     origin.promptTokensSinceReport += item.promptTokens;

@@ -37,4 +37,4 @@ export {
   healthyCandidates,
 } from "./terms.ts";
 export { enqueue, tick } from "./flush.ts";
-export { onOriginLoad, onDispatched, onItemDone, cancel } from "./events.ts";
+export { onOriginLoad, onItemsAcked, onDispatched, onItemDone, cancel } from "./events.ts";

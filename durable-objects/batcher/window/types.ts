@@ -7,7 +7,7 @@ import type { OriginChooser } from "../origin-choice.ts";
 import type { WindowConfig } from "../settings.ts";
 
 /** Version of the {@link WindowState} shape. */
-export const WINDOW_STATE_VERSION = 2;
+export const WINDOW_STATE_VERSION = 3;
 
 /** Smallest `retryAfterMs` for a full queue: `retry-after` is whole seconds. */
 export const MIN_RETRY_AFTER_MS = 1000;
@@ -71,6 +71,13 @@ export interface InFlightItem {
   cancelled: boolean;
   /** Sent after the origin's last load report, so the report does not count it yet. */
   sinceReport: boolean;
+  /**
+   * Its call's first load report arrived: the origin had its items then, and every later
+   * report counts it. Before that, no report does (an origin writes a call's first report
+   * before the call's items start; one from another call may have been written before the
+   * origin received this one).
+   */
+  acked: boolean;
 }
 
 /** The part of an origin's last {@link LoadReport} the policy uses, tokens not blocks. */

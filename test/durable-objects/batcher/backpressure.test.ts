@@ -7,6 +7,7 @@ import {
   createWindowState,
   enqueue,
   onItemDone,
+  onItemsAcked,
   onOriginLoad,
   queuedCount,
   tick,
@@ -131,7 +132,7 @@ describe("backpressure", () => {
     expect(ids(tick(held.state, 1000).batches)).toEqual([["r1"]]);
   });
 
-  it("counts a call's own items on top of that call's first report, written before they started", () => {
+  it("counts what it sent on top of every report until the origin acknowledged it", () => {
     let state = load(stateWith(), "a", { running: 8 });
     state = addAll(
       state,
@@ -140,12 +141,15 @@ describe("backpressure", () => {
     );
     const sent = tick(state, 20);
     expect(ids(sent.batches)).toEqual([["r1", "r2", "r3", "r4"]]);
-    const ownItems = new Set(["r1", "r2", "r3", "r4"]);
-    const first = onOriginLoad(sent.state, "a", report("a", { running: 8 }), 25, ownItems).state;
-    expect(tick(first, 25).batches).toEqual([]);
-    // A report that does not know it cannot count them would have sent r5 to a full origin.
-    const naive = onOriginLoad(sent.state, "a", report("a", { running: 8 }), 25).state;
-    expect(ids(tick(naive, 25).batches)).toEqual([["r5"]]);
+    // A report written before the origin had them (another call's, or their call's first).
+    const early = load(sent.state, "a", { running: 8 }, 25);
+    expect(tick(early, 25).batches).toEqual([]);
+    // Acknowledged (their call's first report came): later reports count them.
+    const acked = onItemsAcked(early, "a", new Set(["r1", "r2", "r3", "r4"]));
+    expect(tick(load(acked, "a", { running: 8, waiting: 4 }, 30), 30).batches).toEqual([]);
+    expect(ids(tick(load(acked, "a", { running: 8, waiting: 2 }, 30), 30).batches)).toEqual([
+      ["r5"],
+    ]);
   });
 
   it("never holds for an engine that does not report its slots", () => {
