@@ -42,7 +42,7 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
       queue.update((s) => onOriginLoad(s, call.originId, report, now).state);
       // An origin writes a call's first report before the call's items start (PROTOCOL.md):
       // the reports after it count them.
-      if (first) queue.update((s) => onItemsAcked(s, call.originId, idsOf(call)));
+      if (first) queue.update((s) => onItemsAcked(s, call.originId, idsOf(call), report.t));
       queue.router?.report(call.originId, {
         kvTotalTokens: (report.kv_total_blocks ?? 0) * (report.block_size ?? 0),
         prefixQueries: report.prefix_queries ?? 0,

@@ -5,6 +5,7 @@
 import type { LoadReport } from "../../../contracts/protocol.ts";
 import type {
   CancelOutcome,
+  InFlightItem,
   ItemEventOutcome,
   OnDispatchedOptions,
   OriginEventOutcome,
@@ -42,13 +43,14 @@ export function onOriginLoad(
     prefixQueries: count(report.prefix_queries),
     prefixHits: count(report.prefix_hits),
   };
-  // The report counts what the origin had acknowledged (see `InFlightItem.acked`); the rest
-  // is still ours to add.
+  // The report counts what the origin had started when it wrote it (see
+  // `InFlightItem.ackedAt`); the rest is still ours to add.
+  const writtenAt = Number.isFinite(report.t) ? report.t : Number.NEGATIVE_INFINITY;
   origin.sentSinceReport = 0;
   origin.promptTokensSinceReport = 0;
   origin.doneSinceReport = 0;
   origin.inFlight = origin.inFlight.map((item) => {
-    const counted = item.acked;
+    const counted = item.ackedAt !== null && writtenAt > item.ackedAt;
     if (!counted) {
       origin.sentSinceReport += 1;
       origin.promptTokensSinceReport += item.promptTokens;
@@ -59,22 +61,22 @@ export function onOriginLoad(
 }
 
 /**
- * The origin acknowledged these in-flight items (their call's first load report arrived):
- * its later reports count them.
+ * The origin took these in-flight items at `originTime` (its clock on their call's first
+ * load report): its reports written after that count them.
  */
 export function onItemsAcked(
   state: WindowState,
   originId: string,
   itemIds: ReadonlySet<string>,
+  originTime: number,
 ): WindowState {
   const origin = state.origins.find((o) => o.id === originId);
-  if (origin === undefined || !origin.inFlight.some((i) => !i.acked && itemIds.has(i.id))) {
-    return state;
-  }
+  const fresh = (item: InFlightItem) => item.ackedAt === null && itemIds.has(item.id);
+  if (origin === undefined || !origin.inFlight.some(fresh)) return state;
   const next = draft(state);
   const drafted = originById(next, originId);
   drafted.inFlight = drafted.inFlight.map((item) =>
-    !item.acked && itemIds.has(item.id) ? { ...item, acked: true } : item,
+    fresh(item) ? { ...item, ackedAt: originTime } : item,
   );
   return next;
 }

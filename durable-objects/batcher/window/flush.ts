@@ -295,7 +295,7 @@ function sendBatch(
       startedAt: null,
       cancelled: false,
       sinceReport: true,
-      acked: false,
+      ackedAt: null,
     });
     origin.sentSinceReport += 1;
     origin.promptTokensSinceReport += item.promptTokens;

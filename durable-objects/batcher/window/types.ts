@@ -72,12 +72,12 @@ export interface InFlightItem {
   /** Sent after the origin's last load report, so the report does not count it yet. */
   sinceReport: boolean;
   /**
-   * Its call's first load report arrived: the origin had its items then, and every later
-   * report counts it. Before that, no report does (an origin writes a call's first report
-   * before the call's items start; one from another call may have been written before the
-   * origin received this one).
+   * The origin's clock (`t`) on its call's first load report, written as the origin took
+   * the call and before its items started: a report written later counts it; none
+   * written before does, whichever call brings it (calls are not ordered with each
+   * other). Null until that report arrived.
    */
-  acked: boolean;
+  ackedAt: number | null;
 }
 
 /** The part of an origin's last {@link LoadReport} the policy uses, tokens not blocks. */

@@ -141,15 +141,17 @@ describe("backpressure", () => {
     );
     const sent = tick(state, 20);
     expect(ids(sent.batches)).toEqual([["r1", "r2", "r3", "r4"]]);
-    // A report written before the origin had them (another call's, or their call's first).
-    const early = load(sent.state, "a", { running: 8 }, 25);
+    // Their call's first report, written at origin time 100 before they started.
+    const early = load(sent.state, "a", { running: 8, t: 100 }, 25);
     expect(tick(early, 25).batches).toEqual([]);
-    // Acknowledged (their call's first report came): later reports count them.
-    const acked = onItemsAcked(early, "a", new Set(["r1", "r2", "r3", "r4"]));
-    expect(tick(load(acked, "a", { running: 8, waiting: 4 }, 30), 30).batches).toEqual([]);
-    expect(ids(tick(load(acked, "a", { running: 8, waiting: 2 }, 30), 30).batches)).toEqual([
-      ["r5"],
-    ]);
+    const acked = onItemsAcked(early, "a", new Set(["r1", "r2", "r3", "r4"]), 100);
+    // Another call's report written before then, arriving late, still does not count them.
+    expect(tick(load(acked, "a", { running: 8, t: 90 }, 28), 28).batches).toEqual([]);
+    // Reports written after count them.
+    const full = load(acked, "a", { running: 8, waiting: 4, t: 110 }, 30);
+    expect(tick(full, 30).batches).toEqual([]);
+    const freed = load(acked, "a", { running: 8, waiting: 2, t: 120 }, 30);
+    expect(ids(tick(freed, 30).batches)).toEqual([["r5"]]);
   });
 
   it("never holds for an engine that does not report its slots", () => {
