@@ -75,6 +75,13 @@ export interface ChaosReport {
 export const EDGE_LEASE_MS = 20_000;
 // Time for a lapsed lease's alarm to run and its request to be looked up on the origins.
 const LEASE_MARGIN_MS = 5_000;
+/**
+ * How long after its client's end the edge may still hold a request's settlement: the
+ * queue's flush (20 ms) and the account's confirmation (its 50 ms write delay and a 100 ms
+ * margin), with room for a loaded machine. A request that ended this close to the edge's
+ * kill was in flight for its bill.
+ */
+const SETTLEMENT_HELD_MS = 1_000;
 const KEY_CONCURRENCY = 64;
 const PROBE_USER = "chaos-slot-probe";
 
@@ -218,10 +225,12 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
             ? remembered.length === 0
             : record.origins.includes(killedOrigin) &&
               !remembered.some((i) => i.origin === killedOrigin)),
+        // Its settlement dies with the edge until the account confirmed it, shortly after
+        // its client's end (functions/settle-queue.ts).
         crashExposed:
           edgeKilledAt !== null &&
           seen.sentAt <= (edgeBackAt ?? Date.now()) &&
-          seen.endedAt >= edgeKilledAt,
+          seen.endedAt >= edgeKilledAt - SETTLEMENT_HELD_MS,
         inCrashLeaseWindow:
           edgeKilledAt !== null &&
           seen.endedAt >= edgeKilledAt &&
