@@ -65,7 +65,7 @@ export function reconcile(
     let best: Extract<FoundItem, { state: "ended" }> | null = null;
     for (const item of found) {
       if (item.state !== "ended") continue;
-      if (best === null || rank(item) > rank(best)) best = item;
+      if (best === null || outranks(item, best)) best = item;
     }
     result.set(
       id,
@@ -83,7 +83,21 @@ export function reconcile(
   return result;
 }
 
-function rank(item: Extract<ItemRecord, { state: "ended" }>): number {
+/** How an attempt ended, as the billing rule weighs it. */
+export interface AttemptEnd {
+  outcome: ItemOutcome;
+  usage: ItemUsage | null;
+}
+
+/**
+ * The one rule for which of a request's attempts is billed: `a` over `b` when `a` finished
+ * and `b` did not, or neither did and `a` generated more.
+ */
+export function outranks(a: AttemptEnd, b: AttemptEnd): boolean {
+  return rank(a) > rank(b);
+}
+
+function rank(item: AttemptEnd): number {
   return (item.outcome === "ok" ? 1e12 : 0) + (item.usage?.completion_tokens ?? 0);
 }
 

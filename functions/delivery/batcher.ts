@@ -23,7 +23,7 @@ import {
   decodeJsonPayload,
   encodeJsonPayload,
 } from "../../contracts/protocol.ts";
-import { type FrameReader, describe } from "../../contracts/upstream.ts";
+import { describe } from "../../contracts/upstream.ts";
 import type { GatewayConfig } from "../config.ts";
 import { type BatchingPlan, batcherName, batchingPlan, laneFor, shardOf } from "./batcher-plan.ts";
 import {
@@ -32,7 +32,7 @@ import {
   type ItemOpener,
   openDirect,
 } from "./failover.ts";
-import { type ItemEnd, type OpenItem, frameItem } from "./item.ts";
+import { type ItemEnd, type OpenItem, frameItem, memoryFrames } from "./item.ts";
 import { failed, failedBeforeHead, notAdmitted } from "./refusals.ts";
 import { END_WAIT_MS } from "./generated.ts";
 
@@ -241,7 +241,7 @@ async function answerAtBatcher(
     }
     // Closed before any HEAD: cancelled while it waited, or lost by the batcher.
     return {
-      attempt: failed("unavailable", "batcher: the item ended before its HEAD", null),
+      attempt: failed("unavailable", "batcher: the item ended before its HEAD", null, true),
       atOnce,
     };
   }
@@ -271,20 +271,6 @@ function timedOutTrailer(id: string, trailer: Uint8Array | null): Uint8Array {
     error: { message: "The request timed out.", type: "server_error", code: "timeout" },
   };
   return encodeJsonPayload(timedOut);
-}
-
-/** A {@link FrameReader} over frames already in memory. */
-function memoryFrames(frames: readonly Frame[]): FrameReader {
-  let at = 0;
-  return {
-    async next() {
-      return frames[at++] ?? "the item ended without an END";
-    },
-    takeReadyData: () => undefined,
-    cancel() {
-      at = frames.length;
-    },
-  };
 }
 
 /** A streamed attempt: `open` answers at the item's HEAD, `end` at its END. */
@@ -318,7 +304,10 @@ async function openAtBatcher(
     case "ended":
       return { attempt: failedBeforeHead(result.trailer), atOnce: result.atOnce };
     case "cancelled":
-      return { attempt: failed("unavailable", "batcher: item cancelled", null), atOnce: false };
+      return {
+        attempt: failed("unavailable", "batcher: item cancelled", null, true),
+        atOnce: false,
+      };
     case "open":
       break;
     default:
@@ -389,9 +378,15 @@ async function endOf(ending: Promise<BatcherEnd>): Promise<ItemEnd> {
   }
 }
 
-/** The batcher itself failed (restarted, overloaded): another region's may not. */
+/**
+ * The batcher itself failed (restarted, overloaded): another region's may not. It may have
+ * sent the item before (its next incarnation cancels what it left running).
+ */
 function batcherFailed(error: unknown): { attempt: DispatchAttempt; atOnce: boolean } {
-  return { attempt: failed("unavailable", `batcher: ${describe(error)}`, null), atOnce: false };
+  return {
+    attempt: failed("unavailable", `batcher: ${describe(error)}`, null, true),
+    atOnce: false,
+  };
 }
 
 function assertNever(value: never): never {

@@ -41,6 +41,11 @@ export type ItemAttempt = (
       detail: string;
       /** The origin that failed, or null when none was reached (no healthy origin). */
       originId: string | null;
+      /**
+       * The item may have run although the attempt failed as `unavailable`: it was sent
+       * before it was given up on (at `originId`, or at an origin of its region not named).
+       */
+      mayHaveRun?: boolean;
     }
 ) & {
   /** The upstream (a Batcher) already told the breakers how the attempt went. */
@@ -149,6 +154,8 @@ export async function openItem(
       detail,
       originId: origin.id,
       ...(timedOut && { soft: true }),
+      // Given up on by this edge (a breaker opened, a deadline): its call may have arrived.
+      ...(reason !== undefined && { mayHaveRun: true }),
     };
   };
 

@@ -170,6 +170,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
   const open = options.open ?? openDirect;
   const attempts = Math.min(options.candidates.length, options.limits.retry_budget + 1);
   const avoid: string[] = [];
+  const firstAttempt = options.attempts?.length ?? 0;
   // The request timeout bounds every attempt together.
   const deadline = now() + options.limits.request_timeout_ms;
   const { retry_ratio: ratio, retry_floor: floor } = options.limits;
@@ -204,7 +205,9 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
       let unwatch: (() => void) | null = null;
       // Judged slow while it waited: that was its verdict.
       let toldSlow = false;
-      const itemId = i === 0 ? options.requestId : `${options.requestId}.${i}`;
+      // Unique across the request's models too (a model fallback dispatches again).
+      const n = firstAttempt + i;
+      const itemId = n === 0 ? options.requestId : `${options.requestId}.${n}`;
       const attempt = await open(candidate, {
         requestId: options.requestId,
         attemptId: itemId,
@@ -241,11 +244,13 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
       options.attempts?.push(listed);
       if (attempt.kind === "failed") {
         if (attempt.reported === true) options.onUpstreamFailure?.(candidate.region);
+        // Refused or unreachable, an origin ran nothing; it may have, once it took the call
+        // (an origin not named, only when its opener says so).
+        const named = attempt.originId !== null && attempt.failure !== "unavailable";
+        if (named || attempt.mayHaveRun === true) {
+          gaveUp.push(...givenUp(options, attempt.originId, itemId, candidate.region.id));
+        }
         if (attempt.originId !== null) {
-          // Refused or unreachable, an origin ran nothing; it may have, once it took the call.
-          if (attempt.failure !== "unavailable") {
-            gaveUp.push(...givenUp(options, attempt.originId, itemId));
-          }
           // A Batcher judged its own call; an attempt sent straight is judged here.
           if (attempt.reported !== true && !toldSlow) {
             judge(candidate, attempt.originId, attempt.soft === true ? "slow" : "failed");
@@ -308,7 +313,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
         listed.result = "served";
         options.pool.reportSuccess(originId);
         options.pool.begin(originId);
-        return respond(attempt.item, served, options, null, deadline, onEnd);
+        return respond(attempt.item, served, options, null, deadline, gaveUp, onEnd);
       }
       // A whole answer is read before the client sees anything: one its origin cut or failed
       // is tried again elsewhere, and never billed (its client received none of it).
@@ -317,7 +322,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
       if (!read.timedOut) onEnd(cut ? "failed" : "ok");
       const retry = cut && !last && now() < deadline && options.signal?.aborted !== true;
       if (retry) {
-        gaveUp.push(...givenUp(options, originId, itemId));
+        gaveUp.push(...givenUp(options, originId, itemId, candidate.region.id));
         avoid.push(originId);
         options.pool.reportFailure(originId, now(), options.quarantineMs);
         failure = "bad_answer";
@@ -327,7 +332,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
       listed.result = "served";
       options.pool.reportSuccess(originId);
       options.pool.begin(originId);
-      return respond(attempt.item, served, options, read, deadline);
+      return respond(attempt.item, served, options, read, deadline, gaveUp);
     }
   } finally {
     // No second opinion came (one candidate, or the retries ran out): the 5xx counts.
@@ -337,10 +342,24 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
   throw error;
 }
 
-/** Attempt `itemId`, given up on at origin `originId` (none for an origin not configured). */
-function givenUp(options: DispatchOptions, originId: string, itemId: string): GivenUp[] {
-  const served = options.candidates.find((candidate) => candidate.origin.id === originId);
-  return served === undefined ? [] : [{ region: served.region.id, origin: served.origin, itemId }];
+/**
+ * Attempt `itemId`, given up on at origin `originId` (none for an origin not configured), or
+ * at any origin of region `region` when which one is not known (a Batcher's item).
+ */
+function givenUp(
+  options: DispatchOptions,
+  originId: string | null,
+  itemId: string,
+  region: string,
+): GivenUp[] {
+  const at = options.candidates.filter((candidate) =>
+    originId === null ? candidate.region.id === region : candidate.origin.id === originId,
+  );
+  return at.slice(0, originId === null ? at.length : 1).map((candidate) => ({
+    region: candidate.region.id,
+    origin: candidate.origin,
+    itemId,
+  }));
 }
 
 /** 503 `no_healthy_origin` for a request whose last origin was busy, with its retry-after. */

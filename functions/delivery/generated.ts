@@ -6,11 +6,13 @@
  */
 import { logWarn } from "../../contracts/log.ts";
 import {
+  type AttemptEnd,
   type SettledOutcomeOptions,
   cancelItems,
+  outranks,
   settledOutcome,
 } from "../../contracts/outcomes.ts";
-import type { ItemUsage } from "../../contracts/protocol.ts";
+import type { ItemOutcome, ItemUsage } from "../../contracts/protocol.ts";
 import type { OriginConfig } from "../config.ts";
 import type { RegionOrigin } from "../origin-pool.ts";
 import type { SettledRequest } from "../settlement.ts";
@@ -28,12 +30,14 @@ export const END_WAIT_MS = 5_000;
 export const ORIGIN_ASK: SettledOutcomeOptions = { tries: 3, intervalMs: 200, timeoutMs: 1_000 };
 
 /**
- * What the origins said: the usage to bill (null: nothing generated) and the origin that
- * generated it, or not known yet.
+ * What the origins said: the usage to bill (null: nothing generated), how that attempt
+ * ended and the origin that generated it, or not known yet.
  */
 export type Generated =
-  | { known: true; usage: ItemUsage | null; origin: string | null }
+  | { known: true; usage: ItemUsage | null; outcome: ItemOutcome | null; origin: string | null }
   | { known: false };
+
+const NOTHING: Generated = { known: true, usage: null, outcome: null, origin: null };
 
 /** The settlement fields of what was generated. */
 export function billed(generated: Generated): Pick<SettledRequest, "usage" | "usageUnknown"> {
@@ -53,14 +57,14 @@ export async function generatedBy(
   secrets: object,
   options: SettledOutcomeOptions = ORIGIN_ASK,
 ): Promise<Generated> {
-  if (origins.length === 0 || itemIds.length === 0) {
-    return { known: true, usage: null, origin: null };
-  }
+  if (origins.length === 0 || itemIds.length === 0) return NOTHING;
   const { found, complete } = await settledOutcome(origins, requestId, itemIds, secrets, options);
-  if (found.kind === "ended") return { known: true, usage: found.usage, origin: found.origin };
+  if (found.kind === "ended") {
+    return { known: true, usage: found.usage, outcome: found.outcome, origin: found.origin };
+  }
   if (found.kind === "unknown") {
     if (!complete) logWarn("origin outcome unknown", { request_id: requestId });
-    return { known: true, usage: null, origin: null };
+    return NOTHING;
   }
   logWarn("origin item would not end", { request_id: requestId });
   return { known: false };
@@ -71,6 +75,35 @@ export interface GivenUp {
   region: string;
   origin: OriginConfig;
   itemId: string;
+}
+
+/** What a served attempt generated, and where. */
+export type ServedBill = Pick<SettledRequest, "usage" | "usageUnknown" | "origin" | "region"> & {
+  /** How it ended at its origin (null: no END told). */
+  outcome: ItemOutcome | null;
+};
+
+/**
+ * What a request served by an attempt that did not finish is billed (docs/key-account.md,
+ * "Billing every outcome"): its own usage, or that of an attempt it gave up on before, when
+ * the rule of `contracts/outcomes.ts` picks that one (it finished, or generated more). An
+ * answer that finished is billed as it is, without asking.
+ */
+export async function servedOrGivenUp(
+  own: ServedBill,
+  requestId: string,
+  gaveUp: readonly GivenUp[],
+  secrets: object,
+): Promise<ServedBill> {
+  if (own.outcome === "ok" || own.usageUnknown === true || gaveUp.length === 0) return own;
+  const origins = [...new Set(gaveUp.map((attempt) => attempt.origin))];
+  const itemIds = gaveUp.map((attempt) => attempt.itemId);
+  const other = await generatedBy(origins, requestId, itemIds, secrets);
+  if (!other.known || other.usage === null || other.outcome === null) return own;
+  const mine: AttemptEnd = { outcome: own.outcome ?? "error", usage: own.usage };
+  if (!outranks({ outcome: other.outcome, usage: other.usage }, mine)) return own;
+  const region = gaveUp.find((attempt) => attempt.origin.id === other.origin)?.region ?? null;
+  return { usage: other.usage, outcome: other.outcome, origin: other.origin, region };
 }
 
 // The client waits for the cancel of what its refusal gave up on: this long at most.

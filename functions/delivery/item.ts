@@ -6,6 +6,7 @@
  */
 import { errorEvent, originFailure } from "../../contracts/errors.ts";
 import {
+  type Frame,
   FrameType,
   type ItemHead,
   type ItemTrailer,
@@ -250,4 +251,18 @@ function withReadyData(frames: FrameReader, first: Uint8Array): Uint8Array {
     next = frames.takeReadyData();
   }
   return concatBytes(parts);
+}
+
+/** A {@link FrameReader} over frames already in memory. */
+export function memoryFrames(frames: readonly Frame[]): FrameReader {
+  let at = 0;
+  return {
+    async next() {
+      return frames[at++] ?? "the item ended without an END";
+    },
+    takeReadyData: () => undefined,
+    cancel() {
+      at = frames.length;
+    },
+  };
 }

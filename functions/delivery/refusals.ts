@@ -31,15 +31,22 @@ export function failedBeforeHead(trailer: BatcherFailureTrailer): DispatchAttemp
       error: queueTimeout(trailer.status ?? 503, trailer.retry_after_ms ?? 1_000),
     };
   }
-  return failed(failureOf(code), message, trailer.origin ?? null);
+  // Named, the origin was sent the item (and stopped on it when the Batcher gave it up).
+  const origin = trailer.origin ?? null;
+  return failed(failureOf(code), message, origin, origin !== null);
 }
 
+/**
+ * A failed attempt; `mayHaveRun` when the item may have reached an origin (`originId`, or
+ * one of its region's when that is null).
+ */
 export function failed(
   failure: OriginFailureKind,
   detail: string,
   originId: string | null,
+  mayHaveRun = false,
 ): DispatchAttempt {
-  return { kind: "failed", failure, detail, originId };
+  return { kind: "failed", failure, detail, originId, ...(mayHaveRun && { mayHaveRun }) };
 }
 
 const FAILURES: Record<Exclude<BatcherFailureCode, "queue_timeout">, OriginFailureKind> = {

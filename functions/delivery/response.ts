@@ -9,7 +9,14 @@ import { originFailure } from "../../contracts/errors.ts";
 import type { ItemHead, ItemTrailer } from "../../contracts/protocol.ts";
 import type { SettledRequest } from "../settlement.ts";
 import type { DispatchOptions } from "./failover.ts";
-import { END_WAIT_MS, billed, generatedBy, originsNamed } from "./generated.ts";
+import {
+  END_WAIT_MS,
+  type GivenUp,
+  billed,
+  generatedBy,
+  originsNamed,
+  servedOrGivenUp,
+} from "./generated.ts";
 import type { ItemEnd, OpenItem } from "./item.ts";
 
 /** Where the item is served. */
@@ -57,7 +64,8 @@ export async function readWhole(item: OpenItem, timeoutMs: number): Promise<Whol
 
 /**
  * The client's response for `item`: streamed, or from its whole answer already `read` (once
- * settled); a whole answer that failed rejects with its ApiError.
+ * settled); a whole answer that failed rejects with its ApiError. `gaveUp`: the request's
+ * attempts given up on before this one, billed instead should one of them outrank it.
  */
 export async function respond(
   item: OpenItem,
@@ -65,9 +73,10 @@ export async function respond(
   options: DispatchOptions,
   read: WholeRead | null,
   deadline: number,
+  gaveUp: readonly GivenUp[],
   onEnd?: (verdict: "ok" | "failed") => void,
 ): Promise<Response> {
-  const life = new Lifecycle(item, served, options, deadline, onEnd);
+  const life = new Lifecycle(item, served, options, deadline, gaveUp, onEnd);
   return read === null ? life.stream() : life.whole(read);
 }
 
@@ -75,6 +84,7 @@ class Lifecycle {
   readonly #item: OpenItem;
   readonly #served: Served;
   readonly #options: DispatchOptions;
+  readonly #gaveUp: readonly GivenUp[];
   #finished = false;
   readonly #deadline: ReturnType<typeof setTimeout>;
   #onTimeout: () => void = () => {};
@@ -86,11 +96,13 @@ class Lifecycle {
     served: Served,
     options: DispatchOptions,
     deadline: number,
+    gaveUp: readonly GivenUp[],
     onEnd: ((verdict: "ok" | "failed") => void) | undefined,
   ) {
     this.#item = item;
     this.#served = served;
     this.#options = options;
+    this.#gaveUp = gaveUp;
     this.#onEnd = onEnd;
     // No request may outlive its timeout (counted from its first attempt), even if the
     // origin stops sending without closing.
@@ -195,7 +207,8 @@ class Lifecycle {
 
   /**
    * Ends the request once: the deadline stops, the pool hears of it, and it is settled with
-   * what its origin generated, from its END or, when none came, its origin's outcome record.
+   * what its origin generated, from its END or, when none came, its origin's outcome record
+   * (or with what an attempt given up on before generated, should that one be billed).
    */
   async #finish(
     outcome: Outcome,
@@ -221,11 +234,19 @@ class Lifecycle {
               options.secrets,
             ),
           );
+    const bill = await servedOrGivenUp(
+      { ...usage, ...this.#served, outcome: trailer?.outcome ?? null },
+      options.requestId,
+      this.#gaveUp,
+      options.secrets,
+    );
     options.onSettled({
       model: options.model,
       outcome,
-      ...usage,
-      ...this.#served,
+      usage: bill.usage,
+      ...(bill.usageUnknown === true && { usageUnknown: true }),
+      region: bill.region,
+      origin: bill.origin,
       status,
       originBegan: head.status < 400,
       ttftMs: trailer?.timing?.ttft_ms ?? null,

@@ -159,7 +159,7 @@ async function leaveStream(endWaitMs: number) {
     onReleased: released.resolve,
   };
   const served = { region: region.id, origin: origin.id };
-  const response = await respond(item, served, options, null, Date.now() + 60_000);
+  const response = await respond(item, served, options, null, Date.now() + 60_000, []);
   const reader = (response.body as ReadableStream<Uint8Array>).getReader();
   await reader.read();
   await reader.read();
