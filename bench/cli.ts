@@ -7,7 +7,7 @@
  */
 import { readFile, writeFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
-import { percentile } from "./lib.ts";
+import { percentile, provenance } from "./lib.ts";
 import { type RequestSpec, type Sample, measure } from "./cli-measure.ts";
 
 const USAGE = `usage: npm run bench -- --url URL --key KEY --model M [--url URL2 --key KEY2]
@@ -256,7 +256,10 @@ async function main(): Promise<void> {
       ? { note: "Ratios are B / A; requests took turns between the endpoints." }
       : {}),
   };
-  if (values.out !== undefined) await writeFile(values.out, JSON.stringify(report, null, 2) + "\n");
+  // A file records the checkout it was measured from (the endpoints may run other code).
+  const stamped = { provenance: provenance(), ...report };
+  if (values.out !== undefined)
+    await writeFile(values.out, JSON.stringify(stamped, null, 2) + "\n");
   if (values.json) console.log(JSON.stringify(report, null, 2));
   else console.log(table(results));
 }
