@@ -118,3 +118,5 @@ export default {
   },
 } satisfies ExportedHandler<Env>;
 export { Batcher } from "../../durable-objects/batcher/index.ts";
+export { Canaries } from "../../durable-objects/canaries/index.ts";
+export { OriginBreakers } from "../../durable-objects/origin-breakers/index.ts";
