@@ -1,123 +1,20 @@
-import {
-  createExecutionContext,
-  runInDurableObject,
-  waitOnExecutionContext,
-} from "cloudflare:test";
-import { env, exports } from "cloudflare:workers";
-import { afterEach, describe, expect, inject, it } from "vitest";
-import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
-import { costPicos, formatUsd } from "../../contracts/pricing.ts";
-import app from "../../functions/index.ts";
-import { modelPrice } from "../../functions/pricing.ts";
-import { type ErrorBody, chatBody, edgeRequest, usdPicos } from "../support/edge-requests.ts";
+import { exports } from "cloudflare:workers";
+import { afterEach, describe, expect, it } from "vitest";
+import { formatUsd } from "../../contracts/pricing.ts";
+import { type ErrorBody, usdPicos } from "../support/edge-requests.ts";
 import { ADMIN, createKey } from "../support/admin-keys.workers.ts";
-
-function originUrl(id: string): string {
-  const origin = inject("testOrigins").find((o) => o.id === id);
-  if (origin === undefined) throw new Error(`${id} is not running`);
-  return origin.url;
-}
-const METER = originUrl("meter-1");
-const METER_SLOW = originUrl("meter-slow-1");
-
-const SMALL = { input_per_mtok: 0.1, cached_input_per_mtok: 0.025, output_per_mtok: 0.4 };
-const LARGE = { input_per_mtok: 0.6, cached_input_per_mtok: 0.15, output_per_mtok: 2.4 };
-
-/** A config over the metering origins with prices and aliases; `batching` as given. */
-/** `batching: "always"`: every request goes through the batcher (no idle bypass). */
-function pricedConfig(
-  options: { batching?: boolean | "always"; deadLarge?: boolean } = {},
-): string {
-  return JSON.stringify({
-    models: [
-      { id: "warmgate-sim-8b", max_model_len: 32768, pricing: SMALL },
-      { id: "warmgate-sim-70b", max_model_len: 8192, pricing: LARGE },
-    ],
-    aliases: {
-      fast: ["warmgate-sim-8b", "warmgate-sim-70b"],
-      best: ["warmgate-sim-70b", "warmgate-sim-8b"],
-    },
-    regions: [
-      {
-        id: "metering",
-        origins: options.deadLarge
-          ? [
-              // The large model's only origin is gone; the small one's is fine.
-              { id: "meter-gone", url: "http://127.0.0.1:9", models: ["warmgate-sim-70b"] },
-              { id: "meter-1", url: METER, models: ["warmgate-sim-8b"] },
-            ]
-          : [{ id: "meter-1", url: METER }],
-      },
-      {
-        id: "metering-slow",
-        origins: [
-          {
-            id: "meter-slow-1",
-            url: METER_SLOW,
-            ...(options.deadLarge ? { models: ["warmgate-sim-8b"] } : {}),
-          },
-        ],
-      },
-    ],
-    default_region: "metering",
-    limits: { first_byte_timeout_ms: 3_000, request_timeout_ms: 60_000, retry_budget: 1 },
-    batching:
-      options.batching === "always" ? { idle_bypass_ms: 0 } : { enabled: options.batching ?? true },
-  });
-}
-
-/** Runs one request against the edge with `config` and waits for its settlement. */
-async function send(
-  config: string,
-  request: Request,
-  read: (response: Response) => Promise<unknown> = (r) => r.arrayBuffer(),
-): Promise<{ response: Response; body: unknown }> {
-  const ctx = createExecutionContext();
-  const response = await app.fetch(request, { ...env, WARMGATE_CONFIG: config }, ctx);
-  const body = await read(response);
-  await waitOnExecutionContext(ctx);
-  return { response, body };
-}
-
-function chat(key: string, body: Record<string, unknown> = {}, region = "metering"): Request {
-  return edgeRequest("/v1/chat/completions", {
-    body: chatBody(body),
-    headers: { authorization: `Bearer ${key}` },
-    region,
-  });
-}
-
-function get(key: string, path: string): Request {
-  return edgeRequest(path, { headers: { authorization: `Bearer ${key}` } });
-}
-
-type Usage = {
-  prompt_tokens: number;
-  completion_tokens: number;
-  prompt_tokens_details?: { cached_tokens?: number };
-};
-
-function costOf(usage: Usage, pricing: typeof SMALL): bigint {
-  return costPicos(
-    {
-      promptTokens: usage.prompt_tokens,
-      cachedTokens: usage.prompt_tokens_details?.cached_tokens ?? 0,
-      completionTokens: usage.completion_tokens,
-    },
-    modelPrice(pricing),
-  );
-}
-
-type RequestRecord = {
-  id: string;
-  model: string;
-  status: string;
-  outcome: string | null;
-  prompt_tokens: number | null;
-  cached_tokens: number | null;
-  completion_tokens: number | null;
-  cost_usd: number;
-};
+import {
+  METER,
+  SMALL,
+  LARGE,
+  pricedConfig,
+  send,
+  chat,
+  get,
+  costOf,
+  type Usage,
+  type RequestRecord,
+} from "../support/metering.workers.ts";
 
 afterEach(async () => {
   await fetch(`${METER}/admin/faults`, { method: "DELETE" }).then((r) => r.arrayBuffer());
@@ -333,119 +230,5 @@ describe("the usage API", () => {
       headers: ADMIN,
     });
     expect((await one.json<{ total: { requests: number } }>()).total.requests).toBe(2);
-  });
-});
-
-describe("conservation", () => {
-  it("settles hundreds of mixed requests exactly once, costs summing to the key's totals", async () => {
-    const { id, key } = await createKey({ name: "conservation" });
-    // Some items fail before their first byte, some streams are cut mid-way.
-    await fetch(`${METER}/admin/faults`, {
-      method: "PUT",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({
-        errorRate: 0.15,
-        errorStatuses: [500],
-        dropAfterTokens: 3,
-        dropRate: 0.2,
-      }),
-    }).then((r) => r.arrayBuffer());
-    const ids: string[] = [];
-    const kinds = ["json", "stream", "cancel", "json-alias", "stream-usage"] as const;
-    for (let round = 0; round < 8; round++) {
-      const batch = Array.from({ length: 25 }, async (_, i) => {
-        const kind = kinds[(round * 25 + i) % kinds.length] ?? "json";
-        const config = pricedConfig({ batching: i % 2 === 0 });
-        const body =
-          kind === "json-alias"
-            ? { model: "fast", max_tokens: 10 + i }
-            : kind === "stream-usage"
-              ? { stream: true, stream_options: { include_usage: true }, max_tokens: 10 + i }
-              : { stream: kind !== "json", max_tokens: kind === "cancel" ? 400 : 10 + i };
-        const region = kind === "cancel" ? "metering-slow" : "metering";
-        const { response } = await send(config, chat(key, body, region), async (r) => {
-          if (kind !== "cancel" || r.body === null) return r.arrayBuffer().catch(() => null);
-          const reader = r.body.getReader();
-          await reader.read();
-          await reader.cancel();
-          return null;
-        });
-        ids.push(response.headers.get("x-request-id") ?? "");
-      });
-      await Promise.all(batch);
-    }
-    expect(ids).toHaveLength(200);
-    const state = await runInDurableObject(
-      env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id)),
-      (instance: KeyAccount, s) => {
-        instance.flush();
-        const sql = s.storage.sql;
-        return {
-          rows: sql
-            // Pico-dollars, as SQLite computes them (exact for these small amounts).
-            .exec<{ request_id: string; state: string; cost: number }>(
-              "SELECT request_id, state, cost_micros * 1000000 + cost_picos AS cost FROM ledger",
-            )
-            .toArray(),
-          rollup: sql
-            .exec<{ requests: number; cost: number }>(
-              `SELECT SUM(requests) AS requests, SUM(cost_micros * 1000000 + cost_picos) AS cost
-               FROM usage_daily`,
-            )
-            .one(),
-          spend: sql
-            .exec<{ settled: number; reserved: number }>(
-              `SELECT settled_micros * 1000000 + settled_picos AS settled,
-                 reserved_micros * 1000000 + reserved_picos AS reserved
-               FROM spend WHERE period = 'all'`,
-            )
-            .one(),
-        };
-      },
-    );
-    // Every admitted request has exactly one ledger row, and every row is closed.
-    expect(new Set(ids).size).toBe(200);
-    expect(state.rows.map((row) => row.request_id).sort()).toEqual([...ids].sort());
-    expect(state.rows.filter((row) => row.state !== "settled")).toEqual([]);
-    // Conservation: the rows' costs are the rollups' and the key's spend, nothing reserved.
-    const sum = state.rows.reduce((total, row) => total + row.cost, 0);
-    expect(sum).toBeGreaterThan(0);
-    expect(state.rollup).toEqual({ requests: 200, cost: sum });
-    expect(state.spend).toEqual({ settled: sum, reserved: 0 });
-    // And the usage API says the same.
-    const { body } = await send(pricedConfig(), get(key, "/v1/usage"), (r) => r.json());
-    const report = body as { total: { requests: number; cost_usd: number } };
-    expect(report.total.requests).toBe(200);
-    expect(usdPicos(report.total.cost_usd)).toBe(BigInt(sum));
-  });
-
-  it("never lets concurrent requests together overdraw a small budget", async () => {
-    const { id, key } = await createKey({
-      name: "budget-race",
-      limits: { budget_usd_day: 0.0005 },
-    });
-    const results = await Promise.all(
-      Array.from({ length: 60 }, () => send(pricedConfig(), chat(key, { max_tokens: 100 }))),
-    );
-    const statuses = results.map(({ response }) => response.status);
-    expect(statuses.filter((s) => s === 200).length).toBeGreaterThan(0);
-    expect(statuses.filter((s) => s === 429).length).toBeGreaterThan(0);
-    expect(statuses.every((s) => s === 200 || s === 429)).toBe(true);
-    const spend = await runInDurableObject(
-      env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id)),
-      (instance: KeyAccount, s) => {
-        instance.flush();
-        return s.storage.sql
-          .exec<{ settled: number; reserved: number }>(
-            `SELECT settled_micros * 1000000 + settled_picos AS settled,
-               reserved_micros * 1000000 + reserved_picos AS reserved
-             FROM spend WHERE period = 'all'`,
-          )
-          .one();
-      },
-    );
-    expect(spend.reserved).toBe(0);
-    expect(spend.settled).toBeGreaterThan(0);
-    expect(spend.settled).toBeLessThanOrEqual(500_000_000); // $0.0005 in pico-dollars
   });
 });

@@ -33,6 +33,7 @@ const ORIGINS: {
   { id: "batch-1", region: "batching", timeScale: 5 },
   { id: "batch-2", region: "batching", timeScale: 5 },
   { id: "edge-batch-1", region: "edge-batching", timeScale: 5 },
+  { id: "edge-batch-2", region: "edge-batching", timeScale: 5 },
   // Runs two sequences at once: the Batcher's backpressure tests fill it.
   { id: "batch-narrow", region: "batching", timeScale: 5, maxNumSeqs: 2 },
   // Metering tests inject faults into these and address them directly, in configs of their own.
