@@ -77,6 +77,8 @@ try {
           BENCH_API_KEY: staticKey,
           BENCH_MODE: mode,
           TOKEN_SIGNING_SECRET: stack.signingSecret,
+          // The origins demand their token from every edge.
+          ORIGIN_TOKEN: stack.originAccessToken,
         },
       }),
     );
