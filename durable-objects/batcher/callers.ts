@@ -14,7 +14,7 @@ import type {
   BatcherFailureCode,
   BatcherFailureTrailer,
 } from "./types.ts";
-import { cancel as cancelInWindow } from "./window/index.ts";
+import { cancel as cancelInWindow } from "./window/events.ts";
 
 /** Stops a running item on its origin (see `Calls.stop`). */
 export type StopRunning = (

@@ -29,12 +29,9 @@ import { watchFirstByte } from "../../contracts/origin-health.ts";
 
 /** The cursor of a router that has seen none of an origin's block events. */
 const FIRST_EVENT = { log: "", seq: 0 } as const;
-import {
-  type Batch,
-  cancel as cancelInWindow,
-  onItemDone,
-  recordThreadLag,
-} from "./window/index.ts";
+import { cancel as cancelInWindow, onItemDone } from "./window/events.ts";
+import { recordThreadLag } from "./window/terms.ts";
+import type { Batch } from "./window/types.ts";
 
 /** What the calls need of their Batcher. */
 export interface CallsHost {

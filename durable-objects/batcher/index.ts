@@ -35,12 +35,9 @@ import {
   type BatcherOpenResult,
   type BatcherSnapshot,
 } from "./types.ts";
-import {
-  type TickNotice,
-  enqueue,
-  healthyCandidates,
-  recordFirstByteWait,
-} from "./window/index.ts";
+import { enqueue } from "./window/flush.ts";
+import { healthyCandidates, recordFirstByteWait } from "./window/terms.ts";
+import type { TickNotice } from "./window/types.ts";
 
 /** Micro-batching window, lanes and demultiplexing for one region, model and shard. */
 export class Batcher extends DurableObject<Env> {

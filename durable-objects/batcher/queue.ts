@@ -6,18 +6,12 @@
  */
 import type { BreakerView } from "../../contracts/breaker.ts";
 import { type BreakerGate, OriginHealth } from "../../contracts/origin-health.ts";
-import { chooseLeastLoadedInTurn, fitsKv } from "./origin-choice.ts";
+import { chooseLeastLoadedInTurn, fitsKv } from "./window/origin-choice.ts";
 import { Router } from "./routing/router.ts";
 import type { BatcherSetup } from "./types.ts";
-import {
-  type Batch,
-  type TickNotice,
-  type WindowOptions,
-  type WindowState,
-  createWindowState,
-  queuedCount,
-  tick,
-} from "./window/index.ts";
+import { tick } from "./window/flush.ts";
+import { createWindowState, queuedCount } from "./window/state.ts";
+import type { Batch, TickNotice, WindowOptions, WindowState } from "./window/types.ts";
 
 /** Where a flush's results go. */
 export interface QueueHandlers {

@@ -3,7 +3,7 @@
  * origin among those it may go to, with the index read from storage first and stored
  * behind after each change.
  */
-import type { OriginCandidate } from "./origin-choice.ts";
+import type { OriginCandidate } from "./window/origin-choice.ts";
 import { IndexStore } from "./routing/index-store.ts";
 import type { RouteCandidate } from "./routing/placement.ts";
 import type { Router } from "./routing/router.ts";

@@ -5,7 +5,7 @@
 import type { Calls } from "./calls.ts";
 import type { Queue } from "./queue.ts";
 import type { BatcherCounters, BatcherSnapshot } from "./types.ts";
-import { currentWindowMs, meanThreadLagMs, tokenHoldMs } from "./window/index.ts";
+import { currentWindowMs, meanThreadLagMs, tokenHoldMs } from "./window/terms.ts";
 
 /** The Batcher's view now. */
 export function snapshotOf(

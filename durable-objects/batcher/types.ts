@@ -7,7 +7,7 @@ import type { BreakerSettings } from "../../contracts/breaker.ts";
 import type { ItemHead, ItemPath, ItemTrailer } from "../../contracts/protocol.ts";
 import type { RouterView } from "./routing/router.ts";
 import type { RouterSettings } from "./settings.ts";
-import type { FlushReason, OriginLoadView } from "./window/index.ts";
+import type { FlushReason, OriginLoadView } from "./window/types.ts";
 import type { WindowConfig } from "./settings.ts";
 
 /**

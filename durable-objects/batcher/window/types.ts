@@ -3,7 +3,7 @@
  * JSON kept in the Batcher's memory, the requests and batches it takes and gives, and its
  * decisions and outcomes.
  */
-import type { OriginChooser } from "../origin-choice.ts";
+import type { OriginChooser } from "./origin-choice.ts";
 import type { WindowConfig } from "../settings.ts";
 
 /** Version of the {@link WindowState} shape. */

@@ -1,17 +1,17 @@
 import { describe, expect, it } from "vitest";
 import type { LoadReport } from "../../../contracts/protocol.ts";
 import {
-  type Batch,
-  type WindowRequest,
-  type WindowState,
-  createWindowState,
-  enqueue,
   onItemDone,
   onItemsAcked,
   onOriginLoad,
-  queuedCount,
-  tick,
-} from "../../../durable-objects/batcher/window/index.ts";
+} from "../../../durable-objects/batcher/window/events.ts";
+import { enqueue, tick } from "../../../durable-objects/batcher/window/flush.ts";
+import { createWindowState, queuedCount } from "../../../durable-objects/batcher/window/state.ts";
+import type {
+  Batch,
+  WindowRequest,
+  WindowState,
+} from "../../../durable-objects/batcher/window/types.ts";
 import { type WindowConfigInput, windowConfig } from "../../support/window-config.ts";
 import { report as engineReport } from "../../support/window-state.ts";
 

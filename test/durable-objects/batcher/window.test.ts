@@ -5,14 +5,13 @@ import { BATCHING_FIELDS } from "../../../durable-objects/batcher/settings.ts";
 import { windowConfig } from "../../support/window-config.ts";
 import {
   cancel,
-  currentWindowMs,
-  enqueue,
   onItemDone,
   onOriginLoad,
-  queuedCount,
-  tick,
-  type EnqueueDecision,
-} from "../../../durable-objects/batcher/window/index.ts";
+} from "../../../durable-objects/batcher/window/events.ts";
+import { enqueue, tick } from "../../../durable-objects/batcher/window/flush.ts";
+import { queuedCount } from "../../../durable-objects/batcher/window/state.ts";
+import { currentWindowMs } from "../../../durable-objects/batcher/window/terms.ts";
+import type { EnqueueDecision } from "../../../durable-objects/batcher/window/types.ts";
 import {
   stateWith,
   report,
