@@ -11,16 +11,16 @@ import { logWarn } from "../../contracts/log.ts";
 import { DurableObject } from "cloudflare:workers";
 import { decodeJsonPayload } from "../../contracts/protocol.ts";
 import { cancelBatchItems, currentUpstream } from "../../contracts/upstream.ts";
-import { assertNever } from "./caller.ts";
-import { AnswerSink, type CallerSink, WholeSink } from "./caller-sink.ts";
-import { Callers } from "./callers.ts";
-import { Calls } from "./calls.ts";
-import { ClientBody } from "./client-body.ts";
+import { assertNever } from "./callers/caller.ts";
+import { AnswerSink, type CallerSink, WholeSink } from "./callers/sinks.ts";
+import { Callers } from "./callers/callers.ts";
+import { Calls } from "./upstream/calls.ts";
+import { ClientBody } from "./callers/client-body.ts";
 import { newCounters } from "./counters.ts";
-import { OriginLinks } from "./origin-links.ts";
-import { Queue } from "./queue.ts";
+import { OriginLinks } from "./upstream/breakers.ts";
+import { Queue } from "./live-window.ts";
 import { CallRecords } from "./records.ts";
-import { RoutingLink } from "./routing-link.ts";
+import { RoutingLink } from "./routing/placer.ts";
 import { snapshotOf } from "./snapshot.ts";
 import {
   ALARM_BACKSTOP_MS,

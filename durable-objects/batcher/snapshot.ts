@@ -2,8 +2,8 @@
  * What `Batcher.snapshot` answers (docs/batching.md, "Inside the Batcher"): counters, the window's
  * current view of its lanes and origins, routing, and the calls open and persisted.
  */
-import type { Calls } from "./calls.ts";
-import type { Queue } from "./queue.ts";
+import type { Calls } from "./upstream/calls.ts";
+import type { Queue } from "./live-window.ts";
 import type { BatcherCounters, BatcherSnapshot } from "./types.ts";
 import { currentWindowMs, meanThreadLagMs, tokenHoldMs } from "./window/terms.ts";
 

@@ -3,12 +3,16 @@
  * the upstream call it rides in. A caller moves queued → sent → open → ended; `ended` means
  * its caller has had its answer (or went away), and comes exactly once.
  */
-import { errorEvent, originFailure } from "../../contracts/errors.ts";
-import { type ItemTrailer, type LoadReport, encodeJsonPayload } from "../../contracts/protocol.ts";
-import { AnswerSink, type CallerSink } from "./caller-sink.ts";
+import { errorEvent, originFailure } from "../../../contracts/errors.ts";
+import {
+  type ItemTrailer,
+  type LoadReport,
+  encodeJsonPayload,
+} from "../../../contracts/protocol.ts";
+import { AnswerSink, type CallerSink } from "./sinks.ts";
 import type { ClientBody } from "./client-body.ts";
-import type { BatcherAttempt } from "./types.ts";
-import type { OnTimeTimer } from "../../contracts/on-time.ts";
+import type { BatcherAttempt } from "../types.ts";
+import type { OnTimeTimer } from "../../../contracts/on-time.ts";
 
 export type CallerStage = "queued" | "sent" | "open" | "ended";
 

@@ -3,18 +3,18 @@
  * with its sink and body, and every way a caller ends other than its item's END: refused
  * after queueing, failed before its HEAD, cancelled while waiting or running, or timed out.
  */
-import { encodeJsonPayload } from "../../contracts/protocol.ts";
+import { encodeJsonPayload } from "../../../contracts/protocol.ts";
 import { type BatchCaller, type OpenCall, deliver, failBody, newCaller } from "./caller.ts";
-import type { CallerSink } from "./caller-sink.ts";
+import type { CallerSink } from "./sinks.ts";
 import type { ClientBody } from "./client-body.ts";
-import type { Queue } from "./queue.ts";
+import type { Queue } from "../live-window.ts";
 import type {
   BatcherAttempt,
   BatcherCounters,
   BatcherFailureCode,
   BatcherFailureTrailer,
-} from "./types.ts";
-import { cancel as cancelInWindow } from "./window/events.ts";
+} from "../types.ts";
+import { cancel as cancelInWindow } from "../window/events.ts";
 
 /** Stops a running item on its origin (see `Calls.stop`). */
 export type StopRunning = (

@@ -3,11 +3,11 @@
  * origin among those it may go to, with the index read from storage first and stored
  * behind after each change.
  */
-import type { OriginCandidate } from "./window/origin-choice.ts";
-import { IndexStore } from "./routing/index-store.ts";
-import type { RouteCandidate } from "./routing/placement.ts";
-import type { Router } from "./routing/router.ts";
-import type { BatcherAttempt } from "./types.ts";
+import type { OriginCandidate } from "../window/origin-choice.ts";
+import { IndexStore } from "./index-store.ts";
+import type { RouteCandidate } from "./placement.ts";
+import type { Router } from "./router.ts";
+import type { BatcherAttempt } from "../types.ts";
 
 /** Places attempts with the queue's router and keeps its index stored. */
 export class RoutingLink {

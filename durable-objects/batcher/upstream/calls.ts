@@ -4,34 +4,40 @@
  * opened, and ending every item of a call that failed or broke off. Each failure and answer
  * is reported to the origins' health.
  */
-import { logWarn } from "../../contracts/log.ts";
+import { logWarn } from "../../../contracts/log.ts";
 import {
   type CredentialedOrigin,
   cancelBatchItems,
   currentUpstream,
-} from "../../contracts/upstream.ts";
-import { type BatchCaller, type OpenCall, assertNever, deliver, failBody } from "./caller.ts";
-import type { Callers } from "./callers.ts";
-import { countBatch, countQueueWait } from "./counters.ts";
-import type { Queue } from "./queue.ts";
-import type { CallRecords } from "./records.ts";
+} from "../../../contracts/upstream.ts";
+import {
+  type BatchCaller,
+  type OpenCall,
+  assertNever,
+  deliver,
+  failBody,
+} from "../callers/caller.ts";
+import type { Callers } from "../callers/callers.ts";
+import { countBatch, countQueueWait } from "../counters.ts";
+import type { Queue } from "../live-window.ts";
+import type { CallRecords } from "../records.ts";
 import {
   type BatcherCounters,
   type BatcherFailureCode,
   type BatchRecord,
   RECENT_BATCHES,
-} from "./types.ts";
+} from "../types.ts";
 import { deliverHeld, demultiplex } from "./demux.ts";
-import { type CallEvents, runCall } from "./upstream-call.ts";
-import type { Verdict } from "../../contracts/breaker.ts";
-import { onTimeTimeout } from "../../contracts/on-time.ts";
-import { watchFirstByte } from "../../contracts/origin-health.ts";
+import { type CallEvents, runCall } from "./call.ts";
+import type { Verdict } from "../../../contracts/breaker.ts";
+import { onTimeTimeout } from "../../../contracts/on-time.ts";
+import { watchFirstByte } from "../../../contracts/origin-health.ts";
 
 /** The cursor of a router that has seen none of an origin's block events. */
 const FIRST_EVENT = { log: "", seq: 0 } as const;
-import { cancel as cancelInWindow, onItemDone } from "./window/events.ts";
-import { recordThreadLag } from "./window/terms.ts";
-import type { Batch } from "./window/types.ts";
+import { cancel as cancelInWindow, onItemDone } from "../window/events.ts";
+import { recordThreadLag } from "../window/terms.ts";
+import type { Batch } from "../window/types.ts";
 
 /** What the calls need of their Batcher. */
 export interface CallsHost {

@@ -11,12 +11,18 @@ import {
   type ItemTrailer,
   type LoadReport,
   decodeJsonPayload,
-} from "../../contracts/protocol.ts";
-import { judgeHead } from "../../contracts/origin-health.ts";
-import { type BatchCaller, type OpenCall, answerEnd, deliver, failBody } from "./caller.ts";
+} from "../../../contracts/protocol.ts";
+import { judgeHead } from "../../../contracts/origin-health.ts";
+import {
+  type BatchCaller,
+  type OpenCall,
+  answerEnd,
+  deliver,
+  failBody,
+} from "../callers/caller.ts";
 import type { CallsHost } from "./calls.ts";
-import { onDispatched, onItemDone, onOriginLoad, onItemsAcked } from "./window/events.ts";
-import { recordThreadLag, tokenHoldMs } from "./window/terms.ts";
+import { onDispatched, onItemDone, onOriginLoad, onItemsAcked } from "../window/events.ts";
+import { recordThreadLag, tokenHoldMs } from "../window/terms.ts";
 
 /** Applies one origin chunk's frames; each caller gets its share in one write. */
 export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Frame[]): void {

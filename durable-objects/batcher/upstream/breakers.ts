@@ -3,11 +3,11 @@
  * breakers, as a cached copy reported to and refreshed from the region's `OriginBreakers`,
  * and the credentials it presents to each, rotating on a refusal.
  */
-import type { BreakerRegion, BreakerView, Verdict } from "../../contracts/breaker.ts";
-import { BreakerCache } from "../../contracts/breaker-cache.ts";
-import { CredentialRing, credentialValues } from "../../contracts/credentials.ts";
-import type { CredentialedOrigin } from "../../contracts/upstream.ts";
-import type { BatcherSetup } from "./types.ts";
+import type { BreakerRegion, BreakerView, Verdict } from "../../../contracts/breaker.ts";
+import { BreakerCache } from "../../../contracts/breaker-cache.ts";
+import { CredentialRing, credentialValues } from "../../../contracts/credentials.ts";
+import type { CredentialedOrigin } from "../../../contracts/upstream.ts";
+import type { BatcherSetup } from "../types.ts";
 
 export class OriginLinks {
   readonly breakers: BreakerCache;

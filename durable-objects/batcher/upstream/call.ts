@@ -9,18 +9,18 @@ import {
   type KvEventCursor,
   type Frame,
   FrameDecoder,
-} from "../../contracts/protocol.ts";
+} from "../../../contracts/protocol.ts";
 import {
   type CredentialedOrigin,
   batchAnswerProblem,
   describe,
   postBatchWithCredentials,
   silenceWatchdog,
-} from "../../contracts/upstream.ts";
-import type { OpenCall } from "./caller.ts";
-import { type BatcherFailureCode, READ_TURN_MS } from "./types.ts";
-import type { Verdict } from "../../contracts/breaker.ts";
-import { onTimeTimeout } from "../../contracts/on-time.ts";
+} from "../../../contracts/upstream.ts";
+import type { OpenCall } from "../callers/caller.ts";
+import { type BatcherFailureCode, READ_TURN_MS } from "../types.ts";
+import type { Verdict } from "../../../contracts/breaker.ts";
+import { onTimeTimeout } from "../../../contracts/on-time.ts";
 
 /** What a call tells its Batcher. */
 export interface CallEvents {
