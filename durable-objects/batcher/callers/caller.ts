@@ -121,7 +121,3 @@ export function answerEnd(caller: BatchCaller, payload: Uint8Array, trailer: Ite
     ),
   );
 }
-
-export function assertNever(value: never): never {
-  throw new Error(`unhandled case ${JSON.stringify(value)}`);
-}

@@ -7,6 +7,13 @@
  */
 import { concatBytes } from "../../../contracts/protocol.ts";
 
+/**
+ * Bytes a client's body stream buffers; what may wait behind its write in flight before the
+ * client counts as too slow is `batching.max_client_backlog_bytes`.
+ */
+export const BODY_BUFFER_BYTES = 64 * 1024;
+
+/** A streamed client's body, written one write at a time. */
 export class ClientBody {
   readonly #writer: WritableStreamDefaultWriter<Uint8Array>;
   readonly #closed: Promise<void>;

@@ -124,6 +124,7 @@ export function assertRequest(config: WindowConfig, req: WindowRequest): void {
   if (req.enqueuedAt !== undefined) assertTime(req.enqueuedAt, "enqueuedAt");
 }
 
+/** Fails on a case an exhaustive `switch` missed: a bug, never an expected failure. */
 export function assertNever(value: never): never {
-  throw new Error(`unhandled case ${String(value)}`);
+  throw new Error(`unhandled case ${JSON.stringify(value)}`);
 }
