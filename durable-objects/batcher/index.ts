@@ -9,6 +9,7 @@
  */
 import { DurableObject } from "cloudflare:workers";
 import { decodeJsonPayload } from "../../contracts/protocol.ts";
+import type { DeliveryMode } from "./callers/caller.ts";
 import { Callers } from "./callers/callers.ts";
 import { BODY_BUFFER_BYTES, ClientBody } from "./callers/client-body.ts";
 import { AnswerSink, type CallerSink, WholeSink } from "./callers/sinks.ts";
@@ -80,7 +81,7 @@ export class Batcher extends DurableObject<Env> {
    */
   async answer(input: BatcherAttempt): Promise<BatcherAnswerResult> {
     const sink = new WholeSink();
-    const admitted = await this.#admit(input, sink, null);
+    const admitted = await this.#admit(input, "whole", sink, null);
     if (admitted.kind !== "accepted") return admitted;
     const whole = await sink.done;
     return {
@@ -110,7 +111,7 @@ export class Batcher extends DurableObject<Env> {
     const body = new ClientBody(writable, input.setup.clientBacklogBytes);
     // Known before admission may wait (a breaker refresh): `end` may come meanwhile.
     this.#answers.set(input.id, sink);
-    const admitted = await this.#admit(input, sink, body);
+    const admitted = await this.#admit(input, "stream", sink, body);
     if (admitted.kind !== "accepted") {
       this.#answers.delete(input.id);
       sink.close();
@@ -184,18 +185,24 @@ export class Batcher extends DurableObject<Env> {
    * Admission shared by `answer` and `open`. A refusal for want of a healthy origin may rest
    * on a stale copy of the breakers: it is refreshed and the request admitted again.
    */
-  async #admit(input: BatcherAttempt, sink: CallerSink, body: ClientBody | null) {
-    const admitted = this.#enqueue(input, sink, body);
+  async #admit(
+    input: BatcherAttempt,
+    delivery: DeliveryMode,
+    sink: CallerSink,
+    body: ClientBody | null,
+  ) {
+    const admitted = this.#enqueue(input, delivery, sink, body);
     if (admitted.kind !== "failed" || admitted.code !== "no_healthy_origin") return admitted;
     if (!(await this.#breakers.refresh(input.setup))) return admitted;
     // Counted once: the second try stands for the first.
     this.#counters.submitted -= 1;
     this.#counters.refusedOther -= 1;
-    return this.#enqueue(input, sink, body);
+    return this.#enqueue(input, delivery, sink, body);
   }
 
   #enqueue(
     input: BatcherAttempt,
+    delivery: DeliveryMode,
     sink: CallerSink,
     body: ClientBody | null,
   ): BatcherNotAdmitted | { kind: "accepted"; atOnce: boolean } {
@@ -254,13 +261,13 @@ export class Batcher extends DurableObject<Env> {
         }
       case "dispatch-now":
         this.#window.replace(next);
-        this.#callers.admit(input, sink, body);
+        this.#callers.admit(input, delivery, sink, body);
         this.#counters.dispatchedAtOnce += 1;
         this.#calls.send(decision.batch, now);
         return { kind: "accepted", atOnce: true };
       case "queued":
         this.#window.replace(next);
-        this.#callers.admit(input, sink, body);
+        this.#callers.admit(input, delivery, sink, body);
         this.#counters.queued += 1;
         if (decision.flushAt <= now) this.#calls.flush(now);
         else this.#calls.schedule(decision.flushAt);

@@ -51,10 +51,11 @@ export interface BatcherAttempt {
   maxTokens: number;
   /** Absolute ms after which the caller no longer wants an answer. */
   deadline: number;
-  /** Once sent, give up when the origin has not answered within this many ms. */
+  /**
+   * Once sent, give up when the origin has not answered within this many ms; for a streamed
+   * item (`open`) that covers its HEAD too.
+   */
   firstByteTimeoutMs: number;
-  /** Whether that timeout also covers the item's HEAD (streaming answers). */
-  timeHead: boolean;
   /** The origin gives up on the item after this many ms. */
   itemTimeoutMs: number;
   /** Origins that already failed this request. */

@@ -16,8 +16,15 @@ import type { OnTimeTimer } from "../../../contracts/on-time.ts";
 
 export type CallerStage = "queued" | "sent" | "open" | "ended";
 
+/**
+ * How a caller's client gets its answer, as the edge decided it and said by the RPC it
+ * called: streamed (`open`, then `end`) or whole (`answer`).
+ */
+export type DeliveryMode = "stream" | "whole";
+
 export interface BatchCaller {
   input: BatcherAttempt;
+  delivery: DeliveryMode;
   stage: CallerStage;
   /** Where its HEAD, DATA and END go: the answers of `open` and `end`, or of `answer`. */
   sink: CallerSink;
@@ -62,11 +69,13 @@ export interface OpenCall {
 /** A caller as admitted, before its item leaves the queue. */
 export function newCaller(
   input: BatcherAttempt,
+  delivery: DeliveryMode,
   sink: CallerSink,
   body: ClientBody | null,
 ): BatchCaller {
   return {
     input,
+    delivery,
     stage: "queued",
     sink,
     body,

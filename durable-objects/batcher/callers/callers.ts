@@ -15,7 +15,14 @@ import type {
 import { cancel as cancelInWindow } from "../window/events.ts";
 import { assertNever } from "../window/state.ts";
 import type { TickNotice } from "../window/types.ts";
-import { type BatchCaller, type OpenCall, deliver, failBody, newCaller } from "./caller.ts";
+import {
+  type BatchCaller,
+  type DeliveryMode,
+  type OpenCall,
+  deliver,
+  failBody,
+  newCaller,
+} from "./caller.ts";
 import type { ClientBody } from "./client-body.ts";
 import type { CallerSink } from "./sinks.ts";
 
@@ -42,8 +49,13 @@ export class Callers {
   }
 
   /** Registers an admitted caller. */
-  admit(input: BatcherAttempt, sink: CallerSink, body: ClientBody | null): BatchCaller {
-    const caller = newCaller(input, sink, body);
+  admit(
+    input: BatcherAttempt,
+    delivery: DeliveryMode,
+    sink: CallerSink,
+    body: ClientBody | null,
+  ): BatchCaller {
+    const caller = newCaller(input, delivery, sink, body);
     this.#byId.set(input.id, caller);
     // The client went away: its usage so far is still billed, so the END must reach the caller.
     body?.closed.catch(() => {

@@ -157,7 +157,7 @@ export class Calls {
     // A streamed HEAD may take the whole first-byte timeout: an origin that keeps reporting
     // while it queues our work is busy, not sick; a frozen one is found by the call's
     // silence (see `call.ts`). One on-time timer per call, not per item.
-    const timed = members.filter((c) => c.input.timeHead);
+    const timed = members.filter((c) => c.delivery === "stream");
     if (timed.length > 0) {
       const timeoutMs = Math.max(...timed.map((c) => c.input.firstByteTimeoutMs));
       call.headTimer = onTimeTimeout(timeoutMs, () => {

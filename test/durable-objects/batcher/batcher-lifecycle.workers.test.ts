@@ -215,7 +215,6 @@ describe("origin failures", () => {
         maxTokens: 2,
         deadline: Date.now() + 60_000,
         firstByteTimeoutMs: 5_000,
-        timeHead: true,
         itemTimeoutMs: 60_000,
         avoidOrigins: [],
       });
