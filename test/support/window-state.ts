@@ -12,7 +12,7 @@ import type {
   WindowState,
 } from "../../durable-objects/batcher/window/types.ts";
 
-// Origins here may queue without bound: holding for them is backpressure.test.ts's subject.
+// Origins here may queue without bound: holding for them is window/backpressure.test.ts's subject.
 export function stateWith(input: Partial<WindowConfigInput> = {}, now = 0): WindowState {
   return createWindowState(windowConfig({ maxOriginQueue: 4096, ...input }), now);
 }
