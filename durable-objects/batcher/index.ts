@@ -33,6 +33,7 @@ import type {
 import { RegionBreakers } from "./upstream/breakers.ts";
 import { Calls } from "./upstream/calls.ts";
 import { OriginCredentials } from "./upstream/credentials.ts";
+import { Orphans } from "./upstream/orphans.ts";
 import { ItemStopper } from "./upstream/stop.ts";
 import { enqueue } from "./window/flush.ts";
 import { assertNever } from "./window/state.ts";
@@ -60,6 +61,7 @@ export class Batcher extends DurableObject<Env> {
     counters: this.#counters,
     keepAlive: this.#keepAlive,
   });
+  readonly #orphans = new Orphans(this.#records, this.#credentials, this.#window, this.#counters);
   /** Items `open` opened whose END `end` has not asked for yet. */
   readonly #answers = new Map<string, AnswerSink>();
 
@@ -177,7 +179,7 @@ export class Batcher extends DurableObject<Env> {
   override async alarm(): Promise<void> {
     this.#keepAlive.alarmRan();
     this.#calls.flushIfQueued(Date.now());
-    await this.#calls.cancelOrphans();
+    await this.#orphans.cancel((id) => this.#calls.has(id));
     if (this.#busy()) this.#keepAlive.armAlarm();
   }
 

@@ -1,15 +1,13 @@
 /**
  * The Batcher's upstream calls (docs/batching.md, "Upstream calls"): flushing the window on
  * time, sending each flushed batch to its origin (its frames go to `demux.ts`), giving up on
- * an origin whose breaker opened, ending every item of a call that failed or broke off, and
- * cancelling the calls an earlier incarnation left open. Each failure and answer is
- * reported to the origins' health.
+ * an origin whose breaker opened, and ending every item of a call that failed or broke off.
+ * Each failure and answer is reported to the origins' health.
  */
 import type { BreakerView, Verdict } from "../../../contracts/breaker.ts";
 import { logWarn } from "../../../contracts/log.ts";
 import { onTimeTimeout } from "../../../contracts/on-time.ts";
 import { watchFirstByte } from "../../../contracts/origin-health.ts";
-import { cancelBatchItems, currentUpstream } from "../../../contracts/upstream.ts";
 import { type BatchCaller, type OpenCall, deliver, failBody } from "../callers/caller.ts";
 import type { Callers } from "../callers/callers.ts";
 import { countBatch, countQueueWait } from "../counters.ts";
@@ -342,29 +340,6 @@ export class Calls {
       "origin_timeout",
       "no answer within the first-byte timeout",
       call.originId,
-    );
-  }
-
-  /**
-   * Cancels, on their origins, the calls an earlier incarnation left open (rows of
-   * `open_batches` that are not this one's), and deletes their rows.
-   */
-  async cancelOrphans(): Promise<void> {
-    const orphans = this.#records.orphans((id) => this.#open.has(id));
-    await Promise.all(
-      orphans.map(async (row) => {
-        // Without ids the origin cancels every unfinished item of the call.
-        const origin = this.#credentials.credentialed(
-          this.#window.setup,
-          row.origin_id,
-          row.origin_url,
-        );
-        const ok = await cancelBatchItems(currentUpstream(origin), row.batch_id);
-        if (!ok)
-          logWarn("orphaned batch cancel failed", { batch: row.batch_id, origin: row.origin_id });
-        this.#counters.orphansCancelled += 1;
-        this.#records.remove(row.batch_id);
-      }),
     );
   }
 
