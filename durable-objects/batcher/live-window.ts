@@ -13,7 +13,7 @@ import { chooseLeastLoadedInTurn, fitsKv } from "./window/origin-choice.ts";
 import { createWindowState, queuedCount } from "./window/state.ts";
 import type { TickResult, WindowOptions, WindowState } from "./window/types.ts";
 
-/** The window's state under the current setup, and the origins' health as this Batcher sees it. */
+/** The window's state under the current setup, with the origins' health and router built for it. */
 export class LiveWindow {
   #setup: BatcherSetup | null = null;
   #state: WindowState | null = null;
