@@ -6,7 +6,10 @@ import {
   onOriginLoad,
 } from "../../../../durable-objects/batcher/window/events.ts";
 import { enqueue, tick } from "../../../../durable-objects/batcher/window/flush.ts";
-import { createWindowState, queuedCount } from "../../../../durable-objects/batcher/window/state.ts";
+import {
+  createWindowState,
+  queuedCount,
+} from "../../../../durable-objects/batcher/window/state.ts";
 import type {
   Batch,
   WindowRequest,

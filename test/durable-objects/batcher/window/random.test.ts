@@ -8,7 +8,10 @@ import {
   onOriginLoad,
 } from "../../../../durable-objects/batcher/window/events.ts";
 import { enqueue, tick } from "../../../../durable-objects/batcher/window/flush.ts";
-import { createWindowState, queuedCount } from "../../../../durable-objects/batcher/window/state.ts";
+import {
+  createWindowState,
+  queuedCount,
+} from "../../../../durable-objects/batcher/window/state.ts";
 import { healthyCandidates } from "../../../../durable-objects/batcher/window/terms.ts";
 import type {
   Batch,
