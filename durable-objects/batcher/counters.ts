@@ -1,6 +1,6 @@
 /** The Batcher's counters (docs/batching.md, "Snapshot"), since its incarnation started. */
 
-import type { FlushReason } from "./window/index.ts";
+import type { FlushReason } from "./window/types.ts";
 import { emptyHistogram, observe } from "../../contracts/prometheus.ts";
 import { type BatcherCounters, QUEUE_WAIT_BOUNDS_MS } from "./types.ts";
 

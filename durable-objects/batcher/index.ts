@@ -4,87 +4,74 @@
  * origin batch protocol, one upstream call per flush and origin; each caller gets its own
  * item back. RPC: `answer` (a JSON item, answered whole at its END), `open` and `end` (a
  * streamed item: its HEAD with a body stream, then its END), `cancel`, `snapshot`. The
- * policy is the pure core in `window.ts`; the queue, callers and calls are in modules of
- * their own, and the table of open calls in `records.ts`.
+ * policy is the pure core in `window/`; the live window, callers (`callers/`) and upstream
+ * calls (`upstream/`) are built below in the order they depend on each other.
  */
-import { logWarn } from "../../contracts/log.ts";
 import { DurableObject } from "cloudflare:workers";
 import { decodeJsonPayload } from "../../contracts/protocol.ts";
-import { cancelBatchItems, currentUpstream } from "../../contracts/upstream.ts";
-import { assertNever } from "./caller.ts";
-import { AnswerSink, type CallerSink, WholeSink } from "./caller-sink.ts";
-import { Callers } from "./callers.ts";
-import { Calls } from "./calls.ts";
-import { ClientBody } from "./client-body.ts";
+import type { DeliveryMode } from "./callers/caller.ts";
+import { Callers } from "./callers/callers.ts";
+import { BODY_BUFFER_BYTES, ClientBody } from "./callers/client-body.ts";
+import { AnswerSink, type CallerSink, WholeSink } from "./callers/sinks.ts";
 import { newCounters } from "./counters.ts";
-import { OriginLinks } from "./origin-links.ts";
-import { Queue } from "./queue.ts";
+import { KeepAlive } from "./keep-alive.ts";
+import { LiveWindow } from "./live-window.ts";
 import { CallRecords } from "./records.ts";
-import { RoutingLink } from "./routing-link.ts";
+import { Placer } from "./routing/placer.ts";
 import { snapshotOf } from "./snapshot.ts";
-import {
-  ALARM_BACKSTOP_MS,
-  BODY_BUFFER_BYTES,
-  type BatcherAnswerResult,
-  type BatcherAttempt,
-  type BatcherCancelOptions,
-  type BatcherEnd,
-  type BatcherFailureTrailer,
-  type BatcherHead,
-  type BatcherNotAdmitted,
-  type BatcherOpenResult,
-  type BatcherSnapshot,
+import type {
+  BatcherAnswerResult,
+  BatcherAttempt,
+  BatcherCancelOptions,
+  BatcherEnd,
+  BatcherFailureTrailer,
+  BatcherHead,
+  BatcherNotAdmitted,
+  BatcherOpenResult,
+  BatcherSnapshot,
 } from "./types.ts";
-import {
-  type TickNotice,
-  enqueue,
-  healthyCandidates,
-  recordFirstByteWait,
-} from "./window/index.ts";
+import { RegionBreakers } from "./upstream/breakers.ts";
+import { Calls } from "./upstream/calls.ts";
+import { OriginCredentials } from "./upstream/credentials.ts";
+import { Orphans } from "./upstream/orphans.ts";
+import { ItemStopper } from "./upstream/stop.ts";
+import { enqueue } from "./window/flush.ts";
+import { assertNever } from "./window/state.ts";
+import { healthyCandidates, recordFirstByteWait } from "./window/terms.ts";
 
 /** Micro-batching window, lanes and demultiplexing for one region, model and shard. */
 export class Batcher extends DurableObject<Env> {
+  // Each part is built from those above it only.
   readonly #counters = newCounters();
+  readonly #keepAlive = new KeepAlive(this.ctx);
   readonly #records = new CallRecords(this.ctx.storage);
-  readonly #routing = new RoutingLink(this.ctx.storage);
-  readonly #queue = new Queue({
-    send: (batch, now) => this.#calls.send(batch, now),
-    notice: (notice) => this.#notice(notice),
-  });
-  readonly #callers: Callers = new Callers(this.#queue, this.#counters, (...args) =>
-    this.#calls.stop(...args),
-  );
-  readonly #links = new OriginLinks(
-    this.env,
-    (work) => this.ctx.waitUntil(work),
-    (changed) => {
-      for (const origin of this.#queue.breakersChanged(changed, Date.now())) {
-        this.#calls.abandon(origin);
-      }
-    },
-  );
-  readonly #calls: Calls = new Calls({
-    queue: this.#queue,
+  readonly #placer = new Placer(this.ctx.storage);
+  readonly #credentials = new OriginCredentials(this.env);
+  readonly #breakers = new RegionBreakers(this.env, this.#keepAlive);
+  readonly #window = new LiveWindow();
+  readonly #stopper = new ItemStopper(this.#window, this.#credentials, this.#keepAlive);
+  readonly #callers = new Callers(this.#window, this.#counters, this.#stopper);
+  readonly #calls = new Calls({
+    window: this.#window,
     callers: this.#callers,
-    counters: this.#counters,
+    stopper: this.#stopper,
+    credentials: this.#credentials,
+    breakers: this.#breakers,
     records: this.#records,
-    waitUntil: (work) => this.ctx.waitUntil(work),
-    upstream: (id, url) => this.#links.credentialed(this.#queue.setup, id, url),
-    armAlarm: () => this.#armAlarm(),
-    outcome: (origin, verdict) => this.#links.outcome(this.#queue.setup, origin, verdict),
+    counters: this.#counters,
+    keepAlive: this.#keepAlive,
   });
+  readonly #orphans = new Orphans(this.#records, this.#credentials, this.#window, this.#counters);
   /** Items `open` opened whose END `end` has not asked for yet. */
   readonly #answers = new Map<string, AnswerSink>();
-  #alarmArmed = false;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
+    // The one edge back up: the breakers' changes reach the calls built on them.
+    this.#breakers.listen((changed) => this.#calls.breakersChanged(changed, Date.now()));
     void ctx.blockConcurrencyWhile(async () => {
       // Every row left from before this incarnation is a call an origin may still run.
-      if (this.#records.migrate() > 0) {
-        this.#alarmArmed = true;
-        await ctx.storage.setAlarm(Date.now());
-      }
+      if (this.#records.migrate() > 0) await this.#keepAlive.alarmNow();
     });
   }
 
@@ -96,7 +83,7 @@ export class Batcher extends DurableObject<Env> {
    */
   async answer(input: BatcherAttempt): Promise<BatcherAnswerResult> {
     const sink = new WholeSink();
-    const admitted = await this.#admit(input, sink, null);
+    const admitted = await this.#admit(input, "whole", sink, null);
     if (admitted.kind !== "accepted") return admitted;
     const whole = await sink.done;
     return {
@@ -126,7 +113,7 @@ export class Batcher extends DurableObject<Env> {
     const body = new ClientBody(writable, input.setup.clientBacklogBytes);
     // Known before admission may wait (a breaker refresh): `end` may come meanwhile.
     this.#answers.set(input.id, sink);
-    const admitted = await this.#admit(input, sink, body);
+    const admitted = await this.#admit(input, "stream", sink, body);
     if (admitted.kind !== "accepted") {
       this.#answers.delete(input.id);
       sink.close();
@@ -185,53 +172,59 @@ export class Batcher extends DurableObject<Env> {
 
   /** Counters and the window's current view. */
   snapshot(): BatcherSnapshot {
-    return snapshotOf(this.#queue, this.#calls, this.#records.count(), this.#counters);
+    return snapshotOf(this.#window, this.#calls, this.#records.count(), this.#counters);
   }
 
   /** Backstop: flushes what is due, cancels orphaned calls, and re-arms while work remains. */
   override async alarm(): Promise<void> {
-    this.#alarmArmed = false;
-    this.#queue.flushIfQueued(Date.now());
-    await this.#cancelOrphans();
-    if (this.#busy()) this.#armAlarm();
+    this.#keepAlive.alarmRan();
+    this.#calls.flushIfQueued(Date.now());
+    await this.#orphans.cancel((id) => this.#calls.has(id));
+    if (this.#busy()) this.#keepAlive.armAlarm();
   }
 
   /**
    * Admission shared by `answer` and `open`. A refusal for want of a healthy origin may rest
    * on a stale copy of the breakers: it is refreshed and the request admitted again.
    */
-  async #admit(input: BatcherAttempt, sink: CallerSink, body: ClientBody | null) {
-    const admitted = this.#enqueue(input, sink, body);
+  async #admit(
+    input: BatcherAttempt,
+    delivery: DeliveryMode,
+    sink: CallerSink,
+    body: ClientBody | null,
+  ) {
+    const admitted = this.#enqueue(input, delivery, sink, body);
     if (admitted.kind !== "failed" || admitted.code !== "no_healthy_origin") return admitted;
-    if (!(await this.#links.refresh(input.setup))) return admitted;
+    if (!(await this.#breakers.refresh(input.setup))) return admitted;
     // Counted once: the second try stands for the first.
     this.#counters.submitted -= 1;
     this.#counters.refusedOther -= 1;
-    return this.#enqueue(input, sink, body);
+    return this.#enqueue(input, delivery, sink, body);
   }
 
   #enqueue(
     input: BatcherAttempt,
+    delivery: DeliveryMode,
     sink: CallerSink,
     body: ClientBody | null,
   ): BatcherNotAdmitted | { kind: "accepted"; atOnce: boolean } {
     const now = Date.now();
-    let state = this.#queue.configure(input.setup, now, this.#busy(), this.#links.breakers);
-    this.#links.sync(input.setup, now);
+    let state = this.#window.configure(input.setup, now, this.#busy(), this.#breakers.cache);
+    this.#breakers.sync(input.setup, now);
     if (input.recentFirstByteMs !== undefined && input.recentFirstByteMs !== null) {
       state = recordFirstByteWait(state, input.recentFirstByteMs, now);
-      this.#queue.replace(state);
+      this.#window.replace(state);
     }
     this.#counters.submitted += 1;
     const avoid = input.avoidOrigins;
-    const usable = this.#queue.options.usable;
+    const usable = this.#window.options.usable;
     const allowed = healthyCandidates(state, now, usable).filter((c) => !avoid.includes(c.id));
     if (allowed.length === 0) {
       this.#counters.refusedOther += 1;
       return { kind: "failed", code: "no_healthy_origin", detail: "no healthy origin to try" };
     }
-    const health = this.#queue.health;
-    const target = this.#routing.place(this.#queue.router, input, allowed, (id) =>
+    const health = this.#window.health;
+    const target = this.#placer.place(this.#window.router, input, allowed, (id) =>
       health.quarantined(id, now),
     );
     const request = {
@@ -244,10 +237,10 @@ export class Batcher extends DurableObject<Env> {
       avoidOrigins: avoid,
       ...(target !== undefined && { target }),
     };
-    const { state: next, decision } = enqueue(state, request, now, this.#queue.options);
+    const { state: next, decision } = enqueue(state, request, now, this.#window.options);
     switch (decision.kind) {
       case "rejected":
-        this.#queue.router?.forget(input.id);
+        this.#window.router?.forget(input.id);
         this.#counters[decision.reason === "queue_full" ? "refusedQueueFull" : "refusedOther"] += 1;
         switch (decision.reason) {
           case "queue_full":
@@ -269,77 +262,25 @@ export class Batcher extends DurableObject<Env> {
             return assertNever(decision);
         }
       case "dispatch-now":
-        this.#queue.replace(next);
-        this.#callers.admit(input, sink, body);
+        this.#window.replace(next);
+        this.#callers.admit(input, delivery, sink, body);
         this.#counters.dispatchedAtOnce += 1;
         this.#calls.send(decision.batch, now);
         return { kind: "accepted", atOnce: true };
       case "queued":
-        this.#queue.replace(next);
-        this.#callers.admit(input, sink, body);
+        this.#window.replace(next);
+        this.#callers.admit(input, delivery, sink, body);
         this.#counters.queued += 1;
-        if (decision.flushAt <= now) this.#queue.flush(now);
-        else this.#queue.schedule(decision.flushAt);
-        this.#armAlarm();
+        if (decision.flushAt <= now) this.#calls.flush(now);
+        else this.#calls.schedule(decision.flushAt);
+        this.#keepAlive.armAlarm();
         return { kind: "accepted", atOnce: false };
       default:
         return assertNever(decision);
     }
   }
 
-  /** An item left its lane other than in a batch. */
-  #notice(notice: TickNotice): void {
-    const caller = this.#callers.get(notice.item.id);
-    switch (notice.kind) {
-      case "timed-out": {
-        this.#counters.queueTimeouts += 1;
-        const lane = this.#queue.state?.config.lanes[notice.item.lane];
-        if (caller === undefined) return;
-        this.#callers.fail(caller, "queue_timeout", "The request waited too long for capacity.", {
-          status: lane?.refuseStatus ?? 503,
-          retry_after_ms: notice.retryAfterMs,
-        });
-        return;
-      }
-      case "too-large":
-        if (caller === undefined) return;
-        this.#callers.fail(
-          caller,
-          "prompt_too_large",
-          "The prompt exceeds every origin's KV cache.",
-        );
-        return;
-      case "overdue":
-        // A `wait` lane keeps it queued; the caller's own deadline still applies at the edge.
-        return;
-      default:
-        assertNever(notice);
-    }
-  }
-
   #busy(): boolean {
-    return this.#calls.size > 0 || this.#queue.queued() > 0;
-  }
-
-  #armAlarm(): void {
-    if (this.#alarmArmed) return;
-    this.#alarmArmed = true;
-    this.ctx.waitUntil(this.ctx.storage.setAlarm(Date.now() + ALARM_BACKSTOP_MS));
-  }
-
-  async #cancelOrphans(): Promise<void> {
-    const orphans = this.#records.orphans((id) => this.#calls.has(id));
-    await Promise.all(
-      orphans.map(async (row) => {
-        // Without ids the origin cancels every unfinished item of the call.
-        const links = this.#links.credentialed(this.#queue.setup, row.origin_id, row.origin_url);
-        const origin = currentUpstream(links);
-        const ok = await cancelBatchItems(origin, row.batch_id);
-        if (!ok)
-          logWarn("orphaned batch cancel failed", { batch: row.batch_id, origin: row.origin_id });
-        this.#counters.orphansCancelled += 1;
-        this.#records.remove(row.batch_id);
-      }),
-    );
+    return this.#calls.size > 0 || this.#window.queued() > 0;
   }
 }

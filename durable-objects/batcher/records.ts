@@ -6,7 +6,12 @@
  */
 import { applyMigrations } from "../migrations.ts";
 import { WriteBehind } from "../write-behind.ts";
-import { OPEN_BATCH_RECORD_DELAY_MS } from "./types.ts";
+
+/**
+ * How long an upstream call runs before its `open_batches` row is written: most calls end
+ * sooner and never touch storage.
+ */
+export const OPEN_BATCH_RECORD_DELAY_MS = 100;
 
 const MIGRATIONS: readonly string[] = [
   `CREATE TABLE open_batches (

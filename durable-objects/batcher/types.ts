@@ -6,30 +6,8 @@ import type { HistogramData } from "../../contracts/prometheus.ts";
 import type { BreakerSettings } from "../../contracts/breaker.ts";
 import type { ItemHead, ItemPath, ItemTrailer } from "../../contracts/protocol.ts";
 import type { RouterView } from "./routing/router.ts";
-import type { RouterSettings } from "./settings.ts";
-import type { FlushReason, OriginLoadView } from "./window/index.ts";
-import type { WindowConfig } from "./settings.ts";
-
-/**
- * Bytes a client's body stream buffers; what may wait behind its write in flight before the
- * client counts as too slow is `batching.max_client_backlog_bytes` (see `client-body.ts`).
- */
-export const BODY_BUFFER_BYTES = 64 * 1024;
-
-/**
- * Longest stretch an upstream call's reading keeps this object's thread before it gives way
- * to the rest of its work (see `upstream-call.ts`).
- */
-export const READ_TURN_MS = 10;
-
-/** How long the backstop alarm waits while work is pending. */
-export const ALARM_BACKSTOP_MS = 30_000;
-
-/**
- * How long an upstream call runs before its `open_batches` row is written (see the top of
- * this file): most calls end sooner and never touch storage.
- */
-export const OPEN_BATCH_RECORD_DELAY_MS = 100;
+import type { RouterSettings, WindowConfig } from "./settings.ts";
+import type { FlushReason, OriginLoadView } from "./window/types.ts";
 
 /** What a Batcher runs with; the edge derives it from `WARMGATE_CONFIG` and sends it along. */
 export interface BatcherSetup {
@@ -53,7 +31,7 @@ export interface BatcherSetup {
   routing: RouterSettings | null;
   /** How long an origin whose call failed is skipped. */
   quarantineMs: number;
-  /** Most bytes a streamed client's body may have waiting behind its stream (see `client-body.ts`). */
+  /** Most bytes a streamed client's body may have waiting behind its stream (see `callers/client-body.ts`). */
   clientBacklogBytes: number;
 }
 
@@ -73,10 +51,11 @@ export interface BatcherAttempt {
   maxTokens: number;
   /** Absolute ms after which the caller no longer wants an answer. */
   deadline: number;
-  /** Once sent, give up when the origin has not answered within this many ms. */
+  /**
+   * Once sent, give up when the origin has not answered within this many ms; for a streamed
+   * item (`open`) that covers its HEAD too.
+   */
   firstByteTimeoutMs: number;
-  /** Whether that timeout also covers the item's HEAD (streaming answers). */
-  timeHead: boolean;
   /** The origin gives up on the item after this many ms. */
   itemTimeoutMs: number;
   /** Origins that already failed this request. */
@@ -156,7 +135,6 @@ export type BatcherAnswerResult =
     }
   | BatcherNotAdmitted;
 
-/** The answer to `open`. */
 /** What `end` answers: the item's END as the origin sent it, and when its first byte left. */
 export interface BatcherEnd {
   /** The trailer's JSON bytes; null when the item was cut, cancelled or unknown. */
@@ -165,6 +143,7 @@ export interface BatcherEnd {
   firstByteAt: number | null;
 }
 
+/** The answer to `open`. */
 export type BatcherOpenResult =
   /**
    * Opened: the origin's HEAD, and the item's body on a stream of its own, which the caller
@@ -216,7 +195,7 @@ export interface BatcherCounters {
   queueWaitMs: HistogramData;
   /** Orphaned calls of earlier incarnations cancelled on their origins. */
   orphansCancelled: number;
-  /** Times a call's reading gave way to the rest of this object's work (see {@link READ_TURN_MS}). */
+  /** Times a call's reading gave way to the rest of this object's work (see `upstream/call.ts`). */
   readPauses: number;
   /** Times a call began to hold streamed tokens so that they leave together (see `tokenHoldMs`). */
   holds: number;

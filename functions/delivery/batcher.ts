@@ -150,7 +150,6 @@ export async function submitToBatcher(
     maxTokens: route.maxTokens,
     deadline: route.deadline,
     firstByteTimeoutMs: request.firstByteTimeoutMs,
-    timeHead: request.delivery === "stream",
     itemTimeoutMs: request.itemTimeoutMs,
     avoidOrigins: [...request.avoidOrigins],
     // Always sent (null before a first figure): the batcher then counts this edge's

@@ -71,7 +71,6 @@ export function batcher(
       maxTokens: 4,
       deadline: Date.now() + 60_000,
       firstByteTimeoutMs: 10_000,
-      timeHead: true,
       itemTimeoutMs: 60_000,
       avoidOrigins: [],
       ...rest,
@@ -86,7 +85,7 @@ export function batcher(
   };
   // A JSON item, answered whole.
   const answer = (id: string, over: AttemptOverrides = {}): Promise<BatcherAnswerResult> =>
-    stub.answer(input(id, { timeHead: false, ...over, body: { stream: false, ...over.body } }));
+    stub.answer(input(id, { ...over, body: { stream: false, ...over.body } }));
   return { stub, setup, open, stream, answer };
 }
 

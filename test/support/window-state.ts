@@ -1,18 +1,18 @@
 /** Window states, load reports and requests for the window policy's tests. */
 import { type LoadReport } from "../../contracts/protocol.ts";
 import { type WindowConfigInput, windowConfig } from "./window-config.ts";
-import {
-  createWindowState,
-  enqueue,
-  onOriginLoad,
-  type Batch,
-  type EnqueueDecision,
-  type WindowOptions,
-  type WindowRequest,
-  type WindowState,
-} from "../../durable-objects/batcher/window/index.ts";
+import { onOriginLoad } from "../../durable-objects/batcher/window/events.ts";
+import { enqueue } from "../../durable-objects/batcher/window/flush.ts";
+import { createWindowState } from "../../durable-objects/batcher/window/state.ts";
+import type {
+  Batch,
+  EnqueueDecision,
+  WindowOptions,
+  WindowRequest,
+  WindowState,
+} from "../../durable-objects/batcher/window/types.ts";
 
-// Origins here may queue without bound: holding for them is backpressure.test.ts's subject.
+// Origins here may queue without bound: holding for them is window/backpressure.test.ts's subject.
 export function stateWith(input: Partial<WindowConfigInput> = {}, now = 0): WindowState {
   return createWindowState(windowConfig({ maxOriginQueue: 4096, ...input }), now);
 }

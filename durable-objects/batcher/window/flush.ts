@@ -3,8 +3,8 @@
  * once, queues it or refuses it; `tick` applies lane timeouts and flushes every due batch
  * that fits an origin, lanes in priority order and FIFO within a lane.
  */
-import { chooseLeastLoaded } from "../origin-choice.ts";
-import type { OriginCandidate, OriginChooser } from "../origin-choice.ts";
+import { chooseLeastLoaded } from "./origin-choice.ts";
+import type { OriginCandidate, OriginChooser } from "./origin-choice.ts";
 import type { LaneConfig } from "../settings.ts";
 import {
   type Batch,

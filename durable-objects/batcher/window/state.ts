@@ -7,7 +7,6 @@ import {
   type DecayedCount,
   type OriginState,
   type QueuedRequest,
-  WINDOW_STATE_VERSION,
   type WindowRequest,
   type WindowState,
 } from "./types.ts";
@@ -16,7 +15,6 @@ import {
 export function createWindowState(config: WindowConfig, now: number): WindowState {
   assertTime(now, "now");
   return {
-    v: WINDOW_STATE_VERSION,
     config: structuredClone(config),
     lanes: config.lanes.map(() => []),
     origins: config.origins.map((o) => ({
@@ -126,6 +124,7 @@ export function assertRequest(config: WindowConfig, req: WindowRequest): void {
   if (req.enqueuedAt !== undefined) assertTime(req.enqueuedAt, "enqueuedAt");
 }
 
+/** Fails on a case an exhaustive `switch` missed: a bug, never an expected failure. */
 export function assertNever(value: never): never {
-  throw new Error(`unhandled case ${String(value)}`);
+  throw new Error(`unhandled case ${JSON.stringify(value)}`);
 }

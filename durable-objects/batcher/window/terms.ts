@@ -3,7 +3,7 @@
  * terms of the adaptive window, the thread-lag measures and the token hold, and the origins
  * as the origin chooser sees them.
  */
-import type { OriginCandidate } from "../origin-choice.ts";
+import type { OriginCandidate } from "./origin-choice.ts";
 import type { WindowConfig } from "../settings.ts";
 import type { OriginFilter, OriginState, WindowState } from "./types.ts";
 import { assertTime, bump, decayed, decayedMean, originById } from "./state.ts";

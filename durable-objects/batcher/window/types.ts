@@ -3,11 +3,8 @@
  * JSON kept in the Batcher's memory, the requests and batches it takes and gives, and its
  * decisions and outcomes.
  */
-import type { OriginChooser } from "../origin-choice.ts";
+import type { OriginChooser } from "./origin-choice.ts";
 import type { WindowConfig } from "../settings.ts";
-
-/** Version of the {@link WindowState} shape. */
-export const WINDOW_STATE_VERSION = 3;
 
 /** Smallest `retryAfterMs` for a full queue: `retry-after` is whole seconds. */
 export const MIN_RETRY_AFTER_MS = 1000;
@@ -119,7 +116,6 @@ export interface DecayedCount {
 
 /** Everything the policy remembers; plain JSON. */
 export interface WindowState {
-  v: typeof WINDOW_STATE_VERSION;
   config: WindowConfig;
   /** One FIFO queue per lane. */
   lanes: QueuedRequest[][];

@@ -237,9 +237,7 @@ describe("bytes", () => {
     ];
     // Warm the prefix cache first: `cached_tokens` depends on it.
     for (const body of bodies) await direct(body);
-    const streams = bodies.map((body, i) =>
-      b.stream(`bytes-${i}`, { body, timeHead: body.stream === true }),
-    );
+    const streams = bodies.map((body, i) => b.stream(`bytes-${i}`, { body }));
     const items = await Promise.all(streams.map(readItem));
     expect((await b.stub.snapshot()).recentBatches.at(-1)?.items).toHaveLength(3);
     for (const [i, body] of bodies.entries()) {
@@ -271,3 +269,30 @@ describe("reading a call's answer", () => {
  * zero-delay timer after every slow read), the object's thread is kept busy in stretches of
  * `busyMs`, so those timers fire about that late. Returns the snapshot taken right after.
  */
+
+describe("the first-byte timeout", () => {
+  it("covers a streamed item's HEAD, and not that of an item answered whole", async () => {
+    // Each item waits 1.5 s at the origin before its engine starts it, and so its HEAD.
+    await setFaults("batch-2", { latencyMs: 1500 });
+    try {
+      const streamed = await readItem(
+        batcher({}, ["batch-2"]).stream("late-head-1", { firstByteTimeoutMs: 200 }),
+      );
+      expect(streamed.head).toBeNull();
+      expect(streamed.trailer).toMatchObject({
+        outcome: "timeout",
+        error: { code: "origin_timeout" },
+        origin: "batch-2",
+      });
+      const whole = await batcher({}, ["batch-2"]).answer("late-head-2", {
+        firstByteTimeoutMs: 200,
+      });
+      if (whole.kind !== "answered") throw new Error(`expected answered, got ${whole.kind}`);
+      expect(whole.head).toMatchObject({ status: 200, origin: "batch-2" });
+      const trailer = decodeJsonPayload(whole.trailer ?? new Uint8Array()) as ItemTrailer;
+      expect(trailer).toMatchObject({ id: "late-head-2", outcome: "ok" });
+    } finally {
+      await setFaults("batch-2", null);
+    }
+  });
+});

@@ -2,10 +2,8 @@ import { env } from "cloudflare:workers";
 import { abortAllDurableObjects, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { describe, expect, it } from "vitest";
 import { type Batcher } from "../../../durable-objects/batcher/index.ts";
-import {
-  type BatcherSetup,
-  OPEN_BATCH_RECORD_DELAY_MS,
-} from "../../../durable-objects/batcher/types.ts";
+import { OPEN_BATCH_RECORD_DELAY_MS } from "../../../durable-objects/batcher/records.ts";
+import type { BatcherSetup } from "../../../durable-objects/batcher/types.ts";
 import { BATCHING_DEFAULTS } from "../../../durable-objects/batcher/settings.ts";
 import { DEFAULT_BREAKER_SETTINGS } from "../../../contracts/breaker.ts";
 import { type WindowConfigInput, windowConfig } from "../../support/window-config.ts";
@@ -217,7 +215,6 @@ describe("origin failures", () => {
         maxTokens: 2,
         deadline: Date.now() + 60_000,
         firstByteTimeoutMs: 5_000,
-        timeHead: true,
         itemTimeoutMs: 60_000,
         avoidOrigins: [],
       });

@@ -1,39 +1,47 @@
 /**
  * The Batcher's admitted callers by id (docs/batching.md, "Callers"): admission of a caller
- * with its sink and body, and every way a caller ends other than its item's END: refused
- * after queueing, failed before its HEAD, cancelled while waiting or running, or timed out.
+ * with its sink and body, and every way a caller ends other than its item's END: timed out
+ * or too large in its lane, failed before its HEAD, cancelled while waiting or running, or
+ * given up by its caller.
  */
-import { encodeJsonPayload } from "../../contracts/protocol.ts";
-import { type BatchCaller, type OpenCall, deliver, failBody, newCaller } from "./caller.ts";
-import type { CallerSink } from "./caller-sink.ts";
-import type { ClientBody } from "./client-body.ts";
-import type { Queue } from "./queue.ts";
+import { encodeJsonPayload } from "../../../contracts/protocol.ts";
+import type { LiveWindow } from "../live-window.ts";
 import type {
   BatcherAttempt,
   BatcherCounters,
   BatcherFailureCode,
   BatcherFailureTrailer,
-} from "./types.ts";
-import { cancel as cancelInWindow } from "./window/index.ts";
+} from "../types.ts";
+import { cancel as cancelInWindow } from "../window/events.ts";
+import { assertNever } from "../window/state.ts";
+import type { TickNotice } from "../window/types.ts";
+import {
+  type BatchCaller,
+  type DeliveryMode,
+  type OpenCall,
+  deliver,
+  failBody,
+  newCaller,
+} from "./caller.ts";
+import type { ClientBody } from "./client-body.ts";
+import type { CallerSink } from "./sinks.ts";
 
-/** Stops a running item on its origin (see `Calls.stop`). */
-export type StopRunning = (
-  caller: BatchCaller,
-  call: OpenCall,
-  mayCloseCall: boolean,
-  askOrigin: boolean,
-) => void;
+/** What stops a running item on its origin (`upstream/stop.ts`). */
+export interface RunningItemStopper {
+  stop(caller: BatchCaller, call: OpenCall, mayCloseCall: boolean, askOrigin: boolean): void;
+}
 
+/** Every admitted caller that has not ended, by item id. */
 export class Callers {
   readonly #byId = new Map<string, BatchCaller>();
-  readonly #queue: Queue;
+  readonly #window: LiveWindow;
   readonly #counters: BatcherCounters;
-  readonly #stop: StopRunning;
+  readonly #stopper: RunningItemStopper;
 
-  constructor(queue: Queue, counters: BatcherCounters, stop: StopRunning) {
-    this.#queue = queue;
+  constructor(window: LiveWindow, counters: BatcherCounters, stopper: RunningItemStopper) {
+    this.#window = window;
     this.#counters = counters;
-    this.#stop = stop;
+    this.#stopper = stopper;
   }
 
   get(id: string): BatchCaller | undefined {
@@ -41,8 +49,13 @@ export class Callers {
   }
 
   /** Registers an admitted caller. */
-  admit(input: BatcherAttempt, sink: CallerSink, body: ClientBody | null): BatchCaller {
-    const caller = newCaller(input, sink, body);
+  admit(
+    input: BatcherAttempt,
+    delivery: DeliveryMode,
+    sink: CallerSink,
+    body: ClientBody | null,
+  ): BatchCaller {
+    const caller = newCaller(input, delivery, sink, body);
     this.#byId.set(input.id, caller);
     // The client went away: its usage so far is still billed, so the END must reach the caller.
     body?.closed.catch(() => {
@@ -55,7 +68,7 @@ export class Callers {
   ended(caller: BatchCaller): void {
     caller.stage = "ended";
     this.#byId.delete(caller.input.id);
-    this.#queue.router?.forget(caller.input.id);
+    this.#window.router?.forget(caller.input.id);
   }
 
   /** The caller cancelled its item (its client went away); false when it had ended. */
@@ -70,13 +83,13 @@ export class Callers {
     caller.body?.abort("item cancelled");
     caller.body = null;
     if (previous === "queued") {
-      this.#queue.update((s) => cancelInWindow(s, id, now).state);
+      this.#window.update((s) => cancelInWindow(s, id, now).state);
       this.#counters.cancelledWaiting += 1;
       return true;
     }
     if (caller.call !== null && (previous === "sent" || previous === "open")) {
       if (!caller.cancelling) this.#counters.cancelledRunning += 1;
-      this.#stop(caller, caller.call, true, !caller.cancelling);
+      this.#stopper.stop(caller, caller.call, true, !caller.cancelling);
     }
     return true;
   }
@@ -90,7 +103,7 @@ export class Callers {
     caller.cancelling = true;
     this.#counters.cancelledRunning += 1;
     // Never by closing the call: the END with the item's usage must still come through it.
-    this.#stop(caller, caller.call, false, true);
+    this.#stopper.stop(caller, caller.call, false, true);
     return true;
   }
 
@@ -104,6 +117,32 @@ export class Callers {
     failBody(caller, true);
     caller.body.close();
     caller.body = null;
+  }
+
+  /** An item left its lane other than in a batch (see the window's `tick`). */
+  leftLane(notice: TickNotice): void {
+    const caller = this.#byId.get(notice.item.id);
+    switch (notice.kind) {
+      case "timed-out": {
+        this.#counters.queueTimeouts += 1;
+        const lane = this.#window.state?.config.lanes[notice.item.lane];
+        if (caller === undefined) return;
+        this.fail(caller, "queue_timeout", "The request waited too long for capacity.", {
+          status: lane?.refuseStatus ?? 503,
+          retry_after_ms: notice.retryAfterMs,
+        });
+        return;
+      }
+      case "too-large":
+        if (caller === undefined) return;
+        this.fail(caller, "prompt_too_large", "The prompt exceeds every origin's KV cache.");
+        return;
+      case "overdue":
+        // A `wait` lane keeps it queued; the caller's own deadline still applies at the edge.
+        return;
+      default:
+        assertNever(notice);
+    }
   }
 
   /** An item that had left the queue failed before its HEAD. */

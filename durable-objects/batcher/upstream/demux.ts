@@ -11,23 +11,35 @@ import {
   type ItemTrailer,
   type LoadReport,
   decodeJsonPayload,
-} from "../../contracts/protocol.ts";
-import { judgeHead } from "../../contracts/origin-health.ts";
-import { type BatchCaller, type OpenCall, answerEnd, deliver, failBody } from "./caller.ts";
-import type { CallsHost } from "./calls.ts";
+} from "../../../contracts/protocol.ts";
+import { judgeHead } from "../../../contracts/origin-health.ts";
 import {
-  onDispatched,
-  onItemDone,
-  onOriginLoad,
-  onItemsAcked,
-  recordThreadLag,
-  tokenHoldMs,
-} from "./window/index.ts";
+  type BatchCaller,
+  type OpenCall,
+  answerEnd,
+  deliver,
+  failBody,
+} from "../callers/caller.ts";
+import type { Callers } from "../callers/callers.ts";
+import type { LiveWindow } from "../live-window.ts";
+import type { BatcherCounters } from "../types.ts";
+import { onDispatched, onItemDone, onItemsAcked, onOriginLoad } from "../window/events.ts";
+import { recordThreadLag, tokenHoldMs } from "../window/terms.ts";
 
-/** Applies one origin chunk's frames; each caller gets its share in one write. */
-export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Frame[]): void {
-  if (frames.length === 0) return;
-  const { queue, callers } = host;
+/** What a call's frames go to: the window, the callers, and the counter of holds. */
+export interface FrameTargets {
+  window: LiveWindow;
+  callers: Callers;
+  counters: BatcherCounters;
+}
+
+/**
+ * Applies one origin chunk's frames; each caller gets its share in one write. True when the
+ * chunk freed room on the origin (a LOAD report or an END): what waits may leave now.
+ */
+export function demultiplex(to: FrameTargets, call: OpenCall, frames: readonly Frame[]): boolean {
+  if (frames.length === 0) return false;
+  const { window, callers } = to;
   const now = Date.now();
   let freed = false;
   // Callers with frames of this chunk, each once.
@@ -39,16 +51,16 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
       const report = decodeJsonPayload(frame.payload) as LoadReport;
       const first = call.lastLoad === null;
       call.lastLoad = report;
-      queue.update((s) => onOriginLoad(s, call.originId, report, now).state);
+      window.update((s) => onOriginLoad(s, call.originId, report, now).state);
       // An origin writes a call's first report before the call's items start (PROTOCOL.md):
       // the reports after it count them.
-      if (first) queue.update((s) => onItemsAcked(s, call.originId, idsOf(call), report.t));
-      queue.router?.report(call.originId, {
+      if (first) window.update((s) => onItemsAcked(s, call.originId, idsOf(call), report.t));
+      window.router?.report(call.originId, {
         kvTotalTokens: (report.kv_total_blocks ?? 0) * (report.block_size ?? 0),
         prefixQueries: report.prefix_queries ?? 0,
         at: report.t ?? 0,
       });
-      if (report.kv_events !== undefined) queue.router?.events(call.originId, report.kv_events);
+      if (report.kv_events !== undefined) window.router?.events(call.originId, report.kv_events);
       freed = true;
       continue;
     }
@@ -64,14 +76,14 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
         // tried; the window only learns whom to try first (docs/failover.md).
         switch (judgeHead(head.status, head.headers)) {
           case "busy":
-            queue.health.busy(call.originId, now, head.headers);
+            window.health.busy(call.originId, now, head.headers);
             break;
           case "ok":
-            queue.health.answered(call.originId);
+            window.health.answered(call.originId);
             break;
           case "error":
             // Tried last for a while, whoever is to blame (a ranking, not a verdict).
-            queue.health.failed(call.originId, now);
+            window.health.failed(call.originId, now);
             break;
         }
         touched.add(caller);
@@ -87,9 +99,9 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
           caller.firstByteAt = now;
           caller.sink.firstByte?.(now);
           fresh.add(caller);
-          queue.router?.started(caller.input.id);
+          window.router?.started(caller.input.id);
           const countWait = caller.input.recentFirstByteMs === undefined;
-          queue.update(
+          window.update(
             (s) => onDispatched(s, call.originId, caller.input.id, now, { countWait }).state,
           );
         }
@@ -101,17 +113,17 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
       case FrameType.END: {
         if (call.done.has(frame.item)) break;
         call.done.add(frame.item);
-        queue.update((s) => onItemDone(s, call.originId, caller.input.id, now).state);
+        window.update((s) => onItemDone(s, call.originId, caller.input.id, now).state);
         freed = true;
         const trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
-        queue.router?.ended(caller.input.id, trailer.usage);
+        window.router?.ended(caller.input.id, trailer.usage);
         if (caller.stage === "open") {
           touched.add(caller);
           if (trailer.outcome !== "ok") failBody(caller, trailer.outcome === "timeout");
           // Cut by its origin after a good HEAD: tried last for a while. The edge, which
           // sees how every answer ends, tells the breaker.
           if (trailer.outcome === "error" && (caller.status ?? 0) < 400) {
-            queue.health.failed(call.originId, now);
+            window.health.failed(call.originId, now);
           }
           answerEnd(caller, frame.payload, trailer);
           callers.ended(caller);
@@ -132,7 +144,7 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
   // frame). Only while this object's thread lags are a streamed item's later tokens held,
   // for a share of that lag, so that several engine steps leave in one write (see
   // `tokenHoldMs`); its HEAD, first token and END never wait.
-  const holdMs = queue.state === null ? 0 : tokenHoldMs(queue.state, now);
+  const holdMs = window.state === null ? 0 : tokenHoldMs(window.state, now);
   for (const caller of touched) {
     if (holdMs > 0 && caller.body !== null && caller.stage === "open" && !fresh.has(caller)) {
       call.held.add(caller);
@@ -141,18 +153,18 @@ export function demultiplex(host: CallsHost, call: OpenCall, frames: readonly Fr
     call.held.delete(caller);
     deliver(caller);
   }
-  if (call.held.size > 0 && call.holdTimer === null) hold(host, call, holdMs, now);
-  if (freed) queue.flushIfQueued(now);
+  if (call.held.size > 0 && call.holdTimer === null) hold(to, call, holdMs, now);
+  return freed;
 }
 
 /** Delivers the call's held callers in `holdMs`; how late that fires is the thread's lag. */
-function hold(host: CallsHost, call: OpenCall, holdMs: number, now: number): void {
+function hold(to: FrameTargets, call: OpenCall, holdMs: number, now: number): void {
   const due = now + holdMs;
-  host.counters.holds += 1;
+  to.counters.holds += 1;
   call.holdTimer = setTimeout(() => {
     call.holdTimer = null;
     const firedAt = Date.now();
-    host.queue.update((s) => recordThreadLag(s, Math.max(0, firedAt - due), firedAt));
+    to.window.update((s) => recordThreadLag(s, Math.max(0, firedAt - due), firedAt));
     deliverHeld(call);
   }, holdMs);
 }

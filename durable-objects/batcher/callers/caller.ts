@@ -3,17 +3,28 @@
  * the upstream call it rides in. A caller moves queued → sent → open → ended; `ended` means
  * its caller has had its answer (or went away), and comes exactly once.
  */
-import { errorEvent, originFailure } from "../../contracts/errors.ts";
-import { type ItemTrailer, type LoadReport, encodeJsonPayload } from "../../contracts/protocol.ts";
-import { AnswerSink, type CallerSink } from "./caller-sink.ts";
+import { errorEvent, originFailure } from "../../../contracts/errors.ts";
+import {
+  type ItemTrailer,
+  type LoadReport,
+  encodeJsonPayload,
+} from "../../../contracts/protocol.ts";
+import { AnswerSink, type CallerSink } from "./sinks.ts";
 import type { ClientBody } from "./client-body.ts";
-import type { BatcherAttempt } from "./types.ts";
-import type { OnTimeTimer } from "../../contracts/on-time.ts";
+import type { BatcherAttempt } from "../types.ts";
+import type { OnTimeTimer } from "../../../contracts/on-time.ts";
 
 export type CallerStage = "queued" | "sent" | "open" | "ended";
 
+/**
+ * How a caller's client gets its answer, as the edge decided it and said by the RPC it
+ * called: streamed (`open`, then `end`) or whole (`answer`).
+ */
+export type DeliveryMode = "stream" | "whole";
+
 export interface BatchCaller {
   input: BatcherAttempt;
+  delivery: DeliveryMode;
   stage: CallerStage;
   /** Where its HEAD, DATA and END go: the answers of `open` and `end`, or of `answer`. */
   sink: CallerSink;
@@ -58,11 +69,13 @@ export interface OpenCall {
 /** A caller as admitted, before its item leaves the queue. */
 export function newCaller(
   input: BatcherAttempt,
+  delivery: DeliveryMode,
   sink: CallerSink,
   body: ClientBody | null,
 ): BatchCaller {
   return {
     input,
+    delivery,
     stage: "queued",
     sink,
     body,
@@ -116,8 +129,4 @@ export function answerEnd(caller: BatchCaller, payload: Uint8Array, trailer: Ite
           : payload,
     ),
   );
-}
-
-export function assertNever(value: never): never {
-  throw new Error(`unhandled case ${JSON.stringify(value)}`);
 }

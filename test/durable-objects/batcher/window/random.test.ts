@@ -1,21 +1,24 @@
 import { describe, expect, it } from "vitest";
-import { mulberry32 } from "../../../origin/faults.ts";
-import { windowConfig } from "../../support/window-config.ts";
+import { mulberry32 } from "../../../../origin/faults.ts";
+import { windowConfig } from "../../../support/window-config.ts";
 import {
   cancel,
-  createWindowState,
-  enqueue,
-  healthyCandidates,
   onDispatched,
   onItemDone,
   onOriginLoad,
+} from "../../../../durable-objects/batcher/window/events.ts";
+import { enqueue, tick } from "../../../../durable-objects/batcher/window/flush.ts";
+import {
+  createWindowState,
   queuedCount,
-  tick,
-  type Batch,
-  type WindowOptions,
-  type WindowState,
-} from "../../../durable-objects/batcher/window/index.ts";
-import { report, request, type Room } from "../../support/window-state.ts";
+} from "../../../../durable-objects/batcher/window/state.ts";
+import { healthyCandidates } from "../../../../durable-objects/batcher/window/terms.ts";
+import type {
+  Batch,
+  WindowOptions,
+  WindowState,
+} from "../../../../durable-objects/batcher/window/types.ts";
+import { report, request, type Room } from "../../../support/window-state.ts";
 
 describe("no request is lost or duplicated", () => {
   for (let seed = 1; seed <= 20; seed++) {

@@ -1,16 +1,16 @@
 /**
- * Where the Batcher meets its router (docs/routing.md): placing an admitted attempt on an
- * origin among those it may go to, with the index read from storage first and stored
+ * Placing an admitted attempt with the Batcher's router (docs/routing.md): on an origin
+ * among those it may go to, with the router's index read from storage first and stored
  * behind after each change.
  */
-import type { OriginCandidate } from "./origin-choice.ts";
-import { IndexStore } from "./routing/index-store.ts";
-import type { RouteCandidate } from "./routing/placement.ts";
-import type { Router } from "./routing/router.ts";
-import type { BatcherAttempt } from "./types.ts";
+import type { BatcherAttempt } from "../types.ts";
+import type { OriginCandidate } from "../window/origin-choice.ts";
+import { IndexStore } from "./index-store.ts";
+import type { RouteCandidate } from "./placement.ts";
+import type { Router } from "./router.ts";
 
-/** Places attempts with the queue's router and keeps its index stored. */
-export class RoutingLink {
+/** Places attempts with the window's router and keeps its index stored. */
+export class Placer {
   readonly #store: IndexStore;
 
   constructor(storage: DurableObjectStorage) {

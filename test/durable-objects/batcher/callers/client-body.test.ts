@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { ClientBody } from "../../../durable-objects/batcher/client-body.ts";
+import { ClientBody } from "../../../../durable-objects/batcher/callers/client-body.ts";
 
 const bytes = (text: string) => new TextEncoder().encode(text);
 const text = (chunk: Uint8Array) => new TextDecoder().decode(chunk);

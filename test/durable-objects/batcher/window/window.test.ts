@@ -1,18 +1,17 @@
 import { describe, expect, it } from "vitest";
-import { MAX_BATCH_ITEMS } from "../../../contracts/protocol.ts";
+import { MAX_BATCH_ITEMS } from "../../../../contracts/protocol.ts";
 import { z } from "zod";
-import { BATCHING_FIELDS } from "../../../durable-objects/batcher/settings.ts";
-import { windowConfig } from "../../support/window-config.ts";
+import { BATCHING_FIELDS } from "../../../../durable-objects/batcher/settings.ts";
+import { windowConfig } from "../../../support/window-config.ts";
 import {
   cancel,
-  currentWindowMs,
-  enqueue,
   onItemDone,
   onOriginLoad,
-  queuedCount,
-  tick,
-  type EnqueueDecision,
-} from "../../../durable-objects/batcher/window/index.ts";
+} from "../../../../durable-objects/batcher/window/events.ts";
+import { enqueue, tick } from "../../../../durable-objects/batcher/window/flush.ts";
+import { queuedCount } from "../../../../durable-objects/batcher/window/state.ts";
+import { currentWindowMs } from "../../../../durable-objects/batcher/window/terms.ts";
+import type { EnqueueDecision } from "../../../../durable-objects/batcher/window/types.ts";
 import {
   stateWith,
   report,
@@ -23,7 +22,7 @@ import {
   without,
   ids,
   expectQueued,
-} from "../../support/window-state.ts";
+} from "../../../support/window-state.ts";
 
 describe("window configuration", () => {
   it("fills in defaults: 32 per batch, 65536 tokens, a 10 ms window and three lanes", () => {

@@ -1,68 +1,86 @@
 /**
- * The Batcher's upstream calls (docs/batching.md, "Upstream calls"): sending a flushed
- * batch (its frames go to `demux.ts`), stopping items, giving up on an origin whose breaker
- * opened, and ending every item of a call that failed or broke off. Each failure and answer
- * is reported to the origins' health.
+ * The Batcher's upstream calls (docs/batching.md, "Upstream calls"): flushing the window on
+ * time, sending each flushed batch to its origin (its frames go to `demux.ts`), giving up on
+ * an origin whose breaker opened, and ending every item of a call that failed or broke off.
+ * Each failure and answer is reported to the origins' health.
  */
-import { logWarn } from "../../contracts/log.ts";
-import {
-  type CredentialedOrigin,
-  cancelBatchItems,
-  currentUpstream,
-} from "../../contracts/upstream.ts";
-import { type BatchCaller, type OpenCall, assertNever, deliver, failBody } from "./caller.ts";
-import type { Callers } from "./callers.ts";
-import { countBatch, countQueueWait } from "./counters.ts";
-import type { Queue } from "./queue.ts";
-import type { CallRecords } from "./records.ts";
+import type { BreakerView, Verdict } from "../../../contracts/breaker.ts";
+import { logWarn } from "../../../contracts/log.ts";
+import { onTimeTimeout } from "../../../contracts/on-time.ts";
+import { watchFirstByte } from "../../../contracts/origin-health.ts";
+import { type BatchCaller, type OpenCall, deliver, failBody } from "../callers/caller.ts";
+import type { Callers } from "../callers/callers.ts";
+import { countBatch, countQueueWait } from "../counters.ts";
+import type { KeepAlive } from "../keep-alive.ts";
+import type { LiveWindow } from "../live-window.ts";
+import type { CallRecords } from "../records.ts";
 import {
   type BatcherCounters,
   type BatcherFailureCode,
   type BatchRecord,
   RECENT_BATCHES,
-} from "./types.ts";
-import { deliverHeld, demultiplex } from "./demux.ts";
-import { type CallEvents, runCall } from "./upstream-call.ts";
-import type { Verdict } from "../../contracts/breaker.ts";
-import { onTimeTimeout } from "../../contracts/on-time.ts";
-import { watchFirstByte } from "../../contracts/origin-health.ts";
+} from "../types.ts";
+import { onItemDone } from "../window/events.ts";
+import { assertNever } from "../window/state.ts";
+import { recordThreadLag } from "../window/terms.ts";
+import type { Batch } from "../window/types.ts";
+import type { RegionBreakers } from "./breakers.ts";
+import { type CallEvents, runCall } from "./call.ts";
+import type { OriginCredentials } from "./credentials.ts";
+import { type FrameTargets, deliverHeld, demultiplex } from "./demux.ts";
+import type { ItemStopper } from "./stop.ts";
 
 /** The cursor of a router that has seen none of an origin's block events. */
 const FIRST_EVENT = { log: "", seq: 0 } as const;
-import {
-  type Batch,
-  cancel as cancelInWindow,
-  onItemDone,
-  recordThreadLag,
-} from "./window/index.ts";
 
-/** What the calls need of their Batcher. */
-export interface CallsHost {
-  queue: Queue;
+/** What the calls work with; each is built before them (see `Batcher`). */
+export interface CallsOptions {
+  window: LiveWindow;
   callers: Callers;
-  counters: BatcherCounters;
+  stopper: ItemStopper;
+  credentials: OriginCredentials;
+  /** Told one verdict per call of what it showed of its origin. */
+  breakers: RegionBreakers;
   records: CallRecords;
-  /** Keeps the object alive for `work`. */
-  waitUntil(work: Promise<unknown>): void;
-  /** An origin as the upstream client calls it, with its credentials. */
-  upstream(originId: string, url: string): CredentialedOrigin;
-  armAlarm(): void;
-  /** What a call showed of its origin, for its breaker (one verdict per call). */
-  outcome(originId: string, verdict: Verdict): void;
+  counters: BatcherCounters;
+  keepAlive: KeepAlive;
 }
 
+/** The Batcher's open upstream calls, and the flushes that send them. */
 export class Calls {
   readonly #open = new Map<string, OpenCall>();
   /** The open call that brings each origin's block events, by origin id. */
   readonly #eventCarriers = new Map<string, string>();
-  readonly #host: CallsHost;
+  readonly #window: LiveWindow;
+  readonly #callers: Callers;
+  readonly #stopper: ItemStopper;
+  readonly #credentials: OriginCredentials;
+  readonly #breakers: RegionBreakers;
+  readonly #records: CallRecords;
+  readonly #counters: BatcherCounters;
+  readonly #keepAlive: KeepAlive;
+  readonly #frameTargets: FrameTargets;
   /** Call ids must not collide with calls an earlier incarnation may still have running. */
   readonly #incarnation = crypto.randomUUID().slice(0, 8);
   #nextSeq = 1;
+  #timer: ReturnType<typeof setTimeout> | null = null;
+  #timerAt: number | null = null;
   readonly recent: BatchRecord[] = [];
 
-  constructor(host: CallsHost) {
-    this.#host = host;
+  constructor(options: CallsOptions) {
+    this.#window = options.window;
+    this.#callers = options.callers;
+    this.#stopper = options.stopper;
+    this.#credentials = options.credentials;
+    this.#breakers = options.breakers;
+    this.#records = options.records;
+    this.#counters = options.counters;
+    this.#keepAlive = options.keepAlive;
+    this.#frameTargets = {
+      window: options.window,
+      callers: options.callers,
+      counters: options.counters,
+    };
   }
 
   get size(): number {
@@ -73,13 +91,44 @@ export class Calls {
     return this.#open.has(id);
   }
 
+  /** Sends what is due, ends what left its lane otherwise, and sets the timer for the next. */
+  flush(now: number): void {
+    const result = this.#window.tick(now);
+    if (result === null) return;
+    for (const notice of result.notices) this.#callers.leftLane(notice);
+    for (const batch of result.batches) this.send(batch, now);
+    if (result.nextWakeAt !== null) this.schedule(result.nextWakeAt);
+  }
+
+  /** Flushes when anything waits: room was freed. */
+  flushIfQueued(now: number): void {
+    if (this.#window.queued() > 0) this.flush(now);
+  }
+
+  /** Flushes at `at` unless a flush is due sooner. */
+  schedule(at: number): void {
+    if (this.#timerAt !== null && this.#timerAt <= at) return;
+    if (this.#timer !== null) clearTimeout(this.#timer);
+    this.#timerAt = at;
+    // A timer, not an alarm: windows are milliseconds and alarms are too coarse for them.
+    this.#timer = setTimeout(
+      () => {
+        this.#timer = null;
+        this.#timerAt = null;
+        this.flush(Date.now());
+      },
+      Math.max(0, at - Date.now()),
+    );
+  }
+
   /** Sends a flushed batch to its origin. */
   send(batch: Batch, now: number): void {
-    const { queue, callers, counters, records } = this.#host;
-    const origin = queue.setup?.origins.find((o) => o.id === batch.originId);
+    const window = this.#window;
+    const counters = this.#counters;
+    const origin = window.setup?.origins.find((o) => o.id === batch.originId);
     if (origin === undefined) throw new Error(`no URL for origin ${batch.originId}`);
     const members = batch.items.map((entry) => {
-      const caller = callers.get(entry.id);
+      const caller = this.#callers.get(entry.id);
       if (caller === undefined) throw new Error(`batched item ${entry.id} has no caller`);
       return caller;
     });
@@ -105,8 +154,8 @@ export class Calls {
     }
     // A streamed HEAD may take the whole first-byte timeout: an origin that keeps reporting
     // while it queues our work is busy, not sick; a frozen one is found by the call's
-    // silence (see `upstream-call.ts`). One on-time timer per call, not per item.
-    const timed = members.filter((c) => c.input.timeHead);
+    // silence (see `call.ts`). One on-time timer per call, not per item.
+    const timed = members.filter((c) => c.delivery === "stream");
     if (timed.length > 0) {
       const timeoutMs = Math.max(...timed.map((c) => c.input.firstByteTimeoutMs));
       call.headTimer = onTimeTimeout(timeoutMs, () => {
@@ -114,76 +163,45 @@ export class Calls {
         for (const caller of timed) this.#headTimeout(caller);
       });
       // Late HEADs from an origin whose reports say it is idle: it lost or hung our work.
-      const slowMs = queue.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
+      const slowMs = window.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
       call.slowTimer = watchFirstByte(
         slowMs,
         () => call.lastLoad,
         () => {
-          if (timed.some((c) => c.stage === "sent")) this.#host.outcome(call.originId, "slow");
+          if (timed.some((c) => c.stage === "sent")) this.#outcome(call.originId, "slow");
         },
       );
     }
     this.#open.set(call.id, call);
-    queue.sent(origin.id, now);
+    window.sent(origin.id, now);
     countBatch(counters, batch.reason, members.length);
     const items = members.map((c) => c.input.id);
     this.recent.push({ batchId: call.id, originId: origin.id, reason: batch.reason, items });
     if (this.recent.length > RECENT_BATCHES) this.recent.shift();
-    records.opened(call, now, items);
-    this.#host.armAlarm();
-    const lanes = queue.state?.config.lanes.length ?? 1;
-    const silenceMs = queue.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
+    this.#records.opened(call, now, items);
+    this.#keepAlive.armAlarm();
+    const lanes = window.state?.config.lanes.length ?? 1;
+    const silenceMs = window.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
     // With routing on, one open call per origin at a time asks for the origin's block
     // events since those last seen: concurrent calls would each bring the same ones.
-    const router = queue.router;
+    const router = window.router;
     const carries = router !== null && !this.#eventCarriers.has(origin.id);
     if (carries) this.#eventCarriers.set(origin.id, call.id);
     const kvEventsAfter = carries ? (router.cursor(origin.id) ?? FIRST_EVENT) : null;
-    const upstream = this.#host.upstream(call.originId, call.url);
+    const upstream = this.#credentials.credentialed(window.setup, call.originId, call.url);
     const events: CallEvents = {
-      frames: (frames) => demultiplex(this.#host, call, frames),
+      frames: (frames) => {
+        if (demultiplex(this.#frameTargets, call, frames)) this.flushIfQueued(Date.now());
+      },
       paused: (lagMs, at) => {
         counters.readPauses += 1;
-        queue.update((s) => recordThreadLag(s, lagMs, at));
+        window.update((s) => recordThreadLag(s, lagMs, at));
       },
       failed: (code, detail, blame) => this.#failed(call, code, detail, blame),
       ended: (broken) => this.#ended(call, broken),
     };
     const running = runCall(call, upstream, lanes, silenceMs, events, kvEventsAfter);
-    this.#host.waitUntil(running);
-  }
-
-  /**
-   * Stops a running item on its origin. When nothing else in its call is still wanted,
-   * closing the call does it (the origin cancels every unfinished item of a dropped call)
-   * and saves a request; otherwise the origin's cancel endpoint stops just this item.
-   */
-  stop(caller: BatchCaller, call: OpenCall, mayCloseCall: boolean, askOrigin: boolean): void {
-    const now = Date.now();
-    this.#host.queue.update((s) => cancelInWindow(s, caller.input.id, now).state);
-    const wanted = call.callers.some(
-      (other, index) => other !== caller && !call.done.has(index) && other.stage !== "ended",
-    );
-    if (mayCloseCall && !wanted) {
-      call.abortReason = "all-cancelled";
-      call.abort.abort("every item was cancelled");
-      return;
-    }
-    // Already asked (a cancel until END that the caller then stopped waiting for).
-    if (!askOrigin) return;
-    this.#host.waitUntil(
-      cancelBatchItems(currentUpstream(this.#host.upstream(call.originId, call.url)), call.id, [
-        caller.input.id,
-      ]).then((ok) => {
-        if (!ok) {
-          logWarn("origin cancel failed", {
-            batch: call.id,
-            origin: call.originId,
-            request_id: caller.input.id,
-          });
-        }
-      }),
-    );
+    this.#keepAlive.waitUntil(running);
   }
 
   /** The call failed before any frame: every item fails before its HEAD. */
@@ -198,13 +216,13 @@ export class Calls {
     for (const [index, caller] of call.callers.entries()) {
       this.#closeItem(call, index, now);
       if (caller.stage !== "sent") continue;
-      this.#host.callers.failSent(caller, code, detail, call.originId);
+      this.#callers.failSent(caller, code, detail, call.originId);
     }
     // One call is one observation, however many items it carried.
-    if (blame === "busy") this.#host.queue.health.busy(call.originId, now, {});
+    if (blame === "busy") this.#window.health.busy(call.originId, now, {});
     else if (blame !== null) {
-      this.#host.queue.health.failed(call.originId, now);
-      this.#host.outcome(call.originId, blame);
+      this.#window.health.failed(call.originId, now);
+      this.#outcome(call.originId, blame);
     }
     this.#forget(call, now);
   }
@@ -221,7 +239,7 @@ export class Calls {
         case "sent":
           cut = true;
           beforeHead = true;
-          this.#host.callers.failSent(
+          this.#callers.failSent(
             caller,
             "origin_error",
             broken ?? "batch ended early",
@@ -233,7 +251,7 @@ export class Calls {
           // cut, and a body of its own ends with the error event.
           cut = true;
           failBody(caller, false);
-          this.#host.callers.ended(caller);
+          this.#callers.ended(caller);
           deliver(caller);
           break;
         case "queued":
@@ -249,11 +267,11 @@ export class Calls {
         origin: call.originId,
         detail: broken ?? "no final frames",
       });
-      this.#host.queue.health.failed(call.originId, now);
+      this.#window.health.failed(call.originId, now);
       // Answers cut after their HEAD are judged by the edge, which sees them end; items
       // that never had one are this call's to tell, once.
       if (beforeHead) {
-        this.#host.outcome(call.originId, call.abortReason === "silent" ? "slow" : "failed");
+        this.#outcome(call.originId, call.abortReason === "silent" ? "slow" : "failed");
       }
     }
     this.#forget(call, now);
@@ -264,7 +282,7 @@ export class Calls {
     call.done.add(index);
     const caller = call.callers[index];
     if (caller === undefined) return;
-    this.#host.queue.update((s) => onItemDone(s, call.originId, caller.input.id, now).state);
+    this.#window.update((s) => onItemDone(s, call.originId, caller.input.id, now).state);
   }
 
   #forget(call: OpenCall, now: number): void {
@@ -278,8 +296,19 @@ export class Calls {
     call.slowTimer?.stop();
     call.slowTimer = null;
     deliverHeld(call);
-    this.#host.records.closed(call.id);
-    this.#host.queue.flushIfQueued(now);
+    this.#records.closed(call.id);
+    this.flushIfQueued(now);
+  }
+
+  /**
+   * Breakers that changed (see `RegionBreakers.listen`): an origin that closed may take what
+   * waits, and one now blocked is given up on.
+   */
+  breakersChanged(changed: readonly BreakerView[], now: number): void {
+    const blocked = this.#window.blockedBy(changed);
+    if (blocked === null) return;
+    this.flushIfQueued(now);
+    for (const origin of blocked) this.abandon(origin);
   }
 
   /**
@@ -291,8 +320,8 @@ export class Calls {
       if (call.originId !== originId) continue;
       for (const caller of call.callers) {
         if (caller.stage !== "sent") continue;
-        this.stop(caller, call, true, true);
-        this.#host.callers.failSent(
+        this.#stopper.stop(caller, call, true, true);
+        this.#callers.failSent(
           caller,
           "origin_unavailable",
           "the origin's circuit breaker opened",
@@ -305,12 +334,17 @@ export class Calls {
   #headTimeout(caller: BatchCaller): void {
     const call = caller.call;
     if (caller.stage !== "sent" || call === null) return;
-    this.stop(caller, call, true, true);
-    this.#host.callers.failSent(
+    this.#stopper.stop(caller, call, true, true);
+    this.#callers.failSent(
       caller,
       "origin_timeout",
       "no answer within the first-byte timeout",
       call.originId,
     );
+  }
+
+  /** What a call showed of its origin, for its breaker (one verdict per call). */
+  #outcome(originId: string, verdict: Verdict): void {
+    this.#breakers.outcome(this.#window.setup, originId, verdict);
   }
 }

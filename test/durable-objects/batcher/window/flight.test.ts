@@ -2,16 +2,15 @@ import { describe, expect, it } from "vitest";
 import {
   chooseLeastLoaded,
   type OriginChooser,
-} from "../../../durable-objects/batcher/origin-choice.ts";
+} from "../../../../durable-objects/batcher/window/origin-choice.ts";
 import {
   cancel,
-  enqueue,
-  healthyCandidates,
   onDispatched,
   onItemDone,
   onOriginLoad,
-  tick,
-} from "../../../durable-objects/batcher/window/index.ts";
+} from "../../../../durable-objects/batcher/window/events.ts";
+import { enqueue, tick } from "../../../../durable-objects/batcher/window/flush.ts";
+import { healthyCandidates } from "../../../../durable-objects/batcher/window/terms.ts";
 import {
   stateWith,
   report,
@@ -21,7 +20,7 @@ import {
   add,
   without,
   ids,
-} from "../../support/window-state.ts";
+} from "../../../support/window-state.ts";
 
 describe("in-flight accounting and cancellation", () => {
   it("cancels a waiting request so it never reaches an origin", () => {

@@ -1,7 +1,9 @@
-// Origin choice inside one Batcher: which healthy origin gets the next batch. Kept apart
-// from the window policy so a KV-cache-aware scorer (prefix affinity, predicted
-// time-to-first-token) can replace it without touching lanes or flush rules.
-// See docs/batching.md, "The window".
+/**
+ * Origin choice by load inside one Batcher (docs/batching.md, "The window"): which usable
+ * origin gets the next batch, least loaded first. Prefix affinity is the router's
+ * (`../routing/`): the origin it placed the head on goes first, and this choice applies
+ * when it placed none or that origin cannot take the batch.
+ */
 
 /** What the batcher knows about one healthy origin when it places a batch. */
 export interface OriginCandidate {
@@ -52,7 +54,7 @@ export function fitsKv(candidate: OriginCandidate, promptTokens: number): boolea
 
 /**
  * Least loaded origin that can hold the head's prompt: fewest sequences, then most KV room,
- * then configuration order. Load-only on purpose; prefix affinity replaces it later.
+ * then configuration order (the window's default chooser).
  */
 export const chooseLeastLoaded: OriginChooser = (candidates, head) => {
   let best: OriginCandidate | null = null;

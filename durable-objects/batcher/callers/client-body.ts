@@ -5,8 +5,15 @@
  * never change. Past `maxBacklogBytes` waiting behind a write the body is aborted (the
  * connection drops, never a clean end), and the owner, told by `closed`, cancels the item.
  */
-import { concatBytes } from "../../contracts/protocol.ts";
+import { concatBytes } from "../../../contracts/protocol.ts";
 
+/**
+ * Bytes a client's body stream buffers; what may wait behind its write in flight before the
+ * client counts as too slow is `batching.max_client_backlog_bytes`.
+ */
+export const BODY_BUFFER_BYTES = 64 * 1024;
+
+/** A streamed client's body, written one write at a time. */
 export class ClientBody {
   readonly #writer: WritableStreamDefaultWriter<Uint8Array>;
   readonly #closed: Promise<void>;

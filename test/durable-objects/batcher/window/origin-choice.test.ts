@@ -3,7 +3,7 @@ import {
   chooseLeastLoaded,
   chooseLeastLoadedInTurn,
   type OriginCandidate,
-} from "../../../durable-objects/batcher/origin-choice.ts";
+} from "../../../../durable-objects/batcher/window/origin-choice.ts";
 
 function candidate(id: string, over: Partial<OriginCandidate> = {}): OriginCandidate {
   return { id, load: 0, freeSlots: null, room: null, kvRoomTokens: null, inFlight: 0, ...over };

@@ -1,10 +1,8 @@
 import { describe, expect, it } from "vitest";
-import {
-  MIN_RETRY_AFTER_MS,
-  onItemDone,
-  queuedCount,
-  tick,
-} from "../../../durable-objects/batcher/window/index.ts";
+import { onItemDone } from "../../../../durable-objects/batcher/window/events.ts";
+import { tick } from "../../../../durable-objects/batcher/window/flush.ts";
+import { queuedCount } from "../../../../durable-objects/batcher/window/state.ts";
+import { MIN_RETRY_AFTER_MS } from "../../../../durable-objects/batcher/window/types.ts";
 import {
   stateWith,
   request,
@@ -14,7 +12,7 @@ import {
   without,
   ids,
   expectQueued,
-} from "../../support/window-state.ts";
+} from "../../../support/window-state.ts";
 
 describe("origins to avoid", () => {
   it("sends a retry only where it may go, at once, even to the busier origin", () => {

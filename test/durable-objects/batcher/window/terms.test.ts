@@ -1,18 +1,16 @@
 import { describe, expect, it } from "vitest";
-import { type WindowConfigInput, windowConfig } from "../../support/window-config.ts";
+import { type WindowConfigInput, windowConfig } from "../../../support/window-config.ts";
+import { onDispatched, onItemDone } from "../../../../durable-objects/batcher/window/events.ts";
+import { tick } from "../../../../durable-objects/batcher/window/flush.ts";
 import {
   currentWindowMs,
   meanThreadLagMs,
-  onDispatched,
-  onItemDone,
   recordFirstByteWait,
   recordThreadLag,
   tokenHoldMs,
   MIN_HOLD_MS,
-  tick,
-  type Batch,
-  type WindowState,
-} from "../../../durable-objects/batcher/window/index.ts";
+} from "../../../../durable-objects/batcher/window/terms.ts";
+import type { Batch, WindowState } from "../../../../durable-objects/batcher/window/types.ts";
 import {
   stateWith,
   request,
@@ -21,7 +19,7 @@ import {
   add,
   ids,
   expectQueued,
-} from "../../support/window-state.ts";
+} from "../../../support/window-state.ts";
 
 /**
  * Drives one origin with free slots at `arrivalsPerMs`, finishing every item 1 ms after

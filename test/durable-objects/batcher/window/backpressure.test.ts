@@ -1,19 +1,22 @@
 import { describe, expect, it } from "vitest";
-import type { LoadReport } from "../../../contracts/protocol.ts";
+import type { LoadReport } from "../../../../contracts/protocol.ts";
 import {
-  type Batch,
-  type WindowRequest,
-  type WindowState,
-  createWindowState,
-  enqueue,
   onItemDone,
   onItemsAcked,
   onOriginLoad,
+} from "../../../../durable-objects/batcher/window/events.ts";
+import { enqueue, tick } from "../../../../durable-objects/batcher/window/flush.ts";
+import {
+  createWindowState,
   queuedCount,
-  tick,
-} from "../../../durable-objects/batcher/window/index.ts";
-import { type WindowConfigInput, windowConfig } from "../../support/window-config.ts";
-import { report as engineReport } from "../../support/window-state.ts";
+} from "../../../../durable-objects/batcher/window/state.ts";
+import type {
+  Batch,
+  WindowRequest,
+  WindowState,
+} from "../../../../durable-objects/batcher/window/types.ts";
+import { type WindowConfigInput, windowConfig } from "../../../support/window-config.ts";
+import { report as engineReport } from "../../../support/window-state.ts";
 
 // An engine of 8 slots, allowed to queue 4 of ours beyond them (held batches leave once 2
 // have room again).

@@ -1,17 +1,17 @@
 import { describe, expect, it } from "vitest";
-import { blockHashes } from "../../../contracts/prefix-blocks.ts";
+import { blockHashes } from "../../../../contracts/prefix-blocks.ts";
 import {
   type RouteCandidate,
   choosePlacement,
   rendezvousOrder,
-} from "../../../durable-objects/batcher/routing/placement.ts";
-import { PrefixIndex } from "../../../durable-objects/batcher/routing/prefix-index.ts";
+} from "../../../../durable-objects/batcher/routing/placement.ts";
+import { PrefixIndex } from "../../../../durable-objects/batcher/routing/prefix-index.ts";
 import {
   type RouteRequest,
   Router,
   coldKey,
-} from "../../../durable-objects/batcher/routing/router.ts";
-import { ROUTER_DEFAULTS } from "../../../durable-objects/batcher/settings.ts";
+} from "../../../../durable-objects/batcher/routing/router.ts";
+import { ROUTER_DEFAULTS } from "../../../../durable-objects/batcher/settings.ts";
 
 const ORIGINS = ["o1", "o2", "o3", "o4"];
 const system = (n: number) => `System prompt number ${n}. `.repeat(400);

@@ -1,41 +1,26 @@
 /**
- * The Batcher's lanes over time (docs/batching.md, "The window"): the window policy's state,
- * the one timer that flushes it, and the origin choice it uses, which ranks origins by the
- * quarantine rule of `contracts/origin-health.ts`. Flushed batches and the notices of items
- * that leave a lane otherwise go to the handlers given at construction.
+ * The window as the Batcher runs it (docs/batching.md, "The window"): the setup it runs
+ * under, the window policy's state, and what that setup builds to choose origins: the
+ * origins' health, which ranks them by the quarantine rule of `contracts/origin-health.ts`,
+ * and the router. Flushing it on time is the upstream calls' (`upstream/calls.ts`).
  */
 import type { BreakerView } from "../../contracts/breaker.ts";
 import { type BreakerGate, OriginHealth } from "../../contracts/origin-health.ts";
-import { chooseLeastLoadedInTurn, fitsKv } from "./origin-choice.ts";
 import { Router } from "./routing/router.ts";
 import type { BatcherSetup } from "./types.ts";
-import {
-  type Batch,
-  type TickNotice,
-  type WindowOptions,
-  type WindowState,
-  createWindowState,
-  queuedCount,
-  tick,
-} from "./window/index.ts";
+import { tick as tickWindow } from "./window/flush.ts";
+import { chooseLeastLoadedInTurn, fitsKv } from "./window/origin-choice.ts";
+import { createWindowState, queuedCount } from "./window/state.ts";
+import type { TickResult, WindowOptions, WindowState } from "./window/types.ts";
 
-/** Where a flush's results go. */
-export interface QueueHandlers {
-  send(batch: Batch, now: number): void;
-  notice(notice: TickNotice): void;
-}
-
-/** The window's state and timer, and the origins' health as this Batcher sees it. */
-export class Queue {
+/** The window's state under the current setup, with the origins' health and router built for it. */
+export class LiveWindow {
   #setup: BatcherSetup | null = null;
   #state: WindowState | null = null;
   #health = new OriginHealth();
   #router: Router | null = null;
   readonly #lastSentAt = new Map<string, number>();
   readonly #inTurn = chooseLeastLoadedInTurn((id) => this.#lastSentAt.get(id) ?? null);
-  readonly #handlers: QueueHandlers;
-  #timer: ReturnType<typeof setTimeout> | null = null;
-  #timerAt: number | null = null;
   readonly options: WindowOptions = {
     // The router's origin while it is up and can hold the head; else healthy origins
     // first, and a quarantined one only when no healthy one can take the batch.
@@ -54,10 +39,6 @@ export class Queue {
       return origin;
     },
   };
-
-  constructor(handlers: QueueHandlers) {
-    this.#handlers = handlers;
-  }
 
   get setup(): BatcherSetup | null {
     return this.#setup;
@@ -102,15 +83,13 @@ export class Queue {
   }
 
   /**
-   * Breakers that changed: an origin behind an open or half-open breaker takes nothing
-   * from the window until it closes (the health rule says so), and one that closed may
-   * take what waits. Answers the origins that became blocked.
+   * Of the breakers that changed, the origins they now block: one behind an open or half-open
+   * breaker takes nothing from the window until it closes (the health rule says so). Null
+   * where this setup's breakers are off: their changes mean nothing here.
    */
-  breakersChanged(changed: readonly BreakerView[], now: number): string[] {
-    if (this.#setup?.breakers.enabled !== true) return [];
-    const blocked = changed.filter((view) => view.state !== "closed").map((v) => v.origin);
-    this.flushIfQueued(now);
-    return blocked;
+  blockedBy(changed: readonly BreakerView[]): string[] | null {
+    if (this.#setup?.breakers.enabled !== true) return null;
+    return changed.filter((view) => view.state !== "closed").map((v) => v.origin);
   }
 
   /** Replaces the state with `step` of it (nothing before the first setup). */
@@ -131,34 +110,14 @@ export class Queue {
     this.#lastSentAt.set(originId, now);
   }
 
-  /** Sends what is due, tells of items that left otherwise, and sets the timer for the next. */
-  flush(now: number): void {
-    if (this.#state === null) return;
-    const result = tick(this.#state, now, this.options);
+  /**
+   * Applies the window's timeouts and takes out every batch that is due (see `tick`); null
+   * before the first setup.
+   */
+  tick(now: number): TickResult | null {
+    if (this.#state === null) return null;
+    const result = tickWindow(this.#state, now, this.options);
     this.#state = result.state;
-    for (const notice of result.notices) this.#handlers.notice(notice);
-    for (const batch of result.batches) this.#handlers.send(batch, now);
-    if (result.nextWakeAt !== null) this.schedule(result.nextWakeAt);
-  }
-
-  /** Flushes when anything waits: room was freed. */
-  flushIfQueued(now: number): void {
-    if (this.queued() > 0) this.flush(now);
-  }
-
-  /** Flushes at `at` unless a flush is due sooner. */
-  schedule(at: number): void {
-    if (this.#timerAt !== null && this.#timerAt <= at) return;
-    if (this.#timer !== null) clearTimeout(this.#timer);
-    this.#timerAt = at;
-    // A timer, not an alarm: windows are milliseconds and alarms are too coarse for them.
-    this.#timer = setTimeout(
-      () => {
-        this.#timer = null;
-        this.#timerAt = null;
-        this.flush(Date.now());
-      },
-      Math.max(0, at - Date.now()),
-    );
+    return result;
   }
 }

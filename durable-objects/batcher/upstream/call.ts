@@ -9,18 +9,24 @@ import {
   type KvEventCursor,
   type Frame,
   FrameDecoder,
-} from "../../contracts/protocol.ts";
+} from "../../../contracts/protocol.ts";
 import {
   type CredentialedOrigin,
   batchAnswerProblem,
   describe,
   postBatchWithCredentials,
   silenceWatchdog,
-} from "../../contracts/upstream.ts";
-import type { OpenCall } from "./caller.ts";
-import { type BatcherFailureCode, READ_TURN_MS } from "./types.ts";
-import type { Verdict } from "../../contracts/breaker.ts";
-import { onTimeTimeout } from "../../contracts/on-time.ts";
+} from "../../../contracts/upstream.ts";
+import type { OpenCall } from "../callers/caller.ts";
+import type { BatcherFailureCode } from "../types.ts";
+import type { Verdict } from "../../../contracts/breaker.ts";
+import { onTimeTimeout } from "../../../contracts/on-time.ts";
+
+/**
+ * Longest stretch a call's reading keeps the Batcher's thread before it gives way to the
+ * rest of its work.
+ */
+export const READ_TURN_MS = 10;
 
 /** What a call tells its Batcher. */
 export interface CallEvents {
