@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { ItemRecord, OutcomesResponse } from "../../contracts/protocol.ts";
+import { type FoundItem, type Reconciled, reconcile } from "../../contracts/outcomes.ts";
+import type { OutcomesResponse } from "../../contracts/protocol.ts";
 import { type RunningStack, createKey, startStack } from "../../scripts/stack.ts";
 import { inParallel } from "../support/in-parallel.ts";
 
@@ -74,18 +75,24 @@ async function settledRecord(key: string, id: string): Promise<RequestRecord> {
   throw new Error(`request ${id} was never settled`);
 }
 
-/** What the origins remember of these requests' items. */
-async function originRecords(ids: readonly string[]): Promise<Map<string, ItemRecord>> {
-  const found = new Map<string, ItemRecord>();
+/**
+ * What the origins say each request generated, by the one billing rule (an attempt retried
+ * on another origin included): the attempt that finished, else the one that generated most.
+ */
+async function originRecords(ids: readonly string[]): Promise<Map<string, Reconciled>> {
+  const items: FoundItem[] = [];
   for (const { origin } of stack.origins) {
-    const res = await fetch(`${origin.url}/v1/batch/outcomes`, {
-      method: "POST",
-      headers: { authorization: `Bearer ${stack.originAccessToken}` },
-      body: JSON.stringify({ ids }),
-    });
-    for (const item of ((await res.json()) as OutcomesResponse).items) found.set(item.id, item);
+    for (let at = 0; at < ids.length; at += 100) {
+      const res = await fetch(`${origin.url}/v1/batch/outcomes`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${stack.originAccessToken}` },
+        body: JSON.stringify({ ids: ids.slice(at, at + 100) }),
+      });
+      const answer = (await res.json()) as OutcomesResponse;
+      items.push(...answer.items.map((item) => ({ ...item, origin: origin.originId })));
+    }
   }
-  return found;
+  return reconcile(ids, items);
 }
 
 describe("billing mixed traffic through the Batchers", () => {
@@ -118,12 +125,12 @@ describe("billing mixed traffic through the Batchers", () => {
     const records = await inParallel(300, 16, (i) => settledRecord(key, ids[i] ?? ""));
     const generated = await originRecords(ids);
     const billed = records.map((record) => {
-      const item = generated.get(record.id);
+      const found = generated.get(record.id);
       return {
         id: record.id,
         status: record.status,
         billed: record.completion_tokens,
-        generated: item?.state === "ended" ? (item.usage?.completion_tokens ?? null) : item?.state,
+        generated: found?.kind === "ended" ? (found.usage?.completion_tokens ?? null) : found?.kind,
         paid: record.cost_usd > 0,
       };
     });
