@@ -24,11 +24,8 @@ import { usageRows } from "./rollups.ts";
 import { KEY_ACCOUNT_MIGRATIONS, KEY_SCOPE, ledgerRecordOf } from "./schema.ts";
 import { expireDue, settle } from "./settle.ts";
 import { type KeyMetrics, keyMetrics } from "./metrics.ts";
-import { AccountStore, IDLE_BUCKET_MS } from "./store.ts";
+import { AccountStore, IDLE_BUCKET_MS, LEDGER_RETENTION_MS, RECONCILE_WINDOW_MS } from "./store.ts";
 import {
-  LEDGER_RETENTION_MS,
-  RECONCILE_RETRY_MS,
-  RECONCILE_WINDOW_MS,
   type AdmitAnswer,
   type AdmitInput,
   type CheckCredential,
@@ -45,6 +42,8 @@ import {
 
 // Pruning runs at most this often, so steady traffic does not turn into an alarm per request.
 const PRUNE_INTERVAL_MS = 60_000;
+// How often the origins are asked again about a lapsed request while one still runs it.
+const RECONCILE_RETRY_MS = 5_000;
 
 /** Limits, counters and reservations of one API key. */
 export class KeyAccount extends DurableObject<Env> {

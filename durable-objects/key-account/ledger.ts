@@ -4,7 +4,8 @@
  * the row, spend and usage) in `settle.ts`.
  */
 import { billedPicos, type TokenUsage, utcDay } from "../../contracts/pricing.ts";
-import { type PeriodSpend, tokenCorrection } from "./admission.ts";
+import { tokenCorrection } from "./admission.ts";
+import type { PeriodSpend } from "./budgets.ts";
 import { type LedgerEntry, NOT_CLOSED, priceOf, storedCandidate } from "./schema.ts";
 import type { SettleInput, SettleResult } from "./types.ts";
 

@@ -3,10 +3,15 @@
  * behind), read into memory, and the one credential check every path uses (docs/key-account.md).
  */
 import { constantTimeEqual } from "../../contracts/hashing.ts";
-import type { AdmissionRefusal } from "./admission.ts";
 import { type RecordRow, type SecretRow, modelsColumn, recordOf } from "./schema.ts";
 import type { AccountStore } from "./store.ts";
-import type { CheckCredential, KeyCreateInput, KeyRecord, KeyUpdateInput } from "./types.ts";
+import type {
+  AdmissionRefusal,
+  CheckCredential,
+  KeyCreateInput,
+  KeyRecord,
+  KeyUpdateInput,
+} from "./types.ts";
 
 type InvalidKeyRefusal = Extract<AdmissionRefusal, { code: "invalid_api_key" }>;
 

@@ -2,7 +2,7 @@
  * Spend per budget period and usage per day and model, loaded on first use and written
  * behind: what budgets are checked against and what `/v1/usage` reports (docs/key-account.md).
  */
-import type { PeriodSpend, SpendState } from "./admission.ts";
+import type { PeriodSpend, SpendState } from "./budgets.ts";
 import { type TokenUsage } from "../../contracts/pricing.ts";
 import { type UsageDbRow, picosColumns, storedPicos } from "./schema.ts";
 import type { AccountStore } from "./store.ts";

@@ -3,9 +3,8 @@
  * budgets' room), an expired one settled late, a forgotten one billed from what the edge
  * held of it (docs/key-account.md, "Keys and settlement").
  */
-import type { PeriodSpend, SpendState } from "./admission.ts";
 import { NO_BUDGETS } from "./types.ts";
-import { billingCap } from "./budgets.ts";
+import { type PeriodSpend, type SpendState, billingCap } from "./budgets.ts";
 import { type LedgerChange, expireRow, forgottenRow, settleRow } from "./ledger.ts";
 import { KEY_SCOPE, type LedgerEntry } from "./schema.ts";
 import { addSpend, addUsage, spendOf } from "./rollups.ts";

@@ -7,7 +7,8 @@
 import { WriteBehind } from "../write-behind.ts";
 import { utcDay, utcMonth } from "../../contracts/pricing.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
-import type { PeriodSpend, ScopeBuckets, ScopeUsage } from "./admission.ts";
+import type { ScopeBuckets, ScopeUsage } from "./admission.ts";
+import type { PeriodSpend } from "./budgets.ts";
 import { adjust, fullBucket, type BucketState } from "./token-bucket.ts";
 import { loadSecrets } from "./record.ts";
 import type { MetricsState } from "./metrics.ts";
@@ -20,14 +21,15 @@ import {
   ledgerEntryOf,
   picosColumns,
 } from "./schema.ts";
-import {
-  ACCOUNT_WRITE_DELAY_MS,
-  LEDGER_RETENTION_MS,
-  RECONCILE_WINDOW_MS,
-  type KeyRecord,
-  type UsageTotals,
-} from "./types.ts";
+import { ACCOUNT_WRITE_DELAY_MS, type KeyRecord, type UsageTotals } from "./types.ts";
 
+/**
+ * How long after its lease lapsed a request is still looked for on the origins (they
+ * remember items for 15 minutes).
+ */
+export const RECONCILE_WINDOW_MS = 10 * 60_000;
+/** How long a closed ledger row is kept (a repeated settle is recognised meanwhile). */
+export const LEDGER_RETENTION_MS = 35 * 86_400_000;
 // Spend rows of days and months this far back are no longer needed for any budget.
 const SPEND_RETENTION_MS = 62 * 86_400_000;
 // An end user's buckets untouched this long are full again (or their debt is forgiven).

@@ -1,7 +1,6 @@
 import { evictDurableObject, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it, vi } from "vitest";
-import type { Budgets, Limits } from "../../../durable-objects/key-account/admission.ts";
 import { type KeyAccount } from "../../../durable-objects/key-account/index.ts";
 import { KEY_ACCOUNT_MIGRATIONS } from "../../../durable-objects/key-account/schema.ts";
 import {
@@ -9,6 +8,8 @@ import {
   RESERVATION_LEASE_MS,
   type AdmitInput,
   type AdmitResult,
+  type Budgets,
+  type Limits,
 } from "../../../durable-objects/key-account/types.ts";
 import type { CommitStamp } from "../../../contracts/commit-stamp.ts";
 import { mintApiKey, newKeyId } from "../../../functions/keys.ts";
