@@ -1,6 +1,6 @@
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import { LIMITS, newKey, openReservations } from "./account-fixtures.workers.ts";
+import { LIMITS, newKey, openReservations } from "../../support/key-accounts.workers.ts";
 
 describe("KeyAccount admission", () => {
   it("admits exactly 10 of 100 concurrent requests against a concurrency limit of 10", async () => {

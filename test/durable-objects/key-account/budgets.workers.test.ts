@@ -2,7 +2,7 @@ import { runDurableObjectAlarm } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import { RESERVATION_LEASE_MS } from "../../../durable-objects/key-account/types.ts";
-import { micros, PRICE, PRICIER, budgetedKey, spend } from "./account-fixtures.workers.ts";
+import { micros, PRICE, PRICIER, budgetedKey, spend } from "../../support/key-accounts.workers.ts";
 
 describe("KeyAccount costs and budgets", () => {
   it("reserves the worst-case cost and settles the exact cost, cached tokens at the cached price", async () => {

@@ -3,7 +3,7 @@ import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
 import { KEY_ACCOUNT_MIGRATIONS } from "../../../durable-objects/key-account/schema.ts";
-import { newKey, openReservations } from "./account-fixtures.workers.ts";
+import { newKey, openReservations } from "../../support/key-accounts.workers.ts";
 
 describe("KeyAccount persistence", () => {
   it("keeps its record, reservations and revocation across eviction once its writes are committed", async () => {

@@ -2,7 +2,7 @@ import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { describe, expect, it } from "vitest";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
 import { RESERVATION_LEASE_MS } from "../../../durable-objects/key-account/types.ts";
-import { newKey, openReservations } from "./account-fixtures.workers.ts";
+import { newKey, openReservations } from "../../support/key-accounts.workers.ts";
 
 describe("KeyAccount settlement", () => {
   it("releases the slot on every ending path", async () => {

@@ -18,7 +18,7 @@ import {
   keyRequest,
   refusedRequest,
   type CommittedRow,
-} from "./account-fixtures.workers.ts";
+} from "../../support/key-accounts.workers.ts";
 
 describe("KeyAccount writes behind", () => {
   it("writes an admission's row before answering it, and writes a refusal behind", async () => {
