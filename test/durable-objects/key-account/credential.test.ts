@@ -20,6 +20,11 @@ const PREVIOUS: SecretRow = {
 };
 const SECRETS = [PREVIOUS, CURRENT];
 
+// A browser token minted with the secret of this generation.
+function minted(secretGeneration: number) {
+  return { kind: "browser" as const, secretGeneration };
+}
+
 describe("credential check", () => {
   it("accepts the current secret and a rotated-out one until its grace ends", () => {
     const current = { kind: "key" as const, secretHash: CURRENT.secret_hash };
@@ -39,7 +44,6 @@ describe("credential check", () => {
   });
 
   it("ends a browser token with the secret that minted it, to the millisecond", () => {
-    const minted = (secretGeneration: number) => ({ kind: "browser" as const, secretGeneration });
     expect(checkCredential(SECRETS, minted(1), 4_999)).toEqual({ ok: true, secretGeneration: 1 });
     expect(checkCredential(SECRETS, minted(1), 5_000)).toMatchObject({ reason: "rotated" });
     expect(checkCredential(SECRETS, minted(2), 9_000)).toEqual({ ok: true, secretGeneration: 2 });
