@@ -1,6 +1,7 @@
-import { runDurableObjectAlarm } from "cloudflare:test";
+import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
+import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
 import { RESERVATION_LEASE_MS } from "../../../durable-objects/key-account/types.ts";
 import { micros, PRICE, PRICIER, budgetedKey, spend } from "../../support/key-accounts.workers.ts";
 
@@ -139,7 +140,8 @@ describe("KeyAccount costs and budgets", () => {
     const { admitPriced, stub } = await budgetedKey({});
     const past = Date.now() - RESERVATION_LEASE_MS - 1_000;
     expect((await admitPriced("lost", { now: past })).ok).toBe(true);
-    await runDurableObjectAlarm(stub);
+    // Due at once: run here, whether or not it has begun by itself (safe to run twice).
+    await runInDurableObject(stub, (instance: KeyAccount) => instance.alarm());
     expect((await spend(stub, "all"))?.reserved).toBe(0n);
     const usage = { prompt_tokens: 10, cached_tokens: 0, completion_tokens: 10 };
     expect(await stub.settle({ requestId: "lost", outcome: "ok", usage })).toMatchObject({
