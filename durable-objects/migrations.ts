@@ -33,12 +33,3 @@ export function applyMigrations(
     });
   }
 }
-
-/** Applies `migrations` before the object takes its first call (see {@link applyMigrations}). */
-export function migrateOnStart(ctx: DurableObjectState, migrations: readonly string[]): void {
-  ctx
-    .blockConcurrencyWhile(async () => {
-      applyMigrations(ctx.storage, migrations);
-    })
-    .catch(() => {});
-}

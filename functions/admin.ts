@@ -7,9 +7,14 @@
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
 import { z } from "zod";
-import type { Budgets, Limits } from "../durable-objects/key-account/admission.ts";
-import { NO_BUDGETS } from "../durable-objects/key-account/types.ts";
-import { KEY_TIERS, type KeyRecord, type UsageRow } from "../durable-objects/key-account/types.ts";
+import {
+  KEY_TIERS,
+  NO_BUDGETS,
+  type Budgets,
+  type KeyRecord,
+  type Limits,
+  type UsageRow,
+} from "../durable-objects/key-account/types.ts";
 import { microsToUsd, usdToMicros } from "../contracts/pricing.ts";
 import { ApiError } from "../contracts/errors.ts";
 import { readJsonBody } from "./json-body.ts";

@@ -8,7 +8,7 @@
 import { Hono } from "hono";
 import { sign, verify } from "hono/jwt";
 import { z } from "zod";
-import type { Limits } from "../durable-objects/key-account/admission.ts";
+import type { Limits } from "../durable-objects/key-account/types.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory/types.ts";
 import { ApiError } from "../contracts/errors.ts";
 import { readJsonBody } from "./json-body.ts";

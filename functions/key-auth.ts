@@ -4,18 +4,16 @@
 // See docs/edge.md.
 
 import { logWarn } from "../contracts/log.ts";
-import type {
-  AdmissionRefusal,
-  InvalidKeyReason,
-} from "../durable-objects/key-account/admission.ts";
 import type { KeyAccount } from "../durable-objects/key-account/index.ts";
 import type { KeyDirectory } from "../durable-objects/key-directory/index.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory/types.ts";
 import {
   ACCOUNT_WRITE_DELAY_MS,
+  type AdmissionRefusal,
   type AdmitInput,
   type AdmitCredential,
   type AdmitResult,
+  type InvalidKeyReason,
   type KeyCheckResult,
   type SettleInput,
   type SettleResult,

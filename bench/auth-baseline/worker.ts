@@ -6,7 +6,7 @@
  */
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
-import type { RateLimitInfo } from "../../durable-objects/key-account/admission.ts";
+import type { RateLimitInfo } from "../../durable-objects/key-account/types.ts";
 import { formatUsd } from "../../contracts/pricing.ts";
 import type { AppEnv } from "../../functions/app-env.ts";
 import { handleError, handleNotFound } from "../../functions/error-handler.ts";

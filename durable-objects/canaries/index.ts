@@ -7,7 +7,7 @@
  */
 import { logWarn } from "../../contracts/log.ts";
 import { DurableObject } from "cloudflare:workers";
-import { migrateOnStart } from "../migrations.ts";
+import { applyMigrations } from "../migrations.ts";
 import { type Canary, act, newCanary, record, viewOf } from "./canary.ts";
 import type { ArmReport, CanaryAction, CanaryArm, CanarySpec, CanaryView } from "./types.ts";
 
@@ -23,7 +23,9 @@ export class Canaries extends DurableObject<Env> {
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
-    migrateOnStart(ctx, MIGRATIONS);
+    void ctx.blockConcurrencyWhile(async () => {
+      applyMigrations(ctx.storage, MIGRATIONS);
+    });
   }
 
   /** Takes in both arms' outcomes; answers the canary as it now stands. */

@@ -1,49 +1,23 @@
-// The admission policy of one API key, as a pure function: given the key's policy,
-// its current counters and spend, and a request, decide admit or refuse and return the
-// new bucket state and what to reserve. `KeyAccount` loads the inputs from SQLite, calls
-// `decideAdmission` and persists the result in the same synchronous turn, which is what
-// makes the decision atomic. Nothing here touches storage or the clock.
-// See docs/key-account.md, "What a request reserves".
-
-import {
-  take,
-  snapshot,
-  type BucketSnapshot,
-  type BucketState,
-  fullBucket,
-} from "./token-bucket.ts";
-import { CONCURRENCY_RETRY_MS, budgetRefusal } from "./budgets.ts";
+/**
+ * The admission policy of one API key, as a pure function: given the key's policy, its
+ * current counters and spend, and a request, decide admit or refuse and return the new
+ * bucket state and what to reserve. `KeyAccount` reads the inputs from its store, calls
+ * `decideAdmission` and applies the result in the same synchronous turn, which is what
+ * makes the decision atomic. Nothing here touches storage or the clock.
+ * See docs/key-account.md, "What a request reserves".
+ */
+import { take, snapshot, type BucketState, fullBucket } from "./token-bucket.ts";
+import { CONCURRENCY_RETRY_MS, type SpendState, budgetRefusal } from "./budgets.ts";
+import type {
+  Admission,
+  AdmissionRefusal,
+  BucketSnapshot,
+  Budgets,
+  KeyStatus,
+  Limits,
+  RateLimitInfo,
+} from "./types.ts";
 import { maxPicos } from "../../contracts/pricing.ts";
-
-/** Whether a key may be used at all. */
-export type KeyStatus = "active" | "revoked";
-
-/** Per-minute and in-flight limits, for a key or for one end user of a browser token. */
-export interface Limits {
-  rpm: number;
-  tpm: number;
-  concurrency: number;
-}
-
-/** Spending limits of a key in micro-dollars (UTC day, UTC month, lifetime); null: none. */
-export interface Budgets {
-  dayMicros: number | null;
-  monthMicros: number | null;
-  creditMicros: number | null;
-}
-
-/** Spend in one period, in pico-dollars: costs of settled requests and reservations of open ones. */
-export interface PeriodSpend {
-  settledPicos: bigint;
-  reservedPicos: bigint;
-}
-
-/** A key's spend in the periods its budgets cover, as of the admission's day. */
-export interface SpendState {
-  day: PeriodSpend;
-  month: PeriodSpend;
-  lifetime: PeriodSpend;
-}
 
 /** A model that may serve the request, with what it would cost at most. */
 export interface CandidateModel {
@@ -106,69 +80,6 @@ export interface AdmissionInput {
   usage: { key: ScopeUsage; endUser: ScopeUsage | null };
   spend: SpendState;
   request: AdmissionRequest;
-}
-
-/** Values for OpenAI's `x-ratelimit-*-requests` and `x-ratelimit-*-tokens` headers. */
-export interface RateLimitInfo {
-  requests: BucketSnapshot;
-  tokens: BucketSnapshot;
-}
-
-/** Which limit refused a request. */
-export type LimitName = "requests" | "tokens" | "concurrency";
-
-/** Which budget refused a request. */
-export type BudgetName = "day" | "month" | "credit";
-
-/** Why a key or a browser token is not accepted. */
-export type InvalidKeyReason = "unknown" | "bad_secret" | "revoked" | "expired" | "rotated";
-
-/** A refusal, tagged by the OpenAI error code it maps to. */
-export type AdmissionRefusal =
-  | { ok: false; code: "invalid_api_key"; reason: InvalidKeyReason }
-  | { ok: false; code: "origin_not_allowed"; origin: string }
-  | { ok: false; code: "model_not_allowed"; model: string }
-  | {
-      ok: false;
-      code: "rate_limit_exceeded";
-      limit: LimitName;
-      scope: "key" | "end_user";
-      /** The limit's value, and what this request asked of it. */
-      limitValue: number;
-      requested: number;
-      retryAfterMs: number;
-      /** The request alone exceeds the limit; waiting will not help. */
-      tooLarge: boolean;
-      rateLimit: RateLimitInfo;
-    }
-  | {
-      ok: false;
-      code: "insufficient_quota";
-      budget: BudgetName;
-      /** The budget, in pico-dollars like every amount here. */
-      limitPicos: bigint;
-      /** Settled spend and open reservations in the budget's period. */
-      spentPicos: bigint;
-      reservedPicos: bigint;
-      /** The request's worst-case cost. */
-      requestedPicos: bigint;
-      /**
-       * When a retry can succeed: soon when only open reservations are in the way, at the
-       * next UTC day or month for those budgets, never (null) for a spent credit.
-       */
-      retryAfterMs: number | null;
-      rateLimit: RateLimitInfo;
-    };
-
-/** An admitted request: what was reserved and the headers to send. */
-export interface Admission {
-  ok: true;
-  /** The candidate models the key allows, in the order to try them. */
-  models: string[];
-  reservedTokens: number;
-  /** The worst-case cost reserved against the key's budgets, in pico-dollars. */
-  reservedPicos: bigint;
-  rateLimit: RateLimitInfo;
 }
 
 /** The decision and the state to persist when it admits. */

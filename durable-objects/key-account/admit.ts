@@ -3,13 +3,12 @@
  * the key's current state, and on admission the reservation and its open ledger row, in
  * one synchronous turn (docs/key-account.md, "What a request reserves").
  */
-import { recordRequest, refusedSample } from "./metrics.ts";
+import { refusedSample } from "./metrics.ts";
 import { decideAdmission, rateLimitNow, type CandidateModel } from "./admission.ts";
 import { hasBudgets } from "./budgets.ts";
+import { checkCredential } from "./credential.ts";
 import { FREE, utcDay, worstCasePicos } from "../../contracts/pricing.ts";
 import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, storedCandidate } from "./schema.ts";
-import { checkSecret } from "./record.ts";
-import { addSpend, spendOf } from "./rollups.ts";
 import { expireDue } from "./settle.ts";
 import { type AccountStore, userScope } from "./store.ts";
 import { RESERVATION_LEASE_MS, type AdmitInput, type AdmitResult } from "./types.ts";
@@ -20,24 +19,24 @@ export function clampLease(leaseMs: number | undefined): number {
   return Math.min(60 * 60_000, Math.max(1_000, Math.floor(leaseMs)));
 }
 
-// --- admission -------------------------------------------------------------------
-
-// Synchronous from first read to last update: this is the atomic section.
-/** Decides an admission from memory and applies it; synchronous, so it is atomic. */
+/**
+ * Decides an admission from memory and applies it. Synchronous from first read to last
+ * update: this is the atomic section.
+ */
 export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
   const now = input.now ?? Date.now();
-  const record = store.record;
+  const record = store.key.record;
   if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
   const { credential } = input;
-  const secret = checkSecret(store, credential, now);
+  const secret = checkCredential(store.key.secrets, credential, now);
   if (!secret.ok) {
-    recordRequest(store, refusedSample(input.requestId, input.model, secret.code, now));
+    store.metrics.add(refusedSample(input.requestId, input.model, secret.code, now));
     return secret;
   }
   // A repeated admit (the edge retried the call) must not reserve twice. Request ids are
   // the edge's random ids, never reused: a closed row is not looked for (and a ledger
   // write never reopens one).
-  const existing = store.open.get(input.requestId);
+  const existing = store.ledger.openRow(input.requestId);
   if (existing !== undefined) {
     return {
       ok: true,
@@ -83,7 +82,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
       key: store.scopeUsage(KEY_SCOPE, null),
       endUser: subject === null ? null : store.scopeUsage(userScope(subject), subject),
     },
-    spend: spendOf(store, day),
+    spend: store.spend.of(day),
     request: {
       candidates,
       promptTokens: input.promptTokens,
@@ -93,7 +92,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
   });
   const { decision, state } = outcome;
   if (!decision.ok) {
-    recordRequest(store, refusedSample(input.requestId, input.model, decision.code, now));
+    store.metrics.add(refusedSample(input.requestId, input.model, decision.code, now));
     return decision;
   }
 
@@ -101,11 +100,11 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     .filter((candidate) => decision.models.includes(candidate.model))
     .map(({ model, price }) => storedCandidate(model, price));
   const leaseExpiresAt = now + clampLease(input.leaseMs);
-  store.putBuckets(KEY_SCOPE, state.key);
+  store.buckets.put(KEY_SCOPE, state.key);
   if (subject !== null && state.endUser !== null) {
-    store.putBuckets(userScope(subject), state.endUser);
+    store.buckets.put(userScope(subject), state.endUser);
   }
-  store.openRequest({
+  store.ledger.open({
     requestId: input.requestId,
     state: "open",
     model: decision.models[0] ?? input.model,
@@ -120,7 +119,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     expiresAt: leaseExpiresAt,
     ...NOT_CLOSED,
   });
-  addSpend(store, day, { reservedPicos: decision.reservedPicos, settledPicos: 0n });
+  store.spend.add(day, { reservedPicos: decision.reservedPicos, settledPicos: 0n });
   return {
     ...decision,
     requestId: input.requestId,

@@ -8,13 +8,20 @@ import {
   msToNextUtcDay,
   msToNextUtcMonth,
 } from "../../contracts/pricing.ts";
-import type {
-  AdmissionRefusal,
-  BudgetName,
-  Budgets,
-  PeriodSpend,
-  SpendState,
-} from "./admission.ts";
+import type { AdmissionRefusal, BudgetName, Budgets } from "./types.ts";
+
+/** Spend in one period, in pico-dollars: costs of settled requests and reservations of open ones. */
+export interface PeriodSpend {
+  settledPicos: bigint;
+  reservedPicos: bigint;
+}
+
+/** A key's spend in the periods its budgets cover, as of the admission's day. */
+export interface SpendState {
+  day: PeriodSpend;
+  month: PeriodSpend;
+  lifetime: PeriodSpend;
+}
 
 /** Milliseconds suggested before retrying a request refused for concurrency. */
 export const CONCURRENCY_RETRY_MS = 1_000;

@@ -11,24 +11,13 @@ import { keyRefusal } from "./admission.ts";
 import { clampLease, decide } from "./admit.ts";
 import { lookupOutcomes, reconcile } from "../../contracts/outcomes.ts";
 import { outcomeSources } from "./reconcile.ts";
-import {
-  createKey,
-  loadKeyRecord,
-  recordView,
-  revokeKey,
-  rotateSecret,
-  updateKey,
-  checkSecret,
-} from "./record.ts";
-import { usageRows } from "./rollups.ts";
-import { KEY_ACCOUNT_MIGRATIONS, KEY_SCOPE, ledgerRecordOf } from "./schema.ts";
+import { checkCredential } from "./credential.ts";
+import { KEY_ACCOUNT_MIGRATIONS, ledgerRecordOf } from "./schema.ts";
 import { expireDue, settle } from "./settle.ts";
-import { type KeyMetrics, keyMetrics } from "./metrics.ts";
-import { AccountStore, IDLE_BUCKET_MS } from "./store.ts";
+import type { KeyMetrics } from "./metrics.ts";
+import { AccountStore } from "./store.ts";
+import { LEDGER_RETENTION_MS } from "./store/ledger.ts";
 import {
-  LEDGER_RETENTION_MS,
-  RECONCILE_RETRY_MS,
-  RECONCILE_WINDOW_MS,
   type AdmitAnswer,
   type AdmitInput,
   type CheckCredential,
@@ -45,6 +34,8 @@ import {
 
 // Pruning runs at most this often, so steady traffic does not turn into an alarm per request.
 const PRUNE_INTERVAL_MS = 60_000;
+// How often the origins are asked again about a lapsed request while one still runs it.
+const RECONCILE_RETRY_MS = 5_000;
 
 /** Limits, counters and reservations of one API key. */
 export class KeyAccount extends DurableObject<Env> {
@@ -60,22 +51,22 @@ export class KeyAccount extends DurableObject<Env> {
 
   /** Creates the key; null when this object already holds one. */
   create(input: KeyCreateInput): KeyRecord | null {
-    return createKey(this.#store, input);
+    return this.#store.key.create(input);
   }
 
   /** The key record, or null when no key lives here. */
   get(now?: number): KeyRecord | null {
-    return recordView(this.#store, now ?? Date.now());
+    return this.#store.key.view(now ?? Date.now());
   }
 
   /** Applies a partial change; null when no key lives here. */
   update(input: KeyUpdateInput): KeyRecord | null {
-    return updateKey(this.#store, input);
+    return this.#store.key.update(input);
   }
 
   /** Revokes the key: its very next request is refused. Null when no key lives here. */
   revoke(now: number): KeyRecord | null {
-    return revokeKey(this.#store, now);
+    return this.#store.key.revoke(now);
   }
 
   /**
@@ -83,7 +74,7 @@ export class KeyAccount extends DurableObject<Env> {
    * Null when no key lives here or the key is revoked.
    */
   rotate(input: { secretHash: string; graceMs: number; now: number }): KeyRecord | null {
-    return rotateSecret(this.#store, input);
+    return this.#store.key.rotate(input);
   }
 
   /**
@@ -96,16 +87,15 @@ export class KeyAccount extends DurableObject<Env> {
     now?: number;
   }): KeyCheckResult {
     const now = input.now ?? Date.now();
-    const record = this.#store.record;
+    const record = this.#store.key.record;
     if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
-    const { credential } = input;
-    const secret = checkSecret(this.#store, credential, now);
+    const secret = checkCredential(this.#store.key.secrets, input.credential, now);
     if (!secret.ok) return secret;
     const refusedKey = keyRefusal(record, input.origin ?? null, now);
     if (refusedKey !== null) return refusedKey;
     return {
       ok: true,
-      record: recordView(this.#store, now) ?? record,
+      record: this.#store.key.view(now) ?? record,
       secretGeneration: secret.secretGeneration,
     };
   }
@@ -124,7 +114,7 @@ export class KeyAccount extends DurableObject<Env> {
     // Durable before any origin is asked to generate for it: the answer leaves once this
     // commit is (the output gate), so a crash at any instant keeps the open row, whose
     // lapsed lease is then billed from the origins' outcome records.
-    if (result.ok) this.#store.writes.flush();
+    if (result.ok) this.#store.flush();
     if (result.ok) await this.#ensureAlarm(result.leaseExpiresAt);
     await this.#alarmFor(settled, now);
     return { ...result, commit: this.#store.stamp() };
@@ -146,20 +136,20 @@ export class KeyAccount extends DurableObject<Env> {
     const results = inputs.map((input) => settle(this.#store, input, input.now ?? now));
     // A settlement sent on its own carries a bill and travels after the response: it is
     // durable before the edge takes it as applied.
-    this.#store.writes.flush();
+    this.#store.flush();
     const commit = this.#store.stamp();
     await this.#alarmFor(results, now);
     return { results, commit };
   }
 
-  /** Commits the writes memory holds ahead of SQLite now (for tests and direct reads). */
   /** The key's request metrics, for the edge's `/metrics` and dashboard (docs/metrics.md). */
   metrics(): KeyMetrics {
-    return keyMetrics(this.#store);
+    return this.#store.metrics.report(this.#store.key.record);
   }
 
+  /** Commits the writes memory holds ahead of SQLite now (for tests and direct reads). */
   flush(): void {
-    this.#store.writes.flush();
+    this.#store.flush();
   }
 
   /**
@@ -177,7 +167,12 @@ export class KeyAccount extends DurableObject<Env> {
       const check = this.check({ credential: input.credential });
       if (!check.ok) return check;
     }
-    return { ok: true, rows: usageRows(this.#store, input.from, input.to, input.user) };
+    const { from, to, user } = input;
+    const rows =
+      user === undefined
+        ? this.#store.spend.usage(from, to)
+        : this.#store.ledger.userUsage(user, from, to);
+    return { ok: true, rows };
   }
 
   /** One request's ledger record (null when unknown or pruned), for its own key's secret. */
@@ -186,8 +181,7 @@ export class KeyAccount extends DurableObject<Env> {
       const check = this.check({ credential: input.credential });
       if (!check.ok) return check;
     }
-    this.#store.writes.flush();
-    const entry = this.#store.ledgerRow(input.requestId);
+    const entry = this.#store.ledger.committed(input.requestId);
     return { ok: true, record: entry === null ? null : ledgerRecordOf(entry) };
   }
 
@@ -200,12 +194,7 @@ export class KeyAccount extends DurableObject<Env> {
     const expiresAt = now + clampLease(input.leaseMs);
     let renewed = 0;
     for (const requestId of input.requestIds) {
-      const row = this.#store.open.get(requestId);
-      if (row === undefined) continue;
-      renewed++;
-      if (row.expiresAt >= expiresAt) continue;
-      row.expiresAt = expiresAt;
-      this.#store.putLedger(row);
+      if (this.#store.ledger.renew(requestId, expiresAt)) renewed++;
     }
     return renewed;
   }
@@ -219,7 +208,6 @@ export class KeyAccount extends DurableObject<Env> {
     const now = Date.now();
     expireDue(this.#store, now);
     await this.#reconcileLapsed(now);
-    this.#store.writes.flush();
     this.#store.prune(now);
     await this.#rescheduleAlarm(now);
   }
@@ -227,16 +215,13 @@ export class KeyAccount extends DurableObject<Env> {
   // A request whose lease lapsed unsettled lost its edge (a restart): its origin may still
   // know how it ended. Found ones are settled late, as any expired row can be, once.
   async #reconcileLapsed(now: number): Promise<void> {
-    for (const [requestId, lapsedAt] of this.#store.lapsed) {
-      if (lapsedAt + RECONCILE_WINDOW_MS <= now) this.#store.lapsed.delete(requestId);
-    }
-    const ids = [...this.#store.lapsed.keys()].slice(0, MAX_OUTCOME_IDS);
+    const ids = this.#store.ledger.lapsedToAsk(now, MAX_OUTCOME_IDS);
     if (ids.length === 0) return;
     const sources = outcomeSources(this.env.WARMGATE_CONFIG);
     const { items, complete } = await lookupOutcomes(sources, ids, this.env);
     for (const [requestId, found] of reconcile(ids, items)) {
       if (found.kind === "running" || (found.kind === "unknown" && !complete)) continue;
-      this.#store.lapsed.delete(requestId);
+      this.#store.ledger.resolve(requestId);
       if (found.kind === "unknown") continue;
       // The edge never confirmed delivery: an answer the origin finished counts as cut.
       const outcome = found.outcome === "ok" ? "cancelled" : found.outcome;
@@ -265,26 +250,10 @@ export class KeyAccount extends DurableObject<Env> {
   }
 
   async #rescheduleAlarm(now: number): Promise<void> {
-    const sql = this.ctx.storage.sql;
-    let open = Number.POSITIVE_INFINITY;
-    for (const row of this.#store.open.values()) open = Math.min(open, row.expiresAt);
-    this.#store.nextExpiry = open;
-    const closed = sql
-      .exec<{ at: number | null }>("SELECT MIN(closed_at) AS at FROM ledger WHERE state <> 'open'")
-      .one().at;
-    const users = sql
-      .exec<{ at: number | null }>(
-        "SELECT MIN(updated_at) AS at FROM buckets WHERE scope <> ?",
-        KEY_SCOPE,
-      )
-      .one().at;
-    const prune = [
-      closed === null ? null : closed + LEDGER_RETENTION_MS,
-      users === null ? null : users + IDLE_BUCKET_MS,
-    ]
-      .filter((at): at is number => at !== null)
-      .map((at) => Math.max(at, now + PRUNE_INTERVAL_MS));
-    const lapsed = this.#store.lapsed.size > 0 ? [now + RECONCILE_RETRY_MS] : [];
+    const open = this.#store.ledger.earliestLease();
+    const prunable = this.#store.prunableAt();
+    const prune = prunable === null ? [] : [Math.max(prunable, now + PRUNE_INTERVAL_MS)];
+    const lapsed = this.#store.ledger.hasLapsed ? [now + RECONCILE_RETRY_MS] : [];
     const candidates = [...prune, ...lapsed, ...(Number.isFinite(open) ? [open] : [])];
     if (candidates.length === 0) {
       await this.ctx.storage.deleteAlarm();
@@ -297,8 +266,7 @@ export class KeyAccount extends DurableObject<Env> {
 
   async #migrate(): Promise<void> {
     applyMigrations(this.ctx.storage, KEY_ACCOUNT_MIGRATIONS);
-    loadKeyRecord(this.#store);
-    this.#store.loadLedger(Date.now());
+    this.#store.load(Date.now());
     this.#alarmAt = await this.ctx.storage.getAlarm();
   }
 }

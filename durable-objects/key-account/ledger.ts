@@ -1,10 +1,11 @@
 /**
  * The ledger's arithmetic (docs/key-account.md, "Keys and settlement"): what settling or
  * expiring a request changes, as a value. Pure: the store applies the change (buckets,
- * the row, spend and usage) in `settle.ts`.
+ * the row, spend and usage: `AccountStore.apply`).
  */
 import { billedPicos, type TokenUsage, utcDay } from "../../contracts/pricing.ts";
-import { type PeriodSpend, tokenCorrection } from "./admission.ts";
+import { tokenCorrection } from "./admission.ts";
+import type { PeriodSpend } from "./budgets.ts";
 import { type LedgerEntry, NOT_CLOSED, priceOf, storedCandidate } from "./schema.ts";
 import type { SettleInput, SettleResult } from "./types.ts";
 

@@ -1,11 +1,10 @@
 /**
  * What a key's requests looked like, for the edge's `/metrics` and dashboard
  * (docs/metrics.md): counters and histograms per model, region and status class, updated
- * when a request settles or its admission is refused, and the latest errors. Kept in the
- * `metrics` table, written behind with the settlement itself: no call of its own.
+ * when a request settles or its admission is refused, and the latest errors. Pure: the
+ * store keeps them in the `metrics` table (store/metrics.ts).
  */
 import { type HistogramData, emptyHistogram, observe } from "../../contracts/prometheus.ts";
-import type { AccountStore } from "./store.ts";
 import { DURATION_BOUNDS_S, type SettleInput, type SettleOutcome, TTFT_BOUNDS_S } from "./types.ts";
 
 /** Errors a key keeps for the dashboard. */
@@ -198,50 +197,5 @@ export function settledSample(
             completion: usage.completion_tokens,
           },
     at: now,
-  };
-}
-
-// --- the shell: state in memory ahead of the `metrics` table ------------------------
-
-function load(store: AccountStore): MetricsState {
-  if (store.metrics !== null) return store.metrics;
-  const state: MetricsState = { series: new Map(), errors: [] };
-  for (const row of store.storage.sql.exec<{ name: string; data: string }>(
-    "SELECT name, data FROM metrics",
-  )) {
-    if (row.name === "errors") state.errors = JSON.parse(row.data) as RecentError[];
-    else state.series.set(row.name, JSON.parse(row.data) as RequestSeries);
-  }
-  store.metrics = state;
-  return state;
-}
-
-function put(store: AccountStore, name: string, value: unknown): void {
-  store.writes.set(`metrics:${name}`, () =>
-    store.storage.sql.exec(
-      "INSERT INTO metrics (name, data) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET data = excluded.data",
-      name,
-      JSON.stringify(value),
-    ),
-  );
-}
-
-/** Counts one request; written behind with whatever else its call changed. */
-export function recordRequest(store: AccountStore, sample: RequestSample): void {
-  const state = load(store);
-  const { key, isError } = addSample(state, sample);
-  put(store, key, state.series.get(key));
-  if (isError) put(store, "errors", state.errors);
-}
-
-/** The key's metrics. */
-export function keyMetrics(store: AccountStore): KeyMetrics {
-  const state = load(store);
-  return {
-    keyId: store.record?.id ?? "",
-    name: store.record?.name ?? "",
-    tier: store.record?.tier ?? "standard",
-    series: [...state.series.values()],
-    recentErrors: [...state.errors],
   };
 }

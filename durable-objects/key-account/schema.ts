@@ -3,7 +3,13 @@
  * rows as SQLite returns them, and the mappers between rows and what memory holds.
  */
 import { FREE, type ModelPrice, PICOS_PER_MICRO } from "../../contracts/pricing.ts";
-import { KEY_TIERS, type KeyRecord, type LedgerRecord, type RequestAttempt } from "./types.ts";
+import {
+  KEY_TIERS,
+  type KeyRecord,
+  type LedgerRecord,
+  type RequestAttempt,
+  type UsageRow,
+} from "./types.ts";
 
 /** The schema migrations, in order (version n is entry n - 1). */
 export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
@@ -194,6 +200,19 @@ export type UsageDbRow = {
   cost_micros: number;
   cost_picos: number;
 };
+
+/** A usage row as answered, from its columns (or their sums). */
+export function usageRowOf(row: UsageDbRow): UsageRow {
+  return {
+    day: row.day,
+    model: row.model,
+    requests: row.requests,
+    promptTokens: row.prompt_tokens,
+    cachedTokens: row.cached_tokens,
+    completionTokens: row.completion_tokens,
+    costPicos: storedPicos(row.cost_micros, row.cost_picos),
+  };
+}
 
 export function recordOf(row: RecordRow): KeyRecord {
   return {

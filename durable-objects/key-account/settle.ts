@@ -3,41 +3,35 @@
  * budgets' room), an expired one settled late, a forgotten one billed from what the edge
  * held of it (docs/key-account.md, "Keys and settlement").
  */
-import type { PeriodSpend, SpendState } from "./admission.ts";
-import { NO_BUDGETS } from "./types.ts";
-import { billingCap } from "./budgets.ts";
-import { type LedgerChange, expireRow, forgottenRow, settleRow } from "./ledger.ts";
-import { KEY_SCOPE, type LedgerEntry } from "./schema.ts";
-import { addSpend, addUsage, spendOf } from "./rollups.ts";
-import { recordRequest, settledSample } from "./metrics.ts";
-import { type AccountStore, userScope } from "./store.ts";
-import type { SettleInput, SettleResult } from "./types.ts";
-
-// --- settlement ------------------------------------------------------------------
+import { type PeriodSpend, type SpendState, billingCap } from "./budgets.ts";
+import { expireRow, forgottenRow, settleRow } from "./ledger.ts";
+import type { LedgerEntry } from "./schema.ts";
+import { settledSample } from "./metrics.ts";
+import type { AccountStore } from "./store.ts";
+import { NO_BUDGETS, type SettleInput, type SettleResult } from "./types.ts";
 
 /** Settles one request, exactly once (repeats answer why nothing changed). */
 export function settle(store: AccountStore, input: SettleInput, now: number): SettleResult {
   const { requestId } = input;
-  const budgets = store.record?.budgets ?? NO_BUDGETS;
-  const open = store.open.get(requestId);
+  const budgets = store.key.record?.budgets ?? NO_BUDGETS;
+  const open = store.ledger.openRow(requestId);
   if (input.usageUnknown === true) return reconcileLater(store, open, input, now);
   if (open !== undefined) {
     // Exact, unless that would take a budget past its limit: the reservation was agreed at
     // admission, anything above it only while the budgets have room.
-    const cap = billingCap(budgets, spendOf(store, open.day), open.reservedPicos);
+    const cap = billingCap(budgets, store.spend.of(open.day), open.reservedPicos);
     return close(store, open, input, now, cap);
   }
   // Not in flight: settled or expired already, or its admission was forgotten by a crash
   // before it was written. Rare, so the committed row is read.
-  store.writes.flush();
-  const row = store.ledgerRow(requestId);
+  const row = store.ledger.committed(requestId);
   if (row === null) return settleForgotten(store, input, now);
   if (row.state === "settled") return { settled: false, requestId, reason: "already_settled" };
   if (row.state === "open") throw new Error(`open ledger row ${requestId} is not in memory`);
   // Expired: its reservation was released then, so it is billed only as far as budgets have
   // room; its usage is known now, so the origins need not be asked.
-  store.lapsed.delete(requestId);
-  return close(store, row, input, now, billingCap(budgets, spendOf(store, row.day), 0n));
+  store.ledger.resolve(requestId);
+  return close(store, row, input, now, billingCap(budgets, store.spend.of(row.day), 0n));
 }
 
 // A request whose edge could not learn what its origin generated: its reservation is
@@ -51,14 +45,11 @@ function reconcileLater(
 ): SettleResult {
   const { requestId } = input;
   if (open !== undefined) {
-    applyChange(store, open, expireRow(open, now), now);
-  } else {
-    store.writes.flush();
-    if (store.ledgerRow(requestId)?.state !== "expired") {
-      return settle(store, { ...input, usageUnknown: false }, now);
-    }
+    store.apply(open, expireRow(open, now), now);
+  } else if (store.ledger.committed(requestId)?.state !== "expired") {
+    return settle(store, { ...input, usageUnknown: false }, now);
   }
-  store.lapsed.set(requestId, store.lapsed.get(requestId) ?? now);
+  store.ledger.lapse(requestId, now);
   return { settled: false, requestId, reason: "reconciling" };
 }
 
@@ -73,8 +64,8 @@ function settleForgotten(store: AccountStore, input: SettleInput, now: number): 
   // room with that reservation counted, as it was before the crash.
   const admitted = input.admitted?.reservedPicos ?? 0n;
   const reserved = admitted > 0n ? admitted : 0n;
-  const budgets = store.record?.budgets ?? NO_BUDGETS;
-  const cap = billingCap(budgets, withReserved(spendOf(store, entry.day), reserved), reserved);
+  const budgets = store.key.record?.budgets ?? NO_BUDGETS;
+  const cap = billingCap(budgets, withReserved(store.spend.of(entry.day), reserved), reserved);
   return close(store, entry, input, now, cap);
 }
 
@@ -87,48 +78,18 @@ function close(
   capPicos: bigint | null,
 ): SettleResult {
   const { change, result } = settleRow(row, input, now, capPicos);
-  applyChange(store, row, change, now);
+  store.apply(row, change, now);
   if (result.settled) {
-    recordRequest(store, settledSample(input, change.row.model, result.costPicos, now));
+    store.metrics.add(settledSample(input, change.row.model, result.costPicos, now));
   }
   return result;
 }
 
 /** Expires every open row whose lease ran out by `now` (settled late, should its END come). */
 export function expireDue(store: AccountStore, now: number): void {
-  if (now < store.nextExpiry) return;
-  let next = Number.POSITIVE_INFINITY;
-  // Deleting the entry being visited is safe while iterating a Map.
-  for (const row of store.open.values()) {
-    if (row.expiresAt > now) {
-      next = Math.min(next, row.expiresAt);
-      continue;
-    }
-    applyChange(store, row, expireRow(row, now), now);
-    store.lapsed.set(row.requestId, now);
-  }
-  store.nextExpiry = next;
-}
-
-/** Applies what a ledger event changed: the buckets, the row, spend and usage. */
-export function applyChange(
-  store: AccountStore,
-  before: LedgerEntry,
-  change: LedgerChange,
-  now: number,
-): void {
-  const { row } = change;
-  if (change.tokens !== 0) {
-    store.adjustTokens(KEY_SCOPE, store.record?.limits.tpm ?? 0, change.tokens, now);
-    if (row.subject !== null && row.subjectTpm !== null) {
-      store.adjustTokens(userScope(row.subject), row.subjectTpm, change.tokens, now);
-    }
-  }
-  store.untrackOpen(before);
-  store.putLedger(row);
-  addSpend(store, row.day, change.spend);
-  for (const delta of change.usage) {
-    addUsage(store, row.day, delta.model, delta.requests, delta.tokens, delta.costPicos);
+  for (const row of store.ledger.expiring(now)) {
+    store.apply(row, expireRow(row, now), now);
+    store.ledger.lapse(row.requestId, now);
   }
 }
 

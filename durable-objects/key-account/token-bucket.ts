@@ -4,6 +4,8 @@
 // it then refills from the debt like any other level.
 // See docs/key-account.md.
 
+import type { BucketSnapshot } from "./types.ts";
+
 /** Milliseconds over which an empty bucket refills completely. */
 export const BUCKET_WINDOW_MS = 60_000;
 
@@ -11,14 +13,6 @@ export const BUCKET_WINDOW_MS = 60_000;
 export interface BucketState {
   level: number;
   updatedAt: number;
-}
-
-/** What a bucket reports for OpenAI's `x-ratelimit-*` headers. */
-export interface BucketSnapshot {
-  limit: number;
-  remaining: number;
-  /** Milliseconds until the bucket is full again. */
-  resetMs: number;
 }
 
 /** The outcome of taking units from a bucket. */

@@ -2,7 +2,6 @@
  * The contract of a key's `KeyAccount` (docs/key-account.md): what the edge sends to it and
  * what it answers, and the constants both sides use.
  */
-import type { Admission, AdmissionRefusal, Budgets, KeyStatus, Limits } from "./admission.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 import type { ModelPrice } from "../../contracts/pricing.ts";
 
@@ -15,15 +14,93 @@ export type KeyTier = (typeof KEY_TIERS)[number];
 /** How long a reservation may stay open before the alarm releases it, unless given. */
 export const RESERVATION_LEASE_MS = 15 * 60_000;
 
-/**
- * How long after its lease lapsed a request is still looked for on the origins (they
- * remember items for 15 minutes), and how often while one still runs there.
- */
-export const RECONCILE_WINDOW_MS = 10 * 60_000;
-export const RECONCILE_RETRY_MS = 5_000;
+/** Whether a key may be used at all. */
+export type KeyStatus = "active" | "revoked";
 
-/** How long a closed ledger row is kept (a repeated settle is recognised meanwhile). */
-export const LEDGER_RETENTION_MS = 35 * 86_400_000;
+/** Per-minute and in-flight limits, for a key or for one end user of a browser token. */
+export interface Limits {
+  rpm: number;
+  tpm: number;
+  concurrency: number;
+}
+
+/** Spending limits of a key in micro-dollars (UTC day, UTC month, lifetime); null: none. */
+export interface Budgets {
+  dayMicros: number | null;
+  monthMicros: number | null;
+  creditMicros: number | null;
+}
+
+/** Values for OpenAI's `x-ratelimit-*-requests` and `x-ratelimit-*-tokens` headers. */
+export interface RateLimitInfo {
+  requests: BucketSnapshot;
+  tokens: BucketSnapshot;
+}
+
+/** Which limit refused a request. */
+export type LimitName = "requests" | "tokens" | "concurrency";
+
+/** Which budget refused a request. */
+export type BudgetName = "day" | "month" | "credit";
+
+/** Why a key or a browser token is not accepted. */
+export type InvalidKeyReason = "unknown" | "bad_secret" | "revoked" | "expired" | "rotated";
+
+/** A refusal, tagged by the OpenAI error code it maps to. */
+export type AdmissionRefusal =
+  | { ok: false; code: "invalid_api_key"; reason: InvalidKeyReason }
+  | { ok: false; code: "origin_not_allowed"; origin: string }
+  | { ok: false; code: "model_not_allowed"; model: string }
+  | {
+      ok: false;
+      code: "rate_limit_exceeded";
+      limit: LimitName;
+      scope: "key" | "end_user";
+      /** The limit's value, and what this request asked of it. */
+      limitValue: number;
+      requested: number;
+      retryAfterMs: number;
+      /** The request alone exceeds the limit; waiting will not help. */
+      tooLarge: boolean;
+      rateLimit: RateLimitInfo;
+    }
+  | {
+      ok: false;
+      code: "insufficient_quota";
+      budget: BudgetName;
+      /** The budget, in pico-dollars like every amount here. */
+      limitPicos: bigint;
+      /** Settled spend and open reservations in the budget's period. */
+      spentPicos: bigint;
+      reservedPicos: bigint;
+      /** The request's worst-case cost. */
+      requestedPicos: bigint;
+      /**
+       * When a retry can succeed: soon when only open reservations are in the way, at the
+       * next UTC day or month for those budgets, never (null) for a spent credit.
+       */
+      retryAfterMs: number | null;
+      rateLimit: RateLimitInfo;
+    };
+
+/** An admitted request: what was reserved and the headers to send. */
+export interface Admission {
+  ok: true;
+  /** The candidate models the key allows, in the order to try them. */
+  models: string[];
+  reservedTokens: number;
+  /** The worst-case cost reserved against the key's budgets, in pico-dollars. */
+  reservedPicos: bigint;
+  rateLimit: RateLimitInfo;
+}
+
+/** What a bucket reports for OpenAI's `x-ratelimit-*` headers. */
+export interface BucketSnapshot {
+  limit: number;
+  remaining: number;
+  /** Milliseconds until the bucket is full again. */
+  resetMs: number;
+}
 
 /** The key record as the KeyAccount holds it (times in epoch ms). */
 export interface KeyRecord {
@@ -156,11 +233,6 @@ export interface SettleUsage {
   cached_tokens?: number;
 }
 
-/**
- * One settlement from the edge. Its cost comes from the usage at the served model's
- * admitted price (at most the reserved cost); without usage it costs nothing and its
- * reserved tokens stay charged to the rate limit.
- */
 /** One attempt at serving a request, as its usage record lists it. */
 export interface RequestAttempt {
   region: string;
@@ -170,6 +242,11 @@ export interface RequestAttempt {
   result: "served" | "failed";
 }
 
+/**
+ * One settlement from the edge. Its cost comes from the usage at the served model's
+ * admitted price (at most the reserved cost); without usage it costs nothing and its
+ * reserved tokens stay charged to the rate limit.
+ */
 export interface SettleInput {
   requestId: string;
   outcome: SettleOutcome;

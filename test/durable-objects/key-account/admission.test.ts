@@ -6,10 +6,13 @@ import {
   type AdmissionRequest,
   type KeyPolicy,
   type ScopeUsage,
-  type SpendState,
 } from "../../../durable-objects/key-account/admission.ts";
 import { NO_BUDGETS } from "../../../durable-objects/key-account/types.ts";
-import { CONCURRENCY_RETRY_MS, billingCap } from "../../../durable-objects/key-account/budgets.ts";
+import {
+  CONCURRENCY_RETRY_MS,
+  type SpendState,
+  billingCap,
+} from "../../../durable-objects/key-account/budgets.ts";
 
 const key: KeyPolicy = {
   status: "active",

@@ -1,0 +1,237 @@
+/**
+ * The ledger (table `ledger`): every open row in memory (loaded at start), the requests
+ * whose lease lapsed unsettled, and each row's latest state written behind
+ * (docs/key-account.md, "Storage" and "Leases and reconciliation").
+ */
+import type { WriteBehind } from "../../write-behind.ts";
+import {
+  LEDGER_COLUMNS,
+  type LedgerEntry,
+  type LedgerRow,
+  type UsageDbRow,
+  ledgerEntryOf,
+  picosColumns,
+  usageRowOf,
+} from "../schema.ts";
+import type { UsageRow } from "../types.ts";
+
+/**
+ * How long after its lease lapsed a request is still looked for on the origins (they
+ * remember items for 15 minutes).
+ */
+const RECONCILE_WINDOW_MS = 10 * 60_000;
+
+/** How long a closed ledger row is kept (a repeated settle is recognised meanwhile). */
+export const LEDGER_RETENTION_MS = 35 * 86_400_000;
+
+/** The key's ledger rows: the open ones in memory ahead of SQLite, every one in SQLite. */
+export class LedgerStore {
+  readonly #sql: SqlStorage;
+  readonly #writes: WriteBehind;
+  // Open rows: every request in flight.
+  readonly #open = new Map<string, LedgerEntry>();
+  // Open rows per end-user subject of browser tokens, for their concurrency limit.
+  readonly #openBySubject = new Map<string, number>();
+  // No open row expires before this (exact after each scan, a lower bound after a settle).
+  #nextExpiry = Number.POSITIVE_INFINITY;
+  // Requests whose lease lapsed unsettled, to look up on the origins: id → when it lapsed.
+  readonly #lapsed = new Map<string, number>();
+
+  constructor(sql: SqlStorage, writes: WriteBehind) {
+    this.#sql = sql;
+    this.#writes = writes;
+  }
+
+  /** Loads the open rows, and the lapsed ones still to reconcile (at start). */
+  load(now: number): void {
+    for (const row of this.#sql.exec<LedgerRow>(
+      `SELECT ${LEDGER_COLUMNS} FROM ledger WHERE state = 'open'`,
+    )) {
+      this.#track(ledgerEntryOf(row));
+    }
+    for (const row of this.#sql.exec<{ request_id: string; closed_at: number }>(
+      "SELECT request_id, closed_at FROM ledger WHERE state = 'expired' AND closed_at > ?",
+      now - RECONCILE_WINDOW_MS,
+    )) {
+      this.#lapsed.set(row.request_id, row.closed_at);
+    }
+  }
+
+  /** The open row of a request in flight, if any. */
+  openRow(requestId: string): LedgerEntry | undefined {
+    return this.#open.get(requestId);
+  }
+
+  /** Requests in flight: the key's (`subject` null) or one end user's. */
+  inFlight(subject: string | null): number {
+    return subject === null ? this.#open.size : (this.#openBySubject.get(subject) ?? 0);
+  }
+
+  /** Opens an admitted request's row. */
+  open(entry: LedgerEntry): void {
+    this.#track(entry);
+    this.#put(entry);
+  }
+
+  /** Writes a row closed (settled or expired); `before` leaves the open rows if it was one. */
+  close(before: LedgerEntry, after: LedgerEntry): void {
+    this.#untrack(before);
+    this.#put(after);
+  }
+
+  /** Extends an open row's lease to `expiresAt`, never shortening it; false when not open. */
+  renew(requestId: string, expiresAt: number): boolean {
+    const row = this.#open.get(requestId);
+    if (row === undefined) return false;
+    if (row.expiresAt >= expiresAt) return true;
+    row.expiresAt = expiresAt;
+    this.#put(row);
+    return true;
+  }
+
+  /**
+   * The open rows whose lease ran out by `now` (none before the earliest lease ends), to
+   * close; the earliest lease of the others is then exact.
+   */
+  expiring(now: number): LedgerEntry[] {
+    if (now < this.#nextExpiry) return [];
+    let next = Number.POSITIVE_INFINITY;
+    const due: LedgerEntry[] = [];
+    for (const row of this.#open.values()) {
+      if (row.expiresAt > now) next = Math.min(next, row.expiresAt);
+      else due.push(row);
+    }
+    this.#nextExpiry = next;
+    return due;
+  }
+
+  /** When the first open lease ends (infinity when none), made exact again. */
+  earliestLease(): number {
+    let open = Number.POSITIVE_INFINITY;
+    for (const row of this.#open.values()) open = Math.min(open, row.expiresAt);
+    this.#nextExpiry = open;
+    return open;
+  }
+
+  /** A request's row as committed (a flush first); null when unknown or pruned. */
+  committed(requestId: string): LedgerEntry | null {
+    this.#writes.flush();
+    const row = this.#sql
+      .exec<LedgerRow>(`SELECT ${LEDGER_COLUMNS} FROM ledger WHERE request_id = ?`, requestId)
+      .toArray()[0];
+    return row === undefined ? null : ledgerEntryOf(row);
+  }
+
+  /** Asks the origins about a request whose usage is unknown, from `at` (kept if earlier). */
+  lapse(requestId: string, at: number): void {
+    this.#lapsed.set(requestId, this.#lapsed.get(requestId) ?? at);
+  }
+
+  /** Stops asking about a lapsed request: it was settled, or the origins know it no more. */
+  resolve(requestId: string): void {
+    this.#lapsed.delete(requestId);
+  }
+
+  /** Whether a lapsed request is still to be asked about. */
+  get hasLapsed(): boolean {
+    return this.#lapsed.size > 0;
+  }
+
+  /** Up to `max` lapsed requests to ask about, once those past the window are dropped. */
+  lapsedToAsk(now: number, max: number): string[] {
+    for (const [requestId, lapsedAt] of this.#lapsed) {
+      if (lapsedAt + RECONCILE_WINDOW_MS <= now) this.#lapsed.delete(requestId);
+    }
+    return [...this.#lapsed.keys()].slice(0, max);
+  }
+
+  /** One end user's usage by day and model, summed from the closed rows (a flush first). */
+  userUsage(user: string, from: string, to: string): UsageRow[] {
+    this.#writes.flush();
+    return this.#sql
+      .exec<UsageDbRow>(
+        `SELECT day, model, COUNT(*) AS requests,
+           COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,
+           COALESCE(SUM(cached_tokens), 0) AS cached_tokens,
+           COALESCE(SUM(completion_tokens), 0) AS completion_tokens,
+           COALESCE(SUM(cost_micros), 0) AS cost_micros,
+           COALESCE(SUM(cost_picos), 0) AS cost_picos
+         FROM ledger WHERE day >= ? AND day <= ? AND end_user = ? AND state <> 'open'
+         GROUP BY day, model ORDER BY day, model`,
+        from,
+        to,
+        user,
+      )
+      .toArray()
+      .map(usageRowOf);
+  }
+
+  /** Deletes the closed rows past their retention; the caller flushed. */
+  prune(now: number): void {
+    this.#sql.exec(
+      "DELETE FROM ledger WHERE state <> 'open' AND closed_at <= ?",
+      now - LEDGER_RETENTION_MS,
+    );
+  }
+
+  /** When the oldest closed row can be pruned; null when there is none. */
+  prunableAt(): number | null {
+    const at = this.#sql
+      .exec<{ at: number | null }>("SELECT MIN(closed_at) AS at FROM ledger WHERE state <> 'open'")
+      .one().at;
+    return at === null ? null : at + LEDGER_RETENTION_MS;
+  }
+
+  #track(entry: LedgerEntry): void {
+    this.#open.set(entry.requestId, entry);
+    if (entry.subject !== null) {
+      this.#openBySubject.set(entry.subject, (this.#openBySubject.get(entry.subject) ?? 0) + 1);
+    }
+    this.#nextExpiry = Math.min(this.#nextExpiry, entry.expiresAt);
+  }
+
+  // Forgets an open row (a no-op for a row that is not in flight here).
+  #untrack(entry: LedgerEntry): void {
+    if (!this.#open.delete(entry.requestId) || entry.subject === null) return;
+    const left = (this.#openBySubject.get(entry.subject) ?? 1) - 1;
+    if (left > 0) this.#openBySubject.set(entry.subject, left);
+    else this.#openBySubject.delete(entry.subject);
+  }
+
+  // Queues the row's whole current state: an admit and its settlement within one write
+  // window are one INSERT. A write only moves a row forward (open → settled | expired,
+  // expired → settled), so a stale or repeated one cannot reopen or rebill a closed row.
+  #put(entry: LedgerEntry): void {
+    this.#writes.set(`ledger:${entry.requestId}`, () =>
+      this.#sql.exec(
+        `INSERT INTO ledger (${LEDGER_COLUMNS})
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         ON CONFLICT (request_id) DO UPDATE SET state = excluded.state, model = excluded.model,
+           closed_at = excluded.closed_at, outcome = excluded.outcome,
+           prompt_tokens = excluded.prompt_tokens, cached_tokens = excluded.cached_tokens,
+           completion_tokens = excluded.completion_tokens, cost_micros = excluded.cost_micros,
+           cost_picos = excluded.cost_picos, expires_at = excluded.expires_at, attempts = excluded.attempts
+         WHERE ledger.state = 'open' OR (ledger.state = 'expired' AND excluded.state = 'settled')`,
+        entry.requestId,
+        entry.state,
+        entry.model,
+        entry.day,
+        entry.subject,
+        entry.subjectTpm,
+        entry.endUser,
+        entry.reservedTokens,
+        ...picosColumns(entry.reservedPicos),
+        JSON.stringify(entry.candidates),
+        entry.createdAt,
+        entry.expiresAt,
+        entry.closedAt,
+        entry.outcome,
+        entry.promptTokens,
+        entry.cachedTokens,
+        entry.completionTokens,
+        ...picosColumns(entry.costPicos),
+        JSON.stringify(entry.attempts),
+      ),
+    );
+  }
+}
