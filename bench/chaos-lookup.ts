@@ -9,7 +9,7 @@ import {
   OUTCOMES_PATH,
   type OutcomesResponse,
   requestIdOf,
-} from "../contracts/protocol.ts";
+} from "../contracts/protocol/schema.ts";
 import type { LedgerEntry, UserRows } from "./chaos-ledger.ts";
 
 /** Lookups in flight at once: the edge being measured stays up for them. */

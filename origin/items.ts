@@ -8,7 +8,7 @@ import { KvEventLog } from "./kv-events.ts";
 import type { Engine, EngineOutcome, EngineResponse } from "./engine.ts";
 import type { AbortReason, OriginCounters } from "./metrics.ts";
 import { OutcomeLog } from "./outcome-log.ts";
-import type { ItemPath, ItemTrailer } from "../contracts/protocol.ts";
+import type { ItemPath, ItemTrailer } from "../contracts/protocol/schema.ts";
 
 /** OpenAI's error body. */
 export function errorBody(

@@ -14,7 +14,7 @@ import type {
   EngineOutcome,
   EngineResponse,
 } from "./engine.ts";
-import type { ItemUsage, LoadReport } from "../contracts/protocol.ts";
+import type { ItemUsage, LoadReport } from "../contracts/protocol/schema.ts";
 import { type Scrape, meanStepMs, parsePrometheus } from "./engine-metrics.ts";
 import {
   RESPONSE_END_EVENTS,

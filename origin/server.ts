@@ -22,12 +22,12 @@ import { createGpuMonitor } from "./gpu.ts";
 import type { GpuMonitor } from "./gpu.ts";
 import { createOriginCounters, renderOriginMetrics } from "./metrics.ts";
 import type { OriginCounters } from "./metrics.ts";
-import { MAX_BATCH_ITEMS } from "../contracts/protocol.ts";
+import { MAX_BATCH_ITEMS } from "../contracts/protocol/framing.ts";
 import { type ItemRun, ItemRunner, errorBody } from "./items.ts";
 import { batchRoutes } from "./batch-routes.ts";
 import { plainRoutes } from "./plain-routes.ts";
 import { OriginError, readJson, zodMessage } from "./http.ts";
-import type { KvEventCursor, LoadReport } from "../contracts/protocol.ts";
+import type { KvEventCursor, LoadReport } from "../contracts/protocol/schema.ts";
 
 /** Configuration of an origin. */
 export interface OriginOptions {

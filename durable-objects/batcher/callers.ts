@@ -3,7 +3,7 @@
  * with its sink and body, and every way a caller ends other than its item's END: refused
  * after queueing, failed before its HEAD, cancelled while waiting or running, or timed out.
  */
-import { encodeJsonPayload } from "../../contracts/protocol.ts";
+import { encodeJsonPayload } from "../../contracts/protocol/framing.ts";
 import { type BatchCaller, type OpenCall, deliver, failBody, newCaller } from "./caller.ts";
 import type { CallerSink } from "./caller-sink.ts";
 import type { ClientBody } from "./client-body.ts";

@@ -9,7 +9,6 @@
  */
 import { logWarn } from "../../contracts/log.ts";
 import { DurableObject } from "cloudflare:workers";
-import { decodeJsonPayload } from "../../contracts/protocol.ts";
 import { cancelBatchItems, currentUpstream } from "../../contracts/upstream.ts";
 import { assertNever } from "./caller.ts";
 import { AnswerSink, type CallerSink, WholeSink } from "./caller-sink.ts";
@@ -29,11 +28,11 @@ import {
   type BatcherAttempt,
   type BatcherCancelOptions,
   type BatcherEnd,
-  type BatcherFailureTrailer,
   type BatcherHead,
   type BatcherNotAdmitted,
   type BatcherOpenResult,
   type BatcherSnapshot,
+  failureTrailerOf,
 } from "./types.ts";
 import {
   type TickNotice,
@@ -145,7 +144,7 @@ export class Batcher extends DurableObject<Env> {
         this.#answers.delete(input.id);
         return {
           kind: "ended",
-          trailer: decodeJsonPayload(opening.trailer) as BatcherFailureTrailer,
+          trailer: failureTrailerOf(input.id, opening.trailer),
           atOnce: admitted.atOnce,
         };
       case "closed":

@@ -40,7 +40,7 @@ import {
 import { type RegionConfig, originServes } from "../config.ts";
 import { DEFAULT_QUARANTINE_MS, OriginHealth } from "../../contracts/origin-health.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
-import type { ItemPath } from "../../contracts/protocol.ts";
+import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { Verdict } from "../../contracts/breaker.ts";
 
 /** Request header that picks the first region to try (for tests and diagnostics). */

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { ItemRecord, OutcomesResponse } from "../../contracts/protocol.ts";
+import type { ItemRecord, OutcomesResponse } from "../../contracts/protocol/schema.ts";
 import { type RunningStack, createKey, startStack } from "../../scripts/stack.ts";
 import { inParallel } from "../support/in-parallel.ts";
 

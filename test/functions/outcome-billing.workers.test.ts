@@ -1,7 +1,7 @@
 import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
-import type { ItemRecord, OutcomesResponse } from "../../contracts/protocol.ts";
+import type { ItemRecord, OutcomesResponse } from "../../contracts/protocol/schema.ts";
 import { type GatewayConfig, parseGatewayConfig } from "../../functions/config.ts";
 import {
   type DispatchOptions,
