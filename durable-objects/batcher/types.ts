@@ -5,6 +5,7 @@
 import type { HistogramData } from "../../contracts/prometheus.ts";
 import type { BreakerSettings } from "../../contracts/breaker.ts";
 import { z } from "zod";
+import type { ErrorCode } from "../../contracts/errors.ts";
 import { parsePayload } from "../../contracts/protocol/framing.ts";
 import {
   type ItemHead,
@@ -126,7 +127,7 @@ export const BatcherFailureCodeSchema = z.enum([
   "origin_timeout",
   /** No origin's KV cache can ever hold the prompt. */
   "prompt_too_large",
-]);
+] as const satisfies readonly ErrorCode[]);
 /** Why an item ended before its origin answered. */
 export type BatcherFailureCode = z.output<typeof BatcherFailureCodeSchema>;
 

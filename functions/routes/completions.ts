@@ -19,7 +19,7 @@ import {
   syncCanary,
 } from "../canaries.ts";
 import { methodNotAllowed } from "../error-handler.ts";
-import { ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
+import { clipped, invalidRequest, notFound } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
 import { admitCompletion, verifyCredential } from "../middleware/auth.ts";
 import { completionBody } from "../middleware/completion-body.ts";
@@ -198,10 +198,10 @@ export const completions = new Hono<AppEnv>()
   .all("/responses", methodNotAllowed(["POST"]))
   // A stored response would be the caller's: only a valid key learns that none is kept.
   .all("/responses/:id{.+}", verifyCredential(), (c) => {
-    throw new ApiError(
-      404,
+    throw notFound(
       `No response '${clipped(c.req.param("id").split("/")[0] ?? "")}' is stored: this gateway keeps no responses, so they cannot be retrieved, cancelled or deleted.`,
-      { type: "invalid_request_error", param: "response_id", code: "response_not_found" },
+      "response_not_found",
+      "response_id",
     );
   })
   .post("/embeddings", completionBody("embeddings"), planCompletion(), admitCompletion(), (c) =>
