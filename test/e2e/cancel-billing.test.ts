@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { ItemRecord, OutcomesResponse } from "../../contracts/protocol/schema.ts";
+import { type ItemRecord, OutcomesResponseSchema } from "../../contracts/protocol/schema.ts";
 import { type RunningStack, createKey, startStack } from "../../scripts/stack.ts";
 import { inParallel } from "../support/in-parallel.ts";
 
@@ -83,7 +83,8 @@ async function originRecords(ids: readonly string[]): Promise<Map<string, ItemRe
       headers: { authorization: `Bearer ${stack.originAccessToken}` },
       body: JSON.stringify({ ids }),
     });
-    for (const item of ((await res.json()) as OutcomesResponse).items) found.set(item.id, item);
+    for (const item of OutcomesResponseSchema.parse(await res.json()).items)
+      found.set(item.id, item);
   }
   return found;
 }
