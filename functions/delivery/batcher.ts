@@ -237,10 +237,7 @@ async function answerAtBatcher(
   const { trailer } = result;
   if (head === null) {
     if (trailer !== null) {
-      return {
-        attempt: failedBeforeHead(failureTrailerOf(input.id, trailer)),
-        atOnce,
-      };
+      return { attempt: failedBeforeHead(failureTrailerOf(input.id, trailer)), atOnce };
     }
     // Closed before any HEAD: cancelled while it waited, or lost by the batcher.
     return {
@@ -255,10 +252,9 @@ async function answerAtBatcher(
   const frames: Frame[] = [];
   if (body.byteLength > 0) frames.push({ type: FrameType.DATA, item: 0, payload: body });
   // An END that is not a trailer is left out: the item then ends broken, as without one.
-  if (ended !== null) {
-    const payload = ended === received && trailer !== null ? trailer : encodeJsonPayload(ended);
+  const payload = ended === received ? trailer : ended && encodeJsonPayload(ended);
+  if (ended !== null && payload !== null)
     frames.push({ type: FrameType.END, item: 0, payload, trailer: ended });
-  }
   // Read from memory: the item has ended, and there is nothing to stop on its origin.
   const item = frameItem(head, memoryFrames(frames), { cancel: () => {} });
   return {
