@@ -157,7 +157,13 @@ export function openedFrames(
               return frameOf(FrameType.HEAD, encodeJsonPayload(result.head));
             case "ended":
               stop("after its lone END");
-              return frameOf(FrameType.END, encodeJsonPayload(result.trailer));
+              // The whole failure trailer (`origin`, `status`…), not only an END's fields.
+              return {
+                type: FrameType.END,
+                item: 0,
+                payload: encodeJsonPayload(result.trailer),
+                trailer: result.trailer,
+              };
             case "cancelled":
               return stop("cancelled");
             default:
