@@ -11,7 +11,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { type ModelPrice, utcDay } from "../contracts/pricing.ts";
-import type { ItemRecord } from "../contracts/protocol.ts";
+import type { ItemRecord } from "../contracts/protocol/schema.ts";
 import { modelPrice } from "../functions/pricing.ts";
 import { DEV_KEY_LIMITS, createKey, startStack } from "../scripts/stack.ts";
 import type { ChaosOutcome } from "./chaos-client.ts";

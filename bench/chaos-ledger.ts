@@ -5,7 +5,7 @@
  * to it.
  */
 import { type ModelPrice, type TokenUsage, costPicos } from "../contracts/pricing.ts";
-import type { ItemRecord } from "../contracts/protocol.ts";
+import type { ItemRecord } from "../contracts/protocol/schema.ts";
 import type { ChaosOutcome } from "./chaos-client.ts";
 
 /** How a request ended for its client. */

@@ -7,9 +7,9 @@ import {
   type ItemRecord,
   MAX_OUTCOME_IDS,
   OUTCOMES_PATH,
-  type OutcomesResponse,
+  OutcomesResponseSchema,
   requestIdOf,
-} from "../contracts/protocol.ts";
+} from "../contracts/protocol/schema.ts";
 import type { LedgerEntry, UserRows } from "./chaos-ledger.ts";
 
 /** Lookups in flight at once: the edge being measured stays up for them. */
@@ -127,7 +127,7 @@ export async function readOriginItems(
         await res?.arrayBuffer();
         return null;
       }
-      for (const item of ((await res.json()) as OutcomesResponse).items) {
+      for (const item of OutcomesResponseSchema.parse(await res.json()).items) {
         byRequest.get(requestIdOf(item.id))?.push({ ...item, origin: origin.id });
       }
     }

@@ -8,13 +8,11 @@
 import { promptBlocks } from "../contracts/prefix-blocks.ts";
 import {
   BATCH_PATH,
-  FrameType,
   type ItemTrailer,
   type KvEventCursor,
   type LoadReport,
-  decodeJsonPayload,
-  readFrames,
-} from "../contracts/protocol.ts";
+} from "../contracts/protocol/schema.ts";
+import { FrameType, readFrames } from "../contracts/protocol/framing.ts";
 import { rendezvousOrder } from "../durable-objects/batcher/routing/placement.ts";
 import { type RouteRequest, Router, coldKey } from "../durable-objects/batcher/routing/router.ts";
 import { type RoutingConfig, routerSettingsOf } from "../durable-objects/batcher/settings.ts";
@@ -226,7 +224,7 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
       let ended: ItemTrailer | null = null;
       for await (const frame of readFrames(response.body)) {
         if (frame.type === FrameType.LOAD) {
-          const report = decodeJsonPayload(frame.payload) as LoadReport;
+          const { report } = frame;
           t.report = report;
           t.reportAt = Date.now();
           if (router !== null) {
@@ -248,7 +246,7 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
           }
           answer += contentOf(new TextDecoder().decode(frame.payload));
         } else if (frame.type === FrameType.END) {
-          ended = decodeJsonPayload(frame.payload) as ItemTrailer;
+          ended = frame.trailer;
         }
       }
       router?.ended(id, ended?.usage ?? null);

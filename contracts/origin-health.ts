@@ -7,7 +7,7 @@
  */
 
 import { type OnTimeTimer, onTimeTimeout } from "./on-time.ts";
-import type { LoadReport } from "./protocol.ts";
+import type { LoadReport } from "./protocol/schema.ts";
 
 /** How long an origin that failed stays quarantined unless configured otherwise. */
 export const DEFAULT_QUARANTINE_MS = 2_000;

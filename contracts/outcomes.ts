@@ -13,9 +13,10 @@ import {
   type ItemUsage,
   MAX_OUTCOME_IDS,
   OUTCOMES_PATH,
-  type OutcomesResponse,
+  type OutcomesRequest,
+  OutcomesResponseSchema,
   requestIdOf,
-} from "./protocol.ts";
+} from "./protocol/schema.ts";
 
 /** An origin to ask. */
 export interface OutcomeSource {
@@ -115,15 +116,19 @@ export async function lookupOutcomes(
   if (ids.length < requestIds.length) throw new Error(`at most ${MAX_OUTCOME_IDS} ids a lookup`);
   const answers = await Promise.all(
     sources.map(async (source) => {
-      const response = await postTo(source, OUTCOMES_PATH, { ids }, secrets, timeoutMs);
+      const body: OutcomesRequest = { ids };
+      const response = await postTo(source, OUTCOMES_PATH, body, secrets, timeoutMs);
       if (response === null) return null;
+      let answer: unknown;
       try {
-        const answer: unknown = await response.json();
-        const { items } = answer as OutcomesResponse;
-        return items.map((item): FoundItem => ({ ...item, origin: source.id }));
+        answer = await response.json();
       } catch {
         return null;
       }
+      // An answer of another shape is an origin that did not answer.
+      const parsed = OutcomesResponseSchema.safeParse(answer);
+      if (!parsed.success) return null;
+      return parsed.data.items.map((item): FoundItem => ({ ...item, origin: source.id }));
     }),
   );
   const items: FoundItem[] = [];

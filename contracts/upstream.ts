@@ -9,15 +9,12 @@ import { onTimeTimeout } from "./on-time.ts";
 import type { OriginFailureKind } from "./errors.ts";
 import {
   BATCH_CANCEL_PATH,
-  BATCH_CONTENT_TYPE,
   BATCH_PATH,
   BATCH_PROTOCOL_VERSION,
   type BatchRequest,
   type CancelRequest,
-  type Frame,
-  FrameDecoder,
-  FrameType,
-} from "./protocol.ts";
+} from "./protocol/schema.ts";
+import { BATCH_CONTENT_TYPE, type Frame, FrameDecoder, FrameType } from "./protocol/framing.ts";
 
 /** Where an origin listens, and the bearer token it requires (none on open loopback). */
 export interface UpstreamOrigin {

@@ -16,7 +16,7 @@ import {
   type UsageRow,
 } from "../durable-objects/key-account/types.ts";
 import { microsToUsd, usdToMicros } from "../contracts/pricing.ts";
-import { ApiError } from "../contracts/errors.ts";
+import { ApiError, notFound } from "../contracts/errors.ts";
 import { readJsonBody } from "./json-body.ts";
 import { checkKeyModels } from "./key-models.ts";
 import { keyAccount, keyDirectory } from "./key-auth.ts";
@@ -310,11 +310,7 @@ async function known(env: Env, id: string): Promise<boolean> {
 
 function noSuchKey(id: string): ApiError {
   const shown = KEY_ID_PATTERN.test(id) ? id : "(malformed id)";
-  return new ApiError(404, `No API key with id ${shown}.`, {
-    type: "invalid_request_error",
-    code: "key_not_found",
-    param: "id",
-  });
+  return notFound(`No API key with id ${shown}.`, "key_not_found", "id");
 }
 
 function isOrigin(value: string): boolean {

@@ -10,7 +10,7 @@ import { sign, verify } from "hono/jwt";
 import { z } from "zod";
 import type { Limits } from "../durable-objects/key-account/types.ts";
 import { DIRECTORY_NAME } from "../durable-objects/key-directory/types.ts";
-import { ApiError } from "../contracts/errors.ts";
+import { ApiError, invalidApiKey } from "../contracts/errors.ts";
 import { readJsonBody } from "./json-body.ts";
 import { hex } from "../contracts/hashing.ts";
 import {
@@ -205,9 +205,6 @@ const TokenRequest = z.strictObject({
   models: z.array(z.string().min(1).max(256)).max(256).optional(),
 });
 
-/** Body of `POST /v1/tokens`. */
-export type TokenRequestBody = z.infer<typeof TokenRequest>;
-
 /** `POST /v1/tokens` (mint with an API key) and CORS preflights for `/v1/*`; mount at `/v1`. */
 export const browserTokensApp = new Hono<{ Bindings: Env }>()
   .options("/*", async (c) => {
@@ -236,14 +233,14 @@ export const browserTokensApp = new Hono<{ Bindings: Env }>()
     const presented = bearerToken(c.req.header("authorization"));
     // Only an API key mints tokens; a browser token cannot mint more.
     const parsed = presented === null ? null : await parseApiKey(c.env, presented);
-    if (parsed === null) throw incorrectKey();
+    if (parsed === null) throw invalidApiKey();
     const requested = await readJsonBody(c.req.raw, TokenRequest);
     const account = c.env.KEY_ACCOUNT.get(c.env.KEY_ACCOUNT.idFromName(parsed.keyId));
     const check = await account.check({
       credential: { kind: "key", secretHash: parsed.secretHash },
       now,
     });
-    if (!check.ok) throw incorrectKey();
+    if (!check.ok) throw invalidApiKey();
     const { record } = check;
     const outside = (requested.models ?? []).find(
       (model) => record.models !== null && !record.models.includes(model),
@@ -285,13 +282,6 @@ export const browserTokensApp = new Hono<{ Bindings: Env }>()
       models,
     });
   });
-
-function incorrectKey(): ApiError {
-  return new ApiError(401, "Incorrect API key provided.", {
-    type: "invalid_request_error",
-    code: "invalid_api_key",
-  });
-}
 
 const preflightCache = new Map<string, { allowed: boolean; until: number }>();
 

@@ -7,14 +7,19 @@ import { logError } from "../contracts/log.ts";
 import type { Context, ErrorHandler, NotFoundHandler } from "hono";
 import { HTTPException } from "hono/http-exception";
 import type { AppEnv } from "./app-env.ts";
-import { ApiError, internalError, invalidMethod, invalidUrl } from "../contracts/errors.ts";
+import {
+  ApiError,
+  internalError,
+  invalidMethod,
+  invalidUrl,
+  isErrorStatus,
+} from "../contracts/errors.ts";
 
 function toApiError(error: unknown, c: Context<AppEnv>): ApiError {
   if (error instanceof ApiError) return error;
-  if (error instanceof HTTPException && error.status < 500) {
+  if (error instanceof HTTPException && error.status < 500 && isErrorStatus(error.status)) {
     // Raised by Hono middleware (e.g. a malformed request); its message is meant for clients.
-    const status = error.status === 405 ? 405 : error.status;
-    if (status === 405) return invalidMethod(c.req.method, c.req.path, []);
+    if (error.status === 405) return invalidMethod(c.req.method, c.req.path, []);
     return new ApiError(error.status, error.message || "Invalid request.", {
       type: "invalid_request_error",
     });

@@ -6,7 +6,7 @@
  */
 import type { z } from "zod";
 import { ApiError, bodyTooLarge, clipped, invalidJson } from "../contracts/errors.ts";
-import { concatBytes } from "../contracts/protocol.ts";
+import { concatBytes } from "../contracts/protocol/framing.ts";
 
 /** Largest body the admin and token routes read. */
 export const MAX_SMALL_BODY_BYTES = 64 * 1024;

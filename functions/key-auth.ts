@@ -20,7 +20,7 @@ import {
 } from "../durable-objects/key-account/types.ts";
 import { formatUsd } from "../contracts/pricing.ts";
 import { verifyBrowserToken, type BrowserScope } from "./browser-tokens.ts";
-import { ApiError } from "../contracts/errors.ts";
+import { ApiError, invalidApiKey, missingApiKey } from "../contracts/errors.ts";
 import { API_KEY_PREFIX, bearerToken, parseApiKey } from "./keys.ts";
 import { formatResetDuration, rateLimitHeaders, retryAfterHeaders } from "./rate-limit-headers.ts";
 import { SettleQueue } from "./settle-queue.ts";
@@ -50,19 +50,19 @@ export async function authenticateBearer(
   options: { now: number; origin?: string | null },
 ): Promise<Authentication> {
   const credential = bearerToken(authorization);
-  if (credential === null) return { ok: false, error: missingKey() };
+  if (credential === null) return { ok: false, error: missingApiKey() };
   if (credential.startsWith(API_KEY_PREFIX)) {
     const parsed = await parseApiKey(env, credential);
-    if (parsed === null) return { ok: false, error: invalidKey("Incorrect API key provided.") };
+    if (parsed === null) return { ok: false, error: invalidApiKey() };
     return { ok: true, kind: "key", keyId: parsed.keyId, secretHash: parsed.secretHash };
   }
   // Neither an API key nor a browser token (a JWT: three dot-separated parts): a wrong key.
   if (credential.split(".").length !== 3) {
-    return { ok: false, error: invalidKey("Incorrect API key provided.") };
+    return { ok: false, error: invalidApiKey() };
   }
   const scope = await verifyBrowserToken(env, credential, options.now);
   if (scope === null) {
-    return { ok: false, error: invalidKey("Invalid or expired browser token.") };
+    return { ok: false, error: invalidApiKey("Invalid or expired browser token.") };
   }
   const origin = options.origin ?? null;
   if (origin !== null && !scope.origins.includes(origin)) {
@@ -189,7 +189,7 @@ export function heldSettlements(keyId: string): { queued: number; unconfirmed: n
 export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError {
   switch (refusal.code) {
     case "invalid_api_key":
-      return invalidKey(INVALID_KEY_MESSAGES[refusal.reason]);
+      return invalidApiKey(INVALID_KEY_MESSAGES[refusal.reason]);
     case "origin_not_allowed":
       return originNotAllowed();
     case "model_not_allowed":
@@ -265,17 +265,6 @@ const INVALID_KEY_MESSAGES: Record<InvalidKeyReason, string> = {
   expired: "This API key has expired.",
   rotated: "This browser token was minted with a key that has since been rotated; mint a new one.",
 };
-
-function missingKey(): ApiError {
-  return invalidKey(
-    "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
-  );
-}
-
-/** 401 `invalid_api_key`; the message never quotes the credential. */
-export function invalidKey(message: string): ApiError {
-  return new ApiError(401, message, { type: "invalid_request_error", code: "invalid_api_key" });
-}
 
 function originNotAllowed(): ApiError {
   return new ApiError(403, "Requests from this origin are not allowed for this key.", {

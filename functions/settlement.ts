@@ -5,7 +5,7 @@
  * See docs/edge.md, "Settlement".
  */
 import { logError } from "../contracts/log.ts";
-import type { ItemOutcome, ItemUsage } from "../contracts/protocol.ts";
+import type { ItemOutcome, ItemUsage } from "../contracts/protocol/schema.ts";
 import type { RequestAttempt } from "../durable-objects/key-account/types.ts";
 import type { GivenUp } from "./delivery/generated.ts";
 

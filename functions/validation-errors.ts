@@ -6,7 +6,7 @@
  */
 import type { z } from "zod";
 import { formatPath } from "./config.ts";
-import { type ApiError, clipped, invalidRequest } from "../contracts/errors.ts";
+import { type ApiError, clipped, invalidRequest, isErrorCode } from "../contracts/errors.ts";
 
 type Issue = z.core.$ZodIssue;
 
@@ -86,7 +86,12 @@ function describeIssue(issue: Issue, prefix: readonly PropertyKey[]): ApiError {
       const message = params?.verbatim
         ? issue.message
         : `Invalid value for '${param}': ${issue.message}.`;
-      return invalidRequest(message, param, params?.openai ?? "invalid_value");
+      const code = params?.openai;
+      return invalidRequest(
+        message,
+        param,
+        code !== undefined && isErrorCode(code) ? code : "invalid_value",
+      );
     }
     default:
       return invalidRequest(`Invalid '${param}': ${issue.message}.`, param, "invalid_value");

@@ -4,60 +4,33 @@
  * `/v1/batch/cancel` stops items; `/v1/batch/outcomes` tells how recent items ended.
  */
 import type { Hono } from "hono";
-import { z } from "zod";
 import {
   BATCH_CANCEL_PATH,
-  BATCH_CONTENT_TYPE,
-  BATCH_ITEM,
   BATCH_PATH,
   BATCH_PROTOCOL_VERSION,
-  FrameType,
-  ITEM_PATHS,
-  MAX_OUTCOME_IDS,
+  type BatchItem,
+  BatchRequestSchema,
+  CancelRequestSchema,
   OUTCOMES_PATH,
+  OutcomesRequestSchema,
   type ItemHead,
   type KvEventCursor,
   type LoadReport,
+} from "../contracts/protocol/schema.ts";
+import {
+  BATCH_CONTENT_TYPE,
+  BATCH_ITEM,
+  FrameType,
   concatBytes,
   encodeFrame,
   encodeJsonFrame,
-} from "../contracts/protocol.ts";
+} from "../contracts/protocol/framing.ts";
 import type { ItemRun, ItemRunner, ItemSpec } from "./items.ts";
 import type { OriginCounters } from "./metrics.ts";
 import { OriginError, readJson, zodMessage } from "./http.ts";
 
 /** Backpressure threshold of a batch response: beyond it, items wait for the edge to read. */
 const BATCH_HIGH_WATER_BYTES = 1 << 20;
-
-const BatchItemSchema = z.object({
-  id: z.string().min(1).max(256),
-  path: z.enum(ITEM_PATHS),
-  headers: z.record(z.string(), z.string()).optional(),
-  body: z.string(),
-  timeout_ms: z.number().int().positive().optional(),
-  priority: z.number().optional(),
-});
-
-const BatchRequestSchema = z.object({
-  v: z.literal(BATCH_PROTOCOL_VERSION),
-  batch_id: z.string().min(1).max(256),
-  items: z.array(BatchItemSchema).min(1),
-  kv_events_after: z.object({ log: z.string().max(64), seq: z.int().nonnegative() }).optional(),
-});
-
-const CancelRequestSchema = z
-  .object({
-    batch_id: z.string().min(1).optional(),
-    ids: z.array(z.string()).optional(),
-  })
-  .refine((request) => request.batch_id !== undefined || request.ids !== undefined, {
-    message: "A cancel names a batch_id, ids, or both.",
-    path: ["batch_id"],
-  });
-
-const OutcomesRequestSchema = z.object({
-  ids: z.array(z.string().min(1).max(256)).max(MAX_OUTCOME_IDS),
-});
 
 /** What the batch routes share with the rest of the origin. */
 export interface BatchRouteDeps {
@@ -165,7 +138,7 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
             return emit(encodeJsonFrame(FrameType.LOAD, BATCH_ITEM, report));
           };
 
-          const runOne = async (index: number, item: z.infer<typeof BatchItemSchema>) => {
+          const runOne = async (index: number, item: BatchItem) => {
             const run = runs.get(item.id);
             if (run === undefined) return;
             const spec: ItemSpec = {

@@ -7,7 +7,7 @@
  * (`origin/openai-engine.ts`) for vLLM, SGLang, llama.cpp server, Ollama, ….
  * See docs/configuration.md, "The origin".
  */
-import type { ItemOutcome, ItemPath, ItemUsage, LoadReport } from "../contracts/protocol.ts";
+import type { ItemOutcome, ItemPath, ItemUsage, LoadReport } from "../contracts/protocol/schema.ts";
 
 /** One OpenAI-compatible request handed to an engine. */
 export interface EngineItem {

@@ -7,15 +7,16 @@
  * See docs/configuration.md, "The origin".
  */
 import { z } from "zod";
+import { type ErrorCode, type OpenAIErrorBody, openAIErrorBody } from "../contracts/errors.ts";
 import type { Engine, EngineItem, EngineOutcome, EngineResponse } from "./engine.ts";
 
 /** Statuses an injected error may carry (rate limited, internal error, unavailable). */
 export const FAULT_STATUSES = [429, 500, 503] as const;
 
 /** Error code of an item whose stream the origin cut on purpose. */
-export const STREAM_DROPPED_CODE = "origin_stream_dropped";
+export const STREAM_DROPPED_CODE = "origin_stream_dropped" satisfies ErrorCode;
 /** Error code in the body of an injected error response. */
-export const FAULT_ERROR_CODE = "origin_fault_injected";
+export const FAULT_ERROR_CODE = "origin_fault_injected" satisfies ErrorCode;
 
 /** Validates a (partial) fault configuration, as `PUT /admin/faults` and the CLI give it. */
 export const FaultConfigSchema = z
@@ -146,7 +147,7 @@ export function createFaultController(options: FaultControllerOptions = {}): Fau
 
 const encoder = new TextEncoder();
 
-function injectedErrorBody(status: number): string {
+function injectedErrorBody(status: number): OpenAIErrorBody {
   const type = status === 429 ? "rate_limit_error" : "server_error";
   const message =
     status === 429
@@ -154,7 +155,7 @@ function injectedErrorBody(status: number): string {
       : status === 503
         ? "The engine is unavailable (injected fault)."
         : "The engine failed (injected fault).";
-  return JSON.stringify({ error: { message, type, param: null, code: FAULT_ERROR_CODE } });
+  return openAIErrorBody(message, type, FAULT_ERROR_CODE);
 }
 
 function injectedError(status: number): EngineResponse {
@@ -162,12 +163,12 @@ function injectedError(status: number): EngineResponse {
   // A 429 or 503 without retry-after leaves OpenAI SDKs guessing; say one second.
   if (status === 429 || status === 503) headers["retry-after"] = "1";
   const body = injectedErrorBody(status);
-  const error = JSON.parse(body).error;
+  const { error } = body;
   return {
     status,
     headers,
     body: (async function* () {
-      yield encoder.encode(body);
+      yield encoder.encode(JSON.stringify(body));
     })(),
     outcome: Promise.resolve({
       outcome: "error",

@@ -5,15 +5,27 @@
  */
 import type { Context } from "hono";
 import type { z } from "zod";
+import {
+  type ErrorCode,
+  type ErrorStatus,
+  type ErrorType,
+  type OpenAIErrorBody,
+  openAIErrorBody,
+} from "../contracts/errors.ts";
 
 /** An error answered in OpenAI's shape. */
 export class OriginError extends Error {
   override name = "OriginError";
-  readonly status: number;
-  readonly type: string;
-  readonly code: string | null;
+  readonly status: ErrorStatus;
+  readonly type: ErrorType;
+  readonly code: ErrorCode | null;
   readonly param: string | null;
-  constructor(status: number, message: string, code: string | null, param: string | null = null) {
+  constructor(
+    status: ErrorStatus,
+    message: string,
+    code: ErrorCode | null,
+    param: string | null = null,
+  ) {
     super(message);
     this.status = status;
     this.code = code;
@@ -26,6 +38,11 @@ export class OriginError extends Error {
           : status >= 500
             ? "server_error"
             : "invalid_request_error";
+  }
+
+  /** Its OpenAI error body. */
+  toBody(): OpenAIErrorBody {
+    return openAIErrorBody(this.message, this.type, this.code, this.param);
   }
 }
 

@@ -8,17 +8,9 @@ import { KvEventLog } from "./kv-events.ts";
 import type { Engine, EngineOutcome, EngineResponse } from "./engine.ts";
 import type { AbortReason, OriginCounters } from "./metrics.ts";
 import { OutcomeLog } from "./outcome-log.ts";
-import type { ItemPath, ItemTrailer } from "../contracts/protocol.ts";
+import type { ItemPath, ItemTrailer } from "../contracts/protocol/schema.ts";
+import { type ErrorCode, type ErrorType, openAIErrorBody } from "../contracts/errors.ts";
 
-/** OpenAI's error body. */
-export function errorBody(
-  message: string,
-  type: string,
-  code: string | null,
-  param: string | null = null,
-) {
-  return { error: { message, type, param, code } };
-}
 /** Engine response headers that describe a connection, not the response (RFC 9110 §7.6.1). */
 const HOP_BY_HOP = new Set([
   "connection",
@@ -63,11 +55,11 @@ const encoder = new TextEncoder();
 export function syntheticResponse(
   status: number,
   message: string,
-  type: string,
-  code: string,
+  type: ErrorType,
+  code: ErrorCode,
   outcome: EngineOutcome["outcome"],
 ): EngineResponse {
-  const body = JSON.stringify(errorBody(message, type, code));
+  const body = JSON.stringify(openAIErrorBody(message, type, code));
   return {
     status,
     headers: { "content-type": "application/json" },

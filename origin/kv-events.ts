@@ -6,7 +6,7 @@
  * batch call names the last event it saw, and its LOAD frames bring the ones since.
  */
 import { type PrefixRequest, promptBlocks } from "../contracts/prefix-blocks.ts";
-import type { KvEventCursor, KvEvents } from "../contracts/protocol.ts";
+import type { KvEventCursor, KvEvents } from "../contracts/protocol/schema.ts";
 import type { EngineBlockEvent, EngineBlockHash } from "./engine.ts";
 
 /** How long an ended item's prompt waits for its engine's events. */

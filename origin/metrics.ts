@@ -5,7 +5,7 @@
  */
 import type { FaultKind } from "./faults.ts";
 import type { GpuReading, GpuSnapshot } from "./gpu.ts";
-import type { ItemOutcome } from "../contracts/protocol.ts";
+import type { ItemOutcome } from "../contracts/protocol/schema.ts";
 
 /** Why the origin aborted an item. */
 export type AbortReason = "cancel" | "client" | "timeout" | "shutdown";

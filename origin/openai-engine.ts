@@ -14,7 +14,8 @@ import type {
   EngineOutcome,
   EngineResponse,
 } from "./engine.ts";
-import type { ItemUsage, LoadReport } from "../contracts/protocol.ts";
+import type { ItemUsage, LoadReport } from "../contracts/protocol/schema.ts";
+import type { ErrorCode } from "../contracts/errors.ts";
 import { type Scrape, meanStepMs, parsePrometheus } from "./engine-metrics.ts";
 import {
   RESPONSE_END_EVENTS,
@@ -57,7 +58,7 @@ export interface OpenAIEngineOptions {
 }
 
 /** Error code of an item whose engine could not be reached. */
-export const ENGINE_UNREACHABLE_CODE = "engine_unreachable";
+export const ENGINE_UNREACHABLE_CODE = "engine_unreachable" satisfies ErrorCode;
 
 /** Response headers that describe the engine's server, not the response. */
 const DROPPED_HEADERS = new Set([

@@ -3,6 +3,7 @@
  * failed fetch says, an engine error body as OpenAI's error object, and the JSON error
  * answers the origin writes itself.
  */
+import { type ErrorCode, type ErrorType, openAIErrorBody } from "../contracts/errors.ts";
 import type { EngineOutcome, EngineResponse } from "./engine.ts";
 import { objectOrNull } from "./sse-usage.ts";
 
@@ -24,10 +25,10 @@ export function describeFetchError(error: unknown): string {
 export function jsonError(
   status: number,
   message: string,
-  type: string,
-  code: string,
+  type: ErrorType,
+  code: ErrorCode,
 ): EngineResponse {
-  const text = JSON.stringify({ error: { message, type, param: null, code } });
+  const text = JSON.stringify(openAIErrorBody(message, type, code));
   return {
     status,
     headers: { "content-type": "application/json" },

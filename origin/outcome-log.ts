@@ -9,7 +9,7 @@ import {
   type ItemRecord,
   type ItemUsage,
   requestIdOf,
-} from "../contracts/protocol.ts";
+} from "../contracts/protocol/schema.ts";
 
 /** How long an ended item is remembered. */
 export const OUTCOME_RETENTION_MS = 15 * 60_000;

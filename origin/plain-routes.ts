@@ -8,7 +8,7 @@ import type { Context, Hono } from "hono";
 import { STREAM_DROPPED_CODE } from "./faults.ts";
 import { type ItemRunner, drain } from "./items.ts";
 import type { ItemRoute, OriginCounters } from "./metrics.ts";
-import type { ItemPath } from "../contracts/protocol.ts";
+import type { ItemPath } from "../contracts/protocol/schema.ts";
 
 /** What the OpenAI routes share with the rest of the origin. */
 export interface PlainRouteDeps {

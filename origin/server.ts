@@ -22,12 +22,13 @@ import { createGpuMonitor } from "./gpu.ts";
 import type { GpuMonitor } from "./gpu.ts";
 import { createOriginCounters, renderOriginMetrics } from "./metrics.ts";
 import type { OriginCounters } from "./metrics.ts";
-import { MAX_BATCH_ITEMS } from "../contracts/protocol.ts";
-import { type ItemRun, ItemRunner, errorBody } from "./items.ts";
+import { MAX_BATCH_ITEMS } from "../contracts/protocol/framing.ts";
+import { type ItemRun, ItemRunner } from "./items.ts";
+import { openAIErrorBody } from "../contracts/errors.ts";
 import { batchRoutes } from "./batch-routes.ts";
 import { plainRoutes } from "./plain-routes.ts";
 import { OriginError, readJson, zodMessage } from "./http.ts";
-import type { KvEventCursor, LoadReport } from "../contracts/protocol.ts";
+import type { KvEventCursor, LoadReport } from "../contracts/protocol/schema.ts";
 
 /** Configuration of an origin. */
 export interface OriginOptions {
@@ -108,14 +109,14 @@ function buildOrigin(options: OriginOptions): Origin {
 
   app.onError((err, c) => {
     if (err instanceof OriginError) {
-      return c.json(errorBody(err.message, err.type, err.code, err.param), err.status as 400);
+      return c.json(err.toBody(), err.status);
     }
     // A bug, unless the client went away mid-request (nobody is left to answer): say so in
     // the log, and nothing of it to the client.
     if (!c.req.raw.signal.aborted)
       console.error(`origin: ${c.req.method} ${c.req.path} failed`, err);
     return c.json(
-      errorBody("The origin failed to handle the request.", "server_error", "internal_error"),
+      openAIErrorBody("The origin failed to handle the request.", "server_error", "internal_error"),
       500,
     );
   });
@@ -134,7 +135,7 @@ function buildOrigin(options: OriginOptions): Origin {
   });
   app.notFound((c) =>
     c.json(
-      errorBody(
+      openAIErrorBody(
         `Unknown route: ${c.req.method} ${c.req.path}`,
         "invalid_request_error",
         "not_found",

@@ -4,7 +4,7 @@
  * the way out when the client did not ask for it.
  * See docs/configuration.md, "The origin".
  */
-import type { ItemUsage } from "../contracts/protocol.ts";
+import type { ItemUsage } from "../contracts/protocol/schema.ts";
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();

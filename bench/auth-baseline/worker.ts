@@ -10,7 +10,7 @@ import type { RateLimitInfo } from "../../durable-objects/key-account/types.ts";
 import { formatUsd } from "../../contracts/pricing.ts";
 import type { AppEnv } from "../../functions/app-env.ts";
 import { handleError, handleNotFound } from "../../functions/error-handler.ts";
-import { incorrectApiKey, originFailure } from "../../contracts/errors.ts";
+import { invalidApiKey, originFailure } from "../../contracts/errors.ts";
 import { bearerToken } from "../../functions/keys.ts";
 import {
   COST_HEADER,
@@ -44,7 +44,7 @@ function staticKey() {
       expected.byteLength > 0 &&
       expected.byteLength === presented.byteLength &&
       crypto.subtle.timingSafeEqual(expected, presented);
-    if (!ok) throw incorrectApiKey();
+    if (!ok) throw invalidApiKey();
     c.set("caller", { kind: "key", keyId: "bench" });
     await next();
   });

@@ -8,7 +8,6 @@
  * calls (`upstream/`) are built below in the order they depend on each other.
  */
 import { DurableObject } from "cloudflare:workers";
-import { decodeJsonPayload } from "../../contracts/protocol.ts";
 import type { DeliveryMode } from "./callers/caller.ts";
 import { Callers } from "./callers/callers.ts";
 import { BODY_BUFFER_BYTES, ClientBody } from "./callers/client-body.ts";
@@ -19,16 +18,16 @@ import { LiveWindow } from "./live-window.ts";
 import { CallRecords } from "./records.ts";
 import { Placer } from "./routing/placer.ts";
 import { snapshotOf } from "./snapshot.ts";
-import type {
-  BatcherAnswerResult,
-  BatcherAttempt,
-  BatcherCancelOptions,
-  BatcherEnd,
-  BatcherFailureTrailer,
-  BatcherHead,
-  BatcherNotAdmitted,
-  BatcherOpenResult,
-  BatcherSnapshot,
+import {
+  type BatcherAnswerResult,
+  type BatcherAttempt,
+  type BatcherCancelOptions,
+  type BatcherEnd,
+  type BatcherHead,
+  type BatcherNotAdmitted,
+  type BatcherOpenResult,
+  type BatcherSnapshot,
+  failureTrailerOf,
 } from "./types.ts";
 import { RegionBreakers } from "./upstream/breakers.ts";
 import { Calls } from "./upstream/calls.ts";
@@ -132,7 +131,7 @@ export class Batcher extends DurableObject<Env> {
         this.#answers.delete(input.id);
         return {
           kind: "ended",
-          trailer: decodeJsonPayload(opening.trailer) as BatcherFailureTrailer,
+          trailer: failureTrailerOf(input.id, opening.trailer),
           atOnce: admitted.atOnce,
         };
       case "closed":

@@ -6,7 +6,7 @@
  */
 import { z } from "zod";
 import { DEFAULT_QUARANTINE_MS } from "../../contracts/origin-health.ts";
-import { MAX_BATCH_ITEMS } from "../../contracts/protocol.ts";
+import { MAX_BATCH_ITEMS } from "../../contracts/protocol/framing.ts";
 
 /** One priority lane as written; every field optional. */
 export const BatchingLaneSchema = z.strictObject({

@@ -4,7 +4,14 @@
  */
 import type { HistogramData } from "../../contracts/prometheus.ts";
 import type { BreakerSettings } from "../../contracts/breaker.ts";
-import type { ItemHead, ItemPath, ItemTrailer } from "../../contracts/protocol.ts";
+import { z } from "zod";
+import type { ErrorCode } from "../../contracts/errors.ts";
+import { parsePayload } from "../../contracts/protocol/framing.ts";
+import {
+  type ItemHead,
+  type ItemPath,
+  ItemTrailerSchema,
+} from "../../contracts/protocol/schema.ts";
 import type { RouterView } from "./routing/router.ts";
 import type { RouterSettings, WindowConfig } from "./settings.ts";
 import type { FlushReason, OriginLoadView } from "./window/types.ts";
@@ -86,29 +93,46 @@ export interface BatcherHead extends ItemHead {
 }
 
 /** Why an item ended before its origin answered (`error.code` of its lone END). */
-export type BatcherFailureCode =
+export const BatcherFailureCodeSchema = z.enum([
   /** Waited past its lane's timeout or its deadline; the trailer carries `status`. */
-  | "queue_timeout"
+  "queue_timeout",
   /** No origin of this batcher may take it (all down, or all avoided). */
-  | "no_healthy_origin"
+  "no_healthy_origin",
   /** The origin could not be reached or said it cannot take work. */
-  | "origin_unavailable"
+  "origin_unavailable",
   /** The origin answered the call with something other than a framed batch, or broke. */
-  | "origin_error"
+  "origin_error",
   /** The origin did not answer within the first-byte timeout. */
-  | "origin_timeout"
+  "origin_timeout",
   /** No origin's KV cache can ever hold the prompt. */
-  | "prompt_too_large";
+  "prompt_too_large",
+] as const satisfies readonly ErrorCode[]);
+/** Why an item ended before its origin answered. */
+export type BatcherFailureCode = z.output<typeof BatcherFailureCodeSchema>;
 
 /** The trailer of an item's lone END when it ended before its origin answered. */
-export interface BatcherFailureTrailer extends ItemTrailer {
-  outcome: "error" | "timeout";
-  error: { message: string; type: string; code: BatcherFailureCode };
+export const BatcherFailureTrailerSchema = ItemTrailerSchema.extend({
+  outcome: z.enum(["error", "timeout"]),
+  error: z.object({ message: z.string(), type: z.string(), code: BatcherFailureCodeSchema }),
   /** The origin that failed it, when one did. */
-  origin?: string;
+  origin: z.string().optional(),
   /** For `queue_timeout`: the lane's status to answer (429 or 503) and when to retry. */
-  status?: 429 | 503;
-  retry_after_ms?: number;
+  status: z.literal([429, 503]).optional(),
+  retry_after_ms: z.number().optional(),
+});
+/** The trailer of an item's lone END when it ended before its origin answered. */
+export type BatcherFailureTrailer = z.output<typeof BatcherFailureTrailerSchema>;
+
+/** Item `id`'s lone END read from its trailer's bytes; bytes of another shape: an origin error. */
+export function failureTrailerOf(id: string, bytes: Uint8Array): BatcherFailureTrailer {
+  return (
+    parsePayload(BatcherFailureTrailerSchema, bytes) ?? {
+      id,
+      outcome: "error",
+      usage: null,
+      error: { message: "malformed END trailer", type: "server_error", code: "origin_error" },
+    }
+  );
 }
 
 /** A request the batcher did not admit. */

@@ -6,7 +6,7 @@
  */
 import { DurableObject } from "cloudflare:workers";
 import { applyMigrations } from "../migrations.ts";
-import { MAX_OUTCOME_IDS } from "../../contracts/protocol.ts";
+import { MAX_OUTCOME_IDS } from "../../contracts/protocol/schema.ts";
 import { keyRefusal } from "./admission.ts";
 import { clampLease, decide } from "./admit.ts";
 import { lookupOutcomes, reconcile } from "../../contracts/outcomes.ts";

@@ -6,14 +6,8 @@
  */
 import { CredentialRing, credentialValues } from "../../contracts/credentials.ts";
 import { onTimeTimeout } from "../../contracts/on-time.ts";
-import {
-  BATCH_PROTOCOL_VERSION,
-  type BatchRequest,
-  FrameType,
-  type ItemHead,
-  type ItemTrailer,
-  decodeJsonPayload,
-} from "../../contracts/protocol.ts";
+import { BATCH_PROTOCOL_VERSION, type BatchRequest } from "../../contracts/protocol/schema.ts";
+import { FrameType } from "../../contracts/protocol/framing.ts";
 import { frameReader, postBatchWithCredentials } from "../../contracts/upstream.ts";
 import type { ProbeTarget } from "./types.ts";
 
@@ -70,10 +64,10 @@ async function completes(target: ProbeTarget, env: object, signal: AbortSignal) 
     const frame = await frames.next();
     if (typeof frame === "string") return false;
     if (frame.type === FrameType.HEAD) {
-      status = (decodeJsonPayload(frame.payload) as ItemHead).status;
+      status = frame.head.status;
     } else if (frame.type === FrameType.END) {
       frames.cancel();
-      const { outcome } = decodeJsonPayload(frame.payload) as ItemTrailer;
+      const { outcome } = frame.trailer;
       // The engine answered; a 4xx is about the probe's own request, not the origin's health.
       return outcome === "ok" || (status >= 400 && status < 500 && status !== 429);
     }

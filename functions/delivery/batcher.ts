@@ -6,23 +6,26 @@
  * (`idle_bypass_ms`), an attempt goes straight to the candidate origin instead.
  */
 import type { Batcher } from "../../durable-objects/batcher/index.ts";
-import type {
-  BatcherAnswerResult,
-  BatcherAttempt,
-  BatcherCancelOptions,
-  BatcherEnd,
-  BatcherFailureTrailer,
-  BatcherOpenResult,
-  AttemptRoute,
+import {
+  type BatcherAnswerResult,
+  type BatcherAttempt,
+  type BatcherCancelOptions,
+  type BatcherEnd,
+  type BatcherOpenResult,
+  type AttemptRoute,
+  failureTrailerOf,
 } from "../../durable-objects/batcher/types.ts";
+import {
+  type ItemHead,
+  type ItemTrailer,
+  ItemTrailerSchema,
+} from "../../contracts/protocol/schema.ts";
 import {
   type Frame,
   FrameType,
-  type ItemHead,
-  type ItemTrailer,
-  decodeJsonPayload,
   encodeJsonPayload,
-} from "../../contracts/protocol.ts";
+  parsePayload,
+} from "../../contracts/protocol/framing.ts";
 import { describe } from "../../contracts/upstream.ts";
 import type { GatewayConfig } from "../config.ts";
 import { type BatchingPlan, batcherName, batchingPlan, laneFor, shardOf } from "./batcher-plan.ts";
@@ -233,10 +236,7 @@ async function answerAtBatcher(
   const { trailer } = result;
   if (head === null) {
     if (trailer !== null) {
-      return {
-        attempt: failedBeforeHead(decodeJsonPayload(trailer) as BatcherFailureTrailer),
-        atOnce,
-      };
+      return { attempt: failedBeforeHead(failureTrailerOf(input.id, trailer)), atOnce };
     }
     // Closed before any HEAD: cancelled while it waited, or lost by the batcher.
     return {
@@ -246,10 +246,14 @@ async function answerAtBatcher(
   }
   // Cut at the request's timeout: a timeout, whatever the origin said of the cancel, with
   // the usage it reported (what was generated is billed, as for any cancel).
-  const ended = timedOutRunning ? timedOutTrailer(input.id, trailer) : trailer;
+  const received = trailer === null ? null : parsePayload(ItemTrailerSchema, trailer);
+  const ended = timedOutRunning ? timedOutTrailer(input.id, received) : received;
   const frames: Frame[] = [];
   if (body.byteLength > 0) frames.push({ type: FrameType.DATA, item: 0, payload: body });
-  if (ended !== null) frames.push({ type: FrameType.END, item: 0, payload: ended });
+  // An END that is not a trailer is left out: the item then ends broken, as without one.
+  const payload = ended === received ? trailer : ended && encodeJsonPayload(ended);
+  if (ended !== null && payload !== null)
+    frames.push({ type: FrameType.END, item: 0, payload, trailer: ended });
   // Read from memory: the item has ended, and there is nothing to stop on its origin.
   const item = frameItem(head, memoryFrames(frames), { cancel: () => {} });
   return {
@@ -260,16 +264,14 @@ async function answerAtBatcher(
 }
 
 /** The END of an item cut at its request's timeout: a timeout unless it had ended well. */
-function timedOutTrailer(id: string, trailer: Uint8Array | null): Uint8Array {
-  const ended = trailer === null ? null : (decodeJsonPayload(trailer) as ItemTrailer);
-  if (ended?.outcome === "ok") return trailer as Uint8Array;
-  const timedOut: ItemTrailer = {
+function timedOutTrailer(id: string, ended: ItemTrailer | null): ItemTrailer {
+  if (ended?.outcome === "ok") return ended;
+  return {
     id,
     outcome: "timeout",
     usage: ended?.usage ?? null,
     error: { message: "The request timed out.", type: "server_error", code: "timeout" },
   };
-  return encodeJsonPayload(timedOut);
 }
 
 /** A streamed attempt: `open` answers at the item's HEAD, `end` at its END. */
@@ -371,7 +373,9 @@ async function endOf(ending: Promise<BatcherEnd>): Promise<ItemEnd> {
     const { trailer } = await ending;
     // Null: the item's call was cut after its HEAD, or the batcher lost the item.
     if (trailer === null) return { kind: "broken", detail: "the item ended without an END" };
-    return { kind: "end", trailer: decodeJsonPayload(trailer) as ItemTrailer };
+    const read = parsePayload(ItemTrailerSchema, trailer);
+    if (read === null) return { kind: "broken", detail: "batcher: malformed END trailer" };
+    return { kind: "end", trailer: read };
   } catch (error) {
     return { kind: "broken", detail: `batcher: ${describe(error)}` };
   }

@@ -7,14 +7,11 @@ import type { OriginFailureKind } from "../../contracts/errors.ts";
 import {
   BATCH_PROTOCOL_VERSION,
   type BatchRequest,
-  FrameType,
   type ItemHead,
   type ItemPath,
-  type ItemTrailer,
   type LoadReport,
-  concatBytes,
-  decodeJsonPayload,
-} from "../../contracts/protocol.ts";
+} from "../../contracts/protocol/schema.ts";
+import { FrameType, concatBytes } from "../../contracts/protocol/framing.ts";
 import { CredentialRing } from "../../contracts/credentials.ts";
 import {
   type CredentialedOrigin,
@@ -209,14 +206,14 @@ export async function openItem(
     if (typeof frame === "string") return failed("bad_answer", frame);
     switch (frame.type) {
       case FrameType.LOAD:
-        lastLoad = decodeJsonPayload(frame.payload) as LoadReport;
+        lastLoad = frame.report;
         options.onLoad?.(lastLoad);
         break;
       case FrameType.HEAD:
-        head = decodeJsonPayload(frame.payload) as ItemHead;
+        head = frame.head;
         break;
       case FrameType.END: {
-        const trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
+        const { trailer } = frame;
         const failure = trailer.outcome === "timeout" ? "timeout" : "bad_answer";
         return failed(
           failure,

@@ -16,7 +16,7 @@ import {
 } from "../../contracts/errors.ts";
 import type { Verdict } from "../../contracts/breaker.ts";
 import { judgeHead, retryAfterMs } from "../../contracts/origin-health.ts";
-import type { ItemPath } from "../../contracts/protocol.ts";
+import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { OriginPool, RegionOrigin } from "../origin-pool.ts";
 import type { SettledRequest } from "../settlement.ts";
 import { credentialValues } from "../../contracts/credentials.ts";

@@ -12,7 +12,7 @@ import {
   outranks,
   settledOutcome,
 } from "../../contracts/outcomes.ts";
-import type { ItemOutcome, ItemUsage } from "../../contracts/protocol.ts";
+import type { ItemOutcome, ItemUsage } from "../../contracts/protocol/schema.ts";
 import type { OriginConfig } from "../config.ts";
 import type { RegionOrigin } from "../origin-pool.ts";
 import type { SettledRequest } from "../settlement.ts";

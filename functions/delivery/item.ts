@@ -6,14 +6,11 @@
  */
 import { errorEvent, originFailure } from "../../contracts/errors.ts";
 import {
-  type Frame,
-  FrameType,
   type ItemHead,
   type ItemTrailer,
   type LoadReport,
-  concatBytes,
-  decodeJsonPayload,
-} from "../../contracts/protocol.ts";
+} from "../../contracts/protocol/schema.ts";
+import { type Frame, FrameType, concatBytes } from "../../contracts/protocol/framing.ts";
 import type { FrameReader } from "../../contracts/upstream.ts";
 
 /** How an item ended: its END, or why none came. */
@@ -226,9 +223,9 @@ class FrameEvents {
           return { kind: "data", bytes: withReadyData(this.#frames, frame.payload) };
         case FrameType.END:
           this.#finished = true;
-          return { kind: "end", trailer: decodeJsonPayload(frame.payload) as ItemTrailer };
+          return { kind: "end", trailer: frame.trailer };
         case FrameType.LOAD:
-          this.#onLoad?.(decodeJsonPayload(frame.payload) as LoadReport);
+          this.#onLoad?.(frame.report);
           break;
         case FrameType.HEAD:
           this.#finished = true;

@@ -6,7 +6,7 @@
  */
 import { logWarn } from "../../contracts/log.ts";
 import { originFailure } from "../../contracts/errors.ts";
-import type { ItemHead, ItemTrailer } from "../../contracts/protocol.ts";
+import type { ItemHead, ItemTrailer } from "../../contracts/protocol/schema.ts";
 import type { SettledRequest } from "../settlement.ts";
 import type { DispatchOptions } from "./failover.ts";
 import {

@@ -9,7 +9,7 @@ import { Hono } from "hono";
 import { adminAuth } from "../admin.ts";
 import type { AppEnv } from "../app-env.ts";
 import { batcherName, batchingPlan } from "../delivery/batcher-plan.ts";
-import { ApiError } from "../../contracts/errors.ts";
+import { notFound } from "../../contracts/errors.ts";
 import type { RouterView } from "../../durable-objects/batcher/routing/router.ts";
 
 /** The batcher inspection route group, mounted at `/admin/batchers`. */
@@ -21,10 +21,10 @@ export const batchers = new Hono<AppEnv>()
     const known = c.var.config.models.some((m) => m.id === model);
     const plan = region === undefined || !known ? null : batchingPlan(c.var.config, region, model);
     if (plan === null) {
-      throw new ApiError(404, `No batcher serves model '${model}' in region '${regionId}'.`, {
-        type: "invalid_request_error",
-        code: "batcher_not_found",
-      });
+      throw notFound(
+        `No batcher serves model '${model}' in region '${regionId}'.`,
+        "batcher_not_found",
+      );
     }
     const shards = await Promise.all(
       Array.from({ length: plan.shards }, async (_, shard) => {

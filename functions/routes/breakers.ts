@@ -7,7 +7,7 @@ import { Hono } from "hono";
 import { z } from "zod";
 import { adminAuth } from "../admin.ts";
 import type { AppEnv } from "../app-env.ts";
-import { ApiError } from "../../contracts/errors.ts";
+import { notFound } from "../../contracts/errors.ts";
 import { readJsonBody } from "../json-body.ts";
 import { breakerRegion } from "../breakers.ts";
 
@@ -29,11 +29,7 @@ export const breakers = new Hono<AppEnv>()
     const origin = c.req.param("origin");
     const region = c.var.config.regions.find((r) => r.origins.some((o) => o.id === origin));
     if (region === undefined) {
-      throw new ApiError(404, `No origin '${origin}' is configured.`, {
-        type: "invalid_request_error",
-        param: "origin",
-        code: "origin_not_found",
-      });
+      throw notFound(`No origin '${origin}' is configured.`, "origin_not_found", "origin");
     }
     const { state } = await readJsonBody(c.req.raw, ForceSchema);
     const view = await c.env.ORIGIN_BREAKERS.getByName(region.id).force(

@@ -10,7 +10,7 @@ import { adminAuth } from "../admin.ts";
 import type { AppEnv } from "../app-env.ts";
 import { canaryOf } from "../canaries.ts";
 import { canaryName } from "../../contracts/canary.ts";
-import { ApiError } from "../../contracts/errors.ts";
+import { notFound } from "../../contracts/errors.ts";
 import { readJsonBody } from "../json-body.ts";
 
 const ActionSchema = z.strictObject({ action: z.enum(["promote", "pause", "resume", "rollback"]) });
@@ -32,11 +32,11 @@ export const canaries = new Hono<AppEnv>()
     const model = c.req.param("model");
     const spec = canaryOf(c.var.config, model);
     if (spec === undefined) {
-      throw new ApiError(404, `No canary is configured for model '${model.slice(0, 128)}'.`, {
-        type: "invalid_request_error",
-        param: "model",
-        code: "canary_not_found",
-      });
+      throw notFound(
+        `No canary is configured for model '${model.slice(0, 128)}'.`,
+        "canary_not_found",
+        "model",
+      );
     }
     const { action } = await readJsonBody(c.req.raw, ActionSchema);
     return c.json(await c.env.CANARIES.getByName(canaryName(spec)).act(spec, action));

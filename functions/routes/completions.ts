@@ -19,7 +19,7 @@ import {
   syncCanary,
 } from "../canaries.ts";
 import { methodNotAllowed } from "../error-handler.ts";
-import { ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
+import { clipped, invalidRequest, notFound } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
 import { admitCompletion, verifyCredential } from "../middleware/auth.ts";
 import { completionBody } from "../middleware/completion-body.ts";
@@ -40,7 +40,7 @@ import {
 import { type RegionConfig, originServes } from "../config.ts";
 import { DEFAULT_QUARANTINE_MS, OriginHealth } from "../../contracts/origin-health.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
-import type { ItemPath } from "../../contracts/protocol.ts";
+import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { Verdict } from "../../contracts/breaker.ts";
 
 /** Request header that picks the first region to try (for tests and diagnostics). */
@@ -198,10 +198,10 @@ export const completions = new Hono<AppEnv>()
   .all("/responses", methodNotAllowed(["POST"]))
   // A stored response would be the caller's: only a valid key learns that none is kept.
   .all("/responses/:id{.+}", verifyCredential(), (c) => {
-    throw new ApiError(
-      404,
+    throw notFound(
       `No response '${clipped(c.req.param("id").split("/")[0] ?? "")}' is stored: this gateway keeps no responses, so they cannot be retrieved, cancelled or deleted.`,
-      { type: "invalid_request_error", param: "response_id", code: "response_not_found" },
+      "response_not_found",
+      "response_id",
     );
   })
   .post("/embeddings", completionBody("embeddings"), planCompletion(), admitCompletion(), (c) =>

@@ -17,7 +17,7 @@ import type {
 } from "../../durable-objects/key-account/types.ts";
 import { picosToUsd, utcDay } from "../../contracts/pricing.ts";
 import { methodNotAllowed } from "../error-handler.ts";
-import { ApiError, invalidRequest } from "../../contracts/errors.ts";
+import { ApiError, invalidRequest, notFound } from "../../contracts/errors.ts";
 
 /** Longest `user` that `GET /v1/usage?user=` takes (OpenAI's `user` is at most 256). */
 export const MAX_USER_LENGTH = 256;
@@ -172,11 +172,11 @@ export const usage = new Hono<AppEnv>()
     });
     if (!result.ok) throw refusalError(result, credential.keyId);
     if (result.record === null) {
-      throw new ApiError(404, `No request with id ${requestId.slice(0, 64)} for this key.`, {
-        type: "invalid_request_error",
-        param: "request_id",
-        code: "request_not_found",
-      });
+      throw notFound(
+        `No request with id ${requestId.slice(0, 64)} for this key.`,
+        "request_not_found",
+        "request_id",
+      );
     }
     return c.json(requestRecordJson(result.record));
   })

@@ -13,7 +13,7 @@ import type {
   EngineResponse,
 } from "../engine.ts";
 import { randomInt } from "node:crypto";
-import type { LoadReport } from "../../contracts/protocol.ts";
+import type { LoadReport } from "../../contracts/protocol/schema.ts";
 import { engineBlockEvent, prefillSpeed } from "./block-events.ts";
 import { KvCache, type SeqId } from "./kv-cache.ts";
 import { SimMetrics } from "./metrics.ts";

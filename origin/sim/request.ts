@@ -3,7 +3,7 @@
  * (docs/configuration.md, "The simulated engine"), and answers invalid ones the way OpenAI
  * and vLLM do (status, type, param, code).
  */
-import type { ItemPath } from "../../contracts/protocol.ts";
+import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import { renderChatPrompt } from "./chat-template.ts";
 import type { OutputMode } from "./generate.ts";
 import {

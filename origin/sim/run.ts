@@ -4,7 +4,7 @@
  * token by token in a stable order as the scheduler produces them.
  */
 import type { EngineOutcome, EngineResponse, EngineItem } from "../engine.ts";
-import type { ItemUsage } from "../../contracts/protocol.ts";
+import type { ItemUsage } from "../../contracts/protocol/schema.ts";
 import { errorJson, jsonBody, type ResponseHead } from "./format.ts";
 import { planOutput, type OutputPlan } from "./generate.ts";
 import { Hasher, hashHex } from "./hash.ts";

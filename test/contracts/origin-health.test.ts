@@ -6,7 +6,7 @@ import {
   reportsBusy,
   retryAfterMs,
 } from "../../contracts/origin-health.ts";
-import type { LoadReport } from "../../contracts/protocol.ts";
+import type { LoadReport } from "../../contracts/protocol/schema.ts";
 
 function load(over: Partial<LoadReport>): LoadReport {
   return {

@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { type FoundItem, reconcile, settledOutcome } from "../../contracts/outcomes.ts";
-import type { BatchItem, ItemUsage } from "../../contracts/protocol.ts";
+import type { BatchItem, ItemUsage } from "../../contracts/protocol/schema.ts";
 import { startOrigin } from "../../origin/server.ts";
 import type { RunningOrigin } from "../../origin/server.ts";
 import { eventually, postBatch, readBatch } from "../origin/batch-client.ts";

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type FoundItem, type Reconciled, reconcile } from "../../contracts/outcomes.ts";
-import type { OutcomesResponse } from "../../contracts/protocol.ts";
+import { OutcomesResponseSchema } from "../../contracts/protocol/schema.ts";
 import { type RunningStack, createKey, startStack } from "../../scripts/stack.ts";
 import { inParallel } from "../support/in-parallel.ts";
 
@@ -82,15 +82,13 @@ async function settledRecord(key: string, id: string): Promise<RequestRecord> {
 async function originRecords(ids: readonly string[]): Promise<Map<string, Reconciled>> {
   const items: FoundItem[] = [];
   for (const { origin } of stack.origins) {
-    for (let at = 0; at < ids.length; at += 100) {
-      const res = await fetch(`${origin.url}/v1/batch/outcomes`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${stack.originAccessToken}` },
-        body: JSON.stringify({ ids: ids.slice(at, at + 100) }),
-      });
-      const answer = (await res.json()) as OutcomesResponse;
-      items.push(...answer.items.map((item) => ({ ...item, origin: origin.originId })));
-    }
+    const res = await fetch(`${origin.url}/v1/batch/outcomes`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${stack.originAccessToken}` },
+      body: JSON.stringify({ ids }),
+    });
+    const answer = OutcomesResponseSchema.parse(await res.json());
+    items.push(...answer.items.map((item) => ({ ...item, origin: origin.originId })));
   }
   return reconcile(ids, items);
 }

@@ -2,13 +2,16 @@ import { describe, expect, it } from "vitest";
 import { frameReader } from "../../contracts/upstream.ts";
 import { frameItem } from "../../functions/delivery/item.ts";
 import {
-  FrameType,
   type ItemHead,
   type ItemTrailer,
+  type LoadReport,
+} from "../../contracts/protocol/schema.ts";
+import {
+  FrameType,
   concatBytes,
   encodeFrame,
   encodeJsonFrame,
-} from "../../contracts/protocol.ts";
+} from "../../contracts/protocol/framing.ts";
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
@@ -92,7 +95,19 @@ describe("an open item's DATA", () => {
 
   it("stops at a LOAD frame between DATA frames and reports it", async () => {
     const loads: unknown[] = [];
-    const load = { running: 1, waiting: 0 };
+    const load: LoadReport = {
+      origin: "o",
+      t: 1,
+      running: 1,
+      waiting: 0,
+      kv_usage: 0,
+      kv_free_blocks: 0,
+      kv_total_blocks: 0,
+      block_size: 0,
+      prefix_queries: 0,
+      prefix_hits: 0,
+      max_num_seqs: 1,
+    };
     const item = frameItem(
       head,
       frameReader(
@@ -153,5 +168,36 @@ describe("a client that goes away while a read waits", () => {
     });
     const event = await waiting;
     expect(decoder.decode(event.value)).toBe("data: last\n\n");
+  });
+});
+
+describe("an item whose origin sends a malformed frame", () => {
+  const badEnd = encodeJsonFrame(FrameType.END, 0, { id: "req_1", outcome: "done" });
+  const badLoad = encodeFrame(FrameType.LOAD, 0xffff, encoder.encode("{not json"));
+
+  it("ends its stream broken, with the origin-error event, never a thrown error", async () => {
+    const item = frameItem(head, frameReader(body([data("data: a\n\n"), badEnd])), {
+      cancel: () => {},
+    });
+    const streamed = item.stream(() => {});
+    const texts = await textsOf(streamed.body);
+    expect(texts[0]).toBe("data: a\n\n");
+    expect(JSON.parse(texts[1]?.replace(/^data: /, "") ?? "")).toMatchObject({
+      error: { type: "server_error", code: "origin_error" },
+    });
+    expect(await streamed.ended).toMatchObject({
+      kind: "broken",
+      detail: expect.stringContaining("malformed END payload"),
+    });
+  });
+
+  it("ends broken when read whole, for a malformed LOAD as for a malformed END", async () => {
+    for (const bad of [badEnd, badLoad]) {
+      const item = frameItem(head, frameReader(body([concatBytes([data("{}"), bad])])), {
+        cancel: () => {},
+      });
+      const whole = await item.whole();
+      expect(whole.end).toMatchObject({ kind: "broken" });
+    }
   });
 });

@@ -1,13 +1,11 @@
 import { env } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
 import {
-  type Frame,
-  FrameType,
   type ItemRecord,
   type ItemTrailer,
   type OutcomesResponse,
-  encodeJsonPayload,
-} from "../../contracts/protocol.ts";
+} from "../../contracts/protocol/schema.ts";
+import { type Frame, FrameType, encodeJsonPayload } from "../../contracts/protocol/framing.ts";
 import { parseGatewayConfig } from "../../functions/config.ts";
 import {
   type AttemptRequest,
@@ -63,7 +61,7 @@ function answer(
 ): OpenItem {
   const frames: Frame[] = [
     { type: FrameType.DATA, item: 0, payload: new TextEncoder().encode(body) },
-    { type: FrameType.END, item: 0, payload: encodeJsonPayload(end) },
+    { type: FrameType.END, item: 0, payload: encodeJsonPayload(end), trailer: end },
   ];
   const head = { id, status, headers: { "content-type": type } };
   return frameItem(head, memoryFrames(frames), { cancel: () => {} });

@@ -1,7 +1,7 @@
 import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
-import type { ItemRecord, OutcomesResponse } from "../../contracts/protocol.ts";
+import { type ItemRecord, OutcomesResponseSchema } from "../../contracts/protocol/schema.ts";
 import { type GatewayConfig, parseGatewayConfig } from "../../functions/config.ts";
 import {
   type DispatchOptions,
@@ -65,7 +65,7 @@ async function originRecords(id: string): Promise<ItemRecord[]> {
     method: "POST",
     body: JSON.stringify({ ids: [id] }),
   });
-  return (await response.json<OutcomesResponse>()).items;
+  return OutcomesResponseSchema.parse(await response.json()).items;
 }
 
 describe("billing an answer whose END never reached the edge", () => {

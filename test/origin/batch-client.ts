@@ -2,14 +2,15 @@
  * The client side of the batch protocol as tests use it: post an envelope, read the
  * frames back, and group them per item.
  */
-import { BATCH_PATH, decodeJsonPayload, FrameType, readFrames } from "../../contracts/protocol.ts";
+import { BATCH_PATH } from "../../contracts/protocol/schema.ts";
+import { FrameType, readFrames } from "../../contracts/protocol/framing.ts";
 import type {
   BatchItem,
   ItemHead,
   ItemTrailer,
   KvEventCursor,
   LoadReport,
-} from "../../contracts/protocol.ts";
+} from "../../contracts/protocol/schema.ts";
 
 /** One item's frames, as the client saw them. */
 export interface ItemFrames {
@@ -55,7 +56,7 @@ export async function readBatch(
   for await (const frame of readFrames(response.body)) {
     const kind = NAMES[frame.type] ?? "?";
     if (frame.type === FrameType.LOAD) {
-      result.loads.push(decodeJsonPayload(frame.payload) as LoadReport);
+      result.loads.push(frame.report);
       result.sequence.push("LOAD");
       continue;
     }
@@ -66,9 +67,9 @@ export async function readBatch(
       result.items.set(frame.item, item);
     }
     item.order.push(kind);
-    if (frame.type === FrameType.HEAD) item.head = decodeJsonPayload(frame.payload) as ItemHead;
+    if (frame.type === FrameType.HEAD) item.head = frame.head;
     if (frame.type === FrameType.DATA) item.data.push(frame.payload.slice());
-    if (frame.type === FrameType.END) item.end = decodeJsonPayload(frame.payload) as ItemTrailer;
+    if (frame.type === FrameType.END) item.end = frame.trailer;
     onFrame?.(kind, frame.item);
   }
   return result;

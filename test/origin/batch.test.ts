@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it } from "vitest";
-import { BATCH_CANCEL_PATH, BATCH_CONTENT_TYPE } from "../../contracts/protocol.ts";
-import type { BatchItem } from "../../contracts/protocol.ts";
+import { BATCH_CANCEL_PATH } from "../../contracts/protocol/schema.ts";
+import { BATCH_CONTENT_TYPE } from "../../contracts/protocol/framing.ts";
+import type { BatchItem } from "../../contracts/protocol/schema.ts";
 import { startOrigin } from "../../origin/server.ts";
 import type { OriginOptions, RunningOrigin } from "../../origin/server.ts";
 import { eventually, itemText, postBatch, readBatch } from "./batch-client.ts";

@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from "vitest";
-import { BATCH_CANCEL_PATH } from "../../contracts/protocol.ts";
-import type { BatchItem } from "../../contracts/protocol.ts";
+import { BATCH_CANCEL_PATH } from "../../contracts/protocol/schema.ts";
+import type { BatchItem } from "../../contracts/protocol/schema.ts";
 import { CancelMemory } from "../../origin/cancels.ts";
 import { startOrigin } from "../../origin/server.ts";
 import type { RunningOrigin } from "../../origin/server.ts";

@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { promptBlocks } from "../../contracts/prefix-blocks.ts";
-import type { BatchItem, LoadReport } from "../../contracts/protocol.ts";
-import { BATCH_PATH } from "../../contracts/protocol.ts";
+import type { BatchItem, LoadReport } from "../../contracts/protocol/schema.ts";
+import { BATCH_PATH } from "../../contracts/protocol/schema.ts";
 import { KvEventLog } from "../../origin/kv-events.ts";
 import { type RunningOrigin, startOrigin } from "../../origin/server.ts";
 import { createSimEngine } from "../../origin/sim/engine.ts";

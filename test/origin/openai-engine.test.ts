@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createOpenAIEngine } from "../../origin/openai-engine.ts";
 import { meanStepMs, parsePrometheus } from "../../origin/engine-metrics.ts";
 import { hideInjectedUsage, requestUsage, SseSplitter } from "../../origin/sse-usage.ts";
-import { BATCH_CANCEL_PATH } from "../../contracts/protocol.ts";
+import { BATCH_CANCEL_PATH } from "../../contracts/protocol/schema.ts";
 import { startOrigin } from "../../origin/server.ts";
 import type { RunningOrigin } from "../../origin/server.ts";
 import { createSimEngine } from "../../origin/sim/engine.ts";

@@ -1,7 +1,7 @@
 import { spawn } from "node:child_process";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Engine } from "../../origin/engine.ts";
-import { BATCH_CANCEL_PATH } from "../../contracts/protocol.ts";
+import { BATCH_CANCEL_PATH } from "../../contracts/protocol/schema.ts";
 import { startOrigin } from "../../origin/server.ts";
 import type { RunningOrigin } from "../../origin/server.ts";
 import { createSimEngine } from "../../origin/sim/engine.ts";

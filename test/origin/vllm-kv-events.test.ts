@@ -4,7 +4,7 @@ import { encode } from "@msgpack/msgpack";
 import { afterEach, describe, expect, it } from "vitest";
 import { Publisher } from "zeromq";
 import { promptBlocks } from "../../contracts/prefix-blocks.ts";
-import { BATCH_PATH } from "../../contracts/protocol.ts";
+import { BATCH_PATH } from "../../contracts/protocol/schema.ts";
 import type { EngineBlockEvent } from "../../origin/engine.ts";
 import { createOpenAIEngine } from "../../origin/openai-engine.ts";
 import { type RunningOrigin, startOrigin } from "../../origin/server.ts";

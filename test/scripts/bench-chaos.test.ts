@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import type { ItemRecord } from "../../contracts/protocol.ts";
+import type { ItemRecord } from "../../contracts/protocol/schema.ts";
 import type { ChaosOutcome } from "../../bench/chaos-client.ts";
 import {
   type ChaosLosses,

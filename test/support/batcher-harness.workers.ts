@@ -16,13 +16,19 @@ import { BATCHING_DEFAULTS } from "../../durable-objects/batcher/settings.ts";
 import { DEFAULT_BREAKER_SETTINGS } from "../../contracts/breaker.ts";
 import { type WindowConfigInput, windowConfig } from "./window-config.ts";
 import type { FrameReader } from "../../contracts/upstream.ts";
+import { z } from "zod";
+import {
+  ItemHeadSchema,
+  type ItemTrailer,
+  ItemTrailerSchema,
+} from "../../contracts/protocol/schema.ts";
 import {
   type Frame,
   FrameType,
-  type ItemTrailer,
-  decodeJsonPayload,
+  decodeFrame,
   encodeJsonPayload,
-} from "../../contracts/protocol.ts";
+  parsePayload,
+} from "../../contracts/protocol/framing.ts";
 import { chatBody, metricValue } from "./edge-requests.ts";
 
 // batch-1 and batch-2 are the Batcher tests' alone; they generate about one token per 20 ms, so a
@@ -99,7 +105,24 @@ export function openOn(stub: DurableObjectStub<Batcher>, input: BatcherAttempt) 
 }
 
 export function frameOf(type: FrameType, payload: Uint8Array): Frame {
-  return { type, item: 0, payload };
+  return decodeFrame(type, 0, payload);
+}
+
+/** A Batcher's HEAD as its caller gets it: the origin's, plus which origin it is. */
+const BatcherHeadSchema = ItemHeadSchema.extend({ origin: z.string() });
+
+function batcherHeadOf(frame: Frame): BatcherHead {
+  const head = parsePayload(BatcherHeadSchema, frame.payload);
+  if (head === null) throw new Error("a HEAD without its origin");
+  return head;
+}
+
+/** An END's trailer from its bytes, null without any; a malformed one fails the test. */
+export function trailerOf(bytes: Uint8Array | null): ItemTrailer | null {
+  if (bytes === null) return null;
+  const trailer = parsePayload(ItemTrailerSchema, bytes);
+  if (trailer === null) throw new Error("a malformed END trailer");
+  return trailer;
 }
 
 /**
@@ -133,7 +156,13 @@ export function openedFrames(
               return frameOf(FrameType.HEAD, encodeJsonPayload(result.head));
             case "ended":
               stop("after its lone END");
-              return frameOf(FrameType.END, encodeJsonPayload(result.trailer));
+              // The whole failure trailer (`origin`, `status`…), not only an END's fields.
+              return {
+                type: FrameType.END,
+                item: 0,
+                payload: encodeJsonPayload(result.trailer),
+                trailer: result.trailer,
+              };
             case "cancelled":
               return stop("cancelled");
             default:
@@ -184,10 +213,10 @@ export async function readItem(frames: FrameReader): Promise<ReadItem> {
       out.stopped = frame;
       return out;
     }
-    if (frame.type === FrameType.HEAD) out.head = decodeJsonPayload(frame.payload) as BatcherHead;
+    if (frame.type === FrameType.HEAD) out.head = batcherHeadOf(frame);
     if (frame.type === FrameType.DATA) out.body = concat(out.body, frame.payload);
     if (frame.type === FrameType.END) {
-      out.trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
+      out.trailer = frame.trailer;
       return out;
     }
   }
@@ -198,7 +227,7 @@ export async function untilHead(frames: FrameReader): Promise<BatcherHead> {
   for (;;) {
     const frame = await frames.next();
     if (typeof frame === "string") throw new Error(`no HEAD: ${frame}`);
-    if (frame.type === FrameType.HEAD) return decodeJsonPayload(frame.payload) as BatcherHead;
+    if (frame.type === FrameType.HEAD) return batcherHeadOf(frame);
     if (frame.type === FrameType.END) {
       throw new Error(`END before HEAD: ${new TextDecoder().decode(frame.payload)}`);
     }
@@ -296,9 +325,6 @@ export async function opened(b: ReturnType<typeof batcher>, id: string, over: At
   const { opening, ending } = b.open(id, over);
   const result = await opening;
   if (result.kind !== "open") throw new Error(`expected open, got ${result.kind}`);
-  const trailer = async (): Promise<ItemTrailer | null> => {
-    const bytes = await ending;
-    return bytes === null ? null : (decodeJsonPayload(bytes) as ItemTrailer);
-  };
+  const trailer = async (): Promise<ItemTrailer | null> => trailerOf(await ending);
   return { head: result.head, body: result.body, trailer };
 }

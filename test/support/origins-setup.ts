@@ -5,10 +5,12 @@
  * Regions: `eu` (two origins) and `us` (one) for ordinary traffic; `faulty` (two origins,
  * reached only through `x-warmgate-region`) for fault injection, so tests that break
  * origins never disturb the others; `slow` (one origin, realistic pace) for cancellation.
+ * `garbled-1` is no simulated origin but one that sends malformed frames (`garbled-origin.ts`).
  */
 import type { TestProject } from "vitest/node";
 import { type RunningOrigin, startOrigin } from "../../origin/server.ts";
 import { createSimEngine } from "../../origin/sim/engine.ts";
+import { startGarbledOrigin } from "./garbled-origin.ts";
 import { CREDENTIAL_ORIGIN_TOKEN, type TestOrigin } from "./provided-context.ts";
 
 /** Engine seed shared by every origin, so the same request gives the same bytes anywhere. */
@@ -105,9 +107,14 @@ export default async function setup(project: TestProject): Promise<() => Promise
     running.push(origin);
     origins.push({ id: spec.id, region: spec.region, url: origin.url });
   }
+  // Its tests address it directly, in configs of their own.
+  const garbled = await startGarbledOrigin("garbled-1");
+  origins.push({ id: "garbled-1", region: "garbled", url: garbled.url });
   project.provide("testOrigins", origins);
   project.provide("warmgateConfig", testConfig(origins));
   return async () => {
+    garbled.server.closeAllConnections();
+    await new Promise((resolve) => garbled.server.close(resolve));
     await Promise.all(running.map((origin) => origin.close()));
   };
 }

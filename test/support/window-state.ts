@@ -1,5 +1,5 @@
 /** Window states, load reports and requests for the window policy's tests. */
-import { type LoadReport } from "../../contracts/protocol.ts";
+import { type LoadReport } from "../../contracts/protocol/schema.ts";
 import { type WindowConfigInput, windowConfig } from "./window-config.ts";
 import { onOriginLoad } from "../../durable-objects/batcher/window/events.ts";
 import { enqueue } from "../../durable-objects/batcher/window/flush.ts";

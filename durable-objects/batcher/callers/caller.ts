@@ -4,11 +4,8 @@
  * its caller has had its answer (or went away), and comes exactly once.
  */
 import { errorEvent, originFailure } from "../../../contracts/errors.ts";
-import {
-  type ItemTrailer,
-  type LoadReport,
-  encodeJsonPayload,
-} from "../../../contracts/protocol.ts";
+import type { ItemTrailer, LoadReport } from "../../../contracts/protocol/schema.ts";
+import { encodeJsonPayload } from "../../../contracts/protocol/framing.ts";
 import { AnswerSink, type CallerSink } from "./sinks.ts";
 import type { ClientBody } from "./client-body.ts";
 import type { BatcherAttempt } from "../types.ts";

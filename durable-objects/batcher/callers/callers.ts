@@ -4,7 +4,7 @@
  * or too large in its lane, failed before its HEAD, cancelled while waiting or running, or
  * given up by its caller.
  */
-import { encodeJsonPayload } from "../../../contracts/protocol.ts";
+import { encodeJsonPayload } from "../../../contracts/protocol/framing.ts";
 import type { LiveWindow } from "../live-window.ts";
 import type {
   BatcherAttempt,

@@ -5,7 +5,7 @@
  * never change. Past `maxBacklogBytes` waiting behind a write the body is aborted (the
  * connection drops, never a clean end), and the owner, told by `closed`, cancels the item.
  */
-import { concatBytes } from "../../../contracts/protocol.ts";
+import { concatBytes } from "../../../contracts/protocol/framing.ts";
 
 /**
  * Bytes a client's body stream buffers; what may wait behind its write in flight before the

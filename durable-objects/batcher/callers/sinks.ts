@@ -4,7 +4,7 @@
  * stream of its own), or one answer with all of them ({@link WholeSink}, for `answer`: a
  * JSON item, which its client gets whole anyway).
  */
-import { concatBytes } from "../../../contracts/protocol.ts";
+import { concatBytes } from "../../../contracts/protocol/framing.ts";
 
 /** What the Batcher tells a caller about its item, in order: HEAD, DATA…, END, close. */
 export interface CallerSink {

@@ -6,7 +6,7 @@
  * or I/O; snapshots are plain JSON.
  */
 import { BLOCK_TOKENS } from "../../../contracts/prefix-blocks.ts";
-import type { KvEventCursor, KvEvents } from "../../../contracts/protocol.ts";
+import type { KvEventCursor, KvEvents } from "../../../contracts/protocol/schema.ts";
 import {
   PLACEMENT_REASONS,
   type PlacementChoice,

@@ -7,9 +7,8 @@ import {
   BATCH_PROTOCOL_VERSION,
   type BatchRequest,
   type KvEventCursor,
-  type Frame,
-  FrameDecoder,
-} from "../../../contracts/protocol.ts";
+} from "../../../contracts/protocol/schema.ts";
+import { type Frame, FrameDecoder } from "../../../contracts/protocol/framing.ts";
 import {
   type CredentialedOrigin,
   batchAnswerProblem,

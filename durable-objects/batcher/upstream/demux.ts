@@ -4,14 +4,7 @@
  * caller; LOAD reports to the window. While the Batcher's thread lags, a streamed item's
  * later tokens are held for a share of that lag so that they leave together.
  */
-import {
-  type Frame,
-  FrameType,
-  type ItemHead,
-  type ItemTrailer,
-  type LoadReport,
-  decodeJsonPayload,
-} from "../../../contracts/protocol.ts";
+import { type Frame, FrameType } from "../../../contracts/protocol/framing.ts";
 import { judgeHead } from "../../../contracts/origin-health.ts";
 import {
   type BatchCaller,
@@ -48,7 +41,7 @@ export function demultiplex(to: FrameTargets, call: OpenCall, frames: readonly F
   const fresh = new Set<BatchCaller>();
   for (const frame of frames) {
     if (frame.type === FrameType.LOAD) {
-      const report = decodeJsonPayload(frame.payload) as LoadReport;
+      const { report } = frame;
       const first = call.lastLoad === null;
       call.lastLoad = report;
       window.update((s) => onOriginLoad(s, call.originId, report, now).state);
@@ -70,7 +63,7 @@ export function demultiplex(to: FrameTargets, call: OpenCall, frames: readonly F
       case FrameType.HEAD: {
         if (caller.stage !== "sent") break;
         caller.stage = "open";
-        const head = decodeJsonPayload(frame.payload) as ItemHead;
+        const { head } = frame;
         caller.status = head.status;
         // The edge judges a HEAD's status, as it alone sees the request on every origin it
         // tried; the window only learns whom to try first (docs/failover.md).
@@ -115,7 +108,7 @@ export function demultiplex(to: FrameTargets, call: OpenCall, frames: readonly F
         call.done.add(frame.item);
         window.update((s) => onItemDone(s, call.originId, caller.input.id, now).state);
         freed = true;
-        const trailer = decodeJsonPayload(frame.payload) as ItemTrailer;
+        const { trailer } = frame;
         window.router?.ended(caller.input.id, trailer.usage);
         if (caller.stage === "open") {
           touched.add(caller);

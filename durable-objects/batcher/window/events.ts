@@ -2,7 +2,7 @@
  * What the window learns from its origins and callers (docs/batching.md, "The window"): load
  * reports, first bytes, ends, cancels, and origins taken out of use until a given time.
  */
-import type { LoadReport } from "../../../contracts/protocol.ts";
+import type { LoadReport } from "../../../contracts/protocol/schema.ts";
 import type {
   CancelOutcome,
   InFlightItem,

@@ -1,6 +1,7 @@
 import { abortAllDurableObjects } from "cloudflare:test";
 import { describe, expect, it } from "vitest";
-import { type ItemTrailer, decodeJsonPayload } from "../../../contracts/protocol.ts";
+import { parsePayload } from "../../../contracts/protocol/framing.ts";
+import { ItemTrailerSchema } from "../../../contracts/protocol/schema.ts";
 import { chatBody, lastEvent } from "../../support/edge-requests.ts";
 import {
   HOLD,
@@ -14,6 +15,7 @@ import {
   untilQueued,
   setFaults,
   opened,
+  trailerOf,
 } from "../../support/batcher-harness.workers.ts";
 
 describe("answer: a JSON item whole, in one answer", () => {
@@ -26,7 +28,7 @@ describe("answer: a JSON item whole, in one answer", () => {
     expect(result.head).toMatchObject({ status: 200, origin: "batch-1" });
     expect(result.headMs).toBeGreaterThanOrEqual(0);
     expect(result.body).toEqual(await direct(body));
-    const trailer = decodeJsonPayload(result.trailer ?? new Uint8Array()) as ItemTrailer;
+    const trailer = trailerOf(result.trailer);
     expect(trailer).toMatchObject({ id: "w1", outcome: "ok", usage: { completion_tokens: 7 } });
     await release(b, "occupier", occupier);
   });
@@ -41,9 +43,9 @@ describe("answer: a JSON item whole, in one answer", () => {
     const result = await answering;
     if (result.kind !== "answered") throw new Error(`expected answered, got ${result.kind}`);
     expect(result.head).toMatchObject({ status: 200 });
-    const trailer = decodeJsonPayload(result.trailer ?? new Uint8Array()) as ItemTrailer;
+    const trailer = trailerOf(result.trailer);
     expect(trailer).toMatchObject({ id: "w2", outcome: "cancelled" });
-    expect(trailer.usage?.completion_tokens).toBeGreaterThan(0);
+    expect(trailer?.usage?.completion_tokens).toBeGreaterThan(0);
     expect((await b.stub.snapshot()).counters.cancelledRunning).toBe(1);
   });
 
@@ -81,7 +83,7 @@ describe("answer: a JSON item whole, in one answer", () => {
     const result = await late;
     if (result.kind !== "answered") throw new Error(`expected answered, got ${result.kind}`);
     expect(result.head).toBeNull();
-    expect(decodeJsonPayload(result.trailer ?? new Uint8Array())).toMatchObject({
+    expect(trailerOf(result.trailer)).toMatchObject({
       id: "w4",
       outcome: "timeout",
       error: { code: "queue_timeout" },
@@ -143,7 +145,7 @@ describe("open: a streamed answer's body on a stream of its own", () => {
     expect(await opening).toMatchObject({ kind: "ended", trailer });
     // `end` was already waiting: the same lone END.
     const end = await ending;
-    expect(end === null ? null : decodeJsonPayload(end)).toMatchObject(trailer);
+    expect(trailerOf(end)).toMatchObject(trailer);
     await release(b, "occupier", occupier);
   });
 
@@ -289,7 +291,7 @@ describe("the first-byte timeout", () => {
       });
       if (whole.kind !== "answered") throw new Error(`expected answered, got ${whole.kind}`);
       expect(whole.head).toMatchObject({ status: 200, origin: "batch-2" });
-      const trailer = decodeJsonPayload(whole.trailer ?? new Uint8Array()) as ItemTrailer;
+      const trailer = parsePayload(ItemTrailerSchema, whole.trailer ?? new Uint8Array());
       expect(trailer).toMatchObject({ id: "late-head-2", outcome: "ok" });
     } finally {
       await setFaults("batch-2", null);

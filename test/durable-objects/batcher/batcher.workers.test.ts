@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { type BatcherFailureTrailer } from "../../../durable-objects/batcher/types.ts";
-import { FrameType } from "../../../contracts/protocol.ts";
+import { FrameType } from "../../../contracts/protocol/framing.ts";
 import {
   HOLD,
   batcher,

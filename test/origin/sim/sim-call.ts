@@ -1,6 +1,6 @@
 /** Calls the simulated engine directly, as the origin's routes do. */
 import type { Engine, EngineOutcome } from "../../../origin/engine.ts";
-import type { ItemPath } from "../../../contracts/protocol.ts";
+import type { ItemPath } from "../../../contracts/protocol/schema.ts";
 import { createSimEngine } from "../../../origin/sim/engine.ts";
 import type { SimEngineOptions } from "../../../origin/sim/options.ts";
 

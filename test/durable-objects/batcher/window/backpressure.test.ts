@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import type { LoadReport } from "../../../../contracts/protocol.ts";
+import type { LoadReport } from "../../../../contracts/protocol/schema.ts";
 import {
   onItemDone,
   onItemsAcked,

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { MAX_BATCH_ITEMS } from "../../../../contracts/protocol.ts";
+import { MAX_BATCH_ITEMS } from "../../../../contracts/protocol/framing.ts";
 import { z } from "zod";
 import { BATCHING_FIELDS } from "../../../../durable-objects/batcher/settings.ts";
 import { windowConfig } from "../../../support/window-config.ts";
