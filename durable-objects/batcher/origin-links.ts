@@ -7,7 +7,7 @@ import type { BreakerRegion, BreakerView, Verdict } from "../../contracts/breake
 import { BreakerCache } from "../../contracts/breaker-cache.ts";
 import { CredentialRing, credentialValues } from "../../contracts/credentials.ts";
 import type { CredentialedOrigin } from "../../contracts/upstream.ts";
-import type { BatcherSetup } from "./types.ts";
+import type { BatcherSetup } from "../../contracts/config/plans.ts";
 
 export class OriginLinks {
   readonly breakers: BreakerCache;

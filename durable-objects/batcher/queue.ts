@@ -8,7 +8,7 @@ import type { BreakerView } from "../../contracts/breaker.ts";
 import { type BreakerGate, OriginHealth } from "../../contracts/origin-health.ts";
 import { chooseLeastLoadedInTurn, fitsKv } from "./origin-choice.ts";
 import { Router } from "./routing/router.ts";
-import type { BatcherSetup } from "./types.ts";
+import type { BatcherSetup } from "../../contracts/config/plans.ts";
 import {
   type Batch,
   type TickNotice,

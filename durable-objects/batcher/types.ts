@@ -1,14 +1,13 @@
 /**
- * The contract of a `Batcher` (docs/batching.md): its setup, what a request attempt sends,
- * what `open`, `end`, `answer`, `cancel` and `snapshot` answer, and its constants.
+ * The contract of a `Batcher` (docs/batching.md): what a request attempt sends (with the
+ * setup of `contracts/config/plans.ts`), what `open`, `end`, `answer`, `cancel` and
+ * `snapshot` answer, and its constants.
  */
 import type { HistogramData } from "../../contracts/prometheus.ts";
-import type { BreakerSettings } from "../../contracts/breaker.ts";
+import type { BatcherSetup } from "../../contracts/config/plans.ts";
 import type { ItemHead, ItemPath, ItemTrailer } from "../../contracts/protocol.ts";
 import type { RouterView } from "./routing/router.ts";
-import type { RouterSettings } from "./settings.ts";
 import type { FlushReason, OriginLoadView } from "./window/index.ts";
-import type { WindowConfig } from "./settings.ts";
 
 /**
  * Bytes a client's body stream buffers; what may wait behind its write in flight before the
@@ -30,32 +29,6 @@ export const ALARM_BACKSTOP_MS = 30_000;
  * this file): most calls end sooner and never touch storage.
  */
 export const OPEN_BATCH_RECORD_DELAY_MS = 100;
-
-/** What a Batcher runs with; the edge derives it from `WARMGATE_CONFIG` and sends it along. */
-export interface BatcherSetup {
-  /** Hash of everything below; part of the object's name. */
-  version: string;
-  /** The region whose origins it batches for (its breakers are that region's). */
-  region: string;
-  /**
-   * Whether the origins' breakers apply, and how slow an origin may be: a first byte of a
-   * streamed item, or any frame of a call, slower than `slowFirstByteMs` is a failure.
-   */
-  breakers: { enabled: boolean; settings: BreakerSettings };
-  /** The window policy's settings, defaults filled in. */
-  window: WindowConfig;
-  /**
-   * Where each origin of `window.origins` listens, and the names of the secrets it takes
-   * as bearer tokens, in order of rotation (default `ORIGIN_TOKEN`).
-   */
-  origins: { id: string; url: string; credentials?: string[] }[];
-  /** How requests are routed to warm prefix caches (docs/routing.md); null: off. */
-  routing: RouterSettings | null;
-  /** How long an origin whose call failed is skipped. */
-  quarantineMs: number;
-  /** Most bytes a streamed client's body may have waiting behind its stream (see `client-body.ts`). */
-  clientBacklogBytes: number;
-}
 
 /** One request attempt handed to `open` or `answer`. */
 export interface BatcherAttempt {

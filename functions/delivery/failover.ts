@@ -7,7 +7,8 @@
  * avoided; the answer is then delivered by `response.ts`.
  */
 import { logWarn } from "../../contracts/log.ts";
-import type { LimitsConfig, RegionConfig } from "../config.ts";
+import type { Limits } from "../../contracts/config/limits.ts";
+import type { RegionConfig } from "../../contracts/config/regions.ts";
 import {
   type ApiError,
   type OriginFailureKind,
@@ -24,7 +25,7 @@ import type { RequestAttempt } from "../../durable-objects/key-account/types.ts"
 import { type ItemAttempt, openItem } from "./direct.ts";
 import { type GivenUp, cancelGivenUp } from "./generated.ts";
 import { readWhole, respond, streams } from "./response.ts";
-import { DEFAULT_RETRY_BUDGET, type RetryBudget } from "./retry-budget.ts";
+import { RETRY_WINDOW_MS, type RetryBudget } from "./retry-budget.ts";
 
 /** How the client gets its answer: streamed as it comes, or whole once it ended. */
 export type DeliveryMode = "stream" | "whole";
@@ -94,7 +95,7 @@ export interface DispatchOptions {
   /** Origins in the order to try them. */
   candidates: readonly RegionOrigin[];
   pool: OriginPool;
-  limits: LimitsConfig;
+  limits: Limits;
   /** How the client gets its answer (the plan's decision). */
   delivery: DeliveryMode;
   /** Lower-case headers forwarded to the engine. */
@@ -168,12 +169,12 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
 async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promise<Response> {
   const now = options.now ?? Date.now;
   const open = options.open ?? openDirect;
-  const attempts = Math.min(options.candidates.length, options.limits.retry_budget + 1);
+  const attempts = Math.min(options.candidates.length, options.limits.retryBudget + 1);
   const avoid: string[] = [];
   const firstAttempt = options.attempts?.length ?? 0;
   // The request timeout bounds every attempt together.
-  const deadline = now() + options.limits.request_timeout_ms;
-  const { retry_ratio: ratio, retry_floor: floor } = options.limits;
+  const deadline = now() + options.limits.requestTimeoutMs;
+  const { retryRatio: ratio, retryFloor: floor } = options.limits;
   options.retryBudget?.request(now());
   let failure: OriginFailureKind = "unavailable";
   // An origin whose engine answered 5xx waits for a second opinion: another origin that
@@ -193,7 +194,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
         failure = "timeout";
         break;
       }
-      const budget = { ratio, floor, windowMs: DEFAULT_RETRY_BUDGET.windowMs };
+      const budget = { ratio, floor, windowMs: RETRY_WINDOW_MS };
       if (i > 0 && options.retryBudget !== undefined && !options.retryBudget.retry(now(), budget)) {
         logWarn("retry budget spent", { request_id: options.requestId });
         break;
@@ -214,9 +215,9 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
         path: options.path,
         body: options.body,
         headers: options.headers,
-        firstByteTimeoutMs: options.limits.first_byte_timeout_ms,
+        firstByteTimeoutMs: options.limits.firstByteTimeoutMs,
         delivery: options.delivery,
-        itemTimeoutMs: options.limits.request_timeout_ms,
+        itemTimeoutMs: options.limits.requestTimeoutMs,
         avoidOrigins: [
           ...avoid,
           ...options.pool.blocked(candidate.region),

@@ -7,13 +7,9 @@ import {
 import { env, exports } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
 import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
-import {
-  type BatchingPlan,
-  batcherName,
-  batchingPlan,
-  laneFor,
-} from "../../functions/delivery/batcher-plan.ts";
-import { parseGatewayConfig } from "../../functions/config.ts";
+import { type BatchingPlan, batchingPlan } from "../../contracts/config/plans.ts";
+import { batcherName, laneFor } from "../../functions/delivery/batcher-plan.ts";
+import { loadConfig } from "../../contracts/config/gateway.ts";
 import app from "../../functions/index.ts";
 import {
   type ErrorBody,
@@ -49,7 +45,7 @@ function configWith(batching: Record<string, unknown>): string {
 }
 
 function planOf(config: string): BatchingPlan {
-  const parsed = parseGatewayConfig(config);
+  const parsed = loadConfig(config);
   const region = parsed.regions[0];
   if (region === undefined) throw new Error("no region");
   const plan = batchingPlan(parsed, region, MODEL);
@@ -208,7 +204,7 @@ describe("the request path through the batcher", () => {
     config.regions.push({ id: "b2", origins: [{ id: "b2-1", url: "http://127.0.0.1:9" }] });
     config.limits.retry_budget = 1;
     const twoRegions = JSON.stringify(config);
-    const parsed = parseGatewayConfig(twoRegions);
+    const parsed = loadConfig(twoRegions);
     const b2 = parsed.regions[1];
     const b2Plan = b2 === undefined ? null : batchingPlan(parsed, b2, MODEL);
     if (b2Plan === null) throw new Error("no plan for b2");

@@ -8,7 +8,7 @@ import {
   type OutcomesResponse,
   encodeJsonPayload,
 } from "../../contracts/protocol.ts";
-import { parseGatewayConfig } from "../../functions/config.ts";
+import { loadConfig } from "../../contracts/config/gateway.ts";
 import {
   type AttemptRequest,
   type DispatchAttempt,
@@ -26,7 +26,7 @@ import { chatBody } from "../support/edge-requests.ts";
 // it last (docs/key-account.md, "Billing every outcome").
 const SLOW = inject("testOrigins").find((origin) => origin.id === "meter-slow-1")?.url ?? "";
 
-const config = parseGatewayConfig(
+const config = loadConfig(
   JSON.stringify({
     models: [{ id: "warmgate-sim-8b", max_model_len: 32768 }],
     regions: [

@@ -8,7 +8,7 @@ import { afterEach, describe, expect, inject, it } from "vitest";
 import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
 import { costPicos, formatUsd } from "../../contracts/pricing.ts";
 import app from "../../functions/index.ts";
-import { modelPrice } from "../../functions/pricing.ts";
+import { ModelPricingSchema } from "../../contracts/config/models.ts";
 import { type ErrorBody, chatBody, edgeRequest, usdPicos } from "../support/edge-requests.ts";
 import { ADMIN, createKey } from "../support/admin-keys.workers.ts";
 
@@ -104,7 +104,7 @@ function costOf(usage: Usage, pricing: typeof SMALL): bigint {
       cachedTokens: usage.prompt_tokens_details?.cached_tokens ?? 0,
       completionTokens: usage.completion_tokens,
     },
-    modelPrice(pricing),
+    ModelPricingSchema.parse(pricing),
   );
 }
 

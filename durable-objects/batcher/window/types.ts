@@ -4,7 +4,7 @@
  * decisions and outcomes.
  */
 import type { OriginChooser } from "../origin-choice.ts";
-import type { WindowConfig } from "../settings.ts";
+import type { WindowConfig } from "../../../contracts/config/batching.ts";
 
 /** Version of the {@link WindowState} shape. */
 export const WINDOW_STATE_VERSION = 3;
