@@ -154,8 +154,8 @@ export type BatchingSection = z.output<typeof BatchingSectionSchema>;
 /** The settings of a region and model: the global fields, then each matching override. */
 export function batchingSettings(
   section: BatchingSection,
-  region: string | null,
-  model: string | null,
+  region: string,
+  model: string,
 ): BatchingSettings {
   const { overrides, ...written } = section;
   let merged: Record<string, unknown> = written;

@@ -44,8 +44,6 @@ export const GatewayConfigSchema = z
     defaultRegion: config.default_region,
     aliases: config.aliases,
     limits: config.limits,
-    /** The batching settings before any override. */
-    batching: batchingSettings(config.batching, null, null),
     breakers: config.breakers,
     routing: config.routing,
     /** Each model's canary, by model id. */

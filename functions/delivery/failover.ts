@@ -118,8 +118,12 @@ export interface DispatchOptions {
   onOutcome?: (region: RegionConfig, origin: string, verdict: Verdict) => void;
   /** An origin silent this long (of this thread's on-time) is frozen. */
   slowFirstByteMs?: number;
-  /** How long an origin that failed is tried only after every healthy one. */
-  quarantineMs?: number;
+  /**
+   * How long an origin of `region` that failed is tried only after every healthy one: its
+   * region and model's `origin_quarantine_ms`, overrides applied, as its Batchers have it
+   * (undefined: the health rule's own).
+   */
+  quarantineMs?: (region: RegionConfig) => number | undefined;
   /** Calls `giveUp` should the origin's breaker open; answers how to stop watching. */
   watchBreaker?: (origin: string, giveUp: () => void) => () => void;
   /** An attempt through a Batcher failed: the region's breakers may have changed. */
@@ -200,6 +204,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
         break;
       }
       const candidate = options.candidates[i] as RegionOrigin;
+      const quarantineMs = options.quarantineMs?.(candidate.region);
       const planned = candidate.origin.id;
       const last = i === attempts - 1;
       options.pool.begin(planned);
@@ -256,7 +261,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
           if (attempt.reported !== true && !toldSlow) {
             judge(candidate, attempt.originId, attempt.soft === true ? "slow" : "failed");
           }
-          options.pool.reportFailure(attempt.originId, now(), options.quarantineMs);
+          options.pool.reportFailure(attempt.originId, now(), quarantineMs);
           avoid.push(attempt.originId);
         }
         failure = attempt.failure;
@@ -286,7 +291,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
       if (judged === "error") {
         avoid.push(originId);
         // Tried last for a while, whoever is to blame (a ranking, not a verdict).
-        options.pool.reportFailure(originId, now(), options.quarantineMs);
+        options.pool.reportFailure(originId, now(), quarantineMs);
         // The origin's own item timeout answers 504 (see origin/server.ts).
         failure = status === 504 ? "timeout" : "bad_answer";
         logWarn("origin answered", { status, request_id: options.requestId, origin: originId });
@@ -325,7 +330,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
       if (retry) {
         gaveUp.push(...givenUp(options, originId, itemId, candidate.region.id));
         avoid.push(originId);
-        options.pool.reportFailure(originId, now(), options.quarantineMs);
+        options.pool.reportFailure(originId, now(), quarantineMs);
         failure = "bad_answer";
         logWarn("origin failed mid-response", { request_id: options.requestId, origin: originId });
         continue;

@@ -35,6 +35,7 @@ import {
   syncBreakers,
   watchBreaker,
 } from "../breakers.ts";
+import { batchingPlan } from "../../contracts/config/plans.ts";
 import { type RegionConfig, originServes } from "../../contracts/config/regions.ts";
 import { DEFAULT_QUARANTINE_MS, OriginHealth } from "../../contracts/origin-health.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
@@ -117,14 +118,13 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
   // Unserved, it is billed for what the attempts it gave up on generated.
   settlement.onUnserved((record) => unservedUsage(record, settlement.gaveUp, c.env));
   const { slowFirstByteMs } = config.breakers.settings;
-  const quarantineMs = config.batching.quarantineMs;
   const response = await dispatchCompletion({
     requestId,
     path,
     body,
     model: plan.model.id,
     candidates,
-    quarantineMs,
+    quarantineMs: (region) => batchingPlan(config, region, plan.model.id)?.setup.quarantineMs,
     attempts: settlement.attempts,
     gaveUp: settlement.gaveUp,
     retryBudget,
