@@ -11,10 +11,9 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { DEFAULT_BREAKER_SETTINGS } from "../contracts/breaker.ts";
-import { breakerSettingsOf } from "../durable-objects/origin-breakers/settings.ts";
+import { DEFAULT_BREAKER_SETTINGS } from "../contracts/config/breakers.ts";
+import { loadConfig } from "../contracts/config/gateway.ts";
 import { PROBE_INTERVAL_MS } from "../durable-objects/origin-breakers/types.ts";
-import { GatewayConfigSchema } from "../functions/config.ts";
 import { parseRuntime } from "../scripts/edge.ts";
 import {
   DEFAULT_REGIONS,
@@ -93,16 +92,18 @@ const stopAll = async () => {
 };
 const unregister = stopOnSignal(stopAll);
 
-const config = GatewayConfigSchema.parse(JSON.parse(stack.config));
-const breakerSettings = breakerSettingsOf(config.breakers);
+const config = loadConfig(stack.config);
+const breakerSettings = config.breakers.settings;
 const settings = {
   runtime: RUNTIME,
   timeScale: TIME_SCALE,
   origins: stack.origins.map((o) => `${o.region}:${o.origin.originId}`),
   keyLimits: DEV_KEY_LIMITS,
   limits: config.limits,
-  lanes: config.batching.lanes ?? "(defaults)",
-  breakers: { enabled: config.breakers?.enabled ?? true, ...breakerSettings },
+  lanes:
+    (JSON.parse(stack.config) as { batching?: { lanes?: unknown } }).batching?.lanes ??
+    "(defaults)",
+  breakers: { enabled: config.breakers.enabled, ...breakerSettings },
   probeIntervalMs: PROBE_INTERVAL_MS,
   bursts: BURSTS,
   frozenBursts: FROZEN_BURSTS,

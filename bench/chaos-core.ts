@@ -10,9 +10,9 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { type ModelPrice, utcDay } from "../contracts/pricing.ts";
+import { FREE, type ModelPrice, utcDay } from "../contracts/pricing.ts";
 import type { ItemRecord } from "../contracts/protocol/schema.ts";
-import { modelPrice } from "../functions/pricing.ts";
+import { loadConfig } from "../contracts/config/gateway.ts";
 import { DEV_KEY_LIMITS, createKey, startStack } from "../scripts/stack.ts";
 import type { ChaosOutcome } from "./chaos-client.ts";
 import {
@@ -106,10 +106,8 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
   };
   const unregister = stopOnSignal(stopAll);
   try {
-    const config = JSON.parse(stack.config) as {
-      models: { id: string; pricing?: Parameters<typeof modelPrice>[0] }[];
-    };
-    const prices = new Map(config.models.map((m) => [m.id, modelPrice(m.pricing)]));
+    const config = loadConfig(stack.config);
+    const prices = new Map(config.models.map((m) => [m.id, m.price]));
     const key = await createKey(stack.edgeUrl, stack.adminToken, {
       name: "chaos",
       limits: { rpm: 1_000_000, tpm: 1_000_000_000, concurrency: KEY_CONCURRENCY },
@@ -202,7 +200,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
     log(`chaos: ${records.size} ledger records and ${userRows.size} end users read`);
 
     const price = (model: string | undefined): ModelPrice =>
-      prices.get(model ?? "warmgate-sim-8b") ?? modelPrice(undefined);
+      prices.get(model ?? "warmgate-sim-8b") ?? FREE;
     const factsOf = (seen: ChaosOutcome): RequestFacts => {
       const id = seen.requestId;
       const record = id === null ? undefined : (records.get(id) ?? null);

@@ -9,9 +9,8 @@
  */
 import { parseArgs } from "node:util";
 import { setTimeout as sleep } from "node:timers/promises";
-import { breakerSettingsOf } from "../durable-objects/origin-breakers/settings.ts";
-import { DEFAULT_QUARANTINE_MS } from "../contracts/origin-health.ts";
-import { GatewayConfigSchema } from "../functions/config.ts";
+import { loadConfig } from "../contracts/config/gateway.ts";
+import { batchingPlan } from "../contracts/config/plans.ts";
 import {
   fmt,
   markdownTable,
@@ -82,18 +81,21 @@ const ARMS: Record<Arm, { limits?: Record<string, number>; settings: Record<stri
 
 /** The health handling an arm's edge runs with, read back from its configuration. */
 function settingsInEffect(configText: string) {
-  const config = GatewayConfigSchema.parse(JSON.parse(configText));
-  const breakers = breakerSettingsOf(config.breakers);
+  const config = loadConfig(configText);
+  const breakers = config.breakers.settings;
+  const [region] = config.regions;
+  const [model] = config.models;
+  const plan = region && model ? batchingPlan(config, region, model.id) : null;
   return {
-    breakers: config.breakers?.enabled ?? true,
+    breakers: config.breakers.enabled,
     breakerSettings: breakers,
     silenceWatchdogMs: breakers.slowFirstByteMs,
-    quarantineMs: config.batching.origin_quarantine_ms ?? DEFAULT_QUARANTINE_MS,
-    retryBudget: config.limits.retry_budget,
-    retryRatio: config.limits.retry_ratio,
-    retryFloor: config.limits.retry_floor,
-    firstByteTimeoutMs: config.limits.first_byte_timeout_ms,
-    requestTimeoutMs: config.limits.request_timeout_ms,
+    quarantineMs: plan?.setup.quarantineMs ?? null,
+    retryBudget: config.limits.retryBudget,
+    retryRatio: config.limits.retryRatio,
+    retryFloor: config.limits.retryFloor,
+    firstByteTimeoutMs: config.limits.firstByteTimeoutMs,
+    requestTimeoutMs: config.limits.requestTimeoutMs,
   };
 }
 const inEffect = new Map<Arm, ReturnType<typeof settingsInEffect>>();

@@ -15,7 +15,7 @@ import {
 import { FrameType, readFrames } from "../contracts/protocol/framing.ts";
 import { rendezvousOrder } from "../durable-objects/batcher/routing/placement.ts";
 import { type RouteRequest, Router, coldKey } from "../durable-objects/batcher/routing/router.ts";
-import { type RoutingConfig, routerSettingsOf } from "../durable-objects/batcher/settings.ts";
+import { RoutingSchema, type RoutingSection } from "../contracts/config/routing.ts";
 import { type SpawnedOrigin, simFlags, spawnOrigin } from "../scripts/stack.ts";
 import { type LatencySummary, summarize } from "./lib.ts";
 import { MODEL, type Message, type Workload, chatBody, hitCeiling } from "./routing-workloads.ts";
@@ -34,7 +34,7 @@ export interface CellOptions {
   /** Routers placing alternate requests, each with an index of its own (warmgate only). */
   edges?: 1 | 2;
   /** The router's `routing` settings (defaults where absent). */
-  routing?: RoutingConfig;
+  routing?: RoutingSection;
 }
 
 /** What one cell measured; times in engine ms. */
@@ -97,7 +97,7 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
     ids.map((id) => [id, { inFlight: 0, report: null, reportAt: 0 }]),
   );
   const edges = options.policy === "warmgate" ? (options.edges ?? 1) : 1;
-  const settings = routerSettingsOf(options.routing);
+  const { settings } = RoutingSchema.parse(options.routing ?? {});
   const routers = Array.from({ length: edges }, () => new Router(ids, settings));
   const cursors = routers.map(() => new Map<string, KvEventCursor>());
   const carrying = routers.map(() => new Map<string, string>());

@@ -11,7 +11,7 @@
  */
 import { readFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
-import type { RoutingConfig } from "../durable-objects/batcher/settings.ts";
+import type { RoutingSection } from "../contracts/config/routing.ts";
 import {
   benchCommand,
   fmt,
@@ -43,7 +43,7 @@ const timeScale = Number(args["time-scale"]);
  */
 const scaleFor = (origins: number) => (timeScale * origins) / 4;
 const routing =
-  args.routing === undefined ? undefined : (JSON.parse(args.routing) as RoutingConfig);
+  args.routing === undefined ? undefined : (JSON.parse(args.routing) as RoutingSection);
 
 /**
  * Each workload with its request rates at 4 origins; at 8 the workload and the top rate

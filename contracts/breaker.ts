@@ -4,6 +4,7 @@
  * pure core in `durable-objects/origin-breakers/breaker.ts`; the edge and the Batchers keep
  * a cached copy of these views.
  */
+import type { BreakerSettings } from "./config/breakers.ts";
 
 export type BreakerState = "closed" | "open" | "half_open";
 
@@ -43,40 +44,6 @@ export interface OutcomeReport {
  * or late with a HEAD while its reports said it was idle (`slow`). Both count as failures.
  */
 export type Verdict = "ok" | "failed" | "slow";
-
-/** How breakers trip, recover and are probed. */
-export interface BreakerSettings {
-  /** Failures in a row that open a breaker. */
-  consecutiveFailures: number;
-  /** Share of failures in the window that opens it, once the window has `minRequests`. */
-  failureRatio: number;
-  minRequests: number;
-  windowMs: number;
-  /** A first byte slower than this counts as a failure (a frozen origin is found by it). */
-  slowFirstByteMs: number;
-  /** How long a breaker stays open the first time; doubled each time it opens again. */
-  cooldownMs: number;
-  maxCooldownMs: number;
-  /** Health probes in a row that close a half-open breaker. */
-  probes: number;
-  /**
-   * Most of a region's origins that may be open at once, as a share, and at least one
-   * (Envoy's `max_ejection_percent`): no kind of failure empties a pool of several.
-   */
-  maxEjectionShare: number;
-}
-
-export const DEFAULT_BREAKER_SETTINGS: Readonly<BreakerSettings> = {
-  consecutiveFailures: 5,
-  failureRatio: 0.5,
-  minRequests: 20,
-  windowMs: 10_000,
-  slowFirstByteMs: 2_000,
-  cooldownMs: 5_000,
-  maxCooldownMs: 120_000,
-  probes: 2,
-  maxEjectionShare: 0.5,
-};
 
 /**
  * A region as a reporter knows it: its origins and the settings its breakers trip by. The

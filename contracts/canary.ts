@@ -3,6 +3,7 @@
  * share of a model's traffic goes to a canary pool of origins, both arms' error rate and
  * time to first token are compared, and a canary worse than its baseline is rolled back.
  */
+import type { CanarySpec } from "./config/canaries.ts";
 
 export type CanaryState = "running" | "paused" | "promoted" | "rolled_back";
 export type CanaryArm = "canary" | "baseline";
@@ -35,19 +36,6 @@ export interface CanaryView {
   /** Why it was rolled back, when it was. */
   reason: string | null;
   arms: Record<CanaryArm, ArmFigures>;
-}
-
-/** A configured canary, as the edge sends it along with its reports. */
-export interface CanarySpec {
-  model: string;
-  origins: string[];
-  weight: number;
-  /** Requests each arm needs before the arms are compared. */
-  minRequests: number;
-  /** Largest error rate the canary may have above the baseline's (0.05: five points). */
-  maxErrorRateIncrease: number;
-  /** Largest TTFT p95 the canary may have, as a multiple of the baseline's. */
-  maxTtftP95Ratio: number;
 }
 
 /** The name of a canary's object: its model and pool, so a new pool starts afresh. */

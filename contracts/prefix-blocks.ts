@@ -10,6 +10,8 @@
 export const BYTES_PER_TOKEN = 4;
 /** Stand-in tokens per block (vLLM's default block size). */
 export const BLOCK_TOKENS = 16;
+/** Leading prefix blocks (64 tokens) whose hash keys a cold prefix and a request's shard. */
+export const COLD_KEY_BLOCKS = 4;
 
 /** A chat message as far as rendering goes. */
 export interface RenderedMessage {

@@ -4,7 +4,8 @@
  */
 import type { DeliveryMode } from "./delivery/failover.ts";
 import type { AdmitOk } from "../durable-objects/key-account/types.ts";
-import type { GatewayConfig, ModelConfig } from "./config.ts";
+import type { ResolvedConfig } from "../contracts/config/gateway.ts";
+import type { ModelConfig } from "../contracts/config/models.ts";
 import type { Credential } from "./key-auth.ts";
 import type { ChatCompletionRequest, CompletionRequest } from "./openai-schemas.ts";
 import type { EmbeddingsRequest, ResponsesRequest } from "./responses-schemas.ts";
@@ -50,7 +51,7 @@ export type AppEnv = {
     /** `x-request-id` of this request, echoed on every response. */
     requestId: string;
     /** The validated gateway configuration. */
-    config: GatewayConfig;
+    config: ResolvedConfig;
     /** Runs completion hooks once when the request ends (metering, limit release). */
     settlement: Settlement;
     /** Set by authentication on `/v1/*`. */

@@ -4,11 +4,11 @@
  * in bulk, and the breakers come back with the answer; no Durable Object call per request.
  */
 import { env } from "cloudflare:workers";
-import type { BreakerRegion, BreakerSettings } from "../contracts/breaker.ts";
+import type { BreakerRegion } from "../contracts/breaker.ts";
 import { BreakerCache } from "../contracts/breaker-cache.ts";
-import { breakerSettingsOf, breakersEnabled } from "../durable-objects/origin-breakers/settings.ts";
+import type { ResolvedConfig } from "../contracts/config/gateway.ts";
+import type { RegionConfig } from "../contracts/config/regions.ts";
 import { type ApiError, originFailure } from "../contracts/errors.ts";
-import { type GatewayConfig, type RegionConfig, originServes } from "./config.ts";
 import { retryAfterHeaders } from "./rate-limit-headers.ts";
 
 /** This isolate's breakers (a cache: losing it with the isolate only costs a sync). */
@@ -41,55 +41,16 @@ export function watchBreaker(origin: string, giveUp: () => void): () => void {
   };
 }
 
-const regionsOf = new WeakMap<GatewayConfig, Map<string, BreakerRegion>>();
-const settingsOf = new WeakMap<GatewayConfig, BreakerSettings>();
-
-/** The breaker settings of `config`, defaults filled in (cached per config). */
-export function breakerSettings(config: GatewayConfig): BreakerSettings {
-  let settings = settingsOf.get(config);
-  if (settings === undefined) {
-    settings = breakerSettingsOf(config.breakers);
-    settingsOf.set(config, settings);
-  }
-  return settings;
-}
-
-/** A configured region as its breakers know it (cached per config). */
-export function breakerRegion(config: GatewayConfig, region: RegionConfig): BreakerRegion {
-  let byId = regionsOf.get(config);
-  if (byId === undefined) {
-    byId = new Map();
-    regionsOf.set(config, byId);
-  }
-  let known = byId.get(region.id);
-  if (known === undefined) {
-    known = {
-      id: region.id,
-      origins: region.origins.map((origin) => {
-        // A model it serves: the probes of its breaker complete one token of it.
-        const probeModel = config.models.find((m) => originServes(origin, m.id))?.id;
-        return {
-          id: origin.id,
-          url: origin.url,
-          ...(origin.credentials !== undefined && { credentials: origin.credentials }),
-          ...(probeModel !== undefined && { probeModel }),
-        };
-      }),
-      settings: breakerSettings(config),
-    };
-    byId.set(region.id, known);
-  }
+/** A configured region as its breakers know it (resolved with the configuration). */
+export function breakerRegion(config: ResolvedConfig, region: RegionConfig): BreakerRegion {
+  const known = config.breakerRegions.get(region.id);
+  if (known === undefined) throw new Error(`region ${region.id} is not configured`);
   return known;
-}
-
-/** Whether breakers apply under `config` (`breakers.enabled`, default true). */
-export function breakersOn(config: GatewayConfig): boolean {
-  return breakersEnabled(config.breakers);
 }
 
 /** Brings the copies of these regions' breakers up to date when due; the work to wait for. */
 export function syncBreakers(
-  config: GatewayConfig,
+  config: ResolvedConfig,
   regions: readonly RegionConfig[],
   now: number,
 ): Promise<unknown>[] {

@@ -8,13 +8,12 @@ import { env } from "cloudflare:workers";
 import {
   type ArmReport,
   type CanaryArm,
-  type CanarySpec,
   type CanaryView,
   canaryName,
 } from "../contracts/canary.ts";
-import { canarySpecOf } from "../durable-objects/canaries/settings.ts";
+import type { CanarySpec } from "../contracts/config/canaries.ts";
+import type { ResolvedConfig } from "../contracts/config/gateway.ts";
 import type { RequestAttempt } from "../durable-objects/key-account/types.ts";
-import type { GatewayConfig } from "./config.ts";
 import type { RegionOrigin } from "./origin-pool.ts";
 import type { SettledRequest } from "./settlement.ts";
 
@@ -37,21 +36,9 @@ interface Copy {
 }
 
 const copies = new Map<string, Copy>();
-const specs = new WeakMap<GatewayConfig, Map<string, CanarySpec>>();
-
-/** The canary of a model under `config`, or undefined. */
-export function canaryOf(config: GatewayConfig, model: string): CanarySpec | undefined {
-  let byModel = specs.get(config);
-  if (byModel === undefined) {
-    byModel = new Map(config.canaries.map((c) => [c.model, canarySpecOf(c)]));
-    specs.set(config, byModel);
-  }
-  return byModel.get(model);
-}
-
 /** This request's arm of its model's canary, or null when the model has none. */
-export function canaryPlan(config: GatewayConfig, model: string, random = Math.random()) {
-  const spec = canaryOf(config, model);
+export function canaryPlan(config: ResolvedConfig, model: string, random = Math.random()) {
+  const spec = config.canaries.get(model);
   if (spec === undefined) return null;
   const weight = copyOf(spec).view?.weight ?? spec.weight;
   const plan: CanaryPlan = {

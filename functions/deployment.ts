@@ -6,7 +6,7 @@
  */
 import { logError } from "../contracts/log.ts";
 import { configError, type ApiError } from "../contracts/errors.ts";
-import { ConfigError, loadGatewayConfig } from "./config.ts";
+import { ConfigError, loadConfig } from "../contracts/config/gateway.ts";
 
 /** The bindings these checks read. */
 export interface DeploymentEnv {
@@ -50,7 +50,7 @@ export function deploymentProblems(env: DeploymentEnv): string[] {
   const problems: string[] = [];
   const local = env.WARMGATE_ENV === "local";
   try {
-    const config = loadGatewayConfig(env.WARMGATE_CONFIG);
+    const config = loadConfig(env.WARMGATE_CONFIG);
     if (!local) {
       for (const region of config.regions) {
         for (const origin of region.origins) {

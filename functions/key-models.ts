@@ -5,11 +5,12 @@
  * See docs/key-account.md.
  */
 import { ApiError, clipped, configError } from "../contracts/errors.ts";
-import { ConfigError, type GatewayConfig, loadGatewayConfig, resolveModels } from "./config.ts";
+import { ConfigError, type ResolvedConfig, loadConfig } from "../contracts/config/gateway.ts";
+import { resolveModels } from "../contracts/config/models.ts";
 
-function configOf(text: string | undefined): GatewayConfig {
+function configOf(text: string | undefined): ResolvedConfig {
   try {
-    return loadGatewayConfig(text);
+    return loadConfig(text);
   } catch (error) {
     if (error instanceof ConfigError) throw configError(error.message);
     throw error;

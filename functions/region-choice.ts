@@ -4,7 +4,8 @@
  * other region in config order as fallbacks. Pure: no runtime imports.
  * See docs/configuration.md.
  */
-import type { GatewayConfig, RegionConfig } from "./config.ts";
+import type { ResolvedConfig } from "../contracts/config/gateway.ts";
+import type { RegionConfig } from "../contracts/config/regions.ts";
 
 /** The caller's location, from `request.cf` (all optional: local runs have none). */
 export interface CallerLocation {
@@ -32,20 +33,20 @@ function findBy(
 }
 
 /** The nearest region for a location: colo beats country beats continent beats the default. */
-export function nearestRegion(config: GatewayConfig, location: CallerLocation): RegionConfig {
+export function nearestRegion(config: ResolvedConfig, location: CallerLocation): RegionConfig {
   const { regions } = config;
   const found =
     findBy(regions, location.colo, "colos") ??
     findBy(regions, location.country, "countries") ??
     findBy(regions, location.continent, "continents") ??
-    regions.find((region) => region.id === config.default_region);
+    regions.find((region) => region.id === config.defaultRegion);
   // The config schema guarantees default_region names a region and regions is non-empty.
   return found ?? (regions[0] as RegionConfig);
 }
 
 /** The regions to try in order: the override (or the nearest), then the rest in config order. */
 export function regionOrder(
-  config: GatewayConfig,
+  config: ResolvedConfig,
   location: CallerLocation,
   override?: string | null,
 ): RegionOrder {

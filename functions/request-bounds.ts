@@ -5,7 +5,7 @@
  * See docs/edge.md, "Request bounds".
  */
 import type { z } from "zod";
-import { formatPath } from "./config.ts";
+import { formatPath } from "../contracts/param-path.ts";
 import { type ApiError, clipped, invalidRequest } from "../contracts/errors.ts";
 
 // OpenAI's own limits: `tools` (and legacy `functions`), an assistant message's

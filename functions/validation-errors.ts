@@ -5,7 +5,7 @@
  * See docs/edge.md.
  */
 import type { z } from "zod";
-import { formatPath } from "./config.ts";
+import { formatPath } from "../contracts/param-path.ts";
 import { type ApiError, clipped, invalidRequest, isErrorCode } from "../contracts/errors.ts";
 
 type Issue = z.core.$ZodIssue;

@@ -7,7 +7,7 @@
  */
 import { readFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
-import { loadGatewayConfig } from "../functions/config.ts";
+import { loadConfig } from "../contracts/config/gateway.ts";
 import { deploymentProblems } from "../functions/deployment.ts";
 
 const USAGE = "usage: npm run config:check -- FILE|- [--local]";
@@ -61,7 +61,7 @@ if (problems.length > 0) {
   for (const problem of problems) console.error(`config:check: ${file}: ${problem}`);
   process.exit(1);
 }
-const config = loadGatewayConfig(text);
+const config = loadConfig(text);
 const origins = config.regions.reduce((sum, region) => sum + region.origins.length, 0);
 console.log(
   `config:check: ${file}: ok — ${config.models.length} models, ${config.regions.length} regions, ${origins} origins` +

@@ -7,7 +7,7 @@
 import type { BreakerView } from "../../contracts/breaker.ts";
 import { type BreakerGate, OriginHealth } from "../../contracts/origin-health.ts";
 import { Router } from "./routing/router.ts";
-import type { BatcherSetup } from "./types.ts";
+import type { BatcherSetup } from "../../contracts/config/plans.ts";
 import { tick as tickWindow } from "./window/flush.ts";
 import { chooseLeastLoadedInTurn, fitsKv } from "./window/origin-choice.ts";
 import { createWindowState, queuedCount } from "./window/state.ts";

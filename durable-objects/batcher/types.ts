@@ -1,9 +1,9 @@
 /**
- * The contract of a `Batcher` (docs/batching.md): its setup, what a request attempt sends,
- * what `open`, `end`, `answer`, `cancel` and `snapshot` answer, and its constants.
+ * The contract of a `Batcher` (docs/batching.md): what a request attempt sends (with the
+ * setup of `contracts/config/plans.ts`), what `open`, `end`, `answer`, `cancel` and
+ * `snapshot` answer, and its constants.
  */
 import type { HistogramData } from "../../contracts/prometheus.ts";
-import type { BreakerSettings } from "../../contracts/breaker.ts";
 import { z } from "zod";
 import type { ErrorCode } from "../../contracts/errors.ts";
 import { parsePayload } from "../../contracts/protocol/framing.ts";
@@ -12,35 +12,9 @@ import {
   type ItemPath,
   ItemTrailerSchema,
 } from "../../contracts/protocol/schema.ts";
+import type { BatcherSetup } from "../../contracts/config/plans.ts";
 import type { RouterView } from "./routing/router.ts";
-import type { RouterSettings, WindowConfig } from "./settings.ts";
 import type { FlushReason, OriginLoadView } from "./window/types.ts";
-
-/** What a Batcher runs with; the edge derives it from `WARMGATE_CONFIG` and sends it along. */
-export interface BatcherSetup {
-  /** Hash of everything below; part of the object's name. */
-  version: string;
-  /** The region whose origins it batches for (its breakers are that region's). */
-  region: string;
-  /**
-   * Whether the origins' breakers apply, and how slow an origin may be: a first byte of a
-   * streamed item, or any frame of a call, slower than `slowFirstByteMs` is a failure.
-   */
-  breakers: { enabled: boolean; settings: BreakerSettings };
-  /** The window policy's settings, defaults filled in. */
-  window: WindowConfig;
-  /**
-   * Where each origin of `window.origins` listens, and the names of the secrets it takes
-   * as bearer tokens, in order of rotation (default `ORIGIN_TOKEN`).
-   */
-  origins: { id: string; url: string; credentials?: string[] }[];
-  /** How requests are routed to warm prefix caches (docs/routing.md); null: off. */
-  routing: RouterSettings | null;
-  /** How long an origin whose call failed is skipped. */
-  quarantineMs: number;
-  /** Most bytes a streamed client's body may have waiting behind its stream (see `callers/client-body.ts`). */
-  clientBacklogBytes: number;
-}
 
 /** One request attempt handed to `open` or `answer`. */
 export interface BatcherAttempt {

@@ -9,10 +9,10 @@ import type {
   ArmReport,
   CanaryAction,
   CanaryArm,
-  CanarySpec,
   CanaryState,
   CanaryView,
 } from "../../contracts/canary.ts";
+import type { CanarySpec } from "../../contracts/config/canaries.ts";
 
 /** Outcomes each arm remembers (the newest). */
 export const ARM_MEMORY = 2_000;

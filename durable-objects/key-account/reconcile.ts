@@ -4,37 +4,28 @@
  * ran (`POST /v1/batch/outcomes`); the lookup and the billing rule are in
  * `contracts/outcomes.ts`, shared with the edge.
  */
+import { ConfigError, type ResolvedConfig, loadConfig } from "../../contracts/config/gateway.ts";
 import type { OutcomeSource } from "../../contracts/outcomes.ts";
 
 /**
- * The origins of a `WARMGATE_CONFIG` document (already validated by the edge at start-up):
- * only their ids and URLs, read defensively.
+ * The origins of a `WARMGATE_CONFIG` document, resolved as the edge resolves it, each URL
+ * once; none when the document is unusable (the edge then admits nothing either).
  */
 export function outcomeSources(configText: string | undefined): OutcomeSource[] {
-  let parsed: unknown;
+  let config: ResolvedConfig;
   try {
-    parsed = JSON.parse(configText ?? "");
-  } catch {
-    return [];
+    config = loadConfig(configText);
+  } catch (error) {
+    if (error instanceof ConfigError) return [];
+    throw error;
   }
-  const regions = (parsed as { regions?: unknown }).regions;
-  if (!Array.isArray(regions)) return [];
   const sources = new Map<string, OutcomeSource>();
-  for (const region of regions as { origins?: unknown }[]) {
-    if (!Array.isArray(region.origins)) continue;
-    for (const origin of region.origins as {
-      id?: unknown;
-      url?: unknown;
-      credentials?: unknown;
-    }[]) {
-      if (typeof origin.id !== "string" || typeof origin.url !== "string") continue;
-      const names = Array.isArray(origin.credentials)
-        ? origin.credentials.filter((name): name is string => typeof name === "string")
-        : undefined;
+  for (const region of config.regions) {
+    for (const origin of region.origins) {
       sources.set(origin.url, {
         id: origin.id,
         url: origin.url.replace(/\/+$/, ""),
-        ...(names !== undefined && { credentials: names }),
+        ...(origin.credentials !== undefined && { credentials: origin.credentials }),
       });
     }
   }

@@ -5,12 +5,8 @@
  * closed after enough health probes in a row, or open again on a failed one. Time comes in
  * as `now`; nothing is mutated.
  */
-import type {
-  BreakerSettings,
-  BreakerState,
-  BreakerView,
-  OutcomeReport,
-} from "../../contracts/breaker.ts";
+import type { BreakerState, BreakerView, OutcomeReport } from "../../contracts/breaker.ts";
+import type { BreakerSettings } from "../../contracts/config/breakers.ts";
 
 /** One bucket of the sliding window. */
 interface Bucket {

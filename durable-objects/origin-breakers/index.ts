@@ -8,11 +8,8 @@
  */
 import { logWarn } from "../../contracts/log.ts";
 import { DurableObject } from "cloudflare:workers";
-import {
-  type BreakerRegion,
-  type BreakerSettings,
-  DEFAULT_BREAKER_SETTINGS,
-} from "../../contracts/breaker.ts";
+import type { BreakerRegion } from "../../contracts/breaker.ts";
+import { type BreakerSettings, DEFAULT_BREAKER_SETTINGS } from "../../contracts/config/breakers.ts";
 import { applyMigrations } from "../migrations.ts";
 import {
   type Breaker,

@@ -27,8 +27,9 @@ import {
   parsePayload,
 } from "../../contracts/protocol/framing.ts";
 import { describe } from "../../contracts/upstream.ts";
-import type { GatewayConfig } from "../config.ts";
-import { type BatchingPlan, batcherName, batchingPlan, laneFor, shardOf } from "./batcher-plan.ts";
+import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
+import { type BatchingPlan, batchingPlan } from "../../contracts/config/plans.ts";
+import { batcherName, laneFor, shardOf } from "./batcher-plan.ts";
 import {
   type AttemptRequest,
   type DispatchAttempt,
@@ -42,7 +43,7 @@ import { END_WAIT_MS } from "./generated.ts";
 /** What the batcher route needs beyond each attempt's request. */
 export interface BatcherRoute {
   namespace: DurableObjectNamespace<Batcher>;
-  config: GatewayConfig;
+  config: ResolvedConfig;
   model: string;
   /** The caller's key tier, when authentication knows it. */
   tier: string | undefined;

@@ -2,7 +2,7 @@
  * The unbatched path (docs/edge.md, "Delivery"): one request sent straight to an
  * origin as a batch of one over the batch protocol's upstream client, opened at its HEAD.
  */
-import type { OriginConfig } from "../config.ts";
+import type { OriginConfig } from "../../contracts/config/regions.ts";
 import type { OriginFailureKind } from "../../contracts/errors.ts";
 import {
   BATCH_PROTOCOL_VERSION,

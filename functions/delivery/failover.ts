@@ -7,7 +7,8 @@
  * avoided; the answer is then delivered by `response.ts`.
  */
 import { logWarn } from "../../contracts/log.ts";
-import type { LimitsConfig, RegionConfig } from "../config.ts";
+import type { Limits } from "../../contracts/config/limits.ts";
+import type { RegionConfig } from "../../contracts/config/regions.ts";
 import {
   type ApiError,
   type OriginFailureKind,
@@ -24,7 +25,7 @@ import type { RequestAttempt } from "../../durable-objects/key-account/types.ts"
 import { type ItemAttempt, openItem } from "./direct.ts";
 import { type GivenUp, cancelGivenUp } from "./generated.ts";
 import { readWhole, respond, streams } from "./response.ts";
-import { DEFAULT_RETRY_BUDGET, type RetryBudget } from "./retry-budget.ts";
+import { RETRY_WINDOW_MS, type RetryBudget } from "./retry-budget.ts";
 
 /** How the client gets its answer: streamed as it comes, or whole once it ended. */
 export type DeliveryMode = "stream" | "whole";
@@ -94,7 +95,7 @@ export interface DispatchOptions {
   /** Origins in the order to try them. */
   candidates: readonly RegionOrigin[];
   pool: OriginPool;
-  limits: LimitsConfig;
+  limits: Limits;
   /** How the client gets its answer (the plan's decision). */
   delivery: DeliveryMode;
   /** Lower-case headers forwarded to the engine. */
@@ -117,8 +118,12 @@ export interface DispatchOptions {
   onOutcome?: (region: RegionConfig, origin: string, verdict: Verdict) => void;
   /** An origin silent this long (of this thread's on-time) is frozen. */
   slowFirstByteMs?: number;
-  /** How long an origin that failed is tried only after every healthy one. */
-  quarantineMs?: number;
+  /**
+   * How long an origin of `region` that failed is tried only after every healthy one: its
+   * region and model's `origin_quarantine_ms`, overrides applied, as its Batchers have it
+   * (undefined: the health rule's own).
+   */
+  quarantineMs?: (region: RegionConfig) => number | undefined;
   /** Calls `giveUp` should the origin's breaker open; answers how to stop watching. */
   watchBreaker?: (origin: string, giveUp: () => void) => () => void;
   /** An attempt through a Batcher failed: the region's breakers may have changed. */
@@ -168,12 +173,12 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
 async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promise<Response> {
   const now = options.now ?? Date.now;
   const open = options.open ?? openDirect;
-  const attempts = Math.min(options.candidates.length, options.limits.retry_budget + 1);
+  const attempts = Math.min(options.candidates.length, options.limits.retryBudget + 1);
   const avoid: string[] = [];
   const firstAttempt = options.attempts?.length ?? 0;
   // The request timeout bounds every attempt together.
-  const deadline = now() + options.limits.request_timeout_ms;
-  const { retry_ratio: ratio, retry_floor: floor } = options.limits;
+  const deadline = now() + options.limits.requestTimeoutMs;
+  const { retryRatio: ratio, retryFloor: floor } = options.limits;
   options.retryBudget?.request(now());
   let failure: OriginFailureKind = "unavailable";
   // An origin whose engine answered 5xx waits for a second opinion: another origin that
@@ -193,12 +198,13 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
         failure = "timeout";
         break;
       }
-      const budget = { ratio, floor, windowMs: DEFAULT_RETRY_BUDGET.windowMs };
+      const budget = { ratio, floor, windowMs: RETRY_WINDOW_MS };
       if (i > 0 && options.retryBudget !== undefined && !options.retryBudget.retry(now(), budget)) {
         logWarn("retry budget spent", { request_id: options.requestId });
         break;
       }
       const candidate = options.candidates[i] as RegionOrigin;
+      const quarantineMs = options.quarantineMs?.(candidate.region);
       const planned = candidate.origin.id;
       const last = i === attempts - 1;
       options.pool.begin(planned);
@@ -214,9 +220,9 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
         path: options.path,
         body: options.body,
         headers: options.headers,
-        firstByteTimeoutMs: options.limits.first_byte_timeout_ms,
+        firstByteTimeoutMs: options.limits.firstByteTimeoutMs,
         delivery: options.delivery,
-        itemTimeoutMs: options.limits.request_timeout_ms,
+        itemTimeoutMs: options.limits.requestTimeoutMs,
         avoidOrigins: [
           ...avoid,
           ...options.pool.blocked(candidate.region),
@@ -255,7 +261,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
           if (attempt.reported !== true && !toldSlow) {
             judge(candidate, attempt.originId, attempt.soft === true ? "slow" : "failed");
           }
-          options.pool.reportFailure(attempt.originId, now(), options.quarantineMs);
+          options.pool.reportFailure(attempt.originId, now(), quarantineMs);
           avoid.push(attempt.originId);
         }
         failure = attempt.failure;
@@ -285,7 +291,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
       if (judged === "error") {
         avoid.push(originId);
         // Tried last for a while, whoever is to blame (a ranking, not a verdict).
-        options.pool.reportFailure(originId, now(), options.quarantineMs);
+        options.pool.reportFailure(originId, now(), quarantineMs);
         // The origin's own item timeout answers 504 (see origin/server.ts).
         failure = status === 504 ? "timeout" : "bad_answer";
         logWarn("origin answered", { status, request_id: options.requestId, origin: originId });
@@ -324,7 +330,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
       if (retry) {
         gaveUp.push(...givenUp(options, originId, itemId, candidate.region.id));
         avoid.push(originId);
-        options.pool.reportFailure(originId, now(), options.quarantineMs);
+        options.pool.reportFailure(originId, now(), quarantineMs);
         failure = "bad_answer";
         logWarn("origin failed mid-response", { request_id: options.requestId, origin: originId });
         continue;

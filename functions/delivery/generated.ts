@@ -13,7 +13,7 @@ import {
   settledOutcome,
 } from "../../contracts/outcomes.ts";
 import type { ItemOutcome, ItemUsage } from "../../contracts/protocol/schema.ts";
-import type { OriginConfig } from "../config.ts";
+import type { OriginConfig } from "../../contracts/config/regions.ts";
 import type { RegionOrigin } from "../origin-pool.ts";
 import type { SettledRequest } from "../settlement.ts";
 

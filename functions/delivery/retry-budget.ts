@@ -13,11 +13,8 @@ export interface RetryBudgetSettings {
   windowMs: number;
 }
 
-export const DEFAULT_RETRY_BUDGET: Readonly<RetryBudgetSettings> = {
-  ratio: 0.1,
-  floor: 10,
-  windowMs: 10_000,
-};
+/** The window the edge counts retries over; the ratio and floor are `limits.retry_*`. */
+export const RETRY_WINDOW_MS = 10_000;
 
 /** Requests and retries of the last window, in one-second buckets. */
 export class RetryBudget {

@@ -20,11 +20,10 @@ import {
   renewLease,
   settleRequest,
 } from "../key-auth.ts";
-import { billedPicos, formatUsd } from "../../contracts/pricing.ts";
-import type { GatewayConfig } from "../config.ts";
+import { FREE, billedPicos, formatUsd } from "../../contracts/pricing.ts";
+import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { completionAllowance } from "./completion-plan.ts";
 import { waitUntilOf } from "./request-context.ts";
-import { modelPrice } from "../pricing.ts";
 import { rateLimitHeaders } from "../rate-limit-headers.ts";
 import type { SettledRequest } from "../settlement.ts";
 import type {
@@ -125,11 +124,11 @@ export function admitCompletion() {
       model: (first ?? plan.model).id,
       promptTokens: plan.totalPromptTokens,
       maxTokens: completionAllowance(plan, first ?? plan.model),
-      price: modelPrice((first ?? plan.model).pricing),
+      price: (first ?? plan.model).price,
       fallbacks: rest.map((model) => ({
         model: model.id,
         maxTokens: completionAllowance(plan, model),
-        price: modelPrice(model.pricing),
+        price: model.price,
       })),
       endUser: endUserOf(credential, body.user),
       origin,
@@ -185,7 +184,7 @@ export function endUserOf(credential: Credential, bodyUser: unknown): string | n
 
 /** The cost of a settled request's usage at the served model's price, in pico-dollars (nothing without usage). */
 export function usageCost(
-  config: GatewayConfig,
+  config: ResolvedConfig,
   settled: SettledRequest | null,
   allowed: readonly string[],
 ): bigint {
@@ -197,7 +196,7 @@ export function usageCost(
       cachedTokens: settled.usage.cached_tokens,
       completionTokens: settled.usage.completion_tokens,
     },
-    modelPrice(model?.pricing),
+    model?.price ?? FREE,
     null,
   );
 }
@@ -225,7 +224,7 @@ function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
     admitted: {
       models: admission.models.map((id) => ({
         model: id,
-        price: modelPrice(models.find((model) => model.id === id)?.pricing),
+        price: models.find((model) => model.id === id)?.price ?? FREE,
       })),
       reservedPicos: admission.reservedPicos,
     },

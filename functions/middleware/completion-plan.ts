@@ -7,7 +7,7 @@
  */
 import { createMiddleware } from "hono/factory";
 import type { AppEnv, CompletionBody, CompletionPlan } from "../app-env.ts";
-import { type ModelConfig, resolveModels } from "../config.ts";
+import { type ModelConfig, resolveModels } from "../../contracts/config/models.ts";
 import { contextLengthExceeded, modelNotFound } from "../../contracts/errors.ts";
 import {
   estimateChatPromptTokens,
@@ -24,7 +24,7 @@ export function sequenceAllowance(
   plan: Omit<CompletionPlan, "model" | "models">,
   model: ModelConfig,
 ) {
-  return plan.maxTokens ?? Math.max(0, model.max_model_len - plan.promptTokens);
+  return plan.maxTokens ?? Math.max(0, model.maxModelLen - plan.promptTokens);
 }
 
 /** Completion tokens the whole request may produce on `model`: every sequence's allowance. */
@@ -107,13 +107,13 @@ export function planCompletion() {
     // vLLM refuses when prompt + max_tokens > max_model_len, and a prompt that fills the
     // window leaves no room for even one token when max_tokens is unset.
     const fits = (model: ModelConfig) =>
-      request.promptTokens + completionTokens <= model.max_model_len &&
-      (request.maxTokens !== null || request.promptTokens < model.max_model_len);
+      request.promptTokens + completionTokens <= model.maxModelLen &&
+      (request.maxTokens !== null || request.promptTokens < model.maxModelLen);
     const models = named.filter(fits);
     const model = models[0];
     if (model === undefined) {
       throw contextLengthExceeded(
-        first.max_model_len,
+        first.maxModelLen,
         request.promptTokens,
         completionTokens,
         PROMPT_PARAMS[completion.kind],

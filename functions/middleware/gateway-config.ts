@@ -5,14 +5,14 @@
  */
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../app-env.ts";
-import { ConfigError, loadGatewayConfig } from "../config.ts";
+import { ConfigError, loadConfig } from "../../contracts/config/gateway.ts";
 import { configError } from "../../contracts/errors.ts";
 
 /** Puts the gateway configuration on the context. */
 export function gatewayConfig() {
-  return createMiddleware<AppEnv>(async function loadConfig(c, next) {
+  return createMiddleware<AppEnv>(async function putConfig(c, next) {
     try {
-      c.set("config", loadGatewayConfig(c.env.WARMGATE_CONFIG));
+      c.set("config", loadConfig(c.env.WARMGATE_CONFIG));
     } catch (error) {
       if (error instanceof ConfigError) throw configError(error.message);
       throw error;

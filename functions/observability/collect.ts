@@ -8,8 +8,10 @@ import type { BreakerView } from "../../contracts/breaker.ts";
 import type { BatcherSnapshot } from "../../durable-objects/batcher/types.ts";
 import type { KeyMetrics } from "../../durable-objects/key-account/metrics.ts";
 import { breakerRegion } from "../breakers.ts";
-import { type GatewayConfig, originServes } from "../config.ts";
-import { batcherName, batchingPlan } from "../delivery/batcher-plan.ts";
+import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
+import { batchingPlan } from "../../contracts/config/plans.ts";
+import { originServes } from "../../contracts/config/regions.ts";
+import { batcherName } from "../delivery/batcher-plan.ts";
 import { keyAccount, keyDirectory } from "../key-auth.ts";
 
 /** Keys read per directory page. */
@@ -54,7 +56,7 @@ async function read(env: Env, ids: readonly string[]): Promise<KeyMetrics[]> {
   return keys.filter((key) => key.series.length > 0 || key.recentErrors.length > 0);
 }
 
-async function collectBatchers(env: Env, config: GatewayConfig): Promise<BatcherStats[]> {
+async function collectBatchers(env: Env, config: ResolvedConfig): Promise<BatcherStats[]> {
   const wanted: { region: string; model: string; shard: number; name: string }[] = [];
   for (const region of config.regions) {
     for (const model of config.models) {
@@ -75,7 +77,7 @@ async function collectBatchers(env: Env, config: GatewayConfig): Promise<Batcher
   );
 }
 
-async function collectBreakers(env: Env, config: GatewayConfig): Promise<BreakerView[]> {
+async function collectBreakers(env: Env, config: ResolvedConfig): Promise<BreakerView[]> {
   const views = await Promise.all(
     config.regions.map((region) =>
       env.ORIGIN_BREAKERS.getByName(region.id).views(breakerRegion(config, region)),
@@ -114,7 +116,7 @@ export function originShares(report: NonNullable<BatcherSnapshot["origins"][stri
 }
 
 /** Gathers the fleet's figures from the objects that own them. */
-export async function collectFleet(env: Env, config: GatewayConfig): Promise<FleetStats> {
+export async function collectFleet(env: Env, config: ResolvedConfig): Promise<FleetStats> {
   const [keys, batchers, breakers] = await Promise.all([
     collectKeys(env),
     collectBatchers(env, config),

@@ -8,7 +8,7 @@ import { picosToUsd } from "../../contracts/pricing.ts";
 import { type HistogramData, emptyHistogram } from "../../contracts/prometheus.ts";
 import type { RecentError } from "../../durable-objects/key-account/metrics.ts";
 import { DURATION_BOUNDS_S, TTFT_BOUNDS_S } from "../../durable-objects/key-account/types.ts";
-import type { GatewayConfig } from "../config.ts";
+import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { BATCH_SIZE_BOUNDS, type FleetStats, batchSizeCounts, originShares } from "./collect.ts";
 
 /** Keys and errors the dashboard lists. */
@@ -28,7 +28,7 @@ function addInto(into: HistogramData, from: HistogramData): void {
 }
 
 /** What `GET /admin/stats` answers. */
-export function summarize(stats: FleetStats, config: GatewayConfig) {
+export function summarize(stats: FleetStats, config: ResolvedConfig) {
   const latency = merged(DURATION_BOUNDS_S);
   const ttft = merged(TTFT_BOUNDS_S);
   let requests = 0;

@@ -8,7 +8,8 @@
 import { Hono } from "hono";
 import { adminAuth } from "../admin.ts";
 import type { AppEnv } from "../app-env.ts";
-import { batcherName, batchingPlan } from "../delivery/batcher-plan.ts";
+import { batchingPlan } from "../../contracts/config/plans.ts";
+import { batcherName } from "../delivery/batcher-plan.ts";
 import { notFound } from "../../contracts/errors.ts";
 import type { RouterView } from "../../durable-objects/batcher/routing/router.ts";
 

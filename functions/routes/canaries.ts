@@ -8,7 +8,6 @@ import { Hono } from "hono";
 import { z } from "zod";
 import { adminAuth } from "../admin.ts";
 import type { AppEnv } from "../app-env.ts";
-import { canaryOf } from "../canaries.ts";
 import { canaryName } from "../../contracts/canary.ts";
 import { notFound } from "../../contracts/errors.ts";
 import { readJsonBody } from "../json-body.ts";
@@ -19,10 +18,7 @@ const ActionSchema = z.strictObject({ action: z.enum(["promote", "pause", "resum
 export const canaries = new Hono<AppEnv>()
   .use("*", adminAuth())
   .get("/", async (c) => {
-    const specs = c.var.config.canaries.flatMap((entry) => {
-      const spec = canaryOf(c.var.config, entry.model);
-      return spec === undefined ? [] : [spec];
-    });
+    const specs = [...c.var.config.canaries.values()];
     const data = await Promise.all(
       specs.map((spec) => c.env.CANARIES.getByName(canaryName(spec)).view(spec)),
     );
@@ -30,7 +26,7 @@ export const canaries = new Hono<AppEnv>()
   })
   .post("/:model", async (c) => {
     const model = c.req.param("model");
-    const spec = canaryOf(c.var.config, model);
+    const spec = c.var.config.canaries.get(model);
     if (spec === undefined) {
       throw notFound(
         `No canary is configured for model '${model.slice(0, 128)}'.`,

@@ -31,13 +31,12 @@ import { allowOverride, attemptRoutes } from "../prefix-route.ts";
 import {
   allOriginsOpen,
   breakerRegion,
-  breakerSettings,
-  breakersOn,
   edgeBreakers,
   syncBreakers,
   watchBreaker,
 } from "../breakers.ts";
-import { type RegionConfig, originServes } from "../config.ts";
+import { batchingPlan } from "../../contracts/config/plans.ts";
+import { type RegionConfig, originServes } from "../../contracts/config/regions.ts";
 import { DEFAULT_QUARANTINE_MS, OriginHealth } from "../../contracts/origin-health.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
@@ -87,7 +86,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
       ? completion.text
       : replaceTopLevelString(completion.text, "model", plan.model.id);
   const now = Date.now();
-  const breakers = breakersOn(config);
+  const breakers = config.breakers.enabled;
   const waitUntil = waitUntilOf(c);
   if (breakers) for (const work of syncBreakers(config, order.regions, now)) waitUntil(work);
   const canary = canaryPlan(config, plan.model.id);
@@ -118,15 +117,14 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
   }
   // Unserved, it is billed for what the attempts it gave up on generated.
   settlement.onUnserved((record) => unservedUsage(record, settlement.gaveUp, c.env));
-  const { slowFirstByteMs } = breakerSettings(config);
-  const quarantineMs = config.batching.origin_quarantine_ms ?? DEFAULT_QUARANTINE_MS;
+  const { slowFirstByteMs } = config.breakers.settings;
   const response = await dispatchCompletion({
     requestId,
     path,
     body,
     model: plan.model.id,
     candidates,
-    quarantineMs,
+    quarantineMs: (region) => batchingPlan(config, region, plan.model.id)?.setup.quarantineMs,
     attempts: settlement.attempts,
     gaveUp: settlement.gaveUp,
     retryBudget,
@@ -171,7 +169,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
         route,
         promptTokens: plan.promptTokens,
         maxTokens: sequenceAllowance(plan, plan.model),
-        deadline: Date.now() + config.limits.request_timeout_ms,
+        deadline: Date.now() + config.limits.requestTimeoutMs,
         isolateInFlight: (ids) => ids.reduce((n, id) => n + originPool.inFlight(id), 0),
         waitUntil: waitUntilOf(c),
         signal: c.req.raw.signal,

@@ -6,10 +6,10 @@
  */
 import { Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
-import { type ModelConfig, resolveModel } from "../config.ts";
+import { type ModelConfig, resolveModel } from "../../contracts/config/models.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { modelNotFound } from "../../contracts/errors.ts";
-import { type PricingJson, pricingJson } from "../pricing.ts";
+import { type ModelPrice, microsToUsd } from "../../contracts/pricing.ts";
 
 /** A model object as `GET /v1/models` returns it (OpenAI's fields plus vLLM's). */
 export interface ModelObject {
@@ -23,6 +23,21 @@ export interface ModelObject {
   pricing: PricingJson;
 }
 
+/** The `pricing` object of a model in `GET /v1/models`, in USD per 1M tokens. */
+export interface PricingJson {
+  input_per_mtok: number;
+  cached_input_per_mtok: number;
+  output_per_mtok: number;
+}
+
+function pricingJson(price: ModelPrice): PricingJson {
+  return {
+    input_per_mtok: microsToUsd(price.inputMicrosPerMtok),
+    cached_input_per_mtok: microsToUsd(price.cachedInputMicrosPerMtok),
+    output_per_mtok: microsToUsd(price.outputMicrosPerMtok),
+  };
+}
+
 // Models come from configuration, which has no creation time; a fixed value keeps
 // responses identical across isolates.
 const CREATED = 0;
@@ -32,11 +47,11 @@ function toModelObject(model: ModelConfig): ModelObject {
     id: model.id,
     object: "model",
     created: CREATED,
-    owned_by: model.owned_by,
+    owned_by: model.ownedBy,
     root: model.id,
     parent: null,
-    max_model_len: model.max_model_len,
-    pricing: pricingJson(model.pricing),
+    max_model_len: model.maxModelLen,
+    pricing: pricingJson(model.price),
   };
 }
 

@@ -1,9 +1,6 @@
 import { describe, expect, it } from "vitest";
-import {
-  type BreakerRegion,
-  type BreakerView,
-  DEFAULT_BREAKER_SETTINGS,
-} from "../../contracts/breaker.ts";
+import type { BreakerRegion, BreakerView } from "../../contracts/breaker.ts";
+import { DEFAULT_BREAKER_SETTINGS } from "../../contracts/config/breakers.ts";
 import { BreakerCache } from "../../contracts/breaker-cache.ts";
 
 const region: BreakerRegion = {

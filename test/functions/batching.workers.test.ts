@@ -1,7 +1,8 @@
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import { parseGatewayConfig } from "../../functions/config.ts";
-import { batcherName, batchingPlan, laneFor } from "../../functions/delivery/batcher-plan.ts";
+import { loadConfig } from "../../contracts/config/gateway.ts";
+import { batchingPlan } from "../../contracts/config/plans.ts";
+import { batcherName, laneFor } from "../../functions/delivery/batcher-plan.ts";
 import { type ErrorBody, chatBody, edgeRequest, lastEvent } from "../support/edge-requests.ts";
 import {
   MODEL,
@@ -113,7 +114,7 @@ describe("the request path through the batcher", () => {
     config.regions.push({ id: "b2", origins: [{ id: "b2-1", url: "http://127.0.0.1:9" }] });
     config.limits.retry_budget = 1;
     const twoRegions = JSON.stringify(config);
-    const parsed = parseGatewayConfig(twoRegions);
+    const parsed = loadConfig(twoRegions);
     const b2 = parsed.regions[1];
     const b2Plan = b2 === undefined ? null : batchingPlan(parsed, b2, MODEL);
     if (b2Plan === null) throw new Error("no plan for b2");

@@ -119,6 +119,41 @@ describe("failover before the first byte", () => {
     expect(res.headers.get("x-warmgate-origin")).toBe("faulty-2");
   });
 
+  it("quarantines an origin sent to straight for its region and model's origin_quarantine_ms", async () => {
+    // Straight to origins; only the override quarantines, and no breaker or retry budget
+    // steps in: an origin tried first again shows a second attempt.
+    const config = JSON.stringify({
+      models: [{ id: "warmgate-sim-8b", max_model_len: 32768 }],
+      regions: [
+        {
+          id: "q",
+          origins: [
+            { id: "dead@quarantine", url: "http://127.0.0.1:9" },
+            { id: "faulty-2@quarantine", url: originUrl("faulty-2") },
+          ],
+        },
+      ],
+      default_region: "q",
+      limits: { first_byte_timeout_ms: 3_000, retry_floor: 1_000 },
+      breakers: { enabled: false },
+      batching: {
+        enabled: false,
+        origin_quarantine_ms: 0,
+        overrides: [{ region: "q", model: "warmgate-sim-8b", origin_quarantine_ms: 600_000 }],
+      },
+    });
+    const attempts: (string | null)[] = [];
+    for (let i = 0; i < 6; i++) {
+      const res = await fetchWithConfig(config, chat());
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-warmgate-origin")).toBe("faulty-2@quarantine");
+      attempts.push(res.headers.get("x-warmgate-attempts"));
+    }
+    // Requests take turns at the origins: without the quarantine the dead one would be
+    // tried first by every other request; with it, once.
+    expect(attempts.filter((n) => n !== "1").length).toBeLessThanOrEqual(1);
+  });
+
   it("stops after the retry budget", async () => {
     await setFaults("faulty-1", { errorRate: 1, errorStatuses: [500] });
     const none = await fetchWithConfig(

@@ -6,7 +6,7 @@ import {
   type OutcomesResponse,
 } from "../../contracts/protocol/schema.ts";
 import { type Frame, FrameType, encodeJsonPayload } from "../../contracts/protocol/framing.ts";
-import { parseGatewayConfig } from "../../functions/config.ts";
+import { loadConfig } from "../../contracts/config/gateway.ts";
 import {
   type AttemptRequest,
   type DispatchAttempt,
@@ -24,7 +24,7 @@ import { chatBody } from "../support/edge-requests.ts";
 // it last (docs/key-account.md, "Billing every outcome").
 const SLOW = inject("testOrigins").find((origin) => origin.id === "meter-slow-1")?.url ?? "";
 
-const config = parseGatewayConfig(
+const config = loadConfig(
   JSON.stringify({
     models: [{ id: "warmgate-sim-8b", max_model_len: 32768 }],
     regions: [

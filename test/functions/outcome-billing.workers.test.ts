@@ -2,7 +2,7 @@ import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test"
 import { env } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
 import { type ItemRecord, OutcomesResponseSchema } from "../../contracts/protocol/schema.ts";
-import { type GatewayConfig, parseGatewayConfig } from "../../functions/config.ts";
+import { type ResolvedConfig, loadConfig } from "../../contracts/config/gateway.ts";
 import {
   type DispatchOptions,
   dispatchCompletion,
@@ -109,7 +109,7 @@ describe("billing an answer whose END never reached the edge", () => {
  * for the END before it asks the origin.
  */
 async function leaveStream(endWaitMs: number) {
-  const config = parseGatewayConfig(slowConfig(false));
+  const config = loadConfig(slowConfig(false));
   const region = config.regions[0];
   const origin = region?.origins[0];
   if (region === undefined || origin === undefined) throw new Error("no origin");
@@ -191,7 +191,7 @@ describe("billing a stream whose client left", () => {
 
 describe("refusing after generation began", () => {
   it("cancels the attempt it gave up on at its origin before refusing, and bills what it generated", async () => {
-    const config: GatewayConfig = parseGatewayConfig(slowConfig(false));
+    const config: ResolvedConfig = loadConfig(slowConfig(false));
     const region = config.regions[0];
     const origin = region?.origins[0];
     if (region === undefined || origin === undefined) throw new Error("no origin");

@@ -1,10 +1,10 @@
 import { describe, expect, it } from "vitest";
-import { parseGatewayConfig } from "../../functions/config.ts";
+import { loadConfig } from "../../contracts/config/gateway.ts";
 import { DEFAULT_QUARANTINE_MS } from "../../contracts/origin-health.ts";
 import { OriginPool } from "../../functions/origin-pool.ts";
 import { nearestRegion, regionOrder } from "../../functions/region-choice.ts";
 
-const config = parseGatewayConfig(
+const config = loadConfig(
   JSON.stringify({
     models: [
       { id: "a", max_model_len: 100 },

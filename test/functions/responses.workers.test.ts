@@ -3,7 +3,7 @@ import { env } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
 import { costPicos, formatUsd, picosToUsd } from "../../contracts/pricing.ts";
 import app from "../../functions/index.ts";
-import { modelPrice } from "../../functions/pricing.ts";
+import { ModelPricingSchema } from "../../contracts/config/models.ts";
 import { type ErrorBody, edgeRequest } from "../support/edge-requests.ts";
 import { createKey } from "../support/admin-keys.workers.ts";
 
@@ -91,7 +91,7 @@ describe("POST /v1/responses", () => {
           cachedTokens: record.cached_tokens,
           completionTokens: record.completion_tokens,
         },
-        modelPrice(CHAT),
+        ModelPricingSchema.parse(CHAT),
       );
       expect(record.cost_usd).toBe(picosToUsd(cost));
       expect(response.headers.get("x-warmgate-cost-usd")).toBe(formatUsd(cost));
@@ -217,7 +217,7 @@ describe("POST /v1/embeddings", () => {
         cachedTokens: record.cached_tokens,
         completionTokens: 0,
       },
-      modelPrice(EMBED),
+      ModelPricingSchema.parse(EMBED),
     );
     expect(cost).toBeGreaterThan(0n);
     expect(record.cost_usd).toBe(picosToUsd(cost));

@@ -2,7 +2,9 @@ import { createExecutionContext } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import app from "../../functions/index.ts";
-import { loadGatewayConfig, originServes, resolveModels } from "../../functions/config.ts";
+import { loadConfig } from "../../contracts/config/gateway.ts";
+import { resolveModels } from "../../contracts/config/models.ts";
+import { originServes } from "../../contracts/config/regions.ts";
 import { deploymentProblems } from "../../functions/deployment.ts";
 import { edgeRequest } from "../support/edge-requests.ts";
 
@@ -16,7 +18,7 @@ describe.skipIf(text === "")("your WARMGATE_CONFIG", () => {
   });
 
   it("has an origin for every model and a model for every alias", () => {
-    const config = loadGatewayConfig(text);
+    const config = loadConfig(text);
     for (const model of config.models) {
       const served = config.regions.some((r) => r.origins.some((o) => originServes(o, model.id)));
       expect(served, `no origin serves ${model.id}`).toBe(true);
@@ -27,7 +29,7 @@ describe.skipIf(text === "")("your WARMGATE_CONFIG", () => {
   });
 
   it("lists its models at GET /v1/models", async () => {
-    const config = loadGatewayConfig(text);
+    const config = loadConfig(text);
     const response = await app.fetch(
       edgeRequest("/v1/models"),
       { ...env, WARMGATE_CONFIG: text },

@@ -9,12 +9,11 @@ import {
   type BatcherAnswerResult,
   type BatcherHead,
   type BatcherOpenResult,
-  type BatcherSetup,
   type BatcherAttempt,
 } from "../../durable-objects/batcher/types.ts";
-import { BATCHING_DEFAULTS } from "../../durable-objects/batcher/settings.ts";
-import { DEFAULT_BREAKER_SETTINGS } from "../../contracts/breaker.ts";
-import { type WindowConfigInput, windowConfig } from "./window-config.ts";
+import { DEFAULT_BREAKER_SETTINGS } from "../../contracts/config/breakers.ts";
+import type { BatcherSetup } from "../../contracts/config/plans.ts";
+import { DEFAULT_BATCHING, type WindowConfigInput, windowConfig } from "./window-config.ts";
 import type { FrameReader } from "../../contracts/upstream.ts";
 import { z } from "zod";
 import {
@@ -51,7 +50,7 @@ export type AttemptOverrides = Partial<Omit<BatcherAttempt, "body">> & {
 export function batcher(
   window: Partial<WindowConfigInput> = {},
   ids: string[] = ["batch-1"],
-  clientBacklogBytes = BATCHING_DEFAULTS.max_client_backlog_bytes,
+  clientBacklogBytes = DEFAULT_BATCHING.clientBacklogBytes,
 ) {
   const setup: BatcherSetup = {
     version: `test-${crypto.randomUUID().slice(0, 8)}`,

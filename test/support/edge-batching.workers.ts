@@ -11,12 +11,9 @@ import {
 import { env, exports } from "cloudflare:workers";
 import { expect, inject } from "vitest";
 import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
-import {
-  type BatchingPlan,
-  batcherName,
-  batchingPlan,
-} from "../../functions/delivery/batcher-plan.ts";
-import { parseGatewayConfig } from "../../functions/config.ts";
+import { loadConfig } from "../../contracts/config/gateway.ts";
+import { type BatchingPlan, batchingPlan } from "../../contracts/config/plans.ts";
+import { batcherName } from "../../functions/delivery/batcher-plan.ts";
 import app from "../../functions/index.ts";
 import { chatBody, edgeRequest, metricValue } from "./edge-requests.ts";
 import { TEST_ADMIN_TOKEN } from "./provided-context.ts";
@@ -29,7 +26,7 @@ export const MODEL = "warmgate-sim-8b";
  */
 /** The Batcher plan of `config`'s one region for {@link MODEL}. */
 export function planOf(config: string): BatchingPlan {
-  const parsed = parseGatewayConfig(config);
+  const parsed = loadConfig(config);
   const region = parsed.regions[0];
   if (region === undefined) throw new Error("no region");
   const plan = batchingPlan(parsed, region, MODEL);

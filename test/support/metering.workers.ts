@@ -7,7 +7,7 @@ import { env } from "cloudflare:workers";
 import { inject } from "vitest";
 import { costPicos } from "../../contracts/pricing.ts";
 import app from "../../functions/index.ts";
-import { modelPrice } from "../../functions/pricing.ts";
+import { ModelPricingSchema } from "../../contracts/config/models.ts";
 import { chatBody, edgeRequest } from "./edge-requests.ts";
 
 function originUrl(id: string): string {
@@ -108,7 +108,7 @@ export function costOf(usage: Usage, pricing: typeof SMALL): bigint {
       cachedTokens: usage.prompt_tokens_details?.cached_tokens ?? 0,
       completionTokens: usage.completion_tokens,
     },
-    modelPrice(pricing),
+    ModelPricingSchema.parse(pricing),
   );
 }
 

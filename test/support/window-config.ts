@@ -1,9 +1,12 @@
-/** Window configurations for tests: the defaults of `settings.ts`, with fields replaced. */
+/** Window configurations for tests: the defaults of `contracts/config/batching.ts`, with fields replaced. */
 import {
+  BatchingSettingsSchema,
   type LaneConfig,
   type WindowConfig,
-  windowConfigOf,
-} from "../../durable-objects/batcher/settings.ts";
+} from "../../contracts/config/batching.ts";
+
+/** The batching settings of a configuration that sets none. */
+export const DEFAULT_BATCHING = BatchingSettingsSchema.parse({});
 
 /** Fields to replace; lanes given in part get the defaults for the rest. */
 export type WindowConfigInput = Partial<Omit<WindowConfig, "lanes" | "origins">> & {
@@ -13,13 +16,12 @@ export type WindowConfigInput = Partial<Omit<WindowConfig, "lanes" | "origins">>
 
 export function windowConfig(input: WindowConfigInput = {}): WindowConfig {
   const { lanes, origins, ...rest } = input;
-  const ids = (origins ?? [{ id: "a" }]).map((origin) => origin.id);
-  const base = windowConfigOf(
-    { ...(lanes !== undefined && { lanes: lanes.map(() => ({})) }) },
-    ids,
-  );
+  const base = BatchingSettingsSchema.parse(
+    lanes === undefined ? {} : { lanes: lanes.map(() => ({})) },
+  ).window;
   return {
     ...base,
+    origins: origins ?? [{ id: "a" }],
     ...rest,
     lanes: base.lanes.map((lane, i) => ({ ...lane, ...lanes?.[i] })),
   };

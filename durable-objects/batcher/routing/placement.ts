@@ -5,7 +5,7 @@
  * consistent-hash origin under a bound on load. Pure: the same inputs give the same
  * origin on every edge and Batcher shard.
  */
-import type { RouterSettings } from "../settings.ts";
+import type { RouterSettings } from "../../../contracts/config/routing.ts";
 
 /** What the router knows of one origin it may place on. */
 export interface RouteCandidate {

@@ -5,8 +5,7 @@
  * Pure: no clock, no I/O; plain JSON in and out for persistence.
  */
 
-/** Most origins one index follows (one bit each). */
-export const MAX_ROUTED_ORIGINS = 32;
+import { MAX_ROUTED_ORIGINS } from "../../../contracts/config/routing.ts";
 
 /** An index as stored: per origin, its block hashes from least to most recently used. */
 export interface PrefixIndexSnapshot {

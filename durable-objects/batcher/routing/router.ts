@@ -5,7 +5,7 @@
  * KV size in load reports, and block events where the engine sends them. Pure: no clock
  * or I/O; snapshots are plain JSON.
  */
-import { BLOCK_TOKENS } from "../../../contracts/prefix-blocks.ts";
+import { BLOCK_TOKENS, COLD_KEY_BLOCKS } from "../../../contracts/prefix-blocks.ts";
 import type { KvEventCursor, KvEvents } from "../../../contracts/protocol/schema.ts";
 import {
   PLACEMENT_REASONS,
@@ -17,7 +17,7 @@ import {
   uncachedTokens,
 } from "./placement.ts";
 import { PrefixIndex, type PrefixIndexSnapshot } from "./prefix-index.ts";
-import { COLD_KEY_BLOCKS, type RouterSettings } from "../settings.ts";
+import type { RouterSettings } from "../../../contracts/config/routing.ts";
 
 /** A request to place. */
 export interface RouteRequest {

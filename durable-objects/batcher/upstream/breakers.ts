@@ -6,7 +6,7 @@
 import type { BreakerRegion, BreakerView, Verdict } from "../../../contracts/breaker.ts";
 import { BreakerCache } from "../../../contracts/breaker-cache.ts";
 import type { KeepAlive } from "../keep-alive.ts";
-import type { BatcherSetup } from "../types.ts";
+import type { BatcherSetup } from "../../../contracts/config/plans.ts";
 
 /** The copy of the region's breakers, kept in step with `OriginBreakers`. */
 export class RegionBreakers {

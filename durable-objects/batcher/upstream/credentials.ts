@@ -5,7 +5,7 @@
  */
 import { CredentialRing, credentialValues } from "../../../contracts/credentials.ts";
 import type { CredentialedOrigin } from "../../../contracts/upstream.ts";
-import type { BatcherSetup } from "../types.ts";
+import type { BatcherSetup } from "../../../contracts/config/plans.ts";
 
 /** Each origin as the upstream client calls it, with its credentials. */
 export class OriginCredentials {

@@ -5,7 +5,7 @@
  */
 import { chooseLeastLoaded } from "./origin-choice.ts";
 import type { OriginCandidate, OriginChooser } from "./origin-choice.ts";
-import type { LaneConfig } from "../settings.ts";
+import type { LaneConfig } from "../../../contracts/config/batching.ts";
 import {
   type Batch,
   type EnqueueDecision,

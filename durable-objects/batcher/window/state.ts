@@ -2,7 +2,7 @@
  * Building blocks of the window policy (docs/batching.md): a fresh state, the copy-on-write
  * draft every step works on, lookups, decaying counters and input checks.
  */
-import type { LaneConfig, WindowConfig } from "../settings.ts";
+import type { LaneConfig, WindowConfig } from "../../../contracts/config/batching.ts";
 import {
   type DecayedCount,
   type OriginState,

@@ -4,7 +4,7 @@
  * as the origin chooser sees them.
  */
 import type { OriginCandidate } from "./origin-choice.ts";
-import type { WindowConfig } from "../settings.ts";
+import type { WindowConfig } from "../../../contracts/config/batching.ts";
 import type { OriginFilter, OriginState, WindowState } from "./types.ts";
 import { assertTime, bump, decayed, decayedMean, originById } from "./state.ts";
 

@@ -4,7 +4,7 @@
  * decisions and outcomes.
  */
 import type { OriginChooser } from "./origin-choice.ts";
-import type { WindowConfig } from "../settings.ts";
+import type { WindowConfig } from "../../../contracts/config/batching.ts";
 
 /** Smallest `retryAfterMs` for a full queue: `retry-after` is whole seconds. */
 export const MIN_RETRY_AFTER_MS = 1000;

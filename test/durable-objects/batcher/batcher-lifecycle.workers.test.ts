@@ -3,10 +3,13 @@ import { abortAllDurableObjects, runDurableObjectAlarm, runInDurableObject } fro
 import { describe, expect, it } from "vitest";
 import { type Batcher } from "../../../durable-objects/batcher/index.ts";
 import { OPEN_BATCH_RECORD_DELAY_MS } from "../../../durable-objects/batcher/records.ts";
-import type { BatcherSetup } from "../../../durable-objects/batcher/types.ts";
-import { BATCHING_DEFAULTS } from "../../../durable-objects/batcher/settings.ts";
-import { DEFAULT_BREAKER_SETTINGS } from "../../../contracts/breaker.ts";
-import { type WindowConfigInput, windowConfig } from "../../support/window-config.ts";
+import { DEFAULT_BREAKER_SETTINGS } from "../../../contracts/config/breakers.ts";
+import type { BatcherSetup } from "../../../contracts/config/plans.ts";
+import {
+  DEFAULT_BATCHING,
+  type WindowConfigInput,
+  windowConfig,
+} from "../../support/window-config.ts";
 import { chatBody } from "../../support/edge-requests.ts";
 import {
   urlOf,
@@ -200,7 +203,7 @@ describe("origin failures", () => {
         { id: "batch-2", url: urlOf("batch-2") },
       ],
       quarantineMs: 60_000,
-      clientBacklogBytes: BATCHING_DEFAULTS.max_client_backlog_bytes,
+      clientBacklogBytes: DEFAULT_BATCHING.clientBacklogBytes,
     };
     const stub = env.BATCHER.getByName(`test:${setup.version}`);
     const stream = (id: string) => {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import type { CanarySpec } from "../../../contracts/canary.ts";
+import type { CanarySpec } from "../../../contracts/config/canaries.ts";
 import {
   act,
   newCanary,

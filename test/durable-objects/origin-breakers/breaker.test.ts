@@ -1,5 +1,8 @@
 import { describe, expect, it } from "vitest";
-import { type BreakerSettings, DEFAULT_BREAKER_SETTINGS } from "../../../contracts/breaker.ts";
+import {
+  type BreakerSettings,
+  DEFAULT_BREAKER_SETTINGS,
+} from "../../../contracts/config/breakers.ts";
 import {
   type Breaker,
   cooldownMs,

@@ -1,7 +1,8 @@
 import { env } from "cloudflare:workers";
 import { evictDurableObject, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { describe, expect, it } from "vitest";
-import { type BreakerRegion, DEFAULT_BREAKER_SETTINGS } from "../../../contracts/breaker.ts";
+import type { BreakerRegion } from "../../../contracts/breaker.ts";
+import { DEFAULT_BREAKER_SETTINGS } from "../../../contracts/config/breakers.ts";
 import { originUrl } from "../../support/test-origins.workers.ts";
 
 // us-1 is a healthy shared origin: the probes here only read it.

@@ -11,7 +11,9 @@ import {
   Router,
   coldKey,
 } from "../../../../durable-objects/batcher/routing/router.ts";
-import { ROUTER_DEFAULTS } from "../../../../durable-objects/batcher/settings.ts";
+import { RoutingSchema } from "../../../../contracts/config/routing.ts";
+
+const ROUTER_DEFAULTS = RoutingSchema.parse({}).settings;
 
 const ORIGINS = ["o1", "o2", "o3", "o4"];
 const system = (n: number) => `System prompt number ${n}. `.repeat(400);

@@ -1,7 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { MAX_BATCH_ITEMS } from "../../../../contracts/protocol/framing.ts";
-import { z } from "zod";
-import { BATCHING_FIELDS } from "../../../../durable-objects/batcher/settings.ts";
+import { BatchingSettingsSchema } from "../../../../contracts/config/batching.ts";
 import { windowConfig } from "../../../support/window-config.ts";
 import {
   cancel,
@@ -35,7 +34,7 @@ describe("window configuration", () => {
   });
 
   it("refuses an empty or oversized batch size", () => {
-    const schema = z.strictObject(BATCHING_FIELDS);
+    const schema = BatchingSettingsSchema;
     expect(schema.safeParse({ max_batch_size: 0 }).success).toBe(false);
     expect(schema.safeParse({ max_batch_size: MAX_BATCH_ITEMS + 1 }).success).toBe(false);
     expect(schema.safeParse({ max_batch_size: 1 }).success).toBe(true);

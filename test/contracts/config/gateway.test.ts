@@ -1,13 +1,7 @@
 import { describe, expect, it } from "vitest";
-import {
-  ConfigError,
-  DEFAULT_LIMITS,
-  loadGatewayConfig,
-  parseGatewayConfig,
-  resolveModel,
-  resolveModels,
-} from "../../functions/config.ts";
-import { modelPrice } from "../../functions/pricing.ts";
+import { ConfigError, loadConfig } from "../../../contracts/config/gateway.ts";
+import { resolveModel, resolveModels } from "../../../contracts/config/models.ts";
+import { batchingPlan } from "../../../contracts/config/plans.ts";
 
 const valid = {
   models: [
@@ -24,9 +18,18 @@ const valid = {
   default_region: "eu",
 };
 
+const DEFAULT_LIMITS = {
+  maxBodyBytes: 8 * 1024 * 1024,
+  firstByteTimeoutMs: 30_000,
+  requestTimeoutMs: 600_000,
+  retryBudget: 2,
+  retryRatio: 0.1,
+  retryFloor: 10,
+};
+
 function problem(config: unknown): ConfigError {
   try {
-    parseGatewayConfig(typeof config === "string" ? config : JSON.stringify(config));
+    loadConfig(typeof config === "string" ? config : JSON.stringify(config));
   } catch (error) {
     if (error instanceof ConfigError) return error;
     throw error;
@@ -36,21 +39,22 @@ function problem(config: unknown): ConfigError {
 
 describe("gateway configuration", () => {
   it("fills in default limits, owners and location lists", () => {
-    const config = parseGatewayConfig(JSON.stringify(valid));
+    const config = loadConfig(JSON.stringify(valid));
     expect(config.limits).toEqual(DEFAULT_LIMITS);
-    expect(config.limits.max_body_bytes).toBeGreaterThanOrEqual(8 * 1024 * 1024);
+    expect(config.limits.maxBodyBytes).toBeGreaterThanOrEqual(8 * 1024 * 1024);
     expect(config.models[1]).toEqual({
       id: "m-70b",
-      max_model_len: 8192,
-      owned_by: "warmgate",
+      maxModelLen: 8192,
+      ownedBy: "warmgate",
       aliases: [],
+      price: { inputMicrosPerMtok: 0, cachedInputMicrosPerMtok: 0, outputMicrosPerMtok: 0 },
     });
     expect(config.regions[1]).toMatchObject({ continents: [], countries: [], colos: [] });
   });
 
   it("keeps limits the operator sets and defaults the rest", () => {
-    const config = parseGatewayConfig(JSON.stringify({ ...valid, limits: { retry_budget: 0 } }));
-    expect(config.limits).toEqual({ ...DEFAULT_LIMITS, retry_budget: 0 });
+    const config = loadConfig(JSON.stringify({ ...valid, limits: { retry_budget: 0 } }));
+    expect(config.limits).toEqual({ ...DEFAULT_LIMITS, retryBudget: 0 });
   });
 
   it("names the field of a wrong type", () => {
@@ -62,10 +66,15 @@ describe("gateway configuration", () => {
   it("refuses a token hold share outside 0..1 and a negative longest hold", () => {
     expect(problem({ ...valid, batching: { hold_share: 1.5 } }).field).toBe("batching.hold_share");
     expect(problem({ ...valid, batching: { max_hold_ms: -1 } }).field).toBe("batching.max_hold_ms");
-    const config = parseGatewayConfig(
+    const config = loadConfig(
       JSON.stringify({ ...valid, batching: { hold_share: 0, max_hold_ms: 25 } }),
     );
-    expect(config.batching).toMatchObject({ hold_share: 0, max_hold_ms: 25 });
+    const region = config.regions[0];
+    if (region === undefined) throw new Error("no region");
+    expect(batchingPlan(config, region, "m-8b")?.setup.window).toMatchObject({
+      holdShare: 0,
+      maxHoldMs: 25,
+    });
   });
 
   it("names a missing field", () => {
@@ -111,18 +120,18 @@ describe("gateway configuration", () => {
 
   it("says when the text is not JSON or not set", () => {
     expect(problem("{models:").message).toMatch(/^WARMGATE_CONFIG is not valid JSON/);
-    expect(() => parseGatewayConfig(undefined)).toThrow("WARMGATE_CONFIG is not set");
+    expect(() => loadConfig(undefined)).toThrow("WARMGATE_CONFIG is not set");
   });
 
   it("parses the same text once and keeps failing the same way for bad text", () => {
     const text = JSON.stringify(valid);
-    expect(loadGatewayConfig(text)).toBe(loadGatewayConfig(text));
-    expect(() => loadGatewayConfig("[]")).toThrow(ConfigError);
-    expect(() => loadGatewayConfig("[]")).toThrow(ConfigError);
+    expect(loadConfig(text)).toBe(loadConfig(text));
+    expect(() => loadConfig("[]")).toThrow(ConfigError);
+    expect(() => loadConfig("[]")).toThrow(ConfigError);
   });
 
   it("resolves an alias to its model and an id to itself", () => {
-    const config = parseGatewayConfig(JSON.stringify(valid));
+    const config = loadConfig(JSON.stringify(valid));
     expect(resolveModel(config, "fast")?.id).toBe("m-8b");
     expect(resolveModel(config, "m-70b")?.id).toBe("m-70b");
     expect(resolveModel(config, "gpt-4")).toBeUndefined();
@@ -148,8 +157,8 @@ describe("prices and aliases", () => {
   };
 
   it("turns prices into exact integer micro-dollars per 1M tokens, cached defaulting to input", () => {
-    const config = parseGatewayConfig(JSON.stringify(priced));
-    expect(config.models.map((model) => modelPrice(model.pricing))).toEqual([
+    const config = loadConfig(JSON.stringify(priced));
+    expect(config.models.map((model) => model.price)).toEqual([
       {
         inputMicrosPerMtok: 150_000,
         cachedInputMicrosPerMtok: 150_000,
@@ -161,7 +170,7 @@ describe("prices and aliases", () => {
         outputMicrosPerMtok: 10_000_000,
       },
     ]);
-    expect(modelPrice(undefined)).toEqual({
+    expect(loadConfig(JSON.stringify(valid)).models[0]?.price).toEqual({
       inputMicrosPerMtok: 0,
       cachedInputMicrosPerMtok: 0,
       outputMicrosPerMtok: 0,
@@ -177,7 +186,7 @@ describe("prices and aliases", () => {
   });
 
   it("resolves an alias to its models in order, an id and a model's own alias to one", () => {
-    const config = parseGatewayConfig(
+    const config = loadConfig(
       JSON.stringify({
         ...priced,
         models: [{ ...priced.models[0], aliases: ["small"] }, priced.models[1]],
