@@ -69,7 +69,8 @@ async function settledRecord(key: string, id: string): Promise<RequestRecord> {
       headers: { authorization: `Bearer ${key}` },
     });
     const record = (await res.json()) as RequestRecord;
-    if (record.status !== "open" && record.id === id) return record;
+    // A request whose client left is `expired` until its bill is known: not settled yet.
+    if (record.status === "settled" && record.id === id) return record;
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
   throw new Error(`request ${id} was never settled`);

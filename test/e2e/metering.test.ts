@@ -80,7 +80,8 @@ async function get<T>(key: string, path: string): Promise<T> {
 async function settledRecord(key: string, id: string): Promise<RequestRecord> {
   for (let i = 0; i < 300; i++) {
     const record = await get<RequestRecord>(key, `/v1/usage/requests/${id}`);
-    if (record.status !== "open" && record.id === id) return record;
+    // A request whose client left is `expired` until its bill is known: not settled yet.
+    if (record.status === "settled" && record.id === id) return record;
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
   throw new Error(`request ${id} was never settled`);
