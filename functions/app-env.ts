@@ -6,6 +6,7 @@ import type { DeliveryMode } from "./delivery/failover.ts";
 import type { AdmitOk } from "../durable-objects/key-account/types.ts";
 import type { ResolvedConfig } from "../contracts/config/gateway.ts";
 import type { ModelConfig } from "../contracts/config/models.ts";
+import type { EdgeState } from "./edge-state.ts";
 import type { Credential } from "./key-auth.ts";
 import type { ChatCompletionRequest, CompletionRequest } from "./openai-schemas.ts";
 import type { EmbeddingsRequest, ResponsesRequest } from "./responses-schemas.ts";
@@ -48,6 +49,8 @@ export interface CompletionPlan {
 export type AppEnv = {
   Bindings: Env;
   Variables: {
+    /** What this isolate remembers between requests (set first, on every request). */
+    edge: EdgeState;
     /** `x-request-id` of this request, echoed on every response. */
     requestId: string;
     /** The validated gateway configuration. */

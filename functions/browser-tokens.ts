@@ -14,6 +14,7 @@ import { ApiError, invalidApiKey } from "../contracts/errors.ts";
 import { readJsonBody } from "./json-body.ts";
 import { hex } from "../contracts/hashing.ts";
 import {
+  type ApiKeyMemo,
   KEY_ID_PATTERN,
   bearerToken,
   deriveSecret,
@@ -40,6 +41,14 @@ const CLOCK_SKEW_SECONDS = 30;
 // Preflight answers cached per isolate, so preflights rarely reach the directory.
 const PREFLIGHT_CACHE_MS = 30_000;
 const PREFLIGHT_CACHE_SIZE = 1_000;
+
+/** What an isolate remembers for browser tokens and CORS preflights. */
+export class BrowserTokenMemo {
+  /** Preflight answers by Origin, so preflights rarely reach the directory. */
+  readonly preflights = new Map<string, { allowed: boolean; until: number }>();
+  /** The HS256 secret per signing secret, derived once per isolate. */
+  readonly secrets = new Map<string, Promise<string>>();
+}
 
 const EXPOSED_HEADERS = [
   "x-request-id",
@@ -112,6 +121,7 @@ export interface MintBrowserTokenInput {
 export async function mintBrowserToken(
   env: SigningEnv,
   input: MintBrowserTokenInput,
+  memo: BrowserTokenMemo = new BrowserTokenMemo(),
 ): Promise<{ token: string; expiresAt: number }> {
   const iat = Math.floor(input.now / 1_000);
   const exp = iat + Math.min(MAX_TOKEN_TTL_SECONDS, Math.max(1, Math.floor(input.ttlSeconds)));
@@ -129,7 +139,7 @@ export async function mintBrowserToken(
     mdl: input.models,
     org: input.origins,
   };
-  return { token: await sign(claims, await tokenSecret(env), "HS256"), expiresAt: exp };
+  return { token: await sign(claims, await tokenSecret(env, memo), "HS256"), expiresAt: exp };
 }
 
 /** Verifies a browser token's signature, audience, issuer, `nbf` and `exp` at `now`; null if any fails. */
@@ -137,12 +147,13 @@ export async function verifyBrowserToken(
   env: SigningEnv,
   token: string,
   now: number,
+  memo: BrowserTokenMemo,
 ): Promise<BrowserScope | null> {
   let payload: unknown;
   try {
     // hono/jwt checks the signature, `alg`, `aud` and `iss`; times are checked below
     // against `now` so that every claim is required, not only checked when present.
-    payload = await verify(token, await tokenSecret(env), {
+    payload = await verify(token, await tokenSecret(env, memo), {
       alg: "HS256",
       aud: TOKEN_AUDIENCE,
       iss: TOKEN_AUDIENCE,
@@ -188,13 +199,14 @@ export async function originAllowedByAnyKey(
   env: Env,
   origin: string,
   now: number,
+  memo: BrowserTokenMemo,
 ): Promise<boolean> {
-  const cached = preflightCache.get(origin);
+  const cached = memo.preflights.get(origin);
   if (cached !== undefined && cached.until > now) return cached.allowed;
   const directory = env.KEY_DIRECTORY.get(env.KEY_DIRECTORY.idFromName(DIRECTORY_NAME));
   const allowed = await directory.originAllowed(origin, now);
-  if (preflightCache.size >= PREFLIGHT_CACHE_SIZE) preflightCache.clear();
-  preflightCache.set(origin, { allowed, until: now + PREFLIGHT_CACHE_MS });
+  if (memo.preflights.size >= PREFLIGHT_CACHE_SIZE) memo.preflights.clear();
+  memo.preflights.set(origin, { allowed, until: now + PREFLIGHT_CACHE_MS });
   return allowed;
 }
 
@@ -206,10 +218,16 @@ const TokenRequest = z.strictObject({
 });
 
 /** `POST /v1/tokens` (mint with an API key) and CORS preflights for `/v1/*`; mount at `/v1`. */
-export const browserTokensApp = new Hono<{ Bindings: Env }>()
+export const browserTokensApp = new Hono<{
+  Bindings: Env;
+  Variables: { edge: { apiKeys: ApiKeyMemo; browserTokens: BrowserTokenMemo } };
+}>()
   .options("/*", async (c) => {
     const origin = c.req.header("origin");
-    if (origin === undefined || !(await originAllowedByAnyKey(c.env, origin, Date.now()))) {
+    if (
+      origin === undefined ||
+      !(await originAllowedByAnyKey(c.env, origin, Date.now(), c.var.edge.browserTokens))
+    ) {
       // No CORS headers at all: the browser refuses the actual request.
       throw new ApiError(403, "This origin is not allowed.", {
         type: "invalid_request_error",
@@ -232,7 +250,8 @@ export const browserTokensApp = new Hono<{ Bindings: Env }>()
     const now = Date.now();
     const presented = bearerToken(c.req.header("authorization"));
     // Only an API key mints tokens; a browser token cannot mint more.
-    const parsed = presented === null ? null : await parseApiKey(c.env, presented);
+    const parsed =
+      presented === null ? null : await parseApiKey(c.env, presented, c.var.edge.apiKeys);
     if (parsed === null) throw invalidApiKey();
     const requested = await readJsonBody(c.req.raw, TokenRequest);
     const account = c.env.KEY_ACCOUNT.get(c.env.KEY_ACCOUNT.idFromName(parsed.keyId));
@@ -263,16 +282,20 @@ export const browserTokensApp = new Hono<{ Bindings: Env }>()
     };
     const models = requested.models ?? record.models;
     const user = requested.user ?? null;
-    const { token, expiresAt } = await mintBrowserToken(c.env, {
-      keyId: parsed.keyId,
-      secretGeneration: check.secretGeneration,
-      user,
-      limits,
-      models,
-      origins: record.allowedOrigins,
-      ttlSeconds: requested.ttl_seconds ?? DEFAULT_TOKEN_TTL_SECONDS,
-      now,
-    });
+    const { token, expiresAt } = await mintBrowserToken(
+      c.env,
+      {
+        keyId: parsed.keyId,
+        secretGeneration: check.secretGeneration,
+        user,
+        limits,
+        models,
+        origins: record.allowedOrigins,
+        ttlSeconds: requested.ttl_seconds ?? DEFAULT_TOKEN_TTL_SECONDS,
+        now,
+      },
+      c.var.edge.browserTokens,
+    );
     return c.json({
       object: "browser_token",
       token,
@@ -283,17 +306,12 @@ export const browserTokensApp = new Hono<{ Bindings: Env }>()
     });
   });
 
-const preflightCache = new Map<string, { allowed: boolean; until: number }>();
-
-// The HS256 secret per signing secret, derived once per isolate.
-const tokenSecrets = new Map<string, Promise<string>>();
-
-async function tokenSecret(env: SigningEnv): Promise<string> {
+async function tokenSecret(env: SigningEnv, memo: BrowserTokenMemo): Promise<string> {
   const secret = signingSecret(env);
-  let derived = tokenSecrets.get(secret);
+  let derived = memo.secrets.get(secret);
   if (derived === undefined) {
     derived = deriveSecret(env, TOKEN_LABEL).then(hex);
-    tokenSecrets.set(secret, derived);
+    memo.secrets.set(secret, derived);
   }
   return derived;
 }

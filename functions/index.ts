@@ -8,10 +8,12 @@ import { adminApp } from "./admin.ts";
 import type { AppEnv } from "./app-env.ts";
 import { browserTokensApp } from "./browser-tokens.ts";
 import { checkDeployment } from "./deployment.ts";
+import { EdgeState } from "./edge-state.ts";
 import { handleError, handleNotFound } from "./error-handler.ts";
 import { authenticate, verifyCredential } from "./middleware/auth.ts";
 import { browserCors } from "./middleware/cors.ts";
 import { gatewayConfig } from "./middleware/gateway-config.ts";
+import { isolateState } from "./middleware/edge-state.ts";
 import { requestContext } from "./middleware/request-context.ts";
 import { batchers } from "./routes/batchers.ts";
 import { breakers } from "./routes/breakers.ts";
@@ -26,6 +28,8 @@ import { usage } from "./routes/usage.ts";
 /** The warmgate edge Worker. */
 const app = new Hono<AppEnv>();
 
+// Module scope runs once per isolate: its one state, from the bindings (docs/edge.md).
+app.use(isolateState(new EdgeState(env)));
 app.use(requestContext());
 // The dashboard's page and files: static, and no secret needed to load them.
 app.route("/", dashboard);

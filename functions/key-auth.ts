@@ -19,11 +19,19 @@ import {
   type SettleResult,
 } from "../durable-objects/key-account/types.ts";
 import { formatUsd } from "../contracts/pricing.ts";
-import { verifyBrowserToken, type BrowserScope } from "./browser-tokens.ts";
+import { type BrowserScope, type BrowserTokenMemo, verifyBrowserToken } from "./browser-tokens.ts";
 import { ApiError, invalidApiKey, missingApiKey } from "../contracts/errors.ts";
-import { API_KEY_PREFIX, bearerToken, parseApiKey } from "./keys.ts";
+import { API_KEY_PREFIX, type ApiKeyMemo, bearerToken, parseApiKey } from "./keys.ts";
 import { formatResetDuration, rateLimitHeaders, retryAfterHeaders } from "./rate-limit-headers.ts";
 import { SettleQueue } from "./settle-queue.ts";
+
+/** Settlements of an isolate until their key's account holds them durably. */
+export type AccountSettleQueue = SettleQueue<SettleInput>;
+
+/** A new, empty queue of settlements for the isolate (see `settle-queue.ts`). */
+export function accountSettleQueue(): AccountSettleQueue {
+  return new SettleQueue<SettleInput>({ writeDelayMs: ACCOUNT_WRITE_DELAY_MS });
+}
 
 /** A credential the edge accepted: an API key (checked against its hash later) or a browser token. */
 export type Credential =
@@ -47,12 +55,17 @@ export type AdmitRequestInput = Omit<AdmitInput, "credential" | "settle">;
 export async function authenticateBearer(
   env: Env,
   authorization: string | null | undefined,
-  options: { now: number; origin?: string | null },
+  options: {
+    now: number;
+    origin?: string | null;
+    apiKeys: ApiKeyMemo;
+    browserTokens: BrowserTokenMemo;
+  },
 ): Promise<Authentication> {
   const credential = bearerToken(authorization);
   if (credential === null) return { ok: false, error: missingApiKey() };
   if (credential.startsWith(API_KEY_PREFIX)) {
-    const parsed = await parseApiKey(env, credential);
+    const parsed = await parseApiKey(env, credential, options.apiKeys);
     if (parsed === null) return { ok: false, error: invalidApiKey() };
     return { ok: true, kind: "key", keyId: parsed.keyId, secretHash: parsed.secretHash };
   }
@@ -60,7 +73,7 @@ export async function authenticateBearer(
   if (credential.split(".").length !== 3) {
     return { ok: false, error: invalidApiKey() };
   }
-  const scope = await verifyBrowserToken(env, credential, options.now);
+  const scope = await verifyBrowserToken(env, credential, options.now, options.browserTokens);
   if (scope === null) {
     return { ok: false, error: invalidApiKey("Invalid or expired browser token.") };
   }
@@ -94,9 +107,6 @@ export function keyDirectory(env: Env): DurableObjectStub<KeyDirectory> {
   return env.KEY_DIRECTORY.get(env.KEY_DIRECTORY.idFromName(DIRECTORY_NAME));
 }
 
-// Settlements of this isolate until their key's account holds them durably.
-const settleQueue = new SettleQueue<SettleInput>({ writeDelayMs: ACCOUNT_WRITE_DELAY_MS });
-
 /**
  * Admits a request in its key's KeyAccount: one RPC, atomic, reserving a slot and tokens.
  * The call carries the key's settlements queued in this isolate, and its answer tells
@@ -104,6 +114,7 @@ const settleQueue = new SettleQueue<SettleInput>({ writeDelayMs: ACCOUNT_WRITE_D
  */
 export async function admitRequest(
   env: Env,
+  settleQueue: AccountSettleQueue,
   credential: Credential,
   input: AdmitRequestInput,
 ): Promise<AdmitResult> {
@@ -173,16 +184,16 @@ export async function settleRequest(
  * Queues an admitted request's settlement: the key's next admit call from this isolate
  * carries it, or it is sent on its own shortly after. Resolves once it is durable.
  */
-export function queueSettlement(env: Env, keyId: string, input: SettleInput): Promise<void> {
+export function queueSettlement(
+  env: Env,
+  settleQueue: AccountSettleQueue,
+  keyId: string,
+  input: SettleInput,
+): Promise<void> {
   return settleQueue.settle(keyId, input, async (id, inputs) => {
     const { commit } = await keyAccount(env, id).settleMany(inputs);
     return commit;
   });
-}
-
-/** This isolate's settlements of a key not yet known durable (for tests and diagnostics). */
-export function heldSettlements(keyId: string): { queued: number; unconfirmed: number } {
-  return { queued: settleQueue.queued(keyId), unconfirmed: settleQueue.unconfirmed(keyId) };
 }
 
 /** The OpenAI error for an admission refusal, with `retry-after` and rate-limit headers on 429. */

@@ -53,36 +53,49 @@ export function newKeyId(): string {
 export async function mintApiKey(
   env: SigningEnv,
   keyId: string,
+  memo: ApiKeyMemo = new ApiKeyMemo(),
 ): Promise<{ key: string; secretHash: string }> {
   const body = `${API_KEY_PREFIX}${keyId}_${base32(crypto.getRandomValues(new Uint8Array(16)))}`;
-  const key = body + (await keyCheck(env, body));
+  const key = body + (await keyCheck(env, body, memo));
   return { key, secretHash: await sha256Hex(key) };
 }
 
 /** How many checked keys an isolate remembers (see {@link parseApiKey}). */
 export const CHECKED_KEYS_CACHED = 1_024;
 
-// Keys this isolate already checked, by signing secret, most recently used last. The check
-// and hash depend only on the key and the secret, so a remembered answer is the answer;
-// revocation and expiry are the KeyAccount's business, asked on every request anyway.
-const checkedKeys = new Map<string, Map<string, CheckedKey>>();
 type CheckedKey = { ok: true; parsed: ParsedApiKey } | { ok: false };
+
+/** What an isolate remembers of API keys, by signing secret (see {@link parseApiKey}). */
+export class ApiKeyMemo {
+  /**
+   * Keys already checked, most recently used last. The check and hash depend only on the
+   * key and the secret, so a remembered answer is the answer; revocation and expiry are the
+   * KeyAccount's business, asked on every request anyway.
+   */
+  readonly checked = new Map<string, Map<string, CheckedKey>>();
+  /** Derived check keys: one derivation per isolate, not per request. */
+  readonly checkKeys = new Map<string, Promise<CryptoKey>>();
+}
 
 /**
  * Parses and checks an API key at the edge; null for anything malformed or forged.
  * Answers for recently seen well-formed keys come from a per-isolate cache (an HMAC and
  * a SHA-256 less per request).
  */
-export async function parseApiKey(env: SigningEnv, key: string): Promise<ParsedApiKey | null> {
+export async function parseApiKey(
+  env: SigningEnv,
+  key: string,
+  memo: ApiKeyMemo,
+): Promise<ParsedApiKey | null> {
   const match = API_KEY_PATTERN.exec(key);
   if (match === null) return null;
   const [, keyId, secret, check] = match;
   if (keyId === undefined || secret === undefined || check === undefined) return null;
   const signing = signingSecret(env);
-  let cache = checkedKeys.get(signing);
+  let cache = memo.checked.get(signing);
   if (cache === undefined) {
     cache = new Map();
-    checkedKeys.set(signing, cache);
+    memo.checked.set(signing, cache);
   }
   const known = cache.get(key);
   if (known !== undefined) {
@@ -91,7 +104,7 @@ export async function parseApiKey(env: SigningEnv, key: string): Promise<ParsedA
     cache.set(key, known);
     return known.ok ? known.parsed : null;
   }
-  const expected = await keyCheck(env, `${API_KEY_PREFIX}${keyId}_${secret}`);
+  const expected = await keyCheck(env, `${API_KEY_PREFIX}${keyId}_${secret}`, memo);
   const checked: CheckedKey = constantTimeEqual(expected, check)
     ? { ok: true, parsed: { keyId, secretHash: await sha256Hex(key) } }
     : { ok: false };
@@ -110,17 +123,14 @@ export function bearerToken(header: string | null | undefined): string | null {
   return match?.[1] ?? null;
 }
 
-// Derived check keys by signing secret: one derivation per isolate, not per request.
-const checkKeys = new Map<string, Promise<CryptoKey>>();
-
-async function keyCheck(env: SigningEnv, body: string): Promise<string> {
+async function keyCheck(env: SigningEnv, body: string, memo: ApiKeyMemo): Promise<string> {
   const secret = signingSecret(env);
-  let key = checkKeys.get(secret);
+  let key = memo.checkKeys.get(secret);
   if (key === undefined) {
     key = deriveSecret(env, KEY_CHECK_LABEL).then((raw) =>
       crypto.subtle.importKey("raw", raw, { name: "HMAC", hash: "SHA-256" }, false, ["sign"]),
     );
-    checkKeys.set(secret, key);
+    memo.checkKeys.set(secret, key);
   }
   const mac = await crypto.subtle.sign("HMAC", await key, new TextEncoder().encode(body));
   return base32(new Uint8Array(mac).subarray(0, 5));

@@ -30,15 +30,11 @@ import { describe } from "../../contracts/upstream.ts";
 import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { type BatchingPlan, batchingPlan } from "../../contracts/config/plans.ts";
 import { batcherName, laneFor, shardOf } from "./batcher-plan.ts";
-import {
-  type AttemptRequest,
-  type DispatchAttempt,
-  type ItemOpener,
-  openDirect,
-} from "./failover.ts";
+import type { AttemptRequest, DispatchAttempt, ItemOpener } from "./failover.ts";
 import { type ItemEnd, type OpenItem, frameItem, memoryFrames } from "./item.ts";
 import { failed, failedBeforeHead, notAdmitted } from "./refusals.ts";
 import { END_WAIT_MS } from "./generated.ts";
+import type { BatcherMemo } from "./batcher-memo.ts";
 
 /** What the batcher route needs beyond each attempt's request. */
 export interface BatcherRoute {
@@ -69,12 +65,6 @@ export interface BatcherRoute {
   signal?: AbortSignal;
 }
 
-// Per isolate: when each region's batcher (by name without shard) last sent one of this
-// isolate's requests at once. A cache: losing it only costs a batcher call.
-const sentAtOnce = new Map<string, number>();
-// Per isolate and batcher: a moving average of how long requests waited for their HEAD
-// from the start of their dispatch, which the batcher's window weighs (see `wait_share`).
-const firstByteMs = new Map<string, number>();
 const FIRST_BYTE_SMOOTHING = 0.2;
 
 /**
@@ -83,12 +73,17 @@ const FIRST_BYTE_SMOOTHING = 0.2;
  * batch and this isolate has nothing else in flight there (see `idle_bypass_ms`): a lone
  * request then skips the batcher call, the one cost batching would add at low load.
  */
-export function batcherOpener(route: BatcherRoute): ItemOpener {
+export function batcherOpener(
+  route: BatcherRoute,
+  memo: BatcherMemo,
+  openDirect: ItemOpener,
+): ItemOpener {
+  const { sentAtOnce, firstByteMs } = memo;
   return async (candidate, request) => {
     const plan = batchingPlan(route.config, candidate.region, route.model);
     if (plan === null || !plan.enabled) return openDirect(candidate, request);
     const quiet = `${candidate.region.id}:${route.model}:${plan.setup.version}`;
-    if (bypasses(plan, quiet, route, request)) {
+    if (bypasses(plan, sentAtOnce.get(quiet), route, request)) {
       const attempt = await openDirect(candidate, request);
       if (attempt.kind !== "open") sentAtOnce.delete(quiet);
       return attempt;
@@ -115,14 +110,13 @@ export function batcherOpener(route: BatcherRoute): ItemOpener {
 
 function bypasses(
   plan: BatchingPlan,
-  quiet: string,
+  last: number | undefined,
   route: BatcherRoute,
   request: AttemptRequest,
 ): boolean {
   // A routed request goes through its Batcher, whose router picks the origin.
   if (plan.idleBypassMs <= 0 || request.avoidOrigins.length > 0) return false;
   if (plan.setup.routing !== null) return false;
-  const last = sentAtOnce.get(quiet);
   if (last === undefined || Date.now() - last >= plan.idleBypassMs) return false;
   // This request is counted once it began: more than one means company.
   return route.isolateInFlight(plan.setup.origins.map((origin) => origin.id)) <= 1;

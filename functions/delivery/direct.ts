@@ -12,7 +12,7 @@ import {
   type LoadReport,
 } from "../../contracts/protocol/schema.ts";
 import { FrameType, concatBytes } from "../../contracts/protocol/framing.ts";
-import { CredentialRing } from "../../contracts/credentials.ts";
+import type { CredentialRing } from "../../contracts/credentials.ts";
 import {
   type CredentialedOrigin,
   type FrameReader,
@@ -56,6 +56,8 @@ export interface OpenItemOptions {
   requestId: string;
   /** The origin's credentials, in order of rotation (none for an open origin). */
   credentials: readonly string[];
+  /** Which credential each origin is on, in this isolate. */
+  ring: CredentialRing;
   path: ItemPath;
   body: string;
   headers: Record<string, string>;
@@ -87,9 +89,6 @@ export interface OpenItemOptions {
   readWhole?: boolean;
 }
 
-/** Which credential each origin is on, in this isolate. */
-const credentialRing = new CredentialRing();
-
 /** Reason an attempt's abort carries when its first-byte timer fired. */
 export const FIRST_BYTE_TIMEOUT = "first byte timeout";
 /** Reason it carries when it was given up (its origin's breaker opened). */
@@ -116,7 +115,7 @@ export async function openItem(
     id: origin.id,
     url: origin.url,
     credentials: options.credentials,
-    ring: credentialRing,
+    ring: options.ring,
   };
   const batch: BatchRequest = {
     v: BATCH_PROTOCOL_VERSION,

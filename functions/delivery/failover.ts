@@ -1,7 +1,7 @@
 /**
  * The one failover loop of the edge (docs/edge.md, "Delivery"): each attempt goes
  * through an {@link ItemOpener}, straight to the candidate origin as a batch of one
- * ({@link openDirect}) or through the region's `Batcher` (`batcher.ts`), which both answer
+ * ({@link directOpener}) or through the region's `Batcher` (`batcher.ts`), which both answer
  * with an `OpenItem` (`item.ts`). Before the first byte reaches the client a failing origin is
  * replaced by the next candidate, within the retry budget, and origins that failed are
  * avoided; the answer is then delivered by `response.ts`.
@@ -20,7 +20,7 @@ import { judgeHead, retryAfterMs } from "../../contracts/origin-health.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { OriginPool, RegionOrigin } from "../origin-pool.ts";
 import type { SettledRequest } from "../settlement.ts";
-import { credentialValues } from "../../contracts/credentials.ts";
+import { type CredentialRing, credentialValues } from "../../contracts/credentials.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
 import { type ItemAttempt, openItem } from "./direct.ts";
 import { type GivenUp, cancelGivenUp } from "./generated.ts";
@@ -66,23 +66,26 @@ export type ItemOpener = (
   request: AttemptRequest,
 ) => Promise<DispatchAttempt>;
 
-/** The unbatched path: the candidate origin, a batch of one. */
-export const openDirect: ItemOpener = (candidate, request) =>
-  openItem(candidate.origin, {
-    requestId: request.attemptId,
-    credentials: credentialValues(request.secrets, candidate.origin.credentials),
-    path: request.path,
-    body: request.body,
-    headers: request.headers,
-    firstByteTimeoutMs: request.firstByteTimeoutMs,
-    // Engines send a streamed answer's HEAD at once, a whole one's when it is complete.
-    timeHead: request.delivery === "stream",
-    itemTimeoutMs: request.itemTimeoutMs,
-    readWhole: request.delivery === "whole",
-    ...(request.onStart !== undefined && { onStart: request.onStart }),
-    ...(request.onSlowHead !== undefined && { onSlowHead: request.onSlowHead }),
-    ...(request.silenceMs !== undefined && { silenceMs: request.silenceMs }),
-  });
+/** The unbatched path: the candidate origin, a batch of one, on the isolate's credentials. */
+export const directOpener =
+  (ring: CredentialRing): ItemOpener =>
+  (candidate, request) =>
+    openItem(candidate.origin, {
+      requestId: request.attemptId,
+      credentials: credentialValues(request.secrets, candidate.origin.credentials),
+      ring,
+      path: request.path,
+      body: request.body,
+      headers: request.headers,
+      firstByteTimeoutMs: request.firstByteTimeoutMs,
+      // Engines send a streamed answer's HEAD at once, a whole one's when it is complete.
+      timeHead: request.delivery === "stream",
+      itemTimeoutMs: request.itemTimeoutMs,
+      readWhole: request.delivery === "whole",
+      ...(request.onStart !== undefined && { onStart: request.onStart }),
+      ...(request.onSlowHead !== undefined && { onSlowHead: request.onSlowHead }),
+      ...(request.silenceMs !== undefined && { silenceMs: request.silenceMs }),
+    });
 
 /** What the edge sends and how it reports the end. */
 export interface DispatchOptions {
@@ -109,8 +112,8 @@ export interface DispatchOptions {
    * what its origin generated is not known yet: its slot and reservation come back now.
    */
   onReleased?: (released: Omit<SettledRequest, "requestId">) => void;
-  /** How each attempt reaches an origin (default {@link openDirect}). */
-  open?: ItemOpener;
+  /** How each attempt reaches an origin (see {@link directOpener}, `batcherOpener`). */
+  open: ItemOpener;
   /**
    * Told how each attempt at an origin went, for the breakers (docs/failover.md, "What
    * counts"); not of what a Batcher judged itself.
@@ -172,7 +175,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
 
 async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promise<Response> {
   const now = options.now ?? Date.now;
-  const open = options.open ?? openDirect;
+  const { open } = options;
   const attempts = Math.min(options.candidates.length, options.limits.retryBudget + 1);
   const avoid: string[] = [];
   const firstAttempt = options.attempts?.length ?? 0;

@@ -47,9 +47,12 @@ export const LEASE_RENEW_MS = 5_000;
 export function authenticate() {
   return createMiddleware<AppEnv>(async function authenticateCaller(c, next) {
     const origin = c.req.header("origin") ?? null;
+    const { apiKeys, browserTokens } = c.var.edge;
     const auth = await authenticateBearer(c.env, c.req.header("authorization"), {
       now: Date.now(),
       origin,
+      apiKeys,
+      browserTokens,
     });
     if (!auth.ok) throw auth.error;
     const { ok: _ok, ...credential } = auth;
@@ -105,7 +108,7 @@ export function admitCompletion() {
           cost,
         );
       }
-      await queueSettlement(c.env, credential.keyId, input);
+      await queueSettlement(c.env, c.var.edge.settlements, credential.keyId, input);
     });
     // A client that went away before its usage is known frees its slot and reservation at
     // once; the settlement that follows bills what was generated.
@@ -114,12 +117,12 @@ export function admitCompletion() {
       renewal = null;
       if (refused) return;
       const input = { ...settleInput(c, released), usageUnknown: true };
-      await queueSettlement(c.env, credential.keyId, input);
+      await queueSettlement(c.env, c.var.edge.settlements, credential.keyId, input);
     });
     // Every prompt and every sequence (`n`, `best_of`, a prompt list) is reserved: a client
     // never receives more than its reservation covers.
     const [first, ...rest] = plan.models;
-    const result = await admitRequest(c.env, credential, {
+    const result = await admitRequest(c.env, c.var.edge.settlements, credential, {
       requestId,
       model: (first ?? plan.model).id,
       promptTokens: plan.totalPromptTokens,

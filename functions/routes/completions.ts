@@ -7,17 +7,9 @@ import { type Context, Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
 import { batcherOpener } from "../delivery/batcher.ts";
 import { PRIORITY_HEADER } from "../delivery/batcher-plan.ts";
-import { dispatchCompletion } from "../delivery/failover.ts";
+import { directOpener, dispatchCompletion } from "../delivery/failover.ts";
 import { unservedUsage } from "../delivery/generated.ts";
-import { RetryBudget } from "../delivery/retry-budget.ts";
-import {
-  armAvoids,
-  armCandidates,
-  armFirstAvoids,
-  canaryPlan,
-  recordCanary,
-  syncCanary,
-} from "../canaries.ts";
+import { armAvoids, armCandidates, armFirstAvoids } from "../canaries.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { clipped, invalidRequest, notFound } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
@@ -26,29 +18,16 @@ import { completionBody } from "../middleware/completion-body.ts";
 import { withModelFallback } from "../model-fallback.ts";
 import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
 import { waitUntilOf } from "../middleware/request-context.ts";
-import { OriginPool } from "../origin-pool.ts";
 import { allowOverride, attemptRoutes } from "../prefix-route.ts";
-import {
-  allOriginsOpen,
-  breakerRegion,
-  edgeBreakers,
-  syncBreakers,
-  watchBreaker,
-} from "../breakers.ts";
+import { breakerRegion } from "../breakers.ts";
 import { batchingPlan } from "../../contracts/config/plans.ts";
 import { type RegionConfig, originServes } from "../../contracts/config/regions.ts";
-import { DEFAULT_QUARANTINE_MS, OriginHealth } from "../../contracts/origin-health.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { Verdict } from "../../contracts/breaker.ts";
 
 /** Request header that picks the first region to try (for tests and diagnostics). */
 export const REGION_OVERRIDE_HEADER = "x-warmgate-region";
-
-// Per-isolate load and failure memo; a cache, so losing it with the isolate is harmless.
-const originPool = new OriginPool(new OriginHealth(DEFAULT_QUARANTINE_MS, edgeBreakers));
-// Per-isolate: retries at most a share of requests (limits.retry_ratio, retry_floor).
-const retryBudget = new RetryBudget();
 
 // Request headers worth passing to the engine; never credentials.
 const FORWARDED_HEADERS = ["traceparent", "tracestate", "user-agent"] as const;
@@ -60,7 +39,8 @@ function callerLocation(request: Request): CallerLocation {
 
 /** Sends the planned completion to the origins and answers with their response. */
 export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Response> {
-  const { config, plan, completion, requestId, settlement } = c.var;
+  const { config, plan, completion, requestId, settlement, edge } = c.var;
+  const { breakers: edgeBreakers, canaries, originPool, retryBudget } = edge;
   const override = c.req.header(REGION_OVERRIDE_HEADER);
   if (override !== undefined) allowOverride(c, REGION_OVERRIDE_HEADER, "region");
   // Reading `request.cf` parses it; with an override or a single region, where the caller
@@ -88,15 +68,15 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
   const now = Date.now();
   const breakers = config.breakers.enabled;
   const waitUntil = waitUntilOf(c);
-  if (breakers) for (const work of syncBreakers(config, order.regions, now)) waitUntil(work);
-  const canary = canaryPlan(config, plan.model.id);
+  if (breakers) for (const work of edgeBreakers.sync(config, order.regions, now)) waitUntil(work);
+  const canary = canaries.plan(config, plan.model.id);
   let ranked = originPool.candidates(order.regions, plan.model.id, now);
   let panicking = false;
   if (ranked.length === 0 && breakers) {
     // The copy may be stale: a breaker that closed since is seen by this request, not the
     // next one. Still all open: Envoy's panic mode, a bounded trickle (docs/failover.md).
     await Promise.all(
-      order.regions.map((region) => edgeBreakers.refresh(breakerRegion(config, region), now)),
+      order.regions.map((region) => edgeBreakers.cache.refresh(breakerRegion(config, region), now)),
     );
     ranked = originPool.candidates(order.regions, plan.model.id, Date.now());
     if (ranked.length === 0) {
@@ -106,18 +86,19 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
   }
   const candidates = canary === null ? ranked : armCandidates(canary, ranked);
   if (canary !== null) {
-    const sync = syncCanary(canary.spec, now);
+    const sync = canaries.sync(canary.spec, now);
     if (sync !== null) waitUntil(sync);
     settlement.onSettled(
-      (settled) => recordCanary(canary, settled, settlement.attempts, Date.now()) ?? undefined,
+      (settled) => canaries.record(canary, settled, settlement.attempts, Date.now()) ?? undefined,
     );
   }
   if (candidates.length === 0 && breakers) {
-    throw allOriginsOpen(order.regions, (origin) => originServes(origin, plan.model.id), now);
+    throw edgeBreakers.allOpen(order.regions, (origin) => originServes(origin, plan.model.id), now);
   }
   // Unserved, it is billed for what the attempts it gave up on generated.
   settlement.onUnserved((record) => unservedUsage(record, settlement.gaveUp, c.env));
   const { slowFirstByteMs } = config.breakers.settings;
+  const openDirect = directOpener(edge.credentialRing);
   const response = await dispatchCompletion({
     requestId,
     path,
@@ -142,7 +123,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     signal: c.req.raw.signal,
     ...(breakers && {
       onOutcome: (region: RegionConfig, origin: string, verdict: Verdict) => {
-        const sync = edgeBreakers.record(
+        const sync = edgeBreakers.cache.record(
           breakerRegion(config, region),
           origin,
           verdict,
@@ -151,30 +132,34 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
         if (sync !== null) waitUntil(sync);
       },
       slowFirstByteMs,
-      watchBreaker,
+      watchBreaker: (origin: string, giveUp: () => void) => edgeBreakers.watch(origin, giveUp),
       onUpstreamFailure: (region: RegionConfig) => {
-        const sync = edgeBreakers.sync(breakerRegion(config, region), Date.now(), true);
+        const sync = edgeBreakers.cache.sync(breakerRegion(config, region), Date.now(), true);
         if (sync !== null) waitUntil(sync);
       },
     }),
     // A panic request goes straight: every Batcher keeps open breakers' origins out.
-    ...(!panicking && {
-      open: batcherOpener({
-        namespace: c.env.BATCHER,
-        config,
-        model: plan.model.id,
-        tier: c.get("admission")?.tier,
-        priority: c.req.header(PRIORITY_HEADER),
-        keyId: c.get("caller")?.keyId,
-        route,
-        promptTokens: plan.promptTokens,
-        maxTokens: sequenceAllowance(plan, plan.model),
-        deadline: Date.now() + config.limits.requestTimeoutMs,
-        isolateInFlight: (ids) => ids.reduce((n, id) => n + originPool.inFlight(id), 0),
-        waitUntil: waitUntilOf(c),
-        signal: c.req.raw.signal,
-      }),
-    }),
+    open: panicking
+      ? openDirect
+      : batcherOpener(
+          {
+            namespace: c.env.BATCHER,
+            config,
+            model: plan.model.id,
+            tier: c.get("admission")?.tier,
+            priority: c.req.header(PRIORITY_HEADER),
+            keyId: c.get("caller")?.keyId,
+            route,
+            promptTokens: plan.promptTokens,
+            maxTokens: sequenceAllowance(plan, plan.model),
+            deadline: Date.now() + config.limits.requestTimeoutMs,
+            isolateInFlight: (ids) => ids.reduce((n, id) => n + originPool.inFlight(id), 0),
+            waitUntil: waitUntilOf(c),
+            signal: c.req.raw.signal,
+          },
+          edge.batchers,
+          openDirect,
+        ),
   });
   settlement.hold();
   return response;

@@ -2,6 +2,10 @@ import { exports } from "cloudflare:workers";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import { authenticateBearer } from "../../functions/key-auth.ts";
+import { EdgeState } from "../../functions/edge-state.ts";
+
+// This file's own isolate state (keys checked, settlements queued).
+const edge = new EdgeState(env);
 
 const ADMIN = { authorization: "Bearer test-admin-token" };
 
@@ -40,7 +44,11 @@ async function createKey(body: Record<string, unknown> = { name: "app" }): Promi
 }
 
 async function admitWith(key: string, requestId: string) {
-  const auth = await authenticateBearer(env, `Bearer ${key}`, { now: Date.now() });
+  const auth = await authenticateBearer(env, `Bearer ${key}`, {
+    now: Date.now(),
+    apiKeys: edge.apiKeys,
+    browserTokens: edge.browserTokens,
+  });
   if (!auth.ok) return auth.error.code;
   const account = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(auth.keyId));
   const result = await account.admit({

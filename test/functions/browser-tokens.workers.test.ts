@@ -7,6 +7,10 @@ import { admitRequest, authenticateBearer } from "../../functions/key-auth.ts";
 import { hex } from "../../contracts/hashing.ts";
 import { deriveSecret, newKeyId } from "../../functions/keys.ts";
 import { ADMIN, createKey } from "../support/admin-keys.workers.ts";
+import { EdgeState } from "../../functions/edge-state.ts";
+
+// This file's own isolate state (keys checked, settlements queued).
+const edge = new EdgeState(env);
 
 const SCOPE = { rpm: 10, tpm: 10_000, concurrency: 1 };
 
@@ -47,7 +51,7 @@ describe("POST /v1/tokens", () => {
     // Never wider than the key: tpm is capped at the key's.
     expect(minted.limits).toEqual({ rpm: 10, tpm: 50_000, concurrency: 5 });
     expect(minted.models).toEqual(["warmgate-sim-8b"]);
-    const scope = await verifyBrowserToken(env, minted.token, Date.now());
+    const scope = await verifyBrowserToken(env, minted.token, Date.now(), edge.browserTokens);
     expect(scope).toMatchObject({
       keyId: id,
       user: "alice",
@@ -96,14 +100,14 @@ describe("browser token verification", () => {
   it("accepts a token until it expires, then refuses it", async () => {
     const now = Date.now();
     const { token } = await mintBrowserToken(env, { ...base, now });
-    expect(await verifyBrowserToken(env, token, now + 59_000)).not.toBeNull();
-    expect(await verifyBrowserToken(env, token, now + 61_000)).toBeNull();
+    expect(await verifyBrowserToken(env, token, now + 59_000, edge.browserTokens)).not.toBeNull();
+    expect(await verifyBrowserToken(env, token, now + 61_000, edge.browserTokens)).toBeNull();
   });
 
   it("refuses a token that is not valid yet", async () => {
     const now = Date.now();
     const { token } = await mintBrowserToken(env, { ...base, now: now + 120_000 });
-    expect(await verifyBrowserToken(env, token, now)).toBeNull();
+    expect(await verifyBrowserToken(env, token, now, edge.browserTokens)).toBeNull();
   });
 
   it("refuses a forged signature, another signing secret and a tampered payload", async () => {
@@ -111,17 +115,21 @@ describe("browser token verification", () => {
     const { token } = await mintBrowserToken(env, { ...base, now });
     const [header, payload, signature] = token.split(".");
     const flipped = (signature?.[0] === "A" ? "B" : "A") + (signature ?? "").slice(1);
-    expect(await verifyBrowserToken(env, `${header}.${payload}.${flipped}`, now)).toBeNull();
+    expect(
+      await verifyBrowserToken(env, `${header}.${payload}.${flipped}`, now, edge.browserTokens),
+    ).toBeNull();
     const other = await mintBrowserToken({ TOKEN_SIGNING_SECRET: "other" }, { ...base, now });
-    expect(await verifyBrowserToken(env, other.token, now)).toBeNull();
+    expect(await verifyBrowserToken(env, other.token, now, edge.browserTokens)).toBeNull();
     const claims = JSON.parse(atob((payload ?? "").replaceAll("-", "+").replaceAll("_", "/")));
     const widened = { ...claims, lim: { rpm: 1e9, tpm: 1e9, concurrency: 1e9 } };
     const wider = btoa(JSON.stringify(widened))
       .replaceAll("+", "-")
       .replaceAll("/", "_")
       .replace(/=+$/, "");
-    expect(await verifyBrowserToken(env, `${header}.${wider}.${signature}`, now)).toBeNull();
-    expect(await verifyBrowserToken(env, "not-a-jwt", now)).toBeNull();
+    expect(
+      await verifyBrowserToken(env, `${header}.${wider}.${signature}`, now, edge.browserTokens),
+    ).toBeNull();
+    expect(await verifyBrowserToken(env, "not-a-jwt", now, edge.browserTokens)).toBeNull();
   });
 
   it("refuses a token for another audience, one without an expiry or without its secret", async () => {
@@ -142,19 +150,34 @@ describe("browser token verification", () => {
     };
     // The same secret signs both, so only the claims decide.
     expect(
-      await verifyBrowserToken(env, await sign(claims, secret, "HS256"), Date.now()),
+      await verifyBrowserToken(
+        env,
+        await sign(claims, secret, "HS256"),
+        Date.now(),
+        edge.browserTokens,
+      ),
     ).not.toBeNull();
     const otherAudience = await sign({ ...claims, aud: "someone-else" }, secret, "HS256");
-    expect(await verifyBrowserToken(env, otherAudience, Date.now())).toBeNull();
+    expect(await verifyBrowserToken(env, otherAudience, Date.now(), edge.browserTokens)).toBeNull();
     const { exp: _exp, ...noExpiry } = claims;
     expect(
-      await verifyBrowserToken(env, await sign(noExpiry, secret, "HS256"), Date.now()),
+      await verifyBrowserToken(
+        env,
+        await sign(noExpiry, secret, "HS256"),
+        Date.now(),
+        edge.browserTokens,
+      ),
     ).toBeNull();
     const tooLong = await sign({ ...claims, exp: now + 7_200 }, secret, "HS256");
-    expect(await verifyBrowserToken(env, tooLong, Date.now())).toBeNull();
+    expect(await verifyBrowserToken(env, tooLong, Date.now(), edge.browserTokens)).toBeNull();
     const { gen: _gen, ...noSecret } = claims;
     expect(
-      await verifyBrowserToken(env, await sign(noSecret, secret, "HS256"), Date.now()),
+      await verifyBrowserToken(
+        env,
+        await sign(noSecret, secret, "HS256"),
+        Date.now(),
+        edge.browserTokens,
+      ),
     ).toBeNull();
   });
 });
@@ -172,9 +195,11 @@ describe("browser tokens on the request path", () => {
       const auth = await authenticateBearer(env, `Bearer ${token}`, {
         now,
         origin: "https://shop.example",
+        apiKeys: edge.apiKeys,
+        browserTokens: edge.browserTokens,
       });
       if (!auth.ok) throw new Error("token refused");
-      return admitRequest(env, auth, {
+      return admitRequest(env, edge.settlements, auth, {
         requestId,
         model: "m",
         promptTokens: 1,
@@ -196,6 +221,8 @@ describe("browser tokens on the request path", () => {
     const auth = await authenticateBearer(env, `Bearer ${token}`, {
       now: Date.now(),
       origin: "https://evil.example",
+      apiKeys: edge.apiKeys,
+      browserTokens: edge.browserTokens,
     });
     expect(auth).toMatchObject({ ok: false, error: { status: 403, code: "origin_not_allowed" } });
   });

@@ -11,13 +11,17 @@ import {
   type AttemptRequest,
   type DispatchAttempt,
   dispatchCompletion,
-  openDirect,
+  directOpener,
 } from "../../functions/delivery/failover.ts";
 import { type GivenUp, unservedUsage } from "../../functions/delivery/generated.ts";
 import { type OpenItem, frameItem, memoryFrames } from "../../functions/delivery/item.ts";
 import { OriginPool } from "../../functions/origin-pool.ts";
 import type { SettledRequest } from "../../functions/settlement.ts";
 import { chatBody } from "../support/edge-requests.ts";
+import { CredentialRing } from "../../contracts/credentials.ts";
+
+// Straight to the origin, on this file's own credential ring.
+const openDirect = directOpener(new CredentialRing());
 
 // A request is billed for one of its attempts, by the rule of contracts/outcomes.ts: the one
 // that finished, else the one that generated the most, also when another origin answered

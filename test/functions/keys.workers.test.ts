@@ -4,6 +4,10 @@ import { describe, expect, it } from "vitest";
 import { authenticateBearer, refusalError } from "../../functions/key-auth.ts";
 import { base32, constantTimeEqual, sha256Hex } from "../../contracts/hashing.ts";
 import { bearerToken, mintApiKey, newKeyId, parseApiKey } from "../../functions/keys.ts";
+import { EdgeState } from "../../functions/edge-state.ts";
+
+// This file's own isolate state (keys checked, settlements queued).
+const edge = new EdgeState(env);
 
 describe("API key format", () => {
   it("mints wg_<id>_<secret><check> and parses it back to its id and hash", async () => {
@@ -12,7 +16,7 @@ describe("API key format", () => {
     expect(key).toMatch(/^wg_[a-z2-7]{16}_[a-z2-7]{34}$/);
     expect(key.startsWith(`wg_${id}_`)).toBe(true);
     expect(secretHash).toBe(await sha256Hex(key));
-    expect(await parseApiKey(env, key)).toEqual({ keyId: id, secretHash });
+    expect(await parseApiKey(env, key, edge.apiKeys)).toEqual({ keyId: id, secretHash });
   });
 
   it("rejects malformed keys", async () => {
@@ -26,23 +30,23 @@ describe("API key format", () => {
       key.toUpperCase(),
       ` ${key}`,
     ]) {
-      expect(await parseApiKey(env, bad)).toBeNull();
+      expect(await parseApiKey(env, bad, edge.apiKeys)).toBeNull();
     }
   });
 
   it("rejects a forged key whose check part does not match", async () => {
     const { key } = await mintApiKey(env, newKeyId());
     const last = key.at(-1) === "a" ? "b" : "a";
-    expect(await parseApiKey(env, key.slice(0, -1) + last)).toBeNull();
+    expect(await parseApiKey(env, key.slice(0, -1) + last, edge.apiKeys)).toBeNull();
     // Same shape, another secret: the check no longer matches.
     const cut = key.lastIndexOf("_") + 1;
     const otherSecret = key.slice(0, cut) + (key[cut] === "a" ? "b" : "a") + key.slice(cut + 1);
-    expect(await parseApiKey(env, otherSecret)).toBeNull();
+    expect(await parseApiKey(env, otherSecret, edge.apiKeys)).toBeNull();
   });
 
   it("rejects a key minted under another signing secret", async () => {
     const { key } = await mintApiKey({ TOKEN_SIGNING_SECRET: "another-secret" }, newKeyId());
-    expect(await parseApiKey(env, key)).toBeNull();
+    expect(await parseApiKey(env, key, edge.apiKeys)).toBeNull();
   });
 
   it("answers a key it has checked before the same way, under its own signing secret only", async () => {
@@ -52,10 +56,10 @@ describe("API key format", () => {
     const last = key.at(-1) === "a" ? "b" : "a";
     const forged = key.slice(0, -1) + last;
     for (let round = 0; round < 2; round++) {
-      expect(await parseApiKey(other, key)).toEqual({ keyId: id, secretHash });
-      expect(await parseApiKey(other, forged)).toBeNull();
+      expect(await parseApiKey(other, key, edge.apiKeys)).toEqual({ keyId: id, secretHash });
+      expect(await parseApiKey(other, forged, edge.apiKeys)).toBeNull();
       // Remembered under `other`, the same key still fails the edge's own secret.
-      expect(await parseApiKey(env, key)).toBeNull();
+      expect(await parseApiKey(env, key, edge.apiKeys)).toBeNull();
     }
   });
 
@@ -82,7 +86,11 @@ describe("authenticateBearer", () => {
   it("accepts a well-formed key without calling its Durable Object", async () => {
     const id = newKeyId();
     const { key, secretHash } = await mintApiKey(env, id);
-    const auth = await authenticateBearer(env, `Bearer ${key}`, { now: Date.now() });
+    const auth = await authenticateBearer(env, `Bearer ${key}`, {
+      now: Date.now(),
+      apiKeys: edge.apiKeys,
+      browserTokens: edge.browserTokens,
+    });
     expect(auth).toEqual({ ok: true, kind: "key", keyId: id, secretHash });
     const ids = await listDurableObjectIds(env.KEY_ACCOUNT);
     expect(ids.some((doId) => doId.equals(env.KEY_ACCOUNT.idFromName(id)))).toBe(false);
@@ -92,7 +100,11 @@ describe("authenticateBearer", () => {
     const { key } = await mintApiKey(env, newKeyId());
     const forged = key.slice(0, -1) + (key.at(-1) === "a" ? "b" : "a");
     for (const header of [undefined, "Bearer wg_nope", `Bearer ${forged}`, "Bearer e30.e30.e30"]) {
-      const auth = await authenticateBearer(env, header, { now: Date.now() });
+      const auth = await authenticateBearer(env, header, {
+        now: Date.now(),
+        apiKeys: edge.apiKeys,
+        browserTokens: edge.browserTokens,
+      });
       expect(auth).toMatchObject({ ok: false, error: { status: 401, code: "invalid_api_key" } });
       expect(JSON.stringify(auth)).not.toContain(forged);
       expect(JSON.stringify(auth)).not.toContain("wg_");

@@ -6,7 +6,7 @@ import { type ResolvedConfig, loadConfig } from "../../contracts/config/gateway.
 import {
   type DispatchOptions,
   dispatchCompletion,
-  openDirect,
+  directOpener,
 } from "../../functions/delivery/failover.ts";
 import { unservedUsage } from "../../functions/delivery/generated.ts";
 import type { OpenItem } from "../../functions/delivery/item.ts";
@@ -16,6 +16,10 @@ import { OriginPool } from "../../functions/origin-pool.ts";
 import { type SettledRequest, Settlement } from "../../functions/settlement.ts";
 import { chatBody, edgeRequest } from "../support/edge-requests.ts";
 import { createKey } from "../support/admin-keys.workers.ts";
+import { CredentialRing } from "../../contracts/credentials.ts";
+
+// Straight to the origin, on this file's own credential ring.
+const openDirect = directOpener(new CredentialRing());
 
 // What an attempt generated is billed whatever ended it, even when its END never reached
 // the edge: then its origin's outcome record says (docs/key-account.md).
@@ -153,6 +157,7 @@ async function leaveStream(endWaitMs: number) {
     delivery: "stream",
     headers: {},
     secrets: env,
+    open: openDirect,
     onSettled: settled.resolve,
     signal: client.signal,
     endWaitMs,

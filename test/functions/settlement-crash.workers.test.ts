@@ -2,13 +2,20 @@ import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
-import {
-  admitRequest,
-  authenticateBearer,
-  heldSettlements,
-  queueSettlement,
-} from "../../functions/key-auth.ts";
+import { admitRequest, authenticateBearer, queueSettlement } from "../../functions/key-auth.ts";
 import { createKey } from "../support/admin-keys.workers.ts";
+import { EdgeState } from "../../functions/edge-state.ts";
+
+// This file's own isolate state (keys checked, settlements queued).
+const edge = new EdgeState(env);
+
+/** The isolate's settlements of a key not yet known durable. */
+function held(keyId: string): { queued: number; unconfirmed: number } {
+  return {
+    queued: edge.settlements.queued(keyId),
+    unconfirmed: edge.settlements.unconfirmed(keyId),
+  };
+}
 
 function account(id: string): DurableObjectStub<KeyAccount> {
   return env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
@@ -33,27 +40,34 @@ describe("settlements across an account crash", () => {
 
   it("sends again a settlement a refused admit carried when the account crashed before committing it, and bills it once", async () => {
     const { id, key } = await createKey({ name: "crash", limits: { concurrency: 10 } });
-    const auth = await authenticateBearer(env, `Bearer ${key}`, { now: Date.now() });
+    const auth = await authenticateBearer(env, `Bearer ${key}`, {
+      now: Date.now(),
+      apiKeys: edge.apiKeys,
+      browserTokens: edge.browserTokens,
+    });
     if (!auth.ok) throw new Error("the new key does not authenticate");
     const { ok: _ok, ...credential } = auth;
 
     // `a` is admitted and its admission committed.
-    const a = await admitRequest(env, credential, request("a"));
+    const a = await admitRequest(env, edge.settlements, credential, request("a"));
     if (!a.ok) throw new Error("`a` was refused");
     await runInDurableObject(account(id), (instance: KeyAccount) => instance.flush());
 
     // Its settlement rides on the admit of `b`, which is refused (too large for the key's
     // tokens per minute) and so written behind: held, not committed yet.
-    const settled = queueSettlement(env, id, {
+    const settled = queueSettlement(env, edge.settlements, id, {
       requestId: "a",
       outcome: "ok",
       usage,
       model: "m",
       admitted: { models: [{ model: "m", price }], reservedPicos: a.reservedPicos },
     });
-    const b = await admitRequest(env, credential, { ...request("b"), maxTokens: 100_000_000 });
+    const b = await admitRequest(env, edge.settlements, credential, {
+      ...request("b"),
+      maxTokens: 100_000_000,
+    });
     expect(b).toMatchObject({ ok: false, code: "rate_limit_exceeded" });
-    expect(heldSettlements(id)).toEqual({ queued: 0, unconfirmed: 1 });
+    expect(held(id)).toEqual({ queued: 0, unconfirmed: 1 });
 
     // The account crashes within its write window: the settlement of `a` is lost with it.
     await expect(
@@ -66,10 +80,10 @@ describe("settlements across an account crash", () => {
     });
 
     // The next calls from the edge meet another incarnation and send it again.
-    expect((await admitRequest(env, credential, request("c"))).ok).toBe(true);
-    expect((await admitRequest(env, credential, request("d"))).ok).toBe(true);
+    expect((await admitRequest(env, edge.settlements, credential, request("c"))).ok).toBe(true);
+    expect((await admitRequest(env, edge.settlements, credential, request("d"))).ok).toBe(true);
     await settled;
-    expect(heldSettlements(id)).toEqual({ queued: 0, unconfirmed: 0 });
+    expect(held(id)).toEqual({ queued: 0, unconfirmed: 0 });
 
     const restarted = account(id);
     expect(await restarted.record({ requestId: "a" })).toMatchObject({
