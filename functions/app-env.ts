@@ -2,7 +2,7 @@
  * The Hono environment shared by every route and middleware of the edge.
  * See docs/edge.md.
  */
-import type { DeliveryMode } from "./delivery/failover.ts";
+import type { DeliveryMode } from "../contracts/delivery.ts";
 import type { AdmitOk } from "../durable-objects/key-account/types.ts";
 import type { ResolvedConfig } from "../contracts/config/gateway.ts";
 import type { ModelConfig } from "../contracts/config/models.ts";

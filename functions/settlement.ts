@@ -7,7 +7,14 @@
 import { logError } from "../contracts/log.ts";
 import type { ItemOutcome, ItemUsage } from "../contracts/protocol/schema.ts";
 import type { RequestAttempt } from "../durable-objects/key-account/types.ts";
-import type { GivenUp } from "./delivery/generated.ts";
+import type { OriginConfig } from "../contracts/config/regions.ts";
+
+/** An attempt the edge gave up on after sending it to an origin, which may have run it. */
+export interface GivenUp {
+  region: string;
+  origin: OriginConfig;
+  itemId: string;
+}
 
 /** How a request ended: the origin protocol's outcomes, seen from the client. */
 export type RequestOutcome = ItemOutcome;

@@ -8,7 +8,7 @@
  * calls (`upstream/`) are built below in the order they depend on each other.
  */
 import { DurableObject } from "cloudflare:workers";
-import type { DeliveryMode } from "./callers/caller.ts";
+import type { DeliveryMode } from "../../contracts/delivery.ts";
 import { Callers } from "./callers/callers.ts";
 import { BODY_BUFFER_BYTES, ClientBody } from "./callers/client-body.ts";
 import { AnswerSink, type CallerSink, WholeSink } from "./callers/sinks.ts";

@@ -28,6 +28,7 @@ import {
 import { type OpenItem, frameItem } from "./item.ts";
 import { type OnTimeTimer, onTimeTimeout } from "../../contracts/on-time.ts";
 import { watchFirstByte } from "../../contracts/origin-health.ts";
+import type { DeliveryMode } from "../../contracts/delivery.ts";
 
 /** The outcome of one attempt at an origin; `originId` names the origin that was tried. */
 export type ItemAttempt = (
@@ -64,11 +65,12 @@ export interface OpenItemOptions {
   /** Give up when the origin has not answered within this many ms (see `waitForHead`). */
   firstByteTimeoutMs: number;
   /**
-   * Whether the first-byte timeout also covers the item's HEAD. Engines send a streaming
-   * answer's headers at once but a non-streaming answer's only when it is complete, so for
-   * those only the batch call's own headers are timed.
+   * How the client gets the answer. Streamed: the first-byte timeout also covers the item's
+   * HEAD, which engines send at once. Whole: only the batch call's own headers are timed
+   * (an engine sends a whole answer's HEAD when it is complete), and the batch response is
+   * read whole before its frames are looked at: one read instead of one per chunk.
    */
-  timeHead: boolean;
+  delivery: DeliveryMode;
   /** The origin gives up on the item after this many ms (outcome `timeout`). */
   itemTimeoutMs: number;
   /** Called with each load report the origin piggybacks on the response. */
@@ -82,11 +84,6 @@ export interface OpenItemOptions {
    * the item runs: one silent this long is frozen, and the attempt fails.
    */
   silenceMs?: number;
-  /**
-   * Read the batch response whole before looking at its frames: for a JSON answer, which
-   * the engine sends at once when it is complete, one read instead of one per chunk.
-   */
-  readWhole?: boolean;
 }
 
 /** Reason an attempt's abort carries when its first-byte timer fired. */
@@ -169,7 +166,7 @@ export async function openItem(
   timer.stop();
   let lastLoad: LoadReport | null = null;
   let slow: OnTimeTimer | null = null;
-  if (options.timeHead) {
+  if (options.delivery === "stream") {
     timer = onTimeTimeout(options.firstByteTimeoutMs, () => abort.abort(FIRST_BYTE_TIMEOUT));
     // A HEAD late while the origin's reports say it is idle: it lost or hung our work.
     slow = watchFirstByte(
@@ -184,7 +181,7 @@ export async function openItem(
   abort.signal.addEventListener("abort", dog.stop, { once: true });
 
   let frames: FrameReader;
-  if (options.readWhole === true) {
+  if (options.delivery === "whole") {
     // The origin ends the item by its own timeout; this only bounds a call that never ends.
     const stuck = setTimeout(() => abort.abort("item never ended"), options.itemTimeoutMs + 5_000);
     try {

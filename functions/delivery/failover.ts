@@ -18,17 +18,15 @@ import {
 import type { Verdict } from "../../contracts/breaker.ts";
 import { judgeHead, retryAfterMs } from "../../contracts/origin-health.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
-import type { OriginPool, RegionOrigin } from "../origin-pool.ts";
-import type { SettledRequest } from "../settlement.ts";
+import type { DeliveryMode } from "../../contracts/delivery.ts";
+import type { RegionOrigin } from "../origin-pool.ts";
+import type { GivenUp } from "../settlement.ts";
 import { type CredentialRing, credentialValues } from "../../contracts/credentials.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
 import { type ItemAttempt, openItem } from "./direct.ts";
-import { type GivenUp, cancelGivenUp } from "./generated.ts";
-import { readWhole, respond, streams } from "./response.ts";
+import { cancelGivenUp } from "./generated.ts";
+import { type AnswerOptions, readWhole, respond, streams } from "./response.ts";
 import { RETRY_WINDOW_MS, type RetryBudget } from "./retry-budget.ts";
-
-/** How the client gets its answer: streamed as it comes, or whole once it ended. */
-export type DeliveryMode = "stream" | "whole";
 
 /** One attempt at serving the request, as an opener receives it. */
 export interface AttemptRequest {
@@ -78,40 +76,21 @@ export const directOpener =
       body: request.body,
       headers: request.headers,
       firstByteTimeoutMs: request.firstByteTimeoutMs,
-      // Engines send a streamed answer's HEAD at once, a whole one's when it is complete.
-      timeHead: request.delivery === "stream",
+      delivery: request.delivery,
       itemTimeoutMs: request.itemTimeoutMs,
-      readWhole: request.delivery === "whole",
       ...(request.onStart !== undefined && { onStart: request.onStart }),
       ...(request.onSlowHead !== undefined && { onSlowHead: request.onSlowHead }),
       ...(request.silenceMs !== undefined && { silenceMs: request.silenceMs }),
     });
 
-/** What the edge sends and how it reports the end. */
-export interface DispatchOptions {
-  requestId: string;
+/** What the edge sends and how it reports the end (with what the response lifecycle needs). */
+export interface DispatchOptions extends AnswerOptions {
   path: ItemPath;
   /** The client's body text (with only the model alias replaced), forwarded as is. */
   body: string;
-  /** The resolved model id. */
-  model: string;
-  /** Origins in the order to try them. */
-  candidates: readonly RegionOrigin[];
-  pool: OriginPool;
   limits: Limits;
-  /** How the client gets its answer (the plan's decision). */
-  delivery: DeliveryMode;
   /** Lower-case headers forwarded to the engine. */
   headers: Record<string, string>;
-  /** Where the origins' credentials are (the Worker's secrets). */
-  secrets: object;
-  /** Called exactly once when the request ends, however it ends. */
-  onSettled: (settled: Omit<SettledRequest, "requestId">) => void;
-  /**
-   * Called at once, before `onSettled`, when a streamed answer's client went away while
-   * what its origin generated is not known yet: its slot and reservation come back now.
-   */
-  onReleased?: (released: Omit<SettledRequest, "requestId">) => void;
   /** How each attempt reaches an origin (see {@link directOpener}, `batcherOpener`). */
   open: ItemOpener;
   /**
@@ -131,8 +110,6 @@ export interface DispatchOptions {
   watchBreaker?: (origin: string, giveUp: () => void) => () => void;
   /** An attempt through a Batcher failed: the region's breakers may have changed. */
   onUpstreamFailure?: (region: RegionConfig) => void;
-  /** Where each attempt is listed, for the request's usage record. */
-  attempts?: RequestAttempt[];
   /** The isolate's retry budget; without one, retries are bounded by `retry_budget` alone. */
   retryBudget?: RetryBudget;
   /** Origins no attempt may go to (a canary's pool, for its baseline requests). */
@@ -140,17 +117,10 @@ export interface DispatchOptions {
   /** Origins the first attempt may not go to (the baseline, for a canary request). */
   avoidFirst?: readonly string[];
   /**
-   * Aborts when the client disconnects (Workers' `request.signal`): how the edge learns it
-   * for a body the upstream streams itself (the Batcher's).
-   */
-  signal?: AbortSignal;
-  /**
    * Where attempts given up on after reaching an origin are listed: should the request end
    * unserved, it is billed for what they generated (see `generated.ts`).
    */
   gaveUp?: GivenUp[];
-  /** How long a stream whose client went away waits for its END (default `END_WAIT_MS`). */
-  endWaitMs?: number;
   now?: () => number;
 }
 

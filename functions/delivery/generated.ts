@@ -15,7 +15,7 @@ import {
 import type { ItemOutcome, ItemUsage } from "../../contracts/protocol/schema.ts";
 import type { OriginConfig } from "../../contracts/config/regions.ts";
 import type { RegionOrigin } from "../origin-pool.ts";
-import type { SettledRequest } from "../settlement.ts";
+import type { GivenUp, SettledRequest } from "../settlement.ts";
 
 /**
  * How long a streamed answer waits for its END after its client went away, and a whole one
@@ -68,13 +68,6 @@ export async function generatedBy(
   }
   logWarn("origin item would not end", { request_id: requestId });
   return { known: false };
-}
-
-/** An attempt the edge gave up on after sending it to an origin, which may have run it. */
-export interface GivenUp {
-  region: string;
-  origin: OriginConfig;
-  itemId: string;
 }
 
 /** What a served attempt generated, and where. */

@@ -6,17 +6,12 @@
  */
 import { logWarn } from "../../contracts/log.ts";
 import { originFailure } from "../../contracts/errors.ts";
-import type { ItemHead, ItemTrailer } from "../../contracts/protocol/schema.ts";
-import type { SettledRequest } from "../settlement.ts";
-import type { DispatchOptions } from "./failover.ts";
-import {
-  END_WAIT_MS,
-  type GivenUp,
-  billed,
-  generatedBy,
-  originsNamed,
-  servedOrGivenUp,
-} from "./generated.ts";
+import type { ItemTrailer } from "../../contracts/protocol/schema.ts";
+import { type DeliveryMode, answerDelivery } from "../../contracts/delivery.ts";
+import type { OriginPool, RegionOrigin } from "../origin-pool.ts";
+import type { GivenUp, SettledRequest } from "../settlement.ts";
+import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
+import { END_WAIT_MS, billed, generatedBy, originsNamed, servedOrGivenUp } from "./generated.ts";
 import type { ItemEnd, OpenItem } from "./item.ts";
 
 /** Where the item is served. */
@@ -37,10 +32,36 @@ export interface WholeRead {
   complete: boolean;
 }
 
+/** What the response lifecycle needs of the request it answers. */
+export interface AnswerOptions {
+  requestId: string;
+  /** The resolved model id. */
+  model: string;
+  /** The request's candidates (where its origins' outcome records are asked). */
+  candidates: readonly RegionOrigin[];
+  pool: OriginPool;
+  /** How the client gets its answer (the plan's decision). */
+  delivery: DeliveryMode;
+  /** Where the origins' credentials are (the Worker's secrets). */
+  secrets: object;
+  /** Called exactly once when the request ends, however it ends. */
+  onSettled: (settled: Omit<SettledRequest, "requestId">) => void;
+  /**
+   * Called at once, before `onSettled`, when a streamed answer's client went away while
+   * what its origin generated is not known yet: its slot and reservation come back now.
+   */
+  onReleased?: (released: Omit<SettledRequest, "requestId">) => void;
+  /** Aborts when the client disconnects (Workers' `request.signal`). */
+  signal?: AbortSignal;
+  /** Where each attempt is listed, for the request's usage record. */
+  attempts?: RequestAttempt[];
+  /** How long a stream whose client went away waits for its END (default `END_WAIT_MS`). */
+  endWaitMs?: number;
+}
+
 /** Whether `item`'s answer is streamed to the client or read whole first. */
-export function streams(item: OpenItem, options: DispatchOptions): boolean {
-  // An engine's own error answer to a streamed request is JSON, whole as it is.
-  return options.delivery === "stream" && isEventStream(item.head);
+export function streams(item: OpenItem, options: AnswerOptions): boolean {
+  return answerDelivery(options.delivery, item.head.headers) === "stream";
 }
 
 /** Reads `item`'s whole answer, giving up after `timeoutMs`. */
@@ -70,7 +91,7 @@ export async function readWhole(item: OpenItem, timeoutMs: number): Promise<Whol
 export async function respond(
   item: OpenItem,
   served: Served,
-  options: DispatchOptions,
+  options: AnswerOptions,
   read: WholeRead | null,
   deadline: number,
   gaveUp: readonly GivenUp[],
@@ -83,7 +104,7 @@ export async function respond(
 class Lifecycle {
   readonly #item: OpenItem;
   readonly #served: Served;
-  readonly #options: DispatchOptions;
+  readonly #options: AnswerOptions;
   readonly #gaveUp: readonly GivenUp[];
   #finished = false;
   readonly #deadline: ReturnType<typeof setTimeout>;
@@ -94,7 +115,7 @@ class Lifecycle {
   constructor(
     item: OpenItem,
     served: Served,
-    options: DispatchOptions,
+    options: AnswerOptions,
     deadline: number,
     gaveUp: readonly GivenUp[],
     onEnd: ((verdict: "ok" | "failed") => void) | undefined,
@@ -299,11 +320,3 @@ const DROPPED_HEADERS = new Set([
   "proxy-connection",
   "content-length",
 ]);
-
-/** Whether an answer is an SSE stream, by its content type. */
-export function isEventStream(head: ItemHead): boolean {
-  for (const [name, value] of Object.entries(head.headers)) {
-    if (name.toLowerCase() === "content-type") return value.startsWith("text/event-stream");
-  }
-  return false;
-}

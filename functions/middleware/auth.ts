@@ -158,10 +158,10 @@ export function admitCompletion() {
     // A refusal after attempts an origin may have begun is billed once their origins said
     // what they generated, after the answer: it has no cost header.
     const unserved = settlement.record === null && settlement.gaveUp.length > 0;
-    if (plan.delivery === "whole" && !isEventStream(c.res) && !unserved) {
-      // A JSON answer was read whole up to the origin's END, which carries the usage (see
-      // `respond` in delivery/response.ts): the request is settled, so its headers can carry
-      // its cost.
+    if (plan.delivery === "whole" && !unserved) {
+      // A whole answer was read up to the origin's END, which carries the usage, before its
+      // headers went out (`Lifecycle.whole` in delivery/response.ts): the request is settled,
+      // so its headers can carry its cost.
       const settled = settlement.record;
       let cost = usageCost(c.var.config, settled, result.models);
       // Up to its reservation a request is billed exactly this; above it only as far as the
@@ -251,10 +251,6 @@ async function settledCost(env: Env, keyId: string, input: SettleInput): Promise
   if (result.settled) return result.costPicos;
   const found = await keyAccount(env, keyId).record({ requestId: input.requestId });
   return found.ok && found.record !== null ? found.record.costPicos : 0n;
-}
-
-function isEventStream(response: Response): boolean {
-  return (response.headers.get("content-type") ?? "").startsWith("text/event-stream");
 }
 
 /** Sets headers on the response, re-wrapping one whose headers are immutable. */

@@ -13,7 +13,8 @@ import {
   dispatchCompletion,
   directOpener,
 } from "../../functions/delivery/failover.ts";
-import { type GivenUp, unservedUsage } from "../../functions/delivery/generated.ts";
+import { unservedUsage } from "../../functions/delivery/generated.ts";
+import type { GivenUp } from "../../functions/settlement.ts";
 import { type OpenItem, frameItem, memoryFrames } from "../../functions/delivery/item.ts";
 import { OriginPool } from "../../functions/origin-pool.ts";
 import type { SettledRequest } from "../../functions/settlement.ts";

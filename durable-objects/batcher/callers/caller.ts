@@ -10,14 +10,9 @@ import { AnswerSink, type CallerSink } from "./sinks.ts";
 import type { ClientBody } from "./client-body.ts";
 import type { BatcherAttempt } from "../types.ts";
 import type { OnTimeTimer } from "../../../contracts/on-time.ts";
+import type { DeliveryMode } from "../../../contracts/delivery.ts";
 
 export type CallerStage = "queued" | "sent" | "open" | "ended";
-
-/**
- * How a caller's client gets its answer, as the edge decided it and said by the RPC it
- * called: streamed (`open`, then `end`) or whole (`answer`).
- */
-export type DeliveryMode = "stream" | "whole";
 
 export interface BatchCaller {
   input: BatcherAttempt;

@@ -15,15 +15,9 @@ import type {
 import { cancel as cancelInWindow } from "../window/events.ts";
 import { assertNever } from "../window/state.ts";
 import type { TickNotice } from "../window/types.ts";
-import {
-  type BatchCaller,
-  type DeliveryMode,
-  type OpenCall,
-  deliver,
-  failBody,
-  newCaller,
-} from "./caller.ts";
+import { type BatchCaller, type OpenCall, deliver, failBody, newCaller } from "./caller.ts";
 import type { ClientBody } from "./client-body.ts";
+import type { DeliveryMode } from "../../../contracts/delivery.ts";
 import type { CallerSink } from "./sinks.ts";
 
 /** What stops a running item on its origin (`upstream/stop.ts`). */
