@@ -2,21 +2,13 @@
  * Alias fallback: an alias names models in the order to try them, and when one has no
  * origin that can answer (503 `no_healthy_origin`, or 502/504 before any byte reached the
  * client), the next model serves the request. Only the models the key's account admitted
- * are tried; the reservation already covers the priciest of them.
- * See docs/edge.md.
+ * are tried; the reservation already covers the priciest of them. The outermost of the
+ * retry levels of `delivery/retry.ts`. See docs/edge.md.
  */
 import { logWarn } from "../contracts/log.ts";
 import type { Context } from "hono";
 import type { AppEnv } from "./app-env.ts";
-import { ApiError } from "../contracts/errors.ts";
-
-// The origin failures after which another model may still answer (see errors.ts).
-const FALLBACK_CODES = new Set(["no_healthy_origin", "origin_error", "origin_timeout"]);
-
-/** Whether a failure of one model lets the next model of an alias try. */
-export function fallsBack(error: unknown): boolean {
-  return error instanceof ApiError && error.code !== null && FALLBACK_CODES.has(error.code);
-}
+import { fallsBack } from "./delivery/retry.ts";
 
 /**
  * Runs `send` with `c.var.plan.model` set to each admitted model in turn, until one

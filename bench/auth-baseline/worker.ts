@@ -4,11 +4,13 @@
  * compared in constant time, then the same validation, planning and dispatch; `local`, the
  * edge's own keyed path with the admission answered in the isolate and nothing settled.
  */
+import { env as bindings } from "cloudflare:workers";
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
 import type { RateLimitInfo } from "../../durable-objects/key-account/types.ts";
 import { formatUsd } from "../../contracts/pricing.ts";
 import type { AppEnv } from "../../functions/app-env.ts";
+import { EdgeState } from "../../functions/edge-state.ts";
 import { handleError, handleNotFound } from "../../functions/error-handler.ts";
 import { invalidApiKey, originFailure } from "../../contracts/errors.ts";
 import { bearerToken } from "../../functions/keys.ts";
@@ -20,6 +22,7 @@ import {
 } from "../../functions/middleware/auth.ts";
 import { completionBody } from "../../functions/middleware/completion-body.ts";
 import { planCompletion } from "../../functions/middleware/completion-plan.ts";
+import { isolateState } from "../../functions/middleware/edge-state.ts";
 import { gatewayConfig } from "../../functions/middleware/gateway-config.ts";
 import { requestContext } from "../../functions/middleware/request-context.ts";
 import { withModelFallback } from "../../functions/model-fallback.ts";
@@ -84,8 +87,9 @@ function localAdmission() {
   });
 }
 
-function benchApp(mode: "static" | "local"): Hono<AppEnv> {
+function benchApp(mode: "static" | "local", edge: EdgeState): Hono<AppEnv> {
   const app = new Hono<AppEnv>();
+  app.use(isolateState(edge));
   app.use(requestContext());
   app.use(gatewayConfig());
   app.route("/health", health);
@@ -109,7 +113,9 @@ function benchApp(mode: "static" | "local"): Hono<AppEnv> {
   return app;
 }
 
-const apps = { static: benchApp("static"), local: benchApp("local") };
+// One isolate, one state, whichever app answers.
+const edge = new EdgeState(bindings);
+const apps = { static: benchApp("static", edge), local: benchApp("local", edge) };
 
 export default {
   fetch(request, env, ctx) {

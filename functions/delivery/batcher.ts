@@ -30,7 +30,7 @@ import { describe } from "../../contracts/upstream.ts";
 import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { type BatchingPlan, batchingPlan } from "../../contracts/config/plans.ts";
 import { batcherName, laneFor, shardOf } from "./batcher-plan.ts";
-import type { AttemptRequest, DispatchAttempt, ItemOpener } from "./failover.ts";
+import type { AttemptRequest, DispatchAttempt, ItemOpener } from "./opener.ts";
 import { type ItemEnd, type OpenItem, frameItem, memoryFrames } from "./item.ts";
 import { failed, failedBeforeHead, notAdmitted } from "./refusals.ts";
 import { END_WAIT_MS } from "./generated.ts";

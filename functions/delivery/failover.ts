@@ -1,8 +1,8 @@
 /**
  * The one failover loop of the edge (docs/edge.md, "Delivery"): each attempt goes
- * through an {@link ItemOpener}, straight to the candidate origin as a batch of one
- * ({@link directOpener}) or through the region's `Batcher` (`batcher.ts`), which both answer
- * with an `OpenItem` (`item.ts`). Before the first byte reaches the client a failing origin is
+ * through an `ItemOpener` (`opener.ts`), straight to the candidate origin as a batch of one
+ * or through the region's `Batcher` (`batcher.ts`), which both answer with an `OpenItem`
+ * (`item.ts`). Before the first byte reaches the client a failing origin is
  * replaced by the next candidate, within the retry budget, and origins that failed are
  * avoided; the answer is then delivered by `response.ts`.
  */
@@ -18,70 +18,16 @@ import {
 import type { Verdict } from "../../contracts/breaker.ts";
 import { judgeHead, retryAfterMs } from "../../contracts/origin-health.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
-import type { DeliveryMode } from "../../contracts/delivery.ts";
 import type { RegionOrigin } from "../origin-pool.ts";
 import type { GivenUp } from "../settlement.ts";
-import { type CredentialRing, credentialValues } from "../../contracts/credentials.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
-import { type ItemAttempt, openItem } from "./direct.ts";
+import type { ItemAttempt } from "./direct.ts";
+import type { ItemOpener } from "./opener.ts";
 import { cancelGivenUp } from "./generated.ts";
 import { type AnswerOptions, readWhole, respond, streams } from "./response.ts";
-import { RETRY_WINDOW_MS, type RetryBudget } from "./retry-budget.ts";
-
-/** One attempt at serving the request, as an opener receives it. */
-export interface AttemptRequest {
-  requestId: string;
-  /** Item id for this attempt: the request id, suffixed for retries (unique per attempt). */
-  attemptId: string;
-  path: ItemPath;
-  body: string;
-  headers: Record<string, string>;
-  firstByteTimeoutMs: number;
-  /** How the client gets its answer: streamed as it comes, or whole once it ended. */
-  delivery: DeliveryMode;
-  itemTimeoutMs: number;
-  /** Origins that already failed this request. */
-  avoidOrigins: readonly string[];
-  /** For an attempt sent straight to an origin: told once it is under way (see `direct.ts`). */
-  onStart?: (giveUp: () => void) => void;
-  /** For an attempt sent straight to an origin: its HEAD is late while the origin is idle. */
-  onSlowHead?: () => void;
-  /** How long the origin may send nothing before it counts as frozen. */
-  silenceMs?: number;
-  /** Where the origins' credentials are (the Worker's secrets). */
-  secrets: object;
-}
-
-/** An attempt's outcome: an open item, a failure worth another candidate, or a final refusal. */
-export type DispatchAttempt =
-  | ItemAttempt
-  /** Refused for a reason no other origin changes (a full queue): answered as it is. */
-  | { kind: "refused"; error: ApiError };
-
-/** Opens the request's item for one candidate; never rejects. */
-export type ItemOpener = (
-  candidate: RegionOrigin,
-  request: AttemptRequest,
-) => Promise<DispatchAttempt>;
-
-/** The unbatched path: the candidate origin, a batch of one, on the isolate's credentials. */
-export const directOpener =
-  (ring: CredentialRing): ItemOpener =>
-  (candidate, request) =>
-    openItem(candidate.origin, {
-      requestId: request.attemptId,
-      credentials: credentialValues(request.secrets, candidate.origin.credentials),
-      ring,
-      path: request.path,
-      body: request.body,
-      headers: request.headers,
-      firstByteTimeoutMs: request.firstByteTimeoutMs,
-      delivery: request.delivery,
-      itemTimeoutMs: request.itemTimeoutMs,
-      ...(request.onStart !== undefined && { onStart: request.onStart }),
-      ...(request.onSlowHead !== undefined && { onSlowHead: request.onSlowHead }),
-      ...(request.silenceMs !== undefined && { silenceMs: request.silenceMs }),
-    });
+import type { RetryBudget } from "./retry-budget.ts";
+import { attemptsAllowed, nextAttempt } from "./retry.ts";
+import type { OpenItem } from "./item.ts";
 
 /** What the edge sends and how it reports the end (with what the response lifecycle needs). */
 export interface DispatchOptions extends AnswerOptions {
@@ -91,7 +37,7 @@ export interface DispatchOptions extends AnswerOptions {
   limits: Limits;
   /** Lower-case headers forwarded to the engine. */
   headers: Record<string, string>;
-  /** How each attempt reaches an origin (see {@link directOpener}, `batcherOpener`). */
+  /** How each attempt reaches an origin (`directOpener`, `batcherOpener`). */
   open: ItemOpener;
   /**
    * Told how each attempt at an origin went, for the breakers (docs/failover.md, "What
@@ -144,181 +90,264 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
 }
 
 async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promise<Response> {
-  const now = options.now ?? Date.now;
-  const { open } = options;
-  const attempts = Math.min(options.candidates.length, options.limits.retryBudget + 1);
-  const avoid: string[] = [];
-  const firstAttempt = options.attempts?.length ?? 0;
+  const failover = new Failover(options, gaveUp);
+  try {
+    return await failover.run();
+  } finally {
+    // No second opinion came (one candidate, or the retries ran out): the 5xx counts.
+    failover.convictSuspect();
+  }
+}
+
+/** One attempt, opened: what came back, and what was noted while it was made. */
+interface Opened {
+  candidate: RegionOrigin;
+  attempt: ItemAttempt;
+  /** Its item id (unique across the request's models). */
+  itemId: string;
+  /** Its entry in the request's attempts. */
+  listed: RequestAttempt;
+  /** Judged slow while it waited: that was its verdict. */
+  toldSlow: boolean;
+  last: boolean;
+}
+
+/** The failover loop of one request: attempt, judge the HEAD, deliver; each its own step. */
+class Failover {
+  readonly #options: DispatchOptions;
+  readonly #gaveUp: GivenUp[];
+  readonly #now: () => number;
   // The request timeout bounds every attempt together.
-  const deadline = now() + options.limits.requestTimeoutMs;
-  const { retryRatio: ratio, retryFloor: floor } = options.limits;
-  options.retryBudget?.request(now());
-  let failure: OriginFailureKind = "unavailable";
+  readonly #deadline: number;
+  readonly #avoid: string[] = [];
+  #failure: OriginFailureKind = "unavailable";
   // An origin whose engine answered 5xx waits for a second opinion: another origin that
   // answers the same request convicts it; one that fails it too convicts the request.
-  let suspect: { candidate: RegionOrigin; originId: string } | null = null;
-  const judge = (candidate: RegionOrigin, origin: string, verdict: Verdict) =>
-    options.onOutcome?.(candidate.region, origin, verdict);
-  const convictSuspect = () => {
-    if (suspect !== null) judge(suspect.candidate, suspect.originId, "failed");
-    suspect = null;
-  };
-  try {
+  #suspect: { candidate: RegionOrigin; originId: string } | null = null;
+
+  constructor(options: DispatchOptions, gaveUp: GivenUp[]) {
+    this.#options = options;
+    this.#gaveUp = gaveUp;
+    this.#now = options.now ?? Date.now;
+    this.#deadline = this.#now() + options.limits.requestTimeoutMs;
+  }
+
+  /** Tries the candidates in order (see `retry.ts`, level 2) until one is delivered. */
+  async run(): Promise<Response> {
+    const options = this.#options;
+    const attempts = attemptsAllowed(options.candidates.length, options.limits);
+    const firstAttempt = options.attempts?.length ?? 0;
+    options.retryBudget?.request(this.#now());
     for (let i = 0; i < attempts; i++) {
-      // A client that went away while an attempt waited wants no other origin tried.
-      if (i > 0 && options.signal?.aborted === true) break;
-      if (i > 0 && now() >= deadline) {
-        failure = "timeout";
-        break;
-      }
-      const budget = { ratio, floor, windowMs: RETRY_WINDOW_MS };
-      if (i > 0 && options.retryBudget !== undefined && !options.retryBudget.retry(now(), budget)) {
-        logWarn("retry budget spent", { request_id: options.requestId });
-        break;
-      }
-      const candidate = options.candidates[i] as RegionOrigin;
-      const quarantineMs = options.quarantineMs?.(candidate.region);
-      const planned = candidate.origin.id;
-      const last = i === attempts - 1;
-      options.pool.begin(planned);
-      let unwatch: (() => void) | null = null;
-      // Judged slow while it waited: that was its verdict.
-      let toldSlow = false;
-      // Unique across the request's models too (a model fallback dispatches again).
-      const n = firstAttempt + i;
-      const itemId = n === 0 ? options.requestId : `${options.requestId}.${n}`;
-      const attempt = await open(candidate, {
-        requestId: options.requestId,
-        attemptId: itemId,
-        path: options.path,
-        body: options.body,
-        headers: options.headers,
-        firstByteTimeoutMs: options.limits.firstByteTimeoutMs,
-        delivery: options.delivery,
-        itemTimeoutMs: options.limits.requestTimeoutMs,
-        avoidOrigins: [
-          ...avoid,
-          ...options.pool.blocked(candidate.region),
-          ...(options.avoidAlways ?? []),
-          ...(i === 0 ? (options.avoidFirst ?? []) : []),
-        ],
-        secrets: options.secrets,
-        onStart: (giveUp) => {
-          unwatch = options.watchBreaker?.(planned, giveUp) ?? null;
-        },
-        onSlowHead: () => {
-          toldSlow = true;
-          judge(candidate, planned, "slow");
-        },
-        ...(options.slowFirstByteMs !== undefined && { silenceMs: options.slowFirstByteMs }),
+      const next = nextAttempt(i, {
+        signal: options.signal,
+        deadline: this.#deadline,
+        now: this.#now(),
+        limits: options.limits,
+        budget: options.retryBudget,
       });
-      (unwatch as (() => void) | null)?.();
-      options.pool.end(planned);
-      if (attempt.kind === "refused") throw attempt.error;
-      const listed: RequestAttempt = {
-        region: candidate.region.id,
-        origin: attempt.originId,
-        result: "failed",
-      };
-      options.attempts?.push(listed);
-      if (attempt.kind === "failed") {
-        if (attempt.reported === true) options.onUpstreamFailure?.(candidate.region);
-        // Refused or unreachable, an origin ran nothing; it may have, once it took the call
-        // (an origin not named, only when its opener says so).
-        const named = attempt.originId !== null && attempt.failure !== "unavailable";
-        if (named || attempt.mayHaveRun === true) {
-          gaveUp.push(...givenUp(options, attempt.originId, itemId, candidate.region.id));
-        }
-        if (attempt.originId !== null) {
-          // A Batcher judged its own call; an attempt sent straight is judged here.
-          if (attempt.reported !== true && !toldSlow) {
-            judge(candidate, attempt.originId, attempt.soft === true ? "slow" : "failed");
-          }
-          options.pool.reportFailure(attempt.originId, now(), quarantineMs);
-          avoid.push(attempt.originId);
-        }
-        failure = attempt.failure;
-        logWarn("origin attempt failed", {
-          request_id: options.requestId,
-          origin: attempt.originId,
-          detail: attempt.detail,
-        });
+      if (next === "timeout") this.#failure = "timeout";
+      if (next === "budget_spent") logWarn("retry budget spent", { request_id: options.requestId });
+      if (next !== "go") break;
+      const opened = await this.#attempt(i, firstAttempt + i, i === attempts - 1);
+      if (opened.attempt.kind === "failed") {
+        this.#failed(opened, opened.attempt);
         continue;
       }
-      const originId = attempt.originId;
-      const { status, headers } = attempt.item.head;
-      const judged = judgeHead(status, headers);
-      if (judged === "busy") {
-        // Overload, never counted: avoided until its retry-after. A last 429 goes to the
-        // client as it is (the SDKs back off by it); a last 503 becomes our own 503
-        // `no_healthy_origin`, with the origin's retry-after.
-        options.pool.reportBusy(originId, now(), headers);
-        if (!last || status === 503) attempt.item.cancel();
-        if (!last) {
-          avoid.push(originId);
-          failure = "unavailable";
-          continue;
-        }
-        if (status === 503) throw busyEverywhere(headers);
+      const { item, originId } = opened.attempt;
+      const judged = await this.#judgeHead(opened, item, originId);
+      if (judged === null) continue;
+      const response = await this.#deliver(opened, item, originId, judged === "ok");
+      if (response !== null) return response;
+    }
+    throw originFailure(options.candidates.length === 0 ? "unavailable" : this.#failure);
+  }
+
+  /** Counts the 5xx of the origin that waited for a second opinion. */
+  convictSuspect(): void {
+    if (this.#suspect !== null) {
+      this.#judge(this.#suspect.candidate, this.#suspect.originId, "failed");
+    }
+    this.#suspect = null;
+  }
+
+  /** Opens attempt `n` of the request at candidate `i`; a final refusal throws. */
+  async #attempt(i: number, n: number, last: boolean): Promise<Opened> {
+    const options = this.#options;
+    const candidate = options.candidates[i] as RegionOrigin;
+    const planned = candidate.origin.id;
+    options.pool.begin(planned);
+    let unwatch: (() => void) | null = null;
+    let toldSlow = false;
+    // Unique across the request's models too (a model fallback dispatches again).
+    const itemId = n === 0 ? options.requestId : `${options.requestId}.${n}`;
+    const attempt = await options.open(candidate, {
+      requestId: options.requestId,
+      attemptId: itemId,
+      path: options.path,
+      body: options.body,
+      headers: options.headers,
+      firstByteTimeoutMs: options.limits.firstByteTimeoutMs,
+      delivery: options.delivery,
+      itemTimeoutMs: options.limits.requestTimeoutMs,
+      avoidOrigins: [
+        ...this.#avoid,
+        ...options.pool.blocked(candidate.region),
+        ...(options.avoidAlways ?? []),
+        ...(i === 0 ? (options.avoidFirst ?? []) : []),
+      ],
+      secrets: options.secrets,
+      onStart: (giveUp) => {
+        unwatch = options.watchBreaker?.(planned, giveUp) ?? null;
+      },
+      onSlowHead: () => {
+        toldSlow = true;
+        this.#judge(candidate, planned, "slow");
+      },
+      ...(options.slowFirstByteMs !== undefined && { silenceMs: options.slowFirstByteMs }),
+    });
+    (unwatch as (() => void) | null)?.();
+    options.pool.end(planned);
+    if (attempt.kind === "refused") throw attempt.error;
+    const listed: RequestAttempt = {
+      region: candidate.region.id,
+      origin: attempt.originId,
+      result: "failed",
+    };
+    options.attempts?.push(listed);
+    return { candidate, attempt, itemId, listed, toldSlow, last };
+  }
+
+  /** An attempt that failed before its HEAD: noted, judged, avoided from now on. */
+  #failed(opened: Opened, attempt: Extract<ItemAttempt, { kind: "failed" }>): void {
+    const options = this.#options;
+    const { candidate, itemId } = opened;
+    if (attempt.reported === true) options.onUpstreamFailure?.(candidate.region);
+    // Refused or unreachable, an origin ran nothing; it may have, once it took the call
+    // (an origin not named, only when its opener says so).
+    const named = attempt.originId !== null && attempt.failure !== "unavailable";
+    if (named || attempt.mayHaveRun === true) {
+      this.#gaveUp.push(...givenUp(options, attempt.originId, itemId, candidate.region.id));
+    }
+    if (attempt.originId !== null) {
+      // A Batcher judged its own call; an attempt sent straight is judged here.
+      if (attempt.reported !== true && !opened.toldSlow) {
+        this.#judge(candidate, attempt.originId, attempt.soft === true ? "slow" : "failed");
       }
-      if (judged === "error") {
-        avoid.push(originId);
-        // Tried last for a while, whoever is to blame (a ranking, not a verdict).
-        options.pool.reportFailure(originId, now(), quarantineMs);
-        // The origin's own item timeout answers 504 (see origin/server.ts).
-        failure = status === 504 ? "timeout" : "bad_answer";
-        logWarn("origin answered", { status, request_id: options.requestId, origin: originId });
-        if (suspect !== null) {
-          // Two origins failed it alike: the request's fault, and no origin's.
-          suspect = null;
-          const text = await attempt.item
-            .whole()
-            .then(({ body }) => new TextDecoder().decode(body))
-            .catch(() => "");
-          throw failedEverywhere(text);
-        }
-        attempt.item.cancel();
-        suspect = { candidate, originId };
-        continue;
+      this.#quarantine(candidate, attempt.originId);
+      this.#avoid.push(attempt.originId);
+    }
+    this.#failure = attempt.failure;
+    logWarn("origin attempt failed", {
+      request_id: options.requestId,
+      origin: attempt.originId,
+      detail: attempt.detail,
+    });
+  }
+
+  /**
+   * Judges an opened item's HEAD by the health rule (`contracts/origin-health.ts`): the
+   * verdict of one to deliver, null to try the next candidate; throws the final error.
+   */
+  async #judgeHead(
+    opened: Opened,
+    item: OpenItem,
+    originId: string,
+  ): Promise<"ok" | "busy" | null> {
+    const options = this.#options;
+    const { candidate, last } = opened;
+    const { status, headers } = item.head;
+    const judged = judgeHead(status, headers);
+    if (judged === "busy") {
+      // Overload, never counted: avoided until its retry-after. A last 429 goes to the
+      // client as it is (the SDKs back off by it); a last 503 becomes our own 503
+      // `no_healthy_origin`, with the origin's retry-after.
+      options.pool.reportBusy(originId, this.#now(), headers);
+      if (!last || status === 503) item.cancel();
+      if (!last) {
+        this.#avoid.push(originId);
+        this.#failure = "unavailable";
+        return null;
       }
-      // Another origin answered: the one that failed this request before was sick.
-      if (judged === "ok") convictSuspect();
-      // An answer is judged once it ended, whole or cut after its HEAD (by either path).
-      const onEnd = (verdict: "ok" | "failed") => {
-        if (!toldSlow && judged === "ok") judge(candidate, originId, verdict);
-      };
-      const served = { region: candidate.region.id, origin: originId };
-      if (streams(attempt.item, options)) {
-        listed.result = "served";
-        options.pool.reportSuccess(originId);
-        options.pool.begin(originId);
-        return respond(attempt.item, served, options, null, deadline, gaveUp, onEnd);
+      if (status === 503) throw busyEverywhere(headers);
+    }
+    if (judged === "error") {
+      this.#avoid.push(originId);
+      // Tried last for a while, whoever is to blame (a ranking, not a verdict).
+      this.#quarantine(candidate, originId);
+      // The origin's own item timeout answers 504 (see origin/server.ts).
+      this.#failure = status === 504 ? "timeout" : "bad_answer";
+      logWarn("origin answered", { status, request_id: options.requestId, origin: originId });
+      if (this.#suspect !== null) {
+        // Two origins failed it alike: the request's fault, and no origin's.
+        this.#suspect = null;
+        const text = await item
+          .whole()
+          .then(({ body }) => new TextDecoder().decode(body))
+          .catch(() => "");
+        throw failedEverywhere(text);
       }
-      // A whole answer is read before the client sees anything: one its origin cut or failed
-      // is tried again elsewhere, and never billed (its client received none of it).
-      const read = await readWhole(attempt.item, deadline - now());
-      const cut = !read.complete && !read.timedOut && status < 400;
-      if (!read.timedOut) onEnd(cut ? "failed" : "ok");
-      const retry = cut && !last && now() < deadline && options.signal?.aborted !== true;
-      if (retry) {
-        gaveUp.push(...givenUp(options, originId, itemId, candidate.region.id));
-        avoid.push(originId);
-        options.pool.reportFailure(originId, now(), quarantineMs);
-        failure = "bad_answer";
-        logWarn("origin failed mid-response", { request_id: options.requestId, origin: originId });
-        continue;
-      }
+      item.cancel();
+      this.#suspect = { candidate, originId };
+      return null;
+    }
+    // Another origin answered: the one that failed this request before was sick.
+    if (judged === "ok") this.convictSuspect();
+    return judged;
+  }
+
+  /**
+   * Delivers a judged item through the response lifecycle (`response.ts`), streamed or read
+   * whole first; null when a whole answer its origin cut is to be tried elsewhere.
+   */
+  async #deliver(
+    opened: Opened,
+    item: OpenItem,
+    originId: string,
+    answered: boolean,
+  ): Promise<Response | null> {
+    const options = this.#options;
+    const { candidate, listed, itemId, last, toldSlow } = opened;
+    // An answer is judged once it ended, whole or cut after its HEAD (by either path).
+    const onEnd = (verdict: "ok" | "failed") => {
+      if (!toldSlow && answered) this.#judge(candidate, originId, verdict);
+    };
+    const served = { region: candidate.region.id, origin: originId };
+    if (streams(item, options)) {
       listed.result = "served";
       options.pool.reportSuccess(originId);
       options.pool.begin(originId);
-      return respond(attempt.item, served, options, read, deadline, gaveUp);
+      return respond(item, served, options, null, this.#deadline, this.#gaveUp, onEnd);
     }
-  } finally {
-    // No second opinion came (one candidate, or the retries ran out): the 5xx counts.
-    convictSuspect();
+    // A whole answer is read before the client sees anything: one its origin cut or failed
+    // is tried again elsewhere, and never billed (its client received none of it).
+    const read = await readWhole(item, this.#deadline - this.#now());
+    const cut = !read.complete && !read.timedOut && item.head.status < 400;
+    if (!read.timedOut) onEnd(cut ? "failed" : "ok");
+    const retry = cut && !last && this.#now() < this.#deadline && options.signal?.aborted !== true;
+    if (retry) {
+      this.#gaveUp.push(...givenUp(options, originId, itemId, candidate.region.id));
+      this.#avoid.push(originId);
+      this.#quarantine(candidate, originId);
+      this.#failure = "bad_answer";
+      logWarn("origin failed mid-response", { request_id: options.requestId, origin: originId });
+      return null;
+    }
+    listed.result = "served";
+    options.pool.reportSuccess(originId);
+    options.pool.begin(originId);
+    return respond(item, served, options, read, this.#deadline, this.#gaveUp);
   }
-  const error: ApiError = originFailure(options.candidates.length === 0 ? "unavailable" : failure);
-  throw error;
+
+  #judge(candidate: RegionOrigin, origin: string, verdict: Verdict): void {
+    this.#options.onOutcome?.(candidate.region, origin, verdict);
+  }
+
+  /** Tried only after every healthy origin for the region and model's quarantine. */
+  #quarantine(candidate: RegionOrigin, originId: string): void {
+    const quarantineMs = this.#options.quarantineMs?.(candidate.region);
+    this.#options.pool.reportFailure(originId, this.#now(), quarantineMs);
+  }
 }
 
 /**

@@ -11,7 +11,7 @@ import type {
   BatcherNotAdmitted,
 } from "../../durable-objects/batcher/types.ts";
 import { retryAfterHeaders } from "../rate-limit-headers.ts";
-import type { DispatchAttempt } from "./failover.ts";
+import type { DispatchAttempt } from "./opener.ts";
 
 /** A refusal or failure at admission, before the item was queued. */
 export function notAdmitted(result: BatcherNotAdmitted): DispatchAttempt {

@@ -5,11 +5,7 @@
  */
 import { type Context, Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
-import { batcherOpener } from "../delivery/batcher.ts";
 import { PRIORITY_HEADER } from "../delivery/batcher-plan.ts";
-import { directOpener, dispatchCompletion } from "../delivery/failover.ts";
-import { unservedUsage } from "../delivery/generated.ts";
-import { armAvoids, armCandidates, armFirstAvoids } from "../canaries.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { clipped, invalidRequest, notFound } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../json-text.ts";
@@ -19,12 +15,9 @@ import { withModelFallback } from "../model-fallback.ts";
 import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
 import { waitUntilOf } from "../middleware/request-context.ts";
 import { allowOverride, attemptRoutes } from "../prefix-route.ts";
-import { breakerRegion } from "../breakers.ts";
-import { batchingPlan } from "../../contracts/config/plans.ts";
-import { type RegionConfig, originServes } from "../../contracts/config/regions.ts";
+import type { RegionConfig } from "../../contracts/config/regions.ts";
 import { type CallerLocation, regionOrder } from "../region-choice.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
-import type { Verdict } from "../../contracts/breaker.ts";
 
 /** Request header that picks the first region to try (for tests and diagnostics). */
 export const REGION_OVERRIDE_HEADER = "x-warmgate-region";
@@ -40,7 +33,42 @@ function callerLocation(request: Request): CallerLocation {
 /** Sends the planned completion to the origins and answers with their response. */
 export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Response> {
   const { config, plan, completion, requestId, settlement, edge } = c.var;
-  const { breakers: edgeBreakers, canaries, originPool, retryBudget } = edge;
+  const regions = regionsToTry(c);
+  const headers: Record<string, string> = { "x-request-id": requestId };
+  for (const name of FORWARDED_HEADERS) {
+    const value = c.req.header(name);
+    if (value !== undefined) headers[name] = value;
+  }
+  return edge.dispatcher.dispatch({
+    config,
+    path,
+    model: plan.model,
+    delivery: plan.delivery,
+    promptTokens: plan.promptTokens,
+    maxTokens: sequenceAllowance(plan, plan.model),
+    // Only an alias changes the text: the origin knows models by id.
+    body:
+      completion.body.model === plan.model.id
+        ? completion.text
+        : replaceTopLevelString(completion.text, "model", plan.model.id),
+    headers,
+    regions,
+    settlement,
+    env: c.env,
+    lane: {
+      tier: c.get("admission")?.tier,
+      priority: c.req.header(PRIORITY_HEADER),
+      keyId: c.get("caller")?.keyId,
+      route: attemptRoutes(c),
+    },
+    signal: c.req.raw.signal,
+    waitUntil: waitUntilOf(c),
+  });
+}
+
+/** The regions to try, nearest the caller first, or from the override header. */
+function regionsToTry(c: Context<AppEnv>): readonly RegionConfig[] {
+  const { config } = c.var;
   const override = c.req.header(REGION_OVERRIDE_HEADER);
   if (override !== undefined) allowOverride(c, REGION_OVERRIDE_HEADER, "region");
   // Reading `request.cf` parses it; with an override or a single region, where the caller
@@ -54,115 +82,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
       "invalid_region",
     );
   }
-  const route = attemptRoutes(c);
-  const headers: Record<string, string> = { "x-request-id": requestId };
-  for (const name of FORWARDED_HEADERS) {
-    const value = c.req.header(name);
-    if (value !== undefined) headers[name] = value;
-  }
-  // Only an alias changes the text: the origin knows models by id.
-  const body =
-    completion.body.model === plan.model.id
-      ? completion.text
-      : replaceTopLevelString(completion.text, "model", plan.model.id);
-  const now = Date.now();
-  const breakers = config.breakers.enabled;
-  const waitUntil = waitUntilOf(c);
-  if (breakers) for (const work of edgeBreakers.sync(config, order.regions, now)) waitUntil(work);
-  const canary = canaries.plan(config, plan.model.id);
-  let ranked = originPool.candidates(order.regions, plan.model.id, now);
-  let panicking = false;
-  if (ranked.length === 0 && breakers) {
-    // The copy may be stale: a breaker that closed since is seen by this request, not the
-    // next one. Still all open: Envoy's panic mode, a bounded trickle (docs/failover.md).
-    await Promise.all(
-      order.regions.map((region) => edgeBreakers.cache.refresh(breakerRegion(config, region), now)),
-    );
-    ranked = originPool.candidates(order.regions, plan.model.id, Date.now());
-    if (ranked.length === 0) {
-      ranked = originPool.panic(order.regions, plan.model.id, Date.now());
-      panicking = ranked.length > 0;
-    }
-  }
-  const candidates = canary === null ? ranked : armCandidates(canary, ranked);
-  if (canary !== null) {
-    const sync = canaries.sync(canary.spec, now);
-    if (sync !== null) waitUntil(sync);
-    settlement.onSettled(
-      (settled) => canaries.record(canary, settled, settlement.attempts, Date.now()) ?? undefined,
-    );
-  }
-  if (candidates.length === 0 && breakers) {
-    throw edgeBreakers.allOpen(order.regions, (origin) => originServes(origin, plan.model.id), now);
-  }
-  // Unserved, it is billed for what the attempts it gave up on generated.
-  settlement.onUnserved((record) => unservedUsage(record, settlement.gaveUp, c.env));
-  const { slowFirstByteMs } = config.breakers.settings;
-  const openDirect = directOpener(edge.credentialRing);
-  const response = await dispatchCompletion({
-    requestId,
-    path,
-    body,
-    model: plan.model.id,
-    candidates,
-    quarantineMs: (region) => batchingPlan(config, region, plan.model.id)?.setup.quarantineMs,
-    attempts: settlement.attempts,
-    gaveUp: settlement.gaveUp,
-    retryBudget,
-    ...(canary !== null && {
-      avoidAlways: armAvoids(canary),
-      avoidFirst: armFirstAvoids(canary, candidates),
-    }),
-    pool: originPool,
-    limits: config.limits,
-    delivery: plan.delivery,
-    headers,
-    secrets: c.env,
-    onSettled: (settled) => settlement.settle(settled),
-    onReleased: (released) => settlement.release(released),
-    signal: c.req.raw.signal,
-    ...(breakers && {
-      onOutcome: (region: RegionConfig, origin: string, verdict: Verdict) => {
-        const sync = edgeBreakers.cache.record(
-          breakerRegion(config, region),
-          origin,
-          verdict,
-          Date.now(),
-        );
-        if (sync !== null) waitUntil(sync);
-      },
-      slowFirstByteMs,
-      watchBreaker: (origin: string, giveUp: () => void) => edgeBreakers.watch(origin, giveUp),
-      onUpstreamFailure: (region: RegionConfig) => {
-        const sync = edgeBreakers.cache.sync(breakerRegion(config, region), Date.now(), true);
-        if (sync !== null) waitUntil(sync);
-      },
-    }),
-    // A panic request goes straight: every Batcher keeps open breakers' origins out.
-    open: panicking
-      ? openDirect
-      : batcherOpener(
-          {
-            namespace: c.env.BATCHER,
-            config,
-            model: plan.model.id,
-            tier: c.get("admission")?.tier,
-            priority: c.req.header(PRIORITY_HEADER),
-            keyId: c.get("caller")?.keyId,
-            route,
-            promptTokens: plan.promptTokens,
-            maxTokens: sequenceAllowance(plan, plan.model),
-            deadline: Date.now() + config.limits.requestTimeoutMs,
-            isolateInFlight: (ids) => ids.reduce((n, id) => n + originPool.inFlight(id), 0),
-            waitUntil: waitUntilOf(c),
-            signal: c.req.raw.signal,
-          },
-          edge.batchers,
-          openDirect,
-        ),
-  });
-  settlement.hold();
-  return response;
+  return order.regions;
 }
 
 /** The completion route group, mounted at `/v1`. */

@@ -7,12 +7,12 @@ import {
 } from "../../contracts/protocol/schema.ts";
 import { type Frame, FrameType, encodeJsonPayload } from "../../contracts/protocol/framing.ts";
 import { loadConfig } from "../../contracts/config/gateway.ts";
+import { dispatchCompletion } from "../../functions/delivery/failover.ts";
 import {
   type AttemptRequest,
   type DispatchAttempt,
-  dispatchCompletion,
   directOpener,
-} from "../../functions/delivery/failover.ts";
+} from "../../functions/delivery/opener.ts";
 import { unservedUsage } from "../../functions/delivery/generated.ts";
 import type { GivenUp } from "../../functions/settlement.ts";
 import { type OpenItem, frameItem, memoryFrames } from "../../functions/delivery/item.ts";

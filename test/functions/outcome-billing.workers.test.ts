@@ -3,11 +3,8 @@ import { env } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
 import { type ItemRecord, OutcomesResponseSchema } from "../../contracts/protocol/schema.ts";
 import { type ResolvedConfig, loadConfig } from "../../contracts/config/gateway.ts";
-import {
-  type DispatchOptions,
-  dispatchCompletion,
-  directOpener,
-} from "../../functions/delivery/failover.ts";
+import { type DispatchOptions, dispatchCompletion } from "../../functions/delivery/failover.ts";
+import { directOpener } from "../../functions/delivery/opener.ts";
 import { unservedUsage } from "../../functions/delivery/generated.ts";
 import type { OpenItem } from "../../functions/delivery/item.ts";
 import { respond } from "../../functions/delivery/response.ts";
