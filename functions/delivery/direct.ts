@@ -62,7 +62,7 @@ export interface OpenItemOptions {
   path: ItemPath;
   body: string;
   headers: Record<string, string>;
-  /** Give up when the origin has not answered within this many ms (see `waitForHead`). */
+  /** Give up when the origin has not answered within this many ms (its HEAD too, streamed). */
   firstByteTimeoutMs: number;
   /**
    * How the client gets the answer. Streamed: the first-byte timeout also covers the item's
