@@ -90,9 +90,10 @@ function bodyOf(kind: ChaosKind, random: () => number, index: number, user: stri
     messages: [
       { role: "user", content: `Chaos request ${index}: tell me about ${index % 7} seas.` },
     ],
-    // A cancelled stream is long, so its origin is still generating when the cancel comes.
+    // A cancelled stream is long (seconds of tokens), so its origin is still generating when
+    // the cancel comes, even when a loaded machine slows its client's three reads.
     ...(kind === "cancel"
-      ? { max_tokens: 200 + Math.floor(random() * 200), ignore_eos: true }
+      ? { max_tokens: 1_000 + Math.floor(random() * 1_000), ignore_eos: true }
       : { max_tokens: 8 + Math.floor(random() * 56) }),
     ...(kind === "n" ? { n: 2 + Math.floor(random() * 3) } : {}),
     ...(stream ? { stream: true, stream_options: { include_usage: true } } : {}),

@@ -13,6 +13,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { FREE, type ModelPrice, utcDay } from "../contracts/pricing.ts";
 import type { ItemRecord } from "../contracts/protocol/schema.ts";
 import { loadConfig } from "../contracts/config/gateway.ts";
+import { END_WAIT_MS, ORIGIN_ASK } from "../functions/delivery/generated.ts";
 import { DEV_KEY_LIMITS, createKey, startStack } from "../scripts/stack.ts";
 import type { ChaosOutcome } from "./chaos-client.ts";
 import {
@@ -82,6 +83,15 @@ const LEASE_MARGIN_MS = 5_000;
  * kill was in flight for its bill.
  */
 const SETTLEMENT_HELD_MS = 1_000;
+/**
+ * How much longer the edge holds the bill of a stream whose client left: until its END
+ * comes, or `END_WAIT_MS` and then its origin's record, asked a few times
+ * (functions/delivery/generated.ts). Its slot was released at once, so the row reads
+ * `expired` meanwhile; a crash then leaves it to the origins' records.
+ */
+const LEFT_STREAM_HELD_MS =
+  END_WAIT_MS +
+  (ORIGIN_ASK.tries ?? 1) * ((ORIGIN_ASK.timeoutMs ?? 0) + (ORIGIN_ASK.intervalMs ?? 0));
 const KEY_CONCURRENCY = 64;
 const PROBE_USER = "chaos-slot-probe";
 
@@ -228,7 +238,8 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
         crashExposed:
           edgeKilledAt !== null &&
           seen.sentAt <= (edgeBackAt ?? Date.now()) &&
-          seen.endedAt >= edgeKilledAt - SETTLEMENT_HELD_MS,
+          seen.endedAt >=
+            edgeKilledAt - SETTLEMENT_HELD_MS - (seen.clientAborted ? LEFT_STREAM_HELD_MS : 0),
         inCrashLeaseWindow:
           edgeKilledAt !== null &&
           seen.endedAt >= edgeKilledAt &&

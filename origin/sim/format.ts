@@ -139,14 +139,8 @@ export function chatChunk(
   includeUsage: boolean,
   logprobs: unknown = null,
 ): unknown {
-  return {
-    id: head.id,
-    object: "chat.completion.chunk",
-    created: head.created,
-    model: head.model,
-    choices: [{ index, delta, logprobs, finish_reason: finishReason }],
-    ...(includeUsage ? { usage: null } : {}),
-  };
+  const choice = { index, delta, logprobs, finish_reason: finishReason };
+  return streamChunk(head, "chat.completion.chunk", choice, includeUsage);
 }
 
 /** One streamed `text_completion` chunk. */
@@ -158,12 +152,23 @@ export function textChunk(
   includeUsage: boolean,
   logprobs: unknown = null,
 ): unknown {
+  const choice = { index, text, logprobs, finish_reason: finishReason };
+  return streamChunk(head, "text_completion", choice, includeUsage);
+}
+
+/** A streamed chunk of `object` with one choice (`usage: null` with `include_usage`). */
+function streamChunk(
+  head: ResponseHead,
+  object: string,
+  choice: object,
+  includeUsage: boolean,
+): unknown {
   return {
     id: head.id,
-    object: "text_completion",
+    object,
     created: head.created,
     model: head.model,
-    choices: [{ index, text, logprobs, finish_reason: finishReason }],
+    choices: [choice],
     ...(includeUsage ? { usage: null } : {}),
   };
 }

@@ -95,8 +95,7 @@ export function onDispatched(
   options: OnDispatchedOptions = {},
 ): { state: WindowState; outcome: ItemEventOutcome } {
   assertTime(now, "now");
-  const index =
-    state.origins.find((o) => o.id === originId)?.inFlight.findIndex((i) => i.id === itemId) ?? -1;
+  const index = inFlightIndex(state, originId, itemId);
   if (index < 0) return { state, outcome: { kind: "not-found" } };
   const next = draft(state);
   const origin = originById(next, originId);
@@ -121,8 +120,7 @@ export function onItemDone(
   now: number,
 ): { state: WindowState; outcome: ItemEventOutcome } {
   assertTime(now, "now");
-  const index =
-    state.origins.find((o) => o.id === originId)?.inFlight.findIndex((i) => i.id === itemId) ?? -1;
+  const index = inFlightIndex(state, originId, itemId);
   if (index < 0) return { state, outcome: { kind: "not-found" } };
   const next = draft(state);
   const origin = originById(next, originId);
@@ -181,4 +179,10 @@ export function cancel(
     };
   }
   return { state, outcome: { kind: "not-found" } };
+}
+
+// Where item `itemId` is in origin `originId`'s in-flight list; -1 when it is not there.
+function inFlightIndex(state: WindowState, originId: string, itemId: string): number {
+  const origin = state.origins.find((o) => o.id === originId);
+  return origin?.inFlight.findIndex((i) => i.id === itemId) ?? -1;
 }
