@@ -73,18 +73,19 @@ interface Ranked {
 
 /** The isolate's one dispatcher; see the file header. */
 export class Dispatcher {
-  /** Load and failure memo of the origins this isolate sends to (breakers + quarantine). */
-  readonly pool: OriginPool;
+  // Load and failure memo of the origins this isolate sends to (breakers + quarantine).
+  readonly #pool: OriginPool;
   readonly #breakers: EdgeBreakers;
   readonly #canaries: CanaryCopies;
   readonly #retryBudget = new RetryBudget();
   readonly #batchers = new BatcherMemo();
+  // Straight to an origin, on the isolate's ring (which credential each origin is on).
   readonly #openDirect: ItemOpener = directOpener(new CredentialRing());
 
   constructor(breakers: EdgeBreakers, canaries: CanaryCopies) {
     this.#breakers = breakers;
     this.#canaries = canaries;
-    this.pool = new OriginPool(new OriginHealth(DEFAULT_QUARANTINE_MS, breakers.cache));
+    this.#pool = new OriginPool(new OriginHealth(DEFAULT_QUARANTINE_MS, breakers.cache));
   }
 
   /** Sends the completion to its origins and answers with their response (or throws). */
@@ -108,7 +109,7 @@ export class Dispatcher {
         avoidAlways: armAvoids(canary),
         avoidFirst: armFirstAvoids(canary, candidates),
       }),
-      pool: this.pool,
+      pool: this.#pool,
       limits: config.limits,
       delivery: request.delivery,
       headers: request.headers,
@@ -133,7 +134,7 @@ export class Dispatcher {
     const now = Date.now();
     const breakers = config.breakers.enabled;
     if (breakers) for (const work of this.#breakers.sync(config, regions, now)) waitUntil(work);
-    let ranked = this.pool.candidates(regions, model.id, now);
+    let ranked = this.#pool.candidates(regions, model.id, now);
     let panicking = false;
     if (ranked.length === 0 && breakers) {
       // The copy may be stale: a breaker that closed since is seen by this request, not the
@@ -141,9 +142,9 @@ export class Dispatcher {
       await Promise.all(
         regions.map((region) => this.#breakers.cache.refresh(breakerRegion(config, region), now)),
       );
-      ranked = this.pool.candidates(regions, model.id, Date.now());
+      ranked = this.#pool.candidates(regions, model.id, Date.now());
       if (ranked.length === 0) {
-        ranked = this.pool.panic(regions, model.id, Date.now());
+        ranked = this.#pool.panic(regions, model.id, Date.now());
         panicking = ranked.length > 0;
       }
     }
@@ -196,7 +197,7 @@ export class Dispatcher {
         promptTokens: request.promptTokens,
         maxTokens: request.maxTokens,
         deadline: Date.now() + config.limits.requestTimeoutMs,
-        isolateInFlight: (ids) => ids.reduce((n, id) => n + this.pool.inFlight(id), 0),
+        isolateInFlight: (ids) => ids.reduce((n, id) => n + this.#pool.inFlight(id), 0),
         waitUntil: request.waitUntil,
         signal: request.signal,
       },
