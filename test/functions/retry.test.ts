@@ -1,10 +1,10 @@
 import { describe, expect, it } from "vitest";
-import { DEFAULT_LIMITS } from "../../contracts/config/limits.ts";
+import { LimitsSchema } from "../../contracts/config/limits.ts";
 import { ApiError, originFailure } from "../../contracts/errors.ts";
 import { RetryBudget } from "../../functions/delivery/retry-budget.ts";
 import { attemptsAllowed, fallsBack, nextAttempt } from "../../functions/delivery/retry.ts";
 
-const limits = { ...DEFAULT_LIMITS, retryBudget: 2, retryRatio: 0, retryFloor: 1 };
+const limits = LimitsSchema.parse({ retry_budget: 2, retry_ratio: 0, retry_floor: 1 });
 const live = { signal: undefined, deadline: 1_000, now: 0, limits, budget: undefined };
 
 describe("the retry levels", () => {
