@@ -4,18 +4,18 @@
  */
 import { env } from "cloudflare:workers";
 import { Hono } from "hono";
-import { adminApp } from "./admin.ts";
+import { adminApp } from "./routes/admin/keys.ts";
 import type { AppEnv } from "./app-env.ts";
-import { browserTokensApp } from "./browser-tokens.ts";
+import { browserTokensApp } from "./accounts/browser-token.ts";
 import { checkDeployment } from "./deployment.ts";
 import { handleError, handleNotFound } from "./error-handler.ts";
 import { authenticate, verifyCredential } from "./middleware/auth.ts";
 import { browserCors } from "./middleware/cors.ts";
 import { gatewayConfig } from "./middleware/gateway-config.ts";
 import { requestContext } from "./middleware/request-context.ts";
-import { batchers } from "./routes/batchers.ts";
-import { breakers } from "./routes/breakers.ts";
-import { canaries } from "./routes/canaries.ts";
+import { batchers } from "./routes/admin/batchers.ts";
+import { breakers } from "./routes/admin/breakers.ts";
+import { canaries } from "./routes/admin/canaries.ts";
 import { completions } from "./routes/completions.ts";
 import { health } from "./routes/health.ts";
 import { models } from "./routes/models.ts";

@@ -1,7 +1,7 @@
 import { exports } from "cloudflare:workers";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import { authenticateBearer } from "../../functions/key-auth.ts";
+import { authenticateBearer } from "../../functions/accounts/account-client.ts";
 
 const ADMIN = { authorization: "Bearer test-admin-token" };
 

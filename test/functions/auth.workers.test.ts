@@ -8,7 +8,7 @@ import { env, exports } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
 import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
 import app from "../../functions/index.ts";
-import { mintApiKey, newKeyId } from "../../functions/keys.ts";
+import { mintApiKey, newKeyId } from "../../functions/accounts/keys.ts";
 import { type ErrorBody, chatBody, edgeRequest } from "../support/edge-requests.ts";
 import { ADMIN, createKey } from "../support/admin-keys.workers.ts";
 

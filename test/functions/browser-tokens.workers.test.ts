@@ -2,10 +2,10 @@ import { exports } from "cloudflare:workers";
 import { env } from "cloudflare:workers";
 import { sign } from "hono/jwt";
 import { describe, expect, it } from "vitest";
-import { mintBrowserToken, verifyBrowserToken } from "../../functions/browser-tokens.ts";
-import { admitRequest, authenticateBearer } from "../../functions/key-auth.ts";
+import { mintBrowserToken, verifyBrowserToken } from "../../functions/accounts/browser-token.ts";
+import { admitRequest, authenticateBearer } from "../../functions/accounts/account-client.ts";
 import { hex } from "../../contracts/hashing.ts";
-import { deriveSecret, newKeyId } from "../../functions/keys.ts";
+import { deriveSecret, newKeyId } from "../../functions/accounts/keys.ts";
 import { ADMIN, createKey } from "../support/admin-keys.workers.ts";
 
 const SCOPE = { rpm: 10, tpm: 10_000, concurrency: 1 };

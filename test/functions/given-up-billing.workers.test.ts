@@ -15,8 +15,8 @@ import {
 } from "../../functions/delivery/failover.ts";
 import { type GivenUp, unservedUsage } from "../../functions/delivery/generated.ts";
 import { type OpenItem, frameItem, memoryFrames } from "../../functions/delivery/item.ts";
-import { OriginPool } from "../../functions/origin-pool.ts";
-import type { SettledRequest } from "../../functions/settlement.ts";
+import { OriginPool } from "../../functions/delivery/origin-pool.ts";
+import type { SettledRequest } from "../../functions/accounts/settlement.ts";
 import { chatBody } from "../support/edge-requests.ts";
 
 // A request is billed for one of its attempts, by the rule of contracts/outcomes.ts: the one

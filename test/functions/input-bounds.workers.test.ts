@@ -9,7 +9,7 @@ import {
   MAX_SCHEMA_DEPTH,
   MAX_SEQUENCES,
   MAX_TOOLS,
-} from "../../functions/request-bounds.ts";
+} from "../../functions/request/bounds.ts";
 
 describe("error messages quote little of the input", () => {
   it("answers a 2 MB role with a short message naming the field", async () => {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { replaceTopLevelString } from "../../functions/json-text.ts";
+import { replaceTopLevelString } from "../../functions/request/json-text.ts";
 
 describe("replaceTopLevelString", () => {
   it("replaces the top-level value and leaves every other byte as sent", () => {

@@ -1,9 +1,9 @@
 import { listDurableObjectIds } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import { authenticateBearer, refusalError } from "../../functions/key-auth.ts";
+import { authenticateBearer, refusalError } from "../../functions/accounts/account-client.ts";
 import { base32, constantTimeEqual, sha256Hex } from "../../contracts/hashing.ts";
-import { bearerToken, mintApiKey, newKeyId, parseApiKey } from "../../functions/keys.ts";
+import { bearerToken, mintApiKey, newKeyId, parseApiKey } from "../../functions/accounts/keys.ts";
 
 describe("API key format", () => {
   it("mints wg_<id>_<secret><check> and parses it back to its id and hash", async () => {

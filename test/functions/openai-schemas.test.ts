@@ -2,9 +2,9 @@ import { describe, expect, it } from "vitest";
 import {
   ChatCompletionRequestSchema,
   CompletionRequestSchema,
-} from "../../functions/openai-schemas.ts";
-import { MAX_MESSAGES, MAX_TOOL_CALLS, MAX_TOOLS } from "../../functions/request-bounds.ts";
-import { FIRST_ISSUE, validationError } from "../../functions/validation-errors.ts";
+} from "../../functions/request/openai-schemas.ts";
+import { MAX_MESSAGES, MAX_TOOL_CALLS, MAX_TOOLS } from "../../functions/request/bounds.ts";
+import { FIRST_ISSUE, validationError } from "../../functions/request/validation-errors.ts";
 
 function chatError(body: unknown) {
   const result = ChatCompletionRequestSchema.safeParse(body, FIRST_ISSUE);

@@ -12,8 +12,8 @@ import { unservedUsage } from "../../functions/delivery/generated.ts";
 import type { OpenItem } from "../../functions/delivery/item.ts";
 import { respond } from "../../functions/delivery/response.ts";
 import app from "../../functions/index.ts";
-import { OriginPool } from "../../functions/origin-pool.ts";
-import { type SettledRequest, Settlement } from "../../functions/settlement.ts";
+import { OriginPool } from "../../functions/delivery/origin-pool.ts";
+import { type SettledRequest, Settlement } from "../../functions/accounts/settlement.ts";
 import { chatBody, edgeRequest } from "../support/edge-requests.ts";
 import { createKey } from "../support/admin-keys.workers.ts";
 

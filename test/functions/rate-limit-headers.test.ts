@@ -3,7 +3,7 @@ import {
   formatResetDuration,
   rateLimitHeaders,
   retryAfterHeaders,
-} from "../../functions/rate-limit-headers.ts";
+} from "../../functions/accounts/rate-limit-headers.ts";
 
 describe("formatResetDuration", () => {
   it("writes durations the way OpenAI does", () => {

@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { loadConfig } from "../../contracts/config/gateway.ts";
 import { DEFAULT_QUARANTINE_MS } from "../../contracts/origin-health.ts";
-import { OriginPool } from "../../functions/origin-pool.ts";
-import { nearestRegion, regionOrder } from "../../functions/region-choice.ts";
+import { OriginPool } from "../../functions/delivery/origin-pool.ts";
+import { nearestRegion, regionOrder } from "../../functions/delivery/region-choice.ts";
 
 const config = loadConfig(
   JSON.stringify({

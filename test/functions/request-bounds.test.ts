@@ -5,7 +5,7 @@ import {
   SCHEMA_PATHS,
   findDeepNesting,
   nestingTooDeep,
-} from "../../functions/request-bounds.ts";
+} from "../../functions/request/bounds.ts";
 
 /** JSON text of an object nested `depth` levels deep: `{"a":{"a":…{}}}`. */
 const nested = (depth: number) => `${'{"a":'.repeat(depth - 1)}{}${"}".repeat(depth - 1)}`;

@@ -5,7 +5,7 @@ import {
   SETTLE_FLUSH_MS,
   SETTLE_RETRY_MS,
   SettleQueue,
-} from "../../functions/settle-queue.ts";
+} from "../../functions/accounts/settle-queue.ts";
 
 type Settlement = { requestId: string; outcome: "ok" };
 const settlement = (requestId: string): Settlement => ({ requestId, outcome: "ok" });

@@ -7,7 +7,7 @@ import {
   authenticateBearer,
   heldSettlements,
   queueSettlement,
-} from "../../functions/key-auth.ts";
+} from "../../functions/accounts/account-client.ts";
 import { createKey } from "../support/admin-keys.workers.ts";
 
 function account(id: string): DurableObjectStub<KeyAccount> {

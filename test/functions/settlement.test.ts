@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { type SettledRequest, Settlement } from "../../functions/settlement.ts";
+import { type SettledRequest, Settlement } from "../../functions/accounts/settlement.ts";
 
 const ended: Omit<SettledRequest, "requestId"> = {
   model: "m",

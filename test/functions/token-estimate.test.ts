@@ -3,11 +3,11 @@ import {
   estimateChatPromptTokens,
   estimateCompletionPromptTokens,
   estimateTextTokens,
-} from "../../functions/token-estimate.ts";
+} from "../../functions/request/token-estimate.ts";
 import {
   ChatCompletionRequestSchema,
   CompletionRequestSchema,
-} from "../../functions/openai-schemas.ts";
+} from "../../functions/request/openai-schemas.ts";
 import { tokenize } from "../../origin/sim/tokenizer.ts";
 
 // Samples of the text kinds that reach a gateway: prose, code, numbers, JSON, other scripts.

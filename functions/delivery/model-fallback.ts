@@ -5,10 +5,10 @@
  * are tried; the reservation already covers the priciest of them.
  * See docs/edge.md.
  */
-import { logWarn } from "../contracts/log.ts";
+import { logWarn } from "../../contracts/log.ts";
 import type { Context } from "hono";
-import type { AppEnv } from "./app-env.ts";
-import { ApiError } from "../contracts/errors.ts";
+import type { AppEnv } from "../app-env.ts";
+import { ApiError } from "../../contracts/errors.ts";
 
 // The origin failures after which another model may still answer (see errors.ts).
 const FALLBACK_CODES = new Set(["no_healthy_origin", "origin_error", "origin_timeout"]);

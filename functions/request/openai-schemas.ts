@@ -17,7 +17,7 @@ import {
   MAX_TOOL_CALLS,
   MAX_TOOLS,
   maxEntries,
-} from "./request-bounds.ts";
+} from "./bounds.ts";
 
 /** A field that may be absent or null. */
 export const nullableOptional = <T extends z.ZodType>(schema: T) => schema.nullable().optional();

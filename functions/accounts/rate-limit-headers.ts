@@ -4,7 +4,7 @@
 // official SDKs read first.
 // See docs/edge.md.
 
-import type { RateLimitInfo } from "../durable-objects/key-account/types.ts";
+import type { RateLimitInfo } from "../../durable-objects/key-account/types.ts";
 
 /** Formats milliseconds as OpenAI's reset duration string (`6m0s`, `120ms`, `1s`). */
 export function formatResetDuration(ms: number): string {

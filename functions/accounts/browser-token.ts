@@ -8,11 +8,11 @@
 import { Hono } from "hono";
 import { sign, verify } from "hono/jwt";
 import { z } from "zod";
-import type { Limits } from "../durable-objects/key-account/types.ts";
-import { DIRECTORY_NAME } from "../durable-objects/key-directory/types.ts";
-import { ApiError, invalidApiKey } from "../contracts/errors.ts";
-import { readJsonBody } from "./json-body.ts";
-import { hex } from "../contracts/hashing.ts";
+import type { Limits } from "../../durable-objects/key-account/types.ts";
+import { DIRECTORY_NAME } from "../../durable-objects/key-directory/types.ts";
+import { ApiError, invalidApiKey } from "../../contracts/errors.ts";
+import { readJsonBody } from "../request/json-body.ts";
+import { hex } from "../../contracts/hashing.ts";
 import {
   KEY_ID_PATTERN,
   bearerToken,

@@ -5,8 +5,8 @@
  * See docs/edge.md, "Request bounds".
  */
 import type { z } from "zod";
-import { formatPath } from "../contracts/param-path.ts";
-import { type ApiError, clipped, invalidRequest } from "../contracts/errors.ts";
+import { formatPath } from "../../contracts/param-path.ts";
+import { type ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
 
 // OpenAI's own limits: `tools` (and legacy `functions`), an assistant message's
 // `tool_calls`, `n`, `stop`, and an embeddings request's inputs.

@@ -4,8 +4,8 @@
  * (in-flight counts, recent failures). Pure: time comes in as `now`.
  * See docs/edge.md, "Delivery".
  */
-import { OriginHealth } from "../contracts/origin-health.ts";
-import { type OriginConfig, type RegionConfig, originServes } from "../contracts/config/regions.ts";
+import { OriginHealth } from "../../contracts/origin-health.ts";
+import { type OriginConfig, type RegionConfig, originServes } from "../../contracts/config/regions.ts";
 
 /** One origin to try, with the region it belongs to. */
 export interface RegionOrigin {

@@ -12,7 +12,7 @@ import {
   nullableOptional,
   streamOptionsSchema,
 } from "./openai-schemas.ts";
-import { MAX_MESSAGES, MAX_PROMPTS, MAX_TOOLS } from "./request-bounds.ts";
+import { MAX_MESSAGES, MAX_PROMPTS, MAX_TOOLS } from "./bounds.ts";
 
 const inputItem = z.looseObject({
   type: z.string().optional(),

@@ -5,8 +5,8 @@
  * refused without calling a Durable Object. Only the SHA-256 of the whole key is stored,
  * and no function here logs or echoes a key.
  */
-import { missingSecret } from "./deployment.ts";
-import { base32, constantTimeEqual, hmacSha256, sha256Hex } from "../contracts/hashing.ts";
+import { missingSecret } from "../deployment.ts";
+import { base32, constantTimeEqual, hmacSha256, sha256Hex } from "../../contracts/hashing.ts";
 
 /** The prefix every API key starts with. */
 export const API_KEY_PREFIX = "wg_";

@@ -5,11 +5,11 @@
  */
 import { Hono } from "hono";
 import { z } from "zod";
-import { adminAuth } from "../admin.ts";
-import type { AppEnv } from "../app-env.ts";
-import { notFound } from "../../contracts/errors.ts";
-import { readJsonBody } from "../json-body.ts";
-import { breakerRegion } from "../breakers.ts";
+import { adminAuth } from "./keys.ts";
+import type { AppEnv } from "../../app-env.ts";
+import { notFound } from "../../../contracts/errors.ts";
+import { readJsonBody } from "../../request/json-body.ts";
+import { breakerRegion } from "../../health/breakers.ts";
 
 const ForceSchema = z.strictObject({ state: z.enum(["open", "closed"]) });
 

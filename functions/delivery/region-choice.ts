@@ -4,8 +4,8 @@
  * other region in config order as fallbacks. Pure: no runtime imports.
  * See docs/configuration.md.
  */
-import type { ResolvedConfig } from "../contracts/config/gateway.ts";
-import type { RegionConfig } from "../contracts/config/regions.ts";
+import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
+import type { RegionConfig } from "../../contracts/config/regions.ts";
 
 /** The caller's location, from `request.cf` (all optional: local runs have none). */
 export interface CallerLocation {

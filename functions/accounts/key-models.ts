@@ -4,9 +4,9 @@
  * allowlist is read), is refused with the ids the gateway serves.
  * See docs/key-account.md.
  */
-import { ApiError, clipped, configError } from "../contracts/errors.ts";
-import { ConfigError, type ResolvedConfig, loadConfig } from "../contracts/config/gateway.ts";
-import { resolveModels } from "../contracts/config/models.ts";
+import { ApiError, clipped, configError } from "../../contracts/errors.ts";
+import { ConfigError, type ResolvedConfig, loadConfig } from "../../contracts/config/gateway.ts";
+import { resolveModels } from "../../contracts/config/models.ts";
 
 function configOf(text: string | undefined): ResolvedConfig {
   try {

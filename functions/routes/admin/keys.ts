@@ -14,16 +14,16 @@ import {
   type KeyRecord,
   type Limits,
   type UsageRow,
-} from "../durable-objects/key-account/types.ts";
-import { microsToUsd, usdToMicros } from "../contracts/pricing.ts";
-import { ApiError, notFound } from "../contracts/errors.ts";
-import { readJsonBody } from "./json-body.ts";
-import { checkKeyModels } from "./key-models.ts";
-import { keyAccount, keyDirectory } from "./key-auth.ts";
-import { missingSecret } from "./deployment.ts";
-import { sumUsage, totalsJson, usageRange, usageReport } from "./routes/usage.ts";
-import { KEY_ID_PATTERN, bearerToken, mintApiKey, newKeyId } from "./keys.ts";
-import { constantTimeEqual, sha256Hex } from "../contracts/hashing.ts";
+} from "../../../durable-objects/key-account/types.ts";
+import { microsToUsd, usdToMicros } from "../../../contracts/pricing.ts";
+import { ApiError, notFound } from "../../../contracts/errors.ts";
+import { readJsonBody } from "../../request/json-body.ts";
+import { checkKeyModels } from "../../accounts/key-models.ts";
+import { keyAccount, keyDirectory } from "../../accounts/account-client.ts";
+import { missingSecret } from "../../deployment.ts";
+import { sumUsage, totalsJson, usageRange, usageReport } from "../usage.ts";
+import { KEY_ID_PATTERN, bearerToken, mintApiKey, newKeyId } from "../../accounts/keys.ts";
+import { constantTimeEqual, sha256Hex } from "../../../contracts/hashing.ts";
 
 /** Limits of a key when the create request names none. */
 export const DEFAULT_KEY_LIMITS = { rpm: 600, tpm: 1_000_000, concurrency: 64 } as const;

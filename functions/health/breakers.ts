@@ -4,12 +4,12 @@
  * in bulk, and the breakers come back with the answer; no Durable Object call per request.
  */
 import { env } from "cloudflare:workers";
-import type { BreakerRegion } from "../contracts/breaker.ts";
-import { BreakerCache } from "../contracts/breaker-cache.ts";
-import type { ResolvedConfig } from "../contracts/config/gateway.ts";
-import type { RegionConfig } from "../contracts/config/regions.ts";
-import { type ApiError, originFailure } from "../contracts/errors.ts";
-import { retryAfterHeaders } from "./rate-limit-headers.ts";
+import type { BreakerRegion } from "../../contracts/breaker.ts";
+import { BreakerCache } from "../../contracts/breaker-cache.ts";
+import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
+import type { RegionConfig } from "../../contracts/config/regions.ts";
+import { type ApiError, originFailure } from "../../contracts/errors.ts";
+import { retryAfterHeaders } from "../accounts/rate-limit-headers.ts";
 
 /** This isolate's breakers (a cache: losing it with the isolate only costs a sync). */
 export const edgeBreakers = new BreakerCache(

@@ -5,8 +5,8 @@
  * See docs/edge.md.
  */
 import type { z } from "zod";
-import { ApiError, bodyTooLarge, clipped, invalidJson } from "../contracts/errors.ts";
-import { concatBytes } from "../contracts/protocol/framing.ts";
+import { ApiError, bodyTooLarge, clipped, invalidJson } from "../../contracts/errors.ts";
+import { concatBytes } from "../../contracts/protocol/framing.ts";
 
 /** Largest body the admin and token routes read. */
 export const MAX_SMALL_BODY_BYTES = 64 * 1024;

@@ -6,12 +6,12 @@
  * See docs/batching.md, "Snapshot", and docs/routing.md, "The index".
  */
 import { Hono } from "hono";
-import { adminAuth } from "../admin.ts";
-import type { AppEnv } from "../app-env.ts";
-import { batchingPlan } from "../../contracts/config/plans.ts";
-import { batcherName } from "../delivery/batcher-plan.ts";
-import { notFound } from "../../contracts/errors.ts";
-import type { RouterView } from "../../durable-objects/batcher/routing/router.ts";
+import { adminAuth } from "./keys.ts";
+import type { AppEnv } from "../../app-env.ts";
+import { batchingPlan } from "../../../contracts/config/plans.ts";
+import { batcherName } from "../../delivery/batcher-plan.ts";
+import { notFound } from "../../../contracts/errors.ts";
+import type { RouterView } from "../../../durable-objects/batcher/routing/router.ts";
 
 /** The batcher inspection route group, mounted at `/admin/batchers`. */
 export const batchers = new Hono<AppEnv>()

@@ -3,10 +3,10 @@
 // settle it there when it ends, and turn refusals into OpenAI errors and headers.
 // See docs/edge.md.
 
-import { logWarn } from "../contracts/log.ts";
-import type { KeyAccount } from "../durable-objects/key-account/index.ts";
-import type { KeyDirectory } from "../durable-objects/key-directory/index.ts";
-import { DIRECTORY_NAME } from "../durable-objects/key-directory/types.ts";
+import { logWarn } from "../../contracts/log.ts";
+import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
+import type { KeyDirectory } from "../../durable-objects/key-directory/index.ts";
+import { DIRECTORY_NAME } from "../../durable-objects/key-directory/types.ts";
 import {
   ACCOUNT_WRITE_DELAY_MS,
   type AdmissionRefusal,
@@ -17,10 +17,10 @@ import {
   type KeyCheckResult,
   type SettleInput,
   type SettleResult,
-} from "../durable-objects/key-account/types.ts";
-import { formatUsd } from "../contracts/pricing.ts";
-import { verifyBrowserToken, type BrowserScope } from "./browser-tokens.ts";
-import { ApiError, invalidApiKey, missingApiKey } from "../contracts/errors.ts";
+} from "../../durable-objects/key-account/types.ts";
+import { formatUsd } from "../../contracts/pricing.ts";
+import { verifyBrowserToken, type BrowserScope } from "./browser-token.ts";
+import { ApiError, invalidApiKey, missingApiKey } from "../../contracts/errors.ts";
 import { API_KEY_PREFIX, bearerToken, parseApiKey } from "./keys.ts";
 import { formatResetDuration, rateLimitHeaders, retryAfterHeaders } from "./rate-limit-headers.ts";
 import { SettleQueue } from "./settle-queue.ts";

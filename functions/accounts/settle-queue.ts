@@ -6,8 +6,8 @@
  * promise is resolved across requests.
  */
 /** Longest time a settlement waits for an admit call to carry it. */
-import { logError } from "../contracts/log.ts";
-import type { CommitStamp } from "../contracts/commit-stamp.ts";
+import { logError } from "../../contracts/log.ts";
+import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 
 export const SETTLE_FLUSH_MS = 20;
 

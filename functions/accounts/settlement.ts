@@ -4,10 +4,10 @@
  * limit release and the ledger register hooks with {@link Settlement.onSettled}.
  * See docs/edge.md, "Settlement".
  */
-import { logError } from "../contracts/log.ts";
-import type { ItemOutcome, ItemUsage } from "../contracts/protocol/schema.ts";
-import type { RequestAttempt } from "../durable-objects/key-account/types.ts";
-import type { GivenUp } from "./delivery/generated.ts";
+import { logError } from "../../contracts/log.ts";
+import type { ItemOutcome, ItemUsage } from "../../contracts/protocol/schema.ts";
+import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
+import type { GivenUp } from "../delivery/generated.ts";
 
 /** How a request ended: the origin protocol's outcomes, seen from the client. */
 export type RequestOutcome = ItemOutcome;

@@ -10,12 +10,12 @@ import {
   type CanaryArm,
   type CanaryView,
   canaryName,
-} from "../contracts/canary.ts";
-import type { CanarySpec } from "../contracts/config/canaries.ts";
-import type { ResolvedConfig } from "../contracts/config/gateway.ts";
-import type { RequestAttempt } from "../durable-objects/key-account/types.ts";
-import type { RegionOrigin } from "./origin-pool.ts";
-import type { SettledRequest } from "./settlement.ts";
+} from "../../contracts/canary.ts";
+import type { CanarySpec } from "../../contracts/config/canaries.ts";
+import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
+import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
+import type { RegionOrigin } from "../delivery/origin-pool.ts";
+import type { SettledRequest } from "../accounts/settlement.ts";
 
 const REFRESH_MS = 1_000;
 const FLUSH_MS = 250;

@@ -5,8 +5,8 @@
  * See docs/edge.md.
  */
 import type { z } from "zod";
-import { formatPath } from "../contracts/param-path.ts";
-import { type ApiError, clipped, invalidRequest, isErrorCode } from "../contracts/errors.ts";
+import { formatPath } from "../../contracts/param-path.ts";
+import { type ApiError, clipped, invalidRequest, isErrorCode } from "../../contracts/errors.ts";
 
 type Issue = z.core.$ZodIssue;
 

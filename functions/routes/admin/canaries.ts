@@ -6,11 +6,11 @@
  */
 import { Hono } from "hono";
 import { z } from "zod";
-import { adminAuth } from "../admin.ts";
-import type { AppEnv } from "../app-env.ts";
-import { canaryName } from "../../contracts/canary.ts";
-import { notFound } from "../../contracts/errors.ts";
-import { readJsonBody } from "../json-body.ts";
+import { adminAuth } from "./keys.ts";
+import type { AppEnv } from "../../app-env.ts";
+import { canaryName } from "../../../contracts/canary.ts";
+import { notFound } from "../../../contracts/errors.ts";
+import { readJsonBody } from "../../request/json-body.ts";
 
 const ActionSchema = z.strictObject({ action: z.enum(["promote", "pause", "resume", "rollback"]) });
 

@@ -4,10 +4,10 @@
  * it asks for with `x-warmgate-origin`, which only a key allowed to choose its region may.
  */
 import type { Context } from "hono";
-import { type PrefixRequest, promptBlocks } from "../contracts/prefix-blocks.ts";
-import { ApiError, clipped, invalidRequest } from "../contracts/errors.ts";
-import type { AttemptRoute } from "../durable-objects/batcher/types.ts";
-import type { AppEnv } from "./app-env.ts";
+import { type PrefixRequest, promptBlocks } from "../../contracts/prefix-blocks.ts";
+import { ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
+import type { AttemptRoute } from "../../durable-objects/batcher/types.ts";
+import type { AppEnv } from "../app-env.ts";
 
 /** Request header that names the origin to send a request to (for tests and diagnostics). */
 export const ORIGIN_OVERRIDE_HEADER = "x-warmgate-origin";
