@@ -5,7 +5,11 @@
  * See docs/edge.md, "Delivery".
  */
 import { OriginHealth } from "../../contracts/origin-health.ts";
-import { type OriginConfig, type RegionConfig, originServes } from "../../contracts/config/regions.ts";
+import {
+  type OriginConfig,
+  type RegionConfig,
+  originServes,
+} from "../../contracts/config/regions.ts";
 
 /** One origin to try, with the region it belongs to. */
 export interface RegionOrigin {
