@@ -6,7 +6,7 @@
  * See docs/batching.md, "Snapshot", and docs/routing.md, "The index".
  */
 import { Hono } from "hono";
-import { adminAuth } from "./keys.ts";
+import { adminAuth } from "../../middleware/admin-auth.ts";
 import type { AppEnv } from "../../app-env.ts";
 import { batchingPlan } from "../../../contracts/config/plans.ts";
 import { batcherName } from "../../delivery/batcher-plan.ts";

@@ -5,7 +5,7 @@
  */
 import { Hono } from "hono";
 import { z } from "zod";
-import { adminAuth } from "./keys.ts";
+import { adminAuth } from "../../middleware/admin-auth.ts";
 import type { AppEnv } from "../../app-env.ts";
 import { notFound } from "../../../contracts/errors.ts";
 import { readJsonBody } from "../../request/json-body.ts";

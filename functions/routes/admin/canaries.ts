@@ -6,7 +6,7 @@
  */
 import { Hono } from "hono";
 import { z } from "zod";
-import { adminAuth } from "./keys.ts";
+import { adminAuth } from "../../middleware/admin-auth.ts";
 import type { AppEnv } from "../../app-env.ts";
 import { canaryName } from "../../../contracts/canary.ts";
 import { notFound } from "../../../contracts/errors.ts";

@@ -5,7 +5,6 @@
 // See docs/edge.md.
 
 import { Hono } from "hono";
-import { createMiddleware } from "hono/factory";
 import { z } from "zod";
 import {
   KEY_TIERS,
@@ -20,10 +19,9 @@ import { ApiError, notFound } from "../../../contracts/errors.ts";
 import { readJsonBody } from "../../request/json-body.ts";
 import { checkKeyModels } from "../../accounts/key-models.ts";
 import { keyAccount, keyDirectory } from "../../accounts/account-client.ts";
-import { missingSecret } from "../../deployment.ts";
+import { adminAuth } from "../../middleware/admin-auth.ts";
 import { sumUsage, totalsJson, usageRange, usageReport } from "../usage.ts";
-import { KEY_ID_PATTERN, bearerToken, mintApiKey, newKeyId } from "../../accounts/keys.ts";
-import { constantTimeEqual, sha256Hex } from "../../../contracts/hashing.ts";
+import { KEY_ID_PATTERN, mintApiKey, newKeyId } from "../../accounts/keys.ts";
 
 /** Limits of a key when the create request names none. */
 export const DEFAULT_KEY_LIMITS = { rpm: 600, tpm: 1_000_000, concurrency: 64 } as const;
@@ -134,28 +132,6 @@ export function keyJson(record: KeyRecord): Record<string, unknown> {
     revoked_at: seconds(record.revokedAt),
     previous_key_expires_at: seconds(record.previousSecretValidUntil),
   };
-}
-
-/** Refuses any request whose bearer token is not `ADMIN_TOKEN` (compared in constant time). */
-export function adminAuth() {
-  return createMiddleware<{ Bindings: Env }>(async function adminToken(c, next) {
-    const expected = c.env.ADMIN_TOKEN;
-    if (expected === undefined || expected === "") throw missingSecret("ADMIN_TOKEN");
-    const presented = bearerToken(c.req.header("authorization"));
-    // Hashing both sides first makes the comparison independent of the token's length.
-    const ok =
-      expected !== undefined &&
-      expected !== "" &&
-      presented !== null &&
-      constantTimeEqual(await sha256Hex(presented), await sha256Hex(expected));
-    if (!ok) {
-      throw new ApiError(401, "Missing or incorrect admin token.", {
-        type: "invalid_request_error",
-        code: "invalid_admin_token",
-      });
-    }
-    await next();
-  });
 }
 
 /** Key accounts asked at once by `GET /admin/usage`. */
