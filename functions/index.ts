@@ -6,7 +6,7 @@ import { env } from "cloudflare:workers";
 import { Hono } from "hono";
 import { adminApp } from "./routes/admin/keys.ts";
 import type { AppEnv } from "./app-env.ts";
-import { browserTokensApp } from "./accounts/browser-token.ts";
+import { tokens } from "./routes/tokens.ts";
 import { checkDeployment } from "./deployment.ts";
 import { handleError, handleNotFound } from "./error-handler.ts";
 import { authenticate, verifyCredential } from "./middleware/auth.ts";
@@ -33,7 +33,7 @@ app.use("/v1/*", browserCors());
 // Before config and key auth: the admin API, token minting and CORS preflights
 // authenticate themselves and must answer even when the gateway config is broken.
 app.route("/admin", adminApp);
-app.route("/v1", browserTokensApp);
+app.route("/v1", tokens);
 app.use(gatewayConfig());
 app.route("/health", health);
 // After the config: the route resolves batcher names from it.

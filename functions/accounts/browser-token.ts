@@ -2,25 +2,17 @@
  * Browser tokens (docs/edge.md, "Browser tokens and CORS"): short-lived HS256 JWTs that a
  * customer's backend mints with its API key, naming the key, an optional end user, narrowed
  * limits and models, the key's allowed origins and the generation of the key secret that
- * minted it (the token ends with that secret); verified at the edge with no storage lookup. A preflight is allowed for an Origin some active key allows (the KeyDirectory);
- * the actual request is refused unless its token's and key's origins include it.
+ * minted it (the token ends with that secret); verified at the edge with no storage lookup.
+ * A preflight is allowed for an Origin some active key allows (the KeyDirectory); the actual
+ * request is refused unless its token's and key's origins include it. The routes that mint
+ * tokens and answer preflights are routes/tokens.ts.
  */
-import { Hono } from "hono";
 import { sign, verify } from "hono/jwt";
-import { z } from "zod";
 import type { Limits } from "../../durable-objects/key-account/types.ts";
+import { z } from "zod";
 import { DIRECTORY_NAME } from "../../durable-objects/key-directory/types.ts";
-import { ApiError, invalidApiKey } from "../../contracts/errors.ts";
-import { readJsonBody } from "../request/json-body.ts";
 import { hex } from "../../contracts/hashing.ts";
-import {
-  KEY_ID_PATTERN,
-  bearerToken,
-  deriveSecret,
-  parseApiKey,
-  signingSecret,
-  type SigningEnv,
-} from "./keys.ts";
+import { KEY_ID_PATTERN, deriveSecret, signingSecret, type SigningEnv } from "./keys.ts";
 
 /** The `aud` and `iss` of every browser token. */
 export const TOKEN_AUDIENCE = "warmgate";
@@ -56,7 +48,8 @@ const EXPOSED_HEADERS = [
   "x-warmgate-cost-usd",
 ].join(", ");
 
-const LimitsClaim = z.strictObject({
+/** The limits a browser token carries (each at most its key's). */
+export const LimitsClaim = z.strictObject({
   rpm: z.int().positive(),
   tpm: z.int().positive(),
   concurrency: z.int().positive(),
@@ -197,91 +190,6 @@ export async function originAllowedByAnyKey(
   preflightCache.set(origin, { allowed, until: now + PREFLIGHT_CACHE_MS });
   return allowed;
 }
-
-const TokenRequest = z.strictObject({
-  user: z.string().min(1).max(256).optional(),
-  ttl_seconds: z.int().min(1).max(MAX_TOKEN_TTL_SECONDS).optional(),
-  limits: LimitsClaim.partial().optional(),
-  models: z.array(z.string().min(1).max(256)).max(256).optional(),
-});
-
-/** `POST /v1/tokens` (mint with an API key) and CORS preflights for `/v1/*`; mount at `/v1`. */
-export const browserTokensApp = new Hono<{ Bindings: Env }>()
-  .options("/*", async (c) => {
-    const origin = c.req.header("origin");
-    if (origin === undefined || !(await originAllowedByAnyKey(c.env, origin, Date.now()))) {
-      // No CORS headers at all: the browser refuses the actual request.
-      throw new ApiError(403, "This origin is not allowed.", {
-        type: "invalid_request_error",
-        code: "origin_not_allowed",
-      });
-    }
-    const requested = c.req.header("access-control-request-headers");
-    return c.body(null, 204, {
-      "access-control-allow-origin": origin,
-      "access-control-allow-methods": "GET, POST, OPTIONS",
-      "access-control-allow-headers":
-        requested !== undefined && /^[\w\-, ]*$/.test(requested)
-          ? requested
-          : "authorization, content-type",
-      "access-control-max-age": String(CORS_MAX_AGE_SECONDS),
-      vary: "Origin, Access-Control-Request-Headers",
-    });
-  })
-  .post("/tokens", async (c) => {
-    const now = Date.now();
-    const presented = bearerToken(c.req.header("authorization"));
-    // Only an API key mints tokens; a browser token cannot mint more.
-    const parsed = presented === null ? null : await parseApiKey(c.env, presented);
-    if (parsed === null) throw invalidApiKey();
-    const requested = await readJsonBody(c.req.raw, TokenRequest);
-    const account = c.env.KEY_ACCOUNT.get(c.env.KEY_ACCOUNT.idFromName(parsed.keyId));
-    const check = await account.check({
-      credential: { kind: "key", secretHash: parsed.secretHash },
-      now,
-    });
-    if (!check.ok) throw invalidApiKey();
-    const { record } = check;
-    const outside = (requested.models ?? []).find(
-      (model) => record.models !== null && !record.models.includes(model),
-    );
-    if (outside !== undefined) {
-      throw new ApiError(400, `The key may not use the model \`${outside}\`.`, {
-        type: "invalid_request_error",
-        code: "model_not_allowed",
-        param: "models",
-      });
-    }
-    // Never wider than the key: each limit is at most the key's.
-    const limits: Limits = {
-      rpm: Math.min(requested.limits?.rpm ?? record.limits.rpm, record.limits.rpm),
-      tpm: Math.min(requested.limits?.tpm ?? record.limits.tpm, record.limits.tpm),
-      concurrency: Math.min(
-        requested.limits?.concurrency ?? record.limits.concurrency,
-        record.limits.concurrency,
-      ),
-    };
-    const models = requested.models ?? record.models;
-    const user = requested.user ?? null;
-    const { token, expiresAt } = await mintBrowserToken(c.env, {
-      keyId: parsed.keyId,
-      secretGeneration: check.secretGeneration,
-      user,
-      limits,
-      models,
-      origins: record.allowedOrigins,
-      ttlSeconds: requested.ttl_seconds ?? DEFAULT_TOKEN_TTL_SECONDS,
-      now,
-    });
-    return c.json({
-      object: "browser_token",
-      token,
-      expires_at: expiresAt,
-      user,
-      limits,
-      models,
-    });
-  });
 
 const preflightCache = new Map<string, { allowed: boolean; until: number }>();
 
