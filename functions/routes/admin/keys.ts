@@ -146,7 +146,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
   .get("/usage", async (c) => {
     const range = usageRange(c.req.query("from"), c.req.query("to"), Date.now());
     const only = c.req.query("key_id");
-    let keys = await directory(c.env).ids();
+    let keys = await keyDirectory(c.env).ids();
     if (only !== undefined) {
       keys = keys.filter((key) => key.id === only);
       if (keys.length === 0) throw noSuchKey(only);
@@ -155,7 +155,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
     const perKey: { id: string; name: string; rows: UsageRow[] }[] = [];
     for (let i = 0; i < keys.length; i += USAGE_FAN_OUT) {
       const batch = keys.slice(i, i + USAGE_FAN_OUT);
-      const answers = await Promise.all(batch.map((key) => account(c.env, key.id).usage(range)));
+      const answers = await Promise.all(batch.map((key) => keyAccount(c.env, key.id).usage(range)));
       answers.forEach((answer, j) => {
         const key = batch[j];
         if (answer.ok && key !== undefined) perKey.push({ ...key, rows: answer.rows });
@@ -183,7 +183,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
     const now = Date.now();
     const id = newKeyId();
     const { key, secretHash } = await mintApiKey(c.env, id);
-    const record = await account(c.env, id).create({
+    const record = await keyAccount(c.env, id).create({
       id,
       name: body.name,
       secretHash,
@@ -197,7 +197,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
       now,
     });
     if (record === null) throw new Error("key id already in use");
-    await directory(c.env).upsert(record);
+    await keyDirectory(c.env).upsert(record);
     return c.json({ ...keyJson(record), key }, 201);
   })
   .get("/keys", async (c) => {
@@ -208,7 +208,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
         param: "limit",
       });
     }
-    const page = await directory(c.env).list({ limit, after: c.req.query("after") ?? null });
+    const page = await keyDirectory(c.env).list({ limit, after: c.req.query("after") ?? null });
     const data = page.keys.map(keyJson);
     return c.json({
       object: "list",
@@ -221,7 +221,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
   .get("/keys/:id", async (c) => {
     const id = c.req.param("id");
     if (!(await known(c.env, id))) throw noSuchKey(id);
-    const record = await account(c.env, id).get();
+    const record = await keyAccount(c.env, id).get();
     if (record === null) throw noSuchKey(id);
     return c.json(keyJson(record));
   })
@@ -232,7 +232,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
     const { name, limits, allowed_origins, models, tier, expires_at } = body;
     if (models) checkKeyModels(c.env.WARMGATE_CONFIG, models);
     const override = body.allow_region_override;
-    const record = await account(c.env, id).update({
+    const record = await keyAccount(c.env, id).update({
       now: Date.now(),
       ...(name === undefined ? {} : { name }),
       ...(limits === undefined ? {} : { limits: rateLimitsOf(limits), budgets: budgetsOf(limits) }),
@@ -243,15 +243,15 @@ export const adminApp = new Hono<{ Bindings: Env }>()
       ...(expires_at === undefined ? {} : { expiresAt: expires_at }),
     });
     if (record === null) throw noSuchKey(id);
-    await directory(c.env).upsert(record);
+    await keyDirectory(c.env).upsert(record);
     return c.json(keyJson(record));
   })
   .delete("/keys/:id", async (c) => {
     const id = c.req.param("id");
     if (!(await known(c.env, id))) throw noSuchKey(id);
-    const record = await account(c.env, id).revoke(Date.now());
+    const record = await keyAccount(c.env, id).revoke(Date.now());
     if (record === null) throw noSuchKey(id);
-    await directory(c.env).upsert(record);
+    await keyDirectory(c.env).upsert(record);
     return c.json(keyJson(record));
   })
   .post("/keys/:id/rotate", async (c) => {
@@ -260,7 +260,7 @@ export const adminApp = new Hono<{ Bindings: Env }>()
     const body = await readJsonBody(c.req.raw, RotateKeyRequest);
     const { key, secretHash } = await mintApiKey(c.env, id);
     const graceSeconds = body.grace_seconds ?? DEFAULT_ROTATION_GRACE_SECONDS;
-    const record = await account(c.env, id).rotate({
+    const record = await keyAccount(c.env, id).rotate({
       secretHash,
       graceMs: graceSeconds * 1_000,
       now: Date.now(),
@@ -272,16 +272,13 @@ export const adminApp = new Hono<{ Bindings: Env }>()
         param: "id",
       });
     }
-    await directory(c.env).upsert(record);
+    await keyDirectory(c.env).upsert(record);
     return c.json({ ...keyJson(record), key });
   });
 
-const account = keyAccount;
-const directory = keyDirectory;
-
 // Only indexed keys are looked up, so probing ids never creates a KeyAccount.
 async function known(env: Env, id: string): Promise<boolean> {
-  return KEY_ID_PATTERN.test(id) && (await directory(env).has(id));
+  return KEY_ID_PATTERN.test(id) && (await keyDirectory(env).has(id));
 }
 
 function noSuchKey(id: string): ApiError {
