@@ -32,7 +32,7 @@ export interface CompletionPlan {
   model: ModelConfig;
   /** Every model that may serve it, in order: one, or an alias's list whose window fits. */
   models: ModelConfig[];
-  /** Estimated prompt tokens of one sequence, the longest (conservative, see token-estimate.ts). */
+  /** Estimated prompt tokens of one sequence, the longest (conservative, see request/token-estimate.ts). */
   promptTokens: number;
   /** Estimated prompt tokens of every prompt together (a completion's prompt list). */
   totalPromptTokens: number;
