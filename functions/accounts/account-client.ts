@@ -1,6 +1,7 @@
-// The request path's view of keys and limits: authenticate a bearer credential at the
-// edge (no Durable Object call), admit the request in its key's KeyAccount (one call),
-// settle it there when it ends, and turn refusals into OpenAI errors and headers.
+// The edge's KeyAccount client, the request path's view of keys and limits: authenticate
+// a bearer credential at the edge (no Durable Object call), admit the request in its key's
+// KeyAccount (one call), settle it there when it ends, and turn refusals into OpenAI errors
+// and headers.
 // See docs/edge.md.
 
 import { logWarn } from "../../contracts/log.ts";
