@@ -4,7 +4,7 @@
  */
 import { env } from "cloudflare:workers";
 import { Hono } from "hono";
-import { adminApp } from "./routes/admin/keys.ts";
+import { adminKeys } from "./routes/admin/keys.ts";
 import type { AppEnv } from "./app-env.ts";
 import { tokens } from "./routes/tokens.ts";
 import { checkDeployment } from "./deployment.ts";
@@ -32,7 +32,7 @@ app.route("/", dashboard);
 app.use("/v1/*", browserCors());
 // Before config and key auth: the admin API, token minting and CORS preflights
 // authenticate themselves and must answer even when the gateway config is broken.
-app.route("/admin", adminApp);
+app.route("/admin", adminKeys);
 app.route("/v1", tokens);
 app.use(gatewayConfig());
 app.route("/health", health);

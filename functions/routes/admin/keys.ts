@@ -33,7 +33,7 @@ export const USAGE_FAN_OUT = 32;
  * `/admin/keys…`: create, list, get, update, revoke and rotate API keys;
  * `/admin/usage`: the usage API across keys.
  */
-export const adminApp = new Hono<{ Bindings: Env }>()
+export const adminKeys = new Hono<{ Bindings: Env }>()
   .use("*", adminAuth())
   .get("/usage", async (c) => {
     const range = usageRange(c.req.query("from"), c.req.query("to"), Date.now());
