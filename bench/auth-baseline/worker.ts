@@ -11,7 +11,7 @@ import { formatUsd } from "../../contracts/pricing.ts";
 import type { AppEnv } from "../../functions/app-env.ts";
 import { handleError, handleNotFound } from "../../functions/error-handler.ts";
 import { invalidApiKey, originFailure } from "../../contracts/errors.ts";
-import { bearerToken } from "../../functions/keys.ts";
+import { bearerToken } from "../../functions/accounts/keys.ts";
 import {
   COST_HEADER,
   authenticate,
@@ -22,8 +22,8 @@ import { completionBody } from "../../functions/middleware/completion-body.ts";
 import { planCompletion } from "../../functions/middleware/completion-plan.ts";
 import { gatewayConfig } from "../../functions/middleware/gateway-config.ts";
 import { requestContext } from "../../functions/middleware/request-context.ts";
-import { withModelFallback } from "../../functions/model-fallback.ts";
-import { rateLimitHeaders } from "../../functions/rate-limit-headers.ts";
+import { withModelFallback } from "../../functions/delivery/model-fallback.ts";
+import { rateLimitHeaders } from "../../functions/accounts/rate-limit-headers.ts";
 import { forward } from "../../functions/routes/completions.ts";
 import { health } from "../../functions/routes/health.ts";
 

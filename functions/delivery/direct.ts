@@ -59,7 +59,7 @@ export interface OpenItemOptions {
   path: ItemPath;
   body: string;
   headers: Record<string, string>;
-  /** Give up when the origin has not answered within this many ms (see `waitForHead`). */
+  /** Give up when the origin has not answered within this many ms (its headers; see `timeHead`). */
   firstByteTimeoutMs: number;
   /**
    * Whether the first-byte timeout also covers the item's HEAD. Engines send a streaming

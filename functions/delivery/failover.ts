@@ -18,8 +18,8 @@ import {
 import type { Verdict } from "../../contracts/breaker.ts";
 import { judgeHead, retryAfterMs } from "../../contracts/origin-health.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
-import type { OriginPool, RegionOrigin } from "../origin-pool.ts";
-import type { SettledRequest } from "../settlement.ts";
+import type { OriginPool, RegionOrigin } from "./origin-pool.ts";
+import type { SettledRequest } from "../accounts/settlement.ts";
 import { credentialValues } from "../../contracts/credentials.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
 import { type ItemAttempt, openItem } from "./direct.ts";

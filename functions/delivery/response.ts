@@ -7,7 +7,7 @@
 import { logWarn } from "../../contracts/log.ts";
 import { originFailure } from "../../contracts/errors.ts";
 import type { ItemHead, ItemTrailer } from "../../contracts/protocol/schema.ts";
-import type { SettledRequest } from "../settlement.ts";
+import type { SettledRequest } from "../accounts/settlement.ts";
 import type { DispatchOptions } from "./failover.ts";
 import {
   END_WAIT_MS,

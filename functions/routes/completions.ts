@@ -17,28 +17,28 @@ import {
   canaryPlan,
   recordCanary,
   syncCanary,
-} from "../canaries.ts";
+} from "../health/canaries.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { clipped, invalidRequest, notFound } from "../../contracts/errors.ts";
-import { replaceTopLevelString } from "../json-text.ts";
+import { replaceTopLevelString } from "../request/json-text.ts";
 import { admitCompletion, verifyCredential } from "../middleware/auth.ts";
 import { completionBody } from "../middleware/completion-body.ts";
-import { withModelFallback } from "../model-fallback.ts";
+import { withModelFallback } from "../delivery/model-fallback.ts";
 import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
 import { waitUntilOf } from "../middleware/request-context.ts";
-import { OriginPool } from "../origin-pool.ts";
-import { allowOverride, attemptRoutes } from "../prefix-route.ts";
+import { OriginPool } from "../delivery/origin-pool.ts";
+import { allowOverride, attemptRoutes } from "../delivery/prefix-route.ts";
 import {
   allOriginsOpen,
   breakerRegion,
   edgeBreakers,
   syncBreakers,
   watchBreaker,
-} from "../breakers.ts";
+} from "../health/breakers.ts";
 import { batchingPlan } from "../../contracts/config/plans.ts";
 import { type RegionConfig, originServes } from "../../contracts/config/regions.ts";
 import { DEFAULT_QUARANTINE_MS, OriginHealth } from "../../contracts/origin-health.ts";
-import { type CallerLocation, regionOrder } from "../region-choice.ts";
+import { type CallerLocation, regionOrder } from "../delivery/region-choice.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { Verdict } from "../../contracts/breaker.ts";
 
