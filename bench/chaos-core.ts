@@ -234,7 +234,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
             : record.origins.includes(killedOrigin) &&
               !remembered.some((i) => i.origin === killedOrigin)),
         // Its settlement dies with the edge until the account confirmed it, shortly after
-        // its client's end (functions/settle-queue.ts).
+        // its client's end (functions/accounts/settle-queue.ts).
         crashExposed:
           edgeKilledAt !== null &&
           seen.sentAt <= (edgeBackAt ?? Date.now()) &&

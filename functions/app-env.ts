@@ -7,10 +7,10 @@ import type { AdmitOk } from "../durable-objects/key-account/types.ts";
 import type { ResolvedConfig } from "../contracts/config/gateway.ts";
 import type { ModelConfig } from "../contracts/config/models.ts";
 import type { EdgeState } from "./edge-state.ts";
-import type { Credential } from "./key-auth.ts";
-import type { ChatCompletionRequest, CompletionRequest } from "./openai-schemas.ts";
-import type { EmbeddingsRequest, ResponsesRequest } from "./responses-schemas.ts";
-import type { Settlement } from "./settlement.ts";
+import type { Credential } from "./accounts/account-client.ts";
+import type { ChatCompletionRequest, CompletionRequest } from "./request/openai-schemas.ts";
+import type { EmbeddingsRequest, ResponsesRequest } from "./request/responses-schemas.ts";
+import type { Settlement } from "./accounts/settlement.ts";
 
 /** Who is calling, as authentication established it. */
 export interface Caller {
@@ -33,7 +33,7 @@ export interface CompletionPlan {
   model: ModelConfig;
   /** Every model that may serve it, in order: one, or an alias's list whose window fits. */
   models: ModelConfig[];
-  /** Estimated prompt tokens of one sequence, the longest (conservative, see token-estimate.ts). */
+  /** Estimated prompt tokens of one sequence, the longest (conservative, see request/token-estimate.ts). */
   promptTokens: number;
   /** Estimated prompt tokens of every prompt together (a completion's prompt list). */
   totalPromptTokens: number;

@@ -3,12 +3,12 @@
  * "Isolate state"): built once by the entry from the bindings, set on `c.var.edge`, and
  * passed down to what needs it. All of it is a cache or a queue that a new isolate rebuilds.
  */
-import { EdgeBreakers } from "./breakers.ts";
-import { BrowserTokenMemo } from "./browser-tokens.ts";
-import { CanaryCopies } from "./canaries.ts";
+import { EdgeBreakers } from "./health/breakers.ts";
+import { BrowserTokenMemo } from "./accounts/browser-token.ts";
+import { CanaryCopies } from "./health/canaries.ts";
 import { Dispatcher } from "./delivery/dispatcher.ts";
-import { type AccountSettleQueue, accountSettleQueue } from "./key-auth.ts";
-import { ApiKeyMemo } from "./keys.ts";
+import { type AccountSettleQueue, accountSettleQueue } from "./accounts/account-client.ts";
+import { ApiKeyMemo } from "./accounts/keys.ts";
 
 /** The bindings an isolate's state talks to. */
 export type EdgeBindings = Pick<Env, "ORIGIN_BREAKERS" | "CANARIES">;

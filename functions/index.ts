@@ -4,9 +4,9 @@
  */
 import { env } from "cloudflare:workers";
 import { Hono } from "hono";
-import { adminApp } from "./admin.ts";
+import { adminKeys } from "./routes/admin/keys.ts";
 import type { AppEnv } from "./app-env.ts";
-import { browserTokensApp } from "./browser-tokens.ts";
+import { tokens } from "./routes/tokens.ts";
 import { checkDeployment } from "./deployment.ts";
 import { EdgeState } from "./edge-state.ts";
 import { handleError, handleNotFound } from "./error-handler.ts";
@@ -15,9 +15,9 @@ import { browserCors } from "./middleware/cors.ts";
 import { gatewayConfig } from "./middleware/gateway-config.ts";
 import { isolateState } from "./middleware/edge-state.ts";
 import { requestContext } from "./middleware/request-context.ts";
-import { batchers } from "./routes/batchers.ts";
-import { breakers } from "./routes/breakers.ts";
-import { canaries } from "./routes/canaries.ts";
+import { batchers } from "./routes/admin/batchers.ts";
+import { breakers } from "./routes/admin/breakers.ts";
+import { canaries } from "./routes/admin/canaries.ts";
 import { completions } from "./routes/completions.ts";
 import { health } from "./routes/health.ts";
 import { models } from "./routes/models.ts";
@@ -36,8 +36,8 @@ app.route("/", dashboard);
 app.use("/v1/*", browserCors());
 // Before config and key auth: the admin API, token minting and CORS preflights
 // authenticate themselves and must answer even when the gateway config is broken.
-app.route("/admin", adminApp);
-app.route("/v1", browserTokensApp);
+app.route("/admin", adminKeys);
+app.route("/v1", tokens);
 app.use(gatewayConfig());
 app.route("/health", health);
 // After the config: the route resolves batcher names from it.

@@ -13,7 +13,7 @@ import type { AppEnv } from "../../functions/app-env.ts";
 import { EdgeState } from "../../functions/edge-state.ts";
 import { handleError, handleNotFound } from "../../functions/error-handler.ts";
 import { invalidApiKey, originFailure } from "../../contracts/errors.ts";
-import { bearerToken } from "../../functions/keys.ts";
+import { bearerToken } from "../../functions/accounts/keys.ts";
 import {
   COST_HEADER,
   authenticate,
@@ -25,8 +25,8 @@ import { planCompletion } from "../../functions/middleware/completion-plan.ts";
 import { isolateState } from "../../functions/middleware/edge-state.ts";
 import { gatewayConfig } from "../../functions/middleware/gateway-config.ts";
 import { requestContext } from "../../functions/middleware/request-context.ts";
-import { withModelFallback } from "../../functions/model-fallback.ts";
-import { rateLimitHeaders } from "../../functions/rate-limit-headers.ts";
+import { withModelFallback } from "../../functions/delivery/model-fallback.ts";
+import { rateLimitHeaders } from "../../functions/accounts/rate-limit-headers.ts";
 import { forward } from "../../functions/routes/completions.ts";
 import { health } from "../../functions/routes/health.ts";
 

@@ -15,16 +15,16 @@ import type { DeliveryMode } from "../../contracts/delivery.ts";
 import { DEFAULT_QUARANTINE_MS, OriginHealth } from "../../contracts/origin-health.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { AttemptRoute } from "../../durable-objects/batcher/types.ts";
-import { type EdgeBreakers, breakerRegion } from "../breakers.ts";
+import { type EdgeBreakers, breakerRegion } from "../health/breakers.ts";
 import {
   type CanaryCopies,
   type CanaryPlan,
   armAvoids,
   armCandidates,
   armFirstAvoids,
-} from "../canaries.ts";
-import { OriginPool, type RegionOrigin } from "../origin-pool.ts";
-import type { Settlement } from "../settlement.ts";
+} from "../health/canaries.ts";
+import { OriginPool, type RegionOrigin } from "./origin-pool.ts";
+import type { Settlement } from "../accounts/settlement.ts";
 import { batcherOpener } from "./batcher.ts";
 import { BatcherMemo } from "./batcher-memo.ts";
 import { type DispatchOptions, dispatchCompletion } from "./failover.ts";

@@ -18,8 +18,8 @@ import {
 import type { Verdict } from "../../contracts/breaker.ts";
 import { judgeHead, retryAfterMs } from "../../contracts/origin-health.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
-import type { RegionOrigin } from "../origin-pool.ts";
-import type { GivenUp } from "../settlement.ts";
+import type { RegionOrigin } from "./origin-pool.ts";
+import type { GivenUp } from "../accounts/settlement.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
 import type { ItemAttempt } from "./direct.ts";
 import type { ItemOpener } from "./opener.ts";

@@ -14,8 +14,8 @@ import {
 } from "../../contracts/outcomes.ts";
 import type { ItemOutcome, ItemUsage } from "../../contracts/protocol/schema.ts";
 import type { OriginConfig } from "../../contracts/config/regions.ts";
-import type { RegionOrigin } from "../origin-pool.ts";
-import type { GivenUp, SettledRequest } from "../settlement.ts";
+import type { RegionOrigin } from "./origin-pool.ts";
+import type { GivenUp, SettledRequest } from "../accounts/settlement.ts";
 
 /**
  * How long a streamed answer waits for its END after its client went away, and a whole one

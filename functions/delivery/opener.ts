@@ -8,7 +8,7 @@ import type { ApiError } from "../../contracts/errors.ts";
 import { type CredentialRing, credentialValues } from "../../contracts/credentials.ts";
 import type { DeliveryMode } from "../../contracts/delivery.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
-import type { RegionOrigin } from "../origin-pool.ts";
+import type { RegionOrigin } from "./origin-pool.ts";
 import { type ItemAttempt, openItem } from "./direct.ts";
 
 /** One attempt at serving the request, as an opener receives it. */

@@ -10,7 +10,7 @@ import type {
   BatcherFailureTrailer,
   BatcherNotAdmitted,
 } from "../../durable-objects/batcher/types.ts";
-import { retryAfterHeaders } from "../rate-limit-headers.ts";
+import { retryAfterHeaders } from "../accounts/rate-limit-headers.ts";
 import type { DispatchAttempt } from "./opener.ts";
 
 /** A refusal or failure at admission, before the item was queued. */

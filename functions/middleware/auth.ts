@@ -19,13 +19,13 @@ import {
   refusalError,
   renewLease,
   settleRequest,
-} from "../key-auth.ts";
+} from "../accounts/account-client.ts";
 import { FREE, billedPicos, formatUsd } from "../../contracts/pricing.ts";
 import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { completionAllowance } from "./completion-plan.ts";
 import { waitUntilOf } from "./request-context.ts";
-import { rateLimitHeaders } from "../rate-limit-headers.ts";
-import type { SettledRequest } from "../settlement.ts";
+import { rateLimitHeaders } from "../accounts/rate-limit-headers.ts";
+import type { SettledRequest } from "../accounts/settlement.ts";
 import type {
   AdmitOk,
   SettleInput,

@@ -7,11 +7,11 @@
 import { createMiddleware } from "hono/factory";
 import type { AppEnv, CompletionBody } from "../app-env.ts";
 import { invalidJson } from "../../contracts/errors.ts";
-import { readBodyText, requireJsonType } from "../json-body.ts";
-import { ChatCompletionRequestSchema, CompletionRequestSchema } from "../openai-schemas.ts";
-import { EmbeddingsRequestSchema, ResponsesRequestSchema } from "../responses-schemas.ts";
-import { SCHEMA_PATHS, findDeepNesting, nestingTooDeep } from "../request-bounds.ts";
-import { FIRST_ISSUE, validationError } from "../validation-errors.ts";
+import { readBodyText, requireJsonType } from "../request/json-body.ts";
+import { ChatCompletionRequestSchema, CompletionRequestSchema } from "../request/openai-schemas.ts";
+import { EmbeddingsRequestSchema, ResponsesRequestSchema } from "../request/responses-schemas.ts";
+import { SCHEMA_PATHS, findDeepNesting, nestingTooDeep } from "../request/bounds.ts";
+import { FIRST_ISSUE, validationError } from "../request/validation-errors.ts";
 
 const SCHEMAS = {
   chat: ChatCompletionRequestSchema,

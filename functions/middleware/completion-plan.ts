@@ -14,7 +14,7 @@ import {
   estimateCompletionPrompts,
   estimateEmbeddingInputs,
   estimateResponsesPromptTokens,
-} from "../token-estimate.ts";
+} from "../request/token-estimate.ts";
 
 // OpenAI's legacy completions default `max_tokens` to 16; chat leaves it to the window.
 const COMPLETIONS_DEFAULT_MAX_TOKENS = 16;

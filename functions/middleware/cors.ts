@@ -7,7 +7,7 @@
  */
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../app-env.ts";
-import { corsHeaders, originAllowedByAnyKey } from "../browser-tokens.ts";
+import { corsHeaders, originAllowedByAnyKey } from "../accounts/browser-token.ts";
 import { setHeaders } from "./auth.ts";
 
 /** Adds CORS headers to answers for an Origin that a key allows. */

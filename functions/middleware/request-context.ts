@@ -6,7 +6,7 @@
 import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../app-env.ts";
-import { Settlement } from "../settlement.ts";
+import { Settlement } from "../accounts/settlement.ts";
 
 /** Header OpenAI puts its request id in. */
 export const REQUEST_ID_HEADER = "x-request-id";

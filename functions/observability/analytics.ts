@@ -6,7 +6,7 @@
  */
 import { picosToUsd } from "../../contracts/pricing.ts";
 import type { SettleMetrics } from "../../durable-objects/key-account/types.ts";
-import type { SettledRequest } from "../settlement.ts";
+import type { SettledRequest } from "../accounts/settlement.ts";
 
 /** Writes the request's event; does nothing without the binding. */
 export function writeRequestEvent(

@@ -7,12 +7,12 @@
 import type { BreakerView } from "../../contracts/breaker.ts";
 import type { BatcherSnapshot } from "../../durable-objects/batcher/types.ts";
 import type { KeyMetrics } from "../../durable-objects/key-account/metrics.ts";
-import { breakerRegion } from "../breakers.ts";
+import { breakerRegion } from "../health/breakers.ts";
 import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { batchingPlan } from "../../contracts/config/plans.ts";
 import { originServes } from "../../contracts/config/regions.ts";
 import { batcherName } from "../delivery/batcher-plan.ts";
-import { keyAccount, keyDirectory } from "../key-auth.ts";
+import { keyAccount, keyDirectory } from "../accounts/account-client.ts";
 
 /** Keys read per directory page. */
 const PAGE = 100;

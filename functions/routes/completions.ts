@@ -8,15 +8,15 @@ import type { AppEnv } from "../app-env.ts";
 import { PRIORITY_HEADER } from "../delivery/batcher-plan.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { clipped, invalidRequest, notFound } from "../../contracts/errors.ts";
-import { replaceTopLevelString } from "../json-text.ts";
+import { replaceTopLevelString } from "../request/json-text.ts";
 import { admitCompletion, verifyCredential } from "../middleware/auth.ts";
 import { completionBody } from "../middleware/completion-body.ts";
-import { withModelFallback } from "../model-fallback.ts";
+import { withModelFallback } from "../delivery/model-fallback.ts";
 import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
 import { waitUntilOf } from "../middleware/request-context.ts";
-import { allowOverride, attemptRoutes } from "../prefix-route.ts";
+import { allowOverride, attemptRoutes } from "../delivery/prefix-route.ts";
 import type { RegionConfig } from "../../contracts/config/regions.ts";
-import { type CallerLocation, regionOrder } from "../region-choice.ts";
+import { type CallerLocation, regionOrder } from "../delivery/region-choice.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
 
 /** Request header that picks the first region to try (for tests and diagnostics). */

@@ -5,7 +5,7 @@
  * See docs/metrics.md.
  */
 import { Hono } from "hono";
-import { adminAuth } from "../admin.ts";
+import { adminAuth } from "../middleware/admin-auth.ts";
 import type { AppEnv } from "../app-env.ts";
 import { collectFleet } from "../observability/collect.ts";
 import { renderFleet } from "../observability/exposition.ts";

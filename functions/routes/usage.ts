@@ -8,8 +8,8 @@
  */
 import { Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
-import type { Credential } from "../key-auth.ts";
-import { keyAccount, refusalError } from "../key-auth.ts";
+import type { Credential } from "../accounts/account-client.ts";
+import { keyAccount, refusalError } from "../accounts/account-client.ts";
 import type {
   LedgerRecord,
   UsageRow,

@@ -7,7 +7,7 @@ import { env } from "cloudflare:workers";
 import { expect } from "vitest";
 import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
 import type { AdmitInput, Budgets, Limits } from "../../durable-objects/key-account/types.ts";
-import { mintApiKey, newKeyId } from "../../functions/keys.ts";
+import { mintApiKey, newKeyId } from "../../functions/accounts/keys.ts";
 
 /** Limits no test meets unless it lowers one. */
 export const LIMITS: Limits = { rpm: 100_000, tpm: 100_000_000, concurrency: 10 };

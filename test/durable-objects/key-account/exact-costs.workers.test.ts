@@ -3,7 +3,7 @@ import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import type { Budgets } from "../../../durable-objects/key-account/types.ts";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
-import { mintApiKey, newKeyId } from "../../../functions/keys.ts";
+import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
 
 // $0.02 per million tokens: 20,000 pico-dollars a token.
 const EMBED = {

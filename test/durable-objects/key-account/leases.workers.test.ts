@@ -2,7 +2,7 @@ import { runDurableObjectAlarm } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
-import { mintApiKey, newKeyId } from "../../../functions/keys.ts";
+import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
 import { postBatch, readBatch } from "../../origin/batch-client.ts";
 
 const EU_1 = inject("testOrigins").find((o) => o.id === "eu-1")?.url ?? "";

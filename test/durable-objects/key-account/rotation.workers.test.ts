@@ -1,7 +1,7 @@
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import type { AdmitCredential } from "../../../durable-objects/key-account/types.ts";
-import { mintApiKey, newKeyId } from "../../../functions/keys.ts";
+import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
 
 const LIMITS = { rpm: 1_000, tpm: 1_000_000, concurrency: 10 };
 

@@ -1,0 +1,70 @@
+/**
+ * What the router needs of a request (docs/routing.md, "At the edge"): its prefix blocks
+ * per model, its session (the OpenAI `user` field or `x-warmgate-session`), and an origin
+ * it asks for with `x-warmgate-origin`, which only a key allowed to choose its region may.
+ */
+import type { Context } from "hono";
+import { type PrefixRequest, promptBlocks } from "../../contracts/prefix-blocks.ts";
+import { ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
+import type { AttemptRoute } from "../../durable-objects/batcher/types.ts";
+import type { AppEnv } from "../app-env.ts";
+
+/** Request header that names the origin to send a request to (for tests and diagnostics). */
+export const ORIGIN_OVERRIDE_HEADER = "x-warmgate-origin";
+/** Request header that names a session: its requests keep to one origin while it is warm. */
+export const SESSION_HEADER = "x-warmgate-session";
+
+/** Most prefix blocks hashed per request (131,072 tokens); later ones never route. */
+export const MAX_ROUTE_BLOCKS = 8_192;
+/** Longest session name kept. */
+const MAX_SESSION_CHARS = 256;
+
+/**
+ * The request's route for each model it may be served by, computed once per model. Throws
+ * the OpenAI-shaped errors of a refused or unknown `x-warmgate-origin`.
+ */
+export function attemptRoutes(c: Context<AppEnv>): (model: string) => AttemptRoute {
+  const { completion, config } = c.var;
+  const pinned = c.req.header(ORIGIN_OVERRIDE_HEADER) ?? null;
+  if (pinned !== null) {
+    allowOverride(c, ORIGIN_OVERRIDE_HEADER, "origin");
+    if (!config.regions.some((region) => region.origins.some((o) => o.id === pinned))) {
+      throw invalidRequest(
+        `Unknown origin '${clipped(pinned)}' in the ${ORIGIN_OVERRIDE_HEADER} header.`,
+        null,
+        "invalid_origin",
+      );
+    }
+  }
+  const user = (completion.body as { user?: unknown }).user;
+  const named = c.req.header(SESSION_HEADER) ?? (typeof user === "string" ? user : null);
+  const session = named === null || named === "" ? null : named.slice(0, MAX_SESSION_CHARS);
+  const byModel = new Map<string, AttemptRoute>();
+  return (model) => {
+    let route = byModel.get(model);
+    if (route === undefined) {
+      // An embedding is one prefill with nothing to reuse: no prefix routes it.
+      const blocks =
+        completion.kind === "embeddings"
+          ? []
+          : promptBlocks(model, completion.body as PrefixRequest, MAX_ROUTE_BLOCKS);
+      route = { blocks, session, pinned };
+      byModel.set(model, route);
+    }
+    return route;
+  };
+}
+
+/**
+ * Refuses a header that picks where a request goes (`x-warmgate-region`,
+ * `x-warmgate-origin`) for a key without `allow_region_override`: a caller could otherwise
+ * send its traffic to a far or private region or origin.
+ */
+export function allowOverride(c: Context<AppEnv>, header: string, what: "region" | "origin") {
+  if (c.get("admission")?.allowRegionOverride ?? false) return;
+  throw new ApiError(
+    403,
+    `This key may not choose its ${what}: create it with "allow_region_override": true to use the ${header} header.`,
+    { type: "permission_error", param: header, code: `${what}_override_not_allowed` },
+  );
+}

@@ -1,0 +1,154 @@
+/**
+ * Canary rollouts at the edge (docs/failover.md, "Canaries"): each request of a model with
+ * a canary goes to the canary pool or to the baseline, by the canary's current weight; how
+ * each arm's attempts went is sent to the model's `Canaries` object in bulk, whose answer
+ * brings the canary's state back (a rollback reaches every isolate within a second).
+ */
+import {
+  type ArmReport,
+  type CanaryArm,
+  type CanaryView,
+  canaryName,
+} from "../../contracts/canary.ts";
+import type { CanarySpec } from "../../contracts/config/canaries.ts";
+import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
+import type { Canaries } from "../../durable-objects/canaries/index.ts";
+import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
+import type { RegionOrigin } from "../delivery/origin-pool.ts";
+import type { SettledRequest } from "../accounts/settlement.ts";
+
+const REFRESH_MS = 1_000;
+const FLUSH_MS = 250;
+const MAX_TTFT_SAMPLES = 500;
+
+/** How one request takes part in its model's canary. */
+export interface CanaryPlan {
+  spec: CanarySpec;
+  arm: CanaryArm;
+  pool: ReadonlySet<string>;
+}
+
+interface Copy {
+  view: CanaryView | null;
+  syncedAt: number;
+  pending: Record<CanaryArm, ArmReport>;
+  sending: boolean;
+}
+
+/**
+ * One isolate's copies of its models' canaries: each canary's last known state and the
+ * outcomes not sent yet, exchanged with the model's `Canaries` object in bulk.
+ */
+export class CanaryCopies {
+  readonly #namespace: DurableObjectNamespace<Canaries>;
+  readonly #copies = new Map<string, Copy>();
+
+  constructor(namespace: DurableObjectNamespace<Canaries>) {
+    this.#namespace = namespace;
+  }
+
+  /** This request's arm of its model's canary, or null when the model has none. */
+  plan(config: ResolvedConfig, model: string, random = Math.random()): CanaryPlan | null {
+    const spec = config.canaries.get(model);
+    if (spec === undefined) return null;
+    const weight = this.#copyOf(spec).view?.weight ?? spec.weight;
+    return {
+      spec,
+      arm: random < weight ? "canary" : "baseline",
+      pool: new Set(spec.origins),
+    };
+  }
+
+  /** Counts how the request's attempts went in their arms; the work to wait for, if any. */
+  record(
+    plan: CanaryPlan,
+    settled: SettledRequest,
+    attempts: readonly RequestAttempt[],
+    now: number,
+  ): Promise<void> | null {
+    const copy = this.#copyOf(plan.spec);
+    for (const attempt of attempts) {
+      if (attempt.origin === null) continue;
+      const arm = copy.pending[plan.pool.has(attempt.origin) ? "canary" : "baseline"];
+      arm.requests += 1;
+      const good =
+        attempt.result === "served" && settled.outcome !== "error" && settled.status < 500;
+      if (!good) arm.errors += 1;
+      const ttftMs = settled.ttftMs ?? null;
+      if (good && ttftMs !== null && arm.ttftMs.length < MAX_TTFT_SAMPLES) arm.ttftMs.push(ttftMs);
+    }
+    return this.sync(plan.spec, now);
+  }
+
+  /** Sends what is pending and takes the canary's state back, when due. */
+  sync(spec: CanarySpec, now: number): Promise<void> | null {
+    const copy = this.#copyOf(spec);
+    const pending = copy.pending.canary.requests + copy.pending.baseline.requests > 0;
+    const age = now - copy.syncedAt;
+    if (copy.sending || !(age >= REFRESH_MS || (pending && age >= FLUSH_MS))) return null;
+    const reports = copy.pending;
+    copy.pending = emptyReports();
+    copy.syncedAt = now;
+    copy.sending = true;
+    return this.#namespace
+      .getByName(canaryName(spec))
+      .report(spec, reports)
+      .then((view) => {
+        copy.view = view;
+      })
+      .catch(() => {
+        // The outcomes of one exchange are lost; the comparison goes on without them.
+      })
+      .finally(() => {
+        copy.sending = false;
+      });
+  }
+
+  #copyOf(spec: CanarySpec): Copy {
+    const name = canaryName(spec);
+    let copy = this.#copies.get(name);
+    if (copy === undefined) {
+      copy = {
+        view: null,
+        syncedAt: Number.NEGATIVE_INFINITY,
+        pending: emptyReports(),
+        sending: false,
+      };
+      this.#copies.set(name, copy);
+    }
+    return copy;
+  }
+}
+
+/**
+ * The candidates for the arm: the canary's pool first, the baseline after it to fail over
+ * to; the baseline alone (the pool only when nothing else serves the model).
+ */
+export function armCandidates(plan: CanaryPlan, candidates: readonly RegionOrigin[]) {
+  const pool = candidates.filter((c) => plan.pool.has(c.origin.id));
+  const rest = candidates.filter((c) => !plan.pool.has(c.origin.id));
+  if (plan.arm === "canary") return [...pool, ...rest];
+  return rest.length > 0 ? rest : pool;
+}
+
+/** Origins a Batcher must not pick for the arm: the pool for the baseline. */
+export function armAvoids(plan: CanaryPlan): string[] {
+  return plan.arm === "baseline" ? [...plan.pool] : [];
+}
+
+/**
+ * Origins the first attempt must not go to: for the canary arm, the baseline origins of
+ * the pool's region, so that its Batcher picks the pool (later attempts may fail over).
+ */
+export function armFirstAvoids(plan: CanaryPlan, candidates: readonly RegionOrigin[]): string[] {
+  const first = candidates[0];
+  if (plan.arm !== "canary" || first === undefined || !plan.pool.has(first.origin.id)) return [];
+  return first.region.origins.map((o) => o.id).filter((id) => !plan.pool.has(id));
+}
+
+function emptyReports(): Record<CanaryArm, ArmReport> {
+  return {
+    canary: { requests: 0, errors: 0, ttftMs: [] },
+    baseline: { requests: 0, errors: 0, ttftMs: [] },
+  };
+}

@@ -1,0 +1,263 @@
+import { env, exports } from "cloudflare:workers";
+import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
+import { afterEach, describe, expect, inject, it } from "vitest";
+import app from "../../../functions/index.ts";
+import { type ErrorBody, chatBody, edgeRequest, metricValue } from "../../support/edge-requests.ts";
+
+// Only this file injects faults, and only into the `faulty` region's origins.
+const origins = inject("testOrigins");
+function originUrl(id: string): string {
+  const origin = origins.find((o) => o.id === id);
+  if (origin === undefined) throw new Error(`${id} is not running`);
+  return origin.url;
+}
+const FAULTY = ["faulty-1", "faulty-2"];
+
+async function setFaults(id: string, faults: Record<string, unknown>): Promise<void> {
+  const res = await fetch(`${originUrl(id)}/admin/faults`, {
+    method: "PUT",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(faults),
+  });
+  expect(res.status).toBe(200);
+  await res.arrayBuffer();
+}
+
+async function faultCount(id: string, kind: string): Promise<number> {
+  const text = await (await fetch(`${originUrl(id)}/metrics`)).text();
+  return metricValue(text, "warmgate_origin_fault_injections_total", `kind="${kind}"`);
+}
+
+/**
+ * A config whose regions hold exactly the given origins, in order. `faulty-1@x` is faulty-1
+ * under another id, so the edge has no memory of its earlier failures.
+ */
+function configOf(regions: string[][], limits: Record<string, number> = {}): string {
+  return JSON.stringify({
+    models: [{ id: "warmgate-sim-8b", max_model_len: 32768 }],
+    regions: regions.map((ids, i) => ({
+      id: `r${i}`,
+      origins: ids.map((id) => ({
+        id,
+        url: id === "dead" ? "http://127.0.0.1:9" : originUrl(id.split("@")[0] ?? id),
+      })),
+    })),
+    default_region: "r0",
+    limits: { first_byte_timeout_ms: 3_000, ...limits },
+  });
+}
+
+async function fetchWithConfig(config: string, request: Request): Promise<Response> {
+  const ctx = createExecutionContext();
+  const response = await app.fetch(request, { ...env, WARMGATE_CONFIG: config }, ctx);
+  // Read the body before waiting: settlement runs when the stream ends.
+  const body = await response.arrayBuffer();
+  await waitOnExecutionContext(ctx);
+  return new Response(body, response);
+}
+
+const chat = (overrides: Record<string, unknown> = {}) =>
+  edgeRequest("/v1/chat/completions", { body: chatBody(overrides) });
+
+afterEach(async () => {
+  await Promise.all(
+    FAULTY.map((id) =>
+      fetch(`${originUrl(id)}/admin/faults`, { method: "DELETE" }).then((r) => r.arrayBuffer()),
+    ),
+  );
+});
+
+describe("failover before the first byte", () => {
+  it("leaves an origin that answered 429 alone until its retry-after, without counting it sick", async () => {
+    await setFaults("faulty-1", { errorRate: 1, errorStatuses: [429] });
+    const before = await faultCount("faulty-1", "error");
+    const config = configOf([["faulty-1@busy"], ["faulty-2@busy"]]);
+    const first = await fetchWithConfig(config, chat());
+    expect(first.status).toBe(200);
+    expect(first.headers.get("x-warmgate-attempts")).toBe("2");
+    // Within the origin's retry-after (1 s): the overloaded origin is tried only last.
+    const second = await fetchWithConfig(config, chat());
+    expect(second.headers.get("x-warmgate-origin")).toBe("faulty-2@busy");
+    expect(second.headers.get("x-warmgate-attempts")).toBe("1");
+    expect((await faultCount("faulty-1", "error")) - before).toBe(1);
+  });
+
+  it("moves to another origin of the region when one answers 500", async () => {
+    await setFaults("faulty-1", { errorRate: 1, errorStatuses: [500] });
+    const before = await faultCount("faulty-1", "error");
+    const served: (string | null)[] = [];
+    // Each request asks for faulty-1 first (the router would otherwise keep the prompt on
+    // whichever origin served it first).
+    const headers = { "x-warmgate-origin": "faulty-1" };
+    for (let i = 0; i < 3; i++) {
+      const res = await exports.default.fetch(
+        edgeRequest("/v1/chat/completions", { body: chatBody(), region: "faulty", headers }),
+      );
+      expect(res.status).toBe(200);
+      served.push(res.headers.get("x-warmgate-origin"));
+      await res.arrayBuffer();
+    }
+    expect(served).toEqual(["faulty-2", "faulty-2", "faulty-2"]);
+    // faulty-1 really was tried and failed.
+    expect(await faultCount("faulty-1", "error")).toBeGreaterThan(before);
+  });
+
+  it("moves to the next region when every origin of the nearest fails", async () => {
+    await setFaults("faulty-1", { errorRate: 1, errorStatuses: [503] });
+    await setFaults("faulty-2", { errorRate: 1, errorStatuses: [429] });
+    const res = await exports.default.fetch(
+      edgeRequest("/v1/chat/completions", { body: chatBody(), region: "faulty" }),
+    );
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-warmgate-region")).toBe("eu");
+    await res.arrayBuffer();
+  });
+
+  it("steps over an origin it cannot connect to", async () => {
+    const res = await fetchWithConfig(configOf([["dead"], ["faulty-2"]]), chat());
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-warmgate-origin")).toBe("faulty-2");
+  });
+
+  it("quarantines an origin sent to straight for its region and model's origin_quarantine_ms", async () => {
+    // Straight to origins; only the override quarantines, and no breaker or retry budget
+    // steps in: an origin tried first again shows a second attempt.
+    const config = JSON.stringify({
+      models: [{ id: "warmgate-sim-8b", max_model_len: 32768 }],
+      regions: [
+        {
+          id: "q",
+          origins: [
+            { id: "dead@quarantine", url: "http://127.0.0.1:9" },
+            { id: "faulty-2@quarantine", url: originUrl("faulty-2") },
+          ],
+        },
+      ],
+      default_region: "q",
+      limits: { first_byte_timeout_ms: 3_000, retry_floor: 1_000 },
+      breakers: { enabled: false },
+      batching: {
+        enabled: false,
+        origin_quarantine_ms: 0,
+        overrides: [{ region: "q", model: "warmgate-sim-8b", origin_quarantine_ms: 600_000 }],
+      },
+    });
+    const attempts: (string | null)[] = [];
+    for (let i = 0; i < 6; i++) {
+      const res = await fetchWithConfig(config, chat());
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-warmgate-origin")).toBe("faulty-2@quarantine");
+      attempts.push(res.headers.get("x-warmgate-attempts"));
+    }
+    // Requests take turns at the origins: without the quarantine the dead one would be
+    // tried first by every other request; with it, once.
+    expect(attempts.filter((n) => n !== "1").length).toBeLessThanOrEqual(1);
+  });
+
+  it("stops after the retry budget", async () => {
+    await setFaults("faulty-1", { errorRate: 1, errorStatuses: [500] });
+    const none = await fetchWithConfig(
+      configOf([["faulty-1@budget-0"], ["faulty-2"]], { retry_budget: 0 }),
+      chat(),
+    );
+    expect(none.status).toBe(502);
+    const one = await fetchWithConfig(
+      configOf([["faulty-1@budget-1"], ["faulty-2"]], { retry_budget: 1 }),
+      chat(),
+    );
+    expect(one.status).toBe(200);
+    expect(one.headers.get("x-warmgate-origin")).toBe("faulty-2");
+  });
+});
+
+describe("when no origin can answer", () => {
+  it("answers 502 origin_error when every origin fails", async () => {
+    for (const id of FAULTY) await setFaults(id, { errorRate: 1, errorStatuses: [500] });
+    const res = await fetchWithConfig(configOf([FAULTY]), chat());
+    expect(res.status).toBe(502);
+    const body = JSON.parse(await res.text()) as ErrorBody;
+    expect(body.error).toMatchObject({ type: "server_error", code: "origin_error" });
+    expect(body.error.message).not.toMatch(/at |Error:/);
+  });
+
+  it("answers 503 no_healthy_origin when no origin can be reached", async () => {
+    const res = await fetchWithConfig(configOf([["dead"]]), chat());
+    expect(res.status).toBe(503);
+    expect(JSON.parse(await res.text())).toMatchObject({ error: { code: "no_healthy_origin" } });
+  });
+
+  it("answers 504 origin_timeout when origins do not answer in time", async () => {
+    for (const id of FAULTY) await setFaults(id, { hangRate: 1 });
+    const res = await fetchWithConfig(
+      configOf([FAULTY], { first_byte_timeout_ms: 200 }),
+      chat({ stream: true }),
+    );
+    expect(res.status).toBe(504);
+    expect(JSON.parse(await res.text())).toMatchObject({ error: { code: "origin_timeout" } });
+  });
+
+  it("passes the origin's own 429 through when it is the last resort", async () => {
+    await setFaults("faulty-1", { errorRate: 1, errorStatuses: [429] });
+    const res = await fetchWithConfig(configOf([["faulty-1"]]), chat());
+    expect(res.status).toBe(429);
+    expect(JSON.parse(await res.text())).toMatchObject({ error: { type: "rate_limit_error" } });
+  });
+});
+
+describe("failure after the first byte", () => {
+  it("ends the stream with an OpenAI error event and no [DONE]", async () => {
+    for (const id of FAULTY) await setFaults(id, { dropAfterTokens: 3, dropRate: 1 });
+    const res = await exports.default.fetch(
+      edgeRequest("/v1/chat/completions", {
+        body: chatBody({ stream: true, max_tokens: 50 }),
+        region: "faulty",
+      }),
+    );
+    expect(res.status).toBe(200);
+    const text = await res.text();
+    const events = text.split("\n\n").filter((e) => e !== "");
+    const last = events.at(-1) ?? "";
+    expect(events.length).toBeGreaterThan(1);
+    expect(events[0]).toMatch(/^data: \{"id":"chatcmpl-/);
+    expect(JSON.parse(last.replace(/^data: /, ""))).toEqual({
+      error: {
+        message: "The origin server failed to process the request.",
+        type: "server_error",
+        param: null,
+        code: "origin_error",
+      },
+    });
+    expect(text).not.toContain("[DONE]");
+  });
+
+  it("tries a JSON completion its origin cut again elsewhere: nothing had reached the client", async () => {
+    await setFaults("faulty-1", { dropAfterTokens: 3, dropRate: 1 });
+    const before = await faultCount("faulty-1", "drop");
+    // Fresh names: no quarantine left from the tests before; the cutting origin in the
+    // first region, so that the first request goes there whatever the Batcher's turn.
+    const config = configOf([["faulty-1@cut"], ["faulty-2@cut"]]);
+    for (let i = 0; i < 4; i++) {
+      const res = await fetchWithConfig(config, chat({ max_tokens: 20 }));
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-warmgate-origin")).toBe("faulty-2@cut");
+      const body = await res.json<{ usage: { completion_tokens: number } }>();
+      expect(body.usage.completion_tokens).toBe(20);
+    }
+    expect(await faultCount("faulty-1", "drop")).toBeGreaterThan(before);
+  });
+
+  it("answers a JSON completion the origin cut with an OpenAI error, never a partial 200", async () => {
+    for (const id of FAULTY) await setFaults(id, { dropAfterTokens: 3, dropRate: 1 });
+    // Every origin it may go to cuts it.
+    const res = await fetchWithConfig(configOf([FAULTY]), chat({ max_tokens: 50 }));
+    expect(res.status).toBe(502);
+    expect(JSON.parse(await res.text())).toEqual({
+      error: {
+        message: "The origin server failed to process the request.",
+        type: "server_error",
+        param: null,
+        code: "origin_error",
+      },
+    });
+  });
+});

@@ -1,0 +1,310 @@
+import { afterEach, describe, expect, it } from "vitest";
+import type { BreakerView } from "../../../contracts/breaker.ts";
+import { type ErrorBody, chatBody, edgeRequest } from "../../support/edge-requests.ts";
+import {
+  adminRequest,
+  injected,
+  originUrl,
+  sendWith,
+  setFaults,
+} from "../../support/test-origins.workers.ts";
+
+// breaker-1 and breaker-2 are this file's alone.
+
+/**
+ * A config with `sick` alone in the first region and `well` in the second, each under a
+ * fresh name (`breaker-1@<tag>`), so breaker state never leaks between tests.
+ */
+function configOf(
+  tag: string,
+  batching: boolean,
+  breakers: Record<string, unknown> = {},
+  firstByteTimeoutMs = 5_000,
+) {
+  const origin = (id: string) => ({ id: `${id}@${tag}`, url: originUrl(id) });
+  return JSON.stringify({
+    models: [{ id: "warmgate-sim-8b", max_model_len: 32768 }],
+    regions: [
+      { id: `sick-${tag}`, origins: [origin("breaker-1")] },
+      { id: `well-${tag}`, origins: [origin("breaker-2")] },
+    ],
+    default_region: `sick-${tag}`,
+    // The isolate's retry budget is shared with every test before: a floor of its own.
+    limits: { first_byte_timeout_ms: firstByteTimeoutMs, retry_budget: 2, retry_floor: 10_000 },
+    batching: { enabled: batching, origin_quarantine_ms: 0 },
+    breakers: { consecutive_failures: 3, cooldown_ms: 400, probes: 1, ...breakers },
+  });
+}
+
+const send = sendWith;
+const admin = adminRequest;
+
+/** Forces a breaker open or closed. */
+async function force(config: string, origin: string, state: "open" | "closed") {
+  const res = await send(config, admin(`/admin/breakers/${origin}`, { state }));
+  expect(res.status).toBe(200);
+  return res.json<BreakerView>();
+}
+
+async function breakerOf(config: string, origin: string): Promise<BreakerView | undefined> {
+  const res = await send(config, admin("/admin/breakers"));
+  expect(res.status).toBe(200);
+  const { data } = await res.json<{ data: BreakerView[] }>();
+  return data.find((view) => view.origin === origin);
+}
+
+async function until<T>(probe: () => Promise<T>, done: (value: T) => boolean): Promise<T> {
+  let value = await probe();
+  for (let i = 0; i < 100 && !done(value); i++) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    value = await probe();
+  }
+  return value;
+}
+
+afterEach(async () => {
+  await Promise.all(["breaker-1", "breaker-2"].map((id) => setFaults(id, null)));
+});
+
+for (const batching of [false, true]) {
+  const path = batching ? "through the Batcher" : "straight to origins";
+  describe(`a dead origin, ${path}`, () => {
+    it("is left after 3 failures, and probed back once its cooldown has passed", async () => {
+      const tag = `dead-${batching}`;
+      const config = configOf(tag, batching);
+      const sick = `breaker-1@${tag}`;
+      await setFaults("breaker-1", { errorRate: 1, errorStatuses: [500] });
+      const before = await injected("breaker-1", "error");
+      const served: string[] = [];
+      for (let i = 0; i < 12; i++) {
+        const res = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+        expect(res.status).toBe(200);
+        served.push(res.headers.get("x-warmgate-origin") ?? "");
+      }
+      // Every request was answered by the healthy region; the sick origin saw at most the
+      // failures that open its breaker, and one more that was in flight as it opened.
+      expect(new Set(served)).toEqual(new Set([`breaker-2@${tag}`]));
+      const failures = (await injected("breaker-1", "error")) - before;
+      expect(failures).toBeGreaterThanOrEqual(3);
+      expect(failures).toBeLessThanOrEqual(4);
+      const open = await breakerOf(config, sick);
+      // Open, or half-open for a probe already (its cooldown is 400 ms); its probes
+      // complete a real token, so one while it still fails opens it again.
+      expect(open?.region).toBe(`sick-${tag}`);
+      expect(["open", "half_open"]).toContain(open?.state);
+      expect(open?.opened_count).toBeGreaterThanOrEqual(1);
+
+      // It recovers: the breaker half-opens after 400 ms, its probe of /health succeeds.
+      await setFaults("breaker-1", null);
+      const closed = await until(
+        () => breakerOf(config, sick),
+        (view) => view?.state === "closed",
+      );
+      expect(closed?.state).toBe("closed");
+      const back = await until(
+        () => send(config, edgeRequest("/v1/chat/completions", { body: chatBody() })),
+        (res) => res.headers.get("x-warmgate-origin") === sick,
+      );
+      expect(back.headers.get("x-warmgate-origin")).toBe(sick);
+    });
+  });
+}
+
+describe("a frozen origin", () => {
+  // A first-byte timeout of 30 s: a request that waited it would outlast the test's limit.
+  it("is found by its slow first bytes, long before the first-byte timeout", async () => {
+    const tag = "frozen";
+    // One late call is one observation, however many items it carries.
+    const config = configOf(
+      tag,
+      true,
+      { slow_first_byte_ms: 200, consecutive_failures: 1 },
+      30_000,
+    );
+    await setFaults("breaker-1", { hangRate: 1 });
+    const before = await injected("breaker-1", "hang");
+    const stream = () =>
+      send(config, edgeRequest("/v1/chat/completions", { body: chatBody({ stream: true }) }));
+    // Three at once hang there; their slow HEADs open the breaker, and the Batcher gives
+    // them up so that they are answered elsewhere.
+    const first = await Promise.all([stream(), stream(), stream()]);
+    for (const res of first) expect(res.status).toBe(200);
+    expect((await breakerOf(config, `breaker-1@${tag}`))?.state).toBe("open");
+    const rest = await Promise.all(Array.from({ length: 5 }, stream));
+    for (const res of rest) {
+      expect(res.headers.get("x-warmgate-origin")).toBe(`breaker-2@${tag}`);
+    }
+    // The three of the first wave, and at most two the edge sent there straight before it
+    // heard of the trip (it hears within a second), each given up on when it did.
+    expect((await injected("breaker-1", "hang")) - before).toBeLessThanOrEqual(5);
+  });
+});
+
+describe("every origin of a model open", () => {
+  it("answers 503 no_healthy_origin with retry-after at once", async () => {
+    const tag = "all-open";
+    const config = configOf(tag, true);
+    for (const id of ["breaker-1", "breaker-2"]) {
+      expect(await force(config, `${id}@${tag}`, "open")).toMatchObject({
+        state: "open",
+        forced: true,
+      });
+    }
+    // The edge learns of it at its next sync; the next request is refused without a call.
+    await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+    const res = await until(
+      () => send(config, edgeRequest("/v1/chat/completions", { body: chatBody() })),
+      (r) => r.status === 503,
+    );
+    expect(res.status).toBe(503);
+    expect(Number(res.headers.get("retry-after"))).toBeGreaterThanOrEqual(1);
+    expect((await res.json<ErrorBody>()).error).toMatchObject({
+      type: "server_error",
+      code: "no_healthy_origin",
+    });
+
+    // Forced closed, traffic returns with the very next request: a copy that says every
+    // origin is open is refreshed before anything is refused.
+    for (const id of ["breaker-1", "breaker-2"]) await force(config, `${id}@${tag}`, "closed");
+    const served = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+    expect(served.status).toBe(200);
+  });
+});
+
+describe("the breaker admin API", () => {
+  it("lists every configured origin's breaker", async () => {
+    const config = configOf("list", true);
+    const res = await send(config, admin("/admin/breakers"));
+    const { data } = await res.json<{ data: BreakerView[] }>();
+    expect(data).toEqual(
+      expect.arrayContaining([
+        {
+          region: "sick-list",
+          origin: "breaker-1@list",
+          state: "closed",
+          since: expect.any(Number),
+          failures: 0,
+          requests: 0,
+          opened_count: 0,
+          retry_at: null,
+          forced: false,
+        },
+      ]),
+    );
+  });
+
+  it("refuses a bad state, an unknown origin and a missing token with OpenAI errors", async () => {
+    const config = configOf("refusals", true);
+    const bad = await send(
+      config,
+      admin("/admin/breakers/breaker-1@refusals", { state: "half_open" }),
+    );
+    expect(bad.status).toBe(400);
+    expect((await bad.json<ErrorBody>()).error).toMatchObject({
+      type: "invalid_request_error",
+      param: "state",
+    });
+    const unknown = await send(config, admin("/admin/breakers/nowhere", { state: "open" }));
+    expect(unknown.status).toBe(404);
+    expect((await unknown.json<ErrorBody>()).error.code).toBe("origin_not_found");
+    const anonymous = await send(config, new Request("https://edge.test/admin/breakers"));
+    expect(anonymous.status).toBe(401);
+  });
+});
+
+describe("a request that fails on every origin it tries", () => {
+  it("is the request's fault: answered 502 and counted against no origin", async () => {
+    const tag = "poison";
+    const config = configOf(tag, true);
+    for (const id of ["breaker-1", "breaker-2"]) {
+      await setFaults(id, { errorRate: 1, errorStatuses: [500] });
+    }
+    for (let i = 0; i < 10; i++) {
+      const res = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+      expect(res.status).toBe(502);
+      expect((await res.json<ErrorBody>()).error.code).toBe("origin_error");
+    }
+    for (const id of ["breaker-1", "breaker-2"]) {
+      expect(await breakerOf(config, `${id}@${tag}`)).toMatchObject({
+        state: "closed",
+        failures: 0,
+      });
+    }
+  });
+});
+
+describe("an origin that answers 429", () => {
+  it("is busy, not sick: avoided while the other serves, its breaker untouched", async () => {
+    const tag = "busy";
+    // Both in one region, so that the Batcher itself must step around the busy one.
+    const config = JSON.stringify({
+      ...JSON.parse(configOf(tag, true)),
+      regions: [
+        {
+          id: `both-${tag}`,
+          origins: ["breaker-1", "breaker-2"].map((id) => ({
+            id: `${id}@${tag}`,
+            url: originUrl(id),
+          })),
+        },
+      ],
+      default_region: `both-${tag}`,
+    });
+    await setFaults("breaker-1", { errorRate: 1, errorStatuses: [429] });
+    const before = await injected("breaker-1", "error");
+    for (let i = 0; i < 10; i++) {
+      const res = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-warmgate-origin")).toBe(`breaker-2@${tag}`);
+    }
+    // Its retry-after (1 s) keeps it last: it saw at most the first request or two.
+    expect((await injected("breaker-1", "error")) - before).toBeLessThanOrEqual(2);
+    expect(await breakerOf(config, `breaker-1@${tag}`)).toMatchObject({ state: "closed" });
+  });
+});
+
+for (const batching of [false, true]) {
+  describe(`an origin that cuts every stream, ${batching ? "through the Batcher" : "straight"}`, () => {
+    it("has each cut counted, and its breaker opens", async () => {
+      const tag = `cut-${batching}`;
+      const config = configOf(tag, batching);
+      await setFaults("breaker-1", { dropRate: 1, dropAfterTokens: 2 });
+      const stream = chatBody({ stream: true, max_tokens: 20 });
+      for (let i = 0; i < 3; i++) {
+        const res = await send(config, edgeRequest("/v1/chat/completions", { body: stream }));
+        expect(res.status).toBe(200);
+        // Cut after its first bytes: the stream ends with an error event, not [DONE].
+        const text = await res.text();
+        expect(text).toContain('"error"');
+        expect(text).not.toContain("[DONE]");
+      }
+      const view = await until(
+        () => breakerOf(config, `breaker-1@${tag}`),
+        (v) => v?.state === "open",
+      );
+      expect(view?.state).toBe("open");
+    });
+  });
+}
+
+describe("every origin answering 503 with retry-after", () => {
+  it("is busy: the client gets 503 no_healthy_origin with retry-after, no breaker counts it", async () => {
+    const tag = "all-busy";
+    const config = configOf(tag, true);
+    for (const id of ["breaker-1", "breaker-2"]) {
+      await setFaults(id, { errorRate: 1, errorStatuses: [503] });
+    }
+    for (let i = 0; i < 3; i++) {
+      const res = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+      expect(res.status).toBe(503);
+      expect(Number(res.headers.get("retry-after"))).toBeGreaterThanOrEqual(1);
+      expect((await res.json<ErrorBody>()).error.code).toBe("no_healthy_origin");
+    }
+    for (const id of ["breaker-1", "breaker-2"]) {
+      expect(await breakerOf(config, `${id}@${tag}`)).toMatchObject({
+        state: "closed",
+        failures: 0,
+      });
+    }
+  });
+});
