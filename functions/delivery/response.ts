@@ -163,15 +163,28 @@ class Lifecycle {
       signal?.removeEventListener("abort", gone);
       if (gaveUp !== undefined) clearTimeout(gaveUp);
     };
+    let timedOut = false;
     this.#onTimeout = () => {
+      timedOut = true;
       streamed.timeOut();
       stopListening();
-      void this.#finish("timeout", null, head.status, streamed.firstByteAt());
+      // Settled once the item ended (a Batcher first ends its body with the timeout event
+      // and stops the item), at most END_WAIT_MS later: nothing else may stop it meanwhile.
+      gaveUp = setTimeout(
+        () => void this.#finish("timeout", null, head.status, streamed.firstByteAt()),
+        this.#options.endWaitMs ?? END_WAIT_MS,
+      );
     };
     if (signal?.aborted === true) gone();
     else signal?.addEventListener("abort", gone, { once: true });
     void streamed.ended.then((end) => {
       stopListening();
+      // Cut at the request's own time limit: no origin's fault, billed for what it generated.
+      if (timedOut) {
+        const trailer = end.kind === "end" ? end.trailer : null;
+        void this.#finish("timeout", trailer, head.status, streamed.firstByteAt());
+        return;
+      }
       if (end.kind === "broken") {
         if (!this.#finished) this.#onEnd?.(clientGone ? "ok" : "failed");
         if (!clientGone) this.#warn("origin failed mid-stream", end.detail);
