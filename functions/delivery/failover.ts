@@ -363,7 +363,7 @@ function givenUp(
   const at = options.candidates.filter((candidate) =>
     originId === null ? candidate.region.id === region : candidate.origin.id === originId,
   );
-  return at.slice(0, originId === null ? at.length : 1).map((candidate) => ({
+  return (originId === null ? at : at.slice(0, 1)).map((candidate) => ({
     region: candidate.region.id,
     origin: candidate.origin,
     itemId,

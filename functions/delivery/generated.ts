@@ -89,14 +89,25 @@ export async function servedOrGivenUp(
   secrets: object,
 ): Promise<ServedBill> {
   if (own.outcome === "ok" || own.usageUnknown === true || gaveUp.length === 0) return own;
-  const origins = [...new Set(gaveUp.map((attempt) => attempt.origin))];
-  const itemIds = gaveUp.map((attempt) => attempt.itemId);
-  const other = await generatedBy(origins, requestId, itemIds, secrets);
+  const { generated: other, region } = await givenUpGenerated(requestId, gaveUp, secrets);
   if (!other.known || other.usage === null || other.outcome === null) return own;
   const mine: AttemptEnd = { outcome: own.outcome ?? "error", usage: own.usage };
   if (!outranks({ outcome: other.outcome, usage: other.usage }, mine)) return own;
-  const region = gaveUp.find((attempt) => attempt.origin.id === other.origin)?.region ?? null;
   return { usage: other.usage, outcome: other.outcome, origin: other.origin, region };
+}
+
+/** What the attempts given up on generated, and the region of the origin that did. */
+async function givenUpGenerated(
+  requestId: string,
+  gaveUp: readonly GivenUp[],
+  secrets: object,
+): Promise<{ generated: Generated; region: string | null }> {
+  const origins = [...new Set(gaveUp.map((attempt) => attempt.origin))];
+  const itemIds = gaveUp.map((attempt) => attempt.itemId);
+  const generated = await generatedBy(origins, requestId, itemIds, secrets);
+  const origin = generated.known ? generated.origin : null;
+  const region = gaveUp.find((attempt) => attempt.origin.id === origin)?.region ?? null;
+  return { generated, region };
 }
 
 // The client waits for the cancel of what its refusal gave up on: this long at most.
@@ -126,12 +137,9 @@ export async function unservedUsage(
   gaveUp: readonly GivenUp[],
   secrets: object,
 ): Promise<SettledRequest> {
-  const origins = [...new Set(gaveUp.map((attempt) => attempt.origin))];
-  const itemIds = gaveUp.map((attempt) => attempt.itemId);
-  const generated = await generatedBy(origins, record.requestId, itemIds, secrets);
+  const { generated, region } = await givenUpGenerated(record.requestId, gaveUp, secrets);
   if (generated.known && generated.usage === null) return record;
   const origin = generated.known ? generated.origin : null;
-  const region = gaveUp.find((attempt) => attempt.origin.id === origin)?.region ?? null;
   return { ...record, ...billed(generated), origin, region, originBegan: true };
 }
 
