@@ -6,18 +6,32 @@ import { LEASE_MS, LEASE_RENEW_MS } from "../../../functions/middleware/auth.ts"
 import { createKey } from "../../support/admin-keys.workers.ts";
 import { chatBody, edgeRequest } from "../../support/edge-requests.ts";
 
-async function leaseOf(keyId: string, requestId: string): Promise<number | null> {
+async function ledgerRow(keyId: string, requestId: string) {
   const stub = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
   return runInDurableObject(stub, (account: KeyAccount, state) => {
     account.flush();
-    const row = state.storage.sql
+    return state.storage.sql
       .exec<{ expires_at: number; state: string }>(
         "SELECT expires_at, state FROM ledger WHERE request_id = ?",
         requestId,
       )
       .toArray()[0];
-    return row?.state === "open" ? row.expires_at : null;
   });
+}
+
+async function leaseOf(keyId: string, requestId: string): Promise<number | null> {
+  const row = await ledgerRow(keyId, requestId);
+  return row?.state === "open" ? row.expires_at : null;
+}
+
+/** Waits for the cancelled request's settlement, so that none runs past the test. */
+async function untilSettled(keyId: string, requestId: string): Promise<string | undefined> {
+  for (let i = 0; i < 1_000; i++) {
+    const row = await ledgerRow(keyId, requestId);
+    if (row !== undefined && row.state !== "open") return row.state;
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  return undefined;
 }
 
 describe("the lease of a request being served", () => {
@@ -45,5 +59,6 @@ describe("the lease of a request being served", () => {
     const renewed = await leaseOf(id, requestId);
     expect(renewed ?? 0).toBeGreaterThan(first ?? 0);
     await reader?.cancel();
+    expect(await untilSettled(id, requestId)).toBe("settled");
   });
 });
