@@ -83,7 +83,10 @@ const stack = await startStack({
   sim: { timeScale },
   regions: DEFAULT_REGIONS.map((region) => ({ ...region, origins: perRegion })),
   persistTo: state,
+  // What a user measures locally is what production runs: wrangler's local trace collector,
+  // which doubles the edge's CPU, only with --verbose.
   verbose: args.verbose,
+  localObservability: args.verbose,
 }).catch((error: unknown) => {
   console.error(`warmgate: could not start: ${(error as Error).message}`);
   process.exit(1);
