@@ -72,7 +72,7 @@ const BATCHING_FIELDS = {
    * Items the Batcher must run at once before any token is held: below it every origin
    * chunk's tokens leave at once (docs/batching.md, "Token holds").
    */
-  hold_min_in_flight: z.int().nonnegative().max(100_000).default(32),
+  hold_min_in_flight: z.int().nonnegative().max(100_000).default(128),
   /** How long after its Batcher last sent at once an otherwise idle edge skips it (0: never). */
   idle_bypass_ms: z.int().nonnegative().max(60_000).default(1000),
   /** Bytes of a streamed answer held for a slow client before it is dropped. */

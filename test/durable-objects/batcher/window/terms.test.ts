@@ -293,8 +293,8 @@ describe("holding streamed tokens", () => {
     expect(tokenHoldMs(running(state, 3), 1000)).toBeCloseTo(8, 6);
   });
 
-  it("defaults to the whole lag, at most 10 ms, and only from 32 items running at once", () => {
+  it("defaults to the whole lag, at most 10 ms, and only from 128 items running at once", () => {
     const config = windowConfig();
-    expect([config.holdShare, config.maxHoldMs, config.holdMinInFlight]).toEqual([1, 10, 32]);
+    expect([config.holdShare, config.maxHoldMs, config.holdMinInFlight]).toEqual([1, 10, 128]);
   });
 });
