@@ -149,7 +149,7 @@ describe("browser token verification", () => {
       org: [],
     };
     // The same secret signs every one, so only the claims decide.
-    const verified = async (payload: object) =>
+    const verified = async (payload: Parameters<typeof sign>[0]) =>
       verifyBrowserToken(env, await sign(payload, secret, "HS256"), Date.now(), edge.browserTokens);
     expect(await verified(claims)).not.toBeNull();
     expect(await verified({ ...claims, aud: "someone-else" })).toBeNull();
