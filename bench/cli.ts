@@ -214,6 +214,8 @@ async function main(): Promise<void> {
     maxTokens,
     stream: values.stream,
   }));
+  // Taken before the run: a results file written meanwhile (this run's own) dirties the tree.
+  const origin = provenance();
   const total = perEndpoint === null ? null : perEndpoint * specs.length;
   const started = performance.now();
   let done = 0;
@@ -258,7 +260,7 @@ async function main(): Promise<void> {
       : {}),
   };
   // A file records the checkout it was measured from (the endpoints may run other code).
-  const stamped = { provenance: provenance(), ...report };
+  const stamped = { provenance: origin, ...report };
   if (values.out !== undefined)
     await writeFile(values.out, JSON.stringify(stamped, null, 2) + "\n");
   if (values.json) console.log(JSON.stringify(stamped, null, 2));
