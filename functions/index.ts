@@ -15,6 +15,7 @@ import { browserCors } from "./middleware/cors.ts";
 import { gatewayConfig } from "./middleware/gateway-config.ts";
 import { isolateState } from "./middleware/edge-state.ts";
 import { requestContext } from "./middleware/request-context.ts";
+import { countAnswers } from "./middleware/answer-count.ts";
 import { batchers } from "./routes/admin/batchers.ts";
 import { breakers } from "./routes/admin/breakers.ts";
 import { canaries } from "./routes/admin/canaries.ts";
@@ -31,6 +32,7 @@ const app = new Hono<AppEnv>();
 // Module scope runs once per isolate: its one state, from the bindings (docs/edge.md).
 app.use(isolateState(new EdgeState(env)));
 app.use(requestContext());
+app.use(countAnswers());
 // The dashboard's page and files: static, and no secret needed to load them.
 app.route("/", dashboard);
 app.use("/v1/*", browserCors());
@@ -68,3 +70,4 @@ export { KeyDirectory } from "../durable-objects/key-directory/index.ts";
 export { Batcher } from "../durable-objects/batcher/index.ts";
 export { OriginBreakers } from "../durable-objects/origin-breakers/index.ts";
 export { Canaries } from "../durable-objects/canaries/index.ts";
+export { AnswerTally } from "../durable-objects/answer-tally/index.ts";
