@@ -45,6 +45,8 @@ const { values: args } = parseArgs({
     "max-tokens": { type: "string", default: "16" },
     "block-warm": { type: "string", default: "24" },
     "no-portkey": { type: "boolean", default: false },
+    // Workloads whose name contains this (`c=32`, `k`, …): for exploring, not for results.
+    only: { type: "string" },
     runtime: { type: "string", default: "workerd" },
   },
   strict: true,
@@ -74,7 +76,7 @@ const PROMPT_SIZES = { "1k": 1_000, "8k": 8_000, "32k": 31_500 } as const;
 interface Phase extends Workload<Scenario> {
   promptTokens: number | null;
 }
-const PHASES: Phase[] = [
+const ALL_PHASES: Phase[] = [
   { name: "json c=1", stream: false, concurrency: 1, requests: C1_REQUESTS, promptTokens: null },
   { name: "json c=32", stream: false, concurrency: 32, requests: C32_REQUESTS, promptTokens: null },
   { name: "stream c=1", stream: true, concurrency: 1, requests: C1_REQUESTS, promptTokens: null },
@@ -93,6 +95,8 @@ const PHASES: Phase[] = [
     promptTokens: tokens,
   })),
 ];
+
+const PHASES = ALL_PHASES.filter((p) => args.only === undefined || p.name.includes(args.only));
 
 /**
  * A chat body whose prompt is `tokens` tokens by the edge's estimate and the simulated
