@@ -1,7 +1,7 @@
 /**
  * `npm run bench:profile`: where one request's CPU goes at the edge. Starts the stack
  * (edge under workerd with its V8 inspector, one simulated origin without delay), sends
- * requests one at a time with a key whose limits, budgets and ledger are on, and records a
+ * requests from `--clients` closed-loop clients (one by default) with a key whose limits, budgets and ledger are on, and records a
  * CPU profile of the Worker's isolate (the edge and its Durable Objects) over them through
  * the inspector (`Profiler.start`/`stop`). Each sample is charged to the source module its
  * function came from (esbuild's `// path` markers in the bundle) and to a stage of the
@@ -12,7 +12,7 @@ import { writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { benchChatBody, fmt, markdownTable, timedRequest } from "./lib.ts";
+import { benchChatBody, closedLoop, fmt, markdownTable, timedRequest } from "./lib.ts";
 import { cpuTimeMs, workerdPid } from "./processes.ts";
 import { type CpuProfile, chargeProfile, moduleRanges } from "./profile-stages.ts";
 import { createKey, startStack } from "../scripts/stack.ts";
@@ -24,6 +24,7 @@ const { values: args } = parseArgs({
     warm: { type: "string", default: "300" },
     "prompt-tokens": { type: "string", default: "0" },
     stream: { type: "boolean", default: false },
+    clients: { type: "string", default: "1" },
     interval: { type: "string", default: "50" },
     top: { type: "string", default: "25" },
   },
@@ -31,6 +32,7 @@ const { values: args } = parseArgs({
 });
 const REQUESTS = Number(args.requests);
 const PROMPT_TOKENS = Number(args["prompt-tokens"]);
+const CLIENTS = Number(args.clients);
 
 /** A chat body of about `tokens` prompt tokens (three-letter words, as bench:overhead sends). */
 function body(): string {
@@ -103,8 +105,8 @@ try {
   const url = `${stack.edgeUrl}/v1/chat/completions`;
   const headers = { "content-type": "application/json", authorization: `Bearer ${apiKey}` };
   const payload = body();
-  const send = () => timedRequest(url, headers, payload);
-  for (let i = 0; i < Number(args.warm); i++) await send();
+  const send = () => timedRequest(url, headers, payload).then((s) => s.total);
+  await closedLoop(CLIENTS, Number(args.warm), send);
 
   const targets = (await (await fetch(`http://127.0.0.1:${inspectorPort}/json`)).json()) as {
     id: string;
@@ -120,7 +122,7 @@ try {
   const cpuBefore = await cpuTimeMs(workerd);
   const started = performance.now();
   await inspector.send("Profiler.start");
-  for (let i = 0; i < REQUESTS; i++) await send();
+  await closedLoop(CLIENTS, REQUESTS, send);
   // The ledger's settlement runs after the response.
   await new Promise((r) => setTimeout(r, 100));
   const { profile } = await inspector.send<{ profile: CpuProfile }>("Profiler.stop");
@@ -145,7 +147,7 @@ try {
   const per = (ms: number) => fmt(ms / REQUESTS, 3);
   const what = `${args.stream ? "stream" : "JSON"}, ${PROMPT_TOKENS === 0 ? "short prompt" : `${PROMPT_TOKENS}-token prompt`}`;
   report = [
-    `${REQUESTS} requests one at a time (${what}): wall ${fmt(wallMs / REQUESTS)} ms/request, workerd CPU ${fmt(cpuMs / REQUESTS)} ms/request (/proc), sampled in JS isolate ${per(charged.busyMs)} ms/request.`,
+    `${REQUESTS} requests from ${CLIENTS} client${CLIENTS === 1 ? "" : "s"} (${what}): wall ${fmt(wallMs / REQUESTS)} ms/request, workerd CPU ${fmt(cpuMs / REQUESTS)} ms/request (/proc), sampled in JS isolate ${per(charged.busyMs)} ms/request.`,
     "",
     markdownTable(
       ["stage", "ms/request", "share"],

@@ -29,7 +29,9 @@ function piecewiseEstimate(text: string): number {
   for (const match of text.matchAll(/(\p{Script=Latin}+)|(\p{L}+)|(\p{N}+)|(\s+)|(.)/gsu)) {
     const [piece, latin, letters, digits, space] = match;
     if (latin !== undefined) {
-      tokens += Math.ceil(latin.length / 4) + latin.replace(/[\x00-\x7f]/g, "").length;
+      tokens +=
+        Math.ceil(latin.length / 4) +
+        Array.from(latin, (ch) => (ch > "\x7f" ? ch.length : 0)).reduce((a, b) => a + b, 0);
     } else if (letters !== undefined) tokens += letters.length + 1;
     else if (digits !== undefined) tokens += digits.length;
     else if (space !== undefined) tokens += space === " " ? 0 : Math.ceil(space.length / 2);
