@@ -65,7 +65,11 @@ async function inspect(url: string) {
   let next = 0;
   const waiting = new Map<number, (message: { result?: unknown; error?: unknown }) => void>();
   socket.addEventListener("message", (event) => {
-    const message = JSON.parse(String(event.data)) as { id?: number };
+    const message = JSON.parse(String(event.data)) as {
+      id?: number;
+      result?: unknown;
+      error?: unknown;
+    };
     if (message.id !== undefined) waiting.get(message.id)?.(message);
   });
   return {

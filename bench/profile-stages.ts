@@ -71,8 +71,10 @@ const STAGES: [RegExp, string][] = [
   [/^node_modules\//, "libraries, other"],
 ];
 
-const BUILTIN_STAGES: Record<string, string> = {
-  "(program)": "runtime outside JS (I/O, RPC, HTTP)",
+const RUNTIME = "runtime outside JS (I/O, RPC, HTTP)";
+
+const BUILTIN_STAGES: Record<string, string | undefined> = {
+  "(program)": RUNTIME,
   "(garbage collector)": "garbage collection",
   "(idle)": "(idle)",
   "(root)": "(idle)",
@@ -116,7 +118,7 @@ export function chargeProfile(profile: CpuProfile, ranges: Map<string, ModuleRan
       BUILTIN_STAGES[name] ?? (name === "fetch" && frame?.scriptId === "0" ? FETCH : undefined);
     const module = builtin === undefined ? moduleOf(id) : null;
     // Native code that no module of ours called: the runtime's own callbacks.
-    const stage = builtin ?? (module === null ? BUILTIN_STAGES["(program)"] : stageOf(module));
+    const stage = builtin ?? (module === null ? RUNTIME : stageOf(module));
     if (stage === "(idle)") continue;
     busyMs += ms;
     stages.set(stage, (stages.get(stage) ?? 0) + ms);
