@@ -219,6 +219,8 @@ export interface EdgeOptions {
   asyncTrace?: string;
   /** Reach the Worker through Miniflare's entry Worker (workerd runtime only; `--entry-worker`). */
   entryWorker?: boolean;
+  /** Serve the V8 inspector on this port (workerd runtime only), for CPU profiles. */
+  inspectorPort?: number;
 }
 
 /** A Worker running locally. */
@@ -261,6 +263,7 @@ export async function startWorkerd(options: EdgeOptions): Promise<RunningEdge> {
       ...(options.persistTo ? ["--persist-to", options.persistTo] : []),
       ...(options.asyncTrace ? ["--async-trace", options.asyncTrace] : []),
       ...(options.entryWorker ? ["--entry-worker"] : []),
+      ...(options.inspectorPort ? ["--inspector-port", String(options.inspectorPort)] : []),
       ...(options.verbose ? ["--verbose"] : []),
     ],
     {
