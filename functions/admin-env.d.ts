@@ -15,6 +15,11 @@ interface Env {
   WARMGATE_ENV?: string;
   /** Workers Analytics Engine dataset for per-request events; optional (wrangler.toml). */
   ANALYTICS?: AnalyticsEngineDataset;
+  /**
+   * Benchmarks only: milliseconds added before every call the edge makes to a key's account,
+   * as if it lived on another continent. Unset (no delay) in production.
+   */
+  WARMGATE_ACCOUNT_DELAY_MS?: string;
 }
 
 declare namespace Cloudflare {
@@ -24,5 +29,6 @@ declare namespace Cloudflare {
     ORIGIN_TOKEN?: string;
     WARMGATE_ENV?: string;
     ANALYTICS?: AnalyticsEngineDataset;
+    WARMGATE_ACCOUNT_DELAY_MS?: string;
   }
 }

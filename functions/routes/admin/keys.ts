@@ -135,6 +135,8 @@ export const adminKeys = new Hono<{ Bindings: Env }>()
       ...(expires_at === undefined ? {} : { expiresAt: expires_at }),
     });
     if (record === null) throw noSuchKey(id);
+    // This isolate's lease of the key ends now; every other one within its window.
+    c.var.edge.leases.drop(id);
     await keyDirectory(c.env).upsert(record);
     return c.json(keyJson(record));
   })
@@ -143,6 +145,8 @@ export const adminKeys = new Hono<{ Bindings: Env }>()
     if (!(await known(c.env, id))) throw noSuchKey(id);
     const record = await keyAccount(c.env, id).revoke(Date.now());
     if (record === null) throw noSuchKey(id);
+    // This isolate's lease of the key ends now; every other one within its window.
+    c.var.edge.leases.drop(id);
     await keyDirectory(c.env).upsert(record);
     return c.json(keyJson(record));
   })
@@ -164,6 +168,7 @@ export const adminKeys = new Hono<{ Bindings: Env }>()
         param: "id",
       });
     }
+    c.var.edge.leases.drop(id);
     await keyDirectory(c.env).upsert(record);
     return c.json({ ...keyJson(record), key });
   });

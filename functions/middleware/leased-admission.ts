@@ -1,0 +1,111 @@
+/**
+ * Admission of an API key's completion under its isolate's lease, or exactly in its
+ * account when it does not fit (docs/edge.md, "Leased allowances"): the lease renewed in
+ * the background before it runs out, trimmed before an exact admission, and given back
+ * once the key has gone quiet in the isolate.
+ */
+import type { Context } from "hono";
+import type { AppEnv } from "../app-env.ts";
+import {
+  type AdmitRequestInput,
+  admitRequest,
+  callLease,
+} from "../accounts/account-client.ts";
+import type { LeasedAdmission, LeaseCandidate, LocalRequest } from "../accounts/leases.ts";
+import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
+import type { LeaseAsk } from "../../durable-objects/key-account/leases/types.ts";
+import type { AdmitResult } from "../../durable-objects/key-account/types.ts";
+import { waitUntilOf } from "./request-context.ts";
+
+/** A request the lease is asked to admit: its models with their allowances, its prompt. */
+export function localRequest(
+  candidates: readonly LeaseCandidate[],
+  promptTokens: number,
+  origin: string | null,
+): LocalRequest {
+  return { candidates, promptTokens, origin };
+}
+
+/** Admits the request under its key's lease in this isolate; null when it does not fit. */
+export function admitUnderLease(c: Context<AppEnv>, request: LocalRequest): LeasedAdmission | null {
+  const { config, credential, edge } = c.var;
+  if (!config.leases.enabled || credential.kind !== "key") return null;
+  const leased = edge.leases.admit(credential.keyId, credential.secretHash, request, Date.now());
+  if (leased !== null) keepLease(c);
+  return leased;
+}
+
+/**
+ * Admits the request exactly in its account (one call), which first takes back what the
+ * isolate's lease holds unused, so that it never stands in the way, and may grant a lease.
+ */
+export async function admitExactly(
+  c: Context<AppEnv>,
+  input: AdmitRequestInput,
+  request: LocalRequest,
+): Promise<AdmitResult> {
+  const { config, credential, edge } = c.var;
+  const now = Date.now();
+  const leasing = config.leases.enabled && credential.kind === "key";
+  if (leasing) edge.leases.note(credential.keyId, request, now);
+  const ask = leasing ? edge.leases.ask(credential.keyId, "trim", leaseOptions(config, now)) : null;
+  const hash = credential.kind === "key" ? credential.secretHash : "";
+  let answer: Awaited<ReturnType<typeof admitRequest>>;
+  try {
+    answer = await admitRequest(c.env, edge.settlements, credential, input, ask);
+  } catch (error) {
+    if (ask !== null) edge.leases.answered(credential.keyId, hash, ask, null, now);
+    throw error;
+  }
+  const { lease, ...result } = answer;
+  if (ask !== null) {
+    // A key that refuses the credential (revoked, rotated) ends the lease here at once.
+    const dropped = !result.ok && result.code === "invalid_api_key";
+    edge.leases.answered(credential.keyId, hash, ask, { lease, dropped }, now);
+  }
+  return result;
+}
+
+/** Renews the key's lease in the background when it runs low or its window half passed. */
+export function keepLease(c: Context<AppEnv>): void {
+  const { config, credential, edge } = c.var;
+  if (credential.kind !== "key") return;
+  const now = Date.now();
+  if (!edge.leases.due(credential.keyId, config.leases.windowMs, now)) return;
+  const options = leaseOptions(config, now);
+  waitUntilOf(c)(
+    callLease(c.env, edge, credential.keyId, credential.secretHash, "renew", options),
+  );
+}
+
+/**
+ * A leased request ended: its slot is free in the lease. When nothing of the key is in
+ * flight and nothing is admitted for half a window, the lease is given back.
+ */
+export function leaseEnded(c: Context<AppEnv>, leased: LeasedAdmission): void {
+  const { config, credential, edge } = c.var;
+  if (credential.kind !== "key") return;
+  edge.leases.ended(credential.keyId, leased.leaseId);
+  const since = Date.now();
+  if (!edge.leases.quiet(credential.keyId, since)) return;
+  const { windowMs } = config.leases;
+  waitUntilOf(c)(
+    (async () => {
+      await new Promise((resolve) => setTimeout(resolve, windowMs / 2));
+      if (!edge.leases.quiet(credential.keyId, since)) return;
+      const options = leaseOptions(config, Date.now());
+      await callLease(c.env, edge, credential.keyId, credential.secretHash, "release", options);
+    })(),
+  );
+}
+
+function leaseOptions(
+  config: ResolvedConfig,
+  now: number,
+): { windowMs: number; models: LeaseAsk["models"]; now: number } {
+  return {
+    windowMs: config.leases.windowMs,
+    models: config.models.map((model) => ({ model: model.id, price: model.price })),
+    now,
+  };
+}
