@@ -6,6 +6,7 @@
 // key-payloads.ts; the admin token check is middleware/admin-auth.ts.
 // See docs/edge.md.
 
+import type { AppEnv } from "../../app-env.ts";
 import { Hono } from "hono";
 import { NO_BUDGETS, type UsageRow } from "../../../durable-objects/key-account/types.ts";
 import { ApiError, notFound } from "../../../contracts/errors.ts";
@@ -33,7 +34,7 @@ export const USAGE_FAN_OUT = 32;
  * `/admin/keys…`: create, list, get, update, revoke and rotate API keys;
  * `/admin/usage`: the usage API across keys.
  */
-export const adminKeys = new Hono<{ Bindings: Env }>()
+export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Variables"], "edge"> }>()
   .use("*", adminAuth())
   .get("/usage", async (c) => {
     const range = usageRange(c.req.query("from"), c.req.query("to"), Date.now());
