@@ -136,7 +136,7 @@ export class KeyAccount extends DurableObject<Env> {
    * allowances"), with the settlements it carries; committed before it answers.
    */
   async lease(call: LeaseCall): Promise<LeaseAnswer> {
-    const now = Date.now();
+    const now = call.now ?? Date.now();
     const settled = (call.settle ?? []).map((one) => settle(this.#store, one, one.now ?? now));
     giveBack(this.#store, call, call.secretHash, now);
     const outcome = grantLease(this.#store, call, call.secretHash, now);

@@ -113,10 +113,12 @@ function delayed<T extends object>(stub: T, delayMs: number): T {
   return new Proxy(stub, {
     get(target, name) {
       const value: unknown = Reflect.get(target, name);
-      if (typeof value !== "function") return value;
+      // Not `then`: the stub itself is not a promise.
+      if (typeof value !== "function" || name === "then") return value;
       return async (...args: unknown[]) => {
         await new Promise((resolve) => setTimeout(resolve, delayMs));
-        return (value as (...args: unknown[]) => unknown).apply(target, args);
+        // An RPC stub's methods are stubs too: `value.apply` would be a remote call.
+        return Reflect.apply(value, target, args);
       };
     },
   });
@@ -217,7 +219,13 @@ export async function callLease(
       ...(carried.inputs.length === 0 ? {} : { settle: carried.inputs }),
     });
     carried.answered(answer.commit);
-    edge.leases.answered(keyId, secretHash, ask, { lease: answer.lease, dropped: answer.lease === null }, now);
+    edge.leases.answered(
+      keyId,
+      secretHash,
+      ask,
+      { lease: answer.lease, dropped: answer.lease === null },
+      now,
+    );
   } catch (error) {
     edge.leases.answered(keyId, secretHash, ask, null, now);
     logWarn("lease call failed", { key_id: keyId, mode, error });

@@ -2,7 +2,7 @@
  * The leases an isolate holds from its keys' accounts (docs/edge.md, "Leased allowances";
  * docs/key-account.md): a request that fits its key's lease is admitted here, with no call,
  * under an id the lease names; the lease is renewed in the background before it runs out,
- * given back when the isolate goes quiet, and trimmed before any exact admission.
+ * and trimmed before any exact admission.
  */
 import { leasedRequestId } from "../../contracts/lease-ids.ts";
 import { type ModelPrice, maxPicos, utcDay, worstCasePicos } from "../../contracts/pricing.ts";
@@ -51,7 +51,6 @@ interface Held {
 interface KeyLeases {
   held: Held | null;
   busy: boolean;
-  lastAdmitAt: number;
   window: { start: number; rate: LeaseRate };
   previous: LeaseRate;
 }
@@ -66,7 +65,12 @@ export class AccountLeases {
    * Admits a request under its key's lease when it fits every allowance and the key's terms
    * as the lease carries them; null otherwise (the request is then admitted exactly).
    */
-  admit(keyId: string, secretHash: string, request: LocalRequest, now: number): LeasedAdmission | null {
+  admit(
+    keyId: string,
+    secretHash: string,
+    request: LocalRequest,
+    now: number,
+  ): LeasedAdmission | null {
     const key = this.#keys.get(keyId);
     const held = key?.held;
     if (key === undefined || held === undefined || held === null) return null;
@@ -212,16 +216,6 @@ export class AccountLeases {
     );
   }
 
-  /** Whether the key's lease has gone quiet since `since`: nothing in flight, nothing admitted. */
-  quiet(keyId: string, since: number): boolean {
-    const key = this.#keys.get(keyId);
-    const held = key?.held;
-    return (
-      key !== undefined && held !== null && held !== undefined && !key.busy &&
-      held.used.inFlight === 0 && key.lastAdmitAt <= since
-    );
-  }
-
   /** Forgets the key's lease (the key changed here: it is admitted exactly from now). */
   drop(keyId: string): void {
     this.#keys.delete(keyId);
@@ -238,7 +232,7 @@ export class AccountLeases {
   #key(keyId: string, now: number): KeyLeases {
     let key = this.#keys.get(keyId);
     if (key === undefined) {
-      key = { held: null, busy: false, lastAdmitAt: 0, window: { start: now, rate: NO_RATE }, previous: NO_RATE };
+      key = { held: null, busy: false, window: { start: now, rate: NO_RATE }, previous: NO_RATE };
       this.#keys.set(keyId, key);
     }
     return key;
@@ -254,7 +248,6 @@ export class AccountLeases {
       picos: rate.picos + picos,
       inFlight: Math.max(rate.inFlight, key.held?.used.inFlight ?? 0),
     };
-    key.lastAdmitAt = now;
   }
 
   /** Counts a request admitted exactly in the key's rate, which sizes its next lease. */

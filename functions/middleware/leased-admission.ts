@@ -1,16 +1,12 @@
 /**
  * Admission of an API key's completion under its isolate's lease, or exactly in its
  * account when it does not fit (docs/edge.md, "Leased allowances"): the lease renewed in
- * the background before it runs out, trimmed before an exact admission, and given back
- * once the key has gone quiet in the isolate.
+ * the background before it runs out and trimmed before an exact admission; one the isolate
+ * stops renewing lapses in the account.
  */
 import type { Context } from "hono";
 import type { AppEnv } from "../app-env.ts";
-import {
-  type AdmitRequestInput,
-  admitRequest,
-  callLease,
-} from "../accounts/account-client.ts";
+import { type AdmitRequestInput, admitRequest, callLease } from "../accounts/account-client.ts";
 import type { LeasedAdmission, LeaseCandidate, LocalRequest } from "../accounts/leases.ts";
 import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import type { LeaseAsk } from "../../durable-objects/key-account/leases/types.ts";
@@ -73,30 +69,13 @@ export function keepLease(c: Context<AppEnv>): void {
   const now = Date.now();
   if (!edge.leases.due(credential.keyId, config.leases.windowMs, now)) return;
   const options = leaseOptions(config, now);
-  waitUntilOf(c)(
-    callLease(c.env, edge, credential.keyId, credential.secretHash, "renew", options),
-  );
+  waitUntilOf(c)(callLease(c.env, edge, credential.keyId, credential.secretHash, "renew", options));
 }
 
-/**
- * A leased request ended: its slot is free in the lease. When nothing of the key is in
- * flight and nothing is admitted for half a window, the lease is given back.
- */
+/** A leased request ended (settled, or released when its client left): its slot is free. */
 export function leaseEnded(c: Context<AppEnv>, leased: LeasedAdmission): void {
-  const { config, credential, edge } = c.var;
-  if (credential.kind !== "key") return;
-  edge.leases.ended(credential.keyId, leased.leaseId);
-  const since = Date.now();
-  if (!edge.leases.quiet(credential.keyId, since)) return;
-  const { windowMs } = config.leases;
-  waitUntilOf(c)(
-    (async () => {
-      await new Promise((resolve) => setTimeout(resolve, windowMs / 2));
-      if (!edge.leases.quiet(credential.keyId, since)) return;
-      const options = leaseOptions(config, Date.now());
-      await callLease(c.env, edge, credential.keyId, credential.secretHash, "release", options);
-    })(),
-  );
+  const { credential, edge } = c.var;
+  if (credential.kind === "key") edge.leases.ended(credential.keyId, leased.leaseId);
 }
 
 function leaseOptions(
