@@ -112,8 +112,7 @@ export class KeyAccount extends DurableObject<Env> {
   async admit(input: AdmitInput & { lease?: LeaseAsk }): Promise<AdmitAnswer & LeaseHeld> {
     const now = Date.now();
     const settled = (input.settle ?? []).map((one) => settle(this.#store, one, one.now ?? now));
-    // An API key's isolate gives back what its lease holds unused first, so that its own
-    // lease never stands in the way, and is granted one again with an admission.
+    // An API key's isolate gives back its lease's unused part first (docs/key-account.md).
     const hash = input.credential.kind === "key" ? input.credential.secretHash : null;
     const ask = hash === null ? undefined : input.lease;
     endDueLeases(this.#store, now);
@@ -128,13 +127,10 @@ export class KeyAccount extends DurableObject<Env> {
     if (result.ok) await this.#ensureAlarm(result.leaseExpiresAt);
     await this.#leaseAlarm();
     await this.#alarmFor(settled, now);
-    return { ...result, lease, commit: this.#store.stamp() };
+    return { ...result, ...(ask !== undefined && { lease }), commit: this.#store.stamp() };
   }
 
-  /**
-   * Renews, tops up, grants or releases an isolate's lease (docs/key-account.md, "Leased
-   * allowances"), with the settlements it carries; committed before it answers.
-   */
+  /** Renews, grants or releases an isolate's lease, settling what it carries; committed. */
   async lease(call: LeaseCall): Promise<LeaseAnswer> {
     const now = call.now ?? Date.now();
     const settled = (call.settle ?? []).map((one) => settle(this.#store, one, one.now ?? now));
@@ -269,7 +265,6 @@ export class KeyAccount extends DurableObject<Env> {
     }
   }
 
-  // When the next lease lapses or ends.
   async #leaseAlarm(): Promise<void> {
     const next = this.#store.leases.nextExpiry();
     if (Number.isFinite(next)) await this.#ensureAlarm(next);

@@ -216,6 +216,11 @@ export class AccountLeases {
     );
   }
 
+  /** Whether a call about the key's lease is under way. */
+  busy(keyId: string): boolean {
+    return this.#keys.get(keyId)?.busy ?? false;
+  }
+
   /** Forgets the key's lease (the key changed here: it is admitted exactly from now). */
   drop(keyId: string): void {
     this.#keys.delete(keyId);

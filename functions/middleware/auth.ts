@@ -143,12 +143,13 @@ export function admitCompletion() {
       price: model.price,
     }));
     const request = localRequest(candidates, plan.totalPromptTokens, origin);
-    leased = admitUnderLease(c, request);
+    const endUser = endUserOf(credential, body.user);
+    leased = admitUnderLease(c, request, endUser);
     if (leased !== null) {
       // The lease names its requests, so that its account can ask about any it never hears of.
       c.set("requestId", leased.admission.requestId);
       settlement.rename(leased.admission.requestId);
-      c.set("leased", { admittedAt: leased.admittedAt, endUser: endUserOf(credential, body.user) });
+      c.set("leased", { admittedAt: leased.admittedAt, endUser });
     }
     const [first, ...rest] = candidates;
     const result =
@@ -162,7 +163,7 @@ export function admitCompletion() {
           maxTokens: first?.maxTokens ?? 0,
           price: first?.price ?? plan.model.price,
           fallbacks: rest,
-          endUser: endUserOf(credential, body.user),
+          endUser,
           origin,
           leaseMs: LEASE_MS,
         },

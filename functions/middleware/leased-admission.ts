@@ -23,9 +23,16 @@ export function localRequest(
 }
 
 /** Admits the request under its key's lease in this isolate; null when it does not fit. */
-export function admitUnderLease(c: Context<AppEnv>, request: LocalRequest): LeasedAdmission | null {
+export function admitUnderLease(
+  c: Context<AppEnv>,
+  request: LocalRequest,
+  endUser: string | null,
+): LeasedAdmission | null {
   const { config, credential, edge } = c.var;
   if (!config.leases.enabled || credential.kind !== "key") return null;
+  // A request recorded for an end user is admitted exactly: its row names the user even
+  // if its isolate dies before settling it.
+  if (endUser !== null) return null;
   const leased = edge.leases.admit(credential.keyId, credential.secretHash, request, Date.now());
   if (leased !== null) keepLease(c);
   return leased;
@@ -41,9 +48,36 @@ export async function admitExactly(
   request: LocalRequest,
 ): Promise<AdmitResult> {
   const { config, credential, edge } = c.var;
-  const now = Date.now();
   const leasing = config.leases.enabled && credential.kind === "key";
-  if (leasing) edge.leases.note(credential.keyId, request, now);
+  if (leasing) edge.leases.note(credential.keyId, request, Date.now());
+  const first = await admitOnce(c, input, leasing);
+  if (first.ok || first.trimmed || !leasing || !limitRefusal(first.result)) return first.result;
+  // Refused while another call about the lease was under way, so what it holds unused may
+  // have stood in the way: once that call answered, asked again with the lease trimmed.
+  for (let i = 0; i < BUSY_POLLS && edge.leases.busy(credential.keyId); i++) {
+    await new Promise((resolve) => setTimeout(resolve, BUSY_POLL_MS));
+  }
+  return (await admitOnce(c, input, leasing)).result;
+}
+
+// How long an exact admission waits, at most, for a call about its lease to answer.
+const BUSY_POLLS = 100;
+const BUSY_POLL_MS = 10;
+
+function limitRefusal(result: AdmitResult): boolean {
+  return (
+    !result.ok && (result.code === "rate_limit_exceeded" || result.code === "insufficient_quota")
+  );
+}
+
+// One exact admission call, trimming the lease when no other call about it is under way.
+async function admitOnce(
+  c: Context<AppEnv>,
+  input: AdmitRequestInput,
+  leasing: boolean,
+): Promise<{ ok: boolean; trimmed: boolean; result: AdmitResult }> {
+  const { config, credential, edge } = c.var;
+  const now = Date.now();
   const ask = leasing ? edge.leases.ask(credential.keyId, "trim", leaseOptions(config, now)) : null;
   const hash = credential.kind === "key" ? credential.secretHash : "";
   let answer: Awaited<ReturnType<typeof admitRequest>>;
@@ -57,9 +91,9 @@ export async function admitExactly(
   if (ask !== null) {
     // A key that refuses the credential (revoked, rotated) ends the lease here at once.
     const dropped = !result.ok && result.code === "invalid_api_key";
-    edge.leases.answered(credential.keyId, hash, ask, { lease, dropped }, now);
+    edge.leases.answered(credential.keyId, hash, ask, { lease: lease ?? null, dropped }, now);
   }
-  return result;
+  return { ok: result.ok, trimmed: ask !== null, result };
 }
 
 /** Renews the key's lease in the background when it runs low or its window half passed. */

@@ -247,9 +247,12 @@ function heldLease(store: AccountStore, ask: LeaseAsk, secretHash: string): Leas
   return lease?.state === "open" && lease.secretHash === secretHash ? lease : undefined;
 }
 
+function clamp(value: number, most: number): number {
+  return Math.max(0, Math.min(most, Math.floor(value)));
+}
+
 // What the isolate says it used, never more than it was granted.
 function clampUse(lease: LeaseEntry, used: LeaseUse): LeaseUse {
-  const clamp = (value: number, most: number) => Math.max(0, Math.min(most, Math.floor(value)));
   const picos =
     lease.picos === null
       ? 0n

@@ -21,6 +21,10 @@ export interface Allowance {
   slots: number;
 }
 
+function share(left: number, divisor: number): number {
+  return Math.floor(Math.max(0, left) / divisor);
+}
+
 /** What an isolate's rate asks a lease to hold: two windows of it, at least a few requests. */
 export function leaseTarget(rate: LeaseRate): Allowance {
   const requests = Math.max(MIN_LEASE_REQUESTS, 2 * rate.requests);
@@ -39,7 +43,6 @@ export function leaseTarget(rate: LeaseRate): Allowance {
  * minimum of requests (then the lease is not topped up).
  */
 export function topUp(target: Allowance, unused: Allowance, headroom: Allowance): Allowance | null {
-  const share = (left: number, divisor: number) => Math.floor(Math.max(0, left) / divisor);
   const requests = Math.min(
     Math.max(0, target.requests - unused.requests),
     share(headroom.requests, LEASE_SHARE),

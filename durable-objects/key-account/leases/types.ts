@@ -71,9 +71,9 @@ export interface LeaseGrant {
   rateLimit: RateLimitInfo;
 }
 
-/** The lease an admission's answer carries (null: none). */
+/** The lease an admission's answer carries when it was asked for one (null: none). */
 export interface LeaseHeld {
-  lease: LeaseGrant | null;
+  lease?: LeaseGrant | null;
 }
 
 /** The answer to a lease call: the lease to hold now (null: none), and where its writes stand. */
