@@ -233,7 +233,7 @@ function lapseUnsettled(store: AccountStore, lease: LeaseEntry, at: number): voi
   for (let seq = 0; seq < lease.idsUsed; seq++) {
     if (settled.has(seq)) continue;
     for (let index = 0; index < lease.models.length; index++) {
-      store.ledger.lapse(leasedRequestId(lease.leaseId, index, seq), at);
+      store.ledger.lapseLeased(leasedRequestId(lease.leaseId, index, seq), at);
     }
   }
 }
