@@ -1,7 +1,7 @@
 // Secrets (`wrangler secret put`) and `.dev.vars` variables; `wrangler types` cannot see
-// them, so they are declared here.
+// them, so they are declared here, once, for both views of the environment.
 // See docs/edge.md.
-interface Env {
+interface SecretsEnv {
   /** Bearer token of the `/admin` API. */
   ADMIN_TOKEN?: string;
   /**
@@ -22,13 +22,8 @@ interface Env {
   WARMGATE_ACCOUNT_DELAY_MS?: string;
 }
 
+interface Env extends SecretsEnv {}
+
 declare namespace Cloudflare {
-  interface Env {
-    ADMIN_TOKEN?: string;
-    TOKEN_SIGNING_SECRET?: string;
-    ORIGIN_TOKEN?: string;
-    WARMGATE_ENV?: string;
-    ANALYTICS?: AnalyticsEngineDataset;
-    WARMGATE_ACCOUNT_DELAY_MS?: string;
-  }
+  interface Env extends SecretsEnv {}
 }
