@@ -72,19 +72,26 @@ export function authenticate() {
 }
 
 /**
- * Checks the credential with its KeyAccount without consuming any limit: a revoked,
- * expired or rotated-out key is refused, as is a browser origin the key no longer allows.
+ * Checks the caller's credential with its KeyAccount without consuming any limit: a
+ * revoked, expired or rotated-out key is refused, as is a browser origin the key no longer
+ * allows. Answers the key's record.
  */
+export async function checkCaller(c: Context<AppEnv>) {
+  const origin = c.req.header("origin") ?? null;
+  const { credential } = c.var;
+  const result = await checkCredential(c.env, credential, { origin });
+  if (!result.ok) {
+    if (result.code === "origin_not_allowed") c.set("allowedOrigin", null);
+    throw refusalError(result, credential.keyId);
+  }
+  if (origin !== null) c.set("allowedOrigin", origin);
+  return result.record;
+}
+
+/** {@link checkCaller} as a middleware. */
 export function verifyCredential() {
   return createMiddleware<AppEnv>(async function verifyWithAccount(c, next) {
-    const origin = c.req.header("origin") ?? null;
-    const { credential } = c.var;
-    const result = await checkCredential(c.env, credential, { origin });
-    if (!result.ok) {
-      if (result.code === "origin_not_allowed") c.set("allowedOrigin", null);
-      throw refusalError(result, credential.keyId);
-    }
-    if (origin !== null) c.set("allowedOrigin", origin);
+    await checkCaller(c);
     await next();
   });
 }
