@@ -13,6 +13,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { benchChatBody, closedLoop, fmt, markdownTable, timedRequest } from "./lib.ts";
+import { BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { cpuTimeMs, workerdPid } from "./processes.ts";
 import { type CpuProfile, chargeProfile, moduleRanges } from "./profile-stages.ts";
 import { createKey, startStack } from "../scripts/stack.ts";
@@ -97,14 +98,7 @@ let report: string;
 try {
   const apiKey = await createKey(stack.edgeUrl, stack.adminToken, {
     name: "bench-profile",
-    limits: {
-      rpm: 100_000_000,
-      tpm: 1_000_000_000_000,
-      concurrency: 1_024,
-      budget_usd_day: 1_000_000,
-      budget_usd_month: 10_000_000,
-      credit_usd: 100_000_000,
-    },
+    limits: BENCH_KEY_LIMITS,
   });
   const url = `${stack.edgeUrl}/v1/chat/completions`;
   const headers = { "content-type": "application/json", authorization: `Bearer ${apiKey}` };

@@ -21,6 +21,7 @@ import {
   writeResult,
   type Workload,
 } from "./lib.ts";
+import { BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { cpuTimeMs, workerdPid, workerdRss } from "./processes.ts";
 import { type RunningPortkey, PORTKEY_VERSION, startPortkey } from "./portkey.ts";
 import {
@@ -59,16 +60,6 @@ const C32_REQUESTS = Number(args["c32-requests"] ?? (quick ? 480 : 1200));
 const PROMPT_REQUESTS = Number(args["prompt-requests"] ?? (quick ? 80 : 240));
 const MAX_TOKENS = Number(args["max-tokens"]);
 const BLOCK_WARM = Number(args["block-warm"]);
-
-/** Limits and budgets enforced on every request, none of them reached by this benchmark. */
-const BENCH_KEY_LIMITS = {
-  rpm: 100_000_000,
-  tpm: 1_000_000_000_000,
-  concurrency: 1_024,
-  budget_usd_day: 1_000_000,
-  budget_usd_month: 10_000_000,
-  credit_usd: 100_000_000,
-};
 
 /** Prompt sizes (tokens) of the prompt workloads; the largest fits the 32,768-token window. */
 const PROMPT_SIZES = { "1k": 1_000, "8k": 8_000, "32k": 31_500 } as const;
