@@ -85,6 +85,8 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
      picos_micros INTEGER NOT NULL, picos_picos INTEGER NOT NULL, reserved_micros INTEGER NOT NULL,
      reserved_picos INTEGER NOT NULL, slots INTEGER NOT NULL, ids_used INTEGER NOT NULL,
      models TEXT NOT NULL, ended_at INTEGER);`,
+  // Blocking: a key may be blocked and unblocked (status 'blocked'), unlike revoked.
+  `ALTER TABLE key_record ADD COLUMN blocked_at INTEGER;`,
 ];
 
 /**
@@ -123,6 +125,7 @@ export type RecordRow = {
   budget_month_micros: number | null;
   credit_micros: number | null;
   allow_region_override: number;
+  blocked_at: number | null;
 };
 
 export type SecretRow = {
@@ -226,7 +229,7 @@ export function recordOf(row: RecordRow): KeyRecord {
   return {
     id: row.id,
     name: row.name,
-    status: row.status === "revoked" ? "revoked" : "active",
+    status: row.status === "revoked" || row.status === "blocked" ? row.status : "active",
     limits: { rpm: row.rpm, tpm: row.tpm, concurrency: row.concurrency },
     budgets: {
       dayMicros: row.budget_day_micros,
@@ -241,6 +244,7 @@ export function recordOf(row: RecordRow): KeyRecord {
     createdAt: row.created_at,
     updatedAt: row.updated_at,
     revokedAt: row.revoked_at,
+    blockedAt: row.blocked_at,
     previousSecretValidUntil: null,
     version: row.version,
   };

@@ -14,8 +14,8 @@ export type KeyTier = (typeof KEY_TIERS)[number];
 /** How long a reservation may stay open before the alarm releases it, unless given. */
 export const RESERVATION_LEASE_MS = 15 * 60_000;
 
-/** Whether a key may be used at all. */
-export type KeyStatus = "active" | "revoked";
+/** Whether a key may be used: `blocked` refuses every request until unblocked; `revoked` is final. */
+export type KeyStatus = "active" | "blocked" | "revoked";
 
 /** Per-minute and in-flight limits, for a key or for one end user of a browser token. */
 export interface Limits {
@@ -50,6 +50,7 @@ export type InvalidKeyReason = "unknown" | "bad_secret" | "revoked" | "expired" 
 export type AdmissionRefusal =
   | { ok: false; code: "invalid_api_key"; reason: InvalidKeyReason }
   | { ok: false; code: "origin_not_allowed"; origin: string }
+  | { ok: false; code: "key_blocked" }
   | { ok: false; code: "model_not_allowed"; model: string }
   | {
       ok: false;
@@ -119,6 +120,8 @@ export interface KeyRecord {
   createdAt: number;
   updatedAt: number;
   revokedAt: number | null;
+  /** When the key was blocked, while it is; null when it is not. */
+  blockedAt: number | null;
   /** End of the grace period of the previous secret after a rotation, if still running. */
   previousSecretValidUntil: number | null;
   /** Increases with every change, so copies of the record (the directory) keep the newest. */
@@ -152,6 +155,8 @@ export interface KeyUpdateInput {
   tier?: KeyTier;
   allowRegionOverride?: boolean;
   expiresAt?: number | null;
+  /** Blocks (true) or unblocks (false) the key; ignored for a revoked key. */
+  blocked?: boolean;
   now: number;
 }
 
@@ -334,7 +339,7 @@ export type CheckCredential =
  */
 export type KeyCheckResult =
   | { ok: true; record: KeyRecord; secretGeneration: number }
-  | Extract<AdmissionRefusal, { code: "invalid_api_key" | "origin_not_allowed" }>;
+  | Extract<AdmissionRefusal, { code: "invalid_api_key" | "origin_not_allowed" | "key_blocked" }>;
 
 /** A refusal of a credential. */
 export type CredentialRefusal = Exclude<KeyCheckResult, { ok: true }>;

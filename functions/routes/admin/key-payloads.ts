@@ -87,11 +87,14 @@ const KeyFields = {
   expires_at: ExpiresAt.nullable(),
 };
 
+/** `blocked` is changed with `PATCH` (or the block and unblock routes), not set at creation. */
+const UpdateOnlyFields = { blocked: z.boolean() };
+
 /** Body of `POST /admin/keys`: all but `name` optional. */
 export const CreateKeyRequest = z.strictObject(KeyFields).partial().required({ name: true });
 
 /** Body of `PATCH /admin/keys/{id}`: any subset of the create fields. */
-export const UpdateKeyRequest = z.strictObject(KeyFields).partial();
+export const UpdateKeyRequest = z.strictObject({ ...KeyFields, ...UpdateOnlyFields }).partial();
 
 /** Body of `POST /admin/keys/{id}/rotate`. */
 export const RotateKeyRequest = z.strictObject({
@@ -120,6 +123,7 @@ export function keyJson(record: KeyRecord): Record<string, unknown> {
     created_at: seconds(record.createdAt),
     updated_at: seconds(record.updatedAt),
     revoked_at: seconds(record.revokedAt),
+    blocked_at: seconds(record.blockedAt),
     previous_key_expires_at: seconds(record.previousSecretValidUntil),
   };
 }

@@ -26,6 +26,8 @@ import {
 } from "./key-payloads.ts";
 import { onlyParams, sumUsage, totalsJson, usageRange, usageReport, usageUser } from "../usage.ts";
 import { KEY_ID_PATTERN, mintApiKey, newKeyId } from "../../accounts/keys.ts";
+import { auditEntry } from "../../accounts/audit.ts";
+import type { Context } from "hono";
 
 /** Key accounts asked at once by `GET /admin/usage`. */
 export const USAGE_FAN_OUT = 32;
@@ -96,7 +98,7 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
       now,
     });
     if (record === null) throw new Error("key id already in use");
-    await keyDirectory(c.env).upsert(record);
+    await keyDirectory(c.env).upsert(record, await auditEntry(c, "key.create", target(id), body));
     return c.json({ ...keyJson(record), key }, 201);
   })
   .get("/keys", async (c) => {
@@ -128,8 +130,9 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     const id = c.req.param("id");
     if (!(await known(c.env, id))) throw noSuchKey(id);
     const body = await readJsonBody(c.req.raw, UpdateKeyRequest);
-    const { name, limits, allowed_origins, models, tier, expires_at } = body;
+    const { name, limits, allowed_origins, models, tier, expires_at, blocked } = body;
     if (models) checkKeyModels(c.env.WARMGATE_CONFIG, models);
+    if (blocked !== undefined) await refuseIfRevoked(c.env, id);
     const override = body.allow_region_override;
     const record = await keyAccount(c.env, id).update({
       now: Date.now(),
@@ -140,13 +143,16 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
       ...(tier === undefined ? {} : { tier }),
       ...(override === undefined ? {} : { allowRegionOverride: override }),
       ...(expires_at === undefined ? {} : { expiresAt: expires_at }),
+      ...(blocked === undefined ? {} : { blocked }),
     });
     if (record === null) throw noSuchKey(id);
     // This isolate's lease of the key ends now; every other one within its window.
     c.var.edge.leases.drop(id);
-    await keyDirectory(c.env).upsert(record);
+    await keyDirectory(c.env).upsert(record, await auditEntry(c, "key.update", target(id), body));
     return c.json(keyJson(record));
   })
+  .post("/keys/:id/block", (c) => setBlocked(c, true))
+  .post("/keys/:id/unblock", (c) => setBlocked(c, false))
   .delete("/keys/:id", async (c) => {
     const id = c.req.param("id");
     if (!(await known(c.env, id))) throw noSuchKey(id);
@@ -154,7 +160,7 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     if (record === null) throw noSuchKey(id);
     // This isolate's lease of the key ends now; every other one within its window.
     c.var.edge.leases.drop(id);
-    await keyDirectory(c.env).upsert(record);
+    await keyDirectory(c.env).upsert(record, await auditEntry(c, "key.revoke", target(id)));
     return c.json(keyJson(record));
   })
   .post("/keys/:id/rotate", async (c) => {
@@ -168,17 +174,45 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
       graceMs: graceSeconds * 1_000,
       now: Date.now(),
     });
-    if (record === null) {
-      throw new ApiError(409, "A revoked key cannot be rotated.", {
-        type: "invalid_request_error",
-        code: "key_revoked",
-        param: "id",
-      });
-    }
+    if (record === null) throw keyRevoked("rotated");
     c.var.edge.leases.drop(id);
-    await keyDirectory(c.env).upsert(record);
+    const audit = await auditEntry(c, "key.rotate", target(id), { grace_seconds: graceSeconds });
+    await keyDirectory(c.env).upsert(record, audit);
     return c.json({ ...keyJson(record), key });
   });
+
+type AdminContext = Context<{ Bindings: Env; Variables: Pick<AppEnv["Variables"], "edge"> }>;
+
+// `POST /admin/keys/{id}/block` and `/unblock`: the key's requests are refused (403
+// `key_blocked`) or admitted again; its leases end as for any change (docs/key-account.md).
+async function setBlocked(c: AdminContext, blocked: boolean): Promise<Response> {
+  const id = c.req.param("id") ?? "";
+  if (!(await known(c.env, id))) throw noSuchKey(id);
+  await refuseIfRevoked(c.env, id);
+  const record = await keyAccount(c.env, id).update({ blocked, now: Date.now() });
+  if (record === null) throw noSuchKey(id);
+  c.var.edge.leases.drop(id);
+  const action = blocked ? "key.block" : "key.unblock";
+  await keyDirectory(c.env).upsert(record, await auditEntry(c, action, target(id)));
+  return c.json(keyJson(record));
+}
+
+async function refuseIfRevoked(env: Env, id: string): Promise<void> {
+  const current = await keyAccount(env, id).get();
+  if (current?.status === "revoked") throw keyRevoked("blocked or unblocked");
+}
+
+function keyRevoked(what: string): ApiError {
+  return new ApiError(409, `A revoked key cannot be ${what}.`, {
+    type: "invalid_request_error",
+    code: "key_revoked",
+    param: "id",
+  });
+}
+
+function target(id: string): { type: string; id: string } {
+  return { type: "key", id };
+}
 
 // Only indexed keys are looked up, so probing ids never creates a KeyAccount.
 async function known(env: Env, id: string): Promise<boolean> {

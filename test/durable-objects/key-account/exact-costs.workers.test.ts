@@ -150,6 +150,7 @@ describe("KeyAccount schema migration to pico-dollars", () => {
       );
       sql.exec("DELETE FROM schema_migrations WHERE version >= 7");
       sql.exec("DROP TABLE leases");
+      sql.exec("ALTER TABLE key_record DROP COLUMN blocked_at");
     });
     await evictDurableObject(stub);
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
