@@ -7,6 +7,7 @@ import {
   KEY_TIERS,
   type KeyRecord,
   type LedgerRecord,
+  type MetadataValue,
   type RequestAttempt,
   type UsageRow,
 } from "./types.ts";
@@ -87,7 +88,21 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
      models TEXT NOT NULL, ended_at INTEGER);`,
   // Blocking: a key may be blocked and unblocked (status 'blocked'), unlike revoked.
   `ALTER TABLE key_record ADD COLUMN blocked_at INTEGER;`,
+  // Tags and metadata on the key; each ledger row's tags (the key's and the request's).
+  `ALTER TABLE key_record ADD COLUMN tags TEXT NOT NULL DEFAULT '[]';
+   ALTER TABLE key_record ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}';
+   ALTER TABLE ledger ADD COLUMN tags TEXT NOT NULL DEFAULT '[]';`,
+  // Spend logs: how the client saw each request, and rows listed newest first.
+  `ALTER TABLE ledger ADD COLUMN http_status INTEGER;
+   ALTER TABLE ledger ADD COLUMN duration_ms INTEGER;
+   ALTER TABLE ledger ADD COLUMN ttft_ms INTEGER;
+   CREATE INDEX ledger_created ON ledger (created_at, request_id);`,
 ];
+
+/** The tags of a request's row: the key's, then the request's own not among them. */
+export function rowTags(keyTags: readonly string[], requestTags: readonly string[] = []): string[] {
+  return [...new Set([...keyTags, ...requestTags])];
+}
 
 /**
  * An amount as SQLite stores it: whole micro-dollars and the pico-dollars below them (or a
@@ -126,6 +141,8 @@ export type RecordRow = {
   credit_micros: number | null;
   allow_region_override: number;
   blocked_at: number | null;
+  tags: string;
+  metadata: string;
 };
 
 export type SecretRow = {
@@ -158,7 +175,11 @@ export interface LedgerEntry {
   cachedTokens: number | null;
   completionTokens: number | null;
   costPicos: bigint;
+  tags: string[];
   attempts: RequestAttempt[];
+  httpStatus: number | null;
+  durationMs: number | null;
+  ttftMs: number | null;
 }
 
 /** The fields of a ledger entry that only its closing sets. */
@@ -170,12 +191,15 @@ export const NOT_CLOSED = {
   completionTokens: null,
   costPicos: 0n,
   attempts: [],
+  httpStatus: null,
+  durationMs: null,
+  ttftMs: null,
 } as const satisfies Partial<LedgerEntry>;
 
 export const LEDGER_COLUMNS = `request_id, state, model, day, subject, subject_tpm, end_user,
   reserved_tokens, reserved_micros, reserved_picos, candidates, created_at, expires_at,
   closed_at, outcome, prompt_tokens, cached_tokens, completion_tokens, cost_micros, cost_picos,
-  attempts`;
+  attempts, tags, http_status, duration_ms, ttft_ms`;
 
 export type LedgerRow = {
   request_id: string;
@@ -199,6 +223,10 @@ export type LedgerRow = {
   cost_micros: number;
   cost_picos: number;
   attempts: string;
+  tags: string;
+  http_status: number | null;
+  duration_ms: number | null;
+  ttft_ms: number | null;
 };
 
 export type UsageDbRow = {
@@ -245,6 +273,8 @@ export function recordOf(row: RecordRow): KeyRecord {
     updatedAt: row.updated_at,
     revokedAt: row.revoked_at,
     blockedAt: row.blocked_at,
+    tags: JSON.parse(row.tags) as string[],
+    metadata: JSON.parse(row.metadata) as Record<string, MetadataValue>,
     previousSecretValidUntil: null,
     version: row.version,
   };
@@ -293,6 +323,10 @@ export function ledgerEntryOf(row: LedgerRow): LedgerEntry {
     completionTokens: row.completion_tokens,
     costPicos: storedPicos(row.cost_micros, row.cost_picos),
     attempts: JSON.parse(row.attempts) as RequestAttempt[],
+    tags: JSON.parse(row.tags) as string[],
+    httpStatus: row.http_status,
+    durationMs: row.duration_ms,
+    ttftMs: row.ttft_ms,
   };
 }
 
@@ -311,7 +345,11 @@ export function ledgerRecordOf(entry: LedgerEntry): LedgerRecord {
     reservedPicos: entry.reservedPicos,
     costPicos: entry.costPicos,
     endUser: entry.endUser,
+    tags: entry.tags,
     attempts: entry.attempts,
+    httpStatus: entry.httpStatus,
+    durationMs: entry.durationMs,
+    ttftMs: entry.ttftMs,
   };
 }
 

@@ -17,6 +17,16 @@ export const RESERVATION_LEASE_MS = 15 * 60_000;
 /** Whether a key may be used: `blocked` refuses every request until unblocked; `revoked` is final. */
 export type KeyStatus = "active" | "blocked" | "revoked";
 
+/** A tag: on a key, on a request (`x-warmgate-tags`) and on its ledger row. */
+export const TAG_PATTERN = /^[A-Za-z0-9_.:=/@+-]{1,64}$/;
+/** Most tags a key carries. */
+export const MAX_KEY_TAGS = 32;
+/** Most tags one request names in `x-warmgate-tags`. */
+export const MAX_REQUEST_TAGS = 16;
+
+/** A value of a key's free metadata. */
+export type MetadataValue = string | number | boolean | null;
+
 /** Per-minute and in-flight limits, for a key or for one end user of a browser token. */
 export interface Limits {
   rpm: number;
@@ -122,6 +132,10 @@ export interface KeyRecord {
   revokedAt: number | null;
   /** When the key was blocked, while it is; null when it is not. */
   blockedAt: number | null;
+  /** Its tags: every request of the key carries them on its ledger row. */
+  tags: string[];
+  /** Free metadata of the operator's, never read by the gateway. */
+  metadata: Record<string, MetadataValue>;
   /** End of the grace period of the previous secret after a rotation, if still running. */
   previousSecretValidUntil: number | null;
   /** Increases with every change, so copies of the record (the directory) keep the newest. */
@@ -141,6 +155,8 @@ export interface KeyCreateInput {
   tier: KeyTier;
   allowRegionOverride?: boolean;
   expiresAt: number | null;
+  tags?: string[];
+  metadata?: Record<string, MetadataValue>;
   now: number;
 }
 
@@ -157,6 +173,8 @@ export interface KeyUpdateInput {
   expiresAt?: number | null;
   /** Blocks (true) or unblocks (false) the key; ignored for a revoked key. */
   blocked?: boolean;
+  tags?: string[];
+  metadata?: Record<string, MetadataValue>;
   now: number;
 }
 
@@ -195,6 +213,8 @@ export interface AdmitInput {
   fallbacks?: AdmitFallback[];
   /** The OpenAI `user` field, recorded with the reservation. */
   endUser?: string | null;
+  /** The request's own tags (`x-warmgate-tags`); its row carries them and the key's. */
+  tags?: string[];
   /** The browser `Origin` header, if any. */
   origin?: string | null;
   /** Decision time; omit to use this object's clock (one clock per key). */
@@ -279,6 +299,8 @@ export interface SettleInput {
   admitted?: SettledAdmission | null;
   /** How the client saw it, for the account's metrics (docs/metrics.md). */
   metrics?: SettleMetrics;
+  /** The request's own tags, for a row opened at its settlement (leased, or forgotten). */
+  tags?: string[];
   /** Admitted under its isolate's lease: the tokens it took, its end user, when. */
   leased?: { reservedTokens: number; endUser: string | null; admittedAt: number };
   now?: number;
@@ -374,11 +396,49 @@ export interface LedgerRecord {
   reservedPicos: bigint;
   costPicos: bigint;
   endUser: string | null;
+  /** The key's tags and the request's own. */
+  tags: string[];
   attempts: RequestAttempt[];
+  /** The HTTP status its client received, once settled with it; else null. */
+  httpStatus: number | null;
+  /** From the edge receiving it to its settlement; null until then. */
+  durationMs: number | null;
+  /** To its first streamed byte; null when not streamed. */
+  ttftMs: number | null;
 }
 
-/** The answer to `usage`: rollup rows, or why the credential was refused. */
-export type UsageResult = { ok: true; rows: UsageRow[] } | CredentialRefusal;
+/** Which rows a spend log page lists, newest first. */
+export interface RequestLogQuery {
+  limit: number;
+  /** Rows created in [from, to) (epoch ms). */
+  from: number;
+  to: number;
+  /** Only rows older than this one (the cursor), when given. */
+  before?: { createdAt: number; requestId: string };
+  user?: string;
+  tag?: string;
+  model?: string;
+  /** `open` (in flight), or how the row closed. */
+  status?: LedgerRecord["outcome"] | "open";
+}
+
+/** Totals of one tag over a range of days. */
+export type TagUsageRow = UsageTotals & { tag: string };
+
+/** What `usage` is asked: a range of UTC days, optionally one end user's or one tag's rows. */
+export interface UsageQuery {
+  from: string;
+  to: string;
+  user?: string;
+  tag?: string;
+  /** `tag`: totals per tag as well. */
+  by?: "tag";
+  /** Only for this key's own secret (the edge's `/v1/usage`). */
+  credential?: CheckCredential;
+}
+
+/** The answer to `usage`: rows per day and model (and per tag when asked), or a refusal. */
+export type UsageResult = { ok: true; rows: UsageRow[]; tags?: TagUsageRow[] } | CredentialRefusal;
 
 /** The answer to `record`: the request's ledger row (null when unknown), or a refusal. */
 export type RecordResult = { ok: true; record: LedgerRecord | null } | CredentialRefusal;
@@ -389,6 +449,12 @@ export type RecordResult = { ok: true; record: LedgerRecord | null } | Credentia
  * to share one commit instead of holding each answer for its own.
  */
 export const ACCOUNT_WRITE_DELAY_MS = 50;
+
+/**
+ * How long a closed ledger row is kept (a repeated settle is recognised meanwhile; end-user,
+ * tag and spend-log reads reach this far back).
+ */
+export const LEDGER_RETENTION_MS = 35 * 86_400_000;
 
 /** No spending limit at all. */
 export const NO_BUDGETS: Budgets = { dayMicros: null, monthMicros: null, creditMicros: null };

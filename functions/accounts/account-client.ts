@@ -153,6 +153,7 @@ export async function admitRequest(
     ...(input.price === undefined ? {} : { price: input.price }),
     ...(input.fallbacks === undefined ? {} : { fallbacks: input.fallbacks }),
     endUser: input.endUser ?? null,
+    ...(input.tags === undefined ? {} : { tags: input.tags }),
     origin: input.origin ?? null,
     ...(input.leaseMs === undefined ? {} : { leaseMs: input.leaseMs }),
     ...(input.now === undefined ? {} : { now: input.now }),
