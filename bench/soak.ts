@@ -94,7 +94,8 @@ async function send(n: number, keys: string[], counts: Map<string, number>): Pro
     });
     const reader = res.body?.getReader();
     let chunks = 0;
-    while (reader) {
+    for (;;) {
+      if (!reader) break;
       const { done } = await reader.read();
       if (done) break;
       if (cancel && ++chunks === 3) {

@@ -46,18 +46,18 @@ describe("soak targets", () => {
   });
 });
 
-describe("heap summary", () => {
-  const snapshot = (nodes: number[]) => ({
-    snapshot: {
-      meta: {
-        node_fields: ["type", "name", "id", "self_size", "edge_count"],
-        node_types: [["hidden", "array", "string", "object", "code", "closure"]],
-      },
+const snapshot = (nodes: number[]) => ({
+  snapshot: {
+    meta: {
+      node_fields: ["type", "name", "id", "self_size", "edge_count"],
+      node_types: [["hidden", "array", "string", "object", "code", "closure"]],
     },
-    nodes,
-    strings: ["", "Map", "Request", "run"],
-  });
+  },
+  nodes,
+  strings: ["", "Map", "Request", "run"],
+});
 
+describe("heap summary", () => {
   it("sums objects by constructor and the rest by node type, and ranks growth", () => {
     const before = summarizeHeap(snapshot([3, 1, 1, 100, 0, 2, 0, 2, 40, 0]));
     const after = summarizeHeap(
