@@ -15,13 +15,24 @@ export const RoutingSchema = z
     /** Fewest leading blocks (16 tokens each) that make an origin's match worth keeping. */
     min_match_blocks: z.int().min(1).max(1024).default(4),
     /**
-     * A warm origin keeps its prefixes until its predicted time to first token exceeds the
-     * best origin's by this share plus `spread_ms`; past it the prefix spreads.
+     * Engine steps that one sequence an origin already runs or queues counts against it:
+     * the price of load, weighed against the prefill a warm match saves (decode included:
+     * a step grows with the sequences in it, so load costs more on a busy origin).
      */
-    spread_ratio: z.number().min(0).max(100).default(1),
-    spread_ms: z.number().min(0).max(60_000).default(100),
-    /** A cold prefix's consistent-hash origin is skipped above this multiple of the mean load. */
-    load_bound: z.number().min(1).max(10).default(1.25),
+    seq_cost_steps: z.number().min(0).max(1000).default(8),
+    /**
+     * Share of a prefill that each prompt token a placement pushes out of a full cache
+     * costs: a block evicted now is prefilled again when its prefix comes back.
+     */
+    eviction_weight: z.number().min(0).max(100).default(1),
+    /** Engine step assumed for an origin that reports none (ms). */
+    step_ms: z.number().positive().max(10_000).default(20),
+    /**
+     * Placements whose costs are within this of the lowest are equal; of those, the first
+     * in the prefix's rendezvous order wins, so routers that share nothing agree and a
+     * prefix gathers back on its home origin when its traffic falls.
+     */
+    tie_ms: z.number().min(0).max(60_000).default(10),
     /** Prefill speed assumed for an origin that reports none (prompt tokens per second). */
     prefill_tokens_per_s: z.number().positive().default(10_000),
     /** Most prefix blocks remembered per origin (a bound on memory). */
@@ -32,9 +43,10 @@ export const RoutingSchema = z
     /** What a router runs with. */
     settings: {
       minMatchBlocks: routing.min_match_blocks,
-      spreadRatio: routing.spread_ratio,
-      spreadMs: routing.spread_ms,
-      loadBound: routing.load_bound,
+      seqCostSteps: routing.seq_cost_steps,
+      evictionWeight: routing.eviction_weight,
+      stepMs: routing.step_ms,
+      tieMs: routing.tie_ms,
       prefillTokensPerMs: routing.prefill_tokens_per_s / 1000,
       maxIndexBlocks: routing.max_index_blocks,
     },

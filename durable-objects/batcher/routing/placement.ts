@@ -1,9 +1,9 @@
 /**
- * The placement decision (docs/routing.md, "Placement"): a predicted time to first token
- * per origin from its queue, its uncached share of the prompt and its decode load; the
- * warmest origin unless it is much worse than the best; a cold prefix on its
- * consistent-hash origin under a bound on load. Pure: the same inputs give the same
- * origin on every edge and Batcher shard.
+ * The placement decision (docs/routing.md, "Placement"): one cost per origin, in ms of its
+ * engine time, from the prefill the request still needs there and the prefill queued ahead,
+ * the load the origin already carries (decode included) and what the request's new blocks
+ * would push out of its cache; the lowest wins, equal ones by the prefix's rendezvous order.
+ * Pure: the same inputs give the same origin on every edge and Batcher shard.
  */
 import type { RouterSettings } from "../../../contracts/config/routing.ts";
 
@@ -24,21 +24,6 @@ export interface RouteCandidate {
   kvRoomTokens: number | null;
 }
 
-/**
- * Sequences by which a warm origin may exceed the mean load (when also above
- * `loadBound` times it) before its prefix spreads: below it, moving a prefix costs more
- * (a prefill) than the imbalance (decode speed), as the SGLang router's balance
- * thresholds have it.
- */
-export const WARM_IMBALANCE_SEQS = 8;
-
-/**
- * How close to the best predicted TTFT a new prefix's rendezvous origin must be to take
- * it: ties (idle origins, equal queues) go by the hash, anything else to the fastest.
- */
-export const COLD_TIE_RATIO = 0;
-export const COLD_TIE_MS = 10;
-
 /** Why a request went where it went. */
 export type PlacementReason = "cache_hit" | "session" | "cold" | "spread" | "pinned" | "fallback";
 
@@ -58,10 +43,15 @@ export interface PlacementInput {
   blocks: ArrayLike<number>;
   /** Its prompt tokens as the edge estimates them. */
   promptTokens: number;
-  /** The key cold placement hashes: a session, else its first blocks (see `coldKey`). */
+  /** The key equal costs are settled by: a session, else its first blocks (see `coldKey`). */
   coldKey: number;
   /** Leading blocks each candidate holds, by candidate. */
   matched: readonly number[];
+  /**
+   * Prompt tokens each candidate's cache takes before it evicts, by candidate (null or
+   * absent: unbounded).
+   */
+  freeTokens?: readonly (number | null)[];
   /** The origin its session last went to, when it has one. */
   sessionOrigin: string | null;
 }
@@ -75,14 +65,38 @@ export interface PlacementChoice {
   predictedTtftMs: number;
 }
 
-/** Predicted time to first token on `c` for a prompt of which `uncached` tokens need a prefill. */
-export function predictTtftMs(c: RouteCandidate, uncached: number, s: RouterSettings): number {
+/** What placing a request on one candidate costs, in ms of that origin's engine time. */
+export interface PlacementCost {
+  /** Prompt tokens it would prefill there. */
+  uncached: number;
+  /** Its predicted time to first token: the prefill queued ahead, its own, one step. */
+  ttftMs: number;
+  /** The load the origin already carries: `seqCostSteps` steps per sequence. */
+  loadMs: number;
+  /** The prefill of what its new blocks push out of a full cache, times `evictionWeight`. */
+  evictionMs: number;
+  total: number;
+}
+
+/**
+ * The cost of placing a prompt of which `uncached` tokens need a prefill on `c`, whose
+ * cache takes `freeTokens` more before it evicts (null: unbounded).
+ */
+export function placementCost(
+  c: RouteCandidate,
+  uncached: number,
+  freeTokens: number | null,
+  s: RouterSettings,
+): PlacementCost {
   const rate = c.prefillTokensPerMs ?? s.prefillTokensPerMs;
-  const step = c.stepMs > 0 ? c.stepMs : 1;
-  // Sequences beyond the engine's slots wait for others to finish: about a few steps each.
-  const slots = c.maxNumSeqs ?? Number.POSITIVE_INFINITY;
-  const excess = Math.max(0, c.load + 1 - slots);
-  return (c.backlogTokens + uncached) / rate + step * (1 + 4 * excess);
+  // The reported step is a recent mean, longer while the engine decodes many sequences:
+  // the same queue weighs more on a busy origin.
+  const step = c.stepMs > 0 ? c.stepMs : s.stepMs;
+  const ttftMs = (c.backlogTokens + uncached) / rate + step;
+  const loadMs = s.seqCostSteps * step * c.load;
+  const evicted = freeTokens === null ? 0 : Math.max(0, uncached - freeTokens);
+  const evictionMs = (s.evictionWeight * evicted) / rate;
+  return { uncached, ttftMs, loadMs, evictionMs, total: ttftMs + loadMs + evictionMs };
 }
 
 /** Uncached prompt tokens when `matched` of `blocks` leading blocks are cached. */
@@ -92,11 +106,10 @@ export function uncachedTokens(promptTokens: number, blocks: number, matched: nu
 }
 
 /**
- * The placement among `candidates` (non-empty): the warmest origin (at least
- * `minMatchBlocks`) unless its predicted TTFT is above the best's by more than
- * `spreadRatio` and `spreadMs` (then the best: the prefix spreads); else the session's
- * origin on the same terms; else the cold key's consistent-hash origin, skipping those
- * above `loadBound` times the mean load.
+ * The placement among `candidates` (non-empty): the lowest {@link placementCost}, among
+ * those whose KV room takes the request when any does. Costs within `tieMs` of the lowest
+ * are equal: of those, the warmest, then the session's origin, then the first in the cold
+ * key's rendezvous order. A match shorter than `minMatchBlocks` counts as none.
  */
 export function choosePlacement(
   candidates: readonly RouteCandidate[],
@@ -104,76 +117,50 @@ export function choosePlacement(
   s: RouterSettings,
 ): PlacementChoice {
   const n = input.blocks.length;
-  const need = candidates.map((_, i) =>
-    uncachedTokens(input.promptTokens, n, input.matched[i] ?? 0),
+  const least = Math.min(s.minMatchBlocks, n);
+  const matched = candidates.map((_, i) => {
+    const m = input.matched[i] ?? 0;
+    return n > 0 && m >= least ? m : 0;
+  });
+  const costs = candidates.map((c, i) =>
+    placementCost(
+      c,
+      uncachedTokens(input.promptTokens, n, matched[i] ?? 0),
+      input.freeTokens?.[i] ?? null,
+      s,
+    ),
   );
-  const ttft = candidates.map((c, i) => predictTtftMs(c, need[i] ?? 0, s));
   const fits = candidates.map(
-    (c, i) => c.kvRoomTokens === null || c.kvRoomTokens >= (need[i] ?? 0),
+    (c, i) => c.kvRoomTokens === null || c.kvRoomTokens >= (costs[i]?.uncached ?? 0),
   );
   const anyFits = fits.some(Boolean);
-  const order = rendezvousOrder(candidates, input.coldKey);
-  let best = -1;
-  for (const i of order) {
-    if (!fits[i] && anyFits) continue;
-    if (best < 0 || (ttft[i] as number) < (ttft[best] as number)) best = i;
+  const usable = (i: number) => fits[i] === true || !anyFits;
+  let lowest = Number.POSITIVE_INFINITY;
+  for (const [i, cost] of costs.entries()) {
+    if (usable(i)) lowest = Math.min(lowest, cost.total);
   }
-  const bestTtft = ttft[best] as number;
-  const choice = (i: number, reason: PlacementReason): PlacementChoice => ({
-    origin: (candidates[i] as RouteCandidate).id,
+  const tied = (i: number) => usable(i) && (costs[i]?.total ?? 0) <= lowest + s.tieMs;
+  const session = candidates.findIndex((c) => c.id === input.sessionOrigin);
+  // Of equal costs: the warmest (no copy), then the session's origin, then the rendezvous
+  // order, the same on every router, so that a prefix whose traffic falls gathers back on
+  // its first origin and its copies age out of the other caches.
+  let pick = -1;
+  for (const i of rendezvousOrder(candidates, input.coldKey)) {
+    if (!tied(i)) continue;
+    const m = matched[i] ?? 0;
+    const held = pick < 0 ? -1 : (matched[pick] ?? 0);
+    if (m > held || (m === 0 && held === 0 && i === session)) pick = i;
+  }
+  const warmest = Math.max(...matched);
+  const got = matched[pick] ?? 0;
+  let reason: PlacementReason = pick === session ? "session" : "cold";
+  if (warmest > 0) reason = got === warmest ? "cache_hit" : "spread";
+  return {
+    origin: (candidates[pick] as RouteCandidate).id,
     reason,
-    matchedBlocks: input.matched[i] ?? 0,
-    predictedTtftMs: ttft[i] as number,
-  });
-  // Bounded load, as consistent hashing with bounded loads has it: a new prefix goes to
-  // no origin above `loadBound` times the mean sequences (counting this one). A warm one
-  // stays unless its origin is both `loadBound` times and WARM_IMBALANCE_SEQS above the
-  // mean.
-  const load = (i: number) => (candidates[i] as RouteCandidate).load;
-  const total = candidates.reduce((sum, c) => sum + c.load, 0);
-  const coldBound = Math.ceil((s.loadBound * (total + 1)) / candidates.length);
-  const under = (i: number, bound: number) => load(i) < bound;
-  const mean = (total + 1) / candidates.length;
-  const balanced = (i: number) =>
-    load(i) < s.loadBound * mean || load(i) - mean <= WARM_IMBALANCE_SEQS;
-  const fast = (i: number) => (ttft[i] as number) <= bestTtft * (1 + s.spreadRatio) + s.spreadMs;
-  const closeEnough = (i: number) => fits[i] === true && balanced(i) && fast(i);
-
-  let warm = -1;
-  for (const i of order) {
-    const m = input.matched[i] ?? 0;
-    if (m < Math.min(s.minMatchBlocks, n)) continue;
-    // Of origins holding as much, the least loaded (load reports are the same on every
-    // router), then the first in rendezvous order.
-    const held = input.matched[warm] ?? 0;
-    const lighter = warm >= 0 && load(i) < load(warm);
-    if (warm < 0 || m > held || (m === held && lighter)) warm = i;
-  }
-  if (warm >= 0 && n > 0) return closeEnough(warm) ? choice(warm, "cache_hit") : spread(warm);
-
-  if (input.sessionOrigin !== null) {
-    const at = candidates.findIndex((c) => c.id === input.sessionOrigin);
-    if (at >= 0 && closeEnough(at)) return choice(at, "session");
-  }
-
-  // Cold: the first origin in the key's rendezvous order that is under the bound and
-  // close to the best, so that edges and Batcher shards that share nothing (their
-  // backlogs come from the same load reports) place a new prefix alike.
-  const tied = (i: number) => (ttft[i] as number) <= bestTtft * (1 + COLD_TIE_RATIO) + COLD_TIE_MS;
-  for (const i of order) {
-    if (fits[i] === true && under(i, coldBound) && tied(i)) return choice(i, "cold");
-  }
-  return choice(best, "spread");
-
-  function spread(from: number): PlacementChoice {
-    // Among the origins close to the best, the warmest: a hot prefix spreads to as few
-    // origins as keep its time to first token low.
-    let pick = best;
-    for (const i of order) {
-      if (closeEnough(i) && (input.matched[i] ?? 0) > (input.matched[pick] ?? 0)) pick = i;
-    }
-    return choice(pick, pick === from ? "cache_hit" : "spread");
-  }
+    matchedBlocks: input.matched[pick] ?? 0,
+    predictedTtftMs: (costs[pick] as PlacementCost).ttftMs,
+  };
 }
 
 /** Candidate positions by rendezvous (highest random weight) hashing of `key`. */
