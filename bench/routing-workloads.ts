@@ -149,7 +149,10 @@ export function agents(count = 48, turns = 8, tokens = 1_500): Workload {
     turns,
     turn: (turn, history) => [
       ...(history.length === 0 ? [{ role: "system", content: system }] : history),
-      { role: "user", content: `Agent ${a}, step ${turn}, tool result: ${text(160, a * 100 + turn)}` },
+      {
+        role: "user",
+        content: `Agent ${a}, step ${turn}, tool result: ${text(160, a * 100 + turn)}`,
+      },
     ],
   }));
   return { name: "agents", sessions };
@@ -167,7 +170,8 @@ export function rag(count = 600, documents = 96, apps = 3, tokens = 2_000): Work
   let state = 17;
   for (let i = 0; i < count; i++) {
     state = (Math.imul(state, 1103515245) + 12345) >>> 0;
-    const d = state % documents;
+    // The high bits: an LCG's low bits repeat with a short period.
+    const d = (state >>> 16) % documents;
     sessions.push(
       single(
         [

@@ -5,7 +5,7 @@
  * process that started it is gone.
  * See README.md, "Quick start".
  */
-import { rm, writeFile } from "node:fs/promises";
+import { readFile, rm, writeFile } from "node:fs/promises";
 import { join, relative } from "node:path";
 import { parseArgs } from "node:util";
 import { onParentExit } from "./parent-watch.ts";
@@ -13,7 +13,7 @@ import { ROOT } from "./edge.ts";
 import { DEFAULT_REGIONS, startStack } from "./stack.ts";
 
 const USAGE =
-  "usage: npm start -- [--port N] [--time-scale X] [--origins-per-region N] [--state DIR] [--env-file FILE] [--verbose]";
+  "usage: npm start -- [--port N] [--time-scale X] [--origins-per-region N] [--config FILE] [--state DIR] [--env-file FILE] [--verbose]";
 
 function fail(message: string): never {
   console.error(`warmgate: ${message}\n${USAGE}`);
@@ -36,6 +36,7 @@ try {
       port: { type: "string" },
       "time-scale": { type: "string" },
       "origins-per-region": { type: "string" },
+      config: { type: "string" },
       state: { type: "string" },
       "env-file": { type: "string" },
       verbose: { type: "boolean", default: false },
@@ -55,6 +56,22 @@ const port = parseNumber("port", args.port, 1, 65535);
 if (port !== undefined && !Number.isInteger(port)) fail(`--port must be an integer`);
 const timeScale = parseNumber("time-scale", args["time-scale"], 0, 100) ?? 1;
 const perRegion = parseNumber("origins-per-region", args["origins-per-region"], 1, 16) ?? 2;
+
+const settings = args.config === undefined ? {} : await readSettings(args.config);
+
+/** Sections of the edge's configuration (`routing`, `batching`, `breakers`) from a JSON file. */
+async function readSettings(path: string): Promise<Record<string, unknown>> {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(await readFile(path, "utf8"));
+  } catch (error) {
+    fail(`--config ${path}: ${(error as Error).message}`);
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
+    fail(`--config ${path}: expected a JSON object of configuration sections`);
+  }
+  return parsed as Record<string, unknown>;
+}
 
 const state = args.state ?? join(ROOT, ".wrangler", "state");
 const envFile = args["env-file"] ?? join(state, "warmgate.env");
@@ -82,6 +99,7 @@ const stack = await startStack({
   ...(port ? { edgePort: port } : {}),
   sim: { timeScale },
   regions: DEFAULT_REGIONS.map((region) => ({ ...region, origins: perRegion })),
+  settings,
   persistTo: state,
   verbose: args.verbose,
 }).catch((error: unknown) => {

@@ -15,16 +15,23 @@ export const RoutingSchema = z
     /** Fewest leading blocks (16 tokens each) that make an origin's match worth keeping. */
     min_match_blocks: z.int().min(1).max(1024).default(4),
     /**
-     * Engine steps that one sequence an origin already runs or queues counts against it:
-     * the price of load, weighed against the prefill a warm match saves (decode included:
-     * a step grows with the sequences in it, so load costs more on a busy origin).
+     * Engine steps that an origin's load costs per even share of the region's load it
+     * carries, weighed against the prefill a warm match saves: an origin at twice the mean
+     * costs this many of its steps more than one at the mean (decode included: a step grows
+     * with the sequences in it, so load weighs more on a busy origin).
      */
-    seq_cost_steps: z.number().min(0).max(1000).default(8),
+    seq_cost_steps: z.number().min(0).max(10_000).default(64),
     /**
      * Share of a prefill that each prompt token a placement pushes out of a full cache
      * costs: a block evicted now is prefilled again when its prefix comes back.
      */
     eviction_weight: z.number().min(0).max(100).default(1),
+    /**
+     * What each prompt token a placement has to prefill weighs beyond its own wait, as a
+     * share of its prefill: it is work added to the region, which every request queued
+     * behind it waits for too, where a backlog elsewhere only moves.
+     */
+    prefill_weight: z.number().min(0).max(100).default(4),
     /** Engine step assumed for an origin that reports none (ms). */
     step_ms: z.number().positive().max(10_000).default(20),
     /**
@@ -45,6 +52,7 @@ export const RoutingSchema = z
       minMatchBlocks: routing.min_match_blocks,
       seqCostSteps: routing.seq_cost_steps,
       evictionWeight: routing.eviction_weight,
+      prefillWeight: routing.prefill_weight,
       stepMs: routing.step_ms,
       tieMs: routing.tie_ms,
       prefillTokensPerMs: routing.prefill_tokens_per_s / 1000,

@@ -71,8 +71,10 @@ export interface PlacementCost {
   uncached: number;
   /** Its predicted time to first token: the prefill queued ahead, its own, one step. */
   ttftMs: number;
-  /** The load the origin already carries: `seqCostSteps` steps per sequence. */
+  /** The load the origin already carries: `seqCostSteps` steps per even share of the region's. */
   loadMs: number;
+  /** Its own prefill again, times `prefillWeight`: work added to the region. */
+  workMs: number;
   /** The prefill of what its new blocks push out of a full cache, times `evictionWeight`. */
   evictionMs: number;
   total: number;
@@ -80,12 +82,14 @@ export interface PlacementCost {
 
 /**
  * The cost of placing a prompt of which `uncached` tokens need a prefill on `c`, whose
- * cache takes `freeTokens` more before it evicts (null: unbounded).
+ * cache takes `freeTokens` more before it evicts (null: unbounded), where an even share of
+ * the region's load is `share` sequences.
  */
 export function placementCost(
   c: RouteCandidate,
   uncached: number,
   freeTokens: number | null,
+  share: number,
   s: RouterSettings,
 ): PlacementCost {
   const rate = c.prefillTokensPerMs ?? s.prefillTokensPerMs;
@@ -93,10 +97,18 @@ export function placementCost(
   // the same queue weighs more on a busy origin.
   const step = c.stepMs > 0 ? c.stepMs : s.stepMs;
   const ttftMs = (c.backlogTokens + uncached) / rate + step;
-  const loadMs = s.seqCostSteps * step * c.load;
+  const loadMs = (s.seqCostSteps * step * c.load) / share;
+  const workMs = (s.prefillWeight * uncached) / rate;
   const evicted = freeTokens === null ? 0 : Math.max(0, uncached - freeTokens);
   const evictionMs = (s.evictionWeight * evicted) / rate;
-  return { uncached, ttftMs, loadMs, evictionMs, total: ttftMs + loadMs + evictionMs };
+  return {
+    uncached,
+    ttftMs,
+    loadMs,
+    workMs,
+    evictionMs,
+    total: ttftMs + loadMs + workMs + evictionMs,
+  };
 }
 
 /** Uncached prompt tokens when `matched` of `blocks` leading blocks are cached. */
@@ -122,11 +134,18 @@ export function choosePlacement(
     const m = input.matched[i] ?? 0;
     return n > 0 && m >= least ? m : 0;
   });
+  // An even share of the load, counting this request: load weighs relative to it, so that
+  // the same imbalance in sequences matters less the busier the region is.
+  const share = Math.max(
+    1,
+    (candidates.reduce((sum, c) => sum + c.load, 0) + 1) / candidates.length,
+  );
   const costs = candidates.map((c, i) =>
     placementCost(
       c,
       uncachedTokens(input.promptTokens, n, matched[i] ?? 0),
       input.freeTokens?.[i] ?? null,
+      share,
       s,
     ),
   );

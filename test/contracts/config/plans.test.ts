@@ -106,8 +106,9 @@ describe("batching plans, resolved when the configuration loads", () => {
     expect(planOf(config, "eu", "m").setup.routing).toBeNull();
     expect(planOf(config, "eu", "n").setup.routing).toEqual({
       minMatchBlocks: 4,
-      seqCostSteps: 8,
+      seqCostSteps: 64,
       evictionWeight: 1,
+      prefillWeight: 4,
       stepMs: 20,
       tieMs: 50,
       prefillTokensPerMs: 2,

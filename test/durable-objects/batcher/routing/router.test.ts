@@ -161,6 +161,93 @@ describe("placement", () => {
   });
 });
 
+describe("placement cost", () => {
+  const agent = (a: number, turns: number) => {
+    let text = system(5);
+    for (let t = 0; t < turns; t++) text += `Agent ${a} step ${t}: ${"tool output ".repeat(60)}`;
+    return text;
+  };
+
+  it("spreads sessions on one system prompt over the origins", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const load = new Map(ORIGINS.map((id) => [id, 0]));
+    const candidates = () => ORIGINS.map((id) => idle(id, { load: load.get(id) ?? 0 }));
+    // Twelve agents start one after another and keep running: each first turn shares only
+    // the system prompt with the others.
+    for (let a = 0; a < 12; a++) {
+      const placed = router.place(request(`a${a}`, agent(a, 1)), candidates());
+      load.set(placed.origin, (load.get(placed.origin) ?? 0) + 1);
+    }
+    expect(Math.max(...load.values())).toBeLessThanOrEqual(4);
+    expect(Math.min(...load.values())).toBeGreaterThanOrEqual(2);
+  });
+
+  it("keeps a session on the origin that holds its own history", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const idleAll = ORIGINS.map((id) => idle(id));
+    // The system prompt is on every origin; one agent's history is on one of them.
+    for (const id of ORIGINS)
+      router.place({ ...request(`s-${id}`, system(5)), pinned: id }, idleAll);
+    const home = router.place(request("t1", agent(1, 6)), idleAll).origin;
+    // Its origin carries one sequence more than the others: the history keeps it there.
+    const busier = ORIGINS.map((id) => idle(id, { load: id === home ? 3 : 2 }));
+    const next = router.place(request("t2", agent(1, 7)), busier);
+    expect(next).toMatchObject({ origin: home, reason: "cache_hit" });
+  });
+
+  it("copies a hot prefix once its origin carries more than its share", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const hot = system(7);
+    const home = router.place(
+      request("h0", `${hot}q0`),
+      ORIGINS.map((id) => idle(id)),
+    ).origin;
+    // Balanced: it stays.
+    const even = ORIGINS.map((id) => idle(id, { load: 10 }));
+    expect(router.preview(request("h1", `${hot}q1`), even).origin).toBe(home);
+    // Its origin runs three times the others' sequences: a copy is cheaper.
+    const piled = ORIGINS.map((id) => idle(id, { load: id === home ? 30 : 10 }));
+    const next = router.place(request("h2", `${hot}q2`), piled);
+    expect(next.origin).not.toBe(home);
+    expect(next.reason).toBe("spread");
+  });
+
+  it("gathers a spread prefix back on its first origin when its traffic falls", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const hot = system(8);
+    const idleAll = ORIGINS.map((id) => idle(id));
+    const home = router.place(request("g0", `${hot}q`), idleAll).origin;
+    // A burst copied it to every origin.
+    for (const id of ORIGINS)
+      router.place({ ...request(`c-${id}`, `${hot}c`), pinned: id }, idleAll);
+    // Quiet again: every request goes to the same origin, its first one.
+    for (let k = 0; k < 5; k++) {
+      expect(router.place(request(`g${k + 1}`, `${hot}q${k}`), idleAll)).toMatchObject({
+        origin: home,
+        reason: "cache_hit",
+      });
+    }
+  });
+
+  it("prefers an origin whose cache has room to one whose cache is full", () => {
+    const blocks = blockHashes("m", system(9));
+    const candidates = [idle("o1"), idle("o2")];
+    const input = { blocks, promptTokens: blocks.length * 16, coldKey: 1, sessionOrigin: null };
+    const full = [0, 100_000];
+    for (const order of [full, [...full].reverse()]) {
+      // Both hold its first half; the full one would evict the rest's room.
+      const half = Math.floor(blocks.length / 2);
+      const choice = choosePlacement(
+        candidates,
+        { ...input, matched: [half, half], freeTokens: order },
+        ROUTER_DEFAULTS,
+      );
+      expect(choice.origin).toBe(order[0] === 0 ? "o2" : "o1");
+      expect(choice.reason).toBe("cache_hit");
+    }
+  });
+});
+
 describe("corrections", () => {
   it("forgets an origin's blocks when its engine restarted", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
