@@ -161,13 +161,14 @@ describe("placement", () => {
   });
 });
 
-describe("placement cost", () => {
-  const agent = (a: number, turns: number) => {
-    let text = system(5);
-    for (let t = 0; t < turns; t++) text += `Agent ${a} step ${t}: ${"tool output ".repeat(60)}`;
-    return text;
-  };
+/** An agent's conversation after `turns` steps over the shared system prompt 5. */
+function agent(a: number, turns: number): string {
+  let text = system(5);
+  for (let t = 0; t < turns; t++) text += `Agent ${a} step ${t}: ${"tool output ".repeat(60)}`;
+  return text;
+}
 
+describe("placement cost", () => {
   it("spreads sessions on one system prompt over the origins", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
     const load = new Map(ORIGINS.map((id) => [id, 0]));
@@ -234,7 +235,7 @@ describe("placement cost", () => {
     const candidates = [idle("o1"), idle("o2")];
     const input = { blocks, promptTokens: blocks.length * 16, coldKey: 1, sessionOrigin: null };
     const full = [0, 100_000];
-    for (const order of [full, [...full].reverse()]) {
+    for (const order of [full, full.toReversed()]) {
       // Both hold its first half; the full one would evict the rest's room.
       const half = Math.floor(blocks.length / 2);
       const choice = choosePlacement(
