@@ -118,17 +118,9 @@ async function readBody(res: Response, cancelAfter: number | null): Promise<stri
   }
 }
 
-/** Sends one chat request of `kind` and classifies what came back. */
-export async function sendChaos(
-  url: string,
-  key: string,
-  kind: ChaosKind,
-  random: () => number,
-  index: number,
-): Promise<ChaosOutcome> {
-  const user = `chaos-${index}`;
-  const body = bodyOf(kind, random, index, user);
-  const outcome: ChaosOutcome = {
+/** What a request of `kind` has seen when it is sent at `sentAt`: nothing yet. */
+export function newOutcome(kind: ChaosKind, user: string, sentAt: number): ChaosOutcome {
+  return {
     kind,
     user,
     status: null,
@@ -144,9 +136,22 @@ export async function sendChaos(
     code: null,
     concurrencyRefusal: false,
     retryAfterMs: null,
-    sentAt: Date.now(),
+    sentAt,
     endedAt: 0,
   };
+}
+
+/** Sends one chat request of `kind` and classifies what came back. */
+export async function sendChaos(
+  url: string,
+  key: string,
+  kind: ChaosKind,
+  random: () => number,
+  index: number,
+): Promise<ChaosOutcome> {
+  const user = `chaos-${index}`;
+  const body = bodyOf(kind, random, index, user);
+  const outcome = newOutcome(kind, user, Date.now());
   const abort = new AbortController();
   const abortAfter = kind === "abort" ? 20 + random() * 300 : null;
   const timer = abortAfter === null ? null : setTimeout(() => abort.abort(), abortAfter);

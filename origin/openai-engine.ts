@@ -14,7 +14,7 @@ import type {
   EngineOutcome,
   EngineResponse,
 } from "./engine.ts";
-import type { ItemUsage, LoadReport } from "../contracts/protocol/schema.ts";
+import { IDLE_LOAD, type ItemUsage, type LoadReport } from "../contracts/protocol/schema.ts";
 import type { ErrorCode } from "../contracts/errors.ts";
 import { type Scrape, meanStepMs, parsePrometheus } from "./engine-metrics.ts";
 import {
@@ -318,17 +318,7 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
       const maxNumSeqs = options.maxNumSeqs ?? 0;
       if (scrape === null) {
         // No engine metrics (llama.cpp, Ollama): what this origin itself has in flight.
-        return {
-          running: inFlight,
-          waiting: 0,
-          kv_usage: 0,
-          kv_free_blocks: 0,
-          kv_total_blocks: 0,
-          block_size: 0,
-          prefix_queries: 0,
-          prefix_hits: 0,
-          max_num_seqs: maxNumSeqs,
-        };
+        return { ...IDLE_LOAD, running: inFlight, max_num_seqs: maxNumSeqs };
       }
       const cacheInfo = scrape.labels.get("vllm:cache_config_info") ?? {};
       const totalBlocks = Number(cacheInfo.num_gpu_blocks ?? 0) || 0;

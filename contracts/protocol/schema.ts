@@ -213,6 +213,19 @@ export const LoadReportSchema = z.object({
 /** Payload of a LOAD frame. */
 export type LoadReport = z.output<typeof LoadReportSchema>;
 
+/** A load report's counts when nothing runs and the engine reports no metrics. */
+export const IDLE_LOAD: Omit<LoadReport, "origin" | "t"> = {
+  running: 0,
+  waiting: 0,
+  kv_usage: 0,
+  kv_free_blocks: 0,
+  kv_total_blocks: 0,
+  block_size: 0,
+  prefix_queries: 0,
+  prefix_hits: 0,
+  max_num_seqs: 0,
+};
+
 /** The request an item id belongs to: a retry's attempt id is the request id, `.`, a number. */
 export function requestIdOf(itemId: string): string {
   const dot = itemId.indexOf(".");

@@ -66,33 +66,23 @@ export function chatCompletion(
   choices: ChoiceResult[],
   usage: UsageJson,
 ): unknown {
-  return {
-    id: head.id,
-    object: "chat.completion",
-    created: head.created,
-    model: head.model,
-    choices: choices.map((c) => ({
-      index: c.index,
-      message:
-        c.toolCall === null
-          ? { role: "assistant", content: c.text, refusal: null }
-          : {
-              role: "assistant",
-              content: null,
-              refusal: null,
-              tool_calls: [
-                {
-                  id: c.toolCall.id,
-                  type: "function",
-                  function: { name: c.toolCall.name, arguments: c.toolCall.arguments },
-                },
-              ],
-            },
-      logprobs: c.logprobs,
-      finish_reason: c.finishReason,
-    })),
-    usage,
-  };
+  return wholeCompletion(head, "chat.completion", usage, choices, (c) => ({
+    message:
+      c.toolCall === null
+        ? { role: "assistant", content: c.text, refusal: null }
+        : {
+            role: "assistant",
+            content: null,
+            refusal: null,
+            tool_calls: [
+              {
+                id: c.toolCall.id,
+                type: "function",
+                function: { name: c.toolCall.name, arguments: c.toolCall.arguments },
+              },
+            ],
+          },
+  }));
 }
 
 /** A non-streaming `text_completion`. */
@@ -101,14 +91,25 @@ export function textCompletion(
   choices: ChoiceResult[],
   usage: UsageJson,
 ): unknown {
+  return wholeCompletion(head, "text_completion", usage, choices, (c) => ({ text: c.text }));
+}
+
+/** A whole answer of `object`: each choice's `content` between its index and its ending. */
+function wholeCompletion(
+  head: ResponseHead,
+  object: string,
+  usage: UsageJson,
+  choices: ChoiceResult[],
+  content: (choice: ChoiceResult) => object,
+): unknown {
   return {
     id: head.id,
-    object: "text_completion",
+    object,
     created: head.created,
     model: head.model,
     choices: choices.map((c) => ({
       index: c.index,
-      text: c.text,
+      ...content(c),
       logprobs: c.logprobs,
       finish_reason: c.finishReason,
     })),

@@ -1,35 +1,12 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { type RunningStack, createKey, startStack } from "../../scripts/stack.ts";
+import { describe, expect, it } from "vitest";
+import { createKey } from "../../scripts/stack.ts";
+import { twoRegionStack } from "../support/two-regions.ts";
 import { metricValue, usdPicos } from "../support/edge-requests.ts";
 import { inParallel } from "../support/in-parallel.ts";
 
 // Through the real edge (wrangler dev, batcher, key accounts) and simulated origins at a
 // realistic pace, so a stream is still running when its client goes away.
-let stack: RunningStack;
-let euOrigin: string;
-
-const originAdmin = () => ({ authorization: `Bearer ${stack.originAdminToken}` });
-
-beforeAll(async () => {
-  stack = await startStack({
-    regions: [
-      { id: "eu", continents: ["EU"], origins: 1 },
-      { id: "us", continents: ["NA"], origins: 1 },
-    ],
-    sim: { seed: 3, timeScale: 1 },
-  });
-  euOrigin = stack.origins.find((o) => o.region === "eu")?.origin.url ?? "";
-}, 180_000);
-
-afterAll(async () => {
-  await stack?.stop();
-});
-
-afterEach(async () => {
-  await fetch(`${euOrigin}/admin/faults`, { method: "DELETE", headers: originAdmin() }).then((r) =>
-    r.arrayBuffer(),
-  );
-});
+const suite = twoRegionStack({ seed: 3, timeScale: 1 });
 
 type RequestRecord = {
   id: string;
@@ -45,7 +22,7 @@ async function completion(
   body: Record<string, unknown>,
   options: { region?: string; cancelAfterChunks?: number } = {},
 ): Promise<{ id: string; status: number; costHeader: string | null }> {
-  const res = await fetch(`${stack.edgeUrl}/v1/chat/completions`, {
+  const res = await fetch(`${suite.stack.edgeUrl}/v1/chat/completions`, {
     method: "POST",
     headers: {
       authorization: `Bearer ${key}`,
@@ -70,7 +47,7 @@ async function completion(
 }
 
 async function get<T>(key: string, path: string): Promise<T> {
-  const res = await fetch(`${stack.edgeUrl}${path}`, {
+  const res = await fetch(`${suite.stack.edgeUrl}${path}`, {
     headers: { authorization: `Bearer ${key}` },
   });
   return (await res.json()) as T;
@@ -89,13 +66,13 @@ async function settledRecord(key: string, id: string): Promise<RequestRecord> {
 
 describe("metering through the whole stack", () => {
   it("bills hundreds of mixed requests once each, and their costs add up to the key's totals", async () => {
-    const key = await createKey(stack.edgeUrl, stack.adminToken, {
+    const key = await createKey(suite.stack.edgeUrl, suite.stack.adminToken, {
       name: "conservation",
       allow_region_override: true,
     });
-    await fetch(`${euOrigin}/admin/faults`, {
+    await fetch(`${suite.euOrigin}/admin/faults`, {
       method: "PUT",
-      headers: { "content-type": "application/json", ...originAdmin() },
+      headers: { "content-type": "application/json", ...suite.originAdmin() },
       body: JSON.stringify({
         errorRate: 0.1,
         errorStatuses: [500, 503],
@@ -132,7 +109,9 @@ describe("metering through the whole stack", () => {
     expect(new Set(ids).size).toBe(300);
     // The origin failed some of them (the edge moved those to another region, or cut
     // their streams); every one was admitted and is in the ledger.
-    const metrics = await (await fetch(`${euOrigin}/metrics`, { headers: originAdmin() })).text();
+    const metrics = await (
+      await fetch(`${suite.euOrigin}/metrics`, { headers: suite.originAdmin() })
+    ).text();
     for (const kind of ["error", "drop"]) {
       expect(
         metricValue(metrics, "warmgate_origin_fault_injections_total", `kind="${kind}"`),
@@ -164,7 +143,7 @@ describe("metering through the whole stack", () => {
   }, 240_000);
 
   it("never lets many concurrent requests together overdraw a small daily budget", async () => {
-    const key = await createKey(stack.edgeUrl, stack.adminToken, {
+    const key = await createKey(suite.stack.edgeUrl, suite.stack.adminToken, {
       name: "budget",
       limits: { budget_usd_day: 0.0003 },
       allow_region_override: true,

@@ -1,42 +1,17 @@
 import OpenAI, { APIError, BadRequestError, NotFoundError } from "openai";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { type RunningStack, startStack } from "../../scripts/stack.ts";
+import { describe, expect, it } from "vitest";
+import { twoRegionStack } from "../support/two-regions.ts";
 import { metricValue } from "../support/edge-requests.ts";
 
 // One origin per region, so `x-warmgate-region` pins the origin that serves a request.
-let stack: RunningStack;
 let client: OpenAI;
-let euOrigin: string;
-
-const originAdmin = () => ({ authorization: `Bearer ${stack.originAdminToken}` });
-
-beforeAll(async () => {
-  stack = await startStack({
-    regions: [
-      { id: "eu", continents: ["EU"], origins: 1 },
-      { id: "us", continents: ["NA"], origins: 1 },
-    ],
-    sim: { seed: 11, deterministic: true },
-  });
-  const eu = stack.origins.find((o) => o.region === "eu");
-  if (eu === undefined) throw new Error("no eu origin");
-  euOrigin = eu.origin.url;
+const suite = twoRegionStack({ seed: 11, deterministic: true }, ({ stack }) => {
   client = new OpenAI({
     baseURL: `${stack.edgeUrl}/v1`,
     apiKey: stack.apiKey,
     maxRetries: 0,
     defaultHeaders: { "x-warmgate-region": "eu" },
   });
-}, 180_000);
-
-afterAll(async () => {
-  await stack?.stop();
-});
-
-afterEach(async () => {
-  await fetch(`${euOrigin}/admin/faults`, { method: "DELETE", headers: originAdmin() }).then((r) =>
-    r.arrayBuffer(),
-  );
 });
 
 const MODEL = "warmgate-sim-8b";
@@ -52,7 +27,9 @@ async function rawBytes(url: string, body: unknown, headers: Record<string, stri
 }
 
 async function originMetrics() {
-  const text = await (await fetch(`${euOrigin}/metrics`, { headers: originAdmin() })).text();
+  const text = await (
+    await fetch(`${suite.euOrigin}/metrics`, { headers: suite.originAdmin() })
+  ).text();
   return {
     inFlight: metricValue(text, "warmgate_origin_items_in_flight"),
     // Through the cancel endpoint (so END still reports the usage), or by a dropped call.
@@ -149,13 +126,13 @@ describe("bytes through the edge", () => {
         seed: 5,
         stream,
       };
-      const originAccess = { authorization: `Bearer ${stack.originAccessToken}` };
-      await rawBytes(`${euOrigin}/v1/chat/completions`, body, originAccess);
-      const viaEdge = await rawBytes(`${stack.edgeUrl}/v1/chat/completions`, body, {
-        authorization: `Bearer ${stack.apiKey}`,
+      const originAccess = { authorization: `Bearer ${suite.stack.originAccessToken}` };
+      await rawBytes(`${suite.euOrigin}/v1/chat/completions`, body, originAccess);
+      const viaEdge = await rawBytes(`${suite.stack.edgeUrl}/v1/chat/completions`, body, {
+        authorization: `Bearer ${suite.stack.apiKey}`,
         "x-warmgate-region": "eu",
       });
-      const direct = await rawBytes(`${euOrigin}/v1/chat/completions`, body, originAccess);
+      const direct = await rawBytes(`${suite.euOrigin}/v1/chat/completions`, body, originAccess);
       expect(viaEdge.byteLength).toBeGreaterThan(0);
       expect(Buffer.from(viaEdge).equals(Buffer.from(direct))).toBe(true);
     });
@@ -194,15 +171,15 @@ describe("cancellation and failure", () => {
   });
 
   it("ends a stream whose origin fails mid-way with an error event, never [DONE]", async () => {
-    await fetch(`${euOrigin}/admin/faults`, {
+    await fetch(`${suite.euOrigin}/admin/faults`, {
       method: "PUT",
-      headers: { "content-type": "application/json", ...originAdmin() },
+      headers: { "content-type": "application/json", ...suite.originAdmin() },
       body: JSON.stringify({ dropAfterTokens: 4, dropRate: 1 }),
     }).then((r) => r.arrayBuffer());
     const body = { model: MODEL, messages: user("This will break."), max_tokens: 30, stream: true };
     const raw = new TextDecoder().decode(
-      await rawBytes(`${stack.edgeUrl}/v1/chat/completions`, body, {
-        authorization: `Bearer ${stack.apiKey}`,
+      await rawBytes(`${suite.stack.edgeUrl}/v1/chat/completions`, body, {
+        authorization: `Bearer ${suite.stack.apiKey}`,
         "x-warmgate-region": "eu",
       }),
     );

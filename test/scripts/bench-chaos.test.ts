@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import type { ItemRecord } from "../../contracts/protocol/schema.ts";
-import type { ChaosOutcome } from "../../bench/chaos-client.ts";
+import { type ChaosOutcome, newOutcome } from "../../bench/chaos-client.ts";
 import {
   type ChaosLosses,
   type KeyChecks,
@@ -41,22 +41,11 @@ const ended = (
 
 function seen(extra: Partial<ChaosOutcome> = {}): ChaosOutcome {
   return {
-    kind: "stream",
-    user: "chaos-1",
+    ...newOutcome("stream", "chaos-1", 1_000),
     status: 200,
     requestId: "req_1",
     complete: true,
     usage: { prompt_tokens: 10, completion_tokens: 20, cached_tokens: 0 },
-    silentlyTruncated: false,
-    errorEvent: false,
-    eventCode: null,
-    clientAborted: false,
-    connectionFailed: false,
-    badErrorBody: false,
-    code: null,
-    concurrencyRefusal: false,
-    retryAfterMs: null,
-    sentAt: 1_000,
     endedAt: 2_000,
     ...extra,
   };

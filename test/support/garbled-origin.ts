@@ -6,7 +6,7 @@
  */
 import { type Server, createServer } from "node:http";
 import { type AddressInfo } from "node:net";
-import { BatchRequestSchema, type LoadReport } from "../../contracts/protocol/schema.ts";
+import { BatchRequestSchema, IDLE_LOAD, type LoadReport } from "../../contracts/protocol/schema.ts";
 import {
   BATCH_CONTENT_TYPE,
   BATCH_ITEM,
@@ -25,14 +25,10 @@ function load(originId: string): LoadReport {
   return {
     origin: originId,
     t: Date.now(),
-    running: 0,
-    waiting: 0,
-    kv_usage: 0,
+    ...IDLE_LOAD,
     kv_free_blocks: 1024,
     kv_total_blocks: 1024,
     block_size: 16,
-    prefix_queries: 0,
-    prefix_hits: 0,
     max_num_seqs: 64,
   };
 }

@@ -19,17 +19,23 @@ const SPEC: CanarySpec = {
 
 const ttfts = (n: number, ms: number) => Array.from({ length: n }, () => ms);
 
+/** An arm's requests, errors and TTFTs (each `ms`, or none). */
+const arm = (requests: number, errors: number, ms?: number) => ({
+  requests,
+  errors,
+  ttftMs: ms === undefined ? [] : ttfts(requests, ms),
+});
+
+/** A new canary of model `m` after one report of both arms at `at`. */
+const afterReport = (
+  canary: ReturnType<typeof arm>,
+  baseline: ReturnType<typeof arm>,
+  at: number,
+) => record(newCanary("m", 0), { canary, baseline }, SPEC, at);
+
 describe("a running canary", () => {
   it("is rolled back once both arms have enough requests and its error rate is too high", () => {
-    const early = record(
-      newCanary("m", 0),
-      {
-        canary: { requests: 9, errors: 9, ttftMs: [] },
-        baseline: { requests: 100, errors: 0, ttftMs: [] },
-      },
-      SPEC,
-      1,
-    );
+    const early = afterReport(arm(9, 9), arm(100, 0), 1);
     expect(early.state).toBe("running");
     const late = record(early, { canary: { requests: 1, errors: 0, ttftMs: [] } }, SPEC, 2);
     expect(late).toMatchObject({ state: "rolled_back", since: 2 });
@@ -37,29 +43,13 @@ describe("a running canary", () => {
   });
 
   it("is rolled back when its TTFT p95 is more than 1.5 times the baseline's", () => {
-    const slow = record(
-      newCanary("m", 0),
-      {
-        canary: { requests: 20, errors: 0, ttftMs: ttfts(20, 400) },
-        baseline: { requests: 20, errors: 0, ttftMs: ttfts(20, 100) },
-      },
-      SPEC,
-      5,
-    );
+    const slow = afterReport(arm(20, 0, 400), arm(20, 0, 100), 5);
     expect(slow.state).toBe("rolled_back");
     expect(slow.reason).toBe("TTFT p95 400 ms against 100 ms");
   });
 
   it("keeps running while it is as good as the baseline", () => {
-    const fine = record(
-      newCanary("m", 0),
-      {
-        canary: { requests: 50, errors: 1, ttftMs: ttfts(50, 110) },
-        baseline: { requests: 500, errors: 5, ttftMs: ttfts(500, 100) },
-      },
-      SPEC,
-      5,
-    );
+    const fine = afterReport(arm(50, 1, 110), arm(500, 5, 100), 5);
     expect(fine.state).toBe("running");
     expect(viewOf(fine, SPEC).arms.canary).toMatchObject({
       requests: 50,
@@ -84,15 +74,7 @@ describe("an operator", () => {
   });
 
   it("resumes a rolled-back canary with a fresh comparison", () => {
-    const bad = record(
-      newCanary("m", 0),
-      {
-        canary: { requests: 10, errors: 10, ttftMs: [] },
-        baseline: { requests: 10, errors: 0, ttftMs: [] },
-      },
-      SPEC,
-      1,
-    );
+    const bad = afterReport(arm(10, 10), arm(10, 0), 1);
     const again = act(bad, "resume", 2);
     expect(again.state).toBe("running");
     expect(viewOf(again, SPEC).arms.canary.requests).toBe(0);

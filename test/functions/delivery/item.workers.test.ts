@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { frameReader } from "../../../contracts/upstream.ts";
 import { frameItem } from "../../../functions/delivery/item.ts";
 import {
+  IDLE_LOAD,
   type ItemHead,
   type ItemTrailer,
   type LoadReport,
@@ -96,16 +97,10 @@ describe("an open item's DATA", () => {
   it("stops at a LOAD frame between DATA frames and reports it", async () => {
     const loads: unknown[] = [];
     const load: LoadReport = {
+      ...IDLE_LOAD,
       origin: "o",
       t: 1,
       running: 1,
-      waiting: 0,
-      kv_usage: 0,
-      kv_free_blocks: 0,
-      kv_total_blocks: 0,
-      block_size: 0,
-      prefix_queries: 0,
-      prefix_hits: 0,
       max_num_seqs: 1,
     };
     const item = frameItem(

@@ -2,7 +2,7 @@ import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test"
 import { env } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
 import { type ItemRecord, OutcomesResponseSchema } from "../../../contracts/protocol/schema.ts";
-import { type ResolvedConfig, loadConfig } from "../../../contracts/config/gateway.ts";
+import { loadConfig } from "../../../contracts/config/gateway.ts";
 import { type DispatchOptions, dispatchCompletion } from "../../../functions/delivery/failover.ts";
 import { directOpener } from "../../../functions/delivery/opener.ts";
 import { unservedUsage } from "../../../functions/delivery/generated.ts";
@@ -104,18 +104,36 @@ describe("billing an answer whose END never reached the edge", () => {
   );
 });
 
+/** A direct dispatch of `body` from meter-slow-1, alone in its region (no Batcher). */
+function slowDispatch(requestId: string, body: string) {
+  const config = loadConfig(slowConfig(false));
+  const region = config.regions[0];
+  const origin = region?.origins[0];
+  if (region === undefined || origin === undefined) throw new Error("no origin");
+  const options = {
+    requestId,
+    path: "/v1/chat/completions",
+    body,
+    model: "warmgate-sim-8b",
+    candidates: [{ region, origin }],
+    pool: new OriginPool(),
+    limits: config.limits,
+    delivery: "stream",
+    headers: {},
+    secrets: env,
+  } satisfies Partial<DispatchOptions>;
+  return { region, origin, options };
+}
+
 /**
  * A stream from meter-slow-1 whose END never reaches the edge (as through a Batcher whose
  * reading lags far behind), left by its client after two reads; the edge waits `endWaitMs`
  * for the END before it asks the origin.
  */
 async function leaveStream(endWaitMs: number) {
-  const config = loadConfig(slowConfig(false));
-  const region = config.regions[0];
-  const origin = region?.origins[0];
-  if (region === undefined || origin === undefined) throw new Error("no origin");
   const requestId = `req_left${crypto.randomUUID().replaceAll("-", "")}`;
   const body = JSON.stringify(chatBody({ stream: true, max_tokens: 4_000 }));
+  const { region, origin, options: base } = slowDispatch(requestId, body);
   const attempt = await openDirect(
     { region, origin },
     {
@@ -144,16 +162,7 @@ async function leaveStream(endWaitMs: number) {
   const settled = Promise.withResolvers<Omit<SettledRequest, "requestId">>();
   const released = Promise.withResolvers<Omit<SettledRequest, "requestId">>();
   const options: DispatchOptions = {
-    requestId,
-    path: "/v1/chat/completions",
-    body,
-    model: "warmgate-sim-8b",
-    candidates: [{ region, origin }],
-    pool: new OriginPool(),
-    limits: config.limits,
-    delivery: "stream",
-    headers: {},
-    secrets: env,
+    ...base,
     open: openDirect,
     onSettled: settled.resolve,
     signal: client.signal,
@@ -193,25 +202,14 @@ describe("billing a stream whose client left", () => {
 
 describe("refusing after generation began", () => {
   it("cancels the attempt it gave up on at its origin before refusing, and bills what it generated", async () => {
-    const config: ResolvedConfig = loadConfig(slowConfig(false));
-    const region = config.regions[0];
-    const origin = region?.origins[0];
-    if (region === undefined || origin === undefined) throw new Error("no origin");
     const requestId = `req_refused${crypto.randomUUID().replaceAll("-", "")}`;
+    const body = JSON.stringify(chatBody({ stream: true, max_tokens: 4_000 }));
+    const { origin, options } = slowDispatch(requestId, body);
     const settlement = new Settlement(requestId, () => {});
     settlement.onUnserved((record) => unservedUsage(record, settlement.gaveUp, env));
     let running: ItemRecord[] = [];
     const refusal = dispatchCompletion({
-      requestId,
-      path: "/v1/chat/completions",
-      body: JSON.stringify(chatBody({ stream: true, max_tokens: 4_000 })),
-      model: "warmgate-sim-8b",
-      candidates: [{ region, origin }],
-      pool: new OriginPool(),
-      limits: config.limits,
-      delivery: "stream",
-      headers: {},
-      secrets: env,
+      ...options,
       gaveUp: settlement.gaveUp,
       onSettled: (record) => settlement.settle(record),
       // An edge that gives up on an answer its origin has begun (as at a first-byte timeout
