@@ -4,8 +4,8 @@
  * `batched` through the region's Batcher, `direct` with batching off. The same streaming
  * workload at 1, 32 and 500 closed-loop clients, in alternating rounds: upstream calls per
  * request, batch sizes, time to first byte against the unbatched path, throughput, and the
- * edge's CPU per request. Prints a table and writes bench/results/batching.json; run with
- * `X_LOCAL_OBSERVABILITY=false` behind `wrangler dev` (`--runtime wrangler-dev`).
+ * edge's CPU per request. Prints a table and writes bench/results/batching.json; behind
+ * `wrangler dev` (`--runtime wrangler-dev`) without its local trace collector.
  */
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
@@ -64,9 +64,7 @@ if (args.help) {
   --max-num-seqs N        the simulated engine's max_num_seqs (default 256)
   --time-scale X          the simulated engine's time scale (default 0: no delay)
   --runtime R             workerd (default: no dev proxy, as deployed) or wrangler-dev
-  --name N                write bench/results/batching-N.json (a scenario kept apart)
-
-Environment: X_LOCAL_OBSERVABILITY=false runs wrangler dev without its local trace collector.`);
+  --name N                write bench/results/batching-N.json (a scenario kept apart)`);
   process.exit(0);
 }
 const ROUNDS = Number(args.rounds);
@@ -90,8 +88,6 @@ const BATCHING = {
   ],
 };
 const SIM = { timeScale: Number(args["time-scale"]), maxNumSeqs: Number(args["max-num-seqs"]) };
-/** Whether `wrangler dev` runs its local trace collector (its default; see the top of the file). */
-const LOCAL_OBSERVABILITY = !/^(false|0)$/i.test(process.env.X_LOCAL_OBSERVABILITY ?? "true");
 const MODEL = "warmgate-sim-8b";
 /** Over how long 100 or more clients start (not measured). */
 const RAMP_MS = 1000;
@@ -354,9 +350,7 @@ console.log(
     `batcher (with its idle bypass); asked = through the batcher on every request. ` +
     `Edge CPU: the workerd that runs the Worker and its Durable Objects, per request; ` +
     `runtime ${RUNTIME}` +
-    (RUNTIME === "wrangler-dev"
-      ? `, wrangler dev's local trace collector ${LOCAL_OBSERVABILITY ? "on" : "off"}.\n`
-      : ".\n"),
+    (RUNTIME === "wrangler-dev" ? `, wrangler dev's local trace collector off.\n` : ".\n"),
 );
 console.log(table);
 console.log(
@@ -377,7 +371,7 @@ const path = await writeResult(
       batching: BATCHING,
       sim: SIM,
       maxTokens: MAX_TOKENS,
-      localObservability: LOCAL_OBSERVABILITY,
+      localObservability: false,
       rounds: ROUNDS,
       seconds: SECONDS,
     },

@@ -3,19 +3,21 @@
  * OpenAI-compatible endpoint, warmgate or not, with chat completions from N concurrent
  * clients: TTFT at the first content token, inter-token latency, total latency
  * (p50/p95/p99), tokens/s, errors by status and code. Two `--url`s are measured in one
- * run, request by request in turn, with each figure's ratio. See docs/benchmarks.md.
+ * run, each with its own N clients at the same time, with each figure's ratio. See
+ * docs/benchmarks.md.
  */
 import { readFile, writeFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
 import { percentile, provenance } from "./lib.ts";
 import { type RequestSpec, type Sample, measure } from "./cli-measure.ts";
+import { loadEndpoints } from "./cli-run.ts";
 
 const USAGE = `usage: npm run bench -- --url URL --key KEY --model M [--url URL2 --key KEY2]
     [--concurrency N] [--requests N | --duration S] [--prompt-file F] [--max-tokens N]
     [--stream] [--json] [--out FILE]
 
   --url URL        an OpenAI-compatible base URL (its /v1/chat/completions is called);
-                   give two to compare them, their requests taking turns
+                   give two to compare them, each with its own clients at once
   --key KEY        bearer key for each --url (one key serves both)
   --model M        model name (one for both, or one per --url)
   --concurrency N  clients sending at once, per endpoint (default 8)
@@ -212,36 +214,35 @@ async function main(): Promise<void> {
     maxTokens,
     stream: values.stream,
   }));
-  const samples: Sample[][] = specs.map(() => []);
+  // Taken before the run: a results file written meanwhile (this run's own) dirties the tree.
+  const origin = provenance();
   const total = perEndpoint === null ? null : perEndpoint * specs.length;
   const started = performance.now();
-  const deadline = duration === null ? Infinity : started + duration * 1000;
-  let next = 0;
   let done = 0;
   let errors = 0;
-  // One pool of clients; request i goes to endpoint i mod n, so both see the same moments.
-  const worker = async () => {
-    for (;;) {
-      if (performance.now() >= deadline) return;
-      const i = next++;
-      if (total !== null && i >= total) return;
-      const endpoint = i % specs.length;
+  // Each endpoint its own clients, all at once: both see the same moments, and a slower
+  // one never takes clients from the other.
+  const runs = await loadEndpoints({
+    endpoints: specs.length,
+    concurrency,
+    requests: perEndpoint,
+    deadline: duration === null ? Infinity : started + duration * 1000,
+    send: (endpoint, i) => {
       const spec = specs[endpoint];
-      if (spec === undefined) return;
-      const sample = await measure({
-        ...spec,
-        prompt: prompts[Math.floor(i / specs.length) % prompts.length] ?? "",
-      });
-      samples[endpoint]?.push(sample);
+      if (spec === undefined) throw new Error(`no endpoint ${endpoint}`);
+      // Every endpoint gets the prompts in the same order.
+      return measure({ ...spec, prompt: prompts[i % prompts.length] ?? "" });
+    },
+    onSample: (_, sample) => {
       done++;
       if (!sample.ok) errors++;
       progress(done, total, started, errors);
-    }
-  };
-  await Promise.all(Array.from({ length: concurrency * specs.length }, worker));
+    },
+  });
   if (process.stderr.isTTY) process.stderr.write("\n");
-  const seconds = (performance.now() - started) / 1000;
-  const results = specs.map((spec, i) => resultOf(spec.url, spec.model, samples[i] ?? [], seconds));
+  const results = specs.map((spec, i) =>
+    resultOf(spec.url, spec.model, runs.samples[i] ?? [], runs.seconds[i] ?? 0),
+  );
   const report = {
     // The command as run, its keys masked.
     command: `npm run bench -- ${process.argv
@@ -253,14 +254,16 @@ async function main(): Promise<void> {
     maxTokens,
     results,
     ...(results.length === 2
-      ? { note: "Ratios are B / A; requests took turns between the endpoints." }
+      ? {
+          note: `Ratios are B / A; each endpoint had its own ${concurrency} clients, at the same time.`,
+        }
       : {}),
   };
   // A file records the checkout it was measured from (the endpoints may run other code).
-  const stamped = { provenance: provenance(), ...report };
+  const stamped = { provenance: origin, ...report };
   if (values.out !== undefined)
     await writeFile(values.out, JSON.stringify(stamped, null, 2) + "\n");
-  if (values.json) console.log(JSON.stringify(report, null, 2));
+  if (values.json) console.log(JSON.stringify(stamped, null, 2));
   else console.log(table(results));
 }
 

@@ -188,11 +188,15 @@ export function resultName(name: string, runtime: string): string {
   return runtime === "workerd" ? name : `${name}-${runtime}`;
 }
 
-/** Writes a benchmark's other result file (a chart) under bench/results/; returns the path. */
+/**
+ * Writes a benchmark's other result file (a chart) under bench/results/; returns the path.
+ * An SVG carries the run's provenance in a comment ahead of its root, as JSON does in a field.
+ */
 export async function writeResultFile(name: string, text: string): Promise<string> {
   await mkdir(RESULTS_DIR, { recursive: true });
   const path = join(RESULTS_DIR, name);
-  await writeFile(path, text);
+  const stamp = `<!-- provenance: ${JSON.stringify(RUN_PROVENANCE).replaceAll("--", "- -")} -->\n`;
+  await writeFile(path, name.endsWith(".svg") && text.startsWith("<svg") ? stamp + text : text);
   return path;
 }
 

@@ -21,6 +21,11 @@ function labelKey(labels: Labels): string {
   return JSON.stringify(Object.entries(labels).sort(([a], [b]) => (a < b ? -1 : 1)));
 }
 
+/** The `status_class` label of an HTTP status: `2xx`, `4xx`, `5xx`, … */
+export function statusClassOf(status: number): string {
+  return `${Math.min(5, Math.max(1, Math.floor(status / 100)))}xx`;
+}
+
 /** Observations with per-bucket (not cumulative) counts; past the last bound only `count`. */
 export interface HistogramData {
   counts: number[];

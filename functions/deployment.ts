@@ -2,9 +2,10 @@
  * What the Worker checks when it starts (docs/deploy.md): the configuration parses, the
  * secrets are set, and, unless `WARMGATE_ENV` is `local`, no origin is on an address a
  * Worker cannot reach (loopback, private networks). Outside local runs the first problem
- * is thrown at start-up, so `wrangler deploy` of an unchanged checkout fails with it.
+ * is thrown at start-up, so `wrangler deploy` of an unchanged checkout fails with it. An
+ * origin on plain HTTP at a public address is warned of.
  */
-import { logError } from "../contracts/log.ts";
+import { logError, logWarn } from "../contracts/log.ts";
 import { configError, type ApiError } from "../contracts/errors.ts";
 import { ConfigError, loadConfig } from "../contracts/config/gateway.ts";
 
@@ -65,13 +66,37 @@ export function deploymentProblems(env: DeploymentEnv): string[] {
     }
   } catch (error) {
     if (!(error instanceof ConfigError)) throw error;
-    problems.push(error.message);
+    problems.push(...error.problems);
   }
   if (!env.ADMIN_TOKEN) problems.push(missingSecret("ADMIN_TOKEN").message);
   if (!env.TOKEN_SIGNING_SECRET && !env.ADMIN_TOKEN) {
     problems.push(missingSecret("TOKEN_SIGNING_SECRET").message);
   }
   return problems;
+}
+
+/**
+ * What works but should not be so, as sentences: an origin on plain HTTP at a public
+ * address, whose bearer token and prompts would cross the internet in clear.
+ */
+export function deploymentWarnings(env: DeploymentEnv): string[] {
+  let config;
+  try {
+    config = loadConfig(env.WARMGATE_CONFIG);
+  } catch {
+    return [];
+  }
+  const warnings: string[] = [];
+  for (const region of config.regions) {
+    for (const origin of region.origins) {
+      const url = new URL(origin.url);
+      if (url.protocol !== "http:" || isUnreachableHost(url.hostname)) continue;
+      warnings.push(
+        `origin ${origin.id} of region ${region.id} is at ${origin.url}, plain HTTP on a public address: its token (ORIGIN_TOKEN) and every prompt would travel in clear; use https:// or a Cloudflare Tunnel (docs/deploy.md)`,
+      );
+    }
+  }
+  return warnings;
 }
 
 /**
@@ -82,6 +107,7 @@ export function deploymentProblems(env: DeploymentEnv): string[] {
 export function checkDeployment(env: DeploymentEnv): void {
   const problems = deploymentProblems(env);
   for (const problem of problems) logError(`warmgate: ${problem}`);
+  for (const warning of deploymentWarnings(env)) logWarn(`warmgate: ${warning}`);
   if (env.WARMGATE_ENV === "local") return;
   const fatal = problems.find((p) => !p.startsWith("The secret "));
   if (fatal !== undefined) throw new Error(`warmgate will not start: ${fatal}`);

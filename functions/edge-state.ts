@@ -9,9 +9,10 @@ import { CanaryCopies } from "./health/canaries.ts";
 import { Dispatcher } from "./delivery/dispatcher.ts";
 import { type AccountSettleQueue, accountSettleQueue } from "./accounts/account-client.ts";
 import { ApiKeyMemo } from "./accounts/keys.ts";
+import { AnswerCounts } from "./observability/answer-counts.ts";
 
 /** The bindings an isolate's state talks to. */
-export type EdgeBindings = Pick<Env, "ORIGIN_BREAKERS" | "CANARIES">;
+export type EdgeBindings = Pick<Env, "ORIGIN_BREAKERS" | "CANARIES" | "ANSWER_TALLY">;
 
 /** One isolate's state; see the file header. */
 export class EdgeState {
@@ -30,10 +31,13 @@ export class EdgeState {
   readonly apiKeys = new ApiKeyMemo();
   /** Browser-token secrets and CORS preflight answers. */
   readonly browserTokens = new BrowserTokenMemo();
+  /** Every answer this isolate gave, counted until its next push to the tally objects. */
+  readonly answers: AnswerCounts;
 
   constructor(bindings: EdgeBindings) {
     this.breakers = new EdgeBreakers(bindings.ORIGIN_BREAKERS);
     this.canaries = new CanaryCopies(bindings.CANARIES);
     this.dispatcher = new Dispatcher(this.breakers, this.canaries);
+    this.answers = new AnswerCounts(bindings.ANSWER_TALLY);
   }
 }

@@ -10,11 +10,12 @@ import { tokens } from "./routes/tokens.ts";
 import { checkDeployment } from "./deployment.ts";
 import { EdgeState } from "./edge-state.ts";
 import { handleError, handleNotFound } from "./error-handler.ts";
-import { authenticate, verifyCredential } from "./middleware/auth.ts";
+import { authenticate } from "./middleware/auth.ts";
 import { browserCors } from "./middleware/cors.ts";
 import { gatewayConfig } from "./middleware/gateway-config.ts";
 import { isolateState } from "./middleware/edge-state.ts";
 import { requestContext } from "./middleware/request-context.ts";
+import { countAnswers } from "./middleware/answer-count.ts";
 import { batchers } from "./routes/admin/batchers.ts";
 import { breakers } from "./routes/admin/breakers.ts";
 import { canaries } from "./routes/admin/canaries.ts";
@@ -31,6 +32,7 @@ const app = new Hono<AppEnv>();
 // Module scope runs once per isolate: its one state, from the bindings (docs/edge.md).
 app.use(isolateState(new EdgeState(env)));
 app.use(requestContext());
+app.use(countAnswers());
 // The dashboard's page and files: static, and no secret needed to load them.
 app.route("/", dashboard);
 app.use("/v1/*", browserCors());
@@ -49,8 +51,7 @@ app.route("/metrics", metrics);
 // Keys are checked at the edge first (no storage call for forged ones); completions then
 // make their one KeyAccount call after the body is planned (see routes/completions.ts).
 app.use("/v1/*", authenticate());
-app.use("/v1/models", verifyCredential());
-app.use("/v1/models/*", verifyCredential());
+// `/v1/models` checks the key in its account itself: its answer lists the key's models.
 app.route("/v1/models", models);
 app.route("/v1/usage", usage);
 app.route("/v1", completions);
@@ -68,3 +69,4 @@ export { KeyDirectory } from "../durable-objects/key-directory/index.ts";
 export { Batcher } from "../durable-objects/batcher/index.ts";
 export { OriginBreakers } from "../durable-objects/origin-breakers/index.ts";
 export { Canaries } from "../durable-objects/canaries/index.ts";
+export { AnswerTally } from "../durable-objects/answer-tally/index.ts";

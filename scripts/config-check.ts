@@ -2,13 +2,14 @@
  * `npm run config:check -- FILE [--local]`: checks a `WARMGATE_CONFIG` document (a JSON
  * file, `-` for stdin, or a wrangler.toml's `[vars]`) with the Worker's schema and
  * messages, and, unless `--local`, the start-up checks of a deployed Worker (no origin it
- * cannot reach). Exits 0 with a summary when the Worker would start, 1 with every problem.
+ * cannot reach). Exits 0 with a summary (and a warning for an origin on plain HTTP at a
+ * public address) when the Worker would start, 1 with every problem.
  * See docs/deploy.md.
  */
 import { readFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
 import { loadConfig } from "../contracts/config/gateway.ts";
-import { deploymentProblems } from "../functions/deployment.ts";
+import { deploymentProblems, deploymentWarnings } from "../functions/deployment.ts";
 
 const USAGE = "usage: npm run config:check -- FILE|- [--local]";
 
@@ -60,6 +61,9 @@ const problems = deploymentProblems({
 if (problems.length > 0) {
   for (const problem of problems) console.error(`config:check: ${file}: ${problem}`);
   process.exit(1);
+}
+for (const warning of deploymentWarnings({ WARMGATE_CONFIG: text })) {
+  console.error(`config:check: ${file}: warning: ${warning}`);
 }
 const config = loadConfig(text);
 const origins = config.regions.reduce((sum, region) => sum + region.origins.length, 0);

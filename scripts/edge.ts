@@ -121,6 +121,23 @@ async function stopDetached(child: ChildProcess, to: "process" | "group"): Promi
   clearTimeout(timer);
 }
 
+/** The environment `wrangler dev` runs in: offline, quiet, and measuring what production runs. */
+export function wranglerDevEnv(
+  options: Pick<EdgeOptions, "localObservability">,
+): Record<string, string | undefined> {
+  return {
+    ...process.env,
+    WRANGLER_SEND_METRICS: "false",
+    // Offline: use miniflare's placeholder `request.cf` instead of fetching one.
+    CLOUDFLARE_CF_FETCH_ENABLED: "false",
+    // wrangler's local trace collector costs every request and Durable Object call as much
+    // CPU again, which no deployed Worker pays: off unless asked for.
+    X_LOCAL_OBSERVABILITY: options.localObservability === true ? "true" : "false",
+    CI: "true",
+    NO_COLOR: "1",
+  };
+}
+
 /** Starts a Worker under `wrangler dev` on a free port and waits until `/health` answers. */
 export async function startWranglerDev(options: EdgeOptions): Promise<RunningEdge> {
   // wrangler waits for a busy port instead of failing: find out before it starts.
@@ -161,14 +178,7 @@ export async function startWranglerDev(options: EdgeOptions): Promise<RunningEdg
     ],
     {
       cwd: ROOT,
-      env: {
-        ...process.env,
-        WRANGLER_SEND_METRICS: "false",
-        // Offline: use miniflare's placeholder `request.cf` instead of fetching one.
-        CLOUDFLARE_CF_FETCH_ENABLED: "false",
-        CI: "true",
-        NO_COLOR: "1",
-      },
+      env: wranglerDevEnv(options),
       stdio: ["ignore", options.verbose ? "inherit" : "pipe", options.verbose ? "inherit" : "pipe"],
       detached: true,
     },
@@ -203,6 +213,8 @@ export interface EdgeOptions {
   vars: Record<string, string>;
   persistTo?: string;
   verbose?: boolean;
+  /** Run `wrangler dev`'s local trace collector (wrangler-dev runtime only; default off). */
+  localObservability?: boolean;
   /** workerd writes its async activity trace to this file (workerd runtime only). */
   asyncTrace?: string;
   /** Reach the Worker through Miniflare's entry Worker (workerd runtime only; `--entry-worker`). */

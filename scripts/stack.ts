@@ -46,6 +46,8 @@ export interface StackOptions {
   persistTo?: string;
   /** Forward wrangler's output to this process's stderr. */
   verbose?: boolean;
+  /** Run `wrangler dev`'s local trace collector (default off, as deployed). */
+  localObservability?: boolean;
   /** Extra variables for the edge (e.g. fixed secrets for tests). */
   edgeVars?: Record<string, string>;
   /** Edge worker config file (default: the project's wrangler.toml). */
@@ -323,6 +325,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
     },
     ...(options.persistTo ? { persistTo: options.persistTo } : {}),
     ...(options.verbose ? { verbose: true } : {}),
+    ...(options.localObservability ? { localObservability: true } : {}),
   };
   let edge: RunningEdge;
   try {

@@ -101,7 +101,10 @@ const stack = await startStack({
   regions: DEFAULT_REGIONS.map((region) => ({ ...region, origins: perRegion })),
   settings,
   persistTo: state,
+  // What a user measures locally is what production runs: wrangler's local trace collector,
+  // which doubles the edge's CPU, only with --verbose.
   verbose: args.verbose,
+  localObservability: args.verbose,
 }).catch((error: unknown) => {
   console.error(`warmgate: could not start: ${(error as Error).message}`);
   process.exit(1);

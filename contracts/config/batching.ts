@@ -68,6 +68,11 @@ const BATCHING_FIELDS = {
   hold_share: z.number().min(0).max(1).default(1),
   /** Longest such hold, ms. */
   max_hold_ms: z.number().nonnegative().max(1000).default(10),
+  /**
+   * Items the Batcher must run at once before any token is held: below it every origin
+   * chunk's tokens leave at once (docs/batching.md, "Token holds").
+   */
+  hold_min_in_flight: z.int().nonnegative().max(100_000).default(128),
   /** How long after its Batcher last sent at once an otherwise idle edge skips it (0: never). */
   idle_bypass_ms: z.int().nonnegative().max(60_000).default(1000),
   /** Bytes of a streamed answer held for a slow client before it is dropped. */
@@ -91,6 +96,7 @@ export const BatchingSettingsSchema = z.strictObject(BATCHING_FIELDS).transform(
     waitShare: b.wait_share,
     holdShare: b.hold_share,
     maxHoldMs: b.max_hold_ms,
+    holdMinInFlight: b.hold_min_in_flight,
     rateWindowMs: b.rate_window_ms,
     loadReportTtlMs: b.load_report_ttl_ms,
     /** Highest first; lane 0 leaves before lane 1. */

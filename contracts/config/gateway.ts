@@ -81,14 +81,19 @@ export const GatewayConfigSchema = z
 /** The configuration the edge and the Durable Objects run with. */
 export type ResolvedConfig = z.output<typeof GatewayConfigSchema>;
 
-/** The configuration could not be used; `field` names the first bad field (`regions[0].id`). */
+/**
+ * The configuration could not be used; `field` names the first bad field (`regions[0].id`),
+ * `problems` every one, each a sentence like the message.
+ */
 export class ConfigError extends Error {
   override name = "ConfigError";
   readonly field: string | null;
+  readonly problems: readonly string[];
 
-  constructor(message: string, field: string | null) {
+  constructor(message: string, field: string | null, problems: readonly string[] = [message]) {
     super(message);
     this.field = field;
+    this.problems = problems;
   }
 }
 
@@ -106,12 +111,16 @@ function parseConfig(text: string | undefined): ResolvedConfig {
   }
   const result = GatewayConfigSchema.safeParse(json);
   if (!result.success) {
-    const issue = result.error.issues[0];
-    const field = issue ? formatPath(issue.path) : "";
-    const where = field === "" ? "" : ` at ${field}`;
+    const problems = result.error.issues.map((issue) => {
+      const field = formatPath(issue.path);
+      const where = field === "" ? "" : ` at ${field}`;
+      return { field, text: `WARMGATE_CONFIG is invalid${where}: ${issue.message}` };
+    });
+    const first = problems[0] ?? { field: "", text: "WARMGATE_CONFIG is invalid: unknown problem" };
     throw new ConfigError(
-      `WARMGATE_CONFIG is invalid${where}: ${issue?.message ?? "unknown problem"}`,
-      field === "" ? null : field,
+      first.text,
+      first.field === "" ? null : first.field,
+      problems.map((p) => p.text),
     );
   }
   return result.data;

@@ -69,7 +69,8 @@ function fill(tbody, rows) {
 }
 
 function widthOf(id) {
-  return Math.max(320, ($(id).clientWidth || 460) - 8);
+  // Never wider than its card, so that a narrow screen does not scroll sideways.
+  return Math.max(200, ($(id).clientWidth || 460) - 8);
 }
 
 function lineChart(id, labels) {

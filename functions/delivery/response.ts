@@ -2,12 +2,14 @@
  * One response lifecycle for an opened item (docs/edge.md, "Delivery"): one
  * deadline, one finish and one settlement, with two body strategies. A streamed answer's
  * body goes to the client as it comes, and a failure after its HEAD ends it with OpenAI's
- * error event; a whole (JSON) answer is read first, so a failure inside it answers 502/504.
+ * error event (a Responses stream's typed `error` and `response.failed`); a whole (JSON) answer is read first, so a failure inside it answers 502/504.
  */
 import { logWarn } from "../../contracts/log.ts";
 import { originFailure } from "../../contracts/errors.ts";
 import type { ItemTrailer } from "../../contracts/protocol/schema.ts";
 import { type DeliveryMode, answerDelivery } from "../../contracts/delivery.ts";
+import type { ItemPath } from "../../contracts/protocol/schema.ts";
+import { responsesFailureEnding } from "../../contracts/responses-failure.ts";
 import type { OriginPool, RegionOrigin } from "./origin-pool.ts";
 import type { GivenUp, SettledRequest } from "../accounts/settlement.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
@@ -42,6 +44,8 @@ export interface AnswerOptions {
   pool: OriginPool;
   /** How the client gets its answer (the plan's decision). */
   delivery: DeliveryMode;
+  /** The route it was sent to: a Responses stream that fails ends with its typed events. */
+  path?: ItemPath;
   /** Where the origins' credentials are (the Worker's secrets). */
   secrets: object;
   /** Called exactly once when the request ends, however it ends. */
@@ -207,7 +211,11 @@ class Lifecycle {
       }
       void this.#finish(ended.outcome, trailer, head.status, streamed.firstByteAt());
     });
-    return new Response(streamed.body, { status: head.status, headers: this.#headers() });
+    const body =
+      this.#options.path === "/v1/responses" && head.status < 400
+        ? streamed.body.pipeThrough(responsesFailureEnding())
+        : streamed.body;
+    return new Response(body, { status: head.status, headers: this.#headers() });
   }
 
   /** Answers with the whole answer read, or rejects with the failure it ended in. */

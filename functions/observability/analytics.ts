@@ -5,6 +5,7 @@
  * none), prompt, cached and completion tokens, cost in USD. No key, token or prompt.
  */
 import { picosToUsd } from "../../contracts/pricing.ts";
+import { statusClassOf } from "../../contracts/prometheus.ts";
 import type { SettleMetrics } from "../../durable-objects/key-account/types.ts";
 import type { SettledRequest } from "../accounts/settlement.ts";
 
@@ -24,7 +25,7 @@ export function writeRequestEvent(
     blobs: [
       settled.model ?? "",
       settled.region ?? "none",
-      `${Math.floor(settled.status / 100)}xx`,
+      statusClassOf(settled.status),
       tier,
       settled.outcome,
       settled.origin ?? "",

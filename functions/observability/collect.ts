@@ -1,8 +1,9 @@
 /**
  * What the fleet is doing, gathered when `/metrics` or the dashboard asks (docs/metrics.md)
  * from the Durable Objects that own the figures: every key's account (requests, latency,
- * spend, errors), every Batcher (batches, queues, load reports, routing) and the breakers.
- * A scrape costs a call per key and per Batcher; a request costs nothing more.
+ * spend, errors), every Batcher (batches, queues, load reports, routing), the breakers and
+ * the answer tallies. A scrape costs a call per key, per Batcher and per tally shard; a
+ * request costs nothing more.
  */
 import type { BreakerView } from "../../contracts/breaker.ts";
 import type { BatcherSnapshot } from "../../durable-objects/batcher/types.ts";
@@ -13,6 +14,8 @@ import { batchingPlan } from "../../contracts/config/plans.ts";
 import { originServes } from "../../contracts/config/regions.ts";
 import { batcherName } from "../delivery/batcher-plan.ts";
 import { keyAccount, keyDirectory } from "../accounts/account-client.ts";
+import type { AnswerBatch } from "../../durable-objects/answer-tally/types.ts";
+import type { AnswerCounts } from "./answer-counts.ts";
 
 /** Keys read per directory page. */
 const PAGE = 100;
@@ -24,6 +27,8 @@ export interface BatcherStats {
   region: string;
   model: string;
   shard: number;
+  /** Age past which its origins' load reports are not trusted (`batching.load_report_ttl_ms`). */
+  reportTtlMs: number;
   snapshot: BatcherSnapshot;
 }
 
@@ -35,6 +40,8 @@ export interface FleetStats {
   keysTruncated: boolean;
   batchers: BatcherStats[];
   breakers: BreakerView[];
+  /** Every answer the edge gave, from the tally objects (this isolate's pushed first). */
+  answers: AnswerBatch;
 }
 
 async function collectKeys(env: Env): Promise<{ keys: KeyMetrics[]; truncated: boolean }> {
@@ -57,7 +64,13 @@ async function read(env: Env, ids: readonly string[]): Promise<KeyMetrics[]> {
 }
 
 async function collectBatchers(env: Env, config: ResolvedConfig): Promise<BatcherStats[]> {
-  const wanted: { region: string; model: string; shard: number; name: string }[] = [];
+  const wanted: {
+    region: string;
+    model: string;
+    shard: number;
+    reportTtlMs: number;
+    name: string;
+  }[] = [];
   for (const region of config.regions) {
     for (const model of config.models) {
       if (!region.origins.some((origin) => originServes(origin, model.id))) continue;
@@ -65,7 +78,8 @@ async function collectBatchers(env: Env, config: ResolvedConfig): Promise<Batche
       if (plan === null || !plan.enabled) continue;
       for (let shard = 0; shard < plan.shards; shard++) {
         const name = batcherName(region.id, model.id, shard, plan);
-        wanted.push({ region: region.id, model: model.id, shard, name });
+        const reportTtlMs = plan.setup.window.loadReportTtlMs;
+        wanted.push({ region: region.id, model: model.id, shard, reportTtlMs, name });
       }
     }
   }
@@ -104,23 +118,42 @@ export function batchSizeCounts(sizes: Record<string, number>): {
   return { counts, calls };
 }
 
-/** An origin's load report as shares: KV cache in use, and prompt tokens its cache served. */
-export function originShares(report: NonNullable<BatcherSnapshot["origins"][string]>): {
-  kvUsage: number;
-  prefixHit: number | null;
-} {
+/**
+ * An origin's load report as shown: its sequences (none once the report is older than
+ * `ttlMs`: no call has brought a newer one, so nothing of ours runs there), KV cache in use
+ * and the share of prompt tokens its cache served.
+ */
+export function originShares(
+  report: NonNullable<BatcherSnapshot["origins"][string]>,
+  ttlMs: number,
+): { running: number; waiting: number; kvUsage: number; prefixHit: number | null } {
+  const fresh = report.ageMs <= ttlMs;
   return {
+    running: fresh ? report.running : 0,
+    waiting: fresh ? report.waiting : 0,
     kvUsage: report.kvTotalTokens > 0 ? 1 - report.kvFreeTokens / report.kvTotalTokens : 0,
     prefixHit: report.prefixQueries > 0 ? report.prefixHits / report.prefixQueries : null,
   };
 }
 
 /** Gathers the fleet's figures from the objects that own them. */
-export async function collectFleet(env: Env, config: ResolvedConfig): Promise<FleetStats> {
-  const [keys, batchers, breakers] = await Promise.all([
+export async function collectFleet(
+  env: Env,
+  config: ResolvedConfig,
+  answers: AnswerCounts,
+): Promise<FleetStats> {
+  const [keys, batchers, breakers, answered] = await Promise.all([
     collectKeys(env),
     collectBatchers(env, config),
     collectBreakers(env, config),
+    answers.gather(),
   ]);
-  return { at: Date.now(), keys: keys.keys, keysTruncated: keys.truncated, batchers, breakers };
+  return {
+    at: Date.now(),
+    keys: keys.keys,
+    keysTruncated: keys.truncated,
+    batchers,
+    breakers,
+    answers: answered,
+  };
 }

@@ -20,6 +20,14 @@ export function renderFleet(stats: FleetStats): string {
     "counter",
     "Requests that reached their key's account (admitted, or refused by its limits), by model, serving region, status class and key tier.",
   );
+  const answers = new Metric(
+    "warmgate_responses_total",
+    "counter",
+    "Every answer the edge gave, refusals before any key's account included, by route group (v1, admin, other), status class and error code (the origin's own where it gave one).",
+  );
+  for (const s of stats.answers.series) {
+    answers.inc({ route: s.route, status_class: s.statusClass, code: s.code }, s.count);
+  }
   const duration = new Histogram(
     "warmgate_request_duration_seconds",
     "From the edge receiving a request to its end, by model and region.",
@@ -150,9 +158,9 @@ export function renderFleet(stats: FleetStats): string {
       if (report === null || seenOrigins.has(origin)) continue;
       seenOrigins.add(origin);
       const labels = { region: b.region, origin };
-      running.set(labels, report.running);
-      waiting.set(labels, report.waiting);
-      const shares = originShares(report);
+      const shares = originShares(report, b.reportTtlMs);
+      running.set(labels, shares.running);
+      waiting.set(labels, shares.waiting);
       kvUsage.set(labels, shares.kvUsage);
       if (shares.prefixHit !== null) prefixHit.set(labels, shares.prefixHit);
     }
@@ -182,6 +190,7 @@ export function renderFleet(stats: FleetStats): string {
 
   return renderFamilies([
     requests,
+    answers,
     duration,
     ttft,
     tokens,

@@ -3,6 +3,8 @@
  * origins with breaker state, load, KV usage and prefix-hit rate; latency and
  * time-to-first-token histograms (the page turns their differences between two polls
  * into percentiles over time); batch sizes; the keys with most requests; recent errors.
+ * Requests and errors are every answer of the OpenAI API, refusals before any key's
+ * account included; errors carry their code (the origin's own where it gave one).
  */
 import { picosToUsd } from "../../contracts/pricing.ts";
 import { type HistogramData, emptyHistogram } from "../../contracts/prometheus.ts";
@@ -31,8 +33,6 @@ function addInto(into: HistogramData, from: HistogramData): void {
 export function summarize(stats: FleetStats, config: ResolvedConfig) {
   const latency = merged(DURATION_BOUNDS_S);
   const ttft = merged(TTFT_BOUNDS_S);
-  let requests = 0;
-  let errors = 0;
   let spendPicos = 0;
   const keys = stats.keys.map((key) => {
     let n = 0;
@@ -42,9 +42,7 @@ export function summarize(stats: FleetStats, config: ResolvedConfig) {
       addInto(ttft, s.ttftS);
       n += s.requests;
       picos += s.spendPicos;
-      if (s.statusClass !== "2xx") errors += s.requests;
     }
-    requests += n;
     spendPicos += picos;
     return {
       id: key.keyId,
@@ -54,10 +52,11 @@ export function summarize(stats: FleetStats, config: ResolvedConfig) {
       spend_usd: picosToUsd(picos),
     };
   });
-  const recent: (RecentError & { key: string })[] = stats.keys
-    .flatMap((key) => key.recentErrors.map((e) => ({ ...e, key: key.name || key.keyId })))
-    .sort((a, b) => b.at - a.at)
-    .slice(0, ERRORS);
+  const api = stats.answers.series.filter((s) => s.route === "v1");
+  const requests = api.reduce((sum, s) => sum + s.count, 0);
+  const errors = api
+    .filter((s) => s.statusClass === "4xx" || s.statusClass === "5xx")
+    .reduce((sum, s) => sum + s.count, 0);
 
   const batchSizes = merged(BATCH_SIZE_BOUNDS);
   const load = new Map<
@@ -80,10 +79,10 @@ export function summarize(stats: FleetStats, config: ResolvedConfig) {
     for (const [origin, report] of Object.entries(b.snapshot.origins)) {
       const seen = load.get(origin);
       if (report === null || (seen !== undefined && seen.age_ms <= report.ageMs)) continue;
-      const shares = originShares(report);
+      const shares = originShares(report, b.reportTtlMs);
       load.set(origin, {
-        running: report.running,
-        waiting: report.waiting,
+        running: shares.running,
+        waiting: shares.waiting,
         kv_usage: shares.kvUsage,
         prefix_hit: shares.prefixHit,
         age_ms: report.ageMs,
@@ -129,6 +128,64 @@ export function summarize(stats: FleetStats, config: ResolvedConfig) {
         ...[...keys].sort((a, b) => b.spend_usd - a.spend_usd).slice(0, TOP_KEYS),
       ]),
     ].sort((a, b) => b.requests - a.requests),
-    recent_errors: recent,
+    recent_errors: recentErrors(stats),
   };
+}
+
+/** One error of the dashboard's list. */
+export interface RecentErrorJson {
+  request_id: string;
+  at: number;
+  key: string;
+  model: string;
+  region: string;
+  status: number;
+  /** The error's code (the origin's own where it gave one), or how the request ended. */
+  code: string | null;
+  outcome: string;
+  path: string | null;
+}
+
+/**
+ * The latest errors: every error answer of the OpenAI API (refusals before any account
+ * included, with their codes), joined by request id with what the keys' accounts recorded
+ * of them (region, outcome), and the accounts' errors the edge answered with a 200 (a
+ * stream cut after its first byte).
+ */
+function recentErrors(stats: FleetStats): RecentErrorJson[] {
+  const names = new Map(stats.keys.map((key) => [key.keyId, key.name || key.keyId]));
+  const settled = new Map<string, RecentError & { key: string }>();
+  for (const key of stats.keys) {
+    for (const e of key.recentErrors)
+      settled.set(e.requestId, { ...e, key: key.name || key.keyId });
+  }
+  const answered: RecentErrorJson[] = stats.answers.errors
+    .filter((e) => e.path.startsWith("/v1"))
+    .map((e) => {
+      const account = settled.get(e.requestId);
+      settled.delete(e.requestId);
+      return {
+        request_id: e.requestId,
+        at: e.at,
+        key: account?.key ?? (e.keyId === null ? "–" : (names.get(e.keyId) ?? e.keyId)),
+        model: account?.model ?? e.model ?? "–",
+        region: account?.region ?? "none",
+        status: e.status,
+        code: e.code === "none" ? (account?.code ?? null) : e.code,
+        outcome: account?.outcome ?? "refused",
+        path: `${e.method} ${e.path}`,
+      };
+    });
+  const accountOnly = [...settled.values()].map((e) => ({
+    request_id: e.requestId,
+    at: e.at,
+    key: e.key,
+    model: e.model,
+    region: e.region,
+    status: e.status,
+    code: e.code,
+    outcome: e.outcome,
+    path: null,
+  }));
+  return [...answered, ...accountOnly].sort((a, b) => b.at - a.at).slice(0, ERRORS);
 }

@@ -1,12 +1,14 @@
 /**
  * `GET /v1/models` and `GET /v1/models/{id}` in OpenAI's list shape, each model with
  * `max_model_len` (its context window, as vLLM reports it) and `pricing` (USD per 1M
- * input, cached input and output tokens).
+ * input, cached input and output tokens): only the models the caller's key (and browser
+ * token) may use, as its account says in the one call that checks the key is live.
  * See docs/edge.md.
  */
-import { Hono } from "hono";
+import { type Context, Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
-import { type ModelConfig, resolveModel } from "../../contracts/config/models.ts";
+import { checkCredential, refusalError } from "../accounts/account-client.ts";
+import { type ModelConfig, resolveModels } from "../../contracts/config/models.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { modelNotFound } from "../../contracts/errors.ts";
 import { type ModelPrice, microsToUsd } from "../../contracts/pricing.ts";
@@ -55,13 +57,41 @@ function toModelObject(model: ModelConfig): ModelObject {
   };
 }
 
+/**
+ * Whether the caller may use a model: checks that its key is live (and the browser Origin
+ * allowed) in its account, and reads the key's and the token's model lists (null: all).
+ */
+async function usable(c: Context<AppEnv>): Promise<(model: ModelConfig) => boolean> {
+  const origin = c.req.header("origin") ?? null;
+  const { credential } = c.var;
+  const result = await checkCredential(c.env, credential, { origin });
+  if (!result.ok) {
+    if (result.code === "origin_not_allowed") c.set("allowedOrigin", null);
+    throw refusalError(result, credential.keyId);
+  }
+  if (origin !== null) c.set("allowedOrigin", origin);
+  const lists = [
+    result.record.models,
+    credential.kind === "browser" ? credential.scope.models : null,
+  ];
+  return (model) => lists.every((list) => list === null || list.includes(model.id));
+}
+
 /** The models route group, mounted at `/v1/models`. */
 export const models = new Hono<AppEnv>()
-  .get("/", (c) => c.json({ object: "list", data: c.var.config.models.map(toModelObject) }))
+  .get("/", async (c) => {
+    const allowed = await usable(c);
+    return c.json({
+      object: "list",
+      data: c.var.config.models.filter(allowed).map(toModelObject),
+    });
+  })
   .all("/", methodNotAllowed(["GET", "HEAD"]))
-  .get("/:id{.+}", (c) => {
+  .get("/:id{.+}", async (c) => {
+    const allowed = await usable(c);
     const id = c.req.param("id");
-    const model = resolveModel(c.var.config, id);
+    // An alias is listed when one of the models it stands for may be used.
+    const model = resolveModels(c.var.config, id).find(allowed);
     if (model === undefined) throw modelNotFound(id);
     return c.json(toModelObject(model));
   })

@@ -13,7 +13,7 @@ import { summarize } from "../observability/summary.ts";
 
 /** `GET /metrics`, mounted at `/metrics`. */
 export const metrics = new Hono<AppEnv>().use("*", adminAuth()).get("/", async (c) => {
-  const stats = await collectFleet(c.env, c.var.config);
+  const stats = await collectFleet(c.env, c.var.config, c.var.edge.answers);
   return c.body(renderFleet(stats), 200, {
     "content-type": "text/plain; version=0.0.4; charset=utf-8",
     "cache-control": "no-store",
@@ -22,7 +22,7 @@ export const metrics = new Hono<AppEnv>().use("*", adminAuth()).get("/", async (
 
 /** `GET /admin/stats`, mounted at `/admin/stats`. */
 export const stats = new Hono<AppEnv>().use("*", adminAuth()).get("/", async (c) => {
-  const collected = await collectFleet(c.env, c.var.config);
+  const collected = await collectFleet(c.env, c.var.config, c.var.edge.answers);
   c.header("cache-control", "no-store");
   return c.json(summarize(collected, c.var.config));
 });

@@ -45,6 +45,32 @@ export interface UsageTotalsJson {
 /** One day and model in the usage API's shape. */
 export type UsageDataJson = UsageTotalsJson & { date: string; model: string };
 
+/**
+ * Refuses a query parameter the route does not take (400 `unsupported_parameter` naming
+ * it), rather than answering as if it were not there.
+ */
+export function onlyParams(query: Record<string, string>, known: readonly string[]): void {
+  const unknown = Object.keys(query).find((name) => !known.includes(name));
+  if (unknown === undefined) return;
+  throw invalidRequest(
+    `Unsupported query parameter '${unknown.slice(0, 64)}': this route takes ${known.join(", ")}.`,
+    unknown.slice(0, 64),
+    "unsupported_parameter",
+  );
+}
+
+/** Reads `user` (1 to {@link MAX_USER_LENGTH} characters); 400 for an empty or long one. */
+export function usageUser(user: string | undefined): string | undefined {
+  if (user !== undefined && (user.length === 0 || user.length > MAX_USER_LENGTH)) {
+    throw invalidRequest(
+      `user must be 1 to ${MAX_USER_LENGTH} characters.`,
+      "user",
+      "invalid_value",
+    );
+  }
+  return user;
+}
+
 /** Reads `from` and `to` (default: today, UTC); 400 for a bad date or range. */
 export function usageRange(
   from: string | undefined,
@@ -145,15 +171,9 @@ export function requestRecordJson(record: LedgerRecord) {
 export const usage = new Hono<AppEnv>()
   .get("/", async (c) => {
     const credential = apiKeyOnly(c.var.credential);
+    onlyParams(c.req.query(), ["from", "to", "user"]);
     const range = usageRange(c.req.query("from"), c.req.query("to"), Date.now());
-    const user = c.req.query("user");
-    if (user !== undefined && (user.length === 0 || user.length > MAX_USER_LENGTH)) {
-      throw invalidRequest(
-        `user must be 1 to ${MAX_USER_LENGTH} characters.`,
-        "user",
-        "invalid_value",
-      );
-    }
+    const user = usageUser(c.req.query("user"));
     const result = await keyAccount(c.env, credential.keyId).usage({
       ...range,
       ...(user === undefined ? {} : { user }),

@@ -334,6 +334,9 @@ class SimEngineImpl implements SimEngine {
       // The first choice of each prompt reports what the cache served for that prompt.
       if (admission.firstTime && choice.index % run.request.n === 0) {
         run.cached[choice.promptIndex] = admission.cachedTokens;
+        const length = run.request.prompts[choice.promptIndex]?.length ?? 0;
+        const whole = Math.floor(length / this.#cache.blockSize) * this.#cache.blockSize;
+        run.cacheWritten[choice.promptIndex] = Math.max(0, whole - admission.cachedTokens);
       }
     }
   }

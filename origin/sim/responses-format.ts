@@ -68,9 +68,10 @@ function responseObject(run: Run, ended: boolean): Record<string, unknown> {
     const prompt = request.prompts.reduce((sum, p) => sum + p.length, 0);
     const output = run.choices.reduce((sum, c) => sum + c.produced, 0);
     const cached = run.cached.reduce((sum, c) => sum + c, 0);
+    const written = run.cacheWritten.reduce((sum, c) => sum + c, 0);
     usage = {
       input_tokens: prompt,
-      input_tokens_details: { cached_tokens: cached },
+      input_tokens_details: { cached_tokens: cached, cache_write_tokens: written },
       output_tokens: output,
       output_tokens_details: { reasoning_tokens: 0 },
       total_tokens: prompt + output,

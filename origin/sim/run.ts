@@ -38,6 +38,11 @@ export interface Run {
   choices: Choice[];
   /** Prompt tokens served from cache, per prompt (from its first choice's admission). */
   cached: number[];
+  /**
+   * Prompt tokens written to the prefix cache, per prompt: the prompt's full blocks the
+   * cache did not hold (an engine caches whole blocks once they are computed).
+   */
+  cacheWritten: number[];
   queue: Uint8Array[];
   wake: (() => void) | null;
   state: "active" | "ok" | "cancelled" | "error";
@@ -232,6 +237,7 @@ export function newRun(
     head: { id: prefix + hashHex(hashes.id, 32), created, model: request.model.id },
     choices,
     cached: request.prompts.map(() => 0),
+    cacheWritten: request.prompts.map(() => 0),
     queue: [],
     wake: null,
     state: "active",

@@ -109,4 +109,33 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       expect(await page.evaluate(() => sessionStorage.getItem("warmgate-admin-token"))).toBeNull();
     },
   );
+
+  it(
+    "fits a narrow screen: tables scroll inside their card, the page never sideways",
+    { timeout: 60_000 },
+    async () => {
+      const page = await browser.newPage({ viewport: { width: 360, height: 740 } });
+      await page.goto(stack.edgeUrl);
+      await page.fill("#token", stack.adminToken);
+      await page.click("button[type=submit]");
+      await page.waitForFunction(() => document.querySelectorAll("#origins tbody tr").length === 2);
+      await load(4);
+      await page.waitForFunction(() => document.querySelectorAll("#keys tbody tr").length > 0);
+      const sizes = await page.evaluate(() => ({
+        page: document.documentElement.scrollWidth,
+        viewport: window.innerWidth,
+        cards: [...document.querySelectorAll(".table-scroll")].map((card) => {
+          const box = card.getBoundingClientRect();
+          return { right: box.right, overflow: getComputedStyle(card).overflowX };
+        }),
+      }));
+      expect(sizes.page).toBeLessThanOrEqual(sizes.viewport);
+      expect(sizes.cards).toHaveLength(3);
+      for (const card of sizes.cards) {
+        expect(card.right).toBeLessThanOrEqual(sizes.viewport);
+        expect(card.overflow).toBe("auto");
+      }
+      await page.close();
+    },
+  );
 });

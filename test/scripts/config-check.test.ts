@@ -57,6 +57,29 @@ describe("npm run config:check", () => {
     expect(result.err).toContain("WARMGATE_CONFIG is invalid at default_region");
   });
 
+  it("lists every problem of a document, not only the first", async () => {
+    const bad = {
+      ...config("https://a.example"),
+      default_region: 5,
+      models: [{ id: "m", max_model_len: -1 }],
+    };
+    const result = await check(await file("bad-twice.json", bad));
+    expect(result.code).toBe(1);
+    expect(result.err).toContain("WARMGATE_CONFIG is invalid at default_region");
+    expect(result.err).toContain("WARMGATE_CONFIG is invalid at models[0].max_model_len");
+  });
+
+  it("warns of an origin on plain HTTP at a public address, and passes it", async () => {
+    const result = await check(await file("clear.json", config("http://gpu.example.com:9000")));
+    expect(result.code).toBe(0);
+    expect(result.err).toContain(
+      "warning: origin eu-1 of region eu is at http://gpu.example.com:9000",
+    );
+    expect(result.err).toContain("in clear");
+    const tls = await check(await file("tls.json", config("https://gpu.example.com")));
+    expect(tls.err).not.toContain("warning");
+  });
+
   it("fails for an origin a Worker cannot reach, unless --local", async () => {
     const path = await file("loopback.json", config("http://127.0.0.1:9101"));
     const deployed = await check(path);

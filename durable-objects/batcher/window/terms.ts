@@ -129,12 +129,22 @@ export const MIN_HOLD_MS = 1;
  * leave in one write: `holdShare` of the thread's recent mean lag, at most `maxHoldMs`, and
  * 0 below {@link MIN_HOLD_MS}. A thread that keeps up has no lag, and nothing is held; a
  * saturated one already delays every chunk by about its lag and pays per write, so joining
- * writes for a share of that lag buys back the time it is short of.
+ * writes for a share of that lag buys back the time it is short of. Below `holdMinInFlight`
+ * items running at once nothing is held, however the thread lags: there a hold only bunches
+ * tokens that the thread could still send one by one (docs/batching.md, "Token holds").
  */
 export function tokenHoldMs(state: WindowState, now: number): number {
-  const { holdShare, maxHoldMs } = state.config;
+  const { holdShare, maxHoldMs, holdMinInFlight } = state.config;
+  if (holdShare <= 0 || itemsInFlight(state) < holdMinInFlight) return 0;
   const holdMs = Math.min(maxHoldMs, holdShare * meanThreadLagMs(state, now));
   return holdMs >= MIN_HOLD_MS ? holdMs : 0;
+}
+
+/** Items running on every origin now. */
+function itemsInFlight(state: WindowState): number {
+  let items = 0;
+  for (const origin of state.origins) items += origin.inFlight.length;
+  return items;
 }
 
 /** The recent mean lag of the batcher's thread ({@link recordThreadLag}); 0 without one. */

@@ -23,7 +23,7 @@ import {
   keyJson,
   rateLimitsOf,
 } from "./key-payloads.ts";
-import { sumUsage, totalsJson, usageRange, usageReport } from "../usage.ts";
+import { onlyParams, sumUsage, totalsJson, usageRange, usageReport, usageUser } from "../usage.ts";
 import { KEY_ID_PATTERN, mintApiKey, newKeyId } from "../../accounts/keys.ts";
 
 /** Key accounts asked at once by `GET /admin/usage`. */
@@ -36,18 +36,23 @@ export const USAGE_FAN_OUT = 32;
 export const adminKeys = new Hono<{ Bindings: Env }>()
   .use("*", adminAuth())
   .get("/usage", async (c) => {
+    onlyParams(c.req.query(), ["from", "to", "key_id", "user"]);
     const range = usageRange(c.req.query("from"), c.req.query("to"), Date.now());
+    const user = usageUser(c.req.query("user"));
     const only = c.req.query("key_id");
-    let keys = await keyDirectory(c.env).ids();
-    if (only !== undefined) {
-      keys = keys.filter((key) => key.id === only);
-      if (keys.length === 0) throw noSuchKey(only);
-    }
-    // Each key's account holds its own ledger: ask them all, a batch at a time.
+    const all: { id: string; name: string }[] = await keyDirectory(c.env).ids();
+    const keys = only === undefined ? all : all.filter((key) => key.id === only);
+    if (only !== undefined && keys.length === 0) throw noSuchKey(only);
+    // Each key's account holds its own ledger (and its end users' requests): ask them all,
+    // a batch at a time.
     const perKey: { id: string; name: string; rows: UsageRow[] }[] = [];
     for (let i = 0; i < keys.length; i += USAGE_FAN_OUT) {
       const batch = keys.slice(i, i + USAGE_FAN_OUT);
-      const answers = await Promise.all(batch.map((key) => keyAccount(c.env, key.id).usage(range)));
+      const answers = await Promise.all(
+        batch.map((key) =>
+          keyAccount(c.env, key.id).usage({ ...range, ...(user !== undefined && { user }) }),
+        ),
+      );
       answers.forEach((answer, j) => {
         const key = batch[j];
         if (answer.ok && key !== undefined) perKey.push({ ...key, rows: answer.rows });
@@ -64,6 +69,7 @@ export const adminKeys = new Hono<{ Bindings: Env }>()
     );
     return c.json({
       ...usageReport(range, rows),
+      user: user ?? null,
       keys: perKey
         .map((key) => ({ key_id: key.id, name: key.name, ...totalsJson(sumUsage(key.rows)) }))
         .filter((key) => key.requests > 0),

@@ -51,6 +51,7 @@ describe("batching plans, resolved when the configuration loads", () => {
       waitShare: 0.1,
       holdShare: 1,
       maxHoldMs: 10,
+      holdMinInFlight: 128,
       rateWindowMs: 250,
       loadReportTtlMs: 1000,
       lanes: [

@@ -73,7 +73,7 @@ async function itemAfterLag(window: Partial<WindowConfigInput>, id: string) {
 describe("holding a streamed item's later tokens while the thread lags", () => {
   it("joins later tokens into fewer writes; the first step leaves at once, bytes unchanged", async () => {
     const { expected, lagged, head, chunks, trailer, after } = await itemAfterLag(
-      { holdShare: 1, maxHoldMs: 100 },
+      { holdShare: 1, maxHoldMs: 100, holdMinInFlight: 0 },
       "held",
     );
     expect(lagged.threadLagMs).toBeGreaterThan(10);
@@ -88,9 +88,20 @@ describe("holding a streamed item's later tokens while the thread lags", () => {
     expect(after.counters.holds).toBeGreaterThan(0);
   });
 
+  it("delivers each step on its own by default while few items run, however late the thread runs", async () => {
+    const { expected, lagged, chunks, trailer, after } = await itemAfterLag({}, "few");
+    expect(lagged.threadLagMs).toBeGreaterThan(10);
+    expect(lagged.holdMs).toBe(0);
+    expect(chunks.join("")).toEqual(expected);
+    expect(trailer).toMatchObject({ id: "few", outcome: "ok" });
+    // Unheld, its 14 events leave in about six writes; held, in at most three.
+    expect(chunks.length).toBeGreaterThan(3);
+    expect(after.counters.holds).toBe(0);
+  });
+
   it("holds nothing with a hold share of 0, however late the thread runs", async () => {
     const { expected, lagged, chunks, trailer, after } = await itemAfterLag(
-      { holdShare: 0 },
+      { holdShare: 0, holdMinInFlight: 0 },
       "unheld",
     );
     expect(lagged.threadLagMs).toBeGreaterThan(10);

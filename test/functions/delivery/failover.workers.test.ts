@@ -2,7 +2,11 @@ import { env, exports } from "cloudflare:workers";
 import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { afterEach, describe, expect, inject, it } from "vitest";
 import app from "../../../functions/index.ts";
+import { createOpenAI } from "@ai-sdk/openai";
+import { streamText } from "ai";
+import OpenAI, { APIError } from "openai";
 import { type ErrorBody, chatBody, edgeRequest, metricValue } from "../../support/edge-requests.ts";
+import { TEST_API_KEY } from "../../support/provided-context.ts";
 
 // Only this file injects faults, and only into the `faulty` region's origins.
 const origins = inject("testOrigins");
@@ -259,5 +263,106 @@ describe("failure after the first byte", () => {
         code: "origin_error",
       },
     });
+  });
+});
+
+describe("a Responses stream cut after its first byte", () => {
+  const ways = [
+    ["straight from its origin", { enabled: false }],
+    ["through a Batcher", {}],
+  ] as const;
+  for (const [way, batching] of ways) {
+    it(`ends with the typed error event and response.failed, ${way}`, async () => {
+      for (const id of FAULTY) await setFaults(id, { dropAfterTokens: 5, dropRate: 1 });
+      const config = JSON.stringify({ ...JSON.parse(configOf([FAULTY])), batching });
+      const body = { model: "warmgate-sim-8b", input: "Tell me a story.", max_output_tokens: 50 };
+      const res = await fetchWithConfig(
+        config,
+        edgeRequest("/v1/responses", { body: { ...body, stream: true } }),
+      );
+      expect(res.status).toBe(200);
+      const text = await res.text();
+      const events = text
+        .split("\n\n")
+        .filter((e) => e !== "")
+        .map((e) => {
+          const [name = "", data = ""] = e.split("\n");
+          return {
+            name: name.replace(/^event: /, ""),
+            data: JSON.parse(data.replace(/^data: /, "")),
+          };
+        });
+      const [failed, error] = [events.at(-1), events.at(-2)];
+      expect(error?.name).toBe("error");
+      expect(error?.data).toEqual({
+        type: "error",
+        code: "origin_error",
+        message: "The origin server failed to process the request.",
+        param: null,
+        sequence_number: events.length - 2,
+      });
+      expect(failed?.name).toBe("response.failed");
+      expect(failed?.data).toMatchObject({
+        type: "response.failed",
+        sequence_number: events.length - 1,
+        response: {
+          id: events[0]?.data.response.id,
+          status: "failed",
+          error: {
+            code: "origin_error",
+            message: "The origin server failed to process the request.",
+          },
+        },
+      });
+      expect(text).not.toContain('data: {"error"');
+
+      // The official SDK raises the typed error event as an APIError with its code.
+      const client = new OpenAI({
+        apiKey: TEST_API_KEY,
+        baseURL: "http://edge.test/v1",
+        maxRetries: 0,
+        fetch: (input, init) => fetchWithConfig(config, new Request(input, init)),
+      });
+      const stream = await client.responses.create({ ...body, stream: true });
+      const seen: string[] = [];
+      const thrown = await (async () => {
+        try {
+          for await (const event of stream) seen.push(event.type);
+        } catch (caught) {
+          return caught;
+        }
+        return null;
+      })();
+      expect(seen[0]).toBe("response.created");
+      expect(thrown).toBeInstanceOf(APIError);
+      expect((thrown as APIError).code).toBe("origin_error");
+    });
+  }
+
+  it("is an error the Vercel AI SDK reads as the origin's failure, not a validation failure", async () => {
+    for (const id of FAULTY) await setFaults(id, { dropAfterTokens: 5, dropRate: 1 });
+    const config = configOf([FAULTY]);
+    const provider = createOpenAI({
+      baseURL: "http://edge.test/v1",
+      apiKey: TEST_API_KEY,
+      fetch: (input, init) => fetchWithConfig(config, new Request(input, init)),
+    });
+    const streamed = streamText({
+      model: provider.responses("warmgate-sim-8b"),
+      prompt: "Tell me a story.",
+      maxOutputTokens: 50,
+      maxRetries: 0,
+      // Read from the stream below, not logged.
+      onError: () => {},
+    });
+    const errors: unknown[] = [];
+    let text = "";
+    for await (const part of streamed.fullStream) {
+      if (part.type === "error") errors.push(part.error);
+      if (part.type === "text-delta") text += part.text;
+    }
+    expect(text.length).toBeGreaterThan(0);
+    expect(errors).toHaveLength(1);
+    expect((errors[0] as Error).message).toContain("The origin server failed");
   });
 });

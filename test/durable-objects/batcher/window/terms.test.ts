@@ -247,12 +247,28 @@ describe("wait term", () => {
 
 /** A state whose thread lagged `lagMs` once, at 1000. */
 function lagged(input: Partial<WindowConfigInput>, lagMs: number): WindowState {
-  return recordThreadLag(stateWith({ rateWindowMs: 100, ...input }), lagMs, 1000);
+  return recordThreadLag(
+    stateWith({ rateWindowMs: 100, holdMinInFlight: 0, ...input }),
+    lagMs,
+    1000,
+  );
+}
+
+/** `state` with `count` items running on its origin "a". */
+function running(state: WindowState, count: number): WindowState {
+  let next = state;
+  for (let i = 0; i < count; i++) next = add(next, request(`run-${i}`), 1000).state;
+  return next;
 }
 
 describe("holding streamed tokens", () => {
   it("holds nothing until the thread lags, then holdShare of its lag, at most maxHoldMs", () => {
-    let state = stateWith({ holdShare: 0.5, maxHoldMs: 10, rateWindowMs: 1000 });
+    let state = stateWith({
+      holdShare: 0.5,
+      maxHoldMs: 10,
+      rateWindowMs: 1000,
+      holdMinInFlight: 0,
+    });
     expect(tokenHoldMs(state, 0)).toBe(0);
     state = recordThreadLag(state, 4, 0);
     state = recordThreadLag(state, 8, 0);
@@ -270,8 +286,15 @@ describe("holding streamed tokens", () => {
     expect(tokenHoldMs(lagged({ holdShare: 1, maxHoldMs: 0 }, 200), 1000)).toBe(0);
   });
 
-  it("defaults to the whole lag, at most 10 ms", () => {
+  it("holds nothing while fewer items run than holdMinInFlight, however the thread lags", () => {
+    // No wait term: each request leaves at once and runs.
+    const state = lagged({ holdShare: 1, maxHoldMs: 10, holdMinInFlight: 3, waitShare: 0 }, 8);
+    expect(tokenHoldMs(running(state, 2), 1000)).toBe(0);
+    expect(tokenHoldMs(running(state, 3), 1000)).toBeCloseTo(8, 6);
+  });
+
+  it("defaults to the whole lag, at most 10 ms, and only from 128 items running at once", () => {
     const config = windowConfig();
-    expect([config.holdShare, config.maxHoldMs]).toEqual([1, 10]);
+    expect([config.holdShare, config.maxHoldMs, config.holdMinInFlight]).toEqual([1, 10, 128]);
   });
 });
