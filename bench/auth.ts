@@ -23,6 +23,7 @@ import {
   type PathResult,
   type Workload,
 } from "./lib.ts";
+import { BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { createKey, startStack } from "../scripts/stack.ts";
 import { ROOT, parseRuntime, startEdge, type RunningEdge } from "../scripts/edge.ts";
 
@@ -45,16 +46,6 @@ const MAX_TOKENS = Number(args["max-tokens"]);
 
 type Target = "previous" | "no-account" | "keyed";
 const TARGETS: Target[] = ["previous", "no-account", "keyed"];
-
-/** Limits that are enforced on every request but that this benchmark never reaches. */
-const BENCH_KEY_LIMITS = {
-  rpm: 100_000_000,
-  tpm: 1_000_000_000_000,
-  concurrency: 1_024,
-  budget_usd_day: 1_000_000,
-  budget_usd_month: 10_000_000,
-  credit_usd: 100_000_000,
-};
 
 const body = (stream: boolean) => benchChatBody(MAX_TOKENS, stream);
 

@@ -1,55 +1,130 @@
 /**
- * `npm run bench:overhead`: what the edge adds. The same workload, alternating, three
- * ways on loopback: straight to a simulated origin (no simulated delay), through a bare
- * pass-through Worker under the same runtime as the edge (the floor for any edge), and
- * through the warmgate edge. Both Workers run under workerd as deployed Workers are
- * reached (`--runtime workerd`, the default) or behind `wrangler dev`'s proxy
- * (`--runtime wrangler-dev`). Prints a table and writes bench/results/overhead.json
- * (overhead-wrangler-dev.json for the latter).
- * See docs/benchmarks.md.
+ * `npm run bench:overhead`: what the edge costs. The same workloads, alternating, four ways
+ * on loopback: straight to a simulated origin (no simulated delay), through a bare
+ * pass-through Worker under the same runtime as the edge (the floor for any edge), through
+ * the Portkey AI Gateway on this Node (an anchor, `bench/portkey.ts`) and through the
+ * warmgate edge with keys, limits, budgets and the ledger on. JSON and streams at 1 and 32
+ * clients, then JSON at one client with prompts of 1k, 8k and 31.5k tokens; for each, the
+ * CPU time per request of each path's serving process. `--quick` runs it smaller. Prints
+ * tables and writes bench/results/overhead.json (overhead-wrangler-dev.json behind
+ * `wrangler dev`). See docs/benchmarks.md.
  */
 import { parseArgs } from "node:util";
 import { join } from "node:path";
 import {
   benchChatBody,
-  compareAlternating,
-  PATH_COLUMNS,
-  pathCells,
   benchCommand,
+  compareAlternating,
   resultName,
   fmt,
-  markdownTable,
-  targetsTable,
   timedRequest,
   writeResult,
-  type PathResult,
   type Workload,
 } from "./lib.ts";
-import { workerdRss } from "./processes.ts";
-import { startStack } from "../scripts/stack.ts";
+import { BENCH_KEY_LIMITS } from "./key-limits.ts";
+import { cpuTimeMs, workerdPid, workerdRss } from "./processes.ts";
+import { type RunningPortkey, PORTKEY_VERSION, startPortkey } from "./portkey.ts";
+import {
+  type OverheadRow,
+  type Scenario,
+  type Target,
+  overheadTable,
+  overheadTargets,
+  promptSizeTable,
+} from "./overhead-report.ts";
+import { targetsTable } from "./lib.ts";
+import { createKey, startStack } from "../scripts/stack.ts";
 import { ROOT, parseRuntime, startEdge } from "../scripts/edge.ts";
 
 const { values: args } = parseArgs({
   options: {
-    rounds: { type: "string", default: "4" },
-    "c1-requests": { type: "string", default: "600" },
-    "c32-requests": { type: "string", default: "1200" },
+    quick: { type: "boolean", default: false },
+    rounds: { type: "string" },
+    "c1-requests": { type: "string" },
+    "c32-requests": { type: "string" },
+    "prompt-requests": { type: "string" },
     "max-tokens": { type: "string", default: "16" },
     "block-warm": { type: "string", default: "24" },
+    "no-portkey": { type: "boolean", default: false },
+    // Workloads whose name contains this (`c=32`, `k`, …): for exploring, not for results.
+    only: { type: "string" },
     runtime: { type: "string", default: "workerd" },
   },
   strict: true,
 });
+const quick = args.quick;
 const RUNTIME = parseRuntime(args.runtime);
-const ROUNDS = Number(args.rounds);
-const C1_REQUESTS = Number(args["c1-requests"]);
-const C32_REQUESTS = Number(args["c32-requests"]);
+const ROUNDS = Number(args.rounds ?? (quick ? 2 : 4));
+const C1_REQUESTS = Number(args["c1-requests"] ?? (quick ? 200 : 600));
+const C32_REQUESTS = Number(args["c32-requests"] ?? (quick ? 480 : 1200));
+const PROMPT_REQUESTS = Number(args["prompt-requests"] ?? (quick ? 80 : 240));
 const MAX_TOKENS = Number(args["max-tokens"]);
+const BLOCK_WARM = Number(args["block-warm"]);
 
-type Target = "direct" | "passthrough" | "warmgate";
-const TARGETS: Target[] = ["direct", "passthrough", "warmgate"];
+/** Prompt sizes (tokens) of the prompt workloads; the largest fits the 32,768-token window. */
+const PROMPT_SIZES = { "1k": 1_000, "8k": 8_000, "32k": 31_500 } as const;
 
-const body = (stream: boolean) => benchChatBody(MAX_TOKENS, stream);
+interface Phase extends Workload<Scenario> {
+  promptTokens: number | null;
+}
+const ALL_PHASES: Phase[] = [
+  { name: "json c=1", stream: false, concurrency: 1, requests: C1_REQUESTS, promptTokens: null },
+  { name: "json c=32", stream: false, concurrency: 32, requests: C32_REQUESTS, promptTokens: null },
+  { name: "stream c=1", stream: true, concurrency: 1, requests: C1_REQUESTS, promptTokens: null },
+  {
+    name: "stream c=32",
+    stream: true,
+    concurrency: 32,
+    requests: C32_REQUESTS,
+    promptTokens: null,
+  },
+  ...Object.entries(PROMPT_SIZES).map(([size, tokens]) => ({
+    name: `json c=1 ${size}` as Scenario,
+    stream: false,
+    concurrency: 1,
+    requests: PROMPT_REQUESTS,
+    promptTokens: tokens,
+  })),
+];
+
+const PHASES = ALL_PHASES.filter((p) => args.only === undefined || p.name.includes(args.only));
+
+/**
+ * A chat body whose prompt is `tokens` tokens by the edge's estimate and the simulated
+ * engine's count alike: three-letter words (one token each to both), from a fixed seed.
+ */
+function promptBody(tokens: number, stream: boolean): string {
+  let seed = 7;
+  const letter = () => {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+    return String.fromCharCode(97 + ((seed >>> 16) % 26));
+  };
+  // The template's tokens around the two messages come off the words.
+  const words = Array.from({ length: tokens - 40 }, () => letter() + letter() + letter());
+  return JSON.stringify({
+    model: "warmgate-sim-8b",
+    messages: [
+      { role: "system", content: "You are a concise assistant." },
+      { role: "user", content: words.join(" ") },
+    ],
+    max_tokens: MAX_TOKENS,
+    seed: 7,
+    stream,
+  });
+}
+const bodies = new Map<string, string>();
+const bodyOf = (phase: Phase, stream: boolean) => {
+  const key = `${phase.promptTokens}:${stream}`;
+  let body = bodies.get(key);
+  if (body === undefined) {
+    body =
+      phase.promptTokens === null
+        ? benchChatBody(MAX_TOKENS, stream)
+        : promptBody(phase.promptTokens, stream);
+    bodies.set(key, body);
+  }
+  return body;
+};
 
 const stack = await startStack({
   regions: [{ id: "local", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 1 }],
@@ -63,117 +138,133 @@ const passthrough = await startEdge(RUNTIME, {
   config: join(ROOT, "bench", "passthrough", "wrangler.toml"),
   vars: { ORIGIN_URL: origin.url },
 });
+let portkey: RunningPortkey | null = null;
+let portkeyMissing: string | null = args["no-portkey"] ? "left out (--no-portkey)" : null;
+if (portkeyMissing === null) {
+  try {
+    portkey = await startPortkey();
+  } catch (error) {
+    portkeyMissing = `could not be installed or started: ${(error as Error).message.split("\n")[0]}`;
+  }
+}
+if (portkeyMissing !== null) {
+  console.log(`Portkey ${portkeyMissing}; scoring against the pass-through only.`);
+}
+const apiKey = await createKey(stack.edgeUrl, stack.adminToken, {
+  name: "bench-overhead",
+  limits: BENCH_KEY_LIMITS,
+});
 
+const TARGETS: Target[] = [
+  "direct",
+  "passthrough",
+  ...(portkey ? ["portkey" as const] : []),
+  "warmgate",
+];
 const urls: Record<Target, string> = {
   direct: `${origin.url}/v1/chat/completions`,
   passthrough: `${passthrough.url}/v1/chat/completions`,
+  portkey: `${portkey?.url}/v1/chat/completions`,
   warmgate: `${stack.edgeUrl}/v1/chat/completions`,
 };
-// The origin and the pass-through Worker in front of it take the origin's access token; the
-// edge takes an API key.
-const bearer: Record<Target, string> = {
-  direct: stack.originAccessToken,
-  passthrough: stack.originAccessToken,
-  warmgate: stack.apiKey,
+// The origin, and the pass-through and Portkey in front of it, take the origin's access
+// token; the edge takes an API key.
+const headers: Record<Target, Record<string, string>> = {
+  direct: { authorization: `Bearer ${stack.originAccessToken}` },
+  passthrough: { authorization: `Bearer ${stack.originAccessToken}` },
+  portkey: {
+    authorization: `Bearer ${stack.originAccessToken}`,
+    "x-portkey-provider": "openai",
+    "x-portkey-custom-host": `${origin.url}/v1`,
+  },
+  warmgate: { authorization: `Bearer ${apiKey}` },
 };
-const headersOf = (target: Target) => ({
-  "content-type": "application/json",
-  authorization: `Bearer ${bearer[target]}`,
-});
+for (const h of Object.values(headers)) h["content-type"] = "application/json";
 
-type Scenario = "json c=1" | "json c=32" | "stream c=1" | "stream c=32";
-const SCENARIOS: Workload<Scenario>[] = [
-  { name: "json c=1", stream: false, concurrency: 1, requests: C1_REQUESTS },
-  { name: "json c=32", stream: false, concurrency: 32, requests: C32_REQUESTS },
-  { name: "stream c=1", stream: true, concurrency: 1, requests: C1_REQUESTS },
-  { name: "stream c=32", stream: true, concurrency: 32, requests: C32_REQUESTS },
-];
+// The process that serves each path (the origin serves every path: no figure of its own).
+const servingPid: Record<Target, number | null> = {
+  direct: null,
+  passthrough: await workerdPid(passthrough.child.pid),
+  portkey: portkey?.child.pid ?? null,
+  warmgate: await workerdPid(stack.edge.pid),
+};
+const cpuNow = async () =>
+  Object.fromEntries(
+    await Promise.all(TARGETS.map(async (t) => [t, await cpuTimeMs(servingPid[t])] as const)),
+  ) as Record<Target, number | null>;
 
 const edgeMemory: { phase: string; rss: number | null }[] = [];
-let rows: PathResult<Scenario, Target>[];
+const rows: OverheadRow[] = [];
 try {
   edgeMemory.push({ phase: "idle", rss: await workerdRss(stack.edge.pid ?? 0) });
-  rows = await compareAlternating({
-    workloads: SCENARIOS,
-    targets: TARGETS,
-    rounds: ROUNDS,
-    warmRequests: 64,
-    blockWarmRequests: Number(args["block-warm"]),
-    send: (target, stream) => timedRequest(urls[target], headersOf(target), body(stream)),
-  });
+  // Every path warmed on every body before anything is measured.
+  for (const phase of PHASES.filter((p) => p.concurrency === 1)) {
+    await compareAlternating({
+      workloads: [{ ...phase, requests: 16 }],
+      targets: TARGETS,
+      rounds: 1,
+      warmRequests: 32,
+      blockWarmRequests: 0,
+      send: (target, stream) => timedRequest(urls[target], headers[target], bodyOf(phase, stream)),
+    });
+  }
+  for (const phase of PHASES) {
+    const sent = new Map<Target, number>();
+    const before = await cpuNow();
+    const measured = await compareAlternating({
+      workloads: [phase],
+      targets: TARGETS,
+      rounds: ROUNDS,
+      warmRequests: 0,
+      blockWarmRequests: BLOCK_WARM,
+      send: (target, stream) => {
+        sent.set(target, (sent.get(target) ?? 0) + 1);
+        return timedRequest(urls[target], headers[target], bodyOf(phase, stream));
+      },
+    });
+    // Work a response left behind (the ledger's settlement) is the request's too.
+    await new Promise((r) => setTimeout(r, 250));
+    const after = await cpuNow();
+    for (const row of measured) {
+      const used = (after[row.target] ?? Number.NaN) - (before[row.target] ?? Number.NaN);
+      rows.push({ ...row, cpuMsPerRequest: used / (sent.get(row.target) ?? Number.NaN) });
+    }
+    process.stderr.write(`${phase.name} done\n`);
+  }
   edgeMemory.push({ phase: "after load", rss: await workerdRss(stack.edge.pid ?? 0) });
 } finally {
-  await passthrough.stop();
-  await stack.stop();
+  await Promise.all([passthrough.stop(), portkey?.stop(), stack.stop()]);
 }
-const find = (s: Scenario, t: Target) => rows.find((r) => r.scenario === s && r.target === t);
 
-const table = markdownTable(
-  [...PATH_COLUMNS, "+p50 vs direct", "+p50 vs passthrough", "errors"],
-  rows.map((r) => {
-    const direct = find(r.scenario, "direct");
-    const floor = find(r.scenario, "passthrough");
-    return [
-      ...pathCells(r),
-      r.target === "direct" ? "" : fmt(r.total.p50 - (direct?.total.p50 ?? Number.NaN)),
-      r.target === "warmgate" ? fmt(r.total.p50 - (floor?.total.p50 ?? Number.NaN)) : "",
-      String(r.errors),
-    ];
-  }),
-);
-
-// p50 of `field` on path `a` minus that on path `b`, for one workload.
-const p50Diff = (s: Scenario, field: "total" | "ttfb", a: Target, b: Target) =>
-  (find(s, a)?.[field].p50 ?? Number.NaN) - (find(s, b)?.[field].p50 ?? Number.NaN);
-const rpsRatio = (s: Scenario) =>
-  (find(s, "warmgate")?.rps ?? Number.NaN) / (find(s, "passthrough")?.rps ?? Number.NaN);
-const addedJson = p50Diff("json c=1", "total", "warmgate", "direct");
-const addedTtfb = p50Diff("stream c=1", "ttfb", "warmgate", "direct");
-const ratioJson = rpsRatio("json c=32");
-const ratioStream = rpsRatio("stream c=32");
-// What the edge adds above the bare pass-through Worker under the same runtime, reported
-// beside the goals: behind `wrangler dev`'s proxy the pass-through alone is above 2 ms.
-const overFloorJson = p50Diff("json c=1", "total", "warmgate", "passthrough");
-const overFloorTtfb = p50Diff("stream c=1", "ttfb", "warmgate", "passthrough");
-const floorJson = p50Diff("json c=1", "total", "passthrough", "direct");
-const targets = {
-  added_p50_ms_c1: { value: addedJson, target: "<= 2", met: addedJson <= 2 },
-  added_ttfb_p50_ms_c1: { value: addedTtfb, target: "<= 2", met: addedTtfb <= 2 },
-  passthrough_added_p50_ms_c1: { value: floorJson, target: "(the floor)", met: true },
-  added_over_passthrough_p50_ms_c1: { value: overFloorJson, target: "(reported)", met: true },
-  added_over_passthrough_ttfb_p50_ms_c1: {
-    value: overFloorTtfb,
-    target: "(reported)",
-    met: true,
-  },
-  rps_ratio_vs_passthrough_json_c32: { value: ratioJson, target: ">= 0.5", met: ratioJson >= 0.5 },
-  rps_ratio_vs_passthrough_stream_c32: {
-    value: ratioStream,
-    target: ">= 0.5",
-    met: ratioStream >= 0.5,
-  },
-};
+const targets = overheadTargets(rows, portkey !== null);
 const memoryLine = edgeMemory
   .map((m) => `${m.phase}: ${m.rss === null ? "unknown" : `${fmt(m.rss / 1024 / 1024, 1)} MiB`}`)
   .join(", ");
 
-console.log(`Runtime: ${RUNTIME} (both Workers).\n`);
-console.log(table);
+console.log(
+  `Runtime: ${RUNTIME} (both Workers). Portkey ${portkey ? PORTKEY_VERSION : portkeyMissing}.\n`,
+);
+console.log(overheadTable(rows));
+console.log("");
+console.log(promptSizeTable(rows));
 console.log("");
 console.log(targetsTable(targets));
 console.log("");
 console.log(`edge (workerd) RSS — ${memoryLine}`);
-const command = benchCommand("bench:overhead");
 const path = await writeResult(resultName("overhead", RUNTIME), {
-  command,
+  command: benchCommand("bench:overhead"),
   runtime: RUNTIME,
   date: new Date().toISOString(),
   settings: {
+    quick,
     rounds: ROUNDS,
     c1Requests: C1_REQUESTS,
     c32Requests: C32_REQUESTS,
+    promptRequests: PROMPT_REQUESTS,
+    promptTokens: PROMPT_SIZES,
     maxTokens: MAX_TOKENS,
-    blockWarmRequests: Number(args["block-warm"]),
+    blockWarmRequests: BLOCK_WARM,
+    portkey: portkey ? PORTKEY_VERSION : portkeyMissing,
   },
   rows,
   targets,

@@ -15,6 +15,11 @@ interface SecretsEnv {
   WARMGATE_ENV?: string;
   /** Workers Analytics Engine dataset for per-request events; optional (wrangler.toml). */
   ANALYTICS?: AnalyticsEngineDataset;
+  /**
+   * Benchmarks only: milliseconds added before every call the edge makes to a key's account,
+   * as if it lived on another continent. Unset (no delay) in production.
+   */
+  WARMGATE_ACCOUNT_DELAY_MS?: string;
 }
 
 interface Env extends SecretsEnv {}

@@ -65,6 +65,8 @@ export type AppEnv = {
     allowedOrigin: string | null;
     /** Set when the key's account admitted a completion (its reservation and limits). */
     admission: AdmitOk;
+    /** Set when the completion was admitted under the isolate's lease of its key. */
+    leased: { admittedAt: number; endUser: string | null };
     /** Set by the body validator on completion routes. */
     completion: CompletionBody;
     /** Set once the model is resolved and the context window checked. */

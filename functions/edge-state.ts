@@ -9,6 +9,7 @@ import { CanaryCopies } from "./health/canaries.ts";
 import { Dispatcher } from "./delivery/dispatcher.ts";
 import { type AccountSettleQueue, accountSettleQueue } from "./accounts/account-client.ts";
 import { ApiKeyMemo } from "./accounts/keys.ts";
+import { AccountLeases } from "./accounts/leases.ts";
 import { AnswerCounts } from "./observability/answer-counts.ts";
 
 /** The bindings an isolate's state talks to. */
@@ -31,6 +32,8 @@ export class EdgeState {
   readonly apiKeys = new ApiKeyMemo();
   /** Browser-token secrets and CORS preflight answers. */
   readonly browserTokens = new BrowserTokenMemo();
+  /** The leases of the keys' accounts this isolate admits under. */
+  readonly leases = new AccountLeases();
   /** Every answer this isolate gave, counted until its next push to the tally objects. */
   readonly answers: AnswerCounts;
 

@@ -138,8 +138,26 @@ export function wranglerDevEnv(
   };
 }
 
-/** Starts a Worker under `wrangler dev` on a free port and waits until `/health` answers. */
+/** Starts at most this many times when a port found free was taken before wrangler bound it. */
+const PORT_RACE_TRIES = 3;
+
+/**
+ * Starts a Worker under `wrangler dev` on a free port and waits until `/health` answers.
+ * A free port is only known free until someone binds it: when another process took one of
+ * the ports found for this edge first, it starts again on new ones.
+ */
 export async function startWranglerDev(options: EdgeOptions): Promise<RunningEdge> {
+  for (let tries = 1; ; tries++) {
+    try {
+      return await startWranglerDevOnce(options);
+    } catch (error) {
+      const raced = (error as Error).message.includes("Address already in use");
+      if (!raced || tries >= PORT_RACE_TRIES) throw error;
+    }
+  }
+}
+
+async function startWranglerDevOnce(options: EdgeOptions): Promise<RunningEdge> {
   // wrangler waits for a busy port instead of failing: find out before it starts.
   if (options.port) await assertPortFree(options.port);
   const port = options.port || (await freePort());
@@ -219,6 +237,8 @@ export interface EdgeOptions {
   asyncTrace?: string;
   /** Reach the Worker through Miniflare's entry Worker (workerd runtime only; `--entry-worker`). */
   entryWorker?: boolean;
+  /** Serve the V8 inspector on this port (workerd runtime only), for CPU profiles. */
+  inspectorPort?: number;
 }
 
 /** A Worker running locally. */
@@ -261,6 +281,7 @@ export async function startWorkerd(options: EdgeOptions): Promise<RunningEdge> {
       ...(options.persistTo ? ["--persist-to", options.persistTo] : []),
       ...(options.asyncTrace ? ["--async-trace", options.asyncTrace] : []),
       ...(options.entryWorker ? ["--entry-worker"] : []),
+      ...(options.inspectorPort ? ["--inspector-port", String(options.inspectorPort)] : []),
       ...(options.verbose ? ["--verbose"] : []),
     ],
     {

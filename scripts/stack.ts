@@ -63,6 +63,8 @@ export interface StackOptions {
   originProcesses?: boolean;
   /** How the edge runs (default `wrangler-dev`); see {@link EdgeRuntime}. */
   runtime?: EdgeRuntime;
+  /** Serve the edge's V8 inspector on this port (workerd runtime only). */
+  inspectorPort?: number;
 }
 
 /** An origin of the running stack. */
@@ -326,6 +328,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
     ...(options.persistTo ? { persistTo: options.persistTo } : {}),
     ...(options.verbose ? { verbose: true } : {}),
     ...(options.localObservability ? { localObservability: true } : {}),
+    ...(options.inspectorPort ? { inspectorPort: options.inspectorPort } : {}),
   };
   let edge: RunningEdge;
   try {

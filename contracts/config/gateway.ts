@@ -11,6 +11,7 @@ import { BatchingSectionSchema, batchingSettings } from "./batching.ts";
 import { BreakersSchema } from "./breakers.ts";
 import { CanarySchema } from "./canaries.ts";
 import { checkReferences } from "./checks.ts";
+import { LeasesSchema } from "./leases.ts";
 import { LimitsSchema } from "./limits.ts";
 import { AliasesSchema, ConfigIdSchema, ModelSchema } from "./models.ts";
 import { buildPlans } from "./plans.ts";
@@ -28,6 +29,8 @@ export const GatewayConfigSchema = z
     /** Names (`fast`, `cheap`, …) for ordered lists of models: the next one serves when one has no healthy origin. */
     aliases: AliasesSchema.default({}),
     limits: LimitsSchema.prefault({}),
+    /** Leased allowances of API keys (docs/key-account.md, "Leased allowances"). */
+    leases: LeasesSchema.prefault({}),
     /** Micro-batching, with overrides for a region, a model or both (docs/batching.md). */
     batching: BatchingSectionSchema.prefault({}),
     /** Circuit breakers of the origins (docs/failover.md). */
@@ -44,6 +47,7 @@ export const GatewayConfigSchema = z
     defaultRegion: config.default_region,
     aliases: config.aliases,
     limits: config.limits,
+    leases: config.leases,
     breakers: config.breakers,
     routing: config.routing,
     /** Each model's canary, by model id. */

@@ -14,6 +14,8 @@ import { outcomeSources } from "./reconcile.ts";
 import { checkCredential } from "./credential.ts";
 import { KEY_ACCOUNT_MIGRATIONS, ledgerRecordOf } from "./schema.ts";
 import { expireDue, settle } from "./settle.ts";
+import { endDueLeases, giveBack, grantLease, restoreLapsed } from "./leases/grant.ts";
+import type { LeaseAnswer, LeaseAsk, LeaseCall, LeaseHeld } from "./leases/types.ts";
 import type { KeyMetrics } from "./metrics.ts";
 import { AccountStore } from "./store.ts";
 import { LEDGER_RETENTION_MS } from "./store/ledger.ts";
@@ -107,17 +109,37 @@ export class KeyAccount extends DurableObject<Env> {
    * admission's writes (and those of the settlements it carries) commit before it is
    * answered, a refusal's behind, in `commit.pending`.
    */
-  async admit(input: AdmitInput): Promise<AdmitAnswer> {
+  async admit(input: AdmitInput & { lease?: LeaseAsk }): Promise<AdmitAnswer & LeaseHeld> {
     const now = Date.now();
     const settled = (input.settle ?? []).map((one) => settle(this.#store, one, one.now ?? now));
+    // An API key's isolate gives back its lease's unused part first (docs/key-account.md).
+    const hash = input.credential.kind === "key" ? input.credential.secretHash : null;
+    const ask = hash === null ? undefined : input.lease;
+    endDueLeases(this.#store, now);
+    if (ask !== undefined && hash !== null) giveBack(this.#store, ask, hash, now);
     const result = decide(this.#store, input);
+    const granted = ask !== undefined && hash !== null && result.ok;
+    const lease = granted ? grantLease(this.#store, ask, hash, now).lease : null;
     // Durable before any origin is asked to generate for it: the answer leaves once this
     // commit is (the output gate), so a crash at any instant keeps the open row, whose
     // lapsed lease is then billed from the origins' outcome records.
-    if (result.ok) this.#store.flush();
+    if (result.ok || ask !== undefined) this.#store.flush();
     if (result.ok) await this.#ensureAlarm(result.leaseExpiresAt);
+    await this.#leaseAlarm();
     await this.#alarmFor(settled, now);
-    return { ...result, commit: this.#store.stamp() };
+    return { ...result, ...(ask !== undefined && { lease }), commit: this.#store.stamp() };
+  }
+
+  /** Renews, grants or releases an isolate's lease, settling what it carries; committed. */
+  async lease(call: LeaseCall): Promise<LeaseAnswer> {
+    const now = call.now ?? Date.now();
+    const settled = (call.settle ?? []).map((one) => settle(this.#store, one, one.now ?? now));
+    giveBack(this.#store, call, call.secretHash, now);
+    const outcome = grantLease(this.#store, call, call.secretHash, now);
+    this.#store.flush();
+    await this.#leaseAlarm();
+    await this.#alarmFor(settled, now);
+    return { ...outcome, commit: this.#store.stamp() };
   }
 
   /** Ends a request exactly once: frees its slot and corrects its tokens with real usage. */
@@ -207,6 +229,7 @@ export class KeyAccount extends DurableObject<Env> {
     this.#alarmAt = null;
     const now = Date.now();
     expireDue(this.#store, now);
+    endDueLeases(this.#store, now);
     await this.#reconcileLapsed(now);
     this.#store.prune(now);
     await this.#rescheduleAlarm(now);
@@ -242,6 +265,11 @@ export class KeyAccount extends DurableObject<Env> {
     }
   }
 
+  async #leaseAlarm(): Promise<void> {
+    const next = this.#store.leases.nextExpiry();
+    if (Number.isFinite(next)) await this.#ensureAlarm(next);
+  }
+
   // Moves the alarm only earlier: a write, and steady admits' leases end after it.
   async #ensureAlarm(at: number): Promise<void> {
     if (this.#alarmAt !== null && this.#alarmAt <= at) return;
@@ -250,7 +278,7 @@ export class KeyAccount extends DurableObject<Env> {
   }
 
   async #rescheduleAlarm(now: number): Promise<void> {
-    const open = this.#store.ledger.earliestLease();
+    const open = Math.min(this.#store.ledger.earliestLease(), this.#store.leases.nextExpiry());
     const prunable = this.#store.prunableAt();
     const prune = prunable === null ? [] : [Math.max(prunable, now + PRUNE_INTERVAL_MS)];
     const lapsed = this.#store.ledger.hasLapsed ? [now + RECONCILE_RETRY_MS] : [];
@@ -267,6 +295,7 @@ export class KeyAccount extends DurableObject<Env> {
   async #migrate(): Promise<void> {
     applyMigrations(this.ctx.storage, KEY_ACCOUNT_MIGRATIONS);
     this.#store.load(Date.now());
+    restoreLapsed(this.#store);
     this.#alarmAt = await this.ctx.storage.getAlarm();
   }
 }

@@ -77,6 +77,14 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
        json_set(data, '$.spendPicos', json_extract(data, '$.spendMicros') * 1000000),
        '$.spendMicros')
      WHERE name <> 'errors';`,
+  // Leased allowances: each isolate's lease, kept until its requests are all accounted for.
+  `CREATE TABLE leases (
+     lease_id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL, day TEXT NOT NULL, state TEXT NOT NULL,
+     created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, requests INTEGER NOT NULL,
+     tokens INTEGER NOT NULL, ids INTEGER NOT NULL, budgeted INTEGER NOT NULL,
+     picos_micros INTEGER NOT NULL, picos_picos INTEGER NOT NULL, reserved_micros INTEGER NOT NULL,
+     reserved_picos INTEGER NOT NULL, slots INTEGER NOT NULL, ids_used INTEGER NOT NULL,
+     models TEXT NOT NULL, ended_at INTEGER);`,
 ];
 
 /**

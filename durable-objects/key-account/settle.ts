@@ -5,6 +5,7 @@
  */
 import { type PeriodSpend, type SpendState, billingCap } from "./budgets.ts";
 import { expireRow, forgottenRow, settleRow } from "./ledger.ts";
+import { leasedRow } from "./leases/rows.ts";
 import type { LedgerEntry } from "./schema.ts";
 import { settledSample } from "./metrics.ts";
 import type { AccountStore } from "./store.ts";
@@ -25,7 +26,12 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   // Not in flight: settled or expired already, or its admission was forgotten by a crash
   // before it was written. Rare, so the committed row is read.
   const row = store.ledger.committed(requestId);
-  if (row === null) return settleForgotten(store, input, now);
+  if (row === null) {
+    const leased = leasedRow(store, input, now);
+    if (leased === null) return settleForgotten(store, input, now);
+    const cap = billingCap(budgets, store.spend.of(leased.day), leased.reservedPicos);
+    return close(store, leased, input, now, cap);
+  }
   if (row.state === "settled") return { settled: false, requestId, reason: "already_settled" };
   if (row.state === "open") throw new Error(`open ledger row ${requestId} is not in memory`);
   // Expired: its reservation was released then, so it is billed only as far as budgets have
@@ -44,13 +50,21 @@ function reconcileLater(
   now: number,
 ): SettleResult {
   const { requestId } = input;
-  if (open !== undefined) {
-    store.apply(open, expireRow(open, now), now);
+  const leased = open === undefined ? unknownLeased(store, input, now) : null;
+  const row = open ?? leased ?? undefined;
+  if (row !== undefined) {
+    store.apply(row, expireRow(row, now), now);
   } else if (store.ledger.committed(requestId)?.state !== "expired") {
     return settle(store, { ...input, usageUnknown: false }, now);
   }
   store.ledger.lapse(requestId, now);
   return { settled: false, requestId, reason: "reconciling" };
+}
+
+// A leased request the ledger has no row of yet, opened to expire; null for any other.
+function unknownLeased(store: AccountStore, input: SettleInput, now: number): LedgerEntry | null {
+  if (store.ledger.committed(input.requestId) !== null) return null;
+  return leasedRow(store, input, now);
 }
 
 // Settles a request whose admission a crash forgot, from what the edge held of it: a

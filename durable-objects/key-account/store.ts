@@ -11,6 +11,7 @@ import type { LedgerChange } from "./ledger.ts";
 import { KEY_SCOPE, type LedgerEntry } from "./schema.ts";
 import { BucketStore } from "./store/buckets.ts";
 import { KeyStore } from "./store/key.ts";
+import { LeaseStore } from "./store/leases.ts";
 import { LedgerStore } from "./store/ledger.ts";
 import { MetricsStore } from "./store/metrics.ts";
 import { SpendStore } from "./store/spend.ts";
@@ -31,6 +32,8 @@ export class AccountStore {
   readonly ledger: LedgerStore;
   /** Spend per budget period and usage per day and model. */
   readonly spend: SpendStore;
+  /** The leases isolates hold. */
+  readonly leases: LeaseStore;
   /** The key's request metrics. */
   readonly metrics: MetricsStore;
   readonly #writes: WriteBehind;
@@ -44,6 +47,7 @@ export class AccountStore {
     this.buckets = new BucketStore(storage.sql, this.#writes);
     this.ledger = new LedgerStore(storage.sql, this.#writes);
     this.spend = new SpendStore(storage.sql, this.#writes);
+    this.leases = new LeaseStore(storage.sql, this.#writes);
     this.metrics = new MetricsStore(storage.sql, this.#writes);
   }
 
@@ -51,6 +55,7 @@ export class AccountStore {
   load(now: number): void {
     this.key.load();
     this.ledger.load(now);
+    this.leases.load();
   }
 
   /** Where this answer stands among the commits, taken as the call answers, after its last write. */
@@ -68,9 +73,13 @@ export class AccountStore {
     this.#writes.flush();
   }
 
-  /** A scope's buckets and its requests in flight (`subject` null: the key's). */
+  /**
+   * A scope's buckets and its requests in flight (`subject` null: the key's, counting the
+   * slots its leases hold).
+   */
   scopeUsage(scope: string, subject: string | null): ScopeUsage {
-    return { ...this.buckets.of(scope), inFlight: this.ledger.inFlight(subject) };
+    const leased = subject === null ? this.leases.slots() : 0;
+    return { ...this.buckets.of(scope), inFlight: this.ledger.inFlight(subject) + leased };
   }
 
   /** Applies what a ledger event changed (ledger.ts): the buckets, the row, spend and usage. */
@@ -91,6 +100,7 @@ export class AccountStore {
   prune(now: number): void {
     this.#writes.flush();
     this.ledger.prune(now);
+    this.leases.prune(now);
     this.buckets.prune(now);
     this.spend.prune(now);
     this.key.prune(now);

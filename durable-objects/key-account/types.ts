@@ -274,6 +274,8 @@ export interface SettleInput {
   admitted?: SettledAdmission | null;
   /** How the client saw it, for the account's metrics (docs/metrics.md). */
   metrics?: SettleMetrics;
+  /** Admitted under its isolate's lease: the tokens it took, its end user, when. */
+  leased?: { reservedTokens: number; endUser: string | null; admittedAt: number };
   now?: number;
 }
 

@@ -25,6 +25,8 @@ import { ApiError, invalidApiKey, missingApiKey } from "../../contracts/errors.t
 import { API_KEY_PREFIX, type ApiKeyMemo, bearerToken, parseApiKey } from "./keys.ts";
 import { formatResetDuration, rateLimitHeaders, retryAfterHeaders } from "./rate-limit-headers.ts";
 import { SettleQueue } from "./settle-queue.ts";
+import type { AccountLeases } from "./leases.ts";
+import type { LeaseAsk, LeaseHeld } from "../../durable-objects/key-account/leases/types.ts";
 
 /** Settlements of an isolate until their key's account holds them durably. */
 export type AccountSettleQueue = SettleQueue<SettleInput>;
@@ -100,7 +102,26 @@ export function admitCredential(credential: Credential): AdmitCredential {
 
 /** The KeyAccount of a key id. */
 export function keyAccount(env: Env, keyId: string): DurableObjectStub<KeyAccount> {
-  return env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
+  const stub = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
+  const delayMs = Number(env.WARMGATE_ACCOUNT_DELAY_MS ?? 0);
+  return delayMs > 0 ? delayed(stub, delayMs) : stub;
+}
+
+// Benchmarks only (`WARMGATE_ACCOUNT_DELAY_MS`): every call waits first, as if the account
+// lived far away.
+function delayed<T extends object>(stub: T, delayMs: number): T {
+  return new Proxy(stub, {
+    get(target, name) {
+      const value: unknown = Reflect.get(target, name);
+      // Not `then`: the stub itself is not a promise.
+      if (typeof value !== "function" || name === "then") return value;
+      return async (...args: unknown[]) => {
+        await new Promise((resolve) => setTimeout(resolve, delayMs));
+        // An RPC stub's methods are stubs too: `value.apply` would be a remote call.
+        return Reflect.apply(value, target, args);
+      };
+    },
+  });
 }
 
 /** The one KeyDirectory, which lists every key. */
@@ -118,9 +139,11 @@ export async function admitRequest(
   settleQueue: AccountSettleQueue,
   credential: Credential,
   input: AdmitRequestInput,
-): Promise<AdmitResult> {
+  lease: LeaseAsk | null = null,
+): Promise<AdmitResult & LeaseHeld> {
   const carried = settleQueue.take(credential.keyId);
   const answer = await keyAccount(env, credential.keyId).admit({
+    ...(lease === null ? {} : { lease }),
     ...(carried.inputs.length === 0 ? {} : { settle: carried.inputs }),
     requestId: input.requestId,
     credential: admitCredential(credential),
@@ -169,6 +192,43 @@ export async function renewLease(
     await keyAccount(env, keyId).renew({ requestIds: [requestId], leaseMs });
   } catch (error) {
     logWarn("lease renewal failed", { request_id: requestId, error });
+  }
+}
+
+/**
+ * Renews, tops up or releases the key's lease in the isolate (a background call; one at a
+ * time per key), carrying the key's queued settlements. A failed call leaves the lease to
+ * run out: requests that do not fit it are admitted exactly meanwhile.
+ */
+export async function callLease(
+  env: Env,
+  edge: { settlements: AccountSettleQueue; leases: AccountLeases },
+  keyId: string,
+  secretHash: string,
+  mode: LeaseAsk["mode"],
+  options: { windowMs: number; models: LeaseAsk["models"] },
+): Promise<void> {
+  const now = Date.now();
+  const ask = edge.leases.ask(keyId, mode, { ...options, now });
+  if (ask === null) return;
+  const carried = edge.settlements.take(keyId);
+  try {
+    const answer = await keyAccount(env, keyId).lease({
+      ...ask,
+      secretHash,
+      ...(carried.inputs.length === 0 ? {} : { settle: carried.inputs }),
+    });
+    carried.answered(answer.commit);
+    edge.leases.answered(
+      keyId,
+      secretHash,
+      ask,
+      { lease: answer.lease, dropped: answer.lease === null },
+      now,
+    );
+  } catch (error) {
+    edge.leases.answered(keyId, secretHash, ask, null, now);
+    logWarn("lease call failed", { key_id: keyId, mode, error });
   }
 }
 

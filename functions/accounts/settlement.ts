@@ -56,7 +56,7 @@ export type SettleHook = (settled: SettledRequest) => void | Promise<void>;
 
 /** Collects hooks and runs them once, off the response path, under `waitUntil`. */
 export class Settlement {
-  readonly requestId: string;
+  #requestId: string;
   /** When the edge received the request (epoch ms). */
   readonly startedAt = Date.now();
   /** Every attempt at serving it so far, in order (see `delivery/failover.ts`). */
@@ -74,8 +74,18 @@ export class Settlement {
   #waitUntil: (promise: Promise<unknown>) => void;
 
   constructor(requestId: string, waitUntil: (promise: Promise<unknown>) => void) {
-    this.requestId = requestId;
+    this.#requestId = requestId;
     this.#waitUntil = waitUntil;
+  }
+
+  /** The request's id (`x-request-id`). */
+  get requestId(): string {
+    return this.#requestId;
+  }
+
+  /** Names the request as its admission did (a lease names its requests), before it is sent. */
+  rename(requestId: string): void {
+    this.#requestId = requestId;
   }
 
   /** Whether the request has been settled. */
@@ -118,7 +128,7 @@ export class Settlement {
   release(released: Omit<SettledRequest, "requestId">): void {
     if (this.#released || this.#settled) return;
     this.#released = true;
-    const record: SettledRequest = { requestId: this.requestId, ...released };
+    const record: SettledRequest = { requestId: this.#requestId, ...released };
     const hooks = this.#releaseHooks;
     this.#waitUntil(
       (async () => {
@@ -151,7 +161,7 @@ export class Settlement {
   settle(settled: Omit<SettledRequest, "requestId">): void {
     if (this.#settled) return;
     this.#settled = true;
-    const record: SettledRequest = { requestId: this.requestId, ...settled };
+    const record: SettledRequest = { requestId: this.#requestId, ...settled };
     const fill = record.origin === null && this.gaveUp.length > 0 ? this.#unserved : null;
     // Known now, unless its origins are to be asked first.
     if (fill === null) this.#record = record;

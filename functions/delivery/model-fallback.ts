@@ -18,7 +18,7 @@ export async function withModelFallback(
   c: Context<AppEnv>,
   send: () => Promise<Response>,
 ): Promise<Response> {
-  const { plan } = c.var;
+  const plan = c.get("plan");
   const admitted = c.get("admission")?.models;
   const models =
     admitted === undefined ? [plan.model] : plan.models.filter((m) => admitted.includes(m.id));

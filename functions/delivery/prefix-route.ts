@@ -24,7 +24,8 @@ const MAX_SESSION_CHARS = 256;
  * the OpenAI-shaped errors of a refused or unknown `x-warmgate-origin`.
  */
 export function attemptRoutes(c: Context<AppEnv>): (model: string) => AttemptRoute {
-  const { completion, config } = c.var;
+  const completion = c.get("completion");
+  const config = c.get("config");
   const pinned = c.req.header(ORIGIN_OVERRIDE_HEADER) ?? null;
   if (pinned !== null) {
     allowOverride(c, ORIGIN_OVERRIDE_HEADER, "origin");

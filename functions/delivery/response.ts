@@ -300,15 +300,17 @@ class Lifecycle {
     logWarn(what, { request_id: this.#options.requestId, origin: this.#served.origin, detail });
   }
 
-  #headers(): Headers {
-    const headers = new Headers();
+  // Built as a list and handed over once: each `Headers.set` is a call into the runtime.
+  #headers(): [string, string][] {
+    const headers: [string, string][] = [];
     for (const [name, value] of Object.entries(this.#item.head.headers)) {
-      if (!DROPPED_HEADERS.has(name.toLowerCase())) headers.set(name, value);
+      const lower = name.toLowerCase();
+      if (!DROPPED_HEADERS.has(lower) && !OWN_HEADERS.has(lower)) headers.push([name, value]);
     }
-    headers.set("x-warmgate-region", this.#served.region);
-    headers.set("x-warmgate-origin", this.#served.origin);
+    headers.push(["x-warmgate-region", this.#served.region]);
+    headers.push(["x-warmgate-origin", this.#served.origin]);
     // How many origins were tried for it, this one included (failed ones are not billed).
-    headers.set("x-warmgate-attempts", String(Math.max(1, this.#options.attempts?.length ?? 1)));
+    headers.push(["x-warmgate-attempts", String(Math.max(1, this.#options.attempts?.length ?? 1))]);
     return headers;
   }
 }
@@ -329,6 +331,9 @@ function endOutcome(trailer: ItemTrailer, status: number): { complete: boolean; 
   if (status >= 400) return { complete: true, outcome: "error" };
   return { complete: false, outcome: "error" };
 }
+
+// The edge's own headers, which replace any an engine sent.
+const OWN_HEADERS = new Set(["x-warmgate-region", "x-warmgate-origin", "x-warmgate-attempts"]);
 
 // Hop-by-hop headers (RFC 9110 §7.6.1) and framing the runtime sets for the client itself.
 const DROPPED_HEADERS = new Set([

@@ -10,7 +10,6 @@ import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../app-env.ts";
 import {
-  admitRequest,
   authenticateBearer,
   checkCredential,
   type Credential,
@@ -25,6 +24,14 @@ import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { completionAllowance } from "./completion-plan.ts";
 import { waitUntilOf } from "./request-context.ts";
 import { rateLimitHeaders } from "../accounts/rate-limit-headers.ts";
+import type { LeasedAdmission } from "../accounts/leases.ts";
+import {
+  admitExactly,
+  admitUnderLease,
+  keepLease,
+  leaseEnded,
+  localRequest,
+} from "./leased-admission.ts";
 import type { SettledRequest } from "../accounts/settlement.ts";
 import type {
   AdmitOk,
@@ -65,19 +72,26 @@ export function authenticate() {
 }
 
 /**
- * Checks the credential with its KeyAccount without consuming any limit: a revoked,
- * expired or rotated-out key is refused, as is a browser origin the key no longer allows.
+ * Checks the caller's credential with its KeyAccount without consuming any limit: a
+ * revoked, expired or rotated-out key is refused, as is a browser origin the key no longer
+ * allows. Answers the key's record.
  */
+export async function checkCaller(c: Context<AppEnv>) {
+  const origin = c.req.header("origin") ?? null;
+  const { credential } = c.var;
+  const result = await checkCredential(c.env, credential, { origin });
+  if (!result.ok) {
+    if (result.code === "origin_not_allowed") c.set("allowedOrigin", null);
+    throw refusalError(result, credential.keyId);
+  }
+  if (origin !== null) c.set("allowedOrigin", origin);
+  return result.record;
+}
+
+/** {@link checkCaller} as a middleware. */
 export function verifyCredential() {
   return createMiddleware<AppEnv>(async function verifyWithAccount(c, next) {
-    const origin = c.req.header("origin") ?? null;
-    const { credential } = c.var;
-    const result = await checkCredential(c.env, credential, { origin });
-    if (!result.ok) {
-      if (result.code === "origin_not_allowed") c.set("allowedOrigin", null);
-      throw refusalError(result, credential.keyId);
-    }
-    if (origin !== null) c.set("allowedOrigin", origin);
+    await checkCaller(c);
     await next();
   });
 }
@@ -92,10 +106,17 @@ export function admitCompletion() {
     // settlement still closes the reservation. A refusal reserved nothing: no call then.
     let refused = false;
     let renewal: ReturnType<typeof setInterval> | null = null;
+    // Admitted under the isolate's lease: its slot there is freed once, when its work ends.
+    let leased: LeasedAdmission | null = null;
+    const freeLeaseSlot = () => {
+      if (leased !== null) leaseEnded(c, leased);
+      leased = null;
+    };
     settlement.onSettled(async (settled) => {
       if (renewal !== null) clearInterval(renewal);
       if (refused) return;
       const input = settleInput(c, settled);
+      freeLeaseSlot();
       const admission: AdmitOk | undefined = c.get("admission");
       if (c.env.ANALYTICS !== undefined && input.metrics !== undefined && admission !== undefined) {
         const cost = usageCost(c.var.config, settled, admission.models);
@@ -117,26 +138,44 @@ export function admitCompletion() {
       renewal = null;
       if (refused) return;
       const input = { ...settleInput(c, released), usageUnknown: true };
+      freeLeaseSlot();
       await queueSettlement(c.env, c.var.edge.settlements, credential.keyId, input);
     });
     // Every prompt and every sequence (`n`, `best_of`, a prompt list) is reserved: a client
     // never receives more than its reservation covers.
-    const [first, ...rest] = plan.models;
-    const result = await admitRequest(c.env, c.var.edge.settlements, credential, {
-      requestId,
-      model: (first ?? plan.model).id,
-      promptTokens: plan.totalPromptTokens,
-      maxTokens: completionAllowance(plan, first ?? plan.model),
-      price: (first ?? plan.model).price,
-      fallbacks: rest.map((model) => ({
-        model: model.id,
-        maxTokens: completionAllowance(plan, model),
-        price: model.price,
-      })),
-      endUser: endUserOf(credential, body.user),
-      origin,
-      leaseMs: LEASE_MS,
-    });
+    const models = plan.models.length > 0 ? plan.models : [plan.model];
+    const candidates = models.map((model) => ({
+      model: model.id,
+      maxTokens: completionAllowance(plan, model),
+      price: model.price,
+    }));
+    const request = localRequest(candidates, plan.totalPromptTokens, origin);
+    const endUser = endUserOf(credential, body.user);
+    leased = admitUnderLease(c, request, endUser);
+    if (leased !== null) {
+      // The lease names its requests, so that its account can ask about any it never hears of.
+      c.set("requestId", leased.admission.requestId);
+      settlement.rename(leased.admission.requestId);
+      c.set("leased", { admittedAt: leased.admittedAt, endUser });
+    }
+    const [first, ...rest] = candidates;
+    const result =
+      leased?.admission ??
+      (await admitExactly(
+        c,
+        {
+          requestId,
+          model: first?.model ?? plan.model.id,
+          promptTokens: plan.totalPromptTokens,
+          maxTokens: first?.maxTokens ?? 0,
+          price: first?.price ?? plan.model.price,
+          fallbacks: rest,
+          endUser,
+          origin,
+          leaseMs: LEASE_MS,
+        },
+        request,
+      ));
     if (!result.ok) {
       refused = true;
       // Every check after the origin's passed it, so the browser may read the refusal.
@@ -149,7 +188,10 @@ export function admitCompletion() {
     c.set("allowedOrigin", origin);
     // A timer, not a promise chain: each renewal is its own call, kept alive by this request.
     const waitUntil = waitUntilOf(c);
-    if (!settlement.settled) {
+    if (!settlement.settled && leased !== null) {
+      // Its lease, not its own row, is what the account must hear of while it is served.
+      renewal = setInterval(() => keepLease(c), c.var.config.leases.windowMs / 4);
+    } else if (!settlement.settled) {
       renewal = setInterval(() => {
         waitUntil(renewLease(c.env, credential.keyId, requestId, LEASE_MS));
       }, LEASE_RENEW_MS);
@@ -218,6 +260,12 @@ function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
     attempts: c.var.settlement.attempts,
     metrics: settleMetrics(c.var.settlement.startedAt, settled),
   };
+  // Admitted under a lease: the account opens its row only now, from what the edge held.
+  const leased = c.get("leased");
+  const admitted: AdmitOk | undefined = c.get("admission");
+  if (leased !== undefined && admitted !== undefined) {
+    input.leased = { reservedTokens: admitted.reservedTokens, ...leased };
+  }
   // Unset when the admit call failed: then the request was never admitted.
   const admission: AdmitOk | undefined = c.get("admission");
   if (admission === undefined) return input;

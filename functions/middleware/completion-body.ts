@@ -27,7 +27,7 @@ const SCHEMAS = {
 export function completionBody(kind: CompletionBody["kind"]) {
   return createMiddleware<AppEnv>(async function validateCompletionBody(c, next) {
     requireJsonType(c.req.raw);
-    const text = await readBodyText(c.req.raw, c.var.config.limits.maxBodyBytes);
+    const text = await readBodyText(c.req.raw, c.get("config").limits.maxBodyBytes);
     // Measured on the text: parsing a deeply nested body costs far more than its size says.
     const deep = findDeepNesting(text, SCHEMA_PATHS[kind]);
     if (deep !== undefined) throw nestingTooDeep(deep);

@@ -97,9 +97,9 @@ function requestShape(completion: CompletionBody): Omit<CompletionPlan, "model" 
 /** Sets `c.var.plan` for the validated completion. */
 export function planCompletion() {
   return createMiddleware<AppEnv>(async function planCompletionRequest(c, next) {
-    const completion = c.var.completion;
+    const completion = c.get("completion");
     // An alias names several models, in the order to try them.
-    const named = resolveModels(c.var.config, completion.body.model);
+    const named = resolveModels(c.get("config"), completion.body.model);
     const first = named[0];
     if (first === undefined) throw modelNotFound(completion.body.model);
     const request = requestShape(completion);

@@ -39,12 +39,14 @@ export function requestContext() {
     c.set("requestId", requestId);
     c.set("settlement", settlement);
     await next();
+    // Its admission may have named it anew (a lease names its requests).
+    const named = c.var.requestId;
     // A response passed through from fetch() has immutable headers; re-wrap it (no copy of the body).
     try {
-      c.res.headers.set(REQUEST_ID_HEADER, requestId);
+      c.res.headers.set(REQUEST_ID_HEADER, named);
     } catch {
       c.res = new Response(c.res.body, c.res);
-      c.res.headers.set(REQUEST_ID_HEADER, requestId);
+      c.res.headers.set(REQUEST_ID_HEADER, named);
     }
     const clientId = c.req.header(CLIENT_REQUEST_ID_HEADER);
     if (clientId !== undefined && PRINTABLE_ASCII.test(clientId)) {

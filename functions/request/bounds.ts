@@ -7,6 +7,7 @@
 import type { z } from "zod";
 import { formatPath } from "../../contracts/param-path.ts";
 import { type ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
+import { stringEnd } from "./json-text.ts";
 
 // OpenAI's own limits: `tools` (and legacy `functions`), an assistant message's
 // `tool_calls`, `n`, `stop`, and an embeddings request's inputs.
@@ -74,7 +75,6 @@ interface Root {
 }
 
 const QUOTE = 0x22;
-const BACKSLASH = 0x5c;
 const COMMA = 0x2c;
 const OPEN_OBJECT = 0x7b;
 const OPEN_ARRAY = 0x5b;
@@ -149,18 +149,6 @@ function matches(pattern: SchemaPath, path: readonly (string | number)[]): boole
   return pattern.every((part, i) =>
     part === "[]" ? typeof path[i] === "number" : path[i] === part,
   );
-}
-
-/** Index just past the JSON string that starts at `start` (or the text's end). */
-function stringEnd(text: string, start: number): number {
-  let i = start + 1;
-  while (i < text.length) {
-    const ch = text.charCodeAt(i);
-    if (ch === BACKSLASH) i += 2;
-    else if (ch === QUOTE) return i + 1;
-    else i++;
-  }
-  return text.length;
 }
 
 function decodeKey(literal: string): string {

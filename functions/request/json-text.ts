@@ -4,7 +4,6 @@
  * edit it needs is the `model` value when an alias resolves to a model id.
  * See docs/edge.md.
  */
-
 /**
  * Replaces the value of every top-level `key` whose value is a string with `value`.
  * `text` must be a valid JSON object (the edge validated it before).
@@ -52,16 +51,21 @@ export function replaceTopLevelString(text: string, key: string, value: string):
   return copiedTo === 0 ? text : out + text.slice(copiedTo);
 }
 
-/** Index just past the JSON string that starts at `start`. */
-function stringEnd(text: string, start: number): number {
-  let i = start + 1;
-  while (i < text.length) {
-    const ch = text.charCodeAt(i);
-    if (ch === 0x5c /* \ */) i += 2;
-    else if (ch === 0x22) return i + 1;
-    else i++;
+/**
+ * Index just past the JSON string that starts at `start` (or the text's end). Found with
+ * `indexOf` rather than character by character: a prompt is one long string.
+ */
+export function stringEnd(text: string, start: number): number {
+  let from = start + 1;
+  for (;;) {
+    const quote = text.indexOf('"', from);
+    if (quote === -1) return text.length;
+    // A quote after an odd run of backslashes is escaped.
+    let at = quote - 1;
+    while (at > start && text.charCodeAt(at) === 0x5c /* \ */) at--;
+    if ((quote - 1 - at) % 2 === 0) return quote + 1;
+    from = quote + 1;
   }
-  return text.length;
 }
 
 function decodeString(literal: string): string {

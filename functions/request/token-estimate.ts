@@ -15,7 +15,15 @@ export const TOKENS_PER_PROMPT = 4;
 export const TOKENS_PER_IMAGE = 765;
 
 // Letters of one script in a run, digits, whitespace, or any single other code point.
-const PIECE = /(\p{Script=Latin}+)|(\p{L}+)|(\p{N}+)|(\s+)|(.)/gsu;
+// Sticky: matched at one position, where the scanner below meets text beyond ASCII.
+const PIECE = /(\p{Script=Latin}+)|(\p{L}+)|(\p{N}+)|(\s+)|(.)/suy;
+
+// ASCII characters by the piece they start: 1 Latin letter, 2 digit, 3 whitespace, 0 other.
+const ASCII_CLASS = new Uint8Array(128);
+for (let c = 0; c < 128; c++) {
+  const ch = String.fromCharCode(c);
+  ASCII_CLASS[c] = /[A-Za-z]/.test(ch) ? 1 : /[0-9]/.test(ch) ? 2 : /\s/.test(ch) ? 3 : 0;
+}
 
 /**
  * Estimated tokens in `text`, piece by piece: a Latin word one per 4 letters (BPE merges
@@ -23,21 +31,54 @@ const PIECE = /(\p{Script=Latin}+)|(\p{L}+)|(\p{N}+)|(\s+)|(.)/gsu;
  * letter; digits one each (Llama 2, Mistral and Qwen split numbers into digits); other
  * scripts one per character plus one per word; whitespace runs other than a single space one
  * per two characters; ASCII symbols one, other symbols two or three (byte-level fallbacks).
+ *
+ * One pass over the text: runs of ASCII are classed by a table, and only a piece that starts
+ * beyond ASCII or runs into it is matched with the Unicode pattern (exactly as matching the
+ * whole text piece by piece would; a regular expression over every character costs several
+ * times more, and prompts run to hundreds of kilobytes).
  */
 export function estimateTextTokens(text: string): number {
   let tokens = 0;
-  for (const match of text.matchAll(PIECE)) {
-    const [piece, latin, letters, digits, space] = match;
-    if (latin !== undefined) tokens += Math.ceil(latin.length / 4) + nonAscii(latin);
-    else if (letters !== undefined) tokens += letters.length + 1;
-    else if (digits !== undefined) tokens += digits.length;
-    else if (space !== undefined) tokens += space === " " ? 0 : Math.ceil(space.length / 2);
-    else {
-      const code = piece.codePointAt(0) ?? 0;
-      tokens += code > 0xffff ? 3 : code > 0x7f ? 2 : 1;
+  const length = text.length;
+  let i = 0;
+  while (i < length) {
+    const code = text.charCodeAt(i);
+    const kind = code < 0x80 ? (ASCII_CLASS[code] ?? 0) : -1;
+    if (kind === 0) {
+      tokens++;
+      i++;
+      continue;
     }
+    if (kind > 0) {
+      let end = i + 1;
+      while (end < length && ASCII_CLASS[text.charCodeAt(end)] === kind) end++;
+      // A run that stops at a character beyond ASCII may go on through it (`café`, `1٣`).
+      if (end === length || text.charCodeAt(end) < 0x80) {
+        const run = end - i;
+        if (kind === 1) tokens += Math.ceil(run / 4);
+        else if (kind === 2) tokens += run;
+        else if (run > 1 || code !== 0x20) tokens += Math.ceil(run / 2);
+        i = end;
+        continue;
+      }
+    }
+    PIECE.lastIndex = i;
+    const match = PIECE.exec(text);
+    if (match === null) break;
+    tokens += pieceTokens(match);
+    i = PIECE.lastIndex;
   }
   return tokens;
+}
+
+function pieceTokens(match: RegExpExecArray): number {
+  const [piece, latin, letters, digits, space] = match;
+  if (latin !== undefined) return Math.ceil(latin.length / 4) + nonAscii(latin);
+  if (letters !== undefined) return letters.length + 1;
+  if (digits !== undefined) return digits.length;
+  if (space !== undefined) return space === " " ? 0 : Math.ceil(space.length / 2);
+  const code = piece.codePointAt(0) ?? 0;
+  return code > 0xffff ? 3 : code > 0x7f ? 2 : 1;
 }
 
 function nonAscii(text: string): number {

@@ -32,7 +32,13 @@ function callerLocation(request: Request): CallerLocation {
 
 /** Sends the planned completion to the origins and answers with their response. */
 export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Response> {
-  const { config, plan, completion, requestId, settlement, edge } = c.var;
+  // One lookup each: Hono builds all of `c.var` afresh on every read of it.
+  const config = c.get("config");
+  const plan = c.get("plan");
+  const completion = c.get("completion");
+  const settlement = c.get("settlement");
+  const requestId = c.get("requestId");
+  const edge = c.get("edge");
   const regions = regionsToTry(c);
   const headers: Record<string, string> = { "x-request-id": requestId };
   for (const name of FORWARDED_HEADERS) {
@@ -68,7 +74,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
 
 /** The regions to try, nearest the caller first, or from the override header. */
 function regionsToTry(c: Context<AppEnv>): readonly RegionConfig[] {
-  const { config } = c.var;
+  const config = c.get("config");
   const override = c.req.header(REGION_OVERRIDE_HEADER);
   if (override !== undefined) allowOverride(c, REGION_OVERRIDE_HEADER, "region");
   // Reading `request.cf` parses it; with an override or a single region, where the caller

@@ -7,7 +7,7 @@
  */
 import { type Context, Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
-import { checkCredential, refusalError } from "../accounts/account-client.ts";
+import { checkCaller } from "../middleware/auth.ts";
 import { type ModelConfig, resolveModels } from "../../contracts/config/models.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { modelNotFound } from "../../contracts/errors.ts";
@@ -62,18 +62,9 @@ function toModelObject(model: ModelConfig): ModelObject {
  * allowed) in its account, and reads the key's and the token's model lists (null: all).
  */
 async function usable(c: Context<AppEnv>): Promise<(model: ModelConfig) => boolean> {
-  const origin = c.req.header("origin") ?? null;
+  const record = await checkCaller(c);
   const { credential } = c.var;
-  const result = await checkCredential(c.env, credential, { origin });
-  if (!result.ok) {
-    if (result.code === "origin_not_allowed") c.set("allowedOrigin", null);
-    throw refusalError(result, credential.keyId);
-  }
-  if (origin !== null) c.set("allowedOrigin", origin);
-  const lists = [
-    result.record.models,
-    credential.kind === "browser" ? credential.scope.models : null,
-  ];
+  const lists = [record.models, credential.kind === "browser" ? credential.scope.models : null];
   return (model) => lists.every((list) => list === null || list.includes(model.id));
 }
 

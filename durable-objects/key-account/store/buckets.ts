@@ -16,7 +16,8 @@ export interface ScopeState {
   tokens: BucketState | null;
 }
 
-type BucketKind = keyof ScopeState;
+/** One of a scope's two buckets. */
+export type BucketKind = keyof ScopeState;
 
 /** The buckets of every scope, memory ahead of SQLite. */
 export class BucketStore {
@@ -44,9 +45,14 @@ export class BucketStore {
 
   /** Moves `delta` token units into a scope's token bucket (see token-bucket.ts `adjust`). */
   adjustTokens(scope: string, capacity: number, delta: number, now: number): void {
+    this.adjust(scope, "tokens", capacity, delta, now);
+  }
+
+  /** Moves `delta` units into one of a scope's buckets (a refund when positive). */
+  adjust(scope: string, kind: BucketKind, capacity: number, delta: number, now: number): void {
     // A missing bucket is full: a refund has nowhere to go, a charge starts from full.
-    const current = this.#scope(scope).tokens ?? fullBucket(capacity, now);
-    this.#put(scope, "tokens", adjust(current, capacity, delta, now));
+    const current = this.#scope(scope)[kind] ?? fullBucket(capacity, now);
+    this.#put(scope, kind, adjust(current, capacity, delta, now));
   }
 
   /** Deletes the end users' buckets idle long enough to be full; the caller flushed. */

@@ -36,6 +36,8 @@ export class LedgerStore {
   #nextExpiry = Number.POSITIVE_INFINITY;
   // Requests whose lease lapsed unsettled, to look up on the origins: id → when it lapsed.
   readonly #lapsed = new Map<string, number>();
+  // Ids ended leases may have named, asked about after the others: id → when it lapsed.
+  readonly #lapsedLeased = new Map<string, number>();
 
   constructor(sql: SqlStorage, writes: WriteBehind) {
     this.#sql = sql;
@@ -127,22 +129,33 @@ export class LedgerStore {
     this.#lapsed.set(requestId, this.#lapsed.get(requestId) ?? at);
   }
 
+  /**
+   * Asks the origins, after every other lapsed request, about an id an ended lease may have
+   * named: most were never used, and none may keep a request's own lookup waiting.
+   */
+  lapseLeased(requestId: string, at: number): void {
+    this.#lapsedLeased.set(requestId, this.#lapsedLeased.get(requestId) ?? at);
+  }
+
   /** Stops asking about a lapsed request: it was settled, or the origins know it no more. */
   resolve(requestId: string): void {
     this.#lapsed.delete(requestId);
+    this.#lapsedLeased.delete(requestId);
   }
 
   /** Whether a lapsed request is still to be asked about. */
   get hasLapsed(): boolean {
-    return this.#lapsed.size > 0;
+    return this.#lapsed.size > 0 || this.#lapsedLeased.size > 0;
   }
 
   /** Up to `max` lapsed requests to ask about, once those past the window are dropped. */
   lapsedToAsk(now: number, max: number): string[] {
-    for (const [requestId, lapsedAt] of this.#lapsed) {
-      if (lapsedAt + RECONCILE_WINDOW_MS <= now) this.#lapsed.delete(requestId);
+    for (const lapsed of [this.#lapsed, this.#lapsedLeased]) {
+      for (const [requestId, lapsedAt] of lapsed) {
+        if (lapsedAt + RECONCILE_WINDOW_MS <= now) lapsed.delete(requestId);
+      }
     }
-    return [...this.#lapsed.keys()].slice(0, max);
+    return [...this.#lapsed.keys(), ...this.#lapsedLeased.keys()].slice(0, max);
   }
 
   /** One end user's usage by day and model, summed from the closed rows (a flush first). */

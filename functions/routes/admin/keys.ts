@@ -6,6 +6,7 @@
 // key-payloads.ts; the admin token check is middleware/admin-auth.ts.
 // See docs/edge.md.
 
+import type { AppEnv } from "../../app-env.ts";
 import { Hono } from "hono";
 import { NO_BUDGETS, type UsageRow } from "../../../durable-objects/key-account/types.ts";
 import { ApiError, notFound } from "../../../contracts/errors.ts";
@@ -33,7 +34,7 @@ export const USAGE_FAN_OUT = 32;
  * `/admin/keys…`: create, list, get, update, revoke and rotate API keys;
  * `/admin/usage`: the usage API across keys.
  */
-export const adminKeys = new Hono<{ Bindings: Env }>()
+export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Variables"], "edge"> }>()
   .use("*", adminAuth())
   .get("/usage", async (c) => {
     onlyParams(c.req.query(), ["from", "to", "key_id", "user"]);
@@ -141,6 +142,8 @@ export const adminKeys = new Hono<{ Bindings: Env }>()
       ...(expires_at === undefined ? {} : { expiresAt: expires_at }),
     });
     if (record === null) throw noSuchKey(id);
+    // This isolate's lease of the key ends now; every other one within its window.
+    c.var.edge.leases.drop(id);
     await keyDirectory(c.env).upsert(record);
     return c.json(keyJson(record));
   })
@@ -149,6 +152,8 @@ export const adminKeys = new Hono<{ Bindings: Env }>()
     if (!(await known(c.env, id))) throw noSuchKey(id);
     const record = await keyAccount(c.env, id).revoke(Date.now());
     if (record === null) throw noSuchKey(id);
+    // This isolate's lease of the key ends now; every other one within its window.
+    c.var.edge.leases.drop(id);
     await keyDirectory(c.env).upsert(record);
     return c.json(keyJson(record));
   })
@@ -170,6 +175,7 @@ export const adminKeys = new Hono<{ Bindings: Env }>()
         param: "id",
       });
     }
+    c.var.edge.leases.drop(id);
     await keyDirectory(c.env).upsert(record);
     return c.json({ ...keyJson(record), key });
   });

@@ -148,7 +148,8 @@ describe("KeyAccount schema migration to pico-dollars", () => {
         JSON.stringify({ ...rest, spendMicros: 2 }),
         series?.name ?? "",
       );
-      sql.exec("DELETE FROM schema_migrations WHERE version = 7");
+      sql.exec("DELETE FROM schema_migrations WHERE version >= 7");
+      sql.exec("DROP TABLE leases");
     });
     await evictDurableObject(stub);
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { replaceTopLevelString } from "../../../functions/request/json-text.ts";
+import { replaceTopLevelString, stringEnd } from "../../../functions/request/json-text.ts";
 
 describe("replaceTopLevelString", () => {
   it("replaces the top-level value and leaves every other byte as sent", () => {
@@ -37,5 +37,19 @@ describe("replaceTopLevelString", () => {
   it("leaves text without the key untouched", () => {
     const text = '{"a":{"model":"x"}}';
     expect(replaceTopLevelString(text, "model", "m")).toBe(text);
+  });
+});
+
+describe("stringEnd", () => {
+  it("ends a string at its first quote that no odd run of backslashes escapes", () => {
+    for (const value of ["", "plain", 'say "hi"', "a\\", 'a\\"b', '\\\\"', "x".repeat(5000)]) {
+      const text = `${JSON.stringify(value)}, "next"`;
+      expect(stringEnd(text, 0)).toBe(JSON.stringify(value).length);
+    }
+  });
+
+  it("runs to the end of text whose string never closes", () => {
+    const text = '"open \\" still';
+    expect(stringEnd(text, 0)).toBe(text.length);
   });
 });

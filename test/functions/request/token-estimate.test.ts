@@ -1,3 +1,4 @@
+import * as fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import {
   estimateChatPromptTokens,
@@ -22,7 +23,47 @@ const SAMPLES = [
   "   indented\n\t\ttabs\n\n\n\nmany blank lines",
 ];
 
+// The estimate's definition, matched piece by piece over the whole text.
+function piecewiseEstimate(text: string): number {
+  let tokens = 0;
+  for (const match of text.matchAll(/(\p{Script=Latin}+)|(\p{L}+)|(\p{N}+)|(\s+)|(.)/gsu)) {
+    const [piece, latin, letters, digits, space] = match;
+    if (latin !== undefined) {
+      tokens +=
+        Math.ceil(latin.length / 4) +
+        Array.from(latin, (ch) => (ch > "\x7f" ? ch.length : 0)).reduce((a, b) => a + b, 0);
+    } else if (letters !== undefined) tokens += letters.length + 1;
+    else if (digits !== undefined) tokens += digits.length;
+    else if (space !== undefined) tokens += space === " " ? 0 : Math.ceil(space.length / 2);
+    else {
+      const code = piece.codePointAt(0) ?? 0;
+      tokens += code > 0xffff ? 3 : code > 0x7f ? 2 : 1;
+    }
+  }
+  return tokens;
+}
+
+// Text where ASCII runs meet accented Latin, other scripts, other digits and spaces.
+const MIXED = fc
+  .array(
+    fc.oneof(
+      fc.string({ unit: "grapheme-ascii", maxLength: 12 }),
+      fc.constantFrom("é", "ß", "д", "東", "٣", "Ⅻ", "\u00a0", "\u3000", "🎉", "\ud800", "ª", "—"),
+      fc.string({ unit: "binary", maxLength: 4 }),
+    ),
+    { maxLength: 24 },
+  )
+  .map((parts) => parts.join(""));
+
 describe("prompt token estimate", () => {
+  it("counts every text as matching it piece by piece does", () => {
+    fc.assert(
+      fc.property(MIXED, (text) => estimateTextTokens(text) === piecewiseEstimate(text)),
+      { numRuns: 2000 },
+    );
+    for (const text of SAMPLES) expect(estimateTextTokens(text)).toBe(piecewiseEstimate(text));
+  });
+
   it("never counts fewer tokens than a GPT-like tokenizer for common kinds of text", () => {
     const short = SAMPLES.filter((text) => estimateTextTokens(text) < tokenize(text).length);
     expect(short).toEqual([]);

@@ -1,0 +1,171 @@
+/**
+ * `npm run bench:profile`: where one request's CPU goes at the edge. Starts the stack
+ * (edge under workerd with its V8 inspector, one simulated origin without delay), sends
+ * requests from `--clients` closed-loop clients (one by default) with a key whose limits, budgets and ledger are on, and records a
+ * CPU profile of the Worker's isolate (the edge and its Durable Objects) over them through
+ * the inspector (`Profiler.start`/`stop`). Each sample is charged to the source module its
+ * function came from (esbuild's `// path` markers in the bundle) and to a stage of the
+ * request; prints milliseconds per request by stage and the busiest functions, and writes
+ * the `.cpuprofile` (for Chrome DevTools) to the OS temp folder. See docs/benchmarks.md.
+ */
+import { writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { benchChatBody, closedLoop, fmt, markdownTable, timedRequest } from "./lib.ts";
+import { BENCH_KEY_LIMITS } from "./key-limits.ts";
+import { cpuTimeMs, workerdPid } from "./processes.ts";
+import { type CpuProfile, chargeProfile, moduleRanges } from "./profile-stages.ts";
+import { createKey, startStack } from "../scripts/stack.ts";
+import { freePort } from "../scripts/edge.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    requests: { type: "string", default: "400" },
+    warm: { type: "string", default: "300" },
+    "prompt-tokens": { type: "string", default: "0" },
+    stream: { type: "boolean", default: false },
+    clients: { type: "string", default: "1" },
+    interval: { type: "string", default: "50" },
+    top: { type: "string", default: "25" },
+  },
+  strict: true,
+});
+const REQUESTS = Number(args.requests);
+const PROMPT_TOKENS = Number(args["prompt-tokens"]);
+const CLIENTS = Number(args.clients);
+
+/** A chat body of about `tokens` prompt tokens (three-letter words, as bench:overhead sends). */
+function body(): string {
+  if (PROMPT_TOKENS === 0) return benchChatBody(16, args.stream);
+  let seed = 7;
+  const letter = () => {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+    return String.fromCharCode(97 + ((seed >>> 16) % 26));
+  };
+  const words = Array.from({ length: PROMPT_TOKENS - 40 }, () => letter() + letter() + letter());
+  return JSON.stringify({
+    model: "warmgate-sim-8b",
+    messages: [
+      { role: "system", content: "You are a concise assistant." },
+      { role: "user", content: words.join(" ") },
+    ],
+    max_tokens: 16,
+    seed: 7,
+    stream: args.stream,
+  });
+}
+
+/** A minimal Chrome DevTools Protocol client over the inspector's WebSocket. */
+async function inspect(url: string) {
+  const socket = new WebSocket(url);
+  await new Promise((resolve, reject) => {
+    socket.addEventListener("open", resolve, { once: true });
+    socket.addEventListener("error", reject, { once: true });
+  });
+  let next = 0;
+  const waiting = new Map<number, (message: { result?: unknown; error?: unknown }) => void>();
+  socket.addEventListener("message", (event) => {
+    const message = JSON.parse(String(event.data)) as {
+      id?: number;
+      result?: unknown;
+      error?: unknown;
+    };
+    if (message.id !== undefined) waiting.get(message.id)?.(message);
+  });
+  return {
+    async send<T>(method: string, params: object = {}): Promise<T> {
+      const id = ++next;
+      const answer = new Promise<{ result?: unknown; error?: unknown }>((r) => waiting.set(id, r));
+      socket.send(JSON.stringify({ id, method, params }));
+      const { result, error } = await answer;
+      if (error !== undefined) throw new Error(`${method}: ${JSON.stringify(error)}`);
+      return result as T;
+    },
+    close: () => socket.close(),
+  };
+}
+
+const inspectorPort = await freePort();
+const stack = await startStack({
+  regions: [{ id: "local", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 1 }],
+  sim: { timeScale: 0 },
+  originProcesses: true,
+  runtime: "workerd",
+  inspectorPort,
+});
+let report: string;
+try {
+  const apiKey = await createKey(stack.edgeUrl, stack.adminToken, {
+    name: "bench-profile",
+    limits: BENCH_KEY_LIMITS,
+  });
+  const url = `${stack.edgeUrl}/v1/chat/completions`;
+  const headers = { "content-type": "application/json", authorization: `Bearer ${apiKey}` };
+  const payload = body();
+  const send = () => timedRequest(url, headers, payload).then((s) => s.total);
+  await closedLoop(CLIENTS, Number(args.warm), send);
+
+  const targets = (await (await fetch(`http://127.0.0.1:${inspectorPort}/json`)).json()) as {
+    id: string;
+    webSocketDebuggerUrl: string;
+  }[];
+  const worker = targets.find((t) => t.id === "core:user:worker");
+  if (worker === undefined)
+    throw new Error(`no Worker among ${targets.map((t) => t.id).join(", ")}`);
+  const inspector = await inspect(worker.webSocketDebuggerUrl);
+  await inspector.send("Profiler.enable");
+  await inspector.send("Profiler.setSamplingInterval", { interval: Number(args.interval) });
+  const workerd = await workerdPid(stack.edge.pid);
+  const cpuBefore = await cpuTimeMs(workerd);
+  const started = performance.now();
+  await inspector.send("Profiler.start");
+  await closedLoop(CLIENTS, REQUESTS, send);
+  // The ledger's settlement runs after the response.
+  await new Promise((r) => setTimeout(r, 100));
+  const { profile } = await inspector.send<{ profile: CpuProfile }>("Profiler.stop");
+  const wallMs = performance.now() - started;
+  const cpuMs = ((await cpuTimeMs(workerd)) ?? NaN) - (cpuBefore ?? NaN);
+  // The bundle's text, for the module markers (read after profiling: the debugger costs).
+  await inspector.send("Debugger.enable");
+  const scripts = new Map<string, string>();
+  for (const node of profile.nodes) {
+    const id = node.callFrame.scriptId;
+    if (id === "0" || scripts.has(id)) continue;
+    const { scriptSource } = await inspector
+      .send<{ scriptSource: string }>("Debugger.getScriptSource", { scriptId: id })
+      .catch(() => ({ scriptSource: "" }));
+    scripts.set(id, scriptSource);
+  }
+  inspector.close();
+  const ranges = new Map([...scripts].map(([id, source]) => [id, moduleRanges(source)]));
+  const charged = chargeProfile(profile, ranges);
+  const file = join(tmpdir(), `warmgate-edge-${Date.now()}.cpuprofile`);
+  await writeFile(file, JSON.stringify(profile));
+  const per = (ms: number) => fmt(ms / REQUESTS, 3);
+  const what = `${args.stream ? "stream" : "JSON"}, ${PROMPT_TOKENS === 0 ? "short prompt" : `${PROMPT_TOKENS}-token prompt`}`;
+  report = [
+    `${REQUESTS} requests from ${CLIENTS} client${CLIENTS === 1 ? "" : "s"} (${what}): wall ${fmt(wallMs / REQUESTS)} ms/request, workerd CPU ${fmt(cpuMs / REQUESTS)} ms/request (/proc), sampled in JS isolate ${per(charged.busyMs)} ms/request.`,
+    "",
+    markdownTable(
+      ["stage", "ms/request", "share"],
+      charged.stages.map(([stage, ms]) => [
+        stage,
+        per(ms),
+        `${fmt((100 * ms) / charged.busyMs, 1)}%`,
+      ]),
+    ),
+    "",
+    markdownTable(
+      ["function", "module", "self ms/request"],
+      charged.functions
+        .slice(0, Number(args.top))
+        .map(([name, module, ms]) => [name, module, per(ms)]),
+    ),
+    "",
+    `profile: ${file}`,
+  ].join("\n");
+} finally {
+  await stack.stop();
+}
+console.log(report);

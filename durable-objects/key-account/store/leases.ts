@@ -1,0 +1,181 @@
+/**
+ * The key's leases (table `leases`, docs/key-account.md, "Leased allowances"): each lease
+ * an isolate holds, in memory ahead of SQLite, from its grant until the origins have been
+ * asked about every request it may have admitted unsettled.
+ */
+import type { WriteBehind } from "../../write-behind.ts";
+import { type StoredCandidate, picosColumns, storedPicos } from "../schema.ts";
+
+/** How long an ended lease is kept: its unsettled requests are asked about meanwhile. */
+export const LEASE_RECONCILE_MS = 10 * 60_000;
+
+/** A lease as the account holds it. */
+export interface LeaseEntry {
+  leaseId: string;
+  secretHash: string;
+  /** The UTC day its money and its requests count in. */
+  day: string;
+  /**
+   * `open`: the isolate may admit under it; `closing`: released, waiting for settlements
+   * under way; `ended`: its slots and money are back, its unsettled requests asked about.
+   */
+  state: "open" | "closing" | "ended";
+  createdAt: number;
+  /** When an open lease lapses, a closing one ends. */
+  expiresAt: number;
+  /** Cumulative grants (requests and tokens taken from the buckets, ids named). */
+  requests: number;
+  tokens: number;
+  ids: number;
+  /** Cumulative money granted; null when the key had no budget at its grant. */
+  picos: bigint | null;
+  /** Money still reserved for it in the budgets (granted, less settled and given back). */
+  reservedPicos: bigint;
+  /** Concurrency slots it holds. */
+  slots: number;
+  /** Request ids its isolate may have used: `ids`, or what it reported at its release. */
+  idsUsed: number;
+  /** The models its requests may name (by index), with prices fixed at its grant. */
+  models: StoredCandidate[];
+  /** When it ended, or null. */
+  endedAt: number | null;
+}
+
+type LeaseRow = {
+  lease_id: string;
+  secret_hash: string;
+  day: string;
+  state: string;
+  created_at: number;
+  expires_at: number;
+  requests: number;
+  tokens: number;
+  ids: number;
+  budgeted: number;
+  picos_micros: number;
+  picos_picos: number;
+  reserved_micros: number;
+  reserved_picos: number;
+  slots: number;
+  ids_used: number;
+  models: string;
+  ended_at: number | null;
+};
+
+/** The key's leases, memory ahead of SQLite. */
+export class LeaseStore {
+  readonly #sql: SqlStorage;
+  readonly #writes: WriteBehind;
+  readonly #leases = new Map<string, LeaseEntry>();
+
+  constructor(sql: SqlStorage, writes: WriteBehind) {
+    this.#sql = sql;
+    this.#writes = writes;
+  }
+
+  /** Loads every lease not yet pruned (at start). */
+  load(): void {
+    for (const row of this.#sql.exec<LeaseRow>("SELECT * FROM leases")) {
+      this.#leases.set(row.lease_id, leaseOf(row));
+    }
+  }
+
+  /** A lease by id. */
+  get(leaseId: string): LeaseEntry | undefined {
+    return this.#leases.get(leaseId);
+  }
+
+  /** Every lease kept. */
+  all(): IterableIterator<LeaseEntry> {
+    return this.#leases.values();
+  }
+
+  /** Concurrency slots the open and closing leases hold. */
+  slots(): number {
+    let slots = 0;
+    for (const lease of this.#leases.values()) if (lease.state !== "ended") slots += lease.slots;
+    return slots;
+  }
+
+  /** When the next lease lapses or ends (infinity when none). */
+  nextExpiry(): number {
+    let next = Number.POSITIVE_INFINITY;
+    for (const lease of this.#leases.values()) {
+      if (lease.state !== "ended") next = Math.min(next, lease.expiresAt);
+    }
+    return next;
+  }
+
+  /** Stores a lease's current state (written behind). */
+  put(lease: LeaseEntry): void {
+    this.#leases.set(lease.leaseId, lease);
+    this.#writes.set(`lease:${lease.leaseId}`, () =>
+      this.#sql.exec(
+        `INSERT OR REPLACE INTO leases (lease_id, secret_hash, day, state, created_at, expires_at,
+           requests, tokens, ids, budgeted, picos_micros, picos_picos, reserved_micros,
+           reserved_picos, slots, ids_used, models, ended_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+        lease.leaseId,
+        lease.secretHash,
+        lease.day,
+        lease.state,
+        lease.createdAt,
+        lease.expiresAt,
+        lease.requests,
+        lease.tokens,
+        lease.ids,
+        lease.picos === null ? 0 : 1,
+        ...picosColumns(lease.picos ?? 0n),
+        ...picosColumns(lease.reservedPicos),
+        lease.slots,
+        lease.idsUsed,
+        JSON.stringify(lease.models),
+        lease.endedAt,
+      ),
+    );
+  }
+
+  /** The ids of a lease's requests that have a ledger row (a flush first). */
+  settledIds(from: string, to: string): Set<string> {
+    this.#writes.flush();
+    const ids = new Set<string>();
+    for (const row of this.#sql.exec<{ request_id: string }>(
+      "SELECT request_id FROM ledger WHERE request_id >= ? AND request_id < ?",
+      from,
+      to,
+    )) {
+      ids.add(row.request_id);
+    }
+    return ids;
+  }
+
+  /** Deletes the leases that ended before the reconcile window; the caller flushed. */
+  prune(now: number): void {
+    for (const lease of this.#leases.values()) {
+      if (lease.endedAt !== null && lease.endedAt + LEASE_RECONCILE_MS <= now) {
+        this.#leases.delete(lease.leaseId);
+      }
+    }
+    this.#sql.exec("DELETE FROM leases WHERE ended_at <= ?", now - LEASE_RECONCILE_MS);
+  }
+}
+
+function leaseOf(row: LeaseRow): LeaseEntry {
+  return {
+    leaseId: row.lease_id,
+    secretHash: row.secret_hash,
+    day: row.day,
+    state: row.state === "open" ? "open" : row.state === "closing" ? "closing" : "ended",
+    createdAt: row.created_at,
+    expiresAt: row.expires_at,
+    requests: row.requests,
+    tokens: row.tokens,
+    ids: row.ids,
+    picos: row.budgeted === 1 ? storedPicos(row.picos_micros, row.picos_picos) : null,
+    reservedPicos: storedPicos(row.reserved_micros, row.reserved_picos),
+    slots: row.slots,
+    idsUsed: row.ids_used,
+    models: JSON.parse(row.models) as StoredCandidate[],
+    endedAt: row.ended_at,
+  };
+}
