@@ -15,30 +15,26 @@ export const RoutingSchema = z
     /** Fewest leading blocks (16 tokens each) that make an origin's match worth keeping. */
     min_match_blocks: z.int().min(1).max(1024).default(4),
     /**
-     * Engine steps that an origin's load costs per even share of the region's load it
-     * carries, weighed against the prefill a warm match saves: an origin at twice the mean
-     * costs this many of its steps more than one at the mean (decode included: a step grows
-     * with the sequences in it, so load weighs more on a busy origin).
+     * A warm origin keeps its prefixes until its predicted time to first token exceeds the
+     * best origin's by this share plus `spread_ms`; past it the prefix spreads.
      */
-    seq_cost_steps: z.number().min(0).max(10_000).default(64),
+    spread_ratio: z.number().min(0).max(100).default(1),
+    spread_ms: z.number().min(0).max(60_000).default(100),
     /**
-     * Share of a prefill that each prompt token a placement pushes out of a full cache
-     * costs: a block evicted now is prefilled again when its prefix comes back.
+     * A cold prefix's consistent-hash origin is skipped above this multiple of the mean load;
+     * a warm origin below it keeps its prefixes whatever the load elsewhere.
      */
+    load_bound: z.number().min(1).max(10).default(1.25),
+    /**
+     * Sequences by which another origin's load, counting the prefill a move redoes, must be
+     * below a warm origin's before its prefix spreads there (hysteresis).
+     */
+    balance_seqs: z.number().min(0).max(10_000).default(2),
+    /** Prompt tokens of prefill a move may redo per sequence of load it evens out. */
+    move_tokens_per_seq: z.number().positive().max(1_000_000).default(256),
+    /** Share of a prefill each prompt token pushed out of a full cache costs a move. */
     eviction_weight: z.number().min(0).max(100).default(1),
-    /**
-     * What each prompt token a placement has to prefill weighs beyond its own wait, as a
-     * share of its prefill: it is work added to the region, which every request queued
-     * behind it waits for too, where a backlog elsewhere only moves.
-     */
-    prefill_weight: z.number().min(0).max(100).default(4),
-    /** Engine step assumed for an origin that reports none (ms). */
-    step_ms: z.number().positive().max(10_000).default(20),
-    /**
-     * Placements whose costs are within this of the lowest are equal; of those, the first
-     * in the prefix's rendezvous order wins, so routers that share nothing agree and a
-     * prefix gathers back on its home origin when its traffic falls.
-     */
+    /** Cold placements whose predicted TTFT is within this of the best are equal (ms). */
     tie_ms: z.number().min(0).max(60_000).default(10),
     /** Prefill speed assumed for an origin that reports none (prompt tokens per second). */
     prefill_tokens_per_s: z.number().positive().default(10_000),
@@ -50,10 +46,12 @@ export const RoutingSchema = z
     /** What a router runs with. */
     settings: {
       minMatchBlocks: routing.min_match_blocks,
-      seqCostSteps: routing.seq_cost_steps,
+      spreadRatio: routing.spread_ratio,
+      spreadMs: routing.spread_ms,
+      loadBound: routing.load_bound,
+      balanceSeqs: routing.balance_seqs,
+      moveTokensPerSeq: routing.move_tokens_per_seq,
       evictionWeight: routing.eviction_weight,
-      prefillWeight: routing.prefill_weight,
-      stepMs: routing.step_ms,
       tieMs: routing.tie_ms,
       prefillTokensPerMs: routing.prefill_tokens_per_s / 1000,
       maxIndexBlocks: routing.max_index_blocks,

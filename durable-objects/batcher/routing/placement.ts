@@ -1,9 +1,9 @@
 /**
- * The placement decision (docs/routing.md, "Placement"): one cost per origin, in ms of its
- * engine time, from the prefill the request still needs there and the prefill queued ahead,
- * the load the origin already carries (decode included) and what the request's new blocks
- * would push out of its cache; the lowest wins, equal ones by the prefix's rendezvous order.
- * Pure: the same inputs give the same origin on every edge and Batcher shard.
+ * The placement decision (docs/routing.md, "Placement"): a predicted time to first token
+ * per origin from its queue, its uncached share of the prompt and its decode load; the
+ * warmest origin unless it is much worse than the best; a cold prefix on its
+ * consistent-hash origin under a bound on load. Pure: the same inputs give the same
+ * origin on every edge and Batcher shard.
  */
 import type { RouterSettings } from "../../../contracts/config/routing.ts";
 
@@ -43,7 +43,7 @@ export interface PlacementInput {
   blocks: ArrayLike<number>;
   /** Its prompt tokens as the edge estimates them. */
   promptTokens: number;
-  /** The key equal costs are settled by: a session, else its first blocks (see `coldKey`). */
+  /** The key cold placement hashes: a session, else its first blocks (see `coldKey`). */
   coldKey: number;
   /** Leading blocks each candidate holds, by candidate. */
   matched: readonly number[];
@@ -65,50 +65,14 @@ export interface PlacementChoice {
   predictedTtftMs: number;
 }
 
-/** What placing a request on one candidate costs, in ms of that origin's engine time. */
-export interface PlacementCost {
-  /** Prompt tokens it would prefill there. */
-  uncached: number;
-  /** Its predicted time to first token: the prefill queued ahead, its own, one step. */
-  ttftMs: number;
-  /** The load the origin already carries: `seqCostSteps` steps per even share of the region's. */
-  loadMs: number;
-  /** Its own prefill again, times `prefillWeight`: work added to the region. */
-  workMs: number;
-  /** The prefill of what its new blocks push out of a full cache, times `evictionWeight`. */
-  evictionMs: number;
-  total: number;
-}
-
-/**
- * The cost of placing a prompt of which `uncached` tokens need a prefill on `c`, whose
- * cache takes `freeTokens` more before it evicts (null: unbounded), where an even share of
- * the region's load is `share` sequences.
- */
-export function placementCost(
-  c: RouteCandidate,
-  uncached: number,
-  freeTokens: number | null,
-  share: number,
-  s: RouterSettings,
-): PlacementCost {
+/** Predicted time to first token on `c` for a prompt of which `uncached` tokens need a prefill. */
+export function predictTtftMs(c: RouteCandidate, uncached: number, s: RouterSettings): number {
   const rate = c.prefillTokensPerMs ?? s.prefillTokensPerMs;
-  // The reported step is a recent mean, longer while the engine decodes many sequences:
-  // the same queue weighs more on a busy origin.
-  const step = c.stepMs > 0 ? c.stepMs : s.stepMs;
-  const ttftMs = (c.backlogTokens + uncached) / rate + step;
-  const loadMs = (s.seqCostSteps * step * c.load) / share;
-  const workMs = (s.prefillWeight * uncached) / rate;
-  const evicted = freeTokens === null ? 0 : Math.max(0, uncached - freeTokens);
-  const evictionMs = (s.evictionWeight * evicted) / rate;
-  return {
-    uncached,
-    ttftMs,
-    loadMs,
-    workMs,
-    evictionMs,
-    total: ttftMs + loadMs + workMs + evictionMs,
-  };
+  const step = c.stepMs > 0 ? c.stepMs : 1;
+  // Sequences beyond the engine's slots wait for others to finish: about a few steps each.
+  const slots = c.maxNumSeqs ?? Number.POSITIVE_INFINITY;
+  const excess = Math.max(0, c.load + 1 - slots);
+  return (c.backlogTokens + uncached) / rate + step * (1 + 4 * excess);
 }
 
 /** Uncached prompt tokens when `matched` of `blocks` leading blocks are cached. */
@@ -118,10 +82,15 @@ export function uncachedTokens(promptTokens: number, blocks: number, matched: nu
 }
 
 /**
- * The placement among `candidates` (non-empty): the lowest {@link placementCost}, among
- * those whose KV room takes the request when any does. Costs within `tieMs` of the lowest
- * are equal: of those, the warmest, then the session's origin, then the first in the cold
- * key's rendezvous order. A match shorter than `minMatchBlocks` counts as none.
+ * The placement among `candidates` (non-empty). The warmest origin (at least
+ * `minMatchBlocks`) keeps the request unless its predicted TTFT is above the best's by more
+ * than `spreadRatio` and `spreadMs` (the queue rule), or another origin's load, counting as
+ * load the prefill the request would redo there and what it would evict, is lower by more
+ * than `balanceSeqs` while the warm origin carries `loadBound` times the mean or would
+ * evict where the other would not (the balance rule): then the prefix spreads. Else the
+ * session's origin on the same terms; else the first origin in the cold key's rendezvous
+ * order under `loadBound` times the mean load, whose TTFT is within `tieMs` of the best and
+ * whose cache has room when any has.
  */
 export function choosePlacement(
   candidates: readonly RouteCandidate[],
@@ -129,57 +98,111 @@ export function choosePlacement(
   s: RouterSettings,
 ): PlacementChoice {
   const n = input.blocks.length;
-  const least = Math.min(s.minMatchBlocks, n);
-  const matched = candidates.map((_, i) => {
-    const m = input.matched[i] ?? 0;
-    return n > 0 && m >= least ? m : 0;
-  });
-  // An even share of the load, counting this request: load weighs relative to it, so that
-  // the same imbalance in sequences matters less the busier the region is.
-  const share = Math.max(
-    1,
-    (candidates.reduce((sum, c) => sum + c.load, 0) + 1) / candidates.length,
+  const need = candidates.map((_, i) =>
+    uncachedTokens(input.promptTokens, n, input.matched[i] ?? 0),
   );
-  const costs = candidates.map((c, i) =>
-    placementCost(
-      c,
-      uncachedTokens(input.promptTokens, n, matched[i] ?? 0),
-      input.freeTokens?.[i] ?? null,
-      share,
-      s,
-    ),
-  );
+  const ttft = candidates.map((c, i) => predictTtftMs(c, need[i] ?? 0, s));
   const fits = candidates.map(
-    (c, i) => c.kvRoomTokens === null || c.kvRoomTokens >= (costs[i]?.uncached ?? 0),
+    (c, i) => c.kvRoomTokens === null || c.kvRoomTokens >= (need[i] ?? 0),
   );
   const anyFits = fits.some(Boolean);
   const usable = (i: number) => fits[i] === true || !anyFits;
-  let lowest = Number.POSITIVE_INFINITY;
-  for (const [i, cost] of costs.entries()) {
-    if (usable(i)) lowest = Math.min(lowest, cost.total);
+  // Prompt tokens its new blocks would push out of each cache, as far as the index follows it.
+  const evicted = candidates.map((_, i) => {
+    const free = input.freeTokens?.[i] ?? null;
+    return free === null ? 0 : Math.max(0, (need[i] ?? 0) - free);
+  });
+  const order = rendezvousOrder(candidates, input.coldKey);
+  let best = -1;
+  for (const i of order) {
+    if (!usable(i)) continue;
+    if (best < 0 || (ttft[i] as number) < (ttft[best] as number)) best = i;
   }
-  const tied = (i: number) => usable(i) && (costs[i]?.total ?? 0) <= lowest + s.tieMs;
-  const session = candidates.findIndex((c) => c.id === input.sessionOrigin);
-  // Of equal costs: the warmest (no copy), then the session's origin, then the rendezvous
-  // order, the same on every router, so that a prefix whose traffic falls gathers back on
-  // its first origin and its copies age out of the other caches.
-  let pick = -1;
-  for (const i of rendezvousOrder(candidates, input.coldKey)) {
-    if (!tied(i)) continue;
-    const m = matched[i] ?? 0;
-    const held = pick < 0 ? -1 : (matched[pick] ?? 0);
-    if (m > held || (m === 0 && held === 0 && i === session)) pick = i;
-  }
-  const warmest = Math.max(...matched);
-  const got = matched[pick] ?? 0;
-  let reason: PlacementReason = pick === session ? "session" : "cold";
-  if (warmest > 0) reason = got === warmest ? "cache_hit" : "spread";
-  return {
-    origin: (candidates[pick] as RouteCandidate).id,
+  const bestTtft = ttft[best] as number;
+  const choice = (i: number, reason: PlacementReason): PlacementChoice => ({
+    origin: (candidates[i] as RouteCandidate).id,
     reason,
-    matchedBlocks: input.matched[pick] ?? 0,
-    predictedTtftMs: (costs[pick] as PlacementCost).ttftMs,
-  };
+    matchedBlocks: input.matched[i] ?? 0,
+    predictedTtftMs: ttft[i] as number,
+  });
+  const load = (i: number) => (candidates[i] as RouteCandidate).load;
+  const total = candidates.reduce((sum, c) => sum + c.load, 0);
+  const mean = (total + 1) / candidates.length;
+  const coldBound = Math.ceil(s.loadBound * mean);
+  const heavy = (i: number) => load(i) >= s.loadBound * mean && load(i) - mean > s.balanceSeqs;
+  const fast = (i: number) => (ttft[i] as number) <= bestTtft * (1 + s.spreadRatio) + s.spreadMs;
+  const closeEnough = (i: number) => fits[i] === true && !heavy(i) && fast(i);
+
+  let warm = -1;
+  for (const i of order) {
+    const m = input.matched[i] ?? 0;
+    if (m < Math.min(s.minMatchBlocks, n)) continue;
+    // Of origins holding as much, the least loaded (load reports are the same on every
+    // router), then the first in rendezvous order.
+    const held = input.matched[warm] ?? 0;
+    const lighter = warm >= 0 && load(i) < load(warm);
+    if (warm < 0 || m > held || (m === held && lighter)) warm = i;
+  }
+  if (warm >= 0 && n > 0) {
+    if (!fits[warm] || !fast(warm)) return spread(warm);
+    const other = rebalance(warm);
+    if (other < 0) return choice(warm, "cache_hit");
+    // A move to an origin that holds as much (a copy) is a hit all the same.
+    const held = (input.matched[other] ?? 0) >= (input.matched[warm] ?? 0);
+    return choice(other, held ? "cache_hit" : "spread");
+  }
+
+  if (input.sessionOrigin !== null) {
+    const at = candidates.findIndex((c) => c.id === input.sessionOrigin);
+    if (at >= 0 && closeEnough(at)) return choice(at, "session");
+  }
+
+  // Cold: the first origin in the key's rendezvous order that is under the bound, close to
+  // the best and (when any is) evicts nothing, so that edges and Batcher shards that share
+  // nothing (their backlogs come from the same load reports) place a new prefix alike.
+  const tied = (i: number) => (ttft[i] as number) <= bestTtft + s.tieMs;
+  const roomy = evicted.some((e) => e === 0);
+  for (const i of order) {
+    if (fits[i] === true && load(i) < coldBound && tied(i) && (!roomy || evicted[i] === 0))
+      return choice(i, "cold");
+  }
+  for (const i of order) {
+    if (fits[i] === true && load(i) < coldBound && tied(i)) return choice(i, "cold");
+  }
+  return choice(best, "spread");
+
+  /**
+   * The balance rule, as the SGLang router's balance thresholds with the prefill a move
+   * costs as hysteresis: each candidate's load plus, in sequences of `moveTokensPerSeq`,
+   * the prompt tokens queued ahead, to prefill and to evict beyond the warm origin's. The lowest takes
+   * the request when it is `balanceSeqs` below the warm origin's and the warm origin is
+   * heavy or would evict where it would not; -1: the warm origin keeps it.
+   */
+  function rebalance(from: number): number {
+    const tokens = (i: number) =>
+      (candidates[i] as RouteCandidate).backlogTokens +
+      (need[i] as number) +
+      s.evictionWeight * (evicted[i] as number);
+    const cost = (i: number) => load(i) + (tokens(i) - tokens(from)) / s.moveTokensPerSeq;
+    let pick = -1;
+    for (const i of order) {
+      if (i === from || !usable(i)) continue;
+      if (pick < 0 || cost(i) < cost(pick)) pick = i;
+    }
+    if (pick < 0 || load(from) - cost(pick) <= s.balanceSeqs) return -1;
+    const crowded = load(from) >= s.loadBound * mean;
+    return crowded || (evicted[from] as number) > (evicted[pick] as number) ? pick : -1;
+  }
+
+  function spread(from: number): PlacementChoice {
+    // Among the origins close to the best, the warmest: a hot prefix spreads to as few
+    // origins as keep its time to first token low.
+    let pick = best;
+    for (const i of order) {
+      if (closeEnough(i) && (input.matched[i] ?? 0) > (input.matched[pick] ?? 0)) pick = i;
+    }
+    return choice(pick, pick === from ? "cache_hit" : "spread");
+  }
 }
 
 /** Candidate positions by rendezvous (highest random weight) hashing of `key`. */

@@ -107,10 +107,12 @@ describe("batching plans, resolved when the configuration loads", () => {
     expect(planOf(config, "eu", "m").setup.routing).toBeNull();
     expect(planOf(config, "eu", "n").setup.routing).toEqual({
       minMatchBlocks: 4,
-      seqCostSteps: 64,
+      spreadRatio: 1,
+      spreadMs: 100,
+      loadBound: 1.25,
+      balanceSeqs: 2,
+      moveTokensPerSeq: 256,
       evictionWeight: 1,
-      prefillWeight: 4,
-      stepMs: 20,
       tieMs: 50,
       prefillTokensPerMs: 2,
       maxIndexBlocks: 65_536,

@@ -161,42 +161,54 @@ describe("placement", () => {
   });
 });
 
-/** An agent's conversation after `turns` steps over the shared system prompt 5. */
+/** A system prompt of about 1,500 tokens, as agents share one. */
+const agentSystem = `Agent system prompt. `.repeat(286);
+
+/** An agent's conversation after `turns` steps over the shared system prompt. */
 function agent(a: number, turns: number): string {
-  let text = system(5);
+  let text = agentSystem;
   for (let t = 0; t < turns; t++) text += `Agent ${a} step ${t}: ${"tool output ".repeat(60)}`;
   return text;
 }
 
-describe("placement cost", () => {
-  it("spreads sessions on one system prompt over the origins", () => {
+describe("balance rule", () => {
+  it("spreads agents on one system prompt once its origin is crowded", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
     const load = new Map(ORIGINS.map((id) => [id, 0]));
     const candidates = () => ORIGINS.map((id) => idle(id, { load: load.get(id) ?? 0 }));
-    // Twelve agents start one after another and keep running: each first turn shares only
+    // Twenty agents start one after another and keep running: each first turn shares only
     // the system prompt with the others.
-    for (let a = 0; a < 12; a++) {
+    for (let a = 0; a < 20; a++) {
       const placed = router.place(request(`a${a}`, agent(a, 1)), candidates());
       load.set(placed.origin, (load.get(placed.origin) ?? 0) + 1);
     }
-    expect(Math.max(...load.values())).toBeLessThanOrEqual(4);
-    expect(Math.min(...load.values())).toBeGreaterThanOrEqual(2);
+    // The first origin takes agents until it carries the system prompt's prefill in
+    // sequences more than the others; then each copy takes them while it is the lightest.
+    const loads = [...load.values()].sort((x, y) => y - x);
+    expect(loads[0]).toBeLessThanOrEqual(8);
+    expect(loads[2]).toBeGreaterThanOrEqual(3);
   });
 
-  it("keeps a session on the origin that holds its own history", () => {
+  it("moves a new agent off a crowded origin and keeps one with a history there", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
     const idleAll = ORIGINS.map((id) => idle(id));
     // The system prompt is on every origin; one agent's history is on one of them.
     for (const id of ORIGINS)
-      router.place({ ...request(`s-${id}`, system(5)), pinned: id }, idleAll);
+      router.place({ ...request(`s-${id}`, agentSystem), pinned: id }, idleAll);
     const home = router.place(request("t1", agent(1, 6)), idleAll).origin;
-    // Its origin carries one sequence more than the others: the history keeps it there.
-    const busier = ORIGINS.map((id) => idle(id, { load: id === home ? 3 : 2 }));
-    const next = router.place(request("t2", agent(1, 7)), busier);
-    expect(next).toMatchObject({ origin: home, reason: "cache_hit" });
+    const crowded = ORIGINS.map((id) => idle(id, { load: id === home ? 6 : 2 }));
+    // Its own history (about 1,100 tokens) is worth more than four sequences of imbalance.
+    expect(router.preview(request("t2", agent(1, 7)), crowded)).toMatchObject({
+      origin: home,
+      reason: "cache_hit",
+    });
+    // A new agent holds nothing but the system prompt there: it goes where the load is low.
+    const fresh = router.preview(request("n1", agent(2, 1)), crowded);
+    expect(fresh.origin).not.toBe(home);
+    expect(fresh.reason).toBe("cache_hit");
   });
 
-  it("copies a hot prefix once its origin carries more than its share", () => {
+  it("copies a hot prefix once its origin carries its prefill in sequences more than another", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
     const hot = system(7);
     const home = router.place(
@@ -206,9 +218,12 @@ describe("placement cost", () => {
     // Balanced: it stays.
     const even = ORIGINS.map((id) => idle(id, { load: 10 }));
     expect(router.preview(request("h1", `${hot}q1`), even).origin).toBe(home);
-    // Its origin runs three times the others' sequences: a copy is cheaper.
+    // Its origin runs 8 sequences more than the others: less than a 2,400-token prefill.
+    const busier = ORIGINS.map((id) => idle(id, { load: id === home ? 18 : 10 }));
+    expect(router.preview(request("h2", `${hot}q2`), busier).origin).toBe(home);
+    // Three times the others' sequences: a copy is cheaper.
     const piled = ORIGINS.map((id) => idle(id, { load: id === home ? 30 : 10 }));
-    const next = router.place(request("h2", `${hot}q2`), piled);
+    const next = router.place(request("h3", `${hot}q3`), piled);
     expect(next.origin).not.toBe(home);
     expect(next.reason).toBe("spread");
   });
@@ -230,22 +245,30 @@ describe("placement cost", () => {
     }
   });
 
-  it("prefers an origin whose cache has room to one whose cache is full", () => {
+  it("sends what a warm match adds to an origin whose cache has room, not one that would evict", () => {
     const blocks = blockHashes("m", system(9));
     const candidates = [idle("o1"), idle("o2")];
     const input = { blocks, promptTokens: blocks.length * 16, coldKey: 1, sessionOrigin: null };
-    const full = [0, 100_000];
-    for (const order of [full, full.toReversed()]) {
-      // Both hold its first half; the full one would evict the rest's room.
-      const half = Math.floor(blocks.length / 2);
+    const half = Math.floor(blocks.length / 4);
+    for (const free of [
+      [0, 100_000],
+      [100_000, 0],
+    ]) {
+      // Both hold its first quarter (a system prompt); the full one would evict the rest.
       const choice = choosePlacement(
         candidates,
-        { ...input, matched: [half, half], freeTokens: order },
+        { ...input, matched: [half, half], freeTokens: free },
         ROUTER_DEFAULTS,
       );
-      expect(choice.origin).toBe(order[0] === 0 ? "o2" : "o1");
-      expect(choice.reason).toBe("cache_hit");
+      expect(choice.origin).toBe(free[0] === 0 ? "o2" : "o1");
     }
+    // Where neither has room, the warmer one keeps it.
+    const choice = choosePlacement(
+      candidates,
+      { ...input, matched: [half, half + 8], freeTokens: [0, 0] },
+      ROUTER_DEFAULTS,
+    );
+    expect(choice).toMatchObject({ origin: "o2", reason: "cache_hit" });
   });
 });
 
