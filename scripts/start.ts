@@ -5,10 +5,11 @@
  * process that started it is gone.
  * See README.md, "Quick start".
  */
-import { readFile, rm, writeFile } from "node:fs/promises";
+import { rm, writeFile } from "node:fs/promises";
 import { join, relative } from "node:path";
 import { parseArgs } from "node:util";
 import { onParentExit } from "./parent-watch.ts";
+import { readSettingsFile } from "./settings-file.ts";
 import { ROOT } from "./edge.ts";
 import { DEFAULT_REGIONS, startStack } from "./stack.ts";
 
@@ -57,21 +58,10 @@ if (port !== undefined && !Number.isInteger(port)) fail(`--port must be an integ
 const timeScale = parseNumber("time-scale", args["time-scale"], 0, 100) ?? 1;
 const perRegion = parseNumber("origins-per-region", args["origins-per-region"], 1, 16) ?? 2;
 
-const settings = args.config === undefined ? {} : await readSettings(args.config);
-
-/** Sections of the edge's configuration (`routing`, `batching`, `breakers`) from a JSON file. */
-async function readSettings(path: string): Promise<Record<string, unknown>> {
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(await readFile(path, "utf8"));
-  } catch (error) {
-    fail(`--config ${path}: ${(error as Error).message}`);
-  }
-  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
-    fail(`--config ${path}: expected a JSON object of configuration sections`);
-  }
-  return parsed as Record<string, unknown>;
-}
+const settings =
+  args.config === undefined
+    ? {}
+    : await readSettingsFile(args.config).catch((error: Error) => fail(error.message));
 
 const state = args.state ?? join(ROOT, ".wrangler", "state");
 const envFile = args["env-file"] ?? join(state, "warmgate.env");
