@@ -22,7 +22,7 @@ export const RoutingSchema = z
     spread_ms: z.number().min(0).max(60_000).default(100),
     /**
      * A cold prefix's consistent-hash origin is skipped above this multiple of the mean load;
-     * a warm origin below it keeps its prefixes whatever the load elsewhere.
+     * a warm origin below it moves a request for the balance rule only to evict less.
      */
     load_bound: z.number().min(1).max(10).default(1.25),
     /**
