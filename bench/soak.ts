@@ -58,7 +58,7 @@ function request(
   n: number,
   keys: string[],
 ): { path: string; body: unknown; key: string; cancel: boolean } {
-  const key = keys[n % keys.length] as string;
+  const key = keys.at(n % keys.length) ?? "";
   const user = `user-${n % 1000}`;
   const messages = [
     { role: "system", content: "You are a concise assistant." },
