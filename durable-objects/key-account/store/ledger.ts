@@ -3,6 +3,7 @@
  * whose lease lapsed unsettled, and each row's latest state written behind
  * (docs/key-account.md, "Storage" and "Leases and reconciliation").
  */
+import { LEDGER_RETENTION_MS } from "../types.ts";
 import type { WriteBehind } from "../../write-behind.ts";
 import {
   LEDGER_COLUMNS,
@@ -13,12 +14,7 @@ import {
   picosColumns,
   usageRowOf,
 } from "../schema.ts";
-import {
-  LEDGER_RETENTION_MS,
-  type RequestLogQuery,
-  type TagUsageRow,
-  type UsageRow,
-} from "../types.ts";
+import { type RequestLogQuery, type TagUsageRow, type UsageRow } from "../usage-types.ts";
 
 const USAGE_SUMS = `COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,
   COALESCE(SUM(cached_tokens), 0) AS cached_tokens,
