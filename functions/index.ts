@@ -5,6 +5,7 @@
 import { env } from "cloudflare:workers";
 import { Hono } from "hono";
 import { adminKeys } from "./routes/admin/keys.ts";
+import { adminKeyRequests } from "./routes/admin/key-requests.ts";
 import type { AppEnv } from "./app-env.ts";
 import { tokens } from "./routes/tokens.ts";
 import { checkDeployment } from "./deployment.ts";
@@ -39,6 +40,7 @@ app.use("/v1/*", browserCors());
 // Before config and key auth: the admin API, token minting and CORS preflights
 // authenticate themselves and must answer even when the gateway config is broken.
 app.route("/admin", adminKeys);
+app.route("/admin/keys", adminKeyRequests);
 app.route("/v1", tokens);
 app.use(gatewayConfig());
 app.route("/health", health);

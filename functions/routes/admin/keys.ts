@@ -180,12 +180,13 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     return c.json({ ...keyJson(record), key });
   });
 
-// Only indexed keys are looked up, so probing ids never creates a KeyAccount.
-async function known(env: Env, id: string): Promise<boolean> {
+/** Whether a key id is indexed: only those are looked up, so probing never creates a KeyAccount. */
+export async function known(env: Env, id: string): Promise<boolean> {
   return KEY_ID_PATTERN.test(id) && (await keyDirectory(env).has(id));
 }
 
-function noSuchKey(id: string): ApiError {
+/** The 404 for a key id that names no key (a malformed one is not echoed). */
+export function noSuchKey(id: string): ApiError {
   const shown = KEY_ID_PATTERN.test(id) ? id : "(malformed id)";
   return notFound(`No API key with id ${shown}.`, "key_not_found", "id");
 }
