@@ -55,6 +55,15 @@ function lineChart(id, labels) {
       ...labels.map((label, i) => ({ label, stroke: colors[i], width: 2, spanGaps: true })),
     ],
     axes: [{}, { size: 50 }],
+    // The span drawn, in unix seconds, for whoever reads the page (its test among them).
+    hooks: {
+      setScale: [
+        (u, key) => {
+          if (key === "x")
+            Object.assign($(id).dataset, { from: u.scales.x.min, to: u.scales.x.max });
+        },
+      ],
+    },
     // The axis spans the chosen range whatever the points, so one point never stretches it.
     scales: { x: { time: true, range: () => [latest - rangeSeconds, latest] } },
   };
