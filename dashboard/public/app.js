@@ -6,6 +6,8 @@ import { $, text } from "./format.js";
 import { startOverview, stopOverview } from "./overview.js";
 import { loadKeys } from "./keys.js";
 import { showRequest } from "./requests.js";
+import { loadSpendLog } from "./spend-log.js";
+import { loadAudit } from "./audit.js";
 
 const VIEWS = ["overview", "keys", "requests", "audit"];
 
@@ -16,7 +18,11 @@ function show(view) {
     if (name === view) button.setAttribute("aria-current", "page");
     else button.removeAttribute("aria-current");
   }
-  return view === "keys" || view === "requests" ? loadKeys() : Promise.resolve();
+  // Keys first: the other views name keys from their list.
+  if (view === "keys") return loadKeys();
+  if (view === "requests") return loadKeys().then(loadSpendLog);
+  if (view === "audit") return loadKeys().then(loadAudit);
+  return Promise.resolve();
 }
 
 function signedIn() {

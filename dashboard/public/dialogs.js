@@ -25,11 +25,15 @@ function number(id) {
 }
 
 /** The body of `POST /admin/keys` or `PATCH /admin/keys/{id}` from the form. */
-function payload() {
-  const models = $("kf-models")
+function list(id) {
+  return $(id)
     .value.split(",")
     .map((m) => m.trim())
     .filter((m) => m !== "");
+}
+
+function payload() {
+  const models = list("kf-models");
   const expires = $("kf-expires").value;
   return {
     name: $("kf-name").value.trim(),
@@ -40,6 +44,7 @@ function payload() {
       concurrency: number("kf-concurrency"),
       ...Object.fromEntries(BUDGETS.map((b) => [b, number(FIELDS[b])])),
     },
+    tags: list("kf-tags"),
     models: models.length === 0 ? null : models,
     allowed_origins: $("kf-origins")
       .value.split(/\s+/)
@@ -63,6 +68,7 @@ export function openKeyForm(key, onSaved) {
   $("kf-tpm").value = String(limits.tpm);
   $("kf-concurrency").value = String(limits.concurrency);
   for (const b of BUDGETS) $(FIELDS[b]).value = limits[b] == null ? "" : String(limits[b]);
+  $("kf-tags").value = (key?.tags ?? []).join(", ");
   $("kf-models").value = (key?.models ?? []).join(", ");
   $("kf-origins").value = (key?.allowed_origins ?? []).join("\n");
   $("kf-expires").value = localInput(key?.expires_at);

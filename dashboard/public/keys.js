@@ -94,7 +94,8 @@ function draw() {
   const shown = keys.filter(
     (k) =>
       (status === "" || k.status === status) &&
-      (find === "" || k.name.toLowerCase().includes(find) || k.id.toLowerCase().includes(find)),
+      (find === "" ||
+        [k.name, k.id, ...(k.tags ?? [])].some((s) => s.toLowerCase().includes(find))),
   );
   fill(
     $("key-list").tBodies[0],
@@ -103,6 +104,7 @@ function draw() {
       el("code", k.id),
       [k.status, `status-${k.status}`],
       [k.tier],
+      [(k.tags ?? []).join(", ")],
       [String(k.limits.rpm)],
       [String(k.limits.tpm)],
       [String(k.limits.concurrency)],
@@ -132,7 +134,12 @@ export function loadKeys() {
   return loadPage(null);
 }
 
-/** Calls `listener(keys)` whenever the list changes (the request view picks from it). */
+/** The loaded keys' names by id. */
+export function keyName(id) {
+  return keys.find((k) => k.id === id)?.name ?? id;
+}
+
+/** Calls `listener(keys)` whenever the list changes (the request views pick from it). */
 export function onKeys(listener) {
   listeners.push(listener);
 }

@@ -16,12 +16,17 @@ function tokens(n) {
   return n === null ? "–" : String(n);
 }
 
-function draw(record) {
+/** Shows a request's record (from the lookup, or a spend-log row). */
+export function drawRequest(record) {
   const fields = [
     ["request id", record.id],
     ["model", record.model],
     ["status", record.status],
     ["outcome", record.outcome ?? "–"],
+    ["HTTP status", record.http_status == null ? "–" : String(record.http_status)],
+    ["latency (ms)", record.latency_ms == null ? "–" : String(record.latency_ms)],
+    ["time to first token (ms)", record.ttft_ms == null ? "–" : String(record.ttft_ms)],
+    ["tags", (record.tags ?? []).join(", ") || "–"],
     ["end user", record.user ?? "–"],
     ["started", when(record.created_at)],
     ["settled", when(record.settled_at)],
@@ -53,7 +58,7 @@ async function lookUp() {
   const requestId = $("lookup-id").value.trim();
   if (keyId === "" || requestId === "") return;
   try {
-    draw(
+    drawRequest(
       await api(
         "GET",
         `/admin/keys/${encodeURIComponent(keyId)}/requests/${encodeURIComponent(requestId)}`,

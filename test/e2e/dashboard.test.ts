@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { mkdir } from "node:fs/promises";
+import { mkdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { type Browser, type Page, chromium } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -17,6 +17,26 @@ if (!present && !required) {
   console.warn(
     `dashboard test skipped: no Chromium at ${CHROMIUM}. Install it with \`sudo apt-get install chromium\` (Debian/Ubuntu) or set CHROMIUM_PATH.`,
   );
+}
+
+// The page is never wider than the screen; tables wider than it scroll inside their card.
+async function fitsWidth(page: Page, tables = 1): Promise<void> {
+  const sizes = await page.evaluate(() => ({
+    page: document.documentElement.scrollWidth,
+    viewport: window.innerWidth,
+    cards: [...document.querySelectorAll<HTMLElement>(".table-scroll, dialog[open]")]
+      .filter((card) => card.offsetParent !== null || card.matches("dialog[open]"))
+      .map((card) => ({
+        right: card.getBoundingClientRect().right,
+        overflow: card.matches("dialog") ? "auto" : getComputedStyle(card).overflowX,
+      })),
+  }));
+  expect(sizes.page).toBeLessThanOrEqual(sizes.viewport);
+  expect(sizes.cards.length).toBeGreaterThanOrEqual(tables);
+  for (const card of sizes.cards) {
+    expect(card.right).toBeLessThanOrEqual(sizes.viewport);
+    expect(card.overflow).toBe("auto");
+  }
 }
 
 describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
@@ -82,26 +102,6 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
     });
     await res.arrayBuffer();
     return res.status;
-  }
-
-  // The page is never wider than the screen; tables wider than it scroll inside their card.
-  async function fitsWidth(page: Page, tables = 1): Promise<void> {
-    const sizes = await page.evaluate(() => ({
-      page: document.documentElement.scrollWidth,
-      viewport: window.innerWidth,
-      cards: [...document.querySelectorAll<HTMLElement>(".table-scroll, dialog[open]")]
-        .filter((card) => card.offsetParent !== null || card.matches("dialog[open]"))
-        .map((card) => ({
-          right: card.getBoundingClientRect().right,
-          overflow: card.matches("dialog") ? "auto" : getComputedStyle(card).overflowX,
-        })),
-    }));
-    expect(sizes.page).toBeLessThanOrEqual(sizes.viewport);
-    expect(sizes.cards.length).toBeGreaterThanOrEqual(tables);
-    for (const card of sizes.cards) {
-      expect(card.right).toBeLessThanOrEqual(sizes.viewport);
-      expect(card.overflow).toBe("auto");
-    }
   }
 
   it(
@@ -232,6 +232,13 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       expect(await modelsWith(secret)).toBe(401);
       expect(await modelsWith(rotated)).toBe(200);
 
+      await page.getByRole("button", { name: "Block key checkout-e2e" }).click();
+      await row.locator("td.status-blocked").waitFor();
+      expect(await modelsWith(rotated)).toBe(403);
+      await page.getByRole("button", { name: "Unblock key checkout-e2e" }).click();
+      await row.locator("td", { hasText: "active" }).waitFor();
+      expect(await modelsWith(rotated)).toBe(200);
+
       await page.getByRole("button", { name: "Revoke key checkout-e2e" }).click();
       await page.getByRole("button", { name: "Cancel" }).click();
       expect(await modelsWith(rotated)).toBe(200);
@@ -248,6 +255,24 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       await page.getByLabel("Find").fill("");
       await page.getByLabel("Status").selectOption("active");
       expect(await page.getByRole("row", { name: /checkout-e2e/ }).count()).toBe(0);
+
+      // Every change is in the audit log: who (the name given at sign-in), what, on which key.
+      await page.getByRole("button", { name: "Audit log", exact: true }).click();
+      await page.getByLabel("On", { exact: true }).fill(id ?? "");
+      await page.getByRole("button", { name: "Apply" }).click();
+      await page.locator("#audit tbody tr", { hasText: "key.create" }).waitFor();
+      const audit = await page
+        .locator("#audit tbody tr")
+        .evaluateAll((trs) =>
+          trs.map((tr) => [...tr.querySelectorAll("td")].slice(1, 4).map((td) => td.textContent)),
+        );
+      const on = "key checkout-e2e";
+      expect(audit).toEqual(
+        ["key.revoke", "key.unblock", "key.block", "key.rotate", "key.update", "key.create"].map(
+          (action) => [expect.stringContaining("Ada Operator"), action, on],
+        ),
+      );
+      expect(await page.locator("#audit").textContent()).not.toContain(rotated);
       expect(pageErrors).toEqual([]);
       await page.close();
     },
@@ -281,7 +306,7 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       const page = await signedIn(1280);
       await page.getByRole("button", { name: "Requests", exact: true }).click();
       await page.locator(`#lookup-key option[value="${devId}"]`).waitFor({ state: "attached" });
-      await page.getByLabel("Key", { exact: true }).selectOption(devId);
+      await page.getByLabel("Its key").selectOption(devId);
       await page.getByLabel("Request id").fill(requestId);
       await page.getByRole("button", { name: "Show" }).click();
       await page.locator("#request-view:not([hidden])").waitFor();
@@ -290,6 +315,34 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       expect(
         await page.locator("#request-attempts tbody tr").last().locator("td").allTextContents(),
       ).toEqual([expect.any(String), "eu", origin, "served"]);
+
+      // The spend log lists it among the key's requests, with what it cost and where it ran.
+      const logged = page.locator("#log tbody tr", {
+        has: page.getByRole("button", { name: `View request ${requestId}` }),
+      });
+      const cells = await logged.locator("td").allTextContents();
+      expect([cells[1], cells[2], cells[3], cells[4], cells[11]]).toEqual([
+        "development",
+        "warmgate-sim-8b",
+        "ok",
+        "200",
+        origin,
+      ]);
+      await page.getByLabel("Ended").selectOption("error");
+      await page.getByRole("button", { name: "Apply" }).click();
+      await logged.waitFor({ state: "detached" });
+      await page.getByLabel("Ended").selectOption("");
+      await page.getByLabel("Key", { exact: true }).selectOption(devId);
+      await page.getByRole("button", { name: "Apply" }).click();
+      await logged.waitFor();
+      const [csv] = await Promise.all([
+        page.waitForEvent("download"),
+        page.getByRole("button", { name: "Download CSV" }).click(),
+      ]);
+      const text = await readFile(await csv.path(), "utf8");
+      expect(text.split("\n")[0]).toMatch(/^id,key_id,/);
+      expect(text).toContain(requestId);
+      expect(page.url()).not.toContain(stack.adminToken);
 
       await page.getByLabel("Request id").fill("no-such-request");
       await page.getByRole("button", { name: "Show" }).click();
