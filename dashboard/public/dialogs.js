@@ -118,11 +118,16 @@ async function copySecret() {
 }
 
 $("secret-copy").addEventListener("click", () => void copySecret());
-$("secret-dialog").addEventListener("close", () => {
+function forgetSecret() {
   $("secret").value = "";
   text($("secret-copy"), "Copy");
+}
+// Closed by Escape as well as by Done.
+$("secret-dialog").addEventListener("close", forgetSecret);
+$("secret-done").addEventListener("click", () => {
+  forgetSecret();
+  $("secret-dialog").close();
 });
-$("secret-done").addEventListener("click", () => $("secret-dialog").close());
 
 /**
  * Asks before an action; `run(grace)` does it (grace: the rotation's grace seconds when

@@ -20,7 +20,7 @@ if (!present && !required) {
 }
 
 // The page is never wider than the screen; tables wider than it scroll inside their card.
-async function fitsWidth(page: Page, tables = 1): Promise<void> {
+async function fitsWidth(page: Page): Promise<void> {
   const sizes = await page.evaluate(() => ({
     page: document.documentElement.scrollWidth,
     viewport: window.innerWidth,
@@ -180,6 +180,7 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       await page.getByLabel("Name", { exact: true }).fill("checkout-e2e");
       await page.getByLabel("Requests per minute").fill("30");
       await page.getByLabel("Per UTC day").fill("5");
+      await page.getByLabel("Tags").fill("team:checkout, env:prod");
       await page.getByRole("button", { name: "Save" }).click();
       await page.locator("#secret-dialog[open]").waitFor();
       const secret = await page.getByLabel("API key").inputValue();
@@ -197,6 +198,7 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
         id,
         "active",
         "standard",
+        "team:checkout, env:prod",
         "30",
         "1000000",
         "64",
@@ -260,7 +262,10 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       await page.getByRole("button", { name: "Audit log", exact: true }).click();
       await page.getByLabel("On", { exact: true }).fill(id ?? "");
       await page.getByRole("button", { name: "Apply" }).click();
-      await page.locator("#audit tbody tr", { hasText: "key.create" }).waitFor();
+      await page.waitForFunction(() => {
+        const rows = [...document.querySelectorAll("#audit tbody tr")];
+        return rows.length > 0 && rows.every((tr) => tr.textContent?.includes("checkout-e2e"));
+      });
       const audit = await page
         .locator("#audit tbody tr")
         .evaluateAll((trs) =>
@@ -372,7 +377,11 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       await fitsWidth(page);
       await page.getByRole("button", { name: "Cancel" }).click();
       await page.getByRole("button", { name: "Requests", exact: true }).click();
-      await fitsWidth(page, 0);
+      await fitsWidth(page);
+      await page.getByRole("button", { name: "Audit log", exact: true }).click();
+      await page.locator("#audit tbody tr").first().waitFor();
+      await fitsWidth(page);
+      await page.screenshot({ path: join(ARTIFACTS, "dashboard-narrow.png"), fullPage: true });
       expect(pageErrors).toEqual([]);
       await page.close();
     },
