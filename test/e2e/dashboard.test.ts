@@ -32,7 +32,7 @@ async function fitsWidth(page: Page): Promise<void> {
       })),
   }));
   expect(sizes.page).toBeLessThanOrEqual(sizes.viewport);
-  expect(sizes.cards.length).toBeGreaterThanOrEqual(tables);
+  expect(sizes.cards.length).toBeGreaterThan(0);
   for (const card of sizes.cards) {
     expect(card.right).toBeLessThanOrEqual(sizes.viewport);
     expect(card.overflow).toBe("auto");
