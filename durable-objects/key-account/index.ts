@@ -4,6 +4,7 @@
  * `settle` for the request path in one call each, decides from memory and writes behind.
  * Storage, invariants and commit stamps: docs/key-account.md.
  */
+import { LEDGER_RETENTION_MS } from "./types.ts";
 import { DurableObject } from "cloudflare:workers";
 import { applyMigrations } from "../migrations.ts";
 import { MAX_OUTCOME_IDS } from "../../contracts/protocol/schema.ts";
@@ -25,16 +26,17 @@ import {
   type KeyCreateInput,
   type KeyRecord,
   type KeyUpdateInput,
-  type RecordResult,
   type SettleInput,
   type SettleManyResult,
   type SettleResult,
-  LEDGER_RETENTION_MS,
+} from "./types.ts";
+import {
+  type RecordResult,
   type LedgerRecord,
   type RequestLogQuery,
   type UsageQuery,
   type UsageResult,
-} from "./types.ts";
+} from "./usage-types.ts";
 
 // Pruning runs at most this often, so steady traffic does not turn into an alarm per request.
 const PRUNE_INTERVAL_MS = 60_000;

@@ -8,15 +8,14 @@ import { keyRefusal } from "./admission.ts";
 import { checkCredential } from "./credential.ts";
 import { ledgerRecordOf } from "./schema.ts";
 import type { AccountStore } from "./store.ts";
+import type { CheckCredential, KeyCheckResult } from "./types.ts";
 import type {
-  CheckCredential,
-  KeyCheckResult,
   LedgerRecord,
   RecordResult,
   RequestLogQuery,
   UsageQuery,
   UsageResult,
-} from "./types.ts";
+} from "./usage-types.ts";
 
 /**
  * Checks a credential without admitting a request (nothing is reserved or counted): an

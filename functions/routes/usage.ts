@@ -14,7 +14,7 @@ import type {
   LedgerRecord,
   UsageRow,
   UsageTotals,
-} from "../../durable-objects/key-account/types.ts";
+} from "../../durable-objects/key-account/usage-types.ts";
 import { picosToUsd, utcDay } from "../../contracts/pricing.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { ApiError, invalidRequest, notFound } from "../../contracts/errors.ts";

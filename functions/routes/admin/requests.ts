@@ -5,12 +5,12 @@
  * account holds its own rows: every key asked for one page, merged (docs/api.md,
  * "Spend logs", says why).
  */
+import { LEDGER_RETENTION_MS } from "../../../durable-objects/key-account/types.ts";
 import { Hono } from "hono";
 import {
-  LEDGER_RETENTION_MS,
   type LedgerRecord,
   type RequestLogQuery,
-} from "../../../durable-objects/key-account/types.ts";
+} from "../../../durable-objects/key-account/usage-types.ts";
 import { invalidRequest } from "../../../contracts/errors.ts";
 import { keyAccount, keyDirectory } from "../../accounts/account-client.ts";
 import { adminAuth } from "../../middleware/admin-auth.ts";

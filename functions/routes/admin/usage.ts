@@ -5,13 +5,13 @@
  * asked a batch at a time. See docs/api.md.
  */
 import { Hono } from "hono";
+import { TAG_PATTERN } from "../../../durable-objects/key-account/types.ts";
 import {
-  TAG_PATTERN,
   type TagUsageRow,
   type UsageQuery,
   type UsageRow,
   type UsageTotals,
-} from "../../../durable-objects/key-account/types.ts";
+} from "../../../durable-objects/key-account/usage-types.ts";
 import { invalidRequest } from "../../../contracts/errors.ts";
 import { keyAccount, keyDirectory } from "../../accounts/account-client.ts";
 import { adminAuth } from "../../middleware/admin-auth.ts";
