@@ -2,15 +2,25 @@
 // uPlot's (a dev dependency) as strings the Worker serves, so that no request but the
 // dashboard's pays for static-asset routing. Run it after changing either:
 //   node dashboard/build.mjs    (`--check` fails when the module is out of date; a test runs it)
-import { readFileSync, writeFileSync } from "node:fs";
-import { dirname, join } from "node:path";
+import { readFileSync, readdirSync, writeFileSync } from "node:fs";
+import { dirname, extname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
+const TYPES = {
+  ".html": "text/html; charset=utf-8",
+  ".js": "text/javascript; charset=utf-8",
+  ".css": "text/css; charset=utf-8",
+};
+// Every file of dashboard/public (the page is `/`, each module beside it), then uPlot's.
 const files = [
-  ["/", join(root, "dashboard/public/index.html"), "text/html; charset=utf-8"],
-  ["/app.js", join(root, "dashboard/public/app.js"), "text/javascript; charset=utf-8"],
-  ["/style.css", join(root, "dashboard/public/style.css"), "text/css; charset=utf-8"],
+  ...readdirSync(join(root, "dashboard/public"))
+    .sort()
+    .map((name) => [
+      name === "index.html" ? "/" : `/${name}`,
+      join(root, "dashboard/public", name),
+      TYPES[extname(name)],
+    ]),
   [
     "/vendor/uPlot.iife.min.js",
     join(root, "node_modules/uplot/dist/uPlot.iife.min.js"),

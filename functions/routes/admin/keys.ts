@@ -173,8 +173,8 @@ function target(id: string): { type: string; id: string } {
   return { type: "key", id };
 }
 
-// Only indexed keys are looked up, so probing ids never creates a KeyAccount.
-async function known(env: Env, id: string): Promise<boolean> {
+/** Whether a key id is indexed: only those are looked up, so probing never creates a KeyAccount. */
+export async function known(env: Env, id: string): Promise<boolean> {
   return KEY_ID_PATTERN.test(id) && (await keyDirectory(env).has(id));
 }
 

@@ -187,9 +187,16 @@ describe("the dashboard's page", () => {
     expect(page.headers.get("content-type")).toContain("text/html");
     expect(page.headers.get("content-security-policy")).toContain("script-src 'self'");
     const html = await page.text();
-    expect(html).toContain('<script src="/app.js"></script>');
+    expect(html).toContain('<script type="module" src="/app.js"></script>');
+    const modules = [
+      ...(await (await sendWith(CONFIG, new Request("https://edge.test/app.js"))).text()).matchAll(
+        /from "\.(\/[a-z-]+\.js)"/g,
+      ),
+    ].map((m) => m[1] ?? "");
+    expect(modules).toContain("/keys.js");
     for (const path of [
       "/app.js",
+      ...modules,
       "/style.css",
       "/vendor/uPlot.iife.min.js",
       "/vendor/uPlot.min.css",
