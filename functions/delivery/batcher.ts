@@ -13,6 +13,7 @@ import {
   type BatcherEnd,
   type BatcherOpenResult,
   type AttemptRoute,
+  type ShardCountNote,
   failureTrailerOf,
 } from "../../durable-objects/batcher/types.ts";
 import {
@@ -29,7 +30,7 @@ import {
 import { describe } from "../../contracts/upstream.ts";
 import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { type BatchingPlan, batchingPlan } from "../../contracts/config/plans.ts";
-import { batcherName, laneFor, shardOf } from "./batcher-plan.ts";
+import { batcherName, laneFor, shardRoute } from "./batcher-plan.ts";
 import type { AttemptRequest, DispatchAttempt, ItemOpener } from "./opener.ts";
 import { type ItemEnd, type OpenItem, frameItem, memoryFrames } from "./item.ts";
 import { failed, failedBeforeHead, notAdmitted } from "./refusals.ts";
@@ -91,6 +92,7 @@ export function batcherOpener(
     const started = Date.now();
     const attempt = await submitToBatcher(route, plan, candidate.region.id, request, {
       recentFirstByteMs: firstByteMs.get(quiet) ?? null,
+      shards: memo,
     });
     if (attempt.atOnce) sentAtOnce.set(quiet, Date.now());
     else sentAtOnce.delete(quiet);
@@ -132,11 +134,11 @@ export async function submitToBatcher(
   plan: BatchingPlan,
   region: string,
   request: AttemptRequest,
-  seen: { recentFirstByteMs: number | null } = { recentFirstByteMs: null },
+  seen: { recentFirstByteMs: number | null; shards?: BatcherMemo } = { recentFirstByteMs: null },
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number }> {
   const prefix = plan.setup.routing === null ? null : route.route(route.model);
-  const shard = shardOf(plan, request.requestId, route.keyId, prefix?.blocks ?? null);
-  const stub = route.namespace.getByName(batcherName(region, route.model, shard, plan));
+  const { index, shard, heard } = shardRoute(plan, region, route, request, prefix, seen.shards);
+  const stub = route.namespace.getByName(batcherName(region, route.model, index, plan));
   const input: BatcherAttempt = {
     setup: plan.setup,
     id: request.attemptId,
@@ -154,6 +156,7 @@ export async function submitToBatcher(
     // waits by its reports only.
     recentFirstByteMs: seen.recentFirstByteMs,
     ...(prefix !== null && { route: prefix }),
+    ...(shard !== undefined && { shard }),
   };
   const id = request.attemptId;
   // Cancels the item, kept alive past the response; resolves with whether it applied.
@@ -166,9 +169,9 @@ export async function submitToBatcher(
   // A streamed answer's body comes on a stream of its own, which becomes the client's
   // response body as it is: the runtime moves the bytes and this isolate runs nothing per
   // token. Its HEAD answers `open`, and its END the `end` call made right behind it.
-  if (request.delivery === "stream") return openAtBatcher(stub, input, tell, route.signal);
+  if (request.delivery === "stream") return openAtBatcher(stub, input, tell, route.signal, heard);
   try {
-    return await answerAtBatcher(stub, input, ask, route);
+    return await answerAtBatcher(stub, input, ask, route, heard);
   } catch (error) {
     return batcherFailed(error);
   }
@@ -184,6 +187,7 @@ async function answerAtBatcher(
   input: BatcherAttempt,
   ask: (options: BatcherCancelOptions) => Promise<boolean>,
   route: BatcherRoute,
+  heard: (note: ShardCountNote) => void,
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number }> {
   // Waiting ends early when its client goes away or its time runs out (once). A
   // running item is cancelled on its origin, and its END still brings the usage generated
@@ -223,6 +227,7 @@ async function answerAtBatcher(
     case "failed":
       return { attempt: notAdmitted(result), atOnce: false };
     case "answered":
+      heard(result);
       break;
     default:
       return assertNever(result);
@@ -275,6 +280,7 @@ async function openAtBatcher(
   input: BatcherAttempt,
   tell: (options?: BatcherCancelOptions) => void,
   signal: AbortSignal | undefined,
+  heard: (note: ShardCountNote) => void,
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean }> {
   const id = input.id;
   // Waiting in a lane, the item leaves it when its client goes away.
@@ -298,6 +304,7 @@ async function openAtBatcher(
     case "failed":
       return { attempt: notAdmitted(result), atOnce: false };
     case "ended":
+      heard(result);
       return { attempt: failedBeforeHead(result.trailer), atOnce: result.atOnce };
     case "cancelled":
       return {
@@ -305,6 +312,7 @@ async function openAtBatcher(
         atOnce: false,
       };
     case "open":
+      heard(result);
       break;
     default:
       return assertNever(result);
