@@ -3,6 +3,7 @@
  * "Shards"): its thread lag and items in flight, at most once a second and only while
  * requests come, behind the answers; the count it hears back rides on its answers to the edge.
  */
+import type { BatcherShards } from "../batcher-shards/index.ts";
 import type { ShardCount } from "../batcher-shards/types.ts";
 import type { KeepAlive } from "./keep-alive.ts";
 import type { LiveWindow } from "./live-window.ts";
@@ -14,7 +15,7 @@ export const SHARD_REPORT_INTERVAL_MS = 1_000;
 
 /** One shard's reports and the count it last heard. */
 export class ShardReporter {
-  readonly #directory: DurableObjectNamespace<import("../batcher-shards/index.ts").BatcherShards>;
+  readonly #directory: DurableObjectNamespace<BatcherShards>;
   readonly #keepAlive: KeepAlive;
   readonly #window: LiveWindow;
   #reportedAt = Number.NEGATIVE_INFINITY;
