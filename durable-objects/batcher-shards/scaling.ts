@@ -10,13 +10,13 @@ import type { ShardCount, ShardLoad } from "./types.ts";
 /** How long a shard must lag past `splitLagMs` before the count doubles. */
 export const SPLIT_AFTER_MS = 3_000;
 /** How long every shard must be calm before the count halves. */
-export const MERGE_AFTER_MS = 60_000;
+export const MERGE_AFTER_MS = 30_000;
 /** Least time between two changes: the new shards take their share of the load meanwhile. */
 export const CHANGE_COOLDOWN_MS = 10_000;
 /** A shard not heard from for this long counts as idle (shards report only while busy). */
 export const REPORT_STALE_MS = 3_000;
 /** A merge waits until every shard lags less than this share of `splitLagMs` … */
-export const MERGE_LAG_SHARE = 0.25;
+export const MERGE_LAG_SHARE = 0.5;
 /** … and all of them run less than this share of the items that forced the last split. */
 export const MERGE_LOAD_SHARE = 0.5;
 

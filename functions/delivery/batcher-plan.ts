@@ -7,8 +7,6 @@ import type { BatchingPlan } from "../../contracts/config/plans.ts";
 import { fnv1a } from "../../contracts/hashing.ts";
 import { COLD_KEY_BLOCKS } from "../../contracts/prefix-blocks.ts";
 import type { AttemptShard, ShardCountNote } from "../../durable-objects/batcher/types.ts";
-import type { BatcherShards } from "../../durable-objects/batcher-shards/index.ts";
-import type { ShardsView } from "../../durable-objects/batcher-shards/types.ts";
 import type { BatcherMemo } from "./batcher-memo.ts";
 
 /** Request header that moves a request to a lower-priority lane (never a higher one). */
@@ -109,18 +107,4 @@ export function shardRoute(
   const heard = (note: ShardCountNote) => memo?.heardShards(group, note.shards);
   if (plan.scaling.maxShards <= plan.scaling.minShards) return { index, heard };
   return { index, shard: { group, index, scaling: plan.scaling }, heard };
-}
-
-/**
- * The shard count of a region and model and each shard's last load report, from its
- * `BatcherShards` (for the admin view and metrics); null where the count is fixed.
- */
-export async function shardsView(
-  namespace: DurableObjectNamespace<BatcherShards>,
-  region: string,
-  model: string,
-  plan: BatchingPlan,
-): Promise<ShardsView | null> {
-  if (plan.scaling.maxShards <= plan.scaling.minShards) return null;
-  return namespace.getByName(batcherGroup(region, model, plan)).view(plan.scaling);
 }

@@ -9,7 +9,8 @@ import { Hono } from "hono";
 import { adminAuth } from "../../middleware/admin-auth.ts";
 import type { AppEnv } from "../../app-env.ts";
 import { batchingPlan } from "../../../contracts/config/plans.ts";
-import { batcherName, shardsView } from "../../delivery/batcher-plan.ts";
+import { batcherName } from "../../delivery/batcher-plan.ts";
+import { shardsView } from "../../delivery/shard-count.ts";
 import { notFound } from "../../../contracts/errors.ts";
 import type { RouterView } from "../../../durable-objects/batcher/routing/router.ts";
 
