@@ -313,7 +313,6 @@ const path = await writeResult(resultName("scale", RUNTIME), {
   settings: { sim: SIM, maxTokens: MAX_TOKENS, levels: LEVELS, capacity: CAPACITY, args },
   rows,
   shardCounts: changes,
-  polls: phases.flatMap((p) => p.polls),
   targets,
 });
 console.log(`\nwrote ${path}`);

@@ -14,10 +14,10 @@ import type { ShardCount, ShardLoad, ShardsView } from "./types.ts";
 const MIGRATIONS: readonly string[] = [
   `CREATE TABLE shard_count (
      id INTEGER PRIMARY KEY CHECK (id = 1), count INTEGER NOT NULL, epoch INTEGER NOT NULL,
-     changed_at INTEGER NOT NULL, split_loads TEXT NOT NULL);`,
+     changed_at INTEGER NOT NULL, splits TEXT NOT NULL);`,
 ];
 
-type CountRow = { count: number; epoch: number; changed_at: number; split_loads: string };
+type CountRow = { count: number; epoch: number; changed_at: number; splits: string };
 
 /** The shard count of one region and model, split and merged by its shards' reports. */
 export class BatcherShards extends DurableObject<Env> {
@@ -38,13 +38,13 @@ export class BatcherShards extends DurableObject<Env> {
     if (decision.kind !== "keep") {
       logWarn(`batcher shards ${decision.kind}`, { count: state.count, epoch: state.epoch });
       this.ctx.storage.sql.exec(
-        `INSERT INTO shard_count (id, count, epoch, changed_at, split_loads) VALUES (1, ?, ?, ?, ?)
+        `INSERT INTO shard_count (id, count, epoch, changed_at, splits) VALUES (1, ?, ?, ?, ?)
          ON CONFLICT (id) DO UPDATE SET count = excluded.count, epoch = excluded.epoch,
-           changed_at = excluded.changed_at, split_loads = excluded.split_loads`,
+           changed_at = excluded.changed_at, splits = excluded.splits`,
         state.count,
         state.epoch,
         state.changedAt,
-        JSON.stringify(state.splitLoads),
+        JSON.stringify(state.splits),
       );
     }
     return { count: state.count, epoch: state.epoch };
@@ -65,7 +65,7 @@ export class BatcherShards extends DurableObject<Env> {
   #load(scaling: ShardScaling): ShardsState {
     if (this.#state !== null) return this.#state;
     const row = this.ctx.storage.sql
-      .exec<CountRow>("SELECT count, epoch, changed_at, split_loads FROM shard_count")
+      .exec<CountRow>("SELECT count, epoch, changed_at, splits FROM shard_count")
       .toArray()[0];
     const fresh = newShardsState(scaling);
     this.#state =
@@ -76,7 +76,7 @@ export class BatcherShards extends DurableObject<Env> {
             count: row.count,
             epoch: row.epoch,
             changedAt: row.changed_at,
-            splitLoads: JSON.parse(row.split_loads) as number[],
+            splits: JSON.parse(row.splits) as ShardsState["splits"],
           };
     return this.#state;
   }

@@ -1,8 +1,9 @@
 /**
  * When a region and model's Batchers split or merge (docs/batching.md, "Shards"): a pure
  * core over the shards' load reports. A shard whose thread lags past `splitLagMs` for
- * `SPLIT_AFTER_MS` doubles the count (up to `maxShards`); when every shard has been calm
- * and the load well below what forced the last split for `MERGE_AFTER_MS`, it halves.
+ * `SPLIT_AFTER_MS` doubles the count (up to `maxShards`), unless the last split helped
+ * neither the lag nor the load carried; when every shard has been calm and the load well
+ * below what forced the last split for `MERGE_AFTER_MS`, it halves.
  */
 import type { ShardScaling } from "../../contracts/config/plans.ts";
 import type { ShardCount, ShardLoad } from "./types.ts";
@@ -19,12 +20,20 @@ export const REPORT_STALE_MS = 3_000;
 export const MERGE_LAG_SHARE = 0.5;
 /** … and all of them run less than this share of the items that forced the last split. */
 export const MERGE_LOAD_SHARE = 0.5;
+/**
+ * A split helped once the worst lag fell below this share of the lag that forced it, or the
+ * shards carried `1 / HELPED_SHARE` times its load; until then no further split (shards
+ * that share one thread, as under a local runtime, gain nothing from more of them).
+ */
+export const HELPED_SHARE = 0.75;
 
 /** The directory's state: the count (persisted) and the reports since it last changed. */
 export interface ShardsState extends ShardCount {
   changedAt: number;
-  /** Items in flight over all shards when each split happened, the latest last (persisted). */
-  splitLoads: number[];
+  /** Items in flight and the worst lag when each split happened, the latest last (persisted). */
+  splits: { load: number; lagMs: number }[];
+  /** Whether the last split lowered the lag or carried more load (see {@link HELPED_SHARE}). */
+  helped: boolean;
   /** Each shard's last report and when it came. */
   reports: ReadonlyMap<number, ShardLoad & { at: number }>;
   /** Since when each shard has lagged past `splitLagMs` without a break. */
@@ -42,7 +51,8 @@ export function newShardsState(scaling: ShardScaling): ShardsState {
     count: scaling.minShards,
     epoch: 0,
     changedAt: 0,
-    splitLoads: [],
+    splits: [],
+    helped: true,
     reports: new Map(),
     laggingSince: new Map(),
     calmSince: null,
@@ -66,12 +76,11 @@ export function onShardReport(
     laggingSince.delete(load.shard);
   }
   const next = { ...state, reports, laggingSince };
+  next.helped ||= helped(next, now);
   const cooled = now - state.changedAt >= CHANGE_COOLDOWN_MS;
-  if (cooled && state.count < scaling.maxShards && lagsLongEnough(next, now)) {
-    return {
-      state: changed(next, state.count * 2, now, totalInFlight(next, now)),
-      decision: { kind: "split" },
-    };
+  if (cooled && next.helped && state.count < scaling.maxShards && lagsLongEnough(next, now)) {
+    const split = { load: totalInFlight(next, now), lagMs: worstLag(next, now) };
+    return { state: changed(next, state.count * 2, now, split), decision: { kind: "split" } };
   }
   const calm = state.count > scaling.minShards && isCalm(next, scaling, now);
   const calmSince = calm ? (state.calmSince ?? now) : null;
@@ -79,6 +88,23 @@ export function onShardReport(
     return { state: changed(next, state.count / 2, now, null), decision: { kind: "merge" } };
   }
   return { state: { ...next, calmSince }, decision: { kind: "keep" } };
+}
+
+function helped(state: ShardsState, now: number): boolean {
+  const split = state.splits.at(-1);
+  if (split === undefined) return true;
+  return (
+    worstLag(state, now) < split.lagMs * HELPED_SHARE ||
+    totalInFlight(state, now) * HELPED_SHARE > split.load
+  );
+}
+
+function worstLag(state: ShardsState, now: number): number {
+  let worst = 0;
+  for (const report of state.reports.values()) {
+    if (now - report.at < REPORT_STALE_MS) worst = Math.max(worst, report.lagMs);
+  }
+  return worst;
 }
 
 function lagsLongEnough(state: ShardsState, now: number): boolean {
@@ -101,8 +127,8 @@ function isCalm(state: ShardsState, scaling: ShardScaling, now: number): boolean
     if (now - report.at >= REPORT_STALE_MS) continue;
     if (report.lagMs >= scaling.splitLagMs * MERGE_LAG_SHARE) return false;
   }
-  const atSplit = state.splitLoads.at(-1);
-  return atSplit === undefined || totalInFlight(state, now) < atSplit * MERGE_LOAD_SHARE;
+  const atSplit = state.splits.at(-1);
+  return atSplit === undefined || totalInFlight(state, now) < atSplit.load * MERGE_LOAD_SHARE;
 }
 
 function totalInFlight(state: ShardsState, now: number): number {
@@ -118,14 +144,16 @@ function changed(
   state: ShardsState,
   count: number,
   now: number,
-  splitLoad: number | null,
+  split: ShardsState["splits"][number] | null,
 ): ShardsState {
   return {
     count,
     epoch: state.epoch + 1,
     changedAt: now,
-    splitLoads:
-      splitLoad === null ? state.splitLoads.slice(0, -1) : [...state.splitLoads, splitLoad],
+    splits: split === null ? state.splits.slice(0, -1) : [...state.splits, split],
+    // Until the new shards have shown what the split did; a merge goes back to a count
+    // that was worth its split.
+    helped: split === null,
     reports: new Map(),
     laggingSince: new Map(),
     calmSince: null,

@@ -24,7 +24,8 @@ async function seedCount(config: string, count: number, epoch: number): Promise<
   const directory = env.BATCHER_SHARDS.getByName(batcherGroup(REGION, MODEL, planOf(config)));
   await runInDurableObject(directory, (_, state) => {
     state.storage.sql.exec(
-      "INSERT INTO shard_count (id, count, epoch, changed_at, split_loads) VALUES (1, ?, ?, ?, '[500]')",
+      `INSERT INTO shard_count (id, count, epoch, changed_at, splits)
+       VALUES (1, ?, ?, ?, '[{"load":500,"lagMs":40}]')`,
       count,
       epoch,
       Date.now(),

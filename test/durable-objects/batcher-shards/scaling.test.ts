@@ -17,14 +17,14 @@ const T = 1_000_000;
 /** Feeds reports of `load` from every shard once a second from `from` to `to` (ms). */
 function feed(
   state: ShardsState,
-  load: (shard: number) => Omit<ShardLoad, "shard">,
+  load: (shard: number, count: number) => Omit<ShardLoad, "shard">,
   from: number,
   to: number,
 ): { state: ShardsState; changes: { at: number; kind: string; count: number }[] } {
   const changes: { at: number; kind: string; count: number }[] = [];
   for (let now = from; now <= to; now += 1000) {
     for (let shard = 0; shard < state.count; shard++) {
-      const result = onShardReport(state, { shard, ...load(shard) }, SCALING, now);
+      const result = onShardReport(state, { shard, ...load(shard, state.count) }, SCALING, now);
       state = result.state;
       if (result.decision.kind !== "keep") {
         changes.push({ at: now, kind: result.decision.kind, count: state.count });
@@ -78,6 +78,24 @@ describe("shard scaling", () => {
     expect((changes[1]?.at ?? 0) - (changes[0]?.at ?? 0)).toBeGreaterThanOrEqual(
       CHANGE_COOLDOWN_MS,
     );
+  });
+
+  it("splits no further when the last split lowered neither the lag nor raised the load carried", () => {
+    // Shards that share one thread: as much lag after the split, the same items in all.
+    const { changes } = feed(
+      newShardsState(SCALING),
+      (_, count) => ({ lagMs: 40, inFlight: 300 / count }),
+      T,
+      T + 60_000,
+    );
+    expect(changes.map((c) => c.count)).toEqual([2]);
+  });
+
+  it("splits again once the last split lowered the lag and a shard lags anew", () => {
+    const first = feed(newShardsState(SCALING), () => ({ lagMs: 40, inFlight: 300 }), T, T + 3000);
+    const relieved = feed(first.state, () => ({ lagMs: 5, inFlight: 150 }), T + 4000, T + 6000);
+    const again = feed(relieved.state, () => ({ lagMs: 40, inFlight: 150 }), T + 7000, T + 20_000);
+    expect(again.changes.map((c) => c.count)).toEqual([4]);
   });
 
   it("never splits where the count is fixed", () => {
