@@ -25,4 +25,9 @@ export class BatcherMemo {
     const known = this.shardCounts.get(group);
     if (known === undefined || count.epoch > known.epoch) this.shardCounts.set(group, count);
   }
+  /**
+   * Batchers (by full name) known to hold their settings: calls to them leave the settings
+   * out. A cache: one that lost them answers `setup_needed` and is sent them again.
+   */
+  readonly holdingSetup = new Set<string>();
 }
