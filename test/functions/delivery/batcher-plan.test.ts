@@ -15,6 +15,7 @@ const config = loadConfig(
         ],
       },
     ],
+    default_region: "eu",
     batching: { max_shards: 8 },
   }),
 );
