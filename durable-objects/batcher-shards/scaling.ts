@@ -21,11 +21,14 @@ export const MERGE_LAG_SHARE = 0.5;
 /** … and all of them run less than this share of the items that forced the last split. */
 export const MERGE_LOAD_SHARE = 0.5;
 /**
- * A split helped once the worst lag fell below this share of the lag that forced it, or the
+ * A split helped once the mean lag reported since fell below this share of the mean lag
+ * reported before it (a lag swings from one report to the next on a busy thread), or the
  * shards carried `1 / HELPED_SHARE` times its load; until then no further split (shards
  * that share one thread, as under a local runtime, gain nothing from more of them).
  */
 export const HELPED_SHARE = 0.75;
+/** Reports after a split before its lag is judged. */
+export const HELPED_AFTER_REPORTS = 4;
 
 /** The directory's state: the count (persisted) and the reports since it last changed. */
 export interface ShardsState extends ShardCount {
@@ -34,6 +37,9 @@ export interface ShardsState extends ShardCount {
   splits: { load: number; lagMs: number }[];
   /** Whether the last split lowered the lag or carried more load (see {@link HELPED_SHARE}). */
   helped: boolean;
+  /** The lags reported since the count last changed, summed, and how many. */
+  lagSum: number;
+  lagReports: number;
   /** Each shard's last report and when it came. */
   reports: ReadonlyMap<number, ShardLoad & { at: number }>;
   /** Since when each shard has lagged past `splitLagMs` without a break. */
@@ -53,6 +59,8 @@ export function newShardsState(scaling: ShardScaling): ShardsState {
     changedAt: 0,
     splits: [],
     helped: true,
+    lagSum: 0,
+    lagReports: 0,
     reports: new Map(),
     laggingSince: new Map(),
     calmSince: null,
@@ -76,10 +84,12 @@ export function onShardReport(
     laggingSince.delete(load.shard);
   }
   const next = { ...state, reports, laggingSince };
+  next.lagSum += load.lagMs;
+  next.lagReports += 1;
   next.helped ||= helped(next, now);
   const cooled = now - state.changedAt >= CHANGE_COOLDOWN_MS;
   if (cooled && next.helped && state.count < scaling.maxShards && lagsLongEnough(next, now)) {
-    const split = { load: totalInFlight(next, now), lagMs: worstLag(next, now) };
+    const split = { load: totalInFlight(next, now), lagMs: next.lagSum / next.lagReports };
     return { state: changed(next, state.count * 2, now, split), decision: { kind: "split" } };
   }
   const calm = state.count > scaling.minShards && isCalm(next, scaling, now);
@@ -94,17 +104,10 @@ function helped(state: ShardsState, now: number): boolean {
   const split = state.splits.at(-1);
   if (split === undefined) return true;
   return (
-    worstLag(state, now) < split.lagMs * HELPED_SHARE ||
+    (state.lagReports >= HELPED_AFTER_REPORTS &&
+      state.lagSum / state.lagReports < split.lagMs * HELPED_SHARE) ||
     totalInFlight(state, now) * HELPED_SHARE > split.load
   );
-}
-
-function worstLag(state: ShardsState, now: number): number {
-  let worst = 0;
-  for (const report of state.reports.values()) {
-    if (now - report.at < REPORT_STALE_MS) worst = Math.max(worst, report.lagMs);
-  }
-  return worst;
 }
 
 function lagsLongEnough(state: ShardsState, now: number): boolean {
@@ -154,6 +157,8 @@ function changed(
     // Until the new shards have shown what the split did; a merge goes back to a count
     // that was worth its split.
     helped: split === null,
+    lagSum: 0,
+    lagReports: 0,
     reports: new Map(),
     laggingSince: new Map(),
     calmSince: null,

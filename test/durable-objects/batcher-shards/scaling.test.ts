@@ -91,6 +91,18 @@ describe("shard scaling", () => {
     expect(changes.map((c) => c.count)).toEqual([2]);
   });
 
+  it("judges a split by its mean lag, not by one report that dipped", () => {
+    // A starved thread: the lag swings between reports, as high on average after the split.
+    let reports = 0;
+    const { changes } = feed(
+      newShardsState(SCALING),
+      (_, count) => ({ lagMs: reports++ % 2 === 0 ? 30 : 90, inFlight: 300 / count }),
+      T,
+      T + 60_000,
+    );
+    expect(changes.map((c) => c.count)).toEqual([2]);
+  });
+
   it("splits again once the last split lowered the lag and a shard lags anew", () => {
     const first = feed(newShardsState(SCALING), () => ({ lagMs: 40, inFlight: 300 }), T, T + 3000);
     const relieved = feed(first.state, () => ({ lagMs: 5, inFlight: 150 }), T + 4000, T + 6000);
