@@ -150,6 +150,13 @@ describe("KeyAccount schema migration to pico-dollars", () => {
       );
       sql.exec("DELETE FROM schema_migrations WHERE version >= 7");
       sql.exec("DROP TABLE leases");
+      for (const column of ["blocked_at", "tags", "metadata"]) {
+        sql.exec(`ALTER TABLE key_record DROP COLUMN ${column}`);
+      }
+      sql.exec("DROP INDEX ledger_created");
+      for (const column of ["tags", "http_status", "duration_ms", "ttft_ms"]) {
+        sql.exec(`ALTER TABLE ledger DROP COLUMN ${column}`);
+      }
     });
     await evictDurableObject(stub);
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
