@@ -75,6 +75,7 @@ export default app satisfies ExportedHandler<Env>;
 export { KeyAccount } from "../durable-objects/key-account/index.ts";
 export { KeyDirectory } from "../durable-objects/key-directory/index.ts";
 export { Batcher } from "../durable-objects/batcher/index.ts";
+export { BatcherShards } from "../durable-objects/batcher-shards/index.ts";
 export { OriginBreakers } from "../durable-objects/origin-breakers/index.ts";
 export { Canaries } from "../durable-objects/canaries/index.ts";
 export { AnswerTally } from "../durable-objects/answer-tally/index.ts";

@@ -60,6 +60,10 @@ const BATCHING_FIELDS = {
   shards: z.int().min(1).max(256).default(1),
   /** What picks a request's shard: its request id or its API key. */
   shard_by: z.enum(["request", "key"]).default("request"),
+  /** Most Batchers per region and model when they split under load (at most `shards`: fixed). */
+  max_shards: z.int().min(1).max(256).default(8),
+  /** Thread lag (ms) past which a Batcher that keeps lagging splits (docs/batching.md, "Shards"). */
+  split_lag_ms: z.number().positive().max(10_000).default(20),
   /** How long an origin that failed is tried only after every healthy one. */
   origin_quarantine_ms: z.int().nonnegative().max(600_000).default(DEFAULT_QUARANTINE_MS),
   /** Share of the recent wait for a first byte the window may add (0: off). */
@@ -109,6 +113,11 @@ export const BatchingSettingsSchema = z.strictObject(BATCHING_FIELDS).transform(
   },
   shards: b.shards,
   shardBy: b.shard_by,
+  scaling: {
+    minShards: b.shards,
+    maxShards: Math.max(b.shards, b.max_shards),
+    splitLagMs: b.split_lag_ms,
+  },
   defaultLane: Math.min(b.default_lane, b.lanes.length - 1),
   idleBypassMs: b.idle_bypass_ms,
   quarantineMs: b.origin_quarantine_ms,

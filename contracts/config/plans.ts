@@ -35,13 +35,25 @@ export interface BatcherSetup {
   clientBacklogBytes: number;
 }
 
+/** When a region and model's Batchers split and merge (docs/batching.md, "Shards"). */
+export interface ShardScaling {
+  /** Fewest shards (`shards`), and the count before the first split. */
+  minShards: number;
+  /** Most shards (`max_shards`); equal to `minShards`: the count is fixed. */
+  maxShards: number;
+  /** Thread lag (ms) past which a shard that keeps lagging asks for a split. */
+  splitLagMs: number;
+}
+
 /** Where and how one region's requests for one model are batched. */
 export interface BatchingPlan {
   /** False: the unbatched path, one call per request straight to the origin. */
   enabled: boolean;
   setup: BatcherSetup;
+  /** Fewest shards; the count in force is the region and model's `BatcherShards`'. */
   shards: number;
   shardBy: "request" | "key";
+  scaling: ShardScaling;
   /** Lane of a caller with no tier, clamped to the lanes there are. */
   defaultLane: number;
   /** See `batching.idle_bypass_ms`; 0 never bypasses the batcher. */
@@ -119,6 +131,7 @@ function buildPlan(inputs: PlanInputs, region: RegionConfig, model: string): Bat
     },
     shards: settings.shards,
     shardBy: settings.shardBy,
+    scaling: settings.scaling,
     defaultLane: settings.defaultLane,
     idleBypassMs: settings.idleBypassMs,
   };

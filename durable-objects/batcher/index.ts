@@ -5,7 +5,8 @@
  * item back. RPC: `answer` (a JSON item, answered whole at its END), `open` and `end` (a
  * streamed item: its HEAD with a body stream, then its END), `cancel`, `snapshot`. The
  * policy is the pure core in `window/`; the live window, callers (`callers/`) and upstream
- * calls (`upstream/`) are built below in the order they depend on each other.
+ * calls (`upstream/`) are built below in the order they depend on each other; a shard
+ * reports its load to its region and model's `BatcherShards` (`shard-reporter.ts`).
  */
 import { DurableObject } from "cloudflare:workers";
 import type { DeliveryMode } from "../../contracts/delivery.ts";
@@ -17,6 +18,7 @@ import { KeepAlive } from "./keep-alive.ts";
 import { LiveWindow } from "./live-window.ts";
 import { CallRecords } from "./records.ts";
 import { Placer } from "./routing/placer.ts";
+import { ShardReporter } from "./shard-reporter.ts";
 import { snapshotOf } from "./snapshot.ts";
 import {
   type BatcherAnswerResult,
@@ -61,6 +63,7 @@ export class Batcher extends DurableObject<Env> {
     counters: this.#counters,
     keepAlive: this.#keepAlive,
   });
+  readonly #shards = new ShardReporter(this.env, this.#keepAlive, this.#window);
   readonly #orphans = new Orphans(this.#records, this.#credentials, this.#window, this.#counters);
   /** Items `open` opened whose END `end` has not asked for yet. */
   readonly #answers = new Map<string, AnswerSink>();
@@ -95,6 +98,7 @@ export class Batcher extends DurableObject<Env> {
       body: whole.body,
       trailer: whole.trailer,
       atOnce: admitted.atOnce,
+      ...this.#shards.heard,
     };
   }
 
@@ -131,6 +135,7 @@ export class Batcher extends DurableObject<Env> {
           head: opening.head as BatcherHead,
           body: readable,
           atOnce: admitted.atOnce,
+          ...this.#shards.heard,
         };
       case "ended":
         this.#answers.delete(input.id);
@@ -138,6 +143,7 @@ export class Batcher extends DurableObject<Env> {
           kind: "ended",
           trailer: failureTrailerOf(input.id, opening.trailer),
           atOnce: admitted.atOnce,
+          ...this.#shards.heard,
         };
       case "closed":
         this.#answers.delete(input.id);
@@ -215,6 +221,7 @@ export class Batcher extends DurableObject<Env> {
     body: ClientBody | null,
   ): BatcherNotAdmitted | { kind: "accepted"; atOnce: boolean } {
     const now = Date.now();
+    this.#shards.note(input.shard, now);
     let state = this.#window.configure(setup, now, this.#busy(), this.#breakers.cache);
     this.#breakers.sync(setup, now);
     if (input.recentFirstByteMs !== undefined && input.recentFirstByteMs !== null) {

@@ -12,7 +12,8 @@ import {
   type ItemPath,
   ItemTrailerSchema,
 } from "../../contracts/protocol/schema.ts";
-import type { BatcherSetup } from "../../contracts/config/plans.ts";
+import type { BatcherSetup, ShardScaling } from "../../contracts/config/plans.ts";
+import type { ShardCount } from "../batcher-shards/types.ts";
 import type { RouterView } from "./routing/router.ts";
 import type { FlushReason, OriginLoadView } from "./window/types.ts";
 
@@ -52,6 +53,21 @@ export interface BatcherAttempt {
   recentFirstByteMs?: number | null;
   /** Its prefix, where routing is on (see {@link AttemptRoute}). */
   route?: AttemptRoute;
+  /** The shard it was sent to, where its Batchers may split (see {@link AttemptShard}). */
+  shard?: AttemptShard;
+}
+
+/** Which shard of its region and model's Batchers an attempt was sent to. */
+export interface AttemptShard {
+  /** The name of the region and model's `BatcherShards`, to which this shard reports. */
+  group: string;
+  index: number;
+  scaling: ShardScaling;
+}
+
+/** The shard count the Batcher last heard, which its answers carry for the edge. */
+export interface ShardCountNote {
+  shards?: ShardCount;
 }
 
 /** What the router needs of a request beyond its size. */
@@ -132,14 +148,14 @@ export type BatcherAnswerResult =
    * none came), body and END trailer (null without one), and how many ms after admission the
    * HEAD came. `atOnce`: it was sent at once, alone, with no window.
    */
-  | {
+  | ({
       kind: "answered";
       head: BatcherHead | null;
       headMs: number | null;
       body: Uint8Array;
       trailer: Uint8Array | null;
       atOnce: boolean;
-    }
+    } & ShardCountNote)
   | BatcherSetupNeeded
   | BatcherNotAdmitted;
 
@@ -157,9 +173,14 @@ export type BatcherOpenResult =
    * Opened: the origin's HEAD, and the item's body on a stream of its own, which the caller
    * hands its client as it is. `atOnce` as for `answer`.
    */
-  | { kind: "open"; head: BatcherHead; body: ReadableStream<Uint8Array>; atOnce: boolean }
+  | ({
+      kind: "open";
+      head: BatcherHead;
+      body: ReadableStream<Uint8Array>;
+      atOnce: boolean;
+    } & ShardCountNote)
   /** Ended before its origin answered: the lone END's trailer says why. */
-  | { kind: "ended"; trailer: BatcherFailureTrailer; atOnce: boolean }
+  | ({ kind: "ended"; trailer: BatcherFailureTrailer; atOnce: boolean } & ShardCountNote)
   /** Its caller cancelled it before its HEAD. */
   | { kind: "cancelled" }
   | BatcherSetupNeeded

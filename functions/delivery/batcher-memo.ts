@@ -1,7 +1,8 @@
 /**
  * What an edge isolate remembers of the batchers it sends through (docs/batching.md,
- * "Settings": `idle_bypass_ms`, `wait_share`); held by the isolate's `EdgeState`.
+ * "Settings": `idle_bypass_ms`, `wait_share`; "Shards"); held by the isolate's `EdgeState`.
  */
+import type { ShardCount } from "../../durable-objects/batcher-shards/types.ts";
 
 /** What an isolate remembers of its batchers, by region, model and batching version. */
 export class BatcherMemo {
@@ -15,6 +16,15 @@ export class BatcherMemo {
    * dispatch, which the batcher's window weighs (see `wait_share`).
    */
   readonly firstByteMs = new Map<string, number>();
+  /** How many shards each batcher group runs, as its Batchers last said (the latest epoch). */
+  readonly shardCounts = new Map<string, ShardCount>();
+
+  /** Takes in the shard count a Batcher's answer carried, unless an older one. */
+  heardShards(group: string, count: ShardCount | undefined): void {
+    if (count === undefined) return;
+    const known = this.shardCounts.get(group);
+    if (known === undefined || count.epoch > known.epoch) this.shardCounts.set(group, count);
+  }
   /**
    * Batchers (by full name) known to hold their settings: calls to them leave the settings
    * out. A cache: one that lost them answers `setup_needed` and is sent them again.

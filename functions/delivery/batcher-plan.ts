@@ -6,6 +6,8 @@
 import type { BatchingPlan } from "../../contracts/config/plans.ts";
 import { fnv1a } from "../../contracts/hashing.ts";
 import { COLD_KEY_BLOCKS } from "../../contracts/prefix-blocks.ts";
+import type { AttemptShard, ShardCountNote } from "../../durable-objects/batcher/types.ts";
+import type { BatcherMemo } from "./batcher-memo.ts";
 
 /** Request header that moves a request to a lower-priority lane (never a higher one). */
 export const PRIORITY_HEADER = "x-warmgate-priority";
@@ -49,21 +51,60 @@ export function batcherName(
 }
 
 /**
- * The shard of a request: where routing is on, a hash of its first prefix blocks, so that
- * one shard's index is the authority for a prefix; else a hash of its request id or its
- * key id, per `shard_by`.
+ * A hash's shard among `count`: the hash modulo the count. Counts only double and halve
+ * (docs/batching.md, "Shards"), so a split moves half of each shard's keys to one new
+ * shard and a merge moves them back; the rest stay where their index is.
+ */
+function shardFor(hash: number, count: number): number {
+  return (hash >>> 0) % count;
+}
+
+/**
+ * Name of the `BatcherShards` of a region and model, which holds how many Batchers they run:
+ * `region:model:version:min-max` (other shard bounds start anew, at their fewest).
+ */
+export function batcherGroup(region: string, model: string, plan: BatchingPlan): string {
+  const { minShards, maxShards } = plan.scaling;
+  return `${region}:${model}:${plan.setup.version}:${minShards}-${maxShards}`;
+}
+
+/**
+ * The shard of a request among `count` (the plan's fewest until its Batchers tell more):
+ * where routing is on, a hash of its first prefix blocks, so that one shard's index is the
+ * authority for a prefix; else a hash of its request id or its key id, per `shard_by`.
  */
 export function shardOf(
   plan: BatchingPlan,
   requestId: string,
   keyId: string | undefined,
   blocks: readonly number[] | null = null,
+  count = plan.shards,
 ): number {
-  if (plan.shards === 1) return 0;
+  if (count === 1) return 0;
   if (plan.setup.routing !== null && blocks !== null && blocks.length > 0) {
-    const first = blocks[Math.min(blocks.length, COLD_KEY_BLOCKS) - 1] as number;
-    return first % plan.shards;
+    return shardFor(blocks[Math.min(blocks.length, COLD_KEY_BLOCKS) - 1] as number, count);
   }
   const basis = plan.shardBy === "key" && keyId !== undefined ? keyId : requestId;
-  return Number.parseInt(fnv1a(basis), 16) % plan.shards;
+  return shardFor(Number.parseInt(fnv1a(basis), 16), count);
+}
+
+/**
+ * Where an attempt goes among its region and model's shards, as many as their Batchers last
+ * said (docs/batching.md, "Shards"): the shard's index, what the attempt tells its Batcher
+ * of it (where the count may change), and how to take in the count its answer carries.
+ */
+export function shardRoute(
+  plan: BatchingPlan,
+  region: string,
+  route: { model: string; keyId: string | undefined },
+  request: { requestId: string },
+  prefix: { blocks: readonly number[] } | null,
+  memo: BatcherMemo | undefined,
+): { index: number; shard?: AttemptShard; heard: (note: ShardCountNote) => void } {
+  const group = batcherGroup(region, route.model, plan);
+  const count = memo?.shardCounts.get(group)?.count ?? plan.shards;
+  const index = shardOf(plan, request.requestId, route.keyId, prefix?.blocks ?? null, count);
+  const heard = (note: ShardCountNote) => memo?.heardShards(group, note.shards);
+  if (plan.scaling.maxShards <= plan.scaling.minShards) return { index, heard };
+  return { index, shard: { group, index, scaling: plan.scaling }, heard };
 }

@@ -12,6 +12,7 @@ import {
   type BatcherCancelOptions,
   type BatcherOpenResult,
   type AttemptRoute,
+  type ShardCountNote,
   failureTrailerOf,
 } from "../../durable-objects/batcher/types.ts";
 import { type ItemTrailer, ItemTrailerSchema } from "../../contracts/protocol/schema.ts";
@@ -24,7 +25,7 @@ import {
 import { describe } from "../../contracts/upstream.ts";
 import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { type BatchingPlan, batchingPlan } from "../../contracts/config/plans.ts";
-import { batcherName, laneFor, shardOf } from "./batcher-plan.ts";
+import { batcherName, laneFor, shardRoute } from "./batcher-plan.ts";
 import type { AttemptRequest, DispatchAttempt, ItemOpener } from "./opener.ts";
 import { frameItem, memoryFrames } from "./item.ts";
 import { failed, failedBeforeHead, notAdmitted } from "./refusals.ts";
@@ -88,6 +89,7 @@ export function batcherOpener(
     const attempt = await submitToBatcher(route, plan, candidate.region.id, request, {
       recentFirstByteMs: firstByteMs.get(quiet) ?? null,
       holdingSetup: memo.holdingSetup,
+      shards: memo,
     });
     if (attempt.atOnce) sentAtOnce.set(quiet, Date.now());
     else sentAtOnce.delete(quiet);
@@ -129,14 +131,14 @@ export async function submitToBatcher(
   plan: BatchingPlan,
   region: string,
   request: AttemptRequest,
-  seen: { recentFirstByteMs: number | null; holdingSetup: Set<string> } = {
+  seen: { recentFirstByteMs: number | null; holdingSetup: Set<string>; shards?: BatcherMemo } = {
     recentFirstByteMs: null,
     holdingSetup: new Set(),
   },
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number }> {
   const prefix = plan.setup.routing === null ? null : route.route(route.model);
-  const shard = shardOf(plan, request.requestId, route.keyId, prefix?.blocks ?? null);
-  const name = batcherName(region, route.model, shard, plan);
+  const { index, shard, heard } = shardRoute(plan, region, route, request, prefix, seen.shards);
+  const name = batcherName(region, route.model, index, plan);
   const stub = route.namespace.getByName(name);
   // The settings go along until the Batcher is known to hold them: they are most of a
   // call's bytes, copied on both sides of every call.
@@ -158,6 +160,7 @@ export async function submitToBatcher(
     // waits by its reports only.
     recentFirstByteMs: seen.recentFirstByteMs,
     ...(prefix !== null && { route: prefix }),
+    ...(shard !== undefined && { shard }),
   };
   const id = request.attemptId;
   // Cancels the item, kept alive past the response; resolves with whether it applied.
@@ -171,9 +174,9 @@ export async function submitToBatcher(
     // A streamed answer's body comes on a stream of its own, which becomes the client's
     // response body as it is: the runtime moves the bytes and this isolate runs nothing per
     // token. Its HEAD answers `open`, and its END the `end` call made right behind it.
-    if (request.delivery === "stream") return openAtBatcher(stub, sent, tell, route.signal);
+    if (request.delivery === "stream") return openAtBatcher(stub, sent, tell, route.signal, heard);
     try {
-      return await answerAtBatcher(stub, sent, ask, route);
+      return await answerAtBatcher(stub, sent, ask, route, heard);
     } catch (error) {
       return batcherFailed(error);
     }
@@ -204,6 +207,7 @@ async function answerAtBatcher(
   input: BatcherAttempt,
   ask: (options: BatcherCancelOptions) => Promise<boolean>,
   route: BatcherRoute,
+  heard: (note: ShardCountNote) => void,
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number } | typeof SETUP_NEEDED> {
   // Waiting ends early when its client goes away or its time runs out (once). A
   // running item is cancelled on its origin, and its END still brings the usage generated
@@ -245,6 +249,7 @@ async function answerAtBatcher(
     case "failed":
       return { attempt: notAdmitted(result), atOnce: false };
     case "answered":
+      heard(result);
       break;
     default:
       return assertNever(result);
@@ -297,6 +302,7 @@ async function openAtBatcher(
   input: BatcherAttempt,
   tell: (options?: BatcherCancelOptions) => void,
   signal: AbortSignal | undefined,
+  heard: (note: ShardCountNote) => void,
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean } | typeof SETUP_NEEDED> {
   const id = input.id;
   // Waiting in a lane, the item leaves it when its client goes away.
@@ -322,6 +328,7 @@ async function openAtBatcher(
     case "failed":
       return { attempt: notAdmitted(result), atOnce: false };
     case "ended":
+      heard(result);
       return { attempt: failedBeforeHead(result.trailer), atOnce: result.atOnce };
     case "cancelled":
       return {
@@ -329,6 +336,7 @@ async function openAtBatcher(
         atOnce: false,
       };
     case "open":
+      heard(result);
       break;
     default:
       return assertNever(result);

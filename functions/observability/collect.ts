@@ -13,6 +13,7 @@ import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { batchingPlan } from "../../contracts/config/plans.ts";
 import { originServes } from "../../contracts/config/regions.ts";
 import { batcherName } from "../delivery/batcher-plan.ts";
+import { shardsView } from "../delivery/shard-count.ts";
 import { keyAccount, keyDirectory } from "../accounts/account-client.ts";
 import type { AnswerBatch } from "../../durable-objects/answer-tally/types.ts";
 import type { AnswerCounts } from "./answer-counts.ts";
@@ -76,7 +77,8 @@ async function collectBatchers(env: Env, config: ResolvedConfig): Promise<Batche
       if (!region.origins.some((origin) => originServes(origin, model.id))) continue;
       const plan = batchingPlan(config, region, model.id);
       if (plan === null || !plan.enabled) continue;
-      for (let shard = 0; shard < plan.shards; shard++) {
+      const count = (await shardsView(env.BATCHER_SHARDS, region.id, model.id, plan))?.count;
+      for (let shard = 0; shard < (count ?? plan.shards); shard++) {
         const name = batcherName(region.id, model.id, shard, plan);
         const reportTtlMs = plan.setup.window.loadReportTtlMs;
         wanted.push({ region: region.id, model: model.id, shard, reportTtlMs, name });

@@ -36,6 +36,8 @@ const ORIGINS: {
   { id: "batch-2", region: "batching", timeScale: 5 },
   { id: "edge-batch-1", region: "edge-batching", timeScale: 5 },
   { id: "edge-batch-2", region: "edge-batching", timeScale: 5 },
+  // The Batcher shard tests address it in configs of their own.
+  { id: "shards-1", region: "batching", timeScale: 0 },
   // Runs two sequences at once: the Batcher's backpressure tests fill it.
   { id: "batch-narrow", region: "batching", timeScale: 5, maxNumSeqs: 2 },
   // Metering tests inject faults into these and address them directly, in configs of their own.

@@ -2,7 +2,7 @@
  * `GET /admin/batchers/:region/:model`: what each batcher of a region and model is doing
  * (queue, window, calls in flight, counters, recent calls) and the router's index over all
  * its shards (blocks per origin, hit rate predicted and reported, placements by reason),
- * for operators and benchmarks. Behind the admin token.
+ * and how many shards run now (`scaling`), for operators and benchmarks. Behind the admin token.
  * See docs/batching.md, "Snapshot", and docs/routing.md, "The index".
  */
 import { Hono } from "hono";
@@ -10,6 +10,7 @@ import { adminAuth } from "../../middleware/admin-auth.ts";
 import type { AppEnv } from "../../app-env.ts";
 import { batchingPlan } from "../../../contracts/config/plans.ts";
 import { batcherName } from "../../delivery/batcher-plan.ts";
+import { shardsView } from "../../delivery/shard-count.ts";
 import { notFound } from "../../../contracts/errors.ts";
 import type { RouterView } from "../../../durable-objects/batcher/routing/router.ts";
 
@@ -27,14 +28,16 @@ export const batchers = new Hono<AppEnv>()
         "batcher_not_found",
       );
     }
+    // As many shards as run now, and each one's last load report (docs/batching.md, "Shards").
+    const scaling = await shardsView(c.env.BATCHER_SHARDS, regionId, model, plan);
     const shards = await Promise.all(
-      Array.from({ length: plan.shards }, async (_, shard) => {
+      Array.from({ length: scaling?.count ?? plan.shards }, async (_, shard) => {
         const name = batcherName(regionId, model, shard, plan);
         return { name, ...(await c.env.BATCHER.getByName(name).snapshot()) };
       }),
     );
     const routing = plan.setup.routing === null ? null : mergeViews(shards.map((s) => s.routing));
-    return c.json({ region: regionId, model, enabled: plan.enabled, routing, shards });
+    return c.json({ region: regionId, model, enabled: plan.enabled, scaling, routing, shards });
   });
 
 /** The shards' router views as one: counts summed, hit rates weighted by requests. */
