@@ -61,7 +61,7 @@ const BATCHING_FIELDS = {
   /** What picks a request's shard: its request id or its API key. */
   shard_by: z.enum(["request", "key"]).default("request"),
   /** Most Batchers per region and model when they split under load (at most `shards`: fixed). */
-  max_shards: z.int().min(1).max(256).default(8),
+  max_shards: z.int().min(1).max(256).default(1),
   /** Thread lag (ms) past which a Batcher that keeps lagging splits (docs/batching.md, "Shards"). */
   split_lag_ms: z.number().positive().max(10_000).default(20),
   /** How long an origin that failed is tried only after every healthy one. */
