@@ -37,5 +37,5 @@ describe("wrangler dev alone", () => {
     for (const noise of ["WARNING", "ENOTFOUND", "Request.cf", "out of date", "will not start"]) {
       expect(text).not.toContain(noise);
     }
-  });
+  }, 150_000);
 });
