@@ -85,6 +85,8 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
      picos_micros INTEGER NOT NULL, picos_picos INTEGER NOT NULL, reserved_micros INTEGER NOT NULL,
      reserved_picos INTEGER NOT NULL, slots INTEGER NOT NULL, ids_used INTEGER NOT NULL,
      models TEXT NOT NULL, ended_at INTEGER);`,
+  // Requests answered from the edge's response cache (docs/cache.md).
+  `ALTER TABLE ledger ADD COLUMN cache_hit INTEGER NOT NULL DEFAULT 0;`,
 ];
 
 /**
@@ -156,6 +158,7 @@ export interface LedgerEntry {
   completionTokens: number | null;
   costPicos: bigint;
   attempts: RequestAttempt[];
+  cacheHit: boolean;
 }
 
 /** The fields of a ledger entry that only its closing sets. */
@@ -167,12 +170,13 @@ export const NOT_CLOSED = {
   completionTokens: null,
   costPicos: 0n,
   attempts: [],
+  cacheHit: false,
 } as const satisfies Partial<LedgerEntry>;
 
 export const LEDGER_COLUMNS = `request_id, state, model, day, subject, subject_tpm, end_user,
   reserved_tokens, reserved_micros, reserved_picos, candidates, created_at, expires_at,
   closed_at, outcome, prompt_tokens, cached_tokens, completion_tokens, cost_micros, cost_picos,
-  attempts`;
+  attempts, cache_hit`;
 
 export type LedgerRow = {
   request_id: string;
@@ -196,6 +200,7 @@ export type LedgerRow = {
   cost_micros: number;
   cost_picos: number;
   attempts: string;
+  cache_hit: number;
 };
 
 export type UsageDbRow = {
@@ -289,6 +294,7 @@ export function ledgerEntryOf(row: LedgerRow): LedgerEntry {
     completionTokens: row.completion_tokens,
     costPicos: storedPicos(row.cost_micros, row.cost_picos),
     attempts: JSON.parse(row.attempts) as RequestAttempt[],
+    cacheHit: row.cache_hit === 1,
   };
 }
 
@@ -308,6 +314,7 @@ export function ledgerRecordOf(entry: LedgerEntry): LedgerRecord {
     costPicos: entry.costPicos,
     endUser: entry.endUser,
     attempts: entry.attempts,
+    cacheHit: entry.cacheHit,
   };
 }
 

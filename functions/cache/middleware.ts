@@ -1,0 +1,162 @@
+/**
+ * The exact response cache on the completion routes (docs/cache.md): `cachePolicy` reads
+ * and checks the cache headers before admission, `responseCache` answers a hit from the
+ * colo's cache after it (a request like any other for the key's limits, settled at once at
+ * the hit price), and on a miss passes the origin's bytes through unchanged while keeping
+ * a copy, stored only once the answer ended whole.
+ */
+import { createMiddleware } from "hono/factory";
+import type { Context } from "hono";
+import type { AppEnv } from "../app-env.ts";
+import { cacheSettings } from "../../contracts/config/cache.ts";
+import { logWarn } from "../../contracts/log.ts";
+import type { SettledRequest } from "../accounts/settlement.ts";
+import { endUserOf, setHeaders } from "../middleware/auth.ts";
+import { waitUntilOf } from "../middleware/request-context.ts";
+import { type CacheScope, cacheKey } from "./key.ts";
+import { CACHE_STATUS_HEADER, cacheDecision, readCacheHeaders } from "./policy.ts";
+import { type CacheEntry, readEntry, writeEntry } from "./store.ts";
+import type { CacheState } from "./state.ts";
+
+/** Decides what the cache does for the planned completion; bad cache headers are a 400. */
+export function cachePolicy() {
+  return createMiddleware<AppEnv>(async function decideCache(c, next) {
+    const { config, plan, completion, caller } = c.var;
+    const settings = cacheSettings(config.cache, caller.keyId, plan.model.id);
+    const read = readCacheHeaders((name) => c.req.header(name), settings.maxTtlSeconds);
+    if (!read.ok) throw read.error;
+    const body = completion.body as Record<string, unknown>;
+    const decision = cacheDecision(settings, read.headers, completion.kind, body);
+    c.set("cache", { settings, decision, result: decision.use ? "miss" : "bypass", bytes: 0 });
+    await next();
+  });
+}
+
+/** Answers from the cache, or lets the request through and keeps its answer. */
+export function responseCache() {
+  return createMiddleware<AppEnv>(async function serveFromCache(c, next) {
+    const state = c.var.cache;
+    if (!state.decision.use) {
+      await next();
+      setHeaders(c, { [CACHE_STATUS_HEADER]: "BYPASS" });
+      return;
+    }
+    const { completion, plan, caller, credential, settlement } = c.var;
+    // The text as sent, not the validated copy: nested fields the schema leaves out still
+    // tell answers apart.
+    const body = JSON.parse(completion.text) as Record<string, unknown>;
+    const scope: CacheScope =
+      state.settings.scope === "shared"
+        ? { kind: "shared" }
+        : { kind: "key", keyId: caller.keyId, endUser: endUserOf(credential, body["user"]) };
+    const key = await cacheKey({
+      kind: completion.kind,
+      body,
+      delivery: plan.delivery,
+      scope,
+      customKey: state.decision.customKey,
+    });
+    // The Workers runtime's cache of this colo (docs/cache.md, "Storage").
+    const cache = caches.default;
+    const now = Date.now();
+    const entry = await readEntry(cache, c.req.url, key, now).catch((error: unknown) => {
+      logWarn("response cache read failed", { request_id: c.var.requestId, error });
+      return null;
+    });
+    if (entry !== null) {
+      hit(c, state, entry, now);
+      return;
+    }
+    const { ttlSeconds } = state.decision;
+    let settled: SettledRequest | null = null;
+    let captured: Uint8Array | null = null;
+    let contentType = "application/json";
+    const waitUntil = waitUntilOf(c);
+    const keep = () => {
+      if (settled === null || captured === null) return;
+      // Only an answer that ended whole, as its origin wrote it, is kept.
+      const { outcome, status, usage, model, origin } = settled;
+      if (outcome !== "ok" || status !== 200 || usage === null || origin === null) return;
+      const stored: CacheEntry = {
+        body: captured,
+        contentType,
+        usage,
+        model: model ?? plan.model.id,
+        storedAt: Date.now(),
+        expiresAt: Date.now() + ttlSeconds * 1_000,
+      };
+      waitUntil(
+        writeEntry(cache, c.req.url, key, stored).catch((error: unknown) => {
+          logWarn("response cache write failed", { request_id: settlement.requestId, error });
+        }),
+      );
+    };
+    settlement.onSettled((record) => {
+      settled = record;
+      keep();
+    });
+    await next();
+    const res = c.res;
+    contentType = res.headers.get("content-type") ?? contentType;
+    if (res.status !== 200 || res.body === null) {
+      setHeaders(c, { [CACHE_STATUS_HEADER]: "MISS" });
+      return;
+    }
+    const limit = state.settings.maxEntryBytes;
+    const chunks: Uint8Array[] = [];
+    let size = 0;
+    // Each chunk goes on at once, unchanged; the copy is dropped once it outgrows the limit.
+    const copy = new TransformStream<Uint8Array, Uint8Array>({
+      transform(chunk, controller) {
+        if (size <= limit) {
+          size += chunk.byteLength;
+          if (size <= limit) chunks.push(chunk);
+          else chunks.length = 0;
+        }
+        controller.enqueue(chunk);
+      },
+      flush() {
+        if (size > limit) return;
+        captured = concat(chunks, size);
+        keep();
+      },
+    });
+    c.res = new Response(res.body.pipeThrough(copy), res);
+    c.res.headers.set(CACHE_STATUS_HEADER, "MISS");
+  });
+}
+
+// A hit: settled now at the hit price with the tokens it saved; its bytes as stored.
+function hit(c: Context<AppEnv>, state: CacheState, entry: CacheEntry, now: number): void {
+  state.result = "hit";
+  state.bytes = entry.body.byteLength;
+  c.var.settlement.settle({
+    model: entry.model === "" ? c.var.plan.model.id : entry.model,
+    outcome: "ok",
+    usage: entry.usage,
+    region: null,
+    origin: null,
+    status: 200,
+    originBegan: false,
+    firstByteAt: now,
+  });
+  c.res = new Response(entry.body, {
+    status: 200,
+    headers: {
+      "content-type": entry.contentType,
+      [CACHE_STATUS_HEADER]: "HIT",
+      age: String(Math.max(0, Math.floor((now - entry.storedAt) / 1_000))),
+    },
+  });
+}
+
+function concat(chunks: Uint8Array[], size: number): Uint8Array {
+  if (chunks.length === 1 && chunks[0] !== undefined) return chunks[0];
+  const out = new Uint8Array(size);
+  let at = 0;
+  for (const chunk of chunks) {
+    out.set(chunk, at);
+    at += chunk.byteLength;
+  }
+  return out;
+}
