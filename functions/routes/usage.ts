@@ -164,6 +164,8 @@ export function requestRecordJson(record: LedgerRecord) {
     reserved_usd: record.state === "open" ? picosToUsd(record.reservedPicos) : 0,
     // Every origin tried for it, in order; only the one that served it is billed.
     attempts: record.attempts,
+    // Answered from the response cache: its tokens were saved, its cost is the hit price.
+    cache_hit: record.cacheHit,
   };
 }
 
