@@ -18,6 +18,9 @@ import { CACHE_STATUS_HEADER, cacheDecision, readCacheHeaders } from "./policy.t
 import { type CacheEntry, readEntry, writeEntry } from "./store.ts";
 import type { CacheState } from "./state.ts";
 
+/** The Cache API namespace the answers are kept in. */
+export const RESPONSE_CACHE_NAME = "warmgate:responses";
+
 /** Decides what the cache does for the planned completion; bad cache headers are a 400. */
 export function cachePolicy() {
   return createMiddleware<AppEnv>(async function decideCache(c, next) {
@@ -56,8 +59,8 @@ export function responseCache() {
       scope,
       customKey: state.decision.customKey,
     });
-    // The Workers runtime's cache of this colo (docs/cache.md, "Storage").
-    const cache = caches.default;
+    // This colo's cache, a namespace of its own (docs/cache.md, "Storage").
+    const cache = await caches.open(RESPONSE_CACHE_NAME);
     const now = Date.now();
     const entry = await readEntry(cache, c.req.url, key, now).catch((error: unknown) => {
       logWarn("response cache read failed", { request_id: c.var.requestId, error });
