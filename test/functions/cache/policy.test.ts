@@ -109,3 +109,20 @@ describe("cacheSettings", () => {
     expect(CacheSectionSchema.safeParse({ price_share: 1.5 }).success).toBe(false);
   });
 });
+
+describe("the cache section in WARMGATE_CONFIG", () => {
+  it("refuses a rule for a model that is not configured", async () => {
+    const { GatewayConfigSchema } = await import("../../../contracts/config/gateway.ts");
+    const config = {
+      models: [{ id: "m", max_model_len: 100 }],
+      regions: [{ id: "eu", origins: [{ id: "eu-1", url: "http://127.0.0.1:1" }] }],
+      default_region: "eu",
+      cache: { rules: [{ model: "nope", mode: "on" }] },
+    };
+    const result = GatewayConfigSchema.safeParse(config);
+    expect(result.success).toBe(false);
+    expect(result.error?.issues[0]?.path).toEqual(["cache", "rules", 0, "model"]);
+    const valid = { ...config, cache: { rules: [{ model: "m", mode: "on" }] } };
+    expect(GatewayConfigSchema.parse(valid).cache.rules).toHaveLength(1);
+  });
+});
