@@ -21,6 +21,9 @@ import type { CacheState } from "./state.ts";
 /** The Cache API namespace the answers are kept in. */
 export const RESPONSE_CACHE_NAME = "warmgate:responses";
 
+/** Longest a miss's answer waits at its end for its entry to be stored. */
+const STORE_WAIT_MS = 250;
+
 /** Decides what the cache does for the planned completion; bad cache headers are a 400. */
 export function cachePolicy() {
   return createMiddleware<AppEnv>(async function decideCache(c, next) {
@@ -75,11 +78,11 @@ export function responseCache() {
     let captured: Uint8Array | null = null;
     let contentType = "application/json";
     const waitUntil = waitUntilOf(c);
-    const keep = () => {
-      if (settled === null || captured === null) return;
+    const keep = (): Promise<void> | null => {
+      if (settled === null || captured === null) return null;
       // Only an answer that ended whole, as its origin wrote it, is kept.
       const { outcome, status, usage, model, origin } = settled;
-      if (outcome !== "ok" || status !== 200 || usage === null || origin === null) return;
+      if (outcome !== "ok" || status !== 200 || usage === null || origin === null) return null;
       const stored: CacheEntry = {
         body: captured,
         contentType,
@@ -88,15 +91,15 @@ export function responseCache() {
         storedAt: Date.now(),
         expiresAt: Date.now() + ttlSeconds * 1_000,
       };
-      waitUntil(
-        writeEntry(cache, c.req.url, key, stored).catch((error: unknown) => {
-          logWarn("response cache write failed", { request_id: settlement.requestId, error });
-        }),
-      );
+      const written = writeEntry(cache, c.req.url, key, stored).catch((error: unknown) => {
+        logWarn("response cache write failed", { request_id: settlement.requestId, error });
+      });
+      waitUntil(written);
+      return written;
     };
     settlement.onSettled((record) => {
       settled = record;
-      keep();
+      void keep();
     });
     await next();
     const res = c.res;
@@ -118,10 +121,13 @@ export function responseCache() {
         }
         controller.enqueue(chunk);
       },
-      flush() {
+      async flush() {
         if (size > limit) return;
         captured = concat(chunks, size);
-        keep();
+        // Every byte is with the client; the answer's end waits (briefly) for the entry, so
+        // that the client's next request finds it.
+        const written = keep();
+        if (written !== null) await atMost(written, STORE_WAIT_MS);
       },
     });
     c.res = new Response(res.body.pipeThrough(copy), res);
@@ -151,6 +157,16 @@ function hit(c: Context<AppEnv>, state: CacheState, entry: CacheEntry, now: numb
       age: String(Math.max(0, Math.floor((now - entry.storedAt) / 1_000))),
     },
   });
+}
+
+// Resolves when `promise` settles or `ms` passed, whichever is first.
+async function atMost(promise: Promise<void>, ms: number): Promise<void> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const elapsed = new Promise<void>((resolve) => {
+    timer = setTimeout(resolve, ms);
+  });
+  await Promise.race([promise, elapsed]);
+  clearTimeout(timer);
 }
 
 function concat(chunks: Uint8Array[], size: number): Uint8Array {
