@@ -1,4 +1,7 @@
+import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
+import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
+import app from "../../../functions/index.ts";
 import { ADMIN, createKey } from "../../support/admin-keys.workers.ts";
 import { type ErrorBody, metricValue, usdPicos } from "../../support/edge-requests.ts";
 import {
@@ -98,6 +101,23 @@ describe("the response cache", () => {
     const bare = await ask(config, key, { ...SAMPLED, stream: true });
     expect(bare.response.headers.get("x-warmgate-cache")).toBe("MISS");
   });
+
+  it.each([false, true])(
+    "has kept a miss's entry by the time its answer ended (stream: %s)",
+    async (stream) => {
+      const { key } = await createKey({ name: `cache-at-end-${stream}` });
+      const config = cached({ mode: "on" });
+      const body = { max_tokens: 12, stream };
+      // The first request's background work is not waited for: only the answer's end.
+      const ctx = createExecutionContext();
+      const first = await app.fetch(chat(key, body), { ...env, WARMGATE_CONFIG: config }, ctx);
+      const text = await first.text();
+      const again = await ask(config, key, body);
+      expect(again.response.headers.get("x-warmgate-cache")).toBe("HIT");
+      expect(again.text).toBe(text);
+      await waitOnExecutionContext(ctx);
+    },
+  );
 
   it("never answers one key with another key's entry", async () => {
     const a = await createKey({ name: "cache-tenant-a" });
