@@ -75,40 +75,33 @@ export function responseCache() {
       return;
     }
     const { ttlSeconds } = state.decision;
-    let settled: SettledRequest | null = null;
-    let captured: Uint8Array | null = null;
-    let contentType = "application/json";
     const waitUntil = waitUntilOf(c);
-    const keep = (): Promise<void> | null => {
-      if (settled === null || captured === null) return null;
-      // Only an answer that ended whole, as its origin wrote it, is kept.
+    await next();
+    const res = c.res;
+    if (res.status !== 200 || res.body === null) {
+      setHeaders(c, { [CACHE_STATUS_HEADER]: "MISS" });
+      return;
+    }
+    const contentType = res.headers.get("content-type") ?? "application/json";
+    // Kept only when it ended whole, as its origin wrote it.
+    const keep = (settled: SettledRequest, bytes: Uint8Array): Promise<void> | null => {
       const { outcome, status, usage, model, origin } = settled;
       if (outcome !== "ok" || status !== 200 || usage === null || origin === null) return null;
-      const stored: CacheEntry = {
-        body: captured,
+      const storedAt = Date.now();
+      const kept: CacheEntry = {
+        body: bytes,
         contentType,
         usage,
         model: model ?? plan.model.id,
-        storedAt: Date.now(),
-        expiresAt: Date.now() + ttlSeconds * 1_000,
+        storedAt,
+        expiresAt: storedAt + ttlSeconds * 1_000,
       };
-      const written = writeEntry(cache, c.req.url, key, stored).catch((error: unknown) => {
+      const written = writeEntry(cache, c.req.url, key, kept).catch((error: unknown) => {
         logWarn("response cache write failed", { request_id: settlement.requestId, error });
       });
       waitUntil(written);
       return written;
     };
-    settlement.onSettled((record) => {
-      settled = record;
-      void keep();
-    });
-    await next();
-    const res = c.res;
-    contentType = res.headers.get("content-type") ?? contentType;
-    if (res.status !== 200 || res.body === null) {
-      setHeaders(c, { [CACHE_STATUS_HEADER]: "MISS" });
-      return;
-    }
     const limit = state.settings.maxEntryBytes;
     const chunks: Uint8Array[] = [];
     let size = 0;
@@ -124,10 +117,16 @@ export function responseCache() {
       },
       async flush() {
         if (size > limit) return;
-        captured = concat(chunks, size);
-        // Every byte is with the client; the answer's end waits (briefly) for the entry, so
+        const bytes = concat(chunks, size);
+        // Every byte is with the client; the answer's end waits (briefly) for its entry, so
         // that the client's next request finds it.
-        const written = keep();
+        const recorded = settlement.whenRecorded();
+        const settled = await atMost(recorded, STORE_WAIT_MS);
+        if (settled === undefined) {
+          waitUntil(recorded.then((late) => keep(late, bytes)));
+          return;
+        }
+        const written = keep(settled, bytes);
         if (written !== null) await atMost(written, STORE_WAIT_MS);
       },
     });
@@ -160,14 +159,17 @@ function hit(c: Context<AppEnv>, state: CacheState, entry: CacheEntry, now: numb
   });
 }
 
-// Resolves when `promise` settles or `ms` passed, whichever is first.
-async function atMost(promise: Promise<void>, ms: number): Promise<void> {
+// What `promise` resolves to, or undefined once `ms` passed first.
+async function atMost<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
   let timer: ReturnType<typeof setTimeout> | undefined;
-  const elapsed = new Promise<void>((resolve) => {
-    timer = setTimeout(resolve, ms);
+  const elapsed = new Promise<undefined>((resolve) => {
+    timer = setTimeout(() => resolve(undefined), ms);
   });
-  await Promise.race([promise, elapsed]);
-  clearTimeout(timer);
+  try {
+    return await Promise.race([promise, elapsed]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 function concat(chunks: Uint8Array[], size: number): Uint8Array {
