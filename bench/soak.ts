@@ -8,7 +8,14 @@
  * Writes bench/results/soak.json.
  */
 import { parseArgs } from "node:util";
-import { benchCommand, fmt, markdownTable, targetsTable, writeResult } from "./lib.ts";
+import {
+  benchCommand,
+  fmt,
+  markdownTable,
+  stopOnSignal,
+  targetsTable,
+  writeResult,
+} from "./lib.ts";
 import { BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { type Inspector, inspectWorker } from "./inspector.ts";
 import { heapBytes, heapGrowth, summarizeHeap, type HeapSummary } from "./heap-summary.ts";
@@ -39,6 +46,7 @@ const stack = await startStack({
   runtime: "workerd",
   inspectorPort,
 });
+const unregister = stopOnSignal(() => stack.stop());
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 async function heapSnapshot(inspector: Inspector): Promise<HeapSummary> {
@@ -196,6 +204,7 @@ try {
     targets,
   };
 } finally {
+  unregister();
   await stack.stop();
 }
 console.log(`\nwrote ${await writeResult("soak", result)}`);

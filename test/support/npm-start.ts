@@ -9,9 +9,25 @@ import { ROOT } from "../../scripts/edge.ts";
 const dirs: string[] = [];
 const children: ChildProcess[] = [];
 
-/** Kills what {@link npmStart} started and removes the state folders; for `afterEach`. */
+/**
+ * Stops what {@link npmStart} started (npm's whole process group: npm, its shell and
+ * `npm start`, which stops the stack on SIGTERM; then SIGKILL for what is left) and
+ * removes the state folders; for `afterEach`.
+ */
 export async function cleanUpStarts(): Promise<void> {
-  for (const child of children.splice(0)) if (child.exitCode === null) child.kill("SIGKILL");
+  const signal = (pid: number, name: NodeJS.Signals | 0) => {
+    try {
+      process.kill(-pid, name);
+      return true;
+    } catch {
+      return false; // The group is gone.
+    }
+  };
+  for (const child of children.splice(0)) {
+    const pid = child.pid;
+    if (pid === undefined || !signal(pid, "SIGTERM")) continue;
+    await until("npm start to stop", () => !signal(pid, 0)).catch(() => signal(pid, "SIGKILL"));
+  }
   await Promise.all(dirs.splice(0).map((d) => rm(d, { recursive: true, force: true })));
 }
 
