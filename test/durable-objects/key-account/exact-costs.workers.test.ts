@@ -149,7 +149,9 @@ describe("KeyAccount schema migration to pico-dollars", () => {
         series?.name ?? "",
       );
       sql.exec("DELETE FROM schema_migrations WHERE version >= 7");
+      // What the later migrations added.
       sql.exec("DROP TABLE leases");
+      sql.exec("ALTER TABLE ledger DROP COLUMN cache_hit");
     });
     await evictDurableObject(stub);
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
