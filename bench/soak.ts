@@ -7,6 +7,8 @@
  * two minutes after; takes a heap snapshot before and after the load and prints what grew.
  * Writes bench/results/soak.json.
  */
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
 import { parseArgs } from "node:util";
 import {
   benchCommand,
@@ -31,6 +33,7 @@ const { values: args } = parseArgs({
     keys: { type: "string", default: "20" },
     "settle-minutes": { type: "string", default: "5" },
     "after-seconds": { type: "string", default: "120" },
+    "snapshots-to": { type: "string" },
   },
   strict: true,
 });
@@ -49,14 +52,18 @@ const stack = await startStack({
 const unregister = stopOnSignal(() => stack.stop());
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-async function heapSnapshot(inspector: Inspector): Promise<HeapSummary> {
+async function heapSnapshot(inspector: Inspector, name: string): Promise<HeapSummary> {
   // A snapshot collects garbage first (workerd does not answer `collectGarbage`).
   const chunks: string[] = [];
   inspector.on("HeapProfiler.addHeapSnapshotChunk", (p) => {
     chunks.push((p as { chunk: string }).chunk);
   });
   await inspector.send("HeapProfiler.takeHeapSnapshot", { reportProgress: false });
-  const summary = summarizeHeap(JSON.parse(chunks.join("")));
+  const text = chunks.join("");
+  if (args["snapshots-to"] !== undefined) {
+    await writeFile(join(args["snapshots-to"], `${name}.heapsnapshot`), text);
+  }
+  const summary = summarizeHeap(JSON.parse(text));
   chunks.length = 0;
   return summary;
 }
@@ -66,7 +73,7 @@ function request(
   n: number,
   keys: string[],
 ): { path: string; body: unknown; key: string; cancel: boolean } {
-  const key = keys[n % keys.length] as string;
+  const key = keys[n % keys.length] ?? "";
   const user = `user-${n % 1000}`;
   const messages = [
     { role: "system", content: "You are a concise assistant." },
@@ -147,7 +154,7 @@ try {
   const sampler = setInterval(() => void read(phase), 10_000);
   console.error("idle minute…");
   await sleep(50_000);
-  const before = await heapSnapshot(inspector);
+  const before = await heapSnapshot(inspector, "before");
   console.error(`heap before: ${fmt(heapBytes(before) / 1024 / 1024, 1)} MB; load…`);
   await sleep(10_000);
   phase = "load";
@@ -168,7 +175,7 @@ try {
   await sleep(Number(args["after-seconds"]) * 1000);
   await read("after");
   clearInterval(sampler);
-  const after = await heapSnapshot(inspector);
+  const after = await heapSnapshot(inspector, "after");
   inspector.close();
   const { figures, targets } = soakTargets(samples, SETTLE_S);
   const growth = heapGrowth(before, after, 12);

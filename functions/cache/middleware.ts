@@ -27,8 +27,12 @@ const STORE_WAIT_MS = 250;
 /** Decides what the cache does for the planned completion; bad cache headers are a 400. */
 export function cachePolicy() {
   return createMiddleware<AppEnv>(async function decideCache(c, next) {
-    const { config, plan, completion, caller } = c.var;
-    const settings = cacheSettings(config.cache, caller.keyId, plan.model.id);
+    const completion = c.get("completion");
+    const settings = cacheSettings(
+      c.get("config").cache,
+      c.get("caller").keyId,
+      c.get("plan").model.id,
+    );
     const read = readCacheHeaders((name) => c.req.header(name), settings.maxTtlSeconds);
     if (!read.ok) throw read.error;
     const body = completion.body as Record<string, unknown>;
@@ -41,21 +45,26 @@ export function cachePolicy() {
 /** Answers from the cache, or lets the request through and keeps its answer. */
 export function responseCache() {
   return createMiddleware<AppEnv>(async function serveFromCache(c, next) {
-    // One read: Hono builds all of `c.var` afresh on each.
     const state = c.get("cache");
     if (!state.decision.use) {
       await next();
       setHeaders(c, { [CACHE_STATUS_HEADER]: "BYPASS" });
       return;
     }
-    const { completion, plan, caller, credential, settlement } = c.var;
+    const completion = c.get("completion");
+    const plan = c.get("plan");
+    const settlement = c.get("settlement");
     // The text as sent, not the validated copy: nested fields the schema leaves out still
     // tell answers apart.
     const body = JSON.parse(completion.text) as Record<string, unknown>;
     const scope: CacheScope =
       state.settings.scope === "shared"
         ? { kind: "shared" }
-        : { kind: "key", keyId: caller.keyId, endUser: endUserOf(credential, body["user"]) };
+        : {
+            kind: "key",
+            keyId: c.get("caller").keyId,
+            endUser: endUserOf(c.get("credential"), body["user"]),
+          };
     const key = await cacheKey({
       kind: completion.kind,
       body,
@@ -67,7 +76,7 @@ export function responseCache() {
     const cache = await caches.open(RESPONSE_CACHE_NAME);
     const now = Date.now();
     const entry = await readEntry(cache, c.req.url, key, now).catch((error: unknown) => {
-      logWarn("response cache read failed", { request_id: c.var.requestId, error });
+      logWarn("response cache read failed", { request_id: settlement.requestId, error });
       return null;
     });
     if (entry !== null) {
@@ -139,8 +148,8 @@ export function responseCache() {
 function hit(c: Context<AppEnv>, state: CacheState, entry: CacheEntry, now: number): void {
   state.result = "hit";
   state.bytes = entry.body.byteLength;
-  c.var.settlement.settle({
-    model: entry.model === "" ? c.var.plan.model.id : entry.model,
+  c.get("settlement").settle({
+    model: entry.model === "" ? c.get("plan").model.id : entry.model,
     outcome: "ok",
     usage: entry.usage,
     region: null,

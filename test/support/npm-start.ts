@@ -15,20 +15,22 @@ const children: ChildProcess[] = [];
  * removes the state folders; for `afterEach`.
  */
 export async function cleanUpStarts(): Promise<void> {
-  const signal = (pid: number, name: NodeJS.Signals | 0) => {
-    try {
-      process.kill(-pid, name);
-      return true;
-    } catch {
-      return false; // The group is gone.
-    }
-  };
   for (const child of children.splice(0)) {
     const pid = child.pid;
     if (pid === undefined || !signal(pid, "SIGTERM")) continue;
     await until("npm start to stop", () => !signal(pid, 0)).catch(() => signal(pid, "SIGKILL"));
   }
   await Promise.all(dirs.splice(0).map((d) => rm(d, { recursive: true, force: true })));
+}
+
+/** Sends `name` to the process group `pid` leads; false when the group is gone. */
+function signal(pid: number, name: NodeJS.Signals | 0): boolean {
+  try {
+    process.kill(-pid, name);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** A fresh state folder, removed by {@link cleanUpStarts}. */
