@@ -44,7 +44,8 @@ export const ERROR_CODES = {
   invalid_date: "a date parameter that is not a date",
   // The edge: the request, its key and its limits.
   invalid_api_key: "the key or browser token is missing, malformed, unknown, revoked or expired",
-  key_revoked: "a revoked key cannot be rotated",
+  key_revoked: "a revoked key cannot be rotated, blocked or unblocked",
+  key_blocked: "the key is blocked by its operator until unblocked",
   invalid_region: "an unknown region in `x-warmgate-region`",
   invalid_origin: "an unknown origin in `x-warmgate-origin`",
   region_override_not_allowed: "the key may not choose a region",

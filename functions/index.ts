@@ -5,6 +5,9 @@
 import { env } from "cloudflare:workers";
 import { Hono } from "hono";
 import { adminKeys } from "./routes/admin/keys.ts";
+import { audit } from "./routes/admin/audit.ts";
+import { adminUsage } from "./routes/admin/usage.ts";
+import { adminRequests } from "./routes/admin/requests.ts";
 import type { AppEnv } from "./app-env.ts";
 import { tokens } from "./routes/tokens.ts";
 import { checkDeployment } from "./deployment.ts";
@@ -39,6 +42,9 @@ app.use("/v1/*", browserCors());
 // Before config and key auth: the admin API, token minting and CORS preflights
 // authenticate themselves and must answer even when the gateway config is broken.
 app.route("/admin", adminKeys);
+app.route("/admin/audit", audit);
+app.route("/admin/usage", adminUsage);
+app.route("/admin/requests", adminRequests);
 app.route("/v1", tokens);
 app.use(gatewayConfig());
 app.route("/health", health);

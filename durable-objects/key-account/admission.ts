@@ -94,14 +94,18 @@ export function modelAllowed(allowed: readonly string[] | null, model: string): 
 }
 
 /**
- * Why the key refuses a request at `now` whatever it asks for (revoked, expired, or a
- * browser origin it does not allow), or null: the one check of admission and `check`.
+ * Why the key refuses a request at `now` whatever it asks for (revoked, expired, a browser
+ * origin it does not allow, or blocked), or null: the one check of admission and `check`.
+ * Blocked comes after the origin, so a browser may read that refusal.
  */
 export function keyRefusal(
   key: Pick<KeyPolicy, "status" | "expiresAt" | "allowedOrigins">,
   origin: string | null,
   now: number,
-): Extract<AdmissionRefusal, { code: "invalid_api_key" | "origin_not_allowed" }> | null {
+): Extract<
+  AdmissionRefusal,
+  { code: "invalid_api_key" | "origin_not_allowed" | "key_blocked" }
+> | null {
   if (key.status === "revoked") return { ok: false, code: "invalid_api_key", reason: "revoked" };
   if (key.expiresAt !== null && now >= key.expiresAt) {
     return { ok: false, code: "invalid_api_key", reason: "expired" };
@@ -109,6 +113,7 @@ export function keyRefusal(
   if (origin !== null && !key.allowedOrigins.includes(origin)) {
     return { ok: false, code: "origin_not_allowed", origin };
   }
+  if (key.status === "blocked") return { ok: false, code: "key_blocked" };
   return null;
 }
 

@@ -8,7 +8,7 @@ import { decideAdmission, rateLimitNow, type CandidateModel } from "./admission.
 import { hasBudgets } from "./budgets.ts";
 import { checkCredential } from "./credential.ts";
 import { FREE, utcDay, worstCasePicos } from "../../contracts/pricing.ts";
-import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, storedCandidate } from "./schema.ts";
+import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, rowTags, storedCandidate } from "./schema.ts";
 import { expireDue } from "./settle.ts";
 import { type AccountStore, userScope } from "./store.ts";
 import { RESERVATION_LEASE_MS, type AdmitInput, type AdmitResult } from "./types.ts";
@@ -112,6 +112,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     subject,
     subjectTpm: endUser?.limits.tpm ?? null,
     endUser: input.endUser ?? null,
+    tags: rowTags(record.tags, input.tags),
     reservedTokens: decision.reservedTokens,
     reservedPicos: decision.reservedPicos,
     candidates: stored,

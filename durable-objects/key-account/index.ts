@@ -4,21 +4,20 @@
  * `settle` for the request path in one call each, decides from memory and writes behind.
  * Storage, invariants and commit stamps: docs/key-account.md.
  */
+import { LEDGER_RETENTION_MS } from "./types.ts";
 import { DurableObject } from "cloudflare:workers";
 import { applyMigrations } from "../migrations.ts";
 import { MAX_OUTCOME_IDS } from "../../contracts/protocol/schema.ts";
-import { keyRefusal } from "./admission.ts";
 import { clampLease, decide } from "./admit.ts";
 import { lookupOutcomes, reconcile } from "../../contracts/outcomes.ts";
 import { outcomeSources } from "./reconcile.ts";
-import { checkCredential } from "./credential.ts";
-import { KEY_ACCOUNT_MIGRATIONS, ledgerRecordOf } from "./schema.ts";
+import { KEY_ACCOUNT_MIGRATIONS } from "./schema.ts";
+import { checkKey, recordOf, requestsOf, usageOf } from "./reads.ts";
 import { expireDue, settle } from "./settle.ts";
 import { endDueLeases, giveBack, grantLease, restoreLapsed } from "./leases/grant.ts";
 import type { LeaseAnswer, LeaseAsk, LeaseCall, LeaseHeld } from "./leases/types.ts";
 import type { KeyMetrics } from "./metrics.ts";
 import { AccountStore } from "./store.ts";
-import { LEDGER_RETENTION_MS } from "./store/ledger.ts";
 import {
   type AdmitAnswer,
   type AdmitInput,
@@ -27,12 +26,17 @@ import {
   type KeyCreateInput,
   type KeyRecord,
   type KeyUpdateInput,
-  type RecordResult,
   type SettleInput,
   type SettleManyResult,
   type SettleResult,
-  type UsageResult,
 } from "./types.ts";
+import {
+  type RecordResult,
+  type LedgerRecord,
+  type RequestLogQuery,
+  type UsageQuery,
+  type UsageResult,
+} from "./usage-types.ts";
 
 // Pruning runs at most this often, so steady traffic does not turn into an alarm per request.
 const PRUNE_INTERVAL_MS = 60_000;
@@ -79,27 +83,13 @@ export class KeyAccount extends DurableObject<Env> {
     return this.#store.key.rotate(input);
   }
 
-  /**
-   * Checks a credential without admitting a request (nothing is reserved or counted):
-   * an API key's hash, the key's status and expiry, and the browser origin if any.
-   */
+  /** Checks a credential without admitting a request (nothing is reserved or counted). */
   check(input: {
     credential: CheckCredential;
     origin?: string | null;
     now?: number;
   }): KeyCheckResult {
-    const now = input.now ?? Date.now();
-    const record = this.#store.key.record;
-    if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
-    const secret = checkCredential(this.#store.key.secrets, input.credential, now);
-    if (!secret.ok) return secret;
-    const refusedKey = keyRefusal(record, input.origin ?? null, now);
-    if (refusedKey !== null) return refusedKey;
-    return {
-      ok: true,
-      record: this.#store.key.view(now) ?? record,
-      secretGeneration: secret.secretGeneration,
-    };
+    return checkKey(this.#store, input);
   }
 
   /**
@@ -174,37 +164,19 @@ export class KeyAccount extends DurableObject<Env> {
     this.#store.flush();
   }
 
-  /**
-   * Usage rollups from `from` to `to` (UTC days, inclusive), by day and model; with `user`,
-   * only that end user's requests, summed from the ledger (kept LEDGER_RETENTION_MS). With
-   * a credential, only for that key's own secret (the edge's `/v1/usage`).
-   */
-  usage(input: {
-    from: string;
-    to: string;
-    user?: string;
-    credential?: CheckCredential;
-  }): UsageResult {
-    if (input.credential !== undefined) {
-      const check = this.check({ credential: input.credential });
-      if (!check.ok) return check;
-    }
-    const { from, to, user } = input;
-    const rows =
-      user === undefined
-        ? this.#store.spend.usage(from, to)
-        : this.#store.ledger.userUsage(user, from, to);
-    return { ok: true, rows };
+  /** Usage rollups by day and model (or of one end user's or tag's requests, or per tag). */
+  usage(query: UsageQuery): UsageResult {
+    return usageOf(this.#store, query);
   }
 
   /** One request's ledger record (null when unknown or pruned), for its own key's secret. */
   record(input: { requestId: string; credential?: CheckCredential }): RecordResult {
-    if (input.credential !== undefined) {
-      const check = this.check({ credential: input.credential });
-      if (!check.ok) return check;
-    }
-    const entry = this.#store.ledger.committed(input.requestId);
-    return { ok: true, record: entry === null ? null : ledgerRecordOf(entry) };
+    return recordOf(this.#store, input);
+  }
+
+  /** A page of the key's requests, newest first, filtered (the spend log; no prompt, no output). */
+  requests(query: RequestLogQuery): LedgerRecord[] {
+    return requestsOf(this.#store, query);
   }
 
   /**

@@ -6,7 +6,7 @@
 import { billedPicos, type TokenUsage, utcDay } from "../../contracts/pricing.ts";
 import { tokenCorrection } from "./admission.ts";
 import type { PeriodSpend } from "./budgets.ts";
-import { type LedgerEntry, NOT_CLOSED, priceOf, storedCandidate } from "./schema.ts";
+import { type LedgerEntry, NOT_CLOSED, priceOf, rowTags, storedCandidate } from "./schema.ts";
 import type { SettleInput, SettleResult } from "./types.ts";
 
 /** A change to one model's usage of the row's day. */
@@ -80,6 +80,9 @@ export function settleRow(
       completionTokens: usage?.completion_tokens ?? null,
       costPicos: cost,
       attempts: input.attempts ?? row.attempts,
+      httpStatus: input.metrics?.status ?? row.httpStatus,
+      durationMs: input.metrics?.durationMs ?? row.durationMs,
+      ttftMs: input.metrics === undefined ? row.ttftMs : input.metrics.ttftMs,
       cacheHit: hit,
     },
     tokens: hit
@@ -122,7 +125,11 @@ export function expireRow(row: LedgerEntry, now: number): LedgerChange {
  * The row of a request whose admission a crash forgot, from what the edge held of it:
  * nothing reserved, in the day it settles. Null when the edge does not say it admitted it.
  */
-export function forgottenRow(input: SettleInput, now: number): LedgerEntry | null {
+export function forgottenRow(
+  input: SettleInput,
+  keyTags: readonly string[],
+  now: number,
+): LedgerEntry | null {
   const first = input.admitted?.models[0];
   if (input.admitted === undefined || input.admitted === null || first === undefined) return null;
   return {
@@ -133,6 +140,7 @@ export function forgottenRow(input: SettleInput, now: number): LedgerEntry | nul
     subject: null,
     subjectTpm: null,
     endUser: null,
+    tags: rowTags(keyTags, input.tags),
     reservedTokens: 0,
     reservedPicos: 0n,
     candidates: input.admitted.models.map(({ model, price }) => storedCandidate(model, price)),

@@ -160,6 +160,7 @@ export function addSample(
 const REFUSAL_STATUS: Record<string, number> = {
   invalid_api_key: 401,
   origin_not_allowed: 403,
+  key_blocked: 403,
   model_not_allowed: 403,
   rate_limit_exceeded: 429,
   insufficient_quota: 429,

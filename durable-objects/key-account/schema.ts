@@ -3,13 +3,8 @@
  * rows as SQLite returns them, and the mappers between rows and what memory holds.
  */
 import { FREE, type ModelPrice, PICOS_PER_MICRO } from "../../contracts/pricing.ts";
-import {
-  KEY_TIERS,
-  type KeyRecord,
-  type LedgerRecord,
-  type RequestAttempt,
-  type UsageRow,
-} from "./types.ts";
+import { KEY_TIERS, type KeyRecord, type MetadataValue, type RequestAttempt } from "./types.ts";
+import { type LedgerRecord, type UsageRow } from "./usage-types.ts";
 
 /** The schema migrations, in order (version n is entry n - 1). */
 export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
@@ -85,9 +80,25 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
      picos_micros INTEGER NOT NULL, picos_picos INTEGER NOT NULL, reserved_micros INTEGER NOT NULL,
      reserved_picos INTEGER NOT NULL, slots INTEGER NOT NULL, ids_used INTEGER NOT NULL,
      models TEXT NOT NULL, ended_at INTEGER);`,
+  // Blocking: a key may be blocked and unblocked (status 'blocked'), unlike revoked.
+  `ALTER TABLE key_record ADD COLUMN blocked_at INTEGER;`,
+  // Tags and metadata on the key; each ledger row's tags (the key's and the request's).
+  `ALTER TABLE key_record ADD COLUMN tags TEXT NOT NULL DEFAULT '[]';
+   ALTER TABLE key_record ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}';
+   ALTER TABLE ledger ADD COLUMN tags TEXT NOT NULL DEFAULT '[]';`,
+  // Spend logs: how the client saw each request, and rows listed newest first.
+  `ALTER TABLE ledger ADD COLUMN http_status INTEGER;
+   ALTER TABLE ledger ADD COLUMN duration_ms INTEGER;
+   ALTER TABLE ledger ADD COLUMN ttft_ms INTEGER;
+   CREATE INDEX ledger_created ON ledger (created_at, request_id);`,
   // Requests answered from the edge's response cache (docs/cache.md).
   `ALTER TABLE ledger ADD COLUMN cache_hit INTEGER NOT NULL DEFAULT 0;`,
 ];
+
+/** The tags of a request's row: the key's, then the request's own not among them. */
+export function rowTags(keyTags: readonly string[], requestTags: readonly string[] = []): string[] {
+  return [...new Set([...keyTags, ...requestTags])];
+}
 
 /**
  * An amount as SQLite stores it: whole micro-dollars and the pico-dollars below them (or a
@@ -125,6 +136,9 @@ export type RecordRow = {
   budget_month_micros: number | null;
   credit_micros: number | null;
   allow_region_override: number;
+  blocked_at: number | null;
+  tags: string;
+  metadata: string;
 };
 
 export type SecretRow = {
@@ -157,7 +171,11 @@ export interface LedgerEntry {
   cachedTokens: number | null;
   completionTokens: number | null;
   costPicos: bigint;
+  tags: string[];
   attempts: RequestAttempt[];
+  httpStatus: number | null;
+  durationMs: number | null;
+  ttftMs: number | null;
   cacheHit: boolean;
 }
 
@@ -170,13 +188,16 @@ export const NOT_CLOSED = {
   completionTokens: null,
   costPicos: 0n,
   attempts: [],
+  httpStatus: null,
+  durationMs: null,
+  ttftMs: null,
   cacheHit: false,
 } as const satisfies Partial<LedgerEntry>;
 
 export const LEDGER_COLUMNS = `request_id, state, model, day, subject, subject_tpm, end_user,
   reserved_tokens, reserved_micros, reserved_picos, candidates, created_at, expires_at,
   closed_at, outcome, prompt_tokens, cached_tokens, completion_tokens, cost_micros, cost_picos,
-  attempts, cache_hit`;
+  attempts, tags, http_status, duration_ms, ttft_ms, cache_hit`;
 
 export type LedgerRow = {
   request_id: string;
@@ -200,6 +221,10 @@ export type LedgerRow = {
   cost_micros: number;
   cost_picos: number;
   attempts: string;
+  tags: string;
+  http_status: number | null;
+  duration_ms: number | null;
+  ttft_ms: number | null;
   cache_hit: number;
 };
 
@@ -231,7 +256,7 @@ export function recordOf(row: RecordRow): KeyRecord {
   return {
     id: row.id,
     name: row.name,
-    status: row.status === "revoked" ? "revoked" : "active",
+    status: row.status === "revoked" || row.status === "blocked" ? row.status : "active",
     limits: { rpm: row.rpm, tpm: row.tpm, concurrency: row.concurrency },
     budgets: {
       dayMicros: row.budget_day_micros,
@@ -246,6 +271,9 @@ export function recordOf(row: RecordRow): KeyRecord {
     createdAt: row.created_at,
     updatedAt: row.updated_at,
     revokedAt: row.revoked_at,
+    blockedAt: row.blocked_at,
+    tags: JSON.parse(row.tags) as string[],
+    metadata: JSON.parse(row.metadata) as Record<string, MetadataValue>,
     previousSecretValidUntil: null,
     version: row.version,
   };
@@ -294,6 +322,10 @@ export function ledgerEntryOf(row: LedgerRow): LedgerEntry {
     completionTokens: row.completion_tokens,
     costPicos: storedPicos(row.cost_micros, row.cost_picos),
     attempts: JSON.parse(row.attempts) as RequestAttempt[],
+    tags: JSON.parse(row.tags) as string[],
+    httpStatus: row.http_status,
+    durationMs: row.duration_ms,
+    ttftMs: row.ttft_ms,
     cacheHit: row.cache_hit === 1,
   };
 }
@@ -313,7 +345,11 @@ export function ledgerRecordOf(entry: LedgerEntry): LedgerRecord {
     reservedPicos: entry.reservedPicos,
     costPicos: entry.costPicos,
     endUser: entry.endUser,
+    tags: entry.tags,
     attempts: entry.attempts,
+    httpStatus: entry.httpStatus,
+    durationMs: entry.durationMs,
+    ttftMs: entry.ttftMs,
     cacheHit: entry.cacheHit,
   };
 }

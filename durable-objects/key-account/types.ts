@@ -14,8 +14,18 @@ export type KeyTier = (typeof KEY_TIERS)[number];
 /** How long a reservation may stay open before the alarm releases it, unless given. */
 export const RESERVATION_LEASE_MS = 15 * 60_000;
 
-/** Whether a key may be used at all. */
-export type KeyStatus = "active" | "revoked";
+/** Whether a key may be used: `blocked` refuses every request until unblocked; `revoked` is final. */
+export type KeyStatus = "active" | "blocked" | "revoked";
+
+/** A tag: on a key, on a request (`x-warmgate-tags`) and on its ledger row. */
+export const TAG_PATTERN = /^[A-Za-z0-9_.:=/@+-]{1,64}$/;
+/** Most tags a key carries. */
+export const MAX_KEY_TAGS = 32;
+/** Most tags one request names in `x-warmgate-tags`. */
+export const MAX_REQUEST_TAGS = 16;
+
+/** A value of a key's free metadata. */
+export type MetadataValue = string | number | boolean | null;
 
 /** Per-minute and in-flight limits, for a key or for one end user of a browser token. */
 export interface Limits {
@@ -50,6 +60,7 @@ export type InvalidKeyReason = "unknown" | "bad_secret" | "revoked" | "expired" 
 export type AdmissionRefusal =
   | { ok: false; code: "invalid_api_key"; reason: InvalidKeyReason }
   | { ok: false; code: "origin_not_allowed"; origin: string }
+  | { ok: false; code: "key_blocked" }
   | { ok: false; code: "model_not_allowed"; model: string }
   | {
       ok: false;
@@ -119,6 +130,12 @@ export interface KeyRecord {
   createdAt: number;
   updatedAt: number;
   revokedAt: number | null;
+  /** When the key was blocked, while it is; null when it is not. */
+  blockedAt: number | null;
+  /** Its tags: every request of the key carries them on its ledger row. */
+  tags: string[];
+  /** Free metadata of the operator's, never read by the gateway. */
+  metadata: Record<string, MetadataValue>;
   /** End of the grace period of the previous secret after a rotation, if still running. */
   previousSecretValidUntil: number | null;
   /** Increases with every change, so copies of the record (the directory) keep the newest. */
@@ -138,6 +155,8 @@ export interface KeyCreateInput {
   tier: KeyTier;
   allowRegionOverride?: boolean;
   expiresAt: number | null;
+  tags?: string[];
+  metadata?: Record<string, MetadataValue>;
   now: number;
 }
 
@@ -152,6 +171,10 @@ export interface KeyUpdateInput {
   tier?: KeyTier;
   allowRegionOverride?: boolean;
   expiresAt?: number | null;
+  /** Blocks (true) or unblocks (false) the key; ignored for a revoked key. */
+  blocked?: boolean;
+  tags?: string[];
+  metadata?: Record<string, MetadataValue>;
   now: number;
 }
 
@@ -190,6 +213,8 @@ export interface AdmitInput {
   fallbacks?: AdmitFallback[];
   /** The OpenAI `user` field, recorded with the reservation. */
   endUser?: string | null;
+  /** The request's own tags (`x-warmgate-tags`); its row carries them and the key's. */
+  tags?: string[];
   /** The browser `Origin` header, if any. */
   origin?: string | null;
   /** Decision time; omit to use this object's clock (one clock per key). */
@@ -274,6 +299,8 @@ export interface SettleInput {
   admitted?: SettledAdmission | null;
   /** How the client saw it, for the account's metrics (docs/metrics.md). */
   metrics?: SettleMetrics;
+  /** The request's own tags, for a row opened at its settlement (leased, or forgotten). */
+  tags?: string[];
   /** Admitted under its isolate's lease: the tokens it took, its end user, when. */
   leased?: { reservedTokens: number; endUser: string | null; admittedAt: number };
   /** How the edge's response cache served it, when the cache was used. */
@@ -350,51 +377,10 @@ export type CheckCredential =
  */
 export type KeyCheckResult =
   | { ok: true; record: KeyRecord; secretGeneration: number }
-  | Extract<AdmissionRefusal, { code: "invalid_api_key" | "origin_not_allowed" }>;
+  | Extract<AdmissionRefusal, { code: "invalid_api_key" | "origin_not_allowed" | "key_blocked" }>;
 
 /** A refusal of a credential. */
 export type CredentialRefusal = Exclude<KeyCheckResult, { ok: true }>;
-
-/** Totals of one UTC day and model (or of a whole range when `day` and `model` are null). */
-export interface UsageTotals {
-  requests: number;
-  promptTokens: number;
-  cachedTokens: number;
-  completionTokens: number;
-  /** In pico-dollars, exact. */
-  costPicos: bigint;
-}
-
-/** One row of the usage rollup. */
-export type UsageRow = UsageTotals & { day: string; model: string };
-
-/** One request's ledger record (times epoch ms). */
-export interface LedgerRecord {
-  requestId: string;
-  /** The model that served it (or the first candidate while it runs). */
-  model: string;
-  state: "open" | "settled" | "expired";
-  outcome: SettleOutcome | "expired" | null;
-  day: string;
-  createdAt: number;
-  closedAt: number | null;
-  promptTokens: number | null;
-  cachedTokens: number | null;
-  completionTokens: number | null;
-  /** In pico-dollars, exact. */
-  reservedPicos: bigint;
-  costPicos: bigint;
-  endUser: string | null;
-  attempts: RequestAttempt[];
-  /** Answered from the response cache: its tokens are those saved, its cost the hit price. */
-  cacheHit: boolean;
-}
-
-/** The answer to `usage`: rollup rows, or why the credential was refused. */
-export type UsageResult = { ok: true; rows: UsageRow[] } | CredentialRefusal;
-
-/** The answer to `record`: the request's ledger row (null when unknown), or a refusal. */
-export type RecordResult = { ok: true; record: LedgerRecord | null } | CredentialRefusal;
 
 /**
  * The longest a write of the account waits in memory for its commit, which is the most a
@@ -402,6 +388,12 @@ export type RecordResult = { ok: true; record: LedgerRecord | null } | Credentia
  * to share one commit instead of holding each answer for its own.
  */
 export const ACCOUNT_WRITE_DELAY_MS = 50;
+
+/**
+ * How long a closed ledger row is kept (a repeated settle is recognised meanwhile; end-user,
+ * tag and spend-log reads reach this far back).
+ */
+export const LEDGER_RETENTION_MS = 35 * 86_400_000;
 
 /** No spending limit at all. */
 export const NO_BUDGETS: Budgets = { dayMicros: null, monthMicros: null, creditMicros: null };

@@ -7,6 +7,8 @@
 import { applyMigrations } from "../migrations.ts";
 import { DurableObject } from "cloudflare:workers";
 import type { KeyRecord } from "../key-account/types.ts";
+import { AUDIT_MIGRATION, appendAudit, auditPage } from "./audit.ts";
+import type { AuditEntry, AuditPage, AuditQuery } from "./types.ts";
 
 /** One page of keys, newest first. */
 export interface KeyPage {
@@ -22,6 +24,7 @@ const MIGRATIONS: readonly string[] = [
    CREATE TABLE key_origins (
      origin TEXT NOT NULL, key_id TEXT NOT NULL, PRIMARY KEY (origin, key_id));
    CREATE INDEX key_origins_by_key ON key_origins (key_id);`,
+  AUDIT_MIGRATION,
 ];
 
 /** The index of all API keys. */
@@ -31,14 +34,21 @@ export class KeyDirectory extends DurableObject<Env> {
     void ctx.blockConcurrencyWhile(() => this.#migrate());
   }
 
-  /** Records a key's latest state; an older version than the stored one is ignored. */
-  upsert(record: KeyRecord): boolean {
+  /**
+   * Records a key's latest state, and the admin action that made it in the audit log; an
+   * older version than the stored one is ignored (its action is still recorded).
+   */
+  upsert(record: KeyRecord, audit?: AuditEntry): boolean {
     const sql = this.ctx.storage.sql;
     const stored = sql
       .exec<{ version: number }>("SELECT version FROM keys WHERE id = ?", record.id)
       .toArray()[0];
-    if (stored !== undefined && stored.version > record.version) return false;
+    if (stored !== undefined && stored.version > record.version) {
+      if (audit !== undefined) this.log(audit);
+      return false;
+    }
     this.ctx.storage.transactionSync(() => {
+      if (audit !== undefined) appendAudit(sql, audit);
       sql.exec(
         `INSERT INTO keys (id, created_at, version, status, expires_at, record) VALUES (?, ?, ?, ?, ?, ?)
          ON CONFLICT (id) DO UPDATE SET version = excluded.version, status = excluded.status,
@@ -56,6 +66,16 @@ export class KeyDirectory extends DurableObject<Env> {
       }
     });
     return true;
+  }
+
+  /** Appends one admin action to the audit log. */
+  log(entry: AuditEntry): void {
+    appendAudit(this.ctx.storage.sql, entry);
+  }
+
+  /** A page of the audit log, newest first. */
+  audit(query: AuditQuery): AuditPage {
+    return auditPage(this.ctx.storage.sql, query);
   }
 
   /** Every indexed key's id and name, oldest first (for fan-out reports such as usage). */
@@ -109,7 +129,7 @@ export class KeyDirectory extends DurableObject<Env> {
       this.ctx.storage.sql
         .exec(
           `SELECT 1 FROM key_origins o JOIN keys k ON k.id = o.key_id
-           WHERE o.origin = ? AND k.status = 'active' AND (k.expires_at IS NULL OR k.expires_at > ?)
+           WHERE o.origin = ? AND k.status <> 'revoked' AND (k.expires_at IS NULL OR k.expires_at > ?)
            LIMIT 1`,
           origin,
           now,

@@ -153,6 +153,7 @@ export async function admitRequest(
     ...(input.price === undefined ? {} : { price: input.price }),
     ...(input.fallbacks === undefined ? {} : { fallbacks: input.fallbacks }),
     endUser: input.endUser ?? null,
+    ...(input.tags === undefined ? {} : { tags: input.tags }),
     origin: input.origin ?? null,
     ...(input.leaseMs === undefined ? {} : { leaseMs: input.leaseMs }),
     ...(input.now === undefined ? {} : { now: input.now }),
@@ -264,6 +265,12 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
       return invalidApiKey(INVALID_KEY_MESSAGES[refusal.reason]);
     case "origin_not_allowed":
       return originNotAllowed();
+    case "key_blocked":
+      return new ApiError(
+        403,
+        `API key ${keyId} is blocked: its operator has stopped its requests until it is unblocked.`,
+        { type: "permission_error", code: "key_blocked" },
+      );
     case "model_not_allowed":
       return new ApiError(403, `This key may not use the model \`${refusal.model}\`.`, {
         type: "invalid_request_error",

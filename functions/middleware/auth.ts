@@ -5,6 +5,7 @@
  * call of the hot path (admit and reserve), registers the settlement, and puts OpenAI's
  * `x-ratelimit-*` headers and, on JSON answers, `x-warmgate-cost-usd` on the response.
  */
+import { TAGS_HEADER, requestTags } from "../request/request-tags.ts";
 import { writeRequestEvent } from "../observability/analytics.ts";
 import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";
@@ -106,6 +107,8 @@ export function admitCompletion() {
     const settlement = c.get("settlement");
     const origin = c.req.header("origin") ?? null;
     const { body } = c.get("completion");
+    // A bad header is refused before anything is registered or reserved.
+    const tags = requestTags(c.req.header(TAGS_HEADER));
     // Registered before the call: if the call fails after the account committed, the
     // settlement still closes the reservation. A refusal reserved nothing: no call then.
     let refused = false;
@@ -175,6 +178,7 @@ export function admitCompletion() {
           price: first?.price ?? plan.model.price,
           fallbacks: rest,
           endUser,
+          ...(tags.length > 0 && { tags }),
           origin,
           leaseMs: LEASE_MS,
         },
@@ -276,6 +280,9 @@ function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
     attempts: c.get("settlement").attempts,
     metrics: settleMetrics(c.get("settlement").startedAt, settled),
   };
+  // For a row opened only now (leased, or forgotten in a crash); validated at admission.
+  const tags = requestTags(c.req.header(TAGS_HEADER));
+  if (tags.length > 0) input.tags = tags;
   const cache = settleCache(c);
   if (cache !== undefined) input.cache = cache;
   // Admitted under a lease: the account opens its row only now, from what the edge held.

@@ -95,8 +95,9 @@ async function admitOnce(
   }
   const { lease, ...result } = answer;
   if (ask !== null) {
-    // A key that refuses the credential (revoked, rotated) ends the lease here at once.
-    const dropped = !result.ok && result.code === "invalid_api_key";
+    // A key that refuses the credential (revoked, rotated, blocked) ends the lease here at once.
+    const dropped =
+      !result.ok && (result.code === "invalid_api_key" || result.code === "key_blocked");
     edge.leases.answered(credential.keyId, hash, ask, { lease: lease ?? null, dropped }, now);
   }
   return { ok: result.ok, trimmed: ask !== null, result };

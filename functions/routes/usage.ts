@@ -14,7 +14,7 @@ import type {
   LedgerRecord,
   UsageRow,
   UsageTotals,
-} from "../../durable-objects/key-account/types.ts";
+} from "../../durable-objects/key-account/usage-types.ts";
 import { picosToUsd, utcDay } from "../../contracts/pricing.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { ApiError, invalidRequest, notFound } from "../../contracts/errors.ts";
@@ -155,6 +155,7 @@ export function requestRecordJson(record: LedgerRecord) {
     created_at: Math.floor(record.createdAt / 1_000),
     settled_at: record.closedAt === null ? null : Math.floor(record.closedAt / 1_000),
     user: record.endUser,
+    tags: record.tags,
     prompt_tokens: record.promptTokens,
     cached_tokens: record.cachedTokens,
     completion_tokens: record.completionTokens,
@@ -164,6 +165,10 @@ export function requestRecordJson(record: LedgerRecord) {
     reserved_usd: record.state === "open" ? picosToUsd(record.reservedPicos) : 0,
     // Every origin tried for it, in order; only the one that served it is billed.
     attempts: record.attempts,
+    // How its client saw it, once settled.
+    http_status: record.httpStatus,
+    latency_ms: record.durationMs,
+    ttft_ms: record.ttftMs,
     // Answered from the response cache: its tokens were saved, its cost is the hit price.
     cache_hit: record.cacheHit,
   };

@@ -4,7 +4,13 @@
  * and an origin says what it generated. Its reservation moves from the lease to the row.
  */
 import { parseLeasedId } from "../../../contracts/lease-ids.ts";
-import { type LedgerEntry, NOT_CLOSED, type StoredCandidate, storedCandidate } from "../schema.ts";
+import {
+  type LedgerEntry,
+  NOT_CLOSED,
+  type StoredCandidate,
+  rowTags,
+  storedCandidate,
+} from "../schema.ts";
 import type { AccountStore } from "../store.ts";
 import type { SettleInput } from "../types.ts";
 
@@ -43,6 +49,7 @@ export function leasedRow(
     subject: null,
     subjectTpm: null,
     endUser: input.leased?.endUser ?? null,
+    tags: rowTags(store.key.record?.tags ?? [], input.tags),
     // Its tokens came out of the buckets with the lease's; without the edge's word (an
     // origin's record) what it used is all it is charged.
     reservedTokens:

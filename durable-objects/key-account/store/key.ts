@@ -51,8 +51,9 @@ export class KeyStore {
       sql.exec(
         `INSERT INTO key_record (singleton, id, name, status, rpm, tpm, concurrency, allowed_origins,
            models, tier, expires_at, created_at, updated_at, revoked_at, version,
-           budget_day_micros, budget_month_micros, credit_micros, allow_region_override)
-         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1, ?, ?, ?, ?)`,
+           budget_day_micros, budget_month_micros, credit_micros, allow_region_override, tags,
+           metadata)
+         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1, ?, ?, ?, ?, ?, ?)`,
         input.id,
         input.name,
         input.limits.rpm,
@@ -68,6 +69,8 @@ export class KeyStore {
         input.budgets?.monthMicros ?? null,
         input.budgets?.creditMicros ?? null,
         input.allowRegionOverride === true ? 1 : 0,
+        JSON.stringify(input.tags ?? []),
+        JSON.stringify(input.metadata ?? {}),
       );
       sql.exec(
         `INSERT INTO secrets (secret_hash, generation, created_at, valid_until)
@@ -86,11 +89,19 @@ export class KeyStore {
     if (current === null) return null;
     const limits = { ...current.limits, ...input.limits };
     const budgets = { ...current.budgets, ...input.budgets };
+    // Revoking is final: a revoked key is neither blocked nor unblocked.
+    const status =
+      current.status === "revoked" || input.blocked === undefined
+        ? current.status
+        : input.blocked
+          ? "blocked"
+          : "active";
+    const blockedAt = status !== "blocked" ? null : (current.blockedAt ?? input.now);
     this.#storage.sql.exec(
       `UPDATE key_record SET name = ?, rpm = ?, tpm = ?, concurrency = ?, allowed_origins = ?,
          models = ?, tier = ?, expires_at = ?, updated_at = ?, version = version + 1,
          budget_day_micros = ?, budget_month_micros = ?, credit_micros = ?,
-         allow_region_override = ?`,
+         allow_region_override = ?, status = ?, blocked_at = ?, tags = ?, metadata = ?`,
       input.name ?? current.name,
       limits.rpm,
       limits.tpm,
@@ -104,6 +115,10 @@ export class KeyStore {
       budgets.monthMicros,
       budgets.creditMicros,
       (input.allowRegionOverride ?? current.allowRegionOverride) ? 1 : 0,
+      status,
+      blockedAt,
+      JSON.stringify(input.tags ?? current.tags),
+      JSON.stringify(input.metadata ?? current.metadata),
     );
     this.load();
     return this.view(input.now);
@@ -114,7 +129,7 @@ export class KeyStore {
     if (this.#record === null) return null;
     if (this.#record.status !== "revoked") {
       this.#storage.sql.exec(
-        "UPDATE key_record SET status = 'revoked', revoked_at = ?, updated_at = ?, version = version + 1",
+        "UPDATE key_record SET status = 'revoked', revoked_at = ?, blocked_at = NULL, updated_at = ?, version = version + 1",
         now,
         now,
       );

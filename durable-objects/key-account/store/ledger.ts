@@ -3,6 +3,7 @@
  * whose lease lapsed unsettled, and each row's latest state written behind
  * (docs/key-account.md, "Storage" and "Leases and reconciliation").
  */
+import { LEDGER_RETENTION_MS } from "../types.ts";
 import type { WriteBehind } from "../../write-behind.ts";
 import {
   LEDGER_COLUMNS,
@@ -13,16 +14,18 @@ import {
   picosColumns,
   usageRowOf,
 } from "../schema.ts";
-import type { UsageRow } from "../types.ts";
+import { type RequestLogQuery, type TagUsageRow, type UsageRow } from "../usage-types.ts";
+
+const USAGE_SUMS = `COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,
+  COALESCE(SUM(cached_tokens), 0) AS cached_tokens,
+  COALESCE(SUM(completion_tokens), 0) AS completion_tokens,
+  COALESCE(SUM(cost_micros), 0) AS cost_micros, COALESCE(SUM(cost_picos), 0) AS cost_picos`;
 
 /**
  * How long after its lease lapsed a request is still looked for on the origins (they
  * remember items for 15 minutes).
  */
 const RECONCILE_WINDOW_MS = 10 * 60_000;
-
-/** How long a closed ledger row is kept (a repeated settle is recognised meanwhile). */
-export const LEDGER_RETENTION_MS = 35 * 86_400_000;
 
 /** The key's ledger rows: the open ones in memory ahead of SQLite, every one in SQLite. */
 export class LedgerStore {
@@ -162,25 +165,87 @@ export class LedgerStore {
     return [...this.#lapsed.keys(), ...this.#lapsedLeased.keys()].slice(0, max);
   }
 
-  /** One end user's usage by day and model, summed from the closed rows (a flush first). */
-  userUsage(user: string, from: string, to: string): UsageRow[] {
+  /**
+   * Usage by day and model of one end user's requests, or one tag's, or both, summed from
+   * the closed rows (a flush first).
+   */
+  filteredUsage(only: { user?: string; tag?: string }, from: string, to: string): UsageRow[] {
     this.#writes.flush();
+    const where = ["day >= ?", "day <= ?", "state <> 'open'"];
+    const args: string[] = [from, to];
+    if (only.user !== undefined) {
+      where.push("end_user = ?");
+      args.push(only.user);
+    }
+    if (only.tag !== undefined) {
+      where.push("EXISTS (SELECT 1 FROM json_each(ledger.tags) WHERE value = ?)");
+      args.push(only.tag);
+    }
     return this.#sql
       .exec<UsageDbRow>(
-        `SELECT day, model, COUNT(*) AS requests,
-           COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens,
-           COALESCE(SUM(cached_tokens), 0) AS cached_tokens,
-           COALESCE(SUM(completion_tokens), 0) AS completion_tokens,
-           COALESCE(SUM(cost_micros), 0) AS cost_micros,
-           COALESCE(SUM(cost_picos), 0) AS cost_picos
-         FROM ledger WHERE day >= ? AND day <= ? AND end_user = ? AND state <> 'open'
-         GROUP BY day, model ORDER BY day, model`,
-        from,
-        to,
-        user,
+        `SELECT day, model, COUNT(*) AS requests, ${USAGE_SUMS}
+         FROM ledger WHERE ${where.join(" AND ")} GROUP BY day, model ORDER BY day, model`,
+        ...args,
       )
       .toArray()
       .map(usageRowOf);
+  }
+
+  /** Totals per tag of the closed rows from `from` to `to` (UTC days), from the ledger. */
+  tagUsage(from: string, to: string): TagUsageRow[] {
+    this.#writes.flush();
+    return this.#sql
+      .exec<UsageDbRow & { tag: string }>(
+        `SELECT t.value AS tag, '' AS day, '' AS model, COUNT(*) AS requests, ${USAGE_SUMS}
+         FROM ledger, json_each(ledger.tags) AS t
+         WHERE day >= ? AND day <= ? AND state <> 'open' GROUP BY t.value ORDER BY t.value`,
+        from,
+        to,
+      )
+      .toArray()
+      .map(({ tag, ...row }) => {
+        const { day: _day, model: _model, ...totals } = usageRowOf(row);
+        return { tag, ...totals };
+      });
+  }
+
+  /** A page of rows newest first (a flush first): the spend log's (docs/api.md). */
+  page(query: RequestLogQuery): LedgerEntry[] {
+    this.#writes.flush();
+    const where = ["created_at >= ?", "created_at < ?"];
+    const args: (string | number)[] = [query.from, query.to];
+    if (query.before !== undefined) {
+      where.push("(created_at < ? OR (created_at = ? AND request_id < ?))");
+      const { createdAt, requestId } = query.before;
+      args.push(createdAt, createdAt, requestId);
+    }
+    const equal: [string, string | undefined][] = [
+      ["end_user", query.user],
+      ["model", query.model],
+    ];
+    for (const [column, value] of equal) {
+      if (value === undefined) continue;
+      where.push(`${column} = ?`);
+      args.push(value);
+    }
+    if (query.tag !== undefined) {
+      where.push("EXISTS (SELECT 1 FROM json_each(ledger.tags) WHERE value = ?)");
+      args.push(query.tag);
+    }
+    if (query.status === "open") where.push("state = 'open'");
+    else if (query.status !== undefined && query.status !== null) {
+      where.push("outcome = ?");
+      args.push(query.status);
+    }
+    return this.#sql
+      .exec<LedgerRow>(
+        `SELECT ${LEDGER_COLUMNS} FROM ledger WHERE ${where.join(" AND ")}
+         ORDER BY created_at DESC, request_id DESC LIMIT ?`,
+        ...args,
+        Math.min(500, Math.max(1, Math.floor(query.limit))),
+      )
+      .toArray()
+      .map(ledgerEntryOf);
   }
 
   /** Deletes the closed rows past their retention; the caller flushed. */
@@ -222,12 +287,14 @@ export class LedgerStore {
     this.#writes.set(ledgerKey(entry.requestId), () =>
       this.#sql.exec(
         `INSERT INTO ledger (${LEDGER_COLUMNS})
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT (request_id) DO UPDATE SET state = excluded.state, model = excluded.model,
            closed_at = excluded.closed_at, outcome = excluded.outcome,
            prompt_tokens = excluded.prompt_tokens, cached_tokens = excluded.cached_tokens,
            completion_tokens = excluded.completion_tokens, cost_micros = excluded.cost_micros,
            cost_picos = excluded.cost_picos, expires_at = excluded.expires_at, attempts = excluded.attempts,
+           http_status = excluded.http_status, duration_ms = excluded.duration_ms,
+           ttft_ms = excluded.ttft_ms,
            cache_hit = excluded.cache_hit
          WHERE ledger.state = 'open' OR (ledger.state = 'expired' AND excluded.state = 'settled')`,
         entry.requestId,
@@ -249,6 +316,10 @@ export class LedgerStore {
         entry.completionTokens,
         ...picosColumns(entry.costPicos),
         JSON.stringify(entry.attempts),
+        JSON.stringify(entry.tags),
+        entry.httpStatus,
+        entry.durationMs,
+        entry.ttftMs,
         entry.cacheHit ? 1 : 0,
       ),
     );

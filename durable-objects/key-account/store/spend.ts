@@ -8,7 +8,7 @@ import { utcDay, utcMonth } from "../../../contracts/pricing.ts";
 import type { PeriodSpend, SpendState } from "../budgets.ts";
 import type { UsageDelta } from "../ledger.ts";
 import { type UsageDbRow, picosColumns, storedPicos, usageRowOf } from "../schema.ts";
-import type { UsageRow, UsageTotals } from "../types.ts";
+import type { UsageRow, UsageTotals } from "../usage-types.ts";
 
 // Spend rows of days and months this far back are no longer needed for any budget.
 const SPEND_RETENTION_MS = 62 * 86_400_000;

@@ -1,6 +1,6 @@
 /**
  * `GET /admin/breakers` and `POST /admin/breakers/:origin`: the origins' circuit breakers,
- * and forcing one open or closed. Behind the admin token.
+ * and forcing one open or closed (recorded in the audit log). Behind the admin token.
  * See docs/failover.md, "Breakers".
  */
 import { Hono } from "hono";
@@ -10,6 +10,8 @@ import type { AppEnv } from "../../app-env.ts";
 import { notFound } from "../../../contracts/errors.ts";
 import { readJsonBody } from "../../request/json-body.ts";
 import { breakerRegion } from "../../health/breakers.ts";
+import { keyDirectory } from "../../accounts/account-client.ts";
+import { auditEntry } from "../../accounts/audit.ts";
 
 const ForceSchema = z.strictObject({ state: z.enum(["open", "closed"]) });
 
@@ -37,5 +39,7 @@ export const breakers = new Hono<AppEnv>()
       origin,
       state,
     );
+    const entry = await auditEntry(c, "breaker.force", { type: "origin", id: origin }, { state });
+    await keyDirectory(c.env).log(entry);
     return c.json(view);
   });

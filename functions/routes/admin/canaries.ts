@@ -1,7 +1,7 @@
 /**
  * `GET /admin/canaries` and `POST /admin/canaries/:model`: the canary rollouts with both
- * arms' figures, and promoting, pausing, resuming or rolling one back. Behind the admin
- * token.
+ * arms' figures, and promoting, pausing, resuming or rolling one back (recorded in the
+ * audit log). Behind the admin token.
  * See docs/failover.md, "Canaries".
  */
 import { Hono } from "hono";
@@ -11,6 +11,8 @@ import type { AppEnv } from "../../app-env.ts";
 import { canaryName } from "../../../contracts/canary.ts";
 import { notFound } from "../../../contracts/errors.ts";
 import { readJsonBody } from "../../request/json-body.ts";
+import { keyDirectory } from "../../accounts/account-client.ts";
+import { auditEntry } from "../../accounts/audit.ts";
 
 const ActionSchema = z.strictObject({ action: z.enum(["promote", "pause", "resume", "rollback"]) });
 
@@ -35,5 +37,8 @@ export const canaries = new Hono<AppEnv>()
       );
     }
     const { action } = await readJsonBody(c.req.raw, ActionSchema);
-    return c.json(await c.env.CANARIES.getByName(canaryName(spec)).act(spec, action));
+    const view = await c.env.CANARIES.getByName(canaryName(spec)).act(spec, action);
+    const entry = await auditEntry(c, `canary.${action}`, { type: "model", id: model });
+    await keyDirectory(c.env).log(entry);
+    return c.json(view);
   });

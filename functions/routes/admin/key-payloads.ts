@@ -7,6 +7,8 @@
 import { z } from "zod";
 import {
   KEY_TIERS,
+  MAX_KEY_TAGS,
+  TAG_PATTERN,
   type Budgets,
   type KeyRecord,
   type Limits,
@@ -77,6 +79,21 @@ const ExpiresAt = z
   .union([z.int().positive(), z.iso.datetime({ offset: true })])
   .transform((value) => (typeof value === "number" ? value * 1_000 : Date.parse(value)));
 
+/** A tag: 1 to 64 letters, digits or `_ . : = / @ + -`. */
+export const Tag = z.string().regex(TAG_PATTERN, {
+  message: "Expected a tag of 1 to 64 letters, digits or _ . : = / @ + -.",
+});
+
+// Free metadata: at most 32 entries of scalars, names and strings bounded.
+const Metadata = z
+  .record(
+    z.string().min(1).max(64),
+    z.union([z.string().max(512), z.number(), z.boolean(), z.null()]),
+  )
+  .refine((value) => Object.keys(value).length <= 32, {
+    message: "Expected at most 32 metadata entries.",
+  });
+
 const KeyFields = {
   name: z.string().trim().min(1).max(200),
   limits: KeyLimits.partial(),
@@ -85,13 +102,18 @@ const KeyFields = {
   tier: z.enum(KEY_TIERS),
   allow_region_override: z.boolean(),
   expires_at: ExpiresAt.nullable(),
+  tags: z.array(Tag).max(MAX_KEY_TAGS),
+  metadata: Metadata,
 };
+
+/** `blocked` is changed with `PATCH` (or the block and unblock routes), not set at creation. */
+const UpdateOnlyFields = { blocked: z.boolean() };
 
 /** Body of `POST /admin/keys`: all but `name` optional. */
 export const CreateKeyRequest = z.strictObject(KeyFields).partial().required({ name: true });
 
 /** Body of `PATCH /admin/keys/{id}`: any subset of the create fields. */
-export const UpdateKeyRequest = z.strictObject(KeyFields).partial();
+export const UpdateKeyRequest = z.strictObject({ ...KeyFields, ...UpdateOnlyFields }).partial();
 
 /** Body of `POST /admin/keys/{id}/rotate`. */
 export const RotateKeyRequest = z.strictObject({
@@ -120,6 +142,9 @@ export function keyJson(record: KeyRecord): Record<string, unknown> {
     created_at: seconds(record.createdAt),
     updated_at: seconds(record.updatedAt),
     revoked_at: seconds(record.revokedAt),
+    blocked_at: seconds(record.blockedAt),
+    tags: record.tags,
+    metadata: record.metadata,
     previous_key_expires_at: seconds(record.previousSecretValidUntil),
   };
 }

@@ -1,14 +1,14 @@
 // The admin API for API keys, mounted at `/admin`, behind `Authorization: Bearer
 // <ADMIN_TOKEN>`. Each key's KeyAccount is its source of truth; every change is then
 // copied to the KeyDirectory (versioned, so copies never go backwards), which answers
-// listing. A key's secret appears only in the answers to create and rotate. Also
-// `/admin/usage`, the usage API across keys. The bodies and the key's JSON form are
-// key-payloads.ts; the admin token check is middleware/admin-auth.ts.
+// listing, and records each change in the audit log. A key's secret appears only in the
+// answers to create and rotate. The bodies and the key's JSON form are key-payloads.ts;
+// the admin token check is middleware/admin-auth.ts.
 // See docs/edge.md.
 
 import type { AppEnv } from "../../app-env.ts";
 import { Hono } from "hono";
-import { NO_BUDGETS, type UsageRow } from "../../../durable-objects/key-account/types.ts";
+import { NO_BUDGETS } from "../../../durable-objects/key-account/types.ts";
 import { ApiError, notFound } from "../../../contracts/errors.ts";
 import { readJsonBody } from "../../request/json-body.ts";
 import { checkKeyModels } from "../../accounts/key-models.ts";
@@ -24,58 +24,15 @@ import {
   keyJson,
   rateLimitsOf,
 } from "./key-payloads.ts";
-import { onlyParams, sumUsage, totalsJson, usageRange, usageReport, usageUser } from "../usage.ts";
 import { KEY_ID_PATTERN, mintApiKey, newKeyId } from "../../accounts/keys.ts";
-
-/** Key accounts asked at once by `GET /admin/usage`. */
-export const USAGE_FAN_OUT = 32;
+import { auditEntry } from "../../accounts/audit.ts";
+import type { Context } from "hono";
 
 /**
- * `/admin/keys…`: create, list, get, update, revoke and rotate API keys;
- * `/admin/usage`: the usage API across keys.
+ * `/admin/keys…`: create, list, get, update, block, unblock, revoke and rotate API keys.
  */
 export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Variables"], "edge"> }>()
   .use("*", adminAuth())
-  .get("/usage", async (c) => {
-    onlyParams(c.req.query(), ["from", "to", "key_id", "user"]);
-    const range = usageRange(c.req.query("from"), c.req.query("to"), Date.now());
-    const user = usageUser(c.req.query("user"));
-    const only = c.req.query("key_id");
-    const all: { id: string; name: string }[] = await keyDirectory(c.env).ids();
-    const keys = only === undefined ? all : all.filter((key) => key.id === only);
-    if (only !== undefined && keys.length === 0) throw noSuchKey(only);
-    // Each key's account holds its own ledger (and its end users' requests): ask them all,
-    // a batch at a time.
-    const perKey: { id: string; name: string; rows: UsageRow[] }[] = [];
-    for (let i = 0; i < keys.length; i += USAGE_FAN_OUT) {
-      const batch = keys.slice(i, i + USAGE_FAN_OUT);
-      const answers = await Promise.all(
-        batch.map((key) =>
-          keyAccount(c.env, key.id).usage({ ...range, ...(user !== undefined && { user }) }),
-        ),
-      );
-      answers.forEach((answer, j) => {
-        const key = batch[j];
-        if (answer.ok && key !== undefined) perKey.push({ ...key, rows: answer.rows });
-      });
-    }
-    const merged = new Map<string, UsageRow>();
-    for (const row of perKey.flatMap((key) => key.rows)) {
-      const slot = `${row.day}\u0000${row.model}`;
-      const seen = merged.get(slot);
-      merged.set(slot, seen === undefined ? { ...row } : { ...seen, ...sumUsage([seen, row]) });
-    }
-    const rows = [...merged.values()].sort((a, b) =>
-      a.day === b.day ? a.model.localeCompare(b.model) : a.day.localeCompare(b.day),
-    );
-    return c.json({
-      ...usageReport(range, rows),
-      user: user ?? null,
-      keys: perKey
-        .map((key) => ({ key_id: key.id, name: key.name, ...totalsJson(sumUsage(key.rows)) }))
-        .filter((key) => key.requests > 0),
-    });
-  })
   .post("/keys", async (c) => {
     const body = await readJsonBody(c.req.raw, CreateKeyRequest);
     if (body.models) checkKeyModels(c.env.WARMGATE_CONFIG, body.models);
@@ -93,10 +50,12 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
       tier: body.tier ?? "standard",
       allowRegionOverride: body.allow_region_override ?? false,
       expiresAt: body.expires_at ?? null,
+      tags: [...new Set(body.tags ?? [])],
+      metadata: body.metadata ?? {},
       now,
     });
     if (record === null) throw new Error("key id already in use");
-    await keyDirectory(c.env).upsert(record);
+    await keyDirectory(c.env).upsert(record, await auditEntry(c, "key.create", target(id), body));
     return c.json({ ...keyJson(record), key }, 201);
   })
   .get("/keys", async (c) => {
@@ -128,8 +87,9 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     const id = c.req.param("id");
     if (!(await known(c.env, id))) throw noSuchKey(id);
     const body = await readJsonBody(c.req.raw, UpdateKeyRequest);
-    const { name, limits, allowed_origins, models, tier, expires_at } = body;
+    const { name, limits, allowed_origins, models, tier, expires_at, blocked, metadata } = body;
     if (models) checkKeyModels(c.env.WARMGATE_CONFIG, models);
+    if (blocked !== undefined) await refuseIfRevoked(c.env, id);
     const override = body.allow_region_override;
     const record = await keyAccount(c.env, id).update({
       now: Date.now(),
@@ -140,13 +100,18 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
       ...(tier === undefined ? {} : { tier }),
       ...(override === undefined ? {} : { allowRegionOverride: override }),
       ...(expires_at === undefined ? {} : { expiresAt: expires_at }),
+      ...(blocked === undefined ? {} : { blocked }),
+      ...(body.tags === undefined ? {} : { tags: [...new Set(body.tags)] }),
+      ...(metadata === undefined ? {} : { metadata }),
     });
     if (record === null) throw noSuchKey(id);
     // This isolate's lease of the key ends now; every other one within its window.
     c.var.edge.leases.drop(id);
-    await keyDirectory(c.env).upsert(record);
+    await keyDirectory(c.env).upsert(record, await auditEntry(c, "key.update", target(id), body));
     return c.json(keyJson(record));
   })
+  .post("/keys/:id/block", (c) => setBlocked(c, true))
+  .post("/keys/:id/unblock", (c) => setBlocked(c, false))
   .delete("/keys/:id", async (c) => {
     const id = c.req.param("id");
     if (!(await known(c.env, id))) throw noSuchKey(id);
@@ -154,7 +119,7 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     if (record === null) throw noSuchKey(id);
     // This isolate's lease of the key ends now; every other one within its window.
     c.var.edge.leases.drop(id);
-    await keyDirectory(c.env).upsert(record);
+    await keyDirectory(c.env).upsert(record, await auditEntry(c, "key.revoke", target(id)));
     return c.json(keyJson(record));
   })
   .post("/keys/:id/rotate", async (c) => {
@@ -168,24 +133,53 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
       graceMs: graceSeconds * 1_000,
       now: Date.now(),
     });
-    if (record === null) {
-      throw new ApiError(409, "A revoked key cannot be rotated.", {
-        type: "invalid_request_error",
-        code: "key_revoked",
-        param: "id",
-      });
-    }
+    if (record === null) throw keyRevoked("rotated");
     c.var.edge.leases.drop(id);
-    await keyDirectory(c.env).upsert(record);
+    const audit = await auditEntry(c, "key.rotate", target(id), { grace_seconds: graceSeconds });
+    await keyDirectory(c.env).upsert(record, audit);
     return c.json({ ...keyJson(record), key });
   });
+
+type AdminContext = Context<{ Bindings: Env; Variables: Pick<AppEnv["Variables"], "edge"> }>;
+
+// `POST /admin/keys/{id}/block` and `/unblock`: the key's requests are refused (403
+// `key_blocked`) or admitted again; its leases end as for any change (docs/key-account.md).
+async function setBlocked(c: AdminContext, blocked: boolean): Promise<Response> {
+  const id = c.req.param("id") ?? "";
+  if (!(await known(c.env, id))) throw noSuchKey(id);
+  await refuseIfRevoked(c.env, id);
+  const record = await keyAccount(c.env, id).update({ blocked, now: Date.now() });
+  if (record === null) throw noSuchKey(id);
+  c.var.edge.leases.drop(id);
+  const action = blocked ? "key.block" : "key.unblock";
+  await keyDirectory(c.env).upsert(record, await auditEntry(c, action, target(id)));
+  return c.json(keyJson(record));
+}
+
+async function refuseIfRevoked(env: Env, id: string): Promise<void> {
+  const current = await keyAccount(env, id).get();
+  if (current?.status === "revoked") throw keyRevoked("blocked or unblocked");
+}
+
+function keyRevoked(what: string): ApiError {
+  return new ApiError(409, `A revoked key cannot be ${what}.`, {
+    type: "invalid_request_error",
+    code: "key_revoked",
+    param: "id",
+  });
+}
+
+function target(id: string): { type: string; id: string } {
+  return { type: "key", id };
+}
 
 // Only indexed keys are looked up, so probing ids never creates a KeyAccount.
 async function known(env: Env, id: string): Promise<boolean> {
   return KEY_ID_PATTERN.test(id) && (await keyDirectory(env).has(id));
 }
 
-function noSuchKey(id: string): ApiError {
+/** The 404 of an unknown (or malformed) key id. */
+export function noSuchKey(id: string): ApiError {
   const shown = KEY_ID_PATTERN.test(id) ? id : "(malformed id)";
   return notFound(`No API key with id ${shown}.`, "key_not_found", "id");
 }

@@ -151,6 +151,13 @@ describe("KeyAccount schema migration to pico-dollars", () => {
       sql.exec("DELETE FROM schema_migrations WHERE version >= 7");
       // What the later migrations added.
       sql.exec("DROP TABLE leases");
+      for (const column of ["blocked_at", "tags", "metadata"]) {
+        sql.exec(`ALTER TABLE key_record DROP COLUMN ${column}`);
+      }
+      sql.exec("DROP INDEX ledger_created");
+      for (const column of ["tags", "http_status", "duration_ms", "ttft_ms"]) {
+        sql.exec(`ALTER TABLE ledger DROP COLUMN ${column}`);
+      }
       sql.exec("ALTER TABLE ledger DROP COLUMN cache_hit");
     });
     await evictDurableObject(stub);

@@ -172,6 +172,18 @@ describe("every origin of a model open", () => {
 });
 
 describe("the breaker admin API", () => {
+  it("records each forced state in the audit log", async () => {
+    const config = configOf("audited", true);
+    await force(config, "breaker-1@audited", "open");
+    await force(config, "breaker-1@audited", "closed");
+    const res = await send(config, admin("/admin/audit?target_id=breaker-1@audited"));
+    const { data } = await res.json<{ data: { action: string; detail: unknown }[] }>();
+    expect(data.map((entry) => [entry.action, entry.detail])).toEqual([
+      ["breaker.force", { state: "closed" }],
+      ["breaker.force", { state: "open" }],
+    ]);
+  });
+
   it("lists every configured origin's breaker", async () => {
     const config = configOf("list", true);
     const res = await send(config, admin("/admin/breakers"));

@@ -169,6 +169,45 @@ describe("a lease and its key's changes", () => {
   });
 });
 
+describe("a lease of a blocked key", () => {
+  it("ends at once in the isolate that blocks the key, and leases again once unblocked", async () => {
+    const { id, key } = await createKey({ name: "leased-block" });
+    await send(env, key);
+    expect((await send(env, key)).response.status).toBe(200);
+    const block = await exports.default.fetch(`http://edge.test/admin/keys/${id}/block`, {
+      method: "POST",
+      headers: ADMIN,
+    });
+    expect(block.status).toBe(200);
+    const refused = await send(env, key);
+    expect(refused.response.status).toBe(403);
+    expect(JSON.parse(refused.text)).toMatchObject({
+      error: { type: "permission_error", code: "key_blocked", param: null },
+    });
+    const unblock = await exports.default.fetch(`http://edge.test/admin/keys/${id}/unblock`, {
+      method: "POST",
+      headers: ADMIN,
+    });
+    expect(unblock.status).toBe(200);
+    expect((await send(env, key)).response.status).toBe(200);
+  });
+
+  it("admits nothing once its window has passed since the key was blocked elsewhere", async () => {
+    const { id, key } = await createKey({ name: "leased-block-far" });
+    const config = JSON.parse(env.WARMGATE_CONFIG) as Record<string, unknown>;
+    const bindings = {
+      ...env,
+      WARMGATE_CONFIG: JSON.stringify({ ...config, leases: { window_ms: 500 } }),
+    };
+    await send(bindings, key);
+    expect((await send(bindings, key)).response.status).toBe(200);
+    // Another isolate's admin call: this one's lease is not told.
+    await account(id).update({ blocked: true, now: Date.now() });
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    expect((await send(bindings, key)).response.status).toBe(403);
+  });
+});
+
 describe("a lease its isolate stops renewing", () => {
   it("gives its slots and money back to the account when it lapses", async () => {
     const { id } = await createKey({
