@@ -82,18 +82,25 @@ export function worstCasePicos(price: ModelPrice, promptTokens: number, maxToken
   );
 }
 
+/** The whole price, as a share in parts per million. */
+export const FULL_PRICE_PPM = 1_000_000;
+
 /**
  * What a finished request is billed, in pico-dollars: the cost of the origin's usage, at
  * most `capPicos` when a budget limits it (null: no cap), and nothing when no usage was
- * reported (no engine ran it, or the connection broke before the origin could say).
+ * reported (no engine ran it, or the connection broke before the origin could say); at
+ * `sharePpm` of the price for an answer served from the response cache.
  */
 export function billedPicos(
   usage: TokenUsage | null,
   price: ModelPrice,
   capPicos: bigint | null,
+  sharePpm: number = FULL_PRICE_PPM,
 ): bigint {
   if (usage === null) return 0n;
-  const cost = costPicos(usage, price);
+  const full = costPicos(usage, price);
+  // A share of the price (a response-cache hit's), rounded down to the pico-dollar.
+  const cost = sharePpm === FULL_PRICE_PPM ? full : (full * BigInt(sharePpm)) / 1_000_000n;
   if (capPicos === null) return cost;
   const cap = capPicos > 0n ? capPicos : 0n;
   return cost < cap ? cost : cap;

@@ -11,6 +11,7 @@ import type { Credential } from "./accounts/account-client.ts";
 import type { ChatCompletionRequest, CompletionRequest } from "./request/openai-schemas.ts";
 import type { EmbeddingsRequest, ResponsesRequest } from "./request/responses-schemas.ts";
 import type { Settlement } from "./accounts/settlement.ts";
+import type { CacheState } from "./cache/state.ts";
 
 /** Who is calling, as authentication established it. */
 export interface Caller {
@@ -71,5 +72,7 @@ export type AppEnv = {
     completion: CompletionBody;
     /** Set once the model is resolved and the context window checked. */
     plan: CompletionPlan;
+    /** What the response cache decided and did, set on completion routes before admission. */
+    cache: CacheState;
   };
 };

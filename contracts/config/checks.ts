@@ -5,6 +5,7 @@
  */
 import type { z } from "zod";
 import type { BatchingSection } from "./batching.ts";
+import type { CacheSection } from "./cache.ts";
 import type { CanarySpec } from "./canaries.ts";
 import type { ModelConfig } from "./models.ts";
 import type { RegionConfig } from "./regions.ts";
@@ -19,6 +20,7 @@ export interface CheckedSections {
   batching: BatchingSection;
   canaries: readonly CanarySpec[];
   routing: { enabled: boolean };
+  cache?: CacheSection;
 }
 
 /** A problem at a field's path. */
@@ -35,6 +37,7 @@ export function checkReferences(config: CheckedSections, ctx: z.RefinementCtx): 
     ...regionIssues(config),
     ...overrideIssues(config),
     ...canaryIssues(config),
+    ...cacheIssues(config),
   ]) {
     ctx.addIssue({ code: "custom", ...issue });
   }
@@ -173,4 +176,14 @@ function canaryIssues(config: CheckedSections): Issue[] {
     });
   });
   return issues;
+}
+
+// A rule is matched against the served model's id: an alias or unknown name would never apply.
+function cacheIssues(config: CheckedSections): Issue[] {
+  const ids = new Set(config.models.map((model) => model.id));
+  return (config.cache?.rules ?? []).flatMap((rule, i) =>
+    rule.model === undefined || ids.has(rule.model)
+      ? []
+      : [{ path: ["cache", "rules", i, "model"], message: `unknown model "${rule.model}"` }],
+  );
 }

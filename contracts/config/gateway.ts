@@ -9,6 +9,7 @@ import { formatPath } from "../param-path.ts";
 import type { BreakerRegion } from "../breaker.ts";
 import { BatchingSectionSchema, batchingSettings } from "./batching.ts";
 import { BreakersSchema } from "./breakers.ts";
+import { CacheSectionSchema } from "./cache.ts";
 import { CanarySchema } from "./canaries.ts";
 import { checkReferences } from "./checks.ts";
 import { LeasesSchema } from "./leases.ts";
@@ -39,6 +40,8 @@ export const GatewayConfigSchema = z
     canaries: z.array(CanarySchema).default([]),
     /** Routing to warm prefix caches (docs/routing.md). */
     routing: RoutingSchema.prefault({}),
+    /** The exact response cache, with rules per key and model (docs/cache.md). */
+    cache: CacheSectionSchema.prefault({}),
   })
   .superRefine(checkReferences)
   .transform((config) => ({
@@ -50,6 +53,7 @@ export const GatewayConfigSchema = z
     leases: config.leases,
     breakers: config.breakers,
     routing: config.routing,
+    cache: config.cache,
     /** Each model's canary, by model id. */
     canaries: new Map(config.canaries.map((canary) => [canary.model, canary])),
     /** Every region and model's batching plan (see `batchingPlan`). */

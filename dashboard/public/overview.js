@@ -129,6 +129,10 @@ function render(view) {
   text($("total-errors"), String(view.totals.errors));
   text($("total-spend"), usd(view.totals.spend_usd));
   text($("total-queued"), String(view.queued));
+  const looked = view.cache.hits + view.cache.misses;
+  const hitRate = looked === 0 ? "" : ` (${((100 * view.cache.hits) / looked).toFixed(0)}%)`;
+  text($("cache-hits"), `${view.cache.hits}${hitRate}`);
+  text($("cache-saved"), String(view.cache.tokens_saved));
   if (seconds !== null && seconds > 0) {
     const rps = (view.totals.requests - previous.totals.requests) / seconds;
     const eps = (view.totals.errors - previous.totals.errors) / seconds;
@@ -173,7 +177,13 @@ function render(view) {
   const keys = [...view.top_keys].sort((a, b) => b[keyOrder] - a[keyOrder]);
   fill(
     $("keys").tBodies[0],
-    keys.map((k) => [[k.name || k.id], [k.tier], [String(k.requests)], [usd(k.spend_usd)]]),
+    keys.map((k) => [
+      [k.name || k.id],
+      [k.tier],
+      [String(k.requests)],
+      [usd(k.spend_usd)],
+      [String(k.cache_hits)],
+    ]),
   );
   fill(
     $("errors").tBodies[0],

@@ -56,7 +56,14 @@ export function settleRow(
         };
   // An expired row released its reservation and was counted when it expired.
   const late = row.state === "expired";
-  const cost = billedPicos(tokens, priceOf(served), capPicos);
+  // A hit generated nothing: billed at its share of the price, every reserved token back.
+  const hit = input.cache?.result === "hit";
+  const cost = billedPicos(
+    tokens,
+    priceOf(served),
+    capPicos,
+    hit ? input.cache?.pricePpm : undefined,
+  );
   const counted: UsageDelta[] =
     late && model !== row.model
       ? [{ model: row.model, requests: -1, tokens: null, costPicos: 0n }]
@@ -76,12 +83,21 @@ export function settleRow(
       httpStatus: input.metrics?.status ?? row.httpStatus,
       durationMs: input.metrics?.durationMs ?? row.durationMs,
       ttftMs: input.metrics === undefined ? row.ttftMs : input.metrics.ttftMs,
+      cacheHit: hit,
     },
-    tokens: tokenCorrection(row.reservedTokens, usedTokens, input.originBegan ?? true),
+    tokens: hit
+      ? tokenCorrection(row.reservedTokens, null, false)
+      : tokenCorrection(row.reservedTokens, usedTokens, input.originBegan ?? true),
     spend: { reservedPicos: late ? 0n : -row.reservedPicos, settledPicos: cost },
     usage: [
       ...counted,
-      { model, requests: late && model === row.model ? 0 : 1, tokens, costPicos: cost },
+      // A hit's tokens were saved, not billed: the usage rollups count what was generated.
+      {
+        model,
+        requests: late && model === row.model ? 0 : 1,
+        tokens: hit ? null : tokens,
+        costPicos: cost,
+      },
     ],
   };
   const result: SettleResult = {

@@ -29,6 +29,18 @@ export interface RequestSeries {
   completionTokens: number;
   durationS: HistogramData;
   ttftS: HistogramData;
+  /** The response cache's part in them (absent until it served one, as in older series). */
+  cache?: CacheCounts;
+}
+
+/** What the response cache did for a series' requests (docs/cache.md). */
+export interface CacheCounts {
+  hits: number;
+  misses: number;
+  /** Bytes served from the cache. */
+  bytesSaved: number;
+  /** Prompt and completion tokens the hits' answers took to generate, not generated again. */
+  tokensSaved: number;
 }
 
 /** A request that ended in an error, for the dashboard. */
@@ -64,6 +76,8 @@ export interface RequestSample {
   attempts: number;
   costPicos: bigint;
   tokens: { prompt: number; cached: number; completion: number } | null;
+  /** How the response cache served it, when it was used. */
+  cache?: { result: "hit" | "miss"; bytes: number; tokensSaved: number };
   at: number;
 }
 
@@ -111,6 +125,16 @@ export function addSample(
     series.promptTokens += sample.tokens.prompt;
     series.cachedTokens += Math.min(sample.tokens.cached, sample.tokens.prompt);
     series.completionTokens += sample.tokens.completion;
+  }
+  if (sample.cache !== undefined) {
+    const counts = (series.cache ??= { hits: 0, misses: 0, bytesSaved: 0, tokensSaved: 0 });
+    if (sample.cache.result === "hit") {
+      counts.hits += 1;
+      counts.bytesSaved += sample.cache.bytes;
+      counts.tokensSaved += sample.cache.tokensSaved;
+    } else {
+      counts.misses += 1;
+    }
   }
   if (sample.durationMs !== null)
     observe(series.durationS, DURATION_BOUNDS_S, sample.durationMs / 1000);
@@ -179,18 +203,29 @@ export function settledSample(
 ): RequestSample {
   const m = input.metrics;
   const usage = input.usage ?? null;
+  const { cache } = input;
+  const hit = cache?.result === "hit";
   return {
     requestId: input.requestId,
     model: input.model ?? model,
-    region: m?.region ?? "none",
+    // Served by the edge itself, from the colo's response cache.
+    region: hit ? "cache" : (m?.region ?? "none"),
     status: m?.status ?? statusOf(input.outcome),
     outcome: input.outcome,
     durationMs: m?.durationMs ?? null,
     ttftMs: m?.ttftMs ?? null,
     attempts: input.attempts?.filter((a) => a.origin !== null).length ?? 0,
     costPicos,
+    ...(cache !== undefined && {
+      cache: {
+        result: cache.result,
+        bytes: cache.bytes,
+        tokensSaved: hit && usage !== null ? usage.prompt_tokens + usage.completion_tokens : 0,
+      },
+    }),
+    // A hit's tokens were saved, not billed.
     tokens:
-      usage === null
+      usage === null || hit
         ? null
         : {
             prompt: usage.prompt_tokens,

@@ -91,6 +91,8 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
    ALTER TABLE ledger ADD COLUMN duration_ms INTEGER;
    ALTER TABLE ledger ADD COLUMN ttft_ms INTEGER;
    CREATE INDEX ledger_created ON ledger (created_at, request_id);`,
+  // Requests answered from the edge's response cache (docs/cache.md).
+  `ALTER TABLE ledger ADD COLUMN cache_hit INTEGER NOT NULL DEFAULT 0;`,
 ];
 
 /** The tags of a request's row: the key's, then the request's own not among them. */
@@ -174,6 +176,7 @@ export interface LedgerEntry {
   httpStatus: number | null;
   durationMs: number | null;
   ttftMs: number | null;
+  cacheHit: boolean;
 }
 
 /** The fields of a ledger entry that only its closing sets. */
@@ -188,12 +191,13 @@ export const NOT_CLOSED = {
   httpStatus: null,
   durationMs: null,
   ttftMs: null,
+  cacheHit: false,
 } as const satisfies Partial<LedgerEntry>;
 
 export const LEDGER_COLUMNS = `request_id, state, model, day, subject, subject_tpm, end_user,
   reserved_tokens, reserved_micros, reserved_picos, candidates, created_at, expires_at,
   closed_at, outcome, prompt_tokens, cached_tokens, completion_tokens, cost_micros, cost_picos,
-  attempts, tags, http_status, duration_ms, ttft_ms`;
+  attempts, tags, http_status, duration_ms, ttft_ms, cache_hit`;
 
 export type LedgerRow = {
   request_id: string;
@@ -221,6 +225,7 @@ export type LedgerRow = {
   http_status: number | null;
   duration_ms: number | null;
   ttft_ms: number | null;
+  cache_hit: number;
 };
 
 export type UsageDbRow = {
@@ -321,6 +326,7 @@ export function ledgerEntryOf(row: LedgerRow): LedgerEntry {
     httpStatus: row.http_status,
     durationMs: row.duration_ms,
     ttftMs: row.ttft_ms,
+    cacheHit: row.cache_hit === 1,
   };
 }
 
@@ -344,6 +350,7 @@ export function ledgerRecordOf(entry: LedgerEntry): LedgerRecord {
     httpStatus: entry.httpStatus,
     durationMs: entry.durationMs,
     ttftMs: entry.ttftMs,
+    cacheHit: entry.cacheHit,
   };
 }
 

@@ -303,7 +303,23 @@ export interface SettleInput {
   tags?: string[];
   /** Admitted under its isolate's lease: the tokens it took, its end user, when. */
   leased?: { reservedTokens: number; endUser: string | null; admittedAt: number };
+  /** How the edge's response cache served it, when the cache was used. */
+  cache?: SettleCache;
   now?: number;
+}
+
+/**
+ * How the edge's response cache served a request (docs/cache.md). A hit's `usage` is what
+ * generating the answer cost, the tokens it saved: billed at `pricePpm` of its price, its
+ * reserved tokens given back.
+ */
+export interface SettleCache {
+  /** `hit`: answered from the cache; `miss`: looked up, then generated. */
+  result: "hit" | "miss";
+  /** Bytes a hit served. */
+  bytes: number;
+  /** Share of the answer's price a hit is billed at, in parts per million. */
+  pricePpm: number;
 }
 
 /** A request as its client saw it: where it was served, its status and its timings. */

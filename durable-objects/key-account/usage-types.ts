@@ -43,6 +43,8 @@ export interface LedgerRecord {
   durationMs: number | null;
   /** To its first streamed byte; null when not streamed. */
   ttftMs: number | null;
+  /** Answered from the response cache: its tokens are those saved, its cost the hit price. */
+  cacheHit: boolean;
 }
 
 /** Which rows a spend log page lists, newest first. */

@@ -68,6 +68,7 @@ export class Settlement {
   #releaseHooks: SettleHook[] = [];
   #released = false;
   #record: SettledRequest | null = null;
+  #recordWaiters: ((record: SettledRequest) => void)[] = [];
   #settled = false;
   #held = false;
   #release: () => void = () => {};
@@ -96,6 +97,15 @@ export class Settlement {
   /** What the request was settled with, once it has been (set before any hook runs). */
   get record(): SettledRequest | null {
     return this.#record;
+  }
+
+  /**
+   * The request's record as soon as it is known, before any hook runs (a hook may wait on
+   * its key's account first): for what must follow the settlement closely.
+   */
+  whenRecorded(): Promise<SettledRequest> {
+    if (this.#record !== null) return Promise.resolve(this.#record);
+    return new Promise((resolve) => this.#recordWaiters.push(resolve));
   }
 
   /** Whether a streamed response holds the context until it settles (see {@link hold}). */
@@ -164,16 +174,23 @@ export class Settlement {
     const record: SettledRequest = { requestId: this.#requestId, ...settled };
     const fill = record.origin === null && this.gaveUp.length > 0 ? this.#unserved : null;
     // Known now, unless its origins are to be asked first.
-    if (fill === null) this.#record = record;
+    if (fill === null) this.#recorded(record);
     const filled = fill === null ? Promise.resolve(record) : fill(record).catch(() => record);
     const run = filled
       .then((full) => {
-        this.#record = full;
+        this.#recorded(full);
         return this.#run(full);
       })
       .finally(() => this.#release());
     // When held, the held promise resolves after `run`, so the context outlives the hooks.
     if (!this.#held) this.#waitUntil(run);
+  }
+
+  #recorded(record: SettledRequest): void {
+    this.#record = record;
+    const waiters = this.#recordWaiters;
+    this.#recordWaiters = [];
+    for (const resolve of waiters) resolve(record);
   }
 
   async #run(record: SettledRequest): Promise<void> {

@@ -36,6 +36,7 @@ import {
 import type { SettledRequest } from "../accounts/settlement.ts";
 import type {
   AdmitOk,
+  SettleCache,
   SettleInput,
   SettleMetrics,
 } from "../../durable-objects/key-account/types.ts";
@@ -125,7 +126,7 @@ export function admitCompletion() {
       freeLeaseSlot();
       const admission: AdmitOk | undefined = c.get("admission");
       if (c.env.ANALYTICS !== undefined && input.metrics !== undefined && admission !== undefined) {
-        const cost = usageCost(c.get("config"), settled, admission.models);
+        const cost = usageCost(c.get("config"), settled, admission.models, input.cache);
         writeRequestEvent(
           c.env.ANALYTICS,
           credential.keyId,
@@ -212,7 +213,7 @@ export function admitCompletion() {
       // headers went out (`Lifecycle.whole` in delivery/response.ts): the request is settled,
       // so its headers can carry its cost.
       const settled = settlement.record;
-      let cost = usageCost(c.get("config"), settled, result.models);
+      let cost = usageCost(c.get("config"), settled, result.models, settleCache(c));
       // Up to its reservation a request is billed exactly this; above it only as far as the
       // key's budgets have room, which its account decides: ask it (the queued settlement
       // then finds the request settled).
@@ -234,11 +235,15 @@ export function endUserOf(credential: Credential, bodyUser: unknown): string | n
   return typeof bodyUser === "string" ? bodyUser : null;
 }
 
-/** The cost of a settled request's usage at the served model's price, in pico-dollars (nothing without usage). */
+/**
+ * The cost of a settled request's usage at the served model's price, in pico-dollars
+ * (nothing without usage; a response-cache hit at its share of the price).
+ */
 export function usageCost(
   config: ResolvedConfig,
   settled: SettledRequest | null,
   allowed: readonly string[],
+  cache?: SettleCache,
 ): bigint {
   if (settled === null || settled.usage === null) return 0n;
   const model = config.models.find((m) => m.id === settled.model && allowed.includes(m.id));
@@ -250,7 +255,15 @@ export function usageCost(
     },
     model?.price ?? FREE,
     null,
+    cache?.result === "hit" ? cache.pricePpm : undefined,
   );
+}
+
+// How the response cache served the request, for its settlement; absent when it was not used.
+function settleCache(c: Context<AppEnv>): SettleCache | undefined {
+  const cache = c.get("cache");
+  if (cache === undefined || cache.result === "bypass") return undefined;
+  return { result: cache.result, bytes: cache.bytes, pricePpm: cache.settings.pricePpm };
 }
 
 // A request's settlement, with its admission as this edge holds it (the admitted models at
@@ -270,6 +283,8 @@ function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
   // For a row opened only now (leased, or forgotten in a crash); validated at admission.
   const tags = requestTags(c.req.header(TAGS_HEADER));
   if (tags.length > 0) input.tags = tags;
+  const cache = settleCache(c);
+  if (cache !== undefined) input.cache = cache;
   // Admitted under a lease: the account opens its row only now, from what the edge held.
   const leased = c.get("leased");
   const admitted: AdmitOk | undefined = c.get("admission");

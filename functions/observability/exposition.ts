@@ -1,6 +1,6 @@
 /**
  * The fleet's figures as Prometheus text (docs/metrics.md): requests, latency, time to
- * first token, tokens and spend from the key accounts; batches, batch sizes, queue waits,
+ * first token, tokens, spend and the response cache from the key accounts; batches, batch sizes, queue waits,
  * queue depths, origin load and routing hit rates from the Batchers; breaker states.
  * Names are stable; labels are the model, region, status class, tier, lane and origin.
  */
@@ -8,6 +8,7 @@ import { Histogram, Metric, renderFamilies } from "../../contracts/prometheus.ts
 import { picosToUsd } from "../../contracts/pricing.ts";
 import { DURATION_BOUNDS_S, TTFT_BOUNDS_S } from "../../durable-objects/key-account/types.ts";
 import { QUEUE_WAIT_BOUNDS_MS } from "../../durable-objects/batcher/types.ts";
+import { cacheFamilies } from "./cache-metrics.ts";
 import { BATCH_SIZE_BOUNDS, type FleetStats, batchSizeCounts, originShares } from "./collect.ts";
 
 /** `warmgate_breaker_state`'s values. */
@@ -197,6 +198,7 @@ export function renderFleet(stats: FleetStats): string {
     spend,
     keyRequests,
     keySpend,
+    ...cacheFamilies(stats.keys),
     attempts,
     retries,
     batches,

@@ -2,7 +2,8 @@
  * The dashboard's view of a collection (docs/metrics.md, "Dashboard"): regions and their
  * origins with breaker state, load, KV usage and prefix-hit rate; latency and
  * time-to-first-token histograms (the page turns their differences between two polls
- * into percentiles over time); batch sizes; the keys with most requests; recent errors.
+ * into percentiles over time); batch sizes; the response cache; the keys with most
+ * requests; recent errors.
  * Requests and errors are every answer of the OpenAI API, refusals before any key's
  * account included; errors carry their code (the origin's own where it gave one).
  */
@@ -34,22 +35,34 @@ export function summarize(stats: FleetStats, config: ResolvedConfig) {
   const latency = merged(DURATION_BOUNDS_S);
   const ttft = merged(TTFT_BOUNDS_S);
   let spendPicos = 0;
+  const cache = { hits: 0, misses: 0, bytes_saved: 0, tokens_saved: 0 };
   const keys = stats.keys.map((key) => {
     let n = 0;
     let picos = 0;
+    let hits = 0;
+    let tokensSaved = 0;
     for (const s of key.series) {
       addInto(latency, s.durationS);
       addInto(ttft, s.ttftS);
       n += s.requests;
       picos += s.spendPicos;
+      if (s.cache === undefined) continue;
+      hits += s.cache.hits;
+      tokensSaved += s.cache.tokensSaved;
+      cache.misses += s.cache.misses;
+      cache.bytes_saved += s.cache.bytesSaved;
     }
     spendPicos += picos;
+    cache.hits += hits;
+    cache.tokens_saved += tokensSaved;
     return {
       id: key.keyId,
       name: key.name,
       tier: key.tier,
       requests: n,
       spend_usd: picosToUsd(picos),
+      cache_hits: hits,
+      cache_tokens_saved: tokensSaved,
     };
   });
   const api = stats.answers.series.filter((s) => s.route === "v1");
@@ -102,6 +115,8 @@ export function summarize(stats: FleetStats, config: ResolvedConfig) {
   return {
     at: stats.at,
     totals: { requests, errors, spend_usd: picosToUsd(spendPicos), keys: stats.keys.length },
+    /** The response cache: hits and misses, bytes and tokens saved (docs/cache.md). */
+    cache,
     regions: config.regions.map((region) => ({
       id: region.id,
       origins: region.origins.map((origin) => ({

@@ -10,6 +10,7 @@ import { methodNotAllowed } from "../error-handler.ts";
 import { clipped, invalidRequest, notFound } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../request/json-text.ts";
 import { admitCompletion, verifyCredential } from "../middleware/auth.ts";
+import { cachePolicy, responseCache } from "../cache/middleware.ts";
 import { completionBody } from "../middleware/completion-body.ts";
 import { withModelFallback } from "../delivery/model-fallback.ts";
 import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
@@ -93,16 +94,34 @@ function regionsToTry(c: Context<AppEnv>): readonly RegionConfig[] {
 
 /** The completion route group, mounted at `/v1`. */
 export const completions = new Hono<AppEnv>()
-  .post("/chat/completions", completionBody("chat"), planCompletion(), admitCompletion(), (c) =>
-    withModelFallback(c, () => forward(c, "/v1/chat/completions")),
+  .post(
+    "/chat/completions",
+    completionBody("chat"),
+    planCompletion(),
+    cachePolicy(),
+    admitCompletion(),
+    responseCache(),
+    (c) => withModelFallback(c, () => forward(c, "/v1/chat/completions")),
   )
   .all("/chat/completions", methodNotAllowed(["POST"]))
-  .post("/completions", completionBody("completion"), planCompletion(), admitCompletion(), (c) =>
-    withModelFallback(c, () => forward(c, "/v1/completions")),
+  .post(
+    "/completions",
+    completionBody("completion"),
+    planCompletion(),
+    cachePolicy(),
+    admitCompletion(),
+    responseCache(),
+    (c) => withModelFallback(c, () => forward(c, "/v1/completions")),
   )
   .all("/completions", methodNotAllowed(["POST"]))
-  .post("/responses", completionBody("responses"), planCompletion(), admitCompletion(), (c) =>
-    withModelFallback(c, () => forward(c, "/v1/responses")),
+  .post(
+    "/responses",
+    completionBody("responses"),
+    planCompletion(),
+    cachePolicy(),
+    admitCompletion(),
+    responseCache(),
+    (c) => withModelFallback(c, () => forward(c, "/v1/responses")),
   )
   .all("/responses", methodNotAllowed(["POST"]))
   // A stored response would be the caller's: only a valid key learns that none is kept.
@@ -113,7 +132,13 @@ export const completions = new Hono<AppEnv>()
       "response_id",
     );
   })
-  .post("/embeddings", completionBody("embeddings"), planCompletion(), admitCompletion(), (c) =>
-    withModelFallback(c, () => forward(c, "/v1/embeddings")),
+  .post(
+    "/embeddings",
+    completionBody("embeddings"),
+    planCompletion(),
+    cachePolicy(),
+    admitCompletion(),
+    responseCache(),
+    (c) => withModelFallback(c, () => forward(c, "/v1/embeddings")),
   )
   .all("/embeddings", methodNotAllowed(["POST"]));

@@ -169,6 +169,8 @@ export function requestRecordJson(record: LedgerRecord) {
     http_status: record.httpStatus,
     latency_ms: record.durationMs,
     ttft_ms: record.ttftMs,
+    // Answered from the response cache: its tokens were saved, its cost is the hit price.
+    cache_hit: record.cacheHit,
   };
 }
 

@@ -287,14 +287,15 @@ export class LedgerStore {
     this.#writes.set(ledgerKey(entry.requestId), () =>
       this.#sql.exec(
         `INSERT INTO ledger (${LEDGER_COLUMNS})
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT (request_id) DO UPDATE SET state = excluded.state, model = excluded.model,
            closed_at = excluded.closed_at, outcome = excluded.outcome,
            prompt_tokens = excluded.prompt_tokens, cached_tokens = excluded.cached_tokens,
            completion_tokens = excluded.completion_tokens, cost_micros = excluded.cost_micros,
            cost_picos = excluded.cost_picos, expires_at = excluded.expires_at, attempts = excluded.attempts,
            http_status = excluded.http_status, duration_ms = excluded.duration_ms,
-           ttft_ms = excluded.ttft_ms
+           ttft_ms = excluded.ttft_ms,
+           cache_hit = excluded.cache_hit
          WHERE ledger.state = 'open' OR (ledger.state = 'expired' AND excluded.state = 'settled')`,
         entry.requestId,
         entry.state,
@@ -319,6 +320,7 @@ export class LedgerStore {
         entry.httpStatus,
         entry.durationMs,
         entry.ttftMs,
+        entry.cacheHit ? 1 : 0,
       ),
     );
   }

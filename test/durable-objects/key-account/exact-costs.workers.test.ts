@@ -149,6 +149,7 @@ describe("KeyAccount schema migration to pico-dollars", () => {
         series?.name ?? "",
       );
       sql.exec("DELETE FROM schema_migrations WHERE version >= 7");
+      // What the later migrations added.
       sql.exec("DROP TABLE leases");
       for (const column of ["blocked_at", "tags", "metadata"]) {
         sql.exec(`ALTER TABLE key_record DROP COLUMN ${column}`);
@@ -157,6 +158,7 @@ describe("KeyAccount schema migration to pico-dollars", () => {
       for (const column of ["tags", "http_status", "duration_ms", "ttft_ms"]) {
         sql.exec(`ALTER TABLE ledger DROP COLUMN ${column}`);
       }
+      sql.exec("ALTER TABLE ledger DROP COLUMN cache_hit");
     });
     await evictDurableObject(stub);
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));

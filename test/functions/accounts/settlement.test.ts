@@ -33,6 +33,17 @@ describe("settlement", () => {
     expect(settlement.settled).toBe(true);
   });
 
+  it("tells who waits for its record as soon as it is settled, before slow hooks end", async () => {
+    const { waitUntil } = harness();
+    const settlement = new Settlement("req_w", waitUntil);
+    // A hook that waits on something that never answers, as an account call might.
+    settlement.onSettled(() => new Promise<void>(() => {}));
+    const early = settlement.whenRecorded();
+    settlement.settle(ended);
+    expect(await early).toEqual({ requestId: "req_w", ...ended });
+    expect(await settlement.whenRecorded()).toEqual({ requestId: "req_w", ...ended });
+  });
+
   it("keeps running later hooks when one throws", async () => {
     const { pending, waitUntil } = harness();
     const settlement = new Settlement("req_2", waitUntil);
