@@ -7,6 +7,7 @@
 import { z } from "zod";
 import { formatPath } from "../param-path.ts";
 import type { BreakerRegion } from "../breaker.ts";
+import { BatchApiSchema } from "./batch-api.ts";
 import { BatchingSectionSchema, batchingSettings } from "./batching.ts";
 import { BreakersSchema } from "./breakers.ts";
 import { CanarySchema } from "./canaries.ts";
@@ -39,6 +40,8 @@ export const GatewayConfigSchema = z
     canaries: z.array(CanarySchema).default([]),
     /** Routing to warm prefix caches (docs/routing.md). */
     routing: RoutingSchema.prefault({}),
+    /** OpenAI's Batch API on the fleet's idle capacity (docs/batch-api.md). */
+    batch_api: BatchApiSchema.prefault({}),
   })
   .superRefine(checkReferences)
   .transform((config) => ({
@@ -50,6 +53,7 @@ export const GatewayConfigSchema = z
     leases: config.leases,
     breakers: config.breakers,
     routing: config.routing,
+    batchApi: config.batch_api,
     /** Each model's canary, by model id. */
     canaries: new Map(config.canaries.map((canary) => [canary.model, canary])),
     /** Every region and model's batching plan (see `batchingPlan`). */

@@ -12,6 +12,13 @@ import { clampLease, decide } from "./admit.ts";
 import { lookupOutcomes, reconcile } from "../../contracts/outcomes.ts";
 import { outcomeSources } from "./reconcile.ts";
 import { checkCredential } from "./credential.ts";
+import {
+  type BatchCharge,
+  type BatchHoldResult,
+  chargeBatch,
+  holdBatch,
+  releaseBatch,
+} from "./batch-holds.ts";
 import { KEY_ACCOUNT_MIGRATIONS, ledgerRecordOf } from "./schema.ts";
 import { expireDue, settle } from "./settle.ts";
 import { endDueLeases, giveBack, grantLease, restoreLapsed } from "./leases/grant.ts";
@@ -162,6 +169,21 @@ export class KeyAccount extends DurableObject<Env> {
     const commit = this.#store.stamp();
     await this.#alarmFor(results, now);
     return { results, commit };
+  }
+
+  /** Reserves a Batch API batch's worst case against the budgets (see batch-holds.ts). */
+  holdBatch(input: { batchId: string; picos: bigint }): BatchHoldResult {
+    return holdBatch(this.#store, this.ctx.storage.sql, input, Date.now());
+  }
+
+  /** Bills a batch's finished lines once per charge number; committed before it answers. */
+  chargeBatch(charge: BatchCharge): boolean {
+    return chargeBatch(this.#store, this.ctx.storage.sql, charge, Date.now());
+  }
+
+  /** Gives back what is left of a batch's hold. */
+  releaseBatch(batchId: string): void {
+    releaseBatch(this.#store, this.ctx.storage.sql, batchId);
   }
 
   /** The key's request metrics, for the edge's `/metrics` and dashboard (docs/metrics.md). */

@@ -85,6 +85,10 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
      picos_micros INTEGER NOT NULL, picos_picos INTEGER NOT NULL, reserved_micros INTEGER NOT NULL,
      reserved_picos INTEGER NOT NULL, slots INTEGER NOT NULL, ids_used INTEGER NOT NULL,
      models TEXT NOT NULL, ended_at INTEGER);`,
+  // Batch API holds: a batch's worst case reserved at creation, charged as its lines end.
+  `CREATE TABLE batch_holds (
+     batch_id TEXT PRIMARY KEY, day TEXT NOT NULL, reserved_picos TEXT NOT NULL,
+     applied_seq INTEGER NOT NULL, created_at INTEGER NOT NULL);`,
 ];
 
 /**
