@@ -7,7 +7,7 @@ import { type Context, Hono } from "hono";
 import { z } from "zod";
 import type { AppEnv } from "../app-env.ts";
 import { methodNotAllowed } from "../error-handler.ts";
-import { verifyCredential } from "../middleware/auth.ts";
+import { checkCaller, verifyCredential } from "../middleware/auth.ts";
 import { batchIndexKey, fileKey, newBatchId } from "../../contracts/batch-files.ts";
 import { batchingPlan } from "../../contracts/config/plans.ts";
 import type { ModelConfig } from "../../contracts/config/models.ts";
@@ -26,6 +26,7 @@ import { batcherName } from "../delivery/batcher-plan.ts";
 import { regionOrder } from "../delivery/region-choice.ts";
 import { FIRST_ISSUE, validationError } from "../request/validation-errors.ts";
 import { BATCH_ENDPOINTS, batchModel, checkBatchFile, planLine } from "../batch-api/batch-file.ts";
+import { REGION_OVERRIDE_HEADER } from "./completions.ts";
 import { ownFile } from "./files.ts";
 
 const CreateBatchSchema = z.looseObject({
@@ -61,9 +62,33 @@ function refusedForBudget(
   );
 }
 
+/** The regions to run a batch in, in order: the default first, or the one the key chose. */
+async function batchRegions(c: Context<AppEnv>) {
+  const config = c.get("config");
+  const override = c.req.header(REGION_OVERRIDE_HEADER);
+  if (override === undefined) return regionOrder(config, {});
+  const record = await checkCaller(c);
+  if (!record.allowRegionOverride) {
+    throw new ApiError(403, `This key may not choose its region (${REGION_OVERRIDE_HEADER}).`, {
+      type: "permission_error",
+      param: REGION_OVERRIDE_HEADER,
+      code: "region_override_not_allowed",
+    });
+  }
+  return regionOrder(config, {}, override);
+}
+
 /** Plans every line of the input file on one model of the batch's region. */
 async function planBatch(c: Context<AppEnv>, inputFileId: string, endpoint: ItemPath) {
   const config = c.get("config");
+  const order = await batchRegions(c);
+  if (order.kind === "unknown_region") {
+    throw invalidRequest(
+      `Unknown region '${clipped(order.region)}' in the ${REGION_OVERRIDE_HEADER} header.`,
+      null,
+      "invalid_region",
+    );
+  }
   const { meta } = await ownFile(c, inputFileId);
   if (meta.purpose !== "batch") {
     throw invalidRequest(
@@ -97,9 +122,7 @@ async function planBatch(c: Context<AppEnv>, inputFileId: string, endpoint: Item
   const chosen = model as ModelConfig | null;
   if (chosen === null)
     throw invalidRequest("The batch file has no requests.", "input_file_id", "invalid_file");
-  const order = regionOrder(config, {});
-  const regions = order.kind === "ok" ? order.regions : config.regions;
-  for (const region of regions) {
+  for (const region of order.regions) {
     const plan = batchingPlan(config, region, chosen.id);
     if (plan === null) continue;
     const batchers = Array.from({ length: plan.shards }, (_, shard) =>
