@@ -14,6 +14,7 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { benchChatBody, closedLoop, fmt, markdownTable, timedRequest } from "./lib.ts";
 import { BENCH_KEY_LIMITS } from "./key-limits.ts";
+import { inspectWorker } from "./inspector.ts";
 import { cpuTimeMs, workerdPid } from "./processes.ts";
 import { type CpuProfile, chargeProfile, moduleRanges } from "./profile-stages.ts";
 import { createKey, startStack } from "../scripts/stack.ts";
@@ -56,36 +57,6 @@ function body(): string {
   });
 }
 
-/** A minimal Chrome DevTools Protocol client over the inspector's WebSocket. */
-async function inspect(url: string) {
-  const socket = new WebSocket(url);
-  await new Promise((resolve, reject) => {
-    socket.addEventListener("open", resolve, { once: true });
-    socket.addEventListener("error", reject, { once: true });
-  });
-  let next = 0;
-  const waiting = new Map<number, (message: { result?: unknown; error?: unknown }) => void>();
-  socket.addEventListener("message", (event) => {
-    const message = JSON.parse(String(event.data)) as {
-      id?: number;
-      result?: unknown;
-      error?: unknown;
-    };
-    if (message.id !== undefined) waiting.get(message.id)?.(message);
-  });
-  return {
-    async send<T>(method: string, params: object = {}): Promise<T> {
-      const id = ++next;
-      const answer = new Promise<{ result?: unknown; error?: unknown }>((r) => waiting.set(id, r));
-      socket.send(JSON.stringify({ id, method, params }));
-      const { result, error } = await answer;
-      if (error !== undefined) throw new Error(`${method}: ${JSON.stringify(error)}`);
-      return result as T;
-    },
-    close: () => socket.close(),
-  };
-}
-
 const inspectorPort = await freePort();
 const stack = await startStack({
   regions: [{ id: "local", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 1 }],
@@ -106,14 +77,7 @@ try {
   const send = () => timedRequest(url, headers, payload).then((s) => s.total);
   await closedLoop(CLIENTS, Number(args.warm), send);
 
-  const targets = (await (await fetch(`http://127.0.0.1:${inspectorPort}/json`)).json()) as {
-    id: string;
-    webSocketDebuggerUrl: string;
-  }[];
-  const worker = targets.find((t) => t.id === "core:user:worker");
-  if (worker === undefined)
-    throw new Error(`no Worker among ${targets.map((t) => t.id).join(", ")}`);
-  const inspector = await inspect(worker.webSocketDebuggerUrl);
+  const inspector = await inspectWorker(inspectorPort);
   await inspector.send("Profiler.enable");
   await inspector.send("Profiler.setSamplingInterval", { interval: Number(args.interval) });
   const workerd = await workerdPid(stack.edge.pid);

@@ -72,7 +72,7 @@ export async function runThroughEdge(routing: boolean): Promise<EdgeRun> {
       requests: bodies.length,
       failures,
       hitRate: prompt === 0 ? 0 : cached / prompt,
-      ceiling: hitCeiling(bodies),
+      ceiling: hitCeiling(bodies.map((body) => ({ body, answer: "" }))),
       perOrigin,
       shares: perOrigin.map((n) => n / bodies.length),
       ttft: summarize(ttfts),

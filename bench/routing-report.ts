@@ -22,6 +22,8 @@ export function cellsTable(cells: readonly CellResult[]): string {
       "TTFT p90 ms",
       "tokens/s",
       "max/mean",
+      "tokens max/mean",
+      "busiest in flight",
       "failures",
     ],
     cells.map((c) => [
@@ -35,6 +37,8 @@ export function cellsTable(cells: readonly CellResult[]): string {
       fmt(c.ttft.p90, 0),
       fmt(c.throughput, 0),
       fmt(c.imbalance, 2),
+      fmt(c.decodeImbalance, 2),
+      fmt(c.busiestShare, 2),
       String(c.failures),
     ]),
   );

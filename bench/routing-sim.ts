@@ -18,7 +18,14 @@ import { type RouteRequest, Router, coldKey } from "../durable-objects/batcher/r
 import { RoutingSchema, type RoutingSection } from "../contracts/config/routing.ts";
 import { type SpawnedOrigin, simFlags, spawnOrigin } from "../scripts/stack.ts";
 import { type LatencySummary, summarize } from "./lib.ts";
-import { MODEL, type Message, type Workload, chatBody, hitCeiling } from "./routing-workloads.ts";
+import {
+  MODEL,
+  type Message,
+  type Sent,
+  type Workload,
+  chatBody,
+  hitCeiling,
+} from "./routing-workloads.ts";
 
 export const POLICIES = ["round-robin", "least-loaded", "prefix-hash", "warmgate"] as const;
 export type PolicyName = (typeof POLICIES)[number];
@@ -52,6 +59,17 @@ export interface CellResult {
   throughput: number;
   /** Most requests one origin served over the mean. */
   imbalance: number;
+  /** Most completion tokens one origin generated over the mean. */
+  decodeImbalance: number;
+  /**
+   * Share of the streams in flight that the busiest origin carried, the mean over every
+   * request's start: what killing it would cut.
+   */
+  busiestShare: number;
+  /** The least that share could be (the streams split as evenly as they go), the same mean. */
+  evenShare: number;
+  /** Streams in flight, the mean over every request's start. */
+  inFlight: number;
   /** Requests each origin served, in order. */
   perOrigin: number[];
   /** Share of placements the other router would have made the same (two edges only). */
@@ -176,9 +194,11 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
     }
   };
 
-  const bodies: string[] = [];
+  const sent: Sent[] = [];
   const ttfts: number[] = [];
   const served = new Map<string, number>(ids.map((id) => [id, 0]));
+  const generated = new Map<string, number>(ids.map((id) => [id, 0]));
+  const busiest: { most: number; total: number }[] = [];
   let prompt = 0;
   let cached = 0;
   const answers: { tokens: number }[] = [];
@@ -200,7 +220,15 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
     const t = trackedAt(origin);
     t.inFlight += 1;
     served.set(origin, (served.get(origin) ?? 0) + 1);
-    bodies.push(body);
+    const record: Sent = { body, answer: "" };
+    sent.push(record);
+    let total = 0;
+    let most = 0;
+    for (const other of tracked.values()) {
+      total += other.inFlight;
+      most = Math.max(most, other.inFlight);
+    }
+    busiest.push({ most, total });
     // As the Batcher does: one open call per origin and router brings the block events.
     const carriers = carrying[edge] ?? new Map<string, string>();
     const carries = router !== null && !carriers.has(origin);
@@ -255,7 +283,9 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
         prompt += ended.usage.prompt_tokens;
         cached += ended.usage.cached_tokens;
         answers.push({ tokens: ended.usage.completion_tokens });
+        generated.set(origin, (generated.get(origin) ?? 0) + ended.usage.completion_tokens);
       }
+      record.answer = answer;
     } catch {
       failures += 1;
       router?.forget(id);
@@ -291,26 +321,36 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
   await Promise.all(runs);
   const counts = [...served.values()];
   const mean = counts.reduce((a, b) => a + b, 0) / counts.length;
+  const tokens = [...generated.values()];
+  const meanTokens = tokens.reduce((a, b) => a + b, 0) / tokens.length;
   return {
     workload: options.workload.name,
     policy: options.policy,
     origins: options.origins,
     rate: options.rate,
-    requests: bodies.length,
+    requests: sent.length,
     failures,
     hitRate: prompt === 0 ? 0 : cached / prompt,
-    ceiling: hitCeiling(bodies),
+    ceiling: hitCeiling(sent),
     ttft: summarize(ttfts),
     throughput:
       answers.reduce((n, a) => n + a.tokens, 0) /
       ((performance.now() - began) / 1000 / options.timeScale),
     imbalance: mean === 0 ? 0 : Math.max(...counts) / mean,
+    decodeImbalance: meanTokens === 0 ? 0 : Math.max(...tokens) / meanTokens,
+    busiestShare: meanOf(busiest.map((b) => b.most / b.total)),
+    evenShare: meanOf(busiest.map((b) => Math.ceil(b.total / ids.length) / b.total)),
+    inFlight: meanOf(busiest.map((b) => b.total)),
     perOrigin: counts,
     agreement: compared === 0 ? null : agreed / compared,
     placements: options.policy === "warmgate" ? (routers[0]?.view().placements ?? null) : null,
     predictedHitRate:
       options.policy === "warmgate" ? (routers[0]?.view().hit_rate.predicted ?? null) : null,
   };
+}
+
+function meanOf(values: readonly number[]): number {
+  return values.length === 0 ? 0 : values.reduce((a, b) => a + b, 0) / values.length;
 }
 
 /** A fixed sequence in (0, 1): the same arrivals for every policy of a cell. */

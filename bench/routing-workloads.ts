@@ -1,12 +1,14 @@
 /**
  * The workloads of `npm run bench:routing` (docs/benchmarks.md, "Routing"): groups of
- * requests sharing long system prompts, multi-turn sessions whose history grows, a few very
- * hot prefixes, and unique prompts; and the token hit rate each could reach if every
- * prefix were prefilled once (an unbounded cache, counted in the engine's own tokens).
+ * requests sharing long system prompts, multi-turn sessions whose history grows, agents on
+ * one system prompt, retrieval over more documents than one cache holds, a few very hot
+ * prefixes, and unique prompts; and the token hit rate each could reach if every prefix
+ * were prefilled once (an unbounded cache, in the engine's own tokens, answers included).
  */
 import { DEFAULT_SIM_MODELS } from "../origin/sim/options.ts";
 import { chainBlockHash } from "../origin/sim/kv-cache.ts";
 import { parseRequest } from "../origin/sim/request.ts";
+import { tokenize } from "../origin/sim/tokenizer.ts";
 
 export const MODEL = "warmgate-sim-8b";
 /** The engine's KV block size. */
@@ -30,7 +32,7 @@ export interface Session {
 
 /** A workload: its sessions, in arrival order. */
 export interface Workload {
-  name: "shared-prefix" | "multi-turn" | "hot-prefix" | "uniform";
+  name: "shared-prefix" | "multi-turn" | "hot-prefix" | "uniform" | "agents" | "rag" | "hot-few";
   sessions: Session[];
 }
 
@@ -109,7 +111,13 @@ export function multiTurn(count = 24, turns = 6, tokens = 2_000): Workload {
 }
 
 /** `hot` prefixes take `share` of `count` requests; the rest have unique prompts. */
-export function hotPrefix(count = 240, hot = 2, share = 0.85, tokens = 4_000): Workload {
+export function hotPrefix(
+  count = 240,
+  hot = 2,
+  share = 0.85,
+  tokens = 4_000,
+  maxTokens = 96,
+): Workload {
   const prefixes = Array.from({ length: hot }, (_, h) => text(tokens, 5_000 + h));
   const sessions: Session[] = [];
   for (let i = 0; i < count; i++) {
@@ -122,11 +130,67 @@ export function hotPrefix(count = 240, hot = 2, share = 0.85, tokens = 4_000): W
           { role: "system", content: system },
           { role: "user", content: ask },
         ],
-        96,
+        maxTokens,
       ),
     );
   }
   return { name: "hot-prefix", sessions };
+}
+
+/**
+ * `count` agents on one system prompt of `tokens` tokens, none sending a session: each runs
+ * `turns` steps, re-sending its whole conversation with a tool result of its own each time.
+ */
+export function agents(count = 48, turns = 8, tokens = 1_500): Workload {
+  const system = text(tokens, 2_000);
+  const sessions = Array.from({ length: count }, (_, a): Session => ({
+    user: null,
+    maxTokens: 48,
+    turns,
+    turn: (turn, history) => [
+      ...(history.length === 0 ? [{ role: "system", content: system }] : history),
+      {
+        role: "user",
+        content: `Agent ${a}, step ${turn}, tool result: ${text(160, a * 100 + turn)}`,
+      },
+    ],
+  }));
+  return { name: "agents", sessions };
+}
+
+/**
+ * Retrieval: `count` questions, each over one of `apps` system prompts and one of `documents`
+ * documents of `tokens` tokens (each document belongs to one app), drawn with repeats, so
+ * that the documents together hold more tokens than one origin's cache.
+ */
+export function rag(count = 600, documents = 96, apps = 3, tokens = 2_000): Workload {
+  const systems = Array.from({ length: apps }, (_, s) => text(600, 3_000 + s));
+  const docs = Array.from({ length: documents }, (_, d) => text(tokens, 4_000 + d));
+  const sessions: Session[] = [];
+  let state = 17;
+  for (let i = 0; i < count; i++) {
+    state = (Math.imul(state, 1103515245) + 12345) >>> 0;
+    // The high bits: an LCG's low bits repeat with a short period.
+    const d = (state >>> 16) % documents;
+    sessions.push(
+      single(
+        [
+          { role: "system", content: systems[d % apps] ?? "" },
+          { role: "user", content: `Context:\n${docs[d] ?? ""}\nQuestion ${i}: what does it say?` },
+        ],
+        32,
+      ),
+    );
+  }
+  return { name: "rag", sessions };
+}
+
+/**
+ * `hot` prefixes of `tokens` tokens take `share` of `count` requests with long answers, so
+ * that each alone keeps more than one origin's sequences busy at the bench's top rate.
+ */
+export function hotFew(count = 480, hot = 2, share = 0.9, tokens = 2_000): Workload {
+  return { ...hotPrefix(count, hot, share, tokens, 256), name: "hot-few" };
 }
 
 /** `count` unique prompts of `tokens` tokens: nothing to share. */
@@ -149,15 +213,22 @@ export function chatBody(session: Session, messages: readonly Message[]): string
   });
 }
 
+/** A request as sent, with the text of its answer (empty when it has none). */
+export interface Sent {
+  body: string;
+  answer: string;
+}
+
 /**
- * The hit rate an unbounded cache that every request reaches would give the bodies, in
- * the order sent: each prompt's leading full blocks seen before, over all prompt tokens.
+ * The hit rate an unbounded cache that every request reaches would give the requests, in
+ * the order sent: each prompt's leading full blocks seen before, in an earlier prompt or
+ * an earlier answer (an engine caches the blocks it generates), over all prompt tokens.
  */
-export function hitCeiling(bodies: readonly string[]): number {
+export function hitCeiling(sent: readonly Sent[]): number {
   const seen = new Set<number>();
   let prompt = 0;
   let cached = 0;
-  for (const body of bodies) {
+  for (const { body, answer } of sent) {
     const parsed = parseRequest("/v1/chat/completions", body, DEFAULT_SIM_MODELS);
     if (!parsed.ok) continue;
     const tokens = parsed.request.prompts[0] ?? [];
@@ -169,6 +240,14 @@ export function hitCeiling(bodies: readonly string[]): number {
       parent = chainBlockHash(parent, MODEL, tokens, end - BLOCK, end);
       if (hits && end / BLOCK <= usable && seen.has(parent)) cached += BLOCK;
       else hits = false;
+      seen.add(parent);
+    }
+    if (answer === "") continue;
+    // The answer's blocks, as the engine computed them behind the prompt.
+    const whole = [...tokens, ...tokenize(answer)];
+    const from = Math.floor(tokens.length / BLOCK) * BLOCK;
+    for (let end = from + BLOCK; end <= whole.length - 1; end += BLOCK) {
+      parent = chainBlockHash(parent, MODEL, whole, end - BLOCK, end);
       seen.add(parent);
     }
   }

@@ -141,10 +141,11 @@ export function formatUsd(picos: bigint): string {
   const sign = picos < 0n ? "-" : "";
   const abs = picos < 0n ? -picos : picos;
   const perUsd = BigInt(PICOS_PER_USD);
-  const fraction = String(abs % perUsd)
-    .padStart(12, "0")
-    .replace(/0{1,6}$/, "");
-  return `${sign}${abs / perUsd}.${fraction}`;
+  const digits = String(abs % perUsd).padStart(12, "0");
+  // At most six trailing zeros go: six to twelve places.
+  let end = 12;
+  while (end > 6 && digits.charCodeAt(end - 1) === 48) end--;
+  return `${sign}${abs / perUsd}.${digits.slice(0, end)}`;
 }
 
 // The last day `utcDay` named: every admission and settlement asks, nearly always for the

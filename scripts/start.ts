@@ -9,11 +9,12 @@ import { rm, writeFile } from "node:fs/promises";
 import { join, relative } from "node:path";
 import { parseArgs } from "node:util";
 import { onParentExit } from "./parent-watch.ts";
+import { readSettingsFile } from "./settings-file.ts";
 import { ROOT } from "./edge.ts";
 import { DEFAULT_REGIONS, startStack } from "./stack.ts";
 
 const USAGE =
-  "usage: npm start -- [--port N] [--time-scale X] [--origins-per-region N] [--state DIR] [--env-file FILE] [--verbose]";
+  "usage: npm start -- [--port N] [--time-scale X] [--origins-per-region N] [--config FILE] [--state DIR] [--env-file FILE] [--verbose]";
 
 function fail(message: string): never {
   console.error(`warmgate: ${message}\n${USAGE}`);
@@ -36,6 +37,7 @@ try {
       port: { type: "string" },
       "time-scale": { type: "string" },
       "origins-per-region": { type: "string" },
+      config: { type: "string" },
       state: { type: "string" },
       "env-file": { type: "string" },
       verbose: { type: "boolean", default: false },
@@ -55,6 +57,11 @@ const port = parseNumber("port", args.port, 1, 65535);
 if (port !== undefined && !Number.isInteger(port)) fail(`--port must be an integer`);
 const timeScale = parseNumber("time-scale", args["time-scale"], 0, 100) ?? 1;
 const perRegion = parseNumber("origins-per-region", args["origins-per-region"], 1, 16) ?? 2;
+
+const settings =
+  args.config === undefined
+    ? {}
+    : await readSettingsFile(args.config).catch((error: Error) => fail(error.message));
 
 const state = args.state ?? join(ROOT, ".wrangler", "state");
 const envFile = args["env-file"] ?? join(state, "warmgate.env");
@@ -82,6 +89,7 @@ const stack = await startStack({
   ...(port ? { edgePort: port } : {}),
   sim: { timeScale },
   regions: DEFAULT_REGIONS.map((region) => ({ ...region, origins: perRegion })),
+  settings,
   persistTo: state,
   // What a user measures locally is what production runs: wrangler's local trace collector,
   // which doubles the edge's CPU, only with --verbose.

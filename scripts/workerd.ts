@@ -24,6 +24,7 @@ import {
   type V4WorkerOptions,
 } from "miniflare";
 import { unstable_getMiniflareWorkerOptions } from "wrangler";
+import { onParentExit } from "./parent-watch.ts";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 
@@ -55,6 +56,8 @@ const scratch = await mkdtemp(join(tmpdir(), "warmgate-workerd-"));
 process.on("exit", () => rmSync(scratch, { recursive: true, force: true }));
 process.on("SIGTERM", () => process.exit(0));
 process.on("SIGINT", () => process.exit(0));
+// Started by a benchmark or test that was killed outright: go with it.
+onParentExit(() => process.exit(0));
 try {
   if (args["async-trace"] !== undefined) await traceTo(resolve(args["async-trace"]));
   const mf = await serve();

@@ -20,8 +20,22 @@ export const RoutingSchema = z
      */
     spread_ratio: z.number().min(0).max(100).default(1),
     spread_ms: z.number().min(0).max(60_000).default(100),
-    /** A cold prefix's consistent-hash origin is skipped above this multiple of the mean load. */
+    /**
+     * A cold prefix's consistent-hash origin is skipped above this multiple of the mean load;
+     * a warm origin below it moves a request for the balance rule only to evict less.
+     */
     load_bound: z.number().min(1).max(10).default(1.25),
+    /**
+     * Sequences by which another origin's load, counting the prefill a move redoes, must be
+     * below a warm origin's before its prefix spreads there (hysteresis).
+     */
+    balance_seqs: z.number().min(0).max(10_000).default(2),
+    /** Prompt tokens of prefill a move may redo per sequence of load it evens out. */
+    move_tokens_per_seq: z.number().positive().max(1_000_000).default(256),
+    /** Share of a prefill each prompt token pushed out of a full cache costs a move. */
+    eviction_weight: z.number().min(0).max(100).default(1),
+    /** Cold placements whose predicted TTFT is within this of the best are equal (ms). */
+    tie_ms: z.number().min(0).max(60_000).default(10),
     /** Prefill speed assumed for an origin that reports none (prompt tokens per second). */
     prefill_tokens_per_s: z.number().positive().default(10_000),
     /** Most prefix blocks remembered per origin (a bound on memory). */
@@ -35,6 +49,10 @@ export const RoutingSchema = z
       spreadRatio: routing.spread_ratio,
       spreadMs: routing.spread_ms,
       loadBound: routing.load_bound,
+      balanceSeqs: routing.balance_seqs,
+      moveTokensPerSeq: routing.move_tokens_per_seq,
+      evictionWeight: routing.eviction_weight,
+      tieMs: routing.tie_ms,
       prefillTokensPerMs: routing.prefill_tokens_per_s / 1000,
       maxIndexBlocks: routing.max_index_blocks,
     },

@@ -29,6 +29,7 @@ import {
   type BatcherSnapshot,
   failureTrailerOf,
 } from "./types.ts";
+import type { BatcherSetup } from "../../contracts/config/plans.ts";
 import { RegionBreakers } from "./upstream/breakers.ts";
 import { Calls } from "./upstream/calls.ts";
 import { OriginCredentials } from "./upstream/credentials.ts";
@@ -81,8 +82,10 @@ export class Batcher extends DurableObject<Env> {
    * brings the usage generated until then).
    */
   async answer(input: BatcherAttempt): Promise<BatcherAnswerResult> {
+    const setup = input.setup ?? this.#window.setup;
+    if (setup === null) return { kind: "setup_needed" };
     const sink = new WholeSink();
-    const admitted = await this.#admit(input, "whole", sink, null);
+    const admitted = await this.#admit(input, setup, "whole", sink, null);
     if (admitted.kind !== "accepted") return admitted;
     const whole = await sink.done;
     return {
@@ -103,16 +106,18 @@ export class Batcher extends DurableObject<Env> {
    * stub arrive in order, so `end` finds the item this call registered.
    */
   async open(input: BatcherAttempt): Promise<BatcherOpenResult> {
+    const setup = input.setup ?? this.#window.setup;
+    if (setup === null) return { kind: "setup_needed" };
     const sink = new AnswerSink();
     // Should this object go away, the runtime errors a stream returned over RPC, so the
     // client is never left waiting on a body nobody writes.
     const { readable, writable } = new IdentityTransformStream({
       highWaterMark: BODY_BUFFER_BYTES,
     });
-    const body = new ClientBody(writable, input.setup.clientBacklogBytes);
+    const body = new ClientBody(writable, setup.clientBacklogBytes);
     // Known before admission may wait (a breaker refresh): `end` may come meanwhile.
     this.#answers.set(input.id, sink);
-    const admitted = await this.#admit(input, "stream", sink, body);
+    const admitted = await this.#admit(input, setup, "stream", sink, body);
     if (admitted.kind !== "accepted") {
       this.#answers.delete(input.id);
       sink.close();
@@ -188,28 +193,30 @@ export class Batcher extends DurableObject<Env> {
    */
   async #admit(
     input: BatcherAttempt,
+    setup: BatcherSetup,
     delivery: DeliveryMode,
     sink: CallerSink,
     body: ClientBody | null,
   ) {
-    const admitted = this.#enqueue(input, delivery, sink, body);
+    const admitted = this.#enqueue(input, setup, delivery, sink, body);
     if (admitted.kind !== "failed" || admitted.code !== "no_healthy_origin") return admitted;
-    if (!(await this.#breakers.refresh(input.setup))) return admitted;
+    if (!(await this.#breakers.refresh(setup))) return admitted;
     // Counted once: the second try stands for the first.
     this.#counters.submitted -= 1;
     this.#counters.refusedOther -= 1;
-    return this.#enqueue(input, delivery, sink, body);
+    return this.#enqueue(input, setup, delivery, sink, body);
   }
 
   #enqueue(
     input: BatcherAttempt,
+    setup: BatcherSetup,
     delivery: DeliveryMode,
     sink: CallerSink,
     body: ClientBody | null,
   ): BatcherNotAdmitted | { kind: "accepted"; atOnce: boolean } {
     const now = Date.now();
-    let state = this.#window.configure(input.setup, now, this.#busy(), this.#breakers.cache);
-    this.#breakers.sync(input.setup, now);
+    let state = this.#window.configure(setup, now, this.#busy(), this.#breakers.cache);
+    this.#breakers.sync(setup, now);
     if (input.recentFirstByteMs !== undefined && input.recentFirstByteMs !== null) {
       state = recordFirstByteWait(state, input.recentFirstByteMs, now);
       this.#window.replace(state);

@@ -18,7 +18,11 @@ import type { FlushReason, OriginLoadView } from "./window/types.ts";
 
 /** One request attempt handed to `open` or `answer`. */
 export interface BatcherAttempt {
-  setup: BatcherSetup;
+  /**
+   * The settings the Batcher runs with, which its name's version fixes: sent until it holds
+   * them; one that holds none answers {@link BatcherSetupNeeded}.
+   */
+  setup?: BatcherSetup;
   /** Item id on the wire; unique per attempt (a retry in the same region gets a new one). */
   id: string;
   path: ItemPath;
@@ -116,6 +120,11 @@ export type BatcherNotAdmitted =
   /** Refused before queueing, for a reason another region may not share. */
   | { kind: "failed"; code: BatcherFailureCode | "duplicate_id"; detail: string };
 
+/** The Batcher holds no settings (a new incarnation): the call is made again with them. */
+export interface BatcherSetupNeeded {
+  kind: "setup_needed";
+}
+
 /** The answer to `answer`. */
 export type BatcherAnswerResult =
   /**
@@ -131,6 +140,7 @@ export type BatcherAnswerResult =
       trailer: Uint8Array | null;
       atOnce: boolean;
     }
+  | BatcherSetupNeeded
   | BatcherNotAdmitted;
 
 /** What `end` answers: the item's END as the origin sent it, and when its first byte left. */
@@ -152,6 +162,7 @@ export type BatcherOpenResult =
   | { kind: "ended"; trailer: BatcherFailureTrailer; atOnce: boolean }
   /** Its caller cancelled it before its HEAD. */
   | { kind: "cancelled" }
+  | BatcherSetupNeeded
   | BatcherNotAdmitted;
 
 /** How `cancel` treats a running item. */

@@ -15,4 +15,9 @@ export class BatcherMemo {
    * dispatch, which the batcher's window weighs (see `wait_share`).
    */
   readonly firstByteMs = new Map<string, number>();
+  /**
+   * Batchers (by full name) known to hold their settings: calls to them leave the settings
+   * out. A cache: one that lost them answers `setup_needed` and is sent them again.
+   */
+  readonly holdingSetup = new Set<string>();
 }

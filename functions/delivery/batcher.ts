@@ -10,16 +10,11 @@ import {
   type BatcherAnswerResult,
   type BatcherAttempt,
   type BatcherCancelOptions,
-  type BatcherEnd,
   type BatcherOpenResult,
   type AttemptRoute,
   failureTrailerOf,
 } from "../../durable-objects/batcher/types.ts";
-import {
-  type ItemHead,
-  type ItemTrailer,
-  ItemTrailerSchema,
-} from "../../contracts/protocol/schema.ts";
+import { type ItemTrailer, ItemTrailerSchema } from "../../contracts/protocol/schema.ts";
 import {
   type Frame,
   FrameType,
@@ -31,9 +26,10 @@ import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { type BatchingPlan, batchingPlan } from "../../contracts/config/plans.ts";
 import { batcherName, laneFor, shardOf } from "./batcher-plan.ts";
 import type { AttemptRequest, DispatchAttempt, ItemOpener } from "./opener.ts";
-import { type ItemEnd, type OpenItem, frameItem, memoryFrames } from "./item.ts";
+import { frameItem, memoryFrames } from "./item.ts";
 import { failed, failedBeforeHead, notAdmitted } from "./refusals.ts";
 import { END_WAIT_MS } from "./generated.ts";
+import { endOf, pipedItem } from "./batcher-piped.ts";
 import type { BatcherMemo } from "./batcher-memo.ts";
 
 /** What the batcher route needs beyond each attempt's request. */
@@ -91,6 +87,7 @@ export function batcherOpener(
     const started = Date.now();
     const attempt = await submitToBatcher(route, plan, candidate.region.id, request, {
       recentFirstByteMs: firstByteMs.get(quiet) ?? null,
+      holdingSetup: memo.holdingSetup,
     });
     if (attempt.atOnce) sentAtOnce.set(quiet, Date.now());
     else sentAtOnce.delete(quiet);
@@ -132,13 +129,20 @@ export async function submitToBatcher(
   plan: BatchingPlan,
   region: string,
   request: AttemptRequest,
-  seen: { recentFirstByteMs: number | null } = { recentFirstByteMs: null },
+  seen: { recentFirstByteMs: number | null; holdingSetup: Set<string> } = {
+    recentFirstByteMs: null,
+    holdingSetup: new Set(),
+  },
 ): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number }> {
   const prefix = plan.setup.routing === null ? null : route.route(route.model);
   const shard = shardOf(plan, request.requestId, route.keyId, prefix?.blocks ?? null);
-  const stub = route.namespace.getByName(batcherName(region, route.model, shard, plan));
+  const name = batcherName(region, route.model, shard, plan);
+  const stub = route.namespace.getByName(name);
+  // The settings go along until the Batcher is known to hold them: they are most of a
+  // call's bytes, copied on both sides of every call.
+  const holds = seen.holdingSetup.has(name);
   const input: BatcherAttempt = {
-    setup: plan.setup,
+    ...(!holds && { setup: plan.setup }),
     id: request.attemptId,
     path: request.path,
     body: request.body,
@@ -163,16 +167,32 @@ export async function submitToBatcher(
     return asking;
   };
   const tell = (options?: BatcherCancelOptions) => void ask(options);
-  // A streamed answer's body comes on a stream of its own, which becomes the client's
-  // response body as it is: the runtime moves the bytes and this isolate runs nothing per
-  // token. Its HEAD answers `open`, and its END the `end` call made right behind it.
-  if (request.delivery === "stream") return openAtBatcher(stub, input, tell, route.signal);
-  try {
-    return await answerAtBatcher(stub, input, ask, route);
-  } catch (error) {
-    return batcherFailed(error);
+  const attempt = async (sent: BatcherAttempt) => {
+    // A streamed answer's body comes on a stream of its own, which becomes the client's
+    // response body as it is: the runtime moves the bytes and this isolate runs nothing per
+    // token. Its HEAD answers `open`, and its END the `end` call made right behind it.
+    if (request.delivery === "stream") return openAtBatcher(stub, sent, tell, route.signal);
+    try {
+      return await answerAtBatcher(stub, sent, ask, route);
+    } catch (error) {
+      return batcherFailed(error);
+    }
+  };
+  const first = await attempt(input);
+  if (first !== SETUP_NEEDED) {
+    seen.holdingSetup.add(name);
+    return first;
   }
+  // A new incarnation of the Batcher: the same call again, with its settings.
+  seen.holdingSetup.delete(name);
+  const again = await attempt({ ...input, setup: plan.setup });
+  if (again === SETUP_NEEDED) return batcherFailed(new Error("settings not taken"));
+  seen.holdingSetup.add(name);
+  return again;
 }
+
+// What an attempt answers when its Batcher held no settings and none were sent.
+const SETUP_NEEDED = "setup_needed";
 
 /**
  * An attempt whose client gets its answer whole (JSON): `answer` brings its HEAD, body and
@@ -184,7 +204,7 @@ async function answerAtBatcher(
   input: BatcherAttempt,
   ask: (options: BatcherCancelOptions) => Promise<boolean>,
   route: BatcherRoute,
-): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number }> {
+): Promise<{ attempt: DispatchAttempt; atOnce: boolean; waitedMs?: number } | typeof SETUP_NEEDED> {
   // Waiting ends early when its client goes away or its time runs out (once). A
   // running item is cancelled on its origin, and its END still brings the usage generated
   // until then; should no END come (a call that hangs), the item is let go of. At the
@@ -219,6 +239,8 @@ async function answerAtBatcher(
     if (givenUp !== undefined) clearTimeout(givenUp);
   }
   switch (result.kind) {
+    case "setup_needed":
+      return SETUP_NEEDED;
     case "refused":
     case "failed":
       return { attempt: notAdmitted(result), atOnce: false };
@@ -275,7 +297,7 @@ async function openAtBatcher(
   input: BatcherAttempt,
   tell: (options?: BatcherCancelOptions) => void,
   signal: AbortSignal | undefined,
-): Promise<{ attempt: DispatchAttempt; atOnce: boolean }> {
+): Promise<{ attempt: DispatchAttempt; atOnce: boolean } | typeof SETUP_NEEDED> {
   const id = input.id;
   // Waiting in a lane, the item leaves it when its client goes away.
   const gone = () => tell();
@@ -294,6 +316,8 @@ async function openAtBatcher(
     signal?.removeEventListener("abort", gone);
   }
   switch (result.kind) {
+    case "setup_needed":
+      return SETUP_NEEDED;
     case "refused":
     case "failed":
       return { attempt: notAdmitted(result), atOnce: false };
@@ -315,65 +339,6 @@ async function openAtBatcher(
   );
   const item = pipedItem(result.head, result.body, endOf(ending), firstByteAt, tell);
   return { attempt: { kind: "open", item, originId: result.head.origin }, atOnce: result.atOnce };
-}
-
-/**
- * A streamed item whose body the Batcher streams to the client itself: the edge hands the
- * body over as it is and reads only the END, to settle the request. The Batcher writes the
- * error event of a failure after the HEAD, and cancels the item when its body is left.
- */
-function pipedItem(
-  head: ItemHead,
-  body: ReadableStream<Uint8Array>,
-  ended: Promise<ItemEnd>,
-  firstByte: Promise<number | null>,
-  tell: (options?: BatcherCancelOptions) => void,
-): OpenItem {
-  // Known once the END is: the Batcher streams the body, so it says when it began.
-  let firstByteAt: number | null = null;
-  void firstByte.then((at) => {
-    firstByteAt = at;
-  });
-  return {
-    head,
-    stream: () => ({
-      body,
-      ended: ended.then(async (end) => {
-        await firstByte;
-        return end;
-      }),
-      clientGone: () => tell({ untilEnd: true }),
-      timeOut: () => tell({ timedOut: true }),
-      firstByteAt: () => firstByteAt,
-    }),
-    async whole() {
-      let bytes = new Uint8Array();
-      try {
-        bytes = new Uint8Array(await new Response(body).arrayBuffer());
-      } catch {
-        // A body cut short: the END, or its absence, says how the item ended.
-      }
-      return { body: bytes, end: await ended };
-    },
-    cancel() {
-      body.cancel().catch(() => {});
-      tell();
-    },
-  };
-}
-
-/** The END that `end` answers, as how the item ended. */
-async function endOf(ending: Promise<BatcherEnd>): Promise<ItemEnd> {
-  try {
-    const { trailer } = await ending;
-    // Null: the item's call was cut after its HEAD, or the batcher lost the item.
-    if (trailer === null) return { kind: "broken", detail: "the item ended without an END" };
-    const read = parsePayload(ItemTrailerSchema, trailer);
-    if (read === null) return { kind: "broken", detail: "batcher: malformed END trailer" };
-    return { kind: "end", trailer: read };
-  } catch (error) {
-    return { kind: "broken", detail: `batcher: ${describe(error)}` };
-  }
 }
 
 /**

@@ -12,7 +12,7 @@ import { waitUntilOf } from "./request-context.ts";
 export function countAnswers() {
   return createMiddleware<AppEnv>(async function countAnswer(c, next) {
     await next();
-    const { answers } = c.var.edge;
+    const { answers } = c.get("edge");
     const { status } = c.res;
     const waitUntil = waitUntilOf(c);
     const path = c.req.path;
@@ -21,11 +21,11 @@ export function countAnswers() {
     } else {
       const at = Date.now();
       const error = {
-        requestId: c.var.requestId,
+        requestId: c.get("requestId"),
         at,
         method: c.req.method,
         model: modelOf(c),
-        keyId: c.var.credential?.keyId ?? null,
+        keyId: c.get("credential")?.keyId ?? null,
       };
       // An error body is small and whole: its `code` (the origin's own, for an answer it
       // gave) is read from a copy, off the response path.
@@ -38,9 +38,9 @@ export function countAnswers() {
 }
 
 function modelOf(c: Context<AppEnv>): string | null {
-  const planned = c.var.plan?.model.id;
+  const planned = c.get("plan")?.model.id;
   if (planned !== undefined) return planned;
-  const asked: unknown = c.var.completion?.body.model;
+  const asked: unknown = c.get("completion")?.body.model;
   return typeof asked === "string" ? asked.slice(0, 128) : null;
 }
 

@@ -54,7 +54,7 @@ export const LEASE_RENEW_MS = 5_000;
 export function authenticate() {
   return createMiddleware<AppEnv>(async function authenticateCaller(c, next) {
     const origin = c.req.header("origin") ?? null;
-    const { apiKeys, browserTokens } = c.var.edge;
+    const { apiKeys, browserTokens } = c.get("edge");
     const auth = await authenticateBearer(c.env, c.req.header("authorization"), {
       now: Date.now(),
       origin,
@@ -78,7 +78,7 @@ export function authenticate() {
  */
 export async function checkCaller(c: Context<AppEnv>) {
   const origin = c.req.header("origin") ?? null;
-  const { credential } = c.var;
+  const credential = c.get("credential");
   const result = await checkCredential(c.env, credential, { origin });
   if (!result.ok) {
     if (result.code === "origin_not_allowed") c.set("allowedOrigin", null);
@@ -99,9 +99,12 @@ export function verifyCredential() {
 /** Admits the planned completion in its key's account; refusals are OpenAI's 401/403/429. */
 export function admitCompletion() {
   return createMiddleware<AppEnv>(async function admitToAccount(c, next) {
-    const { credential, plan, requestId, settlement } = c.var;
+    const credential = c.get("credential");
+    const plan = c.get("plan");
+    const requestId = c.get("requestId");
+    const settlement = c.get("settlement");
     const origin = c.req.header("origin") ?? null;
-    const { body } = c.var.completion;
+    const { body } = c.get("completion");
     // Registered before the call: if the call fails after the account committed, the
     // settlement still closes the reservation. A refusal reserved nothing: no call then.
     let refused = false;
@@ -119,7 +122,7 @@ export function admitCompletion() {
       freeLeaseSlot();
       const admission: AdmitOk | undefined = c.get("admission");
       if (c.env.ANALYTICS !== undefined && input.metrics !== undefined && admission !== undefined) {
-        const cost = usageCost(c.var.config, settled, admission.models);
+        const cost = usageCost(c.get("config"), settled, admission.models);
         writeRequestEvent(
           c.env.ANALYTICS,
           credential.keyId,
@@ -129,7 +132,7 @@ export function admitCompletion() {
           cost,
         );
       }
-      await queueSettlement(c.env, c.var.edge.settlements, credential.keyId, input);
+      await queueSettlement(c.env, c.get("edge").settlements, credential.keyId, input);
     });
     // A client that went away before its usage is known frees its slot and reservation at
     // once; the settlement that follows bills what was generated.
@@ -139,7 +142,7 @@ export function admitCompletion() {
       if (refused) return;
       const input = { ...settleInput(c, released), usageUnknown: true };
       freeLeaseSlot();
-      await queueSettlement(c.env, c.var.edge.settlements, credential.keyId, input);
+      await queueSettlement(c.env, c.get("edge").settlements, credential.keyId, input);
     });
     // Every prompt and every sequence (`n`, `best_of`, a prompt list) is reserved: a client
     // never receives more than its reservation covers.
@@ -190,7 +193,7 @@ export function admitCompletion() {
     const waitUntil = waitUntilOf(c);
     if (!settlement.settled && leased !== null) {
       // Its lease, not its own row, is what the account must hear of while it is served.
-      renewal = setInterval(() => keepLease(c), c.var.config.leases.windowMs / 4);
+      renewal = setInterval(() => keepLease(c), c.get("config").leases.windowMs / 4);
     } else if (!settlement.settled) {
       renewal = setInterval(() => {
         waitUntil(renewLease(c.env, credential.keyId, requestId, LEASE_MS));
@@ -205,7 +208,7 @@ export function admitCompletion() {
       // headers went out (`Lifecycle.whole` in delivery/response.ts): the request is settled,
       // so its headers can carry its cost.
       const settled = settlement.record;
-      let cost = usageCost(c.var.config, settled, result.models);
+      let cost = usageCost(c.get("config"), settled, result.models);
       // Up to its reservation a request is billed exactly this; above it only as far as the
       // key's budgets have room, which its account decides: ask it (the queued settlement
       // then finds the request settled).
@@ -257,8 +260,8 @@ function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
     model: settled.model,
     originBegan: settled.originBegan,
     ...(settled.usageUnknown === true && { usageUnknown: true }),
-    attempts: c.var.settlement.attempts,
-    metrics: settleMetrics(c.var.settlement.startedAt, settled),
+    attempts: c.get("settlement").attempts,
+    metrics: settleMetrics(c.get("settlement").startedAt, settled),
   };
   // Admitted under a lease: the account opens its row only now, from what the edge held.
   const leased = c.get("leased");
@@ -269,7 +272,7 @@ function settleInput(c: Context<AppEnv>, settled: SettledRequest): SettleInput {
   // Unset when the admit call failed: then the request was never admitted.
   const admission: AdmitOk | undefined = c.get("admission");
   if (admission === undefined) return input;
-  const { models } = c.var.config;
+  const { models } = c.get("config");
   return {
     ...input,
     admitted: {

@@ -19,7 +19,7 @@ export function browserCors() {
     if (c.res.headers.has("access-control-allow-origin")) return;
     const allowed =
       c.get("allowedOrigin") === origin ||
-      (await originAllowedByAnyKey(c.env, origin, Date.now(), c.var.edge.browserTokens).catch(
+      (await originAllowedByAnyKey(c.env, origin, Date.now(), c.get("edge").browserTokens).catch(
         () => false,
       ));
     if (allowed) setHeaders(c, corsHeaders(origin));

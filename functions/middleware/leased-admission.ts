@@ -28,7 +28,9 @@ export function admitUnderLease(
   request: LocalRequest,
   endUser: string | null,
 ): LeasedAdmission | null {
-  const { config, credential, edge } = c.var;
+  const config = c.get("config");
+  const credential = c.get("credential");
+  const edge = c.get("edge");
   if (!config.leases.enabled || credential.kind !== "key") return null;
   // A request recorded for an end user is admitted exactly: its row names the user even
   // if its isolate dies before settling it.
@@ -47,7 +49,9 @@ export async function admitExactly(
   input: AdmitRequestInput,
   request: LocalRequest,
 ): Promise<AdmitResult> {
-  const { config, credential, edge } = c.var;
+  const config = c.get("config");
+  const credential = c.get("credential");
+  const edge = c.get("edge");
   const leasing = config.leases.enabled && credential.kind === "key";
   if (leasing) edge.leases.note(credential.keyId, request, Date.now());
   const first = await admitOnce(c, input, leasing);
@@ -76,7 +80,9 @@ async function admitOnce(
   input: AdmitRequestInput,
   leasing: boolean,
 ): Promise<{ ok: boolean; trimmed: boolean; result: AdmitResult }> {
-  const { config, credential, edge } = c.var;
+  const config = c.get("config");
+  const credential = c.get("credential");
+  const edge = c.get("edge");
   const now = Date.now();
   const ask = leasing ? edge.leases.ask(credential.keyId, "trim", leaseOptions(config, now)) : null;
   const hash = credential.kind === "key" ? credential.secretHash : "";
@@ -98,7 +104,9 @@ async function admitOnce(
 
 /** Renews the key's lease in the background when it runs low or its window half passed. */
 export function keepLease(c: Context<AppEnv>): void {
-  const { config, credential, edge } = c.var;
+  const config = c.get("config");
+  const credential = c.get("credential");
+  const edge = c.get("edge");
   if (credential.kind !== "key") return;
   const now = Date.now();
   if (!edge.leases.due(credential.keyId, config.leases.windowMs, now)) return;
@@ -108,7 +116,8 @@ export function keepLease(c: Context<AppEnv>): void {
 
 /** A leased request ended (settled, or released when its client left): its slot is free. */
 export function leaseEnded(c: Context<AppEnv>, leased: LeasedAdmission): void {
-  const { credential, edge } = c.var;
+  const credential = c.get("credential");
+  const edge = c.get("edge");
   if (credential.kind === "key") edge.leases.ended(credential.keyId, leased.leaseId);
 }
 

@@ -40,7 +40,7 @@ export function requestContext() {
     c.set("settlement", settlement);
     await next();
     // Its admission may have named it anew (a lease names its requests).
-    const named = c.var.requestId;
+    const named = c.get("requestId");
     // A response passed through from fetch() has immutable headers; re-wrap it (no copy of the body).
     try {
       c.res.headers.set(REQUEST_ID_HEADER, named);

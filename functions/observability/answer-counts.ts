@@ -29,7 +29,8 @@ export function routeGroup(path: string): "v1" | "admin" | "other" {
 
 /** An error `code` as a label value: `none` when absent, `other` when unusable. */
 export function codeLabel(code: unknown): string {
-  if (code === null || code === undefined || code === "") return "none";
+  // Nearly every answer: no code.
+  if (code === null || code === undefined || code === "" || code === "none") return "none";
   const text = typeof code === "string" || typeof code === "number" ? String(code) : "";
   return CODE.test(text) ? text : "other";
 }

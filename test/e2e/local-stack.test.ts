@@ -1,47 +1,12 @@
-import { type ChildProcess, execFileSync, spawn } from "node:child_process";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { execFileSync } from "node:child_process";
+import { readFile } from "node:fs/promises";
 import { createServer, connect } from "node:net";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
-import { ROOT } from "../../scripts/edge.ts";
+import { cleanUpStarts, npmStart, stateDir, until } from "../support/npm-start.ts";
 
 // `npm start` as a user or a process manager runs it: its own state folder, real npm.
-const dirs: string[] = [];
-const children: ChildProcess[] = [];
-
-afterEach(async () => {
-  for (const child of children.splice(0)) if (child.exitCode === null) child.kill("SIGKILL");
-  await Promise.all(dirs.splice(0).map((d) => rm(d, { recursive: true, force: true })));
-});
-
-async function stateDir(): Promise<string> {
-  const dir = await mkdtemp(join(tmpdir(), "warmgate-start-"));
-  dirs.push(dir);
-  return dir;
-}
-
-function npmStart(args: string[]): { child: ChildProcess; out: () => string; err: () => string } {
-  const child = spawn("npm", ["start", "--", ...args], {
-    cwd: ROOT,
-    stdio: ["ignore", "pipe", "pipe"],
-    detached: true,
-  });
-  children.push(child);
-  let out = "";
-  let err = "";
-  child.stdout?.on("data", (c: Buffer) => (out += c.toString()));
-  child.stderr?.on("data", (c: Buffer) => (err += c.toString()));
-  return { child, out: () => out, err: () => err };
-}
-
-async function until(what: string, check: () => boolean | Promise<boolean>): Promise<void> {
-  for (let i = 0; i < 600; i++) {
-    if (await check()) return;
-    await new Promise((r) => setTimeout(r, 200));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
+afterEach(cleanUpStarts);
 
 function listening(port: number): Promise<boolean> {
   return new Promise((resolve) => {

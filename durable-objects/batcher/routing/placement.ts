@@ -1,9 +1,10 @@
 /**
  * The placement decision (docs/routing.md, "Placement"): a predicted time to first token
  * per origin from its queue, its uncached share of the prompt and its decode load; the
- * warmest origin unless it is much worse than the best; a cold prefix on its
- * consistent-hash origin under a bound on load. Pure: the same inputs give the same
- * origin on every edge and Batcher shard.
+ * warmest origin unless it is much slower than the best or another's load, counting the
+ * prefill a move redoes, is lower by a margin; a cold prefix on its consistent-hash origin
+ * under a bound on load. Pure: the same inputs give the same origin on every edge and
+ * Batcher shard.
  */
 import type { RouterSettings } from "../../../contracts/config/routing.ts";
 
@@ -23,21 +24,6 @@ export interface RouteCandidate {
   /** Prompt tokens its KV cache can still take, or null when unknown. */
   kvRoomTokens: number | null;
 }
-
-/**
- * Sequences by which a warm origin may exceed the mean load (when also above
- * `loadBound` times it) before its prefix spreads: below it, moving a prefix costs more
- * (a prefill) than the imbalance (decode speed), as the SGLang router's balance
- * thresholds have it.
- */
-export const WARM_IMBALANCE_SEQS = 8;
-
-/**
- * How close to the best predicted TTFT a new prefix's rendezvous origin must be to take
- * it: ties (idle origins, equal queues) go by the hash, anything else to the fastest.
- */
-export const COLD_TIE_RATIO = 0;
-export const COLD_TIE_MS = 10;
 
 /** Why a request went where it went. */
 export type PlacementReason = "cache_hit" | "session" | "cold" | "spread" | "pinned" | "fallback";
@@ -62,6 +48,11 @@ export interface PlacementInput {
   coldKey: number;
   /** Leading blocks each candidate holds, by candidate. */
   matched: readonly number[];
+  /**
+   * Prompt tokens each candidate's cache takes before it evicts, by candidate (null or
+   * absent: unbounded).
+   */
+  freeTokens?: readonly (number | null)[];
   /** The origin its session last went to, when it has one. */
   sessionOrigin: string | null;
 }
@@ -92,11 +83,15 @@ export function uncachedTokens(promptTokens: number, blocks: number, matched: nu
 }
 
 /**
- * The placement among `candidates` (non-empty): the warmest origin (at least
- * `minMatchBlocks`) unless its predicted TTFT is above the best's by more than
- * `spreadRatio` and `spreadMs` (then the best: the prefix spreads); else the session's
- * origin on the same terms; else the cold key's consistent-hash origin, skipping those
- * above `loadBound` times the mean load.
+ * The placement among `candidates` (non-empty). The warmest origin (at least
+ * `minMatchBlocks`) keeps the request unless its predicted TTFT is above the best's by more
+ * than `spreadRatio` and `spreadMs` (the queue rule), or another origin's load, counting as
+ * load the prefill the request would redo there and what it would evict, is lower by more
+ * than `balanceSeqs` while the warm origin carries `loadBound` times the mean or would
+ * evict where the other would not (the balance rule): then the prefix spreads. Else the
+ * session's origin on the same terms; else the first origin in the cold key's rendezvous
+ * order under `loadBound` times the mean load, whose TTFT is within `tieMs` of the best and
+ * whose cache has room when any has.
  */
 export function choosePlacement(
   candidates: readonly RouteCandidate[],
@@ -112,10 +107,16 @@ export function choosePlacement(
     (c, i) => c.kvRoomTokens === null || c.kvRoomTokens >= (need[i] ?? 0),
   );
   const anyFits = fits.some(Boolean);
+  const usable = (i: number) => fits[i] === true || !anyFits;
+  // Prompt tokens its new blocks would push out of each cache, as far as the index follows it.
+  const evicted = candidates.map((_, i) => {
+    const free = input.freeTokens?.[i] ?? null;
+    return free === null ? 0 : Math.max(0, (need[i] ?? 0) - free);
+  });
   const order = rendezvousOrder(candidates, input.coldKey);
   let best = -1;
   for (const i of order) {
-    if (!fits[i] && anyFits) continue;
+    if (!usable(i)) continue;
     if (best < 0 || (ttft[i] as number) < (ttft[best] as number)) best = i;
   }
   const bestTtft = ttft[best] as number;
@@ -125,19 +126,13 @@ export function choosePlacement(
     matchedBlocks: input.matched[i] ?? 0,
     predictedTtftMs: ttft[i] as number,
   });
-  // Bounded load, as consistent hashing with bounded loads has it: a new prefix goes to
-  // no origin above `loadBound` times the mean sequences (counting this one). A warm one
-  // stays unless its origin is both `loadBound` times and WARM_IMBALANCE_SEQS above the
-  // mean.
   const load = (i: number) => (candidates[i] as RouteCandidate).load;
   const total = candidates.reduce((sum, c) => sum + c.load, 0);
-  const coldBound = Math.ceil((s.loadBound * (total + 1)) / candidates.length);
-  const under = (i: number, bound: number) => load(i) < bound;
   const mean = (total + 1) / candidates.length;
-  const balanced = (i: number) =>
-    load(i) < s.loadBound * mean || load(i) - mean <= WARM_IMBALANCE_SEQS;
+  const coldBound = Math.ceil(s.loadBound * mean);
+  const heavy = (i: number) => load(i) >= s.loadBound * mean && load(i) - mean > s.balanceSeqs;
   const fast = (i: number) => (ttft[i] as number) <= bestTtft * (1 + s.spreadRatio) + s.spreadMs;
-  const closeEnough = (i: number) => fits[i] === true && balanced(i) && fast(i);
+  const closeEnough = (i: number) => fits[i] === true && !heavy(i) && fast(i);
 
   let warm = -1;
   for (const i of order) {
@@ -149,21 +144,56 @@ export function choosePlacement(
     const lighter = warm >= 0 && load(i) < load(warm);
     if (warm < 0 || m > held || (m === held && lighter)) warm = i;
   }
-  if (warm >= 0 && n > 0) return closeEnough(warm) ? choice(warm, "cache_hit") : spread(warm);
+  if (warm >= 0 && n > 0) {
+    if (!fits[warm] || !fast(warm)) return spread(warm);
+    const other = rebalance(warm);
+    if (other < 0) return choice(warm, "cache_hit");
+    // A move to an origin that holds as much (a copy) is a hit all the same.
+    const held = (input.matched[other] ?? 0) >= (input.matched[warm] ?? 0);
+    return choice(other, held ? "cache_hit" : "spread");
+  }
 
   if (input.sessionOrigin !== null) {
     const at = candidates.findIndex((c) => c.id === input.sessionOrigin);
     if (at >= 0 && closeEnough(at)) return choice(at, "session");
   }
 
-  // Cold: the first origin in the key's rendezvous order that is under the bound and
-  // close to the best, so that edges and Batcher shards that share nothing (their
-  // backlogs come from the same load reports) place a new prefix alike.
-  const tied = (i: number) => (ttft[i] as number) <= bestTtft * (1 + COLD_TIE_RATIO) + COLD_TIE_MS;
+  // Cold: the first origin in the key's rendezvous order that is under the bound, close to
+  // the best and (when any is) evicts nothing, so that edges and Batcher shards that share
+  // nothing (their backlogs come from the same load reports) place a new prefix alike.
+  const tied = (i: number) => (ttft[i] as number) <= bestTtft + s.tieMs;
+  const roomy = evicted.some((e) => e === 0);
   for (const i of order) {
-    if (fits[i] === true && under(i, coldBound) && tied(i)) return choice(i, "cold");
+    if (fits[i] === true && load(i) < coldBound && tied(i) && (!roomy || evicted[i] === 0))
+      return choice(i, "cold");
+  }
+  for (const i of order) {
+    if (fits[i] === true && load(i) < coldBound && tied(i)) return choice(i, "cold");
   }
   return choice(best, "spread");
+
+  /**
+   * The balance rule, as the SGLang router's balance thresholds with the prefill a move
+   * costs as hysteresis: each candidate's load plus, in sequences of `moveTokensPerSeq`,
+   * the prompt tokens queued ahead, to prefill and to evict beyond the warm origin's. The lowest takes
+   * the request when it is `balanceSeqs` below the warm origin's and the warm origin is
+   * heavy or would evict where it would not; -1: the warm origin keeps it.
+   */
+  function rebalance(from: number): number {
+    const tokens = (i: number) =>
+      (candidates[i] as RouteCandidate).backlogTokens +
+      (need[i] as number) +
+      s.evictionWeight * (evicted[i] as number);
+    const cost = (i: number) => load(i) + (tokens(i) - tokens(from)) / s.moveTokensPerSeq;
+    let pick = -1;
+    for (const i of order) {
+      if (i === from || !usable(i)) continue;
+      if (pick < 0 || cost(i) < cost(pick)) pick = i;
+    }
+    if (pick < 0 || load(from) - cost(pick) <= s.balanceSeqs) return -1;
+    const crowded = load(from) >= s.loadBound * mean;
+    return crowded || (evicted[from] as number) > (evicted[pick] as number) ? pick : -1;
+  }
 
   function spread(from: number): PlacementChoice {
     // Among the origins close to the best, the warmest: a hot prefix spreads to as few

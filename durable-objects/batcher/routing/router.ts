@@ -134,7 +134,12 @@ export class Router {
       }
     }
     const all = this.#index.match(request.blocks);
-    const matched = candidates.map((c) => all[this.#index.slot(c.id)] ?? 0);
+    const slots = candidates.map((c) => this.#index.slot(c.id));
+    const matched = slots.map((slot) => all[slot] ?? 0);
+    // What each cache takes before it evicts, as far as the index follows it.
+    const freeTokens = slots.map(
+      (slot) => Math.max(0, this.#index.capacity(slot) - this.#index.size(slot)) * BLOCK_TOKENS,
+    );
     return choosePlacement(
       candidates,
       {
@@ -142,6 +147,7 @@ export class Router {
         promptTokens: request.promptTokens,
         coldKey: coldKey(request),
         matched,
+        freeTokens,
         sessionOrigin:
           request.session === null ? null : (this.#sessions.get(request.session) ?? null),
       },

@@ -115,9 +115,13 @@ export class LedgerStore {
     return open;
   }
 
-  /** A request's row as committed (a flush first); null when unknown or pruned. */
+  /**
+   * A request's row as committed (a flush first when a write of that row waits); null when
+   * unknown or pruned. Other queued writes cannot change the row: they stay queued, so a
+   * call settling many requests commits once.
+   */
   committed(requestId: string): LedgerEntry | null {
-    this.#writes.flush();
+    if (this.#writes.has(ledgerKey(requestId))) this.#writes.flush();
     const row = this.#sql
       .exec<LedgerRow>(`SELECT ${LEDGER_COLUMNS} FROM ledger WHERE request_id = ?`, requestId)
       .toArray()[0];
@@ -215,7 +219,7 @@ export class LedgerStore {
   // window are one INSERT. A write only moves a row forward (open → settled | expired,
   // expired → settled), so a stale or repeated one cannot reopen or rebill a closed row.
   #put(entry: LedgerEntry): void {
-    this.#writes.set(`ledger:${entry.requestId}`, () =>
+    this.#writes.set(ledgerKey(entry.requestId), () =>
       this.#sql.exec(
         `INSERT INTO ledger (${LEDGER_COLUMNS})
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -247,4 +251,9 @@ export class LedgerStore {
       ),
     );
   }
+}
+
+// The write-behind key of a request's row.
+function ledgerKey(requestId: string): string {
+  return `ledger:${requestId}`;
 }

@@ -103,13 +103,17 @@ describe("batching plans, resolved when the configuration loads", () => {
   });
 
   it("routes only a region with more than one origin, with the section's settings", () => {
-    const config = resolved({ routing: { spread_ms: 50, prefill_tokens_per_s: 2_000 } });
+    const config = resolved({ routing: { tie_ms: 50, prefill_tokens_per_s: 2_000 } });
     expect(planOf(config, "eu", "m").setup.routing).toBeNull();
     expect(planOf(config, "eu", "n").setup.routing).toEqual({
       minMatchBlocks: 4,
       spreadRatio: 1,
-      spreadMs: 50,
+      spreadMs: 100,
       loadBound: 1.25,
+      balanceSeqs: 2,
+      moveTokensPerSeq: 256,
+      evictionWeight: 1,
+      tieMs: 50,
       prefillTokensPerMs: 2,
       maxIndexBlocks: 65_536,
     });

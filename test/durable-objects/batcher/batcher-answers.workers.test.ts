@@ -92,6 +92,20 @@ describe("answer: a JSON item whole, in one answer", () => {
   });
 });
 
+describe("settings: sent until the batcher holds them", () => {
+  it("answers setup_needed to a call without them until one brought them", async () => {
+    const b = batcher();
+    expect(await b.answer("n1", { setup: undefined })).toEqual({ kind: "setup_needed" });
+    expect(await b.open("n2", { setup: undefined }).opening).toEqual({ kind: "setup_needed" });
+    expect((await b.stub.snapshot()).counters.submitted).toBe(0);
+    expect(await b.answer("n3")).toMatchObject({ kind: "answered", head: { status: 200 } });
+    expect(await b.answer("n4", { setup: undefined })).toMatchObject({
+      kind: "answered",
+      head: { status: 200 },
+    });
+  });
+});
+
 describe("open: a streamed answer's body on a stream of its own", () => {
   it("answers with the HEAD and the item's exact bytes, and `end` with its END", async () => {
     const b = batcher({ ...HOLD, maxBatchSize: 2 });

@@ -148,6 +148,23 @@ describe("a batcher restart mid-window", () => {
 });
 
 // Last: a request sent through the Batcher changes when an idle edge would skip it.
+describe("a batcher that lost its settings", () => {
+  it("is sent them again by an edge that sent them before, and answers", async () => {
+    const config = configWith(HOLD);
+    const first = send(config, chat({ stream: false }));
+    expect((await first.response).status).toBe(200);
+    await first.done();
+    // A new incarnation holds no settings; this isolate's calls leave them out.
+    await abortAllDurableObjects();
+    const again = send(config, chat({ stream: false }));
+    const res = await again.response;
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-warmgate-origin")).toBe("edge-batch-2");
+    await again.done();
+    expect((await batcherOf(config).snapshot()).counters.submitted).toBe(1);
+  });
+});
+
 describe("usage records of batched requests", () => {
   it("lists the region and origin that served a batched request in its usage record", async () => {
     const config = configWith(HOLD);

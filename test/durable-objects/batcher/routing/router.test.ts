@@ -161,6 +161,117 @@ describe("placement", () => {
   });
 });
 
+/** A system prompt of about 1,500 tokens, as agents share one. */
+const agentSystem = `Agent system prompt. `.repeat(286);
+
+/** An agent's conversation after `turns` steps over the shared system prompt. */
+function agent(a: number, turns: number): string {
+  let text = agentSystem;
+  for (let t = 0; t < turns; t++) text += `Agent ${a} step ${t}: ${"tool output ".repeat(60)}`;
+  return text;
+}
+
+describe("balance rule", () => {
+  it("spreads agents on one system prompt once its origin is crowded", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const load = new Map(ORIGINS.map((id) => [id, 0]));
+    const candidates = () => ORIGINS.map((id) => idle(id, { load: load.get(id) ?? 0 }));
+    // Twenty agents start one after another and keep running: each first turn shares only
+    // the system prompt with the others.
+    for (let a = 0; a < 20; a++) {
+      const placed = router.place(request(`a${a}`, agent(a, 1)), candidates());
+      load.set(placed.origin, (load.get(placed.origin) ?? 0) + 1);
+    }
+    // The first origin takes agents until it carries the system prompt's prefill in
+    // sequences more than the others; then each copy takes them while it is the lightest.
+    const loads = [...load.values()].sort((x, y) => y - x);
+    expect(loads[0]).toBeLessThanOrEqual(8);
+    expect(loads[2]).toBeGreaterThanOrEqual(3);
+  });
+
+  it("moves a new agent off a crowded origin and keeps one with a history there", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const idleAll = ORIGINS.map((id) => idle(id));
+    // The system prompt is on every origin; one agent's history is on one of them.
+    for (const id of ORIGINS)
+      router.place({ ...request(`s-${id}`, agentSystem), pinned: id }, idleAll);
+    const home = router.place(request("t1", agent(1, 6)), idleAll).origin;
+    const crowded = ORIGINS.map((id) => idle(id, { load: id === home ? 6 : 2 }));
+    // Its own history (about 1,100 tokens) is worth more than four sequences of imbalance.
+    expect(router.preview(request("t2", agent(1, 7)), crowded)).toMatchObject({
+      origin: home,
+      reason: "cache_hit",
+    });
+    // A new agent holds nothing but the system prompt there: it goes where the load is low.
+    const fresh = router.preview(request("n1", agent(2, 1)), crowded);
+    expect(fresh.origin).not.toBe(home);
+    expect(fresh.reason).toBe("cache_hit");
+  });
+
+  it("copies a hot prefix once its origin carries its prefill in sequences more than another", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const hot = system(7);
+    const home = router.place(
+      request("h0", `${hot}q0`),
+      ORIGINS.map((id) => idle(id)),
+    ).origin;
+    // Balanced: it stays.
+    const even = ORIGINS.map((id) => idle(id, { load: 10 }));
+    expect(router.preview(request("h1", `${hot}q1`), even).origin).toBe(home);
+    // Its origin runs 8 sequences more than the others: less than a 2,400-token prefill.
+    const busier = ORIGINS.map((id) => idle(id, { load: id === home ? 18 : 10 }));
+    expect(router.preview(request("h2", `${hot}q2`), busier).origin).toBe(home);
+    // Three times the others' sequences: a copy is cheaper.
+    const piled = ORIGINS.map((id) => idle(id, { load: id === home ? 30 : 10 }));
+    const next = router.place(request("h3", `${hot}q3`), piled);
+    expect(next.origin).not.toBe(home);
+    expect(next.reason).toBe("spread");
+  });
+
+  it("gathers a spread prefix back on its first origin when its traffic falls", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const hot = system(8);
+    const idleAll = ORIGINS.map((id) => idle(id));
+    const home = router.place(request("g0", `${hot}q`), idleAll).origin;
+    // A burst copied it to every origin.
+    for (const id of ORIGINS)
+      router.place({ ...request(`c-${id}`, `${hot}c`), pinned: id }, idleAll);
+    // Quiet again: every request goes to the same origin, its first one.
+    for (let k = 0; k < 5; k++) {
+      expect(router.place(request(`g${k + 1}`, `${hot}q${k}`), idleAll)).toMatchObject({
+        origin: home,
+        reason: "cache_hit",
+      });
+    }
+  });
+
+  it("sends what a warm match adds to an origin whose cache has room, not one that would evict", () => {
+    const blocks = blockHashes("m", system(9));
+    const candidates = [idle("o1"), idle("o2")];
+    const input = { blocks, promptTokens: blocks.length * 16, coldKey: 1, sessionOrigin: null };
+    const half = Math.floor(blocks.length / 4);
+    for (const free of [
+      [0, 100_000],
+      [100_000, 0],
+    ]) {
+      // Both hold its first quarter (a system prompt); the full one would evict the rest.
+      const choice = choosePlacement(
+        candidates,
+        { ...input, matched: [half, half], freeTokens: free },
+        ROUTER_DEFAULTS,
+      );
+      expect(choice.origin).toBe(free[0] === 0 ? "o2" : "o1");
+    }
+    // Where neither has room, the warmer one keeps it.
+    const choice = choosePlacement(
+      candidates,
+      { ...input, matched: [half, half + 8], freeTokens: [0, 0] },
+      ROUTER_DEFAULTS,
+    );
+    expect(choice).toMatchObject({ origin: "o2", reason: "cache_hit" });
+  });
+});
+
 describe("corrections", () => {
   it("forgets an origin's blocks when its engine restarted", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
