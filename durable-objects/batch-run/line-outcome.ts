@@ -28,6 +28,9 @@ const textDecoder = new TextDecoder();
 /** The outcome of a line's attempt from its Batcher's answer. */
 export function lineOutcome(result: BatcherAnswerResult): LineOutcome {
   switch (result.kind) {
+    // Every attempt carries the setup; should one arrive without, it is simply sent again.
+    case "setup_needed":
+      return { kind: "retry", afterMs: RETRY_MS };
     case "refused":
       return { kind: "retry", afterMs: Math.max(RETRY_MS, result.retryAfterMs) };
     case "failed":
