@@ -67,6 +67,12 @@ export const ERROR_CODES = {
   canary_not_found: "no canary is configured for that model",
   request_not_found: "no request with that id for this key",
   response_not_found: "no stored response: the gateway keeps none",
+  file_not_found: "no file with that id for this key",
+  batch_not_found: "no batch with that id for this key",
+  // The edge: the Batch API (docs/batch-api.md).
+  invalid_file: "a batch input file that is not JSON Lines of valid batch requests",
+  file_too_large: "a batch input file over 200 MB",
+  batch_not_cancellable: "the batch has already ended or is ending",
   // The edge and the Batcher: origins.
   no_healthy_origin: "no origin may serve the model right now (503, `retry-after`)",
   origin_error: "the origin failed or answered something unusable",

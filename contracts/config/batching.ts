@@ -79,6 +79,8 @@ const BATCHING_FIELDS = {
   hold_min_in_flight: z.int().nonnegative().max(100_000).default(128),
   /** How long after its Batcher last sent at once an otherwise idle edge skips it (0: never). */
   idle_bypass_ms: z.int().nonnegative().max(60_000).default(1000),
+  /** Share of each origin's running slots the batch lane leaves free for interactive lanes. */
+  batch_reserve_share: z.number().min(0).max(1).default(0.1),
   /** Bytes of a streamed answer held for a slow client before it is dropped. */
   max_client_backlog_bytes: z
     .int()
@@ -103,6 +105,7 @@ export const BatchingSettingsSchema = z.strictObject(BATCHING_FIELDS).transform(
     holdMinInFlight: b.hold_min_in_flight,
     rateWindowMs: b.rate_window_ms,
     loadReportTtlMs: b.load_report_ttl_ms,
+    batchReserveShare: b.batch_reserve_share,
     /** Highest first; lane 0 leaves before lane 1. */
     lanes: b.lanes.map((lane) => ({
       queueTimeoutMs: lane.queue_timeout_ms,
@@ -130,6 +133,23 @@ export type BatchingSettings = z.output<typeof BatchingSettingsSchema>;
 export type WindowConfig = BatchingSettings["window"] & {
   /** Origins of this region and model, in preference order for ties. */
   origins: { id: string }[];
+  /**
+   * Index of the batch lane, the last of `lanes` and below every interactive one: its
+   * requests take only running slots the origins report free (docs/batch-api.md). Absent:
+   * no batch lane.
+   */
+  batchLane?: number;
+};
+
+/**
+ * The batch lane's queue: its lines wait as long as their 24-hour window allows, and a
+ * batch keeps only a bounded number of its lines in it.
+ */
+export const BATCH_LANE: LaneConfig = {
+  queueTimeoutMs: 86_400_000,
+  onTimeout: "wait",
+  maxQueue: 65_536,
+  refuseStatus: 503,
 };
 /** One priority lane, as the window runs it. */
 export type LaneConfig = WindowConfig["lanes"][number];

@@ -7,6 +7,7 @@
 import { z } from "zod";
 import { formatPath } from "../param-path.ts";
 import type { BreakerRegion } from "../breaker.ts";
+import { BatchApiSchema } from "./batch-api.ts";
 import { BatchingSectionSchema, batchingSettings } from "./batching.ts";
 import { BreakersSchema } from "./breakers.ts";
 import { CacheSectionSchema } from "./cache.ts";
@@ -42,6 +43,8 @@ export const GatewayConfigSchema = z
     routing: RoutingSchema.prefault({}),
     /** The exact response cache, with rules per key and model (docs/cache.md). */
     cache: CacheSectionSchema.prefault({}),
+    /** OpenAI's Batch API on the fleet's idle capacity (docs/batch-api.md). */
+    batch_api: BatchApiSchema.prefault({}),
   })
   .superRefine(checkReferences)
   .transform((config) => ({
@@ -54,6 +57,7 @@ export const GatewayConfigSchema = z
     breakers: config.breakers,
     routing: config.routing,
     cache: config.cache,
+    batchApi: config.batch_api,
     /** Each model's canary, by model id. */
     canaries: new Map(config.canaries.map((canary) => [canary.model, canary])),
     /** Every region and model's batching plan (see `batchingPlan`). */

@@ -4,7 +4,7 @@
  * the configuration loads, and the setup a Batcher runs with, which names it.
  */
 import { fnv1a } from "../hashing.ts";
-import type { BatchingSettings, WindowConfig } from "./batching.ts";
+import { BATCH_LANE, type BatchingSettings, type WindowConfig } from "./batching.ts";
 import type { Breakers } from "./breakers.ts";
 import { type RegionConfig, originServes } from "./regions.ts";
 import type { RouterSettings } from "./routing.ts";
@@ -102,8 +102,11 @@ function buildPlan(inputs: PlanInputs, region: RegionConfig, model: string): Bat
   const origins = region.origins.filter((origin) => originServes(origin, model));
   if (origins.length === 0) return null;
   const settings = inputs.settingsOf(region.id, model);
+  // The batch lane comes after every configured lane (docs/batch-api.md).
   const window: WindowConfig = {
     ...settings.window,
+    lanes: [...settings.window.lanes, BATCH_LANE],
+    batchLane: settings.window.lanes.length,
     origins: origins.map((origin) => ({ id: origin.id })),
   };
   const { quarantineMs, clientBacklogBytes } = settings;

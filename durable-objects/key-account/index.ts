@@ -13,6 +13,13 @@ import { lookupOutcomes, reconcile } from "../../contracts/outcomes.ts";
 import { outcomeSources } from "./reconcile.ts";
 import { KEY_ACCOUNT_MIGRATIONS } from "./schema.ts";
 import { checkKey, recordOf, requestsOf, usageOf } from "./reads.ts";
+import {
+  type BatchCharge,
+  type BatchHoldResult,
+  chargeBatch,
+  holdBatch,
+  releaseBatch,
+} from "./batch-holds.ts";
 import { expireDue, settle } from "./settle.ts";
 import { endDueLeases, giveBack, grantLease, restoreLapsed } from "./leases/grant.ts";
 import type { LeaseAnswer, LeaseAsk, LeaseCall, LeaseHeld } from "./leases/types.ts";
@@ -152,6 +159,21 @@ export class KeyAccount extends DurableObject<Env> {
     const commit = this.#store.stamp();
     await this.#alarmFor(results, now);
     return { results, commit };
+  }
+
+  /** Reserves a Batch API batch's worst case against the budgets (see batch-holds.ts). */
+  holdBatch(input: { batchId: string; picos: bigint }): BatchHoldResult {
+    return holdBatch(this.#store, this.ctx.storage.sql, input, Date.now());
+  }
+
+  /** Bills a batch's finished lines once per charge number; committed before it answers. */
+  chargeBatch(charge: BatchCharge): boolean {
+    return chargeBatch(this.#store, this.ctx.storage.sql, charge, Date.now());
+  }
+
+  /** Gives back what is left of a batch's hold. */
+  releaseBatch(batchId: string): void {
+    releaseBatch(this.#store, this.ctx.storage.sql, batchId);
   }
 
   /** The key's request metrics, for the edge's `/metrics` and dashboard (docs/metrics.md). */

@@ -93,6 +93,10 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
    CREATE INDEX ledger_created ON ledger (created_at, request_id);`,
   // Requests answered from the edge's response cache (docs/cache.md).
   `ALTER TABLE ledger ADD COLUMN cache_hit INTEGER NOT NULL DEFAULT 0;`,
+  // Batch API holds: a batch's worst case reserved at creation, charged as its lines end.
+  `CREATE TABLE batch_holds (
+     batch_id TEXT PRIMARY KEY, day TEXT NOT NULL, reserved_picos TEXT NOT NULL,
+     applied_seq INTEGER NOT NULL, created_at INTEGER NOT NULL);`,
 ];
 
 /** The tags of a request's row: the key's, then the request's own not among them. */

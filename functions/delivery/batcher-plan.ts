@@ -24,7 +24,9 @@ export function laneFor(
   tier: string | undefined,
   header: string | undefined,
 ): number {
-  const last = plan.setup.window.lanes.length - 1;
+  // The batch lane is for Batch API lines only: a caller's lane is an interactive one.
+  const { lanes, batchLane } = plan.setup.window;
+  const last = (batchLane ?? lanes.length) - 1;
   const tierLane = tier === undefined ? undefined : TIER_LANES[tier];
   const base = Math.min(tierLane ?? plan.defaultLane, last);
   const asked = parsePriority(header);

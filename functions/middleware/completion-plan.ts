@@ -44,7 +44,7 @@ const PROMPT_PARAMS: Record<CompletionBody["kind"], "messages" | "prompt" | "inp
 };
 
 /** What a request asks of a model: its prompt tokens, sequences, and completion tokens. */
-function requestShape(completion: CompletionBody): Omit<CompletionPlan, "model" | "models"> {
+export function requestShape(completion: CompletionBody): Omit<CompletionPlan, "model" | "models"> {
   const delivery = completion.body.stream === true ? "stream" : "whole";
   switch (completion.kind) {
     case "chat": {

@@ -33,11 +33,13 @@ import {
 } from "./state.ts";
 import {
   EVERY_ORIGIN,
-  allowedCandidates,
+  batchSlots,
   candidateById,
   currentWindowMs,
   hasRoom,
   healthyCandidates,
+  inBatchLane,
+  placeableCandidates,
 } from "./terms.ts";
 
 /** Admits a request: sends it at once, queues it behind the window, or refuses it. */
@@ -86,7 +88,7 @@ export function enqueue(
   if (queuedCount(next) === 0 && deadline > now) {
     // A lone request never waits for a window that nobody else will join: when the
     // origins keep up (window 0) or the chosen origin is idle, it leaves now.
-    const candidates = allowedCandidates(roomyCandidates(next, now, usable), item);
+    const candidates = placeableCandidates(next.config, roomyCandidates(next, now, usable), item);
     const originId = (options.chooseOrigin ?? chooseLeastLoaded)(candidates, item);
     if (originId !== null) {
       const candidate = candidateById(candidates, originId);
@@ -209,7 +211,7 @@ function flushDue(
     // healthy origin waits for another to come back without holding up the rest.
     const head = firstPlaceable(state, candidates);
     if (head === null) return batches;
-    const originId = choose(allowedCandidates(candidates, head), head);
+    const originId = choose(placeableCandidates(state.config, candidates, head), head);
     if (originId === null) return batches;
     const taken = fillBatch(state, candidateById(candidates, originId), head, candidates);
     if (taken.length === 0) {
@@ -264,6 +266,10 @@ function fillBatch(
       if (origin.room !== null && taken.length >= origin.room) return taken;
       if (taken.length > 0 && tokens + itemTokens > maxBatchTokens) return taken;
       if (kvRoom !== null && item.promptTokens > kvRoom) return taken;
+      // Batch lines last, and only into the running slots left free (docs/batch-api.md).
+      if (inBatchLane(state.config, item) && taken.length >= batchSlots(origin, state.config)) {
+        return taken;
+      }
       taken.push(item);
       tokens += itemTokens;
       if (kvRoom !== null) kvRoom -= item.promptTokens;
@@ -366,7 +372,7 @@ function firstPlaceable(
 ): QueuedRequest | null {
   for (const queue of state.lanes) {
     for (const item of queue) {
-      if (allowedCandidates(candidates, item).length > 0) return item;
+      if (placeableCandidates(state.config, candidates, item).length > 0) return item;
     }
   }
   return null;

@@ -236,3 +236,34 @@ export function allowedCandidates(
   if (avoid === undefined || avoid.length === 0) return candidates;
   return candidates.filter((candidate) => !avoid.includes(candidate.id));
 }
+
+/** Whether a request waits in the batch lane (docs/batch-api.md). */
+export function inBatchLane(config: WindowConfig, item: { lane: number }): boolean {
+  return config.batchLane !== undefined && item.lane === config.batchLane;
+}
+
+/**
+ * Requests of a batch that an origin may start now, interactive ones included: its free
+ * running slots beyond `batchReserveShare` of them, so that batch work never queues in an
+ * engine and leaves room for the interactive requests that come next. An origin without a
+ * trusted report, or whose engine does not say its slots, takes one when idle.
+ */
+export function batchSlots(candidate: OriginCandidate, config: WindowConfig): number {
+  const { engine, freeSlots } = candidate;
+  if (engine === undefined || freeSlots === null || engine.maxNumSeqs === 0) {
+    return candidate.load === 0 && candidate.inFlight === 0 ? 1 : 0;
+  }
+  const reserve = Math.ceil(engine.maxNumSeqs * config.batchReserveShare);
+  return Math.max(0, freeSlots - reserve);
+}
+
+/** The candidates a request may go to now: those it does not avoid, with a slot for a batch line. */
+export function placeableCandidates(
+  config: WindowConfig,
+  candidates: readonly OriginCandidate[],
+  item: { lane: number; avoidOrigins?: readonly string[] },
+): readonly OriginCandidate[] {
+  const allowed = allowedCandidates(candidates, item);
+  if (!inBatchLane(config, item)) return allowed;
+  return allowed.filter((candidate) => batchSlots(candidate, config) > 0);
+}

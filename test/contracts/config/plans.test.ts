@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { BATCH_LANE } from "../../../contracts/config/batching.ts";
 import { type ResolvedConfig, loadConfig } from "../../../contracts/config/gateway.ts";
 import { batchingPlan } from "../../../contracts/config/plans.ts";
 
@@ -54,11 +55,15 @@ describe("batching plans, resolved when the configuration loads", () => {
       holdMinInFlight: 128,
       rateWindowMs: 250,
       loadReportTtlMs: 1000,
+      batchReserveShare: 0.1,
+      // The three lanes configured by default, then the Batch API's lane below them.
       lanes: [
         { queueTimeoutMs: 30_000, onTimeout: "reject", maxQueue: 1024, refuseStatus: 503 },
         { queueTimeoutMs: 60_000, onTimeout: "reject", maxQueue: 2048, refuseStatus: 503 },
         { queueTimeoutMs: 300_000, onTimeout: "wait", maxQueue: 4096, refuseStatus: 503 },
+        BATCH_LANE,
       ],
+      batchLane: 3,
       origins: [{ id: "eu-1" }],
     });
   });
@@ -98,7 +103,9 @@ describe("batching plans, resolved when the configuration loads", () => {
     const plan = planOf(config, "eu", "m");
     expect(plan.setup.window.lanes).toEqual([
       { queueTimeoutMs: 30_000, onTimeout: "reject", maxQueue: 5, refuseStatus: 503 },
+      BATCH_LANE,
     ]);
+    expect(plan.setup.window.batchLane).toBe(1);
     expect(plan.defaultLane).toBe(0);
   });
 

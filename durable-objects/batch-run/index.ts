@@ -1,0 +1,305 @@
+/**
+ * BatchRun: one Durable Object per Batch API batch (docs/batch-api.md). It holds the
+ * batch's lines in SQLite, reserves its worst case with the key's account, sends its lines
+ * to its region's Batchers in the batch lane a bounded number at a time, records each
+ * line's answer once and bills it once, and writes the output and error files when every
+ * line ended. Driven by its alarm; after a restart, lines that were running go again under
+ * their own ids. RPC: `create`, `get`, `cancel`.
+ */
+import { DurableObject } from "cloudflare:workers";
+import { fileKey } from "../../contracts/batch-files.ts";
+import { costPicos } from "../../contracts/pricing.ts";
+import type { BatchHoldResult } from "../key-account/batch-holds.ts";
+import { type BatchState, batchObject, cancellable, outputRecord, stepOf } from "./lifecycle.ts";
+import { type LineOutcome, lineOutcome } from "./line-outcome.ts";
+import { writeOutputFile } from "./output-files.ts";
+import { BatchStore, type LineToRun } from "./store.ts";
+import { type BatchCreateInput, COMPLETION_WINDOW_MS, type OpenAIBatch } from "./types.ts";
+
+// While lines run, the alarm comes back at least this often: it resumes a batch whose
+// incarnation ended and tops the lane up should a completion have been missed.
+const BACKSTOP_MS = 2_000;
+
+/** What `create` answers. */
+export type BatchCreateResult =
+  | { ok: true; batch: OpenAIBatch }
+  | { ok: false; refusal: Extract<BatchHoldResult, { ok: false }>["refusal"] };
+
+/** One Batch API batch: its lines, their answers and its files. */
+export class BatchRun extends DurableObject<Env> {
+  #store!: BatchStore;
+  /** Lines this incarnation sent that have not ended. */
+  readonly #running = new Set<number>();
+  #resumed = false;
+  /** No line is sent before this (ms): the lane or the origins asked to wait. */
+  #pausedUntil = 0;
+  #advancing = false;
+  #again = false;
+
+  constructor(ctx: DurableObjectState, env: Env) {
+    super(ctx, env);
+    void ctx.blockConcurrencyWhile(async () => {
+      this.#store = new BatchStore(ctx.storage);
+    });
+  }
+
+  /** Reserves the batch's worst case and stores it with its lines; idempotent per batch. */
+  async create(input: BatchCreateInput): Promise<BatchCreateResult> {
+    if (this.#store.state !== null) return { ok: true, batch: this.#view() };
+    let reserve = 0n;
+    for (const line of input.lines) reserve += line.reservePicos;
+    const account = this.env.KEY_ACCOUNT.getByName(input.owner);
+    const held = await account.holdBatch({ batchId: input.id, picos: reserve });
+    if (!held.ok) return { ok: false, refusal: held.refusal };
+    const state: BatchState = {
+      id: input.id,
+      endpoint: input.endpoint,
+      inputFileId: input.inputFileId,
+      metadata: input.metadata,
+      status: "in_progress",
+      createdAt: input.now,
+      inProgressAt: input.now,
+      expiresAt: input.now + COMPLETION_WINDOW_MS,
+      finalizingAt: null,
+      completedAt: null,
+      failedAt: null,
+      expiredAt: null,
+      cancellingAt: null,
+      cancelledAt: null,
+      outputFileId: null,
+      errorFileId: null,
+    };
+    this.#store.create(input, state);
+    this.#resumed = true;
+    await this.ctx.storage.setAlarm(Date.now());
+    return { ok: true, batch: this.#view() };
+  }
+
+  /** The batch object; null when no batch has this id for key `owner`. */
+  get(owner: string): OpenAIBatch | null {
+    return this.#store.state === null || this.#store.owner !== owner ? null : this.#view();
+  }
+
+  /** Asks to cancel: lines not yet sent fail, running ones end; null when unknown. */
+  async cancel(owner: string): Promise<{ ok: boolean; batch: OpenAIBatch } | null> {
+    const state = this.#store.state;
+    if (state === null || this.#store.owner !== owner) return null;
+    if (!cancellable(state.status)) return { ok: false, batch: this.#view() };
+    this.#store.update({ status: "cancelling", cancellingAt: Date.now() });
+    await this.ctx.storage.setAlarm(Date.now());
+    return { ok: true, batch: this.#view() };
+  }
+
+  override async alarm(): Promise<void> {
+    await this.#advance();
+  }
+
+  /** Takes the batch's next step; runs once at a time, again when asked meanwhile. */
+  async #advance(): Promise<void> {
+    if (this.#advancing) {
+      this.#again = true;
+      return;
+    }
+    this.#advancing = true;
+    try {
+      do {
+        this.#again = false;
+        await this.#step();
+      } while (this.#again);
+    } finally {
+      this.#advancing = false;
+    }
+  }
+
+  async #step(): Promise<void> {
+    const state = this.#store.state;
+    if (state === null) return;
+    if (!this.#resumed) {
+      // Lines an earlier incarnation sent never reported back: they go again, same ids.
+      this.#store.requeueRunning(this.#running);
+      this.#resumed = true;
+    }
+    await this.#charge();
+    const now = Date.now();
+    const step = stepOf(state, this.#store.counts(), now);
+    switch (step.kind) {
+      case "run":
+        if (now >= this.#pausedUntil) this.#pump();
+        await this.ctx.storage.setAlarm(
+          Math.min(
+            state.expiresAt,
+            this.#pausedUntil > now ? this.#pausedUntil : now + BACKSTOP_MS,
+          ),
+        );
+        return;
+      case "drain": {
+        const message =
+          step.code === "batch_expired"
+            ? "This request could not be executed before the completion window expired."
+            : "This request was not executed: the batch was cancelled.";
+        for (const line of this.#store.pendingLines()) {
+          const record = outputRecord(this.#lineId(line.idx), line.customId, {
+            kind: "error",
+            code: step.code,
+            message,
+          });
+          this.#store.finish(line.idx, false, record, null);
+        }
+        if (step.ending === "expired" && state.expiredAt === null) {
+          this.#store.update({ expiredAt: now });
+        }
+        await this.ctx.storage.setAlarm(now + BACKSTOP_MS);
+        return;
+      }
+      case "finalize":
+        await this.#finalize(step.ending, now);
+        return;
+      case "done":
+        return;
+      default: {
+        const unknown: never = step;
+        throw new Error(`unknown step ${JSON.stringify(unknown)}`);
+      }
+    }
+  }
+
+  async #finalize(ending: "completed" | "expired" | "cancelled", now: number): Promise<void> {
+    const state = this.#store.update({
+      status: "finalizing",
+      finalizingAt: this.#store.state?.finalizingAt ?? now,
+    });
+    await this.#charge();
+    const outputFileId = await writeOutputFile(this.env.FILES, this.#store, state.id, true, now);
+    const errorFileId = await writeOutputFile(this.env.FILES, this.#store, state.id, false, now);
+    await this.#account().releaseBatch(state.id);
+    const at = Date.now();
+    this.#store.update({
+      status: ending,
+      outputFileId,
+      errorFileId,
+      ...(ending === "completed" && { completedAt: at }),
+      ...(ending === "expired" && { expiredAt: state.expiredAt ?? at }),
+      ...(ending === "cancelled" && { cancelledAt: at }),
+    });
+  }
+
+  /** Sends the lines the lane has room for; each is marked running before it leaves. */
+  #pump(): void {
+    const free = this.#store.run.linesInFlight - this.#running.size;
+    for (const line of this.#store.startLines(free)) {
+      this.#running.add(line.idx);
+      this.ctx.waitUntil(this.#runLine(line));
+    }
+  }
+
+  async #runLine(line: LineToRun): Promise<void> {
+    let outcome: LineOutcome;
+    try {
+      outcome = lineOutcome(await this.#send(line));
+    } catch {
+      // This object or its Batcher went away mid-call: the line goes again.
+      outcome = { kind: "retry", afterMs: BACKSTOP_MS };
+    }
+    this.#running.delete(line.idx);
+    this.#record(line, outcome);
+    await this.#advance();
+  }
+
+  async #send(line: LineToRun) {
+    const run = this.#store.run;
+    const state = this.#store.state as BatchState;
+    const input = await this.env.FILES.get(fileKey(state.inputFileId), {
+      range: { offset: line.offset, length: line.bytes },
+    });
+    if (input === null) throw new Error("input file gone");
+    const parsed = JSON.parse(await input.text()) as { body: Record<string, unknown> };
+    const id = this.#lineId(line.idx);
+    const batcher = this.env.BATCHER.getByName(run.batchers[line.idx % run.batchers.length] ?? "");
+    return batcher.answer({
+      setup: run.setup,
+      // The same id on every attempt: a Batcher that still runs the line refuses a second.
+      id,
+      path: state.endpoint as "/v1/chat/completions",
+      body: JSON.stringify({ ...parsed.body, model: run.model }),
+      headers: { "x-request-id": id },
+      lane: run.lane,
+      promptTokens: line.promptTokens,
+      maxTokens: line.maxTokens,
+      deadline: state.expiresAt,
+      firstByteTimeoutMs: run.firstByteTimeoutMs,
+      itemTimeoutMs: run.itemTimeoutMs,
+      avoidOrigins: [],
+    });
+  }
+
+  #record(line: LineToRun, outcome: LineOutcome): void {
+    const id = this.#lineId(line.idx);
+    switch (outcome.kind) {
+      case "answered": {
+        const { price, priceSharePpm } = this.#store.run;
+        const full = outcome.usage === null ? 0n : costPicos(outcome.usage, price);
+        const bill = {
+          costPicos: (full * BigInt(priceSharePpm)) / 1_000_000n,
+          usage: outcome.usage,
+        };
+        const record = outputRecord(id, line.customId, {
+          kind: "response",
+          status: outcome.status,
+          requestId: id,
+          body: outcome.body,
+        });
+        this.#store.finish(line.idx, outcome.status < 300, record, bill);
+        return;
+      }
+      case "failed":
+        this.#store.finish(
+          line.idx,
+          false,
+          outputRecord(id, line.customId, {
+            kind: "error",
+            code: outcome.code,
+            message: outcome.message,
+          }),
+          null,
+        );
+        return;
+      case "retry":
+        this.#store.release(line.idx);
+        this.#pausedUntil = Math.max(this.#pausedUntil, Date.now() + outcome.afterMs);
+        return;
+      default: {
+        const unknown: never = outcome;
+        throw new Error(`unknown outcome ${JSON.stringify(unknown)}`);
+      }
+    }
+  }
+
+  /** Bills every ended line not billed yet, once: a charge is confirmed before the next. */
+  async #charge(): Promise<void> {
+    const state = this.#store.state;
+    if (state === null) return;
+    for (;;) {
+      const charge = this.#store.nextCharge();
+      if (charge === null) return;
+      await this.#account().chargeBatch({
+        batchId: state.id,
+        seq: charge.seq,
+        model: this.#store.run.model,
+        lines: charge.lines,
+      });
+      this.#store.charged(charge.seq);
+    }
+  }
+
+  #account() {
+    return this.env.KEY_ACCOUNT.getByName(this.#store.owner);
+  }
+
+  #lineId(idx: number): string {
+    return `${this.#store.state?.id ?? "batch"}-${idx}`;
+  }
+
+  #view(): OpenAIBatch {
+    return batchObject(this.#store.state as BatchState, this.#store.counts());
+  }
+}

@@ -1,0 +1,152 @@
+/**
+ * The pure core of a batch (docs/batch-api.md, "Lifecycle"): which step its alarm takes,
+ * given its status, its lines' counts and the time, and the OpenAI batch object of its
+ * state. No I/O; time comes in as `now` (ms).
+ */
+import type { BatchStatus, OpenAIBatch } from "./types.ts";
+
+/** A batch as stored (times in ms, null until reached). */
+export interface BatchState {
+  id: string;
+  endpoint: string;
+  inputFileId: string;
+  metadata: Record<string, string> | null;
+  status: BatchStatus;
+  createdAt: number;
+  inProgressAt: number | null;
+  expiresAt: number;
+  finalizingAt: number | null;
+  completedAt: number | null;
+  failedAt: number | null;
+  expiredAt: number | null;
+  cancellingAt: number | null;
+  cancelledAt: number | null;
+  outputFileId: string | null;
+  errorFileId: string | null;
+}
+
+/** How many lines are in each state. */
+export interface LineCounts {
+  total: number;
+  pending: number;
+  running: number;
+  ok: number;
+  failed: number;
+}
+
+/** How a batch that stopped taking lines ends. */
+export type BatchEnding = "completed" | "expired" | "cancelled";
+
+/** What the alarm does next. */
+export type BatchStep =
+  /** Start pending lines while the lane has room. */
+  | { kind: "run" }
+  /** Start nothing more: pending lines fail with `code`, running ones are waited for. */
+  | { kind: "drain"; ending: BatchEnding; code: "batch_expired" | "batch_cancelled" }
+  /** Every line ended: write the output and error files, then take the final status. */
+  | { kind: "finalize"; ending: BatchEnding }
+  /** Nothing left to do. */
+  | { kind: "done" };
+
+/** The final status a finalizing batch takes. */
+function endingOf(state: BatchState, now: number): BatchEnding {
+  if (state.cancellingAt !== null) return "cancelled";
+  return state.expiredAt !== null || now >= state.expiresAt ? "expired" : "completed";
+}
+
+/** The next step of a batch's alarm. */
+export function stepOf(state: BatchState, counts: LineCounts, now: number): BatchStep {
+  switch (state.status) {
+    case "validating":
+    case "in_progress":
+    case "cancelling": {
+      const ending = endingOf(state, now);
+      if (ending === "completed") {
+        return counts.pending + counts.running === 0
+          ? { kind: "finalize", ending }
+          : { kind: "run" };
+      }
+      return counts.pending + counts.running === 0 ? { kind: "finalize", ending } : drain(ending);
+    }
+    case "finalizing":
+      return { kind: "finalize", ending: endingOf(state, now) };
+    case "completed":
+    case "failed":
+    case "expired":
+    case "cancelled":
+      return { kind: "done" };
+    default: {
+      const unknown: never = state.status;
+      throw new Error(`unknown batch status ${String(unknown)}`);
+    }
+  }
+}
+
+function drain(ending: Exclude<BatchEnding, "completed">): BatchStep {
+  return {
+    kind: "drain",
+    ending,
+    code: ending === "expired" ? "batch_expired" : "batch_cancelled",
+  };
+}
+
+/** Whether a batch in `status` may still be cancelled (OpenAI refuses once it ended). */
+export function cancellable(status: BatchStatus): boolean {
+  return status === "validating" || status === "in_progress";
+}
+
+const seconds = (ms: number | null): number | null => (ms === null ? null : Math.floor(ms / 1000));
+
+/** The OpenAI batch object of a batch. */
+export function batchObject(state: BatchState, counts: LineCounts): OpenAIBatch {
+  return {
+    id: state.id,
+    object: "batch",
+    endpoint: state.endpoint,
+    errors: null,
+    input_file_id: state.inputFileId,
+    completion_window: "24h",
+    status: state.status,
+    output_file_id: state.outputFileId,
+    error_file_id: state.errorFileId,
+    created_at: Math.floor(state.createdAt / 1000),
+    in_progress_at: seconds(state.inProgressAt),
+    expires_at: Math.floor(state.expiresAt / 1000),
+    finalizing_at: seconds(state.finalizingAt),
+    completed_at: seconds(state.completedAt),
+    failed_at: seconds(state.failedAt),
+    expired_at: seconds(state.expiredAt),
+    cancelling_at: seconds(state.cancellingAt),
+    cancelled_at: seconds(state.cancelledAt),
+    request_counts: { total: counts.total, completed: counts.ok, failed: counts.failed },
+    metadata: state.metadata,
+  };
+}
+
+/** One line's record in the output or error file (OpenAI's batch output line). */
+export function outputRecord(
+  lineId: string,
+  customId: string,
+  answer:
+    | { kind: "response"; status: number; requestId: string; body: string }
+    | { kind: "error"; code: string; message: string },
+): string {
+  if (answer.kind === "error") {
+    return JSON.stringify({
+      id: lineId,
+      custom_id: customId,
+      response: null,
+      error: { code: answer.code, message: answer.message },
+    });
+  }
+  // The origin's body as it wrote it when it is JSON; else as a string.
+  let body: string;
+  try {
+    JSON.parse(answer.body);
+    body = answer.body;
+  } catch {
+    body = JSON.stringify(answer.body);
+  }
+  const head = JSON.stringify({ id: lineId, custom_id: customId }).slice(0, -1);
+  return `${head},"response":{"status_code":${answer.status},"request_id":${JSON.stringify(answer.requestId)},"body":${body}},"error":null}`;
+}

@@ -1,0 +1,118 @@
+/**
+ * Budget holds of Batch API batches (docs/key-account.md, "Batch holds"; docs/batch-api.md):
+ * a batch's worst case is reserved against the key's budgets when it is created, each
+ * charge of finished lines bills them and gives back their part of the hold exactly once
+ * (charges are numbered; a repeated number changes nothing), and the rest is given back
+ * when the batch ends.
+ */
+import { utcDay } from "../../contracts/pricing.ts";
+import type { TokenUsage } from "../../contracts/pricing.ts";
+import { budgetRefusal } from "./budgets.ts";
+import type { AccountStore } from "./store.ts";
+import type { AdmissionRefusal } from "./types.ts";
+
+/** What `holdBatch` answers: held (or held already), or refused for a budget. */
+export type BatchHoldResult =
+  | { ok: true }
+  | {
+      ok: false;
+      refusal: Omit<Extract<AdmissionRefusal, { code: "insufficient_quota" }>, "rateLimit">;
+    }
+  | { ok: false; refusal: { code: "invalid_api_key" } };
+
+/** Lines of one batch that finished, billed together under charge number `seq`. */
+export interface BatchCharge {
+  batchId: string;
+  /** Increases by one per charge of the batch; a charge already applied is ignored. */
+  seq: number;
+  model: string;
+  /** Lines billed: their cost, the part of the hold they give back, their usage. */
+  lines: { costPicos: bigint; releasePicos: bigint; usage: TokenUsage | null }[];
+}
+
+type HoldRow = { day: string; reserved_picos: string; applied_seq: number };
+
+function holdOf(sql: SqlStorage, batchId: string): HoldRow | undefined {
+  return sql
+    .exec<HoldRow>(
+      "SELECT day, reserved_picos, applied_seq FROM batch_holds WHERE batch_id = ?",
+      batchId,
+    )
+    .toArray()[0];
+}
+
+/** Reserves `picos` for a batch, unless a budget lacks the room; idempotent per batch. */
+export function holdBatch(
+  store: AccountStore,
+  sql: SqlStorage,
+  input: { batchId: string; picos: bigint },
+  now: number,
+): BatchHoldResult {
+  if (holdOf(sql, input.batchId) !== undefined) return { ok: true };
+  const record = store.key.record;
+  if (record === null || record.status !== "active") {
+    return { ok: false, refusal: { code: "invalid_api_key" } };
+  }
+  const day = utcDay(now);
+  const refusal = budgetRefusal(record.budgets, store.spend.of(day), input.picos, now);
+  if (refusal !== null) return { ok: false, refusal };
+  store.spend.add(day, { settledPicos: 0n, reservedPicos: input.picos });
+  sql.exec(
+    "INSERT INTO batch_holds (batch_id, day, reserved_picos, applied_seq, created_at) VALUES (?, ?, ?, 0, ?)",
+    input.batchId,
+    day,
+    input.picos.toString(),
+    now,
+  );
+  store.flush();
+  return { ok: true };
+}
+
+/** Bills finished lines once and gives back their part of the hold; true when applied now. */
+export function chargeBatch(
+  store: AccountStore,
+  sql: SqlStorage,
+  charge: BatchCharge,
+  now: number,
+): boolean {
+  const hold = holdOf(sql, charge.batchId);
+  if (hold === undefined || charge.seq <= hold.applied_seq) return false;
+  const reserved = BigInt(hold.reserved_picos);
+  let release = 0n;
+  let cost = 0n;
+  const tokens: TokenUsage = { promptTokens: 0, cachedTokens: 0, completionTokens: 0 };
+  for (const line of charge.lines) {
+    release += line.releasePicos;
+    cost += line.costPicos;
+    tokens.promptTokens += line.usage?.promptTokens ?? 0;
+    tokens.cachedTokens += line.usage?.cachedTokens ?? 0;
+    tokens.completionTokens += line.usage?.completionTokens ?? 0;
+  }
+  release = release < reserved ? release : reserved;
+  const today = utcDay(now);
+  store.spend.add(hold.day, { settledPicos: 0n, reservedPicos: -release });
+  store.spend.add(today, { settledPicos: cost, reservedPicos: 0n });
+  store.spend.addUsage(today, {
+    model: charge.model,
+    requests: charge.lines.length,
+    tokens,
+    costPicos: cost,
+  });
+  sql.exec(
+    "UPDATE batch_holds SET reserved_picos = ?, applied_seq = ? WHERE batch_id = ?",
+    (reserved - release).toString(),
+    charge.seq,
+    charge.batchId,
+  );
+  store.flush();
+  return true;
+}
+
+/** Gives back what is left of a batch's hold (it ended); idempotent. */
+export function releaseBatch(store: AccountStore, sql: SqlStorage, batchId: string): void {
+  const hold = holdOf(sql, batchId);
+  if (hold === undefined || hold.reserved_picos === "0") return;
+  store.spend.add(hold.day, { settledPicos: 0n, reservedPicos: -BigInt(hold.reserved_picos) });
+  sql.exec("UPDATE batch_holds SET reserved_picos = '0' WHERE batch_id = ?", batchId);
+  store.flush();
+}

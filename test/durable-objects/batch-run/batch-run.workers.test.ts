@@ -1,0 +1,150 @@
+import { env } from "cloudflare:workers";
+import { evictDurableObject, runInDurableObject } from "cloudflare:test";
+import { describe, expect, inject, it } from "vitest";
+import { loadConfig } from "../../../contracts/config/gateway.ts";
+import { batchingPlan } from "../../../contracts/config/plans.ts";
+import { createKey } from "../../support/admin-keys.workers.ts";
+import { EDGE, chatBody } from "../../support/edge-requests.ts";
+import { sendWith } from "../../support/test-origins.workers.ts";
+
+const CONFIG = inject("warmgateConfig");
+
+type Batch = {
+  id: string;
+  status: string;
+  output_file_id: string | null;
+  error_file_id: string | null;
+  request_counts: { total: number; completed: number; failed: number };
+};
+
+function call(key: string, path: string, init: RequestInit = {}): Promise<Response> {
+  const headers = new Headers(init.headers);
+  headers.set("authorization", `Bearer ${key}`);
+  return sendWith(CONFIG, new Request(`${EDGE}${path}`, { ...init, headers }));
+}
+
+async function batchOf(key: string, lines: number, maxTokens: number, region: string) {
+  const text = Array.from({ length: lines }, (_, i) =>
+    JSON.stringify({
+      custom_id: `r${String(i).padStart(4, "0")}`,
+      method: "POST",
+      url: "/v1/chat/completions",
+      body: chatBody({ max_tokens: maxTokens }),
+    }),
+  ).join("\n");
+  const form = new FormData();
+  form.set("purpose", "batch");
+  form.set("file", new File([text], "in.jsonl"));
+  const file = await (
+    await call(key, "/v1/files", { method: "POST", body: form })
+  ).json<{
+    id: string;
+  }>();
+  const res = await call(key, "/v1/batches", {
+    method: "POST",
+    headers: { "content-type": "application/json", "x-warmgate-region": region },
+    body: JSON.stringify({
+      input_file_id: file.id,
+      endpoint: "/v1/chat/completions",
+      completion_window: "24h",
+    }),
+  });
+  expect(res.status).toBe(200);
+  return { file: file.id, batch: await res.json<Batch>() };
+}
+
+async function settled(key: string, id: string): Promise<Batch> {
+  for (;;) {
+    const batch = await (await call(key, `/v1/batches/${id}`)).json<Batch>();
+    if (["completed", "failed", "expired", "cancelled"].includes(batch.status)) return batch;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+describe("a BatchRun", () => {
+  it("survives a restart mid-way: lines that were running go again, each answered and billed once", async () => {
+    const { key } = await createKey({ name: "restart-batch" });
+    // About 20 ms a token: lines still run when the object restarts.
+    const { batch } = await batchOf(key, 80, 3, "slow");
+    const stub = env.BATCH_RUN.getByName(batch.id);
+    // What a restart leaves: lines marked running (durably, before they were sent) whose
+    // calls died with the instance that sent them.
+    const stranded = await runInDurableObject(stub, (_instance, state) => {
+      state.storage.sql.exec("UPDATE lines SET state = 'running' WHERE state = 'pending'");
+      return state.storage.sql
+        .exec<{ n: number }>("SELECT COUNT(*) AS n FROM lines WHERE state = 'running'")
+        .one().n;
+    });
+    expect(stranded).toBeGreaterThan(0);
+    await evictDurableObject(stub);
+
+    const done = await settled(key, batch.id);
+    expect(done.status).toBe("completed");
+    expect(done.request_counts).toEqual({ total: 80, completed: 80, failed: 0 });
+    const output = await (await call(key, `/v1/files/${done.output_file_id}/content`)).text();
+    const ids = output
+      .trim()
+      .split("\n")
+      .map((l) => (JSON.parse(l) as { custom_id: string }).custom_id);
+    expect(ids).toEqual(Array.from({ length: 80 }, (_, i) => `r${String(i).padStart(4, "0")}`));
+    // Billed once per line, whatever ran twice.
+    const usage = await (await call(key, "/v1/usage")).json<{ total: { requests: number } }>();
+    expect(usage.total.requests).toBe(80);
+  });
+
+  it("expires at the end of its 24-hour window: lines not run go to the error file", async () => {
+    const { key, id: keyId } = await createKey({ name: "expiring-batch" });
+    const { file } = await batchOf(key, 1, 1, "eu");
+    const config = loadConfig(CONFIG);
+    const plan = batchingPlan(config, { id: "eu" }, "warmgate-sim-8b");
+    if (plan === null) throw new Error("no plan");
+    const id = "batch_00000000000expired01";
+    const stub = env.BATCH_RUN.getByName(id);
+    const created = await stub.create({
+      id,
+      owner: keyId,
+      endpoint: "/v1/chat/completions",
+      inputFileId: file,
+      metadata: null,
+      // Created a day and a second ago: its window is over before any line runs.
+      now: Date.now() - 86_401_000,
+      run: {
+        setup: plan.setup,
+        batchers: ["unused"],
+        lane: plan.setup.window.batchLane ?? 0,
+        linesInFlight: 4,
+        firstByteTimeoutMs: 1000,
+        itemTimeoutMs: 1000,
+        model: "warmgate-sim-8b",
+        price: config.models[0]?.price ?? {
+          inputMicrosPerMtok: 0,
+          cachedInputMicrosPerMtok: 0,
+          outputMicrosPerMtok: 0,
+        },
+        priceSharePpm: 500_000,
+      },
+      lines: ["x", "y"].map((customId) => ({
+        customId,
+        offset: 0,
+        bytes: 1,
+        promptTokens: 1,
+        maxTokens: 1,
+        reservePicos: 1n,
+      })),
+    });
+    expect(created.ok).toBe(true);
+    const done = await settled(key, id);
+    expect(done.status).toBe("expired");
+    expect(done.request_counts).toEqual({ total: 2, completed: 0, failed: 2 });
+    expect(done.output_file_id).toBeNull();
+    const errors = await (await call(key, `/v1/files/${done.error_file_id}/content`)).text();
+    const records = errors
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l) as { custom_id: string; error: { code: string } });
+    expect(records.map((r) => [r.custom_id, r.error.code])).toEqual([
+      ["x", "batch_expired"],
+      ["y", "batch_expired"],
+    ]);
+  });
+});
