@@ -151,6 +151,7 @@ describe("KeyAccount schema migration to pico-dollars", () => {
       sql.exec("DELETE FROM schema_migrations WHERE version >= 7");
       // What the later migrations added.
       sql.exec("DROP TABLE leases");
+      sql.exec("DROP TABLE batch_holds");
       for (const column of ["blocked_at", "tags", "metadata"]) {
         sql.exec(`ALTER TABLE key_record DROP COLUMN ${column}`);
       }

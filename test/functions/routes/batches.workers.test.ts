@@ -188,6 +188,7 @@ describe("/v1/batches", () => {
     const usage = JSON.parse(output).response.body.usage as {
       prompt_tokens: number;
       completion_tokens: number;
+      prompt_tokens_details?: { cached_tokens?: number };
     };
     const report = await (
       await call("/v1/usage", {}, key)
@@ -204,8 +205,10 @@ describe("/v1/batches", () => {
       prompt_tokens: usage.prompt_tokens,
       completion_tokens: usage.completion_tokens,
     });
-    // warmgate-sim-8b: $0.1 in, $0.4 out per million tokens; the batch pays half.
-    const full = (usage.prompt_tokens * 0.1 + usage.completion_tokens * 0.4) / 1e6;
+    // warmgate-sim-8b: $0.1 in ($0.025 cached), $0.4 out per million tokens; the batch pays half.
+    const cached = usage.prompt_tokens_details?.cached_tokens ?? 0;
+    const full =
+      ((usage.prompt_tokens - cached) * 0.1 + cached * 0.025 + usage.completion_tokens * 0.4) / 1e6;
     expect(report.total.cost_usd).toBeCloseTo(full / 2, 12);
     // The first batch's hold is back: a second of the same worst case fits the budget.
     const second = await createBatch(file.id, key);
