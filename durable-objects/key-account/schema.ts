@@ -3,7 +3,8 @@
  * rows as SQLite returns them, and the mappers between rows and what memory holds.
  */
 import { FREE, type ModelPrice, PICOS_PER_MICRO } from "../../contracts/pricing.ts";
-import { KEY_TIERS, type KeyRecord, type MetadataValue, type RequestAttempt } from "./types.ts";
+import { KEY_TIERS, type KeyRecord, type RequestAttempt } from "./types.ts";
+import type { MetadataValue } from "./tags.ts";
 import { type LedgerRecord, type UsageRow } from "./usage-types.ts";
 
 /** The schema migrations, in order (version n is entry n - 1). */

@@ -2,6 +2,7 @@
  * The contract of a key's `KeyAccount` (docs/key-account.md): what the edge sends to it and
  * what it answers, and the constants both sides use.
  */
+import type { MetadataValue } from "./tags.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 import type { ModelPrice } from "../../contracts/pricing.ts";
 
@@ -16,16 +17,6 @@ export const RESERVATION_LEASE_MS = 15 * 60_000;
 
 /** Whether a key may be used: `blocked` refuses every request until unblocked; `revoked` is final. */
 export type KeyStatus = "active" | "blocked" | "revoked";
-
-/** A tag: on a key, on a request (`x-warmgate-tags`) and on its ledger row. */
-export const TAG_PATTERN = /^[A-Za-z0-9_.:=/@+-]{1,64}$/;
-/** Most tags a key carries. */
-export const MAX_KEY_TAGS = 32;
-/** Most tags one request names in `x-warmgate-tags`. */
-export const MAX_REQUEST_TAGS = 16;
-
-/** A value of a key's free metadata. */
-export type MetadataValue = string | number | boolean | null;
 
 /** Per-minute and in-flight limits, for a key or for one end user of a browser token. */
 export interface Limits {

@@ -5,10 +5,9 @@
  * See docs/edge.md.
  */
 import { z } from "zod";
+import { MAX_KEY_TAGS, TAG_PATTERN } from "../../../durable-objects/key-account/tags.ts";
 import {
   KEY_TIERS,
-  MAX_KEY_TAGS,
-  TAG_PATTERN,
   type Budgets,
   type KeyRecord,
   type Limits,
