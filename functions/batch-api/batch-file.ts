@@ -17,8 +17,7 @@ import {
   requestShape,
   sequenceAllowance,
 } from "../middleware/completion-plan.ts";
-import { ChatCompletionRequestSchema, CompletionRequestSchema } from "../request/openai-schemas.ts";
-import { EmbeddingsRequestSchema, ResponsesRequestSchema } from "../request/responses-schemas.ts";
+import { BODY_SCHEMAS } from "../request/body-schemas.ts";
 import { FIRST_ISSUE, validationError } from "../request/validation-errors.ts";
 import { type JsonlLine, jsonlLines } from "./jsonl.ts";
 
@@ -29,13 +28,6 @@ export const BATCH_ENDPOINTS: Readonly<Record<string, CompletionBody["kind"]>> =
   "/v1/responses": "responses",
   "/v1/embeddings": "embeddings",
 };
-
-const SCHEMAS = {
-  chat: ChatCompletionRequestSchema,
-  completion: CompletionRequestSchema,
-  responses: ResponsesRequestSchema,
-  embeddings: EmbeddingsRequestSchema,
-} as const;
 
 /** One checked line: where it lies, its custom id, endpoint and validated body. */
 export interface BatchLine {
@@ -74,7 +66,7 @@ export function checkLine(line: JsonlLine): BatchLine {
       "url",
     );
   }
-  const parsed = SCHEMAS[kind].safeParse(body, FIRST_ISSUE);
+  const parsed = BODY_SCHEMAS[kind].safeParse(body, FIRST_ISSUE);
   if (!parsed.success) {
     const issue = validationError(parsed.error.issues);
     throw lineError(

@@ -8,17 +8,9 @@ import { createMiddleware } from "hono/factory";
 import type { AppEnv, CompletionBody } from "../app-env.ts";
 import { invalidJson } from "../../contracts/errors.ts";
 import { readBodyText, requireJsonType } from "../request/json-body.ts";
-import { ChatCompletionRequestSchema, CompletionRequestSchema } from "../request/openai-schemas.ts";
-import { EmbeddingsRequestSchema, ResponsesRequestSchema } from "../request/responses-schemas.ts";
+import { BODY_SCHEMAS } from "../request/body-schemas.ts";
 import { SCHEMA_PATHS, findDeepNesting, nestingTooDeep } from "../request/bounds.ts";
 import { FIRST_ISSUE, validationError } from "../request/validation-errors.ts";
-
-const SCHEMAS = {
-  chat: ChatCompletionRequestSchema,
-  completion: CompletionRequestSchema,
-  responses: ResponsesRequestSchema,
-  embeddings: EmbeddingsRequestSchema,
-} as const;
 
 /**
  * Validates the body of `/v1/chat/completions` (`chat`), `/v1/completions` (`completion`),
@@ -37,7 +29,7 @@ export function completionBody(kind: CompletionBody["kind"]) {
     } catch {
       throw invalidJson();
     }
-    const result = SCHEMAS[kind].safeParse(json, FIRST_ISSUE);
+    const result = BODY_SCHEMAS[kind].safeParse(json, FIRST_ISSUE);
     if (!result.success) throw validationError(result.error.issues);
     // The schema was chosen by `kind`, so the body is that kind's.
     c.set("completion", { kind, body: result.data, text } as CompletionBody);
