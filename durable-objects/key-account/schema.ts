@@ -4,7 +4,7 @@
  */
 import { FREE, type ModelPrice, PICOS_PER_MICRO } from "../../contracts/pricing.ts";
 import { KEY_TIERS, type KeyRecord, type RequestAttempt } from "./types.ts";
-import type { MetadataValue } from "./tags.ts";
+import type { MetadataValue } from "../../contracts/tags.ts";
 import { type LedgerRecord, type UsageRow } from "./usage-types.ts";
 
 /** The schema migrations, in order (version n is entry n - 1). */

@@ -2,7 +2,7 @@
  * The contract of a key's `KeyAccount` (docs/key-account.md): what the edge sends to it and
  * what it answers, and the constants both sides use.
  */
-import type { MetadataValue } from "./tags.ts";
+import type { MetadataValue } from "../../contracts/tags.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 import type { ModelPrice } from "../../contracts/pricing.ts";
 

@@ -4,7 +4,7 @@
  * request's ledger row beside its key's tags. See docs/api.md, "Tags".
  */
 import { invalidRequest } from "../../contracts/errors.ts";
-import { MAX_REQUEST_TAGS, TAG_PATTERN } from "../../durable-objects/key-account/tags.ts";
+import { MAX_REQUEST_TAGS, TAG_PATTERN } from "../../contracts/tags.ts";
 
 /** The header a request names its tags in. */
 export const TAGS_HEADER = "x-warmgate-tags";

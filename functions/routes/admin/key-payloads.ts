@@ -5,7 +5,7 @@
  * See docs/edge.md.
  */
 import { z } from "zod";
-import { MAX_KEY_TAGS, TAG_PATTERN } from "../../../durable-objects/key-account/tags.ts";
+import { MAX_KEY_TAGS, TAG_PATTERN } from "../../../contracts/tags.ts";
 import {
   KEY_TIERS,
   type Budgets,

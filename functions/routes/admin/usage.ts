@@ -5,7 +5,7 @@
  * asked a batch at a time. See docs/api.md.
  */
 import { Hono } from "hono";
-import { TAG_PATTERN } from "../../../durable-objects/key-account/tags.ts";
+import { TAG_PATTERN } from "../../../contracts/tags.ts";
 import {
   type TagUsageRow,
   type UsageQuery,
