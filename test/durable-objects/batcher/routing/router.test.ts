@@ -228,6 +228,42 @@ describe("balance rule", () => {
     expect(next.reason).toBe("spread");
   });
 
+  it("copies a hot prefix whose traffic exceeds one origin's share, keeping loads within the bound", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const hot = system(11);
+    const load = new Map(ORIGINS.map((id) => [id, 0]));
+    // Each origin runs 8 sequences at once.
+    const candidates = () =>
+      ORIGINS.map((id) => idle(id, { load: load.get(id) ?? 0, maxNumSeqs: 8 }));
+    // Sixteen requests of one prefix, all still in flight: twice one origin's capacity.
+    for (let k = 0; k < 16; k++) {
+      const placed = router.place(request(`hot${k}`, `${hot}q${k}`), candidates());
+      load.set(placed.origin, (load.get(placed.origin) ?? 0) + 1);
+    }
+    const loads = [...load.values()];
+    expect(loads.filter((n) => n > 0).length).toBeGreaterThanOrEqual(2);
+    expect(Math.max(...loads)).toBeLessThanOrEqual(1.3 * (16 / ORIGINS.length));
+    // Its traffic gone (every request ended), the next one stays on a warm origin.
+    for (let k = 0; k < 16; k++) router.ended(`hot${k}`, null);
+    const quiet = router.preview(
+      request("q", `${hot}again`),
+      ORIGINS.map((id) => idle(id)),
+    );
+    expect(quiet.reason).toBe("cache_hit");
+  });
+
+  it("keeps a prefix of a few requests in flight on one origin", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const hot = system(12);
+    const load = new Map(ORIGINS.map((id) => [id, 0]));
+    const candidates = () => ORIGINS.map((id) => idle(id, { load: load.get(id) ?? 0 }));
+    for (let k = 0; k < 2; k++) {
+      const placed = router.place(request(`few${k}`, `${hot}q${k}`), candidates());
+      load.set(placed.origin, (load.get(placed.origin) ?? 0) + 1);
+    }
+    expect([...load.values()].filter((n) => n > 0)).toHaveLength(1);
+  });
+
   it("gathers a spread prefix back on its first origin when its traffic falls", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
     const hot = system(8);
