@@ -22,15 +22,17 @@ export const RoutingSchema = z
     spread_ms: z.number().min(0).max(60_000).default(100),
     /**
      * A cold prefix's consistent-hash origin is skipped above this multiple of the mean load;
-     * a warm origin below it moves a request for the balance rule only to evict less.
+     * a warm origin below it moves a request for the balance rule only to evict less; a
+     * prefix whose requests in flight exceed it per origin holding it is copied.
      */
     load_bound: z.number().min(1).max(10).default(1.25),
     /**
-     * Sequences by which another origin's load, counting the prefill a move redoes, must be
-     * below a warm origin's before its prefix spreads there (hysteresis).
+     * Sequences by which another origin's cost must be below a warm origin's before its
+     * prefix spreads there (hysteresis), and fewest requests in flight per origin holding a
+     * prefix before it is copied.
      */
     balance_seqs: z.number().min(0).max(10_000).default(2),
-    /** Prompt tokens of prefill a move may redo per sequence of load it evens out. */
+    /** Prompt tokens of prefill one sequence of load weighs in a placement's cost. */
     move_tokens_per_seq: z.number().positive().max(1_000_000).default(256),
     /** Share of a prefill each prompt token pushed out of a full cache costs a move. */
     eviction_weight: z.number().min(0).max(100).default(1),

@@ -1,10 +1,10 @@
 /**
  * The placement decision (docs/routing.md, "Placement"): a predicted time to first token
  * per origin from its queue, its uncached share of the prompt and its decode load; the
- * warmest origin unless it is much slower than the best or another's load, counting the
- * prefill a move redoes, is lower by a margin; a cold prefix on its consistent-hash origin
- * under a bound on load. Pure: the same inputs give the same origin on every edge and
- * Batcher shard.
+ * warmest origin unless it is much slower than the best, its prefix's traffic exceeds its
+ * holders' bounded share (a copy), or another's cost is lower by a margin; a cold prefix on
+ * its consistent-hash origin under a bound on load. Pure: the same inputs give the same
+ * origin on every edge and Batcher shard.
  */
 import type { RouterSettings } from "../../../contracts/config/routing.ts";
 
