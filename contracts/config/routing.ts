@@ -16,7 +16,8 @@ export const RoutingSchema = z
     min_match_blocks: z.int().min(1).max(1024).default(4),
     /**
      * A warm origin keeps its prefixes until its predicted time to first token exceeds the
-     * best origin's by this share plus `spread_ms`; past it the prefix spreads.
+     * best origin's by this share plus `spread_ms`; past it, if the origin carries
+     * `load_bound` times the mean load, the prefix spreads.
      */
     spread_ratio: z.number().min(0).max(100).default(1),
     spread_ms: z.number().min(0).max(60_000).default(100),

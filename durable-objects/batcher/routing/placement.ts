@@ -157,7 +157,8 @@ export function choosePlacement(
     if (warm < 0 || m > held || (m === held && cheaper)) warm = i;
   }
   if (warm >= 0 && n > 0) {
-    if (!fits[warm] || !fast(warm)) return spread(warm);
+    // A queue every origin shares is no reason to copy: the copy's prefill lengthens another.
+    if (!fits[warm] || (!fast(warm) && load(warm) >= s.loadBound * mean)) return spread(warm);
     const copy = replicate(warm);
     if (copy >= 0) return choice(copy, "spread");
     const other = rebalance(warm);

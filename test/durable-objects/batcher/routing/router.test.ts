@@ -127,6 +127,23 @@ describe("placement", () => {
     expect(third.reason).toBe("cache_hit");
   });
 
+  it("keeps a prefix on its slow warm origin while that one carries no more than the others", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const hot = system(13);
+    const home = router.place(
+      request("w0", `${hot}q0`),
+      ORIGINS.map((id) => idle(id)),
+    ).origin;
+    // Every origin runs as many sequences; the warm one has 40,000 prefill tokens queued.
+    const candidates = ORIGINS.map((id) =>
+      idle(id, id === home ? { backlogTokens: 40_000, load: 6 } : { load: 6 }),
+    );
+    expect(router.preview(request("w1", `${hot}q1`), candidates)).toMatchObject({
+      origin: home,
+      reason: "cache_hit",
+    });
+  });
+
   it("keeps a session on its origin for a new prefix, and honours a pinned origin", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
     const candidates = ORIGINS.map((id) => idle(id));
