@@ -27,6 +27,7 @@ import { formatResetDuration, rateLimitHeaders, retryAfterHeaders } from "./rate
 import { SettleQueue } from "./settle-queue.ts";
 import type { AccountLeases } from "./leases.ts";
 import type { LeaseAsk, LeaseHeld } from "../../durable-objects/key-account/leases/types.ts";
+import type { LeaseScope } from "../../contracts/lease-scopes.ts";
 
 /** Settlements of an isolate until their key's account holds them durably. */
 export type AccountSettleQueue = SettleQueue<SettleInput>;
@@ -204,13 +205,13 @@ export async function renewLease(
 export async function callLease(
   env: Env,
   edge: { settlements: AccountSettleQueue; leases: AccountLeases },
-  keyId: string,
-  secretHash: string,
+  lease: { keyId: string; holder: string; scope: LeaseScope | null },
   mode: LeaseAsk["mode"],
   options: { windowMs: number; models: LeaseAsk["models"] },
 ): Promise<void> {
+  const { keyId, holder: secretHash, scope } = lease;
   const now = Date.now();
-  const ask = edge.leases.ask(keyId, mode, { ...options, now });
+  const ask = edge.leases.ask(keyId, scope, mode, { ...options, now });
   if (ask === null) return;
   const carried = edge.settlements.take(keyId);
   try {

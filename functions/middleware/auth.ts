@@ -198,7 +198,7 @@ export function admitCompletion() {
     const waitUntil = waitUntilOf(c);
     if (!settlement.settled && leased !== null) {
       // Its lease, not its own row, is what the account must hear of while it is served.
-      renewal = setInterval(() => keepLease(c), c.get("config").leases.windowMs / 4);
+      renewal = setInterval(() => keepLease(c, endUser), c.get("config").leases.windowMs / 4);
     } else if (!settlement.settled) {
       renewal = setInterval(() => {
         waitUntil(renewLease(c.env, credential.keyId, requestId, LEASE_MS));
