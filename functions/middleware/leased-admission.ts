@@ -149,6 +149,16 @@ export function keepLease(c: Context<AppEnv>, endUser: string | null): void {
   waitUntilOf(c)(callLease(c.env, edge, lease, "renew", leaseOptions(config, now)));
 }
 
+/**
+ * How long a request's settlement may wait for a call of its key to carry it (undefined:
+ * the queue's default). A leased request holds no slot in its account (its lease does), so
+ * its bill rides the lease's next renewal, due within half a window while traffic flows,
+ * and goes on its own after that long at most.
+ */
+export function settleWaitMs(c: Context<AppEnv>): number | undefined {
+  return c.get("leased") === undefined ? undefined : c.get("config").leases.windowMs / 2;
+}
+
 /** A leased request ended (settled, or released when its client left): its slot is free. */
 export function leaseEnded(c: Context<AppEnv>, leased: LeasedAdmission): void {
   c.get("edge").leases.ended(c.get("credential").keyId, leased.scope, leased.leaseId);
