@@ -254,3 +254,56 @@ describe("an end user's lease in its account", () => {
     expect(row.end_user).toBe("erin");
   });
 });
+
+describe("a browser token's end user's lease in its account", () => {
+  it("takes from the user's own buckets and slots, and gives back what it did not use", async () => {
+    const { id } = await createKey({ name: "token-lease-buckets" });
+    const stub = account(id);
+    const subject = { id: "user:zed", limits: { rpm: 40, tpm: 100_000, concurrency: 4 } };
+    const scope = { endUser: "zed", subject: { ...subject, models: null } };
+    const ask = {
+      secretHash: "gen:1",
+      rate: { requests: 4, tokens: 400, picos: 0n, inFlight: 2 },
+      windowMs: 1_000,
+      models: [],
+      scope,
+    };
+    const level = () =>
+      runInDurableObject(stub, (instance: KeyAccount, state) => {
+        instance.flush();
+        return state.storage.sql
+          .exec<{ level: number }>(
+            "SELECT level FROM buckets WHERE scope = 'u:user:zed' AND kind = 'requests'",
+          )
+          .one().level;
+      });
+    const granted = await stub.lease({ ...ask, held: null, mode: "renew" });
+    const lease = granted.lease;
+    expect(lease?.granted.requests).toBe(8);
+    // Its slots count against the user's concurrency: half its free slots at most.
+    expect(lease?.slots).toBe(2);
+    expect(Math.round(await level())).toBe(32);
+    const admit = (requestId: string) =>
+      stub.admit({
+        requestId,
+        credential: {
+          kind: "browser",
+          secretGeneration: 1,
+          subject: subject.id,
+          limits: subject.limits,
+          models: null,
+        },
+        model: "warmgate-sim-8b",
+        promptTokens: 10,
+        maxTokens: 10,
+      });
+    expect((await admit("req_zed_1")).ok).toBe(true);
+    expect((await admit("req_zed_2")).ok).toBe(true);
+    expect(await admit("req_zed_3")).toMatchObject({ limit: "concurrency", scope: "end_user" });
+    // Released unused: its requests and slots are the user's again.
+    const used = { requests: 0, tokens: 0, picos: 0n, ids: 0, inFlight: 0 };
+    await stub.lease({ ...ask, held: { leaseId: lease?.leaseId ?? "", used }, mode: "release" });
+    expect(Math.round(await level())).toBe(38);
+    expect((await admit("req_zed_3")).ok).toBe(true);
+  });
+});
