@@ -1,7 +1,7 @@
 /**
  * Settlements on their way to their key's KeyAccount (docs/edge.md, "Settlement"): each
  * rides on the next admit or lease call of the same key, or goes in a call of its own after
- * {@link SETTLE_FLUSH_MS} (a leased request's, which holds nothing in its account, after
+ * {@link SETTLE_FLUSH_MS} (a patient one, while the isolate settles for many keys, after
  * longer); a carried one is held until an answer of the same incarnation reports the commit
  * it landed in, and sent again otherwise. Settling is idempotent, and no promise is resolved
  * across requests.
@@ -9,8 +9,15 @@
 import { logError } from "../../contracts/log.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 
-/** Longest time a settlement waits for a call to carry it, unless told otherwise. */
+/** Longest time a settlement waits for a call to carry it, unless it may wait longer. */
 export const SETTLE_FLUSH_MS = 20;
+
+/**
+ * Keys with settlements under way in the isolate above which a patient settlement waits its
+ * longer time: each key's settlements cost a call of their own every {@link SETTLE_FLUSH_MS}
+ * at most, a bounded rate while few keys are busy, one that grows with their number past it.
+ */
+export const MANY_KEYS = 8;
 
 /**
  * Time beyond the account's write delay that a carried settlement waits for an answer to
@@ -78,20 +85,23 @@ export class SettleQueue<T extends QueuedSettlement> {
   }
 
   /**
-   * Queues a settlement, to wait at most `flushMs` for a call of its key to carry it;
-   * resolves once the key's account holds it durably (or it was given up, and the key's
-   * alarm closes the reservation when its lease ends).
+   * Queues a settlement, to wait for a call of its key to carry it {@link SETTLE_FLUSH_MS}
+   * at most, or `patientMs` (when given) while the isolate settles for more than
+   * {@link MANY_KEYS} keys; resolves once the key's account holds it durably (or it was
+   * given up, and the key's alarm closes the reservation when its lease ends).
    */
   async settle(
     keyId: string,
     input: T,
     send: SendSettlements<T>,
-    flushMs = SETTLE_FLUSH_MS,
+    patientMs?: number,
   ): Promise<void> {
     const entry: Entry<T> = { input, state: { kind: "queued" } };
     this.#move(keyId, entry, entry.state);
+    const many = this.#keys.size > MANY_KEYS;
+    const waitMs = patientMs !== undefined && many ? patientMs : SETTLE_FLUSH_MS;
     try {
-      await sleep(flushMs);
+      await sleep(waitMs);
       // Carried: a later answer confirms it, unless traffic stopped.
       if (entry.state.kind === "sent" || entry.state.kind === "applied") {
         await sleep(this.#confirmMs);

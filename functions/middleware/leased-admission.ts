@@ -150,10 +150,10 @@ export function keepLease(c: Context<AppEnv>, endUser: string | null): void {
 }
 
 /**
- * How long a request's settlement may wait for a call of its key to carry it (undefined:
- * the queue's default). A leased request holds no slot in its account (its lease does), so
- * its bill rides the lease's next renewal, due within half a window while traffic flows,
- * and goes on its own after that long at most.
+ * How long a request's settlement may wait for a call of its key to carry it while the
+ * isolate settles for many keys (undefined: no longer than usual). A leased request holds no
+ * slot in its account (its lease does), so its bill may ride the lease's next renewal, due
+ * within half a window while traffic flows, and goes on its own after that long at most.
  */
 export function settleWaitMs(c: Context<AppEnv>): number | undefined {
   return c.get("leased") === undefined ? undefined : c.get("config").leases.windowMs / 2;

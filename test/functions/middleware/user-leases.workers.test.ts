@@ -46,7 +46,7 @@ function countingEnv(
     },
   });
   const base = JSON.parse(env.WARMGATE_CONFIG) as Record<string, unknown>;
-  // A short window: a leased request's settlement waits half of it for a renewal.
+  // The shortest window: leases renew within the test.
   const leases = { window_ms: 500, ...(config["leases"] as object | undefined) };
   const WARMGATE_CONFIG = JSON.stringify({ ...base, ...config, leases });
   return { ...env, KEY_ACCOUNT: counted, WARMGATE_CONFIG };
