@@ -245,21 +245,21 @@ export async function settleRequest(
 
 /**
  * Queues an admitted request's settlement: the key's next admit or lease call from this
- * isolate carries it, or it is sent on its own shortly after (after `patientMs` while the
- * isolate settles for many keys). Resolves once it is durable.
+ * isolate carries it, or it is sent on its own after `flushMs` (by default shortly after).
+ * Resolves once it is durable.
  */
 export function queueSettlement(
   env: Env,
   settleQueue: AccountSettleQueue,
   keyId: string,
   input: SettleInput,
-  patientMs?: number,
+  flushMs?: number,
 ): Promise<void> {
   const send = async (id: string, inputs: SettleInput[]) => {
     const { commit } = await keyAccount(env, id).settleMany(inputs);
     return commit;
   };
-  return settleQueue.settle(keyId, input, send, patientMs);
+  return settleQueue.settle(keyId, input, send, flushMs);
 }
 
 /** The OpenAI error for an admission refusal, with `retry-after` and rate-limit headers on 429. */

@@ -1,23 +1,15 @@
 /**
  * Settlements on their way to their key's KeyAccount (docs/edge.md, "Settlement"): each
  * rides on the next admit or lease call of the same key, or goes in a call of its own after
- * {@link SETTLE_FLUSH_MS} (a patient one, while the isolate settles for many keys, after
- * longer); a carried one is held until an answer of the same incarnation reports the commit
+ * {@link SETTLE_FLUSH_MS} (or as long as it is told it may wait); a carried one is held until an answer of the same incarnation reports the commit
  * it landed in, and sent again otherwise. Settling is idempotent, and no promise is resolved
  * across requests.
  */
 import { logError } from "../../contracts/log.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 
-/** Longest time a settlement waits for a call to carry it, unless it may wait longer. */
+/** Longest time a settlement waits for a call to carry it, unless told otherwise. */
 export const SETTLE_FLUSH_MS = 20;
-
-/**
- * Keys with settlements under way in the isolate above which a patient settlement waits its
- * longer time: each key's settlements cost a call of their own every {@link SETTLE_FLUSH_MS}
- * at most, a bounded rate while few keys are busy, one that grows with their number past it.
- */
-export const MANY_KEYS = 8;
 
 /**
  * Time beyond the account's write delay that a carried settlement waits for an answer to
@@ -85,23 +77,20 @@ export class SettleQueue<T extends QueuedSettlement> {
   }
 
   /**
-   * Queues a settlement, to wait for a call of its key to carry it {@link SETTLE_FLUSH_MS}
-   * at most, or `patientMs` (when given) while the isolate settles for more than
-   * {@link MANY_KEYS} keys; resolves once the key's account holds it durably (or it was
-   * given up, and the key's alarm closes the reservation when its lease ends).
+   * Queues a settlement, to wait at most `flushMs` for a call of its key to carry it;
+   * resolves once the key's account holds it durably (or it was given up, and the key's
+   * alarm closes the reservation when its lease ends).
    */
   async settle(
     keyId: string,
     input: T,
     send: SendSettlements<T>,
-    patientMs?: number,
+    flushMs = SETTLE_FLUSH_MS,
   ): Promise<void> {
     const entry: Entry<T> = { input, state: { kind: "queued" } };
     this.#move(keyId, entry, entry.state);
-    const many = this.#keys.size > MANY_KEYS;
-    const waitMs = patientMs !== undefined && many ? patientMs : SETTLE_FLUSH_MS;
     try {
-      await sleep(waitMs);
+      await sleep(flushMs);
       // Carried: a later answer confirms it, unless traffic stopped.
       if (entry.state.kind === "sent" || entry.state.kind === "applied") {
         await sleep(this.#confirmMs);

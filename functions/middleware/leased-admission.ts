@@ -150,14 +150,23 @@ export function keepLease(c: Context<AppEnv>, endUser: string | null): void {
 }
 
 /**
- * How long a request's settlement may wait for a call of its key to carry it while the
- * isolate settles for many keys (undefined: no longer than usual). A leased request holds no
- * slot in its account (its lease does), so its bill may ride the lease's next renewal, due
- * within half a window while traffic flows, and goes on its own after that long at most.
+ * How long a request's settlement may wait for a call of its key to carry it (undefined:
+ * the settle queue's usual 20 ms). A leased request holds no slot in its account (its lease
+ * does), so while the isolate holds leases of many keys, each of which would cost a call of
+ * its own every 20 ms, its bill rides the lease's next renewal (due within half a window
+ * while traffic flows) and goes on its own after half a window at most.
  */
 export function settleWaitMs(c: Context<AppEnv>): number | undefined {
-  return c.get("leased") === undefined ? undefined : c.get("config").leases.windowMs / 2;
+  if (c.get("leased") === undefined) return undefined;
+  const { windowMs } = c.get("config").leases;
+  return c.get("edge").leases.leasedKeys(Date.now()) > MANY_LEASED_KEYS ? windowMs / 2 : undefined;
 }
+
+/**
+ * Keys an isolate holds leases of above which their leased requests' bills ride renewals:
+ * below it, each key's settlements cost a call every 20 ms at most, a bounded rate.
+ */
+export const MANY_LEASED_KEYS = 8;
 
 /** A leased request ended (settled, or released when its client left): its slot is free. */
 export function leaseEnded(c: Context<AppEnv>, leased: LeasedAdmission): void {
