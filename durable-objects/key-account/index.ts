@@ -20,6 +20,8 @@ import {
 } from "./batch-holds.ts";
 import { expireDue, settle } from "./settle.ts";
 import { endDueLeases, giveBack, grantLease, restoreLapsed } from "./leases/grant.ts";
+import { ownLeaseAsk } from "./leases/scope.ts";
+import { leaseHolder } from "../../contracts/lease-scopes.ts";
 import type { LeaseAnswer, LeaseAsk, LeaseCall, LeaseHeld } from "./leases/types.ts";
 import type { KeyMetrics } from "./metrics.ts";
 import { AccountStore } from "./store.ts";
@@ -107,13 +109,13 @@ export class KeyAccount extends DurableObject<Env> {
   async admit(input: AdmitInput & { lease?: LeaseAsk }): Promise<AdmitAnswer & LeaseHeld> {
     const now = Date.now();
     const settled = (input.settle ?? []).map((one) => settle(this.#store, one, one.now ?? now));
-    // An API key's isolate gives back its lease's unused part first (docs/key-account.md).
-    const hash = input.credential.kind === "key" ? input.credential.secretHash : null;
-    const ask = hash === null ? undefined : input.lease;
+    // The isolate gives back its lease's unused part first (docs/key-account.md).
+    const hash = leaseHolder(input.credential);
+    const ask = ownLeaseAsk(input);
     endDueLeases(this.#store, now);
-    if (ask !== undefined && hash !== null) giveBack(this.#store, ask, hash, now);
+    if (ask !== undefined) giveBack(this.#store, ask, hash, now);
     const result = decide(this.#store, input);
-    const granted = ask !== undefined && hash !== null && result.ok;
+    const granted = ask !== undefined && result.ok;
     const lease = granted ? grantLease(this.#store, ask, hash, now).lease : null;
     // Durable before any origin is asked to generate for it: the answer leaves once this
     // commit is (the output gate), so a crash at any instant keeps the open row, whose

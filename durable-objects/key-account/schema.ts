@@ -98,6 +98,8 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
   `CREATE TABLE batch_holds (
      batch_id TEXT PRIMARY KEY, day TEXT NOT NULL, reserved_picos TEXT NOT NULL,
      applied_seq INTEGER NOT NULL, created_at INTEGER NOT NULL);`,
+  // End users' leases: whose requests a lease admits (JSON; null: the key's own).
+  `ALTER TABLE leases ADD COLUMN scope TEXT;`,
 ];
 
 /** The tags of a request's row: the key's, then the request's own not among them. */

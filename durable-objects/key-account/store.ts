@@ -74,11 +74,11 @@ export class AccountStore {
   }
 
   /**
-   * A scope's buckets and its requests in flight (`subject` null: the key's, counting the
-   * slots its leases hold).
+   * A scope's buckets and its requests in flight, counting the slots its leases hold
+   * (`subject` null: the key's, and every lease's).
    */
   scopeUsage(scope: string, subject: string | null): ScopeUsage {
-    const leased = subject === null ? this.leases.slots() : 0;
+    const leased = this.leases.slots(subject);
     return { ...this.buckets.of(scope), inFlight: this.ledger.inFlight(subject) + leased };
   }
 

@@ -27,6 +27,7 @@ import { formatResetDuration, rateLimitHeaders, retryAfterHeaders } from "./rate
 import { SettleQueue } from "./settle-queue.ts";
 import type { AccountLeases } from "./leases.ts";
 import type { LeaseAsk, LeaseHeld } from "../../durable-objects/key-account/leases/types.ts";
+import type { LeaseScope } from "../../contracts/lease-scopes.ts";
 
 /** Settlements of an isolate until their key's account holds them durably. */
 export type AccountSettleQueue = SettleQueue<SettleInput>;
@@ -204,13 +205,13 @@ export async function renewLease(
 export async function callLease(
   env: Env,
   edge: { settlements: AccountSettleQueue; leases: AccountLeases },
-  keyId: string,
-  secretHash: string,
+  lease: { keyId: string; holder: string; scope: LeaseScope | null },
   mode: LeaseAsk["mode"],
   options: { windowMs: number; models: LeaseAsk["models"] },
 ): Promise<void> {
+  const { keyId, holder: secretHash, scope } = lease;
   const now = Date.now();
-  const ask = edge.leases.ask(keyId, mode, { ...options, now });
+  const ask = edge.leases.ask(keyId, scope, mode, { ...options, now });
   if (ask === null) return;
   const carried = edge.settlements.take(keyId);
   try {
@@ -243,19 +244,22 @@ export async function settleRequest(
 }
 
 /**
- * Queues an admitted request's settlement: the key's next admit call from this isolate
- * carries it, or it is sent on its own shortly after. Resolves once it is durable.
+ * Queues an admitted request's settlement: the key's next admit or lease call from this
+ * isolate carries it, or it is sent on its own after `flushMs` (by default shortly after).
+ * Resolves once it is durable.
  */
 export function queueSettlement(
   env: Env,
   settleQueue: AccountSettleQueue,
   keyId: string,
   input: SettleInput,
+  flushMs?: number,
 ): Promise<void> {
-  return settleQueue.settle(keyId, input, async (id, inputs) => {
+  const send = async (id: string, inputs: SettleInput[]) => {
     const { commit } = await keyAccount(env, id).settleMany(inputs);
     return commit;
-  });
+  };
+  return settleQueue.settle(keyId, input, send, flushMs);
 }
 
 /** The OpenAI error for an admission refusal, with `retry-after` and rate-limit headers on 429. */

@@ -5,6 +5,7 @@
  * in the account's synchronous turn, like admission.
  */
 import { MAX_LEASE_MODELS, newLeaseId } from "../../../contracts/lease-ids.ts";
+import { holderCredential, leaseScopeKey } from "../../../contracts/lease-scopes.ts";
 import {
   type ModelPrice,
   microsToPicos,
@@ -19,6 +20,7 @@ import type { AccountStore } from "../store.ts";
 import type { LeaseEntry } from "../store/leases.ts";
 import { refill, take } from "../token-bucket.ts";
 import type { CredentialRefusal } from "../types.ts";
+import { moveScopeUnits, scopeHeadroom, scopeModels, scopeRateLimit } from "./scope.ts";
 import { type Allowance, leaseTarget, topUp } from "./sizing.ts";
 import type { LeaseAsk, LeaseGrant, LeaseUse } from "./types.ts";
 
@@ -47,6 +49,11 @@ export function giveBack(
     store.buckets.adjust(KEY_SCOPE, "requests", limits.rpm, lease.requests - used.requests, now);
     store.buckets.adjust(KEY_SCOPE, "tokens", limits.tpm, lease.tokens - used.tokens, now);
   }
+  const unusedUnits = {
+    requests: lease.requests - used.requests,
+    tokens: lease.tokens - used.tokens,
+  };
+  moveScopeUnits(store, lease.scope, unusedUnits, now);
   if (lease.picos !== null) {
     const unused = lease.picos - used.picos;
     store.spend.add(lease.day, { reservedPicos: -unused, settledPicos: 0n });
@@ -80,7 +87,7 @@ export function grantLease(
   const record = store.key.record;
   if (record === null)
     return { lease: null, refusal: { ok: false, code: "invalid_api_key", reason: "unknown" } };
-  const secret = checkCredential(store.key.secrets, { kind: "key", secretHash }, now);
+  const secret = checkCredential(store.key.secrets, holderCredential(secretHash), now);
   if (!secret.ok) return { lease: null, refusal: secret };
   const refused = keyRefusal(record, null, now);
   if (refused !== null) return { lease: null, refusal: refused };
@@ -93,12 +100,19 @@ export function grantLease(
     lease === undefined || ask.held === null ? NOTHING_USED : clampUse(lease, ask.held.used);
   const usage = store.scopeUsage(KEY_SCOPE, null);
   const { limits, budgets } = record;
-  const headroom: Allowance = {
-    requests: usage.requests === null ? limits.rpm : refill(usage.requests, limits.rpm, now).level,
-    tokens: usage.tokens === null ? limits.tpm : refill(usage.tokens, limits.tpm, now).level,
-    picos: budgetRoom(store, budgets, day),
-    slots: limits.concurrency - usage.inFlight,
-  };
+  const scope = ask.scope ?? null;
+  const headroom = scopeHeadroom(
+    store,
+    scope,
+    {
+      requests:
+        usage.requests === null ? limits.rpm : refill(usage.requests, limits.rpm, now).level,
+      tokens: usage.tokens === null ? limits.tpm : refill(usage.tokens, limits.tpm, now).level,
+      picos: budgetRoom(store, budgets, day),
+      slots: limits.concurrency - usage.inFlight,
+    },
+    now,
+  );
   const unused: Allowance =
     lease === undefined
       ? { requests: 0, tokens: 0, picos: headroom.picos === null ? null : 0n, slots: 0 }
@@ -127,6 +141,7 @@ export function grantLease(
       now,
     );
     store.buckets.put(KEY_SCOPE, { requests: requests.state, tokens: tokens.state });
+    moveScopeUnits(store, scope, { requests: -add.requests, tokens: -add.tokens }, now);
     lease.requests += add.requests;
     lease.ids += add.requests;
     lease.tokens += add.tokens;
@@ -174,14 +189,19 @@ export function grantLease(
         },
       })),
       key: {
-        models: record.models,
+        models: scopeModels(record.models, scope),
         allowedOrigins: record.allowedOrigins,
         expiresAt: record.expiresAt,
         tier: record.tier,
         allowRegionOverride: record.allowRegionOverride,
         budgeted: hasBudgets(budgets),
       },
-      rateLimit: rateLimitNow(limits, store.scopeUsage(KEY_SCOPE, null), now),
+      rateLimit: scopeRateLimit(
+        store,
+        scope,
+        rateLimitNow(limits, store.scopeUsage(KEY_SCOPE, null), now),
+        now,
+      ),
     },
   };
 }
@@ -231,7 +251,11 @@ const NOTHING_USED: LeaseUse = { requests: 0, tokens: 0, picos: 0n, ids: 0, inFl
 function heldLease(store: AccountStore, ask: LeaseAsk, secretHash: string): LeaseEntry | undefined {
   if (ask.held === null) return undefined;
   const lease = store.leases.get(ask.held.leaseId);
-  return lease?.state === "open" && lease.secretHash === secretHash ? lease : undefined;
+  return lease?.state === "open" &&
+    lease.secretHash === secretHash &&
+    leaseScopeKey(lease.scope) === leaseScopeKey(ask.scope)
+    ? lease
+    : undefined;
 }
 
 function clamp(value: number, most: number): number {
@@ -285,7 +309,8 @@ function newLease(
   now: number,
   budgeted: boolean,
 ): LeaseEntry {
-  const allowed = store.key.record?.models ?? null;
+  const scope = ask.scope ?? null;
+  const allowed = scopeModels(store.key.record?.models ?? null, scope);
   const models = ask.models
     .filter((entry: { model: string; price: ModelPrice }) => modelAllowed(allowed, entry.model))
     .slice(0, MAX_LEASE_MODELS)
@@ -306,5 +331,6 @@ function newLease(
     idsUsed: 0,
     models,
     endedAt: null,
+    scope,
   };
 }

@@ -41,14 +41,16 @@ export function leasedRow(
     store.leases.put(lease);
   }
   const usage = input.usage ?? null;
+  // An end user's lease names its user even when the isolate never said (it died first).
+  const subject = lease.scope?.subject ?? null;
   return {
     requestId: input.requestId,
     state: "open",
     model: first[0],
     day: lease.day,
-    subject: null,
-    subjectTpm: null,
-    endUser: input.leased?.endUser ?? null,
+    subject: subject?.id ?? null,
+    subjectTpm: subject?.limits.tpm ?? null,
+    endUser: input.leased?.endUser ?? lease.scope?.endUser ?? null,
     tags: rowTags(store.key.record?.tags ?? [], input.tags),
     // Its tokens came out of the buckets with the lease's; without the edge's word (an
     // origin's record) what it used is all it is charged.

@@ -5,6 +5,7 @@
  */
 import type { CommitStamp } from "../../../contracts/commit-stamp.ts";
 import type { ModelPrice } from "../../../contracts/pricing.ts";
+import type { LeaseScope } from "../../../contracts/lease-scopes.ts";
 import type { CredentialRefusal, KeyTier, RateLimitInfo, SettleInput } from "../types.ts";
 
 /** What an isolate took from a lease so far, counted from its grant (cumulative). */
@@ -43,6 +44,8 @@ export interface LeaseAsk {
   windowMs: number;
   /** The models it may serve under a new lease, with their prices (its price table). */
   models: { model: string; price: ModelPrice }[];
+  /** One end user's lease (each end user of a key has its own); absent: the key's. */
+  scope?: LeaseScope | null;
 }
 
 /** What an isolate may admit under a lease (cumulative from its grant), and the key's terms. */
@@ -84,7 +87,10 @@ export interface LeaseAnswer {
   commit: CommitStamp;
 }
 
-/** A lease call: the ask, the API key's hash, and settlements it carries. */
+/**
+ * A lease call: the ask, who holds the lease (an API key's hash, or `gen:<n>` for a browser
+ * token minted with the key's secret of generation n), and settlements it carries.
+ */
 export interface LeaseCall extends LeaseAsk {
   secretHash: string;
   settle?: SettleInput[];

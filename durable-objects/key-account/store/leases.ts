@@ -4,6 +4,7 @@
  * asked about every request it may have admitted unsettled.
  */
 import { LEASE_SEQ_DIGITS, leaseIdRange, seqDigits } from "../../../contracts/lease-ids.ts";
+import type { LeaseScope } from "../../../contracts/lease-scopes.ts";
 import type { WriteBehind } from "../../write-behind.ts";
 import { type StoredCandidate, picosColumns, storedPicos } from "../schema.ts";
 
@@ -40,6 +41,8 @@ export interface LeaseEntry {
   models: StoredCandidate[];
   /** When it ended, or null. */
   endedAt: number | null;
+  /** Whose requests it admits: one end user's, or (null) the key's. */
+  scope: LeaseScope | null;
 }
 
 type LeaseRow = {
@@ -61,6 +64,7 @@ type LeaseRow = {
   ids_used: number;
   models: string;
   ended_at: number | null;
+  scope: string | null;
 };
 
 /** The key's leases, memory ahead of SQLite. */
@@ -91,10 +95,16 @@ export class LeaseStore {
     return this.#leases.values();
   }
 
-  /** Concurrency slots the open and closing leases hold. */
-  slots(): number {
+  /**
+   * Concurrency slots the open and closing leases hold: all of them (the key's), or those of
+   * one browser token's end user (`subject`).
+   */
+  slots(subject: string | null = null): number {
     let slots = 0;
-    for (const lease of this.#leases.values()) if (lease.state !== "ended") slots += lease.slots;
+    for (const lease of this.#leases.values()) {
+      if (lease.state === "ended") continue;
+      if (subject === null || lease.scope?.subject?.id === subject) slots += lease.slots;
+    }
     return slots;
   }
 
@@ -114,8 +124,8 @@ export class LeaseStore {
       this.#sql.exec(
         `INSERT OR REPLACE INTO leases (lease_id, secret_hash, day, state, created_at, expires_at,
            requests, tokens, ids, budgeted, picos_micros, picos_picos, reserved_micros,
-           reserved_picos, slots, ids_used, models, ended_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+           reserved_picos, slots, ids_used, models, ended_at, scope)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
         lease.leaseId,
         lease.secretHash,
         lease.day,
@@ -132,6 +142,7 @@ export class LeaseStore {
         lease.idsUsed,
         JSON.stringify(lease.models),
         lease.endedAt,
+        lease.scope === null ? null : JSON.stringify(lease.scope),
       ),
     );
   }
@@ -205,5 +216,6 @@ function leaseOf(row: LeaseRow): LeaseEntry {
     idsUsed: row.ids_used,
     models: JSON.parse(row.models) as StoredCandidate[],
     endedAt: row.ended_at,
+    scope: row.scope === null ? null : (JSON.parse(row.scope) as LeaseScope),
   };
 }
