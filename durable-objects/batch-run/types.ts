@@ -20,6 +20,11 @@ export type BatchStatus =
 /** One line of the input file as the edge planned it. */
 export interface BatchLinePlan {
   customId: string;
+  /**
+   * The key of its prompt's leading prefix (contracts/prefix-blocks.ts `prefixKey`): lines
+   * that share it are sent together; null for a prompt shorter than one block.
+   */
+  prefix: number | null;
   /** Where the line lies in the input file. */
   offset: number;
   bytes: number;

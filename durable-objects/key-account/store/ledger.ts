@@ -84,6 +84,11 @@ export class LedgerStore {
     this.#put(after);
   }
 
+  /** Writes a row that is closed already (a batch line billed); a row known is left as it is. */
+  add(entry: LedgerEntry): void {
+    this.#put(entry);
+  }
+
   /** Extends an open row's lease to `expiresAt`, never shortening it; false when not open. */
   renew(requestId: string, expiresAt: number): boolean {
     const row = this.#open.get(requestId);
