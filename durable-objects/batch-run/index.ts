@@ -14,8 +14,13 @@ import { type BatchState, batchObject, cancellable, outputRecord, stepOf } from 
 import { lineAttempt } from "./line-attempt.ts";
 import { type LineOutcome, lineOutcome } from "./line-outcome.ts";
 import { writeOutputFile } from "./output-files.ts";
-import { BatchStore, type LineToRun } from "./store.ts";
-import { type BatchCreateInput, COMPLETION_WINDOW_MS, type OpenAIBatch } from "./types.ts";
+import { BatchStore } from "./store.ts";
+import {
+  type BatchCreateInput,
+  COMPLETION_WINDOW_MS,
+  type LineToRun,
+  type OpenAIBatch,
+} from "./types.ts";
 
 // While lines run, the alarm comes back at least this often: it resumes a batch whose
 // incarnation ended and tops the lane up should a completion have been missed.

@@ -12,8 +12,7 @@ import {
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { BatcherAttempt } from "../batcher/types.ts";
 import type { BatchState } from "./lifecycle.ts";
-import type { LineToRun } from "./store.ts";
-import type { BatchRunPlan } from "./types.ts";
+import type { BatchRunPlan, LineToRun } from "./types.ts";
 
 /** The Batcher a line goes to and what it is sent, from the line's body in the input file. */
 export function lineAttempt(

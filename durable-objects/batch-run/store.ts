@@ -6,7 +6,7 @@
 import type { TokenUsage } from "../../contracts/pricing.ts";
 import { applyMigrations } from "../migrations.ts";
 import type { BatchState, LineCounts } from "./lifecycle.ts";
-import type { BatchCreateInput, BatchRunPlan, BatchStatus } from "./types.ts";
+import type { BatchCreateInput, BatchRunPlan, BatchStatus, LineToRun } from "./types.ts";
 
 const MIGRATIONS: readonly string[] = [
   `CREATE TABLE batch (
@@ -27,18 +27,6 @@ const MIGRATIONS: readonly string[] = [
    ALTER TABLE lines ADD COLUMN http_status INTEGER;
    CREATE INDEX lines_by_prefix ON lines (state, prefix, idx);`,
 ];
-
-/** A line ready to be sent. */
-export interface LineToRun {
-  idx: number;
-  customId: string;
-  /** The key of its prompt's leading prefix; null when shorter than one block. */
-  prefix: number | null;
-  offset: number;
-  bytes: number;
-  promptTokens: number;
-  maxTokens: number;
-}
 
 /** A finished line's part in a charge. */
 export interface ChargedLine {

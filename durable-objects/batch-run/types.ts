@@ -35,6 +35,18 @@ export interface BatchLinePlan {
   reservePicos: bigint;
 }
 
+/** A line ready to be sent. */
+export interface LineToRun {
+  idx: number;
+  customId: string;
+  /** The key of its prompt's leading prefix; null when shorter than one block. */
+  prefix: number | null;
+  offset: number;
+  bytes: number;
+  promptTokens: number;
+  maxTokens: number;
+}
+
 /** How the lines are run: the Batchers of one region and model, in the batch lane. */
 export interface BatchRunPlan {
   setup: BatcherSetup;

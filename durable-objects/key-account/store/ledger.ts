@@ -247,7 +247,8 @@ export class LedgerStore {
         `SELECT ${LEDGER_COLUMNS} FROM ledger WHERE ${where.join(" AND ")}
          ORDER BY created_at DESC, request_id DESC LIMIT ?`,
         ...args,
-        Math.min(500, Math.max(1, Math.floor(query.limit))),
+        // The spend log asks one row more than its page (500 at most), to know if more follow.
+        Math.min(501, Math.max(1, Math.floor(query.limit))),
       )
       .toArray()
       .map(ledgerEntryOf);

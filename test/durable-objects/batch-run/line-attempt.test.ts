@@ -7,8 +7,7 @@ import {
 } from "../../../contracts/prefix-blocks.ts";
 import { lineAttempt } from "../../../durable-objects/batch-run/line-attempt.ts";
 import type { BatchState } from "../../../durable-objects/batch-run/lifecycle.ts";
-import type { LineToRun } from "../../../durable-objects/batch-run/store.ts";
-import type { BatchRunPlan } from "../../../durable-objects/batch-run/types.ts";
+import type { BatchRunPlan, LineToRun } from "../../../durable-objects/batch-run/types.ts";
 
 const MODEL = "warmgate-sim-8b";
 const body = {

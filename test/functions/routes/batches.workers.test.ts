@@ -226,6 +226,29 @@ describe("/v1/batches", () => {
     await settled((await second.json<Batch>()).id, key);
   });
 
+  it("shows each line as a row of the spend log, page after page", async () => {
+    config = inject("warmgateConfig");
+    const { key } = await createKey({ name: "batch-log" });
+    const ids = Array.from({ length: 501 }, (_, i) => `l${String(i).padStart(3, "0")}`);
+    const file = await (
+      await upload(ids.map((id) => line(id, { max_tokens: 1 })).join("\n"), key)
+    ).json<{ id: string }>();
+    const batch = await settled((await (await createBatch(file.id, key)).json<Batch>()).id, key);
+    expect(batch.request_counts.completed).toBe(501);
+    const seen: string[] = [];
+    let cursor: string | null = null;
+    do {
+      const query: string = `tag=batch:${batch.id}&limit=500${cursor === null ? "" : `&cursor=${cursor}`}`;
+      type Page = { data: { id: string }[]; next_cursor: string | null };
+      const page: Page = await (
+        await sendWith(config, adminRequest(`/admin/requests?${query}`))
+      ).json<Page>();
+      seen.push(...page.data.map((row) => row.id));
+      cursor = page.next_cursor;
+    } while (cursor !== null);
+    expect(seen.toSorted()).toEqual(ids.map((_, i) => `${batch.id}-${i}`).toSorted());
+  });
+
   it("answers 404 for another key's batch", async () => {
     config = inject("warmgateConfig");
     const file = await (await upload(line("a"))).json<{ id: string }>();
