@@ -39,6 +39,9 @@ const { values: args } = parseArgs({
     "max-tokens": { type: "string", default: "64" },
     "line-tokens": { type: "string", default: "32" },
     "time-scale": { type: "string", default: "1" },
+    reserve: { type: "string", default: "0.1" },
+    name: { type: "string", default: "" },
+    "lines-in-flight": { type: "string" },
     help: { type: "boolean", short: "h", default: false },
   },
   strict: true,
@@ -55,7 +58,10 @@ if (args.help) {
   --share X         interactive streams as a share of every slot (default 0.6)
   --max-tokens N    tokens per interactive stream (default 64)
   --line-tokens N   tokens per batch line (default 32)
-  --time-scale X    the simulated engine's time scale (default 1: realistic speed)`);
+  --time-scale X    the simulated engine's time scale (default 1: realistic speed)
+  --reserve X       batching.batch_reserve_share: slots the batch lane leaves (default 0.1)
+  --lines-in-flight N  batch_api.lines_in_flight (default: twice the slots)
+  --name N          write bench/results/batch-api-N.json and .svg (a scenario kept apart)`);
   process.exit(0);
 }
 const LINES = Number(args.lines ?? (args.quick ? 1_000 : 10_000));
@@ -68,9 +74,9 @@ const MAX_TOKENS = Number(args["max-tokens"]);
 const LINE_TOKENS = Number(args["line-tokens"]);
 const TIME_SCALE = Number(args["time-scale"]);
 /** Share of each engine's slots the batch lane leaves to interactive requests (the default). */
-const BATCH_RESERVE_SHARE = 0.1;
+const BATCH_RESERVE_SHARE = Number(args.reserve);
 /** The batch lane's own cap: enough lines in flight to fill every free slot. */
-const LINES_IN_FLIGHT = 2 * ORIGINS * SLOTS;
+const LINES_IN_FLIGHT = Number(args["lines-in-flight"] ?? 2 * ORIGINS * SLOTS);
 const REGION = "eu";
 /** The edge is killed once this share of the batch's lines ended. */
 const KILL_AT = 0.5;
@@ -241,11 +247,12 @@ console.log(
     targets.map((t) => [t.target, t.measured, t.goal, t.met ? "yes" : "NO"]),
   ),
 );
+const RESULT = args.name ? `batch-api-${args.name}` : "batch-api";
 const svg = await writeResultFile(
-  "batch-api.svg",
+  `${RESULT}.svg`,
   await utilisationChart(result.load, phases, SLOTS),
 );
-const path = await writeResult("batch-api", {
+const path = await writeResult(RESULT, {
   command,
   settings: {
     lines: LINES,
