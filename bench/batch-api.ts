@@ -19,9 +19,9 @@ import {
   batchFile,
   interactiveClient,
   sampleOrigins,
-  utilisationChart,
   windowRows,
 } from "./batch-api-report.ts";
+import { utilisationChart } from "./batch-api-chart.ts";
 import { readOriginItems } from "./chaos-lookup.ts";
 import { benchCommand, markdownTable, stopOnSignal, writeResult, writeResultFile } from "./lib.ts";
 import { workerdPid } from "./processes.ts";
