@@ -3,11 +3,12 @@
  * a batch's worst case is reserved against the key's budgets when it is created, each
  * charge of finished lines bills them and gives back their part of the hold exactly once
  * (charges are numbered; a repeated number changes nothing), and the rest is given back
- * when the batch ends.
+ * when the batch ends. Each line billed becomes a settled ledger row of its own.
  */
 import { utcDay } from "../../contracts/pricing.ts";
 import type { TokenUsage } from "../../contracts/pricing.ts";
 import { budgetRefusal } from "./budgets.ts";
+import { type LedgerEntry, rowTags } from "./schema.ts";
 import type { AccountStore } from "./store.ts";
 import type { AdmissionRefusal } from "./types.ts";
 
@@ -27,7 +28,65 @@ export interface BatchCharge {
   seq: number;
   model: string;
   /** Lines billed: their cost, the part of the hold they give back, their usage. */
-  lines: { costPicos: bigint; releasePicos: bigint; usage: TokenUsage | null }[];
+  lines: BatchChargeLine[];
+}
+
+/** One finished line of a charge; it becomes a ledger row (tagged `batch:{batch id}`). */
+export interface BatchChargeLine {
+  /** Its request id: the line's item id, `{batch id}-{line}`. */
+  requestId: string;
+  ok: boolean;
+  /** The status its origin answered; null when it never ran. */
+  httpStatus: number | null;
+  /** When its last attempt was sent (null: never) and when it ended, unix ms. */
+  startedAt: number | null;
+  endedAt: number | null;
+  costPicos: bigint;
+  releasePicos: bigint;
+  usage: TokenUsage | null;
+}
+
+/** The ledger row of a batch line billed `now` (at the batch price its charge carries). */
+function lineRow(
+  charge: BatchCharge,
+  line: BatchChargeLine,
+  keyTags: readonly string[],
+  now: number,
+): LedgerEntry {
+  const closedAt = line.endedAt ?? now;
+  const createdAt = line.startedAt ?? closedAt;
+  const usage = line.usage;
+  return {
+    requestId: line.requestId,
+    state: "settled",
+    model: charge.model,
+    day: utcDay(now),
+    subject: null,
+    subjectTpm: null,
+    endUser: null,
+    reservedTokens: 0,
+    reservedPicos: line.releasePicos,
+    candidates: [],
+    createdAt,
+    expiresAt: closedAt,
+    closedAt,
+    outcome: line.ok ? "ok" : "error",
+    promptTokens: usage?.promptTokens ?? null,
+    cachedTokens: usage?.cachedTokens ?? null,
+    completionTokens: usage?.completionTokens ?? null,
+    costPicos: line.costPicos,
+    tags: rowTags(keyTags, [batchTag(charge.batchId)]),
+    attempts: [],
+    httpStatus: line.httpStatus,
+    durationMs: line.startedAt === null ? null : closedAt - createdAt,
+    ttftMs: null,
+    cacheHit: false,
+  };
+}
+
+/** The tag of a batch's lines in the ledger, by which the spend log filters them. */
+export function batchTag(batchId: string): string {
+  return `batch:${batchId}`;
 }
 
 type HoldRow = { day: string; reserved_picos: string; applied_seq: number };
@@ -81,7 +140,9 @@ export function chargeBatch(
   let release = 0n;
   let cost = 0n;
   const tokens: TokenUsage = { promptTokens: 0, cachedTokens: 0, completionTokens: 0 };
+  const keyTags = store.key.record?.tags ?? [];
   for (const line of charge.lines) {
+    store.ledger.add(lineRow(charge, line, keyTags, now));
     release += line.releasePicos;
     cost += line.costPicos;
     tokens.promptTokens += line.usage?.promptTokens ?? 0;

@@ -86,6 +86,11 @@ export class LedgerStore {
     this.#put(after);
   }
 
+  /** Writes a row that is closed already (a batch line billed); a row known is left as it is. */
+  add(entry: LedgerEntry): void {
+    this.#put(entry);
+  }
+
   /** Extends an open row's lease to `expiresAt`, never shortening it; false when not open. */
   renew(requestId: string, expiresAt: number): boolean {
     const row = this.#open.get(requestId);
@@ -263,7 +268,8 @@ export class LedgerStore {
         `SELECT ${LEDGER_COLUMNS} FROM ledger WHERE ${where.join(" AND ")}
          ORDER BY created_at DESC, request_id DESC LIMIT ?`,
         ...args,
-        Math.min(500, Math.max(1, Math.floor(query.limit))),
+        // The spend log asks one row more than its page (500 at most), to know if more follow.
+        Math.min(501, Math.max(1, Math.floor(query.limit))),
       )
       .toArray()
       .map(ledgerEntryOf);
