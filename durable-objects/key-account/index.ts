@@ -12,7 +12,7 @@ import { clampLease, decide } from "./admit.ts";
 import { lookupOutcomes, reconcile } from "../../contracts/outcomes.ts";
 import { outcomeSources } from "./reconcile.ts";
 import { KEY_ACCOUNT_MIGRATIONS } from "./schema.ts";
-import { checkKey, recordOf, requestsOf, usageOf } from "./reads.ts";
+import { budgetStatusOf, checkKey, recordOf, requestsOf, usageOf } from "./reads.ts";
 import {
   type BatchCharge,
   type BatchHoldResult,
@@ -28,6 +28,7 @@ import { AccountStore } from "./store.ts";
 import {
   type AdmitAnswer,
   type AdmitInput,
+  type BudgetStatus,
   type CheckCredential,
   type KeyCheckResult,
   type KeyCreateInput,
@@ -189,6 +190,11 @@ export class KeyAccount extends DurableObject<Env> {
   /** Usage rollups by day and model (or of one end user's or tag's requests, or per tag). */
   usage(query: UsageQuery): UsageResult {
     return usageOf(this.#store, query);
+  }
+
+  /** The key's budgets now: each window's spend and when it resets. */
+  budgetStatus(): BudgetStatus[] {
+    return budgetStatusOf(this.#store, Date.now());
   }
 
   /** One request's ledger record (null when unknown or pruned), for its own key's secret. */

@@ -22,6 +22,11 @@ export function userScope(subject: string): string {
   return `u:${subject}`;
 }
 
+/** The bucket scope of the key's own limits for one model (`model_limits`). */
+export function modelScope(model: string): string {
+  return `m:${model}`;
+}
+
 /** One key account's state, memory ahead of SQLite. */
 export class AccountStore {
   /** The key's record and secrets, written at once. */
@@ -90,9 +95,15 @@ export class AccountStore {
       if (row.subject !== null && row.subjectTpm !== null) {
         this.buckets.adjustTokens(userScope(row.subject), row.subjectTpm, change.tokens, now);
       }
+      // The models with their own token limits that the request was counted against.
+      const modelLimits = this.key.record?.modelLimits ?? {};
+      for (const model of new Set(row.candidates.map(([name]) => name))) {
+        const tpm = modelLimits[model]?.tpm ?? null;
+        if (tpm !== null) this.buckets.adjustTokens(modelScope(model), tpm, change.tokens, now);
+      }
     }
     this.ledger.close(before, row);
-    this.spend.add(row.day, change.spend);
+    this.spend.add(row.hour, change.spend, row.subject);
     for (const delta of change.usage) this.spend.addUsage(row.day, delta);
   }
 

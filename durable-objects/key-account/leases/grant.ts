@@ -11,14 +11,10 @@ import {
   newLeaseId,
   parseLeasedId,
 } from "../../../contracts/lease-ids.ts";
-import {
-  type ModelPrice,
-  microsToPicos,
-  msToNextUtcDay,
-  utcDay,
-} from "../../../contracts/pricing.ts";
+import type { ModelPrice } from "../../../contracts/pricing.ts";
+import { HOUR_MS, hourOf } from "../../../contracts/budget-periods.ts";
 import { keyRefusal, modelAllowed, rateLimitNow } from "../admission.ts";
-import { hasBudgets } from "../budgets.ts";
+import { budgetRoom, hasBudgets } from "../budgets.ts";
 import { checkCredential } from "../credential.ts";
 import { KEY_SCOPE, storedCandidate } from "../schema.ts";
 import type { AccountStore } from "../store.ts";
@@ -55,7 +51,7 @@ export function giveBack(
   }
   if (lease.picos !== null) {
     const unused = lease.picos - used.picos;
-    store.spend.add(lease.day, { reservedPicos: -unused, settledPicos: 0n });
+    store.spend.add(lease.hour, { reservedPicos: -unused, settledPicos: 0n });
     lease.reservedPicos -= unused;
     lease.picos = used.picos;
   }
@@ -92,9 +88,10 @@ export function grantLease(
   if (refused !== null) return { lease: null, refusal: refused };
   if (ask.mode === "release") return { lease: null, refusal: null };
   endDueLeases(store, now);
-  const day = utcDay(now);
+  // A lease's money counts in one UTC hour, so that every budget window holds it whole.
+  const hour = hourOf(now);
   const held = heldLease(store, ask, secretHash);
-  let lease = held !== undefined && held.day === day ? held : undefined;
+  let lease = held !== undefined && held.hour === hour ? held : undefined;
   const used: LeaseUse =
     lease === undefined || ask.held === null ? NOTHING_USED : clampUse(lease, ask.held.used);
   const usage = store.scopeUsage(KEY_SCOPE, null);
@@ -102,7 +99,7 @@ export function grantLease(
   const headroom: Allowance = {
     requests: usage.requests === null ? limits.rpm : refill(usage.requests, limits.rpm, now).level,
     tokens: usage.tokens === null ? limits.tpm : refill(usage.tokens, limits.tpm, now).level,
-    picos: budgetRoom(store, budgets, day),
+    picos: budgetRoom(store.spend.lines(budgets, now, KEY_SCOPE)),
     slots: limits.concurrency - usage.inFlight,
   };
   const unused: Allowance =
@@ -117,7 +114,7 @@ export function grantLease(
   const add = topUp(leaseTarget(ask.rate), unused, headroom);
   if (lease === undefined) {
     if (add === null) return { lease: null, refusal: null };
-    lease = newLease(store, ask, secretHash, day, now, headroom.picos !== null);
+    lease = newLease(store, ask, secretHash, hour, now, headroom.picos !== null);
   }
   if (add !== null) {
     const requests = take(
@@ -140,7 +137,7 @@ export function grantLease(
     if (lease.picos !== null && add.picos !== null) {
       lease.picos += add.picos;
       lease.reservedPicos += add.picos;
-      store.spend.add(day, { reservedPicos: add.picos, settledPicos: 0n });
+      store.spend.add(hour, { reservedPicos: add.picos, settledPicos: 0n });
     }
   }
   const validUntil =
@@ -150,7 +147,7 @@ export function grantLease(
     0,
     Math.min(
       ask.windowMs,
-      msToNextUtcDay(now),
+      (hour + 1) * HOUR_MS - now,
       (validUntil ?? Infinity) - now,
       (record.expiresAt ?? Infinity) - now,
     ),
@@ -170,7 +167,7 @@ export function grantLease(
       },
       slots: lease.slots,
       admitForMs,
-      day,
+      hour,
       models: lease.models.map(([model, input, cachedInput, output]) => ({
         model,
         price: {
@@ -186,6 +183,7 @@ export function grantLease(
         tier: record.tier,
         allowRegionOverride: record.allowRegionOverride,
         budgeted: hasBudgets(budgets),
+        limitedModels: Object.keys(record.modelLimits),
       },
       rateLimit: rateLimitNow(limits, store.scopeUsage(KEY_SCOPE, null), now),
     },
@@ -202,7 +200,7 @@ export function endDueLeases(store: AccountStore, now: number): void {
   for (const lease of store.leases.all()) {
     if (lease.state === "ended" || lease.expiresAt > now) continue;
     if (lease.reservedPicos !== 0n) {
-      store.spend.add(lease.day, { reservedPicos: -lease.reservedPicos, settledPicos: 0n });
+      store.spend.add(lease.hour, { reservedPicos: -lease.reservedPicos, settledPicos: 0n });
     }
     if (lease.state === "open") lease.idsUsed = lease.ids;
     lease.reservedPicos = 0n;
@@ -270,43 +268,26 @@ function clampUse(lease: LeaseEntry, used: LeaseUse): LeaseUse {
   };
 }
 
-// Room left in the tightest budget (pico-dollars), or null when the key has none.
-function budgetRoom(
-  store: AccountStore,
-  budgets: { dayMicros: number | null; monthMicros: number | null; creditMicros: number | null },
-  day: string,
-): bigint | null {
-  const spend = store.spend.of(day);
-  let room: bigint | null = null;
-  for (const [limit, period] of [
-    [budgets.dayMicros, spend.day],
-    [budgets.monthMicros, spend.month],
-    [budgets.creditMicros, spend.lifetime],
-  ] as const) {
-    if (limit === null) continue;
-    const left = microsToPicos(limit) - period.settledPicos - period.reservedPicos;
-    room = room === null || left < room ? left : room;
-  }
-  return room;
-}
-
 function newLease(
   store: AccountStore,
   ask: LeaseAsk,
   secretHash: string,
-  day: string,
+  hour: number,
   now: number,
   budgeted: boolean,
 ): LeaseEntry {
   const allowed = store.key.record?.models ?? null;
+  // A model with its own limits is admitted exactly, never under a lease.
+  const limited = store.key.record?.modelLimits ?? {};
   const models = ask.models
     .filter((entry: { model: string; price: ModelPrice }) => modelAllowed(allowed, entry.model))
+    .filter((entry) => !(entry.model in limited))
     .slice(0, MAX_LEASE_MODELS)
     .map(({ model, price }) => storedCandidate(model, price));
   return {
     leaseId: newLeaseId(),
     secretHash,
-    day,
+    hour,
     state: "open",
     createdAt: now,
     expiresAt: now,

@@ -37,10 +37,10 @@ export class BucketStore {
     return { requests, tokens };
   }
 
-  /** Stores a scope's buckets after a decision. */
-  put(scope: string, buckets: ScopeBuckets): void {
-    this.#put(scope, "requests", buckets.requests);
-    this.#put(scope, "tokens", buckets.tokens);
+  /** Stores a scope's buckets after a decision (a null one is left as it is). */
+  put(scope: string, buckets: ScopeState): void {
+    if (buckets.requests !== null) this.#put(scope, "requests", buckets.requests);
+    if (buckets.tokens !== null) this.#put(scope, "tokens", buckets.tokens);
   }
 
   /** Moves `delta` token units into a scope's token bucket (see token-bucket.ts `adjust`). */

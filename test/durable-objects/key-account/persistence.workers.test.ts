@@ -33,7 +33,16 @@ describe("KeyAccount schema migration", () => {
     const created = Date.UTC(2026, 0, 15, 12);
     await runInDurableObject(stub, (_instance: KeyAccount, state) => {
       const sql = state.storage.sql;
-      for (const table of ["ledger", "usage_daily", "spend", "metrics", "leases", "batch_holds"])
+      for (const table of [
+        "ledger",
+        "usage_daily",
+        "spend",
+        "spend_hours",
+        "budget_alerts",
+        "metrics",
+        "leases",
+        "batch_holds",
+      ])
         sql.exec(`DROP TABLE ${table}`);
       sql.exec("DROP TABLE key_record");
       sql.exec("DROP TABLE secrets");
@@ -68,7 +77,7 @@ describe("KeyAccount schema migration", () => {
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
     expect(await again.get()).toMatchObject({
       name: "old",
-      budgets: { dayMicros: null, monthMicros: null, creditMicros: null },
+      budgets: { periods: [], creditMicros: null },
     });
     expect(await again.usage({ from: "2026-01-15", to: "2026-01-15" })).toMatchObject({
       rows: [
