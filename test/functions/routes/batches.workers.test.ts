@@ -168,7 +168,10 @@ describe("/v1/batches", () => {
 
   it("refuses a batch whose worst case exceeds the key's budget", async () => {
     config = pricedConfig();
-    const { key } = await createKey({ name: "thrifty", limits: { budget_usd_day: 0.000001 } });
+    const { key } = await createKey({
+      name: "thrifty",
+      budgets: [{ period: "1d", max_usd: 0.000001 }],
+    });
     const file = await (await upload(line("a", { max_tokens: 1000 }), key)).json<{ id: string }>();
     const res = await createBatch(file.id, key);
     expect(res.status).toBe(429);
@@ -179,7 +182,10 @@ describe("/v1/batches", () => {
 
   it("bills each line once at half the price, and gives the hold back as lines end", async () => {
     // One line's worst case at the batch price is about $0.0002: two would not fit at once.
-    const { key } = await createKey({ name: "batch-billing", limits: { budget_usd_day: 0.0003 } });
+    const { key } = await createKey({
+      name: "batch-billing",
+      budgets: [{ period: "1d", max_usd: 0.0003 }],
+    });
     const text = line("only", { max_tokens: 1000 });
     const file = await (await upload(text, key)).json<{ id: string }>();
     const first = await settled((await (await createBatch(file.id, key)).json<Batch>()).id, key);
