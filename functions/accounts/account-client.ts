@@ -97,6 +97,7 @@ export function admitCredential(credential: Credential): AdmitCredential {
         subject: credential.scope.subject,
         limits: credential.scope.limits,
         models: credential.scope.models,
+        budgets: credential.scope.budgets,
       };
 }
 
