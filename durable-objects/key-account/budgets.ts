@@ -140,7 +140,7 @@ function waitOf(refusal: BudgetRefusal): number {
 
 /** A soft limit whose window's settled spend has reached it. */
 export interface SoftCrossing {
-  period: string;
+  period: BudgetName;
   window: BudgetWindow;
   softPicos: bigint;
   limitPicos: bigint;

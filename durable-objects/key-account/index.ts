@@ -25,6 +25,9 @@ import { endDueLeases, giveBack, grantLease, restoreLapsed } from "./leases/gran
 import type { LeaseAnswer, LeaseAsk, LeaseCall, LeaseHeld } from "./leases/types.ts";
 import type { KeyMetrics } from "./metrics.ts";
 import { AccountStore } from "./store.ts";
+import { deliverAlerts, raiseAlerts } from "./alerts.ts";
+import { type AlertSettings, AlertsSchema } from "../../contracts/config/alerts.ts";
+import { ConfigError, loadConfig } from "../../contracts/config/gateway.ts";
 import {
   type AdmitAnswer,
   type AdmitInput,
@@ -168,8 +171,11 @@ export class KeyAccount extends DurableObject<Env> {
   }
 
   /** Bills a batch's finished lines once per charge number; committed before it answers. */
-  chargeBatch(charge: BatchCharge): boolean {
-    return chargeBatch(this.#store, this.ctx.storage.sql, charge, Date.now());
+  async chargeBatch(charge: BatchCharge): Promise<boolean> {
+    const now = Date.now();
+    const applied = chargeBatch(this.#store, this.ctx.storage.sql, charge, now);
+    await this.#alertsFor(now);
+    return applied;
   }
 
   /** Gives back what is left of a batch's hold. */
@@ -231,8 +237,24 @@ export class KeyAccount extends DurableObject<Env> {
     expireDue(this.#store, now);
     endDueLeases(this.#store, now);
     await this.#reconcileLapsed(now);
+    raiseAlerts(this.#store, now, () => this.#alertSettings());
+    await deliverAlerts(this.#store, now, this.#alertSettings(), this.env.ALERT_SIGNING_SECRET);
     this.#store.prune(now);
     await this.#rescheduleAlarm(now);
+  }
+
+  // Soft limits the settlements crossed raise alerts, which the alarm delivers now.
+  async #alertsFor(now: number): Promise<void> {
+    if (raiseAlerts(this.#store, now, () => this.#alertSettings())) await this.#ensureAlarm(now);
+  }
+
+  #alertSettings(): AlertSettings {
+    try {
+      return loadConfig(this.env.WARMGATE_CONFIG).alerts;
+    } catch (error) {
+      if (error instanceof ConfigError) return AlertsSchema.parse({});
+      throw error;
+    }
   }
 
   // A request whose lease lapsed unsettled lost its edge (a restart): its origin may still
@@ -256,8 +278,10 @@ export class KeyAccount extends DurableObject<Env> {
     }
   }
 
-  // Settled rows are pruned in time; rows whose usage is to be asked of the origins, soon.
+  // Settled rows are pruned in time; rows whose usage is to be asked of the origins, soon;
+  // alerts the settlements raised are sent at once.
   async #alarmFor(results: readonly SettleResult[], now: number): Promise<void> {
+    await this.#alertsFor(now);
     if (results.some((result) => result.settled))
       await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
     if (results.some((result) => !result.settled && result.reason === "reconciling")) {
@@ -282,7 +306,9 @@ export class KeyAccount extends DurableObject<Env> {
     const prunable = this.#store.prunableAt();
     const prune = prunable === null ? [] : [Math.max(prunable, now + PRUNE_INTERVAL_MS)];
     const lapsed = this.#store.ledger.hasLapsed ? [now + RECONCILE_RETRY_MS] : [];
-    const candidates = [...prune, ...lapsed, ...(Number.isFinite(open) ? [open] : [])];
+    const alert = this.#store.alerts.nextDue();
+    const due = [open, alert].filter((at) => Number.isFinite(at));
+    const candidates = [...prune, ...lapsed, ...due];
     if (candidates.length === 0) {
       await this.ctx.storage.deleteAlarm();
       return;

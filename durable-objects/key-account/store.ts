@@ -9,6 +9,7 @@ import { WriteBehind } from "../write-behind.ts";
 import type { ScopeUsage } from "./admission.ts";
 import type { LedgerChange } from "./ledger.ts";
 import { KEY_SCOPE, type LedgerEntry } from "./schema.ts";
+import { AlertStore } from "./store/alerts.ts";
 import { BucketStore } from "./store/buckets.ts";
 import { KeyStore } from "./store/key.ts";
 import { LeaseStore } from "./store/leases.ts";
@@ -41,6 +42,8 @@ export class AccountStore {
   readonly leases: LeaseStore;
   /** The key's request metrics. */
   readonly metrics: MetricsStore;
+  /** Its soft-budget alerts. */
+  readonly alerts: AlertStore;
   readonly #writes: WriteBehind;
   // New with every start: an answer's stamp says which run its commits belong to.
   readonly #incarnation = crypto.randomUUID();
@@ -54,6 +57,7 @@ export class AccountStore {
     this.spend = new SpendStore(storage.sql, this.#writes);
     this.leases = new LeaseStore(storage.sql, this.#writes);
     this.metrics = new MetricsStore(storage.sql, this.#writes);
+    this.alerts = new AlertStore(storage.sql, this.#writes);
   }
 
   /** Loads the record, the secrets and the open and lapsed ledger rows (at start). */
@@ -61,6 +65,7 @@ export class AccountStore {
     this.key.load();
     this.ledger.load(now);
     this.leases.load();
+    this.alerts.load();
   }
 
   /** Where this answer stands among the commits, taken as the call answers, after its last write. */
@@ -114,6 +119,7 @@ export class AccountStore {
     this.leases.prune(now);
     this.buckets.prune(now);
     this.spend.prune(now);
+    this.alerts.prune(now);
     this.key.prune(now);
   }
 

@@ -141,9 +141,7 @@ export async function mintBrowserToken(
     mdl: input.models,
     org: input.origins,
     ...(input.budgets.length > 0 && {
-      bdg: input.budgets.map(
-        (budget): [string, number] => [budget.period, budget.limitMicros],
-      ),
+      bdg: input.budgets.map((budget): [string, number] => [budget.period, budget.limitMicros]),
     }),
   };
   return { token: await sign(claims, await tokenSecret(env, memo), "HS256"), expiresAt: exp };
@@ -187,7 +185,11 @@ export async function verifyBrowserToken(
     limits: lim,
     models: mdl,
     origins: org,
-    budgets: (bdg ?? []).map(([period, limitMicros]) => ({ period, limitMicros, softMicros: null })),
+    budgets: (bdg ?? []).map(([period, limitMicros]) => ({
+      period,
+      limitMicros,
+      softMicros: null,
+    })),
     expiresAt: exp * 1_000,
     secretGeneration: gen,
   };

@@ -7,7 +7,6 @@
 import type { WriteBehind } from "../../write-behind.ts";
 import {
   type BudgetWindow,
-  HOUR_MS,
   LONGEST_PERIOD_HOURS,
   hourOf,
 } from "../../../contracts/budget-periods.ts";
@@ -43,6 +42,9 @@ export class SpendStore {
     { scope: string; window: BudgetWindow; spend: PeriodSpend }
   >();
   #lifetime: PeriodSpend | null = null;
+  // The hours whose settled spend changed since `takeSettledHours`: where soft limits may
+  // have been crossed.
+  readonly #settledHours = new Set<number>();
   readonly #rollups = new Map<string, UsageTotals>();
 
   constructor(sql: SqlStorage, writes: WriteBehind) {
@@ -69,6 +71,7 @@ export class SpendStore {
    */
   add(hour: number, delta: PeriodSpend, subject: string | null = null): void {
     if (delta.settledPicos === 0n && delta.reservedPicos === 0n) return;
+    if (delta.settledPicos !== 0n) this.#settledHours.add(hour);
     this.#addHour("key", hour, delta);
     if (subject !== null) this.#addHour(`u:${subject}`, hour, delta);
     const lifetime = plus(this.#lifetimeSpend(), delta);
@@ -84,6 +87,13 @@ export class SpendStore {
         ...picosColumns(lifetime.reservedPicos),
       ),
     );
+  }
+
+  /** The UTC hours whose settled spend changed since the last call. */
+  takeSettledHours(): number[] {
+    const hours = [...this.#settledHours];
+    this.#settledHours.clear();
+    return hours;
   }
 
   #addHour(scope: string, hour: number, delta: PeriodSpend): void {
@@ -251,9 +261,4 @@ function spendOf(row: SpendDbRow): PeriodSpend {
     settledPicos: storedPicos(row.settled_micros, row.settled_picos),
     reservedPicos: storedPicos(row.reserved_micros, row.reserved_picos),
   };
-}
-
-/** The first instant of a UTC hour. */
-export function hourStart(hour: number): number {
-  return hour * HOUR_MS;
 }

@@ -32,7 +32,12 @@ const chat = (key: string, overrides: Record<string, unknown> = {}) =>
     headers: { authorization: `Bearer ${key}` },
   });
 
-type BudgetStatusJson = { period: string; spent_usd: number; reserved_usd: number; max_usd: number };
+type BudgetStatusJson = {
+  period: string;
+  spent_usd: number;
+  reserved_usd: number;
+  max_usd: number;
+};
 
 describe("budgets at the edge", () => {
   it("never lets 40 concurrent requests take a 1h budget past its limit, and names it when refusing", async () => {
