@@ -320,6 +320,39 @@ describe("budgets", () => {
   });
 });
 
+describe("per-model limits", () => {
+  const limited: KeyPolicy = { ...key, modelLimits: { m: { rpm: 2, tpm: null } } };
+
+  it("takes a request from its model's bucket, and refuses one the model has no room for", () => {
+    const first = decideAdmission(input({ key: limited }));
+    expect(first.decision.ok).toBe(true);
+    expect(first.state.models["m"]?.requests?.level).toBe(1);
+    expect(first.state.models["m"]?.tokens).toBeNull();
+    const spent = { requests: { level: 0, updatedAt: 0 }, tokens: null };
+    const { decision, state } = decideAdmission(
+      input({ key: limited, usage: { key: idle, endUser: null, models: { m: spent } } }),
+    );
+    expect(decision).toMatchObject({
+      ok: false,
+      code: "rate_limit_exceeded",
+      scope: "model",
+      model: "m",
+      limit: "requests",
+      limitValue: 2,
+      retryAfterMs: 30_000,
+    });
+    // Nothing is taken from the key when the model refuses.
+    expect(state.key.requests.level).toBe(10);
+  });
+
+  it("leaves other models to the key's limits alone", () => {
+    const other = { ...single(), candidates: [{ model: "n", maxTokens: 90, worstCasePicos: 0n }] };
+    const { decision, state } = decideAdmission(input({ key: limited, request: other }));
+    expect(decision.ok).toBe(true);
+    expect(state.models).toEqual({});
+  });
+});
+
 describe("billingCap", () => {
   it("allows the reservation plus the tightest budget's room, and no cap without budgets", () => {
     // Day: 1000 − 300 settled − 200 reserved (this request's 100 among them) = 500 left.
