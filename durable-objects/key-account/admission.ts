@@ -238,8 +238,8 @@ export function decideAdmission(input: AdmissionInput): AdmissionOutcome {
   for (const candidate of allowed) {
     const limits = key.modelLimits[candidate.model];
     if (limits === undefined || candidate.model in models) continue;
-    const usage = input.usage.models?.[candidate.model];
-    const checked = checkModel(candidate.model, limits, usage, tokens, now);
+    const stored = usage.models?.[candidate.model];
+    const checked = checkModel(candidate.model, limits, stored, tokens, now);
     models[candidate.model] = checked.buckets;
     for (const refusal of checked.refusals) {
       if (worst === null || refusal.retryAfterMs > worst.retryAfterMs) {

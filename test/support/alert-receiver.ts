@@ -4,7 +4,7 @@
  * 204 and keeps the delivery; `GET /hooks/<name>` answers what arrived: every attempt's
  * count and each accepted delivery's body and signature header.
  */
-import { type Server, createServer } from "node:http";
+import { type IncomingHttpHeaders, type Server, createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 
 /** What the receiver holds for one hook name. */
@@ -18,9 +18,9 @@ export async function startAlertReceiver(): Promise<{ server: Server; url: strin
   const hooks = new Map<string, HookRecord>();
   const server = createServer((req, res) => {
     const url = new URL(req.url ?? "/", "http://receiver");
-    const name = url.pathname.replace(/^\/hooks\//, "");
-    const record = hooks.get(name) ?? { attempts: 0, deliveries: [] };
-    hooks.set(name, record);
+    const hookName = url.pathname.replace(/^\/hooks\//, "");
+    const record = hooks.get(hookName) ?? { attempts: 0, deliveries: [] };
+    hooks.set(hookName, record);
     if (req.method === "GET") {
       res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(record));
       return;
@@ -33,14 +33,10 @@ export async function startAlertReceiver(): Promise<{ server: Server; url: strin
         res.writeHead(500).end();
         return;
       }
-      const header = (name: string) => {
-        const value = req.headers[name];
-        return typeof value === "string" ? value : null;
-      };
       record.deliveries.push({
         body: Buffer.concat(chunks).toString("utf8"),
-        signature: header("x-warmgate-signature"),
-        alertId: header("x-warmgate-alert-id"),
+        signature: headerOf(req.headers, "x-warmgate-signature"),
+        alertId: headerOf(req.headers, "x-warmgate-alert-id"),
       });
       res.writeHead(204).end();
     });
@@ -48,4 +44,9 @@ export async function startAlertReceiver(): Promise<{ server: Server; url: strin
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   const { port } = server.address() as AddressInfo;
   return { server, url: `http://127.0.0.1:${port}` };
+}
+
+function headerOf(headers: IncomingHttpHeaders, name: string): string | null {
+  const value = headers[name];
+  return typeof value === "string" ? value : null;
 }

@@ -1,9 +1,8 @@
 /**
- * The rate-limit buckets (table `buckets`): the key's, and each end user's from first use,
+ * The rate-limit buckets (table `buckets`): the key's, each end user's and each limited model's from first use,
  * loaded on first use and written behind (docs/key-account.md, "Storage").
  */
 import type { WriteBehind } from "../../write-behind.ts";
-import type { ScopeBuckets } from "../admission.ts";
 import { KEY_SCOPE } from "../schema.ts";
 import { type BucketState, adjust, fullBucket } from "../token-bucket.ts";
 

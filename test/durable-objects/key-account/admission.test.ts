@@ -220,7 +220,7 @@ const period = (name: string, limitMicros: number) => ({
   softMicros: null,
 });
 const day = (limitMicros: number): Partial<Budgets> => ({ periods: [period("1d", limitMicros)] });
-const keyBudgets = (key: BudgetLine[]) => ({ key, endUser: [] });
+const keyBudgets = (forKey: BudgetLine[]) => ({ key: forKey, endUser: [] });
 
 describe("budgets", () => {
   it("admits a request whose worst case fits exactly, and reserves it", () => {
@@ -328,9 +328,9 @@ describe("per-model limits", () => {
     expect(first.decision.ok).toBe(true);
     expect(first.state.models["m"]?.requests?.level).toBe(1);
     expect(first.state.models["m"]?.tokens).toBeNull();
-    const spent = { requests: { level: 0, updatedAt: 0 }, tokens: null };
+    const empty = { requests: { level: 0, updatedAt: 0 }, tokens: null };
     const { decision, state } = decideAdmission(
-      input({ key: limited, usage: { key: idle, endUser: null, models: { m: spent } } }),
+      input({ key: limited, usage: { key: idle, endUser: null, models: { m: empty } } }),
     );
     expect(decision).toMatchObject({
       ok: false,

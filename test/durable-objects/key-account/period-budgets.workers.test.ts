@@ -103,15 +103,7 @@ describe("KeyAccount budgets over any period", () => {
   });
 
   it("holds each end user of browser tokens to their own budget, exactly under 40 concurrent requests", async () => {
-    const { stub, admitPriced } = await budgetedKey({});
-    const browser = (subject: string) => ({
-      kind: "browser" as const,
-      secretGeneration: 1,
-      subject,
-      limits: { rpm: 1_000, tpm: 10_000_000, concurrency: 100 },
-      models: null,
-      budgets: [{ period: "1d", limitMicros: 2_000, softMicros: null }],
-    });
+    const { admitPriced } = await budgetedKey({});
     const now = Date.now();
     const results = await Promise.all(
       Array.from({ length: 40 }, (_, i) =>
@@ -129,6 +121,18 @@ describe("KeyAccount budgets over any period", () => {
     expect((await admitPriced("key", { now })).ok).toBe(true);
   });
 });
+
+// A browser token's credential for one end user, with a day budget of 2,000 µ$.
+function browser(subject: string) {
+  return {
+    kind: "browser" as const,
+    secretGeneration: 1,
+    subject,
+    limits: { rpm: 1_000, tpm: 10_000_000, concurrency: 100 },
+    models: null,
+    budgets: [{ period: "1d", limitMicros: 2_000, softMicros: null }],
+  };
+}
 
 const FREE = { inputMicrosPerMtok: 0, cachedInputMicrosPerMtok: 0, outputMicrosPerMtok: 0 };
 
