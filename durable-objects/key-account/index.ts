@@ -7,10 +7,8 @@
 import { LEDGER_RETENTION_MS } from "./types.ts";
 import { DurableObject } from "cloudflare:workers";
 import { applyMigrations } from "../migrations.ts";
-import { MAX_OUTCOME_IDS } from "../../contracts/protocol/schema.ts";
 import { clampLease, decide } from "./admit.ts";
-import { lookupOutcomes, reconcile } from "../../contracts/outcomes.ts";
-import { outcomeSources } from "./reconcile.ts";
+import { reconcileLapsed } from "./lapsed.ts";
 import { KEY_ACCOUNT_MIGRATIONS } from "./schema.ts";
 import { budgetStatusOf, checkKey, recordOf, requestsOf, usageOf } from "./reads.ts";
 import {
@@ -183,6 +181,11 @@ export class KeyAccount extends DurableObject<Env> {
     releaseBatch(this.#store, this.ctx.storage.sql, batchId);
   }
 
+  /** How many lapsed requests, and ended leases, the account still asks the origins about. */
+  reconciling(): { requests: number; leases: number } {
+    return this.#store.ledger.lapsedCount();
+  }
+
   /** The key's request metrics, for the edge's `/metrics` and dashboard (docs/metrics.md). */
   metrics(): KeyMetrics {
     return this.#store.metrics.report(this.#store.key.record);
@@ -236,7 +239,9 @@ export class KeyAccount extends DurableObject<Env> {
     const now = Date.now();
     expireDue(this.#store, now);
     endDueLeases(this.#store, now);
-    await this.#reconcileLapsed(now);
+    // A request whose lease lapsed unsettled lost its edge (a restart), as did an ended
+    // lease's unreported ones: their origins may still know how they ended.
+    await reconcileLapsed(this.#store, this.env.WARMGATE_CONFIG, this.env, now);
     raiseAlerts(this.#store, now, () => this.#alertSettings());
     await deliverAlerts(this.#store, now, this.#alertSettings(), this.env.ALERT_SIGNING_SECRET);
     this.#store.prune(now);
@@ -254,27 +259,6 @@ export class KeyAccount extends DurableObject<Env> {
     } catch (error) {
       if (error instanceof ConfigError) return AlertsSchema.parse({});
       throw error;
-    }
-  }
-
-  // A request whose lease lapsed unsettled lost its edge (a restart): its origin may still
-  // know how it ended. Found ones are settled late, as any expired row can be, once.
-  async #reconcileLapsed(now: number): Promise<void> {
-    const ids = this.#store.ledger.lapsedToAsk(now, MAX_OUTCOME_IDS);
-    if (ids.length === 0) return;
-    const sources = outcomeSources(this.env.WARMGATE_CONFIG);
-    const { items, complete } = await lookupOutcomes(sources, ids, this.env);
-    for (const [requestId, found] of reconcile(ids, items)) {
-      if (found.kind === "running" || (found.kind === "unknown" && !complete)) continue;
-      this.#store.ledger.resolve(requestId);
-      if (found.kind === "unknown") continue;
-      // The edge never confirmed delivery: an answer the origin finished counts as cut.
-      const outcome = found.outcome === "ok" ? "cancelled" : found.outcome;
-      settle(
-        this.#store,
-        { requestId, outcome, usage: found.usage, originBegan: true },
-        Date.now(),
-      );
     }
   }
 
