@@ -14,9 +14,9 @@ import type {
   BucketSnapshot,
   KeyStatus,
   Limits,
-  ModelLimits,
   RateLimitInfo,
 } from "./types.ts";
+import type { ModelLimits } from "./budget-types.ts";
 import { maxPicos } from "../../contracts/pricing.ts";
 
 /** A model that may serve the request, with what it would cost at most. */

@@ -7,7 +7,8 @@
  */
 import { type BudgetWindow, HOUR_MS, periodWindow } from "../../contracts/budget-periods.ts";
 import { maxPicos, microsToPicos } from "../../contracts/pricing.ts";
-import type { AdmissionRefusal, BudgetName, Budgets } from "./types.ts";
+import type { AdmissionRefusal } from "./types.ts";
+import type { BudgetName, Budgets } from "./budget-types.ts";
 
 /** Spend in one period, in pico-dollars: costs of settled requests and reservations of open ones. */
 export interface PeriodSpend {

@@ -29,7 +29,6 @@ import { ConfigError, loadConfig } from "../../contracts/config/gateway.ts";
 import {
   type AdmitAnswer,
   type AdmitInput,
-  type BudgetStatus,
   type CheckCredential,
   type KeyCheckResult,
   type KeyCreateInput,
@@ -39,6 +38,7 @@ import {
   type SettleManyResult,
   type SettleResult,
 } from "./types.ts";
+import { type BudgetStatus } from "./budget-types.ts";
 import {
   type RecordResult,
   type LedgerRecord,

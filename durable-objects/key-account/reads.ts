@@ -10,12 +10,8 @@ import { HOUR_MS } from "../../contracts/budget-periods.ts";
 import { resetsAt } from "./budgets.ts";
 import { KEY_SCOPE, ledgerRecordOf } from "./schema.ts";
 import type { AccountStore } from "./store.ts";
-import {
-  type BudgetStatus,
-  type CheckCredential,
-  type KeyCheckResult,
-  NO_BUDGETS,
-} from "./types.ts";
+import { type CheckCredential, type KeyCheckResult } from "./types.ts";
+import { type BudgetStatus, NO_BUDGETS } from "./budget-types.ts";
 import type {
   LedgerRecord,
   RecordResult,

@@ -3,8 +3,9 @@
  * rows as SQLite returns them, and the mappers between rows and what memory holds.
  */
 import { FREE, type ModelPrice, PICOS_PER_MICRO } from "../../contracts/pricing.ts";
-import { KEY_TIERS, type KeyRecord, type ModelLimits, type RequestAttempt } from "./types.ts";
-import type { PeriodBudget } from "./types.ts";
+import { KEY_TIERS, type KeyRecord, type RequestAttempt } from "./types.ts";
+import { type ModelLimits } from "./budget-types.ts";
+import type { PeriodBudget } from "./budget-types.ts";
 import type { MetadataValue } from "../../contracts/tags.ts";
 import { type LedgerRecord, type UsageRow } from "./usage-types.ts";
 
@@ -99,34 +100,23 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
   `CREATE TABLE batch_holds (
      batch_id TEXT PRIMARY KEY, day TEXT NOT NULL, reserved_picos TEXT NOT NULL,
      applied_seq INTEGER NOT NULL, created_at INTEGER NOT NULL);`,
-  // Budgets over any period: a list on the key (each with an optional soft limit) instead of
-  // a day and a month; spend per scope and UTC hour, so every window sums exactly. What was
-  // spent or reserved before counts in the first hour of its UTC day (exact for every
-  // period of whole days), and the rows holding reservations name that hour.
+  // Budgets over any period (a list on the key) and spend per scope and UTC hour; what was
+  // spent or reserved before counts in its day's first hour, as do the rows holding it.
   `ALTER TABLE key_record ADD COLUMN budgets TEXT NOT NULL DEFAULT '[]';
    UPDATE key_record SET budgets = json_array(
-       json_object('period', '1d', 'limitMicros', budget_day_micros, 'softMicros', NULL),
-       json_object('period', 'month', 'limitMicros', budget_month_micros, 'softMicros', NULL))
-     WHERE budget_day_micros IS NOT NULL AND budget_month_micros IS NOT NULL;
-   UPDATE key_record SET budgets = json_array(
-       json_object('period', '1d', 'limitMicros', budget_day_micros, 'softMicros', NULL))
-     WHERE budget_day_micros IS NOT NULL AND budget_month_micros IS NULL;
-   UPDATE key_record SET budgets = json_array(
-       json_object('period', 'month', 'limitMicros', budget_month_micros, 'softMicros', NULL))
-     WHERE budget_day_micros IS NULL AND budget_month_micros IS NOT NULL;
+     json_object('period', '1d', 'limitMicros', budget_day_micros, 'softMicros', NULL),
+     json_object('period', 'month', 'limitMicros', budget_month_micros, 'softMicros', NULL));
+   UPDATE key_record SET budgets = json_remove(budgets, '$[1]') WHERE budget_month_micros IS NULL;
+   UPDATE key_record SET budgets = json_remove(budgets, '$[0]') WHERE budget_day_micros IS NULL;
    ALTER TABLE key_record DROP COLUMN budget_day_micros;
    ALTER TABLE key_record DROP COLUMN budget_month_micros;
    ALTER TABLE key_record ADD COLUMN model_limits TEXT NOT NULL DEFAULT '{}';
    ALTER TABLE key_record ADD COLUMN alert_webhook_url TEXT;
-   CREATE TABLE spend_hours (
-     scope TEXT NOT NULL, hour INTEGER NOT NULL, settled_micros INTEGER NOT NULL,
-     settled_picos INTEGER NOT NULL, reserved_micros INTEGER NOT NULL,
-     reserved_picos INTEGER NOT NULL, PRIMARY KEY (scope, hour));
-   INSERT INTO spend_hours (scope, hour, settled_micros, settled_picos, reserved_micros,
-       reserved_picos)
-     SELECT 'key', CAST(strftime('%s', substr(period, 3)) AS INTEGER) / 3600, settled_micros,
-       settled_picos, reserved_micros, reserved_picos
-     FROM spend WHERE period LIKE 'd:%';
+   CREATE TABLE spend_hours (scope TEXT NOT NULL, hour INTEGER NOT NULL,
+     settled_micros INTEGER NOT NULL, settled_picos INTEGER NOT NULL,
+     reserved_micros INTEGER NOT NULL, reserved_picos INTEGER NOT NULL, PRIMARY KEY (scope, hour));
+   INSERT INTO spend_hours SELECT 'key', CAST(strftime('%s', substr(period, 3)) AS INTEGER) / 3600,
+     settled_micros, settled_picos, reserved_micros, reserved_picos FROM spend WHERE period LIKE 'd:%';
    DELETE FROM spend WHERE period <> 'all';
    ALTER TABLE ledger ADD COLUMN hour INTEGER NOT NULL DEFAULT 0;
    UPDATE ledger SET hour = CAST(strftime('%s', day) AS INTEGER) / 3600;

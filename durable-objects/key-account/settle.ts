@@ -11,7 +11,8 @@ import { leasedRow } from "./leases/rows.ts";
 import type { LedgerEntry } from "./schema.ts";
 import { settledSample } from "./metrics.ts";
 import type { AccountStore } from "./store.ts";
-import { NO_BUDGETS, type SettleInput, type SettleResult } from "./types.ts";
+import { type SettleInput, type SettleResult } from "./types.ts";
+import { NO_BUDGETS } from "./budget-types.ts";
 
 /** Settles one request, exactly once (repeats answer why nothing changed). */
 export function settle(store: AccountStore, input: SettleInput, now: number): SettleResult {

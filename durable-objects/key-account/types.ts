@@ -5,6 +5,7 @@
 import type { MetadataValue } from "../../contracts/tags.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 import type { ModelPrice } from "../../contracts/pricing.ts";
+import type { BudgetName, Budgets, ModelLimits, PeriodBudget } from "./budget-types.ts";
 
 /** Priority tiers, lowest first; the batcher maps them to lanes. */
 export const KEY_TIERS = ["low", "standard", "high"] as const;
@@ -25,41 +26,6 @@ export interface Limits {
   concurrency: number;
 }
 
-/**
- * A budget over a recurring period (`contracts/budget-periods.ts`: `1h`, `7d`, `month`…) in
- * whole micro-dollars; `softMicros` (below the limit, or null) alerts and never refuses.
- */
-export interface PeriodBudget {
-  period: string;
-  limitMicros: number;
-  softMicros: number | null;
-}
-
-/** Spending limits in micro-dollars: any number of periods, and a lifetime credit (null: none). */
-export interface Budgets {
-  periods: PeriodBudget[];
-  creditMicros: number | null;
-}
-
-/** A key's own requests-per-minute and tokens-per-minute limits for one model. */
-export interface ModelLimits {
-  rpm: number | null;
-  tpm: number | null;
-}
-
-/** One budget as it stands now: its window, its spend, when it resets (amounts in pico-dollars). */
-export interface BudgetStatus {
-  /** The period, or `credit`. */
-  budget: BudgetName;
-  limitPicos: bigint;
-  softPicos: bigint | null;
-  spentPicos: bigint;
-  reservedPicos: bigint;
-  /** The window's first instant and its end (epoch ms); null for the credit. */
-  startsAt: number | null;
-  resetsAt: number | null;
-}
-
 /** Values for OpenAI's `x-ratelimit-*-requests` and `x-ratelimit-*-tokens` headers. */
 export interface RateLimitInfo {
   requests: BucketSnapshot;
@@ -68,9 +34,6 @@ export interface RateLimitInfo {
 
 /** Which limit refused a request. */
 export type LimitName = "requests" | "tokens" | "concurrency";
-
-/** Which budget refused a request: its period, or `credit` (the lifetime credit). */
-export type BudgetName = string;
 
 /** Why a key or a browser token is not accepted. */
 export type InvalidKeyReason = "unknown" | "bad_secret" | "revoked" | "expired" | "rotated";
@@ -430,9 +393,6 @@ export const ACCOUNT_WRITE_DELAY_MS = 50;
  * tag and spend-log reads reach this far back).
  */
 export const LEDGER_RETENTION_MS = 35 * 86_400_000;
-
-/** No spending limit at all. */
-export const NO_BUDGETS: Budgets = { periods: [], creditMicros: null };
 
 /** Upper bounds of the request-duration buckets of a key's metrics, seconds. */
 export const DURATION_BOUNDS_S = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];

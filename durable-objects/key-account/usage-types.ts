@@ -2,13 +2,8 @@
  * The contract of the account's reads (docs/key-account.md): usage totals and rows, one
  * request's ledger record and the spend log's query.
  */
-import type {
-  BudgetStatus,
-  CheckCredential,
-  CredentialRefusal,
-  RequestAttempt,
-  SettleOutcome,
-} from "./types.ts";
+import type { CheckCredential, CredentialRefusal, RequestAttempt, SettleOutcome } from "./types.ts";
+import type { BudgetStatus } from "./budget-types.ts";
 
 /** Totals of one UTC day and model (or of a whole range when `day` and `model` are null). */
 export interface UsageTotals {

@@ -8,7 +8,8 @@
  * tokens and answer preflights are routes/tokens.ts.
  */
 import { sign, verify } from "hono/jwt";
-import type { Limits, PeriodBudget } from "../../durable-objects/key-account/types.ts";
+import type { Limits } from "../../durable-objects/key-account/types.ts";
+import type { PeriodBudget } from "../../durable-objects/key-account/budget-types.ts";
 import { isBudgetPeriod } from "../../contracts/budget-periods.ts";
 import { z } from "zod";
 import { DIRECTORY_NAME } from "../../durable-objects/key-directory/types.ts";

@@ -6,7 +6,8 @@ import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { expect } from "vitest";
 import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
-import type { AdmitInput, Budgets, Limits } from "../../durable-objects/key-account/types.ts";
+import type { AdmitInput, Limits } from "../../durable-objects/key-account/types.ts";
+import type { Budgets } from "../../durable-objects/key-account/budget-types.ts";
 import { mintApiKey, newKeyId } from "../../functions/accounts/keys.ts";
 
 /** Limits no test meets unless it lowers one. */

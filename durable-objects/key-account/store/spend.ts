@@ -13,7 +13,7 @@ import {
 import { type BudgetLine, type PeriodSpend, budgetLines } from "../budgets.ts";
 import type { UsageDelta } from "../ledger.ts";
 import { type UsageDbRow, picosColumns, storedPicos, usageRowOf } from "../schema.ts";
-import type { Budgets } from "../types.ts";
+import type { Budgets } from "../budget-types.ts";
 import type { UsageRow, UsageTotals } from "../usage-types.ts";
 
 // Spend hours this far back are no longer needed for any budget (the longest period, and

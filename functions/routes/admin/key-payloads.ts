@@ -8,13 +8,15 @@ import { z } from "zod";
 import { MAX_KEY_TAGS, TAG_PATTERN } from "../../../contracts/tags.ts";
 import {
   KEY_TIERS,
-  type BudgetStatus,
-  type Budgets,
   type KeyRecord,
   type Limits,
+} from "../../../durable-objects/key-account/types.ts";
+import {
+  type BudgetStatus,
+  type Budgets,
   type ModelLimits,
   type PeriodBudget,
-} from "../../../durable-objects/key-account/types.ts";
+} from "../../../durable-objects/key-account/budget-types.ts";
 import { isBudgetPeriod } from "../../../contracts/budget-periods.ts";
 import { microsToUsd, picosToUsd, usdToMicros } from "../../../contracts/pricing.ts";
 

@@ -8,7 +8,6 @@
 
 import type { AppEnv } from "../../app-env.ts";
 import { Hono } from "hono";
-import { NO_BUDGETS } from "../../../durable-objects/key-account/types.ts";
 import { ApiError, notFound } from "../../../contracts/errors.ts";
 import { readJsonBody } from "../../request/json-body.ts";
 import { checkKeyModels } from "../../accounts/key-models.ts";
@@ -47,7 +46,7 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
       name: body.name,
       secretHash,
       limits: { ...DEFAULT_KEY_LIMITS, ...rateLimitsOf(body.limits ?? {}) },
-      budgets: { ...NO_BUDGETS, ...budgetsOf(body.limits, body.budgets) },
+      budgets: { periods: [], creditMicros: null, ...budgetsOf(body.limits, body.budgets) },
       modelLimits: modelLimitsOf(body.model_limits ?? {}),
       alertWebhookUrl: body.alert_webhook_url ?? null,
       allowedOrigins: body.allowed_origins ?? [],

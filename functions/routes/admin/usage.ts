@@ -17,7 +17,7 @@ import { keyAccount, keyDirectory } from "../../accounts/account-client.ts";
 import { adminAuth } from "../../middleware/admin-auth.ts";
 import { noSuchKey } from "./keys.ts";
 import { budgetStatusJson } from "./key-payloads.ts";
-import type { BudgetStatus } from "../../../durable-objects/key-account/types.ts";
+import type { BudgetStatus } from "../../../durable-objects/key-account/budget-types.ts";
 import {
   type UsageRange,
   onlyParams,

@@ -7,7 +7,7 @@ import {
   type KeyPolicy,
   type ScopeUsage,
 } from "../../../durable-objects/key-account/admission.ts";
-import { type Budgets, NO_BUDGETS } from "../../../durable-objects/key-account/types.ts";
+import { type Budgets, NO_BUDGETS } from "../../../durable-objects/key-account/budget-types.ts";
 import {
   CONCURRENCY_RETRY_MS,
   type BudgetLine,

@@ -1,7 +1,7 @@
 import { evictDurableObject, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import type { Budgets } from "../../../durable-objects/key-account/types.ts";
+import type { Budgets } from "../../../durable-objects/key-account/budget-types.ts";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
 import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
 
