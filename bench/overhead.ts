@@ -22,7 +22,7 @@ import {
   writeResult,
   type Workload,
 } from "./lib.ts";
-import { BENCH_KEY_LIMITS } from "./key-limits.ts";
+import { BENCH_KEY_BUDGETS, BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { cpuTimeMs, workerdPid, workerdRss } from "./processes.ts";
 import { type RunningPortkey, PORTKEY_VERSION, startPortkey } from "./portkey.ts";
 import {
@@ -157,6 +157,7 @@ if (portkeyMissing !== null) {
 const apiKey = await createKey(stack.edgeUrl, stack.adminToken, {
   name: "bench-overhead",
   limits: BENCH_KEY_LIMITS,
+  budgets: BENCH_KEY_BUDGETS,
 });
 
 // The many keys' path: each request the next key's, in turn.

@@ -5,8 +5,6 @@ import { $, text } from "./format.js";
 
 /** Limits a new key gets in the form, as the admin API's own defaults (docs/api.md). */
 const NEW_KEY = { rpm: 600, tpm: 1000000, concurrency: 64 };
-const BUDGETS = ["budget_usd_day", "budget_usd_month", "credit_usd"];
-const FIELDS = { budget_usd_day: "kf-day", budget_usd_month: "kf-month", credit_usd: "kf-credit" };
 
 let editing = null;
 let saved = () => {};
@@ -32,6 +30,25 @@ function list(id) {
     .filter((m) => m !== "");
 }
 
+// Budgets, one a line: `period max_usd [soft_usd]` (`1d 5`, `7d 20 15`); the API checks them.
+function budgetList() {
+  return $("kf-budgets")
+    .value.split("\n")
+    .map((line) => line.trim().split(/\s+/))
+    .filter((parts) => parts[0] !== "")
+    .map(([period, max, soft]) => ({
+      period,
+      max_usd: Number(max),
+      soft_usd: soft === undefined ? null : Number(soft),
+    }));
+}
+
+function budgetLines(budgets) {
+  return (budgets ?? [])
+    .map((b) => [b.period, b.max_usd, ...(b.soft_usd === null ? [] : [b.soft_usd])].join(" "))
+    .join("\n");
+}
+
 function payload() {
   const models = list("kf-models");
   const expires = $("kf-expires").value;
@@ -42,8 +59,9 @@ function payload() {
       rpm: number("kf-rpm"),
       tpm: number("kf-tpm"),
       concurrency: number("kf-concurrency"),
-      ...Object.fromEntries(BUDGETS.map((b) => [b, number(FIELDS[b])])),
+      credit_usd: number("kf-credit"),
     },
+    budgets: budgetList(),
     tags: list("kf-tags"),
     models: models.length === 0 ? null : models,
     allowed_origins: $("kf-origins")
@@ -67,7 +85,8 @@ export function openKeyForm(key, onSaved) {
   $("kf-rpm").value = String(limits.rpm);
   $("kf-tpm").value = String(limits.tpm);
   $("kf-concurrency").value = String(limits.concurrency);
-  for (const b of BUDGETS) $(FIELDS[b]).value = limits[b] == null ? "" : String(limits[b]);
+  $("kf-budgets").value = budgetLines(key?.budgets);
+  $("kf-credit").value = limits.credit_usd == null ? "" : String(limits.credit_usd);
   $("kf-tags").value = (key?.tags ?? []).join(", ");
   $("kf-models").value = (key?.models ?? []).join(", ");
   $("kf-origins").value = (key?.allowed_origins ?? []).join("\n");

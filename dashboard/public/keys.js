@@ -15,11 +15,10 @@ function keyPath(key, action = "") {
   return `/admin/keys/${encodeURIComponent(key.id)}${action}`;
 }
 
-function budgets(limits) {
+function budgets(key) {
   const parts = [
-    ["day", limits.budget_usd_day],
-    ["month", limits.budget_usd_month],
-    ["credit", limits.credit_usd],
+    ...(key.budgets ?? []).map((b) => [b.period, b.max_usd]),
+    ["credit", key.limits.credit_usd],
   ].filter(([, amount]) => amount !== null && amount !== undefined);
   return parts.length === 0 ? "none" : parts.map(([n, a]) => `${n} ${usd(a)}`).join(" · ");
 }
@@ -108,7 +107,7 @@ function draw() {
       [String(k.limits.rpm)],
       [String(k.limits.tpm)],
       [String(k.limits.concurrency)],
-      [budgets(k.limits)],
+      [budgets(k)],
       [when(k.previous_key_expires_at)],
       actions(k),
     ]),

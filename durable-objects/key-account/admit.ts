@@ -6,11 +6,12 @@
 import { refusedSample } from "./metrics.ts";
 import { decideAdmission, rateLimitNow, type CandidateModel } from "./admission.ts";
 import { hasBudgets } from "./budgets.ts";
+import { hourOf } from "../../contracts/budget-periods.ts";
 import { checkCredential } from "./credential.ts";
 import { FREE, utcDay, worstCasePicos } from "../../contracts/pricing.ts";
 import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, rowTags, storedCandidate } from "./schema.ts";
 import { expireDue } from "./settle.ts";
-import { type AccountStore, userScope } from "./store.ts";
+import { type AccountStore, modelScope, userScope } from "./store.ts";
 import { RESERVATION_LEASE_MS, type AdmitInput, type AdmitResult } from "./types.ts";
 
 /** A requested lease, bounded to 1 s – 1 h (default {@link RESERVATION_LEASE_MS}). */
@@ -68,6 +69,8 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     worstCasePicos: worstCasePicos(candidate.price, input.promptTokens, candidate.maxTokens),
   }));
   const day = utcDay(now);
+  const hour = hourOf(now);
+  const userBudgets = credential.kind === "browser" ? (credential.budgets ?? []) : [];
   const outcome = decideAdmission({
     key: {
       status: record.status,
@@ -75,14 +78,30 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
       models: record.models,
       allowedOrigins: record.allowedOrigins,
       limits: record.limits,
-      budgets: record.budgets,
+      modelLimits: record.modelLimits,
     },
     endUser,
     usage: {
       key: store.scopeUsage(KEY_SCOPE, null),
       endUser: subject === null ? null : store.scopeUsage(userScope(subject), subject),
+      models: Object.fromEntries(
+        Object.keys(record.modelLimits).map((model) => [
+          model,
+          store.buckets.of(modelScope(model)),
+        ]),
+      ),
     },
-    spend: store.spend.of(day),
+    budgets: {
+      key: store.spend.lines(record.budgets, now, KEY_SCOPE),
+      endUser:
+        subject === null
+          ? []
+          : store.spend.lines(
+              { periods: userBudgets, creditMicros: null },
+              now,
+              userScope(subject),
+            ),
+    },
     request: {
       candidates,
       promptTokens: input.promptTokens,
@@ -104,11 +123,15 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
   if (subject !== null && state.endUser !== null) {
     store.buckets.put(userScope(subject), state.endUser);
   }
+  for (const [model, buckets] of Object.entries(state.models)) {
+    store.buckets.put(modelScope(model), buckets);
+  }
   store.ledger.open({
     requestId: input.requestId,
     state: "open",
     model: decision.models[0] ?? input.model,
     day,
+    hour,
     subject,
     subjectTpm: endUser?.limits.tpm ?? null,
     endUser: input.endUser ?? null,
@@ -120,7 +143,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     expiresAt: leaseExpiresAt,
     ...NOT_CLOSED,
   });
-  store.spend.add(day, { reservedPicos: decision.reservedPicos, settledPicos: 0n });
+  store.spend.add(hour, { reservedPicos: decision.reservedPicos, settledPicos: 0n }, subject);
   return {
     ...decision,
     requestId: input.requestId,

@@ -5,10 +5,10 @@
  * (charges are numbered; a repeated number changes nothing), and the rest is given back
  * when the batch ends. Each line billed becomes a settled ledger row of its own.
  */
-import { utcDay } from "../../contracts/pricing.ts";
-import type { TokenUsage } from "../../contracts/pricing.ts";
+import { type TokenUsage, utcDay } from "../../contracts/pricing.ts";
+import { hourOf } from "../../contracts/budget-periods.ts";
 import { budgetRefusal } from "./budgets.ts";
-import { type LedgerEntry, rowTags } from "./schema.ts";
+import { KEY_SCOPE, type LedgerEntry, rowTags } from "./schema.ts";
 import type { AccountStore } from "./store.ts";
 import type { AdmissionRefusal } from "./types.ts";
 
@@ -61,6 +61,7 @@ function lineRow(
     state: "settled",
     model: charge.model,
     day: utcDay(now),
+    hour: hourOf(now),
     subject: null,
     subjectTpm: null,
     endUser: null,
@@ -89,12 +90,12 @@ export function batchTag(batchId: string): string {
   return `batch:${batchId}`;
 }
 
-type HoldRow = { day: string; reserved_picos: string; applied_seq: number };
+type HoldRow = { hour: number; reserved_picos: string; applied_seq: number };
 
 function holdOf(sql: SqlStorage, batchId: string): HoldRow | undefined {
   return sql
     .exec<HoldRow>(
-      "SELECT day, reserved_picos, applied_seq FROM batch_holds WHERE batch_id = ?",
+      "SELECT hour, reserved_picos, applied_seq FROM batch_holds WHERE batch_id = ?",
       batchId,
     )
     .toArray()[0];
@@ -112,14 +113,16 @@ export function holdBatch(
   if (record === null || record.status !== "active") {
     return { ok: false, refusal: { code: "invalid_api_key" } };
   }
-  const day = utcDay(now);
-  const refusal = budgetRefusal(record.budgets, store.spend.of(day), input.picos, now);
-  if (refusal !== null) return { ok: false, refusal };
-  store.spend.add(day, { settledPicos: 0n, reservedPicos: input.picos });
+  const hour = hourOf(now);
+  const lines = store.spend.lines(record.budgets, now, KEY_SCOPE);
+  const refusal = budgetRefusal(lines, input.picos, now);
+  if (refusal !== null) return { ok: false, refusal: { ...refusal, scope: "key" } };
+  store.spend.add(hour, { settledPicos: 0n, reservedPicos: input.picos });
   sql.exec(
-    "INSERT INTO batch_holds (batch_id, day, reserved_picos, applied_seq, created_at) VALUES (?, ?, ?, 0, ?)",
+    "INSERT INTO batch_holds (batch_id, day, hour, reserved_picos, applied_seq, created_at) VALUES (?, ?, ?, ?, 0, ?)",
     input.batchId,
-    day,
+    utcDay(now),
+    hour,
     input.picos.toString(),
     now,
   );
@@ -151,8 +154,8 @@ export function chargeBatch(
   }
   release = release < reserved ? release : reserved;
   const today = utcDay(now);
-  store.spend.add(hold.day, { settledPicos: 0n, reservedPicos: -release });
-  store.spend.add(today, { settledPicos: cost, reservedPicos: 0n });
+  store.spend.add(hold.hour, { settledPicos: 0n, reservedPicos: -release });
+  store.spend.add(hourOf(now), { settledPicos: cost, reservedPicos: 0n });
   store.spend.addUsage(today, {
     model: charge.model,
     requests: charge.lines.length,
@@ -173,7 +176,7 @@ export function chargeBatch(
 export function releaseBatch(store: AccountStore, sql: SqlStorage, batchId: string): void {
   const hold = holdOf(sql, batchId);
   if (hold === undefined || hold.reserved_picos === "0") return;
-  store.spend.add(hold.day, { settledPicos: 0n, reservedPicos: -BigInt(hold.reserved_picos) });
+  store.spend.add(hold.hour, { settledPicos: 0n, reservedPicos: -BigInt(hold.reserved_picos) });
   sql.exec("UPDATE batch_holds SET reserved_picos = '0' WHERE batch_id = ?", batchId);
   store.flush();
 }

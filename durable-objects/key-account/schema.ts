@@ -4,6 +4,8 @@
  */
 import { FREE, type ModelPrice, PICOS_PER_MICRO } from "../../contracts/pricing.ts";
 import { KEY_TIERS, type KeyRecord, type RequestAttempt } from "./types.ts";
+import { type ModelLimits } from "./budget-types.ts";
+import type { PeriodBudget } from "./budget-types.ts";
 import type { MetadataValue } from "../../contracts/tags.ts";
 import { type LedgerRecord, type UsageRow } from "./usage-types.ts";
 
@@ -100,6 +102,34 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
      applied_seq INTEGER NOT NULL, created_at INTEGER NOT NULL);`,
   // End users' leases: whose requests a lease admits (JSON; null: the key's own).
   `ALTER TABLE leases ADD COLUMN scope TEXT;`,
+  // Budgets over any period (a list on the key) and spend per scope and UTC hour; what was
+  // spent or reserved before counts in its day's first hour, as do the rows holding it.
+  `ALTER TABLE key_record ADD COLUMN budgets TEXT NOT NULL DEFAULT '[]';
+   UPDATE key_record SET budgets = json_array(
+     json_object('period', '1d', 'limitMicros', budget_day_micros, 'softMicros', NULL),
+     json_object('period', 'month', 'limitMicros', budget_month_micros, 'softMicros', NULL));
+   UPDATE key_record SET budgets = json_remove(budgets, '$[1]') WHERE budget_month_micros IS NULL;
+   UPDATE key_record SET budgets = json_remove(budgets, '$[0]') WHERE budget_day_micros IS NULL;
+   ALTER TABLE key_record DROP COLUMN budget_day_micros;
+   ALTER TABLE key_record DROP COLUMN budget_month_micros;
+   ALTER TABLE key_record ADD COLUMN model_limits TEXT NOT NULL DEFAULT '{}';
+   ALTER TABLE key_record ADD COLUMN alert_webhook_url TEXT;
+   CREATE TABLE spend_hours (scope TEXT NOT NULL, hour INTEGER NOT NULL,
+     settled_micros INTEGER NOT NULL, settled_picos INTEGER NOT NULL,
+     reserved_micros INTEGER NOT NULL, reserved_picos INTEGER NOT NULL, PRIMARY KEY (scope, hour));
+   INSERT INTO spend_hours SELECT 'key', CAST(strftime('%s', substr(period, 3)) AS INTEGER) / 3600,
+     settled_micros, settled_picos, reserved_micros, reserved_picos FROM spend WHERE period LIKE 'd:%';
+   DELETE FROM spend WHERE period <> 'all';
+   ALTER TABLE ledger ADD COLUMN hour INTEGER NOT NULL DEFAULT 0;
+   UPDATE ledger SET hour = CAST(strftime('%s', day) AS INTEGER) / 3600;
+   ALTER TABLE leases ADD COLUMN hour INTEGER NOT NULL DEFAULT 0;
+   UPDATE leases SET hour = CAST(strftime('%s', day) AS INTEGER) / 3600;
+   ALTER TABLE batch_holds ADD COLUMN hour INTEGER NOT NULL DEFAULT 0;
+   UPDATE batch_holds SET hour = CAST(strftime('%s', day) AS INTEGER) / 3600;
+   CREATE TABLE budget_alerts (
+     alert_id TEXT PRIMARY KEY, scope TEXT NOT NULL, period TEXT NOT NULL,
+     window_start INTEGER NOT NULL, body TEXT NOT NULL, url TEXT, attempts INTEGER NOT NULL,
+     next_at INTEGER, delivered_at INTEGER, created_at INTEGER NOT NULL);`,
 ];
 
 /** The tags of a request's row: the key's, then the request's own not among them. */
@@ -139,9 +169,10 @@ export type RecordRow = {
   updated_at: number;
   revoked_at: number | null;
   version: number;
-  budget_day_micros: number | null;
-  budget_month_micros: number | null;
+  budgets: string;
   credit_micros: number | null;
+  model_limits: string;
+  alert_webhook_url: string | null;
   allow_region_override: number;
   blocked_at: number | null;
   tags: string;
@@ -164,6 +195,8 @@ export interface LedgerEntry {
   state: LedgerRecord["state"];
   model: string;
   day: string;
+  /** The UTC hour (since the epoch) whose spend its reservation and cost count in. */
+  hour: number;
   subject: string | null;
   subjectTpm: number | null;
   endUser: string | null;
@@ -204,7 +237,7 @@ export const NOT_CLOSED = {
 export const LEDGER_COLUMNS = `request_id, state, model, day, subject, subject_tpm, end_user,
   reserved_tokens, reserved_micros, reserved_picos, candidates, created_at, expires_at,
   closed_at, outcome, prompt_tokens, cached_tokens, completion_tokens, cost_micros, cost_picos,
-  attempts, tags, http_status, duration_ms, ttft_ms, cache_hit`;
+  attempts, tags, http_status, duration_ms, ttft_ms, cache_hit, hour`;
 
 export type LedgerRow = {
   request_id: string;
@@ -233,6 +266,7 @@ export type LedgerRow = {
   duration_ms: number | null;
   ttft_ms: number | null;
   cache_hit: number;
+  hour: number;
 };
 
 export type UsageDbRow = {
@@ -266,10 +300,11 @@ export function recordOf(row: RecordRow): KeyRecord {
     status: row.status === "revoked" || row.status === "blocked" ? row.status : "active",
     limits: { rpm: row.rpm, tpm: row.tpm, concurrency: row.concurrency },
     budgets: {
-      dayMicros: row.budget_day_micros,
-      monthMicros: row.budget_month_micros,
+      periods: JSON.parse(row.budgets) as PeriodBudget[],
       creditMicros: row.credit_micros,
     },
+    modelLimits: JSON.parse(row.model_limits) as Record<string, ModelLimits>,
+    alertWebhookUrl: row.alert_webhook_url,
     allowedOrigins: JSON.parse(row.allowed_origins) as string[],
     models: row.models === null ? null : (JSON.parse(row.models) as string[]),
     tier: KEY_TIERS.find((tier) => tier === row.tier) ?? "standard",
@@ -314,6 +349,7 @@ export function ledgerEntryOf(row: LedgerRow): LedgerEntry {
     state: LEDGER_STATES.find((state) => state === row.state) ?? "open",
     model: row.model,
     day: row.day,
+    hour: row.hour,
     subject: row.subject,
     subjectTpm: row.subject_tpm,
     endUser: row.end_user,

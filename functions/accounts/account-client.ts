@@ -98,6 +98,7 @@ export function admitCredential(credential: Credential): AdmitCredential {
         subject: credential.scope.subject,
         limits: credential.scope.limits,
         models: credential.scope.models,
+        budgets: credential.scope.budgets,
       };
 }
 
@@ -288,7 +289,12 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
           : refusal.limit === "requests"
             ? "requests per min (RPM)"
             : "concurrent requests";
-      const who = refusal.scope === "key" ? `key ${keyId}` : `this end user of key ${keyId}`;
+      const who =
+        refusal.scope === "key"
+          ? `key ${keyId}`
+          : refusal.scope === "model"
+            ? `model ${refusal.model ?? ""} of key ${keyId}`
+            : `this end user of key ${keyId}`;
       const message = refusal.tooLarge
         ? `Request too large for ${who} on ${unit}: Limit ${refusal.limitValue}, Requested ${refusal.requested}. Reduce the prompt or max_tokens.`
         : `Rate limit reached for ${who} on ${unit}: Limit ${refusal.limitValue}, Requested ${refusal.requested}. Please try again in ${formatResetDuration(refusal.retryAfterMs)}.`;
@@ -303,22 +309,23 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
       });
     }
     case "insufficient_quota": {
+      const owner = refusal.scope === "key" ? `key ${keyId}` : `this end user of key ${keyId}`;
       const budget =
         refusal.budget === "credit"
           ? "credit"
-          : refusal.budget === "day"
-            ? "daily budget (UTC)"
-            : "monthly budget (UTC)";
+          : refusal.budget === "month"
+            ? "monthly budget (UTC calendar month)"
+            : `${refusal.budget} budget (UTC)`;
       const soon = refusal.retryAfterMs !== null && refusal.retryAfterMs <= SDK_RETRY_LIMIT_MS;
       const when =
         refusal.retryAfterMs === null
           ? "Ask for more credit to continue."
           : soon
             ? `Requests in flight hold part of it; please try again in ${formatResetDuration(refusal.retryAfterMs)}.`
-            : `It renews in ${formatResetDuration(refusal.retryAfterMs)}.`;
+            : `It renews in ${formatResetDuration(refusal.retryAfterMs)}${renewsAt(refusal.resetsAt)}.`;
       return new ApiError(
         429,
-        `You exceeded the ${budget} of key ${keyId}: limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, reserved by requests in flight $${formatUsd(refusal.reservedPicos)}, this request may cost up to $${formatUsd(refusal.requestedPicos)}. ${when}`,
+        `You exceeded the ${budget} of ${owner}: limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, reserved by requests in flight $${formatUsd(refusal.reservedPicos)}, this request may cost up to $${formatUsd(refusal.requestedPicos)}. ${when}`,
         {
           type: "insufficient_quota",
           code: "insufficient_quota",
@@ -354,4 +361,9 @@ function originNotAllowed(): ApiError {
     type: "invalid_request_error",
     code: "origin_not_allowed",
   });
+}
+
+// When a budget's window ends, as the refusal's message says it.
+function renewsAt(resetsAt: number | null): string {
+  return resetsAt === null ? "" : ` (at ${new Date(resetsAt).toISOString()})`;
 }

@@ -7,7 +7,8 @@
  */
 import { leasedRequestId } from "../../contracts/lease-ids.ts";
 import { type LeaseScope, leaseScopeKey } from "../../contracts/lease-scopes.ts";
-import { type ModelPrice, maxPicos, utcDay, worstCasePicos } from "../../contracts/pricing.ts";
+import { type ModelPrice, maxPicos, worstCasePicos } from "../../contracts/pricing.ts";
+import { hourOf } from "../../contracts/budget-periods.ts";
 import type {
   LeaseAsk,
   LeaseGrant,
@@ -89,7 +90,7 @@ export class AccountLeases {
     if (key === undefined || held === undefined || held === null) return null;
     const { grant, used } = held;
     if (held.frozen || held.secretHash !== secretHash || now >= held.admitUntil) return null;
-    if (utcDay(now) !== grant.day) return null;
+    if (hourOf(now) !== grant.hour) return null;
     const terms = grant.key;
     if (terms.expiresAt !== null && now >= terms.expiresAt) return null;
     if (request.origin !== null && !terms.allowedOrigins.includes(request.origin)) return null;
@@ -98,6 +99,7 @@ export class AccountLeases {
     );
     const first = allowed[0];
     if (first === undefined) return null;
+    if (allowed.some((candidate) => terms.limitedModels.includes(candidate.model))) return null;
     // Priced as the lease's table prices it: a model whose price changed since is not leased.
     const index = grant.models.findIndex(
       (entry) => entry.model === first.model && samePrice(entry.price, first.price),

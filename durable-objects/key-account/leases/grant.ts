@@ -6,14 +6,10 @@
  */
 import { MAX_LEASE_MODELS, newLeaseId } from "../../../contracts/lease-ids.ts";
 import { holderCredential, leaseScopeKey } from "../../../contracts/lease-scopes.ts";
-import {
-  type ModelPrice,
-  microsToPicos,
-  msToNextUtcDay,
-  utcDay,
-} from "../../../contracts/pricing.ts";
+import type { ModelPrice } from "../../../contracts/pricing.ts";
+import { HOUR_MS, hourOf } from "../../../contracts/budget-periods.ts";
 import { keyRefusal, modelAllowed, rateLimitNow } from "../admission.ts";
-import { hasBudgets } from "../budgets.ts";
+import { budgetRoom, hasBudgets } from "../budgets.ts";
 import { checkCredential } from "../credential.ts";
 import { KEY_SCOPE, storedCandidate } from "../schema.ts";
 import type { AccountStore } from "../store.ts";
@@ -56,7 +52,7 @@ export function giveBack(
   moveScopeUnits(store, lease.scope, unusedUnits, now);
   if (lease.picos !== null) {
     const unused = lease.picos - used.picos;
-    store.spend.add(lease.day, { reservedPicos: -unused, settledPicos: 0n });
+    store.spend.add(lease.hour, { reservedPicos: -unused, settledPicos: 0n });
     lease.reservedPicos -= unused;
     lease.picos = used.picos;
   }
@@ -93,9 +89,10 @@ export function grantLease(
   if (refused !== null) return { lease: null, refusal: refused };
   if (ask.mode === "release") return { lease: null, refusal: null };
   endDueLeases(store, now);
-  const day = utcDay(now);
+  // A lease's money counts in one UTC hour, so that every budget window holds it whole.
+  const hour = hourOf(now);
   const held = heldLease(store, ask, secretHash);
-  let lease = held !== undefined && held.day === day ? held : undefined;
+  let lease = held !== undefined && held.hour === hour ? held : undefined;
   const used: LeaseUse =
     lease === undefined || ask.held === null ? NOTHING_USED : clampUse(lease, ask.held.used);
   const usage = store.scopeUsage(KEY_SCOPE, null);
@@ -108,7 +105,7 @@ export function grantLease(
       requests:
         usage.requests === null ? limits.rpm : refill(usage.requests, limits.rpm, now).level,
       tokens: usage.tokens === null ? limits.tpm : refill(usage.tokens, limits.tpm, now).level,
-      picos: budgetRoom(store, budgets, day),
+      picos: budgetRoom(store.spend.lines(budgets, now, KEY_SCOPE)),
       slots: limits.concurrency - usage.inFlight,
     },
     now,
@@ -125,7 +122,7 @@ export function grantLease(
   const add = topUp(leaseTarget(ask.rate), unused, headroom);
   if (lease === undefined) {
     if (add === null) return { lease: null, refusal: null };
-    lease = newLease(store, ask, secretHash, day, now, headroom.picos !== null);
+    lease = newLease(store, ask, secretHash, hour, now, headroom.picos !== null);
   }
   if (add !== null) {
     const requests = take(
@@ -149,7 +146,7 @@ export function grantLease(
     if (lease.picos !== null && add.picos !== null) {
       lease.picos += add.picos;
       lease.reservedPicos += add.picos;
-      store.spend.add(day, { reservedPicos: add.picos, settledPicos: 0n });
+      store.spend.add(hour, { reservedPicos: add.picos, settledPicos: 0n });
     }
   }
   const validUntil =
@@ -159,7 +156,7 @@ export function grantLease(
     0,
     Math.min(
       ask.windowMs,
-      msToNextUtcDay(now),
+      (hour + 1) * HOUR_MS - now,
       (validUntil ?? Infinity) - now,
       (record.expiresAt ?? Infinity) - now,
     ),
@@ -179,7 +176,7 @@ export function grantLease(
       },
       slots: lease.slots,
       admitForMs,
-      day,
+      hour,
       models: lease.models.map(([model, input, cachedInput, output]) => ({
         model,
         price: {
@@ -195,6 +192,7 @@ export function grantLease(
         tier: record.tier,
         allowRegionOverride: record.allowRegionOverride,
         budgeted: hasBudgets(budgets),
+        limitedModels: Object.keys(record.modelLimits),
       },
       rateLimit: scopeRateLimit(
         store,
@@ -216,7 +214,7 @@ export function endDueLeases(store: AccountStore, now: number): void {
   for (const lease of store.leases.all()) {
     if (lease.state === "ended" || lease.expiresAt > now) continue;
     if (lease.reservedPicos !== 0n) {
-      store.spend.add(lease.day, { reservedPicos: -lease.reservedPicos, settledPicos: 0n });
+      store.spend.add(lease.hour, { reservedPicos: -lease.reservedPicos, settledPicos: 0n });
     }
     if (lease.state === "open") lease.idsUsed = lease.ids;
     lease.reservedPicos = 0n;
@@ -281,44 +279,27 @@ function clampUse(lease: LeaseEntry, used: LeaseUse): LeaseUse {
   };
 }
 
-// Room left in the tightest budget (pico-dollars), or null when the key has none.
-function budgetRoom(
-  store: AccountStore,
-  budgets: { dayMicros: number | null; monthMicros: number | null; creditMicros: number | null },
-  day: string,
-): bigint | null {
-  const spend = store.spend.of(day);
-  let room: bigint | null = null;
-  for (const [limit, period] of [
-    [budgets.dayMicros, spend.day],
-    [budgets.monthMicros, spend.month],
-    [budgets.creditMicros, spend.lifetime],
-  ] as const) {
-    if (limit === null) continue;
-    const left = microsToPicos(limit) - period.settledPicos - period.reservedPicos;
-    room = room === null || left < room ? left : room;
-  }
-  return room;
-}
-
 function newLease(
   store: AccountStore,
   ask: LeaseAsk,
   secretHash: string,
-  day: string,
+  hour: number,
   now: number,
   budgeted: boolean,
 ): LeaseEntry {
   const scope = ask.scope ?? null;
   const allowed = scopeModels(store.key.record?.models ?? null, scope);
+  // A model with its own limits is admitted exactly, never under a lease.
+  const limited = store.key.record?.modelLimits ?? {};
   const models = ask.models
     .filter((entry: { model: string; price: ModelPrice }) => modelAllowed(allowed, entry.model))
+    .filter((entry) => !(entry.model in limited))
     .slice(0, MAX_LEASE_MODELS)
     .map(({ model, price }) => storedCandidate(model, price));
   return {
     leaseId: newLeaseId(),
     secretHash,
-    day,
+    hour,
     state: "open",
     createdAt: now,
     expiresAt: now,

@@ -4,6 +4,8 @@
  * and an origin says what it generated. Its reservation moves from the lease to the row.
  */
 import { parseLeasedId } from "../../../contracts/lease-ids.ts";
+import { HOUR_MS } from "../../../contracts/budget-periods.ts";
+import { utcDay } from "../../../contracts/pricing.ts";
 import {
   type LedgerEntry,
   NOT_CLOSED,
@@ -47,7 +49,8 @@ export function leasedRow(
     requestId: input.requestId,
     state: "open",
     model: first[0],
-    day: lease.day,
+    day: utcDay(lease.hour * HOUR_MS),
+    hour: lease.hour,
     subject: subject?.id ?? null,
     subjectTpm: subject?.limits.tpm ?? null,
     endUser: input.leased?.endUser ?? lease.scope?.endUser ?? null,

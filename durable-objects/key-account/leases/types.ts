@@ -57,8 +57,8 @@ export interface LeaseGrant {
   slots: number;
   /** How long from the account's answer the isolate may admit under it. */
   admitForMs: number;
-  /** The UTC day its money counts in: it admits nothing on another day. */
-  day: string;
+  /** The UTC hour (since the epoch) its money counts in: it admits nothing in another hour. */
+  hour: number;
   /** The price table: request ids name the model they were admitted for by its index. */
   models: { model: string; price: ModelPrice }[];
   key: {
@@ -69,6 +69,8 @@ export interface LeaseGrant {
     tier: KeyTier;
     allowRegionOverride: boolean;
     budgeted: boolean;
+    /** Models with their own limits (`model_limits`): their requests are admitted exactly. */
+    limitedModels: string[];
   };
   /** The key's buckets as the grant left them, without what this lease holds. */
   rateLimit: RateLimitInfo;

@@ -6,6 +6,8 @@
 import { LEASE_SEQ_DIGITS, leaseIdRange, seqDigits } from "../../../contracts/lease-ids.ts";
 import type { LeaseScope } from "../../../contracts/lease-scopes.ts";
 import type { WriteBehind } from "../../write-behind.ts";
+import { HOUR_MS } from "../../../contracts/budget-periods.ts";
+import { utcDay } from "../../../contracts/pricing.ts";
 import { type StoredCandidate, picosColumns, storedPicos } from "../schema.ts";
 
 /** How long an ended lease is kept: its unsettled requests are asked about meanwhile. */
@@ -15,8 +17,8 @@ export const LEASE_RECONCILE_MS = 10 * 60_000;
 export interface LeaseEntry {
   leaseId: string;
   secretHash: string;
-  /** The UTC day its money and its requests count in. */
-  day: string;
+  /** The UTC hour (since the epoch) its money and its requests count in. */
+  hour: number;
   /**
    * `open`: the isolate may admit under it; `closing`: released, waiting for settlements
    * under way; `ended`: its slots and money are back, its unsettled requests asked about.
@@ -48,7 +50,7 @@ export interface LeaseEntry {
 type LeaseRow = {
   lease_id: string;
   secret_hash: string;
-  day: string;
+  hour: number;
   state: string;
   created_at: number;
   expires_at: number;
@@ -122,13 +124,14 @@ export class LeaseStore {
     this.#leases.set(lease.leaseId, lease);
     this.#writes.set(`lease:${lease.leaseId}`, () =>
       this.#sql.exec(
-        `INSERT OR REPLACE INTO leases (lease_id, secret_hash, day, state, created_at, expires_at,
-           requests, tokens, ids, budgeted, picos_micros, picos_picos, reserved_micros,
+        `INSERT OR REPLACE INTO leases (lease_id, secret_hash, day, hour, state, created_at,
+           expires_at, requests, tokens, ids, budgeted, picos_micros, picos_picos, reserved_micros,
            reserved_picos, slots, ids_used, models, ended_at, scope)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
         lease.leaseId,
         lease.secretHash,
-        lease.day,
+        utcDay(lease.hour * HOUR_MS),
+        lease.hour,
         lease.state,
         lease.createdAt,
         lease.expiresAt,
@@ -203,7 +206,7 @@ function leaseOf(row: LeaseRow): LeaseEntry {
   return {
     leaseId: row.lease_id,
     secretHash: row.secret_hash,
-    day: row.day,
+    hour: row.hour,
     state: row.state === "open" ? "open" : row.state === "closing" ? "closing" : "ended",
     createdAt: row.created_at,
     expiresAt: row.expires_at,

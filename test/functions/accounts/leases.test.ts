@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { utcDay } from "../../../contracts/pricing.ts";
+import { hourOf } from "../../../contracts/budget-periods.ts";
 import { AccountLeases } from "../../../functions/accounts/leases.ts";
 import type { LeaseGrant } from "../../../durable-objects/key-account/leases/types.ts";
 
@@ -13,7 +13,7 @@ function grant(leaseId: string): LeaseGrant {
     granted: { requests: 10, tokens: 1_000, picos: null, ids: 10 },
     slots: 2,
     admitForMs: 1_000,
-    day: utcDay(NOW),
+    hour: hourOf(NOW),
     models: [],
     key: {
       models: null,
@@ -22,6 +22,7 @@ function grant(leaseId: string): LeaseGrant {
       tier: "standard",
       allowRegionOverride: false,
       budgeted: false,
+      limitedModels: [],
     },
     rateLimit: { requests: bucket, tokens: bucket },
   };

@@ -168,7 +168,10 @@ describe("/v1/batches", () => {
 
   it("refuses a batch whose worst case exceeds the key's budget", async () => {
     config = pricedConfig();
-    const { key } = await createKey({ name: "thrifty", limits: { budget_usd_day: 0.000001 } });
+    const { key } = await createKey({
+      name: "thrifty",
+      budgets: [{ period: "1d", max_usd: 0.000001 }],
+    });
     const file = await (await upload(line("a", { max_tokens: 1000 }), key)).json<{ id: string }>();
     const res = await createBatch(file.id, key);
     expect(res.status).toBe(429);
@@ -181,7 +184,7 @@ describe("/v1/batches", () => {
     // One line's worst case at the batch price is about $0.0002: two would not fit at once.
     const { key, id: keyId } = await createKey({
       name: "batch-billing",
-      limits: { budget_usd_day: 0.0003 },
+      budgets: [{ period: "1d", max_usd: 0.0003 }],
     });
     const text = line("only", { max_tokens: 1000 });
     const file = await (await upload(text, key)).json<{ id: string }>();
