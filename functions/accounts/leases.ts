@@ -254,6 +254,17 @@ export class AccountLeases {
     return count;
   }
 
+  /** The key's other leases here, whose unused part may stand in an exact admission's way. */
+  others(keyId: string, scope: LeaseScope | null): { holder: string; scope: LeaseScope | null }[] {
+    const own = leaseScopeKey(scope);
+    const found: { holder: string; scope: LeaseScope | null }[] = [];
+    for (const [at, entry] of this.#keys.get(keyId) ?? []) {
+      if (at === own || entry.held === null) continue;
+      found.push({ holder: entry.held.secretHash, scope: entry.scope });
+    }
+    return found;
+  }
+
   /** Whether a call about the lease is under way. */
   busy(keyId: string, scope: LeaseScope | null): boolean {
     return this.#keys.get(keyId)?.get(leaseScopeKey(scope))?.busy ?? false;

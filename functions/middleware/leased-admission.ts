@@ -19,6 +19,7 @@ import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import type { LeaseAsk } from "../../durable-objects/key-account/leases/types.ts";
 import type { AdmitResult } from "../../durable-objects/key-account/types.ts";
 import { waitUntilOf } from "./request-context.ts";
+import type { EdgeState } from "../edge-state.ts";
 
 /** A request the lease is asked to admit: its models with their allowances, its prompt. */
 export function localRequest(
@@ -87,13 +88,30 @@ export async function admitExactly(
   const lease = leaseOf(c.get("credential"), input.endUser ?? null);
   if (leasing) edge.leases.note(lease.keyId, lease.scope, request, Date.now());
   const first = await admitOnce(c, input, leasing ? lease : null);
-  if (first.ok || first.trimmed || !leasing || !limitRefusal(first.result)) return first.result;
-  // Refused while another call about the lease was under way, so what it holds unused may
-  // have stood in the way: once that call answered, asked again with the lease trimmed.
-  for (let i = 0; i < BUSY_POLLS && edge.leases.busy(lease.keyId, lease.scope); i++) {
+  if (first.ok || !leasing || !limitRefusal(first.result)) return first.result;
+  // The key's other leases in this isolate (its end users' or its own) may hold what the
+  // request lacks: trimmed, and asked again.
+  const others = edge.leases.others(lease.keyId, lease.scope);
+  if (others.length === 0 && first.trimmed) return first.result;
+  // Each, once a call about it under way answered, trimmed; then asked again.
+  await Promise.all(
+    others.map(async (other) => {
+      await idle(edge, lease.keyId, other.scope);
+      const options = leaseOptions(config, Date.now());
+      await callLease(c.env, edge, { keyId: lease.keyId, ...other }, "trim", options);
+    }),
+  );
+  // Refused while another call about its own lease was under way, so what it holds unused
+  // may have stood in the way: once that call answered, asked again with the lease trimmed.
+  await idle(edge, lease.keyId, lease.scope);
+  return (await admitOnce(c, input, lease)).result;
+}
+
+// Waits, a while at most, until no call about a lease is under way.
+async function idle(edge: EdgeState, keyId: string, scope: LeaseScope | null): Promise<void> {
+  for (let i = 0; i < BUSY_POLLS && edge.leases.busy(keyId, scope); i++) {
     await new Promise((resolve) => setTimeout(resolve, BUSY_POLL_MS));
   }
-  return (await admitOnce(c, input, lease)).result;
 }
 
 // How long an exact admission waits, at most, for a call about its lease to answer.
