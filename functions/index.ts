@@ -78,6 +78,7 @@ checkDeployment(env);
 export default app satisfies ExportedHandler<Env>;
 export { KeyAccount } from "../durable-objects/key-account/index.ts";
 export { KeyDirectory } from "../durable-objects/key-directory/index.ts";
+export { TeamAccount } from "../durable-objects/team-account/index.ts";
 export { Batcher } from "../durable-objects/batcher/index.ts";
 export { BatcherShards } from "../durable-objects/batcher-shards/index.ts";
 export { OriginBreakers } from "../durable-objects/origin-breakers/index.ts";

@@ -7,10 +7,10 @@
 import { LEDGER_RETENTION_MS } from "./types.ts";
 import { DurableObject } from "cloudflare:workers";
 import { applyMigrations } from "../migrations.ts";
-import { MAX_OUTCOME_IDS } from "../../contracts/protocol/schema.ts";
-import { clampLease, decide } from "./admit.ts";
-import { lookupOutcomes, reconcile } from "../../contracts/outcomes.ts";
-import { outcomeSources } from "./reconcile.ts";
+import { admitWithTeam, clampLease } from "./admit.ts";
+import { reconcileLapsed } from "./reconcile.ts";
+import { TeamLink } from "./team/link.ts";
+import { emptyPool } from "./team/pool.ts";
 import { KEY_ACCOUNT_MIGRATIONS } from "./schema.ts";
 import { checkKey, recordOf, requestsOf, usageOf } from "./reads.ts";
 import {
@@ -53,18 +53,23 @@ const RECONCILE_RETRY_MS = 5_000;
 /** Limits, counters and reservations of one API key. */
 export class KeyAccount extends DurableObject<Env> {
   readonly #store: AccountStore;
+  readonly #team: TeamLink;
   #alarmAt: number | null = null;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
     // Memory ahead of storage for good would bill from state that is gone: start again.
     this.#store = new AccountStore(ctx.storage, () => ctx.abort("key account commit failed"));
+    this.#team = new TeamLink(this.#store, env.TEAM_ACCOUNT, ctx);
     void ctx.blockConcurrencyWhile(() => this.#migrate());
   }
 
   /** Creates the key; null when this object already holds one. */
   create(input: KeyCreateInput): KeyRecord | null {
-    return this.#store.key.create(input);
+    const record = this.#store.key.create(input);
+    if (record?.teamId != null) this.#store.team.set(emptyPool(record.teamId));
+    this.#store.flush();
+    return record;
   }
 
   /** The key record, or null when no key lives here. */
@@ -72,14 +77,22 @@ export class KeyAccount extends DurableObject<Env> {
     return this.#store.key.view(now ?? Date.now());
   }
 
-  /** Applies a partial change; null when no key lives here. */
-  update(input: KeyUpdateInput): KeyRecord | null {
-    return this.#store.key.update(input);
+  /** Applies a partial change (a new team: the old one gets back all it lent); null without a key. */
+  async update(input: KeyUpdateInput): Promise<KeyRecord | null> {
+    const before = this.#store.key.record?.teamId ?? null;
+    const moves = input.teamId !== undefined && input.teamId !== before;
+    if (moves) await this.#team.leave();
+    const record = this.#store.key.update(input);
+    if (moves && record?.teamId != null) this.#store.team.set(emptyPool(record.teamId));
+    this.#store.flush();
+    return record;
   }
 
-  /** Revokes the key: its very next request is refused. Null when no key lives here. */
-  revoke(now: number): KeyRecord | null {
-    return this.#store.key.revoke(now);
+  /** Revokes the key: its very next request is refused; its team gets back what it lent. */
+  async revoke(now: number): Promise<KeyRecord | null> {
+    const record = this.#store.key.revoke(now);
+    if (record !== null) await this.#team.leave();
+    return record;
   }
 
   /**
@@ -114,7 +127,7 @@ export class KeyAccount extends DurableObject<Env> {
     const ask = hash === null ? undefined : input.lease;
     endDueLeases(this.#store, now);
     if (ask !== undefined && hash !== null) giveBack(this.#store, ask, hash, now);
-    const result = decide(this.#store, input);
+    const result = await admitWithTeam(this.#store, this.#team, input);
     const granted = ask !== undefined && hash !== null && result.ok;
     const lease = granted ? grantLease(this.#store, ask, hash, now).lease : null;
     // Durable before any origin is asked to generate for it: the answer leaves once this
@@ -124,6 +137,7 @@ export class KeyAccount extends DurableObject<Env> {
     if (result.ok) await this.#ensureAlarm(result.leaseExpiresAt);
     await this.#leaseAlarm();
     await this.#alarmFor(settled, now);
+    await this.#teamAlarm(now);
     return { ...result, ...(ask !== undefined && { lease }), commit: this.#store.stamp() };
   }
 
@@ -136,6 +150,7 @@ export class KeyAccount extends DurableObject<Env> {
     this.#store.flush();
     await this.#leaseAlarm();
     await this.#alarmFor(settled, now);
+    await this.#teamAlarm(now);
     return { ...outcome, commit: this.#store.stamp() };
   }
 
@@ -158,6 +173,7 @@ export class KeyAccount extends DurableObject<Env> {
     this.#store.flush();
     const commit = this.#store.stamp();
     await this.#alarmFor(results, now);
+    await this.#teamAlarm(now);
     return { results, commit };
   }
 
@@ -224,30 +240,10 @@ export class KeyAccount extends DurableObject<Env> {
     const now = Date.now();
     expireDue(this.#store, now);
     endDueLeases(this.#store, now);
-    await this.#reconcileLapsed(now);
+    await reconcileLapsed(this.#store, this.env, now);
+    await this.#team.release(now);
     this.#store.prune(now);
     await this.#rescheduleAlarm(now);
-  }
-
-  // A request whose lease lapsed unsettled lost its edge (a restart): its origin may still
-  // know how it ended. Found ones are settled late, as any expired row can be, once.
-  async #reconcileLapsed(now: number): Promise<void> {
-    const ids = this.#store.ledger.lapsedToAsk(now, MAX_OUTCOME_IDS);
-    if (ids.length === 0) return;
-    const sources = outcomeSources(this.env.WARMGATE_CONFIG);
-    const { items, complete } = await lookupOutcomes(sources, ids, this.env);
-    for (const [requestId, found] of reconcile(ids, items)) {
-      if (found.kind === "running" || (found.kind === "unknown" && !complete)) continue;
-      this.#store.ledger.resolve(requestId);
-      if (found.kind === "unknown") continue;
-      // The edge never confirmed delivery: an answer the origin finished counts as cut.
-      const outcome = found.outcome === "ok" ? "cancelled" : found.outcome;
-      settle(
-        this.#store,
-        { requestId, outcome, usage: found.usage, originBegan: true },
-        Date.now(),
-      );
-    }
   }
 
   // Settled rows are pruned in time; rows whose usage is to be asked of the origins, soon.
@@ -257,6 +253,13 @@ export class KeyAccount extends DurableObject<Env> {
     if (results.some((result) => !result.settled && result.reason === "reconciling")) {
       await this.#ensureAlarm(now + RECONCILE_RETRY_MS);
     }
+  }
+
+  // Tops the team lease up in the background; an idle key gives back what it holds unused.
+  async #teamAlarm(now: number): Promise<void> {
+    this.#team.keepUp(now);
+    const idle = this.#team.idleAt();
+    if (idle !== null) await this.#ensureAlarm(idle);
   }
 
   async #leaseAlarm(): Promise<void> {
@@ -276,7 +279,9 @@ export class KeyAccount extends DurableObject<Env> {
     const prunable = this.#store.prunableAt();
     const prune = prunable === null ? [] : [Math.max(prunable, now + PRUNE_INTERVAL_MS)];
     const lapsed = this.#store.ledger.hasLapsed ? [now + RECONCILE_RETRY_MS] : [];
-    const candidates = [...prune, ...lapsed, ...(Number.isFinite(open) ? [open] : [])];
+    const idle = this.#team.idleAt();
+    const team = idle === null ? [] : [Math.max(idle, now + 1_000)];
+    const candidates = [...prune, ...lapsed, ...team, ...(Number.isFinite(open) ? [open] : [])];
     if (candidates.length === 0) {
       await this.ctx.storage.deleteAlarm();
       return;

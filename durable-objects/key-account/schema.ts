@@ -98,6 +98,10 @@ export const KEY_ACCOUNT_MIGRATIONS: readonly string[] = [
   `CREATE TABLE batch_holds (
      batch_id TEXT PRIMARY KEY, day TEXT NOT NULL, reserved_picos TEXT NOT NULL,
      applied_seq INTEGER NOT NULL, created_at INTEGER NOT NULL);`,
+  // Teams: the key's team, each row's, and the key's lease of its team's allowance.
+  `ALTER TABLE key_record ADD COLUMN team_id TEXT;
+   ALTER TABLE ledger ADD COLUMN team_id TEXT;
+   CREATE TABLE team_pool (singleton INTEGER PRIMARY KEY CHECK (singleton = 1), data TEXT NOT NULL);`,
 ];
 
 /** The tags of a request's row: the key's, then the request's own not among them. */
@@ -144,6 +148,7 @@ export type RecordRow = {
   blocked_at: number | null;
   tags: string;
   metadata: string;
+  team_id: string | null;
 };
 
 export type SecretRow = {
@@ -177,6 +182,8 @@ export interface LedgerEntry {
   completionTokens: number | null;
   costPicos: bigint;
   tags: string[];
+  /** The key's team at admission, or null. */
+  teamId: string | null;
   attempts: RequestAttempt[];
   httpStatus: number | null;
   durationMs: number | null;
@@ -202,7 +209,7 @@ export const NOT_CLOSED = {
 export const LEDGER_COLUMNS = `request_id, state, model, day, subject, subject_tpm, end_user,
   reserved_tokens, reserved_micros, reserved_picos, candidates, created_at, expires_at,
   closed_at, outcome, prompt_tokens, cached_tokens, completion_tokens, cost_micros, cost_picos,
-  attempts, tags, http_status, duration_ms, ttft_ms, cache_hit`;
+  attempts, tags, http_status, duration_ms, ttft_ms, cache_hit, team_id`;
 
 export type LedgerRow = {
   request_id: string;
@@ -231,6 +238,7 @@ export type LedgerRow = {
   duration_ms: number | null;
   ttft_ms: number | null;
   cache_hit: number;
+  team_id: string | null;
 };
 
 export type UsageDbRow = {
@@ -279,6 +287,7 @@ export function recordOf(row: RecordRow): KeyRecord {
     blockedAt: row.blocked_at,
     tags: JSON.parse(row.tags) as string[],
     metadata: JSON.parse(row.metadata) as Record<string, MetadataValue>,
+    teamId: row.team_id,
     previousSecretValidUntil: null,
     version: row.version,
   };
@@ -328,6 +337,7 @@ export function ledgerEntryOf(row: LedgerRow): LedgerEntry {
     costPicos: storedPicos(row.cost_micros, row.cost_picos),
     attempts: JSON.parse(row.attempts) as RequestAttempt[],
     tags: JSON.parse(row.tags) as string[],
+    teamId: row.team_id,
     httpStatus: row.http_status,
     durationMs: row.duration_ms,
     ttftMs: row.ttft_ms,
@@ -351,6 +361,7 @@ export function ledgerRecordOf(entry: LedgerEntry): LedgerRecord {
     costPicos: entry.costPicos,
     endUser: entry.endUser,
     tags: entry.tags,
+    teamId: entry.teamId,
     attempts: entry.attempts,
     httpStatus: entry.httpStatus,
     durationMs: entry.durationMs,

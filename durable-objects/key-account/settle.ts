@@ -71,7 +71,11 @@ function unknownLeased(store: AccountStore, input: SettleInput, now: number): Le
 // settled row with nothing reserved, in the day it settles. A request the edge does not
 // say it admitted is unknown.
 function settleForgotten(store: AccountStore, input: SettleInput, now: number): SettleResult {
-  const entry = forgottenRow(input, store.key.record?.tags ?? [], now);
+  const entry = forgottenRow(
+    input,
+    { tags: store.key.record?.tags ?? [], teamId: store.key.record?.teamId ?? null },
+    now,
+  );
   if (entry === null)
     return { settled: false, requestId: input.requestId, reason: "unknown_request" };
   // As the admission agreed: its reservation in full, above it as far as the budgets have

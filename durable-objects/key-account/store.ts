@@ -15,6 +15,7 @@ import { LeaseStore } from "./store/leases.ts";
 import { LedgerStore } from "./store/ledger.ts";
 import { MetricsStore } from "./store/metrics.ts";
 import { SpendStore } from "./store/spend.ts";
+import { TeamPoolStore } from "./store/team.ts";
 import { ACCOUNT_WRITE_DELAY_MS } from "./types.ts";
 
 /** The bucket scope of one end user of browser tokens. */
@@ -36,6 +37,8 @@ export class AccountStore {
   readonly leases: LeaseStore;
   /** The key's request metrics. */
   readonly metrics: MetricsStore;
+  /** The key's lease of its team's allowance (null pool: no team). */
+  readonly team: TeamPoolStore;
   readonly #writes: WriteBehind;
   // New with every start: an answer's stamp says which run its commits belong to.
   readonly #incarnation = crypto.randomUUID();
@@ -49,6 +52,7 @@ export class AccountStore {
     this.spend = new SpendStore(storage.sql, this.#writes);
     this.leases = new LeaseStore(storage.sql, this.#writes);
     this.metrics = new MetricsStore(storage.sql, this.#writes);
+    this.team = new TeamPoolStore(storage.sql, this.#writes);
   }
 
   /** Loads the record, the secrets and the open and lapsed ledger rows (at start). */
@@ -56,6 +60,7 @@ export class AccountStore {
     this.key.load();
     this.ledger.load(now);
     this.leases.load();
+    this.team.load();
   }
 
   /** Where this answer stands among the commits, taken as the call answers, after its last write. */
@@ -93,6 +98,7 @@ export class AccountStore {
     }
     this.ledger.close(before, row);
     this.spend.add(row.day, change.spend);
+    this.team.settled(change.spend.settledPicos, change.tokens);
     for (const delta of change.usage) this.spend.addUsage(row.day, delta);
   }
 

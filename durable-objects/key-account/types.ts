@@ -57,7 +57,10 @@ export type AdmissionRefusal =
       ok: false;
       code: "rate_limit_exceeded";
       limit: LimitName;
-      scope: "key" | "end_user";
+      /** Whose limit: the key's, its end user's (browser token) or its team's. */
+      scope: "key" | "end_user" | "team";
+      /** The team, when `scope` is `team`. */
+      teamId?: string;
       /** The limit's value, and what this request asked of it. */
       limitValue: number;
       requested: number;
@@ -70,6 +73,9 @@ export type AdmissionRefusal =
       ok: false;
       code: "insufficient_quota";
       budget: BudgetName;
+      /** Set when the budget is the key's team's (docs/key-account.md, "Teams"). */
+      scope?: "team";
+      teamId?: string;
       /** The budget, in pico-dollars like every amount here. */
       limitPicos: bigint;
       /** Settled spend and open reservations in the budget's period. */
@@ -127,6 +133,8 @@ export interface KeyRecord {
   tags: string[];
   /** Free metadata of the operator's, never read by the gateway. */
   metadata: Record<string, MetadataValue>;
+  /** The team it belongs to, whose limits and budgets it is held to as well; null: none. */
+  teamId: string | null;
   /** End of the grace period of the previous secret after a rotation, if still running. */
   previousSecretValidUntil: number | null;
   /** Increases with every change, so copies of the record (the directory) keep the newest. */
@@ -148,6 +156,7 @@ export interface KeyCreateInput {
   expiresAt: number | null;
   tags?: string[];
   metadata?: Record<string, MetadataValue>;
+  teamId?: string | null;
   now: number;
 }
 
@@ -166,6 +175,8 @@ export interface KeyUpdateInput {
   blocked?: boolean;
   tags?: string[];
   metadata?: Record<string, MetadataValue>;
+  /** Moves the key into a team (its allowance of the old one is given back), or out (null). */
+  teamId?: string | null;
   now: number;
 }
 

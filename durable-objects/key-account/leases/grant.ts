@@ -26,6 +26,7 @@ import type { LeaseEntry } from "../store/leases.ts";
 import { refill, take } from "../token-bucket.ts";
 import type { CredentialRefusal } from "../types.ts";
 import { type Allowance, leaseTarget, topUp } from "./sizing.ts";
+import { allowedModels, poolHeadroom } from "../team/pool.ts";
 import type { LeaseAsk, LeaseGrant, LeaseUse } from "./types.ts";
 
 /** What a lease call decided: the lease to hold now (null: none), or why the key refuses. */
@@ -49,6 +50,11 @@ export function giveBack(
   if (lease === undefined || ask.held === null || ask.mode === "renew") return;
   const used = clampUse(lease, ask.held.used);
   const limits = store.key.record?.limits;
+  // What the lease took of the key's team allowance goes back to it too.
+  store.team.change((pool) => {
+    pool.requests += lease.requests - used.requests;
+    pool.tokens += lease.tokens - used.tokens;
+  });
   if (limits !== undefined) {
     store.buckets.adjust(KEY_SCOPE, "requests", limits.rpm, lease.requests - used.requests, now);
     store.buckets.adjust(KEY_SCOPE, "tokens", limits.tpm, lease.tokens - used.tokens, now);
@@ -99,12 +105,12 @@ export function grantLease(
     lease === undefined || ask.held === null ? NOTHING_USED : clampUse(lease, ask.held.used);
   const usage = store.scopeUsage(KEY_SCOPE, null);
   const { limits, budgets } = record;
-  const headroom: Allowance = {
+  const headroom = withinTeam(store, day, usage.inFlight, {
     requests: usage.requests === null ? limits.rpm : refill(usage.requests, limits.rpm, now).level,
     tokens: usage.tokens === null ? limits.tpm : refill(usage.tokens, limits.tpm, now).level,
     picos: budgetRoom(store, budgets, day),
     slots: limits.concurrency - usage.inFlight,
-  };
+  });
   const unused: Allowance =
     lease === undefined
       ? { requests: 0, tokens: 0, picos: headroom.picos === null ? null : 0n, slots: 0 }
@@ -133,6 +139,10 @@ export function grantLease(
       now,
     );
     store.buckets.put(KEY_SCOPE, { requests: requests.state, tokens: tokens.state });
+    store.team.change((pool) => {
+      pool.requests -= add.requests;
+      pool.tokens -= add.tokens;
+    });
     lease.requests += add.requests;
     lease.ids += add.requests;
     lease.tokens += add.tokens;
@@ -180,7 +190,7 @@ export function grantLease(
         },
       })),
       key: {
-        models: record.models,
+        models: keyModels(store),
         allowedOrigins: record.allowedOrigins,
         expiresAt: record.expiresAt,
         tier: record.tier,
@@ -290,6 +300,29 @@ function budgetRoom(
   return room;
 }
 
+// The models the key and its team both allow.
+function keyModels(store: AccountStore): string[] | null {
+  const models = store.key.record?.models ?? null;
+  const team = store.team.pool;
+  return team === null ? models : allowedModels(models, team.models);
+}
+
+// The key's headroom, within what its lease of its team's allowance has left.
+function withinTeam(store: AccountStore, day: string, inFlight: number, key: Allowance): Allowance {
+  const pool = store.team.pool;
+  if (pool === null) return key;
+  const reservedPicos = store.spend.of(day).lifetime.reservedPicos;
+  const team = poolHeadroom(pool, { reservedPicos, inFlight });
+  const least = (a: bigint | null, b: bigint | null) =>
+    a === null ? b : b === null ? a : a < b ? a : b;
+  return {
+    requests: Math.min(key.requests, team.requests),
+    tokens: Math.min(key.tokens, team.tokens),
+    picos: least(key.picos, team.picos),
+    slots: Math.min(key.slots, team.slots),
+  };
+}
+
 function newLease(
   store: AccountStore,
   ask: LeaseAsk,
@@ -298,7 +331,7 @@ function newLease(
   now: number,
   budgeted: boolean,
 ): LeaseEntry {
-  const allowed = store.key.record?.models ?? null;
+  const allowed = keyModels(store);
   const models = ask.models
     .filter((entry: { model: string; price: ModelPrice }) => modelAllowed(allowed, entry.model))
     .slice(0, MAX_LEASE_MODELS)

@@ -50,6 +50,7 @@ export function leasedRow(
     subjectTpm: null,
     endUser: input.leased?.endUser ?? null,
     tags: rowTags(store.key.record?.tags ?? [], input.tags),
+    teamId: store.key.record?.teamId ?? null,
     // Its tokens came out of the buckets with the lease's; without the edge's word (an
     // origin's record) what it used is all it is charged.
     reservedTokens:

@@ -52,8 +52,8 @@ export class KeyStore {
         `INSERT INTO key_record (singleton, id, name, status, rpm, tpm, concurrency, allowed_origins,
            models, tier, expires_at, created_at, updated_at, revoked_at, version,
            budget_day_micros, budget_month_micros, credit_micros, allow_region_override, tags,
-           metadata)
-         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1, ?, ?, ?, ?, ?, ?)`,
+           metadata, team_id)
+         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1, ?, ?, ?, ?, ?, ?, ?)`,
         input.id,
         input.name,
         input.limits.rpm,
@@ -71,6 +71,7 @@ export class KeyStore {
         input.allowRegionOverride === true ? 1 : 0,
         JSON.stringify(input.tags ?? []),
         JSON.stringify(input.metadata ?? {}),
+        input.teamId ?? null,
       );
       sql.exec(
         `INSERT INTO secrets (secret_hash, generation, created_at, valid_until)
@@ -101,7 +102,8 @@ export class KeyStore {
       `UPDATE key_record SET name = ?, rpm = ?, tpm = ?, concurrency = ?, allowed_origins = ?,
          models = ?, tier = ?, expires_at = ?, updated_at = ?, version = version + 1,
          budget_day_micros = ?, budget_month_micros = ?, credit_micros = ?,
-         allow_region_override = ?, status = ?, blocked_at = ?, tags = ?, metadata = ?`,
+         allow_region_override = ?, status = ?, blocked_at = ?, tags = ?, metadata = ?,
+         team_id = ?`,
       input.name ?? current.name,
       limits.rpm,
       limits.tpm,
@@ -119,6 +121,7 @@ export class KeyStore {
       blockedAt,
       JSON.stringify(input.tags ?? current.tags),
       JSON.stringify(input.metadata ?? current.metadata),
+      input.teamId === undefined ? current.teamId : input.teamId,
     );
     this.load();
     return this.view(input.now);

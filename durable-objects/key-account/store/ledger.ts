@@ -222,6 +222,7 @@ export class LedgerStore {
     const equal: [string, string | undefined][] = [
       ["end_user", query.user],
       ["model", query.model],
+      ["team_id", query.teamId],
     ];
     for (const [column, value] of equal) {
       if (value === undefined) continue;
@@ -287,7 +288,7 @@ export class LedgerStore {
     this.#writes.set(ledgerKey(entry.requestId), () =>
       this.#sql.exec(
         `INSERT INTO ledger (${LEDGER_COLUMNS})
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT (request_id) DO UPDATE SET state = excluded.state, model = excluded.model,
            closed_at = excluded.closed_at, outcome = excluded.outcome,
            prompt_tokens = excluded.prompt_tokens, cached_tokens = excluded.cached_tokens,
@@ -321,6 +322,7 @@ export class LedgerStore {
         entry.durationMs,
         entry.ttftMs,
         entry.cacheHit ? 1 : 0,
+        entry.teamId,
       ),
     );
   }
