@@ -8,7 +8,7 @@ import { LEDGER_RETENTION_MS } from "./types.ts";
 import { DurableObject } from "cloudflare:workers";
 import { applyMigrations } from "../migrations.ts";
 import { admitWithTeam, clampLease } from "./admit.ts";
-import { reconcileLapsed } from "./reconcile.ts";
+import { reconcileLapsed } from "./lapsed.ts";
 import { TeamLink } from "./team/link.ts";
 import { emptyPool } from "./team/pool.ts";
 import { KEY_ACCOUNT_MIGRATIONS } from "./schema.ts";

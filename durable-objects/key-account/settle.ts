@@ -9,6 +9,8 @@ import { leasedRow } from "./leases/rows.ts";
 import type { LedgerEntry } from "./schema.ts";
 import { settledSample } from "./metrics.ts";
 import type { AccountStore } from "./store.ts";
+import { moneyUsed } from "./team/pool.ts";
+import { utcDay } from "../../contracts/pricing.ts";
 import { NO_BUDGETS, type SettleInput, type SettleResult } from "./types.ts";
 
 /** Settles one request, exactly once (repeats answer why nothing changed). */
@@ -20,7 +22,11 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   if (open !== undefined) {
     // Exact, unless that would take a budget past its limit: the reservation was agreed at
     // admission, anything above it only while the budgets have room.
-    const cap = billingCap(budgets, store.spend.of(open.day), open.reservedPicos);
+    const cap = teamCap(
+      store,
+      billingCap(budgets, store.spend.of(open.day), open.reservedPicos),
+      open.reservedPicos,
+    );
     return close(store, open, input, now, cap);
   }
   // Not in flight: settled or expired already, or its admission was forgotten by a crash
@@ -29,7 +35,12 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   if (row === null) {
     const leased = leasedRow(store, input, now);
     if (leased === null) return settleForgotten(store, input, now);
-    const cap = billingCap(budgets, store.spend.of(leased.day), leased.reservedPicos);
+    const spend = store.spend.of(leased.day);
+    const cap = teamCap(
+      store,
+      billingCap(budgets, spend, leased.reservedPicos),
+      leased.reservedPicos,
+    );
     return close(store, leased, input, now, cap);
   }
   if (row.state === "settled") return { settled: false, requestId, reason: "already_settled" };
@@ -37,7 +48,13 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   // Expired: its reservation was released then, so it is billed only as far as budgets have
   // room; its usage is known now, so the origins need not be asked.
   store.ledger.resolve(requestId);
-  return close(store, row, input, now, billingCap(budgets, store.spend.of(row.day), 0n));
+  return close(
+    store,
+    row,
+    input,
+    now,
+    teamCap(store, billingCap(budgets, store.spend.of(row.day), 0n), 0n),
+  );
 }
 
 // A request whose edge could not learn what its origin generated: its reservation is
@@ -83,7 +100,8 @@ function settleForgotten(store: AccountStore, input: SettleInput, now: number): 
   const admitted = input.admitted?.reservedPicos ?? 0n;
   const reserved = admitted > 0n ? admitted : 0n;
   const budgets = store.key.record?.budgets ?? NO_BUDGETS;
-  const cap = billingCap(budgets, withReserved(store.spend.of(entry.day), reserved), reserved);
+  const spend = withReserved(store.spend.of(entry.day), reserved);
+  const cap = teamCap(store, billingCap(budgets, spend, reserved), reserved);
   return close(store, entry, input, now, cap);
 }
 
@@ -109,6 +127,17 @@ export function expireDue(store: AccountStore, now: number): void {
     store.apply(row, expireRow(row, now), now);
     store.ledger.lapse(row.requestId, now);
   }
+}
+
+// A cost above the reservation is billed only as far as the key's lease of its team's money
+// has room too (docs/key-account.md, "Teams").
+function teamCap(store: AccountStore, cap: bigint | null, reservedPicos: bigint): bigint | null {
+  const pool = store.team.pool;
+  if (pool === null || !pool.budgeted) return cap;
+  const reserved = store.spend.of(utcDay(Date.now())).lifetime.reservedPicos;
+  const room = pool.picos - moneyUsed(pool, { reservedPicos: reserved, inFlight: 0 });
+  const most = reservedPicos + (room > 0n ? room : 0n);
+  return cap === null || most < cap ? most : cap;
 }
 
 // Spend as it would be with `picos` more reserved in each period.

@@ -60,7 +60,12 @@ export class TeamAccount extends DurableObject<Env> {
       record,
       slotsHeld: this.#store.slotsHeld(),
       spend: [
-        { period: `d:${day}`, ...spend.day, budgetMicros: budgets.dayMicros, resetsAt: at + msToNextUtcDay(at) },
+        {
+          period: `d:${day}`,
+          ...spend.day,
+          budgetMicros: budgets.dayMicros,
+          resetsAt: at + msToNextUtcDay(at),
+        },
         {
           period: `m:${day.slice(0, 7)}`,
           ...spend.month,
@@ -72,12 +77,11 @@ export class TeamAccount extends DurableObject<Env> {
     };
   }
 
-  /** Deletes the team and all it holds; false while a member key holds any of its allowance. */
-  async remove(): Promise<boolean> {
-    if (this.#store.holders() > 0) return false;
+  /** Deletes the team and all it holds (the admin API first checks that it has no keys). */
+  async remove(): Promise<void> {
     await this.ctx.storage.deleteAll();
+    applyMigrations(this.ctx.storage, TEAM_ACCOUNT_MIGRATIONS);
     this.#store.load();
-    return true;
   }
 
   /**
@@ -111,7 +115,12 @@ export class TeamAccount extends DurableObject<Env> {
       limits,
       budgets,
       buckets: {
-        requests: adjust(this.#store.bucket("requests", limits.rpm, now), limits.rpm, back.requests, now),
+        requests: adjust(
+          this.#store.bucket("requests", limits.rpm, now),
+          limits.rpm,
+          back.requests,
+          now,
+        ),
         tokens: adjust(this.#store.bucket("tokens", limits.tpm, now), limits.tpm, back.tokens, now),
       },
       spend: { day: shift(spend.day), month: shift(spend.month), lifetime: shift(spend.lifetime) },
@@ -123,7 +132,12 @@ export class TeamAccount extends DurableObject<Env> {
     const { granted } = outcome;
     this.#store.commitLease({
       keyId: call.keyId,
-      member: { picos: picos + granted.picos, slots: slots + granted.slots, seq: call.seq, granted },
+      member: {
+        picos: picos + granted.picos,
+        slots: slots + granted.slots,
+        seq: call.seq,
+        granted,
+      },
       buckets: outcome.buckets,
       settled: { day, picos: call.settledPicos },
     });

@@ -69,6 +69,9 @@ export class TeamStore {
   /** Loads every table (they are small). */
   load(): void {
     const sql = this.#storage.sql;
+    this.#buckets.clear();
+    this.#settled.clear();
+    this.#members.clear();
     const row = sql.exec<RecordRow>("SELECT * FROM team_record").toArray()[0];
     this.#record = row === undefined ? null : recordOf(row);
     for (const b of sql.exec<{ kind: string; level: number; updated_at: number }>(
@@ -135,7 +138,11 @@ export class TeamStore {
       settledPicos: this.#settled.get(name) ?? 0n,
       reservedPicos: reserved,
     });
-    return { day: period(`d:${day}`), month: period(`m:${day.slice(0, 7)}`), lifetime: period("all") };
+    return {
+      day: period(`d:${day}`),
+      month: period(`m:${day.slice(0, 7)}`),
+      lifetime: period("all"),
+    };
   }
 
   /** Concurrency slots held by member keys. */
@@ -152,11 +159,6 @@ export class TeamStore {
         granted: { requests: 0, tokens: 0, picos: 0n, slots: 0 },
       }
     );
-  }
-
-  /** Members holding any allowance (a team is deleted only without them). */
-  holders(): number {
-    return [...this.#members.values()].filter((m) => m.picos > 0n || m.slots > 0).length;
   }
 
   /** Commits a lease call's effects in one transaction. */

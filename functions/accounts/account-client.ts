@@ -284,7 +284,12 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
           : refusal.limit === "requests"
             ? "requests per min (RPM)"
             : "concurrent requests";
-      const who = refusal.scope === "key" ? `key ${keyId}` : `this end user of key ${keyId}`;
+      const who =
+        refusal.scope === "key"
+          ? `key ${keyId}`
+          : refusal.scope === "team"
+            ? `team ${refusal.teamId ?? ""} of key ${keyId}`
+            : `this end user of key ${keyId}`;
       const message = refusal.tooLarge
         ? `Request too large for ${who} on ${unit}: Limit ${refusal.limitValue}, Requested ${refusal.requested}. Reduce the prompt or max_tokens.`
         : `Rate limit reached for ${who} on ${unit}: Limit ${refusal.limitValue}, Requested ${refusal.requested}. Please try again in ${formatResetDuration(refusal.retryAfterMs)}.`;
@@ -314,7 +319,7 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
             : `It renews in ${formatResetDuration(refusal.retryAfterMs)}.`;
       return new ApiError(
         429,
-        `You exceeded the ${budget} of key ${keyId}: limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, reserved by requests in flight $${formatUsd(refusal.reservedPicos)}, this request may cost up to $${formatUsd(refusal.requestedPicos)}. ${when}`,
+        `You exceeded the ${budget} of ${refusal.scope === "team" ? `team ${refusal.teamId ?? ""} of key ${keyId}` : `key ${keyId}`}: limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, reserved by requests in flight $${formatUsd(refusal.reservedPicos)}, this request may cost up to $${formatUsd(refusal.requestedPicos)}. ${when}`,
         {
           type: "insufficient_quota",
           code: "insufficient_quota",

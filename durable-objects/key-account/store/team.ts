@@ -13,12 +13,14 @@ const RATE_INTERVAL_MS = 1_000;
 type StoredPool = Omit<TeamPool, "picos" | "settledPicos" | "pending"> & {
   picos: string;
   settledPicos: string;
-  pending: (Omit<TeamPendingCall, "settledPicos" | "giveBack" | "need" | "want"> & {
-    settledPicos: string;
-    giveBack: StoredAllowance;
-    need: StoredAllowance | null;
-    want: StoredAllowance;
-  }) | null;
+  pending:
+    | (Omit<TeamPendingCall, "settledPicos" | "giveBack" | "need" | "want"> & {
+        settledPicos: string;
+        giveBack: StoredAllowance;
+        need: StoredAllowance | null;
+        want: StoredAllowance;
+      })
+    | null;
 };
 type StoredAllowance = Omit<TeamAllowance, "picos"> & { picos: string };
 

@@ -29,7 +29,11 @@ export class TeamLink {
   readonly #ctx: DurableObjectState;
   #running: Promise<unknown> | null = null;
 
-  constructor(store: AccountStore, teams: DurableObjectNamespace<TeamAccount>, ctx: DurableObjectState) {
+  constructor(
+    store: AccountStore,
+    teams: DurableObjectNamespace<TeamAccount>,
+    ctx: DurableObjectState,
+  ) {
     this.#store = store;
     this.#teams = teams;
     this.#ctx = ctx;
@@ -117,7 +121,12 @@ export class TeamLink {
       const want = mode === "renew" ? wantOf(team.rate) : NOTHING;
       const giveBack =
         mode === "leave"
-          ? { requests: pool.requests, tokens: pool.tokens, picos: pool.picos - pool.settledPicos, slots: pool.slots }
+          ? {
+              requests: pool.requests,
+              tokens: pool.tokens,
+              picos: pool.picos - pool.settledPicos,
+              slots: pool.slots,
+            }
           : excess(pool, use, want);
       const pending = { seq: pool.seq + 1, settledPicos: pool.settledPicos, giveBack, need, want };
       team.change((held) => {
