@@ -11,7 +11,7 @@ import { FREE, utcDay, worstCasePicos } from "../../contracts/pricing.ts";
 import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, rowTags, storedCandidate } from "./schema.ts";
 import { expireDue } from "./settle.ts";
 import { type AccountStore, userScope } from "./store.ts";
-import { allowedModels, shortfall } from "./team/pool.ts";
+import { type PoolAsk, allowedModels, shortfall } from "./team/pool.ts";
 import type { TeamLink } from "./team/link.ts";
 import type { TeamAllowance } from "../team-account/types.ts";
 import { RESERVATION_LEASE_MS, type AdmitInput, type AdmitResult } from "./types.ts";
@@ -21,11 +21,14 @@ export interface TeamShort {
   ok: false;
   code: "team_short";
   need: TeamAllowance;
+  /** The request's own tokens and money. */
+  ask: PoolAsk;
 }
 
 // How often one admission asks the team before it is refused as busy: other requests of
-// the key may take what a call brought before this one is decided again.
-const TEAM_TRIES = 4;
+// the key may take what a call brought before this one is decided again (each call admits
+// at least one of them, and asks for all of them).
+const TEAM_TRIES = 16;
 
 /**
  * Admits or refuses a request (see {@link decide}); a request that its key's lease of its
@@ -38,7 +41,7 @@ export async function admitWithTeam(
 ): Promise<AdmitResult> {
   let result = decide(store, input);
   for (let tries = 0; tries < TEAM_TRIES && !result.ok && result.code === "team_short"; tries++) {
-    const refusal = await team.obtain(result.need);
+    const refusal = await team.obtain(result.need, result.ask);
     result = refusal ?? decide(store, input);
   }
   if (result.ok || result.code !== "team_short") {
@@ -160,7 +163,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult | Te
   if (team !== null && use !== null) {
     const ask = { tokens: decision.reservedTokens, picos: decision.reservedPicos };
     const need = shortfall(team, ask, use);
-    if (need !== null) return { ok: false, code: "team_short", need };
+    if (need !== null) return { ok: false, code: "team_short", need, ask };
   }
 
   const stored: StoredCandidate[] = offered

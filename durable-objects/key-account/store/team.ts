@@ -5,7 +5,7 @@
  */
 import type { WriteBehind } from "../../write-behind.ts";
 import type { TeamAllowance } from "../../team-account/types.ts";
-import { type PoolRate, type TeamPendingCall, type TeamPool, emptyPool } from "../team/pool.ts";
+import type { PoolAsk, PoolRate, TeamPendingCall, TeamPool } from "../team/pool.ts";
 
 // What the key used is measured over at least this long, so frequent calls do not shrink it.
 const RATE_INTERVAL_MS = 1_000;
@@ -34,6 +34,8 @@ export class TeamPoolStore {
   /** When the key last called its team, and last admitted a request (epoch ms). */
   syncedAt = 0;
   activeAt = 0;
+  /** The last admitted request's tokens and money: the size of the next ones, before any rate. */
+  typical: PoolAsk = { tokens: 0, picos: 0n };
 
   constructor(sql: SqlStorage, writes: WriteBehind) {
     this.#sql = sql;
@@ -86,6 +88,7 @@ export class TeamPoolStore {
       peakInFlight: Math.max(this.#rate.peakInFlight, inFlight),
     };
     this.activeAt = now;
+    this.typical = { tokens, picos };
   }
 
   /** A settlement billed `settledPicos` and gave `tokens` back (negative: charged more). */

@@ -10,7 +10,15 @@ import type { TeamAccount } from "../../team-account/index.ts";
 import type { TeamAllowance, TeamRefusal } from "../../team-account/types.ts";
 import type { AccountStore } from "../store.ts";
 import { KEY_SCOPE } from "../schema.ts";
-import { type PoolUse, type TeamPool, excess, poolHeadroom, wantOf } from "./pool.ts";
+import {
+  type PoolAsk,
+  type PoolUse,
+  type TeamPool,
+  excess,
+  poolHeadroom,
+  times,
+  wantOf,
+} from "./pool.ts";
 
 /** A key idle this long gives back what it holds of its team's allowance unused. */
 export const TEAM_IDLE_MS = 5_000;
@@ -28,6 +36,8 @@ export class TeamLink {
   readonly #teams: DurableObjectNamespace<TeamAccount>;
   readonly #ctx: DurableObjectState;
   #running: Promise<unknown> | null = null;
+  // Requests of the key waiting for the team now, each lacking about what the first does.
+  #waiting = 0;
 
   constructor(
     store: AccountStore,
@@ -44,12 +54,19 @@ export class TeamLink {
    * refusal, or null once the call is over (the request is then decided again). A call
    * already under way is waited for instead.
    */
-  async obtain(need: TeamAllowance): Promise<TeamRefusal | null> {
-    if (this.#running !== null) {
-      await this.#running;
-      return null;
+  async obtain(need: TeamAllowance, ask: PoolAsk): Promise<TeamRefusal | null> {
+    this.#waiting++;
+    // Sizes the call (wantOf) when the key has no rate yet.
+    this.#store.team.typical = ask;
+    try {
+      if (this.#running !== null) {
+        await this.#running;
+        return null;
+      }
+      return await this.#call(need, "renew");
+    } finally {
+      this.#waiting--;
     }
-    return this.#call(need, "renew");
   }
 
   /** Starts a background call when the lease runs low or has spend to report; never waits. */
@@ -93,11 +110,12 @@ export class TeamLink {
   #due(pool: TeamPool, now: number): boolean {
     const sinceLast = now - this.#store.team.syncedAt;
     if (pool.settledPicos > 0n && sinceLast >= TEAM_REPORT_MS) return true;
-    const want = wantOf(this.#store.team.rate);
+    const want = wantOf(this.#store.team.rate, this.#store.team.typical, NOTHING);
     const spare = poolHeadroom(pool, this.#use());
     return (
       spare.requests * 2 < want.requests ||
       spare.tokens * 2 < want.tokens ||
+      spare.slots * 2 < want.slots ||
       (spare.picos !== null && spare.picos * 2n < want.picos)
     );
   }
@@ -118,7 +136,8 @@ export class TeamLink {
     const now = Date.now();
     if (pool.pending === null) {
       const use = this.#use();
-      const want = mode === "renew" ? wantOf(team.rate) : NOTHING;
+      const waiting = need === null ? NOTHING : times(need, this.#waiting);
+      const want = mode === "renew" ? wantOf(team.rate, team.typical, waiting) : NOTHING;
       const giveBack =
         mode === "leave"
           ? {

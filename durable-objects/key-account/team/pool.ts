@@ -105,17 +105,40 @@ export function poolHeadroom(
   };
 }
 
-/** What to ask the team to hold for the key: two intervals of its use, at least a few requests. */
-export function wantOf(rate: PoolRate): TeamAllowance {
-  const requests = Math.max(4, 2 * rate.requests);
-  const per = Math.max(1, rate.requests);
+/**
+ * What to ask the team to hold for the key: two intervals of its use, at least a few of its
+ * `typical` requests (the last one's tokens and money) and what `waiting` requests lack.
+ */
+export function wantOf(rate: PoolRate, typical: PoolAsk, waiting: TeamAllowance): TeamAllowance {
+  const requests = Math.max(MIN_WANT_REQUESTS, 2 * rate.requests, waiting.requests);
+  const tokens =
+    rate.requests > 0
+      ? Math.ceil((rate.tokens / rate.requests) * requests)
+      : typical.tokens * requests;
+  const picos =
+    rate.requests > 0
+      ? (rate.picos * BigInt(requests)) / BigInt(rate.requests)
+      : typical.picos * BigInt(requests);
   return {
     requests,
-    tokens: Math.ceil((rate.tokens / per) * requests),
-    picos: (rate.picos * BigInt(requests)) / BigInt(per),
-    slots: Math.max(1, 2 * rate.peakInFlight),
+    tokens: Math.max(tokens, waiting.tokens),
+    picos: maxBig(picos, waiting.picos),
+    slots: Math.max(2, 2 * rate.peakInFlight, waiting.slots),
   };
 }
+
+/** What `count` requests lacking `need` each lack together. */
+export function times(need: TeamAllowance, count: number): TeamAllowance {
+  return {
+    requests: need.requests * count,
+    tokens: need.tokens * count,
+    picos: need.picos * BigInt(count),
+    slots: need.slots * count,
+  };
+}
+
+/** The fewest requests a key asks its team to hold for it. */
+export const MIN_WANT_REQUESTS = 4;
 
 /**
  * What to give back of the pool: everything beyond `keep` that the key does not use. A
