@@ -41,7 +41,7 @@ export function checkKey(
 
 /**
  * Usage from `from` to `to` (UTC days, inclusive): the rollups by day and model; with
- * `user` or `tag`, only those requests, summed from the ledger (kept LEDGER_RETENTION_MS);
+ * `user`, `tag` or `teamId`, only those requests, summed from the ledger (kept LEDGER_RETENTION_MS);
  * with `by: "tag"`, totals per tag as well.
  */
 export function usageOf(store: AccountStore, query: UsageQuery): UsageResult {
@@ -49,12 +49,16 @@ export function usageOf(store: AccountStore, query: UsageQuery): UsageResult {
     const check = checkKey(store, { credential: query.credential });
     if (!check.ok) return check;
   }
-  const { from, to, user, tag } = query;
+  const { from, to, user, tag, teamId } = query;
   const rows =
-    user === undefined && tag === undefined
+    user === undefined && tag === undefined && teamId === undefined
       ? store.spend.usage(from, to)
       : store.ledger.filteredUsage(
-          { ...(user !== undefined && { user }), ...(tag !== undefined && { tag }) },
+          {
+            ...(user !== undefined && { user }),
+            ...(tag !== undefined && { tag }),
+            ...(teamId !== undefined && { teamId }),
+          },
           from,
           to,
         );

@@ -75,6 +75,8 @@ export interface UsageQuery {
   to: string;
   user?: string;
   tag?: string;
+  /** Only the rows admitted while the key was in this team. */
+  teamId?: string;
   /** `tag`: totals per tag as well. */
   by?: "tag";
   /** Only for this key's own secret (the edge's `/v1/usage`). */

@@ -166,10 +166,14 @@ export class LedgerStore {
   }
 
   /**
-   * Usage by day and model of one end user's requests, or one tag's, or both, summed from
-   * the closed rows (a flush first).
+   * Usage by day and model of one end user's requests, one tag's or one team's, or of
+   * several of them, summed from the closed rows (a flush first).
    */
-  filteredUsage(only: { user?: string; tag?: string }, from: string, to: string): UsageRow[] {
+  filteredUsage(
+    only: { user?: string; tag?: string; teamId?: string },
+    from: string,
+    to: string,
+  ): UsageRow[] {
     this.#writes.flush();
     const where = ["day >= ?", "day <= ?", "state <> 'open'"];
     const args: string[] = [from, to];
@@ -180,6 +184,10 @@ export class LedgerStore {
     if (only.tag !== undefined) {
       where.push("EXISTS (SELECT 1 FROM json_each(ledger.tags) WHERE value = ?)");
       args.push(only.tag);
+    }
+    if (only.teamId !== undefined) {
+      where.push("team_id = ?");
+      args.push(only.teamId);
     }
     return this.#sql
       .exec<UsageDbRow>(
