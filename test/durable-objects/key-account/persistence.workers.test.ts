@@ -33,7 +33,15 @@ describe("KeyAccount schema migration", () => {
     const created = Date.UTC(2026, 0, 15, 12);
     await runInDurableObject(stub, (_instance: KeyAccount, state) => {
       const sql = state.storage.sql;
-      for (const table of ["ledger", "usage_daily", "spend", "metrics", "leases", "batch_holds"])
+      for (const table of [
+        "ledger",
+        "usage_daily",
+        "spend",
+        "metrics",
+        "leases",
+        "batch_holds",
+        "team_pool",
+      ])
         sql.exec(`DROP TABLE ${table}`);
       sql.exec("DROP TABLE key_record");
       sql.exec("DROP TABLE secrets");
