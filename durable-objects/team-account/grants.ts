@@ -63,8 +63,6 @@ export function decideGrant(input: TeamGrantInput): TeamGrantOutcome {
   if (refusal !== null) return { buckets, granted: NONE, refusal };
 
   const room = budgetRoom(budgets, spend);
-  const extra = (want: number, needed: number, left: number, divisor: number) =>
-    Math.min(Math.max(0, want - needed), Math.floor(Math.max(0, left - needed) / divisor));
   let picos = need.picos;
   if (room !== null) {
     const left = room - need.picos;
@@ -88,6 +86,11 @@ export function decideGrant(input: TeamGrantInput): TeamGrantOutcome {
     granted,
     refusal: null,
   };
+}
+
+// What to add beyond what is needed: towards `want`, within a share of what is left.
+function extra(want: number, needed: number, left: number, divisor: number): number {
+  return Math.min(Math.max(0, want - needed), Math.floor(Math.max(0, left - needed) / divisor));
 }
 
 // The team limit `need` does not fit, the one asking for the longest wait; null when it fits.

@@ -300,6 +300,11 @@ function budgetRoom(
   return room;
 }
 
+// The smaller amount; null is no limit.
+function least(a: bigint | null, b: bigint | null): bigint | null {
+  return a === null ? b : b === null ? a : a < b ? a : b;
+}
+
 // The models the key and its team both allow.
 function keyModels(store: AccountStore): string[] | null {
   const models = store.key.record?.models ?? null;
@@ -313,8 +318,6 @@ function withinTeam(store: AccountStore, day: string, inFlight: number, key: All
   if (pool === null) return key;
   const reservedPicos = store.spend.of(day).lifetime.reservedPicos;
   const team = poolHeadroom(pool, { reservedPicos, inFlight });
-  const least = (a: bigint | null, b: bigint | null) =>
-    a === null ? b : b === null ? a : a < b ? a : b;
   return {
     requests: Math.min(key.requests, team.requests),
     tokens: Math.min(key.tokens, team.tokens),

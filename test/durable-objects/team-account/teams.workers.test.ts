@@ -109,7 +109,7 @@ describe("teams", () => {
         usage: { prompt_tokens: 10, completion_tokens: 90 },
       });
     await Promise.all(
-      results.map((result, i) => (result.ok ? settle(i % 2 === 0 ? a : b, i) : null)),
+      results.flatMap((result, i) => (result.ok ? [settle(i % 2 === 0 ? a : b, i)] : [])),
     );
     const view = await team.stub.view();
     const lifetime = view?.spend.find((period) => period.period === "all");
