@@ -45,6 +45,7 @@ function payload() {
       ...Object.fromEntries(BUDGETS.map((b) => [b, number(FIELDS[b])])),
     },
     tags: list("kf-tags"),
+    team_id: $("kf-team").value === "" ? null : $("kf-team").value,
     models: models.length === 0 ? null : models,
     allowed_origins: $("kf-origins")
       .value.split(/\s+/)
@@ -53,11 +54,21 @@ function payload() {
   };
 }
 
+// The team choices: none, then each team by name.
+function teamChoices(teams, chosen) {
+  const none = new Option("none", "");
+  const options = teams.map((team) => new Option(team.name, team.id));
+  $("kf-team").replaceChildren(none, ...options);
+  $("kf-team").value = chosen ?? "";
+}
+
 /**
  * Opens the key form: empty for a new key (`key` null), else filled with the key's
- * settings. `onSaved(key, secret)` gets the key as the API answered (and a new key's secret).
+ * settings, with `teams` to choose from. `onSaved(key, secret)` gets the key as the API
+ * answered (and a new key's secret).
  */
-export function openKeyForm(key, onSaved) {
+export function openKeyForm(key, onSaved, teams = []) {
+  teamChoices(teams, key?.team_id);
   editing = key;
   saved = onSaved;
   text($("key-dialog-title"), key === null ? "New key" : `Edit ${key.name}`);

@@ -64,3 +64,13 @@ export function actionButton(label, name, onClick, disabled = false) {
   button.addEventListener("click", onClick);
   return button;
 }
+
+/** A key's or a team's budgets in words: `day $5.000000 · credit $20.000000`, or `none`. */
+export function budgets(limits) {
+  const parts = [
+    ["day", limits.budget_usd_day],
+    ["month", limits.budget_usd_month],
+    ["credit", limits.credit_usd],
+  ].filter(([, amount]) => amount !== null && amount !== undefined);
+  return parts.length === 0 ? "none" : parts.map(([n, a]) => `${n} ${usd(a)}`).join(" · ");
+}

@@ -198,6 +198,7 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
         id,
         "active",
         "standard",
+        "–",
         "team:checkout, env:prod",
         "30",
         "1000000",
@@ -278,6 +279,92 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
         ),
       );
       expect(await page.locator("#audit").textContent()).not.toContain(rotated);
+      expect(pageErrors).toEqual([]);
+      await page.close();
+    },
+  );
+
+  it(
+    "manages teams: create, assign a key, refuse deleting a team with keys, then delete it",
+    { timeout: 90_000 },
+    async () => {
+      const page = await signedIn(1280, "Ada Operator");
+      await page.getByRole("button", { name: "Teams", exact: true }).click();
+      await page.getByRole("button", { name: "New team" }).click();
+      await page.getByLabel("Team name").fill("research-e2e");
+      await page.getByLabel("Team concurrency").fill("3");
+      await page.getByLabel("Team daily budget (UTC)").fill("2");
+      await page.getByRole("button", { name: "Save team" }).click();
+      const row = page.getByRole("row", { name: /research-e2e/ });
+      await row.waitFor();
+      const teamId = (await row.locator("code").textContent()) ?? "";
+      expect(teamId).toMatch(/^team_/);
+      expect(await row.locator("td").allTextContents()).toEqual([
+        "research-e2e",
+        teamId,
+        "",
+        "1000000000",
+        "1000000000000",
+        "3",
+        "day 2.000000",
+        "every model",
+        "EditDelete",
+      ]);
+
+      await page.getByRole("button", { name: "Edit team research-e2e" }).click();
+      await page.getByLabel("Team RPM").fill("120");
+      await page.getByRole("button", { name: "Save team" }).click();
+      await row.locator("td", { hasText: "120" }).waitFor();
+      expect((await admin(`/admin/teams/${teamId}`))["limits"]).toMatchObject({
+        rpm: 120,
+        concurrency: 3,
+        budget_usd_day: 2,
+      });
+
+      // A key joins the team from its own form.
+      await page.getByRole("button", { name: "Keys", exact: true }).click();
+      await page.getByRole("button", { name: "New key" }).click();
+      await page.getByLabel("Name", { exact: true }).fill("research-key-e2e");
+      await page.getByLabel("Team", { exact: true }).selectOption({ label: "research-e2e" });
+      await page.getByRole("button", { name: "Save" }).click();
+      await page.locator("#secret-dialog[open]").waitFor();
+      const secret = await page.getByLabel("API key").inputValue();
+      await page.getByRole("button", { name: "Done" }).click();
+      const keyRow = page.getByRole("row", { name: /research-key-e2e/ });
+      await keyRow.locator("td", { hasText: "research-e2e" }).first().waitFor();
+      const keyId = (await keyRow.locator("code").textContent()) ?? "";
+      expect((await admin(`/admin/keys/${keyId}`))["team_id"]).toBe(teamId);
+      expect(await modelsWith(secret)).toBe(200);
+
+      // Its team keeps it: deleting is refused with the API's own message.
+      await page.getByRole("button", { name: "Teams", exact: true }).click();
+      await page.getByRole("button", { name: "Delete team research-e2e" }).click();
+      await page.getByRole("button", { name: "Delete", exact: true }).click();
+      await page.getByRole("alert").filter({ hasText: "still has 1 key" }).waitFor();
+      await page.getByRole("button", { name: "Cancel" }).click();
+      expect((await admin(`/admin/teams/${teamId}`))["key_ids"]).toEqual([keyId]);
+
+      await page.getByRole("button", { name: "Keys", exact: true }).click();
+      await page.getByRole("button", { name: "Edit key research-key-e2e" }).click();
+      await page.getByLabel("Team", { exact: true }).selectOption({ label: "none" });
+      await page.getByRole("button", { name: "Save" }).click();
+      await page
+        .locator("#key-dialog[open]")
+        .waitFor({ state: "detached" })
+        .catch(() => {});
+      await page.waitForFunction(async (id) => {
+        const token = sessionStorage.getItem("warmgate-admin-token");
+        const res = await fetch(`/admin/keys/${id}`, {
+          headers: { authorization: `Bearer ${token}` },
+        });
+        return (await res.json()).team_id === null;
+      }, keyId);
+
+      await page.getByRole("button", { name: "Teams", exact: true }).click();
+      await page.getByRole("button", { name: "Delete team research-e2e" }).click();
+      await page.getByRole("button", { name: "Delete", exact: true }).click();
+      await row.waitFor({ state: "detached" });
+      expect(page.url()).not.toContain(stack.adminToken);
       expect(pageErrors).toEqual([]);
       await page.close();
     },
