@@ -348,17 +348,16 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       await page.getByRole("button", { name: "Edit key research-key-e2e" }).click();
       await page.getByLabel("Team", { exact: true }).selectOption({ label: "none" });
       await page.getByRole("button", { name: "Save" }).click();
-      await page
-        .locator("#key-dialog[open]")
-        .waitFor({ state: "detached" })
-        .catch(() => {});
-      await page.waitForFunction(async (id) => {
-        const token = sessionStorage.getItem("warmgate-admin-token");
-        const res = await fetch(`/admin/keys/${id}`, {
-          headers: { authorization: `Bearer ${token}` },
-        });
-        return (await res.json()).team_id === null;
-      }, keyId);
+      // The team column of its row: none.
+      await page.waitForFunction(
+        (name) =>
+          [...document.querySelectorAll("#key-list tbody tr")].some(
+            (tr) =>
+              tr.textContent?.includes(name) && tr.querySelectorAll("td")[4]?.textContent === "–",
+          ),
+        "research-key-e2e",
+      );
+      expect((await admin(`/admin/keys/${keyId}`))["team_id"]).toBeNull();
 
       await page.getByRole("button", { name: "Teams", exact: true }).click();
       await page.getByRole("button", { name: "Delete team research-e2e" }).click();
