@@ -102,6 +102,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult | Te
       requestId: input.requestId,
       tier: record.tier,
       allowRegionOverride: record.allowRegionOverride,
+      teamId: record.teamId,
       leaseExpiresAt: existing.expiresAt,
       budgeted: hasBudgets(record.budgets),
     };
@@ -200,6 +201,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult | Te
     requestId: input.requestId,
     tier: record.tier,
     allowRegionOverride: record.allowRegionOverride,
+    teamId: record.teamId,
     leaseExpiresAt,
     budgeted: hasBudgets(record.budgets),
   };

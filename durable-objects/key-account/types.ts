@@ -236,6 +236,8 @@ export type AdmitOk = Admission & {
   tier: KeyTier;
   /** Whether the request may pick its region (the key's `allow_region_override`). */
   allowRegionOverride: boolean;
+  /** The key's team, or null (a team-scoped response cache shares entries within it). */
+  teamId: string | null;
   leaseExpiresAt: number;
   /**
    * Whether the key has a budget: then a cost above the reservation is billed only as far

@@ -196,6 +196,7 @@ export function grantLease(
         tier: record.tier,
         allowRegionOverride: record.allowRegionOverride,
         budgeted: hasBudgets(budgets),
+        teamId: record.teamId,
       },
       rateLimit: rateLimitNow(limits, store.scopeUsage(KEY_SCOPE, null), now),
     },

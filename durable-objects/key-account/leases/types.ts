@@ -66,6 +66,8 @@ export interface LeaseGrant {
     tier: KeyTier;
     allowRegionOverride: boolean;
     budgeted: boolean;
+    /** The key's team, or null. */
+    teamId: string | null;
   };
   /** The key's buckets as the grant left them, without what this lease holds. */
   rateLimit: RateLimitInfo;
