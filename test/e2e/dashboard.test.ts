@@ -462,6 +462,11 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       await page.getByRole("button", { name: "New key" }).click();
       await fitsWidth(page);
       await page.getByRole("button", { name: "Cancel" }).click();
+      await page.getByRole("button", { name: "Teams", exact: true }).click();
+      await fitsWidth(page);
+      await page.getByRole("button", { name: "New team" }).click();
+      await fitsWidth(page);
+      await page.getByRole("button", { name: "Cancel" }).click();
       await page.getByRole("button", { name: "Requests", exact: true }).click();
       await fitsWidth(page);
       await page.getByRole("button", { name: "Audit log", exact: true }).click();

@@ -55,6 +55,8 @@ export class TeamPoolStore {
   load(): void {
     const row = this.#sql.exec<{ data: string }>("SELECT data FROM team_pool").toArray()[0];
     this.#pool = row === undefined ? null : poolOf(JSON.parse(row.data) as StoredPool | null);
+    // A restart counts as activity: what the pool holds is given back once idle again.
+    if (this.#pool !== null) this.activeAt = Date.now();
   }
 
   /** Replaces the pool (null: the key leaves its team). */
