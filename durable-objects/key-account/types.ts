@@ -5,6 +5,7 @@
 import type { MetadataValue } from "../../contracts/tags.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 import type { ModelPrice } from "../../contracts/pricing.ts";
+import type { SettleCache, SettleMetrics } from "./settle-types.ts";
 
 /** Priority tiers, lowest first; the batcher maps them to lanes. */
 export const KEY_TIERS = ["low", "standard", "high"] as const;
@@ -57,9 +58,8 @@ export type AdmissionRefusal =
       ok: false;
       code: "rate_limit_exceeded";
       limit: LimitName;
-      /** Whose limit: the key's, its end user's (browser token) or its team's. */
+      /** Whose limit: the key's, its end user's (browser token) or its team's (`teamId`). */
       scope: "key" | "end_user" | "team";
-      /** The team, when `scope` is `team`. */
       teamId?: string;
       /** The limit's value, and what this request asked of it. */
       limitValue: number;
@@ -73,7 +73,7 @@ export type AdmissionRefusal =
       ok: false;
       code: "insufficient_quota";
       budget: BudgetName;
-      /** Set when the budget is the key's team's (docs/key-account.md, "Teams"). */
+      /** Set when the budget is the key's team's (`teamId`). */
       scope?: "team";
       teamId?: string;
       /** The budget, in pico-dollars like every amount here. */
@@ -236,7 +236,7 @@ export type AdmitOk = Admission & {
   tier: KeyTier;
   /** Whether the request may pick its region (the key's `allow_region_override`). */
   allowRegionOverride: boolean;
-  /** The key's team, or null (a team-scoped response cache shares entries within it). */
+  /** The key's team, or null (a team-scoped response cache shares entries in it). */
   teamId: string | null;
   leaseExpiresAt: number;
   /**
@@ -310,32 +310,6 @@ export interface SettleInput {
   /** How the edge's response cache served it, when the cache was used. */
   cache?: SettleCache;
   now?: number;
-}
-
-/**
- * How the edge's response cache served a request (docs/cache.md). A hit's `usage` is what
- * generating the answer cost, the tokens it saved: billed at `pricePpm` of its price, its
- * reserved tokens given back.
- */
-export interface SettleCache {
-  /** `hit`: answered from the cache; `miss`: looked up, then generated. */
-  result: "hit" | "miss";
-  /** Bytes a hit served. */
-  bytes: number;
-  /** Share of the answer's price a hit is billed at, in parts per million. */
-  pricePpm: number;
-}
-
-/** A request as its client saw it: where it was served, its status and its timings. */
-export interface SettleMetrics {
-  /** The region that served it, or null when none did. */
-  region: string | null;
-  /** The HTTP status the client received. */
-  status: number;
-  /** From the edge receiving it to its settlement. */
-  durationMs: number;
-  /** From the edge receiving it to its first body byte, for a streamed answer; else null. */
-  ttftMs: number | null;
 }
 
 /** What the edge knows of an admission: enough to bill the request if the account lost it. */
