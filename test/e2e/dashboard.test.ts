@@ -5,6 +5,7 @@ import { type Browser, type Page, chromium } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROOT } from "../../scripts/edge.ts";
 import { type RunningStack, startStack } from "../../scripts/stack.ts";
+import { fitsWidth, manageTeams } from "../support/dashboard-page.ts";
 
 // The dashboard in a real browser: Debian's Chromium, driven by playwright-core.
 const CHROMIUM = process.env["CHROMIUM_PATH"] ?? "/usr/bin/chromium";
@@ -17,26 +18,6 @@ if (!present && !required) {
   console.warn(
     `dashboard test skipped: no Chromium at ${CHROMIUM}. Install it with \`sudo apt-get install chromium\` (Debian/Ubuntu) or set CHROMIUM_PATH.`,
   );
-}
-
-// The page is never wider than the screen; tables wider than it scroll inside their card.
-async function fitsWidth(page: Page): Promise<void> {
-  const sizes = await page.evaluate(() => ({
-    page: document.documentElement.scrollWidth,
-    viewport: window.innerWidth,
-    cards: [...document.querySelectorAll<HTMLElement>(".table-scroll, dialog[open]")]
-      .filter((card) => card.offsetParent !== null || card.matches("dialog[open]"))
-      .map((card) => ({
-        right: card.getBoundingClientRect().right,
-        overflow: card.matches("dialog") ? "auto" : getComputedStyle(card).overflowX,
-      })),
-  }));
-  expect(sizes.page).toBeLessThanOrEqual(sizes.viewport);
-  expect(sizes.cards.length).toBeGreaterThan(0);
-  for (const card of sizes.cards) {
-    expect(card.right).toBeLessThanOrEqual(sizes.viewport);
-    expect(card.overflow).toBe("auto");
-  }
 }
 
 describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
@@ -289,80 +270,7 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
     { timeout: 90_000 },
     async () => {
       const page = await signedIn(1280, "Ada Operator");
-      await page.getByRole("button", { name: "Teams", exact: true }).click();
-      await page.getByRole("button", { name: "New team" }).click();
-      await page.getByLabel("Team name").fill("research-e2e");
-      await page.getByLabel("Team concurrency").fill("3");
-      await page.getByLabel("Team daily budget (UTC)").fill("2");
-      await page.getByRole("button", { name: "Save team" }).click();
-      const row = page.getByRole("row", { name: /research-e2e/ });
-      await row.waitFor();
-      const teamId = (await row.locator("code").textContent()) ?? "";
-      expect(teamId).toMatch(/^team_/);
-      expect(await row.locator("td").allTextContents()).toEqual([
-        "research-e2e",
-        teamId,
-        "",
-        "1000000000",
-        "1000000000000",
-        "3",
-        "day 2.000000",
-        "every model",
-        "EditDelete",
-      ]);
-
-      await page.getByRole("button", { name: "Edit team research-e2e" }).click();
-      await page.getByLabel("Team RPM").fill("120");
-      await page.getByRole("button", { name: "Save team" }).click();
-      await row.locator("td", { hasText: "120" }).waitFor();
-      expect((await admin(`/admin/teams/${teamId}`))["limits"]).toMatchObject({
-        rpm: 120,
-        concurrency: 3,
-        budget_usd_day: 2,
-      });
-
-      // A key joins the team from its own form.
-      await page.getByRole("button", { name: "Keys", exact: true }).click();
-      await page.getByRole("button", { name: "New key" }).click();
-      await page.getByLabel("Name", { exact: true }).fill("research-key-e2e");
-      await page.getByLabel("Team", { exact: true }).selectOption({ label: "research-e2e" });
-      await page.getByRole("button", { name: "Save" }).click();
-      await page.locator("#secret-dialog[open]").waitFor();
-      const secret = await page.getByLabel("API key").inputValue();
-      await page.getByRole("button", { name: "Done" }).click();
-      const keyRow = page.getByRole("row", { name: /research-key-e2e/ });
-      await keyRow.locator("td", { hasText: "research-e2e" }).first().waitFor();
-      const keyId = (await keyRow.locator("code").textContent()) ?? "";
-      expect((await admin(`/admin/keys/${keyId}`))["team_id"]).toBe(teamId);
-      expect(await modelsWith(secret)).toBe(200);
-
-      // Its team keeps it: deleting is refused with the API's own message.
-      await page.getByRole("button", { name: "Teams", exact: true }).click();
-      await page.getByRole("button", { name: "Delete team research-e2e" }).click();
-      await page.getByRole("button", { name: "Delete", exact: true }).click();
-      await page.getByRole("alert").filter({ hasText: "still has 1 key" }).waitFor();
-      await page.getByRole("button", { name: "Cancel" }).click();
-      expect((await admin(`/admin/teams/${teamId}`))["key_ids"]).toEqual([keyId]);
-
-      await page.getByRole("button", { name: "Keys", exact: true }).click();
-      await page.getByRole("button", { name: "Edit key research-key-e2e" }).click();
-      await page.getByLabel("Team", { exact: true }).selectOption({ label: "none" });
-      await page.getByRole("button", { name: "Save" }).click();
-      // The team column of its row: none.
-      await page.waitForFunction(
-        (name) =>
-          [...document.querySelectorAll("#key-list tbody tr")].some(
-            (tr) =>
-              tr.textContent?.includes(name) && tr.querySelectorAll("td")[4]?.textContent === "–",
-          ),
-        "research-key-e2e",
-      );
-      expect((await admin(`/admin/keys/${keyId}`))["team_id"]).toBeNull();
-
-      await page.getByRole("button", { name: "Teams", exact: true }).click();
-      await page.getByRole("button", { name: "Delete team research-e2e" }).click();
-      await page.getByRole("button", { name: "Delete", exact: true }).click();
-      await row.waitFor({ state: "detached" });
+      await manageTeams(page, { admin, modelsWith });
       expect(page.url()).not.toContain(stack.adminToken);
       expect(pageErrors).toEqual([]);
       await page.close();
