@@ -50,6 +50,24 @@ export async function rssBytes(pid: number): Promise<number | null> {
   }
 }
 
+/**
+ * A process's resident memory in bytes (Linux /proc): in all, anonymous (heaps: the
+ * allocator's and V8's) and file-backed (the binary and libraries); null when unknown.
+ */
+export async function residentBytes(
+  pid: number,
+): Promise<{ rss: number; anon: number; file: number } | null> {
+  try {
+    const status = await readFile(`/proc/${pid}/status`, "utf8");
+    const kb = (field: string) => Number(new RegExp(`${field}:\\s+(\\d+)\\s+kB`).exec(status)?.[1]);
+    const [rss, anon, file] = [kb("VmRSS"), kb("RssAnon"), kb("RssFile")];
+    if (![rss, anon, file].every(Number.isFinite)) return null;
+    return { rss: rss * 1024, anon: anon * 1024, file: file * 1024 };
+  } catch {
+    return null;
+  }
+}
+
 /** Pids of a process and all its descendants (Linux /proc). */
 export async function processTree(pid: number): Promise<number[]> {
   const { readdir } = await import("node:fs/promises");

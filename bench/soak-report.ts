@@ -7,12 +7,17 @@ import type { TargetResult } from "./lib.ts";
 
 export type SoakPhase = "idle" | "load" | "after";
 
-/** One reading: seconds since the run began, the phase, workerd's RSS and the JS heap used. */
+/**
+ * One reading: seconds since the run began, the phase, workerd's RSS (and its anonymous
+ * part: the allocator's heap and V8's), the JS heap used and the heap V8 holds for it.
+ */
 export interface MemorySample {
   t: number;
   phase: SoakPhase;
   rssBytes: number;
+  anonBytes: number;
   heapBytes: number;
+  heapTotalBytes: number;
 }
 
 const MB = 1024 * 1024;
@@ -42,6 +47,12 @@ export interface SoakFigures {
   idleHeapMb: number;
   endOfLoadHeapMb: number;
   afterHeapMb: number;
+  /** The heap V8 holds (used or not), idle and after the load. */
+  idleV8HeapMb: number;
+  afterV8HeapMb: number;
+  /** Anonymous memory outside V8's heap: the runtime's allocator (buffers, SQLite, …). */
+  idleNativeMb: number;
+  afterNativeMb: number;
 }
 
 /**
@@ -76,6 +87,10 @@ export function soakTargets(
     idleHeapMb: lastIdle.heapBytes / MB,
     endOfLoadHeapMb: lastLoad.heapBytes / MB,
     afterHeapMb: lastAfter.heapBytes / MB,
+    idleV8HeapMb: lastIdle.heapTotalBytes / MB,
+    afterV8HeapMb: lastAfter.heapTotalBytes / MB,
+    idleNativeMb: (lastIdle.anonBytes - lastIdle.heapTotalBytes) / MB,
+    afterNativeMb: (lastAfter.anonBytes - lastAfter.heapTotalBytes) / MB,
   };
   const growth = peak / settle.rssBytes;
   const back = lastAfter.rssBytes / lastIdle.rssBytes;

@@ -21,7 +21,7 @@ import {
 import { BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { type Inspector, inspectWorker } from "./inspector.ts";
 import { heapBytes, heapGrowth, summarizeHeap, type HeapSummary } from "./heap-summary.ts";
-import { rssBytes, workerdPid } from "./processes.ts";
+import { residentBytes, workerdPid } from "./processes.ts";
 import { type MemorySample, type SoakPhase, soakTargets } from "./soak-report.ts";
 import { createKey, startStack } from "../scripts/stack.ts";
 import { freePort } from "../scripts/edge.ts";
@@ -141,13 +141,17 @@ try {
   const pid = await workerdPid(stack.edge.pid);
   if (pid === null) throw new Error("no workerd process found");
   const read = async (phase: SoakPhase) => {
-    const heap = await inspector.send<{ usedSize: number }>("Runtime.getHeapUsage");
-    const rss = (await rssBytes(pid)) ?? Number.NaN;
+    const heap = await inspector.send<{ usedSize: number; totalSize: number }>(
+      "Runtime.getHeapUsage",
+    );
+    const resident = await residentBytes(pid);
     samples.push({
       t: (performance.now() - started) / 1000,
       phase,
-      rssBytes: rss,
+      rssBytes: resident?.rss ?? Number.NaN,
+      anonBytes: resident?.anon ?? Number.NaN,
       heapBytes: heap.usedSize,
+      heapTotalBytes: heap.totalSize,
     });
   };
   let phase: SoakPhase = "idle";

@@ -12,6 +12,7 @@ import {
   type ItemRecord,
   type ItemUsage,
   MAX_OUTCOME_IDS,
+  MAX_OUTCOME_PREFIXES,
   OUTCOMES_PATH,
   type OutcomesRequest,
   OutcomesResponseSchema,
@@ -102,21 +103,31 @@ function rank(item: AttemptEnd): number {
   return (item.outcome === "ok" ? 1e12 : 0) + (item.usage?.completion_tokens ?? 0);
 }
 
+/** What one lookup asks about: request ids, and request-id prefixes (each every request under it). */
+export interface OutcomeQuery {
+  ids: readonly string[];
+  prefixes?: readonly string[];
+}
+
 /**
- * Asks every origin about `requestIds`; `complete` is false when an origin did not answer
- * (then a request none of the others remembers may yet be found there).
+ * Asks every origin about the requests `query` names; `complete` is false when an origin
+ * did not answer (then a request none of the others remembers may yet be found there).
  */
 export async function lookupOutcomes(
   sources: readonly OutcomeSource[],
-  requestIds: readonly string[],
+  query: OutcomeQuery,
   secrets: object,
   timeoutMs = OUTCOME_LOOKUP_TIMEOUT_MS,
 ): Promise<{ items: FoundItem[]; complete: boolean }> {
-  const ids = requestIds.slice(0, MAX_OUTCOME_IDS);
-  if (ids.length < requestIds.length) throw new Error(`at most ${MAX_OUTCOME_IDS} ids a lookup`);
+  const ids = [...query.ids];
+  const prefixes = [...(query.prefixes ?? [])];
+  if (ids.length > MAX_OUTCOME_IDS) throw new Error(`at most ${MAX_OUTCOME_IDS} ids a lookup`);
+  if (prefixes.length > MAX_OUTCOME_PREFIXES) {
+    throw new Error(`at most ${MAX_OUTCOME_PREFIXES} prefixes a lookup`);
+  }
   const answers = await Promise.all(
     sources.map(async (source) => {
-      const body: OutcomesRequest = { ids };
+      const body: OutcomesRequest = { ids, ...(prefixes.length > 0 && { prefixes }) };
       const response = await postTo(source, OUTCOMES_PATH, body, secrets, timeoutMs);
       if (response === null) return null;
       let answer: unknown;
@@ -189,7 +200,7 @@ export async function settledOutcome(
     if (attempt > 0) await sleep(options.intervalMs ?? 200);
     const { items, complete } = await lookupOutcomes(
       sources,
-      [requestId],
+      { ids: [requestId] },
       secrets,
       options.timeoutMs,
     );

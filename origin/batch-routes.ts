@@ -252,7 +252,8 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
       const { message, param } = zodMessage(parsed.error);
       throw new OriginError(400, message, "invalid_outcomes_request", param);
     }
-    return c.json({ items: deps.items.outcomes.lookup(parsed.data.ids, Date.now()) });
+    const { ids, prefixes } = parsed.data;
+    return c.json({ items: deps.items.outcomes.lookup(ids, Date.now(), prefixes) });
   });
 }
 

@@ -64,11 +64,34 @@ export class OutcomeLog {
     return this.#byRequest.get(requestIdOf(itemId))?.has(itemId) ?? false;
   }
 
-  /** Every remembered item of the given requests (their attempts included). */
-  lookup(requestIds: readonly string[], now: number): ItemRecord[] {
+  /**
+   * Every remembered item of the given requests and of the requests whose id starts with
+   * one of `prefixes` (their attempts included), each once. A prefix reads every remembered
+   * request once: they are asked for rarely (a key's lease that lapsed unreported).
+   */
+  lookup(
+    requestIds: readonly string[],
+    now: number,
+    prefixes: readonly string[] = [],
+  ): ItemRecord[] {
     this.#evict(now);
+    const wanted = new Set(requestIds);
+    if (prefixes.length > 0) {
+      // By length, so that each request id is sliced once per length, not per prefix.
+      const byLength = new Map<number, Set<string>>();
+      for (const prefix of prefixes) {
+        const same = byLength.get(prefix.length);
+        if (same === undefined) byLength.set(prefix.length, new Set([prefix]));
+        else same.add(prefix);
+      }
+      for (const id of this.#byRequest.keys()) {
+        for (const [length, same] of byLength) {
+          if (same.has(id.slice(0, length))) wanted.add(id);
+        }
+      }
+    }
     const found: ItemRecord[] = [];
-    for (const id of requestIds) {
+    for (const id of wanted) {
       for (const entry of this.#byRequest.get(id)?.values() ?? []) found.push(entry.record);
     }
     return found;

@@ -16,21 +16,24 @@ export const RoutingSchema = z
     min_match_blocks: z.int().min(1).max(1024).default(4),
     /**
      * A warm origin keeps its prefixes until its predicted time to first token exceeds the
-     * best origin's by this share plus `spread_ms`; past it the prefix spreads.
+     * best origin's by this share plus `spread_ms`; past it, if the origin carries
+     * `load_bound` times the mean load, the prefix spreads.
      */
     spread_ratio: z.number().min(0).max(100).default(1),
     spread_ms: z.number().min(0).max(60_000).default(100),
     /**
      * A cold prefix's consistent-hash origin is skipped above this multiple of the mean load;
-     * a warm origin below it moves a request for the balance rule only to evict less.
+     * a warm origin below it moves a request for the balance rule only to evict less; a
+     * prefix whose requests in flight exceed it per origin holding it is copied.
      */
     load_bound: z.number().min(1).max(10).default(1.25),
     /**
-     * Sequences by which another origin's load, counting the prefill a move redoes, must be
-     * below a warm origin's before its prefix spreads there (hysteresis).
+     * Sequences by which another origin's cost must be below a warm origin's before its
+     * prefix spreads there (hysteresis), and fewest requests in flight per origin holding a
+     * prefix before it is copied.
      */
     balance_seqs: z.number().min(0).max(10_000).default(2),
-    /** Prompt tokens of prefill a move may redo per sequence of load it evens out. */
+    /** Prompt tokens of prefill one sequence of load weighs in a placement's cost. */
     move_tokens_per_seq: z.number().positive().max(1_000_000).default(256),
     /** Share of a prefill each prompt token pushed out of a full cache costs a move. */
     eviction_weight: z.number().min(0).max(100).default(1),

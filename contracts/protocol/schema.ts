@@ -15,6 +15,10 @@ export const BATCH_CANCEL_PATH = "/v1/batch/cancel";
 export const OUTCOMES_PATH = "/v1/batch/outcomes";
 /** Most request ids one outcomes lookup may name. */
 export const MAX_OUTCOME_IDS = 1_000;
+/** Most request-id prefixes one outcomes lookup may name. */
+export const MAX_OUTCOME_PREFIXES = 100;
+/** Shortest request-id prefix an outcomes lookup may name (`req_` and 16 more characters). */
+export const MIN_OUTCOME_PREFIX_CHARS = 20;
 /** Longest batch id, item id or request id, in characters. */
 export const MAX_ID_CHARS = 256;
 /** Longest identity of an origin's block-event log in a cursor, in characters. */
@@ -88,9 +92,16 @@ export const CancelRequestSchema = z
 /** Body of `POST /v1/batch/cancel`. */
 export type CancelRequest = z.output<typeof CancelRequestSchema>;
 
-/** Body of `POST /v1/batch/outcomes`: request ids (an item id up to its first `.`). */
+/**
+ * Body of `POST /v1/batch/outcomes`: request ids (an item id up to its first `.`), and
+ * request-id prefixes, each standing for every request whose id starts with it.
+ */
 export const OutcomesRequestSchema = z.object({
   ids: z.array(z.string().min(1).max(MAX_ID_CHARS)).max(MAX_OUTCOME_IDS),
+  prefixes: z
+    .array(z.string().min(MIN_OUTCOME_PREFIX_CHARS).max(MAX_ID_CHARS))
+    .max(MAX_OUTCOME_PREFIXES)
+    .optional(),
 });
 /** Body of `POST /v1/batch/outcomes`. */
 export type OutcomesRequest = z.output<typeof OutcomesRequestSchema>;
@@ -152,7 +163,10 @@ export const ItemRecordSchema = z.discriminatedUnion("state", [
 /** One item of a looked-up request, as its origin last saw it. */
 export type ItemRecord = z.output<typeof ItemRecordSchema>;
 
-/** Answer of `POST /v1/batch/outcomes`: every item the origin remembers for those ids. */
+/**
+ * Answer of `POST /v1/batch/outcomes`: every item the origin remembers for those ids and
+ * of the requests whose id starts with one of those prefixes.
+ */
 export const OutcomesResponseSchema = z.object({ items: z.array(ItemRecordSchema) });
 /** Answer of `POST /v1/batch/outcomes`. */
 export type OutcomesResponse = z.output<typeof OutcomesResponseSchema>;

@@ -10,7 +10,6 @@ import { applyMigrations } from "../migrations.ts";
 import { admitWithTeam, clampLease } from "./admit.ts";
 import { reconcileLapsed } from "./lapsed.ts";
 import { TeamLink } from "./team/link.ts";
-import { emptyPool } from "./team/pool.ts";
 import { KEY_ACCOUNT_MIGRATIONS } from "./schema.ts";
 import { checkKey, recordOf, requestsOf, usageOf } from "./reads.ts";
 import {
@@ -67,8 +66,7 @@ export class KeyAccount extends DurableObject<Env> {
   /** Creates the key; null when this object already holds one. */
   create(input: KeyCreateInput): KeyRecord | null {
     const record = this.#store.key.create(input);
-    if (record?.teamId != null) this.#store.team.set(emptyPool(record.teamId));
-    this.#store.flush();
+    if (record !== null) this.#team.join(record.teamId);
     return record;
   }
 
@@ -79,12 +77,9 @@ export class KeyAccount extends DurableObject<Env> {
 
   /** Applies a partial change (a new team: the old one gets back all it lent); null without a key. */
   async update(input: KeyUpdateInput): Promise<KeyRecord | null> {
-    const before = this.#store.key.record?.teamId ?? null;
-    const moves = input.teamId !== undefined && input.teamId !== before;
-    if (moves) await this.#team.leave();
+    const moves = await this.#team.leaveFor(input.teamId);
     const record = this.#store.key.update(input);
-    if (moves && record?.teamId != null) this.#store.team.set(emptyPool(record.teamId));
-    this.#store.flush();
+    if (moves && record !== null) this.#team.join(record.teamId);
     return record;
   }
 
@@ -192,6 +187,11 @@ export class KeyAccount extends DurableObject<Env> {
     releaseBatch(this.#store, this.ctx.storage.sql, batchId);
   }
 
+  /** How many lapsed requests, and ended leases, the account still asks the origins about. */
+  reconciling(): { requests: number; leases: number } {
+    return this.#store.ledger.lapsedCount();
+  }
+
   /** The key's request metrics, for the edge's `/metrics` and dashboard (docs/metrics.md). */
   metrics(): KeyMetrics {
     return this.#store.metrics.report(this.#store.key.record);
@@ -240,7 +240,9 @@ export class KeyAccount extends DurableObject<Env> {
     const now = Date.now();
     expireDue(this.#store, now);
     endDueLeases(this.#store, now);
-    await reconcileLapsed(this.#store, this.env, now);
+    // A request whose lease lapsed unsettled lost its edge (a restart), as did an ended
+    // lease's unreported ones: their origins may still know how they ended.
+    await reconcileLapsed(this.#store, this.env.WARMGATE_CONFIG, this.env, now);
     await this.#team.release(now);
     this.#store.prune(now);
     await this.#rescheduleAlarm(now);
@@ -257,8 +259,7 @@ export class KeyAccount extends DurableObject<Env> {
 
   // Tops the team lease up in the background; an idle key gives back what it holds unused.
   async #teamAlarm(now: number): Promise<void> {
-    this.#team.keepUp(now);
-    const idle = this.#team.idleAt();
+    const idle = this.#team.keepUp(now);
     if (idle !== null) await this.#ensureAlarm(idle);
   }
 
@@ -279,8 +280,7 @@ export class KeyAccount extends DurableObject<Env> {
     const prunable = this.#store.prunableAt();
     const prune = prunable === null ? [] : [Math.max(prunable, now + PRUNE_INTERVAL_MS)];
     const lapsed = this.#store.ledger.hasLapsed ? [now + RECONCILE_RETRY_MS] : [];
-    const idle = this.#team.idleAt();
-    const team = idle === null ? [] : [Math.max(idle, now + 1_000)];
+    const team = [this.#team.alarmAt(now) ?? []].flat();
     const candidates = [...prune, ...lapsed, ...team, ...(Number.isFinite(open) ? [open] : [])];
     if (candidates.length === 0) {
       await this.ctx.storage.deleteAlarm();

@@ -1,29 +1,79 @@
 /**
- * Billing the requests whose lease lapsed unsettled (docs/key-account.md, "Leases and
- * reconciliation"): asked of the origins (reconcile.ts names them), settled once.
+ * Settling the requests a key's account lost track of from what the origins remember
+ * (docs/key-account.md, "Leases and reconciliation"): each lapsed request asked about by
+ * its id, each ended lease's unreported requests by the prefix their ids share, so that an
+ * ended lease costs one entry in memory however many ids it could have named.
  */
-import { lookupOutcomes, reconcile } from "../../contracts/outcomes.ts";
-import { MAX_OUTCOME_IDS } from "../../contracts/protocol/schema.ts";
+import { leaseIdPrefix, parseLeasedId } from "../../contracts/lease-ids.ts";
+import { type Reconciled, lookupOutcomes, reconcile } from "../../contracts/outcomes.ts";
+import {
+  MAX_OUTCOME_IDS,
+  MAX_OUTCOME_PREFIXES,
+  requestIdOf,
+} from "../../contracts/protocol/schema.ts";
 import { outcomeSources } from "./reconcile.ts";
 import { settle } from "./settle.ts";
 import type { AccountStore } from "./store.ts";
 
 /**
- * Settles the requests whose lease lapsed unsettled (their edge restarted) from what the
- * origins remember, once, as any late settlement of an expired row; those an origin still
- * runs, or that an unanswered origin may know, are asked again later.
+ * Asks the origins about the lapsed requests and ended leases still to look up, and settles
+ * each one an origin saw end, once. A request stops being asked about once it is settled or
+ * no origin knows it; a lease, once no origin runs a request of it (every origin answering).
  */
-export async function reconcileLapsed(store: AccountStore, env: Env, now: number): Promise<void> {
-  const ids = store.ledger.lapsedToAsk(now, MAX_OUTCOME_IDS);
-  if (ids.length === 0) return;
-  const sources = outcomeSources(env.WARMGATE_CONFIG);
-  const { items, complete } = await lookupOutcomes(sources, ids, env);
-  for (const [requestId, found] of reconcile(ids, items)) {
+export async function reconcileLapsed(
+  store: AccountStore,
+  configText: string | undefined,
+  secrets: object,
+  now: number,
+): Promise<void> {
+  const { requestIds, leaseIds } = store.ledger.lapsedToAsk(
+    now,
+    MAX_OUTCOME_IDS,
+    MAX_OUTCOME_PREFIXES,
+  );
+  if (requestIds.length === 0 && leaseIds.length === 0) return;
+  const sources = outcomeSources(configText);
+  const query = { ids: requestIds, prefixes: leaseIds.map(leaseIdPrefix) };
+  const { items, complete } = await lookupOutcomes(sources, query, secrets);
+  for (const [requestId, found] of reconcile(requestIds, items)) {
     if (found.kind === "running" || (found.kind === "unknown" && !complete)) continue;
     store.ledger.resolve(requestId);
-    if (found.kind === "unknown") continue;
-    // The edge never confirmed delivery: an answer the origin finished counts as cut.
-    const outcome = found.outcome === "ok" ? "cancelled" : found.outcome;
-    settle(store, { requestId, outcome, usage: found.usage, originBegan: true }, Date.now());
+    if (found.kind === "ended") settleFound(store, requestId, found);
   }
+  for (const leaseId of leaseIds) {
+    const lease = store.leases.get(leaseId);
+    if (lease === undefined) {
+      store.ledger.resolveLease(leaseId);
+      continue;
+    }
+    // The lease's requests an origin ran that have no ledger row: within the ids its
+    // isolate may have used, under a model of its table.
+    const rows = store.leases.rowIds(leaseId);
+    const unsettled = new Set<string>();
+    for (const item of items) {
+      const requestId = requestIdOf(item.id);
+      const named = parseLeasedId(requestId);
+      if (named?.leaseId !== leaseId || rows.has(requestId)) continue;
+      if (named.seq < lease.idsUsed && named.modelIndex < lease.models.length) {
+        unsettled.add(requestId);
+      }
+    }
+    let running = false;
+    for (const [requestId, found] of reconcile([...unsettled], items)) {
+      if (found.kind === "running") running = true;
+      else if (found.kind === "ended") settleFound(store, requestId, found);
+    }
+    if (!running && complete) store.ledger.resolveLease(leaseId);
+  }
+}
+
+// Settles a request from how its origin saw it end. The edge never confirmed delivery: an
+// answer the origin finished counts as cut.
+function settleFound(
+  store: AccountStore,
+  requestId: string,
+  found: Extract<Reconciled, { kind: "ended" }>,
+): void {
+  const outcome = found.outcome === "ok" ? "cancelled" : found.outcome;
+  settle(store, { requestId, outcome, usage: found.usage, originBegan: true }, Date.now());
 }

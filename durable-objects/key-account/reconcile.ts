@@ -2,7 +2,7 @@
  * Where a key's account asks how its lapsed requests ended (docs/key-account.md, "Leases
  * and reconciliation"): every origin of the configuration, which remember each item they
  * ran (`POST /v1/batch/outcomes`); the lookup and the billing rule are in
- * `contracts/outcomes.ts`, shared with the edge.
+ * `contracts/outcomes.ts`, shared with the edge, and what is asked in `lapsed.ts`.
  */
 import { ConfigError, type ResolvedConfig, loadConfig } from "../../contracts/config/gateway.ts";
 import type { OutcomeSource } from "../../contracts/outcomes.ts";

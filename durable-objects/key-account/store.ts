@@ -112,9 +112,12 @@ export class AccountStore {
     this.key.prune(now);
   }
 
-  /** When the next row can be pruned (closed ledger rows, idle buckets); null when none. */
+  /**
+   * When the next row can be pruned (closed ledger rows, idle buckets, ended leases); null
+   * when none.
+   */
   prunableAt(): number | null {
-    const times = [this.ledger.prunableAt(), this.buckets.prunableAt()];
+    const times = [this.ledger.prunableAt(), this.buckets.prunableAt(), this.leases.prunableAt()];
     const due = times.filter((at): at is number => at !== null);
     return due.length === 0 ? null : Math.min(...due);
   }

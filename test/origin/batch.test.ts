@@ -299,6 +299,28 @@ describe("POST /v1/batch/outcomes", () => {
     });
   });
 
+  it("tells the items of every request whose id starts with a named prefix", async () => {
+    const { url } = await start();
+    const lease = "req_0123456789abcdef";
+    await readBatch(
+      await postBatch(url, "b-prefix", [
+        chat(`${lease}00000000000000000001`, { max_tokens: 2 }),
+        chat(`${lease}00010000000000000002`, { max_tokens: 1 }),
+        chat("req_fedcba98765432100000000000000001", { max_tokens: 1 }),
+      ]),
+    );
+    const res = await fetch(`${url}/v1/batch/outcomes`, {
+      method: "POST",
+      body: JSON.stringify({ ids: [], prefixes: [lease] }),
+    });
+    expect(res.status).toBe(200);
+    const { items } = (await res.json()) as { items: { id: string; state: string }[] };
+    expect(items.map((found) => found.id).sort()).toEqual([
+      `${lease}00000000000000000001`,
+      `${lease}00010000000000000002`,
+    ]);
+  });
+
   it("is behind the access token", async () => {
     const { url } = await start({ accessToken: "edge-secret" });
     const refused = await lookupOutcomes(url, ["req_x"]);

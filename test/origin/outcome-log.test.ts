@@ -40,4 +40,19 @@ describe("OutcomeLog", () => {
     expect(log.lookup(["req_3999"], 5_000)).toHaveLength(0);
     expect(log.lookup(["req_4000", "req_4999"], 5_000)).toHaveLength(2);
   });
+
+  it("tells every remembered request whose id starts with a prefix, each once", () => {
+    const log = new OutcomeLog();
+    const lease = "req_00112233445566778899";
+    log.started(`${lease}00000000000000000007`, 0);
+    log.ended(`${lease}00000000000000000007`, "ok", usage, 1);
+    log.started(`${lease}00010000000000000009.1`, 2);
+    log.ended("req_ffffffffffffffffffff0000000000000007", "ok", usage, 3);
+    const found = log.lookup([`${lease}00000000000000000007`], 4, [lease, lease.slice(0, 20)]);
+    expect(found.map((record) => record.id).sort()).toEqual([
+      `${lease}00000000000000000007`,
+      `${lease}00010000000000000009.1`,
+    ]);
+    expect(log.lookup([], 4, ["req_0123456789abcdef"])).toEqual([]);
+  });
 });

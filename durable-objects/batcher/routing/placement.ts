@@ -1,10 +1,10 @@
 /**
  * The placement decision (docs/routing.md, "Placement"): a predicted time to first token
  * per origin from its queue, its uncached share of the prompt and its decode load; the
- * warmest origin unless it is much slower than the best or another's load, counting the
- * prefill a move redoes, is lower by a margin; a cold prefix on its consistent-hash origin
- * under a bound on load. Pure: the same inputs give the same origin on every edge and
- * Batcher shard.
+ * warmest origin unless it is much slower than the best, its prefix's traffic exceeds its
+ * holders' bounded share (a copy), or another's cost is lower by a margin; a cold prefix on
+ * its consistent-hash origin under a bound on load. Pure: the same inputs give the same
+ * origin on every edge and Batcher shard.
  */
 import type { RouterSettings } from "../../../contracts/config/routing.ts";
 
@@ -55,6 +55,11 @@ export interface PlacementInput {
   freeTokens?: readonly (number | null)[];
   /** The origin its session last went to, when it has one. */
   sessionOrigin: string | null;
+  /**
+   * Requests in flight (placed, not ended) whose first `depth` blocks are this one's, this
+   * one not counted: the traffic of a prefix (absent: none).
+   */
+  sharing?: (depth: number) => number;
 }
 
 /** Where a request goes and what was predicted for it there. */
@@ -134,18 +139,28 @@ export function choosePlacement(
   const fast = (i: number) => (ttft[i] as number) <= bestTtft * (1 + s.spreadRatio) + s.spreadMs;
   const closeEnough = (i: number) => fits[i] === true && !heavy(i) && fast(i);
 
+  // What a placement costs an origin, in prompt tokens: the prefill queued there and its
+  // own, what it pushes out of the cache, and the sequences it joins.
+  const cost = (i: number) =>
+    (candidates[i] as RouteCandidate).backlogTokens +
+    (need[i] as number) +
+    s.evictionWeight * (evicted[i] as number) +
+    s.moveTokensPerSeq * load(i);
   let warm = -1;
   for (const i of order) {
     const m = input.matched[i] ?? 0;
     if (m < Math.min(s.minMatchBlocks, n)) continue;
-    // Of origins holding as much, the least loaded (load reports are the same on every
+    // Of origins holding as much, the cheapest (load reports are the same on every
     // router), then the first in rendezvous order.
     const held = input.matched[warm] ?? 0;
-    const lighter = warm >= 0 && load(i) < load(warm);
-    if (warm < 0 || m > held || (m === held && lighter)) warm = i;
+    const cheaper = warm >= 0 && cost(i) < cost(warm);
+    if (warm < 0 || m > held || (m === held && cheaper)) warm = i;
   }
   if (warm >= 0 && n > 0) {
-    if (!fits[warm] || !fast(warm)) return spread(warm);
+    // A queue every origin shares is no reason to copy: the copy's prefill lengthens another.
+    if (!fits[warm] || (!fast(warm) && load(warm) >= s.loadBound * mean)) return spread(warm);
+    const copy = replicate(warm);
+    if (copy >= 0) return choice(copy, "spread");
     const other = rebalance(warm);
     if (other < 0) return choice(warm, "cache_hit");
     // A move to an origin that holds as much (a copy) is a hit all the same.
@@ -174,25 +189,43 @@ export function choosePlacement(
 
   /**
    * The balance rule, as the SGLang router's balance thresholds with the prefill a move
-   * costs as hysteresis: each candidate's load plus, in sequences of `moveTokensPerSeq`,
-   * the prompt tokens queued ahead, to prefill and to evict beyond the warm origin's. The lowest takes
-   * the request when it is `balanceSeqs` below the warm origin's and the warm origin is
-   * heavy or would evict where it would not; -1: the warm origin keeps it.
+   * costs as hysteresis: the candidate of the lowest cost (load, and in sequences of
+   * `moveTokensPerSeq` the prompt tokens queued ahead, to prefill and to evict) takes the
+   * request when its cost is `balanceSeqs` sequences below the warm origin's and the warm
+   * origin is heavy or would evict where it would not; -1: the warm origin keeps it.
    */
   function rebalance(from: number): number {
-    const tokens = (i: number) =>
-      (candidates[i] as RouteCandidate).backlogTokens +
-      (need[i] as number) +
-      s.evictionWeight * (evicted[i] as number);
-    const cost = (i: number) => load(i) + (tokens(i) - tokens(from)) / s.moveTokensPerSeq;
     let pick = -1;
     for (const i of order) {
       if (i === from || !usable(i)) continue;
       if (pick < 0 || cost(i) < cost(pick)) pick = i;
     }
-    if (pick < 0 || load(from) - cost(pick) <= s.balanceSeqs) return -1;
+    if (pick < 0 || cost(from) - cost(pick) <= s.balanceSeqs * s.moveTokensPerSeq) return -1;
     const crowded = load(from) >= s.loadBound * mean;
     return crowded || (evicted[from] as number) > (evicted[pick] as number) ? pick : -1;
+  }
+
+  /**
+   * The hot-prefix rule: a prefix whose requests in flight, this one included, exceed
+   * `loadBound` times one origin's share of all the load on each origin holding it (and
+   * `balanceSeqs` each) is copied to the origin that holds it not whose load, counting the
+   * prefill and eviction the copy costs, is lowest; -1: it has holders enough.
+   */
+  function replicate(from: number): number {
+    const depth = input.matched[from] ?? 0;
+    const traffic = 1 + (input.sharing?.(depth) ?? 0);
+    let holders = 0;
+    for (let i = 0; i < candidates.length; i++) {
+      if (usable(i) && (input.matched[i] ?? 0) >= depth) holders += 1;
+    }
+    const perHolder = traffic / holders;
+    if (perHolder <= s.balanceSeqs || perHolder <= s.loadBound * mean) return -1;
+    let pick = -1;
+    for (const i of order) {
+      if (!usable(i) || (input.matched[i] ?? 0) >= depth) continue;
+      if (pick < 0 || cost(i) < cost(pick)) pick = i;
+    }
+    return pick;
   }
 
   function spread(from: number): PlacementChoice {

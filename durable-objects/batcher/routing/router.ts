@@ -150,6 +150,7 @@ export class Router {
         freeTokens,
         sessionOrigin:
           request.session === null ? null : (this.#sessions.get(request.session) ?? null),
+        sharing: (depth) => this.#sharing(request, depth),
       },
       this.settings,
     );
@@ -349,6 +350,18 @@ export class Router {
     }
     if (snapshot.tokensPerEngineToken > 0)
       this.#tokensPerEngineToken = snapshot.tokensPerEngineToken;
+  }
+
+  /** Requests in flight other than `request` whose first `depth` blocks are its own. */
+  #sharing(request: RouteRequest, depth: number): number {
+    if (depth <= 0) return 0;
+    const last = request.blocks[depth - 1];
+    let count = 0;
+    for (const placed of this.#placed.values()) {
+      const blocks = placed.request.blocks;
+      if (placed.request.id !== request.id && blocks[depth - 1] === last) count += 1;
+    }
+    return count;
   }
 
   #matchedOn(request: RouteRequest, origin: string): number {

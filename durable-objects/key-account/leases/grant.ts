@@ -4,13 +4,7 @@
  * in its budgets, concurrency slots counted in flight, each given back when unused. Runs
  * in the account's synchronous turn, like admission.
  */
-import {
-  MAX_LEASE_MODELS,
-  leasedRequestId,
-  leaseIdRange,
-  newLeaseId,
-  parseLeasedId,
-} from "../../../contracts/lease-ids.ts";
+import { MAX_LEASE_MODELS, newLeaseId } from "../../../contracts/lease-ids.ts";
 import {
   type ModelPrice,
   microsToPicos,
@@ -233,20 +227,13 @@ export function restoreLapsed(store: AccountStore): void {
   }
 }
 
-// Every id the lease may have named without a ledger row yet: under each model of its table.
+// The ids the lease may have named without a ledger row yet are asked about as one range,
+// by their prefix (reconcile.ts): none when every id it used has a row. Each request of a
+// lease has one row, under the one model index its id names.
 function lapseUnsettled(store: AccountStore, lease: LeaseEntry, at: number): void {
-  const [from, to] = leaseIdRange(lease.leaseId);
-  const settled = new Set<number>();
-  for (const id of store.leases.settledIds(from, to)) {
-    const parsed = parseLeasedId(id);
-    if (parsed !== null) settled.add(parsed.seq);
-  }
-  for (let seq = 0; seq < lease.idsUsed; seq++) {
-    if (settled.has(seq)) continue;
-    for (let index = 0; index < lease.models.length; index++) {
-      store.ledger.lapseLeased(leasedRequestId(lease.leaseId, index, seq), at);
-    }
-  }
+  if (lease.models.length === 0) return;
+  if (store.leases.rowsOf(lease.leaseId, lease.idsUsed) >= lease.idsUsed) return;
+  store.ledger.lapseLease(lease.leaseId, at);
 }
 
 const NOTHING_USED: LeaseUse = { requests: 0, tokens: 0, picos: 0n, ids: 0, inFlight: 0 };

@@ -3,6 +3,7 @@
  * an isolate holds, in memory ahead of SQLite, from its grant until the origins have been
  * asked about every request it may have admitted unsettled.
  */
+import { LEASE_SEQ_DIGITS, leaseIdRange, seqDigits } from "../../../contracts/lease-ids.ts";
 import type { WriteBehind } from "../../write-behind.ts";
 import { type StoredCandidate, picosColumns, storedPicos } from "../schema.ts";
 
@@ -136,8 +137,9 @@ export class LeaseStore {
   }
 
   /** The ids of a lease's requests that have a ledger row (a flush first). */
-  settledIds(from: string, to: string): Set<string> {
+  rowIds(leaseId: string): Set<string> {
     this.#writes.flush();
+    const [from, to] = leaseIdRange(leaseId);
     const ids = new Set<string>();
     for (const row of this.#sql.exec<{ request_id: string }>(
       "SELECT request_id FROM ledger WHERE request_id >= ? AND request_id < ?",
@@ -147,6 +149,32 @@ export class LeaseStore {
       ids.add(row.request_id);
     }
     return ids;
+  }
+
+  /** How many of a lease's first `ids` requests have a ledger row (a flush first). */
+  rowsOf(leaseId: string, ids: number): number {
+    this.#writes.flush();
+    const [from, to] = leaseIdRange(leaseId);
+    return this.#sql
+      .exec<{ n: number }>(
+        `SELECT COUNT(*) AS n FROM ledger WHERE request_id >= ? AND request_id < ?
+           AND substr(request_id, -${LEASE_SEQ_DIGITS}) < ?`,
+        from,
+        to,
+        seqDigits(ids),
+      )
+      .one().n;
+  }
+
+  /** When the first ended lease can be pruned; null when none has ended. */
+  prunableAt(): number | null {
+    let first: number | null = null;
+    for (const lease of this.#leases.values()) {
+      if (lease.endedAt !== null && (first === null || lease.endedAt < first)) {
+        first = lease.endedAt;
+      }
+    }
+    return first === null ? null : first + LEASE_RECONCILE_MS;
   }
 
   /** Deletes the leases that ended before the reconcile window; the caller flushed. */

@@ -1,6 +1,7 @@
 /**
  * The ledger (table `ledger`): every open row in memory (loaded at start), the requests
- * whose lease lapsed unsettled, and each row's latest state written behind
+ * whose lease lapsed unsettled and the ended leases whose ids are still asked about, and
+ * each row's latest state written behind
  * (docs/key-account.md, "Storage" and "Leases and reconciliation").
  */
 import { LEDGER_RETENTION_MS } from "../types.ts";
@@ -39,8 +40,9 @@ export class LedgerStore {
   #nextExpiry = Number.POSITIVE_INFINITY;
   // Requests whose lease lapsed unsettled, to look up on the origins: id → when it lapsed.
   readonly #lapsed = new Map<string, number>();
-  // Ids ended leases may have named, asked about after the others: id → when it lapsed.
-  readonly #lapsedLeased = new Map<string, number>();
+  // Ended leases whose ids may name requests never settled, looked up by the ids' prefix
+  // (the lease's range, never its ids one by one): lease id → when it ended.
+  readonly #lapsedLeases = new Map<string, number>();
 
   constructor(sql: SqlStorage, writes: WriteBehind) {
     this.#sql = sql;
@@ -137,32 +139,51 @@ export class LedgerStore {
   }
 
   /**
-   * Asks the origins, after every other lapsed request, about an id an ended lease may have
-   * named: most were never used, and none may keep a request's own lookup waiting.
+   * Asks the origins, from `at` (kept if earlier), about every request an ended lease may
+   * have named without a ledger row: one entry for the lease, however many ids it had.
    */
-  lapseLeased(requestId: string, at: number): void {
-    this.#lapsedLeased.set(requestId, this.#lapsedLeased.get(requestId) ?? at);
+  lapseLease(leaseId: string, at: number): void {
+    this.#lapsedLeases.set(leaseId, this.#lapsedLeases.get(leaseId) ?? at);
   }
 
   /** Stops asking about a lapsed request: it was settled, or the origins know it no more. */
   resolve(requestId: string): void {
     this.#lapsed.delete(requestId);
-    this.#lapsedLeased.delete(requestId);
   }
 
-  /** Whether a lapsed request is still to be asked about. */
+  /** Stops asking about an ended lease's requests: none still runs on an origin. */
+  resolveLease(leaseId: string): void {
+    this.#lapsedLeases.delete(leaseId);
+  }
+
+  /** Whether a lapsed request or lease is still to be asked about. */
   get hasLapsed(): boolean {
-    return this.#lapsed.size > 0 || this.#lapsedLeased.size > 0;
+    return this.#lapsed.size > 0 || this.#lapsedLeases.size > 0;
   }
 
-  /** Up to `max` lapsed requests to ask about, once those past the window are dropped. */
-  lapsedToAsk(now: number, max: number): string[] {
-    for (const lapsed of [this.#lapsed, this.#lapsedLeased]) {
-      for (const [requestId, lapsedAt] of lapsed) {
-        if (lapsedAt + RECONCILE_WINDOW_MS <= now) lapsed.delete(requestId);
+  /** How many lapsed requests, and ended leases, are still to be asked about. */
+  lapsedCount(): { requests: number; leases: number } {
+    return { requests: this.#lapsed.size, leases: this.#lapsedLeases.size };
+  }
+
+  /**
+   * Up to `maxIds` lapsed requests and `maxLeases` ended leases to ask about, once those
+   * past the window are dropped.
+   */
+  lapsedToAsk(
+    now: number,
+    maxIds: number,
+    maxLeases: number,
+  ): { requestIds: string[]; leaseIds: string[] } {
+    for (const lapsed of [this.#lapsed, this.#lapsedLeases]) {
+      for (const [id, lapsedAt] of lapsed) {
+        if (lapsedAt + RECONCILE_WINDOW_MS <= now) lapsed.delete(id);
       }
     }
-    return [...this.#lapsed.keys(), ...this.#lapsedLeased.keys()].slice(0, max);
+    return {
+      requestIds: firstKeys(this.#lapsed, maxIds),
+      leaseIds: firstKeys(this.#lapsedLeases, maxLeases),
+    };
   }
 
   /**
@@ -334,6 +355,16 @@ export class LedgerStore {
       ),
     );
   }
+}
+
+// The first `max` keys of a map, in insertion order.
+function firstKeys(map: Map<string, unknown>, max: number): string[] {
+  const keys: string[] = [];
+  for (const key of map.keys()) {
+    if (keys.length >= max) break;
+    keys.push(key);
+  }
+  return keys;
 }
 
 // The write-behind key of a request's row.

@@ -18,6 +18,7 @@ import {
   poolHeadroom,
   times,
   wantOf,
+  emptyPool,
 } from "./pool.ts";
 
 /** A key idle this long gives back what it holds of its team's allowance unused. */
@@ -69,12 +70,23 @@ export class TeamLink {
     }
   }
 
-  /** Starts a background call when the lease runs low or has spend to report; never waits. */
-  keepUp(now: number): void {
+  /**
+   * Starts a background call when the lease runs low or has spend to report; never waits.
+   * Answers when the key, should it stay idle, is to give back what it holds (or null).
+   */
+  keepUp(now: number): number | null {
     const pool = this.#store.team.pool;
-    if (pool === null || this.#running !== null) return;
-    if (pool.pending === null && !this.#due(pool, now)) return;
-    this.#ctx.waitUntil(this.#call(null, "renew"));
+    if (pool === null) return null;
+    if (this.#running === null && (pool.pending !== null || this.#due(pool, now))) {
+      this.#ctx.waitUntil(this.#call(null, "renew"));
+    }
+    return this.idleAt();
+  }
+
+  /** When the alarm should run for an idle key's lease (a second from `now` at the soonest). */
+  alarmAt(now: number): number | null {
+    const idle = this.idleAt();
+    return idle === null ? null : Math.max(idle, now + 1_000);
   }
 
   /** When an idle key should give back what it holds unused, or null. */
@@ -90,6 +102,19 @@ export class TeamLink {
   async release(now: number): Promise<void> {
     const at = this.idleAt();
     if (at !== null && at <= now && this.#running === null) await this.#call(null, "idle");
+  }
+
+  /** The key (created, or moved) is now in `teamId` (null: none), holding nothing of it yet. */
+  join(teamId: string | null): void {
+    this.#store.team.set(teamId === null ? null : emptyPool(teamId));
+    this.#store.flush();
+  }
+
+  /** Leaves the key's team when a change names another (`undefined`: no change); whether it did. */
+  async leaveFor(teamId: string | null | undefined): Promise<boolean> {
+    if (teamId === undefined || teamId === (this.#store.key.record?.teamId ?? null)) return false;
+    await this.leave();
+    return true;
   }
 
   /** Gives everything back to the team and leaves it (the key moves or is revoked). */

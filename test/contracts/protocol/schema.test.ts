@@ -7,6 +7,8 @@ import {
   LoadReportSchema,
   MAX_ID_CHARS,
   MAX_OUTCOME_IDS,
+  MAX_OUTCOME_PREFIXES,
+  MIN_OUTCOME_PREFIX_CHARS,
   OutcomesRequestSchema,
   OutcomesResponseSchema,
   requestIdOf,
@@ -78,6 +80,17 @@ describe("cancel and outcome requests", () => {
   it("takes at most MAX_OUTCOME_IDS request ids", () => {
     expect(OutcomesRequestSchema.safeParse({ ids: ids(MAX_OUTCOME_IDS) }).success).toBe(true);
     expect(OutcomesRequestSchema.safeParse({ ids: ids(MAX_OUTCOME_IDS + 1) }).success).toBe(false);
+  });
+
+  it("takes request-id prefixes of at least MIN_OUTCOME_PREFIX_CHARS, at most MAX_OUTCOME_PREFIXES", () => {
+    const prefix = "req_".padEnd(MIN_OUTCOME_PREFIX_CHARS, "0");
+    const many = (n: number) => Array.from({ length: n }, () => prefix);
+    expect(OutcomesRequestSchema.safeParse({ ids: [], prefixes: [prefix] }).success).toBe(true);
+    expect(OutcomesRequestSchema.safeParse({ ids: [], prefixes: ["req_0"] }).success).toBe(false);
+    const most = { ids: [], prefixes: many(MAX_OUTCOME_PREFIXES) };
+    expect(OutcomesRequestSchema.safeParse(most).success).toBe(true);
+    const over = { ids: [], prefixes: many(MAX_OUTCOME_PREFIXES + 1) };
+    expect(OutcomesRequestSchema.safeParse(over).success).toBe(false);
   });
 
   it("reads an outcomes answer's running and ended items, and nothing else", () => {

@@ -1,7 +1,8 @@
-import { runDurableObjectAlarm } from "cloudflare:test";
+import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
+import { leasedRequestId } from "../../../contracts/lease-ids.ts";
 import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
 import { postBatch, readBatch } from "../../origin/batch-client.ts";
 
@@ -153,5 +154,74 @@ describe("KeyAccount leases", () => {
     const record = await recordOf(stub, "req_left");
     expect(record).toMatchObject({ state: "settled", completionTokens: 30 });
     expect(record.costPicos).toBeGreaterThan(0n);
+  });
+
+  it("holds a lapsed lease's unsettled ids as one range, and bills the one an origin ran, once", async () => {
+    const id = newKeyId();
+    const { secretHash } = await mintApiKey(env, id);
+    const stub = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+    await stub.create({
+      id,
+      name: "lapsed-range",
+      secretHash,
+      limits: { rpm: 1_000_000, tpm: 100_000_000, concurrency: 8 },
+      allowedOrigins: [],
+      models: null,
+      tier: "standard",
+      expiresAt: null,
+      now: Date.now(),
+    });
+    const granted = await stub.lease({
+      secretHash,
+      held: null,
+      mode: "renew",
+      rate: { requests: 100_000, tokens: 10_000_000, picos: 0n, inFlight: 2 },
+      windowMs: 1_000,
+      models: [
+        { model: "warmgate-sim-8b", price: PRICE },
+        { model: "warmgate-sim-70b", price: PRICE },
+      ],
+    });
+    const lease = granted.lease;
+    if (lease === null) throw new Error("no lease granted");
+    // Hundreds of thousands of ids, two models each: every one could name a request.
+    expect(lease.granted.ids).toBeGreaterThanOrEqual(100_000);
+    const requestId = leasedRequestId(lease.leaseId, 0, lease.granted.ids - 1);
+    // Its isolate died after the origin ran the request, before its settlement left.
+    const body = JSON.stringify({
+      model: "warmgate-sim-8b",
+      messages: [{ role: "user", content: "Bill me after my lease lapsed." }],
+      max_tokens: 6,
+    });
+    const answer = await readBatch(
+      await postBatch(EU_1, "lapsed-lease", [
+        { id: requestId, path: "/v1/chat/completions", body },
+      ]),
+    );
+    expect(answer.items.get(0)?.end?.usage?.completion_tokens).toBe(6);
+    // The alarm waits, so that the lease is seen ended before the origins are asked.
+    await runInDurableObject(stub, (_: KeyAccount, state) =>
+      state.storage.setAlarm(Date.now() + 3_600_000),
+    );
+    await sleep(2_100);
+    // Any call ends the lease; its ids are held as one entry, not one per id and model.
+    await stub.admit({
+      requestId: "req_after_lapse",
+      credential: { kind: "key", secretHash },
+      model: "warmgate-sim-8b",
+      promptTokens: 5,
+      maxTokens: 5,
+      price: PRICE,
+      leaseMs: 60_000,
+    });
+    expect(await stub.reconciling()).toEqual({ requests: 0, leases: 1 });
+    await runDurableObjectAlarm(stub);
+    const record = await recordOf(stub, requestId);
+    expect(record).toMatchObject({ state: "settled", outcome: "cancelled", completionTokens: 6 });
+    expect(record.costPicos).toBeGreaterThan(0n);
+    // Nothing of it runs any more: the range is dropped, and a later look bills nothing twice.
+    expect(await stub.reconciling()).toEqual({ requests: 0, leases: 0 });
+    await runDurableObjectAlarm(stub);
+    expect((await recordOf(stub, requestId)).costPicos).toBe(record.costPicos);
   });
 });

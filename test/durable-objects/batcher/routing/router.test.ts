@@ -127,6 +127,23 @@ describe("placement", () => {
     expect(third.reason).toBe("cache_hit");
   });
 
+  it("keeps a prefix on its slow warm origin while that one carries no more than the others", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const hot = system(13);
+    const home = router.place(
+      request("w0", `${hot}q0`),
+      ORIGINS.map((id) => idle(id)),
+    ).origin;
+    // Every origin runs as many sequences; the warm one has 40,000 prefill tokens queued.
+    const candidates = ORIGINS.map((id) =>
+      idle(id, id === home ? { backlogTokens: 40_000, load: 6 } : { load: 6 }),
+    );
+    expect(router.preview(request("w1", `${hot}q1`), candidates)).toMatchObject({
+      origin: home,
+      reason: "cache_hit",
+    });
+  });
+
   it("keeps a session on its origin for a new prefix, and honours a pinned origin", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
     const candidates = ORIGINS.map((id) => idle(id));
@@ -226,6 +243,42 @@ describe("balance rule", () => {
     const next = router.place(request("h3", `${hot}q3`), piled);
     expect(next.origin).not.toBe(home);
     expect(next.reason).toBe("spread");
+  });
+
+  it("copies a hot prefix whose traffic exceeds one origin's share, keeping loads within the bound", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const hot = system(11);
+    const load = new Map(ORIGINS.map((id) => [id, 0]));
+    // Each origin runs 8 sequences at once.
+    const candidates = () =>
+      ORIGINS.map((id) => idle(id, { load: load.get(id) ?? 0, maxNumSeqs: 8 }));
+    // Sixteen requests of one prefix, all still in flight: twice one origin's capacity.
+    for (let k = 0; k < 16; k++) {
+      const placed = router.place(request(`hot${k}`, `${hot}q${k}`), candidates());
+      load.set(placed.origin, (load.get(placed.origin) ?? 0) + 1);
+    }
+    const loads = [...load.values()];
+    expect(loads.filter((n) => n > 0).length).toBeGreaterThanOrEqual(2);
+    expect(Math.max(...loads)).toBeLessThanOrEqual(1.3 * (16 / ORIGINS.length));
+    // Its traffic gone (every request ended), the next one stays on a warm origin.
+    for (let k = 0; k < 16; k++) router.ended(`hot${k}`, null);
+    const quiet = router.preview(
+      request("q", `${hot}again`),
+      ORIGINS.map((id) => idle(id)),
+    );
+    expect(quiet.reason).toBe("cache_hit");
+  });
+
+  it("keeps a prefix of a few requests in flight on one origin", () => {
+    const router = new Router(ORIGINS, ROUTER_DEFAULTS);
+    const hot = system(12);
+    const load = new Map(ORIGINS.map((id) => [id, 0]));
+    const candidates = () => ORIGINS.map((id) => idle(id, { load: load.get(id) ?? 0 }));
+    for (let k = 0; k < 2; k++) {
+      const placed = router.place(request(`few${k}`, `${hot}q${k}`), candidates());
+      load.set(placed.origin, (load.get(placed.origin) ?? 0) + 1);
+    }
+    expect([...load.values()].filter((n) => n > 0)).toHaveLength(1);
   });
 
   it("gathers a spread prefix back on its first origin when its traffic falls", () => {

@@ -1,0 +1,23 @@
+import { describe, expect, it } from "vitest";
+import { runModel } from "../../bench/routing-model.ts";
+import { agents, hotFew } from "../../bench/routing-workloads.ts";
+
+// The routing bench's workloads in simulated time (bench/routing-model.ts): placement keeps
+// caches warm without piling work on one origin.
+describe("routing in the bench's model", () => {
+  it("spreads agents on one system prompt while each keeps its history", () => {
+    const result = runModel({ workload: agents(48), policy: "warmgate", origins: 4, rate: 8 });
+    expect(result.hitRate / result.ceiling).toBeGreaterThanOrEqual(0.95);
+    // Below one origin's capacity: within twice the mean, and no more than its fair share
+    // of the streams in flight on the busiest origin.
+    expect(Math.max(result.imbalance, result.decodeImbalance)).toBeLessThanOrEqual(2);
+    expect(result.busiestShare).toBeLessThanOrEqual(1.3 / 4);
+  });
+
+  it("copies a few hot prefixes past one origin's capacity and keeps loads within the bound", () => {
+    const result = runModel({ workload: hotFew(480, 2), policy: "warmgate", origins: 4, rate: 60 });
+    expect(result.hitRate / result.ceiling).toBeGreaterThanOrEqual(0.95);
+    expect(Math.max(result.imbalance, result.decodeImbalance)).toBeLessThanOrEqual(1.3);
+    expect(result.perOrigin.every((n) => n > 0)).toBe(true);
+  });
+});
