@@ -29,8 +29,8 @@ export async function fitsWidth(page: Page): Promise<void> {
 
 /** Reads of the admin API and of a key's access, as the test's stack answers them. */
 export interface DashboardApi {
-  admin(path: string): Promise<Record<string, unknown>>;
-  modelsWith(secret: string): Promise<number>;
+  admin: (path: string) => Promise<Record<string, unknown>>;
+  modelsWith: (secret: string) => Promise<number>;
 }
 
 /** Runs the Teams scenario on a signed-in page. */
