@@ -1,7 +1,11 @@
 import { readFileSync } from "node:fs";
 import { cloudflareTest } from "@cloudflare/vitest-plugin";
 import { defineConfig } from "vitest/config";
-import { TEST_ADMIN_TOKEN, TEST_SIGNING_SECRET } from "./test/support/provided-context.ts";
+import {
+  TEST_ADMIN_TOKEN,
+  TEST_ALERT_SECRET,
+  TEST_SIGNING_SECRET,
+} from "./test/support/provided-context.ts";
 
 // Two projects: `unit` runs pure cores, the origin and scripts in Node;
 // `workers` runs the edge and its Durable Objects inside workerd.
@@ -33,6 +37,7 @@ export default defineConfig({
                 WARMGATE_USER_CONFIG: userConfig,
                 ADMIN_TOKEN: TEST_ADMIN_TOKEN,
                 TOKEN_SIGNING_SECRET: TEST_SIGNING_SECRET,
+                ALERT_SIGNING_SECRET: TEST_ALERT_SECRET,
               },
             },
           })),

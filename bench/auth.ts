@@ -23,7 +23,7 @@ import {
   type PathResult,
   type Workload,
 } from "./lib.ts";
-import { BENCH_KEY_LIMITS } from "./key-limits.ts";
+import { BENCH_KEY_BUDGETS, BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { createKey, startStack } from "../scripts/stack.ts";
 import { ROOT, parseRuntime, startEdge, type RunningEdge } from "../scripts/edge.ts";
 
@@ -84,6 +84,7 @@ if (previous === undefined || noAccount === undefined) throw new Error("baseline
 const benchKey = await createKey(stack.edgeUrl, stack.adminToken, {
   name: "bench:auth",
   limits: BENCH_KEY_LIMITS,
+  budgets: BENCH_KEY_BUDGETS,
 });
 
 const endpoints: Record<Target, { url: string; key: string }> = {

@@ -13,7 +13,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { benchChatBody, closedLoop, fmt, markdownTable, timedRequest } from "./lib.ts";
-import { BENCH_KEY_LIMITS } from "./key-limits.ts";
+import { BENCH_KEY_BUDGETS, BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { inspectWorker } from "./inspector.ts";
 import { cpuTimeMs, workerdPid } from "./processes.ts";
 import { type CpuProfile, chargeProfile, moduleRanges } from "./profile-stages.ts";
@@ -70,6 +70,7 @@ try {
   const apiKey = await createKey(stack.edgeUrl, stack.adminToken, {
     name: "bench-profile",
     limits: BENCH_KEY_LIMITS,
+    budgets: BENCH_KEY_BUDGETS,
   });
   const url = `${stack.edgeUrl}/v1/chat/completions`;
   const headers = { "content-type": "application/json", authorization: `Bearer ${apiKey}` };

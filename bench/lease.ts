@@ -49,7 +49,6 @@ const BENCH_KEY_LIMITS = {
   rpm: 100_000_000,
   tpm: 1_000_000_000_000,
   concurrency: 1_024,
-  budget_usd_day: 1_000_000,
   credit_usd: 100_000_000,
 };
 
@@ -93,6 +92,7 @@ for (const target of TARGETS) {
   keys[target] = await createKey(urls[target], stack.adminToken, {
     name: `bench:lease:${target}`,
     limits: BENCH_KEY_LIMITS,
+    budgets: [{ period: "1d", max_usd: 1_000_000 }],
   });
 }
 

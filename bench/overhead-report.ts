@@ -12,8 +12,11 @@ import {
   type TargetResult,
 } from "./lib.ts";
 
-/** The paths compared. */
-export type Target = "direct" | "passthrough" | "portkey" | "warmgate";
+/**
+ * The paths compared; `warmgate-keys` is the edge again, its requests spread over many keys
+ * in turn (`--keys N`).
+ */
+export type Target = "direct" | "passthrough" | "portkey" | "warmgate" | "warmgate-keys";
 /** The workloads: four short-prompt ones, then JSON at one client by prompt size. */
 export type Scenario =
   | "json c=1"
@@ -158,4 +161,30 @@ export function overheadTargets(
   targets.cpu_growth_ratio_1k_to_32k = target(ours.cpuRatio, "<= 1.25", ours.cpuRatio <= 1.25);
   targets.passthrough_cpu_growth_ratio_1k_to_32k = target(floor.cpuRatio, "(the floor)", true);
   return targets;
+}
+
+/**
+ * warmgate's throughput with its requests spread over many keys in turn, relative to one
+ * key, at each workload with many clients (null when the run used one key).
+ */
+export function manyKeysRatios(rows: OverheadRow[]): Record<string, TargetResult> {
+  const results: Record<string, TargetResult> = {};
+  for (const row of rows.filter(
+    (r) => r.target === "warmgate-keys" && r.scenario.includes("c=32"),
+  )) {
+    const one = rows.find((r) => r.scenario === row.scenario && r.target === "warmgate");
+    const value = row.rps / (one?.rps ?? Number.NaN);
+    results[`rps_ratio_many_keys_vs_one_${row.scenario.replace(" c=", "_c")}`] = target(
+      value,
+      "(reported)",
+      true,
+    );
+    const cpu = row.cpuMsPerRequest / (one?.cpuMsPerRequest ?? Number.NaN);
+    results[`cpu_ratio_many_keys_vs_one_${row.scenario.replace(" c=", "_c")}`] = target(
+      cpu,
+      "(reported)",
+      true,
+    );
+  }
+  return results;
 }

@@ -5,7 +5,8 @@
  * the Portkey AI Gateway on this Node (an anchor, `bench/portkey.ts`) and through the
  * warmgate edge with keys, limits, budgets and the ledger on. JSON and streams at 1 and 32
  * clients, then JSON at one client with prompts of 1k, 8k and 31.5k tokens; for each, the
- * CPU time per request of each path's serving process. `--quick` runs it smaller. Prints
+ * CPU time per request of each path's serving process. `--keys N` adds the edge again with
+ * its requests spread over N keys in turn. `--quick` runs it smaller. Prints
  * tables and writes bench/results/overhead.json (overhead-wrangler-dev.json behind
  * `wrangler dev`). See docs/benchmarks.md.
  */
@@ -21,7 +22,7 @@ import {
   writeResult,
   type Workload,
 } from "./lib.ts";
-import { BENCH_KEY_LIMITS } from "./key-limits.ts";
+import { BENCH_KEY_BUDGETS, BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { cpuTimeMs, workerdPid, workerdRss } from "./processes.ts";
 import { type RunningPortkey, PORTKEY_VERSION, startPortkey } from "./portkey.ts";
 import {
@@ -29,6 +30,7 @@ import {
   type Scenario,
   type Target,
   overheadTable,
+  manyKeysRatios,
   overheadTargets,
   promptSizeTable,
 } from "./overhead-report.ts";
@@ -49,6 +51,7 @@ const { values: args } = parseArgs({
     // Workloads whose name contains this (`c=32`, `k`, …): for exploring, not for results.
     only: { type: "string" },
     runtime: { type: "string", default: "workerd" },
+    keys: { type: "string", default: "1" },
   },
   strict: true,
 });
@@ -60,6 +63,7 @@ const C32_REQUESTS = Number(args["c32-requests"] ?? (quick ? 480 : 1200));
 const PROMPT_REQUESTS = Number(args["prompt-requests"] ?? (quick ? 80 : 240));
 const MAX_TOKENS = Number(args["max-tokens"]);
 const BLOCK_WARM = Number(args["block-warm"]);
+const KEYS = Math.max(1, Math.floor(Number(args.keys)));
 
 /** Prompt sizes (tokens) of the prompt workloads; the largest fits the 32,768-token window. */
 const PROMPT_SIZES = { "1k": 1_000, "8k": 8_000, "32k": 31_500 } as const;
@@ -153,19 +157,34 @@ if (portkeyMissing !== null) {
 const apiKey = await createKey(stack.edgeUrl, stack.adminToken, {
   name: "bench-overhead",
   limits: BENCH_KEY_LIMITS,
+  budgets: BENCH_KEY_BUDGETS,
 });
+
+// The many keys' path: each request the next key's, in turn.
+const manyKeys: string[] = [];
+for (let i = 0; i < (KEYS > 1 ? KEYS : 0); i++) {
+  manyKeys.push(
+    await createKey(stack.edgeUrl, stack.adminToken, {
+      name: `bench-overhead-${i}`,
+      limits: BENCH_KEY_LIMITS,
+    }),
+  );
+}
+let nextKey = 0;
 
 const TARGETS: Target[] = [
   "direct",
   "passthrough",
   ...(portkey ? ["portkey" as const] : []),
   "warmgate",
+  ...(KEYS > 1 ? ["warmgate-keys" as const] : []),
 ];
 const urls: Record<Target, string> = {
   direct: `${origin.url}/v1/chat/completions`,
   passthrough: `${passthrough.url}/v1/chat/completions`,
   portkey: `${portkey?.url}/v1/chat/completions`,
   warmgate: `${stack.edgeUrl}/v1/chat/completions`,
+  "warmgate-keys": `${stack.edgeUrl}/v1/chat/completions`,
 };
 // The origin, and the pass-through and Portkey in front of it, take the origin's access
 // token; the edge takes an API key.
@@ -178,8 +197,13 @@ const headers: Record<Target, Record<string, string>> = {
     "x-portkey-custom-host": `${origin.url}/v1`,
   },
   warmgate: { authorization: `Bearer ${apiKey}` },
+  "warmgate-keys": {},
 };
 for (const h of Object.values(headers)) h["content-type"] = "application/json";
+const headersOf = (target: Target): Record<string, string> =>
+  target === "warmgate-keys"
+    ? { ...headers.warmgate, authorization: `Bearer ${manyKeys[nextKey++ % manyKeys.length]}` }
+    : headers[target];
 
 // The process that serves each path (the origin serves every path: no figure of its own).
 const servingPid: Record<Target, number | null> = {
@@ -187,7 +211,24 @@ const servingPid: Record<Target, number | null> = {
   passthrough: await workerdPid(passthrough.child.pid),
   portkey: portkey?.child.pid ?? null,
   warmgate: await workerdPid(stack.edge.pid),
+  "warmgate-keys": null,
 };
+servingPid["warmgate-keys"] = KEYS > 1 ? servingPid.warmgate : null;
+
+// Both edge paths run in one process: its CPU time is charged to the path that sent last
+// (what a response leaves behind, its settlement, is that path's too).
+const EDGE_PATHS: readonly Target[] = ["warmgate", "warmgate-keys"];
+const edgeCpu = new Map<Target, number>();
+let edgePath: Target | null = null;
+let edgeMark = 0;
+async function chargeEdge(next: Target | null): Promise<void> {
+  if (KEYS === 1 || (next !== null && (!EDGE_PATHS.includes(next) || next === edgePath))) return;
+  const previous = edgePath;
+  edgePath = next;
+  const now = (await cpuTimeMs(servingPid.warmgate)) ?? Number.NaN;
+  if (previous !== null) edgeCpu.set(previous, (edgeCpu.get(previous) ?? 0) + now - edgeMark);
+  edgeMark = now;
+}
 const cpuNow = async () =>
   Object.fromEntries(
     await Promise.all(TARGETS.map(async (t) => [t, await cpuTimeMs(servingPid[t])] as const)),
@@ -205,28 +246,36 @@ try {
       rounds: 1,
       warmRequests: 32,
       blockWarmRequests: 0,
-      send: (target, stream) => timedRequest(urls[target], headers[target], bodyOf(phase, stream)),
+      send: (target, stream) =>
+        timedRequest(urls[target], headersOf(target), bodyOf(phase, stream)),
     });
   }
   for (const phase of PHASES) {
     const sent = new Map<Target, number>();
     const before = await cpuNow();
+    edgeCpu.clear();
+    edgePath = null;
     const measured = await compareAlternating({
       workloads: [phase],
       targets: TARGETS,
       rounds: ROUNDS,
       warmRequests: 0,
       blockWarmRequests: BLOCK_WARM,
-      send: (target, stream) => {
+      send: async (target, stream) => {
         sent.set(target, (sent.get(target) ?? 0) + 1);
-        return timedRequest(urls[target], headers[target], bodyOf(phase, stream));
+        await chargeEdge(target);
+        return timedRequest(urls[target], headersOf(target), bodyOf(phase, stream));
       },
     });
     // Work a response left behind (the ledger's settlement) is the request's too.
     await new Promise((r) => setTimeout(r, 250));
     const after = await cpuNow();
+    await chargeEdge(null);
     for (const row of measured) {
-      const used = (after[row.target] ?? Number.NaN) - (before[row.target] ?? Number.NaN);
+      const shared = KEYS > 1 && EDGE_PATHS.includes(row.target);
+      const used = shared
+        ? (edgeCpu.get(row.target) ?? Number.NaN)
+        : (after[row.target] ?? Number.NaN) - (before[row.target] ?? Number.NaN);
       rows.push({ ...row, cpuMsPerRequest: used / (sent.get(row.target) ?? Number.NaN) });
     }
     process.stderr.write(`${phase.name} done\n`);
@@ -236,7 +285,7 @@ try {
   await Promise.all([passthrough.stop(), portkey?.stop(), stack.stop()]);
 }
 
-const targets = overheadTargets(rows, portkey !== null);
+const targets = { ...overheadTargets(rows, portkey !== null), ...manyKeysRatios(rows) };
 const memoryLine = edgeMemory
   .map((m) => `${m.phase}: ${m.rss === null ? "unknown" : `${fmt(m.rss / 1024 / 1024, 1)} MiB`}`)
   .join(", ");
@@ -264,6 +313,7 @@ const path = await writeResult(resultName("overhead", RUNTIME), {
     promptTokens: PROMPT_SIZES,
     maxTokens: MAX_TOKENS,
     blockWarmRequests: BLOCK_WARM,
+    keys: KEYS,
     portkey: portkey ? PORTKEY_VERSION : portkeyMissing,
   },
   rows,

@@ -12,6 +12,28 @@ export const BYTES_PER_TOKEN = 4;
 export const BLOCK_TOKENS = 16;
 /** Leading prefix blocks (64 tokens) whose hash keys a cold prefix and a request's shard. */
 export const COLD_KEY_BLOCKS = 4;
+/** Most prefix blocks hashed per request (131,072 tokens); later ones never route. */
+export const MAX_ROUTE_BLOCKS = 8_192;
+
+/**
+ * The key of a prompt's leading prefix (the hash of its first {@link COLD_KEY_BLOCKS}
+ * blocks, or of all when fewer): it names a request's shard and groups a batch's lines;
+ * null for a prompt shorter than one block.
+ */
+export function prefixKey(blocks: readonly number[]): number | null {
+  return blocks.length === 0
+    ? null
+    : (blocks[Math.min(blocks.length, COLD_KEY_BLOCKS) - 1] ?? null);
+}
+
+/**
+ * A key's shard among `count`: the key modulo the count. Counts only double and halve
+ * (docs/batching.md, "Shards"), so a split moves half of each shard's keys to one new
+ * shard and a merge moves them back; the rest stay where their index is.
+ */
+export function shardOfKey(key: number, count: number): number {
+  return (key >>> 0) % count;
+}
 
 /** A chat message as far as rendering goes. */
 export interface RenderedMessage {

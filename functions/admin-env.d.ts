@@ -9,6 +9,11 @@ interface SecretsEnv {
    * which ties every issued key to the admin token: set this in production.
    */
   TOKEN_SIGNING_SECRET?: string;
+  /**
+   * Signs soft-budget alerts (HMAC-SHA256, docs/key-account.md); receivers verify with it.
+   * When unset, alerts are counted but not sent.
+   */
+  ALERT_SIGNING_SECRET?: string;
   /** Bearer token the edge presents to origins started with `--access-token`. */
   ORIGIN_TOKEN?: string;
   /** `local` for `wrangler dev` and `npm start` (in `.dev.vars`): origins may be on loopback. */

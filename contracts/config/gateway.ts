@@ -7,6 +7,7 @@
 import { z } from "zod";
 import { formatPath } from "../param-path.ts";
 import type { BreakerRegion } from "../breaker.ts";
+import { AlertsSchema } from "./alerts.ts";
 import { BatchApiSchema } from "./batch-api.ts";
 import { BatchingSectionSchema, batchingSettings } from "./batching.ts";
 import { BreakersSchema } from "./breakers.ts";
@@ -45,6 +46,8 @@ export const GatewayConfigSchema = z
     cache: CacheSectionSchema.prefault({}),
     /** OpenAI's Batch API on the fleet's idle capacity (docs/batch-api.md). */
     batch_api: BatchApiSchema.prefault({}),
+    /** Soft-budget alerts (docs/key-account.md, "Soft budgets and alerts"). */
+    alerts: AlertsSchema.prefault({}),
   })
   .superRefine(checkReferences)
   .transform((config) => ({
@@ -58,6 +61,7 @@ export const GatewayConfigSchema = z
     routing: config.routing,
     cache: config.cache,
     batchApi: config.batch_api,
+    alerts: config.alerts,
     /** Each model's canary, by model id. */
     canaries: new Map(config.canaries.map((canary) => [canary.model, canary])),
     /** Every region and model's batching plan (see `batchingPlan`). */

@@ -1,6 +1,6 @@
 /**
- * The `leases` section of `WARMGATE_CONFIG`: whether edge isolates admit API keys' requests
- * under leased allowances, and for how long a lease admits without renewal, resolved with
+ * The `leases` section of `WARMGATE_CONFIG`: whether edge isolates admit keys' and end users'
+ * requests under leased allowances, and for how long a lease admits without renewal, resolved with
  * every default (docs/configuration.md, "Leases"; docs/key-account.md, "Leased allowances").
  */
 import { z } from "zod";

@@ -1,12 +1,10 @@
 // The dashboard's dialogs (docs/metrics.md, "Dashboard"): a key's form (create and edit),
 // the new secret shown once, and the confirmation of an action that cannot be undone.
 import { api } from "./api.js";
-import { $, text } from "./format.js";
+import { $, budgetList, budgetText, text } from "./format.js";
 
 /** Limits a new key gets in the form, as the admin API's own defaults (docs/api.md). */
 const NEW_KEY = { rpm: 600, tpm: 1000000, concurrency: 64 };
-const BUDGETS = ["budget_usd_day", "budget_usd_month", "credit_usd"];
-const FIELDS = { budget_usd_day: "kf-day", budget_usd_month: "kf-month", credit_usd: "kf-credit" };
 
 let editing = null;
 let saved = () => {};
@@ -42,8 +40,9 @@ function payload() {
       rpm: number("kf-rpm"),
       tpm: number("kf-tpm"),
       concurrency: number("kf-concurrency"),
-      ...Object.fromEntries(BUDGETS.map((b) => [b, number(FIELDS[b])])),
+      credit_usd: number("kf-credit"),
     },
+    budgets: budgetList("kf-budgets"),
     tags: list("kf-tags"),
     team_id: $("kf-team").value === "" ? null : $("kf-team").value,
     models: models.length === 0 ? null : models,
@@ -78,7 +77,8 @@ export function openKeyForm(key, onSaved, teams = []) {
   $("kf-rpm").value = String(limits.rpm);
   $("kf-tpm").value = String(limits.tpm);
   $("kf-concurrency").value = String(limits.concurrency);
-  for (const b of BUDGETS) $(FIELDS[b]).value = limits[b] == null ? "" : String(limits[b]);
+  $("kf-budgets").value = budgetText(key?.budgets);
+  $("kf-credit").value = limits.credit_usd == null ? "" : String(limits.credit_usd);
   $("kf-tags").value = (key?.tags ?? []).join(", ");
   $("kf-models").value = (key?.models ?? []).join(", ");
   $("kf-origins").value = (key?.allowed_origins ?? []).join("\n");

@@ -106,7 +106,7 @@ function draw() {
       [String(k.limits.rpm)],
       [String(k.limits.tpm)],
       [String(k.limits.concurrency)],
-      [budgets(k.limits)],
+      [budgets(k)],
       [when(k.previous_key_expires_at)],
       actions(k),
     ]),

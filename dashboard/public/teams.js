@@ -2,11 +2,10 @@
 // budgets from GET /admin/teams, and create, edit and delete through the admin API
 // (docs/api.md). A team with keys cannot be deleted: the API's 409 is shown as it says.
 import { api, withQuery } from "./api.js";
-import { $, actionButton, budgets, el, fill, text } from "./format.js";
+import { $, actionButton, budgetList, budgetText, budgets, el, fill, text } from "./format.js";
 import { confirmAction } from "./dialogs.js";
 
 const PAGE = 100;
-const BUDGETS = { budget_usd_day: "tf-day", budget_usd_month: "tf-month", credit_usd: "tf-credit" };
 
 let teams = [];
 let editing = null;
@@ -41,10 +40,9 @@ function openTeamForm(team) {
   for (const field of ["rpm", "tpm", "concurrency"]) {
     $(`tf-${field}`).value = team === null ? "" : String(team.limits[field]);
   }
-  for (const [name, id] of Object.entries(BUDGETS)) {
-    const amount = team?.limits[name];
-    $(id).value = amount === null || amount === undefined ? "" : String(amount);
-  }
+  $("tf-budgets").value = budgetText(team?.budgets);
+  const credit = team?.limits.credit_usd;
+  $("tf-credit").value = credit === null || credit === undefined ? "" : String(credit);
   $("tf-models").value = (team?.models ?? []).join(", ");
   $("tf-tags").value = (team?.tags ?? []).join(", ");
   text($("team-form-error"), "");
@@ -56,13 +54,14 @@ async function saveTeam() {
   const limits = Object.fromEntries(
     [
       ...["rpm", "tpm", "concurrency"].map((field) => [field, number(`tf-${field}`)]),
-      ...Object.entries(BUDGETS).map(([name, id]) => [name, number(id)]),
-    ].filter(([name, value]) => value !== null || name in BUDGETS),
+      ["credit_usd", number("tf-credit")],
+    ].filter(([name, value]) => value !== null || name === "credit_usd"),
   );
   const models = list("tf-models");
   const body = {
     name: $("tf-name").value.trim(),
     limits,
+    budgets: budgetList("tf-budgets"),
     models: models.length === 0 ? null : models,
     tags: list("tf-tags"),
   };
@@ -101,7 +100,7 @@ function draw() {
       [String(t.limits.rpm)],
       [String(t.limits.tpm)],
       [String(t.limits.concurrency)],
-      [budgets(t.limits)],
+      [budgets(t)],
       [t.models === null ? "every model" : t.models.join(", ")],
       el(
         "div",

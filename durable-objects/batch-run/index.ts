@@ -11,10 +11,16 @@ import { fileKey } from "../../contracts/batch-files.ts";
 import { costPicos } from "../../contracts/pricing.ts";
 import type { BatchHoldResult } from "../key-account/batch-holds.ts";
 import { type BatchState, batchObject, cancellable, outputRecord, stepOf } from "./lifecycle.ts";
+import { lineAttempt } from "./line-attempt.ts";
 import { type LineOutcome, lineOutcome } from "./line-outcome.ts";
 import { writeOutputFile } from "./output-files.ts";
-import { BatchStore, type LineToRun } from "./store.ts";
-import { type BatchCreateInput, COMPLETION_WINDOW_MS, type OpenAIBatch } from "./types.ts";
+import { BatchStore } from "./store.ts";
+import {
+  type BatchCreateInput,
+  COMPLETION_WINDOW_MS,
+  type LineToRun,
+  type OpenAIBatch,
+} from "./types.ts";
 
 // While lines run, the alarm comes back at least this often: it resumes a batch whose
 // incarnation ended and tops the lane up should a completion have been missed.
@@ -143,7 +149,7 @@ export class BatchRun extends DurableObject<Env> {
             code: step.code,
             message,
           });
-          this.#store.finish(line.idx, false, record, null);
+          this.#store.finish(line.idx, { ok: false, record, httpStatus: null, now }, null);
         }
         if (step.ending === "expired" && state.expiredAt === null) {
           this.#store.update({ expiredAt: now });
@@ -186,7 +192,7 @@ export class BatchRun extends DurableObject<Env> {
   /** Sends the lines the lane has room for; each is marked running before it leaves. */
   #pump(): void {
     const free = this.#store.run.linesInFlight - this.#running.size;
-    for (const line of this.#store.startLines(free)) {
+    for (const line of this.#store.startLines(free, Date.now())) {
       this.#running.add(line.idx);
       this.ctx.waitUntil(this.#runLine(line));
     }
@@ -213,23 +219,8 @@ export class BatchRun extends DurableObject<Env> {
     });
     if (input === null) throw new Error("input file gone");
     const parsed = JSON.parse(await input.text()) as { body: Record<string, unknown> };
-    const id = this.#lineId(line.idx);
-    const batcher = this.env.BATCHER.getByName(run.batchers[line.idx % run.batchers.length] ?? "");
-    return batcher.answer({
-      setup: run.setup,
-      // The same id on every attempt: a Batcher that still runs the line refuses a second.
-      id,
-      path: state.endpoint as "/v1/chat/completions",
-      body: JSON.stringify({ ...parsed.body, model: run.model }),
-      headers: { "x-request-id": id },
-      lane: run.lane,
-      promptTokens: line.promptTokens,
-      maxTokens: line.maxTokens,
-      deadline: state.expiresAt,
-      firstByteTimeoutMs: run.firstByteTimeoutMs,
-      itemTimeoutMs: run.itemTimeoutMs,
-      avoidOrigins: [],
-    });
+    const { batcher, attempt } = lineAttempt(run, state, line, this.#lineId(line.idx), parsed.body);
+    return this.env.BATCHER.getByName(batcher).answer(attempt);
   }
 
   #record(line: LineToRun, outcome: LineOutcome): void {
@@ -248,18 +239,24 @@ export class BatchRun extends DurableObject<Env> {
           requestId: id,
           body: outcome.body,
         });
-        this.#store.finish(line.idx, outcome.status < 300, record, bill);
+        const ok = outcome.status < 300;
+        const end = { ok, record, httpStatus: outcome.status, now: Date.now() };
+        this.#store.finish(line.idx, end, bill);
         return;
       }
       case "failed":
         this.#store.finish(
           line.idx,
-          false,
-          outputRecord(id, line.customId, {
-            kind: "error",
-            code: outcome.code,
-            message: outcome.message,
-          }),
+          {
+            ok: false,
+            record: outputRecord(id, line.customId, {
+              kind: "error",
+              code: outcome.code,
+              message: outcome.message,
+            }),
+            httpStatus: null,
+            now: Date.now(),
+          },
           null,
         );
         return;
@@ -285,7 +282,7 @@ export class BatchRun extends DurableObject<Env> {
         batchId: state.id,
         seq: charge.seq,
         model: this.#store.run.model,
-        lines: charge.lines,
+        lines: charge.lines.map(({ idx, ...line }) => ({ ...line, requestId: this.#lineId(idx) })),
       });
       this.#store.charged(charge.seq);
     }

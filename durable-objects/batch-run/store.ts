@@ -6,7 +6,7 @@
 import type { TokenUsage } from "../../contracts/pricing.ts";
 import { applyMigrations } from "../migrations.ts";
 import type { BatchState, LineCounts } from "./lifecycle.ts";
-import type { BatchCreateInput, BatchRunPlan, BatchStatus } from "./types.ts";
+import type { BatchCreateInput, BatchRunPlan, BatchStatus, LineToRun } from "./types.ts";
 
 const MIGRATIONS: readonly string[] = [
   `CREATE TABLE batch (
@@ -20,20 +20,24 @@ const MIGRATIONS: readonly string[] = [
    CREATE INDEX lines_by_state ON lines (state, idx);
    CREATE INDEX lines_by_custom_id ON lines (custom_id);
    CREATE INDEX lines_by_charge ON lines (charge);`,
+  // Lines grouped by prefix when sent; each line's times and status for its ledger row.
+  `ALTER TABLE lines ADD COLUMN prefix INTEGER;
+   ALTER TABLE lines ADD COLUMN started_at INTEGER;
+   ALTER TABLE lines ADD COLUMN ended_at INTEGER;
+   ALTER TABLE lines ADD COLUMN http_status INTEGER;
+   CREATE INDEX lines_by_prefix ON lines (state, prefix, idx);`,
 ];
-
-/** A line ready to be sent. */
-export interface LineToRun {
-  idx: number;
-  customId: string;
-  offset: number;
-  bytes: number;
-  promptTokens: number;
-  maxTokens: number;
-}
 
 /** A finished line's part in a charge. */
 export interface ChargedLine {
+  /** Its index in the input file. */
+  idx: number;
+  ok: boolean;
+  /** The status its origin answered; null when it never ran. */
+  httpStatus: number | null;
+  /** When its last attempt was sent (null: never) and when it ended, unix ms. */
+  startedAt: number | null;
+  endedAt: number | null;
   costPicos: bigint;
   releasePicos: bigint;
   usage: TokenUsage | null;
@@ -85,10 +89,11 @@ export class BatchStore {
     );
     for (const [idx, line] of input.lines.entries()) {
       this.#sql.exec(
-        `INSERT INTO lines (idx, custom_id, offset, bytes, prompt_tokens, max_tokens,
-           reserve_picos, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending')`,
+        `INSERT INTO lines (idx, custom_id, prefix, offset, bytes, prompt_tokens, max_tokens,
+           reserve_picos, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending')`,
         idx,
         line.customId,
+        line.prefix,
         line.offset,
         line.bytes,
         line.promptTokens,
@@ -124,32 +129,38 @@ export class BatchStore {
     return counts;
   }
 
-  /** Marks up to `limit` pending lines running (durably, before any is sent) and returns them. */
-  startLines(limit: number): LineToRun[] {
+  /**
+   * Marks up to `limit` pending lines running (durably, before any is sent) and returns them,
+   * those sharing a prefix together, so that they reach the origin that holds it together.
+   */
+  startLines(limit: number, now: number): LineToRun[] {
     if (limit <= 0) return [];
     const rows = this.#sql
       .exec<{
         idx: number;
         custom_id: string;
+        prefix: number | null;
         offset: number;
         bytes: number;
         prompt_tokens: number;
         max_tokens: number;
       }>(
-        `SELECT idx, custom_id, offset, bytes, prompt_tokens, max_tokens FROM lines
-         WHERE state = 'pending' ORDER BY idx LIMIT ?`,
+        `SELECT idx, custom_id, prefix, offset, bytes, prompt_tokens, max_tokens FROM lines
+         WHERE state = 'pending' ORDER BY prefix, idx LIMIT ?`,
         limit,
       )
       .toArray();
     for (const row of rows) {
       this.#sql.exec(
-        "UPDATE lines SET state = 'running', attempts = attempts + 1 WHERE idx = ?",
+        "UPDATE lines SET state = 'running', attempts = attempts + 1, started_at = ? WHERE idx = ?",
+        now,
         row.idx,
       );
     }
     return rows.map((row) => ({
       idx: row.idx,
       customId: row.custom_id,
+      prefix: row.prefix,
       offset: row.offset,
       bytes: row.bytes,
       promptTokens: row.prompt_tokens,
@@ -175,19 +186,25 @@ export class BatchStore {
     this.#sql.exec("UPDATE lines SET state = 'pending' WHERE idx = ? AND state = 'running'", idx);
   }
 
-  /** Records a line's end once: its output record, and its cost when it is billed. */
+  /**
+   * Records a line's end once: its output record, the status its origin answered (null when
+   * it never ran), and its cost when it is billed.
+   */
   finish(
     idx: number,
-    ok: boolean,
-    record: string,
+    end: { ok: boolean; record: string; httpStatus: number | null; now: number },
     bill: { costPicos: bigint; usage: TokenUsage | null } | null,
   ): void {
+    const { ok, record } = end;
     this.#sql.exec(
-      `UPDATE lines SET state = ?, ok = ?, record = ?, cost_picos = ?, usage = ?
+      `UPDATE lines SET state = ?, ok = ?, record = ?, http_status = ?, ended_at = ?,
+         cost_picos = ?, usage = ?
        WHERE idx = ? AND state IN ('pending', 'running')`,
       ok ? "ok" : "failed",
       ok ? 1 : 0,
       record,
+      end.httpStatus,
+      end.now,
       (bill?.costPicos ?? 0n).toString(),
       bill?.usage === null || bill === null ? null : JSON.stringify(bill.usage),
       idx,
@@ -222,12 +239,27 @@ export class BatchStore {
       );
     }
     const lines = this.#sql
-      .exec<{ cost_picos: string; reserve_picos: string; usage: string | null }>(
-        "SELECT cost_picos, reserve_picos, usage FROM lines WHERE charge = ?",
+      .exec<{
+        idx: number;
+        ok: number;
+        http_status: number | null;
+        started_at: number | null;
+        ended_at: number | null;
+        cost_picos: string;
+        reserve_picos: string;
+        usage: string | null;
+      }>(
+        `SELECT idx, ok, http_status, started_at, ended_at, cost_picos, reserve_picos, usage
+         FROM lines WHERE charge = ? ORDER BY idx`,
         seq,
       )
       .toArray()
       .map((row) => ({
+        idx: row.idx,
+        ok: row.ok === 1,
+        httpStatus: row.http_status,
+        startedAt: row.started_at,
+        endedAt: row.ended_at,
         costPicos: BigInt(row.cost_picos),
         releasePicos: BigInt(row.reserve_picos),
         usage: row.usage === null ? null : (JSON.parse(row.usage) as TokenUsage),

@@ -20,6 +20,11 @@ export type BatchStatus =
 /** One line of the input file as the edge planned it. */
 export interface BatchLinePlan {
   customId: string;
+  /**
+   * The key of its prompt's leading prefix (contracts/prefix-blocks.ts `prefixKey`): lines
+   * that share it are sent together; null for a prompt shorter than one block.
+   */
+  prefix: number | null;
   /** Where the line lies in the input file. */
   offset: number;
   bytes: number;
@@ -28,6 +33,18 @@ export interface BatchLinePlan {
   maxTokens: number;
   /** Its worst-case cost at the batch price, reserved with the batch. */
   reservePicos: bigint;
+}
+
+/** A line ready to be sent. */
+export interface LineToRun {
+  idx: number;
+  customId: string;
+  /** The key of its prompt's leading prefix; null when shorter than one block. */
+  prefix: number | null;
+  offset: number;
+  bytes: number;
+  promptTokens: number;
+  maxTokens: number;
 }
 
 /** How the lines are run: the Batchers of one region and model, in the batch lane. */

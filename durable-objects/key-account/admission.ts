@@ -7,16 +7,16 @@
  * See docs/key-account.md, "What a request reserves".
  */
 import { take, snapshot, type BucketState, fullBucket } from "./token-bucket.ts";
-import { CONCURRENCY_RETRY_MS, type SpendState, budgetRefusal } from "./budgets.ts";
+import { type BudgetLine, CONCURRENCY_RETRY_MS, budgetRefusal } from "./budgets.ts";
 import type {
   Admission,
   AdmissionRefusal,
   BucketSnapshot,
-  Budgets,
   KeyStatus,
   Limits,
   RateLimitInfo,
 } from "./types.ts";
+import type { ModelLimits } from "./budget-types.ts";
 import { maxPicos } from "../../contracts/pricing.ts";
 
 /** A model that may serve the request, with what it would cost at most. */
@@ -38,7 +38,8 @@ export interface KeyPolicy {
   /** Browser origins the key allows; requests without an Origin are not browser requests. */
   allowedOrigins: readonly string[];
   limits: Limits;
-  budgets: Budgets;
+  /** The key's own limits per model (`model_limits`). */
+  modelLimits: Readonly<Record<string, ModelLimits>>;
 }
 
 /** The narrowed scope a browser token carries for one end user. */
@@ -55,6 +56,12 @@ export interface ScopeUsage {
   tokens: BucketState | null;
   /** Open reservations in this scope. */
   inFlight: number;
+}
+
+/** A limited model's buckets after a decision; null for a dimension it does not limit. */
+export interface ModelBuckets {
+  requests: BucketState | null;
+  tokens: BucketState | null;
 }
 
 /** Bucket state to persist for one scope after a decision. */
@@ -77,14 +84,25 @@ export interface AdmissionRequest {
 export interface AdmissionInput {
   key: KeyPolicy;
   endUser: EndUserPolicy | null;
-  usage: { key: ScopeUsage; endUser: ScopeUsage | null };
-  spend: SpendState;
+  /** `models`: the buckets of each limited model (a missing one is full). */
+  usage: {
+    key: ScopeUsage;
+    endUser: ScopeUsage | null;
+    models?: Readonly<Record<string, Omit<ScopeUsage, "inFlight">>>;
+  };
+  /** The budgets in force now with their windows' spend: the key's, and the end user's. */
+  budgets: { key: readonly BudgetLine[]; endUser: readonly BudgetLine[] };
   request: AdmissionRequest;
 }
 
 /** The decision and the state to persist when it admits. */
 export interface AdmissionOutcome {
-  state: { key: ScopeBuckets; endUser: ScopeBuckets | null };
+  state: {
+    key: ScopeBuckets;
+    endUser: ScopeBuckets | null;
+    /** The buckets of each limited model the request may be served by (null: unlimited). */
+    models: Record<string, ModelBuckets>;
+  };
   decision: Admission | AdmissionRefusal;
 }
 
@@ -127,7 +145,7 @@ export function decideAdmission(input: AdmissionInput): AdmissionOutcome {
   const keyBuckets = bucketsOf(usage.key, key.limits, now);
   const userBuckets =
     endUser === null ? null : bucketsOf(usage.endUser ?? emptyUsage(), endUser.limits, now);
-  const unchanged = { key: keyBuckets, endUser: userBuckets };
+  const unchanged = { key: keyBuckets, endUser: userBuckets, models: {} };
   const refuse = (decision: AdmissionRefusal): AdmissionOutcome => ({ state: unchanged, decision });
 
   const refusedKey = keyRefusal(key, request.origin, now);
@@ -215,13 +233,33 @@ export function decideAdmission(input: AdmissionInput): AdmissionOutcome {
     }
     taken.push({ requests: requests.state, tokens: tokenTake.state });
   }
+  // A model with its own limits counts every request that it may serve (docs/key-account.md).
+  const models: Record<string, ModelBuckets> = {};
+  for (const candidate of allowed) {
+    const limits = key.modelLimits[candidate.model];
+    if (limits === undefined || candidate.model in models) continue;
+    const stored = usage.models?.[candidate.model];
+    const checked = checkModel(candidate.model, limits, stored, tokens, now);
+    models[candidate.model] = checked.buckets;
+    for (const refusal of checked.refusals) {
+      if (worst === null || refusal.retryAfterMs > worst.retryAfterMs) {
+        worst = { ...refusal, rateLimit: rateLimitOf(checks, now) };
+      }
+    }
+  }
   if (worst !== null) return refuse(worst);
 
-  const overdraw = budgetRefusal(key.budgets, input.spend, reservedPicos, now);
-  if (overdraw !== null) return refuse({ ...overdraw, rateLimit: rateLimitOf(checks, now) });
+  const overdraw =
+    budgetRefusal(input.budgets.key, reservedPicos, now) ??
+    budgetRefusal(input.budgets.endUser, reservedPicos, now);
+  if (overdraw !== null) {
+    const scope =
+      budgetRefusal(input.budgets.key, reservedPicos, now) === null ? "end_user" : "key";
+    return refuse({ ...overdraw, scope, rateLimit: rateLimitOf(checks, now) });
+  }
 
   const after = checks.map((check, i) => ({ ...check, buckets: taken[i] ?? check.buckets }));
-  const state = { key: taken[0] ?? keyBuckets, endUser: taken[1] ?? null };
+  const state = { key: taken[0] ?? keyBuckets, endUser: taken[1] ?? null, models };
   return {
     state,
     decision: {
@@ -257,6 +295,41 @@ export function tokenCorrection(
 }
 
 type RateRefusal = Extract<AdmissionRefusal, { code: "rate_limit_exceeded" }>;
+
+// One model's own limits: each dimension it limits, checked and taken like the key's.
+function checkModel(
+  model: string,
+  limits: ModelLimits,
+  usage: Omit<ScopeUsage, "inFlight"> | undefined,
+  tokens: number,
+  now: number,
+): { buckets: ModelBuckets; refusals: Omit<RateRefusal, "rateLimit">[] } {
+  const refusals: Omit<RateRefusal, "rateLimit">[] = [];
+  const dimension = (limit: "requests" | "tokens", capacity: number | null, amount: number) => {
+    const stored = (limit === "requests" ? usage?.requests : usage?.tokens) ?? null;
+    if (capacity === null) return null;
+    const taking = take(stored ?? fullBucket(capacity, now), capacity, amount, now);
+    if (!taking.decision.ok) {
+      refusals.push({
+        ok: false,
+        code: "rate_limit_exceeded",
+        limit,
+        scope: "model",
+        model,
+        limitValue: capacity,
+        requested: amount,
+        retryAfterMs: taking.decision.retryAfterMs,
+        tooLarge: taking.decision.tooLarge,
+      });
+    }
+    return taking.state;
+  };
+  const buckets = {
+    requests: dimension("requests", limits.rpm, 1),
+    tokens: dimension("tokens", limits.tpm, tokens),
+  };
+  return { buckets, refusals };
+}
 
 interface ScopeCheck {
   scope: "key" | "end_user";

@@ -6,11 +6,12 @@
 import { refusedSample } from "./metrics.ts";
 import { decideAdmission, rateLimitNow, type CandidateModel } from "./admission.ts";
 import { hasBudgets } from "./budgets.ts";
+import { hourOf } from "../../contracts/budget-periods.ts";
 import { checkCredential } from "./credential.ts";
 import { FREE, utcDay, worstCasePicos } from "../../contracts/pricing.ts";
 import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, rowTags, storedCandidate } from "./schema.ts";
 import { expireDue } from "./settle.ts";
-import { type AccountStore, userScope } from "./store.ts";
+import { type AccountStore, modelScope, userScope } from "./store.ts";
 import { type PoolAsk, allowedModels, shortfall } from "./team/pool.ts";
 import type { TeamLink } from "./team/link.ts";
 import type { TeamAllowance } from "../team-account/types.ts";
@@ -125,6 +126,8 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult | Te
   }));
   const day = utcDay(now);
   const team = store.team.pool;
+  const hour = hourOf(now);
+  const userBudgets = credential.kind === "browser" ? (credential.budgets ?? []) : [];
   const outcome = decideAdmission({
     key: {
       status: record.status,
@@ -132,14 +135,30 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult | Te
       models: team === null ? record.models : allowedModels(record.models, team.models),
       allowedOrigins: record.allowedOrigins,
       limits: record.limits,
-      budgets: record.budgets,
+      modelLimits: record.modelLimits,
     },
     endUser,
     usage: {
       key: store.scopeUsage(KEY_SCOPE, null),
       endUser: subject === null ? null : store.scopeUsage(userScope(subject), subject),
+      models: Object.fromEntries(
+        Object.keys(record.modelLimits).map((model) => [
+          model,
+          store.buckets.of(modelScope(model)),
+        ]),
+      ),
     },
-    spend: store.spend.of(day),
+    budgets: {
+      key: store.spend.lines(record.budgets, now, KEY_SCOPE),
+      endUser:
+        subject === null
+          ? []
+          : store.spend.lines(
+              { periods: userBudgets, creditMicros: null },
+              now,
+              userScope(subject),
+            ),
+    },
     request: {
       candidates,
       promptTokens: input.promptTokens,
@@ -158,7 +177,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult | Te
     team === null
       ? null
       : {
-          reservedPicos: store.spend.of(day).lifetime.reservedPicos,
+          reservedPicos: store.spend.lifetime().reservedPicos,
           inFlight: store.scopeUsage(KEY_SCOPE, null).inFlight,
         };
   if (team !== null && use !== null) {
@@ -175,11 +194,15 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult | Te
   if (subject !== null && state.endUser !== null) {
     store.buckets.put(userScope(subject), state.endUser);
   }
+  for (const [model, buckets] of Object.entries(state.models)) {
+    store.buckets.put(modelScope(model), buckets);
+  }
   store.ledger.open({
     requestId: input.requestId,
     state: "open",
     model: decision.models[0] ?? input.model,
     day,
+    hour,
     subject,
     subjectTpm: endUser?.limits.tpm ?? null,
     endUser: input.endUser ?? null,
@@ -192,7 +215,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult | Te
     expiresAt: leaseExpiresAt,
     ...NOT_CLOSED,
   });
-  store.spend.add(day, { reservedPicos: decision.reservedPicos, settledPicos: 0n });
+  store.spend.add(hour, { reservedPicos: decision.reservedPicos, settledPicos: 0n }, subject);
   if (use !== null) {
     store.team.admitted(decision.reservedTokens, decision.reservedPicos, use.inFlight + 1, now);
   }

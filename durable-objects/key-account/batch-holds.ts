@@ -3,11 +3,12 @@
  * a batch's worst case is reserved against the key's budgets when it is created, each
  * charge of finished lines bills them and gives back their part of the hold exactly once
  * (charges are numbered; a repeated number changes nothing), and the rest is given back
- * when the batch ends.
+ * when the batch ends. Each line billed becomes a settled ledger row of its own.
  */
-import { utcDay } from "../../contracts/pricing.ts";
-import type { TokenUsage } from "../../contracts/pricing.ts";
+import { type TokenUsage, utcDay } from "../../contracts/pricing.ts";
+import { hourOf } from "../../contracts/budget-periods.ts";
 import { budgetRefusal } from "./budgets.ts";
+import { KEY_SCOPE, type LedgerEntry, rowTags } from "./schema.ts";
 import type { AccountStore } from "./store.ts";
 import type { AdmissionRefusal } from "./types.ts";
 
@@ -27,15 +28,75 @@ export interface BatchCharge {
   seq: number;
   model: string;
   /** Lines billed: their cost, the part of the hold they give back, their usage. */
-  lines: { costPicos: bigint; releasePicos: bigint; usage: TokenUsage | null }[];
+  lines: BatchChargeLine[];
 }
 
-type HoldRow = { day: string; reserved_picos: string; applied_seq: number };
+/** One finished line of a charge; it becomes a ledger row (tagged `batch:{batch id}`). */
+export interface BatchChargeLine {
+  /** Its request id: the line's item id, `{batch id}-{line}`. */
+  requestId: string;
+  ok: boolean;
+  /** The status its origin answered; null when it never ran. */
+  httpStatus: number | null;
+  /** When its last attempt was sent (null: never) and when it ended, unix ms. */
+  startedAt: number | null;
+  endedAt: number | null;
+  costPicos: bigint;
+  releasePicos: bigint;
+  usage: TokenUsage | null;
+}
+
+/** The ledger row of a batch line billed `now` (at the batch price its charge carries). */
+function lineRow(
+  charge: BatchCharge,
+  line: BatchChargeLine,
+  key: { tags: readonly string[]; teamId: string | null },
+  now: number,
+): LedgerEntry {
+  const closedAt = line.endedAt ?? now;
+  const createdAt = line.startedAt ?? closedAt;
+  const usage = line.usage;
+  return {
+    requestId: line.requestId,
+    state: "settled",
+    model: charge.model,
+    day: utcDay(now),
+    hour: hourOf(now),
+    subject: null,
+    subjectTpm: null,
+    endUser: null,
+    reservedTokens: 0,
+    reservedPicos: line.releasePicos,
+    candidates: [],
+    createdAt,
+    expiresAt: closedAt,
+    closedAt,
+    outcome: line.ok ? "ok" : "error",
+    promptTokens: usage?.promptTokens ?? null,
+    cachedTokens: usage?.cachedTokens ?? null,
+    completionTokens: usage?.completionTokens ?? null,
+    costPicos: line.costPicos,
+    tags: rowTags(key.tags, [batchTag(charge.batchId)]),
+    teamId: key.teamId,
+    attempts: [],
+    httpStatus: line.httpStatus,
+    durationMs: line.startedAt === null ? null : closedAt - createdAt,
+    ttftMs: null,
+    cacheHit: false,
+  };
+}
+
+/** The tag of a batch's lines in the ledger, by which the spend log filters them. */
+export function batchTag(batchId: string): string {
+  return `batch:${batchId}`;
+}
+
+type HoldRow = { hour: number; reserved_picos: string; applied_seq: number };
 
 function holdOf(sql: SqlStorage, batchId: string): HoldRow | undefined {
   return sql
     .exec<HoldRow>(
-      "SELECT day, reserved_picos, applied_seq FROM batch_holds WHERE batch_id = ?",
+      "SELECT hour, reserved_picos, applied_seq FROM batch_holds WHERE batch_id = ?",
       batchId,
     )
     .toArray()[0];
@@ -53,14 +114,16 @@ export function holdBatch(
   if (record === null || record.status !== "active") {
     return { ok: false, refusal: { code: "invalid_api_key" } };
   }
-  const day = utcDay(now);
-  const refusal = budgetRefusal(record.budgets, store.spend.of(day), input.picos, now);
-  if (refusal !== null) return { ok: false, refusal };
-  store.spend.add(day, { settledPicos: 0n, reservedPicos: input.picos });
+  const hour = hourOf(now);
+  const lines = store.spend.lines(record.budgets, now, KEY_SCOPE);
+  const refusal = budgetRefusal(lines, input.picos, now);
+  if (refusal !== null) return { ok: false, refusal: { ...refusal, scope: "key" } };
+  store.spend.add(hour, { settledPicos: 0n, reservedPicos: input.picos });
   sql.exec(
-    "INSERT INTO batch_holds (batch_id, day, reserved_picos, applied_seq, created_at) VALUES (?, ?, ?, 0, ?)",
+    "INSERT INTO batch_holds (batch_id, day, hour, reserved_picos, applied_seq, created_at) VALUES (?, ?, ?, ?, 0, ?)",
     input.batchId,
-    day,
+    utcDay(now),
+    hour,
     input.picos.toString(),
     now,
   );
@@ -81,7 +144,9 @@ export function chargeBatch(
   let release = 0n;
   let cost = 0n;
   const tokens: TokenUsage = { promptTokens: 0, cachedTokens: 0, completionTokens: 0 };
+  const key = { tags: store.key.record?.tags ?? [], teamId: store.key.record?.teamId ?? null };
   for (const line of charge.lines) {
+    store.ledger.add(lineRow(charge, line, key, now));
     release += line.releasePicos;
     cost += line.costPicos;
     tokens.promptTokens += line.usage?.promptTokens ?? 0;
@@ -90,8 +155,8 @@ export function chargeBatch(
   }
   release = release < reserved ? release : reserved;
   const today = utcDay(now);
-  store.spend.add(hold.day, { settledPicos: 0n, reservedPicos: -release });
-  store.spend.add(today, { settledPicos: cost, reservedPicos: 0n });
+  store.spend.add(hold.hour, { settledPicos: 0n, reservedPicos: -release });
+  store.spend.add(hourOf(now), { settledPicos: cost, reservedPicos: 0n });
   store.spend.addUsage(today, {
     model: charge.model,
     requests: charge.lines.length,
@@ -112,7 +177,7 @@ export function chargeBatch(
 export function releaseBatch(store: AccountStore, sql: SqlStorage, batchId: string): void {
   const hold = holdOf(sql, batchId);
   if (hold === undefined || hold.reserved_picos === "0") return;
-  store.spend.add(hold.day, { settledPicos: 0n, reservedPicos: -BigInt(hold.reserved_picos) });
+  store.spend.add(hold.hour, { settledPicos: 0n, reservedPicos: -BigInt(hold.reserved_picos) });
   sql.exec("UPDATE batch_holds SET reserved_picos = '0' WHERE batch_id = ?", batchId);
   store.flush();
 }

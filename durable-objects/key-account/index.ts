@@ -10,8 +10,8 @@ import { applyMigrations } from "../migrations.ts";
 import { admitWithTeam, clampLease } from "./admit.ts";
 import { reconcileLapsed } from "./lapsed.ts";
 import { TeamLink } from "./team/link.ts";
-import { KEY_ACCOUNT_MIGRATIONS } from "./schema.ts";
-import { checkKey, recordOf, requestsOf, usageOf } from "./reads.ts";
+import { KEY_ACCOUNT_MIGRATIONS } from "./migrations.ts";
+import { budgetStatusOf, checkKey, recordOf, requestsOf, usageOf } from "./reads.ts";
 import {
   type BatchCharge,
   type BatchHoldResult,
@@ -21,9 +21,14 @@ import {
 } from "./batch-holds.ts";
 import { expireDue, settle } from "./settle.ts";
 import { endDueLeases, giveBack, grantLease, restoreLapsed } from "./leases/grant.ts";
+import { ownLeaseAsk } from "./leases/scope.ts";
+import { leaseHolder } from "../../contracts/lease-scopes.ts";
 import type { LeaseAnswer, LeaseAsk, LeaseCall, LeaseHeld } from "./leases/types.ts";
 import type { KeyMetrics } from "./metrics.ts";
 import { AccountStore } from "./store.ts";
+import { deliverAlerts, raiseAlerts } from "./alerts.ts";
+import { type AlertSettings, AlertsSchema } from "../../contracts/config/alerts.ts";
+import { ConfigError, loadConfig } from "../../contracts/config/gateway.ts";
 import {
   type AdmitAnswer,
   type AdmitInput,
@@ -36,6 +41,7 @@ import {
   type SettleManyResult,
   type SettleResult,
 } from "./types.ts";
+import { type BudgetStatus } from "./budget-types.ts";
 import {
   type RecordResult,
   type LedgerRecord,
@@ -117,13 +123,13 @@ export class KeyAccount extends DurableObject<Env> {
   async admit(input: AdmitInput & { lease?: LeaseAsk }): Promise<AdmitAnswer & LeaseHeld> {
     const now = Date.now();
     const settled = (input.settle ?? []).map((one) => settle(this.#store, one, one.now ?? now));
-    // An API key's isolate gives back its lease's unused part first (docs/key-account.md).
-    const hash = input.credential.kind === "key" ? input.credential.secretHash : null;
-    const ask = hash === null ? undefined : input.lease;
+    // The isolate gives back its lease's unused part first (docs/key-account.md).
+    const hash = leaseHolder(input.credential);
+    const ask = ownLeaseAsk(input);
     endDueLeases(this.#store, now);
-    if (ask !== undefined && hash !== null) giveBack(this.#store, ask, hash, now);
+    if (ask !== undefined) giveBack(this.#store, ask, hash, now);
     const result = await admitWithTeam(this.#store, this.#team, input);
-    const granted = ask !== undefined && hash !== null && result.ok;
+    const granted = ask !== undefined && result.ok;
     const lease = granted ? grantLease(this.#store, ask, hash, now).lease : null;
     // Durable before any origin is asked to generate for it: the answer leaves once this
     // commit is (the output gate), so a crash at any instant keeps the open row, whose
@@ -178,8 +184,11 @@ export class KeyAccount extends DurableObject<Env> {
   }
 
   /** Bills a batch's finished lines once per charge number; committed before it answers. */
-  chargeBatch(charge: BatchCharge): boolean {
-    return chargeBatch(this.#store, this.ctx.storage.sql, charge, Date.now());
+  async chargeBatch(charge: BatchCharge): Promise<boolean> {
+    const now = Date.now();
+    const applied = chargeBatch(this.#store, this.ctx.storage.sql, charge, now);
+    await this.#alertsFor(now);
+    return applied;
   }
 
   /** Gives back what is left of a batch's hold. */
@@ -205,6 +214,11 @@ export class KeyAccount extends DurableObject<Env> {
   /** Usage rollups by day and model (or of one end user's or tag's requests, or per tag). */
   usage(query: UsageQuery): UsageResult {
     return usageOf(this.#store, query);
+  }
+
+  /** The key's budgets now: each window's spend and when it resets. */
+  budgetStatus(): BudgetStatus[] {
+    return budgetStatusOf(this.#store, Date.now());
   }
 
   /** One request's ledger record (null when unknown or pruned), for its own key's secret. */
@@ -244,12 +258,30 @@ export class KeyAccount extends DurableObject<Env> {
     // lease's unreported ones: their origins may still know how they ended.
     await reconcileLapsed(this.#store, this.env.WARMGATE_CONFIG, this.env, now);
     await this.#team.release(now);
+    raiseAlerts(this.#store, now, () => this.#alertSettings());
+    await deliverAlerts(this.#store, now, this.#alertSettings(), this.env.ALERT_SIGNING_SECRET);
     this.#store.prune(now);
     await this.#rescheduleAlarm(now);
   }
 
-  // Settled rows are pruned in time; rows whose usage is to be asked of the origins, soon.
+  // Soft limits the settlements crossed raise alerts, which the alarm delivers now.
+  async #alertsFor(now: number): Promise<void> {
+    if (raiseAlerts(this.#store, now, () => this.#alertSettings())) await this.#ensureAlarm(now);
+  }
+
+  #alertSettings(): AlertSettings {
+    try {
+      return loadConfig(this.env.WARMGATE_CONFIG).alerts;
+    } catch (error) {
+      if (error instanceof ConfigError) return AlertsSchema.parse({});
+      throw error;
+    }
+  }
+
+  // Settled rows are pruned in time; rows whose usage is to be asked of the origins, soon;
+  // alerts the settlements raised are sent at once.
   async #alarmFor(results: readonly SettleResult[], now: number): Promise<void> {
+    await this.#alertsFor(now);
     if (results.some((result) => result.settled))
       await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
     if (results.some((result) => !result.settled && result.reason === "reconciling")) {
@@ -280,8 +312,11 @@ export class KeyAccount extends DurableObject<Env> {
     const prunable = this.#store.prunableAt();
     const prune = prunable === null ? [] : [Math.max(prunable, now + PRUNE_INTERVAL_MS)];
     const lapsed = this.#store.ledger.hasLapsed ? [now + RECONCILE_RETRY_MS] : [];
-    const team = [this.#team.alarmAt(now) ?? []].flat();
-    const candidates = [...prune, ...lapsed, ...team, ...(Number.isFinite(open) ? [open] : [])];
+    const alert = this.#store.alerts.nextDue();
+    const due = [open, alert, this.#team.alarmAt(now) ?? Number.NaN].filter((at) =>
+      Number.isFinite(at),
+    );
+    const candidates = [...prune, ...lapsed, ...due];
     if (candidates.length === 0) {
       await this.ctx.storage.deleteAlarm();
       return;

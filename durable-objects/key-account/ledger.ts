@@ -4,6 +4,7 @@
  * the row, spend and usage: `AccountStore.apply`).
  */
 import { billedPicos, type TokenUsage, utcDay } from "../../contracts/pricing.ts";
+import { hourOf } from "../../contracts/budget-periods.ts";
 import { tokenCorrection } from "./admission.ts";
 import type { PeriodSpend } from "./budgets.ts";
 import { type LedgerEntry, NOT_CLOSED, priceOf, rowTags, storedCandidate } from "./schema.ts";
@@ -23,7 +24,7 @@ export interface LedgerChange {
   row: LedgerEntry;
   /** Tokens charged (positive) or given back (negative) to the key's and the subject's buckets. */
   tokens: number;
-  /** Added to the spend of the row's day, its month and the lifetime. */
+  /** Added to the spend of the row's hour (the key's, its end user's) and the lifetime. */
   spend: PeriodSpend;
   /** Added to the usage of the row's day. */
   usage: UsageDelta[];
@@ -137,6 +138,7 @@ export function forgottenRow(
     state: "open",
     model: first.model,
     day: utcDay(now),
+    hour: hourOf(now),
     subject: null,
     subjectTpm: null,
     endUser: null,

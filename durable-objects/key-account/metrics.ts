@@ -61,6 +61,8 @@ export interface KeyMetrics {
   tier: string;
   series: RequestSeries[];
   recentErrors: RecentError[];
+  /** Soft-budget alert events per period and outcome (counters). */
+  budgetAlerts: { period: string; outcome: AlertOutcome; count: number }[];
 }
 
 /** What the metrics of one request are made of. */
@@ -85,7 +87,16 @@ export interface RequestSample {
 export interface MetricsState {
   series: Map<string, RequestSeries>;
   errors: RecentError[];
+  /** Soft-budget alert events by `<period>\n<outcome>`. */
+  alerts: Record<string, number>;
 }
+
+/**
+ * What happened to a soft-budget alert: `raised` (a window's soft limit crossed, once per
+ * window), `retried` (an attempt failed, another is due), `delivered` (a 2xx), `dropped`
+ * (no attempt left, or no signing secret).
+ */
+export type AlertOutcome = "raised" | "retried" | "delivered" | "dropped";
 
 /** The status class of an HTTP status. */
 export function statusClass(status: number): string {

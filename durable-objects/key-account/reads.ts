@@ -6,9 +6,11 @@
  */
 import { keyRefusal } from "./admission.ts";
 import { checkCredential } from "./credential.ts";
-import { ledgerRecordOf } from "./schema.ts";
+import { budgetStatuses } from "./budgets.ts";
+import { KEY_SCOPE, ledgerRecordOf } from "./schema.ts";
 import type { AccountStore } from "./store.ts";
-import type { CheckCredential, KeyCheckResult } from "./types.ts";
+import { type CheckCredential, type KeyCheckResult } from "./types.ts";
+import { type BudgetStatus, NO_BUDGETS } from "./budget-types.ts";
 import type {
   LedgerRecord,
   RecordResult,
@@ -66,7 +68,14 @@ export function usageOf(store: AccountStore, query: UsageQuery): UsageResult {
     ok: true,
     rows,
     ...(query.by === "tag" && { tags: store.ledger.tagUsage(from, to) }),
+    budgets: budgetStatusOf(store, Date.now()),
   };
+}
+
+/** The key's budgets as they stand at `now`: each window's spend and when it resets. */
+export function budgetStatusOf(store: AccountStore, now: number): BudgetStatus[] {
+  const budgets = store.key.record?.budgets ?? NO_BUDGETS;
+  return budgetStatuses(store.spend.lines(budgets, now, KEY_SCOPE));
 }
 
 /** One request's ledger record (null when unknown or pruned), for its own key's secret. */

@@ -3,20 +3,21 @@
  * budgets' room), an expired one settled late, a forgotten one billed from what the edge
  * held of it (docs/key-account.md, "Keys and settlement").
  */
-import { type PeriodSpend, type SpendState, billingCap } from "./budgets.ts";
+import { type BudgetLine, billingCap } from "./budgets.ts";
+import { HOUR_MS } from "../../contracts/budget-periods.ts";
+import { KEY_SCOPE } from "./schema.ts";
 import { expireRow, forgottenRow, settleRow } from "./ledger.ts";
 import { leasedRow } from "./leases/rows.ts";
 import type { LedgerEntry } from "./schema.ts";
 import { settledSample } from "./metrics.ts";
 import type { AccountStore } from "./store.ts";
 import { moneyUsed } from "./team/pool.ts";
-import { utcDay } from "../../contracts/pricing.ts";
-import { NO_BUDGETS, type SettleInput, type SettleResult } from "./types.ts";
+import { type SettleInput, type SettleResult } from "./types.ts";
+import { NO_BUDGETS } from "./budget-types.ts";
 
 /** Settles one request, exactly once (repeats answer why nothing changed). */
 export function settle(store: AccountStore, input: SettleInput, now: number): SettleResult {
   const { requestId } = input;
-  const budgets = store.key.record?.budgets ?? NO_BUDGETS;
   const open = store.ledger.openRow(requestId);
   if (input.usageUnknown === true) return reconcileLater(store, open, input, now);
   if (open !== undefined) {
@@ -24,7 +25,7 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
     // admission, anything above it only while the budgets have room.
     const cap = teamCap(
       store,
-      billingCap(budgets, store.spend.of(open.day), open.reservedPicos),
+      billingCap(linesAt(store, open), open.reservedPicos),
       open.reservedPicos,
     );
     return close(store, open, input, now, cap);
@@ -35,10 +36,9 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   if (row === null) {
     const leased = leasedRow(store, input, now);
     if (leased === null) return settleForgotten(store, input, now);
-    const spend = store.spend.of(leased.day);
     const cap = teamCap(
       store,
-      billingCap(budgets, spend, leased.reservedPicos),
+      billingCap(linesAt(store, leased), leased.reservedPicos),
       leased.reservedPicos,
     );
     return close(store, leased, input, now, cap);
@@ -48,13 +48,7 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   // Expired: its reservation was released then, so it is billed only as far as budgets have
   // room; its usage is known now, so the origins need not be asked.
   store.ledger.resolve(requestId);
-  return close(
-    store,
-    row,
-    input,
-    now,
-    teamCap(store, billingCap(budgets, store.spend.of(row.day), 0n), 0n),
-  );
+  return close(store, row, input, now, teamCap(store, billingCap(linesAt(store, row), 0n), 0n));
 }
 
 // A request whose edge could not learn what its origin generated: its reservation is
@@ -99,9 +93,11 @@ function settleForgotten(store: AccountStore, input: SettleInput, now: number): 
   // room with that reservation counted, as it was before the crash.
   const admitted = input.admitted?.reservedPicos ?? 0n;
   const reserved = admitted > 0n ? admitted : 0n;
-  const budgets = store.key.record?.budgets ?? NO_BUDGETS;
-  const spend = withReserved(store.spend.of(entry.day), reserved);
-  const cap = teamCap(store, billingCap(budgets, spend, reserved), reserved);
+  const cap = teamCap(
+    store,
+    billingCap(withReserved(linesAt(store, entry), reserved), reserved),
+    reserved,
+  );
   return close(store, entry, input, now, cap);
 }
 
@@ -134,17 +130,22 @@ export function expireDue(store: AccountStore, now: number): void {
 function teamCap(store: AccountStore, cap: bigint | null, reservedPicos: bigint): bigint | null {
   const pool = store.team.pool;
   if (pool === null || !pool.budgeted) return cap;
-  const reserved = store.spend.of(utcDay(Date.now())).lifetime.reservedPicos;
+  const reserved = store.spend.lifetime().reservedPicos;
   const room = pool.picos - moneyUsed(pool, { reservedPicos: reserved, inFlight: 0 });
   const most = reservedPicos + (room > 0n ? room : 0n);
   return cap === null || most < cap ? most : cap;
 }
 
-// Spend as it would be with `picos` more reserved in each period.
-function withReserved(spend: SpendState, picos: bigint): SpendState {
-  const add = (period: PeriodSpend) => ({
-    ...period,
-    reservedPicos: period.reservedPicos + picos,
-  });
-  return { day: add(spend.day), month: add(spend.month), lifetime: add(spend.lifetime) };
+// The key's budgets whose windows hold the row's hour: the spend its cost counts in.
+function linesAt(store: AccountStore, row: LedgerEntry): BudgetLine[] {
+  const budgets = store.key.record?.budgets ?? NO_BUDGETS;
+  return store.spend.lines(budgets, row.hour * HOUR_MS, KEY_SCOPE);
+}
+
+// Budgets as they would be with `picos` more reserved in each window.
+function withReserved(lines: readonly BudgetLine[], picos: bigint): BudgetLine[] {
+  return lines.map((line) => ({
+    ...line,
+    spend: { ...line.spend, reservedPicos: line.spend.reservedPicos + picos },
+  }));
 }

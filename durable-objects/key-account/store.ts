@@ -9,6 +9,7 @@ import { WriteBehind } from "../write-behind.ts";
 import type { ScopeUsage } from "./admission.ts";
 import type { LedgerChange } from "./ledger.ts";
 import { KEY_SCOPE, type LedgerEntry } from "./schema.ts";
+import { AlertStore } from "./store/alerts.ts";
 import { BucketStore } from "./store/buckets.ts";
 import { KeyStore } from "./store/key.ts";
 import { LeaseStore } from "./store/leases.ts";
@@ -21,6 +22,11 @@ import { ACCOUNT_WRITE_DELAY_MS } from "./types.ts";
 /** The bucket scope of one end user of browser tokens. */
 export function userScope(subject: string): string {
   return `u:${subject}`;
+}
+
+/** The bucket scope of the key's own limits for one model (`model_limits`). */
+export function modelScope(model: string): string {
+  return `m:${model}`;
 }
 
 /** One key account's state, memory ahead of SQLite. */
@@ -39,6 +45,8 @@ export class AccountStore {
   readonly metrics: MetricsStore;
   /** The key's lease of its team's allowance (null pool: no team). */
   readonly team: TeamPoolStore;
+  /** Its soft-budget alerts. */
+  readonly alerts: AlertStore;
   readonly #writes: WriteBehind;
   // New with every start: an answer's stamp says which run its commits belong to.
   readonly #incarnation = crypto.randomUUID();
@@ -53,6 +61,7 @@ export class AccountStore {
     this.leases = new LeaseStore(storage.sql, this.#writes);
     this.metrics = new MetricsStore(storage.sql, this.#writes);
     this.team = new TeamPoolStore(storage.sql, this.#writes);
+    this.alerts = new AlertStore(storage.sql, this.#writes);
   }
 
   /** Loads the record, the secrets and the open and lapsed ledger rows (at start). */
@@ -61,6 +70,7 @@ export class AccountStore {
     this.ledger.load(now);
     this.leases.load();
     this.team.load();
+    this.alerts.load();
   }
 
   /** Where this answer stands among the commits, taken as the call answers, after its last write. */
@@ -79,11 +89,11 @@ export class AccountStore {
   }
 
   /**
-   * A scope's buckets and its requests in flight (`subject` null: the key's, counting the
-   * slots its leases hold).
+   * A scope's buckets and its requests in flight, counting the slots its leases hold
+   * (`subject` null: the key's, and every lease's).
    */
   scopeUsage(scope: string, subject: string | null): ScopeUsage {
-    const leased = subject === null ? this.leases.slots() : 0;
+    const leased = this.leases.slots(subject);
     return { ...this.buckets.of(scope), inFlight: this.ledger.inFlight(subject) + leased };
   }
 
@@ -95,9 +105,15 @@ export class AccountStore {
       if (row.subject !== null && row.subjectTpm !== null) {
         this.buckets.adjustTokens(userScope(row.subject), row.subjectTpm, change.tokens, now);
       }
+      // The models with their own token limits that the request was counted against.
+      const modelLimits = this.key.record?.modelLimits ?? {};
+      for (const model of new Set(row.candidates.map(([name]) => name))) {
+        const tpm = modelLimits[model]?.tpm ?? null;
+        if (tpm !== null) this.buckets.adjustTokens(modelScope(model), tpm, change.tokens, now);
+      }
     }
     this.ledger.close(before, row);
-    this.spend.add(row.day, change.spend);
+    this.spend.add(row.hour, change.spend, row.subject);
     this.team.settled(change.spend.settledPicos, change.tokens);
     for (const delta of change.usage) this.spend.addUsage(row.day, delta);
   }
@@ -109,6 +125,7 @@ export class AccountStore {
     this.leases.prune(now);
     this.buckets.prune(now);
     this.spend.prune(now);
+    this.alerts.prune(now);
     this.key.prune(now);
   }
 

@@ -6,6 +6,7 @@ import type { MetadataValue } from "../../contracts/tags.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 import type { ModelPrice } from "../../contracts/pricing.ts";
 import type { SettleCache, SettleMetrics } from "./settle-types.ts";
+import type { BudgetName, Budgets, ModelLimits, PeriodBudget } from "./budget-types.ts";
 
 /** Priority tiers, lowest first; the batcher maps them to lanes. */
 export const KEY_TIERS = ["low", "standard", "high"] as const;
@@ -26,13 +27,6 @@ export interface Limits {
   concurrency: number;
 }
 
-/** Spending limits of a key in micro-dollars (UTC day, UTC month, lifetime); null: none. */
-export interface Budgets {
-  dayMicros: number | null;
-  monthMicros: number | null;
-  creditMicros: number | null;
-}
-
 /** Values for OpenAI's `x-ratelimit-*-requests` and `x-ratelimit-*-tokens` headers. */
 export interface RateLimitInfo {
   requests: BucketSnapshot;
@@ -41,9 +35,6 @@ export interface RateLimitInfo {
 
 /** Which limit refused a request. */
 export type LimitName = "requests" | "tokens" | "concurrency";
-
-/** Which budget refused a request. */
-export type BudgetName = "day" | "month" | "credit";
 
 /** Why a key or a browser token is not accepted. */
 export type InvalidKeyReason = "unknown" | "bad_secret" | "revoked" | "expired" | "rotated";
@@ -58,9 +49,13 @@ export type AdmissionRefusal =
       ok: false;
       code: "rate_limit_exceeded";
       limit: LimitName;
-      /** Whose limit: the key's, its end user's (browser token) or its team's (`teamId`). */
-      scope: "key" | "end_user" | "team";
+      /**
+       * Whose limit: the key's, its end user's (browser token), its team's (`teamId`), or
+       * `model`: the key's own limit for one model (`model_limits`), named in `model`.
+       */
+      scope: "key" | "end_user" | "team" | "model";
       teamId?: string;
+      model?: string;
       /** The limit's value, and what this request asked of it. */
       limitValue: number;
       requested: number;
@@ -73,8 +68,8 @@ export type AdmissionRefusal =
       ok: false;
       code: "insufficient_quota";
       budget: BudgetName;
-      /** Set when the budget is the key's team's (`teamId`). */
-      scope?: "team";
+      /** Whose budget: the key's, the browser token's end user's, or its team's (`teamId`). */
+      scope: "key" | "end_user" | "team";
       teamId?: string;
       /** The budget, in pico-dollars like every amount here. */
       limitPicos: bigint;
@@ -84,10 +79,12 @@ export type AdmissionRefusal =
       /** The request's worst-case cost. */
       requestedPicos: bigint;
       /**
-       * When a retry can succeed: soon when only open reservations are in the way, at the
-       * next UTC day or month for those budgets, never (null) for a spent credit.
+       * When a retry can succeed: soon when only open reservations are in the way, when the
+       * budget's window ends otherwise, never (null) for a spent credit.
        */
       retryAfterMs: number | null;
+      /** When the budget's window ends (epoch ms); null for the credit. */
+      resetsAt: number | null;
       rateLimit: RateLimitInfo;
     };
 
@@ -118,6 +115,10 @@ export interface KeyRecord {
   limits: Limits;
   /** Spending limits in micro-dollars. */
   budgets: Budgets;
+  /** Its own limits per model, within the key's (`model_limits`). */
+  modelLimits: Record<string, ModelLimits>;
+  /** Where its soft-budget alerts go; null: the configuration's `alerts.webhook_url`. */
+  alertWebhookUrl: string | null;
   allowedOrigins: string[];
   models: string[] | null;
   tier: KeyTier;
@@ -149,6 +150,8 @@ export interface KeyCreateInput {
   limits: Limits;
   /** Absent: no budgets. */
   budgets?: Budgets;
+  modelLimits?: Record<string, ModelLimits>;
+  alertWebhookUrl?: string | null;
   allowedOrigins: string[];
   models: string[] | null;
   tier: KeyTier;
@@ -164,8 +167,11 @@ export interface KeyCreateInput {
 export interface KeyUpdateInput {
   name?: string;
   limits?: Partial<Limits>;
-  /** A budget set to null is removed. */
+  /** `periods` replaces the list; a credit set to null is removed. */
   budgets?: Partial<Budgets>;
+  /** Replaces every model's limits. */
+  modelLimits?: Record<string, ModelLimits>;
+  alertWebhookUrl?: string | null;
   allowedOrigins?: string[];
   models?: string[] | null;
   tier?: KeyTier;
@@ -191,6 +197,8 @@ export type AdmitCredential =
       subject: string;
       limits: Limits;
       models: string[] | null;
+      /** The end user's own budgets (no credit); absent: none. */
+      budgets?: PeriodBudget[];
     };
 
 /** A model a request may fall back to, with its price and token allowance. */
@@ -372,9 +380,6 @@ export const ACCOUNT_WRITE_DELAY_MS = 50;
  * tag and spend-log reads reach this far back).
  */
 export const LEDGER_RETENTION_MS = 35 * 86_400_000;
-
-/** No spending limit at all. */
-export const NO_BUDGETS: Budgets = { dayMicros: null, monthMicros: null, creditMicros: null };
 
 /** Upper bounds of the request-duration buckets of a key's metrics, seconds. */
 export const DURATION_BOUNDS_S = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];

@@ -3,6 +3,7 @@
  * request's ledger record and the spend log's query.
  */
 import type { CheckCredential, CredentialRefusal, RequestAttempt, SettleOutcome } from "./types.ts";
+import type { BudgetStatus } from "./budget-types.ts";
 
 /** Totals of one UTC day and model (or of a whole range when `day` and `model` are null). */
 export interface UsageTotals {
@@ -84,7 +85,9 @@ export interface UsageQuery {
 }
 
 /** The answer to `usage`: rows per day and model (and per tag when asked), or a refusal. */
-export type UsageResult = { ok: true; rows: UsageRow[]; tags?: TagUsageRow[] } | CredentialRefusal;
+export type UsageResult =
+  | { ok: true; rows: UsageRow[]; tags?: TagUsageRow[]; budgets: BudgetStatus[] }
+  | CredentialRefusal;
 
 /** The answer to `record`: the request's ledger row (null when unknown), or a refusal. */
 export type RecordResult = { ok: true; record: LedgerRecord | null } | CredentialRefusal;

@@ -4,20 +4,23 @@
  * a share of the team's headroom towards what it would like to hold. The limits and
  * budgets are checked by the key's own code (token-bucket.ts, budgets.ts).
  */
-import { CONCURRENCY_RETRY_MS, type SpendState, budgetRefusal } from "../key-account/budgets.ts";
+import {
+  type BudgetLine,
+  CONCURRENCY_RETRY_MS,
+  budgetRefusal,
+  budgetRoom,
+} from "../key-account/budgets.ts";
 import { type BucketState, refill, snapshot, take } from "../key-account/token-bucket.ts";
 import { LEASE_SHARE, LEASE_SLOT_SHARE } from "../key-account/leases/sizing.ts";
-import type { Budgets, Limits, RateLimitInfo } from "../key-account/types.ts";
-import { microsToPicos } from "../../contracts/pricing.ts";
+import type { Limits, RateLimitInfo } from "../key-account/types.ts";
 import type { TeamAllowance, TeamRefusal } from "./types.ts";
 
 /** The team's state a grant is decided from. */
 export interface TeamGrantInput {
   limits: Limits;
-  budgets: Budgets;
   buckets: { requests: BucketState; tokens: BucketState };
-  /** Settled spend per period; `reservedPicos` is what member keys hold. */
-  spend: SpendState;
+  /** The team's budgets with their windows' spend; `reservedPicos` is what member keys hold. */
+  lines: BudgetLine[];
   /** Concurrency slots member keys hold. */
   slotsHeld: number;
   need: TeamAllowance | null;
@@ -35,24 +38,9 @@ export interface TeamGrantOutcome {
 /** Nothing at all. */
 export const NONE: TeamAllowance = { requests: 0, tokens: 0, picos: 0n, slots: 0 };
 
-/** Room left in the tightest budget (pico-dollars), or null when there is none. */
-export function budgetRoom(budgets: Budgets, spend: SpendState): bigint | null {
-  let room: bigint | null = null;
-  for (const [limit, period] of [
-    [budgets.dayMicros, spend.day],
-    [budgets.monthMicros, spend.month],
-    [budgets.creditMicros, spend.lifetime],
-  ] as const) {
-    if (limit === null) continue;
-    const left = microsToPicos(limit) - period.settledPicos - period.reservedPicos;
-    room = room === null || left < room ? left : room;
-  }
-  return room;
-}
-
 /** Grants `need` in full or refuses, then tops up towards `want` within a share of headroom. */
 export function decideGrant(input: TeamGrantInput): TeamGrantOutcome {
-  const { limits, budgets, spend, now } = input;
+  const { limits, lines, now } = input;
   const need = input.need ?? NONE;
   const buckets = {
     requests: refill(input.buckets.requests, limits.rpm, now),
@@ -62,7 +50,7 @@ export function decideGrant(input: TeamGrantInput): TeamGrantOutcome {
   const refusal = needRefusal(input, buckets, freeSlots);
   if (refusal !== null) return { buckets, granted: NONE, refusal };
 
-  const room = budgetRoom(budgets, spend);
+  const room = budgetRoom(lines);
   let picos = need.picos;
   if (room !== null) {
     const left = room - need.picos;
@@ -137,7 +125,7 @@ function needRefusal(
     null,
   );
   if (worst !== null) return worst;
-  const overdraw = budgetRefusal(input.budgets, input.spend, need.picos, now);
+  const overdraw = budgetRefusal(input.lines, need.picos, now);
   return overdraw === null ? null : { ...overdraw, scope: "team", rateLimit };
 }
 

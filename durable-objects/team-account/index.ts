@@ -7,8 +7,8 @@
 import { DurableObject } from "cloudflare:workers";
 import { applyMigrations } from "../migrations.ts";
 import { adjust } from "../key-account/token-bucket.ts";
-import { msToNextUtcDay, msToNextUtcMonth, utcDay } from "../../contracts/pricing.ts";
-import { hasBudgets } from "../key-account/budgets.ts";
+import { hourOf } from "../../contracts/budget-periods.ts";
+import { budgetStatuses, hasBudgets } from "../key-account/budgets.ts";
 import { NONE, decideGrant } from "./grants.ts";
 import { TEAM_ACCOUNT_MIGRATIONS, TeamStore } from "./store.ts";
 import type {
@@ -52,28 +52,10 @@ export class TeamAccount extends DurableObject<Env> {
   view(now?: number): TeamView | null {
     const record = this.#store.record;
     if (record === null) return null;
-    const at = now ?? Date.now();
-    const day = utcDay(at);
-    const spend = this.#store.spendOf(day);
-    const { budgets } = record;
     return {
       record,
       slotsHeld: this.#store.slotsHeld(),
-      spend: [
-        {
-          period: `d:${day}`,
-          ...spend.day,
-          budgetMicros: budgets.dayMicros,
-          resetsAt: at + msToNextUtcDay(at),
-        },
-        {
-          period: `m:${day.slice(0, 7)}`,
-          ...spend.month,
-          budgetMicros: budgets.monthMicros,
-          resetsAt: at + msToNextUtcMonth(at),
-        },
-        { period: "all", ...spend.lifetime, budgetMicros: budgets.creditMicros, resetsAt: null },
-      ],
+      budgets: budgetStatuses(this.#store.lines(record.budgets, now ?? Date.now())),
     };
   }
 
@@ -104,16 +86,18 @@ export class TeamAccount extends DurableObject<Env> {
     const kept = member.picos - call.settledPicos - back.picos;
     const picos = kept > 0n ? kept : 0n;
     const slots = Math.max(0, member.slots - back.slots);
-    const day = utcDay(now);
-    const spend = this.#store.spendOf(day);
     const moved = picos - member.picos;
-    const shift = (period: { settledPicos: bigint; reservedPicos: bigint }) => ({
-      settledPicos: period.settledPicos + call.settledPicos,
-      reservedPicos: period.reservedPicos + moved,
-    });
+    // As the budgets stand once what the key settled and gave back is applied.
+    const lines = this.#store.lines(budgets, now).map((line) => ({
+      ...line,
+      spend: {
+        settledPicos: line.spend.settledPicos + call.settledPicos,
+        reservedPicos: line.spend.reservedPicos + moved,
+      },
+    }));
     const outcome = decideGrant({
       limits,
-      budgets,
+      lines,
       buckets: {
         requests: adjust(
           this.#store.bucket("requests", limits.rpm, now),
@@ -123,7 +107,6 @@ export class TeamAccount extends DurableObject<Env> {
         ),
         tokens: adjust(this.#store.bucket("tokens", limits.tpm, now), limits.tpm, back.tokens, now),
       },
-      spend: { day: shift(spend.day), month: shift(spend.month), lifetime: shift(spend.lifetime) },
       slotsHeld: this.#store.slotsHeld() - member.slots + slots,
       need: call.need,
       want: call.want,
@@ -139,7 +122,7 @@ export class TeamAccount extends DurableObject<Env> {
         granted,
       },
       buckets: outcome.buckets,
-      settled: { day, picos: call.settledPicos },
+      settled: { hour: hourOf(now), picos: call.settledPicos },
     });
     return { seq: call.seq, granted, refusal: outcome.refusal, terms };
   }

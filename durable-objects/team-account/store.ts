@@ -1,9 +1,12 @@
 /**
  * A team account's SQLite tables and the memory ahead of them (docs/key-account.md,
- * "Teams"): the record, the team's two buckets, settled spend per budget period, and what
- * each member key holds of its allowance. Every change commits before the call answers.
+ * "Teams"): the record, the team's two buckets, settled spend per UTC hour and over the
+ * lifetime, and what each member key holds of its allowance. Every change commits before
+ * the call answers.
  */
-import { type PeriodSpend, type SpendState } from "../key-account/budgets.ts";
+import { type BudgetLine, type PeriodSpend, budgetLines } from "../key-account/budgets.ts";
+import { type BudgetWindow, LONGEST_PERIOD_HOURS } from "../../contracts/budget-periods.ts";
+import type { Budgets, PeriodBudget } from "../key-account/budget-types.ts";
 import { type BucketState, fullBucket } from "../key-account/token-bucket.ts";
 import { modelsColumn, picosColumns, storedPicos } from "../key-account/schema.ts";
 import type { MetadataValue } from "../../contracts/tags.ts";
@@ -23,7 +26,25 @@ export const TEAM_ACCOUNT_MIGRATIONS: readonly string[] = [
    CREATE TABLE members (
      key_id TEXT PRIMARY KEY, picos_micros INTEGER NOT NULL, picos_picos INTEGER NOT NULL,
      slots INTEGER NOT NULL, seq INTEGER NOT NULL, answer TEXT NOT NULL);`,
+  // Budgets over any period (a list, as a key's) and settled spend per UTC hour; what was
+  // spent on a day before counts in its first hour.
+  `ALTER TABLE team_record ADD COLUMN budgets TEXT NOT NULL DEFAULT '[]';
+   UPDATE team_record SET budgets = json_array(
+     json_object('period', '1d', 'limitMicros', budget_day_micros, 'softMicros', NULL),
+     json_object('period', 'month', 'limitMicros', budget_month_micros, 'softMicros', NULL));
+   UPDATE team_record SET budgets = json_remove(budgets, '$[1]') WHERE budget_month_micros IS NULL;
+   UPDATE team_record SET budgets = json_remove(budgets, '$[0]') WHERE budget_day_micros IS NULL;
+   ALTER TABLE team_record DROP COLUMN budget_day_micros;
+   ALTER TABLE team_record DROP COLUMN budget_month_micros;
+   CREATE TABLE spend_hours (hour INTEGER PRIMARY KEY, settled_micros INTEGER NOT NULL,
+     settled_picos INTEGER NOT NULL);
+   INSERT INTO spend_hours SELECT CAST(strftime('%s', substr(period, 3)) AS INTEGER) / 3600,
+     settled_micros, settled_picos FROM spend WHERE period LIKE 'd:%';
+   DELETE FROM spend WHERE period <> 'all';`,
 ];
+
+// Spend hours this far back are no longer needed for any budget.
+const SPEND_RETENTION_HOURS = 2 * LONGEST_PERIOD_HOURS;
 
 /** What one member key holds of the team's allowance, and what its last call was granted. */
 export interface MemberHold {
@@ -39,8 +60,7 @@ type RecordRow = {
   rpm: number;
   tpm: number;
   concurrency: number;
-  budget_day_micros: number | null;
-  budget_month_micros: number | null;
+  budgets: string;
   credit_micros: number | null;
   models: string | null;
   tags: string;
@@ -55,7 +75,9 @@ export class TeamStore {
   readonly #storage: DurableObjectStorage;
   #record: TeamRecord | null = null;
   readonly #buckets = new Map<string, BucketState>();
-  readonly #settled = new Map<string, bigint>();
+  // Settled spend by UTC hour, and over the lifetime.
+  readonly #hours = new Map<number, bigint>();
+  #lifetime = 0n;
   readonly #members = new Map<string, MemberHold>();
 
   constructor(storage: DurableObjectStorage) {
@@ -70,7 +92,8 @@ export class TeamStore {
   load(): void {
     const sql = this.#storage.sql;
     this.#buckets.clear();
-    this.#settled.clear();
+    this.#hours.clear();
+    this.#lifetime = 0n;
     this.#members.clear();
     const row = sql.exec<RecordRow>("SELECT * FROM team_record").toArray()[0];
     this.#record = row === undefined ? null : recordOf(row);
@@ -79,10 +102,15 @@ export class TeamStore {
     )) {
       this.#buckets.set(b.kind, { level: b.level, updatedAt: b.updated_at });
     }
-    for (const s of sql.exec<{ period: string; settled_micros: number; settled_picos: number }>(
-      "SELECT * FROM spend",
+    for (const s of sql.exec<{ settled_micros: number; settled_picos: number }>(
+      "SELECT * FROM spend WHERE period = 'all'",
     )) {
-      this.#settled.set(s.period, storedPicos(s.settled_micros, s.settled_picos));
+      this.#lifetime = storedPicos(s.settled_micros, s.settled_picos);
+    }
+    for (const h of sql.exec<{ hour: number; settled_micros: number; settled_picos: number }>(
+      "SELECT * FROM spend_hours",
+    )) {
+      this.#hours.set(h.hour, storedPicos(h.settled_micros, h.settled_picos));
     }
     for (const m of sql.exec<{
       key_id: string;
@@ -131,18 +159,23 @@ export class TeamStore {
     return this.#buckets.get(kind) ?? fullBucket(capacity, now);
   }
 
-  /** Settled spend of the day's, its month's and the lifetime periods, with what members hold. */
-  spendOf(day: string): SpendState {
-    const reserved = [...this.#members.values()].reduce((sum, m) => sum + m.picos, 0n);
-    const period = (name: string): PeriodSpend => ({
-      settledPicos: this.#settled.get(name) ?? 0n,
-      reservedPicos: reserved,
-    });
-    return {
-      day: period(`d:${day}`),
-      month: period(`m:${day.slice(0, 7)}`),
-      lifetime: period("all"),
+  /**
+   * The team's budgets in force at `at`, each with its window's settled spend and, as
+   * reserved, all that member keys hold (which no window owns).
+   */
+  lines(budgets: Budgets, at: number): BudgetLine[] {
+    const reservedPicos = [...this.#members.values()].reduce((sum, m) => sum + m.picos, 0n);
+    const inWindow = (window: BudgetWindow): PeriodSpend => {
+      let settledPicos = 0n;
+      for (const [hour, picos] of this.#hours) {
+        if (hour >= window.startHour && hour < window.endHour) settledPicos += picos;
+      }
+      return { settledPicos, reservedPicos };
     };
+    return budgetLines(budgets, at, inWindow, () => ({
+      settledPicos: this.#lifetime,
+      reservedPicos,
+    }));
   }
 
   /** Concurrency slots held by member keys. */
@@ -166,7 +199,7 @@ export class TeamStore {
     keyId: string;
     member: MemberHold;
     buckets: { requests: BucketState; tokens: BucketState };
-    settled: { day: string; picos: bigint };
+    settled: { hour: number; picos: bigint };
   }): void {
     const { keyId, member, buckets, settled } = change;
     const sql = this.#storage.sql;
@@ -180,13 +213,7 @@ export class TeamStore {
           state.updatedAt,
         );
       }
-      if (settled.picos !== 0n) {
-        for (const period of [`d:${settled.day}`, `m:${settled.day.slice(0, 7)}`, "all"]) {
-          const next = (this.#settled.get(period) ?? 0n) + settled.picos;
-          this.#settled.set(period, next);
-          sql.exec("INSERT OR REPLACE INTO spend VALUES (?, ?, ?)", period, ...picosColumns(next));
-        }
-      }
+      if (settled.picos !== 0n) this.#settle(settled.hour, settled.picos);
       this.#members.set(keyId, member);
       sql.exec(
         "INSERT OR REPLACE INTO members VALUES (?, ?, ?, ?, ?, ?)",
@@ -199,22 +226,30 @@ export class TeamStore {
     });
   }
 
-  /** Settled spend of every stored period. */
-  periods(): Map<string, bigint> {
-    return this.#settled;
+  // Adds settled spend to its UTC hour and the lifetime; hours no budget reaches any more go.
+  #settle(hour: number, picos: bigint): void {
+    const sql = this.#storage.sql;
+    const next = (this.#hours.get(hour) ?? 0n) + picos;
+    this.#hours.set(hour, next);
+    sql.exec("INSERT OR REPLACE INTO spend_hours VALUES (?, ?, ?)", hour, ...picosColumns(next));
+    this.#lifetime += picos;
+    sql.exec("INSERT OR REPLACE INTO spend VALUES ('all', ?, ?)", ...picosColumns(this.#lifetime));
+    const oldest = hour - SPEND_RETENTION_HOURS;
+    for (const stored of this.#hours.keys()) if (stored < oldest) this.#hours.delete(stored);
+    sql.exec("DELETE FROM spend_hours WHERE hour < ?", oldest);
   }
 
   #write(record: TeamRecord): void {
     const { limits, budgets } = record;
     this.#storage.sql.exec(
-      `INSERT OR REPLACE INTO team_record VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+      `INSERT OR REPLACE INTO team_record (singleton, id, name, rpm, tpm, concurrency,
+         credit_micros, models, tags, metadata, created_at, updated_at, version, budgets)
+       VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
       record.id,
       record.name,
       limits.rpm,
       limits.tpm,
       limits.concurrency,
-      budgets.dayMicros,
-      budgets.monthMicros,
       budgets.creditMicros,
       modelsColumn(record.models),
       JSON.stringify(record.tags),
@@ -222,6 +257,7 @@ export class TeamStore {
       record.createdAt,
       record.updatedAt,
       record.version,
+      JSON.stringify(budgets.periods),
     );
     this.#record = record;
   }
@@ -233,8 +269,7 @@ function recordOf(row: RecordRow): TeamRecord {
     name: row.name,
     limits: { rpm: row.rpm, tpm: row.tpm, concurrency: row.concurrency },
     budgets: {
-      dayMicros: row.budget_day_micros,
-      monthMicros: row.budget_month_micros,
+      periods: JSON.parse(row.budgets) as PeriodBudget[],
       creditMicros: row.credit_micros,
     },
     models: row.models === null ? null : (JSON.parse(row.models) as string[]),

@@ -3,7 +3,8 @@
  * what the admin API changes, and the allowance a member key's account leases from it.
  */
 import type { MetadataValue } from "../../contracts/tags.ts";
-import type { AdmissionRefusal, Budgets, Limits } from "../key-account/types.ts";
+import type { AdmissionRefusal, Limits } from "../key-account/types.ts";
+import type { BudgetStatus, Budgets } from "../key-account/budget-types.ts";
 
 /** A team as its TeamAccount holds it (times in epoch ms, money in micro-dollars). */
 export interface TeamRecord {
@@ -26,7 +27,7 @@ export type TeamCreateInput = Omit<TeamRecord, "createdAt" | "updatedAt" | "vers
   now: number;
 };
 
-/** A partial change; `models: null` allows every model, a budget set to null is removed. */
+/** A partial change; `models: null` allows every model, `budgets.periods` replaces the list. */
 export interface TeamUpdateInput {
   name?: string;
   limits?: Partial<Limits>;
@@ -79,22 +80,11 @@ export interface TeamLeaseAnswer {
   terms: { models: string[] | null; budgeted: boolean } | null;
 }
 
-/** Spend of one budget period: settled costs and what member keys hold reserved (pico-dollars). */
-export interface TeamPeriodSpend {
-  /** `d:YYYY-MM-DD`, `m:YYYY-MM` or `all`. */
-  period: string;
-  settledPicos: bigint;
-  reservedPicos: bigint;
-  /** The period's budget in micro-dollars, or null. */
-  budgetMicros: number | null;
-  /** When it starts again (epoch ms), or null for the lifetime. */
-  resetsAt: number | null;
-}
-
 /** The team's state as `GET /admin/teams/{id}` shows it. */
 export interface TeamView {
   record: TeamRecord;
-  spend: TeamPeriodSpend[];
+  /** Each budget's window, its settled spend and what member keys hold, and its reset. */
+  budgets: BudgetStatus[];
   /** Concurrency slots leased to member keys now. */
   slotsHeld: number;
 }

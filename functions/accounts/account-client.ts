@@ -27,6 +27,7 @@ import { formatResetDuration, rateLimitHeaders, retryAfterHeaders } from "./rate
 import { SettleQueue } from "./settle-queue.ts";
 import type { AccountLeases } from "./leases.ts";
 import type { LeaseAsk, LeaseHeld } from "../../durable-objects/key-account/leases/types.ts";
+import type { LeaseScope } from "../../contracts/lease-scopes.ts";
 
 /** Settlements of an isolate until their key's account holds them durably. */
 export type AccountSettleQueue = SettleQueue<SettleInput>;
@@ -97,6 +98,7 @@ export function admitCredential(credential: Credential): AdmitCredential {
         subject: credential.scope.subject,
         limits: credential.scope.limits,
         models: credential.scope.models,
+        budgets: credential.scope.budgets,
       };
 }
 
@@ -204,13 +206,13 @@ export async function renewLease(
 export async function callLease(
   env: Env,
   edge: { settlements: AccountSettleQueue; leases: AccountLeases },
-  keyId: string,
-  secretHash: string,
+  lease: { keyId: string; holder: string; scope: LeaseScope | null },
   mode: LeaseAsk["mode"],
   options: { windowMs: number; models: LeaseAsk["models"] },
 ): Promise<void> {
+  const { keyId, holder: secretHash, scope } = lease;
   const now = Date.now();
-  const ask = edge.leases.ask(keyId, mode, { ...options, now });
+  const ask = edge.leases.ask(keyId, scope, mode, { ...options, now });
   if (ask === null) return;
   const carried = edge.settlements.take(keyId);
   try {
@@ -243,19 +245,22 @@ export async function settleRequest(
 }
 
 /**
- * Queues an admitted request's settlement: the key's next admit call from this isolate
- * carries it, or it is sent on its own shortly after. Resolves once it is durable.
+ * Queues an admitted request's settlement: the key's next admit or lease call from this
+ * isolate carries it, or it is sent on its own after `flushMs` (by default shortly after).
+ * Resolves once it is durable.
  */
 export function queueSettlement(
   env: Env,
   settleQueue: AccountSettleQueue,
   keyId: string,
   input: SettleInput,
+  flushMs?: number,
 ): Promise<void> {
-  return settleQueue.settle(keyId, input, async (id, inputs) => {
+  const send = async (id: string, inputs: SettleInput[]) => {
     const { commit } = await keyAccount(env, id).settleMany(inputs);
     return commit;
-  });
+  };
+  return settleQueue.settle(keyId, input, send, flushMs);
 }
 
 /** The OpenAI error for an admission refusal, with `retry-after` and rate-limit headers on 429. */
@@ -289,7 +294,9 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
           ? `key ${keyId}`
           : refusal.scope === "team"
             ? `team ${refusal.teamId ?? ""} of key ${keyId}`
-            : `this end user of key ${keyId}`;
+            : refusal.scope === "model"
+              ? `model ${refusal.model ?? ""} of key ${keyId}`
+              : `this end user of key ${keyId}`;
       const message = refusal.tooLarge
         ? `Request too large for ${who} on ${unit}: Limit ${refusal.limitValue}, Requested ${refusal.requested}. Reduce the prompt or max_tokens.`
         : `Rate limit reached for ${who} on ${unit}: Limit ${refusal.limitValue}, Requested ${refusal.requested}. Please try again in ${formatResetDuration(refusal.retryAfterMs)}.`;
@@ -304,22 +311,28 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
       });
     }
     case "insufficient_quota": {
+      const owner =
+        refusal.scope === "key"
+          ? `key ${keyId}`
+          : refusal.scope === "team"
+            ? `team ${refusal.teamId ?? ""} of key ${keyId}`
+            : `this end user of key ${keyId}`;
       const budget =
         refusal.budget === "credit"
           ? "credit"
-          : refusal.budget === "day"
-            ? "daily budget (UTC)"
-            : "monthly budget (UTC)";
+          : refusal.budget === "month"
+            ? "monthly budget (UTC calendar month)"
+            : `${refusal.budget} budget (UTC)`;
       const soon = refusal.retryAfterMs !== null && refusal.retryAfterMs <= SDK_RETRY_LIMIT_MS;
       const when =
         refusal.retryAfterMs === null
           ? "Ask for more credit to continue."
           : soon
             ? `Requests in flight hold part of it; please try again in ${formatResetDuration(refusal.retryAfterMs)}.`
-            : `It renews in ${formatResetDuration(refusal.retryAfterMs)}.`;
+            : `It renews in ${formatResetDuration(refusal.retryAfterMs)}${renewsAt(refusal.resetsAt)}.`;
       return new ApiError(
         429,
-        `You exceeded the ${budget} of ${refusal.scope === "team" ? `team ${refusal.teamId ?? ""} of key ${keyId}` : `key ${keyId}`}: limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, reserved by requests in flight $${formatUsd(refusal.reservedPicos)}, this request may cost up to $${formatUsd(refusal.requestedPicos)}. ${when}`,
+        `You exceeded the ${budget} of ${owner}: limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, reserved by requests in flight $${formatUsd(refusal.reservedPicos)}, this request may cost up to $${formatUsd(refusal.requestedPicos)}. ${when}`,
         {
           type: "insufficient_quota",
           code: "insufficient_quota",
@@ -355,4 +368,9 @@ function originNotAllowed(): ApiError {
     type: "invalid_request_error",
     code: "origin_not_allowed",
   });
+}
+
+// When a budget's window ends, as the refusal's message says it.
+function renewsAt(resetsAt: number | null): string {
+  return resetsAt === null ? "" : ` (at ${new Date(resetsAt).toISOString()})`;
 }

@@ -9,6 +9,8 @@
  */
 import { sign, verify } from "hono/jwt";
 import type { Limits } from "../../durable-objects/key-account/types.ts";
+import type { PeriodBudget } from "../../durable-objects/key-account/budget-types.ts";
+import { isBudgetPeriod } from "../../contracts/budget-periods.ts";
 import { z } from "zod";
 import { DIRECTORY_NAME } from "../../durable-objects/key-directory/types.ts";
 import { hex } from "../../contracts/hashing.ts";
@@ -63,6 +65,11 @@ export const LimitsClaim = z.strictObject({
   concurrency: z.int().positive(),
 });
 
+/** An end user's budgets as a token carries them: [period, whole micro-dollars]. */
+const BudgetsClaim = z
+  .array(z.tuple([z.string().refine(isBudgetPeriod), z.int().min(0).max(1e15)]))
+  .max(8);
+
 const BrowserTokenClaims = z.object({
   iss: z.literal(TOKEN_AUDIENCE),
   aud: z.literal(TOKEN_AUDIENCE),
@@ -76,6 +83,7 @@ const BrowserTokenClaims = z.object({
   lim: LimitsClaim,
   mdl: z.array(z.string()).nullable(),
   org: z.array(z.string()),
+  bdg: BudgetsClaim.optional(),
 });
 
 /** What a verified browser token grants. */
@@ -90,6 +98,8 @@ export interface BrowserScope {
   models: string[] | null;
   /** Browser origins the token may be used from. */
   origins: string[];
+  /** The end user's own budgets (spend is kept per end user, across their tokens). */
+  budgets: PeriodBudget[];
   /** Epoch ms at which the token expires. */
   expiresAt: number;
   /** The generation of the key secret that minted it; the KeyAccount ends it with that secret. */
@@ -105,6 +115,7 @@ export interface MintBrowserTokenInput {
   limits: Limits;
   models: string[] | null;
   origins: string[];
+  budgets: PeriodBudget[];
   ttlSeconds: number;
   now: number;
 }
@@ -130,6 +141,9 @@ export async function mintBrowserToken(
     lim: input.limits,
     mdl: input.models,
     org: input.origins,
+    ...(input.budgets.length > 0 && {
+      bdg: input.budgets.map((budget): [string, number] => [budget.period, budget.limitMicros]),
+    }),
   };
   return { token: await sign(claims, await tokenSecret(env, memo), "HS256"), expiresAt: exp };
 }
@@ -159,7 +173,7 @@ export async function verifyBrowserToken(
   }
   const claims = BrowserTokenClaims.safeParse(payload);
   if (!claims.success) return null;
-  const { sub, jti, iat, nbf, exp, gen, user, lim, mdl, org } = claims.data;
+  const { sub, jti, iat, nbf, exp, gen, user, lim, mdl, org, bdg } = claims.data;
   const seconds = now / 1_000;
   if (exp <= seconds || nbf > seconds + CLOCK_SKEW_SECONDS || iat > seconds + CLOCK_SKEW_SECONDS) {
     return null;
@@ -172,6 +186,11 @@ export async function verifyBrowserToken(
     limits: lim,
     models: mdl,
     origins: org,
+    budgets: (bdg ?? []).map(([period, limitMicros]) => ({
+      period,
+      limitMicros,
+      softMicros: null,
+    })),
     expiresAt: exp * 1_000,
     secretGeneration: gen,
   };

@@ -17,8 +17,15 @@ function configOf(text: string | undefined): ResolvedConfig {
   }
 }
 
-/** Throws OpenAI's 400 for the first entry of `models` that is not a configured model id. */
-export function checkKeyModels(configText: string | undefined, models: readonly string[]): void {
+/**
+ * Throws OpenAI's 400 for the first entry of `models` that is not a configured model id,
+ * naming it as `param(i)` (default `models[i]`).
+ */
+export function checkKeyModels(
+  configText: string | undefined,
+  models: readonly string[],
+  param: (i: number) => string = (i) => `models[${i}]`,
+): void {
   const config = configOf(configText);
   const ids = config.models.map((m) => m.id);
   models.forEach((name, i) => {
@@ -30,7 +37,7 @@ export function checkKeyModels(configText: string | undefined, models: readonly 
         : `Unknown model '${clipped(name)}': this gateway serves ${ids.join(", ")}.`;
     throw new ApiError(400, message, {
       type: "invalid_request_error",
-      param: `models[${i}]`,
+      param: param(i),
       code: "model_not_found",
     });
   });

@@ -2,10 +2,13 @@
  * The leases an isolate holds from its keys' accounts (docs/edge.md, "Leased allowances";
  * docs/key-account.md): a request that fits its key's lease is admitted here, with no call,
  * under an id the lease names; the lease is renewed in the background before it runs out,
- * and trimmed before any exact admission.
+ * and trimmed before any exact admission. A key's end users each have a lease of their own
+ * (their requests name them; a browser token's user is bound by its own limits too).
  */
 import { leasedRequestId } from "../../contracts/lease-ids.ts";
-import { type ModelPrice, maxPicos, utcDay, worstCasePicos } from "../../contracts/pricing.ts";
+import { type LeaseScope, leaseScopeKey } from "../../contracts/lease-scopes.ts";
+import { type ModelPrice, maxPicos, worstCasePicos } from "../../contracts/pricing.ts";
+import { hourOf } from "../../contracts/budget-periods.ts";
 import type {
   LeaseAsk,
   LeaseGrant,
@@ -32,6 +35,8 @@ export interface LocalRequest {
 export interface LeasedAdmission {
   admission: AdmitOk;
   leaseId: string;
+  /** Whose lease admitted it: the key's (null), or one end user's. */
+  scope: LeaseScope | null;
   admittedAt: number;
 }
 
@@ -47,8 +52,10 @@ interface Held {
   frozen: boolean;
 }
 
-// One key's state in the isolate: its lease, whether a call about it is under way, its rate.
+// One lease's state in the isolate (the key's, or one end user's): the lease, whether a call
+// about it is under way, its rate.
 interface KeyLeases {
+  scope: LeaseScope | null;
   held: Held | null;
   busy: boolean;
   window: { start: number; rate: LeaseRate };
@@ -57,9 +64,15 @@ interface KeyLeases {
 
 const NO_RATE: LeaseRate = { requests: 0, tokens: 0, picos: 0n, inFlight: 0 };
 
-/** Every lease of one isolate, by key id. */
+/** End users of one key that may hold leases in an isolate at once; others are admitted exactly. */
+export const MAX_END_USER_LEASES = 16;
+// Scopes of one key whose rate the isolate counts; idle ones beyond it are forgotten.
+const MAX_COUNTED_SCOPES = 64;
+
+/** Every lease of one isolate, by key id and scope. */
 export class AccountLeases {
-  readonly #keys = new Map<string, KeyLeases>();
+  readonly #keys = new Map<string, Map<string, KeyLeases>>();
+  #leasedKeys = { count: 0, at: Number.NEGATIVE_INFINITY };
 
   /**
    * Admits a request under its key's lease when it fits every allowance and the key's terms
@@ -68,15 +81,16 @@ export class AccountLeases {
   admit(
     keyId: string,
     secretHash: string,
+    scope: LeaseScope | null,
     request: LocalRequest,
     now: number,
   ): LeasedAdmission | null {
-    const key = this.#keys.get(keyId);
+    const key = this.#keys.get(keyId)?.get(leaseScopeKey(scope));
     const held = key?.held;
     if (key === undefined || held === undefined || held === null) return null;
     const { grant, used } = held;
     if (held.frozen || held.secretHash !== secretHash || now >= held.admitUntil) return null;
-    if (utcDay(now) !== grant.day) return null;
+    if (hourOf(now) !== grant.hour) return null;
     const terms = grant.key;
     if (terms.expiresAt !== null && now >= terms.expiresAt) return null;
     if (request.origin !== null && !terms.allowedOrigins.includes(request.origin)) return null;
@@ -85,6 +99,7 @@ export class AccountLeases {
     );
     const first = allowed[0];
     if (first === undefined) return null;
+    if (allowed.some((candidate) => terms.limitedModels.includes(candidate.model))) return null;
     // Priced as the lease's table prices it: a model whose price changed since is not leased.
     const index = grant.models.findIndex(
       (entry) => entry.model === first.model && samePrice(entry.price, first.price),
@@ -109,6 +124,7 @@ export class AccountLeases {
     this.#count(key, now, tokens, picos);
     return {
       leaseId: grant.leaseId,
+      scope,
       admittedAt: now,
       admission: {
         ok: true,
@@ -127,23 +143,28 @@ export class AccountLeases {
   }
 
   /** A leased request ended (settled, or released when its client left): its slot is free. */
-  ended(keyId: string, leaseId: string): void {
-    const held = this.#keys.get(keyId)?.held;
+  ended(keyId: string, scope: LeaseScope | null, leaseId: string): void {
+    const held = this.#keys.get(keyId)?.get(leaseScopeKey(scope))?.held;
     if (held?.grant.leaseId !== leaseId) return;
     held.used = { ...held.used, inFlight: Math.max(0, held.used.inFlight - 1) };
   }
 
   /**
    * What a call about the key's lease asks, or null when one is under way (one at a time,
-   * so answers never cross). `trim` freezes the lease until {@link answered}.
+   * so answers never cross), or when the key's end users hold as many leases as they may.
+   * `trim` freezes the lease until {@link answered}.
    */
   ask(
     keyId: string,
+    scope: LeaseScope | null,
     mode: LeaseAsk["mode"],
     options: { windowMs: number; models: LeaseAsk["models"]; now: number },
   ): LeaseAsk | null {
-    const key = this.#key(keyId, options.now);
+    const key = this.#key(keyId, scope, options.now);
     if (key.busy) return null;
+    if (scope !== null && key.held === null && this.#userLeases(keyId) >= MAX_END_USER_LEASES) {
+      return null;
+    }
     key.busy = true;
     const held = key.held;
     if (held !== null && mode !== "renew") held.frozen = true;
@@ -153,6 +174,7 @@ export class AccountLeases {
       rate: this.#rate(key, options.now),
       windowMs: options.windowMs,
       models: options.models,
+      ...(scope !== null && { scope }),
     };
   }
 
@@ -167,7 +189,7 @@ export class AccountLeases {
     answer: { lease: LeaseGrant | null; dropped: boolean } | null,
     sentAt: number,
   ): void {
-    const key = this.#keys.get(keyId);
+    const key = this.#keys.get(keyId)?.get(leaseScopeKey(ask.scope));
     if (key === undefined) return;
     key.busy = false;
     const held = key.held;
@@ -202,8 +224,8 @@ export class AccountLeases {
    * Whether the key's lease should be renewed now: less than half its window left, or less
    * than one window of the isolate's use left in any allowance.
    */
-  due(keyId: string, windowMs: number, now: number): boolean {
-    const key = this.#keys.get(keyId);
+  due(keyId: string, scope: LeaseScope | null, windowMs: number, now: number): boolean {
+    const key = this.#keys.get(keyId)?.get(leaseScopeKey(scope));
     const held = key?.held;
     if (key === undefined || held === undefined || held === null || key.busy) return false;
     if (held.admitUntil - now < windowMs / 2) return true;
@@ -217,31 +239,76 @@ export class AccountLeases {
     );
   }
 
-  /** Whether a call about the key's lease is under way. */
-  busy(keyId: string): boolean {
-    return this.#keys.get(keyId)?.busy ?? false;
+  /** Keys with a lease that admits now (counted at most once per {@link LEASED_KEYS_MS}). */
+  leasedKeys(now: number): number {
+    if (now - this.#leasedKeys.at < LEASED_KEYS_MS) return this.#leasedKeys.count;
+    let count = 0;
+    for (const scopes of this.#keys.values()) {
+      for (const entry of scopes.values()) {
+        if (entry.held !== null && now < entry.held.admitUntil) {
+          count++;
+          break;
+        }
+      }
+    }
+    this.#leasedKeys = { count, at: now };
+    return count;
   }
 
-  /** Forgets the key's lease (the key changed here: it is admitted exactly from now). */
+  /** Whether a call about the lease is under way. */
+  busy(keyId: string, scope: LeaseScope | null): boolean {
+    return this.#keys.get(keyId)?.get(leaseScopeKey(scope))?.busy ?? false;
+  }
+
+  /** Forgets the key's leases (the key changed here: it is admitted exactly from now). */
   drop(keyId: string): void {
     this.#keys.delete(keyId);
   }
 
-  /** The lease held for a key (for tests and diagnostics). */
-  held(keyId: string): { leaseId: string; used: LeaseUse; granted: LeaseGrant["granted"] } | null {
-    const held = this.#keys.get(keyId)?.held;
+  /** The lease held for a key or one of its end users (for tests and diagnostics). */
+  held(
+    keyId: string,
+    scope: LeaseScope | null = null,
+  ): { leaseId: string; used: LeaseUse; granted: LeaseGrant["granted"] } | null {
+    const held = this.#keys.get(keyId)?.get(leaseScopeKey(scope))?.held;
     return held === undefined || held === null
       ? null
       : { leaseId: held.grant.leaseId, used: held.used, granted: held.grant.granted };
   }
 
-  #key(keyId: string, now: number): KeyLeases {
-    let key = this.#keys.get(keyId);
+  #key(keyId: string, scope: LeaseScope | null, now: number): KeyLeases {
+    let scopes = this.#keys.get(keyId);
+    if (scopes === undefined) {
+      scopes = new Map();
+      this.#keys.set(keyId, scopes);
+    }
+    const name = leaseScopeKey(scope);
+    let key = scopes.get(name);
     if (key === undefined) {
-      key = { held: null, busy: false, window: { start: now, rate: NO_RATE }, previous: NO_RATE };
-      this.#keys.set(keyId, key);
+      if (scopes.size >= MAX_COUNTED_SCOPES) {
+        for (const [other, entry] of scopes) {
+          if (entry.held === null && !entry.busy) scopes.delete(other);
+        }
+      }
+      key = {
+        scope,
+        held: null,
+        busy: false,
+        window: { start: now, rate: NO_RATE },
+        previous: NO_RATE,
+      };
+      scopes.set(name, key);
     }
     return key;
+  }
+
+  // End users' leases the isolate holds of a key.
+  #userLeases(keyId: string): number {
+    let count = 0;
+    for (const entry of this.#keys.get(keyId)?.values() ?? []) {
+      if (entry.scope !== null && entry.held !== null) count++;
+    }
+    return count;
   }
 
   // Counts an admission (leased or exact) in the key's current window.
@@ -257,9 +324,9 @@ export class AccountLeases {
   }
 
   /** Counts a request admitted exactly in the key's rate, which sizes its next lease. */
-  note(keyId: string, request: LocalRequest, now: number): void {
+  note(keyId: string, scope: LeaseScope | null, request: LocalRequest, now: number): void {
     const { tokens, picos } = reservationOf(request.promptTokens, request.candidates);
-    this.#count(this.#key(keyId, now), now, tokens, picos);
+    this.#count(this.#key(keyId, scope, now), now, tokens, picos);
   }
 
   // The busier of the last full window and the current one.
@@ -279,6 +346,9 @@ export class AccountLeases {
 
 /** How long the isolate counts its use of a key to size its next lease. */
 export const RATE_WINDOW_MS = 1_000;
+
+// How long a count of leased keys stands.
+const LEASED_KEYS_MS = 100;
 
 // What a request reserves, as its account reckons it (admission.ts): its prompt and the
 // largest allowance of its models, and the largest worst-case cost.

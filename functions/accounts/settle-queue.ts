@@ -1,14 +1,14 @@
 /**
  * Settlements on their way to their key's KeyAccount (docs/edge.md, "Settlement"): each
- * rides on the next admit call of the same key, or goes in a call of its own after
- * {@link SETTLE_FLUSH_MS}; a carried one is held until an answer of the same incarnation
- * reports the commit it landed in, and sent again otherwise. Settling is idempotent, and no
- * promise is resolved across requests.
+ * rides on the next admit or lease call of the same key, or goes in a call of its own after
+ * {@link SETTLE_FLUSH_MS} (or as long as it is told it may wait); a carried one is held until an answer of the same incarnation reports the commit
+ * it landed in, and sent again otherwise. Settling is idempotent, and no promise is resolved
+ * across requests.
  */
-/** Longest time a settlement waits for an admit call to carry it. */
 import { logError } from "../../contracts/log.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 
+/** Longest time a settlement waits for a call to carry it, unless told otherwise. */
 export const SETTLE_FLUSH_MS = 20;
 
 /**
@@ -77,14 +77,20 @@ export class SettleQueue<T extends QueuedSettlement> {
   }
 
   /**
-   * Queues a settlement; resolves once the key's account holds it durably (or it was given
-   * up, and the key's alarm closes the reservation when its lease ends).
+   * Queues a settlement, to wait at most `flushMs` for a call of its key to carry it;
+   * resolves once the key's account holds it durably (or it was given up, and the key's
+   * alarm closes the reservation when its lease ends).
    */
-  async settle(keyId: string, input: T, send: SendSettlements<T>): Promise<void> {
+  async settle(
+    keyId: string,
+    input: T,
+    send: SendSettlements<T>,
+    flushMs = SETTLE_FLUSH_MS,
+  ): Promise<void> {
     const entry: Entry<T> = { input, state: { kind: "queued" } };
     this.#move(keyId, entry, entry.state);
     try {
-      await sleep(SETTLE_FLUSH_MS);
+      await sleep(flushMs);
       // Carried: a later answer confirms it, unless traffic stopped.
       if (entry.state.kind === "sent" || entry.state.kind === "applied") {
         await sleep(this.#confirmMs);

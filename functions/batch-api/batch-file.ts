@@ -9,6 +9,12 @@ import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { type ModelConfig, resolveModels } from "../../contracts/config/models.ts";
 import { MAX_BATCH_LINES } from "../../contracts/batch-files.ts";
 import { type ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
+import {
+  COLD_KEY_BLOCKS,
+  type PrefixRequest,
+  prefixKey,
+  promptBlocks,
+} from "../../contracts/prefix-blocks.ts";
 import { worstCasePicos } from "../../contracts/pricing.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { BatchLinePlan } from "../../durable-objects/batch-run/types.ts";
@@ -170,8 +176,14 @@ export function planLine(
     shape.totalPromptTokens,
     completionAllowance(shape, model),
   );
+  // Only the leading blocks that key a prefix; an embedding has nothing to reuse.
+  const blocks =
+    line.completion.kind === "embeddings"
+      ? []
+      : promptBlocks(model.id, line.completion.body as PrefixRequest, COLD_KEY_BLOCKS);
   return {
     customId: line.customId,
+    prefix: prefixKey(blocks),
     offset: line.line.offset,
     bytes: line.line.bytes,
     promptTokens: shape.promptTokens,

@@ -5,7 +5,7 @@
  */
 import type { BatchingPlan } from "../../contracts/config/plans.ts";
 import { fnv1a } from "../../contracts/hashing.ts";
-import { COLD_KEY_BLOCKS } from "../../contracts/prefix-blocks.ts";
+import { prefixKey, shardOfKey } from "../../contracts/prefix-blocks.ts";
 import type { AttemptShard, ShardCountNote } from "../../durable-objects/batcher/types.ts";
 import type { BatcherMemo } from "./batcher-memo.ts";
 
@@ -53,15 +53,6 @@ export function batcherName(
 }
 
 /**
- * A hash's shard among `count`: the hash modulo the count. Counts only double and halve
- * (docs/batching.md, "Shards"), so a split moves half of each shard's keys to one new
- * shard and a merge moves them back; the rest stay where their index is.
- */
-function shardFor(hash: number, count: number): number {
-  return (hash >>> 0) % count;
-}
-
-/**
  * Name of the `BatcherShards` of a region and model, which holds how many Batchers they run:
  * `region:model:version:min-max` (other shard bounds start anew, at their fewest).
  */
@@ -83,11 +74,10 @@ export function shardOf(
   count = plan.shards,
 ): number {
   if (count === 1) return 0;
-  if (plan.setup.routing !== null && blocks !== null && blocks.length > 0) {
-    return shardFor(blocks[Math.min(blocks.length, COLD_KEY_BLOCKS) - 1] as number, count);
-  }
+  const key = plan.setup.routing === null || blocks === null ? null : prefixKey(blocks);
+  if (key !== null) return shardOfKey(key, count);
   const basis = plan.shardBy === "key" && keyId !== undefined ? keyId : requestId;
-  return shardFor(Number.parseInt(fnv1a(basis), 16), count);
+  return shardOfKey(Number.parseInt(fnv1a(basis), 16), count);
 }
 
 /**

@@ -4,7 +4,11 @@
  * it asks for with `x-warmgate-origin`, which only a key allowed to choose its region may.
  */
 import type { Context } from "hono";
-import { type PrefixRequest, promptBlocks } from "../../contracts/prefix-blocks.ts";
+import {
+  MAX_ROUTE_BLOCKS,
+  type PrefixRequest,
+  promptBlocks,
+} from "../../contracts/prefix-blocks.ts";
 import { ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
 import type { AttemptRoute } from "../../durable-objects/batcher/types.ts";
 import type { AppEnv } from "../app-env.ts";
@@ -14,8 +18,6 @@ export const ORIGIN_OVERRIDE_HEADER = "x-warmgate-origin";
 /** Request header that names a session: its requests keep to one origin while it is warm. */
 export const SESSION_HEADER = "x-warmgate-session";
 
-/** Most prefix blocks hashed per request (131,072 tokens); later ones never route. */
-export const MAX_ROUTE_BLOCKS = 8_192;
 /** Longest session name kept. */
 const MAX_SESSION_CHARS = 256;
 

@@ -32,6 +32,7 @@ import {
   keepLease,
   leaseEnded,
   localRequest,
+  settleWaitMs,
 } from "./leased-admission.ts";
 import type { SettledRequest } from "../accounts/settlement.ts";
 import type { AdmitOk, SettleInput } from "../../durable-objects/key-account/types.ts";
@@ -132,7 +133,8 @@ export function admitCompletion() {
           cost,
         );
       }
-      await queueSettlement(c.env, c.get("edge").settlements, credential.keyId, input);
+      const { settlements } = c.get("edge");
+      await queueSettlement(c.env, settlements, credential.keyId, input, settleWaitMs(c));
     });
     // A client that went away before its usage is known frees its slot and reservation at
     // once; the settlement that follows bills what was generated.
@@ -142,7 +144,8 @@ export function admitCompletion() {
       if (refused) return;
       const input = { ...settleInput(c, released), usageUnknown: true };
       freeLeaseSlot();
-      await queueSettlement(c.env, c.get("edge").settlements, credential.keyId, input);
+      const { settlements } = c.get("edge");
+      await queueSettlement(c.env, settlements, credential.keyId, input, settleWaitMs(c));
     });
     // Every prompt and every sequence (`n`, `best_of`, a prompt list) is reserved: a client
     // never receives more than its reservation covers.
@@ -194,7 +197,7 @@ export function admitCompletion() {
     const waitUntil = waitUntilOf(c);
     if (!settlement.settled && leased !== null) {
       // Its lease, not its own row, is what the account must hear of while it is served.
-      renewal = setInterval(() => keepLease(c), c.get("config").leases.windowMs / 4);
+      renewal = setInterval(() => keepLease(c, endUser), c.get("config").leases.windowMs / 4);
     } else if (!settlement.settled) {
       renewal = setInterval(() => {
         waitUntil(renewLease(c.env, credential.keyId, requestId, LEASE_MS));

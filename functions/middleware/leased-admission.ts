@@ -2,11 +2,18 @@
  * Admission of an API key's completion under its isolate's lease, or exactly in its
  * account when it does not fit (docs/edge.md, "Leased allowances"): the lease renewed in
  * the background before it runs out and trimmed before an exact admission; one the isolate
- * stops renewing lapses in the account.
+ * stops renewing lapses in the account. A request for an end user is admitted under that
+ * user's own lease (docs/key-account.md, "End users' leases").
  */
 import type { Context } from "hono";
 import type { AppEnv } from "../app-env.ts";
-import { type AdmitRequestInput, admitRequest, callLease } from "../accounts/account-client.ts";
+import {
+  type AdmitRequestInput,
+  type Credential,
+  admitRequest,
+  callLease,
+} from "../accounts/account-client.ts";
+import { type LeaseScope, leaseHolder } from "../../contracts/lease-scopes.ts";
 import type { LeasedAdmission, LeaseCandidate, LocalRequest } from "../accounts/leases.ts";
 import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import type { LeaseAsk } from "../../durable-objects/key-account/leases/types.ts";
@@ -22,21 +29,46 @@ export function localRequest(
   return { candidates, promptTokens, origin };
 }
 
-/** Admits the request under its key's lease in this isolate; null when it does not fit. */
+/** A lease of a key as the isolate names it: whose it is, and who holds it. */
+interface LeaseRef {
+  keyId: string;
+  holder: string;
+  scope: LeaseScope | null;
+}
+
+/**
+ * The lease a request is admitted under: its key's, or its end user's own (a browser
+ * token's user with the token's limits and models), so that its row names the user even
+ * if its isolate dies before settling it.
+ */
+function leaseOf(credential: Credential, endUser: string | null): LeaseRef {
+  if (credential.kind === "key") {
+    return {
+      keyId: credential.keyId,
+      holder: leaseHolder(credential),
+      scope: endUser === null ? null : { endUser, subject: null },
+    };
+  }
+  const { scope } = credential;
+  return {
+    keyId: credential.keyId,
+    holder: leaseHolder({ kind: "browser", secretGeneration: scope.secretGeneration }),
+    scope: { endUser, subject: { id: scope.subject, limits: scope.limits, models: scope.models } },
+  };
+}
+
+/** Admits the request under its lease in this isolate; null when it does not fit. */
 export function admitUnderLease(
   c: Context<AppEnv>,
   request: LocalRequest,
   endUser: string | null,
 ): LeasedAdmission | null {
   const config = c.get("config");
-  const credential = c.get("credential");
   const edge = c.get("edge");
-  if (!config.leases.enabled || credential.kind !== "key") return null;
-  // A request recorded for an end user is admitted exactly: its row names the user even
-  // if its isolate dies before settling it.
-  if (endUser !== null) return null;
-  const leased = edge.leases.admit(credential.keyId, credential.secretHash, request, Date.now());
-  if (leased !== null) keepLease(c);
+  if (!config.leases.enabled) return null;
+  const { keyId, holder, scope } = leaseOf(c.get("credential"), endUser);
+  const leased = edge.leases.admit(keyId, holder, scope, request, Date.now());
+  if (leased !== null) keepLease(c, endUser);
   return leased;
 }
 
@@ -50,18 +82,18 @@ export async function admitExactly(
   request: LocalRequest,
 ): Promise<AdmitResult> {
   const config = c.get("config");
-  const credential = c.get("credential");
   const edge = c.get("edge");
-  const leasing = config.leases.enabled && credential.kind === "key";
-  if (leasing) edge.leases.note(credential.keyId, request, Date.now());
-  const first = await admitOnce(c, input, leasing);
+  const leasing = config.leases.enabled;
+  const lease = leaseOf(c.get("credential"), input.endUser ?? null);
+  if (leasing) edge.leases.note(lease.keyId, lease.scope, request, Date.now());
+  const first = await admitOnce(c, input, leasing ? lease : null);
   if (first.ok || first.trimmed || !leasing || !limitRefusal(first.result)) return first.result;
   // Refused while another call about the lease was under way, so what it holds unused may
   // have stood in the way: once that call answered, asked again with the lease trimmed.
-  for (let i = 0; i < BUSY_POLLS && edge.leases.busy(credential.keyId); i++) {
+  for (let i = 0; i < BUSY_POLLS && edge.leases.busy(lease.keyId, lease.scope); i++) {
     await new Promise((resolve) => setTimeout(resolve, BUSY_POLL_MS));
   }
-  return (await admitOnce(c, input, leasing)).result;
+  return (await admitOnce(c, input, lease)).result;
 }
 
 // How long an exact admission waits, at most, for a call about its lease to answer.
@@ -78,14 +110,15 @@ function limitRefusal(result: AdmitResult): boolean {
 async function admitOnce(
   c: Context<AppEnv>,
   input: AdmitRequestInput,
-  leasing: boolean,
+  ref: LeaseRef | null,
 ): Promise<{ ok: boolean; trimmed: boolean; result: AdmitResult }> {
   const config = c.get("config");
   const credential = c.get("credential");
   const edge = c.get("edge");
   const now = Date.now();
-  const ask = leasing ? edge.leases.ask(credential.keyId, "trim", leaseOptions(config, now)) : null;
-  const hash = credential.kind === "key" ? credential.secretHash : "";
+  const ask =
+    ref === null ? null : edge.leases.ask(ref.keyId, ref.scope, "trim", leaseOptions(config, now));
+  const hash = ref?.holder ?? "";
   let answer: Awaited<ReturnType<typeof admitRequest>>;
   try {
     answer = await admitRequest(c.env, edge.settlements, credential, input, ask);
@@ -103,23 +136,41 @@ async function admitOnce(
   return { ok: result.ok, trimmed: ask !== null, result };
 }
 
-/** Renews the key's lease in the background when it runs low or its window half passed. */
-export function keepLease(c: Context<AppEnv>): void {
+/**
+ * Renews the lease of the request's key (or of its end user) in the background when it
+ * runs low or its window half passed.
+ */
+export function keepLease(c: Context<AppEnv>, endUser: string | null): void {
   const config = c.get("config");
-  const credential = c.get("credential");
   const edge = c.get("edge");
-  if (credential.kind !== "key") return;
+  const lease = leaseOf(c.get("credential"), endUser);
   const now = Date.now();
-  if (!edge.leases.due(credential.keyId, config.leases.windowMs, now)) return;
-  const options = leaseOptions(config, now);
-  waitUntilOf(c)(callLease(c.env, edge, credential.keyId, credential.secretHash, "renew", options));
+  if (!edge.leases.due(lease.keyId, lease.scope, config.leases.windowMs, now)) return;
+  waitUntilOf(c)(callLease(c.env, edge, lease, "renew", leaseOptions(config, now)));
 }
+
+/**
+ * How long a request's settlement may wait for a call of its key to carry it (undefined:
+ * the settle queue's usual 20 ms). A leased request holds no slot in its account (its lease
+ * does), so while the isolate holds leases of many keys, each of which would cost a call of
+ * its own every 20 ms, its bill rides the lease's next renewal (due within half a window
+ * while traffic flows) and goes on its own after half a window at most.
+ */
+export function settleWaitMs(c: Context<AppEnv>): number | undefined {
+  if (c.get("leased") === undefined) return undefined;
+  const { windowMs } = c.get("config").leases;
+  return c.get("edge").leases.leasedKeys(Date.now()) > MANY_LEASED_KEYS ? windowMs / 2 : undefined;
+}
+
+/**
+ * Keys an isolate holds leases of above which their leased requests' bills ride renewals:
+ * below it, each key's settlements cost a call every 20 ms at most, a bounded rate.
+ */
+export const MANY_LEASED_KEYS = 8;
 
 /** A leased request ended (settled, or released when its client left): its slot is free. */
 export function leaseEnded(c: Context<AppEnv>, leased: LeasedAdmission): void {
-  const credential = c.get("credential");
-  const edge = c.get("edge");
-  if (credential.kind === "key") edge.leases.ended(credential.keyId, leased.leaseId);
+  c.get("edge").leases.ended(c.get("credential").keyId, leased.scope, leased.leaseId);
 }
 
 function leaseOptions(

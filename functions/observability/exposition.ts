@@ -65,7 +65,18 @@ export function renderFleet(stats: FleetStats): string {
     "counter",
     "Origins tried after a failure before the first byte, by model and serving region.",
   );
+  const budgetAlerts = new Metric(
+    "warmgate_budget_alerts_total",
+    "counter",
+    "Soft-budget alerts per key and period: raised (once per window), retried, delivered, dropped.",
+  );
   for (const key of stats.keys) {
+    for (const alert of key.budgetAlerts) {
+      budgetAlerts.inc(
+        { key: key.keyId, period: alert.period, outcome: alert.outcome },
+        alert.count,
+      );
+    }
     let keyCount = 0;
     let keyPicos = 0;
     for (const s of key.series) {
@@ -198,6 +209,7 @@ export function renderFleet(stats: FleetStats): string {
     spend,
     keyRequests,
     keySpend,
+    budgetAlerts,
     ...cacheFamilies(stats.keys),
     attempts,
     retries,

@@ -18,12 +18,15 @@ import {
 } from "../accounts/browser-token.ts";
 import { bearerToken, parseApiKey } from "../accounts/keys.ts";
 import { readJsonBody } from "../request/json-body.ts";
+import { BudgetList, budgetJson, periodBudgetsOf } from "./admin/key-payloads.ts";
 
 const TokenRequest = z.strictObject({
   user: z.string().min(1).max(256).optional(),
   ttl_seconds: z.int().min(1).max(MAX_TOKEN_TTL_SECONDS).optional(),
   limits: LimitsClaim.partial().optional(),
   models: z.array(z.string().min(1).max(256)).max(256).optional(),
+  /** The end user's own budgets (`period`, `max_usd`), within the key's. */
+  budgets: BudgetList.optional(),
 });
 
 /** `POST /v1/tokens` (mint with an API key) and CORS preflights for `/v1/*`; mount at `/v1`. */
@@ -88,6 +91,11 @@ export const tokens = new Hono<AppEnv>()
     };
     const models = requested.models ?? record.models;
     const user = requested.user ?? null;
+    // An end user's budgets alert no one: only their limits are kept.
+    const budgets = periodBudgetsOf(requested.budgets ?? []).map((budget) => ({
+      ...budget,
+      softMicros: null,
+    }));
     const { token, expiresAt } = await mintBrowserToken(
       c.env,
       {
@@ -97,6 +105,7 @@ export const tokens = new Hono<AppEnv>()
         limits,
         models,
         origins: record.allowedOrigins,
+        budgets,
         ttlSeconds: requested.ttl_seconds ?? DEFAULT_TOKEN_TTL_SECONDS,
         now,
       },
@@ -109,5 +118,6 @@ export const tokens = new Hono<AppEnv>()
       user,
       limits,
       models,
+      budgets: budgets.map(budgetJson),
     });
   });

@@ -17,6 +17,7 @@ import type {
 } from "../../durable-objects/key-account/usage-types.ts";
 import { picosToUsd, utcDay } from "../../contracts/pricing.ts";
 import { methodNotAllowed } from "../error-handler.ts";
+import { budgetStatusJson } from "./admin/key-payloads.ts";
 import { ApiError, invalidRequest, notFound } from "../../contracts/errors.ts";
 
 /** Longest `user` that `GET /v1/usage?user=` takes (OpenAI's `user` is at most 256). */
@@ -187,7 +188,12 @@ export const usage = new Hono<AppEnv>()
       credential: { kind: "key", secretHash: credential.secretHash },
     });
     if (!result.ok) throw refusalError(result, credential.keyId);
-    return c.json({ ...usageReport(range, result.rows), user: user ?? null });
+    return c.json({
+      ...usageReport(range, result.rows),
+      user: user ?? null,
+      // The key's budgets now: each window's spend and when it resets.
+      budgets: budgetStatusJson(result.budgets),
+    });
   })
   .all("/", methodNotAllowed(["GET", "HEAD"]))
   .get("/requests/:id", async (c) => {

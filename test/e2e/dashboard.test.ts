@@ -160,7 +160,7 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       await page.getByRole("button", { name: "New key" }).click();
       await page.getByLabel("Name", { exact: true }).fill("checkout-e2e");
       await page.getByLabel("Requests per minute").fill("30");
-      await page.getByLabel("Per UTC day").fill("5");
+      await page.getByLabel("Per period").fill("1d 5");
       await page.getByLabel("Tags").fill("team:checkout, env:prod");
       await page.getByRole("button", { name: "Save" }).click();
       await page.locator("#secret-dialog[open]").waitFor();
@@ -184,18 +184,18 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
         "30",
         "1000000",
         "64",
-        "day 5.000000",
+        "1d 5.000000",
         "–",
         "EditRotateBlockRevoke",
       ]);
 
       await page.getByRole("button", { name: "Edit key checkout-e2e" }).click();
       await page.getByLabel("Requests per minute").fill("45");
-      await page.getByLabel("Per UTC day").fill("");
+      await page.getByLabel("Per period").fill("");
       await page.getByRole("button", { name: "Save" }).click();
       await row.locator("td", { hasText: "45" }).waitFor();
       const edited = await admin(`/admin/keys/${id}`);
-      expect(edited["limits"]).toMatchObject({ rpm: 45, budget_usd_day: null });
+      expect(edited).toMatchObject({ limits: { rpm: 45 }, budgets: [] });
 
       // A refused change keeps the form open with the API's own message.
       await page.getByRole("button", { name: "Edit key checkout-e2e" }).click();

@@ -145,7 +145,7 @@ describe("metering through the whole stack", () => {
   it("never lets many concurrent requests together overdraw a small daily budget", async () => {
     const key = await createKey(suite.stack.edgeUrl, suite.stack.adminToken, {
       name: "budget",
-      limits: { budget_usd_day: 0.0003 },
+      budgets: [{ period: "1d", max_usd: 0.0003 }],
       allow_region_override: true,
     });
     const results = await inParallel(80, 40, () => completion(key, { max_tokens: 60 }));

@@ -39,7 +39,7 @@ export async function manageTeams(page: Page, { admin, modelsWith }: DashboardAp
   await page.getByRole("button", { name: "New team" }).click();
   await page.getByLabel("Team name").fill("research-e2e");
   await page.getByLabel("Team concurrency").fill("3");
-  await page.getByLabel("Team daily budget (UTC)").fill("2");
+  await page.getByLabel(/^Team budgets, one a line/).fill("1d 2");
   await page.getByRole("button", { name: "Save team" }).click();
   const row = page.getByRole("row", { name: /research-e2e/ });
   await row.waitFor();
@@ -52,7 +52,7 @@ export async function manageTeams(page: Page, { admin, modelsWith }: DashboardAp
     "1000000000",
     "1000000000000",
     "3",
-    "day 2.000000",
+    "1d 2.000000",
     "every model",
     "EditDelete",
   ]);
@@ -61,11 +61,9 @@ export async function manageTeams(page: Page, { admin, modelsWith }: DashboardAp
   await page.getByLabel("Team RPM").fill("120");
   await page.getByRole("button", { name: "Save team" }).click();
   await row.locator("td", { hasText: "120" }).waitFor();
-  expect((await admin(`/admin/teams/${teamId}`))["limits"]).toMatchObject({
-    rpm: 120,
-    concurrency: 3,
-    budget_usd_day: 2,
-  });
+  const team = await admin(`/admin/teams/${teamId}`);
+  expect(team["limits"]).toMatchObject({ rpm: 120, concurrency: 3 });
+  expect(team["budgets"]).toMatchObject([{ period: "1d", max_usd: 2, soft_usd: null }]);
 
   // A key joins the team from its own form.
   await page.getByRole("button", { name: "Keys", exact: true }).click();

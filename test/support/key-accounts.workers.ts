@@ -6,7 +6,8 @@ import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { expect } from "vitest";
 import type { KeyAccount } from "../../durable-objects/key-account/index.ts";
-import type { AdmitInput, Budgets, Limits } from "../../durable-objects/key-account/types.ts";
+import type { AdmitInput, Limits } from "../../durable-objects/key-account/types.ts";
+import type { Budgets } from "../../durable-objects/key-account/budget-types.ts";
 import { mintApiKey, newKeyId } from "../../functions/accounts/keys.ts";
 
 /** Limits no test meets unless it lowers one. */
@@ -90,17 +91,36 @@ export async function budgetedKey(budgets: Partial<Budgets>, limits: Partial<Lim
   return { ...key, admitPriced };
 }
 
-/** A spend period's settled and reserved pico-dollars (a flush first); undefined: no row. */
+/** Budgets of one period each, in whole micro-dollars (`soft`: its soft limit). */
+export function periods(...list: [period: string, limitMicros: number, soft?: number][]) {
+  return {
+    periods: list.map(([period, limitMicros, soft]) => ({
+      period,
+      limitMicros,
+      softMicros: soft ?? null,
+    })),
+  };
+}
+
+/**
+ * Settled and reserved pico-dollars (a flush first) of the lifetime (`all`) or of one of the
+ * key's UTC hours (`h:<hour since the epoch>`); undefined: no row.
+ */
 export async function spend(stub: DurableObjectStub<KeyAccount>, period: string) {
   const row = await runInDurableObject(stub, (instance: KeyAccount, state) => {
     instance.flush();
-    return state.storage.sql
-      .exec<{ sm: number; sp: number; rm: number; rp: number }>(
-        `SELECT settled_micros AS sm, settled_picos AS sp, reserved_micros AS rm,
-           reserved_picos AS rp FROM spend WHERE period = ?`,
-        period,
-      )
-      .toArray()[0];
+    const sql = state.storage.sql;
+    const columns = `settled_micros AS sm, settled_picos AS sp, reserved_micros AS rm,
+      reserved_picos AS rp`;
+    type Row = { sm: number; sp: number; rm: number; rp: number };
+    return period === "all"
+      ? sql.exec<Row>(`SELECT ${columns} FROM spend WHERE period = 'all'`).toArray()[0]
+      : sql
+          .exec<Row>(
+            `SELECT ${columns} FROM spend_hours WHERE scope = 'key' AND hour = ?`,
+            Number(period.slice(2)),
+          )
+          .toArray()[0];
   });
   // Whole micro-dollars and the pico-dollars below them (docs/key-account.md, "Storage").
   return row === undefined

@@ -11,6 +11,7 @@ import type { TestProject } from "vitest/node";
 import { type RunningOrigin, startOrigin } from "../../origin/server.ts";
 import { createSimEngine } from "../../origin/sim/engine.ts";
 import { startGarbledOrigin } from "./garbled-origin.ts";
+import { startAlertReceiver } from "./alert-receiver.ts";
 import { CREDENTIAL_ORIGIN_TOKEN, type TestOrigin } from "./provided-context.ts";
 
 /** Engine seed shared by every origin, so the same request gives the same bytes anywhere. */
@@ -86,6 +87,8 @@ export function testConfig(origins: readonly TestOrigin[]): string {
     // Tests that break origins on purpose must not open breakers for the tests after them;
     // the breakers' own tests use configs of their own.
     breakers: { enabled: false },
+    // Soft-budget alert retries come quickly, so their tests wait little.
+    alerts: { retry_base_ms: 50, max_attempts: 4 },
   });
 }
 
@@ -112,9 +115,13 @@ export default async function setup(project: TestProject): Promise<() => Promise
   // Its tests address it directly, in configs of their own.
   const garbled = await startGarbledOrigin("garbled-1");
   origins.push({ id: "garbled-1", region: "garbled", url: garbled.url });
+  const receiver = await startAlertReceiver();
+  project.provide("alertReceiver", receiver.url);
   project.provide("testOrigins", origins);
   project.provide("warmgateConfig", testConfig(origins));
   return async () => {
+    receiver.server.closeAllConnections();
+    await new Promise((resolve) => receiver.server.close(resolve));
     garbled.server.closeAllConnections();
     await new Promise((resolve) => garbled.server.close(resolve));
     await Promise.all(running.map((origin) => origin.close()));

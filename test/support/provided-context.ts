@@ -12,6 +12,9 @@ export interface TestOrigin {
 /** Signing secret of the workers project's edge (`TOKEN_SIGNING_SECRET`). */
 export const TEST_SIGNING_SECRET = "test-token-signing-secret";
 
+/** Signing secret of the workers project's soft-budget alerts (`ALERT_SIGNING_SECRET`). */
+export const TEST_ALERT_SECRET = "test-alert-signing-secret";
+
 /** Admin token of the workers project's edge (`ADMIN_TOKEN`). */
 export const TEST_ADMIN_TOKEN = "test-admin-token";
 
@@ -33,5 +36,7 @@ declare module "vitest" {
     warmgateConfig: string;
     /** Every origin started for the run. */
     testOrigins: TestOrigin[];
+    /** Base URL of the soft-budget alert receiver (test/support/alert-receiver.ts). */
+    alertReceiver: string;
   }
 }

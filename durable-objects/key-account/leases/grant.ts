@@ -5,22 +5,20 @@
  * in the account's synchronous turn, like admission.
  */
 import { MAX_LEASE_MODELS, newLeaseId } from "../../../contracts/lease-ids.ts";
-import {
-  type ModelPrice,
-  microsToPicos,
-  msToNextUtcDay,
-  utcDay,
-} from "../../../contracts/pricing.ts";
+import { holderCredential, leaseScopeKey } from "../../../contracts/lease-scopes.ts";
+import type { ModelPrice } from "../../../contracts/pricing.ts";
+import { HOUR_MS, hourOf } from "../../../contracts/budget-periods.ts";
 import { keyRefusal, modelAllowed, rateLimitNow } from "../admission.ts";
-import { hasBudgets } from "../budgets.ts";
+import { budgetRoom, hasBudgets } from "../budgets.ts";
 import { checkCredential } from "../credential.ts";
 import { KEY_SCOPE, storedCandidate } from "../schema.ts";
 import type { AccountStore } from "../store.ts";
 import type { LeaseEntry } from "../store/leases.ts";
 import { refill, take } from "../token-bucket.ts";
 import type { CredentialRefusal } from "../types.ts";
+import { moveScopeUnits, scopeHeadroom, scopeModels, scopeRateLimit } from "./scope.ts";
 import { type Allowance, leaseTarget, topUp } from "./sizing.ts";
-import { allowedModels, poolHeadroom } from "../team/pool.ts";
+import { teamModels, withinTeam } from "./team.ts";
 import type { LeaseAsk, LeaseGrant, LeaseUse } from "./types.ts";
 
 /** What a lease call decided: the lease to hold now (null: none), or why the key refuses. */
@@ -53,9 +51,14 @@ export function giveBack(
     store.buckets.adjust(KEY_SCOPE, "requests", limits.rpm, lease.requests - used.requests, now);
     store.buckets.adjust(KEY_SCOPE, "tokens", limits.tpm, lease.tokens - used.tokens, now);
   }
+  const unusedUnits = {
+    requests: lease.requests - used.requests,
+    tokens: lease.tokens - used.tokens,
+  };
+  moveScopeUnits(store, lease.scope, unusedUnits, now);
   if (lease.picos !== null) {
     const unused = lease.picos - used.picos;
-    store.spend.add(lease.day, { reservedPicos: -unused, settledPicos: 0n });
+    store.spend.add(lease.hour, { reservedPicos: -unused, settledPicos: 0n });
     lease.reservedPicos -= unused;
     lease.picos = used.picos;
   }
@@ -86,25 +89,37 @@ export function grantLease(
   const record = store.key.record;
   if (record === null)
     return { lease: null, refusal: { ok: false, code: "invalid_api_key", reason: "unknown" } };
-  const secret = checkCredential(store.key.secrets, { kind: "key", secretHash }, now);
+  const secret = checkCredential(store.key.secrets, holderCredential(secretHash), now);
   if (!secret.ok) return { lease: null, refusal: secret };
   const refused = keyRefusal(record, null, now);
   if (refused !== null) return { lease: null, refusal: refused };
   if (ask.mode === "release") return { lease: null, refusal: null };
   endDueLeases(store, now);
-  const day = utcDay(now);
+  // A lease's money counts in one UTC hour, so that every budget window holds it whole.
+  const hour = hourOf(now);
   const held = heldLease(store, ask, secretHash);
-  let lease = held !== undefined && held.day === day ? held : undefined;
+  let lease = held !== undefined && held.hour === hour ? held : undefined;
   const used: LeaseUse =
     lease === undefined || ask.held === null ? NOTHING_USED : clampUse(lease, ask.held.used);
   const usage = store.scopeUsage(KEY_SCOPE, null);
   const { limits, budgets } = record;
-  const headroom = withinTeam(store, day, usage.inFlight, {
-    requests: usage.requests === null ? limits.rpm : refill(usage.requests, limits.rpm, now).level,
-    tokens: usage.tokens === null ? limits.tpm : refill(usage.tokens, limits.tpm, now).level,
-    picos: budgetRoom(store, budgets, day),
-    slots: limits.concurrency - usage.inFlight,
-  });
+  const scope = ask.scope ?? null;
+  const headroom = withinTeam(
+    store,
+    usage.inFlight,
+    scopeHeadroom(
+      store,
+      scope,
+      {
+        requests:
+          usage.requests === null ? limits.rpm : refill(usage.requests, limits.rpm, now).level,
+        tokens: usage.tokens === null ? limits.tpm : refill(usage.tokens, limits.tpm, now).level,
+        picos: budgetRoom(store.spend.lines(budgets, now, KEY_SCOPE)),
+        slots: limits.concurrency - usage.inFlight,
+      },
+      now,
+    ),
+  );
   const unused: Allowance =
     lease === undefined
       ? { requests: 0, tokens: 0, picos: headroom.picos === null ? null : 0n, slots: 0 }
@@ -117,7 +132,7 @@ export function grantLease(
   const add = topUp(leaseTarget(ask.rate), unused, headroom);
   if (lease === undefined) {
     if (add === null) return { lease: null, refusal: null };
-    lease = newLease(store, ask, secretHash, day, now, headroom.picos !== null);
+    lease = newLease(store, ask, secretHash, hour, now, headroom.picos !== null);
   }
   if (add !== null) {
     const requests = take(
@@ -133,6 +148,7 @@ export function grantLease(
       now,
     );
     store.buckets.put(KEY_SCOPE, { requests: requests.state, tokens: tokens.state });
+    moveScopeUnits(store, scope, { requests: -add.requests, tokens: -add.tokens }, now);
     store.team.change((pool) => {
       pool.requests -= add.requests;
       pool.tokens -= add.tokens;
@@ -144,7 +160,7 @@ export function grantLease(
     if (lease.picos !== null && add.picos !== null) {
       lease.picos += add.picos;
       lease.reservedPicos += add.picos;
-      store.spend.add(day, { reservedPicos: add.picos, settledPicos: 0n });
+      store.spend.add(hour, { reservedPicos: add.picos, settledPicos: 0n });
     }
   }
   const validUntil =
@@ -154,7 +170,7 @@ export function grantLease(
     0,
     Math.min(
       ask.windowMs,
-      msToNextUtcDay(now),
+      (hour + 1) * HOUR_MS - now,
       (validUntil ?? Infinity) - now,
       (record.expiresAt ?? Infinity) - now,
     ),
@@ -174,7 +190,7 @@ export function grantLease(
       },
       slots: lease.slots,
       admitForMs,
-      day,
+      hour,
       models: lease.models.map(([model, input, cachedInput, output]) => ({
         model,
         price: {
@@ -184,15 +200,21 @@ export function grantLease(
         },
       })),
       key: {
-        models: keyModels(store),
+        models: teamModels(store, scopeModels(record.models, scope)),
         allowedOrigins: record.allowedOrigins,
         expiresAt: record.expiresAt,
         tier: record.tier,
         allowRegionOverride: record.allowRegionOverride,
         budgeted: hasBudgets(budgets),
         teamId: record.teamId,
+        limitedModels: Object.keys(record.modelLimits),
       },
-      rateLimit: rateLimitNow(limits, store.scopeUsage(KEY_SCOPE, null), now),
+      rateLimit: scopeRateLimit(
+        store,
+        scope,
+        rateLimitNow(limits, store.scopeUsage(KEY_SCOPE, null), now),
+        now,
+      ),
     },
   };
 }
@@ -207,7 +229,7 @@ export function endDueLeases(store: AccountStore, now: number): void {
   for (const lease of store.leases.all()) {
     if (lease.state === "ended" || lease.expiresAt > now) continue;
     if (lease.reservedPicos !== 0n) {
-      store.spend.add(lease.day, { reservedPicos: -lease.reservedPicos, settledPicos: 0n });
+      store.spend.add(lease.hour, { reservedPicos: -lease.reservedPicos, settledPicos: 0n });
     }
     if (lease.state === "open") lease.idsUsed = lease.ids;
     lease.reservedPicos = 0n;
@@ -242,7 +264,11 @@ const NOTHING_USED: LeaseUse = { requests: 0, tokens: 0, picos: 0n, ids: 0, inFl
 function heldLease(store: AccountStore, ask: LeaseAsk, secretHash: string): LeaseEntry | undefined {
   if (ask.held === null) return undefined;
   const lease = store.leases.get(ask.held.leaseId);
-  return lease?.state === "open" && lease.secretHash === secretHash ? lease : undefined;
+  return lease?.state === "open" &&
+    lease.secretHash === secretHash &&
+    leaseScopeKey(lease.scope) === leaseScopeKey(ask.scope)
+    ? lease
+    : undefined;
 }
 
 function clamp(value: number, most: number): number {
@@ -268,69 +294,27 @@ function clampUse(lease: LeaseEntry, used: LeaseUse): LeaseUse {
   };
 }
 
-// Room left in the tightest budget (pico-dollars), or null when the key has none.
-function budgetRoom(
-  store: AccountStore,
-  budgets: { dayMicros: number | null; monthMicros: number | null; creditMicros: number | null },
-  day: string,
-): bigint | null {
-  const spend = store.spend.of(day);
-  let room: bigint | null = null;
-  for (const [limit, period] of [
-    [budgets.dayMicros, spend.day],
-    [budgets.monthMicros, spend.month],
-    [budgets.creditMicros, spend.lifetime],
-  ] as const) {
-    if (limit === null) continue;
-    const left = microsToPicos(limit) - period.settledPicos - period.reservedPicos;
-    room = room === null || left < room ? left : room;
-  }
-  return room;
-}
-
-// The smaller amount; null is no limit.
-function least(a: bigint | null, b: bigint | null): bigint | null {
-  return a === null ? b : b === null ? a : a < b ? a : b;
-}
-
-// The models the key and its team both allow.
-function keyModels(store: AccountStore): string[] | null {
-  const models = store.key.record?.models ?? null;
-  const team = store.team.pool;
-  return team === null ? models : allowedModels(models, team.models);
-}
-
-// The key's headroom, within what its lease of its team's allowance has left.
-function withinTeam(store: AccountStore, day: string, inFlight: number, key: Allowance): Allowance {
-  const pool = store.team.pool;
-  if (pool === null) return key;
-  const reservedPicos = store.spend.of(day).lifetime.reservedPicos;
-  const team = poolHeadroom(pool, { reservedPicos, inFlight });
-  return {
-    requests: Math.min(key.requests, team.requests),
-    tokens: Math.min(key.tokens, team.tokens),
-    picos: least(key.picos, team.picos),
-    slots: Math.min(key.slots, team.slots),
-  };
-}
-
 function newLease(
   store: AccountStore,
   ask: LeaseAsk,
   secretHash: string,
-  day: string,
+  hour: number,
   now: number,
   budgeted: boolean,
 ): LeaseEntry {
-  const allowed = keyModels(store);
+  const scope = ask.scope ?? null;
+  const allowed = teamModels(store, scopeModels(store.key.record?.models ?? null, scope));
+  // A model with its own limits is admitted exactly, never under a lease.
+  const limited = store.key.record?.modelLimits ?? {};
   const models = ask.models
     .filter((entry: { model: string; price: ModelPrice }) => modelAllowed(allowed, entry.model))
+    .filter((entry) => !(entry.model in limited))
     .slice(0, MAX_LEASE_MODELS)
     .map(({ model, price }) => storedCandidate(model, price));
   return {
     leaseId: newLeaseId(),
     secretHash,
-    day,
+    hour,
     state: "open",
     createdAt: now,
     expiresAt: now,
@@ -343,5 +327,6 @@ function newLease(
     idsUsed: 0,
     models,
     endedAt: null,
+    scope,
   };
 }

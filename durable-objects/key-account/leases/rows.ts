@@ -4,6 +4,8 @@
  * and an origin says what it generated. Its reservation moves from the lease to the row.
  */
 import { parseLeasedId } from "../../../contracts/lease-ids.ts";
+import { HOUR_MS } from "../../../contracts/budget-periods.ts";
+import { utcDay } from "../../../contracts/pricing.ts";
 import {
   type LedgerEntry,
   NOT_CLOSED,
@@ -41,14 +43,17 @@ export function leasedRow(
     store.leases.put(lease);
   }
   const usage = input.usage ?? null;
+  // An end user's lease names its user even when the isolate never said (it died first).
+  const subject = lease.scope?.subject ?? null;
   return {
     requestId: input.requestId,
     state: "open",
     model: first[0],
-    day: lease.day,
-    subject: null,
-    subjectTpm: null,
-    endUser: input.leased?.endUser ?? null,
+    day: utcDay(lease.hour * HOUR_MS),
+    hour: lease.hour,
+    subject: subject?.id ?? null,
+    subjectTpm: subject?.limits.tpm ?? null,
+    endUser: input.leased?.endUser ?? lease.scope?.endUser ?? null,
     tags: rowTags(store.key.record?.tags ?? [], input.tags),
     teamId: store.key.record?.teamId ?? null,
     // Its tokens came out of the buckets with the lease's; without the edge's word (an

@@ -5,6 +5,7 @@
  */
 import type { CommitStamp } from "../../../contracts/commit-stamp.ts";
 import type { ModelPrice } from "../../../contracts/pricing.ts";
+import type { LeaseScope } from "../../../contracts/lease-scopes.ts";
 import type { CredentialRefusal, KeyTier, RateLimitInfo, SettleInput } from "../types.ts";
 
 /** What an isolate took from a lease so far, counted from its grant (cumulative). */
@@ -43,6 +44,8 @@ export interface LeaseAsk {
   windowMs: number;
   /** The models it may serve under a new lease, with their prices (its price table). */
   models: { model: string; price: ModelPrice }[];
+  /** One end user's lease (each end user of a key has its own); absent: the key's. */
+  scope?: LeaseScope | null;
 }
 
 /** What an isolate may admit under a lease (cumulative from its grant), and the key's terms. */
@@ -54,8 +57,8 @@ export interface LeaseGrant {
   slots: number;
   /** How long from the account's answer the isolate may admit under it. */
   admitForMs: number;
-  /** The UTC day its money counts in: it admits nothing on another day. */
-  day: string;
+  /** The UTC hour (since the epoch) its money counts in: it admits nothing in another hour. */
+  hour: number;
   /** The price table: request ids name the model they were admitted for by its index. */
   models: { model: string; price: ModelPrice }[];
   key: {
@@ -68,6 +71,8 @@ export interface LeaseGrant {
     budgeted: boolean;
     /** The key's team, or null. */
     teamId: string | null;
+    /** Models with their own limits (`model_limits`): their requests are admitted exactly. */
+    limitedModels: string[];
   };
   /** The key's buckets as the grant left them, without what this lease holds. */
   rateLimit: RateLimitInfo;
@@ -86,7 +91,10 @@ export interface LeaseAnswer {
   commit: CommitStamp;
 }
 
-/** A lease call: the ask, the API key's hash, and settlements it carries. */
+/**
+ * A lease call: the ask, who holds the lease (an API key's hash, or `gen:<n>` for a browser
+ * token minted with the key's secret of generation n), and settlements it carries.
+ */
 export interface LeaseCall extends LeaseAsk {
   secretHash: string;
   settle?: SettleInput[];

@@ -1,9 +1,8 @@
 /**
- * The rate-limit buckets (table `buckets`): the key's, and each end user's from first use,
+ * The rate-limit buckets (table `buckets`): the key's, each end user's and each limited model's from first use,
  * loaded on first use and written behind (docs/key-account.md, "Storage").
  */
 import type { WriteBehind } from "../../write-behind.ts";
-import type { ScopeBuckets } from "../admission.ts";
 import { KEY_SCOPE } from "../schema.ts";
 import { type BucketState, adjust, fullBucket } from "../token-bucket.ts";
 
@@ -37,10 +36,10 @@ export class BucketStore {
     return { requests, tokens };
   }
 
-  /** Stores a scope's buckets after a decision. */
-  put(scope: string, buckets: ScopeBuckets): void {
-    this.#put(scope, "requests", buckets.requests);
-    this.#put(scope, "tokens", buckets.tokens);
+  /** Stores a scope's buckets after a decision (a null one is left as it is). */
+  put(scope: string, buckets: ScopeState): void {
+    if (buckets.requests !== null) this.#put(scope, "requests", buckets.requests);
+    if (buckets.tokens !== null) this.#put(scope, "tokens", buckets.tokens);
   }
 
   /** Moves `delta` token units into a scope's token bucket (see token-bucket.ts `adjust`). */

@@ -50,10 +50,10 @@ export class KeyStore {
     this.#storage.transactionSync(() => {
       sql.exec(
         `INSERT INTO key_record (singleton, id, name, status, rpm, tpm, concurrency, allowed_origins,
-           models, tier, expires_at, created_at, updated_at, revoked_at, version,
-           budget_day_micros, budget_month_micros, credit_micros, allow_region_override, tags,
-           metadata, team_id)
-         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1, ?, ?, ?, ?, ?, ?, ?)`,
+           models, tier, expires_at, created_at, updated_at, revoked_at, version, budgets,
+           credit_micros, allow_region_override, tags, metadata, model_limits, alert_webhook_url,
+           team_id)
+         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1, ?, ?, ?, ?, ?, ?, ?, ?)`,
         input.id,
         input.name,
         input.limits.rpm,
@@ -65,12 +65,13 @@ export class KeyStore {
         input.expiresAt,
         input.now,
         input.now,
-        input.budgets?.dayMicros ?? null,
-        input.budgets?.monthMicros ?? null,
+        JSON.stringify(input.budgets?.periods ?? []),
         input.budgets?.creditMicros ?? null,
         input.allowRegionOverride === true ? 1 : 0,
         JSON.stringify(input.tags ?? []),
         JSON.stringify(input.metadata ?? {}),
+        JSON.stringify(input.modelLimits ?? {}),
+        input.alertWebhookUrl ?? null,
         input.teamId ?? null,
       );
       sql.exec(
@@ -101,9 +102,8 @@ export class KeyStore {
     this.#storage.sql.exec(
       `UPDATE key_record SET name = ?, rpm = ?, tpm = ?, concurrency = ?, allowed_origins = ?,
          models = ?, tier = ?, expires_at = ?, updated_at = ?, version = version + 1,
-         budget_day_micros = ?, budget_month_micros = ?, credit_micros = ?,
-         allow_region_override = ?, status = ?, blocked_at = ?, tags = ?, metadata = ?,
-         team_id = ?`,
+         budgets = ?, credit_micros = ?, allow_region_override = ?, status = ?, blocked_at = ?,
+         tags = ?, metadata = ?, model_limits = ?, alert_webhook_url = ?, team_id = ?`,
       input.name ?? current.name,
       limits.rpm,
       limits.tpm,
@@ -113,14 +113,15 @@ export class KeyStore {
       input.tier ?? current.tier,
       input.expiresAt === undefined ? current.expiresAt : input.expiresAt,
       input.now,
-      budgets.dayMicros,
-      budgets.monthMicros,
+      JSON.stringify(budgets.periods),
       budgets.creditMicros,
       (input.allowRegionOverride ?? current.allowRegionOverride) ? 1 : 0,
       status,
       blockedAt,
       JSON.stringify(input.tags ?? current.tags),
       JSON.stringify(input.metadata ?? current.metadata),
+      JSON.stringify(input.modelLimits ?? current.modelLimits),
+      input.alertWebhookUrl === undefined ? current.alertWebhookUrl : input.alertWebhookUrl,
       input.teamId === undefined ? current.teamId : input.teamId,
     );
     this.load();

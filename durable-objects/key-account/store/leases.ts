@@ -4,7 +4,10 @@
  * asked about every request it may have admitted unsettled.
  */
 import { LEASE_SEQ_DIGITS, leaseIdRange, seqDigits } from "../../../contracts/lease-ids.ts";
+import type { LeaseScope } from "../../../contracts/lease-scopes.ts";
 import type { WriteBehind } from "../../write-behind.ts";
+import { HOUR_MS } from "../../../contracts/budget-periods.ts";
+import { utcDay } from "../../../contracts/pricing.ts";
 import { type StoredCandidate, picosColumns, storedPicos } from "../schema.ts";
 
 /** How long an ended lease is kept: its unsettled requests are asked about meanwhile. */
@@ -14,8 +17,8 @@ export const LEASE_RECONCILE_MS = 10 * 60_000;
 export interface LeaseEntry {
   leaseId: string;
   secretHash: string;
-  /** The UTC day its money and its requests count in. */
-  day: string;
+  /** The UTC hour (since the epoch) its money and its requests count in. */
+  hour: number;
   /**
    * `open`: the isolate may admit under it; `closing`: released, waiting for settlements
    * under way; `ended`: its slots and money are back, its unsettled requests asked about.
@@ -40,12 +43,14 @@ export interface LeaseEntry {
   models: StoredCandidate[];
   /** When it ended, or null. */
   endedAt: number | null;
+  /** Whose requests it admits: one end user's, or (null) the key's. */
+  scope: LeaseScope | null;
 }
 
 type LeaseRow = {
   lease_id: string;
   secret_hash: string;
-  day: string;
+  hour: number;
   state: string;
   created_at: number;
   expires_at: number;
@@ -61,6 +66,7 @@ type LeaseRow = {
   ids_used: number;
   models: string;
   ended_at: number | null;
+  scope: string | null;
 };
 
 /** The key's leases, memory ahead of SQLite. */
@@ -91,10 +97,16 @@ export class LeaseStore {
     return this.#leases.values();
   }
 
-  /** Concurrency slots the open and closing leases hold. */
-  slots(): number {
+  /**
+   * Concurrency slots the open and closing leases hold: all of them (the key's), or those of
+   * one browser token's end user (`subject`).
+   */
+  slots(subject: string | null = null): number {
     let slots = 0;
-    for (const lease of this.#leases.values()) if (lease.state !== "ended") slots += lease.slots;
+    for (const lease of this.#leases.values()) {
+      if (lease.state === "ended") continue;
+      if (subject === null || lease.scope?.subject?.id === subject) slots += lease.slots;
+    }
     return slots;
   }
 
@@ -112,13 +124,14 @@ export class LeaseStore {
     this.#leases.set(lease.leaseId, lease);
     this.#writes.set(`lease:${lease.leaseId}`, () =>
       this.#sql.exec(
-        `INSERT OR REPLACE INTO leases (lease_id, secret_hash, day, state, created_at, expires_at,
-           requests, tokens, ids, budgeted, picos_micros, picos_picos, reserved_micros,
-           reserved_picos, slots, ids_used, models, ended_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+        `INSERT OR REPLACE INTO leases (lease_id, secret_hash, day, hour, state, created_at,
+           expires_at, requests, tokens, ids, budgeted, picos_micros, picos_picos, reserved_micros,
+           reserved_picos, slots, ids_used, models, ended_at, scope)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
         lease.leaseId,
         lease.secretHash,
-        lease.day,
+        utcDay(lease.hour * HOUR_MS),
+        lease.hour,
         lease.state,
         lease.createdAt,
         lease.expiresAt,
@@ -132,6 +145,7 @@ export class LeaseStore {
         lease.idsUsed,
         JSON.stringify(lease.models),
         lease.endedAt,
+        lease.scope === null ? null : JSON.stringify(lease.scope),
       ),
     );
   }
@@ -192,7 +206,7 @@ function leaseOf(row: LeaseRow): LeaseEntry {
   return {
     leaseId: row.lease_id,
     secretHash: row.secret_hash,
-    day: row.day,
+    hour: row.hour,
     state: row.state === "open" ? "open" : row.state === "closing" ? "closing" : "ended",
     createdAt: row.created_at,
     expiresAt: row.expires_at,
@@ -205,5 +219,6 @@ function leaseOf(row: LeaseRow): LeaseEntry {
     idsUsed: row.ids_used,
     models: JSON.parse(row.models) as StoredCandidate[],
     endedAt: row.ended_at,
+    scope: row.scope === null ? null : (JSON.parse(row.scope) as LeaseScope),
   };
 }

@@ -86,6 +86,11 @@ export class LedgerStore {
     this.#put(after);
   }
 
+  /** Writes a row that is closed already (a batch line billed); a row known is left as it is. */
+  add(entry: LedgerEntry): void {
+    this.#put(entry);
+  }
+
   /** Extends an open row's lease to `expiresAt`, never shortening it; false when not open. */
   renew(requestId: string, expiresAt: number): boolean {
     const row = this.#open.get(requestId);
@@ -272,7 +277,8 @@ export class LedgerStore {
         `SELECT ${LEDGER_COLUMNS} FROM ledger WHERE ${where.join(" AND ")}
          ORDER BY created_at DESC, request_id DESC LIMIT ?`,
         ...args,
-        Math.min(500, Math.max(1, Math.floor(query.limit))),
+        // The spend log asks one row more than its page (500 at most), to know if more follow.
+        Math.min(501, Math.max(1, Math.floor(query.limit))),
       )
       .toArray()
       .map(ledgerEntryOf);
@@ -317,7 +323,7 @@ export class LedgerStore {
     this.#writes.set(ledgerKey(entry.requestId), () =>
       this.#sql.exec(
         `INSERT INTO ledger (${LEDGER_COLUMNS})
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT (request_id) DO UPDATE SET state = excluded.state, model = excluded.model,
            closed_at = excluded.closed_at, outcome = excluded.outcome,
            prompt_tokens = excluded.prompt_tokens, cached_tokens = excluded.cached_tokens,
@@ -351,6 +357,7 @@ export class LedgerStore {
         entry.durationMs,
         entry.ttftMs,
         entry.cacheHit ? 1 : 0,
+        entry.hour,
         entry.teamId,
       ),
     );

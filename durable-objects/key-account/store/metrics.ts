@@ -5,6 +5,7 @@
  */
 import type { WriteBehind } from "../../write-behind.ts";
 import {
+  type AlertOutcome,
   type KeyMetrics,
   type MetricsState,
   type RecentError,
@@ -33,6 +34,14 @@ export class MetricsStore {
     if (isError) this.#put("errors", state.errors);
   }
 
+  /** Counts one soft-budget alert event of a period (docs/metrics.md). */
+  countAlert(period: string, outcome: AlertOutcome): void {
+    const state = this.#load();
+    const slot = `${period}\n${outcome}`;
+    state.alerts[slot] = (state.alerts[slot] ?? 0) + 1;
+    this.#put("budget_alerts", state.alerts);
+  }
+
   /** The metrics of the key `record` describes, as they stand. */
   report(record: KeyRecord | null): KeyMetrics {
     const state = this.#load();
@@ -42,17 +51,23 @@ export class MetricsStore {
       tier: record?.tier ?? "standard",
       series: [...state.series.values()],
       recentErrors: [...state.errors],
+      budgetAlerts: Object.entries(state.alerts).map(([slot, count]) => {
+        const [period = "", outcome = "raised"] = slot.split("\n");
+        return { period, outcome: outcome as AlertOutcome, count };
+      }),
     };
   }
 
   #load(): MetricsState {
     if (this.#state !== null) return this.#state;
-    const state: MetricsState = { series: new Map(), errors: [] };
+    const state: MetricsState = { series: new Map(), errors: [], alerts: {} };
     for (const row of this.#sql.exec<{ name: string; data: string }>(
       "SELECT name, data FROM metrics",
     )) {
       if (row.name === "errors") state.errors = JSON.parse(row.data) as RecentError[];
-      else state.series.set(row.name, JSON.parse(row.data) as RequestSeries);
+      else if (row.name === "budget_alerts") {
+        state.alerts = JSON.parse(row.data) as Record<string, number>;
+      } else state.series.set(row.name, JSON.parse(row.data) as RequestSeries);
     }
     this.#state = state;
     return state;

@@ -1,25 +1,50 @@
 /**
- * Spend per budget period (table `spend`) and usage per day and model (table
- * `usage_daily`), loaded on first use and written behind: what budgets are checked against
- * and what `/v1/usage` reports (docs/key-account.md, "Storage").
+ * Spend per scope and UTC hour (table `spend_hours`) and over the lifetime (table `spend`),
+ * summed per budget window, and usage per day and model (table `usage_daily`), loaded on
+ * first use and written behind: what budgets are checked against and what `/v1/usage`
+ * reports (docs/key-account.md, "Storage").
  */
 import type { WriteBehind } from "../../write-behind.ts";
-import { utcDay, utcMonth } from "../../../contracts/pricing.ts";
-import type { PeriodSpend, SpendState } from "../budgets.ts";
+import {
+  type BudgetWindow,
+  LONGEST_PERIOD_HOURS,
+  hourOf,
+} from "../../../contracts/budget-periods.ts";
+import { type BudgetLine, type PeriodSpend, budgetLines } from "../budgets.ts";
 import type { UsageDelta } from "../ledger.ts";
 import { type UsageDbRow, picosColumns, storedPicos, usageRowOf } from "../schema.ts";
+import type { Budgets } from "../budget-types.ts";
 import type { UsageRow, UsageTotals } from "../usage-types.ts";
 
-// Spend rows of days and months this far back are no longer needed for any budget.
-const SPEND_RETENTION_MS = 62 * 86_400_000;
+// Spend hours this far back are no longer needed for any budget (the longest period, and
+// late settlements of its window's requests).
+const SPEND_RETENTION_HOURS = 2 * LONGEST_PERIOD_HOURS;
+
+const NOTHING: PeriodSpend = { settledPicos: 0n, reservedPicos: 0n };
+
+type SpendDbRow = {
+  settled_micros: number;
+  settled_picos: number;
+  reserved_micros: number;
+  reserved_picos: number;
+};
 
 /** The key's spend and usage rollups, memory ahead of SQLite. */
 export class SpendStore {
   readonly #sql: SqlStorage;
   readonly #writes: WriteBehind;
-  // Loaded on first use and dropped at pruning, so they stay small: spend by period
-  // ('d:YYYY-MM-DD', 'm:YYYY-MM', 'all'), usage by day and model.
-  readonly #periods = new Map<string, PeriodSpend>();
+  // Loaded on first use and dropped at pruning, so they stay small: spend by scope and UTC
+  // hour, the sums of the budget windows asked for (kept in step with every addition), the
+  // lifetime spend, usage by day and model.
+  readonly #hours = new Map<string, PeriodSpend>();
+  readonly #windows = new Map<
+    string,
+    { scope: string; window: BudgetWindow; spend: PeriodSpend }
+  >();
+  #lifetime: PeriodSpend | null = null;
+  // The hours whose settled spend changed since `takeSettledHours`: where soft limits may
+  // have been crossed.
+  readonly #settledHours = new Set<number>();
   readonly #rollups = new Map<string, UsageTotals>();
 
   constructor(sql: SqlStorage, writes: WriteBehind) {
@@ -27,38 +52,77 @@ export class SpendStore {
     this.#writes = writes;
   }
 
-  /** The spend of a UTC day, its month and the lifetime. */
-  of(day: string): SpendState {
-    return {
-      day: this.#period(`d:${day}`),
-      month: this.#period(`m:${day.slice(0, 7)}`),
-      lifetime: this.#period("all"),
-    };
+  /**
+   * The budgets in force at `at` with the spend of their windows: the key's (`scope`
+   * `key`), or an end user's (`u:<subject>`, whose budgets have no credit).
+   */
+  lines(budgets: Budgets, at: number, scope: string): BudgetLine[] {
+    return budgetLines(
+      budgets,
+      at,
+      (window) => this.#window(scope, window),
+      () => this.#lifetimeSpend(),
+    );
   }
 
-  /** Adds to the day's, its month's and the lifetime spend (negative releases). */
-  add(day: string, delta: PeriodSpend): void {
+  /**
+   * Adds to the spend of a UTC hour (negative releases): the key's and its lifetime, and the
+   * end user's when `subject` is given.
+   */
+  add(hour: number, delta: PeriodSpend, subject: string | null = null): void {
     if (delta.settledPicos === 0n && delta.reservedPicos === 0n) return;
-    for (const period of [`d:${day}`, `m:${day.slice(0, 7)}`, "all"]) {
-      const current = this.#period(period);
-      const next = {
-        settledPicos: current.settledPicos + delta.settledPicos,
-        reservedPicos: current.reservedPicos + delta.reservedPicos,
-      };
-      this.#periods.set(period, next);
-      this.#writes.set(`spend:${period}`, () =>
-        this.#sql.exec(
-          `INSERT INTO spend (period, settled_micros, settled_picos, reserved_micros,
-             reserved_picos) VALUES (?, ?, ?, ?, ?)
-           ON CONFLICT (period) DO UPDATE SET settled_micros = excluded.settled_micros,
-             settled_picos = excluded.settled_picos, reserved_micros = excluded.reserved_micros,
-             reserved_picos = excluded.reserved_picos`,
-          period,
-          ...picosColumns(next.settledPicos),
-          ...picosColumns(next.reservedPicos),
-        ),
-      );
+    if (delta.settledPicos !== 0n) this.#settledHours.add(hour);
+    this.#addHour("key", hour, delta);
+    if (subject !== null) this.#addHour(`u:${subject}`, hour, delta);
+    const lifetime = plus(this.#lifetimeSpend(), delta);
+    this.#lifetime = lifetime;
+    this.#writes.set("spend:all", () =>
+      this.#sql.exec(
+        `INSERT INTO spend (period, settled_micros, settled_picos, reserved_micros,
+           reserved_picos) VALUES ('all', ?, ?, ?, ?)
+         ON CONFLICT (period) DO UPDATE SET settled_micros = excluded.settled_micros,
+           settled_picos = excluded.settled_picos, reserved_micros = excluded.reserved_micros,
+           reserved_picos = excluded.reserved_picos`,
+        ...picosColumns(lifetime.settledPicos),
+        ...picosColumns(lifetime.reservedPicos),
+      ),
+    );
+  }
+
+  /** The lifetime spend: every settled cost and every open reservation. */
+  lifetime(): PeriodSpend {
+    return this.#lifetimeSpend();
+  }
+
+  /** The UTC hours whose settled spend changed since the last call. */
+  takeSettledHours(): number[] {
+    const hours = [...this.#settledHours];
+    this.#settledHours.clear();
+    return hours;
+  }
+
+  #addHour(scope: string, hour: number, delta: PeriodSpend): void {
+    const key = `${scope}\n${hour}`;
+    const next = plus(this.#hours.get(key) ?? this.#hourRow(scope, hour), delta);
+    this.#hours.set(key, next);
+    for (const sum of this.#windows.values()) {
+      if (sum.scope !== scope) continue;
+      if (hour < sum.window.startHour || hour >= sum.window.endHour) continue;
+      sum.spend = plus(sum.spend, delta);
     }
+    this.#writes.set(`spend:${key}`, () =>
+      this.#sql.exec(
+        `INSERT INTO spend_hours (scope, hour, settled_micros, settled_picos, reserved_micros,
+           reserved_picos) VALUES (?, ?, ?, ?, ?, ?)
+         ON CONFLICT (scope, hour) DO UPDATE SET settled_micros = excluded.settled_micros,
+           settled_picos = excluded.settled_picos, reserved_micros = excluded.reserved_micros,
+           reserved_picos = excluded.reserved_picos`,
+        scope,
+        hour,
+        ...picosColumns(next.settledPicos),
+        ...picosColumns(next.reservedPicos),
+      ),
+    );
   }
 
   /** Adds to one model's usage of a UTC day. */
@@ -110,41 +174,63 @@ export class SpendStore {
       .map(usageRowOf);
   }
 
-  /** Deletes the spend rows no budget needs any more; the caller flushed. */
+  /** Deletes the spend hours no budget needs any more; the caller flushed. */
   prune(now: number): void {
-    const old = now - SPEND_RETENTION_MS;
-    this.#sql.exec(
-      "DELETE FROM spend WHERE (period LIKE 'd:%' AND period < ?) OR (period LIKE 'm:%' AND period < ?)",
-      `d:${utcDay(old)}`,
-      `m:${utcMonth(old)}`,
-    );
+    this.#sql.exec("DELETE FROM spend_hours WHERE hour < ?", hourOf(now) - SPEND_RETENTION_HOURS);
     // Loaded again, on first use, from what is left.
-    this.#periods.clear();
+    this.#hours.clear();
+    this.#windows.clear();
+    this.#lifetime = null;
     this.#rollups.clear();
   }
 
-  // A period's spend, from SQLite the first time.
-  #period(period: string): PeriodSpend {
-    const cached = this.#periods.get(period);
-    if (cached !== undefined) return cached;
+  // A window's spend: summed from SQLite the first time (after a flush, so the sum holds
+  // every hour memory holds), then kept in step by every addition.
+  #window(scope: string, window: BudgetWindow): PeriodSpend {
+    const key = `${scope}\n${window.startHour}\n${window.endHour}`;
+    const cached = this.#windows.get(key);
+    if (cached !== undefined) return cached.spend;
+    this.#writes.flush();
     const row = this.#sql
-      .exec<{
-        settled_micros: number;
-        settled_picos: number;
-        reserved_micros: number;
-        reserved_picos: number;
-      }>(
+      .exec<SpendDbRow>(
+        `SELECT COALESCE(SUM(settled_micros), 0) AS settled_micros,
+           COALESCE(SUM(settled_picos), 0) AS settled_picos,
+           COALESCE(SUM(reserved_micros), 0) AS reserved_micros,
+           COALESCE(SUM(reserved_picos), 0) AS reserved_picos
+         FROM spend_hours WHERE scope = ? AND hour >= ? AND hour < ?`,
+        scope,
+        window.startHour,
+        window.endHour,
+      )
+      .one();
+    const spend = spendOf(row);
+    this.#windows.set(key, { scope, window, spend });
+    return spend;
+  }
+
+  // One hour's spend, from SQLite (not yet in memory).
+  #hourRow(scope: string, hour: number): PeriodSpend {
+    const row = this.#sql
+      .exec<SpendDbRow>(
         `SELECT settled_micros, settled_picos, reserved_micros, reserved_picos
-         FROM spend WHERE period = ?`,
-        period,
+         FROM spend_hours WHERE scope = ? AND hour = ?`,
+        scope,
+        hour,
       )
       .toArray()[0];
-    const spend = {
-      settledPicos: storedPicos(row?.settled_micros ?? 0, row?.settled_picos ?? 0),
-      reservedPicos: storedPicos(row?.reserved_micros ?? 0, row?.reserved_picos ?? 0),
-    };
-    this.#periods.set(period, spend);
-    return spend;
+    return row === undefined ? NOTHING : spendOf(row);
+  }
+
+  #lifetimeSpend(): PeriodSpend {
+    if (this.#lifetime !== null) return this.#lifetime;
+    const row = this.#sql
+      .exec<SpendDbRow>(
+        `SELECT settled_micros, settled_picos, reserved_micros, reserved_picos
+         FROM spend WHERE period = 'all'`,
+      )
+      .toArray()[0];
+    this.#lifetime = row === undefined ? NOTHING : spendOf(row);
+    return this.#lifetime;
   }
 
   // One model's usage of a day, from SQLite (not yet in memory).
@@ -166,4 +252,18 @@ export class SpendStore {
       costPicos: storedPicos(row?.cost_micros ?? 0, row?.cost_picos ?? 0),
     };
   }
+}
+
+function plus(a: PeriodSpend, b: PeriodSpend): PeriodSpend {
+  return {
+    settledPicos: a.settledPicos + b.settledPicos,
+    reservedPicos: a.reservedPicos + b.reservedPicos,
+  };
+}
+
+function spendOf(row: SpendDbRow): PeriodSpend {
+  return {
+    settledPicos: storedPicos(row.settled_micros, row.settled_picos),
+    reservedPicos: storedPicos(row.reserved_micros, row.reserved_picos),
+  };
 }

@@ -5,7 +5,6 @@
  * call is written before it is sent and sent again unchanged until answered.
  */
 import { logWarn } from "../../../contracts/log.ts";
-import { utcDay } from "../../../contracts/pricing.ts";
 import type { TeamAccount } from "../../team-account/index.ts";
 import type { TeamAllowance, TeamRefusal } from "../../team-account/types.ts";
 import type { AccountStore } from "../store.ts";
@@ -125,9 +124,8 @@ export class TeamLink {
   }
 
   #use(): PoolUse {
-    const spend = this.#store.spend.of(utcDay(Date.now()));
     return {
-      reservedPicos: spend.lifetime.reservedPicos,
+      reservedPicos: this.#store.spend.lifetime().reservedPicos,
       inFlight: this.#store.scopeUsage(KEY_SCOPE, null).inFlight,
     };
   }

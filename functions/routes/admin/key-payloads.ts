@@ -8,11 +8,17 @@ import { z } from "zod";
 import { MAX_KEY_TAGS, TAG_PATTERN } from "../../../contracts/tags.ts";
 import {
   KEY_TIERS,
-  type Budgets,
   type KeyRecord,
   type Limits,
 } from "../../../durable-objects/key-account/types.ts";
-import { microsToUsd, usdToMicros } from "../../../contracts/pricing.ts";
+import {
+  type BudgetStatus,
+  type Budgets,
+  type ModelLimits,
+  type PeriodBudget,
+} from "../../../durable-objects/key-account/budget-types.ts";
+import { isBudgetPeriod } from "../../../contracts/budget-periods.ts";
+import { microsToUsd, picosToUsd, usdToMicros } from "../../../contracts/pricing.ts";
 import { TEAM_ID_PATTERN } from "../../accounts/teams.ts";
 
 /** Limits of a key when the create request names none. */
@@ -33,13 +39,106 @@ export const KeyLimits = z.strictObject({
   rpm: z.int().min(1).max(1_000_000_000),
   tpm: z.int().min(1).max(1_000_000_000_000),
   concurrency: z.int().min(1).max(1_000_000),
-  /** Spending per UTC day; null removes it. */
-  budget_usd_day: Usd.nullable(),
-  /** Spending per UTC month; null removes it. */
-  budget_usd_month: Usd.nullable(),
   /** Spending over the key's lifetime; null removes it. */
   credit_usd: Usd.nullable(),
 });
+
+/** Most budgets a key (or an end user's token) has. */
+export const MAX_BUDGETS = 8;
+
+/**
+ * A budget over a period (`1h`, `1d`, `7d`, `30d`, `month`, any `<n>h` up to 744 or `<n>d`
+ * up to 31): `max_usd` refuses, `soft_usd` (below it) alerts.
+ */
+const BudgetBody = z
+  .strictObject({
+    period: z.string().refine(isBudgetPeriod, {
+      message: "Expected a period such as 1h, 1d, 7d, 30d (at most 31 days) or month.",
+    }),
+    max_usd: Usd,
+    soft_usd: Usd.nullable().optional(),
+  })
+  .refine((budget) => budget.soft_usd == null || budget.soft_usd < budget.max_usd, {
+    message: "Expected soft_usd below max_usd.",
+    path: ["soft_usd"],
+  });
+
+/** A list of budgets, each period at most once. */
+export const BudgetList = z
+  .array(BudgetBody)
+  .max(MAX_BUDGETS)
+  .refine((list) => new Set(list.map((budget) => budget.period)).size === list.length, {
+    message: "Expected each period at most once.",
+  });
+
+/** Budgets as the KeyAccount keeps them, in micro-dollars. */
+export function periodBudgetsOf(list: z.infer<typeof BudgetList>): PeriodBudget[] {
+  return list.map((budget) => ({
+    period: budget.period,
+    limitMicros: usdToMicros(budget.max_usd) ?? 0,
+    softMicros: budget.soft_usd == null ? null : usdToMicros(budget.soft_usd),
+  }));
+}
+
+/** A budget as the admin API shows it. */
+export function budgetJson(budget: PeriodBudget): Record<string, unknown> {
+  return {
+    period: budget.period,
+    max_usd: microsToUsd(budget.limitMicros),
+    soft_usd: usd(budget.softMicros),
+  };
+}
+
+/**
+ * The budgets as they stand (GET /admin/keys/{id}, the usage APIs): each window's spend,
+ * what requests in flight hold, and when it resets (unix seconds; null for the credit).
+ */
+export function budgetStatusJson(status: readonly BudgetStatus[]): Record<string, unknown>[] {
+  return status.map((one) => ({
+    period: one.budget,
+    max_usd: picosToUsd(one.limitPicos),
+    soft_usd: one.softPicos === null ? null : picosToUsd(one.softPicos),
+    spent_usd: picosToUsd(one.spentPicos),
+    reserved_usd: picosToUsd(one.reservedPicos),
+    window_start: seconds(one.startsAt),
+    resets_at: seconds(one.resetsAt),
+  }));
+}
+
+// Per-model limits within the key's: at least one of rpm and tpm; null removes one.
+const ModelLimitsBody = z
+  .record(
+    z.string().min(1).max(256),
+    z
+      .strictObject({
+        rpm: z.int().min(1).max(1_000_000_000).nullable().optional(),
+        tpm: z.int().min(1).max(1_000_000_000_000).nullable().optional(),
+      })
+      .refine((limits) => limits.rpm != null || limits.tpm != null, {
+        message: "Expected rpm, tpm or both.",
+      }),
+  )
+  .refine((value) => Object.keys(value).length <= 64, {
+    message: "Expected limits for at most 64 models.",
+  });
+
+/** Per-model limits as the KeyAccount keeps them. */
+export function modelLimitsOf(body: z.infer<typeof ModelLimitsBody>): Record<string, ModelLimits> {
+  return Object.fromEntries(
+    Object.entries(body).map(([model, limits]) => [
+      model,
+      { rpm: limits.rpm ?? null, tpm: limits.tpm ?? null },
+    ]),
+  );
+}
+
+// Where soft-budget alerts go: https (http only for a loopback address, for local runs).
+const WebhookUrl = z
+  .url({ protocol: /^https?$/ })
+  .max(2_048)
+  .refine((url) => url.startsWith("https:") || isLoopback(url), {
+    message: "Expected an https URL (http only for localhost).",
+  });
 
 type KeyLimitsBody = Partial<z.infer<typeof KeyLimits>>;
 
@@ -61,13 +160,14 @@ export function usd(amount: number | null): number | null {
   return amount === null ? null : microsToUsd(amount);
 }
 
-export function budgetsOf(limits: KeyLimitsBody): Partial<Budgets> {
+/** The budgets a create or update body changes: its period list, its credit. */
+export function budgetsOf(
+  limits: KeyLimitsBody | undefined,
+  budgets: z.infer<typeof BudgetList> | undefined,
+): Partial<Budgets> {
   return {
-    ...(limits.budget_usd_day === undefined ? {} : { dayMicros: micros(limits.budget_usd_day) }),
-    ...(limits.budget_usd_month === undefined
-      ? {}
-      : { monthMicros: micros(limits.budget_usd_month) }),
-    ...(limits.credit_usd === undefined ? {} : { creditMicros: micros(limits.credit_usd) }),
+    ...(budgets === undefined ? {} : { periods: periodBudgetsOf(budgets) }),
+    ...(limits?.credit_usd === undefined ? {} : { creditMicros: micros(limits.credit_usd) }),
   };
 }
 
@@ -108,6 +208,9 @@ const KeyFields = {
   metadata: Metadata,
   /** The team the key belongs to (it must exist), or null for none. */
   team_id: z.string().regex(TEAM_ID_PATTERN, { message: "Expected a team id." }).nullable(),
+  budgets: BudgetList,
+  model_limits: ModelLimitsBody,
+  alert_webhook_url: WebhookUrl.nullable(),
 };
 
 /** `blocked` is changed with `PATCH` (or the block and unblock routes), not set at creation. */
@@ -132,12 +235,10 @@ export function keyJson(record: KeyRecord): Record<string, unknown> {
     object: "api_key",
     name: record.name,
     status: record.status,
-    limits: {
-      ...record.limits,
-      budget_usd_day: usd(budgets.dayMicros),
-      budget_usd_month: usd(budgets.monthMicros),
-      credit_usd: usd(budgets.creditMicros),
-    },
+    limits: { ...record.limits, credit_usd: usd(budgets.creditMicros) },
+    budgets: budgets.periods.map(budgetJson),
+    model_limits: record.modelLimits,
+    alert_webhook_url: record.alertWebhookUrl,
     allowed_origins: record.allowedOrigins,
     models: record.models,
     tier: record.tier,
@@ -161,6 +262,11 @@ function isOrigin(value: string): boolean {
   } catch {
     return false;
   }
+}
+
+function isLoopback(value: string): boolean {
+  const host = new URL(value).hostname;
+  return host === "localhost" || host === "127.0.0.1" || host === "[::1]";
 }
 
 /** Epoch ms in unix seconds (null stays null). */

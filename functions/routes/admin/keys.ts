@@ -8,7 +8,6 @@
 
 import type { AppEnv } from "../../app-env.ts";
 import { Hono } from "hono";
-import { NO_BUDGETS } from "../../../durable-objects/key-account/types.ts";
 import { ApiError, notFound } from "../../../contracts/errors.ts";
 import { readJsonBody } from "../../request/json-body.ts";
 import { checkKeyModels } from "../../accounts/key-models.ts";
@@ -20,8 +19,10 @@ import {
   DEFAULT_ROTATION_GRACE_SECONDS,
   RotateKeyRequest,
   UpdateKeyRequest,
+  budgetStatusJson,
   budgetsOf,
   keyJson,
+  modelLimitsOf,
   rateLimitsOf,
 } from "./key-payloads.ts";
 import { KEY_ID_PATTERN, mintApiKey, newKeyId } from "../../accounts/keys.ts";
@@ -39,6 +40,7 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     const body = await readJsonBody(c.req.raw, CreateKeyRequest);
     if (body.models) checkKeyModels(c.env.WARMGATE_CONFIG, body.models);
     await checkTeam(c.env, body.team_id);
+    if (body.model_limits) checkModelLimits(c.env.WARMGATE_CONFIG, body.model_limits);
     const now = Date.now();
     const id = newKeyId();
     const { key, secretHash } = await mintApiKey(c.env, id);
@@ -47,7 +49,9 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
       name: body.name,
       secretHash,
       limits: { ...DEFAULT_KEY_LIMITS, ...rateLimitsOf(body.limits ?? {}) },
-      budgets: { ...NO_BUDGETS, ...budgetsOf(body.limits ?? {}) },
+      budgets: { periods: [], creditMicros: null, ...budgetsOf(body.limits, body.budgets) },
+      modelLimits: modelLimitsOf(body.model_limits ?? {}),
+      alertWebhookUrl: body.alert_webhook_url ?? null,
       allowedOrigins: body.allowed_origins ?? [],
       models: body.models ?? null,
       tier: body.tier ?? "standard",
@@ -83,9 +87,10 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
   .get("/keys/:id", async (c) => {
     const id = c.req.param("id");
     if (!(await known(c.env, id))) throw noSuchKey(id);
-    const record = await keyAccount(c.env, id).get();
+    const account = keyAccount(c.env, id);
+    const [record, status] = await Promise.all([account.get(), account.budgetStatus()]);
     if (record === null) throw noSuchKey(id);
-    return c.json(keyJson(record));
+    return c.json({ ...keyJson(record), budget_status: budgetStatusJson(status) });
   })
   .patch("/keys/:id", async (c) => {
     const id = c.req.param("id");
@@ -94,12 +99,16 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     const { name, limits, allowed_origins, models, tier, expires_at, blocked, metadata } = body;
     if (models) checkKeyModels(c.env.WARMGATE_CONFIG, models);
     await checkTeam(c.env, body.team_id);
+    if (body.model_limits) checkModelLimits(c.env.WARMGATE_CONFIG, body.model_limits);
     if (blocked !== undefined) await refuseIfRevoked(c.env, id);
     const override = body.allow_region_override;
     const record = await keyAccount(c.env, id).update({
       now: Date.now(),
       ...(name === undefined ? {} : { name }),
-      ...(limits === undefined ? {} : { limits: rateLimitsOf(limits), budgets: budgetsOf(limits) }),
+      ...(limits === undefined ? {} : { limits: rateLimitsOf(limits) }),
+      budgets: budgetsOf(limits, body.budgets),
+      ...(body.model_limits === undefined ? {} : { modelLimits: modelLimitsOf(body.model_limits) }),
+      ...(body.alert_webhook_url === undefined ? {} : { alertWebhookUrl: body.alert_webhook_url }),
       ...(allowed_origins === undefined ? {} : { allowedOrigins: allowed_origins }),
       ...(models === undefined ? {} : { models }),
       ...(tier === undefined ? {} : { tier }),
@@ -179,6 +188,12 @@ function keyRevoked(what: string): ApiError {
     code: "key_revoked",
     param: "id",
   });
+}
+
+// Per-model limits name models the gateway serves, as a key's allowlist does.
+function checkModelLimits(configText: string | undefined, limits: Record<string, unknown>): void {
+  const names = Object.keys(limits);
+  checkKeyModels(configText, names, (i) => `model_limits.${names[i] ?? ""}`);
 }
 
 function target(id: string): { type: string; id: string } {

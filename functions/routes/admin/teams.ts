@@ -5,11 +5,9 @@
 
 import { Hono } from "hono";
 import { z } from "zod";
-import { NO_BUDGETS } from "../../../durable-objects/key-account/types.ts";
 import type { TeamRecord, TeamView } from "../../../durable-objects/team-account/types.ts";
 import { MAX_KEY_TAGS } from "../../../contracts/tags.ts";
 import { ApiError } from "../../../contracts/errors.ts";
-import { picosToUsd } from "../../../contracts/pricing.ts";
 import { readJsonBody } from "../../request/json-body.ts";
 import { checkKeyModels } from "../../accounts/key-models.ts";
 import { keyDirectory } from "../../accounts/account-client.ts";
@@ -22,7 +20,18 @@ import {
   teamNotEmpty,
 } from "../../accounts/teams.ts";
 import { adminAuth } from "../../middleware/admin-auth.ts";
-import { KeyLimits, Metadata, Tag, budgetsOf, rateLimitsOf, seconds, usd } from "./key-payloads.ts";
+import {
+  BudgetList,
+  KeyLimits,
+  Metadata,
+  Tag,
+  budgetJson,
+  budgetStatusJson,
+  budgetsOf,
+  rateLimitsOf,
+  seconds,
+  usd,
+} from "./key-payloads.ts";
 
 /** Limits of a team when the create request names none: none that a key would meet first. */
 export const DEFAULT_TEAM_LIMITS = {
@@ -34,6 +43,8 @@ export const DEFAULT_TEAM_LIMITS = {
 const TeamFields = {
   name: z.string().trim().min(1).max(200),
   limits: KeyLimits.partial(),
+  /** Budgets over periods, as a key's: `[{period, max_usd, soft_usd}]`. */
+  budgets: BudgetList,
   models: z.array(z.string().min(1).max(256)).max(1_000).nullable(),
   tags: z.array(Tag).max(MAX_KEY_TAGS),
   metadata: Metadata,
@@ -56,7 +67,7 @@ export const adminTeams = new Hono<{ Bindings: Env }>()
       id,
       name: body.name,
       limits: { ...DEFAULT_TEAM_LIMITS, ...rateLimitsOf(body.limits ?? {}) },
-      budgets: { ...NO_BUDGETS, ...budgetsOf(body.limits ?? {}) },
+      budgets: { periods: [], creditMicros: null, ...budgetsOf(body.limits, body.budgets) },
       models: body.models ?? null,
       tags: [...new Set(body.tags ?? [])],
       metadata: body.metadata ?? {},
@@ -99,11 +110,12 @@ export const adminTeams = new Hono<{ Bindings: Env }>()
     if (!(await teamKnown(c.env, id))) throw noSuchTeam(id);
     const body = await readJsonBody(c.req.raw, UpdateTeamRequest);
     if (body.models) checkKeyModels(c.env.WARMGATE_CONFIG, body.models);
-    const { name, limits, models, tags, metadata } = body;
+    const { name, limits, budgets, models, tags, metadata } = body;
     const record = await teamAccount(c.env, id).update({
       now: Date.now(),
       ...(name === undefined ? {} : { name }),
-      ...(limits === undefined ? {} : { limits: rateLimitsOf(limits), budgets: budgetsOf(limits) }),
+      ...(limits === undefined ? {} : { limits: rateLimitsOf(limits) }),
+      budgets: budgetsOf(limits, budgets),
       ...(models === undefined ? {} : { models }),
       ...(tags === undefined ? {} : { tags: [...new Set(tags)] }),
       ...(metadata === undefined ? {} : { metadata }),
@@ -134,19 +146,15 @@ function target(id: string): { type: string; id: string } {
   return { type: "team", id };
 }
 
-/** A team as the admin API shows it; with its spend per budget period when `view` is given. */
+/** A team as the admin API shows it; with each budget's spend and reset when `view` is given. */
 function teamJson(record: TeamRecord, view?: TeamView): Record<string, unknown> {
   const { budgets } = record;
   return {
     id: record.id,
     object: "team",
     name: record.name,
-    limits: {
-      ...record.limits,
-      budget_usd_day: usd(budgets.dayMicros),
-      budget_usd_month: usd(budgets.monthMicros),
-      credit_usd: usd(budgets.creditMicros),
-    },
+    limits: { ...record.limits, credit_usd: usd(budgets.creditMicros) },
+    budgets: budgets.periods.map(budgetJson),
     models: record.models,
     tags: record.tags,
     metadata: record.metadata,
@@ -154,13 +162,7 @@ function teamJson(record: TeamRecord, view?: TeamView): Record<string, unknown> 
     updated_at: seconds(record.updatedAt),
     ...(view !== undefined && {
       concurrency_held: view.slotsHeld,
-      spend: view.spend.map((period) => ({
-        period: period.period,
-        spent_usd: picosToUsd(period.settledPicos),
-        reserved_usd: picosToUsd(period.reservedPicos),
-        budget_usd: usd(period.budgetMicros),
-        resets_at: seconds(period.resetsAt),
-      })),
+      budget_status: budgetStatusJson(view.budgets),
     }),
   };
 }

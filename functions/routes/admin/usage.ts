@@ -18,6 +18,8 @@ import { adminAuth } from "../../middleware/admin-auth.ts";
 import { noSuchKey } from "./keys.ts";
 import { teamKnown } from "./teams.ts";
 import { noSuchTeam } from "../../accounts/teams.ts";
+import { budgetStatusJson } from "./key-payloads.ts";
+import type { BudgetStatus } from "../../../durable-objects/key-account/budget-types.ts";
 import {
   type UsageRange,
   onlyParams,
@@ -31,7 +33,13 @@ import {
 /** Key accounts asked at once by `GET /admin/usage`. */
 export const USAGE_FAN_OUT = 32;
 
-type KeyUsage = { id: string; name: string; rows: UsageRow[]; tags: TagUsageRow[] };
+type KeyUsage = {
+  id: string;
+  name: string;
+  rows: UsageRow[];
+  tags: TagUsageRow[];
+  budgets: BudgetStatus[];
+};
 
 /** `/admin/usage` and `/admin/usage/tags`, mounted at `/admin/usage`. */
 export const adminUsage = new Hono<{ Bindings: Env }>()
@@ -59,9 +67,15 @@ export const adminUsage = new Hono<{ Bindings: Env }>()
       user: user ?? null,
       tag: tag ?? null,
       team_id: teamId ?? null,
+      // Each key with requests in the range, or with budgets (their windows and resets).
       keys: perKey
-        .map((key) => ({ key_id: key.id, name: key.name, ...totalsJson(sumUsage(key.rows)) }))
-        .filter((key) => key.requests > 0),
+        .map((key) => ({
+          key_id: key.id,
+          name: key.name,
+          ...totalsJson(sumUsage(key.rows)),
+          budgets: budgetStatusJson(key.budgets),
+        }))
+        .filter((key) => key.requests > 0 || key.budgets.length > 0),
     });
   })
   .get("/tags", async (c) => {
@@ -114,7 +128,12 @@ async function askKeys(
     answers.forEach((answer, j) => {
       const key = batch[j];
       if (answer.ok && key !== undefined) {
-        perKey.push({ ...key, rows: answer.rows, tags: answer.tags ?? [] });
+        perKey.push({
+          ...key,
+          rows: answer.rows,
+          tags: answer.tags ?? [],
+          budgets: answer.budgets,
+        });
       }
     });
   }

@@ -6,6 +6,9 @@ import { batchingPlan } from "../../../contracts/config/plans.ts";
 import { createKey } from "../../support/admin-keys.workers.ts";
 import { EDGE, chatBody } from "../../support/edge-requests.ts";
 import { sendWith } from "../../support/test-origins.workers.ts";
+import { BatchStore } from "../../../durable-objects/batch-run/store.ts";
+import type { BatchState } from "../../../durable-objects/batch-run/lifecycle.ts";
+import type { BatchCreateInput, BatchRunPlan } from "../../../durable-objects/batch-run/types.ts";
 
 const CONFIG = inject("warmgateConfig");
 
@@ -62,6 +65,34 @@ async function settled(key: string, id: string): Promise<Batch> {
 }
 
 describe("a BatchRun", () => {
+  it("starts the lines that share a prefix together, whatever their order in the file", async () => {
+    const stub = env.BATCH_RUN.getByName("batch_00000000000prefixes1");
+    const started = await runInDurableObject(stub, (_instance, state) => {
+      const store = new BatchStore(state.storage);
+      const prefixes = [7, 9, 7, null, 9, 7];
+      const lines = prefixes.map((prefix, i) => ({
+        customId: `c${i}`,
+        prefix,
+        offset: 0,
+        bytes: 1,
+        promptTokens: 1,
+        maxTokens: 1,
+        reservePicos: 1n,
+      }));
+      const run = { batchers: ["unused"] } as unknown as BatchRunPlan;
+      const batch = { id: "batch_00000000000prefixes1" } as BatchState;
+      store.create({ id: batch.id, owner: "k", lines, run } as BatchCreateInput, batch);
+      return [store.startLines(4, 0), store.startLines(4, 0)].map((sent) =>
+        sent.map((line) => line.idx),
+      );
+    });
+    // Lines 0, 2 and 5 share one prefix, 1 and 4 another; 3 has none.
+    expect(started).toEqual([
+      [3, 0, 2, 5],
+      [1, 4],
+    ]);
+  });
+
   it("survives a restart mid-way: lines that were running go again, each answered and billed once", async () => {
     const { key } = await createKey({ name: "restart-batch" });
     // About 20 ms a token: lines still run when the object restarts.
@@ -125,6 +156,7 @@ describe("a BatchRun", () => {
       },
       lines: ["x", "y"].map((customId) => ({
         customId,
+        prefix: null,
         offset: 0,
         bytes: 1,
         promptTokens: 1,

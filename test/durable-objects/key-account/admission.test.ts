@@ -7,11 +7,13 @@ import {
   type KeyPolicy,
   type ScopeUsage,
 } from "../../../durable-objects/key-account/admission.ts";
-import { NO_BUDGETS } from "../../../durable-objects/key-account/types.ts";
+import { type Budgets, NO_BUDGETS } from "../../../durable-objects/key-account/budget-types.ts";
 import {
   CONCURRENCY_RETRY_MS,
-  type SpendState,
+  type BudgetLine,
+  type PeriodSpend,
   billingCap,
+  budgetLines,
 } from "../../../durable-objects/key-account/budgets.ts";
 
 const key: KeyPolicy = {
@@ -20,14 +22,9 @@ const key: KeyPolicy = {
   models: null,
   allowedOrigins: ["https://app.example"],
   limits: { rpm: 10, tpm: 1_000, concurrency: 2 },
-  budgets: NO_BUDGETS,
+  modelLimits: {},
 };
 const idle: ScopeUsage = { requests: null, tokens: null, inFlight: 0 };
-const nothingSpent: SpendState = {
-  day: { settledPicos: 0n, reservedPicos: 0n },
-  month: { settledPicos: 0n, reservedPicos: 0n },
-  lifetime: { settledPicos: 0n, reservedPicos: 0n },
-};
 // Whole micro-dollars (what budgets are set in) as pico-dollars (what amounts are).
 const micros = (n: number) => BigInt(n) * 1_000_000n;
 
@@ -55,7 +52,7 @@ function input(overrides: Partial<AdmissionInput> = {}): AdmissionInput {
     key,
     endUser: null,
     usage: { key: idle, endUser: null },
-    spend: nothingSpent,
+    budgets: { key: [], endUser: [] },
     request: single(),
     ...overrides,
   };
@@ -202,23 +199,34 @@ describe("alias candidates", () => {
   });
 });
 
-// Spend in every period, in pico-dollars.
-const spent = (day: bigint, reserved = 0n): SpendState => ({
-  day: { settledPicos: day, reservedPicos: reserved },
-  month: { settledPicos: day, reservedPicos: reserved },
-  lifetime: { settledPicos: day, reservedPicos: reserved },
+// The same spend in every budget's window, in pico-dollars.
+const spent = (settled: bigint, reserved = 0n): PeriodSpend => ({
+  settledPicos: settled,
+  reservedPicos: reserved,
 });
-const budgeted = (budgets: Partial<KeyPolicy["budgets"]>): KeyPolicy => ({
-  ...key,
-  budgets: { ...NO_BUDGETS, ...budgets },
+/** The key's budgets at `now` with `spend` in each window. */
+function lines(budgets: Partial<Budgets>, spend: PeriodSpend, now = 0): BudgetLine[] {
+  const all = { ...NO_BUDGETS, ...budgets };
+  return budgetLines(
+    all,
+    now,
+    () => spend,
+    () => spend,
+  );
+}
+const period = (name: string, limitMicros: number) => ({
+  period: name,
+  limitMicros,
+  softMicros: null,
 });
+const day = (limitMicros: number): Partial<Budgets> => ({ periods: [period("1d", limitMicros)] });
+const keyBudgets = (forKey: BudgetLine[]) => ({ key: forKey, endUser: [] });
 
 describe("budgets", () => {
   it("admits a request whose worst case fits exactly, and reserves it", () => {
     const result = decideAdmission(
       input({
-        key: budgeted({ dayMicros: 1_000 }),
-        spend: spent(micros(600), micros(100)),
+        budgets: keyBudgets(lines(day(1_000), spent(micros(600), micros(100)))),
         request: single({ picos: micros(300) }),
       }),
     );
@@ -228,15 +236,14 @@ describe("budgets", () => {
   it("refuses one pico-dollar over with insufficient_quota and takes nothing", () => {
     const { decision, state } = decideAdmission(
       input({
-        key: budgeted({ dayMicros: 1_000 }),
-        spend: spent(micros(600) - 7n, micros(100) + 3n),
+        budgets: keyBudgets(lines(day(1_000), spent(micros(600) - 7n, micros(100) + 3n))),
         request: single({ picos: micros(300) + 5n }),
       }),
     );
     expect(decision).toMatchObject({
       ok: false,
       code: "insufficient_quota",
-      budget: "day",
+      budget: "1d",
       limitPicos: micros(1_000),
       spentPicos: micros(600) - 7n,
       reservedPicos: micros(100) + 3n,
@@ -248,39 +255,63 @@ describe("budgets", () => {
   it("says a retry may help soon when only open reservations are in the way", () => {
     const { decision } = decideAdmission(
       input({
-        key: budgeted({ dayMicros: 1_000 }),
-        spend: spent(micros(600), micros(300)),
+        budgets: keyBudgets(lines(day(1_000), spent(micros(600), micros(300)))),
         request: single({ picos: micros(300) }),
       }),
     );
-    expect(decision).toMatchObject({ budget: "day", retryAfterMs: CONCURRENCY_RETRY_MS });
+    expect(decision).toMatchObject({ budget: "1d", retryAfterMs: CONCURRENCY_RETRY_MS });
   });
 
-  it("says when the next period starts for a spent day or month, and never for a spent credit", () => {
-    const now = Date.UTC(2026, 10, 3, 23, 0, 0);
+  it("says when the window ends for a spent period, and never for a spent credit", () => {
+    const now = Date.UTC(2026, 10, 3, 23, 20, 0);
     const request = { ...single({ picos: micros(10) }), now };
-    const day = decideAdmission(
-      input({ key: budgeted({ dayMicros: 5 }), spend: spent(0n), request }),
-    );
-    expect(day.decision).toMatchObject({ budget: "day", retryAfterMs: 3_600_000 });
-    const month = decideAdmission(
-      input({ key: budgeted({ monthMicros: 5 }), spend: spent(0n), request }),
-    );
-    expect(month.decision).toMatchObject({
+    const refusal = (budgets: Partial<Budgets>) =>
+      decideAdmission(input({ budgets: keyBudgets(lines(budgets, spent(0n), now)), request }))
+        .decision;
+    expect(refusal(day(5))).toMatchObject({
+      budget: "1d",
+      retryAfterMs: 40 * 60_000,
+      resetsAt: Date.UTC(2026, 10, 4),
+    });
+    expect(refusal({ periods: [period("1h", 5)] })).toMatchObject({
+      budget: "1h",
+      retryAfterMs: 40 * 60_000,
+    });
+    // Seven-day windows are aligned to the epoch: they start on Thursdays, 00:00 UTC.
+    expect(refusal({ periods: [period("7d", 5)] })).toMatchObject({
+      budget: "7d",
+      resetsAt: Date.UTC(2026, 10, 5),
+    });
+    expect(refusal({ periods: [period("month", 5)] })).toMatchObject({
       budget: "month",
       retryAfterMs: Date.UTC(2026, 11, 1) - now,
     });
-    const credit = decideAdmission(
-      input({ key: budgeted({ creditMicros: 5, dayMicros: 5 }), spend: spent(0n), request }),
+    // Of several spent budgets, the one in the way longest is named.
+    expect(refusal({ periods: [period("1h", 5), period("30d", 5)] })).toMatchObject({
+      budget: "30d",
+    });
+    expect(refusal({ creditMicros: 5, ...day(5) })).toMatchObject({
+      budget: "credit",
+      retryAfterMs: null,
+      resetsAt: null,
+    });
+  });
+
+  it("refuses for the end user's budget when the key's has room", () => {
+    const { decision } = decideAdmission(
+      input({
+        budgets: { key: lines(day(1_000), spent(0n)), endUser: lines(day(5), spent(0n)) },
+        request: single({ picos: micros(10) }),
+      }),
     );
-    expect(credit.decision).toMatchObject({ budget: "credit", retryAfterMs: null });
+    expect(decision).toMatchObject({ code: "insufficient_quota", scope: "end_user", budget: "1d" });
   });
 
   it("checks rate limits before budgets", () => {
     const busy = { ...idle, inFlight: 2 };
     const { decision } = decideAdmission(
       input({
-        key: budgeted({ dayMicros: 0 }),
+        budgets: keyBudgets(lines(day(0), spent(0n))),
         usage: { key: busy, endUser: null },
         request: single({ picos: 1n }),
       }),
@@ -289,18 +320,51 @@ describe("budgets", () => {
   });
 });
 
+describe("per-model limits", () => {
+  const limited: KeyPolicy = { ...key, modelLimits: { m: { rpm: 2, tpm: null } } };
+
+  it("takes a request from its model's bucket, and refuses one the model has no room for", () => {
+    const first = decideAdmission(input({ key: limited }));
+    expect(first.decision.ok).toBe(true);
+    expect(first.state.models["m"]?.requests?.level).toBe(1);
+    expect(first.state.models["m"]?.tokens).toBeNull();
+    const empty = { requests: { level: 0, updatedAt: 0 }, tokens: null };
+    const { decision, state } = decideAdmission(
+      input({ key: limited, usage: { key: idle, endUser: null, models: { m: empty } } }),
+    );
+    expect(decision).toMatchObject({
+      ok: false,
+      code: "rate_limit_exceeded",
+      scope: "model",
+      model: "m",
+      limit: "requests",
+      limitValue: 2,
+      retryAfterMs: 30_000,
+    });
+    // Nothing is taken from the key when the model refuses.
+    expect(state.key.requests.level).toBe(10);
+  });
+
+  it("leaves other models to the key's limits alone", () => {
+    const other = { ...single(), candidates: [{ model: "n", maxTokens: 90, worstCasePicos: 0n }] };
+    const { decision, state } = decideAdmission(input({ key: limited, request: other }));
+    expect(decision.ok).toBe(true);
+    expect(state.models).toEqual({});
+  });
+});
+
 describe("billingCap", () => {
   it("allows the reservation plus the tightest budget's room, and no cap without budgets", () => {
     // Day: 1000 − 300 settled − 200 reserved (this request's 100 among them) = 500 left.
     const spend = spent(micros(300), micros(200));
-    expect(billingCap({ ...NO_BUDGETS, dayMicros: 1_000 }, spend, micros(100))).toBe(micros(600));
-    expect(
-      billingCap({ ...NO_BUDGETS, dayMicros: 1_000, creditMicros: 600 }, spend, micros(100)),
-    ).toBe(micros(200));
-    expect(billingCap({ ...NO_BUDGETS, creditMicros: 100 }, spend, micros(100))).toBe(micros(100));
-    expect(billingCap(NO_BUDGETS, spend, micros(100))).toBeNull();
+    expect(billingCap(lines(day(1_000), spend), micros(100))).toBe(micros(600));
+    expect(billingCap(lines({ ...day(1_000), creditMicros: 600 }, spend), micros(100))).toBe(
+      micros(200),
+    );
+    expect(billingCap(lines({ creditMicros: 100 }, spend), micros(100))).toBe(micros(100));
+    expect(billingCap(lines({}, spend), micros(100))).toBeNull();
     // Room below a micro-dollar counts to the pico-dollar.
-    expect(billingCap({ ...NO_BUDGETS, creditMicros: 1 }, spent(300_001n), 0n)).toBe(699_999n);
+    expect(billingCap(lines({ creditMicros: 1 }, spent(300_001n)), 0n)).toBe(699_999n);
   });
 });
 

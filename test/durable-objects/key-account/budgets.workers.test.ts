@@ -3,7 +3,15 @@ import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
 import { RESERVATION_LEASE_MS } from "../../../durable-objects/key-account/types.ts";
-import { micros, PRICE, PRICIER, budgetedKey, spend } from "../../support/key-accounts.workers.ts";
+import { hourOf } from "../../../contracts/budget-periods.ts";
+import {
+  micros,
+  PRICE,
+  PRICIER,
+  budgetedKey,
+  periods,
+  spend,
+} from "../../support/key-accounts.workers.ts";
 
 describe("KeyAccount costs and budgets", () => {
   it("reserves the worst-case cost and settles the exact cost, cached tokens at the cached price", async () => {
@@ -18,8 +26,11 @@ describe("KeyAccount costs and budgets", () => {
     });
     expect(await spend(stub, "all")).toEqual({ settled: micros(420), reserved: 0n });
     const day = new Date().toISOString().slice(0, 10);
-    expect(await spend(stub, `d:${day}`)).toEqual({ settled: micros(420), reserved: 0n });
-    expect(await stub.usage({ from: day, to: day })).toEqual({
+    expect(await spend(stub, `h:${hourOf(Date.now())}`)).toEqual({
+      settled: micros(420),
+      reserved: 0n,
+    });
+    expect(await stub.usage({ from: day, to: day })).toMatchObject({
       ok: true,
       rows: [
         {
@@ -45,12 +56,12 @@ describe("KeyAccount costs and budgets", () => {
   });
 
   it("refuses with insufficient_quota when the reservation would overdraw the day's budget", async () => {
-    const { admitPriced } = await budgetedKey({ dayMicros: 1_000 });
+    const { admitPriced } = await budgetedKey(periods(["1d", 1_000]));
     expect((await admitPriced("r1")).ok).toBe(true);
     expect(await admitPriced("r2")).toMatchObject({
       ok: false,
       code: "insufficient_quota",
-      budget: "day",
+      budget: "1d",
       limitPicos: micros(1_000),
       reservedPicos: micros(750),
       requestedPicos: micros(750),
@@ -128,7 +139,7 @@ describe("KeyAccount costs and budgets", () => {
   });
 
   it("bills nothing without usage and releases the whole reservation", async () => {
-    const { admitPriced, stub } = await budgetedKey({ dayMicros: 750 });
+    const { admitPriced, stub } = await budgetedKey(periods(["1d", 750]));
     expect((await admitPriced("r1")).ok).toBe(true);
     expect(await stub.settle({ requestId: "r1", outcome: "error" })).toMatchObject({
       costPicos: 0n,

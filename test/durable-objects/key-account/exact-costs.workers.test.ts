@@ -1,7 +1,7 @@
 import { evictDurableObject, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import type { Budgets } from "../../../durable-objects/key-account/types.ts";
+import type { Budgets } from "../../../durable-objects/key-account/budget-types.ts";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
 import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
 
@@ -22,7 +22,7 @@ async function newAccount(budgets: Partial<Budgets> = {}) {
     name: "exact",
     secretHash,
     limits: { rpm: 100_000, tpm: 100_000_000, concurrency: 100 },
-    budgets: { dayMicros: null, monthMicros: null, creditMicros: null, ...budgets },
+    budgets: { periods: [], creditMicros: null, ...budgets },
     allowedOrigins: [],
     models: null,
     tier: "standard",
@@ -61,14 +61,18 @@ describe("KeyAccount amounts below a micro-dollar", () => {
     expect(await again.record({ requestId: "r0" })).toMatchObject({
       record: { state: "settled", costPicos: 200_000n, reservedPicos: 680_000n },
     });
-    const spend = await runInDurableObject(again, (_instance: KeyAccount, state) =>
-      state.storage.sql
-        .exec("SELECT settled_micros, settled_picos, reserved_micros, reserved_picos FROM spend")
-        .toArray(),
-    );
-    // Every period: $0.00002 settled, nothing left reserved.
+    const spend = await runInDurableObject(again, (_instance: KeyAccount, state) => {
+      const columns =
+        "SUM(settled_micros) AS settled_micros, SUM(settled_picos) AS settled_picos, SUM(reserved_micros) AS reserved_micros, SUM(reserved_picos) AS reserved_picos";
+      const sql = state.storage.sql;
+      return [
+        ...sql.exec(`SELECT ${columns} FROM spend`).toArray(),
+        ...sql.exec(`SELECT ${columns} FROM spend_hours`).toArray(),
+      ];
+    });
+    // The lifetime and the hours: $0.00002 settled, nothing left reserved.
     expect(spend).toEqual(
-      Array.from({ length: 3 }, () => ({
+      Array.from({ length: 2 }, () => ({
         settled_micros: 20,
         settled_picos: 0,
         reserved_micros: 0,
@@ -162,6 +166,15 @@ describe("KeyAccount schema migration to pico-dollars", () => {
         sql.exec(`ALTER TABLE ledger DROP COLUMN ${column}`);
       }
       sql.exec("ALTER TABLE ledger DROP COLUMN cache_hit");
+      // Budgets over any period.
+      sql.exec("DROP TABLE spend_hours");
+      sql.exec("DROP TABLE budget_alerts");
+      for (const column of ["budgets", "model_limits", "alert_webhook_url"]) {
+        sql.exec(`ALTER TABLE key_record DROP COLUMN ${column}`);
+      }
+      sql.exec("ALTER TABLE key_record ADD COLUMN budget_day_micros INTEGER");
+      sql.exec("ALTER TABLE key_record ADD COLUMN budget_month_micros INTEGER");
+      sql.exec("ALTER TABLE ledger DROP COLUMN hour");
     });
     await evictDurableObject(stub);
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));

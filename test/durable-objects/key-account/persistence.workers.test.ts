@@ -2,8 +2,13 @@ import { evictDurableObject, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
-import { KEY_ACCOUNT_MIGRATIONS } from "../../../durable-objects/key-account/schema.ts";
-import { newKey, openReservations } from "../../support/key-accounts.workers.ts";
+import { KEY_ACCOUNT_MIGRATIONS } from "../../../durable-objects/key-account/migrations.ts";
+import {
+  budgetedKey,
+  micros,
+  newKey,
+  openReservations,
+} from "../../support/key-accounts.workers.ts";
 
 describe("KeyAccount persistence", () => {
   it("keeps its record, reservations and revocation across eviction once its writes are committed", async () => {
@@ -37,6 +42,8 @@ describe("KeyAccount schema migration", () => {
         "ledger",
         "usage_daily",
         "spend",
+        "spend_hours",
+        "budget_alerts",
         "metrics",
         "leases",
         "batch_holds",
@@ -76,7 +83,7 @@ describe("KeyAccount schema migration", () => {
     const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
     expect(await again.get()).toMatchObject({
       name: "old",
-      budgets: { dayMicros: null, monthMicros: null, creditMicros: null },
+      budgets: { periods: [], creditMicros: null },
     });
     expect(await again.usage({ from: "2026-01-15", to: "2026-01-15" })).toMatchObject({
       rows: [
@@ -87,5 +94,98 @@ describe("KeyAccount schema migration", () => {
       record: { state: "open", day: "2026-01-15" },
     });
     expect((await again.settle({ requestId: "running", outcome: "ok" })).settled).toBe(true);
+  });
+});
+
+// The migrations that added budgets over any period, then teams (versions count from 1).
+const BUDGETS_VERSION =
+  KEY_ACCOUNT_MIGRATIONS.findIndex((step) => step.includes("CREATE TABLE spend_hours")) + 1;
+const TEAMS_VERSION =
+  KEY_ACCOUNT_MIGRATIONS.findIndex((step) => step.includes("CREATE TABLE team_pool")) + 1;
+
+// Back to the schema before teams.
+function undoTeams(sql: SqlStorage): void {
+  sql.exec("DROP TABLE team_pool");
+  sql.exec("ALTER TABLE key_record DROP COLUMN team_id");
+  sql.exec("ALTER TABLE ledger DROP COLUMN team_id");
+}
+
+describe("KeyAccount migration to teams", () => {
+  it("comes after the budgets migration, and a key and its rows start in no team", async () => {
+    expect(BUDGETS_VERSION).toBeGreaterThan(1);
+    expect(TEAMS_VERSION).toBe(KEY_ACCOUNT_MIGRATIONS.length);
+    expect(TEAMS_VERSION).toBeGreaterThan(BUDGETS_VERSION);
+    const account = await budgetedKey({});
+    const { stub, id } = account;
+    expect((await account.admitPriced("before")).ok).toBe(true);
+    await runInDurableObject(stub, (instance: KeyAccount, state) => {
+      instance.flush();
+      const sql = state.storage.sql;
+      sql.exec("DELETE FROM schema_migrations WHERE version >= ?", TEAMS_VERSION);
+      undoTeams(sql);
+    });
+    await evictDurableObject(stub);
+    const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+    expect(await again.get()).toMatchObject({ teamId: null });
+    expect(await again.record({ requestId: "before" })).toMatchObject({
+      record: { state: "open", teamId: null },
+    });
+    expect((await again.settle({ requestId: "before", outcome: "ok" })).settled).toBe(true);
+  });
+});
+
+describe("KeyAccount migration to budgets over any period", () => {
+  it("turns a day budget into a 1d one and keeps each day's spend, exact for every window of days", async () => {
+    const account = await budgetedKey({});
+    const { stub, id } = account;
+    const usage = { prompt_tokens: 1_000, cached_tokens: 400, completion_tokens: 500 };
+    expect((await account.admitPriced("done")).ok).toBe(true);
+    await stub.settle({ requestId: "done", outcome: "ok", usage });
+    expect((await account.admitPriced("open")).ok).toBe(true);
+    const day = new Date().toISOString().slice(0, 10);
+    // Back to the version before: a day and a month budget, spend per day and month.
+    await runInDurableObject(stub, (instance: KeyAccount, state) => {
+      instance.flush();
+      const sql = state.storage.sql;
+      sql.exec("DELETE FROM schema_migrations WHERE version >= ?", BUDGETS_VERSION);
+      undoTeams(sql);
+      sql.exec("DROP TABLE spend_hours");
+      sql.exec("DROP TABLE budget_alerts");
+      for (const column of ["budgets", "model_limits", "alert_webhook_url"]) {
+        sql.exec(`ALTER TABLE key_record DROP COLUMN ${column}`);
+      }
+      sql.exec("ALTER TABLE key_record ADD COLUMN budget_day_micros INTEGER");
+      sql.exec("ALTER TABLE key_record ADD COLUMN budget_month_micros INTEGER");
+      sql.exec("UPDATE key_record SET budget_day_micros = 5000");
+      for (const table of ["ledger", "leases", "batch_holds"]) {
+        sql.exec(`ALTER TABLE ${table} DROP COLUMN hour`);
+      }
+      for (const period of [`d:${day}`, `m:${day.slice(0, 7)}`]) {
+        sql.exec(
+          `INSERT INTO spend (period, settled_micros, settled_picos, reserved_micros, reserved_picos)
+           VALUES (?, 420, 0, 750, 0)`,
+          period,
+        );
+      }
+    });
+    await evictDurableObject(stub);
+    const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+    expect((await again.get())?.budgets).toEqual({
+      periods: [{ period: "1d", limitMicros: 5_000, softMicros: null }],
+      creditMicros: null,
+    });
+    expect(await again.budgetStatus()).toEqual([
+      expect.objectContaining({
+        budget: "1d",
+        spentPicos: micros(420),
+        reservedPicos: micros(750),
+        resetsAt: Date.parse(day) + 86_400_000,
+      }),
+    ]);
+    // The open request's reservation is released from the hour it was migrated to.
+    await again.settle({ requestId: "open", outcome: "ok", usage });
+    expect(await again.budgetStatus()).toEqual([
+      expect.objectContaining({ spentPicos: micros(840), reservedPicos: 0n }),
+    ]);
   });
 });

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { NONE, decideGrant } from "../../../durable-objects/team-account/grants.ts";
-import { NO_BUDGETS } from "../../../durable-objects/key-account/types.ts";
+import { budgetLines } from "../../../durable-objects/key-account/budgets.ts";
 import type { TeamGrantInput } from "../../../durable-objects/team-account/grants.ts";
 
 const NOW = Date.UTC(2026, 5, 1, 12);
@@ -10,12 +10,11 @@ const NOTHING_SPENT = { settledPicos: 0n, reservedPicos: 0n };
 function input(extra: Partial<TeamGrantInput>): TeamGrantInput {
   return {
     limits: LIMITS,
-    budgets: NO_BUDGETS,
     buckets: {
       requests: { level: LIMITS.rpm, updatedAt: NOW },
       tokens: { level: LIMITS.tpm, updatedAt: NOW },
     },
-    spend: { day: NOTHING_SPENT, month: NOTHING_SPENT, lifetime: NOTHING_SPENT },
+    lines: [],
     slotsHeld: 0,
     need: null,
     want: NONE,
@@ -54,19 +53,20 @@ describe("decideGrant", () => {
   it("refuses money past a budget by the key's own budget rule, reserved holdings included", () => {
     const { refusal } = decideGrant(
       input({
-        budgets: { ...NO_BUDGETS, dayMicros: 10 },
-        spend: {
-          day: { settledPicos: 4_000_000n, reservedPicos: 5_000_000n },
-          month: NOTHING_SPENT,
-          lifetime: NOTHING_SPENT,
-        },
+        // A 1d budget of 10 µ$ whose day holds 4 µ$ settled and 5 µ$ reserved.
+        lines: budgetLines(
+          { periods: [{ period: "1d", limitMicros: 10, softMicros: null }], creditMicros: null },
+          NOW,
+          () => ({ settledPicos: 4_000_000n, reservedPicos: 5_000_000n }),
+          () => NOTHING_SPENT,
+        ),
         need: { requests: 0, tokens: 0, picos: 2_000_000n, slots: 0 },
       }),
     );
     expect(refusal).toMatchObject({
       code: "insufficient_quota",
       scope: "team",
-      budget: "day",
+      budget: "1d",
       limitPicos: 10_000_000n,
     });
   });

@@ -2,8 +2,9 @@ import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import type { TeamAccount } from "../../../durable-objects/team-account/index.ts";
-import type { AdmitResult, Budgets, Limits } from "../../../durable-objects/key-account/types.ts";
-import { NO_BUDGETS } from "../../../durable-objects/key-account/types.ts";
+import type { AdmitResult, Limits } from "../../../durable-objects/key-account/types.ts";
+import { type Budgets, NO_BUDGETS } from "../../../durable-objects/key-account/budget-types.ts";
+import { HOUR_MS, hourOf } from "../../../contracts/budget-periods.ts";
 import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
 import { newTeamId, teamAccount } from "../../../functions/accounts/teams.ts";
 import { LIMITS, PRICE, micros } from "../../support/key-accounts.workers.ts";
@@ -91,32 +92,74 @@ describe("teams", () => {
     expect((await team.stub.view())?.slotsHeld).toBeLessThanOrEqual(5);
   });
 
-  it("never lets two keys of 30 concurrent requests reserve or spend past the team's budget", async () => {
-    // 10 prompt and 90 completion tokens at PRICE: at most 55.5 µ$ each, so 3 fit in 200 µ$.
-    const team = await newTeam({}, { creditMicros: 200 });
-    const a = await teamKey(team.id);
-    const b = await teamKey(team.id);
-    const results = await Promise.all(
-      Array.from({ length: 30 }, (_, i) => (i % 2 === 0 ? a : b).admit(`req_budget_${i}`)),
-    );
-    expect(admitted(results)).toBe(3);
-    const refused = results.find((result) => !result.ok);
-    expect(refused).toMatchObject({ code: "insufficient_quota", scope: "team", teamId: team.id });
-    const settle = (key: typeof a, i: number) =>
-      key.stub.settle({
-        requestId: `req_budget_${i}`,
-        outcome: "ok",
-        usage: { prompt_tokens: 10, completion_tokens: 90 },
+  // 10 prompt and 90 completion tokens at PRICE: at most 55.5 µ$ each, so 3 fit in 200 µ$.
+  it.each<[string, Partial<Budgets>]>([
+    ["credit", { creditMicros: 200 }],
+    ["1h", { periods: [{ period: "1h", limitMicros: 200, softMicros: null }] }],
+  ])(
+    "never lets two keys of 30 concurrent requests reserve or spend past the team's %s budget",
+    async (name, budgets) => {
+      const team = await newTeam({}, budgets);
+      const a = await teamKey(team.id);
+      const b = await teamKey(team.id);
+      const results = await Promise.all(
+        Array.from({ length: 30 }, (_, i) => (i % 2 === 0 ? a : b).admit(`req_budget_${i}`)),
+      );
+      expect(admitted(results)).toBe(3);
+      const refused = results.find((result) => !result.ok);
+      expect(refused).toMatchObject({
+        code: "insufficient_quota",
+        scope: "team",
+        teamId: team.id,
+        budget: name,
       });
-    await Promise.all(
-      results.flatMap((result, i) => (result.ok ? [settle(i % 2 === 0 ? a : b, i)] : [])),
+      const settle = (key: typeof a, i: number) =>
+        key.stub.settle({
+          requestId: `req_budget_${i}`,
+          outcome: "ok",
+          usage: { prompt_tokens: 10, completion_tokens: 90 },
+        });
+      await Promise.all(
+        results.flatMap((result, i) => (result.ok ? [settle(i % 2 === 0 ? a : b, i)] : [])),
+      );
+      const view = await team.stub.view();
+      const line = view?.budgets.find((budget) => budget.budget === name);
+      expect(line).toBeDefined();
+      expect((line?.spentPicos ?? 0n) + (line?.reservedPicos ?? 0n)).toBeLessThanOrEqual(
+        micros(200),
+      );
+    },
+  );
+
+  it("shows each budget's window, its members' spend and its reset", async () => {
+    const team = await newTeam(
+      {},
+      { periods: [{ period: "1h", limitMicros: 1_000_000, softMicros: 500_000 }] },
     );
-    const view = await team.stub.view();
-    const lifetime = view?.spend.find((period) => period.period === "all");
-    expect(lifetime).toBeDefined();
-    expect((lifetime?.settledPicos ?? 0n) + (lifetime?.reservedPicos ?? 0n)).toBeLessThanOrEqual(
-      micros(200),
-    );
+    const key = await teamKey(team.id);
+    const now = Date.now();
+    expect((await key.admit("req_spend")).ok).toBe(true);
+    await key.stub.settle({
+      requestId: "req_spend",
+      outcome: "ok",
+      usage: { prompt_tokens: 10, completion_tokens: 90 },
+    });
+    // The key reports what it settled with its next call to the team.
+    await key.stub.update({ teamId: null, now: Date.now() });
+    const hour = hourOf(now);
+    expect((await team.stub.view(now))?.budgets).toEqual([
+      {
+        budget: "1h",
+        limitPicos: micros(1_000_000),
+        softPicos: micros(500_000),
+        spentPicos: expect.any(BigInt) as bigint,
+        reservedPicos: 0n,
+        startsAt: hour * HOUR_MS,
+        resetsAt: (hour + 1) * HOUR_MS,
+      },
+    ]);
+    const [line] = (await team.stub.view(now))?.budgets ?? [];
+    expect(line?.spentPicos).toBeGreaterThan(0n);
   });
 
   it("admits a request its key's lease of the team holds without calling the team", async () => {

@@ -94,6 +94,7 @@ describe("browser token verification", () => {
     limits: SCOPE,
     models: null,
     origins: ["https://app.example"],
+    budgets: [],
     ttlSeconds: 60,
   };
 

@@ -96,7 +96,7 @@ describe("conservation", () => {
   it("never lets concurrent requests together overdraw a small budget", async () => {
     const { id, key } = await createKey({
       name: "budget-race",
-      limits: { budget_usd_day: 0.0005 },
+      budgets: [{ period: "1d", max_usd: 0.0005 }],
     });
     const results = await Promise.all(
       Array.from({ length: 60 }, () => send(pricedConfig(), chat(key, { max_tokens: 100 }))),

@@ -191,4 +191,22 @@ describe("SettleQueue", () => {
       { keyId: "k1", ids: Array.from({ length: 10 }, (_, i) => `r${950 + i * 5}`) },
     ]);
   });
+
+  it("waits as long as it is told for a call to carry it, and goes on its own only after that", async () => {
+    const queue = newQueue();
+    const { calls, send } = recorder();
+    const a = watch(queue.settle("k1", settlement("a"), send, 1_000));
+    const b = watch(queue.settle("k2", settlement("b"), send, 1_000));
+    await vi.advanceTimersByTimeAsync(500);
+    expect(calls).toEqual([]);
+    // A lease renewal of k1 carries its settlement; its account committed before answering.
+    const carried = queue.take("k1");
+    expect(ids(carried.inputs)).toEqual(["a"]);
+    carried.answered(stamp("a", 11, 11));
+    await vi.advanceTimersByTimeAsync(500);
+    expect(a.done).toBe(true);
+    expect(b.done).toBe(true);
+    // Nothing carried k2's: it went on its own once its wait was over, k1's never did.
+    expect(calls).toEqual([{ keyId: "k2", ids: ["b"] }]);
+  });
 });

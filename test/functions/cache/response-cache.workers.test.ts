@@ -192,7 +192,10 @@ describe("the response cache", () => {
   });
 
   it("bills a hit at its configured share of the price, with the tokens it saved, and no origin", async () => {
-    const { key } = await createKey({ name: "cache-billing", limits: { budget_usd_day: 5 } });
+    const { key } = await createKey({
+      name: "cache-billing",
+      budgets: [{ period: "1d", max_usd: 5 }],
+    });
     const free = cached({ mode: "on" });
     const first = await ask(free, key, { max_tokens: 30 });
     const usage = (JSON.parse(first.text) as { usage: Parameters<typeof costOf>[0] }).usage;

@@ -47,7 +47,10 @@ describe("reservations cover every sequence", () => {
   });
 
   it("refuses n sequences whose worst case exceeds the remaining budget", async () => {
-    const { key } = await createKey({ name: "budget-n", limits: { budget_usd_day: 0.0004 } });
+    const { key } = await createKey({
+      name: "budget-n",
+      budgets: [{ period: "1d", max_usd: 0.0004 }],
+    });
     const { status, body } = await send(
       post(key, "/v1/chat/completions", chatBody({ n: 64, max_tokens: 800 })),
     );
@@ -83,7 +86,10 @@ describe("reservations cover every sequence", () => {
   });
 
   it("bills no more than it reserved: what n sequences deliver is within the reservation", async () => {
-    const { key } = await createKey({ name: "budget-fit", limits: { budget_usd_day: 1 } });
+    const { key } = await createKey({
+      name: "budget-fit",
+      budgets: [{ period: "1d", max_usd: 1 }],
+    });
     const res = await send(post(key, "/v1/chat/completions", chatBody({ n: 8, max_tokens: 40 })));
     expect(res.status).toBe(200);
     const { usage, choices } = res.body as {

@@ -3,7 +3,7 @@ import { createKey } from "../../support/admin-keys.workers.ts";
 import { EDGE, chatBody } from "../../support/edge-requests.ts";
 import { pricedConfig } from "../../support/metering.workers.ts";
 import { TEST_API_KEY } from "../../support/provided-context.ts";
-import { sendWith } from "../../support/test-origins.workers.ts";
+import { adminRequest, sendWith } from "../../support/test-origins.workers.ts";
 
 // The tests' own origins; billing tests run on the metering origins, whose models have prices.
 let config = inject("warmgateConfig");
@@ -168,7 +168,10 @@ describe("/v1/batches", () => {
 
   it("refuses a batch whose worst case exceeds the key's budget", async () => {
     config = pricedConfig();
-    const { key } = await createKey({ name: "thrifty", limits: { budget_usd_day: 0.000001 } });
+    const { key } = await createKey({
+      name: "thrifty",
+      budgets: [{ period: "1d", max_usd: 0.000001 }],
+    });
     const file = await (await upload(line("a", { max_tokens: 1000 }), key)).json<{ id: string }>();
     const res = await createBatch(file.id, key);
     expect(res.status).toBe(429);
@@ -179,7 +182,10 @@ describe("/v1/batches", () => {
 
   it("bills each line once at half the price, and gives the hold back as lines end", async () => {
     // One line's worst case at the batch price is about $0.0002: two would not fit at once.
-    const { key } = await createKey({ name: "batch-billing", limits: { budget_usd_day: 0.0003 } });
+    const { key, id: keyId } = await createKey({
+      name: "batch-billing",
+      budgets: [{ period: "1d", max_usd: 0.0003 }],
+    });
     const text = line("only", { max_tokens: 1000 });
     const file = await (await upload(text, key)).json<{ id: string }>();
     const first = await settled((await (await createBatch(file.id, key)).json<Batch>()).id, key);
@@ -210,10 +216,40 @@ describe("/v1/batches", () => {
     const full =
       ((usage.prompt_tokens - cached) * 0.1 + cached * 0.025 + usage.completion_tokens * 0.4) / 1e6;
     expect(report.total.cost_usd).toBeCloseTo(full / 2, 12);
+    // The line is a row of the spend log, under its item id, tagged with its batch.
+    const log = await (
+      await sendWith(config, adminRequest(`/admin/requests?key_id=${keyId}&tag=batch:${first.id}`))
+    ).json<{ data: { id: string; outcome: string; http_status: number; cost_usd: number }[] }>();
+    expect(log.data).toHaveLength(1);
+    expect(log.data[0]).toMatchObject({ id: `${first.id}-0`, outcome: "ok", http_status: 200 });
+    expect(log.data[0]?.cost_usd).toBeCloseTo(full / 2, 12);
     // The first batch's hold is back: a second of the same worst case fits the budget.
     const second = await createBatch(file.id, key);
     expect(second.status).toBe(200);
     await settled((await second.json<Batch>()).id, key);
+  });
+
+  it("shows each line as a row of the spend log, page after page", async () => {
+    config = inject("warmgateConfig");
+    const { key } = await createKey({ name: "batch-log" });
+    const ids = Array.from({ length: 501 }, (_, i) => `l${String(i).padStart(3, "0")}`);
+    const file = await (
+      await upload(ids.map((id) => line(id, { max_tokens: 1 })).join("\n"), key)
+    ).json<{ id: string }>();
+    const batch = await settled((await (await createBatch(file.id, key)).json<Batch>()).id, key);
+    expect(batch.request_counts.completed).toBe(501);
+    const seen: string[] = [];
+    let cursor: string | null = null;
+    do {
+      const query: string = `tag=batch:${batch.id}&limit=500${cursor === null ? "" : `&cursor=${cursor}`}`;
+      type Page = { data: { id: string }[]; next_cursor: string | null };
+      const page: Page = await (
+        await sendWith(config, adminRequest(`/admin/requests?${query}`))
+      ).json<Page>();
+      seen.push(...page.data.map((row) => row.id));
+      cursor = page.next_cursor;
+    } while (cursor !== null);
+    expect(seen.toSorted()).toEqual(ids.map((_, i) => `${batch.id}-${i}`).toSorted());
   });
 
   it("answers 404 for another key's batch", async () => {

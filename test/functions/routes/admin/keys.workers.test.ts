@@ -26,10 +26,9 @@ type KeyJson = {
     rpm: number;
     tpm: number;
     concurrency: number;
-    budget_usd_day?: number | null;
-    budget_usd_month?: number | null;
     credit_usd?: number | null;
   };
+  budgets?: { period: string; max_usd: number; soft_usd: number | null }[];
   allowed_origins: string[];
   models: string[] | null;
   tier: string;
@@ -195,35 +194,103 @@ describe("admin API keys", () => {
     });
   });
 
-  it("takes budgets in US dollars beside the rate limits, and removes one set to null", async () => {
+  it("takes budgets over any period in US dollars, and replaces the list on PATCH", async () => {
     const created = await createKey({
       name: "budgets",
-      limits: { rpm: 5, budget_usd_day: 2.5, budget_usd_month: 40, credit_usd: 0.000001 },
+      limits: { rpm: 5, credit_usd: 0.000001 },
+      budgets: [
+        { period: "1h", max_usd: 1 },
+        { period: "7d", max_usd: 20, soft_usd: 15 },
+        { period: "month", max_usd: 40 },
+      ],
     });
-    expect(created.limits).toMatchObject({
-      rpm: 5,
-      budget_usd_day: 2.5,
-      budget_usd_month: 40,
-      credit_usd: 0.000001,
-    });
+    expect(created.limits).toMatchObject({ rpm: 5, credit_usd: 0.000001 });
+    expect(created.budgets).toEqual([
+      { period: "1h", max_usd: 1, soft_usd: null },
+      { period: "7d", max_usd: 20, soft_usd: 15 },
+      { period: "month", max_usd: 40, soft_usd: null },
+    ]);
     const res = await admin(`/keys/${created.id}`, {
       method: "PATCH",
-      body: { limits: { budget_usd_month: null, credit_usd: 100 } },
+      body: { limits: { credit_usd: 100 }, budgets: [{ period: "30d", max_usd: 2.5 }] },
     });
-    expect((await res.json<KeyJson>()).limits).toMatchObject({
-      rpm: 5,
-      budget_usd_day: 2.5,
-      budget_usd_month: null,
-      credit_usd: 100,
+    const patched = await res.json<KeyJson>();
+    expect(patched.limits).toMatchObject({ rpm: 5, credit_usd: 100 });
+    expect(patched.budgets).toEqual([{ period: "30d", max_usd: 2.5, soft_usd: null }]);
+    // A PATCH without `budgets` keeps them.
+    const renamed = await admin(`/keys/${created.id}`, { method: "PATCH", body: { name: "b2" } });
+    expect((await renamed.json<KeyJson>()).budgets).toHaveLength(1);
+  });
+
+  it("shows each budget's window, spend and reset time on GET", async () => {
+    const created = await createKey({
+      name: "status",
+      budgets: [
+        { period: "1h", max_usd: 1 },
+        { period: "month", max_usd: 40 },
+      ],
+    });
+    const res = await admin(`/keys/${created.id}`);
+    const body = await res.json<{ budget_status: Record<string, unknown>[] }>();
+    const now = new Date();
+    const hourEnd = Math.ceil((now.getTime() + 1) / 3_600_000) * 3_600;
+    const monthEnd = Date.UTC(now.getUTCFullYear(), now.getUTCMonth() + 1, 1) / 1_000;
+    expect(body.budget_status).toEqual([
+      {
+        period: "1h",
+        max_usd: 1,
+        soft_usd: null,
+        spent_usd: 0,
+        reserved_usd: 0,
+        window_start: hourEnd - 3_600,
+        resets_at: hourEnd,
+      },
+      expect.objectContaining({ period: "month", resets_at: monthEnd }),
+    ]);
+  });
+
+  it("refuses a bad budget with the param that is wrong", async () => {
+    const cases: [unknown, string][] = [
+      [[{ period: "1w", max_usd: 1 }], "budgets.0.period"],
+      [[{ period: "32d", max_usd: 1 }], "budgets.0.period"],
+      [[{ period: "1d", max_usd: 0.0000001 }], "budgets.0.max_usd"],
+      [[{ period: "1d", max_usd: 1, soft_usd: 2 }], "budgets.0.soft_usd"],
+      [
+        [
+          { period: "1d", max_usd: 1 },
+          { period: "1d", max_usd: 2 },
+        ],
+        "budgets",
+      ],
+    ];
+    for (const [budgets, param] of cases) {
+      const bad = await admin("/keys", { method: "POST", body: { name: "x", budgets } });
+      expect(bad.status).toBe(400);
+      expect((await bad.json<{ error: { param: string } }>()).error.param).toBe(param);
+    }
+  });
+
+  it("takes per-model limits for configured models only", async () => {
+    const created = await createKey({
+      name: "per-model",
+      model_limits: { "warmgate-sim-70b": { rpm: 3 } },
+    });
+    expect(created).toMatchObject({
+      model_limits: { "warmgate-sim-70b": { rpm: 3, tpm: null } },
     });
     const bad = await admin("/keys", {
       method: "POST",
-      body: { name: "x", limits: { budget_usd_day: 0.0000001 } },
+      body: { name: "x", model_limits: { "no-such-model": { rpm: 3 } } },
     });
     expect(bad.status).toBe(400);
-    expect((await bad.json<{ error: { param: string } }>()).error.param).toBe(
-      "limits.budget_usd_day",
-    );
+    expect(await bad.json()).toMatchObject({
+      error: { code: "model_not_found", param: "model_limits.no-such-model" },
+    });
+    const empty = await admin("/keys", {
+      method: "POST",
+      body: { name: "x", model_limits: { "warmgate-sim-70b": {} } },
+    });
+    expect(empty.status).toBe(400);
   });
 
   it("revokes a key: its very next request is refused", async () => {

@@ -14,14 +14,16 @@ type TeamJson = {
   id: string;
   object: string;
   name: string;
-  limits: { rpm: number; concurrency: number; budget_usd_day: number | null };
+  limits: { rpm: number; concurrency: number; credit_usd: number | null };
+  budgets: { period: string; max_usd: number; soft_usd: number | null }[];
   models: string[] | null;
   tags: string[];
   key_ids?: string[];
-  spend?: {
+  budget_status?: {
     period: string;
+    max_usd: number;
     spent_usd: number;
-    budget_usd: number | null;
+    reserved_usd: number;
     resets_at: number | null;
   }[];
 };
@@ -49,28 +51,56 @@ describe("/admin/teams", () => {
   it("creates, lists, reads, updates and deletes a team, each in the audit log", async () => {
     const team = await createTeam({
       name: "research",
-      limits: { rpm: 100, concurrency: 4, budget_usd_day: 5 },
+      limits: { rpm: 100, concurrency: 4, credit_usd: 50 },
+      budgets: [
+        { period: "1d", max_usd: 5, soft_usd: 4 },
+        { period: "7d", max_usd: 20 },
+      ],
       tags: ["org:research"],
       metadata: { owner: "ana" },
     });
     expect(team).toMatchObject({ object: "team", name: "research", tags: ["org:research"] });
-    expect(team.limits).toMatchObject({ rpm: 100, concurrency: 4, budget_usd_day: 5 });
+    expect(team.limits).toMatchObject({ rpm: 100, concurrency: 4, credit_usd: 50 });
+    expect(team.budgets).toEqual([
+      { period: "1d", max_usd: 5, soft_usd: 4 },
+      { period: "7d", max_usd: 20, soft_usd: null },
+    ]);
     const list = await (await admin("/teams?limit=100")).json<{ data: TeamJson[] }>();
     expect(list.data.map((one) => one.id)).toContain(team.id);
     const read = await (await admin(`/teams/${team.id}`)).json<TeamJson>();
     expect(read.key_ids).toEqual([]);
-    expect(read.spend?.find((period) => period.period.startsWith("d:"))).toMatchObject({
+    const day = 86_400;
+    const nextDay = (Math.floor(Date.now() / 1_000 / day) + 1) * day;
+    expect(read.budget_status?.map((one) => one.period)).toEqual(["1d", "7d", "credit"]);
+    expect(read.budget_status?.[0]).toMatchObject({
+      max_usd: 5,
       spent_usd: 0,
-      budget_usd: 5,
+      reserved_usd: 0,
+      resets_at: nextDay,
     });
+    expect(read.budget_status?.[2]).toMatchObject({ max_usd: 50, resets_at: null });
     const patched = await admin(`/teams/${team.id}`, {
       method: "PATCH",
       body: { name: "research-2", limits: { concurrency: 8 } },
     });
     expect(await patched.json()).toMatchObject({
       name: "research-2",
-      limits: { concurrency: 8, rpm: 100 },
+      limits: { concurrency: 8, rpm: 100, credit_usd: 50 },
+      budgets: [{ period: "1d" }, { period: "7d" }],
     });
+    const rebudgeted = await admin(`/teams/${team.id}`, {
+      method: "PATCH",
+      body: { budgets: [{ period: "month", max_usd: 100 }] },
+    });
+    expect(await rebudgeted.json()).toMatchObject({
+      budgets: [{ period: "month", max_usd: 100, soft_usd: null }],
+    });
+    const badPeriod = await admin(`/teams/${team.id}`, {
+      method: "PATCH",
+      body: { budgets: [{ period: "2w", max_usd: 1 }] },
+    });
+    expect(badPeriod.status).toBe(400);
+    expect((await badPeriod.json<ErrorJson>()).error.type).toBe("invalid_request_error");
     expect((await admin(`/teams/${team.id}`, { method: "DELETE" })).status).toBe(200);
     const gone = await admin(`/teams/${team.id}`);
     expect(gone.status).toBe(404);
@@ -80,6 +110,7 @@ describe("/admin/teams", () => {
     ).json<{ data: { action: string }[] }>();
     expect(audit.data.map((entry) => entry.action)).toEqual([
       "team.delete",
+      "team.update",
       "team.update",
       "team.create",
     ]);
