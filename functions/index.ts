@@ -5,6 +5,7 @@
 import { env } from "cloudflare:workers";
 import { Hono } from "hono";
 import { adminKeys } from "./routes/admin/keys.ts";
+import { adminTeams } from "./routes/admin/teams.ts";
 import { adminKeyRequests } from "./routes/admin/key-requests.ts";
 import { audit } from "./routes/admin/audit.ts";
 import { adminUsage } from "./routes/admin/usage.ts";
@@ -45,6 +46,7 @@ app.use("/v1/*", browserCors());
 // Before config and key auth: the admin API, token minting and CORS preflights
 // authenticate themselves and must answer even when the gateway config is broken.
 app.route("/admin", adminKeys);
+app.route("/admin", adminTeams);
 app.route("/admin/keys", adminKeyRequests);
 app.route("/admin/audit", audit);
 app.route("/admin/usage", adminUsage);
@@ -78,6 +80,7 @@ checkDeployment(env);
 export default app satisfies ExportedHandler<Env>;
 export { KeyAccount } from "../durable-objects/key-account/index.ts";
 export { KeyDirectory } from "../durable-objects/key-directory/index.ts";
+export { TeamAccount } from "../durable-objects/team-account/index.ts";
 export { Batcher } from "../durable-objects/batcher/index.ts";
 export { BatcherShards } from "../durable-objects/batcher-shards/index.ts";
 export { OriginBreakers } from "../durable-objects/origin-breakers/index.ts";

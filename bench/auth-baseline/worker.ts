@@ -68,6 +68,7 @@ function localAdmission() {
       requestId,
       tier: "standard",
       allowRegionOverride: true,
+      teamId: null,
       leaseExpiresAt: 0,
       budgeted: false,
     });

@@ -33,8 +33,11 @@ const CACHE_FIELDS = {
   max_ttl_seconds: z.int().min(1).max(MAX_CACHE_TTL_SECONDS),
   /** Largest answer stored, in bytes; a longer one passes through uncached. */
   max_entry_bytes: z.int().min(1).max(CACHE_API_MAX_BYTES),
-  /** `key`: entries belong to the API key (and end user); `shared`: to every key of the model. */
-  scope: z.enum(["key", "shared"]),
+  /**
+   * `key`: entries belong to the API key (and end user); `team`: to the key's team (and end
+   * user), or to the key when it has none; `shared`: to every key of the model.
+   */
+  scope: z.enum(["key", "team", "shared"]),
   /** Share of the answer's price a hit is billed at (0: free, 1: full price). */
   price_share: PriceShare,
   /** Cache requests that sample (no `temperature: 0`, no `seed`) without being asked per request. */

@@ -1,15 +1,16 @@
 // The warmgate dashboard (docs/metrics.md, "Dashboard"): sign-in, the views (overview,
-// keys, requests, audit log) and moving between them. The admin token stays in this tab's
+// keys, teams, requests, audit log) and moving between them. The admin token stays in this tab's
 // session storage and travels only in the Authorization header (api.js), never in a URL.
 import { hasToken, signIn, signOut, whenRefused } from "./api.js";
 import { $, text } from "./format.js";
 import { startOverview, stopOverview } from "./overview.js";
 import { loadKeys } from "./keys.js";
+import { loadTeams } from "./teams.js";
 import { showRequest } from "./requests.js";
 import { loadSpendLog } from "./spend-log.js";
 import { loadAudit } from "./audit.js";
 
-const VIEWS = ["overview", "keys", "requests", "audit"];
+const VIEWS = ["overview", "keys", "teams", "requests", "audit"];
 
 function show(view) {
   for (const name of VIEWS) {
@@ -19,7 +20,9 @@ function show(view) {
     else button.removeAttribute("aria-current");
   }
   // Keys first: the other views name keys from their list.
-  if (view === "keys") return loadKeys();
+  // Teams before keys: the key list and form name teams.
+  if (view === "keys") return loadTeams().then(loadKeys);
+  if (view === "teams") return loadTeams();
   if (view === "requests") return loadKeys().then(loadSpendLog);
   if (view === "audit") return loadKeys().then(loadAudit);
   return Promise.resolve();

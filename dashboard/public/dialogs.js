@@ -1,7 +1,7 @@
 // The dashboard's dialogs (docs/metrics.md, "Dashboard"): a key's form (create and edit),
 // the new secret shown once, and the confirmation of an action that cannot be undone.
 import { api } from "./api.js";
-import { $, text } from "./format.js";
+import { $, budgetList, budgetText, text } from "./format.js";
 
 /** Limits a new key gets in the form, as the admin API's own defaults (docs/api.md). */
 const NEW_KEY = { rpm: 600, tpm: 1000000, concurrency: 64 };
@@ -30,25 +30,6 @@ function list(id) {
     .filter((m) => m !== "");
 }
 
-// Budgets, one a line: `period max_usd [soft_usd]` (`1d 5`, `7d 20 15`); the API checks them.
-function budgetList() {
-  return $("kf-budgets")
-    .value.split("\n")
-    .map((line) => line.trim().split(/\s+/))
-    .filter((parts) => parts[0] !== "")
-    .map(([period, max, soft]) => ({
-      period,
-      max_usd: Number(max),
-      soft_usd: soft === undefined ? null : Number(soft),
-    }));
-}
-
-function budgetLines(budgets) {
-  return (budgets ?? [])
-    .map((b) => [b.period, b.max_usd, ...(b.soft_usd === null ? [] : [b.soft_usd])].join(" "))
-    .join("\n");
-}
-
 function payload() {
   const models = list("kf-models");
   const expires = $("kf-expires").value;
@@ -61,8 +42,9 @@ function payload() {
       concurrency: number("kf-concurrency"),
       credit_usd: number("kf-credit"),
     },
-    budgets: budgetList(),
+    budgets: budgetList("kf-budgets"),
     tags: list("kf-tags"),
+    team_id: $("kf-team").value === "" ? null : $("kf-team").value,
     models: models.length === 0 ? null : models,
     allowed_origins: $("kf-origins")
       .value.split(/\s+/)
@@ -71,11 +53,21 @@ function payload() {
   };
 }
 
+// The team choices: none, then each team by name.
+function teamChoices(teams, chosen) {
+  const none = new Option("none", "");
+  const options = teams.map((team) => new Option(team.name, team.id));
+  $("kf-team").replaceChildren(none, ...options);
+  $("kf-team").value = chosen ?? "";
+}
+
 /**
  * Opens the key form: empty for a new key (`key` null), else filled with the key's
- * settings. `onSaved(key, secret)` gets the key as the API answered (and a new key's secret).
+ * settings, with `teams` to choose from. `onSaved(key, secret)` gets the key as the API
+ * answered (and a new key's secret).
  */
-export function openKeyForm(key, onSaved) {
+export function openKeyForm(key, onSaved, teams = []) {
+  teamChoices(teams, key?.team_id);
   editing = key;
   saved = onSaved;
   text($("key-dialog-title"), key === null ? "New key" : `Edit ${key.name}`);
@@ -85,7 +77,7 @@ export function openKeyForm(key, onSaved) {
   $("kf-rpm").value = String(limits.rpm);
   $("kf-tpm").value = String(limits.tpm);
   $("kf-concurrency").value = String(limits.concurrency);
-  $("kf-budgets").value = budgetLines(key?.budgets);
+  $("kf-budgets").value = budgetText(key?.budgets);
   $("kf-credit").value = limits.credit_usd == null ? "" : String(limits.credit_usd);
   $("kf-tags").value = (key?.tags ?? []).join(", ");
   $("kf-models").value = (key?.models ?? []).join(", ");

@@ -64,3 +64,32 @@ export function actionButton(label, name, onClick, disabled = false) {
   button.addEventListener("click", onClick);
   return button;
 }
+
+/** A key's or a team's budgets in words: `1d $5.000000 · credit $20.000000`, or `none`. */
+export function budgets(record) {
+  const parts = [
+    ...(record.budgets ?? []).map((b) => [b.period, b.max_usd]),
+    ["credit", record.limits.credit_usd],
+  ].filter(([, amount]) => amount !== null && amount !== undefined);
+  return parts.length === 0 ? "none" : parts.map(([n, a]) => `${n} ${usd(a)}`).join(" · ");
+}
+
+/** Budgets from a text box, one a line: `period max_usd [soft_usd]` (`1d 5`, `7d 20 15`). */
+export function budgetList(id) {
+  return $(id)
+    .value.split("\n")
+    .map((line) => line.trim().split(/\s+/))
+    .filter((parts) => parts[0] !== "")
+    .map(([period, max, soft]) => ({
+      period,
+      max_usd: Number(max),
+      soft_usd: soft === undefined ? null : Number(soft),
+    }));
+}
+
+/** Budgets as a text box shows them, one a line (see {@link budgetList}). */
+export function budgetText(list) {
+  return (list ?? [])
+    .map((b) => [b.period, b.max_usd, ...(b.soft_usd === null ? [] : [b.soft_usd])].join(" "))
+    .join("\n");
+}

@@ -2,8 +2,9 @@
 // and status from GET /admin/keys, and create, edit, rotate, block, unblock and revoke
 // through the admin API (docs/api.md). A new secret is shown once and never kept.
 import { api, withQuery } from "./api.js";
-import { $, actionButton, el, fill, text, usd, when } from "./format.js";
+import { $, actionButton, budgets, el, fill, text, when } from "./format.js";
 import { confirmAction, openKeyForm, showSecret } from "./dialogs.js";
+import { loadedTeams, teamName } from "./teams.js";
 
 const PAGE = 100;
 
@@ -13,14 +14,6 @@ const listeners = [];
 
 function keyPath(key, action = "") {
   return `/admin/keys/${encodeURIComponent(key.id)}${action}`;
-}
-
-function budgets(key) {
-  const parts = [
-    ...(key.budgets ?? []).map((b) => [b.period, b.max_usd]),
-    ["credit", key.limits.credit_usd],
-  ].filter(([, amount]) => amount !== null && amount !== undefined);
-  return parts.length === 0 ? "none" : parts.map(([n, a]) => `${n} ${usd(a)}`).join(" · ");
 }
 
 function replace(record) {
@@ -76,7 +69,12 @@ function actions(key) {
   return el(
     "div",
     [
-      actionButton("Edit", name, () => openKeyForm(key, (record) => replace(record)), revoked),
+      actionButton(
+        "Edit",
+        name,
+        () => openKeyForm(key, (record) => replace(record), loadedTeams()),
+        revoked,
+      ),
       actionButton("Rotate", name, () => rotate(key), revoked),
       key.status === "blocked"
         ? actionButton("Unblock", name, () => void setBlocked(key, false))
@@ -103,6 +101,7 @@ function draw() {
       el("code", k.id),
       [k.status, `status-${k.status}`],
       [k.tier],
+      [k.team_id ? teamName(k.team_id) : "–"],
       [(k.tags ?? []).join(", ")],
       [String(k.limits.rpm)],
       [String(k.limits.tpm)],
@@ -144,10 +143,14 @@ export function onKeys(listener) {
 }
 
 $("new-key").addEventListener("click", () =>
-  openKeyForm(null, (record, secret) => {
-    replace(record);
-    showSecret(secret, "It is shown only this once; warmgate keeps only its hash.");
-  }),
+  openKeyForm(
+    null,
+    (record, secret) => {
+      replace(record);
+      showSecret(secret, "It is shown only this once; warmgate keeps only its hash.");
+    },
+    loadedTeams(),
+  ),
 );
 $("more-keys").addEventListener("click", () => void loadPage(lastId));
 $("key-filter").addEventListener("input", draw);

@@ -12,7 +12,62 @@ import { FREE, utcDay, worstCasePicos } from "../../contracts/pricing.ts";
 import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, rowTags, storedCandidate } from "./schema.ts";
 import { expireDue } from "./settle.ts";
 import { type AccountStore, modelScope, userScope } from "./store.ts";
+import { type PoolAsk, allowedModels, shortfall } from "./team/pool.ts";
+import type { TeamLink } from "./team/link.ts";
+import type { TeamAllowance } from "../team-account/types.ts";
 import { RESERVATION_LEASE_MS, type AdmitInput, type AdmitResult } from "./types.ts";
+
+/** A request the key's lease of its team's allowance cannot hold: the team is asked for `need`. */
+export interface TeamShort {
+  ok: false;
+  code: "team_short";
+  need: TeamAllowance;
+  /** The request's own tokens and money. */
+  ask: PoolAsk;
+}
+
+// How often one admission asks the team before it is refused as busy: other requests of
+// the key may take what a call brought before this one is decided again (each call admits
+// at least one of them, and asks for all of them).
+const TEAM_TRIES = 16;
+
+/**
+ * Admits or refuses a request (see {@link decide}); a request that its key's lease of its
+ * team's allowance cannot hold waits for a call to the team, the only round trip teams add.
+ */
+export async function admitWithTeam(
+  store: AccountStore,
+  team: TeamLink,
+  input: AdmitInput,
+): Promise<AdmitResult> {
+  let result = decide(store, input);
+  for (let tries = 0; tries < TEAM_TRIES && !result.ok && result.code === "team_short"; tries++) {
+    const refusal = await team.obtain(result.need, result.ask);
+    result = refusal ?? decide(store, input);
+  }
+  if (result.ok || result.code !== "team_short") {
+    if (!result.ok && "scope" in result && result.scope === "team") {
+      store.metrics.add(refusedSample(input.requestId, input.model, result.code, Date.now()));
+    }
+    return result;
+  }
+  // Still short after as many calls: the team's allowance is in other keys' hands.
+  store.metrics.add(refusedSample(input.requestId, input.model, "rate_limit_exceeded", Date.now()));
+  const limits = store.key.record?.limits ?? { rpm: 1, tpm: 1, concurrency: 1 };
+  const rateLimit = rateLimitNow(limits, store.scopeUsage(KEY_SCOPE, null), Date.now());
+  return {
+    ok: false,
+    code: "rate_limit_exceeded",
+    limit: "concurrency",
+    scope: "team",
+    teamId: store.team.pool?.teamId ?? "",
+    limitValue: 0,
+    requested: 1,
+    retryAfterMs: 1_000,
+    tooLarge: false,
+    rateLimit,
+  };
+}
 
 /** A requested lease, bounded to 1 s – 1 h (default {@link RESERVATION_LEASE_MS}). */
 export function clampLease(leaseMs: number | undefined): number {
@@ -24,7 +79,7 @@ export function clampLease(leaseMs: number | undefined): number {
  * Decides an admission from memory and applies it. Synchronous from first read to last
  * update: this is the atomic section.
  */
-export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
+export function decide(store: AccountStore, input: AdmitInput): AdmitResult | TeamShort {
   const now = input.now ?? Date.now();
   const record = store.key.record;
   if (record === null) return { ok: false, code: "invalid_api_key", reason: "unknown" };
@@ -48,6 +103,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
       requestId: input.requestId,
       tier: record.tier,
       allowRegionOverride: record.allowRegionOverride,
+      teamId: record.teamId,
       leaseExpiresAt: existing.expiresAt,
       budgeted: hasBudgets(record.budgets),
     };
@@ -69,13 +125,14 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     worstCasePicos: worstCasePicos(candidate.price, input.promptTokens, candidate.maxTokens),
   }));
   const day = utcDay(now);
+  const team = store.team.pool;
   const hour = hourOf(now);
   const userBudgets = credential.kind === "browser" ? (credential.budgets ?? []) : [];
   const outcome = decideAdmission({
     key: {
       status: record.status,
       expiresAt: record.expiresAt,
-      models: record.models,
+      models: team === null ? record.models : allowedModels(record.models, team.models),
       allowedOrigins: record.allowedOrigins,
       limits: record.limits,
       modelLimits: record.modelLimits,
@@ -115,6 +172,20 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     return decision;
   }
 
+  // Within the key's lease of its team's allowance, or the team is asked (admitWithTeam).
+  const use =
+    team === null
+      ? null
+      : {
+          reservedPicos: store.spend.lifetime().reservedPicos,
+          inFlight: store.scopeUsage(KEY_SCOPE, null).inFlight,
+        };
+  if (team !== null && use !== null) {
+    const ask = { tokens: decision.reservedTokens, picos: decision.reservedPicos };
+    const need = shortfall(team, ask, use);
+    if (need !== null) return { ok: false, code: "team_short", need, ask };
+  }
+
   const stored: StoredCandidate[] = offered
     .filter((candidate) => decision.models.includes(candidate.model))
     .map(({ model, price }) => storedCandidate(model, price));
@@ -136,6 +207,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     subjectTpm: endUser?.limits.tpm ?? null,
     endUser: input.endUser ?? null,
     tags: rowTags(record.tags, input.tags),
+    teamId: record.teamId,
     reservedTokens: decision.reservedTokens,
     reservedPicos: decision.reservedPicos,
     candidates: stored,
@@ -144,11 +216,15 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult {
     ...NOT_CLOSED,
   });
   store.spend.add(hour, { reservedPicos: decision.reservedPicos, settledPicos: 0n }, subject);
+  if (use !== null) {
+    store.team.admitted(decision.reservedTokens, decision.reservedPicos, use.inFlight + 1, now);
+  }
   return {
     ...decision,
     requestId: input.requestId,
     tier: record.tier,
     allowRegionOverride: record.allowRegionOverride,
+    teamId: record.teamId,
     leaseExpiresAt,
     budgeted: hasBudgets(record.budgets),
   };

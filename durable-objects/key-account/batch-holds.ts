@@ -50,7 +50,7 @@ export interface BatchChargeLine {
 function lineRow(
   charge: BatchCharge,
   line: BatchChargeLine,
-  keyTags: readonly string[],
+  key: { tags: readonly string[]; teamId: string | null },
   now: number,
 ): LedgerEntry {
   const closedAt = line.endedAt ?? now;
@@ -76,7 +76,8 @@ function lineRow(
     cachedTokens: usage?.cachedTokens ?? null,
     completionTokens: usage?.completionTokens ?? null,
     costPicos: line.costPicos,
-    tags: rowTags(keyTags, [batchTag(charge.batchId)]),
+    tags: rowTags(key.tags, [batchTag(charge.batchId)]),
+    teamId: key.teamId,
     attempts: [],
     httpStatus: line.httpStatus,
     durationMs: line.startedAt === null ? null : closedAt - createdAt,
@@ -143,9 +144,9 @@ export function chargeBatch(
   let release = 0n;
   let cost = 0n;
   const tokens: TokenUsage = { promptTokens: 0, cachedTokens: 0, completionTokens: 0 };
-  const keyTags = store.key.record?.tags ?? [];
+  const key = { tags: store.key.record?.tags ?? [], teamId: store.key.record?.teamId ?? null };
   for (const line of charge.lines) {
-    store.ledger.add(lineRow(charge, line, keyTags, now));
+    store.ledger.add(lineRow(charge, line, key, now));
     release += line.releasePicos;
     cost += line.costPicos;
     tokens.promptTokens += line.usage?.promptTokens ?? 0;

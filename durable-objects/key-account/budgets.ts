@@ -8,7 +8,7 @@
 import { type BudgetWindow, HOUR_MS, periodWindow } from "../../contracts/budget-periods.ts";
 import { maxPicos, microsToPicos } from "../../contracts/pricing.ts";
 import type { AdmissionRefusal } from "./types.ts";
-import type { BudgetName, Budgets } from "./budget-types.ts";
+import type { BudgetName, BudgetStatus, Budgets } from "./budget-types.ts";
 
 /** Spend in one period, in pico-dollars: costs of settled requests and reservations of open ones. */
 export interface PeriodSpend {
@@ -65,6 +65,19 @@ export function budgetLines(
     });
   }
   return lines;
+}
+
+/** The lines as they stand: each window's spend, when it started and when it resets. */
+export function budgetStatuses(lines: readonly BudgetLine[]): BudgetStatus[] {
+  return lines.map((line) => ({
+    budget: line.name,
+    limitPicos: line.limitPicos,
+    softPicos: line.softPicos,
+    spentPicos: line.spend.settledPicos,
+    reservedPicos: line.spend.reservedPicos,
+    startsAt: line.window === null ? null : line.window.startHour * HOUR_MS,
+    resetsAt: resetsAt(line),
+  }));
 }
 
 /** Whether there is any budget. */

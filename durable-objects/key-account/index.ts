@@ -7,9 +7,10 @@
 import { LEDGER_RETENTION_MS } from "./types.ts";
 import { DurableObject } from "cloudflare:workers";
 import { applyMigrations } from "../migrations.ts";
-import { clampLease, decide } from "./admit.ts";
+import { admitWithTeam, clampLease } from "./admit.ts";
 import { reconcileLapsed } from "./lapsed.ts";
-import { KEY_ACCOUNT_MIGRATIONS } from "./schema.ts";
+import { TeamLink } from "./team/link.ts";
+import { KEY_ACCOUNT_MIGRATIONS } from "./migrations.ts";
 import { budgetStatusOf, checkKey, recordOf, requestsOf, usageOf } from "./reads.ts";
 import {
   type BatchCharge,
@@ -57,18 +58,22 @@ const RECONCILE_RETRY_MS = 5_000;
 /** Limits, counters and reservations of one API key. */
 export class KeyAccount extends DurableObject<Env> {
   readonly #store: AccountStore;
+  readonly #team: TeamLink;
   #alarmAt: number | null = null;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
     // Memory ahead of storage for good would bill from state that is gone: start again.
     this.#store = new AccountStore(ctx.storage, () => ctx.abort("key account commit failed"));
+    this.#team = new TeamLink(this.#store, env.TEAM_ACCOUNT, ctx);
     void ctx.blockConcurrencyWhile(() => this.#migrate());
   }
 
   /** Creates the key; null when this object already holds one. */
   create(input: KeyCreateInput): KeyRecord | null {
-    return this.#store.key.create(input);
+    const record = this.#store.key.create(input);
+    if (record !== null) this.#team.join(record.teamId);
+    return record;
   }
 
   /** The key record, or null when no key lives here. */
@@ -76,14 +81,19 @@ export class KeyAccount extends DurableObject<Env> {
     return this.#store.key.view(now ?? Date.now());
   }
 
-  /** Applies a partial change; null when no key lives here. */
-  update(input: KeyUpdateInput): KeyRecord | null {
-    return this.#store.key.update(input);
+  /** Applies a partial change (a new team: the old one gets back all it lent); null without a key. */
+  async update(input: KeyUpdateInput): Promise<KeyRecord | null> {
+    const moves = await this.#team.leaveFor(input.teamId);
+    const record = this.#store.key.update(input);
+    if (moves && record !== null) this.#team.join(record.teamId);
+    return record;
   }
 
-  /** Revokes the key: its very next request is refused. Null when no key lives here. */
-  revoke(now: number): KeyRecord | null {
-    return this.#store.key.revoke(now);
+  /** Revokes the key: its very next request is refused; its team gets back what it lent. */
+  async revoke(now: number): Promise<KeyRecord | null> {
+    const record = this.#store.key.revoke(now);
+    if (record !== null) await this.#team.leave();
+    return record;
   }
 
   /**
@@ -118,7 +128,7 @@ export class KeyAccount extends DurableObject<Env> {
     const ask = ownLeaseAsk(input);
     endDueLeases(this.#store, now);
     if (ask !== undefined) giveBack(this.#store, ask, hash, now);
-    const result = decide(this.#store, input);
+    const result = await admitWithTeam(this.#store, this.#team, input);
     const granted = ask !== undefined && result.ok;
     const lease = granted ? grantLease(this.#store, ask, hash, now).lease : null;
     // Durable before any origin is asked to generate for it: the answer leaves once this
@@ -128,6 +138,7 @@ export class KeyAccount extends DurableObject<Env> {
     if (result.ok) await this.#ensureAlarm(result.leaseExpiresAt);
     await this.#leaseAlarm();
     await this.#alarmFor(settled, now);
+    await this.#teamAlarm(now);
     return { ...result, ...(ask !== undefined && { lease }), commit: this.#store.stamp() };
   }
 
@@ -140,6 +151,7 @@ export class KeyAccount extends DurableObject<Env> {
     this.#store.flush();
     await this.#leaseAlarm();
     await this.#alarmFor(settled, now);
+    await this.#teamAlarm(now);
     return { ...outcome, commit: this.#store.stamp() };
   }
 
@@ -162,6 +174,7 @@ export class KeyAccount extends DurableObject<Env> {
     this.#store.flush();
     const commit = this.#store.stamp();
     await this.#alarmFor(results, now);
+    await this.#teamAlarm(now);
     return { results, commit };
   }
 
@@ -244,6 +257,7 @@ export class KeyAccount extends DurableObject<Env> {
     // A request whose lease lapsed unsettled lost its edge (a restart), as did an ended
     // lease's unreported ones: their origins may still know how they ended.
     await reconcileLapsed(this.#store, this.env.WARMGATE_CONFIG, this.env, now);
+    await this.#team.release(now);
     raiseAlerts(this.#store, now, () => this.#alertSettings());
     await deliverAlerts(this.#store, now, this.#alertSettings(), this.env.ALERT_SIGNING_SECRET);
     this.#store.prune(now);
@@ -275,6 +289,12 @@ export class KeyAccount extends DurableObject<Env> {
     }
   }
 
+  // Tops the team lease up in the background; an idle key gives back what it holds unused.
+  async #teamAlarm(now: number): Promise<void> {
+    const idle = this.#team.keepUp(now);
+    if (idle !== null) await this.#ensureAlarm(idle);
+  }
+
   async #leaseAlarm(): Promise<void> {
     const next = this.#store.leases.nextExpiry();
     if (Number.isFinite(next)) await this.#ensureAlarm(next);
@@ -293,7 +313,9 @@ export class KeyAccount extends DurableObject<Env> {
     const prune = prunable === null ? [] : [Math.max(prunable, now + PRUNE_INTERVAL_MS)];
     const lapsed = this.#store.ledger.hasLapsed ? [now + RECONCILE_RETRY_MS] : [];
     const alert = this.#store.alerts.nextDue();
-    const due = [open, alert].filter((at) => Number.isFinite(at));
+    const due = [open, alert, this.#team.alarmAt(now) ?? Number.NaN].filter((at) =>
+      Number.isFinite(at),
+    );
     const candidates = [...prune, ...lapsed, ...due];
     if (candidates.length === 0) {
       await this.ctx.storage.deleteAlarm();

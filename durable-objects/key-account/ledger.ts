@@ -128,7 +128,7 @@ export function expireRow(row: LedgerEntry, now: number): LedgerChange {
  */
 export function forgottenRow(
   input: SettleInput,
-  keyTags: readonly string[],
+  key: { tags: readonly string[]; teamId: string | null },
   now: number,
 ): LedgerEntry | null {
   const first = input.admitted?.models[0];
@@ -142,7 +142,8 @@ export function forgottenRow(
     subject: null,
     subjectTpm: null,
     endUser: null,
-    tags: rowTags(keyTags, input.tags),
+    tags: rowTags(key.tags, input.tags),
+    teamId: key.teamId,
     reservedTokens: 0,
     reservedPicos: 0n,
     candidates: input.admitted.models.map(({ model, price }) => storedCandidate(model, price)),

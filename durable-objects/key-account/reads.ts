@@ -6,8 +6,7 @@
  */
 import { keyRefusal } from "./admission.ts";
 import { checkCredential } from "./credential.ts";
-import { HOUR_MS } from "../../contracts/budget-periods.ts";
-import { resetsAt } from "./budgets.ts";
+import { budgetStatuses } from "./budgets.ts";
 import { KEY_SCOPE, ledgerRecordOf } from "./schema.ts";
 import type { AccountStore } from "./store.ts";
 import { type CheckCredential, type KeyCheckResult } from "./types.ts";
@@ -44,7 +43,7 @@ export function checkKey(
 
 /**
  * Usage from `from` to `to` (UTC days, inclusive): the rollups by day and model; with
- * `user` or `tag`, only those requests, summed from the ledger (kept LEDGER_RETENTION_MS);
+ * `user`, `tag` or `teamId`, only those requests, summed from the ledger (kept LEDGER_RETENTION_MS);
  * with `by: "tag"`, totals per tag as well.
  */
 export function usageOf(store: AccountStore, query: UsageQuery): UsageResult {
@@ -52,12 +51,16 @@ export function usageOf(store: AccountStore, query: UsageQuery): UsageResult {
     const check = checkKey(store, { credential: query.credential });
     if (!check.ok) return check;
   }
-  const { from, to, user, tag } = query;
+  const { from, to, user, tag, teamId } = query;
   const rows =
-    user === undefined && tag === undefined
+    user === undefined && tag === undefined && teamId === undefined
       ? store.spend.usage(from, to)
       : store.ledger.filteredUsage(
-          { ...(user !== undefined && { user }), ...(tag !== undefined && { tag }) },
+          {
+            ...(user !== undefined && { user }),
+            ...(tag !== undefined && { tag }),
+            ...(teamId !== undefined && { teamId }),
+          },
           from,
           to,
         );
@@ -72,15 +75,7 @@ export function usageOf(store: AccountStore, query: UsageQuery): UsageResult {
 /** The key's budgets as they stand at `now`: each window's spend and when it resets. */
 export function budgetStatusOf(store: AccountStore, now: number): BudgetStatus[] {
   const budgets = store.key.record?.budgets ?? NO_BUDGETS;
-  return store.spend.lines(budgets, now, KEY_SCOPE).map((line) => ({
-    budget: line.name,
-    limitPicos: line.limitPicos,
-    softPicos: line.softPicos,
-    spentPicos: line.spend.settledPicos,
-    reservedPicos: line.spend.reservedPicos,
-    startsAt: line.window === null ? null : line.window.startHour * HOUR_MS,
-    resetsAt: resetsAt(line),
-  }));
+  return budgetStatuses(store.spend.lines(budgets, now, KEY_SCOPE));
 }
 
 /** One request's ledger record (null when unknown or pruned), for its own key's secret. */

@@ -11,6 +11,7 @@ import { leasedRow } from "./leases/rows.ts";
 import type { LedgerEntry } from "./schema.ts";
 import { settledSample } from "./metrics.ts";
 import type { AccountStore } from "./store.ts";
+import { moneyUsed } from "./team/pool.ts";
 import { type SettleInput, type SettleResult } from "./types.ts";
 import { NO_BUDGETS } from "./budget-types.ts";
 
@@ -22,7 +23,11 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   if (open !== undefined) {
     // Exact, unless that would take a budget past its limit: the reservation was agreed at
     // admission, anything above it only while the budgets have room.
-    const cap = billingCap(linesAt(store, open), open.reservedPicos);
+    const cap = teamCap(
+      store,
+      billingCap(linesAt(store, open), open.reservedPicos),
+      open.reservedPicos,
+    );
     return close(store, open, input, now, cap);
   }
   // Not in flight: settled or expired already, or its admission was forgotten by a crash
@@ -31,7 +36,11 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   if (row === null) {
     const leased = leasedRow(store, input, now);
     if (leased === null) return settleForgotten(store, input, now);
-    const cap = billingCap(linesAt(store, leased), leased.reservedPicos);
+    const cap = teamCap(
+      store,
+      billingCap(linesAt(store, leased), leased.reservedPicos),
+      leased.reservedPicos,
+    );
     return close(store, leased, input, now, cap);
   }
   if (row.state === "settled") return { settled: false, requestId, reason: "already_settled" };
@@ -39,7 +48,7 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   // Expired: its reservation was released then, so it is billed only as far as budgets have
   // room; its usage is known now, so the origins need not be asked.
   store.ledger.resolve(requestId);
-  return close(store, row, input, now, billingCap(linesAt(store, row), 0n));
+  return close(store, row, input, now, teamCap(store, billingCap(linesAt(store, row), 0n), 0n));
 }
 
 // A request whose edge could not learn what its origin generated: its reservation is
@@ -73,14 +82,22 @@ function unknownLeased(store: AccountStore, input: SettleInput, now: number): Le
 // settled row with nothing reserved, in the day it settles. A request the edge does not
 // say it admitted is unknown.
 function settleForgotten(store: AccountStore, input: SettleInput, now: number): SettleResult {
-  const entry = forgottenRow(input, store.key.record?.tags ?? [], now);
+  const entry = forgottenRow(
+    input,
+    { tags: store.key.record?.tags ?? [], teamId: store.key.record?.teamId ?? null },
+    now,
+  );
   if (entry === null)
     return { settled: false, requestId: input.requestId, reason: "unknown_request" };
   // As the admission agreed: its reservation in full, above it as far as the budgets have
   // room with that reservation counted, as it was before the crash.
   const admitted = input.admitted?.reservedPicos ?? 0n;
   const reserved = admitted > 0n ? admitted : 0n;
-  const cap = billingCap(withReserved(linesAt(store, entry), reserved), reserved);
+  const cap = teamCap(
+    store,
+    billingCap(withReserved(linesAt(store, entry), reserved), reserved),
+    reserved,
+  );
   return close(store, entry, input, now, cap);
 }
 
@@ -106,6 +123,17 @@ export function expireDue(store: AccountStore, now: number): void {
     store.apply(row, expireRow(row, now), now);
     store.ledger.lapse(row.requestId, now);
   }
+}
+
+// A cost above the reservation is billed only as far as the key's lease of its team's money
+// has room too (docs/key-account.md, "Teams").
+function teamCap(store: AccountStore, cap: bigint | null, reservedPicos: bigint): bigint | null {
+  const pool = store.team.pool;
+  if (pool === null || !pool.budgeted) return cap;
+  const reserved = store.spend.lifetime().reservedPicos;
+  const room = pool.picos - moneyUsed(pool, { reservedPicos: reserved, inFlight: 0 });
+  const most = reservedPicos + (room > 0n ? room : 0n);
+  return cap === null || most < cap ? most : cap;
 }
 
 // The key's budgets whose windows hold the row's hour: the spend its cost counts in.

@@ -16,6 +16,7 @@ import { LeaseStore } from "./store/leases.ts";
 import { LedgerStore } from "./store/ledger.ts";
 import { MetricsStore } from "./store/metrics.ts";
 import { SpendStore } from "./store/spend.ts";
+import { TeamPoolStore } from "./store/team.ts";
 import { ACCOUNT_WRITE_DELAY_MS } from "./types.ts";
 
 /** The bucket scope of one end user of browser tokens. */
@@ -42,6 +43,8 @@ export class AccountStore {
   readonly leases: LeaseStore;
   /** The key's request metrics. */
   readonly metrics: MetricsStore;
+  /** The key's lease of its team's allowance (null pool: no team). */
+  readonly team: TeamPoolStore;
   /** Its soft-budget alerts. */
   readonly alerts: AlertStore;
   readonly #writes: WriteBehind;
@@ -57,6 +60,7 @@ export class AccountStore {
     this.spend = new SpendStore(storage.sql, this.#writes);
     this.leases = new LeaseStore(storage.sql, this.#writes);
     this.metrics = new MetricsStore(storage.sql, this.#writes);
+    this.team = new TeamPoolStore(storage.sql, this.#writes);
     this.alerts = new AlertStore(storage.sql, this.#writes);
   }
 
@@ -65,6 +69,7 @@ export class AccountStore {
     this.key.load();
     this.ledger.load(now);
     this.leases.load();
+    this.team.load();
     this.alerts.load();
   }
 
@@ -109,6 +114,7 @@ export class AccountStore {
     }
     this.ledger.close(before, row);
     this.spend.add(row.hour, change.spend, row.subject);
+    this.team.settled(change.spend.settledPicos, change.tokens);
     for (const delta of change.usage) this.spend.addUsage(row.day, delta);
   }
 

@@ -5,6 +5,7 @@
 import type { MetadataValue } from "../../contracts/tags.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 import type { ModelPrice } from "../../contracts/pricing.ts";
+import type { SettleCache, SettleMetrics } from "./settle-types.ts";
 import type { BudgetName, Budgets, ModelLimits, PeriodBudget } from "./budget-types.ts";
 
 /** Priority tiers, lowest first; the batcher maps them to lanes. */
@@ -48,8 +49,12 @@ export type AdmissionRefusal =
       ok: false;
       code: "rate_limit_exceeded";
       limit: LimitName;
-      /** `model`: the key's own limit for one model (`model_limits`), named in `model`. */
-      scope: "key" | "end_user" | "model";
+      /**
+       * Whose limit: the key's, its end user's (browser token), its team's (`teamId`), or
+       * `model`: the key's own limit for one model (`model_limits`), named in `model`.
+       */
+      scope: "key" | "end_user" | "team" | "model";
+      teamId?: string;
       model?: string;
       /** The limit's value, and what this request asked of it. */
       limitValue: number;
@@ -63,8 +68,9 @@ export type AdmissionRefusal =
       ok: false;
       code: "insufficient_quota";
       budget: BudgetName;
-      /** Whose budget: the key's, or the browser token's end user's. */
-      scope: "key" | "end_user";
+      /** Whose budget: the key's, the browser token's end user's, or its team's (`teamId`). */
+      scope: "key" | "end_user" | "team";
+      teamId?: string;
       /** The budget, in pico-dollars like every amount here. */
       limitPicos: bigint;
       /** Settled spend and open reservations in the budget's period. */
@@ -128,6 +134,8 @@ export interface KeyRecord {
   tags: string[];
   /** Free metadata of the operator's, never read by the gateway. */
   metadata: Record<string, MetadataValue>;
+  /** The team it belongs to, whose limits and budgets it is held to as well; null: none. */
+  teamId: string | null;
   /** End of the grace period of the previous secret after a rotation, if still running. */
   previousSecretValidUntil: number | null;
   /** Increases with every change, so copies of the record (the directory) keep the newest. */
@@ -151,6 +159,7 @@ export interface KeyCreateInput {
   expiresAt: number | null;
   tags?: string[];
   metadata?: Record<string, MetadataValue>;
+  teamId?: string | null;
   now: number;
 }
 
@@ -172,6 +181,8 @@ export interface KeyUpdateInput {
   blocked?: boolean;
   tags?: string[];
   metadata?: Record<string, MetadataValue>;
+  /** Moves the key into a team (its allowance of the old one is given back), or out (null). */
+  teamId?: string | null;
   now: number;
 }
 
@@ -233,6 +244,8 @@ export type AdmitOk = Admission & {
   tier: KeyTier;
   /** Whether the request may pick its region (the key's `allow_region_override`). */
   allowRegionOverride: boolean;
+  /** The key's team, or null (a team-scoped response cache shares entries in it). */
+  teamId: string | null;
   leaseExpiresAt: number;
   /**
    * Whether the key has a budget: then a cost above the reservation is billed only as far
@@ -305,32 +318,6 @@ export interface SettleInput {
   /** How the edge's response cache served it, when the cache was used. */
   cache?: SettleCache;
   now?: number;
-}
-
-/**
- * How the edge's response cache served a request (docs/cache.md). A hit's `usage` is what
- * generating the answer cost, the tokens it saved: billed at `pricePpm` of its price, its
- * reserved tokens given back.
- */
-export interface SettleCache {
-  /** `hit`: answered from the cache; `miss`: looked up, then generated. */
-  result: "hit" | "miss";
-  /** Bytes a hit served. */
-  bytes: number;
-  /** Share of the answer's price a hit is billed at, in parts per million. */
-  pricePpm: number;
-}
-
-/** A request as its client saw it: where it was served, its status and its timings. */
-export interface SettleMetrics {
-  /** The region that served it, or null when none did. */
-  region: string | null;
-  /** The HTTP status the client received. */
-  status: number;
-  /** From the edge receiving it to its settlement. */
-  durationMs: number;
-  /** From the edge receiving it to its first body byte, for a streamed answer; else null. */
-  ttftMs: number | null;
 }
 
 /** What the edge knows of an admission: enough to bill the request if the account lost it. */

@@ -37,6 +37,8 @@ export interface LedgerRecord {
   endUser: string | null;
   /** The key's tags and the request's own. */
   tags: string[];
+  /** The key's team when it was admitted, or null. */
+  teamId: string | null;
   attempts: RequestAttempt[];
   /** The HTTP status its client received, once settled with it; else null. */
   httpStatus: number | null;
@@ -59,6 +61,8 @@ export interface RequestLogQuery {
   user?: string;
   tag?: string;
   model?: string;
+  /** Only rows admitted while the key was in this team. */
+  teamId?: string;
   /** `open` (in flight), or how the row closed. */
   status?: LedgerRecord["outcome"] | "open";
 }
@@ -72,6 +76,8 @@ export interface UsageQuery {
   to: string;
   user?: string;
   tag?: string;
+  /** Only the rows admitted while the key was in this team. */
+  teamId?: string;
   /** `tag`: totals per tag as well. */
   by?: "tag";
   /** Only for this key's own secret (the edge's `/v1/usage`). */

@@ -9,6 +9,8 @@ import { DurableObject } from "cloudflare:workers";
 import type { KeyRecord } from "../key-account/types.ts";
 import { AUDIT_MIGRATION, appendAudit, auditPage } from "./audit.ts";
 import type { AuditEntry, AuditPage, AuditQuery } from "./types.ts";
+import type { TeamRecord } from "../team-account/types.ts";
+import { TEAMS_MIGRATION, type TeamPage, putTeam, teamKeyIds, teamPage } from "./teams.ts";
 
 /** One page of keys, newest first. */
 export interface KeyPage {
@@ -25,6 +27,7 @@ const MIGRATIONS: readonly string[] = [
      origin TEXT NOT NULL, key_id TEXT NOT NULL, PRIMARY KEY (origin, key_id));
    CREATE INDEX key_origins_by_key ON key_origins (key_id);`,
   AUDIT_MIGRATION,
+  TEAMS_MIGRATION,
 ];
 
 /** The index of all API keys. */
@@ -121,6 +124,44 @@ export class KeyDirectory extends DurableObject<Env> {
       keys: rows.slice(0, limit).map((row) => JSON.parse(row.record) as KeyRecord),
       hasMore: rows.length > limit,
     };
+  }
+
+  /** Records a team's latest state with the admin action that made it. */
+  upsertTeam(record: TeamRecord, audit: AuditEntry): void {
+    this.ctx.storage.transactionSync(() => {
+      appendAudit(this.ctx.storage.sql, audit);
+      putTeam(this.ctx.storage.sql, record);
+    });
+  }
+
+  /** Whether a team with this id is indexed. */
+  hasTeam(id: string): boolean {
+    return this.ctx.storage.sql.exec("SELECT 1 FROM teams WHERE id = ?", id).toArray().length > 0;
+  }
+
+  /** A page of teams, newest first. */
+  teams(input: { limit: number; after?: string | null }): TeamPage {
+    return teamPage(this.ctx.storage.sql, input);
+  }
+
+  /** The ids of a team's keys (`active`: not revoked), oldest first. */
+  teamKeys(teamId: string, active = false): string[] {
+    return teamKeyIds(this.ctx.storage.sql, teamId, active);
+  }
+
+  /**
+   * Removes a team from the index with its audit entry; refused (the ids of its keys
+   * answered) while a key that is not revoked belongs to it.
+   */
+  removeTeam(id: string, audit: AuditEntry): { removed: boolean; keys: string[] } {
+    const sql = this.ctx.storage.sql;
+    const keys = teamKeyIds(sql, id, true);
+    if (keys.length > 0) return { removed: false, keys };
+    this.ctx.storage.transactionSync(() => {
+      appendAudit(sql, audit);
+      sql.exec("DELETE FROM teams WHERE id = ?", id);
+    });
+    return { removed: true, keys };
   }
 
   /** Whether any active, unexpired key allows this browser origin. */

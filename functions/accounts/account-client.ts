@@ -292,9 +292,11 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
       const who =
         refusal.scope === "key"
           ? `key ${keyId}`
-          : refusal.scope === "model"
-            ? `model ${refusal.model ?? ""} of key ${keyId}`
-            : `this end user of key ${keyId}`;
+          : refusal.scope === "team"
+            ? `team ${refusal.teamId ?? ""} of key ${keyId}`
+            : refusal.scope === "model"
+              ? `model ${refusal.model ?? ""} of key ${keyId}`
+              : `this end user of key ${keyId}`;
       const message = refusal.tooLarge
         ? `Request too large for ${who} on ${unit}: Limit ${refusal.limitValue}, Requested ${refusal.requested}. Reduce the prompt or max_tokens.`
         : `Rate limit reached for ${who} on ${unit}: Limit ${refusal.limitValue}, Requested ${refusal.requested}. Please try again in ${formatResetDuration(refusal.retryAfterMs)}.`;
@@ -309,7 +311,12 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
       });
     }
     case "insufficient_quota": {
-      const owner = refusal.scope === "key" ? `key ${keyId}` : `this end user of key ${keyId}`;
+      const owner =
+        refusal.scope === "key"
+          ? `key ${keyId}`
+          : refusal.scope === "team"
+            ? `team ${refusal.teamId ?? ""} of key ${keyId}`
+            : `this end user of key ${keyId}`;
       const budget =
         refusal.budget === "credit"
           ? "credit"

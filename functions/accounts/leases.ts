@@ -135,6 +135,7 @@ export class AccountLeases {
         requestId,
         tier: terms.tier,
         allowRegionOverride: terms.allowRegionOverride,
+        teamId: terms.teamId,
         leaseExpiresAt: held.admitUntil,
         budgeted: terms.budgeted,
       },

@@ -39,6 +39,7 @@ const DEFAULTS: Record<CacheKind, Record<string, unknown>> = {
 /** Whose entries a request may read and write. */
 export type CacheScope =
   | { kind: "key"; keyId: string; endUser: string | null }
+  | { kind: "team"; teamId: string; endUser: string | null }
   | { kind: "shared" };
 
 /** What a request's cache key is made of. */
@@ -101,7 +102,12 @@ export function canonicalJson(value: unknown): string {
 /** Everything that tells two requests' answers apart, as one string (before hashing). */
 export function cacheKeyMaterial(input: CacheKeyInput): string {
   const { kind, body, delivery, scope, customKey } = input;
-  const tenant = scope.kind === "shared" ? ["shared"] : ["key", scope.keyId, scope.endUser];
+  const tenant =
+    scope.kind === "shared"
+      ? ["shared"]
+      : scope.kind === "team"
+        ? ["team", scope.teamId, scope.endUser]
+        : ["key", scope.keyId, scope.endUser];
   const request =
     customKey === null
       ? ["body", normalisedBody(kind, body, delivery)]

@@ -57,14 +57,15 @@ export function responseCache() {
     // The text as sent, not the validated copy: nested fields the schema leaves out still
     // tell answers apart.
     const body = JSON.parse(completion.text) as Record<string, unknown>;
+    const endUser = endUserOf(c.get("credential"), body["user"]);
+    // A team's keys share entries where so configured; a key without a team keeps its own.
+    const teamId = state.settings.scope === "team" ? c.get("admission").teamId : null;
     const scope: CacheScope =
       state.settings.scope === "shared"
         ? { kind: "shared" }
-        : {
-            kind: "key",
-            keyId: c.get("caller").keyId,
-            endUser: endUserOf(c.get("credential"), body["user"]),
-          };
+        : teamId !== null
+          ? { kind: "team", teamId, endUser }
+          : { kind: "key", keyId: c.get("caller").keyId, endUser };
     const key = await cacheKey({
       kind: completion.kind,
       body,

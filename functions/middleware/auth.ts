@@ -35,12 +35,8 @@ import {
   settleWaitMs,
 } from "./leased-admission.ts";
 import type { SettledRequest } from "../accounts/settlement.ts";
-import type {
-  AdmitOk,
-  SettleCache,
-  SettleInput,
-  SettleMetrics,
-} from "../../durable-objects/key-account/types.ts";
+import type { AdmitOk, SettleInput } from "../../durable-objects/key-account/types.ts";
+import type { SettleCache, SettleMetrics } from "../../durable-objects/key-account/settle-types.ts";
 
 /** Response header with a non-streaming completion's exact cost in USD (six to twelve places). */
 export const COST_HEADER = "x-warmgate-cost-usd";

@@ -6,7 +6,7 @@
  */
 import { picosToUsd } from "../../contracts/pricing.ts";
 import { statusClassOf } from "../../contracts/prometheus.ts";
-import type { SettleMetrics } from "../../durable-objects/key-account/types.ts";
+import type { SettleMetrics } from "../../durable-objects/key-account/settle-types.ts";
 import type { SettledRequest } from "../accounts/settlement.ts";
 
 /** Writes the request's event; does nothing without the binding. */

@@ -5,6 +5,7 @@ import { type Browser, type Page, chromium } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROOT } from "../../scripts/edge.ts";
 import { type RunningStack, startStack } from "../../scripts/stack.ts";
+import { fitsWidth, manageTeams } from "../support/dashboard-page.ts";
 
 // The dashboard in a real browser: Debian's Chromium, driven by playwright-core.
 const CHROMIUM = process.env["CHROMIUM_PATH"] ?? "/usr/bin/chromium";
@@ -17,26 +18,6 @@ if (!present && !required) {
   console.warn(
     `dashboard test skipped: no Chromium at ${CHROMIUM}. Install it with \`sudo apt-get install chromium\` (Debian/Ubuntu) or set CHROMIUM_PATH.`,
   );
-}
-
-// The page is never wider than the screen; tables wider than it scroll inside their card.
-async function fitsWidth(page: Page): Promise<void> {
-  const sizes = await page.evaluate(() => ({
-    page: document.documentElement.scrollWidth,
-    viewport: window.innerWidth,
-    cards: [...document.querySelectorAll<HTMLElement>(".table-scroll, dialog[open]")]
-      .filter((card) => card.offsetParent !== null || card.matches("dialog[open]"))
-      .map((card) => ({
-        right: card.getBoundingClientRect().right,
-        overflow: card.matches("dialog") ? "auto" : getComputedStyle(card).overflowX,
-      })),
-  }));
-  expect(sizes.page).toBeLessThanOrEqual(sizes.viewport);
-  expect(sizes.cards.length).toBeGreaterThan(0);
-  for (const card of sizes.cards) {
-    expect(card.right).toBeLessThanOrEqual(sizes.viewport);
-    expect(card.overflow).toBe("auto");
-  }
 }
 
 describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
@@ -198,6 +179,7 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
         id,
         "active",
         "standard",
+        "–",
         "team:checkout, env:prod",
         "30",
         "1000000",
@@ -278,6 +260,18 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
         ),
       );
       expect(await page.locator("#audit").textContent()).not.toContain(rotated);
+      expect(pageErrors).toEqual([]);
+      await page.close();
+    },
+  );
+
+  it(
+    "manages teams: create, assign a key, refuse deleting a team with keys, then delete it",
+    { timeout: 90_000 },
+    async () => {
+      const page = await signedIn(1280, "Ada Operator");
+      await manageTeams(page, { admin, modelsWith });
+      expect(page.url()).not.toContain(stack.adminToken);
       expect(pageErrors).toEqual([]);
       await page.close();
     },
@@ -374,6 +368,11 @@ describe.skipIf(!present && !required)("the dashboard in Chromium", () => {
       await page.getByRole("row", { name: /development/ }).waitFor();
       await fitsWidth(page);
       await page.getByRole("button", { name: "New key" }).click();
+      await fitsWidth(page);
+      await page.getByRole("button", { name: "Cancel" }).click();
+      await page.getByRole("button", { name: "Teams", exact: true }).click();
+      await fitsWidth(page);
+      await page.getByRole("button", { name: "New team" }).click();
       await fitsWidth(page);
       await page.getByRole("button", { name: "Cancel" }).click();
       await page.getByRole("button", { name: "Requests", exact: true }).click();

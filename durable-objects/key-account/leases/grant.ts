@@ -18,6 +18,7 @@ import { refill, take } from "../token-bucket.ts";
 import type { CredentialRefusal } from "../types.ts";
 import { moveScopeUnits, scopeHeadroom, scopeModels, scopeRateLimit } from "./scope.ts";
 import { type Allowance, leaseTarget, topUp } from "./sizing.ts";
+import { teamModels, withinTeam } from "./team.ts";
 import type { LeaseAsk, LeaseGrant, LeaseUse } from "./types.ts";
 
 /** What a lease call decided: the lease to hold now (null: none), or why the key refuses. */
@@ -41,6 +42,11 @@ export function giveBack(
   if (lease === undefined || ask.held === null || ask.mode === "renew") return;
   const used = clampUse(lease, ask.held.used);
   const limits = store.key.record?.limits;
+  // What the lease took of the key's team allowance goes back to it too.
+  store.team.change((pool) => {
+    pool.requests += lease.requests - used.requests;
+    pool.tokens += lease.tokens - used.tokens;
+  });
   if (limits !== undefined) {
     store.buckets.adjust(KEY_SCOPE, "requests", limits.rpm, lease.requests - used.requests, now);
     store.buckets.adjust(KEY_SCOPE, "tokens", limits.tpm, lease.tokens - used.tokens, now);
@@ -98,17 +104,21 @@ export function grantLease(
   const usage = store.scopeUsage(KEY_SCOPE, null);
   const { limits, budgets } = record;
   const scope = ask.scope ?? null;
-  const headroom = scopeHeadroom(
+  const headroom = withinTeam(
     store,
-    scope,
-    {
-      requests:
-        usage.requests === null ? limits.rpm : refill(usage.requests, limits.rpm, now).level,
-      tokens: usage.tokens === null ? limits.tpm : refill(usage.tokens, limits.tpm, now).level,
-      picos: budgetRoom(store.spend.lines(budgets, now, KEY_SCOPE)),
-      slots: limits.concurrency - usage.inFlight,
-    },
-    now,
+    usage.inFlight,
+    scopeHeadroom(
+      store,
+      scope,
+      {
+        requests:
+          usage.requests === null ? limits.rpm : refill(usage.requests, limits.rpm, now).level,
+        tokens: usage.tokens === null ? limits.tpm : refill(usage.tokens, limits.tpm, now).level,
+        picos: budgetRoom(store.spend.lines(budgets, now, KEY_SCOPE)),
+        slots: limits.concurrency - usage.inFlight,
+      },
+      now,
+    ),
   );
   const unused: Allowance =
     lease === undefined
@@ -139,6 +149,10 @@ export function grantLease(
     );
     store.buckets.put(KEY_SCOPE, { requests: requests.state, tokens: tokens.state });
     moveScopeUnits(store, scope, { requests: -add.requests, tokens: -add.tokens }, now);
+    store.team.change((pool) => {
+      pool.requests -= add.requests;
+      pool.tokens -= add.tokens;
+    });
     lease.requests += add.requests;
     lease.ids += add.requests;
     lease.tokens += add.tokens;
@@ -186,12 +200,13 @@ export function grantLease(
         },
       })),
       key: {
-        models: scopeModels(record.models, scope),
+        models: teamModels(store, scopeModels(record.models, scope)),
         allowedOrigins: record.allowedOrigins,
         expiresAt: record.expiresAt,
         tier: record.tier,
         allowRegionOverride: record.allowRegionOverride,
         budgeted: hasBudgets(budgets),
+        teamId: record.teamId,
         limitedModels: Object.keys(record.modelLimits),
       },
       rateLimit: scopeRateLimit(
@@ -288,7 +303,7 @@ function newLease(
   budgeted: boolean,
 ): LeaseEntry {
   const scope = ask.scope ?? null;
-  const allowed = scopeModels(store.key.record?.models ?? null, scope);
+  const allowed = teamModels(store, scopeModels(store.key.record?.models ?? null, scope));
   // A model with its own limits is admitted exactly, never under a lease.
   const limited = store.key.record?.modelLimits ?? {};
   const models = ask.models

@@ -55,6 +55,7 @@ export function leasedRow(
     subjectTpm: subject?.limits.tpm ?? null,
     endUser: input.leased?.endUser ?? lease.scope?.endUser ?? null,
     tags: rowTags(store.key.record?.tags ?? [], input.tags),
+    teamId: store.key.record?.teamId ?? null,
     // Its tokens came out of the buckets with the lease's; without the edge's word (an
     // origin's record) what it used is all it is charged.
     reservedTokens:

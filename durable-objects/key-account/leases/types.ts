@@ -69,6 +69,8 @@ export interface LeaseGrant {
     tier: KeyTier;
     allowRegionOverride: boolean;
     budgeted: boolean;
+    /** The key's team, or null. */
+    teamId: string | null;
     /** Models with their own limits (`model_limits`): their requests are admitted exactly. */
     limitedModels: string[];
   };

@@ -51,8 +51,9 @@ export class KeyStore {
       sql.exec(
         `INSERT INTO key_record (singleton, id, name, status, rpm, tpm, concurrency, allowed_origins,
            models, tier, expires_at, created_at, updated_at, revoked_at, version, budgets,
-           credit_micros, allow_region_override, tags, metadata, model_limits, alert_webhook_url)
-         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1, ?, ?, ?, ?, ?, ?, ?)`,
+           credit_micros, allow_region_override, tags, metadata, model_limits, alert_webhook_url,
+           team_id)
+         VALUES (1, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 1, ?, ?, ?, ?, ?, ?, ?, ?)`,
         input.id,
         input.name,
         input.limits.rpm,
@@ -71,6 +72,7 @@ export class KeyStore {
         JSON.stringify(input.metadata ?? {}),
         JSON.stringify(input.modelLimits ?? {}),
         input.alertWebhookUrl ?? null,
+        input.teamId ?? null,
       );
       sql.exec(
         `INSERT INTO secrets (secret_hash, generation, created_at, valid_until)
@@ -101,7 +103,7 @@ export class KeyStore {
       `UPDATE key_record SET name = ?, rpm = ?, tpm = ?, concurrency = ?, allowed_origins = ?,
          models = ?, tier = ?, expires_at = ?, updated_at = ?, version = version + 1,
          budgets = ?, credit_micros = ?, allow_region_override = ?, status = ?, blocked_at = ?,
-         tags = ?, metadata = ?, model_limits = ?, alert_webhook_url = ?`,
+         tags = ?, metadata = ?, model_limits = ?, alert_webhook_url = ?, team_id = ?`,
       input.name ?? current.name,
       limits.rpm,
       limits.tpm,
@@ -120,6 +122,7 @@ export class KeyStore {
       JSON.stringify(input.metadata ?? current.metadata),
       JSON.stringify(input.modelLimits ?? current.modelLimits),
       input.alertWebhookUrl === undefined ? current.alertWebhookUrl : input.alertWebhookUrl,
+      input.teamId === undefined ? current.teamId : input.teamId,
     );
     this.load();
     return this.view(input.now);

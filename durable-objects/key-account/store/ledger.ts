@@ -192,10 +192,14 @@ export class LedgerStore {
   }
 
   /**
-   * Usage by day and model of one end user's requests, or one tag's, or both, summed from
-   * the closed rows (a flush first).
+   * Usage by day and model of one end user's requests, one tag's or one team's, or of
+   * several of them, summed from the closed rows (a flush first).
    */
-  filteredUsage(only: { user?: string; tag?: string }, from: string, to: string): UsageRow[] {
+  filteredUsage(
+    only: { user?: string; tag?: string; teamId?: string },
+    from: string,
+    to: string,
+  ): UsageRow[] {
     this.#writes.flush();
     const where = ["day >= ?", "day <= ?", "state <> 'open'"];
     const args: string[] = [from, to];
@@ -206,6 +210,10 @@ export class LedgerStore {
     if (only.tag !== undefined) {
       where.push("EXISTS (SELECT 1 FROM json_each(ledger.tags) WHERE value = ?)");
       args.push(only.tag);
+    }
+    if (only.teamId !== undefined) {
+      where.push("team_id = ?");
+      args.push(only.teamId);
     }
     return this.#sql
       .exec<UsageDbRow>(
@@ -248,6 +256,7 @@ export class LedgerStore {
     const equal: [string, string | undefined][] = [
       ["end_user", query.user],
       ["model", query.model],
+      ["team_id", query.teamId],
     ];
     for (const [column, value] of equal) {
       if (value === undefined) continue;
@@ -314,7 +323,7 @@ export class LedgerStore {
     this.#writes.set(ledgerKey(entry.requestId), () =>
       this.#sql.exec(
         `INSERT INTO ledger (${LEDGER_COLUMNS})
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT (request_id) DO UPDATE SET state = excluded.state, model = excluded.model,
            closed_at = excluded.closed_at, outcome = excluded.outcome,
            prompt_tokens = excluded.prompt_tokens, cached_tokens = excluded.cached_tokens,
@@ -349,6 +358,7 @@ export class LedgerStore {
         entry.ttftMs,
         entry.cacheHit ? 1 : 0,
         entry.hour,
+        entry.teamId,
       ),
     );
   }

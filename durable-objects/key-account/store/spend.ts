@@ -89,6 +89,11 @@ export class SpendStore {
     );
   }
 
+  /** The lifetime spend: every settled cost and every open reservation. */
+  lifetime(): PeriodSpend {
+    return this.#lifetimeSpend();
+  }
+
   /** The UTC hours whose settled spend changed since the last call. */
   takeSettledHours(): number[] {
     const hours = [...this.#settledHours];

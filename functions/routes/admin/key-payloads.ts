@@ -19,6 +19,7 @@ import {
 } from "../../../durable-objects/key-account/budget-types.ts";
 import { isBudgetPeriod } from "../../../contracts/budget-periods.ts";
 import { microsToUsd, picosToUsd, usdToMicros } from "../../../contracts/pricing.ts";
+import { TEAM_ID_PATTERN } from "../../accounts/teams.ts";
 
 /** Limits of a key when the create request names none. */
 export const DEFAULT_KEY_LIMITS = { rpm: 600, tpm: 1_000_000, concurrency: 64 } as const;
@@ -33,7 +34,8 @@ const Usd = z.number().refine((amount) => usdToMicros(amount) !== null, {
   message: "Expected US dollars from 0 to 1e9 with at most six decimal places.",
 });
 
-const KeyLimits = z.strictObject({
+/** Limits and budgets of a key or a team: requests, tokens, concurrency and US dollars. */
+export const KeyLimits = z.strictObject({
   rpm: z.int().min(1).max(1_000_000_000),
   tpm: z.int().min(1).max(1_000_000_000_000),
   concurrency: z.int().min(1).max(1_000_000),
@@ -153,7 +155,8 @@ function micros(dollars: number | null): number | null {
   return dollars === null ? null : usdToMicros(dollars);
 }
 
-function usd(amount: number | null): number | null {
+/** Micro-dollars in US dollars (null stays null). */
+export function usd(amount: number | null): number | null {
   return amount === null ? null : microsToUsd(amount);
 }
 
@@ -183,8 +186,8 @@ export const Tag = z.string().regex(TAG_PATTERN, {
   message: "Expected a tag of 1 to 64 letters, digits or _ . : = / @ + -.",
 });
 
-// Free metadata: at most 32 entries of scalars, names and strings bounded.
-const Metadata = z
+/** Free metadata: at most 32 entries of scalars, names and strings bounded. */
+export const Metadata = z
   .record(
     z.string().min(1).max(64),
     z.union([z.string().max(512), z.number(), z.boolean(), z.null()]),
@@ -203,6 +206,8 @@ const KeyFields = {
   expires_at: ExpiresAt.nullable(),
   tags: z.array(Tag).max(MAX_KEY_TAGS),
   metadata: Metadata,
+  /** The team the key belongs to (it must exist), or null for none. */
+  team_id: z.string().regex(TEAM_ID_PATTERN, { message: "Expected a team id." }).nullable(),
   budgets: BudgetList,
   model_limits: ModelLimitsBody,
   alert_webhook_url: WebhookUrl.nullable(),
@@ -245,6 +250,7 @@ export function keyJson(record: KeyRecord): Record<string, unknown> {
     blocked_at: seconds(record.blockedAt),
     tags: record.tags,
     metadata: record.metadata,
+    team_id: record.teamId,
     previous_key_expires_at: seconds(record.previousSecretValidUntil),
   };
 }
@@ -263,6 +269,7 @@ function isLoopback(value: string): boolean {
   return host === "localhost" || host === "127.0.0.1" || host === "[::1]";
 }
 
-function seconds(ms: number | null): number | null {
+/** Epoch ms in unix seconds (null stays null). */
+export function seconds(ms: number | null): number | null {
   return ms === null ? null : Math.floor(ms / 1_000);
 }

@@ -27,6 +27,8 @@ import {
 } from "./key-payloads.ts";
 import { KEY_ID_PATTERN, mintApiKey, newKeyId } from "../../accounts/keys.ts";
 import { auditEntry } from "../../accounts/audit.ts";
+import { noSuchTeam } from "../../accounts/teams.ts";
+import { teamKnown } from "./teams.ts";
 import type { Context } from "hono";
 
 /**
@@ -37,6 +39,7 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
   .post("/keys", async (c) => {
     const body = await readJsonBody(c.req.raw, CreateKeyRequest);
     if (body.models) checkKeyModels(c.env.WARMGATE_CONFIG, body.models);
+    await checkTeam(c.env, body.team_id);
     if (body.model_limits) checkModelLimits(c.env.WARMGATE_CONFIG, body.model_limits);
     const now = Date.now();
     const id = newKeyId();
@@ -56,6 +59,7 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
       expiresAt: body.expires_at ?? null,
       tags: [...new Set(body.tags ?? [])],
       metadata: body.metadata ?? {},
+      teamId: body.team_id ?? null,
       now,
     });
     if (record === null) throw new Error("key id already in use");
@@ -94,6 +98,7 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     const body = await readJsonBody(c.req.raw, UpdateKeyRequest);
     const { name, limits, allowed_origins, models, tier, expires_at, blocked, metadata } = body;
     if (models) checkKeyModels(c.env.WARMGATE_CONFIG, models);
+    await checkTeam(c.env, body.team_id);
     if (body.model_limits) checkModelLimits(c.env.WARMGATE_CONFIG, body.model_limits);
     if (blocked !== undefined) await refuseIfRevoked(c.env, id);
     const override = body.allow_region_override;
@@ -112,6 +117,7 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
       ...(blocked === undefined ? {} : { blocked }),
       ...(body.tags === undefined ? {} : { tags: [...new Set(body.tags)] }),
       ...(metadata === undefined ? {} : { metadata }),
+      ...(body.team_id === undefined ? {} : { teamId: body.team_id }),
     });
     if (record === null) throw noSuchKey(id);
     // This isolate's lease of the key ends now; every other one within its window.
@@ -163,6 +169,12 @@ async function setBlocked(c: AdminContext, blocked: boolean): Promise<Response> 
   const action = blocked ? "key.block" : "key.unblock";
   await keyDirectory(c.env).upsert(record, await auditEntry(c, action, target(id)));
   return c.json(keyJson(record));
+}
+
+// A key's `team_id` must name a team that exists.
+async function checkTeam(env: Env, teamId: string | null | undefined): Promise<void> {
+  if (teamId === null || teamId === undefined) return;
+  if (!(await teamKnown(env, teamId))) throw noSuchTeam(teamId, "team_id");
 }
 
 async function refuseIfRevoked(env: Env, id: string): Promise<void> {

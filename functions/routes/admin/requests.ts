@@ -1,6 +1,6 @@
 /**
  * `GET /admin/requests`: the spend log, every request's ledger row across keys (never a
- * prompt or an output), newest first, a page at a time (`cursor`), filtered by key, tag,
+ * prompt or an output), newest first, a page at a time (`cursor`), filtered by key, team, tag,
  * end user, model, status and time range, as JSON or CSV (`format=csv`). Each key's
  * account holds its own rows: every key asked for one page, merged (docs/api.md,
  * "Spend logs", says why).
@@ -15,7 +15,7 @@ import { invalidRequest } from "../../../contracts/errors.ts";
 import { keyAccount, keyDirectory } from "../../accounts/account-client.ts";
 import { adminAuth } from "../../middleware/admin-auth.ts";
 import { noSuchKey } from "./keys.ts";
-import { USAGE_FAN_OUT, usageTag } from "./usage.ts";
+import { USAGE_FAN_OUT, usageTag, usageTeam } from "./usage.ts";
 import { onlyParams, requestRecordJson, usageUser } from "../usage.ts";
 
 const STATUSES = ["open", "ok", "error", "cancelled", "timeout", "expired"] as const;
@@ -23,6 +23,7 @@ const PARAMS = [
   "limit",
   "cursor",
   "key_id",
+  "team_id",
   "tag",
   "user",
   "model",
@@ -48,6 +49,7 @@ export const adminRequests = new Hono<{ Bindings: Env }>()
     const limit = whole(q["limit"] ?? "50", "limit", 1, 500);
     const user = usageUser(q["user"]);
     const tag = usageTag(q["tag"]);
+    const teamId = await usageTeam(c.env, q["team_id"]);
     const model = q["model"];
     if (model !== undefined && (model.length === 0 || model.length > 256)) {
       throw invalidRequest("model must be 1 to 256 characters.", "model", "invalid_value");
@@ -70,6 +72,7 @@ export const adminRequests = new Hono<{ Bindings: Env }>()
       ...(before !== undefined && { before }),
       ...(user !== undefined && { user }),
       ...(tag !== undefined && { tag }),
+      ...(teamId !== undefined && { teamId }),
       ...(model !== undefined && { model }),
       ...(status !== undefined && { status }),
     };
@@ -120,6 +123,7 @@ function rowJson(row: Row) {
   return {
     ...requestRecordJson(row),
     key_id: row.keyId,
+    team_id: row.teamId,
     region: served?.region ?? null,
     origin: served?.origin ?? null,
   };
@@ -128,6 +132,7 @@ function rowJson(row: Row) {
 const CSV_COLUMNS = [
   "id",
   "key_id",
+  "team_id",
   "created_at",
   "model",
   "status",

@@ -1,6 +1,6 @@
 /**
  * `GET /admin/usage`: the usage API across keys (or one key's), by UTC day and model, of
- * one end user's requests (`user`) or one tag's (`tag`) when asked; and
+ * one end user's requests (`user`), one tag's (`tag`) or one team's (`team_id`) when asked; and
  * `GET /admin/usage/tags`: spend per tag. Each key's account holds its own ledger: they are
  * asked a batch at a time. See docs/api.md.
  */
@@ -16,6 +16,8 @@ import { invalidRequest } from "../../../contracts/errors.ts";
 import { keyAccount, keyDirectory } from "../../accounts/account-client.ts";
 import { adminAuth } from "../../middleware/admin-auth.ts";
 import { noSuchKey } from "./keys.ts";
+import { teamKnown } from "./teams.ts";
+import { noSuchTeam } from "../../accounts/teams.ts";
 import { budgetStatusJson } from "./key-payloads.ts";
 import type { BudgetStatus } from "../../../durable-objects/key-account/budget-types.ts";
 import {
@@ -43,14 +45,16 @@ type KeyUsage = {
 export const adminUsage = new Hono<{ Bindings: Env }>()
   .use("*", adminAuth())
   .get("/", async (c) => {
-    onlyParams(c.req.query(), ["from", "to", "key_id", "user", "tag"]);
+    onlyParams(c.req.query(), ["from", "to", "key_id", "user", "tag", "team_id"]);
     const range = usageRange(c.req.query("from"), c.req.query("to"), Date.now());
     const user = usageUser(c.req.query("user"));
     const tag = usageTag(c.req.query("tag"));
+    const teamId = await usageTeam(c.env, c.req.query("team_id"));
     const perKey = await askKeys(c.env, c.req.query("key_id"), {
       ...range,
       ...(user !== undefined && { user }),
       ...(tag !== undefined && { tag }),
+      ...(teamId !== undefined && { teamId }),
     });
     const rows = merge(
       perKey.flatMap((key) => key.rows),
@@ -62,6 +66,7 @@ export const adminUsage = new Hono<{ Bindings: Env }>()
       ...usageReport(range, rows),
       user: user ?? null,
       tag: tag ?? null,
+      team_id: teamId ?? null,
       // Each key with requests in the range, or with budgets (their windows and resets).
       keys: perKey
         .map((key) => ({
@@ -99,6 +104,12 @@ export function usageTag(tag: string | undefined): string | undefined {
     );
   }
   return tag;
+}
+
+/** Reads `team_id`: a team that exists (its rows outlive its keys' moves); 404 otherwise. */
+export async function usageTeam(env: Env, teamId: string | undefined): Promise<string | undefined> {
+  if (teamId !== undefined && !(await teamKnown(env, teamId))) throw noSuchTeam(teamId, "team_id");
+  return teamId;
 }
 
 // Every indexed key's account (or only `only`'s), a batch at a time.

@@ -156,7 +156,9 @@ describe("KeyAccount schema migration to pico-dollars", () => {
       // What the later migrations added.
       sql.exec("DROP TABLE leases");
       sql.exec("DROP TABLE batch_holds");
-      for (const column of ["blocked_at", "tags", "metadata"]) {
+      sql.exec("DROP TABLE team_pool");
+      sql.exec("ALTER TABLE ledger DROP COLUMN team_id");
+      for (const column of ["blocked_at", "tags", "metadata", "team_id"]) {
         sql.exec(`ALTER TABLE key_record DROP COLUMN ${column}`);
       }
       sql.exec("DROP INDEX ledger_created");

@@ -2,7 +2,7 @@ import { evictDurableObject, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
-import { KEY_ACCOUNT_MIGRATIONS } from "../../../durable-objects/key-account/schema.ts";
+import { KEY_ACCOUNT_MIGRATIONS } from "../../../durable-objects/key-account/migrations.ts";
 import {
   budgetedKey,
   micros,
@@ -47,6 +47,7 @@ describe("KeyAccount schema migration", () => {
         "metrics",
         "leases",
         "batch_holds",
+        "team_pool",
       ])
         sql.exec(`DROP TABLE ${table}`);
       sql.exec("DROP TABLE key_record");
@@ -96,6 +97,43 @@ describe("KeyAccount schema migration", () => {
   });
 });
 
+// The migrations that added budgets over any period, then teams (versions count from 1).
+const BUDGETS_VERSION =
+  KEY_ACCOUNT_MIGRATIONS.findIndex((step) => step.includes("CREATE TABLE spend_hours")) + 1;
+const TEAMS_VERSION =
+  KEY_ACCOUNT_MIGRATIONS.findIndex((step) => step.includes("CREATE TABLE team_pool")) + 1;
+
+// Back to the schema before teams.
+function undoTeams(sql: SqlStorage): void {
+  sql.exec("DROP TABLE team_pool");
+  sql.exec("ALTER TABLE key_record DROP COLUMN team_id");
+  sql.exec("ALTER TABLE ledger DROP COLUMN team_id");
+}
+
+describe("KeyAccount migration to teams", () => {
+  it("comes after the budgets migration, and a key and its rows start in no team", async () => {
+    expect(BUDGETS_VERSION).toBeGreaterThan(1);
+    expect(TEAMS_VERSION).toBe(KEY_ACCOUNT_MIGRATIONS.length);
+    expect(TEAMS_VERSION).toBeGreaterThan(BUDGETS_VERSION);
+    const account = await budgetedKey({});
+    const { stub, id } = account;
+    expect((await account.admitPriced("before")).ok).toBe(true);
+    await runInDurableObject(stub, (instance: KeyAccount, state) => {
+      instance.flush();
+      const sql = state.storage.sql;
+      sql.exec("DELETE FROM schema_migrations WHERE version >= ?", TEAMS_VERSION);
+      undoTeams(sql);
+    });
+    await evictDurableObject(stub);
+    const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+    expect(await again.get()).toMatchObject({ teamId: null });
+    expect(await again.record({ requestId: "before" })).toMatchObject({
+      record: { state: "open", teamId: null },
+    });
+    expect((await again.settle({ requestId: "before", outcome: "ok" })).settled).toBe(true);
+  });
+});
+
 describe("KeyAccount migration to budgets over any period", () => {
   it("turns a day budget into a 1d one and keeps each day's spend, exact for every window of days", async () => {
     const account = await budgetedKey({});
@@ -109,7 +147,8 @@ describe("KeyAccount migration to budgets over any period", () => {
     await runInDurableObject(stub, (instance: KeyAccount, state) => {
       instance.flush();
       const sql = state.storage.sql;
-      sql.exec("DELETE FROM schema_migrations WHERE version >= ?", KEY_ACCOUNT_MIGRATIONS.length);
+      sql.exec("DELETE FROM schema_migrations WHERE version >= ?", BUDGETS_VERSION);
+      undoTeams(sql);
       sql.exec("DROP TABLE spend_hours");
       sql.exec("DROP TABLE budget_alerts");
       for (const column of ["budgets", "model_limits", "alert_webhook_url"]) {

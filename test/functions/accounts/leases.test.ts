@@ -22,6 +22,7 @@ function grant(leaseId: string): LeaseGrant {
       tier: "standard",
       allowRegionOverride: false,
       budgeted: false,
+      teamId: null,
       limitedModels: [],
     },
     rateLimit: { requests: bucket, tokens: bucket },

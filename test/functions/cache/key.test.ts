@@ -76,7 +76,7 @@ describe("normalisedBody", () => {
 });
 
 describe("cacheKeyMaterial", () => {
-  it("tells apart deliveries, routes, tenants and end users", () => {
+  it("tells apart deliveries, routes, tenants (keys, teams, shared) and end users", () => {
     const base = cacheKeyMaterial(input());
     const variants = [
       input({ delivery: "stream" }),
@@ -84,6 +84,8 @@ describe("cacheKeyMaterial", () => {
       input({ scope: { kind: "key", keyId: "key_b", endUser: null } }),
       input({ scope: { kind: "key", keyId: "key_a", endUser: "alice" } }),
       input({ scope: { kind: "shared" } }),
+      input({ scope: { kind: "team", teamId: "key_a", endUser: null } }),
+      input({ scope: { kind: "team", teamId: "team_b", endUser: "alice" } }),
     ].map(cacheKeyMaterial);
     expect(new Set([base, ...variants]).size).toBe(variants.length + 1);
   });

@@ -142,6 +142,33 @@ describe("the response cache", () => {
     ).toBe("HIT");
   });
 
+  it("shares entries within a team where configured to, never with a key outside it", async () => {
+    const created = await app.fetch(
+      new Request("http://edge.test/admin/teams", {
+        method: "POST",
+        headers: ADMIN,
+        body: JSON.stringify({ name: "cache-team" }),
+      }),
+      env,
+    );
+    const team = await created.json<{ id: string }>();
+    const a = await createKey({ name: "cache-team-a", team_id: team.id });
+    const b = await createKey({ name: "cache-team-b", team_id: team.id });
+    const outsider = await createKey({ name: "cache-team-outsider" });
+    const config = cached({ mode: "on", scope: "team" });
+    expect(
+      (await ask(config, a.key, { max_tokens: 13 })).response.headers.get("x-warmgate-cache"),
+    ).toBe("MISS");
+    expect(
+      (await ask(config, b.key, { max_tokens: 13 })).response.headers.get("x-warmgate-cache"),
+    ).toBe("HIT");
+    expect(
+      (await ask(config, outsider.key, { max_tokens: 13 })).response.headers.get(
+        "x-warmgate-cache",
+      ),
+    ).toBe("MISS");
+  });
+
   it("follows the rules for one key, and the skip header", async () => {
     const { id, key } = await createKey({ name: "cache-rules" });
     const off = cached({ mode: "on", rules: [{ key: id, mode: "off" }] });

@@ -121,7 +121,7 @@ describe("GET /admin/requests", () => {
     expect(res.headers.get("content-type")).toContain("text/csv");
     const [header, line] = (await res.text()).split("\r\n");
     expect(header).toBe(
-      "id,key_id,created_at,model,status,outcome,http_status,user,tags,prompt_tokens,cached_tokens,completion_tokens,cost_usd,latency_ms,ttft_ms,region,origin,attempts",
+      "id,key_id,team_id,created_at,model,status,outcome,http_status,user,tags,prompt_tokens,cached_tokens,completion_tokens,cost_usd,latency_ms,ttft_ms,region,origin,attempts",
     );
     expect(line).toContain(`,"'=HYPERLINK(""x""), ""quoted""",`);
     expect(line).toContain(`,${id},`);

@@ -1,0 +1,129 @@
+/**
+ * TeamAccount: one Durable Object per team (named by the team id) holding its record,
+ * its buckets, its settled spend and what each member key's account holds of its
+ * allowance. It is never on a request's path: member keys lease from it in the background,
+ * and only a request that its key's lease cannot hold waits for it. docs/key-account.md, "Teams".
+ */
+import { DurableObject } from "cloudflare:workers";
+import { applyMigrations } from "../migrations.ts";
+import { adjust } from "../key-account/token-bucket.ts";
+import { hourOf } from "../../contracts/budget-periods.ts";
+import { budgetStatuses, hasBudgets } from "../key-account/budgets.ts";
+import { NONE, decideGrant } from "./grants.ts";
+import { TEAM_ACCOUNT_MIGRATIONS, TeamStore } from "./store.ts";
+import type {
+  TeamCreateInput,
+  TeamLeaseAnswer,
+  TeamLeaseCall,
+  TeamRecord,
+  TeamUpdateInput,
+  TeamView,
+} from "./types.ts";
+
+/** Limits, budgets and spend of one team, leased to its member keys' accounts. */
+export class TeamAccount extends DurableObject<Env> {
+  readonly #store: TeamStore;
+
+  constructor(ctx: DurableObjectState, env: Env) {
+    super(ctx, env);
+    this.#store = new TeamStore(ctx.storage);
+    void ctx.blockConcurrencyWhile(async () => {
+      applyMigrations(ctx.storage, TEAM_ACCOUNT_MIGRATIONS);
+      this.#store.load();
+    });
+  }
+
+  /** Creates the team; null when this object already holds one. */
+  create(input: TeamCreateInput): TeamRecord | null {
+    return this.#store.create(input) ? this.#store.record : null;
+  }
+
+  /** The team record, or null when no team lives here. */
+  get(): TeamRecord | null {
+    return this.#store.record;
+  }
+
+  /** Applies a partial change; null when no team lives here. Keys learn it at their next lease call. */
+  update(input: TeamUpdateInput): TeamRecord | null {
+    return this.#store.update(input);
+  }
+
+  /** The record with the spend of each budget period and the slots leased out. */
+  view(now?: number): TeamView | null {
+    const record = this.#store.record;
+    if (record === null) return null;
+    return {
+      record,
+      slotsHeld: this.#store.slotsHeld(),
+      budgets: budgetStatuses(this.#store.lines(record.budgets, now ?? Date.now())),
+    };
+  }
+
+  /** Deletes the team and all it holds (the admin API first checks that it has no keys). */
+  async remove(): Promise<void> {
+    await this.ctx.storage.deleteAll();
+    applyMigrations(this.ctx.storage, TEAM_ACCOUNT_MIGRATIONS);
+    this.#store.load();
+  }
+
+  /**
+   * A member key's lease call: applies what it settled and gives back, then grants all it
+   * needs (or refuses, naming the team limit) and a share of headroom towards what it
+   * wants. Committed before it answers; a repeated call is answered as the first time.
+   */
+  lease(call: TeamLeaseCall): TeamLeaseAnswer {
+    const now = call.now ?? Date.now();
+    const record = this.#store.record;
+    if (record === null) return { seq: call.seq, granted: NONE, refusal: null, terms: null };
+    const terms = { models: record.models, budgeted: hasBudgets(record.budgets) };
+    const member = this.#store.member(call.keyId);
+    if (call.seq <= member.seq) {
+      const granted = call.seq === member.seq ? member.granted : NONE;
+      return { seq: call.seq, granted, refusal: null, terms };
+    }
+    const { limits, budgets } = record;
+    const back = call.giveBack;
+    const kept = member.picos - call.settledPicos - back.picos;
+    const picos = kept > 0n ? kept : 0n;
+    const slots = Math.max(0, member.slots - back.slots);
+    const moved = picos - member.picos;
+    // As the budgets stand once what the key settled and gave back is applied.
+    const lines = this.#store.lines(budgets, now).map((line) => ({
+      ...line,
+      spend: {
+        settledPicos: line.spend.settledPicos + call.settledPicos,
+        reservedPicos: line.spend.reservedPicos + moved,
+      },
+    }));
+    const outcome = decideGrant({
+      limits,
+      lines,
+      buckets: {
+        requests: adjust(
+          this.#store.bucket("requests", limits.rpm, now),
+          limits.rpm,
+          back.requests,
+          now,
+        ),
+        tokens: adjust(this.#store.bucket("tokens", limits.tpm, now), limits.tpm, back.tokens, now),
+      },
+      slotsHeld: this.#store.slotsHeld() - member.slots + slots,
+      need: call.need,
+      want: call.want,
+      now,
+    });
+    const { granted } = outcome;
+    this.#store.commitLease({
+      keyId: call.keyId,
+      member: {
+        picos: picos + granted.picos,
+        slots: slots + granted.slots,
+        seq: call.seq,
+        granted,
+      },
+      buckets: outcome.buckets,
+      settled: { hour: hourOf(now), picos: call.settledPicos },
+    });
+    return { seq: call.seq, granted, refusal: outcome.refusal, terms };
+  }
+}

@@ -1,0 +1,195 @@
+import { runInDurableObject } from "cloudflare:test";
+import { env } from "cloudflare:workers";
+import { describe, expect, it } from "vitest";
+import type { TeamAccount } from "../../../durable-objects/team-account/index.ts";
+import type { AdmitResult, Limits } from "../../../durable-objects/key-account/types.ts";
+import { type Budgets, NO_BUDGETS } from "../../../durable-objects/key-account/budget-types.ts";
+import { HOUR_MS, hourOf } from "../../../contracts/budget-periods.ts";
+import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
+import { newTeamId, teamAccount } from "../../../functions/accounts/teams.ts";
+import { LIMITS, PRICE, micros } from "../../support/key-accounts.workers.ts";
+
+const BIG: Limits = { rpm: 1_000_000, tpm: 1_000_000_000, concurrency: 100_000 };
+
+async function newTeam(
+  limits: Partial<Limits>,
+  budgets: Partial<Budgets> = {},
+  models: string[] | null = null,
+) {
+  const id = newTeamId();
+  const stub = teamAccount(env, id);
+  await stub.create({
+    id,
+    name: "team",
+    limits: { ...BIG, ...limits },
+    budgets: { ...NO_BUDGETS, ...budgets },
+    models,
+    tags: [],
+    metadata: {},
+    now: Date.now(),
+  });
+  return { id, stub };
+}
+
+async function teamKey(teamId: string, limits: Partial<Limits> = {}) {
+  const id = newKeyId();
+  const { secretHash } = await mintApiKey(env, id);
+  const stub = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+  await stub.create({
+    id,
+    name: "member",
+    secretHash,
+    limits: { ...LIMITS, concurrency: 1_000, ...limits },
+    allowedOrigins: [],
+    models: null,
+    tier: "standard",
+    expiresAt: null,
+    teamId,
+    now: Date.now(),
+  });
+  const admit = (requestId: string, model = "m") =>
+    stub.admit({
+      requestId,
+      credential: { kind: "key", secretHash },
+      model,
+      promptTokens: 10,
+      maxTokens: 90,
+      price: PRICE,
+    });
+  return { id, stub, admit };
+}
+
+// Lease calls the team has answered for a key: each call carries the next sequence number.
+async function teamCalls(stub: DurableObjectStub<TeamAccount>, keyId: string): Promise<number> {
+  return runInDurableObject(stub, (_: TeamAccount, state) => {
+    const row = state.storage.sql
+      .exec<{ seq: number }>("SELECT seq FROM members WHERE key_id = ?", keyId)
+      .toArray()[0];
+    return row?.seq ?? 0;
+  });
+}
+
+const admitted = (results: AdmitResult[]) => results.filter((result) => result.ok).length;
+
+describe("teams", () => {
+  it("admits no more than the team's concurrency across two keys of 30 concurrent requests", async () => {
+    const team = await newTeam({ concurrency: 5 });
+    const a = await teamKey(team.id);
+    const b = await teamKey(team.id);
+    const results = await Promise.all(
+      Array.from({ length: 30 }, (_, i) => (i % 2 === 0 ? a : b).admit(`req_conc_${i}`)),
+    );
+    expect(admitted(results)).toBe(5);
+    for (const refused of results.filter((result) => !result.ok)) {
+      expect(refused).toMatchObject({
+        code: "rate_limit_exceeded",
+        scope: "team",
+        teamId: team.id,
+        limit: "concurrency",
+        limitValue: 5,
+      });
+    }
+    expect((await team.stub.view())?.slotsHeld).toBeLessThanOrEqual(5);
+  });
+
+  // 10 prompt and 90 completion tokens at PRICE: at most 55.5 µ$ each, so 3 fit in 200 µ$.
+  it.each<[string, Partial<Budgets>]>([
+    ["credit", { creditMicros: 200 }],
+    ["1h", { periods: [{ period: "1h", limitMicros: 200, softMicros: null }] }],
+  ])(
+    "never lets two keys of 30 concurrent requests reserve or spend past the team's %s budget",
+    async (name, budgets) => {
+      const team = await newTeam({}, budgets);
+      const a = await teamKey(team.id);
+      const b = await teamKey(team.id);
+      const results = await Promise.all(
+        Array.from({ length: 30 }, (_, i) => (i % 2 === 0 ? a : b).admit(`req_budget_${i}`)),
+      );
+      expect(admitted(results)).toBe(3);
+      const refused = results.find((result) => !result.ok);
+      expect(refused).toMatchObject({
+        code: "insufficient_quota",
+        scope: "team",
+        teamId: team.id,
+        budget: name,
+      });
+      const settle = (key: typeof a, i: number) =>
+        key.stub.settle({
+          requestId: `req_budget_${i}`,
+          outcome: "ok",
+          usage: { prompt_tokens: 10, completion_tokens: 90 },
+        });
+      await Promise.all(
+        results.flatMap((result, i) => (result.ok ? [settle(i % 2 === 0 ? a : b, i)] : [])),
+      );
+      const view = await team.stub.view();
+      const line = view?.budgets.find((budget) => budget.budget === name);
+      expect(line).toBeDefined();
+      expect((line?.spentPicos ?? 0n) + (line?.reservedPicos ?? 0n)).toBeLessThanOrEqual(
+        micros(200),
+      );
+    },
+  );
+
+  it("shows each budget's window, its members' spend and its reset", async () => {
+    const team = await newTeam(
+      {},
+      { periods: [{ period: "1h", limitMicros: 1_000_000, softMicros: 500_000 }] },
+    );
+    const key = await teamKey(team.id);
+    const now = Date.now();
+    expect((await key.admit("req_spend")).ok).toBe(true);
+    await key.stub.settle({
+      requestId: "req_spend",
+      outcome: "ok",
+      usage: { prompt_tokens: 10, completion_tokens: 90 },
+    });
+    // The key reports what it settled with its next call to the team.
+    await key.stub.update({ teamId: null, now: Date.now() });
+    const hour = hourOf(now);
+    expect((await team.stub.view(now))?.budgets).toEqual([
+      {
+        budget: "1h",
+        limitPicos: micros(1_000_000),
+        softPicos: micros(500_000),
+        spentPicos: expect.any(BigInt) as bigint,
+        reservedPicos: 0n,
+        startsAt: hour * HOUR_MS,
+        resetsAt: (hour + 1) * HOUR_MS,
+      },
+    ]);
+    const [line] = (await team.stub.view(now))?.budgets ?? [];
+    expect(line?.spentPicos).toBeGreaterThan(0n);
+  });
+
+  it("admits a request its key's lease of the team holds without calling the team", async () => {
+    const team = await newTeam({});
+    const key = await teamKey(team.id);
+    expect((await key.admit("req_first")).ok).toBe(true);
+    await key.stub.settle({ requestId: "req_first", outcome: "error", originBegan: false });
+    const calls = await teamCalls(team.stub, key.id);
+    expect(calls).toBe(1);
+    // Its lease holds 4 requests: the second leaves half of them, so no top-up starts either.
+    expect((await key.admit("req_second")).ok).toBe(true);
+    expect(await teamCalls(team.stub, key.id)).toBe(calls);
+  });
+
+  it("refuses a model the key allows but its team does not", async () => {
+    const team = await newTeam({}, {}, ["m"]);
+    const key = await teamKey(team.id);
+    expect((await key.admit("req_team_model", "m")).ok).toBe(true);
+    expect(await key.admit("req_other_model", "other")).toMatchObject({
+      ok: false,
+      code: "model_not_allowed",
+    });
+  });
+
+  it("gives back all a key holds when it leaves its team", async () => {
+    const team = await newTeam({ concurrency: 3 });
+    const key = await teamKey(team.id);
+    expect((await key.admit("req_leaving")).ok).toBe(true);
+    expect((await team.stub.view())?.slotsHeld).toBeGreaterThan(0);
+    await key.stub.update({ teamId: null, now: Date.now() });
+    expect((await team.stub.view())?.slotsHeld).toBe(0);
+  });
+});

@@ -1,0 +1,166 @@
+import { exports } from "cloudflare:workers";
+import { describe, expect, it } from "vitest";
+import { ADMIN, createKey } from "../../../support/admin-keys.workers.ts";
+
+function admin(path: string, init: { method?: string; body?: unknown } = {}) {
+  return exports.default.fetch(`http://edge.test/admin${path}`, {
+    method: init.method ?? "GET",
+    headers: ADMIN,
+    ...(init.body === undefined ? {} : { body: JSON.stringify(init.body) }),
+  });
+}
+
+type TeamJson = {
+  id: string;
+  object: string;
+  name: string;
+  limits: { rpm: number; concurrency: number; credit_usd: number | null };
+  budgets: { period: string; max_usd: number; soft_usd: number | null }[];
+  models: string[] | null;
+  tags: string[];
+  key_ids?: string[];
+  budget_status?: {
+    period: string;
+    max_usd: number;
+    spent_usd: number;
+    reserved_usd: number;
+    resets_at: number | null;
+  }[];
+};
+type ErrorJson = { error: { code: string; param: string | null; type: string; message: string } };
+
+async function createTeam(body: Record<string, unknown>): Promise<TeamJson> {
+  const res = await admin("/teams", { method: "POST", body });
+  expect(res.status).toBe(201);
+  return res.json<TeamJson>();
+}
+
+function chat(key: string) {
+  return exports.default.fetch("http://edge.test/v1/chat/completions", {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({
+      model: "warmgate-sim-8b",
+      messages: [{ role: "user", content: "hi" }],
+      max_tokens: 4,
+    }),
+  });
+}
+
+describe("/admin/teams", () => {
+  it("creates, lists, reads, updates and deletes a team, each in the audit log", async () => {
+    const team = await createTeam({
+      name: "research",
+      limits: { rpm: 100, concurrency: 4, credit_usd: 50 },
+      budgets: [
+        { period: "1d", max_usd: 5, soft_usd: 4 },
+        { period: "7d", max_usd: 20 },
+      ],
+      tags: ["org:research"],
+      metadata: { owner: "ana" },
+    });
+    expect(team).toMatchObject({ object: "team", name: "research", tags: ["org:research"] });
+    expect(team.limits).toMatchObject({ rpm: 100, concurrency: 4, credit_usd: 50 });
+    expect(team.budgets).toEqual([
+      { period: "1d", max_usd: 5, soft_usd: 4 },
+      { period: "7d", max_usd: 20, soft_usd: null },
+    ]);
+    const list = await (await admin("/teams?limit=100")).json<{ data: TeamJson[] }>();
+    expect(list.data.map((one) => one.id)).toContain(team.id);
+    const read = await (await admin(`/teams/${team.id}`)).json<TeamJson>();
+    expect(read.key_ids).toEqual([]);
+    const day = 86_400;
+    const nextDay = (Math.floor(Date.now() / 1_000 / day) + 1) * day;
+    expect(read.budget_status?.map((one) => one.period)).toEqual(["1d", "7d", "credit"]);
+    expect(read.budget_status?.[0]).toMatchObject({
+      max_usd: 5,
+      spent_usd: 0,
+      reserved_usd: 0,
+      resets_at: nextDay,
+    });
+    expect(read.budget_status?.[2]).toMatchObject({ max_usd: 50, resets_at: null });
+    const patched = await admin(`/teams/${team.id}`, {
+      method: "PATCH",
+      body: { name: "research-2", limits: { concurrency: 8 } },
+    });
+    expect(await patched.json()).toMatchObject({
+      name: "research-2",
+      limits: { concurrency: 8, rpm: 100, credit_usd: 50 },
+      budgets: [{ period: "1d" }, { period: "7d" }],
+    });
+    const rebudgeted = await admin(`/teams/${team.id}`, {
+      method: "PATCH",
+      body: { budgets: [{ period: "month", max_usd: 100 }] },
+    });
+    expect(await rebudgeted.json()).toMatchObject({
+      budgets: [{ period: "month", max_usd: 100, soft_usd: null }],
+    });
+    const badPeriod = await admin(`/teams/${team.id}`, {
+      method: "PATCH",
+      body: { budgets: [{ period: "2w", max_usd: 1 }] },
+    });
+    expect(badPeriod.status).toBe(400);
+    expect((await badPeriod.json<ErrorJson>()).error.type).toBe("invalid_request_error");
+    expect((await admin(`/teams/${team.id}`, { method: "DELETE" })).status).toBe(200);
+    const gone = await admin(`/teams/${team.id}`);
+    expect(gone.status).toBe(404);
+    expect((await gone.json<ErrorJson>()).error.code).toBe("team_not_found");
+    const audit = await (
+      await admin(`/audit?target_id=${team.id}`)
+    ).json<{ data: { action: string }[] }>();
+    expect(audit.data.map((entry) => entry.action)).toEqual([
+      "team.delete",
+      "team.update",
+      "team.update",
+      "team.create",
+    ]);
+  });
+
+  it("refuses a key's team_id that names no team", async () => {
+    const res = await admin("/keys", {
+      method: "POST",
+      body: { name: "orphan", team_id: "team_aaaaaaaaaaaaaaaa" },
+    });
+    expect(res.status).toBe(404);
+    expect((await res.json<ErrorJson>()).error).toMatchObject({
+      code: "team_not_found",
+      param: "team_id",
+      type: "invalid_request_error",
+    });
+  });
+
+  it("refuses to delete a team with keys (409), until they leave it", async () => {
+    const team = await createTeam({ name: "busy" });
+    const { id } = await createKey({ name: "member", team_id: team.id });
+    expect((await (await admin(`/teams/${team.id}`)).json<TeamJson>()).key_ids).toEqual([id]);
+    const refused = await admin(`/teams/${team.id}`, { method: "DELETE" });
+    expect(refused.status).toBe(409);
+    const body = await refused.json<ErrorJson>();
+    expect(body.error).toMatchObject({ code: "team_not_empty", type: "invalid_request_error" });
+    expect(body.error.message).toContain(id);
+    const moved = await admin(`/keys/${id}`, { method: "PATCH", body: { team_id: null } });
+    expect(await moved.json()).toMatchObject({ team_id: null });
+    expect((await admin(`/teams/${team.id}`, { method: "DELETE" })).status).toBe(200);
+  });
+
+  it("refuses a request past its team's requests per minute with a 429 naming the team, and records the team on its rows", async () => {
+    const team = await createTeam({ name: "tiny", limits: { rpm: 1 } });
+    const { key, id } = await createKey({ name: "member", team_id: team.id });
+    const first = await chat(key);
+    expect(first.status).toBe(200);
+    await first.text();
+    const second = await chat(key);
+    expect(second.status).toBe(429);
+    const body = await second.json<ErrorJson>();
+    expect(body.error.code).toBe("rate_limit_exceeded");
+    expect(body.error.message).toContain(`team ${team.id}`);
+    expect(second.headers.get("retry-after")).not.toBeNull();
+    const rows = await (
+      await admin(`/requests?team_id=${team.id}`)
+    ).json<{ data: { key_id: string; team_id: string }[] }>();
+    expect(rows.data.length).toBeGreaterThan(0);
+    expect(rows.data.every((row) => row.key_id === id && row.team_id === team.id)).toBe(true);
+    const usage = await (await admin(`/usage?team_id=${team.id}`)).json<{ team_id: string }>();
+    expect(usage.team_id).toBe(team.id);
+  });
+});
