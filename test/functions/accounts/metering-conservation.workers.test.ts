@@ -91,7 +91,7 @@ describe("conservation", () => {
     const report = body as { total: { requests: number; cost_usd: number } };
     expect(report.total.requests).toBe(200);
     expect(usdPicos(report.total.cost_usd)).toBe(BigInt(sum));
-  });
+  }, 60_000);
 
   it("never lets concurrent requests together overdraw a small budget", async () => {
     const { id, key } = await createKey({
