@@ -10,6 +10,7 @@ import type { KeyRecord } from "../key-account/types.ts";
 import { AUDIT_MIGRATION, appendAudit, auditPage } from "./audit.ts";
 import type { AuditEntry, AuditPage, AuditQuery } from "./types.ts";
 import type { TeamRecord } from "../team-account/types.ts";
+import { recordPage } from "./pages.ts";
 import { TEAMS_MIGRATION, type TeamPage, putTeam, teamKeyIds, teamPage } from "./teams.ts";
 
 /** One page of keys, newest first. */
@@ -96,34 +97,8 @@ export class KeyDirectory extends DurableObject<Env> {
 
   /** A page of keys, newest first, after the key `after` (exclusive) when given. */
   list(input: { limit: number; after?: string | null }): KeyPage {
-    const sql = this.ctx.storage.sql;
-    const limit = Math.min(100, Math.max(1, Math.floor(input.limit)));
-    const after = input.after ?? null;
-    const cursor =
-      after === null
-        ? undefined
-        : sql
-            .exec<{ created_at: number }>("SELECT created_at FROM keys WHERE id = ?", after)
-            .toArray()[0];
-    if (after !== null && cursor === undefined) return { keys: [], hasMore: false };
-    const rows = (
-      cursor === undefined
-        ? sql.exec<{ record: string }>(
-            "SELECT record FROM keys ORDER BY created_at DESC, id DESC LIMIT ?",
-            limit + 1,
-          )
-        : sql.exec<{ record: string }>(
-            `SELECT record FROM keys WHERE (created_at, id) < (?, ?)
-             ORDER BY created_at DESC, id DESC LIMIT ?`,
-            cursor.created_at,
-            after,
-            limit + 1,
-          )
-    ).toArray();
-    return {
-      keys: rows.slice(0, limit).map((row) => JSON.parse(row.record) as KeyRecord),
-      hasMore: rows.length > limit,
-    };
+    const { records, hasMore } = recordPage<KeyRecord>(this.ctx.storage.sql, "keys", input);
+    return { keys: records, hasMore };
   }
 
   /** Records a team's latest state with the admin action that made it. */

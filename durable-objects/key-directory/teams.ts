@@ -4,6 +4,7 @@
  * delete a team that still has keys. Each TeamAccount stays the source of truth.
  */
 import type { TeamRecord } from "../team-account/types.ts";
+import { recordPage } from "./pages.ts";
 
 /** The teams table. */
 export const TEAMS_MIGRATION = `CREATE TABLE teams (
@@ -47,31 +48,6 @@ export function teamPage(
   sql: SqlStorage,
   input: { limit: number; after?: string | null },
 ): TeamPage {
-  const limit = Math.min(100, Math.max(1, Math.floor(input.limit)));
-  const after = input.after ?? null;
-  const cursor =
-    after === null
-      ? undefined
-      : sql
-          .exec<{ created_at: number }>("SELECT created_at FROM teams WHERE id = ?", after)
-          .toArray()[0];
-  if (after !== null && cursor === undefined) return { teams: [], hasMore: false };
-  const rows = (
-    cursor === undefined
-      ? sql.exec<{ record: string }>(
-          "SELECT record FROM teams ORDER BY created_at DESC, id DESC LIMIT ?",
-          limit + 1,
-        )
-      : sql.exec<{ record: string }>(
-          `SELECT record FROM teams WHERE (created_at, id) < (?, ?)
-           ORDER BY created_at DESC, id DESC LIMIT ?`,
-          cursor.created_at,
-          after,
-          limit + 1,
-        )
-  ).toArray();
-  return {
-    teams: rows.slice(0, limit).map((row) => JSON.parse(row.record) as TeamRecord),
-    hasMore: rows.length > limit,
-  };
+  const { records, hasMore } = recordPage<TeamRecord>(sql, "teams", input);
+  return { teams: records, hasMore };
 }

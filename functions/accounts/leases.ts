@@ -313,13 +313,9 @@ export class AccountLeases {
     return key;
   }
 
-  // End users' leases the isolate holds of a key.
+  // End users' leases the isolate holds of a key: every held lease but the key's own.
   #userLeases(keyId: string): number {
-    let count = 0;
-    for (const entry of this.#keys.get(keyId)?.values() ?? []) {
-      if (entry.scope !== null && entry.held !== null) count++;
-    }
-    return count;
+    return this.others(keyId, null).length;
   }
 
   // Counts an admission (leased or exact) in the key's current window.
