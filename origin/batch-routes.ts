@@ -149,6 +149,7 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
                 Object.entries(item.headers ?? {}).map(([k, v]) => [k.toLowerCase(), v]),
               ),
               priority: item.priority ?? 0,
+              background: item.background === true,
             };
             if (item.timeout_ms !== undefined) spec.timeoutMs = item.timeout_ms;
             const opened = await deps.items.openItem(spec, run);

@@ -37,6 +37,10 @@ export interface OriginCliConfig {
   apiKey?: string;
   /** vLLM's KV-cache event publisher (openai). */
   kvEvents?: string;
+  /** The engine runs vLLM's `--scheduling-policy priority`: send each item's priority. */
+  schedulingPolicy?: "fcfs" | "priority";
+  /** Share of the engine's slots background items leave to interactive ones. */
+  backgroundReserve?: number;
   adminToken?: string;
   accessToken?: string;
   loadIntervalMs?: number;
@@ -60,6 +64,10 @@ export const USAGE = `usage: npm run origin -- [options]
   --engine-url URL            OpenAI-compatible engine URL (required for openai), e.g. http://127.0.0.1:8000
   --api-key KEY               bearer key the engine expects (openai)
   --kv-events ENDPOINT        vLLM's KV-cache event publisher, e.g. tcp://127.0.0.1:5557 (openai)
+  --scheduling-policy P       fcfs (default) or priority: the engine runs vLLM's
+                              --scheduling-policy priority; send each item's priority (openai)
+  --background-reserve X      share of the engine's slots background items (Batch API
+                              lines) leave to interactive ones (default 0.1)
   --port N                    port to listen on (default 0: a free port)
   --host H                    address to bind (default 127.0.0.1)
   --origin-id ID              identity in load reports and metrics (default: host name)
@@ -100,6 +108,8 @@ const STRING_OPTIONS = [
   "engine-url",
   "api-key",
   "kv-events",
+  "scheduling-policy",
+  "background-reserve",
   "port",
   "host",
   "origin-id",
@@ -244,6 +254,16 @@ function build(values: Partial<Record<OptionName, string>>): OriginCliConfig {
       );
     }
     config.kvEvents = values["kv-events"];
+  }
+  const policy = values["scheduling-policy"];
+  if (policy !== undefined) {
+    if (policy !== "fcfs" && policy !== "priority") {
+      throw new CliError(`--scheduling-policy must be fcfs or priority, got "${policy}"`);
+    }
+    config.schedulingPolicy = policy;
+  }
+  if (values["background-reserve"] !== undefined) {
+    config.backgroundReserve = decimal("background-reserve", values["background-reserve"], 0, 1);
   }
   if (values["admin-token"] !== undefined) config.adminToken = values["admin-token"];
   if (values["access-token"] !== undefined) config.accessToken = values["access-token"];

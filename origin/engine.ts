@@ -33,6 +33,8 @@ export interface EngineOutcome {
   queued_ms: number;
   /** Milliseconds from submit to the first body byte, null if none came. */
   ttft_ms: number | null;
+  /** The answer of an earlier run of the same background item, sent again (not run). */
+  replayed?: boolean;
 }
 
 /** The engine's answer to one item. */

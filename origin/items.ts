@@ -3,9 +3,10 @@
  * id), its engine request, its trailer, and the outcome log that remembers it
  * (origin/PROTOCOL.md, "Outcomes").
  */
+import { BackgroundLane, type BackgroundOptions } from "./background.ts";
 import { CancelMemory } from "./cancels.ts";
 import { KvEventLog } from "./kv-events.ts";
-import type { Engine, EngineOutcome, EngineResponse } from "./engine.ts";
+import type { Engine, EngineItem, EngineOutcome, EngineResponse } from "./engine.ts";
 import type { AbortReason, OriginCounters } from "./metrics.ts";
 import { OutcomeLog } from "./outcome-log.ts";
 import type { ItemPath, ItemTrailer } from "../contracts/protocol/schema.ts";
@@ -38,6 +39,8 @@ export interface ItemSpec {
   body: string;
   headers: Record<string, string>;
   priority: number;
+  /** Waits for slots interactive items leave (see `background.ts`). */
+  background?: boolean;
   timeoutMs?: number;
 }
 
@@ -137,9 +140,13 @@ export class ItemRunner {
   /** The engine's block events in the edge's hashes, where the engine reports them. */
   readonly kvLog: KvEventLog | null;
 
-  constructor(engine: Engine, counters: OriginCounters) {
+  /** Background items: their queue, preemptions and kept answers. */
+  readonly background: BackgroundLane;
+
+  constructor(engine: Engine, counters: OriginCounters, background: BackgroundOptions = {}) {
     this.#engine = engine;
     this.#counters = counters;
+    this.background = new BackgroundLane(() => engine.load(), background);
     this.kvLog = engine.onBlocks === undefined ? null : new KvEventLog();
     const log = this.kvLog;
     if (log !== null) engine.onBlocks?.((event) => log.apply(event));
@@ -179,6 +186,7 @@ export class ItemRunner {
     const signal = run.controller.signal;
 
     let response: EngineResponse;
+    let interactive = false;
     if (signal.aborted) {
       // Cancelled before it started (an early cancel): the engine never sees it.
       response = abortedResponse(run.reason ?? "cancel");
@@ -192,18 +200,30 @@ export class ItemRunner {
       );
     } else {
       this.kvLog?.track(engineId, spec.body);
-      const submitted = this.#engine
-        .submit({
-          id: engineId,
-          path: spec.path,
-          body: spec.body,
-          headers: spec.headers,
-          signal,
-          priority: spec.priority,
-        })
-        .catch((): EngineResponse =>
-          syntheticResponse(500, "The engine failed.", "server_error", "engine_error", "error"),
-        );
+      const engineItem = {
+        id: engineId,
+        path: spec.path,
+        body: spec.body,
+        headers: spec.headers,
+        signal,
+        priority: spec.priority,
+      };
+      const submit = (item: EngineItem) =>
+        this.#engine
+          .submit(item)
+          .catch((): EngineResponse =>
+            syntheticResponse(500, "The engine failed.", "server_error", "engine_error", "error"),
+          );
+      let submitted: Promise<EngineResponse>;
+      if (spec.background === true) {
+        submitted = this.background
+          .run(engineItem, submit)
+          .then((answer) => answer ?? abortedResponse(run.reason ?? "cancel"));
+      } else {
+        this.background.interactiveStarted();
+        interactive = true;
+        submitted = submit(engineItem);
+      }
       const aborted = new Promise<null>((resolve) => {
         if (signal.aborted) resolve(null);
         else signal.addEventListener("abort", () => resolve(null), { once: true });
@@ -250,7 +270,10 @@ export class ItemRunner {
         this.#engineIds.delete(engineId);
         this.kvLog?.untrack(engineId);
         this.#counters.inFlight--;
-        this.#counters.outcomes[outcome]++;
+        if (interactive) this.background.interactiveEnded();
+        // An answer sent again is not a run.
+        if (result.replayed === true) this.#counters.replayed++;
+        else this.#counters.outcomes[outcome]++;
         this.outcomes.ended(spec.id, outcome, result.usage, Date.now());
         const trailer: ItemTrailer = {
           id: spec.id,

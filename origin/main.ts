@@ -21,6 +21,7 @@ async function createEngine(config: OriginCliConfig): Promise<Engine> {
     if (config.kvEvents !== undefined) options.kvEvents = { endpoint: config.kvEvents };
     if (config.models !== undefined) options.models = config.models;
     if (config.maxNumSeqs !== undefined) options.maxNumSeqs = config.maxNumSeqs;
+    if (config.schedulingPolicy === "priority") options.priority = true;
     return createOpenAIEngine(options);
   }
   const sim: SimEngineOptions = {};
@@ -68,6 +69,9 @@ async function main(): Promise<void> {
       ...(config.adminToken !== undefined && { adminToken: config.adminToken }),
       ...(config.accessToken !== undefined && { accessToken: config.accessToken }),
       ...(config.loadIntervalMs !== undefined && { loadIntervalMs: config.loadIntervalMs }),
+      ...(config.backgroundReserve !== undefined && {
+        backgroundReserveShare: config.backgroundReserve,
+      }),
       ...(config.seed !== undefined && { faultSeed: config.seed }),
       ...(config.maxConnections !== undefined && { maxConnections: config.maxConnections }),
       ...(config.headersTimeoutMs !== undefined && { headersTimeoutMs: config.headersTimeoutMs }),

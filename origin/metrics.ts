@@ -20,6 +20,8 @@ export interface OriginCounters {
   requests: Record<Exclude<ItemRoute, "batch">, number>;
   inFlight: number;
   outcomes: Record<ItemOutcome, number>;
+  /** Background items answered again from a kept answer, not run. */
+  replayed: number;
   cancellations: Record<AbortReason, number>;
   /** Connections closed on arrival because `maxConnections` were open. */
   connectionsRefused: number;
@@ -33,6 +35,7 @@ export function createOriginCounters(): OriginCounters {
     requests: { chat: 0, completions: 0, responses: 0, embeddings: 0 },
     inFlight: 0,
     outcomes: { ok: 0, error: 0, cancelled: 0, timeout: 0 },
+    replayed: 0,
     cancellations: { cancel: 0, client: 0, timeout: 0, shutdown: 0 },
     connectionsRefused: 0,
   };
@@ -84,6 +87,8 @@ export interface OriginMetricsInput {
   counters: OriginCounters;
   faults: Readonly<Record<FaultKind, number>>;
   gpu: GpuSnapshot;
+  /** Background items waiting for a slot and running, and those preempted since start. */
+  background: { queued: number; running: number; preemptions: number };
 }
 
 /** Renders the origin's metrics as Prometheus text (no trailing newline). */
@@ -112,6 +117,22 @@ export function renderOriginMetrics(input: OriginMetricsInput): string {
   for (const [outcome, n] of Object.entries(counters.outcomes)) {
     w.sample("warmgate_origin_item_outcomes_total", n, { outcome });
   }
+  w.family(
+    "warmgate_origin_items_replayed_total",
+    "counter",
+    "Background items answered again from their kept answer, not run.",
+  );
+  w.sample("warmgate_origin_items_replayed_total", counters.replayed);
+  const { background } = input;
+  w.family("warmgate_origin_background_items", "gauge", "Background items, by state.");
+  w.sample("warmgate_origin_background_items", background.queued, { state: "queued" });
+  w.sample("warmgate_origin_background_items", background.running, { state: "running" });
+  w.family(
+    "warmgate_origin_background_preemptions_total",
+    "counter",
+    "Background items stopped to give their slot to an interactive item (they run again).",
+  );
+  w.sample("warmgate_origin_background_preemptions_total", background.preemptions);
   w.family("warmgate_origin_cancellations_total", "counter", "Items aborted, by reason.");
   for (const [reason, n] of Object.entries(counters.cancellations)) {
     w.sample("warmgate_origin_cancellations_total", n, { reason });

@@ -47,6 +47,11 @@ export interface OpenAIEngineOptions {
    * known (default true); turn off for engines that refuse the option.
    */
   requestUsage?: boolean;
+  /**
+   * The engine runs vLLM's `--scheduling-policy priority`: each request carries the item's
+   * priority in vLLM's `priority` field (default false; vLLM refuses the field otherwise).
+   */
+  priority?: boolean;
   /** The fetch to use (tests). Node's fetch keeps connections alive per origin. */
   fetch?: typeof fetch;
   /**
@@ -183,10 +188,11 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
   async function submit(item: EngineItem): Promise<EngineResponse> {
     const started = performance.now();
     if (item.path !== "/v1/embeddings") kv?.track(item.id, item.path, item.body);
-    const { body, injected } =
+    const { body: usageBody, injected } =
       options.requestUsage === false || !takesStreamOptions(item.path)
         ? { body: item.body, injected: false }
         : requestUsage(item.body);
+    const body = options.priority === true ? withPriority(usageBody, item.priority) : usageBody;
     const headers: Record<string, string> = { ...auth, "content-type": "application/json" };
     for (const [name, value] of Object.entries(item.headers)) {
       if (!UNFORWARDED.has(name)) headers[name] = value;
@@ -360,4 +366,19 @@ export function createOpenAIEngine(options: OpenAIEngineOptions): Engine {
       return Promise.resolve();
     },
   };
+}
+
+/**
+ * The body with vLLM's `priority` field, where the client did not set one: vLLM runs lower
+ * values first, the batch protocol higher ones, so the item's priority goes in negated.
+ * Textual insertion keeps every other byte of the client's body as it was.
+ */
+export function withPriority(body: string, priority: number): string {
+  const request = objectOrNull(body);
+  const value = -Math.round(priority);
+  if (request === null || "priority" in request || value === 0) return body;
+  const at = body.indexOf("{");
+  const rest = body.slice(at + 1);
+  const separator = /^\s*\}/.test(rest) ? "" : ",";
+  return `${body.slice(0, at + 1)}"priority":${value}${separator}${rest}`;
 }

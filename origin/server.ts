@@ -53,6 +53,8 @@ export interface OriginOptions {
   maxBatchItems?: number;
   /** GPU readings source (default: `nvidia-smi`). */
   gpu?: GpuMonitor;
+  /** Share of the engine's slots background items leave to interactive ones (default 0.1). */
+  backgroundReserveShare?: number;
 }
 
 /** Where an origin listens, and the limits its HTTP server keeps. */
@@ -93,14 +95,24 @@ function buildOrigin(options: OriginOptions): Origin {
   const engine = withFaults(options.engine, faults);
   const gpu = options.gpu ?? createGpuMonitor();
   const counters: OriginCounters = createOriginCounters();
-  const items = new ItemRunner(engine, counters);
+  const items = new ItemRunner(engine, counters, {
+    ...(options.backgroundReserveShare !== undefined && {
+      reserveShare: options.backgroundReserveShare,
+    }),
+  });
   const loadIntervalMs = options.loadIntervalMs ?? DEFAULT_LOAD_INTERVAL_MS;
   const maxBatchItems = Math.min(options.maxBatchItems ?? DEFAULT_MAX_BATCH_ITEMS, MAX_BATCH_ITEMS);
   const startedAt = Date.now();
   const batches = new Map<string, Map<string, ItemRun>>();
 
   function loadReport(cursor?: KvEventCursor): LoadReport {
-    const report: LoadReport = { origin: options.originId, t: Date.now(), ...engine.load() };
+    const report: LoadReport = {
+      origin: options.originId,
+      t: Date.now(),
+      ...engine.load(),
+      background_running: items.background.running,
+      background_queued: items.background.queued,
+    };
     if (cursor !== undefined && items.kvLog !== null) report.kv_events = items.kvLog.since(cursor);
     return report;
   }
@@ -203,6 +215,11 @@ function buildOrigin(options: OriginOptions): Origin {
       counters,
       faults: faults.counts(),
       gpu: await gpu.snapshot(),
+      background: {
+        queued: items.background.queued,
+        running: items.background.running,
+        preemptions: items.background.preemptions,
+      },
     });
     const engineText = engine.metrics().trimEnd();
     const text = `${engineText === "" ? "" : `${engineText}\n`}${origin}\n`;

@@ -48,6 +48,11 @@ export const BatchItemSchema = z.object({
   timeout_ms: z.int().positive().optional(),
   /** Higher runs first when the engine has to queue. */
   priority: z.number().optional(),
+  /**
+   * Work that can wait (a Batch API line): the origin starts it only into slots that
+   * interactive items leave, may stop and restart it for them, and keeps its answer.
+   */
+  background: z.boolean().optional(),
 });
 /** One request inside a batch. */
 export type BatchItem = z.output<typeof BatchItemSchema>;
@@ -223,6 +228,12 @@ export const LoadReportSchema = z.object({
   prefill_backlog_tokens: z.number().optional(),
   /** Block events since the call's `kv_events_after`, where the engine reports them. */
   kv_events: KvEventsSchema.optional(),
+  /**
+   * Background items (see `BatchItem.background`) among `running`, and those the origin
+   * holds outside the engine until a slot is free; absent: none.
+   */
+  background_running: z.number().optional(),
+  background_queued: z.number().optional(),
 });
 /** Payload of a LOAD frame. */
 export type LoadReport = z.output<typeof LoadReportSchema>;

@@ -341,3 +341,28 @@ describe("POST /v1/batch/outcomes", () => {
     expect(await res.json()).toMatchObject({ error: { param: "ids" } });
   });
 });
+
+describe("background items", () => {
+  it("answers a background item sent again under its id from the first answer, without running it, and counts no second run", async () => {
+    const { url } = await start();
+    const line = chat("batch_1-3", { stream: false, max_tokens: 3 }, { background: true });
+    const first = await readBatch(await postBatch(url, "b-first", [line]));
+    // An edge that restarted before the answer reached its storage sends the line again.
+    const again = await readBatch(await postBatch(url, "b-again", [line]));
+    expect(itemText(again.items.get(0))).toBe(itemText(first.items.get(0)));
+    expect(again.items.get(0)?.end?.outcome).toBe("ok");
+    expect(again.items.get(0)?.end?.usage).toEqual(first.items.get(0)?.end?.usage);
+    expect(engine.submitted).toEqual(["batch_1-3"]);
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    expect(metrics).toContain('warmgate_origin_item_outcomes_total{outcome="ok"} 1');
+    expect(metrics).toContain("warmgate_origin_items_replayed_total 1");
+  });
+
+  it("runs an interactive item sent again under its id again", async () => {
+    const { url } = await start();
+    const request = chat("req_1", { stream: false, max_tokens: 3 });
+    await readBatch(await postBatch(url, "b-first", [request]));
+    await readBatch(await postBatch(url, "b-again", [request]));
+    expect(engine.submitted).toEqual(["req_1", "req_1"]);
+  });
+});

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createOpenAIEngine } from "../../origin/openai-engine.ts";
+import { createOpenAIEngine, withPriority } from "../../origin/openai-engine.ts";
 import { meanStepMs, parsePrometheus } from "../../origin/engine-metrics.ts";
 import { hideInjectedUsage, requestUsage, SseSplitter } from "../../origin/sse-usage.ts";
 import { BATCH_CANCEL_PATH } from "../../contracts/protocol/schema.ts";
@@ -282,5 +282,18 @@ describe("the openai engine without an engine", () => {
     } finally {
       await origin.close();
     }
+  });
+});
+
+describe("vLLM's priority field", () => {
+  it("sends the item's priority negated, since vLLM runs lower values first", () => {
+    expect(withPriority('{"model":"m","messages":[]}', 2)).toBe(
+      '{"priority":-2,"model":"m","messages":[]}',
+    );
+  });
+
+  it("leaves the body as it was at priority 0 and when the client set its own", () => {
+    expect(withPriority('{"model":"m"}', 0)).toBe('{"model":"m"}');
+    expect(withPriority('{"model":"m","priority":5}', 3)).toBe('{"model":"m","priority":5}');
   });
 });
