@@ -42,16 +42,19 @@ export interface CallEvents {
   ended(broken: string | null): void;
 }
 
-/** Runs `call` against `origin` until its answer ends; never rejects. */
-export async function runCall(
-  call: OpenCall,
-  origin: CredentialedOrigin,
-  lanes: number,
-  silenceMs: number,
-  events: CallEvents,
-  kvEventsAfter: KvEventCursor | null = null,
-): Promise<void> {
-  const envelope: BatchRequest = {
+/** How many lanes the window runs, and which of them is the batch lane (if any). */
+export interface CallLanes {
+  count: number;
+  batch: number | undefined;
+}
+
+/** The batch request of `call`: its items with their priority, batch lines marked background. */
+export function callEnvelope(
+  call: Pick<OpenCall, "id" | "callers">,
+  lanes: CallLanes,
+  kvEventsAfter: KvEventCursor | null,
+): BatchRequest {
+  return {
     v: BATCH_PROTOCOL_VERSION,
     batch_id: call.id,
     items: call.callers.map(({ input }) => ({
@@ -61,10 +64,25 @@ export async function runCall(
       body: input.body,
       timeout_ms: input.itemTimeoutMs,
       // The protocol runs higher priorities first; lane 0 is the highest.
-      priority: lanes - 1 - input.lane,
+      priority: lanes.count - 1 - input.lane,
+      // Batch lines wait at the origin for slots interactive requests leave (docs/batch-api.md).
+      ...(input.lane === lanes.batch && { background: true }),
     })),
     ...(kvEventsAfter !== null && { kv_events_after: kvEventsAfter }),
   };
+}
+
+/** Runs `call` against `origin` until its answer ends; never rejects. */
+export async function runCall(
+  call: OpenCall,
+  origin: CredentialedOrigin,
+  lanes: CallLanes,
+  silenceMs: number,
+  events: CallEvents,
+  kvEventsAfter: KvEventCursor | null = null,
+): Promise<void> {
+  const envelope = callEnvelope(call, lanes, kvEventsAfter);
+
   // An origin answers a call's headers and its first LOAD at once: one that does not within
   // `silenceMs` is frozen, whatever the items' own first-byte timeouts allow.
   const callTimeoutMs = Math.max(...call.callers.map((c) => c.input.firstByteTimeoutMs));

@@ -180,7 +180,10 @@ export class Calls {
     if (this.recent.length > RECENT_BATCHES) this.recent.shift();
     this.#records.opened(call, now, items);
     this.#keepAlive.armAlarm();
-    const lanes = window.state?.config.lanes.length ?? 1;
+    const lanes = {
+      count: window.state?.config.lanes.length ?? 1,
+      batch: window.state?.config.batchLane,
+    };
     const silenceMs = window.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
     // With routing on, one open call per origin at a time asks for the origin's block
     // events since those last seen: concurrent calls would each bring the same ones.

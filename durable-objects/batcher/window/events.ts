@@ -42,6 +42,8 @@ export function onOriginLoad(
         : null,
     prefixQueries: count(report.prefix_queries),
     prefixHits: count(report.prefix_hits),
+    backgroundRunning: count(report.background_running ?? 0),
+    backgroundQueued: count(report.background_queued ?? 0),
   };
   // The report counts what the origin had started when it wrote it (see
   // `InFlightItem.ackedAt`); the rest is still ours to add.

@@ -29,6 +29,11 @@ export interface OriginCandidate {
     /** Prompt tokens it reported still to prefill (null: it does not say), and when. */
     prefillBacklogTokens: number | null;
     reportedAt: number;
+    /**
+     * Sequences it runs, queues or holds, batch lines included (which `load` leaves out:
+     * the origin stops them for interactive requests); what the batch lane fills up to.
+     */
+    batchLoad: number;
   };
 }
 

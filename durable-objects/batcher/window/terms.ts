@@ -186,9 +186,23 @@ function candidateOf(origin: OriginState, config: WindowConfig, now: number): Or
       inFlight,
     };
   }
+  const allLoad = Math.max(
+    0,
+    report.running +
+      report.waiting +
+      report.backgroundQueued +
+      origin.sentSinceReport -
+      origin.doneSinceReport,
+  );
+  // Batch lines give their slot up to interactive requests at the origin (docs/batch-api.md,
+  // "The batch lane"): to every other lane they take none.
+  let batchSince = 0;
+  for (const item of origin.inFlight) {
+    if (item.sinceReport && inBatchLane(config, item)) batchSince++;
+  }
   const load = Math.max(
     0,
-    report.running + report.waiting + origin.sentSinceReport - origin.doneSinceReport,
+    allLoad - report.backgroundRunning - report.backgroundQueued - batchSince,
   );
   // Sequences already waiting mean the engine is not starting more right now.
   const freeSlots = report.waiting > 0 ? 0 : Math.max(0, report.maxNumSeqs - load);
@@ -202,6 +216,7 @@ function candidateOf(origin: OriginState, config: WindowConfig, now: number): Or
     prefillTokensPerMs: report.prefillTokensPerMs,
     prefillBacklogTokens: report.prefillBacklogTokens,
     reportedAt: report.receivedAt,
+    batchLoad: allLoad,
   };
   return { id: origin.id, load, freeSlots, room, kvRoomTokens, inFlight, engine };
 }
@@ -243,18 +258,27 @@ export function inBatchLane(config: WindowConfig, item: { lane: number }): boole
 }
 
 /**
- * Requests of a batch that an origin may start now, interactive ones included: its free
- * running slots beyond `batchReserveShare` of them, so that batch work never queues in an
- * engine and leaves room for the interactive requests that come next. An origin without a
- * trusted report, or whose engine does not say its slots, takes one when idle.
+ * Share of an origin's slots the batch lane sends beyond what the origin may start now:
+ * lines it holds ready (outside its engine) for the next slot that frees, so the slots
+ * do not wait for a trip to the edge and back.
+ */
+export const BATCH_ORIGIN_QUEUE_SHARE = 0.25;
+
+/**
+ * Batch lines an origin may be sent now: its running slots beyond `batchReserveShare` of
+ * them, plus {@link BATCH_ORIGIN_QUEUE_SHARE} of them held ready at the origin, less
+ * everything it runs, queues or holds. The origin starts them only into slots interactive
+ * requests leave. An origin without a trusted report, or whose engine does not say its
+ * slots, takes one when idle.
  */
 export function batchSlots(candidate: OriginCandidate, config: WindowConfig): number {
-  const { engine, freeSlots } = candidate;
-  if (engine === undefined || freeSlots === null || engine.maxNumSeqs === 0) {
+  const { engine } = candidate;
+  if (engine === undefined || engine.maxNumSeqs === 0) {
     return candidate.load === 0 && candidate.inFlight === 0 ? 1 : 0;
   }
   const reserve = Math.ceil(engine.maxNumSeqs * config.batchReserveShare);
-  return Math.max(0, freeSlots - reserve);
+  const held = Math.ceil(engine.maxNumSeqs * BATCH_ORIGIN_QUEUE_SHARE);
+  return Math.max(0, engine.maxNumSeqs - reserve + held - engine.batchLoad);
 }
 
 /** The candidates a request may go to now: those it does not avoid, with a slot for a batch line. */

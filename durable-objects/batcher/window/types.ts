@@ -94,6 +94,9 @@ export interface OriginLoadView {
   /** Prompt tokens looked up in its prefix cache since it started, and those found. */
   prefixQueries: number;
   prefixHits: number;
+  /** Batch lines among `running`, and those the origin holds until a slot is free. */
+  backgroundRunning: number;
+  backgroundQueued: number;
 }
 
 /** The batcher's view of one origin. */

@@ -13,6 +13,8 @@ const REPORT = {
   prefillBacklogTokens: null,
   prefixQueries: 100,
   prefixHits: 40,
+  backgroundRunning: 0,
+  backgroundQueued: 0,
 };
 
 describe("an origin's load as shown", () => {

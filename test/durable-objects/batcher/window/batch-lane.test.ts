@@ -7,7 +7,8 @@ import { windowConfig } from "../../../support/window-config.ts";
 import { add, load, request } from "../../../support/window-state.ts";
 
 // Three interactive lanes and the batch lane (3) below them; an engine of 8 slots, of which
-// the batch lane leaves ceil(8 * 0.25) = 2 free for interactive requests.
+// the batch lane leaves ceil(8 * 0.25) = 2 free for interactive requests, and sends
+// ceil(8 * 0.25) = 2 more for the origin to hold ready.
 function stateWithBatchLane(): WindowState {
   const config = windowConfig({ maxOriginQueue: 8, batchReserveShare: 0.25 });
   return createWindowState(
@@ -30,16 +31,33 @@ function queueAll(state: WindowState, ids: string[], lane: number, sentNow: stri
 const sent = (batches: readonly Batch[]) => batches.flatMap((b) => b.items.map((i) => i.id));
 
 describe("the batch lane", () => {
-  it("takes only the running slots left free beyond the reserve, after every interactive request", () => {
-    // 3 of 8 slots run: 5 free, 2 of them kept for interactive work.
+  it("sends lines for the running slots free beyond the reserve and a quarter more held ready at the origin, after every interactive request", () => {
+    // 3 of 8 slots run: 5 free, 2 of them kept for interactive work, and 2 more lines
+    // wait at the origin for the next slot that frees.
     let state = load(stateWithBatchLane(), "a", { running: 3, waiting: 0 });
     const sentNow: string[] = [];
-    state = queueAll(state, ["b1", "b2", "b3", "b4", "b5"], 3, sentNow);
-    // 5 - 2 = 3 batch lines start; the others wait in the batch lane.
-    expect(sentNow).toEqual(["b1", "b2", "b3"]);
+    state = queueAll(state, ["b1", "b2", "b3", "b4", "b5", "b6", "b7"], 3, sentNow);
+    expect(sentNow).toEqual(["b1", "b2", "b3", "b4", "b5"]);
     state = queueAll(state, ["i1", "i2"], 0);
-    // The interactive requests take the reserve; no batch line follows them.
+    // The interactive requests go; no batch line follows them.
     expect(sent(tick(state, 1000).batches)).toEqual(["i1", "i2"]);
+  });
+
+  it("counts the lines an origin runs or holds against the batch lane, and against no interactive request", () => {
+    // 8 of 8 slots run, 6 of them batch lines, and the origin holds 2 more lines.
+    let state = load(stateWithBatchLane(), "a", {
+      running: 8,
+      waiting: 0,
+      background_running: 6,
+      background_queued: 2,
+    });
+    state = queueAll(state, ["b1"], 3);
+    const sentNow: string[] = [];
+    state = queueAll(state, ["i1", "i2", "i3"], 0, sentNow);
+    const { batches, state: after } = tick(state, 1000);
+    // The origin stops batch lines for them: 6 slots are the interactive requests' to take.
+    expect([...sentNow, ...sent(batches)]).toEqual(["i1", "i2", "i3"]);
+    expect(after.lanes[3]?.map((item) => item.id)).toEqual(["b1"]);
   });
 
   it("sends no batch line to an engine that queues, while interactive requests still go", () => {

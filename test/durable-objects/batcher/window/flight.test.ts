@@ -161,6 +161,7 @@ describe("origin choice and health", () => {
           prefillTokensPerMs: null,
           prefillBacklogTokens: null,
           reportedAt: 0,
+          batchLoad: 4,
         },
       },
     ]);
