@@ -16,8 +16,8 @@ export const DEFAULT_BACKGROUND_RESERVE_SHARE = 0.1;
 export const ANSWER_TTL_MS = 15 * 60_000;
 /** Most bytes of kept answers; the oldest go first. */
 export const MAX_ANSWER_BYTES = 256 * 1024 * 1024;
-/** How often queued background items look for a free slot, ms (between item events). */
-const POLL_MS = 5;
+/** How often queued background items look for a free slot between item events, ms. */
+const POLL_MS = 50;
 
 /** Limits of a {@link BackgroundLane}. */
 export interface BackgroundOptions {

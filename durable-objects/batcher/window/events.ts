@@ -12,6 +12,7 @@ import type {
   WindowState,
 } from "./types.ts";
 import { assertTime, bump, count, draft, laneQueue, originById } from "./state.ts";
+import { inBatchLane } from "./terms.ts";
 
 /** Takes in a load report piggybacked on a batch response; it replaces the previous one. */
 export function onOriginLoad(
@@ -105,7 +106,9 @@ export function onDispatched(
   if (found === undefined) throw new Error(`in-flight item ${itemId} vanished`);
   const item = { ...found, startedAt: found.startedAt ?? now };
   origin.inFlight[index] = item;
-  if (found.startedAt === null && options.countWait !== false) {
+  // A batch line's first byte is its whole answer (and it waits for idle slots on purpose):
+  // the wait term is what interactive requests wait (docs/batching.md, "The window").
+  if (found.startedAt === null && options.countWait !== false && !inBatchLane(next.config, found)) {
     const { rateWindowMs } = next.config;
     const waited = Math.max(0, now - found.enqueuedAt);
     next.firstByteWaitMs = bump(next.firstByteWaitMs, waited, rateWindowMs, now);

@@ -1,6 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { BATCH_LANE } from "../../../../contracts/config/batching.ts";
+import { onDispatched } from "../../../../durable-objects/batcher/window/events.ts";
 import { tick } from "../../../../durable-objects/batcher/window/flush.ts";
+import { currentWindowMs } from "../../../../durable-objects/batcher/window/terms.ts";
 import { createWindowState } from "../../../../durable-objects/batcher/window/state.ts";
 import type { Batch, WindowState } from "../../../../durable-objects/batcher/window/types.ts";
 import { windowConfig } from "../../../support/window-config.ts";
@@ -9,8 +11,8 @@ import { add, load, request } from "../../../support/window-state.ts";
 // Three interactive lanes and the batch lane (3) below them; an engine of 8 slots, of which
 // the batch lane leaves ceil(8 * 0.25) = 2 free for interactive requests, and sends
 // ceil(8 * 0.25) = 2 more for the origin to hold ready.
-function stateWithBatchLane(): WindowState {
-  const config = windowConfig({ maxOriginQueue: 8, batchReserveShare: 0.25 });
+function stateWithBatchLane(waitShare = 0): WindowState {
+  const config = windowConfig({ maxOriginQueue: 8, batchReserveShare: 0.25, waitShare });
   return createWindowState(
     { ...config, lanes: [...config.lanes, BATCH_LANE], batchLane: config.lanes.length },
     0,
@@ -67,5 +69,18 @@ describe("the batch lane", () => {
     const { batches, state: after } = tick(state, 1000);
     expect(sent(batches)).toEqual(["i1"]);
     expect(after.lanes[3]?.map((item) => item.id)).toEqual(["b1"]);
+  });
+
+  it("leaves a batch line's wait for its first byte, its whole answer, out of the window interactive requests wait", () => {
+    const sentNow: string[] = [];
+    let state = load(stateWithBatchLane(0.5), "a", { running: 0, waiting: 0 });
+    state = queueAll(state, ["b1"], 3, sentNow);
+    expect(sentNow).toEqual(["b1"]);
+    state = onDispatched(state, "a", "b1", 400).state;
+    expect(currentWindowMs(state, 400)).toBe(0);
+    // An interactive request's wait counts.
+    state = queueAll(state, ["i1"], 0, sentNow);
+    state = onDispatched(state, "a", "i1", 400).state;
+    expect(currentWindowMs(state, 400)).toBeGreaterThan(0);
   });
 });
