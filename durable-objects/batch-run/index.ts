@@ -11,6 +11,7 @@ import { fileKey } from "../../contracts/batch-files.ts";
 import { costPicos } from "../../contracts/pricing.ts";
 import type { BatchHoldResult } from "../key-account/batch-holds.ts";
 import { type BatchState, batchObject, cancellable, outputRecord, stepOf } from "./lifecycle.ts";
+import { keptAnswers } from "./kept-answers.ts";
 import { lineAttempt } from "./line-attempt.ts";
 import { type LineOutcome, lineOutcome } from "./line-outcome.ts";
 import { writeOutputFile } from "./output-files.ts";
@@ -37,6 +38,8 @@ export class BatchRun extends DurableObject<Env> {
   /** Lines this incarnation sent that have not ended. */
   readonly #running = new Set<number>();
   #resumed = false;
+  /** Lines an origin answered before a restart: the origins their next attempt avoids. */
+  #answeredOn = new Map<number, string[]>();
   /** No line is sent before this (ms): the lane or the origins asked to wait. */
   #pausedUntil = 0;
   #advancing = false;
@@ -121,9 +124,14 @@ export class BatchRun extends DurableObject<Env> {
     const state = this.#store.state;
     if (state === null) return;
     if (!this.#resumed) {
-      // Lines an earlier incarnation sent never reported back: they go again, same ids.
-      this.#store.requeueRunning(this.#running);
+      // Lines an earlier incarnation sent never reported back: they go again, same ids,
+      // each that an origin answered back to that origin, which keeps its answer.
+      const requeued = this.#store.requeueRunning(this.#running);
       this.#resumed = true;
+      if (requeued.length > 0) {
+        const ids = new Map(requeued.map((idx) => [this.#lineId(idx), idx]));
+        this.#answeredOn = await keptAnswers(this.#store.run, ids, this.env);
+      }
     }
     await this.#charge();
     const now = Date.now();
@@ -207,6 +215,8 @@ export class BatchRun extends DurableObject<Env> {
       outcome = { kind: "retry", afterMs: BACKSTOP_MS };
     }
     this.#running.delete(line.idx);
+    // Once only: a line whose origin could not take it goes wherever there is room.
+    this.#answeredOn.delete(line.idx);
     this.#record(line, outcome);
     await this.#advance();
   }
@@ -219,7 +229,9 @@ export class BatchRun extends DurableObject<Env> {
     });
     if (input === null) throw new Error("input file gone");
     const parsed = JSON.parse(await input.text()) as { body: Record<string, unknown> };
-    const { batcher, attempt } = lineAttempt(run, state, line, this.#lineId(line.idx), parsed.body);
+    const avoid = this.#answeredOn.get(line.idx) ?? [];
+    const id = this.#lineId(line.idx);
+    const { batcher, attempt } = lineAttempt(run, state, line, id, parsed.body, avoid);
     return this.env.BATCHER.getByName(batcher).answer(attempt);
   }
 

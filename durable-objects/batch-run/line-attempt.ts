@@ -21,6 +21,7 @@ export function lineAttempt(
   line: LineToRun,
   id: string,
   body: Record<string, unknown>,
+  avoidOrigins: readonly string[] = [],
 ): { batcher: string; attempt: BatcherAttempt } {
   // As an interactive request with this prefix would go: to the shard its prefix keys.
   const routed = run.setup.routing !== null && line.prefix !== null;
@@ -40,7 +41,8 @@ export function lineAttempt(
     deadline: state.expiresAt,
     firstByteTimeoutMs: run.firstByteTimeoutMs,
     itemTimeoutMs: run.itemTimeoutMs,
-    avoidOrigins: [],
+    // Where an origin kept its answer, the line goes to that origin alone.
+    avoidOrigins: [...avoidOrigins],
     ...(routed && {
       route: {
         blocks: promptBlocks(run.model, body as PrefixRequest, MAX_ROUTE_BLOCKS),

@@ -169,14 +169,14 @@ export class BatchStore {
   }
 
   /** Lines marked running by an earlier incarnation go back to pending (their ids stay). */
-  requeueRunning(except: ReadonlySet<number>): number {
-    let requeued = 0;
+  requeueRunning(except: ReadonlySet<number>): number[] {
+    const requeued: number[] = [];
     for (const { idx } of this.#sql.exec<{ idx: number }>(
       "SELECT idx FROM lines WHERE state = 'running'",
     )) {
       if (except.has(idx)) continue;
       this.#sql.exec("UPDATE lines SET state = 'pending' WHERE idx = ?", idx);
-      requeued += 1;
+      requeued.push(idx);
     }
     return requeued;
   }

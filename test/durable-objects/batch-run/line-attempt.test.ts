@@ -60,4 +60,12 @@ describe("a batch line's attempt", () => {
     expect(batcher).toBe("s1");
     expect(attempt.route).toBeUndefined();
   });
+
+  it("avoids every origin but the one that kept its answer, where one did", () => {
+    const kept = lineAttempt(plan(true), state, line, "batch_x-5", body, ["a", "c"]);
+    expect(kept.attempt.avoidOrigins).toEqual(["a", "c"]);
+    expect(lineAttempt(plan(true), state, line, "batch_x-5", body).attempt.avoidOrigins).toEqual(
+      [],
+    );
+  });
 });
