@@ -94,6 +94,22 @@ export function metricSum(text: string, name: string, labels = ""): number {
   return sum;
 }
 
+/** A counter summed over the origins' `/metrics`. */
+export async function originCounter(
+  origins: readonly OriginAccess[],
+  name: string,
+  labels = "",
+): Promise<number> {
+  let sum = 0;
+  for (const origin of origins) {
+    const text = await (
+      await fetch(`${origin.url}/metrics`, { headers: bearer(origin.token) })
+    ).text();
+    sum += metricSum(text, name, labels);
+  }
+  return sum;
+}
+
 /** Items that ended `ok` on the origins, from their own counters. */
 export async function originOkItems(origins: readonly OriginAccess[]): Promise<number> {
   let ok = 0;

@@ -12,7 +12,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
-import { auditBatch, batchEnded, originOkItems, startBatch } from "./batch-api-checks.ts";
+import {
+  auditBatch,
+  batchEnded,
+  originCounter,
+  originOkItems,
+  startBatch,
+} from "./batch-api-checks.ts";
 import {
   type BatchApiRun,
   batchApiTargets,
@@ -115,6 +121,7 @@ const at = () => (performance.now() - t0) / 1000;
 const log = (line: string) => process.stderr.write(`[${at().toFixed(1)} s] ${line}\n`);
 
 let result: BatchApiRun & { batchSeconds: number };
+let background = { replayed: 0, preemptions: 0 };
 try {
   const interactiveKey = await createKey(stack.edgeUrl, stack.adminToken, {
     name: "interactive",
@@ -181,6 +188,11 @@ try {
   });
   // Lines run to the end on the origins: their ok items less the interactive requests'.
   const okAfter = await originOkItems(origins);
+  // Lines answered again from an origin's kept answer, and lines stopped for interactive ones.
+  background = {
+    replayed: await originCounter(origins, "warmgate_origin_items_replayed_total"),
+    preemptions: await originCounter(origins, "warmgate_origin_background_preemptions_total"),
+  };
   const interactiveIds = withBatch.samples.flatMap((s) =>
     s.requestId === null ? [] : [s.requestId],
   );
@@ -272,6 +284,11 @@ const path = await writeResult(RESULT, {
   windows: windows.summary,
   audit: result.audit,
   originOkRuns: result.originOkRuns,
+  background,
   targets,
 });
+console.log(
+  `\nOrigins answered ${background.replayed} lines sent again from their kept answers, and ` +
+    `stopped ${background.preemptions} running lines for interactive requests.`,
+);
 console.log(`\nwrote ${path} and ${svg}`);
