@@ -104,12 +104,17 @@ export class KeyAccount extends DurableObject<Env> {
     return this.#store.key.rotate(input);
   }
 
-  /** Checks a credential without admitting a request (nothing is reserved or counted). */
-  check(input: {
+  /**
+   * Checks a credential without admitting a request (nothing is reserved or counted), with
+   * the models the caller may use; a key whose team never answered it asks the team first.
+   */
+  async check(input: {
     credential: CheckCredential;
     origin?: string | null;
+    models?: string[] | null;
     now?: number;
-  }): KeyCheckResult {
+  }): Promise<KeyCheckResult> {
+    if (checkKey(this.#store, input).ok) await this.#team.learnTerms();
     return checkKey(this.#store, input);
   }
 

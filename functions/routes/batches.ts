@@ -67,7 +67,7 @@ async function batchRegions(c: Context<AppEnv>) {
   const config = c.get("config");
   const override = c.req.header(REGION_OVERRIDE_HEADER);
   if (override === undefined) return regionOrder(config, {});
-  const record = await checkCaller(c);
+  const { record } = await checkCaller(c);
   if (!record.allowRegionOverride) {
     throw new ApiError(403, `This key may not choose its region (${REGION_OVERRIDE_HEADER}).`, {
       type: "permission_error",

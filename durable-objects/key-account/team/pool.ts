@@ -154,7 +154,26 @@ export function excess(pool: TeamPool, use: PoolUse, keep: TeamAllowance): TeamA
   };
 }
 
-/** The models both the key and its team allow (null: every model). */
+/**
+ * The models a caller may use: its key's, narrowed by its team's once the team has
+ * answered (`termsKnown`) and by its browser token's; null: every model. The one rule of
+ * admission, of isolates' leases and of `/v1/models`.
+ */
+export function usableModels(
+  key: readonly string[] | null,
+  team: TeamPool | null,
+  token: readonly string[] | null,
+): string[] | null {
+  return allowedModels(allowedModels(key, team?.models ?? null), token);
+}
+
+/** Whether the team has answered one of the key's calls yet (its models are then known). */
+export function termsKnown(pool: TeamPool): boolean {
+  // Each call takes the next number; the pending one is the only unanswered call.
+  return pool.seq > (pool.pending === null ? 0 : 1);
+}
+
+/** The models both lists allow (null: every model). */
 export function allowedModels(
   key: readonly string[] | null,
   team: readonly string[] | null,
