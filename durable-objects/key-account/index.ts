@@ -183,16 +183,23 @@ export class KeyAccount extends DurableObject<Env> {
     return { results, commit };
   }
 
-  /** Reserves a Batch API batch's worst case against the budgets (see batch-holds.ts). */
-  holdBatch(input: { batchId: string; picos: bigint }): BatchHoldResult {
-    return holdBatch(this.#store, this.ctx.storage.sql, input, Date.now());
+  /** Reserves a Batch API batch's worst case against the key's and team's budgets (batch-holds.ts). */
+  async holdBatch(input: { batchId: string; picos: bigint }): Promise<BatchHoldResult> {
+    const held = await holdBatch(this.#store, this.#team, this.ctx.storage.sql, input);
+    await this.#teamAlarm(Date.now());
+    return held;
   }
 
-  /** Bills a batch's finished lines once per charge number; committed before it answers. */
+  /**
+   * Bills a batch's finished lines once per charge number, committed before it answers; a
+   * member key reports the cost to its team at once (a batch is never on a request's path).
+   */
   async chargeBatch(charge: BatchCharge): Promise<boolean> {
     const now = Date.now();
     const applied = chargeBatch(this.#store, this.ctx.storage.sql, charge, now);
     await this.#alertsFor(now);
+    if (applied) await this.#team.report();
+    await this.#teamAlarm(now);
     return applied;
   }
 

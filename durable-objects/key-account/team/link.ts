@@ -106,6 +106,12 @@ export class TeamLink {
     else await this.#call(null, "renew");
   }
 
+  /** Reports what the key settled to its team now, after any call under way. */
+  async report(): Promise<void> {
+    while (this.#running !== null) await this.#running;
+    if ((this.#store.team.pool?.settledPicos ?? 0n) > 0n) await this.#call(null, "renew");
+  }
+
   /** At the alarm: gives back all that an idle key holds unused, and reports its spend. */
   async release(now: number): Promise<void> {
     const at = this.idleAt();

@@ -79,13 +79,18 @@ export function moneyUsed(pool: TeamPool, use: PoolUse): bigint {
   return use.reservedPicos + pool.settledPicos;
 }
 
+/** The money the pool lacks to hold `picos` more (zero when it fits or the team has no budget). */
+export function moneyShort(pool: TeamPool, picos: bigint, use: PoolUse): bigint {
+  const money = pool.budgeted ? moneyUsed(pool, use) + picos - pool.picos : 0n;
+  return money > 0n ? money : 0n;
+}
+
 /** What the pool lacks for a request (zero in every dimension it covers), or null when it fits. */
 export function shortfall(pool: TeamPool, ask: PoolAsk, use: PoolUse): TeamAllowance | null {
-  const money = pool.budgeted ? moneyUsed(pool, use) + ask.picos - pool.picos : 0n;
   const need: TeamAllowance = {
     requests: Math.max(0, 1 - pool.requests),
     tokens: Math.max(0, ask.tokens - pool.tokens),
-    picos: money > 0n ? money : 0n,
+    picos: moneyShort(pool, ask.picos, use),
     slots: Math.max(0, use.inFlight + 1 - pool.slots),
   };
   const short = need.requests > 0 || need.tokens > 0 || need.picos > 0n || need.slots > 0;

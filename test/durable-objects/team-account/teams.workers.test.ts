@@ -192,4 +192,45 @@ describe("teams", () => {
     await key.stub.update({ teamId: null, now: Date.now() });
     expect((await team.stub.view())?.slotsHeld).toBe(0);
   });
+
+  it("holds a Batch API batch against its key's team budget and counts its cost in the team's spend", async () => {
+    const team = await newTeam(
+      {},
+      { periods: [{ period: "1h", limitMicros: 1_000, softMicros: null }] },
+    );
+    const key = await teamKey(team.id);
+    expect(await key.stub.holdBatch({ batchId: "batch_big", picos: micros(1_500) })).toMatchObject({
+      ok: false,
+      refusal: { code: "insufficient_quota", scope: "team", teamId: team.id },
+    });
+    expect(await key.stub.holdBatch({ batchId: "batch_ok", picos: micros(600) })).toEqual({
+      ok: true,
+    });
+    const now = Date.now();
+    const charged = await key.stub.chargeBatch({
+      batchId: "batch_ok",
+      seq: 1,
+      model: "m",
+      lines: [
+        {
+          requestId: "batch_ok-0",
+          ok: true,
+          httpStatus: 200,
+          startedAt: now - 10,
+          endedAt: now,
+          costPicos: micros(400),
+          releasePicos: micros(600),
+          usage: { promptTokens: 10, cachedTokens: 0, completionTokens: 90 },
+        },
+      ],
+    });
+    expect(charged).toBe(true);
+    const [line] = (await team.stub.view())?.budgets ?? [];
+    expect(line?.spentPicos).toBe(micros(400));
+    // 400 µ$ spent: 700 more would take the team past its 1,000 µ$.
+    expect(await key.stub.holdBatch({ batchId: "batch_late", picos: micros(700) })).toMatchObject({
+      ok: false,
+      refusal: { code: "insufficient_quota", scope: "team", budget: "1h" },
+    });
+  });
 });
