@@ -26,9 +26,7 @@ import { leaseHolder } from "../../contracts/lease-scopes.ts";
 import type { LeaseAnswer, LeaseAsk, LeaseCall, LeaseHeld } from "./leases/types.ts";
 import type { KeyMetrics } from "./metrics.ts";
 import { AccountStore } from "./store.ts";
-import { deliverAlerts, raiseAlerts } from "./alerts.ts";
-import { type AlertSettings, AlertsSchema } from "../../contracts/config/alerts.ts";
-import { ConfigError, loadConfig } from "../../contracts/config/gateway.ts";
+import { alertSettings, deliverAlerts, keyBook, raiseAlerts } from "./alerts.ts";
 import {
   type AdmitAnswer,
   type AdmitInput,
@@ -270,24 +268,17 @@ export class KeyAccount extends DurableObject<Env> {
     // lease's unreported ones: their origins may still know how they ended.
     await reconcileLapsed(this.#store, this.env.WARMGATE_CONFIG, this.env, now);
     await this.#team.release(now);
-    raiseAlerts(this.#store, now, () => this.#alertSettings());
-    await deliverAlerts(this.#store, now, this.#alertSettings(), this.env.ALERT_SIGNING_SECRET);
+    const settings = alertSettings(this.env.WARMGATE_CONFIG);
+    raiseAlerts(this.#store, now, () => settings);
+    await deliverAlerts(keyBook(this.#store), now, settings, this.env.ALERT_SIGNING_SECRET);
     this.#store.prune(now);
     await this.#rescheduleAlarm(now);
   }
 
   // Soft limits the settlements crossed raise alerts, which the alarm delivers now.
   async #alertsFor(now: number): Promise<void> {
-    if (raiseAlerts(this.#store, now, () => this.#alertSettings())) await this.#ensureAlarm(now);
-  }
-
-  #alertSettings(): AlertSettings {
-    try {
-      return loadConfig(this.env.WARMGATE_CONFIG).alerts;
-    } catch (error) {
-      if (error instanceof ConfigError) return AlertsSchema.parse({});
-      throw error;
-    }
+    const settings = () => alertSettings(this.env.WARMGATE_CONFIG);
+    if (raiseAlerts(this.#store, now, settings)) await this.#ensureAlarm(now);
   }
 
   // Settled rows are pruned in time; rows whose usage is to be asked of the origins, soon;

@@ -2,62 +2,11 @@ import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import type { TeamAccount } from "../../../durable-objects/team-account/index.ts";
-import type { AdmitResult, Limits } from "../../../durable-objects/key-account/types.ts";
-import { type Budgets, NO_BUDGETS } from "../../../durable-objects/key-account/budget-types.ts";
+import type { AdmitResult } from "../../../durable-objects/key-account/types.ts";
+import type { Budgets } from "../../../durable-objects/key-account/budget-types.ts";
 import { HOUR_MS, hourOf } from "../../../contracts/budget-periods.ts";
-import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
-import { newTeamId, teamAccount } from "../../../functions/accounts/teams.ts";
-import { LIMITS, PRICE, micros } from "../../support/key-accounts.workers.ts";
-
-const BIG: Limits = { rpm: 1_000_000, tpm: 1_000_000_000, concurrency: 100_000 };
-
-async function newTeam(
-  limits: Partial<Limits>,
-  budgets: Partial<Budgets> = {},
-  models: string[] | null = null,
-) {
-  const id = newTeamId();
-  const stub = teamAccount(env, id);
-  await stub.create({
-    id,
-    name: "team",
-    limits: { ...BIG, ...limits },
-    budgets: { ...NO_BUDGETS, ...budgets },
-    models,
-    tags: [],
-    metadata: {},
-    now: Date.now(),
-  });
-  return { id, stub };
-}
-
-async function teamKey(teamId: string, limits: Partial<Limits> = {}) {
-  const id = newKeyId();
-  const { secretHash } = await mintApiKey(env, id);
-  const stub = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
-  await stub.create({
-    id,
-    name: "member",
-    secretHash,
-    limits: { ...LIMITS, concurrency: 1_000, ...limits },
-    allowedOrigins: [],
-    models: null,
-    tier: "standard",
-    expiresAt: null,
-    teamId,
-    now: Date.now(),
-  });
-  const admit = (requestId: string, model = "m") =>
-    stub.admit({
-      requestId,
-      credential: { kind: "key", secretHash },
-      model,
-      promptTokens: 10,
-      maxTokens: 90,
-      price: PRICE,
-    });
-  return { id, stub, admit };
-}
+import { micros } from "../../support/key-accounts.workers.ts";
+import { newTeam, teamKey } from "../../support/team-accounts.workers.ts";
 
 // Lease calls the team has answered for a key: each call carries the next sequence number.
 async function teamCalls(stub: DurableObjectStub<TeamAccount>, keyId: string): Promise<number> {
