@@ -1,5 +1,4 @@
 import { runInDurableObject } from "cloudflare:test";
-import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import type { TeamAccount } from "../../../durable-objects/team-account/index.ts";
 import type { AdmitResult } from "../../../durable-objects/key-account/types.ts";
