@@ -86,7 +86,9 @@ describe("background items on an origin", () => {
     const line = lane.run(engineItem("line-0"), engine.submit).then(text);
     await settle();
     expect(engine.submitted).not.toContain("line-0");
+    // The origin learns an item ended once the engine settled its outcome.
     engine.finish("chat-1");
+    await settle();
     lane.interactiveEnded();
     await settle();
     expect(engine.submitted).toContain("line-0");
@@ -110,6 +112,7 @@ describe("background items on an origin", () => {
     expect(lane.queued).toBe(1);
 
     engine.finish("chat-1");
+    await settle();
     lane.interactiveEnded();
     await settle();
     expect(engine.submitted.filter((id) => id === "line-1")).toHaveLength(2);
