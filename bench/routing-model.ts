@@ -57,6 +57,8 @@ interface Seq {
   /** Blocks of the prompt and answer, as the next turn renders them. */
   answerBlocks: number[];
   prompt: number;
+  /** Prompt tokens not in the cache when it arrived: its prefill still to come while it waits. */
+  uncached: number;
   computed: number;
   maxTokens: number;
   generated: number;
@@ -82,11 +84,19 @@ class Engine {
     this.capacity = capacity;
   }
 
+  /** Prompt tokens still to prefill, as the simulated engine reports them. */
   get backlog(): number {
     let tokens = 0;
-    for (const s of [...this.waiting, ...this.running])
-      tokens += Math.max(0, s.prompt - s.computed);
+    for (const s of this.waiting) tokens += s.uncached;
+    for (const s of this.running) tokens += Math.max(0, s.prompt - s.computed);
     return tokens;
+  }
+
+  /** Leading blocks of `blocks` it holds, the last one left out (an engine computes it). */
+  hit(blocks: readonly number[]): number {
+    let hit = 0;
+    while (hit < blocks.length - 1 && this.cache.has(blocks[hit] ?? -1)) hit++;
+    return hit;
   }
 
   #store(blocks: readonly number[]): void {
@@ -113,8 +123,7 @@ class Engine {
     }
     while (budget > 0 && this.running.length < MAX_NUM_SEQS && this.waiting.length > 0) {
       const s = this.waiting.shift() as Seq;
-      let hit = 0;
-      while (hit < s.blocks.length - 1 && this.cache.has(s.blocks[hit] ?? -1)) hit++;
+      const hit = this.hit(s.blocks);
       this.#store(s.blocks.slice(0, hit));
       this.queries += s.prompt;
       s.cached = hit * BLOCK;
@@ -292,6 +301,7 @@ export function runModel(options: ModelOptions): ModelResult {
       blocks,
       answerBlocks,
       prompt,
+      uncached: prompt - o.engine.hit(blocks) * BLOCK,
       computed: 0,
       maxTokens,
       generated: 0,
