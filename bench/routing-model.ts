@@ -7,7 +7,10 @@
  */
 import { promptBlocks } from "../contracts/prefix-blocks.ts";
 import { RoutingSchema, type RoutingSection } from "../contracts/config/routing.ts";
-import { rendezvousOrder } from "../durable-objects/batcher/routing/placement.ts";
+import {
+  type PlacementReason,
+  rendezvousOrder,
+} from "../durable-objects/batcher/routing/placement.ts";
 import { type RouteRequest, Router, coldKey } from "../durable-objects/batcher/routing/router.ts";
 import { DEFAULT_SIM_TIMING } from "../origin/sim/timing.ts";
 import { percentile } from "./lib.ts";
@@ -43,6 +46,8 @@ export interface ModelResult {
   /** The busiest origin's share of all streams in flight at request starts, summed. */
   streamShare: number;
   perOrigin: number[];
+  /** The router's placements by reason (warmgate only). */
+  placements: Record<PlacementReason, number> | null;
 }
 
 const BLOCK = 16;
@@ -358,6 +363,7 @@ export function runModel(options: ModelOptions): ModelResult {
     evenShare: mean(busiest.map((b) => Math.ceil(b.total / origins.length) / b.total)),
     streamShare: busiest.reduce((n, b) => n + b.most, 0) / busiest.reduce((n, b) => n + b.total, 0),
     perOrigin: served,
+    placements: options.policy === "warmgate" ? router.view().placements : null,
   };
 }
 
