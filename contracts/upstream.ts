@@ -5,7 +5,7 @@
  * from a global.
  */
 import { type CredentialRing, credentialRefused } from "./credentials.ts";
-import { onTimeTimeout } from "./on-time.ts";
+import { type OnTimeClock, onTimeClock } from "./on-time.ts";
 import type { OriginFailureKind } from "./errors.ts";
 import {
   BATCH_CANCEL_PATH,
@@ -225,9 +225,14 @@ export function describe(error: unknown): string {
  * Calls `silent` once no `beat` came for `silenceMs` of this thread's on-time (never when
  * that is not finite): an origin sends a LOAD frame every load interval while items run, so
  * a call silent that long while this thread kept time is an origin that froze; time this
- * thread spent stalled is not counted against it (see `on-time.ts`). `stop` ends the watch.
+ * thread spent stalled is not counted against it (see `on-time.ts`). `stop` ends the watch;
+ * `clock` is the call's, when its other timers run on one.
  */
-export function silenceWatchdog(silenceMs: number, silent: () => void) {
-  const timer = onTimeTimeout(silenceMs, silent);
+export function silenceWatchdog(
+  silenceMs: number,
+  silent: () => void,
+  clock: OnTimeClock = onTimeClock(silenceMs),
+) {
+  const timer = clock.timeout(silenceMs, silent);
   return { beat: () => timer.reset(), stop: () => timer.stop() };
 }
