@@ -12,7 +12,7 @@ import { FREE, utcDay, worstCasePicos } from "../../contracts/pricing.ts";
 import { KEY_SCOPE, NOT_CLOSED, type StoredCandidate, rowTags, storedCandidate } from "./schema.ts";
 import { expireDue } from "./settle.ts";
 import { type AccountStore, modelScope, userScope } from "./store.ts";
-import { type PoolAsk, allowedModels, shortfall } from "./team/pool.ts";
+import { type PoolAsk, shortfall, usableModels } from "./team/pool.ts";
 import type { TeamLink } from "./team/link.ts";
 import type { TeamAllowance } from "../team-account/types.ts";
 import { RESERVATION_LEASE_MS, type AdmitInput, type AdmitResult } from "./types.ts";
@@ -132,7 +132,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult | Te
     key: {
       status: record.status,
       expiresAt: record.expiresAt,
-      models: team === null ? record.models : allowedModels(record.models, team.models),
+      models: usableModels(record.models, team, endUser?.models ?? null),
       allowedOrigins: record.allowedOrigins,
       limits: record.limits,
       modelLimits: record.modelLimits,

@@ -1,9 +1,10 @@
 /**
  * Budget holds of Batch API batches (docs/key-account.md, "Batch holds"; docs/batch-api.md):
- * a batch's worst case is reserved against the key's budgets when it is created, each
- * charge of finished lines bills them and gives back their part of the hold exactly once
- * (charges are numbered; a repeated number changes nothing), and the rest is given back
- * when the batch ends. Each line billed becomes a settled ledger row of its own.
+ * a batch's worst case is reserved against the key's budgets and, through the key's lease,
+ * its team's when it is created; each charge of finished lines bills them and gives back
+ * their part of the hold exactly once (charges are numbered; a repeated number changes
+ * nothing), and the rest is given back when the batch ends. Each line billed becomes a
+ * settled ledger row of its own; its cost counts in the team's spend as a request's does.
  */
 import { type TokenUsage, utcDay } from "../../contracts/pricing.ts";
 import { hourOf } from "../../contracts/budget-periods.ts";
@@ -11,15 +12,22 @@ import { budgetRefusal } from "./budgets.ts";
 import { KEY_SCOPE, type LedgerEntry, rowTags } from "./schema.ts";
 import type { AccountStore } from "./store.ts";
 import type { AdmissionRefusal } from "./types.ts";
+import type { TeamAllowance } from "../team-account/types.ts";
+import type { TeamLink } from "./team/link.ts";
+import { moneyShort } from "./team/pool.ts";
 
-/** What `holdBatch` answers: held (or held already), or refused for a budget. */
+/**
+ * What `holdBatch` answers: held (or held already), or refused for a budget (the key's or
+ * its team's), a key no longer active, or a team whose allowance other keys hold now.
+ */
 export type BatchHoldResult =
   | { ok: true }
   | {
       ok: false;
       refusal: Omit<Extract<AdmissionRefusal, { code: "insufficient_quota" }>, "rateLimit">;
     }
-  | { ok: false; refusal: { code: "invalid_api_key" } };
+  | { ok: false; refusal: { code: "invalid_api_key" } }
+  | { ok: false; refusal: { code: "team_busy" } };
 
 /** Lines of one batch that finished, billed together under charge number `seq`. */
 export interface BatchCharge {
@@ -102,13 +110,42 @@ function holdOf(sql: SqlStorage, batchId: string): HoldRow | undefined {
     .toArray()[0];
 }
 
-/** Reserves `picos` for a batch, unless a budget lacks the room; idempotent per batch. */
-export function holdBatch(
+// How often one hold asks the team before it is refused: other requests of the key may
+// take what a call brought before the hold is decided again.
+const TEAM_TRIES = 16;
+
+/**
+ * Reserves `picos` for a batch against the key's budgets and its team's, unless one lacks
+ * the room; idempotent per batch. A member key's lease of its team's allowance must hold the
+ * batch's money as it holds a request's: what it lacks is asked of the team first.
+ */
+export async function holdBatch(
+  store: AccountStore,
+  team: TeamLink,
+  sql: SqlStorage,
+  input: { batchId: string; picos: bigint },
+): Promise<BatchHoldResult> {
+  await team.learnTerms();
+  for (let tries = 0; tries < TEAM_TRIES; tries++) {
+    const held = decideHold(store, sql, input, Date.now());
+    if (!("need" in held)) return held;
+    const refusal = await team.obtain(held.need, store.team.typical);
+    if (refusal?.code === "insufficient_quota") {
+      const { rateLimit: _rateLimit, ...quota } = refusal;
+      return { ok: false, refusal: quota };
+    }
+  }
+  // Still short after as many calls: the team's allowance is in other keys' hands.
+  return { ok: false, refusal: { code: "team_busy" } };
+}
+
+// Decides a hold and applies it in one synchronous turn, or answers what the team must add.
+function decideHold(
   store: AccountStore,
   sql: SqlStorage,
   input: { batchId: string; picos: bigint },
   now: number,
-): BatchHoldResult {
+): BatchHoldResult | { need: TeamAllowance } {
   if (holdOf(sql, input.batchId) !== undefined) return { ok: true };
   const record = store.key.record;
   if (record === null || record.status !== "active") {
@@ -118,6 +155,15 @@ export function holdBatch(
   const lines = store.spend.lines(record.budgets, now, KEY_SCOPE);
   const refusal = budgetRefusal(lines, input.picos, now);
   if (refusal !== null) return { ok: false, refusal: { ...refusal, scope: "key" } };
+  const pool = store.team.pool;
+  if (pool !== null) {
+    const use = {
+      reservedPicos: store.spend.lifetime().reservedPicos,
+      inFlight: store.scopeUsage(KEY_SCOPE, null).inFlight,
+    };
+    const picos = moneyShort(pool, input.picos, use);
+    if (picos > 0n) return { need: { requests: 0, tokens: 0, picos, slots: 0 } };
+  }
   store.spend.add(hour, { settledPicos: 0n, reservedPicos: input.picos });
   sql.exec(
     "INSERT INTO batch_holds (batch_id, day, hour, reserved_picos, applied_seq, created_at) VALUES (?, ?, ?, ?, 0, ?)",
@@ -157,6 +203,8 @@ export function chargeBatch(
   const today = utcDay(now);
   store.spend.add(hold.hour, { settledPicos: 0n, reservedPicos: -release });
   store.spend.add(hourOf(now), { settledPicos: cost, reservedPicos: 0n });
+  // Reported to the key's team with its next call, as a request's cost is.
+  store.team.settled(cost, 0);
   store.spend.addUsage(today, {
     model: charge.model,
     requests: charge.lines.length,

@@ -26,9 +26,7 @@ import { leaseHolder } from "../../contracts/lease-scopes.ts";
 import type { LeaseAnswer, LeaseAsk, LeaseCall, LeaseHeld } from "./leases/types.ts";
 import type { KeyMetrics } from "./metrics.ts";
 import { AccountStore } from "./store.ts";
-import { deliverAlerts, raiseAlerts } from "./alerts.ts";
-import { type AlertSettings, AlertsSchema } from "../../contracts/config/alerts.ts";
-import { ConfigError, loadConfig } from "../../contracts/config/gateway.ts";
+import { alertSettings, deliverAlerts, keyBook, raiseAlerts } from "./alerts.ts";
 import {
   type AdmitAnswer,
   type AdmitInput,
@@ -104,12 +102,17 @@ export class KeyAccount extends DurableObject<Env> {
     return this.#store.key.rotate(input);
   }
 
-  /** Checks a credential without admitting a request (nothing is reserved or counted). */
-  check(input: {
+  /**
+   * Checks a credential without admitting a request (nothing is reserved or counted), with
+   * the models the caller may use; a key whose team never answered it asks the team first.
+   */
+  async check(input: {
     credential: CheckCredential;
     origin?: string | null;
+    models?: string[] | null;
     now?: number;
-  }): KeyCheckResult {
+  }): Promise<KeyCheckResult> {
+    if (checkKey(this.#store, input).ok) await this.#team.learnTerms();
     return checkKey(this.#store, input);
   }
 
@@ -178,16 +181,23 @@ export class KeyAccount extends DurableObject<Env> {
     return { results, commit };
   }
 
-  /** Reserves a Batch API batch's worst case against the budgets (see batch-holds.ts). */
-  holdBatch(input: { batchId: string; picos: bigint }): BatchHoldResult {
-    return holdBatch(this.#store, this.ctx.storage.sql, input, Date.now());
+  /** Reserves a Batch API batch's worst case against the key's and team's budgets (batch-holds.ts). */
+  async holdBatch(input: { batchId: string; picos: bigint }): Promise<BatchHoldResult> {
+    const held = await holdBatch(this.#store, this.#team, this.ctx.storage.sql, input);
+    await this.#teamAlarm(Date.now());
+    return held;
   }
 
-  /** Bills a batch's finished lines once per charge number; committed before it answers. */
+  /**
+   * Bills a batch's finished lines once per charge number, committed before it answers; a
+   * member key reports the cost to its team at once (a batch is never on a request's path).
+   */
   async chargeBatch(charge: BatchCharge): Promise<boolean> {
     const now = Date.now();
     const applied = chargeBatch(this.#store, this.ctx.storage.sql, charge, now);
     await this.#alertsFor(now);
+    if (applied) await this.#team.report();
+    await this.#teamAlarm(now);
     return applied;
   }
 
@@ -258,24 +268,17 @@ export class KeyAccount extends DurableObject<Env> {
     // lease's unreported ones: their origins may still know how they ended.
     await reconcileLapsed(this.#store, this.env.WARMGATE_CONFIG, this.env, now);
     await this.#team.release(now);
-    raiseAlerts(this.#store, now, () => this.#alertSettings());
-    await deliverAlerts(this.#store, now, this.#alertSettings(), this.env.ALERT_SIGNING_SECRET);
+    const settings = alertSettings(this.env.WARMGATE_CONFIG);
+    raiseAlerts(this.#store, now, () => settings);
+    await deliverAlerts(keyBook(this.#store), now, settings, this.env.ALERT_SIGNING_SECRET);
     this.#store.prune(now);
     await this.#rescheduleAlarm(now);
   }
 
   // Soft limits the settlements crossed raise alerts, which the alarm delivers now.
   async #alertsFor(now: number): Promise<void> {
-    if (raiseAlerts(this.#store, now, () => this.#alertSettings())) await this.#ensureAlarm(now);
-  }
-
-  #alertSettings(): AlertSettings {
-    try {
-      return loadConfig(this.env.WARMGATE_CONFIG).alerts;
-    } catch (error) {
-      if (error instanceof ConfigError) return AlertsSchema.parse({});
-      throw error;
-    }
+    const settings = () => alertSettings(this.env.WARMGATE_CONFIG);
+    if (raiseAlerts(this.#store, now, settings)) await this.#ensureAlarm(now);
   }
 
   // Settled rows are pruned in time; rows whose usage is to be asked of the origins, soon;

@@ -7,6 +7,7 @@
 import { keyRefusal } from "./admission.ts";
 import { checkCredential } from "./credential.ts";
 import { budgetStatuses } from "./budgets.ts";
+import { usableModels } from "./team/pool.ts";
 import { KEY_SCOPE, ledgerRecordOf } from "./schema.ts";
 import type { AccountStore } from "./store.ts";
 import { type CheckCredential, type KeyCheckResult } from "./types.ts";
@@ -21,11 +22,18 @@ import type {
 
 /**
  * Checks a credential without admitting a request (nothing is reserved or counted): an
- * API key's hash, the key's status and expiry, and the browser origin if any.
+ * API key's hash, the key's status and expiry, and the browser origin if any; answers the
+ * models the caller may use by admission's own rule (`usableModels`).
  */
 export function checkKey(
   store: AccountStore,
-  input: { credential: CheckCredential; origin?: string | null; now?: number },
+  input: {
+    credential: CheckCredential;
+    origin?: string | null;
+    /** A browser token's models (null or absent: every model the key may use). */
+    models?: string[] | null;
+    now?: number;
+  },
 ): KeyCheckResult {
   const now = input.now ?? Date.now();
   const record = store.key.record;
@@ -38,6 +46,7 @@ export function checkKey(
     ok: true,
     record: store.key.view(now) ?? record,
     secretGeneration: secret.secretGeneration,
+    models: usableModels(record.models, store.team.pool, input.models ?? null),
   };
 }
 

@@ -359,10 +359,17 @@ export type CheckCredential =
 
 /**
  * Result of checking a credential without admitting a request (token minting, `/v1/models`):
- * with the generation of the secret it stands on, which the tokens it mints carry.
+ * with the generation of the secret it stands on, which the tokens it mints carry, and the
+ * models the caller may use (its key's, its team's and its browser token's).
  */
 export type KeyCheckResult =
-  | { ok: true; record: KeyRecord; secretGeneration: number }
+  | {
+      ok: true;
+      record: KeyRecord;
+      secretGeneration: number;
+      /** The models the caller may use, as admission decides it (null: every model). */
+      models: string[] | null;
+    }
   | Extract<AdmissionRefusal, { code: "invalid_api_key" | "origin_not_allowed" | "key_blocked" }>;
 
 /** A refusal of a credential. */

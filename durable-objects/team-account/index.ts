@@ -1,20 +1,29 @@
 /**
  * TeamAccount: one Durable Object per team (named by the team id) holding its record,
- * its buckets, its settled spend and what each member key's account holds of its
- * allowance. It is never on a request's path: member keys lease from it in the background,
- * and only a request that its key's lease cannot hold waits for it. docs/key-account.md, "Teams".
+ * its buckets, its settled spend, what each member key's account holds of its allowance
+ * and its soft-budget alerts. It is never on a request's path: member keys lease from it in
+ * the background, and only a request that its key's lease cannot hold waits for it.
+ * docs/key-account.md, "Teams".
  */
 import { DurableObject } from "cloudflare:workers";
 import { applyMigrations } from "../migrations.ts";
 import { adjust } from "../key-account/token-bucket.ts";
 import { hourOf } from "../../contracts/budget-periods.ts";
 import { budgetStatuses, hasBudgets } from "../key-account/budgets.ts";
+import {
+  alertSettings,
+  deliverAlerts,
+  raiseCrossings,
+  softBudgets,
+} from "../key-account/alerts.ts";
+import { TeamAlerts } from "./alerts.ts";
 import { NONE, decideGrant } from "./grants.ts";
 import { TEAM_ACCOUNT_MIGRATIONS, TeamStore } from "./store.ts";
 import type {
   TeamCreateInput,
   TeamLeaseAnswer,
   TeamLeaseCall,
+  TeamMetrics,
   TeamRecord,
   TeamUpdateInput,
   TeamView,
@@ -23,13 +32,16 @@ import type {
 /** Limits, budgets and spend of one team, leased to its member keys' accounts. */
 export class TeamAccount extends DurableObject<Env> {
   readonly #store: TeamStore;
+  #alerts: TeamAlerts;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
     this.#store = new TeamStore(ctx.storage);
+    this.#alerts = new TeamAlerts(ctx.storage);
     void ctx.blockConcurrencyWhile(async () => {
       applyMigrations(ctx.storage, TEAM_ACCOUNT_MIGRATIONS);
       this.#store.load();
+      this.#alerts.load();
     });
   }
 
@@ -64,14 +76,31 @@ export class TeamAccount extends DurableObject<Env> {
     await this.ctx.storage.deleteAll();
     applyMigrations(this.ctx.storage, TEAM_ACCOUNT_MIGRATIONS);
     this.#store.load();
+    this.#alerts = new TeamAlerts(this.ctx.storage);
+  }
+
+  /** The team's alert counts, for `/metrics`. */
+  metrics(): TeamMetrics {
+    return { teamId: this.#store.record?.id ?? "", budgetAlerts: this.#alerts.counts() };
+  }
+
+  /** Delivers the alerts due (signed, retried: key-account/alerts.ts); safe to run twice. */
+  override async alarm(): Promise<void> {
+    const now = Date.now();
+    const settings = alertSettings(this.env.WARMGATE_CONFIG);
+    await deliverAlerts(this.#alerts, now, settings, this.env.ALERT_SIGNING_SECRET);
+    this.#alerts.alerts.prune(now);
+    const next = this.#alerts.alerts.nextDue();
+    if (Number.isFinite(next)) await this.ctx.storage.setAlarm(next);
   }
 
   /**
    * A member key's lease call: applies what it settled and gives back, then grants all it
    * needs (or refuses, naming the team limit) and a share of headroom towards what it
    * wants. Committed before it answers; a repeated call is answered as the first time.
+   * Spend that takes a window to its soft limit raises the team's alert.
    */
-  lease(call: TeamLeaseCall): TeamLeaseAnswer {
+  async lease(call: TeamLeaseCall): Promise<TeamLeaseAnswer> {
     const now = call.now ?? Date.now();
     const record = this.#store.record;
     if (record === null) return { seq: call.seq, granted: NONE, refusal: null, terms: null };
@@ -124,6 +153,21 @@ export class TeamAccount extends DurableObject<Env> {
       buckets: outcome.buckets,
       settled: { hour: hourOf(now), picos: call.settledPicos },
     });
+    if (call.settledPicos > 0n) await this.#raiseAlerts(record, now);
     return { seq: call.seq, granted, refusal: outcome.refusal, terms };
+  }
+
+  // Soft limits the settled spend took their window to raise an alert each, sent by the alarm.
+  async #raiseAlerts(record: TeamRecord, now: number): Promise<void> {
+    const soft = softBudgets(record.budgets);
+    if (soft.periods.length === 0) return;
+    const owner = {
+      scope: "team",
+      names: { team_id: record.id, team_name: record.name },
+      url: record.alertWebhookUrl ?? alertSettings(this.env.WARMGATE_CONFIG).webhookUrl,
+    };
+    const raised = raiseCrossings(this.#alerts, owner, this.#store.lines(soft, now), now);
+    this.#alerts.flush();
+    if (raised) await this.ctx.storage.setAlarm(now);
   }
 }

@@ -1,8 +1,8 @@
 /**
  * A team account's SQLite tables and the memory ahead of them (docs/key-account.md,
  * "Teams"): the record, the team's two buckets, settled spend per UTC hour and over the
- * lifetime, and what each member key holds of its allowance. Every change commits before
- * the call answers.
+ * lifetime, and what each member key holds of its allowance (its alerts: alerts.ts). Every
+ * change commits before the call answers.
  */
 import { type BudgetLine, type PeriodSpend, budgetLines } from "../key-account/budgets.ts";
 import { type BudgetWindow, LONGEST_PERIOD_HOURS } from "../../contracts/budget-periods.ts";
@@ -41,6 +41,14 @@ export const TEAM_ACCOUNT_MIGRATIONS: readonly string[] = [
    INSERT INTO spend_hours SELECT CAST(strftime('%s', substr(period, 3)) AS INTEGER) / 3600,
      settled_micros, settled_picos FROM spend WHERE period LIKE 'd:%';
    DELETE FROM spend WHERE period <> 'all';`,
+  // Soft-budget alerts (as a key's) and where they go.
+  `ALTER TABLE team_record ADD COLUMN alert_webhook_url TEXT;
+   CREATE TABLE budget_alerts (
+     alert_id TEXT PRIMARY KEY, scope TEXT NOT NULL, period TEXT NOT NULL,
+     window_start INTEGER NOT NULL, body TEXT NOT NULL, url TEXT, attempts INTEGER NOT NULL,
+     next_at INTEGER, delivered_at INTEGER, created_at INTEGER NOT NULL);
+   CREATE TABLE alert_counts (period TEXT NOT NULL, outcome TEXT NOT NULL,
+     count INTEGER NOT NULL, PRIMARY KEY (period, outcome));`,
 ];
 
 // Spend hours this far back are no longer needed for any budget.
@@ -65,6 +73,7 @@ type RecordRow = {
   models: string | null;
   tags: string;
   metadata: string;
+  alert_webhook_url: string | null;
   created_at: number;
   updated_at: number;
   version: number;
@@ -148,6 +157,8 @@ export class TeamStore {
       models: input.models === undefined ? current.models : input.models,
       tags: input.tags ?? current.tags,
       metadata: input.metadata ?? current.metadata,
+      alertWebhookUrl:
+        input.alertWebhookUrl === undefined ? current.alertWebhookUrl : input.alertWebhookUrl,
       updatedAt: input.now,
       version: current.version + 1,
     });
@@ -243,8 +254,9 @@ export class TeamStore {
     const { limits, budgets } = record;
     this.#storage.sql.exec(
       `INSERT OR REPLACE INTO team_record (singleton, id, name, rpm, tpm, concurrency,
-         credit_micros, models, tags, metadata, created_at, updated_at, version, budgets)
-       VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+         credit_micros, models, tags, metadata, created_at, updated_at, version, budgets,
+         alert_webhook_url)
+       VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
       record.id,
       record.name,
       limits.rpm,
@@ -258,6 +270,7 @@ export class TeamStore {
       record.updatedAt,
       record.version,
       JSON.stringify(budgets.periods),
+      record.alertWebhookUrl,
     );
     this.#record = record;
   }
@@ -275,6 +288,7 @@ function recordOf(row: RecordRow): TeamRecord {
     models: row.models === null ? null : (JSON.parse(row.models) as string[]),
     tags: JSON.parse(row.tags) as string[],
     metadata: JSON.parse(row.metadata) as Record<string, MetadataValue>,
+    alertWebhookUrl: row.alert_webhook_url,
     createdAt: row.created_at,
     updatedAt: row.updated_at,
     version: row.version,

@@ -5,6 +5,7 @@
 import type { MetadataValue } from "../../contracts/tags.ts";
 import type { AdmissionRefusal, Limits } from "../key-account/types.ts";
 import type { BudgetStatus, Budgets } from "../key-account/budget-types.ts";
+import type { AlertOutcome } from "../key-account/metrics.ts";
 
 /** A team as its TeamAccount holds it (times in epoch ms, money in micro-dollars). */
 export interface TeamRecord {
@@ -16,6 +17,8 @@ export interface TeamRecord {
   models: string[] | null;
   tags: string[];
   metadata: Record<string, MetadataValue>;
+  /** Where its soft-budget alerts go; null: the configuration's `alerts.webhook_url`. */
+  alertWebhookUrl: string | null;
   createdAt: number;
   updatedAt: number;
   /** Increases with every change, so copies of the record (the directory) keep the newest. */
@@ -35,6 +38,7 @@ export interface TeamUpdateInput {
   models?: string[] | null;
   tags?: string[];
   metadata?: Record<string, MetadataValue>;
+  alertWebhookUrl?: string | null;
   now: number;
 }
 
@@ -78,6 +82,12 @@ export interface TeamLeaseAnswer {
   refusal: TeamRefusal | null;
   /** Null when the team no longer exists: the key admits as if it had none. */
   terms: { models: string[] | null; budgeted: boolean } | null;
+}
+
+/** The team's alert counts, for `/metrics` (docs/metrics.md). */
+export interface TeamMetrics {
+  teamId: string;
+  budgetAlerts: { period: string; outcome: AlertOutcome; count: number }[];
 }
 
 /** The team's state as `GET /admin/teams/{id}` shows it. */

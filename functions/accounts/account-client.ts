@@ -167,7 +167,8 @@ export async function admitRequest(
 
 /**
  * Checks a credential against its KeyAccount without admitting anything (no limit is
- * consumed): the key's secret, status and expiry, and the browser origin.
+ * consumed): the key's secret, status and expiry, and the browser origin; answers the
+ * models the caller may use (the key's, its team's and the browser token's).
  */
 export async function checkCredential(
   env: Env,
@@ -180,6 +181,7 @@ export async function checkCredential(
         ? { kind: "key", secretHash: credential.secretHash }
         : { kind: "browser", secretGeneration: credential.scope.secretGeneration },
     origin: options.origin ?? null,
+    models: credential.kind === "browser" ? credential.scope.models : null,
     ...(options.now === undefined ? {} : { now: options.now }),
   });
 }

@@ -73,7 +73,7 @@ export function authenticate() {
 /**
  * Checks the caller's credential with its KeyAccount without consuming any limit: a
  * revoked, expired or rotated-out key is refused, as is a browser origin the key no longer
- * allows. Answers the key's record.
+ * allows. Answers the key's record and the models the caller may use.
  */
 export async function checkCaller(c: Context<AppEnv>) {
   const origin = c.req.header("origin") ?? null;
@@ -84,7 +84,7 @@ export async function checkCaller(c: Context<AppEnv>) {
     throw refusalError(result, credential.keyId);
   }
   if (origin !== null) c.set("allowedOrigin", origin);
-  return result.record;
+  return { record: result.record, models: result.models };
 }
 
 /** {@link checkCaller} as a middleware. */

@@ -1,9 +1,9 @@
 /**
  * What the fleet is doing, gathered when `/metrics` or the dashboard asks (docs/metrics.md)
  * from the Durable Objects that own the figures: every key's account (requests, latency,
- * spend, errors), every Batcher (batches, queues, load reports, routing), the breakers and
- * the answer tallies. A scrape costs a call per key, per Batcher and per tally shard; a
- * request costs nothing more.
+ * spend, errors), every team's (its alerts), every Batcher (batches, queues, load reports,
+ * routing), the breakers and the answer tallies. A scrape costs a call per key, per team,
+ * per Batcher and per tally shard; a request costs nothing more.
  */
 import type { BreakerView } from "../../contracts/breaker.ts";
 import type { BatcherSnapshot } from "../../durable-objects/batcher/types.ts";
@@ -15,6 +15,8 @@ import { originServes } from "../../contracts/config/regions.ts";
 import { batcherName } from "../delivery/batcher-plan.ts";
 import { shardsView } from "../delivery/shard-count.ts";
 import { keyAccount, keyDirectory } from "../accounts/account-client.ts";
+import { teamAccount } from "../accounts/teams.ts";
+import type { TeamMetrics } from "../../durable-objects/team-account/types.ts";
 import type { AnswerBatch } from "../../durable-objects/answer-tally/types.ts";
 import type { AnswerCounts } from "./answer-counts.ts";
 
@@ -39,6 +41,8 @@ export interface FleetStats {
   keys: KeyMetrics[];
   /** Whether more keys exist than {@link MAX_COLLECTED_KEYS}. */
   keysTruncated: boolean;
+  /** Teams whose soft budgets have raised alerts, with their counts. */
+  teams: TeamMetrics[];
   batchers: BatcherStats[];
   breakers: BreakerView[];
   /** Every answer the edge gave, from the tally objects (this isolate's pushed first). */
@@ -62,6 +66,21 @@ async function collectKeys(env: Env): Promise<{ keys: KeyMetrics[]; truncated: b
 async function read(env: Env, ids: readonly string[]): Promise<KeyMetrics[]> {
   const keys = await Promise.all(ids.map((id) => keyAccount(env, id).metrics()));
   return keys.filter((key) => key.series.length > 0 || key.recentErrors.length > 0);
+}
+
+// Every team's alert counts (a call per team, as per key); the first MAX_COLLECTED_KEYS teams.
+async function collectTeams(env: Env): Promise<TeamMetrics[]> {
+  const ids: string[] = [];
+  let after: string | null = null;
+  while (ids.length < MAX_COLLECTED_KEYS) {
+    const page = await keyDirectory(env).teams({ limit: PAGE, after });
+    for (const team of page.teams) ids.push(team.id);
+    const last = page.teams.at(-1);
+    if (!page.hasMore || last === undefined) break;
+    after = last.id;
+  }
+  const teams = await Promise.all(ids.map((id) => teamAccount(env, id).metrics()));
+  return teams.filter((team) => team.budgetAlerts.length > 0);
 }
 
 async function collectBatchers(env: Env, config: ResolvedConfig): Promise<BatcherStats[]> {
@@ -144,8 +163,9 @@ export async function collectFleet(
   config: ResolvedConfig,
   answers: AnswerCounts,
 ): Promise<FleetStats> {
-  const [keys, batchers, breakers, answered] = await Promise.all([
+  const [keys, teams, batchers, breakers, answered] = await Promise.all([
     collectKeys(env),
+    collectTeams(env),
     collectBatchers(env, config),
     collectBreakers(env, config),
     answers.gather(),
@@ -154,6 +174,7 @@ export async function collectFleet(
     at: Date.now(),
     keys: keys.keys,
     keysTruncated: keys.truncated,
+    teams,
     batchers,
     breakers,
     answers: answered,

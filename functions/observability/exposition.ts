@@ -68,8 +68,16 @@ export function renderFleet(stats: FleetStats): string {
   const budgetAlerts = new Metric(
     "warmgate_budget_alerts_total",
     "counter",
-    "Soft-budget alerts per key and period: raised (once per window), retried, delivered, dropped.",
+    "Soft-budget alerts per key (or team) and period: raised (once per window), retried, delivered, dropped.",
   );
+  for (const team of stats.teams) {
+    for (const alert of team.budgetAlerts) {
+      budgetAlerts.inc(
+        { team: team.teamId, period: alert.period, outcome: alert.outcome },
+        alert.count,
+      );
+    }
+  }
   for (const key of stats.keys) {
     for (const alert of key.budgetAlerts) {
       budgetAlerts.inc(

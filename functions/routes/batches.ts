@@ -50,9 +50,20 @@ function refusedForBudget(
       code: "invalid_api_key",
     });
   }
+  if (refusal.code === "team_busy") {
+    return new ApiError(429, "The key's team allowance is in use by its other keys now; retry.", {
+      type: "requests",
+      code: "rate_limit_exceeded",
+      headers: { "retry-after": "1" },
+    });
+  }
+  const owner =
+    refusal.scope === "team" && refusal.teamId !== undefined
+      ? `team ${refusal.teamId}`
+      : `key ${keyId}`;
   return new ApiError(
     429,
-    `This batch may cost up to $${formatUsd(refusal.requestedPicos)} at the batch price, more than the ${refusal.budget} budget of key ${keyId} has left (limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, reserved $${formatUsd(refusal.reservedPicos)}). Split the file into smaller batches or lower max_tokens.`,
+    `This batch may cost up to $${formatUsd(refusal.requestedPicos)} at the batch price, more than the ${refusal.budget} budget of ${owner} has left (limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, reserved $${formatUsd(refusal.reservedPicos)}). Split the file into smaller batches or lower max_tokens.`,
     {
       type: "insufficient_quota",
       param: "input_file_id",
@@ -67,7 +78,7 @@ async function batchRegions(c: Context<AppEnv>) {
   const config = c.get("config");
   const override = c.req.header(REGION_OVERRIDE_HEADER);
   if (override === undefined) return regionOrder(config, {});
-  const record = await checkCaller(c);
+  const { record } = await checkCaller(c);
   if (!record.allowRegionOverride) {
     throw new ApiError(403, `This key may not choose its region (${REGION_OVERRIDE_HEADER}).`, {
       type: "permission_error",

@@ -1,8 +1,9 @@
 /**
  * `GET /v1/models` and `GET /v1/models/{id}` in OpenAI's list shape, each model with
  * `max_model_len` (its context window, as vLLM reports it) and `pricing` (USD per 1M
- * input, cached input and output tokens): only the models the caller's key (and browser
- * token) may use, as its account says in the one call that checks the key is live.
+ * input, cached input and output tokens): only the models the caller may use (its key's,
+ * its team's and its browser token's), as its account's admission rule says in the one call
+ * that checks the key is live.
  * See docs/edge.md.
  */
 import { type Context, Hono } from "hono";
@@ -59,13 +60,11 @@ function toModelObject(model: ModelConfig): ModelObject {
 
 /**
  * Whether the caller may use a model: checks that its key is live (and the browser Origin
- * allowed) in its account, and reads the key's and the token's model lists (null: all).
+ * allowed) in its account, which answers the models admission allows it (null: all).
  */
 async function usable(c: Context<AppEnv>): Promise<(model: ModelConfig) => boolean> {
-  const record = await checkCaller(c);
-  const { credential } = c.var;
-  const lists = [record.models, credential.kind === "browser" ? credential.scope.models : null];
-  return (model) => lists.every((list) => list === null || list.includes(model.id));
+  const { models } = await checkCaller(c);
+  return (model) => models === null || models.includes(model.id);
 }
 
 /** The models route group, mounted at `/v1/models`. */

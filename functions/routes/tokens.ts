@@ -71,7 +71,7 @@ export const tokens = new Hono<AppEnv>()
     if (!check.ok) throw invalidApiKey();
     const { record } = check;
     const outside = (requested.models ?? []).find(
-      (model) => record.models !== null && !record.models.includes(model),
+      (model) => check.models !== null && !check.models.includes(model),
     );
     if (outside !== undefined) {
       throw new ApiError(400, `The key may not use the model \`${outside}\`.`, {

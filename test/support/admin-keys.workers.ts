@@ -26,3 +26,14 @@ export async function createKey(
   expect(res.status).toBe(201);
   return res.json();
 }
+
+/** Creates a team with `POST /admin/teams` (expecting 201) and returns its id. */
+export async function createTeam(body: Record<string, unknown>): Promise<{ id: string }> {
+  const res = await exports.default.fetch("http://edge.test/admin/teams", {
+    method: "POST",
+    headers: ADMIN,
+    body: JSON.stringify(body),
+  });
+  expect(res.status).toBe(201);
+  return res.json();
+}

@@ -16,9 +16,10 @@ import type { AccountStore } from "../store.ts";
 import type { LeaseEntry } from "../store/leases.ts";
 import { refill, take } from "../token-bucket.ts";
 import type { CredentialRefusal } from "../types.ts";
-import { moveScopeUnits, scopeHeadroom, scopeModels, scopeRateLimit } from "./scope.ts";
+import { moveScopeUnits, scopeHeadroom, scopeRateLimit } from "./scope.ts";
+import { usableModels } from "../team/pool.ts";
 import { type Allowance, leaseTarget, topUp } from "./sizing.ts";
-import { teamModels, withinTeam } from "./team.ts";
+import { withinTeam } from "./team.ts";
 import type { LeaseAsk, LeaseGrant, LeaseUse } from "./types.ts";
 
 /** What a lease call decided: the lease to hold now (null: none), or why the key refuses. */
@@ -200,7 +201,7 @@ export function grantLease(
         },
       })),
       key: {
-        models: teamModels(store, scopeModels(record.models, scope)),
+        models: usableModels(record.models, store.team.pool, scope?.subject?.models ?? null),
         allowedOrigins: record.allowedOrigins,
         expiresAt: record.expiresAt,
         tier: record.tier,
@@ -303,7 +304,11 @@ function newLease(
   budgeted: boolean,
 ): LeaseEntry {
   const scope = ask.scope ?? null;
-  const allowed = teamModels(store, scopeModels(store.key.record?.models ?? null, scope));
+  const allowed = usableModels(
+    store.key.record?.models ?? null,
+    store.team.pool,
+    scope?.subject?.models ?? null,
+  );
   // A model with its own limits is admitted exactly, never under a lease.
   const limited = store.key.record?.modelLimits ?? {};
   const models = ask.models

@@ -51,13 +51,6 @@ export function moveScopeUnits(
   store.buckets.adjust(name, "tokens", subject.limits.tpm, units.tokens, now);
 }
 
-/** The models a lease may serve: the key's, narrowed by its browser token's (null: all). */
-export function scopeModels(keyModels: string[] | null, scope: LeaseScope | null): string[] | null {
-  const own = scope?.subject?.models ?? null;
-  if (own === null) return keyModels;
-  return keyModels === null ? own : keyModels.filter((model) => own.includes(model));
-}
-
 /** The lease's headers: per dimension, whichever of the key and its end user has less left. */
 export function scopeRateLimit(
   store: AccountStore,

@@ -4,7 +4,7 @@
  * allows as well. A key without a team lends from its own allowance alone.
  */
 import type { AccountStore } from "../store.ts";
-import { allowedModels, poolHeadroom } from "../team/pool.ts";
+import { poolHeadroom } from "../team/pool.ts";
 import type { Allowance } from "./sizing.ts";
 
 /** The key's headroom (with its scope's), within what its lease of its team's allowance has left. */
@@ -19,12 +19,6 @@ export function withinTeam(store: AccountStore, inFlight: number, key: Allowance
     picos: least(key.picos, team.picos),
     slots: Math.min(key.slots, team.slots),
   };
-}
-
-/** The models of the key (and its scope) that its team allows as well (null: every model). */
-export function teamModels(store: AccountStore, models: string[] | null): string[] | null {
-  const team = store.team.pool;
-  return team === null ? models : allowedModels(models, team.models);
 }
 
 // The smaller amount; null is no limit.

@@ -18,6 +18,7 @@ import {
   times,
   wantOf,
   emptyPool,
+  termsKnown,
 } from "./pool.ts";
 
 /** A key idle this long gives back what it holds of its team's allowance unused. */
@@ -95,6 +96,20 @@ export class TeamLink {
     const spare = poolHeadroom(pool, this.#use());
     const holds = spare.requests > 0 || spare.slots > 0 || (spare.picos ?? 0n) > 0n;
     return holds || pool.settledPicos > 0n ? this.#store.team.activeAt + TEAM_IDLE_MS : null;
+  }
+
+  /** Makes sure the team has answered the key once, so its models are known. */
+  async learnTerms(): Promise<void> {
+    const pool = this.#store.team.pool;
+    if (pool === null || termsKnown(pool)) return;
+    if (this.#running !== null) await this.#running;
+    else await this.#call(null, "renew");
+  }
+
+  /** Reports what the key settled to its team now, after any call under way. */
+  async report(): Promise<void> {
+    while (this.#running !== null) await this.#running;
+    if ((this.#store.team.pool?.settledPicos ?? 0n) > 0n) await this.#call(null, "renew");
   }
 
   /** At the alarm: gives back all that an idle key holds unused, and reports its spend. */

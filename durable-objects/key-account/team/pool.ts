@@ -79,13 +79,18 @@ export function moneyUsed(pool: TeamPool, use: PoolUse): bigint {
   return use.reservedPicos + pool.settledPicos;
 }
 
+/** The money the pool lacks to hold `picos` more (zero when it fits or the team has no budget). */
+export function moneyShort(pool: TeamPool, picos: bigint, use: PoolUse): bigint {
+  const money = pool.budgeted ? moneyUsed(pool, use) + picos - pool.picos : 0n;
+  return money > 0n ? money : 0n;
+}
+
 /** What the pool lacks for a request (zero in every dimension it covers), or null when it fits. */
 export function shortfall(pool: TeamPool, ask: PoolAsk, use: PoolUse): TeamAllowance | null {
-  const money = pool.budgeted ? moneyUsed(pool, use) + ask.picos - pool.picos : 0n;
   const need: TeamAllowance = {
     requests: Math.max(0, 1 - pool.requests),
     tokens: Math.max(0, ask.tokens - pool.tokens),
-    picos: money > 0n ? money : 0n,
+    picos: moneyShort(pool, ask.picos, use),
     slots: Math.max(0, use.inFlight + 1 - pool.slots),
   };
   const short = need.requests > 0 || need.tokens > 0 || need.picos > 0n || need.slots > 0;
@@ -154,7 +159,26 @@ export function excess(pool: TeamPool, use: PoolUse, keep: TeamAllowance): TeamA
   };
 }
 
-/** The models both the key and its team allow (null: every model). */
+/**
+ * The models a caller may use: its key's, narrowed by its team's once the team has
+ * answered (`termsKnown`) and by its browser token's; null: every model. The one rule of
+ * admission, of isolates' leases and of `/v1/models`.
+ */
+export function usableModels(
+  key: readonly string[] | null,
+  team: TeamPool | null,
+  token: readonly string[] | null,
+): string[] | null {
+  return allowedModels(allowedModels(key, team?.models ?? null), token);
+}
+
+/** Whether the team has answered one of the key's calls yet (its models are then known). */
+export function termsKnown(pool: TeamPool): boolean {
+  // Each call takes the next number; the pending one is the only unanswered call.
+  return pool.seq > (pool.pending === null ? 0 : 1);
+}
+
+/** The models both lists allow (null: every model). */
 export function allowedModels(
   key: readonly string[] | null,
   team: readonly string[] | null,

@@ -132,8 +132,8 @@ export function modelLimitsOf(body: z.infer<typeof ModelLimitsBody>): Record<str
   );
 }
 
-// Where soft-budget alerts go: https (http only for a loopback address, for local runs).
-const WebhookUrl = z
+/** Where soft-budget alerts go: https (http only for a loopback address, for local runs). */
+export const WebhookUrl = z
   .url({ protocol: /^https?$/ })
   .max(2_048)
   .refine((url) => url.startsWith("https:") || isLoopback(url), {

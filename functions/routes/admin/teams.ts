@@ -25,6 +25,7 @@ import {
   KeyLimits,
   Metadata,
   Tag,
+  WebhookUrl,
   budgetJson,
   budgetStatusJson,
   budgetsOf,
@@ -48,6 +49,8 @@ const TeamFields = {
   models: z.array(z.string().min(1).max(256)).max(1_000).nullable(),
   tags: z.array(Tag).max(MAX_KEY_TAGS),
   metadata: Metadata,
+  /** Where the team's soft-budget alerts go; null: the configuration's `alerts.webhook_url`. */
+  alert_webhook_url: WebhookUrl.nullable(),
 };
 
 /** Body of `POST /admin/teams`: all but `name` optional. */
@@ -71,6 +74,7 @@ export const adminTeams = new Hono<{ Bindings: Env }>()
       models: body.models ?? null,
       tags: [...new Set(body.tags ?? [])],
       metadata: body.metadata ?? {},
+      alertWebhookUrl: body.alert_webhook_url ?? null,
       now: Date.now(),
     });
     if (record === null) throw new Error("team id already in use");
@@ -110,7 +114,7 @@ export const adminTeams = new Hono<{ Bindings: Env }>()
     if (!(await teamKnown(c.env, id))) throw noSuchTeam(id);
     const body = await readJsonBody(c.req.raw, UpdateTeamRequest);
     if (body.models) checkKeyModels(c.env.WARMGATE_CONFIG, body.models);
-    const { name, limits, budgets, models, tags, metadata } = body;
+    const { name, limits, budgets, models, tags, metadata, alert_webhook_url: webhook } = body;
     const record = await teamAccount(c.env, id).update({
       now: Date.now(),
       ...(name === undefined ? {} : { name }),
@@ -119,6 +123,7 @@ export const adminTeams = new Hono<{ Bindings: Env }>()
       ...(models === undefined ? {} : { models }),
       ...(tags === undefined ? {} : { tags: [...new Set(tags)] }),
       ...(metadata === undefined ? {} : { metadata }),
+      ...(webhook === undefined ? {} : { alertWebhookUrl: webhook }),
     });
     if (record === null) throw noSuchTeam(id);
     await keyDirectory(c.env).upsertTeam(
@@ -158,6 +163,7 @@ function teamJson(record: TeamRecord, view?: TeamView): Record<string, unknown> 
     models: record.models,
     tags: record.tags,
     metadata: record.metadata,
+    alert_webhook_url: record.alertWebhookUrl,
     created_at: seconds(record.createdAt),
     updated_at: seconds(record.updatedAt),
     ...(view !== undefined && {

@@ -4,6 +4,8 @@ import {
   emptyPool,
   excess,
   shortfall,
+  termsKnown,
+  usableModels,
 } from "../../../durable-objects/key-account/team/pool.ts";
 
 const pool = { ...emptyPool("team_x"), requests: 3, tokens: 300, picos: 1_000n, slots: 2 };
@@ -42,5 +44,20 @@ describe("a key's lease of its team's allowance", () => {
     expect(allowedModels(null, ["c"])).toEqual(["c"]);
     expect(allowedModels(["a"], null)).toEqual(["a"]);
     expect(allowedModels(null, null)).toBeNull();
+  });
+
+  it("lets a caller use the models its key, its team (once known) and its token all allow", () => {
+    const team = { ...pool, models: ["a", "b"] };
+    expect(usableModels(["a", "c"], team, null)).toEqual(["a"]);
+    expect(usableModels(null, team, ["b", "c"])).toEqual(["b"]);
+    expect(usableModels(null, null, null)).toBeNull();
+  });
+
+  it("knows its team's terms once one call was answered", () => {
+    const pending = { seq: 1, settledPicos: 0n, giveBack: pool, need: null, want: pool };
+    expect(termsKnown(emptyPool("team_x"))).toBe(false);
+    expect(termsKnown({ ...pool, seq: 1, pending })).toBe(false);
+    expect(termsKnown({ ...pool, seq: 1, pending: null })).toBe(true);
+    expect(termsKnown({ ...pool, seq: 2, pending: { ...pending, seq: 2 } })).toBe(true);
   });
 });

@@ -1,63 +1,11 @@
 import { runInDurableObject } from "cloudflare:test";
-import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import type { TeamAccount } from "../../../durable-objects/team-account/index.ts";
-import type { AdmitResult, Limits } from "../../../durable-objects/key-account/types.ts";
-import { type Budgets, NO_BUDGETS } from "../../../durable-objects/key-account/budget-types.ts";
+import type { AdmitResult } from "../../../durable-objects/key-account/types.ts";
+import type { Budgets } from "../../../durable-objects/key-account/budget-types.ts";
 import { HOUR_MS, hourOf } from "../../../contracts/budget-periods.ts";
-import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
-import { newTeamId, teamAccount } from "../../../functions/accounts/teams.ts";
-import { LIMITS, PRICE, micros } from "../../support/key-accounts.workers.ts";
-
-const BIG: Limits = { rpm: 1_000_000, tpm: 1_000_000_000, concurrency: 100_000 };
-
-async function newTeam(
-  limits: Partial<Limits>,
-  budgets: Partial<Budgets> = {},
-  models: string[] | null = null,
-) {
-  const id = newTeamId();
-  const stub = teamAccount(env, id);
-  await stub.create({
-    id,
-    name: "team",
-    limits: { ...BIG, ...limits },
-    budgets: { ...NO_BUDGETS, ...budgets },
-    models,
-    tags: [],
-    metadata: {},
-    now: Date.now(),
-  });
-  return { id, stub };
-}
-
-async function teamKey(teamId: string, limits: Partial<Limits> = {}) {
-  const id = newKeyId();
-  const { secretHash } = await mintApiKey(env, id);
-  const stub = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
-  await stub.create({
-    id,
-    name: "member",
-    secretHash,
-    limits: { ...LIMITS, concurrency: 1_000, ...limits },
-    allowedOrigins: [],
-    models: null,
-    tier: "standard",
-    expiresAt: null,
-    teamId,
-    now: Date.now(),
-  });
-  const admit = (requestId: string, model = "m") =>
-    stub.admit({
-      requestId,
-      credential: { kind: "key", secretHash },
-      model,
-      promptTokens: 10,
-      maxTokens: 90,
-      price: PRICE,
-    });
-  return { id, stub, admit };
-}
+import { micros } from "../../support/key-accounts.workers.ts";
+import { newTeam, teamKey } from "../../support/team-accounts.workers.ts";
 
 // Lease calls the team has answered for a key: each call carries the next sequence number.
 async function teamCalls(stub: DurableObjectStub<TeamAccount>, keyId: string): Promise<number> {
@@ -191,5 +139,46 @@ describe("teams", () => {
     expect((await team.stub.view())?.slotsHeld).toBeGreaterThan(0);
     await key.stub.update({ teamId: null, now: Date.now() });
     expect((await team.stub.view())?.slotsHeld).toBe(0);
+  });
+
+  it("holds a Batch API batch against its key's team budget and counts its cost in the team's spend", async () => {
+    const team = await newTeam(
+      {},
+      { periods: [{ period: "1h", limitMicros: 1_000, softMicros: null }] },
+    );
+    const key = await teamKey(team.id);
+    expect(await key.stub.holdBatch({ batchId: "batch_big", picos: micros(1_500) })).toMatchObject({
+      ok: false,
+      refusal: { code: "insufficient_quota", scope: "team", teamId: team.id },
+    });
+    expect(await key.stub.holdBatch({ batchId: "batch_ok", picos: micros(600) })).toEqual({
+      ok: true,
+    });
+    const now = Date.now();
+    const charged = await key.stub.chargeBatch({
+      batchId: "batch_ok",
+      seq: 1,
+      model: "m",
+      lines: [
+        {
+          requestId: "batch_ok-0",
+          ok: true,
+          httpStatus: 200,
+          startedAt: now - 10,
+          endedAt: now,
+          costPicos: micros(400),
+          releasePicos: micros(600),
+          usage: { promptTokens: 10, cachedTokens: 0, completionTokens: 90 },
+        },
+      ],
+    });
+    expect(charged).toBe(true);
+    const [line] = (await team.stub.view())?.budgets ?? [];
+    expect(line?.spentPicos).toBe(micros(400));
+    // 400 µ$ spent: 700 more would take the team past its 1,000 µ$.
+    expect(await key.stub.holdBatch({ batchId: "batch_late", picos: micros(700) })).toMatchObject({
+      ok: false,
+      refusal: { code: "insufficient_quota", scope: "team", budget: "1h" },
+    });
   });
 });

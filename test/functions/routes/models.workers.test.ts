@@ -1,5 +1,5 @@
 import { describe, expect, inject, it } from "vitest";
-import { createKey } from "../../support/admin-keys.workers.ts";
+import { createKey, createTeam } from "../../support/admin-keys.workers.ts";
 import { edgeRequest } from "../../support/edge-requests.ts";
 import { sendWith } from "../../support/test-origins.workers.ts";
 
@@ -45,5 +45,48 @@ describe("GET /v1/models", () => {
     const { token } = await minted.json<{ token: string }>();
     expect(await listed(token)).toEqual(["warmgate-sim-8b"]);
     expect((await get("/v1/models/fast", token)).status).toBe(200);
+  });
+
+  it("lists only what the key's team allows as well, as admission decides it", async () => {
+    const team = await createTeam({ name: "only-70b", models: ["warmgate-sim-70b"] });
+    const { key } = await createKey({ name: "team-member", team_id: team.id });
+    // Before the key's first request: its account asks the team once.
+    expect(await listed(key)).toEqual(["warmgate-sim-70b"]);
+    expect((await get("/v1/models/warmgate-sim-8b", key)).status).toBe(404);
+    const refused = await sendWith(
+      CONFIG,
+      edgeRequest("/v1/chat/completions", {
+        body: { model: "warmgate-sim-8b", messages: [{ role: "user", content: "hi" }] },
+        headers: { authorization: `Bearer ${key}` },
+      }),
+    );
+    expect(refused.status).toBe(403);
+    expect(await refused.json()).toMatchObject({ error: { code: "model_not_allowed" } });
+    expect(await listed(key)).toEqual(["warmgate-sim-70b"]);
+  });
+
+  it("narrows a browser token's models to its key's team's", async () => {
+    const team = await createTeam({ name: "only-8b", models: ["warmgate-sim-8b"] });
+    const { key } = await createKey({ name: "team-tokens", team_id: team.id });
+    const minted = await sendWith(
+      CONFIG,
+      edgeRequest("/v1/tokens", {
+        body: { user: "u2" },
+        headers: { authorization: `Bearer ${key}` },
+      }),
+    );
+    expect(minted.status).toBe(200);
+    const { token } = await minted.json<{ token: string }>();
+    expect(await listed(token)).toEqual(["warmgate-sim-8b"]);
+    // A token for a model the team does not allow is not minted.
+    const outside = await sendWith(
+      CONFIG,
+      edgeRequest("/v1/tokens", {
+        body: { user: "u3", models: ["warmgate-sim-70b"] },
+        headers: { authorization: `Bearer ${key}` },
+      }),
+    );
+    expect(outside.status).toBe(400);
+    expect(await outside.json()).toMatchObject({ error: { code: "model_not_allowed" } });
   });
 });

@@ -163,4 +163,44 @@ describe("/admin/teams", () => {
     const usage = await (await admin(`/usage?team_id=${team.id}`)).json<{ team_id: string }>();
     expect(usage.team_id).toBe(team.id);
   });
+
+  it("takes soft budgets over any period and a webhook for their alerts, and refuses bad ones with the param that is wrong", async () => {
+    const team = await createTeam({
+      name: "alerting",
+      budgets: [
+        { period: "1h", max_usd: 1, soft_usd: 0.5 },
+        { period: "30d", max_usd: 20, soft_usd: 15 },
+      ],
+      alert_webhook_url: "https://hooks.example.com/warmgate",
+    });
+    expect(team).toMatchObject({
+      budgets: [
+        { period: "1h", max_usd: 1, soft_usd: 0.5 },
+        { period: "30d", max_usd: 20, soft_usd: 15 },
+      ],
+      alert_webhook_url: "https://hooks.example.com/warmgate",
+    });
+    const cleared = await admin(`/teams/${team.id}`, {
+      method: "PATCH",
+      body: { alert_webhook_url: null },
+    });
+    expect(await cleared.json()).toMatchObject({ alert_webhook_url: null, budgets: [{}, {}] });
+    const cases: [Record<string, unknown>, string][] = [
+      [{ budgets: [{ period: "1d", max_usd: 1, soft_usd: 2 }] }, "budgets.0.soft_usd"],
+      [{ budgets: [{ period: "1d", max_usd: 1, soft_usd: 1 }] }, "budgets.0.soft_usd"],
+      [{ budgets: [{ period: "1d", max_usd: 1, soft_usd: -1 }] }, "budgets.0.soft_usd"],
+      [{ alert_webhook_url: "http://hooks.example.com/warmgate" }, "alert_webhook_url"],
+    ];
+    for (const [body, param] of cases) {
+      for (const [path, method] of [
+        ["/teams", "POST"],
+        [`/teams/${team.id}`, "PATCH"],
+      ] as const) {
+        const bad = await admin(path, { method, body: { name: "x", ...body } });
+        expect(bad.status).toBe(400);
+        const error = (await bad.json<ErrorJson>()).error;
+        expect(error).toMatchObject({ type: "invalid_request_error", param });
+      }
+    }
+  });
 });
