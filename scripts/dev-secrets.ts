@@ -1,7 +1,8 @@
 /**
- * The local stack's development secrets (admin token, signing secret, the dev key), kept
- * in its state folder across restarts so that printed keys keep working.
- * See README.md, "Quick start".
+ * The local stack's development secrets (admin token, signing secret, alert signing
+ * secret, the dev key), kept in its state folder across restarts so that printed keys keep
+ * working; `ALERT_SIGNING_SECRET` in the environment chooses the alert signing secret.
+ * See README.md, "Quick start", and docs/configuration.md.
  */
 import { randomBytes } from "node:crypto";
 import { mkdir, readFile, writeFile } from "node:fs/promises";
@@ -11,6 +12,8 @@ import { join } from "node:path";
 export interface DevSecrets {
   adminToken: string;
   signingSecret: string;
+  /** Signs soft-budget alerts (the edge's `ALERT_SIGNING_SECRET`). */
+  alertSigningSecret: string;
   apiKey?: string;
 }
 
@@ -18,10 +21,19 @@ function devSecretsFile(dir: string): string {
   return join(dir, "warmgate-dev.json");
 }
 
-export async function loadDevSecrets(dir: string | undefined): Promise<DevSecrets> {
+/**
+ * The secrets saved in `dir` (fresh ones on a first run); a non-empty `ALERT_SIGNING_SECRET`
+ * in `env` is the alert signing secret, else the saved or a fresh random one.
+ */
+export async function loadDevSecrets(
+  dir: string | undefined,
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<DevSecrets> {
+  const given = env["ALERT_SIGNING_SECRET"] || undefined;
   const fresh: DevSecrets = {
     adminToken: `wgadmin_${randomBytes(18).toString("base64url")}`,
     signingSecret: randomBytes(32).toString("base64url"),
+    alertSigningSecret: given ?? randomBytes(32).toString("base64url"),
   };
   if (!dir) return fresh;
   try {
@@ -30,6 +42,7 @@ export async function loadDevSecrets(dir: string | undefined): Promise<DevSecret
       return {
         adminToken: saved.adminToken,
         signingSecret: saved.signingSecret,
+        alertSigningSecret: given ?? saved.alertSigningSecret ?? fresh.alertSigningSecret,
         ...(saved.apiKey ? { apiKey: saved.apiKey } : {}),
       };
     }

@@ -142,6 +142,8 @@ export interface RunningStack {
   adminToken: string;
   /** The edge's `TOKEN_SIGNING_SECRET` (API key checks and browser tokens). */
   signingSecret: string;
+  /** The edge's `ALERT_SIGNING_SECRET` (signs soft-budget alerts). */
+  alertSigningSecret: string;
   /** A development API key accepted by the edge. */
   apiKey: string;
   /** The bearer token the origins require on `/v1/*` (the edge's `ORIGIN_TOKEN`). */
@@ -322,6 +324,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
       WARMGATE_CONFIG: config,
       ADMIN_TOKEN: secrets.adminToken,
       TOKEN_SIGNING_SECRET: secrets.signingSecret,
+      ALERT_SIGNING_SECRET: secrets.alertSigningSecret,
       ORIGIN_TOKEN: accessToken,
       ...options.edgeVars,
     },
@@ -352,6 +355,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
     config,
     adminToken: secrets.adminToken,
     signingSecret: secrets.signingSecret,
+    alertSigningSecret: secrets.alertSigningSecret,
     apiKey,
     originAccessToken: accessToken,
     originAdminToken: adminToken,

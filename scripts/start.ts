@@ -6,12 +6,13 @@
  * See README.md, "Quick start".
  */
 import { rm, writeFile } from "node:fs/promises";
-import { join, relative } from "node:path";
+import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { onParentExit } from "./parent-watch.ts";
 import { readSettingsFile } from "./settings-file.ts";
 import { ROOT } from "./edge.ts";
 import { DEFAULT_REGIONS, startStack } from "./stack.ts";
+import { exportLines, sourceCommand, startVars } from "./start-env.ts";
 
 const USAGE =
   "usage: npm start -- [--port N] [--time-scale X] [--origins-per-region N] [--config FILE] [--state DIR] [--env-file FILE] [--verbose]";
@@ -102,26 +103,14 @@ const stack = await startStack({
 stopStack = () => stack.stop();
 if (stopping) await stack.stop();
 
-const vars = {
-  WARMGATE_URL: stack.edgeUrl,
-  // What the openai SDKs read, so their examples run as written.
-  OPENAI_BASE_URL: `${stack.edgeUrl}/v1`,
-  OPENAI_API_KEY: stack.apiKey,
-  WARMGATE_KEY: stack.apiKey,
-  WARMGATE_ADMIN_TOKEN: stack.adminToken,
-  WARMGATE_ORIGINS: stack.origins.map((o) => o.origin.url).join(","),
-  WARMGATE_ORIGIN_ADMIN_TOKEN: stack.originAdminToken,
-  // The origins' access token (the edge's ORIGIN_TOKEN), to call an origin directly.
-  WARMGATE_ORIGIN_TOKEN: stack.originAccessToken,
-};
-const lines = Object.entries(vars).map(([name, value]) => `export ${name}='${value}'`);
+const lines = exportLines(startVars(stack));
 await writeFile(envFile, lines.join("\n") + "\n", { mode: 0o600 });
 for (const line of lines) console.log(line);
 console.error(
   "warmgate: ready. Regions: " +
     stack.origins.map((o) => `${o.region}:${o.origin.originId}@${o.origin.url}`).join(" ") +
-    ".\nwarmgate: in another terminal: source " +
-    relative(process.cwd(), envFile) +
+    ".\nwarmgate: in another terminal: " +
+    sourceCommand(envFile) +
     ` && curl -sN $WARMGATE_URL/v1/chat/completions -H "authorization: Bearer $WARMGATE_KEY" ` +
     `-H "content-type: application/json" ` +
     `-d '{"model":"warmgate-sim-8b","stream":true,"messages":[{"role":"user","content":"Hello!"}]}'` +
