@@ -3,7 +3,7 @@
  * terminal at the running stack, and the hint that sources the file from anywhere.
  * See README.md, "Quick start".
  */
-import { relative } from "node:path";
+import { resolve } from "node:path";
 import type { RunningStack } from "./stack.ts";
 
 /** The variables of the env file, by name. */
@@ -29,7 +29,7 @@ export function exportLines(vars: Record<string, string>): string[] {
   return Object.entries(vars).map(([name, value]) => `export ${name}='${value}'`);
 }
 
-/** The command that sources the env file. */
+/** The command that sources the env file, by its absolute path (it works from any folder). */
 export function sourceCommand(envFile: string): string {
-  return `source ${relative(process.cwd(), envFile)}`;
+  return `source ${resolve(envFile)}`;
 }

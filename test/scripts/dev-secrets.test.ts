@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { loadDevSecrets, saveDevSecrets } from "../../scripts/dev-secrets.ts";
 import type { RunningStack } from "../../scripts/stack.ts";
-import { exportLines, startVars } from "../../scripts/start-env.ts";
+import { exportLines, sourceCommand, startVars } from "../../scripts/start-env.ts";
 
 const dirs: string[] = [];
 afterEach(async () => {
@@ -58,6 +58,16 @@ describe("the alert signing secret of npm start", () => {
     } as unknown as RunningStack;
     expect(exportLines(startVars(stack))).toContain(
       "export WARMGATE_ALERT_SIGNING_SECRET='alert-secret'",
+    );
+  });
+});
+
+describe("the hint npm start prints", () => {
+  it("sources the env file by its absolute path", () => {
+    const outside = join(process.cwd(), "..", "x", "warmgate.env");
+    expect(sourceCommand(outside)).toBe(`source ${outside}`);
+    expect(sourceCommand("../x/warmgate.env")).toBe(
+      `source ${join(process.cwd(), "../x/warmgate.env")}`,
     );
   });
 });
