@@ -49,7 +49,7 @@ export const adminRequests = new Hono<{ Bindings: Env }>()
     const limit = whole(q["limit"] ?? "50", "limit", 1, 500);
     const user = usageUser(q["user"]);
     const tag = usageTag(q["tag"]);
-    const teamId = await usageTeam(c.env, q["team_id"]);
+    const teamId = usageTeam(q["team_id"]);
     const model = q["model"];
     if (model !== undefined && (model.length === 0 || model.length > 256)) {
       throw invalidRequest("model must be 1 to 256 characters.", "model", "invalid_value");

@@ -16,8 +16,7 @@ import { invalidRequest } from "../../../contracts/errors.ts";
 import { keyAccount, keyDirectory } from "../../accounts/account-client.ts";
 import { adminAuth } from "../../middleware/admin-auth.ts";
 import { noSuchKey } from "./keys.ts";
-import { teamKnown } from "./teams.ts";
-import { noSuchTeam } from "../../accounts/teams.ts";
+import { TEAM_ID_PATTERN } from "../../accounts/teams.ts";
 import { budgetStatusJson } from "./key-payloads.ts";
 import type { BudgetStatus } from "../../../durable-objects/key-account/budget-types.ts";
 import {
@@ -49,7 +48,7 @@ export const adminUsage = new Hono<{ Bindings: Env }>()
     const range = usageRange(c.req.query("from"), c.req.query("to"), Date.now());
     const user = usageUser(c.req.query("user"));
     const tag = usageTag(c.req.query("tag"));
-    const teamId = await usageTeam(c.env, c.req.query("team_id"));
+    const teamId = usageTeam(c.req.query("team_id"));
     const perKey = await askKeys(c.env, c.req.query("key_id"), {
       ...range,
       ...(user !== undefined && { user }),
@@ -106,9 +105,14 @@ export function usageTag(tag: string | undefined): string | undefined {
   return tag;
 }
 
-/** Reads `team_id`: a team that exists (its rows outlive its keys' moves); 404 otherwise. */
-export async function usageTeam(env: Env, teamId: string | undefined): Promise<string | undefined> {
-  if (teamId !== undefined && !(await teamKnown(env, teamId))) throw noSuchTeam(teamId, "team_id");
+/**
+ * Reads `team_id`: any well-formed team id, the team's or a deleted one's (ledger rows outlive
+ * the team and its keys' moves); 400 for anything else.
+ */
+export function usageTeam(teamId: string | undefined): string | undefined {
+  if (teamId !== undefined && !TEAM_ID_PATTERN.test(teamId)) {
+    throw invalidRequest("team_id must be a team id (team_…).", "team_id", "invalid_value");
+  }
   return teamId;
 }
 

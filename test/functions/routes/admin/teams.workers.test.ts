@@ -164,6 +164,33 @@ describe("/admin/teams", () => {
     expect(usage.team_id).toBe(team.id);
   });
 
+  it("answers a deleted team's spend by its id, and an empty one for a team never seen", async () => {
+    const team = await createTeam({ name: "short-lived" });
+    const { key, id } = await createKey({ name: "leaver", team_id: team.id });
+    const ok = await chat(key);
+    expect(ok.status).toBe(200);
+    await ok.text();
+    await admin(`/keys/${id}`, { method: "PATCH", body: { team_id: null } });
+    expect((await admin(`/teams/${team.id}`, { method: "DELETE" })).status).toBe(200);
+    const rows = await admin(`/requests?team_id=${team.id}`);
+    expect(rows.status).toBe(200);
+    const log = await rows.json<{ data: { key_id: string; team_id: string }[] }>();
+    expect(log.data.length).toBe(1);
+    expect(log.data[0]).toMatchObject({ key_id: id, team_id: team.id });
+    const usage = await admin(`/usage?team_id=${team.id}`);
+    expect(usage.status).toBe(200);
+    expect(await usage.json()).toMatchObject({ team_id: team.id, total: { requests: 1 } });
+    const never = await admin("/requests?team_id=team_aaaaaaaaaaaaaaaa");
+    expect(never.status).toBe(200);
+    expect((await never.json<{ data: unknown[] }>()).data).toEqual([]);
+    const malformed = await admin("/usage?team_id=team_nope");
+    expect(malformed.status).toBe(400);
+    expect((await malformed.json<ErrorJson>()).error).toMatchObject({
+      code: "invalid_value",
+      param: "team_id",
+    });
+  });
+
   it("takes soft budgets over any period and a webhook for their alerts, and refuses bad ones with the param that is wrong", async () => {
     const team = await createTeam({
       name: "alerting",
