@@ -55,6 +55,8 @@ export const adminUsage = new Hono<{ Bindings: Env }>()
       ...(tag !== undefined && { tag }),
       ...(teamId !== undefined && { teamId }),
     });
+    const members =
+      teamId === undefined ? undefined : new Set(await keyDirectory(c.env).teamKeys(teamId));
     const rows = merge(
       perKey.flatMap((key) => key.rows),
       (row) => `${row.day}\u0000${row.model}`,
@@ -66,8 +68,10 @@ export const adminUsage = new Hono<{ Bindings: Env }>()
       user: user ?? null,
       tag: tag ?? null,
       team_id: teamId ?? null,
-      // Each key with requests in the range, or with budgets (their windows and resets).
+      // Each key with requests in the range, or with budgets (their windows and resets); for
+      // a team, only its keys now and those with requests in it in the range.
       keys: perKey
+        .filter((key) => members === undefined || members.has(key.id) || key.rows.length > 0)
         .map((key) => ({
           key_id: key.id,
           name: key.name,

@@ -35,6 +35,22 @@ async function createTeam(body: Record<string, unknown>): Promise<TeamJson> {
   return res.json<TeamJson>();
 }
 
+type UsageJson = {
+  team_id: string;
+  total: { requests: number };
+  keys: { key_id: string; requests: number }[];
+};
+
+// A team's usage once `requests` of its requests are settled (a stream settles after its end).
+async function settledUsage(teamId: string, requests: number): Promise<UsageJson> {
+  let usage = await (await admin(`/usage?team_id=${teamId}`)).json<UsageJson>();
+  for (let i = 0; i < 300 && usage.total.requests < requests; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    usage = await (await admin(`/usage?team_id=${teamId}`)).json<UsageJson>();
+  }
+  return usage;
+}
+
 function chat(key: string) {
   return exports.default.fetch("http://edge.test/v1/chat/completions", {
     method: "POST",
@@ -177,9 +193,11 @@ describe("/admin/teams", () => {
     const log = await rows.json<{ data: { key_id: string; team_id: string }[] }>();
     expect(log.data.length).toBe(1);
     expect(log.data[0]).toMatchObject({ key_id: id, team_id: team.id });
-    const usage = await admin(`/usage?team_id=${team.id}`);
-    expect(usage.status).toBe(200);
-    expect(await usage.json()).toMatchObject({ team_id: team.id, total: { requests: 1 } });
+    expect((await admin(`/usage?team_id=${team.id}`)).status).toBe(200);
+    expect(await settledUsage(team.id, 1)).toMatchObject({
+      team_id: team.id,
+      total: { requests: 1 },
+    });
     const never = await admin("/requests?team_id=team_aaaaaaaaaaaaaaaa");
     expect(never.status).toBe(200);
     expect((await never.json<{ data: unknown[] }>()).data).toEqual([]);
@@ -189,6 +207,27 @@ describe("/admin/teams", () => {
       code: "invalid_value",
       param: "team_id",
     });
+  });
+
+  it("lists in a team's usage only its keys and those that spent in it", async () => {
+    const team = await createTeam({ name: "listed" });
+    const member = await createKey({
+      name: "member",
+      team_id: team.id,
+      budgets: [{ period: "1d", max_usd: 5 }],
+    });
+    const leaver = await createKey({ name: "leaver", team_id: team.id });
+    const outsider = await createKey({
+      name: "outsider",
+      budgets: [{ period: "1d", max_usd: 5 }],
+    });
+    const spent = await chat(leaver.key);
+    expect(spent.status).toBe(200);
+    await spent.text();
+    await admin(`/keys/${leaver.id}`, { method: "PATCH", body: { team_id: null } });
+    const usage = await settledUsage(team.id, 1);
+    expect(usage.keys.map((key) => key.key_id).sort()).toEqual([member.id, leaver.id].sort());
+    expect(usage.keys.map((key) => key.key_id)).not.toContain(outsider.id);
   });
 
   it("takes soft budgets over any period and a webhook for their alerts, and refuses bad ones with the param that is wrong", async () => {
