@@ -43,7 +43,14 @@ export async function admitWithTeam(
   let result = decide(store, input);
   for (let tries = 0; tries < TEAM_TRIES && !result.ok && result.code === "team_short"; tries++) {
     const refusal = await team.obtain(result.need, result.ask);
-    result = refusal ?? decide(store, input);
+    // The team weighed what the key's lease lacked; the client is told the request's own
+    // worst case, as the key's own refusal tells it.
+    result =
+      refusal === null
+        ? decide(store, input)
+        : refusal.code === "insufficient_quota"
+          ? { ...refusal, requestedPicos: result.ask.picos }
+          : refusal;
   }
   if (result.ok || result.code !== "team_short") {
     if (!result.ok && "scope" in result && result.scope === "team") {

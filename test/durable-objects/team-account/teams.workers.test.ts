@@ -122,6 +122,21 @@ describe("teams", () => {
     expect(await teamCalls(team.stub, key.id)).toBe(calls);
   });
 
+  it("quotes in a team budget's refusal the request's worst case, not what its key lacked", async () => {
+    const team = await newTeam({}, { creditMicros: 200 });
+    const key = await teamKey(team.id);
+    const first = await key.admit("req_quote_0");
+    expect(first.ok).toBe(true);
+    const worstCase = first.ok ? first.reservedPicos : 0n;
+    for (let i = 1; i < 3; i++) expect((await key.admit(`req_quote_${i}`)).ok).toBe(true);
+    expect(await key.admit("req_quote_3")).toMatchObject({
+      ok: false,
+      code: "insufficient_quota",
+      scope: "team",
+      requestedPicos: worstCase,
+    });
+  });
+
   it("refuses a model the key allows but its team does not", async () => {
     const team = await newTeam({}, {}, ["m"]);
     const key = await teamKey(team.id);
