@@ -1,4 +1,4 @@
-// The local stack's development secrets (scripts/dev-secrets.ts, README.md "Quick start"):
+// The local stack's development secrets (scripts/dev-secrets.ts; docs/configuration.md, "Alerts"):
 // the alert signing secret is made when none is given, kept across restarts, and taken
 // from `ALERT_SIGNING_SECRET` when the environment has one.
 import { mkdtemp, rm } from "node:fs/promises";
