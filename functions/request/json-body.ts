@@ -1,12 +1,14 @@
 /**
  * Reading JSON request bodies: the content type, a size limit and JSON syntax, each
  * failure an OpenAI-shaped 400 or 413. The admin and token routes then validate with zod
- * here (an empty body counts as `{}`); the completion routes with their own schemas.
+ * here (an empty body counts as `{}`; a failure has the code OpenAI's validation gives it);
+ * the completion routes with their own schemas.
  * See docs/edge.md.
  */
 import type { z } from "zod";
 import { ApiError, bodyTooLarge, clipped, invalidJson } from "../../contracts/errors.ts";
 import { concatBytes } from "../../contracts/protocol/framing.ts";
+import { FIRST_ISSUE, validationError } from "./validation-errors.ts";
 
 /** Largest body the admin and token routes read. */
 export const MAX_SMALL_BODY_BYTES = 64 * 1024;
@@ -85,11 +87,13 @@ export async function readJsonBody<S extends z.ZodType>(
       throw invalidJson();
     }
   }
-  const parsed = schema.safeParse(raw);
+  const parsed = schema.safeParse(raw, FIRST_ISSUE);
   if (parsed.success) return parsed.data;
   const issue = parsed.error.issues[0];
   throw new ApiError(400, clipped(issue?.message ?? "Invalid request body."), {
     type: "invalid_request_error",
     param: issue === undefined || issue.path.length === 0 ? null : clipped(issue.path.join(".")),
+    // The code OpenAI's own validation gives the same issue (`invalid_value`, `invalid_type`, …).
+    code: validationError(parsed.error.issues).code,
   });
 }

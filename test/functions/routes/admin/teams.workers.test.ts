@@ -145,6 +145,22 @@ describe("/admin/teams", () => {
     });
   });
 
+  it("refuses a malformed team_id with invalid_value naming it", async () => {
+    for (const method of ["POST", "PATCH"] as const) {
+      const { id } = await createKey({ name: "malformed-team" });
+      const res = await admin(method === "POST" ? "/keys" : `/keys/${id}`, {
+        method,
+        body: { name: "malformed", team_id: "team_nope" },
+      });
+      expect(res.status).toBe(400);
+      expect((await res.json<ErrorJson>()).error).toMatchObject({
+        code: "invalid_value",
+        param: "team_id",
+        type: "invalid_request_error",
+      });
+    }
+  });
+
   it("refuses to delete a team with keys (409), until they leave it", async () => {
     const team = await createTeam({ name: "busy" });
     const { id } = await createKey({ name: "member", team_id: team.id });
