@@ -28,6 +28,7 @@ const { values: args } = parseArgs({
     stream: { type: "boolean", default: false },
     clients: { type: "string", default: "1" },
     interval: { type: "string", default: "50" },
+    pause: { type: "string", default: "0" },
     top: { type: "string", default: "25" },
   },
   strict: true,
@@ -35,6 +36,11 @@ const { values: args } = parseArgs({
 const REQUESTS = Number(args.requests);
 const PROMPT_TOKENS = Number(args["prompt-tokens"]);
 const CLIENTS = Number(args.clients);
+// Each client's pause after each answer: bench:overhead's one-client phase sends each path a
+// request every few to 30 ms (it alternates four paths), and what runs by time (a settlement
+// sent in a call of its own, the ledger's commit) then falls to each request. Read the /proc
+// figure then: the sampler charges the pauses to whatever the thread last held.
+const PAUSE_MS = Number(args.pause);
 
 /** A chat body of about `tokens` prompt tokens (three-letter words, as bench:overhead sends). */
 function body(): string {
@@ -75,7 +81,11 @@ try {
   const url = `${stack.edgeUrl}/v1/chat/completions`;
   const headers = { "content-type": "application/json", authorization: `Bearer ${apiKey}` };
   const payload = body();
-  const send = () => timedRequest(url, headers, payload).then((s) => s.total);
+  const send = async () => {
+    const { total } = await timedRequest(url, headers, payload);
+    if (PAUSE_MS > 0) await new Promise((resolve) => setTimeout(resolve, PAUSE_MS));
+    return total;
+  };
   await closedLoop(CLIENTS, Number(args.warm), send);
 
   const inspector = await inspectWorker(inspectorPort);

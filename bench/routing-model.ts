@@ -7,7 +7,10 @@
  */
 import { promptBlocks } from "../contracts/prefix-blocks.ts";
 import { RoutingSchema, type RoutingSection } from "../contracts/config/routing.ts";
-import { rendezvousOrder } from "../durable-objects/batcher/routing/placement.ts";
+import {
+  type PlacementReason,
+  rendezvousOrder,
+} from "../durable-objects/batcher/routing/placement.ts";
 import { type RouteRequest, Router, coldKey } from "../durable-objects/batcher/routing/router.ts";
 import { DEFAULT_SIM_TIMING } from "../origin/sim/timing.ts";
 import { percentile } from "./lib.ts";
@@ -43,6 +46,8 @@ export interface ModelResult {
   /** The busiest origin's share of all streams in flight at request starts, summed. */
   streamShare: number;
   perOrigin: number[];
+  /** The router's placements by reason (warmgate only). */
+  placements: Record<PlacementReason, number> | null;
 }
 
 const BLOCK = 16;
@@ -57,6 +62,8 @@ interface Seq {
   /** Blocks of the prompt and answer, as the next turn renders them. */
   answerBlocks: number[];
   prompt: number;
+  /** Prompt tokens not in the cache when it arrived: its prefill still to come while it waits. */
+  uncached: number;
   computed: number;
   maxTokens: number;
   generated: number;
@@ -82,11 +89,19 @@ class Engine {
     this.capacity = capacity;
   }
 
+  /** Prompt tokens still to prefill, as the simulated engine reports them. */
   get backlog(): number {
     let tokens = 0;
-    for (const s of [...this.waiting, ...this.running])
-      tokens += Math.max(0, s.prompt - s.computed);
+    for (const s of this.waiting) tokens += s.uncached;
+    for (const s of this.running) tokens += Math.max(0, s.prompt - s.computed);
     return tokens;
+  }
+
+  /** Leading blocks of `blocks` it holds, the last one left out (an engine computes it). */
+  hit(blocks: readonly number[]): number {
+    let hit = 0;
+    while (hit < blocks.length - 1 && this.cache.has(blocks[hit] ?? -1)) hit++;
+    return hit;
   }
 
   #store(blocks: readonly number[]): void {
@@ -113,8 +128,7 @@ class Engine {
     }
     while (budget > 0 && this.running.length < MAX_NUM_SEQS && this.waiting.length > 0) {
       const s = this.waiting.shift() as Seq;
-      let hit = 0;
-      while (hit < s.blocks.length - 1 && this.cache.has(s.blocks[hit] ?? -1)) hit++;
+      const hit = this.hit(s.blocks);
       this.#store(s.blocks.slice(0, hit));
       this.queries += s.prompt;
       s.cached = hit * BLOCK;
@@ -292,6 +306,7 @@ export function runModel(options: ModelOptions): ModelResult {
       blocks,
       answerBlocks,
       prompt,
+      uncached: prompt - o.engine.hit(blocks) * BLOCK,
       computed: 0,
       maxTokens,
       generated: 0,
@@ -348,6 +363,7 @@ export function runModel(options: ModelOptions): ModelResult {
     evenShare: mean(busiest.map((b) => Math.ceil(b.total / origins.length) / b.total)),
     streamShare: busiest.reduce((n, b) => n + b.most, 0) / busiest.reduce((n, b) => n + b.total, 0),
     perOrigin: served,
+    placements: options.policy === "warmgate" ? router.view().placements : null,
   };
 }
 

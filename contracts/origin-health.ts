@@ -6,7 +6,7 @@
  * busy or failed lately last, the rest first. Pure: time comes in as `now`.
  */
 
-import { type OnTimeTimer, onTimeTimeout } from "./on-time.ts";
+import { type OnTimeClock, type OnTimeTimer, onTimeClock } from "./on-time.ts";
 import type { LoadReport } from "./protocol/schema.ts";
 
 /** How long an origin that failed stays quarantined unless configured otherwise. */
@@ -57,14 +57,16 @@ export function reportsBusy(report: LoadReport | null): boolean {
 
 /**
  * The slow-first-byte rule, for a call or an attempt still waiting for a HEAD: after `ms`
- * of this thread's on-time, `onSlow` unless the origin's last report shows it queueing.
+ * of this thread's on-time, `onSlow` unless the origin's last report shows it queueing; on
+ * `clock`, the call's, when its other timers run on one.
  */
 export function watchFirstByte(
   ms: number,
   lastLoad: () => LoadReport | null,
   onSlow: () => void,
+  clock: OnTimeClock = onTimeClock(ms),
 ): OnTimeTimer {
-  return onTimeTimeout(ms, () => {
+  return clock.timeout(ms, () => {
     if (!reportsBusy(lastLoad())) onSlow();
   });
 }

@@ -37,7 +37,7 @@ export const RoutingSchema = z
     move_tokens_per_seq: z.number().positive().max(1_000_000).default(256),
     /** Share of a prefill each prompt token pushed out of a full cache costs a move. */
     eviction_weight: z.number().min(0).max(100).default(1),
-    /** Cold placements whose predicted TTFT is within this of the best are equal (ms). */
+    /** Cold placements whose cost is within this much prefill (ms) of the cheapest are equal. */
     tie_ms: z.number().min(0).max(60_000).default(10),
     /** Prefill speed assumed for an origin that reports none (prompt tokens per second). */
     prefill_tokens_per_s: z.number().positive().default(10_000),

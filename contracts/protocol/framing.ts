@@ -81,12 +81,28 @@ export function encodeJsonPayload(value: unknown): Uint8Array {
 export function parsePayload<T>(schema: z.ZodType<T>, payload: Uint8Array): T | null {
   let value: unknown;
   try {
-    value = JSON.parse(textDecoder.decode(payload));
+    value = JSON.parse(payloadText(payload));
   } catch {
     return null;
   }
   const parsed = schema.safeParse(value);
   return parsed.success ? parsed.data : null;
+}
+
+// Longest payload read as ASCII in JavaScript (an argument list of its bytes).
+const SHORT_PAYLOAD_BYTES = 4096;
+
+/**
+ * A JSON payload's text. Frames' payloads are short and ASCII (headers, usage, load): read
+ * here they skip a call into the runtime's decoder, which costs more than the reading;
+ * anything longer or beyond ASCII goes to the decoder.
+ */
+function payloadText(payload: Uint8Array): string {
+  if (payload.byteLength > SHORT_PAYLOAD_BYTES) return textDecoder.decode(payload);
+  for (let i = 0; i < payload.byteLength; i++) {
+    if ((payload[i] as number) >= 0x80) return textDecoder.decode(payload);
+  }
+  return String.fromCharCode.apply(null, payload as unknown as number[]);
 }
 
 /** Thrown when a batch body is not valid framing (a bug or a truncated connection). */

@@ -26,7 +26,7 @@ import {
   silenceWatchdog,
 } from "../../contracts/upstream.ts";
 import { type OpenItem, frameItem } from "./item.ts";
-import { type OnTimeTimer, onTimeTimeout } from "../../contracts/on-time.ts";
+import { type OnTimeTimer, onTimeClock } from "../../contracts/on-time.ts";
 import { watchFirstByte } from "../../contracts/origin-health.ts";
 import type { DeliveryMode } from "../../contracts/delivery.ts";
 
@@ -131,13 +131,14 @@ export async function openItem(
   const silenceMs = options.silenceMs ?? Number.POSITIVE_INFINITY;
   // Until the call's headers come, an origin silent for `silenceMs` is frozen; after them,
   // the silence watchdog judges that, and a streamed HEAD gets the whole first-byte timeout
-  // (an origin queueing our work is busy, not sick). Both count this thread's on-time only.
-  let timer = onTimeTimeout(Math.min(options.firstByteTimeoutMs, silenceMs), () =>
-    abort.abort(FIRST_BYTE_TIMEOUT),
-  );
+  // (an origin queueing our work is busy, not sick). All count this thread's on-time only,
+  // on one clock: the call's timers cost one runtime interval.
+  const shortest = Math.min(options.firstByteTimeoutMs, silenceMs);
+  const clock = onTimeClock(shortest);
+  let timer = clock.timeout(shortest, () => abort.abort(FIRST_BYTE_TIMEOUT));
   options.onStart?.(() => abort.abort(GIVEN_UP));
   const failed = (failure: OriginFailureKind, detail: string): ItemAttempt => {
-    timer.stop();
+    clock.stop();
     const reason: unknown = abort.signal.reason;
     abort.abort("attempt abandoned");
     const timedOut = reason === FIRST_BYTE_TIMEOUT || reason === SILENT;
@@ -163,22 +164,24 @@ export async function openItem(
     await response.body?.cancel().catch(() => {});
     return failed(problem?.failure ?? "bad_answer", problem?.detail ?? "no body");
   }
-  timer.stop();
+  const called = timer;
   let lastLoad: LoadReport | null = null;
   let slow: OnTimeTimer | null = null;
   if (options.delivery === "stream") {
-    timer = onTimeTimeout(options.firstByteTimeoutMs, () => abort.abort(FIRST_BYTE_TIMEOUT));
+    timer = clock.timeout(options.firstByteTimeoutMs, () => abort.abort(FIRST_BYTE_TIMEOUT));
     // A HEAD late while the origin's reports say it is idle: it lost or hung our work.
     slow = watchFirstByte(
       silenceMs,
       () => lastLoad,
       () => options.onSlowHead?.(),
+      clock,
     );
-    abort.signal.addEventListener("abort", () => slow?.stop(), { once: true });
   }
   // Every read is a heartbeat: an origin silent for `silenceMs` is frozen (see `SILENT`).
-  const dog = silenceWatchdog(silenceMs, () => abort.abort(SILENT));
-  abort.signal.addEventListener("abort", dog.stop, { once: true });
+  const dog = silenceWatchdog(silenceMs, () => abort.abort(SILENT), clock);
+  // Stopped after the timers that replace it, so that the clock's interval runs on.
+  called.stop();
+  abort.signal.addEventListener("abort", () => clock.stop(), { once: true });
 
   let frames: FrameReader;
   if (options.delivery === "whole") {

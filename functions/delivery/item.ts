@@ -83,19 +83,21 @@ export function frameItem(
       let done = false;
       let gone = false;
       let firstByteAt: number | null = null;
-      let controller: ReadableStreamDefaultController<Uint8Array> | undefined;
+      // A runtime pipe, not a stream of our own: the runtime hands its bytes to the client
+      // without a call into JavaScript per read (docs/benchmarks.md, "Where one request's CPU
+      // goes"). Each write resolves once the client read it: the origin's pace reaches the
+      // client unbuffered.
+      const { readable, writable } = new IdentityTransformStream();
+      const writer = writable.getWriter();
       const end = (how: ItemEnd, failure: "timeout" | "bad_answer" | null) => {
         if (done) return;
         done = true;
-        try {
-          // A failure after the HEAD ends the body with the OpenAI error event; an engine's
-          // own error answer (a 4xx) is whole as it is.
-          if (failure !== null && head.status < 400)
-            controller?.enqueue(errorEvent(originFailure(failure)));
-          controller?.close();
-        } catch {
-          // The client already went away.
+        // A failure after the HEAD ends the body with the OpenAI error event; an engine's
+        // own error answer (a 4xx) is whole as it is. A client already gone refuses both.
+        if (failure !== null && head.status < 400) {
+          writer.write(errorEvent(originFailure(failure))).catch(() => {});
         }
+        writer.close().catch(() => {});
         resolveEnded(how);
       };
       const clientGone = () => {
@@ -117,43 +119,48 @@ export function frameItem(
           }
         })();
       };
-      const body = new ReadableStream<Uint8Array>(
-        {
-          start(c) {
-            controller = c;
-          },
-          async pull(c) {
-            for (;;) {
-              if (done || gone) return;
-              const event = await events.next();
-              // A read that was waiting when the client left still takes its bytes; the
-              // drain behind it takes the END.
-              if (done || (gone && event.kind !== "data")) return;
-              switch (event.kind) {
-                case "data":
-                  if (event.bytes.byteLength === 0) continue;
-                  firstByteAt ??= Date.now();
-                  c.enqueue(event.bytes);
-                  return;
-                case "end":
-                  end(event, failureOf(event.trailer));
-                  return;
-                case "broken":
-                  end(event, "bad_answer");
-                  return;
+      // The client went away: its read was cancelled, which errors the pipe's writer.
+      let left = false;
+      const clientLeft = () => {
+        if (left || done) return;
+        left = true;
+        clientGone();
+        onClientGone();
+      };
+      writer.closed.catch(clientLeft);
+      void (async () => {
+        for (;;) {
+          if (done || gone) return;
+          const event = await events.next();
+          // A read that was waiting when the client left still takes its bytes; the drain
+          // behind it takes the END.
+          if (done || (gone && event.kind !== "data")) return;
+          switch (event.kind) {
+            case "data":
+              if (event.bytes.byteLength === 0) continue;
+              firstByteAt ??= Date.now();
+              if (gone) {
+                writer.write(event.bytes).catch(() => {});
+                return;
               }
-            }
-          },
-          cancel() {
-            clientGone();
-            onClientGone();
-          },
-        },
-        // Pull only when the client reads: the origin's pace reaches the client unbuffered.
-        { highWaterMark: 0 },
-      );
+              try {
+                await writer.write(event.bytes);
+              } catch {
+                clientLeft();
+                return;
+              }
+              continue;
+            case "end":
+              end(event, failureOf(event.trailer));
+              return;
+            case "broken":
+              end(event, "bad_answer");
+              return;
+          }
+        }
+      })();
       return {
-        body,
+        body: readable,
         ended,
         clientGone,
         timeOut() {

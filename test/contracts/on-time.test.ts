@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { onTimeTimeout } from "../../contracts/on-time.ts";
+import { onTimeClock, onTimeTimeout } from "../../contracts/on-time.ts";
 import { silenceWatchdog } from "../../contracts/upstream.ts";
 
 beforeEach(() => {
@@ -54,6 +54,64 @@ describe("an on-time timer", () => {
     onTimeTimeout(Number.POSITIVE_INFINITY, fire);
     vi.advanceTimersByTime(1e9);
     expect(fire).not.toHaveBeenCalled();
+  });
+});
+
+describe("an on-time clock", () => {
+  it("fires each of its timers after its own time, on one interval", () => {
+    const clock = onTimeClock(1_000);
+    const first = vi.fn<() => void>();
+    const second = vi.fn<() => void>();
+    clock.timeout(1_000, first);
+    vi.advanceTimersByTime(500);
+    clock.timeout(2_000, second);
+    expect(vi.getTimerCount()).toBe(1);
+    vi.advanceTimersByTime(625);
+    expect(first).toHaveBeenCalledTimes(1);
+    expect(second).not.toHaveBeenCalled();
+    vi.advanceTimersByTime(1_374);
+    expect(second).not.toHaveBeenCalled();
+    vi.advanceTimersByTime(1);
+    expect(second).toHaveBeenCalledTimes(1);
+  });
+
+  it("does not count a stall against a timer started or reset during it", () => {
+    const clock = onTimeClock(1_000);
+    const fire = vi.fn<() => void>();
+    clock.timeout(5_000, () => {});
+    vi.advanceTimersByTime(100);
+    stall(10_000);
+    const timer = clock.timeout(1_000, fire);
+    vi.advanceTimersByTime(900);
+    timer.reset();
+    vi.advanceTimersByTime(900);
+    expect(fire).not.toHaveBeenCalled();
+    vi.advanceTimersByTime(250);
+    expect(fire).toHaveBeenCalledTimes(1);
+  });
+
+  it("runs its interval only while a timer runs, and stops every timer at once", () => {
+    const clock = onTimeClock(1_000);
+    const fire = vi.fn<() => void>();
+    const timer = clock.timeout(1_000, fire);
+    timer.stop();
+    expect(vi.getTimerCount()).toBe(0);
+    clock.timeout(1_000, fire);
+    clock.timeout(3_000, fire);
+    expect(vi.getTimerCount()).toBe(1);
+    clock.stop();
+    expect(vi.getTimerCount()).toBe(0);
+    vi.advanceTimersByTime(10_000);
+    expect(fire).not.toHaveBeenCalled();
+  });
+
+  it("stops its interval once its last timer fired", () => {
+    const clock = onTimeClock(1_000);
+    const fire = vi.fn<() => void>();
+    clock.timeout(1_000, fire);
+    vi.advanceTimersByTime(1_125);
+    expect(fire).toHaveBeenCalledTimes(1);
+    expect(vi.getTimerCount()).toBe(0);
   });
 });
 

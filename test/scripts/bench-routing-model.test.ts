@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { runModel } from "../../bench/routing-model.ts";
-import { agents, hotFew } from "../../bench/routing-workloads.ts";
+import { agents, hotFew, hotPrefix, multiTurn } from "../../bench/routing-workloads.ts";
 
 // The routing bench's workloads in simulated time (bench/routing-model.ts): placement keeps
 // caches warm without piling work on one origin.
@@ -19,5 +19,29 @@ describe("routing in the bench's model", () => {
     expect(result.hitRate / result.ceiling).toBeGreaterThanOrEqual(0.95);
     expect(Math.max(result.imbalance, result.decodeImbalance)).toBeLessThanOrEqual(1.3);
     expect(result.perOrigin.every((n) => n > 0)).toBe(true);
+  });
+
+  it("spreads a few hot prefixes and the long prompts beside them over the origins by load", () => {
+    const result = runModel({
+      workload: hotPrefix(480, 2),
+      policy: "warmgate",
+      origins: 4,
+      rate: 90,
+    });
+    expect(result.hitRate / result.ceiling).toBeGreaterThanOrEqual(0.95);
+    expect(Math.max(result.imbalance, result.decodeImbalance)).toBeLessThanOrEqual(1.3);
+  });
+
+  it("keeps each conversation on the origin that holds its history", () => {
+    const result = runModel({
+      workload: multiTurn(64, 12, 2_000),
+      policy: "warmgate",
+      origins: 4,
+      rate: 32,
+    });
+    expect(result.hitRate / result.ceiling).toBeGreaterThanOrEqual(0.95);
+    // Each conversation's first turn is placed cold; every later one is a hit where it was.
+    expect(result.placements?.spread).toBe(0);
+    expect(result.placements?.cold).toBe(64);
   });
 });

@@ -132,6 +132,8 @@ export function choosePlacement(
     predictedTtftMs: ttft[i] as number,
   });
   const load = (i: number) => (candidates[i] as RouteCandidate).load;
+  const rate = (i: number) =>
+    (candidates[i] as RouteCandidate).prefillTokensPerMs ?? s.prefillTokensPerMs;
   const total = candidates.reduce((sum, c) => sum + c.load, 0);
   const mean = (total + 1) / candidates.length;
   const coldBound = Math.ceil(s.loadBound * mean);
@@ -173,10 +175,14 @@ export function choosePlacement(
     if (at >= 0 && closeEnough(at)) return choice(at, "session");
   }
 
-  // Cold: the first origin in the key's rendezvous order that is under the bound, close to
-  // the best and (when any is) evicts nothing, so that edges and Batcher shards that share
-  // nothing (their backlogs come from the same load reports) place a new prefix alike.
-  const tied = (i: number) => (ttft[i] as number) <= bestTtft + s.tieMs;
+  // Cold: the first origin in the key's rendezvous order that is under the bound, whose cost
+  // is within `tieMs` of prefill of the cheapest's and (when any is) evicts nothing, so that
+  // edges and Batcher shards that share nothing (their backlogs and loads come from the same
+  // load reports) place a new prefix alike. The cost counts the sequences a prefill there
+  // would hold up, so a new prefix goes where it delays the fewest.
+  let cheapest = Number.POSITIVE_INFINITY;
+  for (let i = 0; i < candidates.length; i++) if (usable(i)) cheapest = Math.min(cheapest, cost(i));
+  const tied = (i: number) => cost(i) <= cheapest + s.tieMs * rate(i);
   const roomy = evicted.some((e) => e === 0);
   for (const i of order) {
     if (fits[i] === true && load(i) < coldBound && tied(i) && (!roomy || evicted[i] === 0))
@@ -192,7 +198,8 @@ export function choosePlacement(
    * costs as hysteresis: the candidate of the lowest cost (load, and in sequences of
    * `moveTokensPerSeq` the prompt tokens queued ahead, to prefill and to evict) takes the
    * request when its cost is `balanceSeqs` sequences below the warm origin's and the warm
-   * origin is heavy or would evict where it would not; -1: the warm origin keeps it.
+   * origin would evict where it would not, or is crowded and the prefix is shared or the
+   * move does not delay its first token; -1: the warm origin keeps it.
    */
   function rebalance(from: number): number {
     let pick = -1;
@@ -201,8 +208,13 @@ export function choosePlacement(
       if (pick < 0 || cost(i) < cost(pick)) pick = i;
     }
     if (pick < 0 || cost(from) - cost(pick) <= s.balanceSeqs * s.moveTokensPerSeq) return -1;
-    const crowded = load(from) >= s.loadBound * mean;
-    return crowded || (evicted[from] as number) > (evicted[pick] as number) ? pick : -1;
+    if ((evicted[from] as number) > (evicted[pick] as number)) return pick;
+    // A prefix no other request in flight shares (a session's own history) serves no one else
+    // once copied: it moves for load only where it starts no later, or a session would redo
+    // its history's prefill to relieve one sequence.
+    const lone = (input.sharing?.(input.matched[from] ?? 0) ?? 0) === 0;
+    if (lone && (ttft[pick] as number) > (ttft[from] as number)) return -1;
+    return load(from) >= s.loadBound * mean ? pick : -1;
   }
 
   /**

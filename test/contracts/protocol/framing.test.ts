@@ -175,6 +175,24 @@ describe("a JSON payload that is not its frame's shape", () => {
   });
 });
 
+const noteHead = (value: string) => ({ id: "a", status: 200, headers: { "x-note": value } });
+
+describe("a JSON payload's text", () => {
+  it("is read the same short or long, in ASCII or beyond it, and broken UTF-8 is replaced", () => {
+    for (const value of ["plain", "日本語 ü", "x".repeat(10_000), `${"y".repeat(5_000)}é`]) {
+      const frame = decodeFrame(FrameType.HEAD, 0, bytes(JSON.stringify(noteHead(value))));
+      expect(frame.type === FrameType.HEAD && frame.head).toEqual(noteHead(value));
+    }
+    const broken = concatBytes([
+      bytes('{"id":"a","status":200,"headers":{"x":"'),
+      new Uint8Array([0xff]),
+      bytes('"}}'),
+    ]);
+    const frame = decodeFrame(FrameType.HEAD, 0, broken);
+    expect(frame.type === FrameType.HEAD && frame.head.headers["x"]).toBe("\ufffd");
+  });
+});
+
 describe("concatBytes", () => {
   it("joins chunks in order, and hands a single chunk back without a copy", () => {
     const one = bytes("abc");

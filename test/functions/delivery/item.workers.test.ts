@@ -166,6 +166,36 @@ describe("a client that goes away while a read waits", () => {
   });
 });
 
+describe("a client that cancels its body", () => {
+  // A client that disconnects aborts its request's signal, which the response lifecycle
+  // hears at once; a body cancelled without it is heard at the origin's next bytes.
+  it("is heard at the origin's next bytes: the item is cancelled, its END still read", async () => {
+    const { readable, writable } = new IdentityTransformStream();
+    const writer = writable.getWriter();
+    void writer.write(data("data: a\n\n"));
+    const cancelled = { ...trailer, outcome: "cancelled" as const };
+    let cancels = 0;
+    let told = 0;
+    const item = frameItem(head, frameReader(readable), {
+      cancel: () => {},
+      cancelUntilEnd: () => {
+        cancels += 1;
+        void writer.write(encodeJsonFrame(FrameType.END, 0, cancelled));
+        return Promise.resolve();
+      },
+    });
+    const streamed = item.stream(() => {
+      told += 1;
+    });
+    const reader = streamed.body.getReader();
+    expect(decoder.decode((await reader.read()).value)).toBe("data: a\n\n");
+    await reader.cancel();
+    void writer.write(data("data: b\n\n"));
+    expect(await streamed.ended).toEqual({ kind: "end", trailer: cancelled });
+    expect({ cancels, told }).toEqual({ cancels: 1, told: 1 });
+  });
+});
+
 describe("an item whose origin sends a malformed frame", () => {
   const badEnd = encodeJsonFrame(FrameType.END, 0, { id: "req_1", outcome: "done" });
   const badLoad = encodeFrame(FrameType.LOAD, 0xffff, encoder.encode("{not json"));
