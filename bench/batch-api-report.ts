@@ -9,6 +9,7 @@ import { metricSum } from "./batch-api-checks.ts";
 import type { OriginAccess } from "./chaos-lookup.ts";
 import { fmt, summarize } from "./lib.ts";
 import { cpuTimeMs } from "./processes.ts";
+import { backgroundCap } from "../origin/background.ts";
 
 const MODEL = "warmgate-sim-8b";
 /** Distinct system prompts of the batch's lines: lines sharing one share a prefix. */
@@ -232,7 +233,7 @@ export function windowRows(
   options: { slots: number; reserveShare: number; excludeFrom: number; excludeTo: number },
 ) {
   const { phases } = run;
-  const fillable = options.slots - Math.ceil(options.slots * options.reserveShare);
+  const fillable = backgroundCap(options.slots, options.reserveShare);
   const outside = (t: number) => t < options.excludeFrom || t > options.excludeTo;
   const window = (interactive: Interactive, from: number, to: number, skipRestart: boolean) => {
     const inside = (t: number) => t >= from && t <= to && (!skipRestart || outside(t));

@@ -45,7 +45,7 @@ const { values: args } = parseArgs({
     "max-tokens": { type: "string", default: "64" },
     "line-tokens": { type: "string", default: "32" },
     "time-scale": { type: "string", default: "1" },
-    reserve: { type: "string", default: "0.1" },
+    "background-reserve": { type: "string", default: "0.1" },
     name: { type: "string", default: "" },
     "lines-in-flight": { type: "string" },
     help: { type: "boolean", short: "h", default: false },
@@ -65,7 +65,8 @@ if (args.help) {
   --max-tokens N    tokens per interactive stream (default 64)
   --line-tokens N   tokens per batch line (default 32)
   --time-scale X    the simulated engine's time scale (default 1: realistic speed)
-  --reserve X       batching.batch_reserve_share: slots the batch lane leaves (default 0.1)
+  --background-reserve X  the origins' --background-reserve: share of slots batch lines
+                    leave to interactive requests (default 0.1)
   --lines-in-flight N  batch_api.lines_in_flight (default: twice the slots)
   --name N          write bench/results/batch-api-N.json and .svg (a scenario kept apart)`);
   process.exit(0);
@@ -79,8 +80,8 @@ const STREAMS = Math.round(SHARE * ORIGINS * SLOTS);
 const MAX_TOKENS = Number(args["max-tokens"]);
 const LINE_TOKENS = Number(args["line-tokens"]);
 const TIME_SCALE = Number(args["time-scale"]);
-/** Share of each engine's slots the batch lane leaves to interactive requests (the default). */
-const BATCH_RESERVE_SHARE = Number(args.reserve);
+/** Share of each engine's slots its origin keeps from batch lines for interactive requests. */
+const BACKGROUND_RESERVE = Number(args["background-reserve"]);
 /** The batch lane's own cap: enough lines in flight to fill every free slot. */
 const LINES_IN_FLIGHT = Number(args["lines-in-flight"] ?? 2 * ORIGINS * SLOTS);
 const REGION = "eu";
@@ -95,6 +96,7 @@ const stack = await startStack({
     { id: REGION, continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: ORIGINS },
   ],
   sim: { timeScale: TIME_SCALE, maxNumSeqs: SLOTS },
+  backgroundReserve: BACKGROUND_RESERVE,
   originProcesses: true,
   runtime: "workerd",
   persistTo: state,
@@ -102,7 +104,6 @@ const stack = await startStack({
   limits: { retry_budget: 0 },
   settings: {
     batch_api: { lines_in_flight: LINES_IN_FLIGHT },
-    batching: { batch_reserve_share: BATCH_RESERVE_SHARE },
   },
 });
 const stopAll = async () => {
@@ -218,7 +219,7 @@ try {
 const { phases } = result;
 const windows = windowRows(result, {
   slots: SLOTS,
-  reserveShare: BATCH_RESERVE_SHARE,
+  reserveShare: BACKGROUND_RESERVE,
   excludeFrom: (phases["killedAt"] ?? 0) - 2,
   excludeTo: (phases["backAt"] ?? 0) + SETTLE_MS / 1000,
 });
@@ -234,7 +235,7 @@ console.log(
       ? ""
       : `; the edge's process group killed at ${KILL_AT * 100}% of the lines and started again`) +
     `. Origins busy: running sequences over all slots, and over the slots the batch lane may ` +
-    `fill (all but the ${BATCH_RESERVE_SHARE * 100}% reserve), from the origins' own metrics ` +
+    `fill (all but the ${BACKGROUND_RESERVE * 100}% the origins reserve), from the origins' own metrics ` +
     `every 250 ms. Batch took ${result.batchSeconds.toFixed(1)} s.\n`,
 );
 console.log(
@@ -277,7 +278,7 @@ const path = await writeResult(RESULT, {
     lineTokens: LINE_TOKENS,
     timeScale: TIME_SCALE,
     linesInFlight: LINES_IN_FLIGHT,
-    batchReserveShare: BATCH_RESERVE_SHARE,
+    backgroundReserve: BACKGROUND_RESERVE,
   },
   phases,
   batchSeconds: result.batchSeconds,

@@ -19,6 +19,15 @@ export const MAX_ANSWER_BYTES = 256 * 1024 * 1024;
 /** How often queued background items look for a free slot between item events, ms. */
 const POLL_MS = 50;
 
+/**
+ * Most background items an engine of `maxNumSeqs` running slots runs at once, leaving
+ * `reserveShare` of them to interactive items; one (and only alone) for an engine that
+ * does not say its slots.
+ */
+export function backgroundCap(maxNumSeqs: number, reserveShare: number): number {
+  return maxNumSeqs > 0 ? maxNumSeqs - Math.ceil(maxNumSeqs * reserveShare) : 1;
+}
+
 /** Limits of a {@link BackgroundLane}. */
 export interface BackgroundOptions {
   /** Share of the engine's running slots left to interactive items (default 0.1). */
@@ -79,6 +88,11 @@ export class BackgroundLane {
   /** Background items in the engine. */
   get running(): number {
     return this.#slots.length;
+  }
+
+  /** {@link backgroundCap} of the engine now: load reports carry it, and the edge sends up to it. */
+  get cap(): number {
+    return backgroundCap(this.#load().max_num_seqs, this.#reserveShare);
   }
 
   /**
@@ -180,8 +194,7 @@ export class BackgroundLane {
     while (this.#queue.length > 0) {
       const load = this.#load();
       const max = load.max_num_seqs;
-      // An engine that does not say its slots runs one background item, and only alone.
-      const cap = max > 0 ? max - Math.ceil(max * this.#reserveShare) : 1;
+      const cap = backgroundCap(max, this.#reserveShare);
       const occupied = max > 0 ? Math.max(load.running + load.waiting, this.#own()) : this.#own();
       if (occupied >= cap) break;
       const waiter = this.#queue.shift();

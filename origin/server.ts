@@ -112,6 +112,7 @@ function buildOrigin(options: OriginOptions): Origin {
       ...engine.load(),
       background_running: items.background.running,
       background_queued: items.background.queued,
+      background_cap: items.background.cap,
     };
     if (cursor !== undefined && items.kvLog !== null) report.kv_events = items.kvLog.since(cursor);
     return report;

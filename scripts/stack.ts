@@ -38,6 +38,8 @@ export interface StackOptions {
   regions?: StackRegion[];
   /** Options for every simulated engine (all origins share them, so bytes match). */
   sim?: SimEngineOptions;
+  /** Every origin's `--background-reserve`: share of its slots batch lines leave (default 0.1). */
+  backgroundReserve?: number;
   /** Extra fields merged into the edge's `limits` configuration. */
   limits?: Record<string, number>;
   /** More sections of the edge's configuration (`breakers`, `batching`). */
@@ -283,6 +285,9 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
         if (options.originProcesses) {
           const origin = await spawnOrigin([
             ...simFlags(options.sim),
+            ...(options.backgroundReserve !== undefined
+              ? ["--background-reserve", String(options.backgroundReserve)]
+              : []),
             "--origin-id",
             originId,
             "--region",
@@ -306,6 +311,9 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
           host: "127.0.0.1",
           accessToken,
           adminToken,
+          ...(options.backgroundReserve !== undefined && {
+            backgroundReserveShare: options.backgroundReserve,
+          }),
         });
         origins.push({ region: region.id, origin });
       }

@@ -79,8 +79,6 @@ const BATCHING_FIELDS = {
   hold_min_in_flight: z.int().nonnegative().max(100_000).default(128),
   /** How long after its Batcher last sent at once an otherwise idle edge skips it (0: never). */
   idle_bypass_ms: z.int().nonnegative().max(60_000).default(1000),
-  /** Share of each origin's running slots the batch lane leaves free for interactive lanes. */
-  batch_reserve_share: z.number().min(0).max(1).default(0.1),
   /** Bytes of a streamed answer held for a slow client before it is dropped. */
   max_client_backlog_bytes: z
     .int()
@@ -105,7 +103,6 @@ export const BatchingSettingsSchema = z.strictObject(BATCHING_FIELDS).transform(
     holdMinInFlight: b.hold_min_in_flight,
     rateWindowMs: b.rate_window_ms,
     loadReportTtlMs: b.load_report_ttl_ms,
-    batchReserveShare: b.batch_reserve_share,
     /** Highest first; lane 0 leaves before lane 1. */
     lanes: b.lanes.map((lane) => ({
       queueTimeoutMs: lane.queue_timeout_ms,

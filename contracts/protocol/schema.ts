@@ -234,6 +234,11 @@ export const LoadReportSchema = z.object({
    */
   background_running: z.number().optional(),
   background_queued: z.number().optional(),
+  /**
+   * Most background items the origin runs at once (its slots less the reserve it keeps for
+   * interactive items); absent: it takes one only while idle.
+   */
+  background_cap: z.number().optional(),
 });
 /** Payload of a LOAD frame. */
 export type LoadReport = z.output<typeof LoadReportSchema>;

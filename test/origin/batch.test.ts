@@ -76,6 +76,25 @@ describe("POST /v1/batch", () => {
     expect(result.loads.at(-1)?.running).toBe(0);
   });
 
+  it.each([
+    [undefined, 7],
+    [0.5, 4],
+    [0, 8],
+  ])(
+    "reports in each LOAD the background items it runs at once: its 8 slots less a reserve of %s",
+    async (reserve, cap) => {
+      const { url } = await start({
+        loadIntervalMs: 5,
+        ...(reserve !== undefined && { backgroundReserveShare: reserve }),
+      });
+      const result = await readBatch(
+        await postBatch(url, "b-cap", [chat("a", { stream: true, max_tokens: 3 })]),
+      );
+      expect(result.loads.length).toBeGreaterThanOrEqual(2);
+      for (const load of result.loads) expect(load.background_cap).toBe(cap);
+    },
+  );
+
   it("gives each item the same bytes the plain route gives the same request", async () => {
     const { url } = await start();
     const body = { model: "fake-model", messages: [], stream: true, max_tokens: 5 };

@@ -45,6 +45,7 @@ export function onOriginLoad(
     prefixHits: count(report.prefix_hits),
     backgroundRunning: count(report.background_running ?? 0),
     backgroundQueued: count(report.background_queued ?? 0),
+    backgroundCap: typeof report.background_cap === "number" ? count(report.background_cap) : null,
   };
   // The report counts what the origin had started when it wrote it (see
   // `InFlightItem.ackedAt`); the rest is still ours to add.

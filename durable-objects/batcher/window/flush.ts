@@ -267,7 +267,7 @@ function fillBatch(
       if (taken.length > 0 && tokens + itemTokens > maxBatchTokens) return taken;
       if (kvRoom !== null && item.promptTokens > kvRoom) return taken;
       // Batch lines last, and only into the running slots left free (docs/batch-api.md).
-      if (inBatchLane(state.config, item) && taken.length >= batchSlots(origin, state.config)) {
+      if (inBatchLane(state.config, item) && taken.length >= batchSlots(origin)) {
         return taken;
       }
       taken.push(item);

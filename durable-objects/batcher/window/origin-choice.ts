@@ -34,6 +34,8 @@ export interface OriginCandidate {
      * the origin stops them for interactive requests); what the batch lane fills up to.
      */
     batchLoad: number;
+    /** Most batch lines it runs at once, by its report (null: it does not say). */
+    backgroundCap: number | null;
   };
 }
 

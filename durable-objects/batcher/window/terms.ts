@@ -217,6 +217,7 @@ function candidateOf(origin: OriginState, config: WindowConfig, now: number): Or
     prefillBacklogTokens: report.prefillBacklogTokens,
     reportedAt: report.receivedAt,
     batchLoad: allLoad,
+    backgroundCap: report.backgroundCap,
   };
   return { id: origin.id, load, freeSlots, room, kvRoomTokens, inFlight, engine };
 }
@@ -265,20 +266,20 @@ export function inBatchLane(config: WindowConfig, item: { lane: number }): boole
 export const BATCH_ORIGIN_QUEUE_SHARE = 0.25;
 
 /**
- * Batch lines an origin may be sent now: its running slots beyond `batchReserveShare` of
- * them, plus {@link BATCH_ORIGIN_QUEUE_SHARE} of them held ready at the origin, less
- * everything it runs, queues or holds. The origin starts them only into slots interactive
- * requests leave. An origin without a trusted report, or whose engine does not say its
- * slots, takes one when idle.
+ * Batch lines an origin may be sent now: as many as it says it runs at once (its slots
+ * less the reserve it keeps for interactive items, `background_cap`), plus
+ * {@link BATCH_ORIGIN_QUEUE_SHARE} of its slots held ready at the origin, less everything
+ * it runs, queues or holds. The origin starts them only into slots interactive requests
+ * leave. An origin without a trusted report, or whose report says neither its slots nor
+ * its cap, takes one when idle.
  */
-export function batchSlots(candidate: OriginCandidate, config: WindowConfig): number {
+export function batchSlots(candidate: OriginCandidate): number {
   const { engine } = candidate;
-  if (engine === undefined || engine.maxNumSeqs === 0) {
+  if (engine === undefined || engine.maxNumSeqs === 0 || engine.backgroundCap === null) {
     return candidate.load === 0 && candidate.inFlight === 0 ? 1 : 0;
   }
-  const reserve = Math.ceil(engine.maxNumSeqs * config.batchReserveShare);
   const held = Math.ceil(engine.maxNumSeqs * BATCH_ORIGIN_QUEUE_SHARE);
-  return Math.max(0, engine.maxNumSeqs - reserve + held - engine.batchLoad);
+  return Math.max(0, engine.backgroundCap + held - engine.batchLoad);
 }
 
 /** The candidates a request may go to now: those it does not avoid, with a slot for a batch line. */
@@ -289,5 +290,5 @@ export function placeableCandidates(
 ): readonly OriginCandidate[] {
   const allowed = allowedCandidates(candidates, item);
   if (!inBatchLane(config, item)) return allowed;
-  return allowed.filter((candidate) => batchSlots(candidate, config) > 0);
+  return allowed.filter((candidate) => batchSlots(candidate) > 0);
 }

@@ -97,6 +97,8 @@ export interface OriginLoadView {
   /** Batch lines among `running`, and those the origin holds until a slot is free. */
   backgroundRunning: number;
   backgroundQueued: number;
+  /** Most batch lines the origin runs at once (its slots less its reserve), or null. */
+  backgroundCap: number | null;
 }
 
 /** The batcher's view of one origin. */

@@ -55,7 +55,6 @@ describe("batching plans, resolved when the configuration loads", () => {
       holdMinInFlight: 128,
       rateWindowMs: 250,
       loadReportTtlMs: 1000,
-      batchReserveShare: 0.1,
       // The three lanes configured by default, then the Batch API's lane below them.
       lanes: [
         { queueTimeoutMs: 30_000, onTimeout: "reject", maxQueue: 1024, refuseStatus: 503 },

@@ -15,6 +15,7 @@ const REPORT = {
   prefixHits: 40,
   backgroundRunning: 0,
   backgroundQueued: 0,
+  backgroundCap: null,
 };
 
 describe("an origin's load as shown", () => {

@@ -8,11 +8,13 @@ import type { Batch, WindowState } from "../../../../durable-objects/batcher/win
 import { windowConfig } from "../../../support/window-config.ts";
 import { add, load, request } from "../../../support/window-state.ts";
 
-// Three interactive lanes and the batch lane (3) below them; an engine of 8 slots, of which
-// the batch lane leaves ceil(8 * 0.25) = 2 free for interactive requests, and sends
-// ceil(8 * 0.25) = 2 more for the origin to hold ready.
+// Three interactive lanes and the batch lane (3) below them; an engine of 8 slots whose
+// origin runs at most 6 batch lines at once (it keeps 2 for interactive requests), and
+// the batch lane sends ceil(8 * 0.25) = 2 more for the origin to hold ready.
+const CAP = { background_cap: 6 };
+
 function stateWithBatchLane(waitShare = 0): WindowState {
-  const config = windowConfig({ maxOriginQueue: 8, batchReserveShare: 0.25, waitShare });
+  const config = windowConfig({ maxOriginQueue: 8, waitShare });
   return createWindowState(
     { ...config, lanes: [...config.lanes, BATCH_LANE], batchLane: config.lanes.length },
     0,
@@ -36,7 +38,7 @@ describe("the batch lane", () => {
   it("sends lines for the running slots free beyond the reserve and a quarter more held ready at the origin, after every interactive request", () => {
     // 3 of 8 slots run: 5 free, 2 of them kept for interactive work, and 2 more lines
     // wait at the origin for the next slot that frees.
-    let state = load(stateWithBatchLane(), "a", { running: 3, waiting: 0 });
+    let state = load(stateWithBatchLane(), "a", { running: 3, waiting: 0, ...CAP });
     const sentNow: string[] = [];
     state = queueAll(state, ["b1", "b2", "b3", "b4", "b5", "b6", "b7"], 3, sentNow);
     expect(sentNow).toEqual(["b1", "b2", "b3", "b4", "b5"]);
@@ -52,6 +54,7 @@ describe("the batch lane", () => {
       waiting: 0,
       background_running: 6,
       background_queued: 2,
+      ...CAP,
     });
     state = queueAll(state, ["b1"], 3);
     const sentNow: string[] = [];
@@ -62,8 +65,37 @@ describe("the batch lane", () => {
     expect(after.lanes[3]?.map((item) => item.id)).toEqual(["b1"]);
   });
 
+  it("sizes what it sends by the cap the origin reports, not by a share of its own", () => {
+    // 3 of 8 slots run; an origin that keeps no reserve takes 5 lines into free slots and 2
+    // to hold, one that keeps 4 slots takes 1 and 2 to hold.
+    for (const [cap, expected] of [
+      [8, ["b1", "b2", "b3", "b4", "b5", "b6", "b7"]],
+      [4, ["b1", "b2", "b3"]],
+    ] as const) {
+      const state = load(stateWithBatchLane(), "a", {
+        running: 3,
+        waiting: 0,
+        background_cap: cap,
+      });
+      const sentNow: string[] = [];
+      const queued = queueAll(state, ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8"], 3, sentNow);
+      expect([...sentNow, ...sent(tick(queued, 1000).batches)]).toEqual(expected);
+    }
+  });
+
+  it("sends one line to an idle origin that reports no cap, and none to a busy one", () => {
+    const idle = load(stateWithBatchLane(), "a", { running: 0, waiting: 0 });
+    const sentIdle: string[] = [];
+    const idleQueued = queueAll(idle, ["b1", "b2"], 3, sentIdle);
+    expect([...sentIdle, ...sent(tick(idleQueued, 500).batches)]).toEqual(["b1"]);
+    const busy = load(stateWithBatchLane(), "a", { running: 3, waiting: 0 });
+    const sentBusy: string[] = [];
+    const busyQueued = queueAll(busy, ["b1"], 3, sentBusy);
+    expect([...sentBusy, ...sent(tick(busyQueued, 500).batches)]).toEqual([]);
+  });
+
   it("sends no batch line to an engine that queues, while interactive requests still go", () => {
-    let state = load(stateWithBatchLane(), "a", { running: 8, waiting: 1 });
+    let state = load(stateWithBatchLane(), "a", { running: 8, waiting: 1, ...CAP });
     state = queueAll(state, ["b1"], 3);
     state = queueAll(state, ["i1"], 1);
     const { batches, state: after } = tick(state, 1000);
@@ -73,7 +105,7 @@ describe("the batch lane", () => {
 
   it("leaves a batch line's wait for its first byte, its whole answer, out of the window interactive requests wait", () => {
     const sentNow: string[] = [];
-    let state = load(stateWithBatchLane(0.5), "a", { running: 0, waiting: 0 });
+    let state = load(stateWithBatchLane(0.5), "a", { running: 0, waiting: 0, ...CAP });
     state = queueAll(state, ["b1"], 3, sentNow);
     expect(sentNow).toEqual(["b1"]);
     state = onDispatched(state, "a", "b1", 400).state;

@@ -162,6 +162,7 @@ describe("origin choice and health", () => {
           prefillBacklogTokens: null,
           reportedAt: 0,
           batchLoad: 4,
+          backgroundCap: null,
         },
       },
     ]);
