@@ -60,6 +60,9 @@ describe("npm start", () => {
         .filter(Boolean)
         .every((l) => l.startsWith("export ")),
     ).toBe(true);
+    // The secret a soft-budget alert's receiver verifies its signature with.
+    expect(text).toMatch(/^export WARMGATE_ALERT_SIGNING_SECRET='[^']+'$/m);
+    expect(run.err()).toContain(`source ${envFile} &&`);
     // What the README tells a user to run in a second terminal.
     const status = execFileSync(
       "bash",
