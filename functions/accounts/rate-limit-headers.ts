@@ -20,10 +20,13 @@ export function formatResetDuration(ms: number): string {
   return seconds;
 }
 
+/** The first of the six `x-ratelimit-*` headers: an answer that has it has all six. */
+export const RATE_LIMIT_HEADER = "x-ratelimit-limit-requests";
+
 /** The six `x-ratelimit-*` headers for a key's current limits. */
 export function rateLimitHeaders(rateLimit: RateLimitInfo): Record<string, string> {
   return {
-    "x-ratelimit-limit-requests": String(rateLimit.requests.limit),
+    [RATE_LIMIT_HEADER]: String(rateLimit.requests.limit),
     "x-ratelimit-remaining-requests": String(rateLimit.requests.remaining),
     "x-ratelimit-reset-requests": formatResetDuration(rateLimit.requests.resetMs),
     "x-ratelimit-limit-tokens": String(rateLimit.tokens.limit),

@@ -47,6 +47,8 @@ export interface CompletionDispatch {
   body: string;
   /** Lower-case headers forwarded to the engine. */
   headers: Record<string, string>;
+  /** The edge's headers every answer carries (see `AnswerOptions.answerHeaders`). */
+  answerHeaders?: readonly (readonly [string, string])[];
   /** Regions to try, nearest first. */
   regions: readonly RegionConfig[];
   settlement: Settlement;
@@ -113,6 +115,7 @@ export class Dispatcher {
       limits: config.limits,
       delivery: request.delivery,
       headers: request.headers,
+      ...(request.answerHeaders !== undefined && { answerHeaders: request.answerHeaders }),
       secrets: request.env,
       onSettled: (settled) => settlement.settle(settled),
       onReleased: (released) => settlement.release(released),

@@ -59,6 +59,11 @@ export interface AnswerOptions {
   signal?: AbortSignal;
   /** Where each attempt is listed, for the request's usage record. */
   attempts?: RequestAttempt[];
+  /**
+   * The edge's headers every answer to the request carries (its key's `x-ratelimit-*`),
+   * lower-case, in place of any the engine sent: set as the answer is made, not after.
+   */
+  answerHeaders?: readonly (readonly [string, string])[];
   /** How long a stream whose client went away waits for its END (default `END_WAIT_MS`). */
   endWaitMs?: number;
 }
@@ -303,10 +308,13 @@ class Lifecycle {
   // Built as a list and handed over once: each `Headers.set` is a call into the runtime.
   #headers(): [string, string][] {
     const headers: [string, string][] = [];
+    const own = this.#options.answerHeaders ?? [];
     for (const [name, value] of Object.entries(this.#item.head.headers)) {
       const lower = name.toLowerCase();
-      if (!DROPPED_HEADERS.has(lower) && !OWN_HEADERS.has(lower)) headers.push([name, value]);
+      if (DROPPED_HEADERS.has(lower) || OWN_HEADERS.has(lower)) continue;
+      if (!own.some(([ownName]) => ownName === lower)) headers.push([name, value]);
     }
+    for (const [name, value] of own) headers.push([name, value]);
     headers.push(["x-warmgate-region", this.#served.region]);
     headers.push(["x-warmgate-origin", this.#served.origin]);
     // How many origins were tried for it, this one included (failed ones are not billed).

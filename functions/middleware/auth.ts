@@ -24,7 +24,7 @@ import { FREE, billedPicos, formatUsd } from "../../contracts/pricing.ts";
 import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import { completionAllowance } from "./completion-plan.ts";
 import { waitUntilOf } from "./request-context.ts";
-import { rateLimitHeaders } from "../accounts/rate-limit-headers.ts";
+import { RATE_LIMIT_HEADER, rateLimitHeaders } from "../accounts/rate-limit-headers.ts";
 import type { LeasedAdmission } from "../accounts/leases.ts";
 import {
   admitExactly,
@@ -221,7 +221,9 @@ export function admitCompletion() {
       }
       setHeaders(c, { [COST_HEADER]: formatUsd(cost) });
     }
-    setHeaders(c, rateLimitHeaders(result.rateLimit));
+    // An answer from the origins carries them already (`routes/completions.ts`); a refusal
+    // or an answer made elsewhere (the response cache) gets them here.
+    if (!c.res.headers.has(RATE_LIMIT_HEADER)) setHeaders(c, rateLimitHeaders(result.rateLimit));
   });
 }
 

@@ -3,6 +3,7 @@
  * validate, plan, pick origins and stream the origin's answer back unchanged.
  * See docs/edge.md.
  */
+import { rateLimitHeaders } from "../accounts/rate-limit-headers.ts";
 import { type Context, Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
 import { PRIORITY_HEADER } from "../delivery/batcher-plan.ts";
@@ -46,6 +47,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     const value = c.req.header(name);
     if (value !== undefined) headers[name] = value;
   }
+  const admission = c.get("admission");
   return edge.dispatcher.dispatch({
     config,
     path,
@@ -59,11 +61,14 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
         ? completion.text
         : replaceTopLevelString(completion.text, "model", plan.model.id),
     headers,
+    ...(admission !== undefined && {
+      answerHeaders: Object.entries(rateLimitHeaders(admission.rateLimit)),
+    }),
     regions,
     settlement,
     env: c.env,
     lane: {
-      tier: c.get("admission")?.tier,
+      tier: admission?.tier,
       priority: c.req.header(PRIORITY_HEADER),
       keyId: c.get("caller")?.keyId,
       route: attemptRoutes(c),
