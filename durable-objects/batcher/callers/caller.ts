@@ -9,7 +9,7 @@ import { encodeJsonPayload } from "../../../contracts/protocol/framing.ts";
 import { AnswerSink, type CallerSink } from "./sinks.ts";
 import type { ClientBody } from "./client-body.ts";
 import type { BatcherAttempt } from "../types.ts";
-import type { OnTimeTimer } from "../../../contracts/on-time.ts";
+import type { OnTimeClock, OnTimeTimer } from "../../../contracts/on-time.ts";
 import type { DeliveryMode } from "../../../contracts/delivery.ts";
 
 export type CallerStage = "queued" | "sent" | "open" | "ended";
@@ -50,6 +50,8 @@ export interface OpenCall {
   /** Callers whose later tokens wait for {@link OpenCall.holdTimer} (see `tokenHoldMs`). */
   held: Set<BatchCaller>;
   holdTimer: ReturnType<typeof setTimeout> | null;
+  /** The on-time clock its timers share: one runtime interval a call, not one a timer. */
+  clock: OnTimeClock;
   /** Ends the streamed items still without a HEAD at their first-byte timeout. */
   headTimer: OnTimeTimer | null;
   /** Judges, once, streamed HEADs late past the breakers' `slowFirstByteMs`. */

@@ -19,7 +19,6 @@ import {
 import type { OpenCall } from "../callers/caller.ts";
 import type { BatcherFailureCode } from "../types.ts";
 import type { Verdict } from "../../../contracts/breaker.ts";
-import { onTimeTimeout } from "../../../contracts/on-time.ts";
 
 /**
  * Longest stretch a call's reading keeps the Batcher's thread before it gives way to the
@@ -86,7 +85,7 @@ export async function runCall(
   // An origin answers a call's headers and its first LOAD at once: one that does not within
   // `silenceMs` is frozen, whatever the items' own first-byte timeouts allow.
   const callTimeoutMs = Math.max(...call.callers.map((c) => c.input.firstByteTimeoutMs));
-  const callTimer = onTimeTimeout(Math.min(callTimeoutMs, silenceMs), () => {
+  const callTimer = call.clock.timeout(Math.min(callTimeoutMs, silenceMs), () => {
     call.abortReason = "timeout";
     call.abort.abort("first byte timeout");
   });
@@ -124,10 +123,14 @@ export async function runCall(
   const decoder = new FrameDecoder();
   let broken: string | null = null;
   // A call silent for `silenceMs` is an origin that froze mid-answer.
-  const watchdog = silenceWatchdog(silenceMs, () => {
-    call.abortReason = "silent";
-    call.abort.abort("the origin went silent");
-  });
+  const watchdog = silenceWatchdog(
+    silenceMs,
+    () => {
+      call.abortReason = "silent";
+      call.abort.abort("the origin went silent");
+    },
+    call.clock,
+  );
   try {
     let turnStartedAt = Date.now();
     for (;;) {

@@ -6,7 +6,7 @@
  */
 import type { BreakerView, Verdict } from "../../../contracts/breaker.ts";
 import { logWarn } from "../../../contracts/log.ts";
-import { onTimeTimeout } from "../../../contracts/on-time.ts";
+import { onTimeClock } from "../../../contracts/on-time.ts";
 import { watchFirstByte } from "../../../contracts/origin-health.ts";
 import { type BatchCaller, type OpenCall, deliver, failBody } from "../callers/caller.ts";
 import type { Callers } from "../callers/callers.ts";
@@ -132,6 +132,9 @@ export class Calls {
       if (caller === undefined) throw new Error(`batched item ${entry.id} has no caller`);
       return caller;
     });
+    const silenceMs = window.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
+    const timed = members.filter((c) => c.delivery === "stream");
+    const firstByteMs = Math.min(...members.map((c) => c.input.firstByteTimeoutMs));
     const call: OpenCall = {
       id: `${this.#incarnation}-${this.#nextSeq++}`,
       originId: origin.id,
@@ -143,6 +146,9 @@ export class Calls {
       sentAt: now,
       held: new Set(),
       holdTimer: null,
+      // Stepped for its shortest timer, none shorter than an item's first-byte timeout or
+      // the origin's allowed silence.
+      clock: onTimeClock(Math.min(firstByteMs, silenceMs)),
       headTimer: null,
       slowTimer: null,
       lastLoad: null,
@@ -155,21 +161,20 @@ export class Calls {
     // A streamed HEAD may take the whole first-byte timeout: an origin that keeps reporting
     // while it queues our work is busy, not sick; a frozen one is found by the call's
     // silence (see `call.ts`). One on-time timer per call, not per item.
-    const timed = members.filter((c) => c.delivery === "stream");
     if (timed.length > 0) {
       const timeoutMs = Math.max(...timed.map((c) => c.input.firstByteTimeoutMs));
-      call.headTimer = onTimeTimeout(timeoutMs, () => {
+      call.headTimer = call.clock.timeout(timeoutMs, () => {
         call.headTimer = null;
         for (const caller of timed) this.#headTimeout(caller);
       });
       // Late HEADs from an origin whose reports say it is idle: it lost or hung our work.
-      const slowMs = window.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
       call.slowTimer = watchFirstByte(
-        slowMs,
+        silenceMs,
         () => call.lastLoad,
         () => {
           if (timed.some((c) => c.stage === "sent")) this.#outcome(call.originId, "slow");
         },
+        call.clock,
       );
     }
     this.#open.set(call.id, call);
@@ -184,7 +189,6 @@ export class Calls {
       count: window.state?.config.lanes.length ?? 1,
       batch: window.state?.config.batchLane,
     };
-    const silenceMs = window.setup?.breakers.settings.slowFirstByteMs ?? Number.POSITIVE_INFINITY;
     // With routing on, one open call per origin at a time asks for the origin's block
     // events since those last seen: concurrent calls would each bring the same ones.
     const router = window.router;
