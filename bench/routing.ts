@@ -5,8 +5,9 @@
  * top rate with 8, each target scored against the strongest baseline; two routers that
  * share nothing on one workload; and the 40 × 6 prompts of 4,000 tokens through the real
  * edge with routing on and off. Prints tables and writes bench/results/routing.json and
- * routing.svg. `--quick`: the top rates at 4 origins only. `--time-scale`: wall ms per
- * engine ms at 4 origins, and in proportion at 8. `--repeats N`: paired runs behind each
+ * routing.svg. `--quick`: the top rates at 4 origins only; `--origins 8` (or 4): the top rates
+ * at that many only, the rest kept from bench/results/routing.json. `--time-scale`: wall ms
+ * per engine ms at 4 origins, and in proportion at 8. `--repeats N`: paired runs behind each
  * throughput target. `--only W,…`: rerun those workloads (or `edge`, or `kill`: the busiest
  * origin killed mid-run on shared-prefix and agents), keeping the rest of
  * bench/results/routing.json. `--routing JSON`: the router's settings.
@@ -40,6 +41,8 @@ import {
 const { values: args } = parseArgs({
   options: {
     quick: { type: "boolean", default: false },
+    /** Only the top-rate cells at this many origins (4 or 8), as `--quick` runs them. */
+    origins: { type: "string" },
     "time-scale": { type: "string", default: "2" },
     "no-edge": { type: "boolean", default: false },
     repeats: { type: "string", default: "3" },
@@ -75,7 +78,13 @@ function matrix(scale: number): { workload: Workload; rates: number[] }[] {
 }
 const MATRIX = matrix(1);
 const WIDE = matrix(2);
-const repeats = args.quick ? 1 : Math.max(1, Number(args.repeats));
+if (args.origins !== undefined && args.origins !== "4" && args.origins !== "8") {
+  throw new Error(`--origins is 4 or 8, not ${args.origins}`);
+}
+/** The fleet sizes this run measures; the others' cells are kept from the last run. */
+const SIZES = args.origins !== undefined ? [Number(args.origins)] : args.quick ? [4] : [4, 8];
+const topOnly = args.quick || args.origins !== undefined;
+const repeats = topOnly ? 1 : Math.max(1, Number(args.repeats));
 
 /** What `--only` keeps of the last full run. */
 interface Previous {
@@ -92,12 +101,14 @@ interface Previous {
 }
 const only = args.only?.split(",") ?? null;
 const previous =
-  only === null
+  only === null && args.origins === undefined
     ? null
     : (JSON.parse(
         await readFile(new URL("results/routing.json", import.meta.url), "utf8"),
       ) as Previous);
 const rerun = (name: string) => only === null || only.includes(name);
+/** The phases at 4 origins only (two edges, prompts that fit, the edge, kills). */
+const rerunAt4 = (name: string) => SIZES.includes(4) && rerun(name);
 
 const cells: CellResult[] = [];
 async function cell(workload: Workload, policy: PolicyName, origins: number, rate: number) {
@@ -122,19 +133,23 @@ for (const [at, { workload, rates }] of MATRIX.entries()) {
     cells.push(...(previous?.cells ?? []).filter((c) => c.workload === workload.name));
     continue;
   }
-  const used = args.quick ? rates.slice(-1) : rates;
-  for (const rate of used) for (const policy of POLICIES) await cell(workload, policy, 4, rate);
+  const kept = previous?.cells.filter((c) => c.workload === workload.name) ?? [];
+  cells.push(...kept.filter((c) => !SIZES.includes(c.origins)));
+  const used = topOnly ? rates.slice(-1) : rates;
+  if (SIZES.includes(4)) {
+    for (const rate of used) for (const policy of POLICIES) await cell(workload, policy, 4, rate);
+  }
   const wide = WIDE[at];
-  if (!args.quick && wide !== undefined) {
+  if (SIZES.includes(8) && wide !== undefined) {
     const top = wide.rates.at(-1) ?? 0;
     for (const policy of POLICIES) await cell(wide.workload, policy, 8, top);
   }
 }
-/** The cells the targets read: each workload's top rate at 4 origins and, but for --quick, 8. */
+/** The cells the targets read: each workload's top rate at 4 and 8 origins, where measured. */
 const TARGET_CELLS = MATRIX.flatMap(({ workload, rates }, at) => {
   const wide = WIDE[at];
   const top = { workload, name: workload.name, origins: 4, rate: rates.at(-1) ?? 0 };
-  if (args.quick || wide === undefined) return [top];
+  if (wide === undefined) return [top];
   return [
     top,
     { workload: wide.workload, name: workload.name, origins: 8, rate: wide.rates.at(-1) ?? 0 },
@@ -175,8 +190,9 @@ const pairs: Record<string, number[]> = {};
 for (const { workload, name, origins, rate } of TARGET_CELLS) {
   if (!throughputTarget(name)) continue;
   const key = `${name}/${origins}/${rate}`;
-  if (!rerun(name)) {
-    pairs[key] = previous?.pairs?.[key] ?? [];
+  if (!rerun(name) || !SIZES.includes(origins)) {
+    const kept = previous?.pairs?.[key];
+    if (kept !== undefined) pairs[key] = kept;
     continue;
   }
   const ours = find(name, "warmgate", origins, rate);
@@ -198,7 +214,7 @@ for (const { workload, name, origins, rate } of TARGET_CELLS) {
 const [shared] = MATRIX;
 if (shared === undefined) throw new Error("no workloads");
 const twoEdges =
-  previous !== null && !rerun("shared-prefix")
+  previous !== null && !rerunAt4("shared-prefix")
     ? previous.twoEdges
     : await runCell({
         workload: shared.workload,
@@ -213,13 +229,13 @@ const twoEdges =
 // round-robin then pays only the warm-up, once per origin.
 const fitsTop = shared.rates.at(-1) ?? 45;
 const fits: CellResult[] =
-  previous !== null && !rerun("shared-prefix") ? previous.fitsInOneOrigin : [];
-for (const policy of args.quick || fits.length > 0 ? [] : (["round-robin", "warmgate"] as const)) {
+  previous !== null && !rerunAt4("shared-prefix") ? previous.fitsInOneOrigin : [];
+for (const policy of topOnly || fits.length > 0 ? [] : (["round-robin", "warmgate"] as const)) {
   const options = { policy, origins: 4, rate: fitsTop, timeScale: scaleFor(4), routing };
   fits.push(await runCell({ ...options, workload: sharedPrefix(24, 20) }));
 }
 const edgeRuns: EdgeRun[] =
-  previous !== null && !rerun("edge")
+  previous !== null && !rerunAt4("edge")
     ? previous.edge
     : args["no-edge"]
       ? []
@@ -230,8 +246,8 @@ const edgeRuns: EdgeRun[] =
 // cuts is its share of the streams in flight.
 const KILLED = ["shared-prefix", "agents"];
 const KILL_AT = [0.3, 0.5, 0.7];
-const kills: CellResult[] = previous !== null && !rerun("kill") ? (previous.kills ?? []) : [];
-for (const { workload, rates } of rerun("kill") ? MATRIX : []) {
+const kills: CellResult[] = previous !== null && !rerunAt4("kill") ? (previous.kills ?? []) : [];
+for (const { workload, rates } of rerunAt4("kill") ? MATRIX : []) {
   if (!KILLED.includes(workload.name)) continue;
   const rate = rates.at(-1) ?? 0;
   const options = { workload, policy: "warmgate" as const, origins: 4, rate, routing };
