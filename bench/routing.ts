@@ -1,16 +1,12 @@
 /**
  * `npm run bench:routing` (docs/benchmarks.md, "Routing"): round-robin, least-loaded, a
- * prefix-hash ring and warmgate's router on simulated origins (the real origin server and
- * simulated engine), over seven workloads at three request rates with 4 origins and at the
- * top rate with 8, each target scored against the strongest baseline; two routers that
- * share nothing on one workload; and the 40 × 6 prompts of 4,000 tokens through the real
- * edge with routing on and off. Prints tables and writes bench/results/routing.json and
- * routing.svg. `--quick`: the top rates at 4 origins only; `--origins 8` (or 4): the top rates
- * at that many only, the rest kept from bench/results/routing.json. `--time-scale`: wall ms
- * per engine ms at 4 origins, and in proportion at 8. `--repeats N`: paired runs behind each
- * throughput target. `--only W,…`: rerun those workloads (or `edge`, or `kill`: the busiest
- * origin killed mid-run on shared-prefix and agents), keeping the rest of
- * bench/results/routing.json. `--routing JSON`: the router's settings.
+ * prefix-hash ring and warmgate's router on simulated origins, seven workloads at their rates
+ * with 4 origins and the top rate with 8, each target against the strongest baseline; two
+ * routers sharing nothing; the real edge with routing on and off. Writes
+ * bench/results/routing.json and .svg. `--quick`: top rates at 4 origins; `--origins 8|4`:
+ * top rates at that many, the rest kept from the JSON; `--time-scale`: wall ms per engine ms
+ * at 4 origins; `--repeats N`: paired throughput runs; `--only W,…` (or `edge`, `kill`): rerun
+ * those, keeping the rest; `--routing JSON`: the router's settings.
  */
 import { readFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
@@ -27,16 +23,7 @@ import { type EdgeRun, runThroughEdge } from "./routing-edge.ts";
 import { type Target, cellsTable, killTarget, ttftChart } from "./routing-report.ts";
 import { type CellResult, POLICIES, type PolicyName } from "./routing-cell.ts";
 import { runCell } from "./routing-sim.ts";
-import {
-  type Workload,
-  agents,
-  hotFew,
-  hotPrefix,
-  multiTurn,
-  rag,
-  sharedPrefix,
-  uniform,
-} from "./routing-workloads.ts";
+import { type Workload, matrix, ratesOf, sharedPrefix } from "./routing-workloads.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -60,22 +47,6 @@ const scaleFor = (origins: number) => (timeScale * origins) / 4;
 const routing =
   args.routing === undefined ? undefined : (JSON.parse(args.routing) as RoutingSection);
 
-/**
- * Each workload with its request rates at 4 origins; at 8 the workload and the top rate
- * double (twice the groups, sessions, hot prefixes or requests), so that each origin has as
- * much to hold and to do.
- */
-function matrix(scale: number): { workload: Workload; rates: number[] }[] {
-  return [
-    { workload: sharedPrefix(48 * scale, 20), rates: [15, 30, 45].map((r) => r * scale) },
-    { workload: multiTurn(64 * scale, 12, 2_000), rates: [8, 16, 32].map((r) => r * scale) },
-    { workload: hotPrefix(480 * scale, 2 * scale), rates: [30, 60, 90].map((r) => r * scale) },
-    { workload: uniform(480 * scale), rates: [20, 40, 60].map((r) => r * scale) },
-    { workload: agents(48 * scale), rates: [4, 6, 8].map((r) => r * scale) },
-    { workload: rag(600 * scale, 96 * scale), rates: [15, 30, 45].map((r) => r * scale) },
-    { workload: hotFew(480 * scale, 2 * scale), rates: [30, 45, 60].map((r) => r * scale) },
-  ];
-}
 const MATRIX = matrix(1);
 const WIDE = matrix(2);
 if (args.origins !== undefined && args.origins !== "4" && args.origins !== "8") {
@@ -128,7 +99,9 @@ async function cell(workload: Workload, policy: PolicyName, origins: number, rat
   return result;
 }
 
-for (const [at, { workload, rates }] of MATRIX.entries()) {
+for (const [at, entry] of MATRIX.entries()) {
+  const { workload } = entry;
+  const rates = ratesOf(entry);
   if (!rerun(workload.name)) {
     cells.push(...(previous?.cells ?? []).filter((c) => c.workload === workload.name));
     continue;
@@ -141,18 +114,19 @@ for (const [at, { workload, rates }] of MATRIX.entries()) {
   }
   const wide = WIDE[at];
   if (SIZES.includes(8) && wide !== undefined) {
-    const top = wide.rates.at(-1) ?? 0;
+    const top = ratesOf(wide).at(-1) ?? 0;
     for (const policy of POLICIES) await cell(wide.workload, policy, 8, top);
   }
 }
 /** The cells the targets read: each workload's top rate at 4 and 8 origins, where measured. */
-const TARGET_CELLS = MATRIX.flatMap(({ workload, rates }, at) => {
+const TARGET_CELLS = MATRIX.flatMap((entry, at) => {
+  const { workload } = entry;
   const wide = WIDE[at];
-  const top = { workload, name: workload.name, origins: 4, rate: rates.at(-1) ?? 0 };
+  const top = { workload, name: workload.name, origins: 4, rate: ratesOf(entry).at(-1) ?? 0 };
   if (wide === undefined) return [top];
   return [
     top,
-    { workload: wide.workload, name: workload.name, origins: 8, rate: wide.rates.at(-1) ?? 0 },
+    { workload: wide.workload, name: workload.name, origins: 8, rate: ratesOf(wide).at(-1) ?? 0 },
   ];
 });
 /** Workloads whose targets are throughput rather than TTFT (nothing or little to share). */
