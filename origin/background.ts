@@ -72,6 +72,10 @@ export class BackgroundLane {
   preemptions = 0;
   /** Background items answered from a kept answer. */
   replays = 0;
+  /** Background items run to the end `ok` (a replay is not a run). */
+  okRuns = 0;
+  /** Completion tokens that preempted runs had generated: thrown away, generated again. */
+  rerunTokens = 0;
 
   constructor(load: () => Omit<LoadReport, "origin" | "t">, options: BackgroundOptions = {}) {
     this.#load = load;
@@ -144,14 +148,20 @@ export class BackgroundLane {
       }
       const preempted =
         slot.controller.signal.aborted && !item.signal.aborted && answer.outcome.outcome !== "ok";
-      if (preempted) continue;
+      if (preempted) {
+        this.rerunTokens += answer.outcome.usage?.completion_tokens ?? 0;
+        continue;
+      }
       // The time it waited here counts as queued, as it would in the engine's own queue.
       const queuedMs = performance.now() - started - (answer.outcome.ttft_ms ?? 0);
       answer.outcome = {
         ...answer.outcome,
         queued_ms: Math.max(answer.outcome.queued_ms, queuedMs),
       };
-      if (answer.outcome.outcome === "ok") this.#keep(item.id, answer);
+      if (answer.outcome.outcome === "ok") {
+        this.okRuns++;
+        this.#keep(item.id, answer);
+      }
       return responseOf(answer, false);
     }
   }

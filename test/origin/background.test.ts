@@ -19,7 +19,9 @@ function heldEngine(slots: number) {
       await ended;
       running.delete(item.id);
       const ok = !item.signal.aborted;
-      return { outcome: ok ? "ok" : "cancelled", usage: null, queued_ms: 0, ttft_ms: 0 };
+      // Each run has generated 5 tokens by the time it ends, whole or stopped.
+      const usage = { prompt_tokens: 3, completion_tokens: 5, total_tokens: 8, cached_tokens: 0 };
+      return { outcome: ok ? "ok" : "cancelled", usage, queued_ms: 0, ttft_ms: 0 };
     })();
     return Promise.resolve({
       status: 200,
@@ -121,6 +123,9 @@ describe("background items on an origin", () => {
     // The stopped run's partial answer never leaves: each line answers once, whole.
     await expect(first).resolves.toBe("answer of line-0");
     await expect(second).resolves.toBe("answer of line-1");
+    // Two lines run to the end; the stopped run's tokens were generated for nothing.
+    expect(lane.okRuns).toBe(2);
+    expect(lane.rerunTokens).toBe(5);
   });
 
   it("answers a background id it already answered from the kept answer, without running it", async () => {
