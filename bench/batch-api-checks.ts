@@ -122,6 +122,22 @@ export async function originOkItems(origins: readonly OriginAccess[]): Promise<n
   return ok;
 }
 
+/**
+ * What the origins' background lanes did, summed over the origins: lines run to the end
+ * `ok` (the batch's lines alone: interactive items never count, nor an answer sent again
+ * from its kept copy), lines answered from a kept answer, lines stopped for interactive
+ * items, and the completion tokens those stopped runs had generated (generated again).
+ */
+export async function originBackground(origins: readonly OriginAccess[]) {
+  const counter = (name: string) => originCounter(origins, `warmgate_origin_${name}_total`);
+  return {
+    okRuns: await counter("background_ok_runs"),
+    replayed: await counter("items_replayed"),
+    preemptions: await counter("background_preemptions"),
+    rerunTokens: await counter("background_rerun_tokens"),
+  };
+}
+
 /** What a finished batch's files, ledger and usage, and the origins, show. */
 export interface BatchAudit {
   lines: number;

@@ -12,13 +12,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
-import {
-  auditBatch,
-  batchEnded,
-  originCounter,
-  originOkItems,
-  startBatch,
-} from "./batch-api-checks.ts";
+import { auditBatch, batchEnded, originBackground, startBatch } from "./batch-api-checks.ts";
 import {
   type BatchApiRun,
   batchApiTargets,
@@ -28,7 +22,6 @@ import {
   windowRows,
 } from "./batch-api-report.ts";
 import { utilisationChart } from "./batch-api-chart.ts";
-import { readOriginItems } from "./chaos-lookup.ts";
 import { benchCommand, markdownTable, stopOnSignal, writeResult, writeResultFile } from "./lib.ts";
 import { workerdPid } from "./processes.ts";
 import { DEV_KEY_LIMITS, createKey, startStack } from "../scripts/stack.ts";
@@ -122,7 +115,7 @@ const at = () => (performance.now() - t0) / 1000;
 const log = (line: string) => process.stderr.write(`[${at().toFixed(1)} s] ${line}\n`);
 
 let result: BatchApiRun & { batchSeconds: number };
-let background = { replayed: 0, preemptions: 0 };
+let background = { okRuns: 0, replayed: 0, preemptions: 0, rerunTokens: 0 };
 try {
   const interactiveKey = await createKey(stack.edgeUrl, stack.adminToken, {
     name: "interactive",
@@ -147,7 +140,7 @@ try {
   const aloneTo = at();
 
   // The batch, with the same interactive load until it ends; the edge killed midway.
-  const okBefore = await originOkItems(origins);
+  const before = await originBackground(origins);
   const stop = new AbortController();
   const phases: Record<string, number> = { aloneFrom, aloneTo };
   const load = client.run(STREAMS, Number.POSITIVE_INFINITY, at, stop.signal);
@@ -187,20 +180,15 @@ try {
     customIds,
     origins,
   });
-  // Lines run to the end on the origins: their ok items less the interactive requests'.
-  const okAfter = await originOkItems(origins);
-  // Lines answered again from an origin's kept answer, and lines stopped for interactive ones.
+  // The origins' background lanes: lines run to the end (the batch key runs nothing else
+  // there), answered again from a kept answer, stopped for interactive requests.
+  const after = await originBackground(origins);
   background = {
-    replayed: await originCounter(origins, "warmgate_origin_items_replayed_total"),
-    preemptions: await originCounter(origins, "warmgate_origin_background_preemptions_total"),
+    okRuns: after.okRuns - before.okRuns,
+    replayed: after.replayed - before.replayed,
+    preemptions: after.preemptions - before.preemptions,
+    rerunTokens: after.rerunTokens - before.rerunTokens,
   };
-  const interactiveIds = withBatch.samples.flatMap((s) =>
-    s.requestId === null ? [] : [s.requestId],
-  );
-  const remembered = await readOriginItems(origins, interactiveIds);
-  const interactiveOk = [...(remembered?.values() ?? [])]
-    .flat()
-    .filter((item) => item.state === "ended" && item.outcome === "ok").length;
   result = {
     alone,
     withBatch,
@@ -208,7 +196,7 @@ try {
     cpu: sampler.cpu,
     audit,
     phases,
-    originOkRuns: okAfter - okBefore - interactiveOk,
+    background,
     batchSeconds: phases["batchTo"] - (phases["batchFrom"] ?? 0),
   };
 } finally {
@@ -284,12 +272,12 @@ const path = await writeResult(RESULT, {
   batchSeconds: result.batchSeconds,
   windows: windows.summary,
   audit: result.audit,
-  originOkRuns: result.originOkRuns,
   background,
   targets,
 });
 console.log(
   `\nOrigins answered ${background.replayed} lines sent again from their kept answers, and ` +
-    `stopped ${background.preemptions} running lines for interactive requests.`,
+    `stopped ${background.preemptions} running lines for interactive requests, which had ` +
+    `generated ${background.rerunTokens} completion tokens.`,
 );
 console.log(`\nwrote ${path} and ${svg}`);

@@ -201,6 +201,12 @@ export function uniform(count = 240, tokens = 1_500): Workload {
   return { name: "uniform", sessions };
 }
 
+/** A fixed sequence in (0, 1): the Poisson arrivals of every policy and of the bench's model. */
+export function fraction(i: number): number {
+  const x = Math.sin(i * 12.9898 + 78.233) * 43758.5453;
+  return Math.min(0.999_999, Math.max(1e-6, x - Math.floor(x)));
+}
+
 /** A chat body as the bench sends it. */
 export function chatBody(session: Session, messages: readonly Message[]): string {
   return JSON.stringify({
@@ -252,4 +258,41 @@ export function hitCeiling(sent: readonly Sent[]): number {
     }
   }
   return prompt === 0 ? 0 : cached / prompt;
+}
+
+/**
+ * A workload with its request rates; `overload`, where set, a rate past the prefill the
+ * busiest origin of the prefix-hash ring can serve, measured after `rates` and scored as the
+ * top rate (the kill phase and the prompts that fit run at the last of `rates`).
+ */
+export interface Entry {
+  workload: Workload;
+  rates: number[];
+  overload?: number;
+}
+/** Every rate an entry runs at, the scored one last. */
+export const ratesOf = (e: Entry) =>
+  e.overload === undefined ? e.rates : [...e.rates, e.overload];
+
+/**
+ * Each workload with its request rates at 4 origins; at 8 the workload and the top rate
+ * double (twice the groups, sessions, hot prefixes or requests), so that each origin has as
+ * much to hold and to do. Shared-prefix's 48 prompts of 4,000 tokens are 192,000 tokens of
+ * cold prefill, 64,000 of them on the ring's busiest origin (about 16,000 tokens/s each):
+ * at 240/s its 960 requests arrive in 4 s, as long as that origin takes to prefill its part.
+ */
+export function matrix(scale: number): Entry[] {
+  return [
+    {
+      workload: sharedPrefix(48 * scale, 20),
+      rates: [15, 30, 45].map((r) => r * scale),
+      overload: 240 * scale,
+    },
+    { workload: multiTurn(64 * scale, 12, 2_000), rates: [8, 16, 32].map((r) => r * scale) },
+    { workload: hotPrefix(480 * scale, 2 * scale), rates: [30, 60, 90].map((r) => r * scale) },
+    { workload: uniform(480 * scale), rates: [20, 40, 60].map((r) => r * scale) },
+    { workload: agents(48 * scale), rates: [4, 6, 8].map((r) => r * scale) },
+    { workload: rag(600 * scale, 96 * scale), rates: [15, 30, 45].map((r) => r * scale) },
+    { workload: hotFew(480 * scale, 2 * scale), rates: [30, 45, 60].map((r) => r * scale) },
+  ];
 }

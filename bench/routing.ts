@@ -1,14 +1,12 @@
 /**
  * `npm run bench:routing` (docs/benchmarks.md, "Routing"): round-robin, least-loaded, a
- * prefix-hash ring and warmgate's router on simulated origins (the real origin server and
- * simulated engine), over seven workloads at three request rates with 4 origins and at the
- * top rate with 8, each target scored against the strongest baseline; two routers that
- * share nothing on one workload; and the 40 × 6 prompts of 4,000 tokens through the real
- * edge with routing on and off. Prints tables and writes bench/results/routing.json and
- * routing.svg. `--quick`: the top rates at 4 origins only. `--time-scale`: wall ms per
- * engine ms at 4 origins, and in proportion at 8. `--repeats N`: paired runs behind each
- * throughput target. `--only W,…`: rerun those workloads (or `edge`), keeping the rest of
- * bench/results/routing.json. `--routing JSON`: the router's settings.
+ * prefix-hash ring and warmgate's router on simulated origins, seven workloads at their rates
+ * with 4 origins and the top rate with 8, each target against the strongest baseline; two
+ * routers sharing nothing; the real edge with routing on and off. Writes
+ * bench/results/routing.json and .svg. `--quick`: top rates at 4 origins; `--origins 8|4`:
+ * top rates at that many, the rest kept from the JSON; `--time-scale`: wall ms per engine ms
+ * at 4 origins; `--repeats N`: paired throughput runs; `--only W,…` (or `edge`, `kill`): rerun
+ * those, keeping the rest; `--routing JSON`: the router's settings.
  */
 import { readFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
@@ -22,22 +20,16 @@ import {
   writeResultFile,
 } from "./lib.ts";
 import { type EdgeRun, runThroughEdge } from "./routing-edge.ts";
-import { cellsTable, ttftChart } from "./routing-report.ts";
-import { type CellResult, POLICIES, type PolicyName, runCell } from "./routing-sim.ts";
-import {
-  type Workload,
-  agents,
-  hotFew,
-  hotPrefix,
-  multiTurn,
-  rag,
-  sharedPrefix,
-  uniform,
-} from "./routing-workloads.ts";
+import { type Target, cellsTable, killTarget, ttftChart } from "./routing-report.ts";
+import { type CellResult, POLICIES, type PolicyName } from "./routing-cell.ts";
+import { runCell } from "./routing-sim.ts";
+import { type Workload, matrix, ratesOf, sharedPrefix } from "./routing-workloads.ts";
 
 const { values: args } = parseArgs({
   options: {
     quick: { type: "boolean", default: false },
+    /** Only the top-rate cells at this many origins (4 or 8), as `--quick` runs them. */
+    origins: { type: "string" },
     "time-scale": { type: "string", default: "2" },
     "no-edge": { type: "boolean", default: false },
     repeats: { type: "string", default: "3" },
@@ -55,25 +47,15 @@ const scaleFor = (origins: number) => (timeScale * origins) / 4;
 const routing =
   args.routing === undefined ? undefined : (JSON.parse(args.routing) as RoutingSection);
 
-/**
- * Each workload with its request rates at 4 origins; at 8 the workload and the top rate
- * double (twice the groups, sessions, hot prefixes or requests), so that each origin has as
- * much to hold and to do.
- */
-function matrix(scale: number): { workload: Workload; rates: number[] }[] {
-  return [
-    { workload: sharedPrefix(48 * scale, 20), rates: [15, 30, 45].map((r) => r * scale) },
-    { workload: multiTurn(64 * scale, 12, 2_000), rates: [8, 16, 32].map((r) => r * scale) },
-    { workload: hotPrefix(480 * scale, 2 * scale), rates: [30, 60, 90].map((r) => r * scale) },
-    { workload: uniform(480 * scale), rates: [20, 40, 60].map((r) => r * scale) },
-    { workload: agents(48 * scale), rates: [4, 6, 8].map((r) => r * scale) },
-    { workload: rag(600 * scale, 96 * scale), rates: [15, 30, 45].map((r) => r * scale) },
-    { workload: hotFew(480 * scale, 2 * scale), rates: [30, 45, 60].map((r) => r * scale) },
-  ];
-}
 const MATRIX = matrix(1);
 const WIDE = matrix(2);
-const repeats = args.quick ? 1 : Math.max(1, Number(args.repeats));
+if (args.origins !== undefined && args.origins !== "4" && args.origins !== "8") {
+  throw new Error(`--origins is 4 or 8, not ${args.origins}`);
+}
+/** The fleet sizes this run measures; the others' cells are kept from the last run. */
+const SIZES = args.origins !== undefined ? [Number(args.origins)] : args.quick ? [4] : [4, 8];
+const topOnly = args.quick || args.origins !== undefined;
+const repeats = topOnly ? 1 : Math.max(1, Number(args.repeats));
 
 /** What `--only` keeps of the last full run. */
 interface Previous {
@@ -83,17 +65,21 @@ interface Previous {
   twoEdges: CellResult;
   fitsInOneOrigin: CellResult[];
   edge: EdgeRun[];
+  /** Absent in files written before the kill phase. */
+  kills?: CellResult[];
   commands?: string[];
   command: string;
 }
 const only = args.only?.split(",") ?? null;
 const previous =
-  only === null
+  only === null && args.origins === undefined
     ? null
     : (JSON.parse(
         await readFile(new URL("results/routing.json", import.meta.url), "utf8"),
       ) as Previous);
 const rerun = (name: string) => only === null || only.includes(name);
+/** The phases at 4 origins only (two edges, prompts that fit, the edge, kills). */
+const rerunAt4 = (name: string) => SIZES.includes(4) && rerun(name);
 
 const cells: CellResult[] = [];
 async function cell(workload: Workload, policy: PolicyName, origins: number, rate: number) {
@@ -113,27 +99,34 @@ async function cell(workload: Workload, policy: PolicyName, origins: number, rat
   return result;
 }
 
-for (const [at, { workload, rates }] of MATRIX.entries()) {
+for (const [at, entry] of MATRIX.entries()) {
+  const { workload } = entry;
+  const rates = ratesOf(entry);
   if (!rerun(workload.name)) {
     cells.push(...(previous?.cells ?? []).filter((c) => c.workload === workload.name));
     continue;
   }
-  const used = args.quick ? rates.slice(-1) : rates;
-  for (const rate of used) for (const policy of POLICIES) await cell(workload, policy, 4, rate);
+  const kept = previous?.cells.filter((c) => c.workload === workload.name) ?? [];
+  cells.push(...kept.filter((c) => !SIZES.includes(c.origins)));
+  const used = topOnly ? rates.slice(-1) : rates;
+  if (SIZES.includes(4)) {
+    for (const rate of used) for (const policy of POLICIES) await cell(workload, policy, 4, rate);
+  }
   const wide = WIDE[at];
-  if (!args.quick && wide !== undefined) {
-    const top = wide.rates.at(-1) ?? 0;
+  if (SIZES.includes(8) && wide !== undefined) {
+    const top = ratesOf(wide).at(-1) ?? 0;
     for (const policy of POLICIES) await cell(wide.workload, policy, 8, top);
   }
 }
-/** The cells the targets read: each workload's top rate at 4 origins and, but for --quick, 8. */
-const TARGET_CELLS = MATRIX.flatMap(({ workload, rates }, at) => {
+/** The cells the targets read: each workload's top rate at 4 and 8 origins, where measured. */
+const TARGET_CELLS = MATRIX.flatMap((entry, at) => {
+  const { workload } = entry;
   const wide = WIDE[at];
-  const top = { workload, name: workload.name, origins: 4, rate: rates.at(-1) ?? 0 };
-  if (args.quick || wide === undefined) return [top];
+  const top = { workload, name: workload.name, origins: 4, rate: ratesOf(entry).at(-1) ?? 0 };
+  if (wide === undefined) return [top];
   return [
     top,
-    { workload: wide.workload, name: workload.name, origins: 8, rate: wide.rates.at(-1) ?? 0 },
+    { workload: wide.workload, name: workload.name, origins: 8, rate: ratesOf(wide).at(-1) ?? 0 },
   ];
 });
 /** Workloads whose targets are throughput rather than TTFT (nothing or little to share). */
@@ -171,8 +164,9 @@ const pairs: Record<string, number[]> = {};
 for (const { workload, name, origins, rate } of TARGET_CELLS) {
   if (!throughputTarget(name)) continue;
   const key = `${name}/${origins}/${rate}`;
-  if (!rerun(name)) {
-    pairs[key] = previous?.pairs?.[key] ?? [];
+  if (!rerun(name) || !SIZES.includes(origins)) {
+    const kept = previous?.pairs?.[key];
+    if (kept !== undefined) pairs[key] = kept;
     continue;
   }
   const ours = find(name, "warmgate", origins, rate);
@@ -194,7 +188,7 @@ for (const { workload, name, origins, rate } of TARGET_CELLS) {
 const [shared] = MATRIX;
 if (shared === undefined) throw new Error("no workloads");
 const twoEdges =
-  previous !== null && !rerun("shared-prefix")
+  previous !== null && !rerunAt4("shared-prefix")
     ? previous.twoEdges
     : await runCell({
         workload: shared.workload,
@@ -209,19 +203,33 @@ const twoEdges =
 // round-robin then pays only the warm-up, once per origin.
 const fitsTop = shared.rates.at(-1) ?? 45;
 const fits: CellResult[] =
-  previous !== null && !rerun("shared-prefix") ? previous.fitsInOneOrigin : [];
-for (const policy of args.quick || fits.length > 0 ? [] : (["round-robin", "warmgate"] as const)) {
+  previous !== null && !rerunAt4("shared-prefix") ? previous.fitsInOneOrigin : [];
+for (const policy of topOnly || fits.length > 0 ? [] : (["round-robin", "warmgate"] as const)) {
   const options = { policy, origins: 4, rate: fitsTop, timeScale: scaleFor(4), routing };
   fits.push(await runCell({ ...options, workload: sharedPrefix(24, 20) }));
 }
 const edgeRuns: EdgeRun[] =
-  previous !== null && !rerun("edge")
+  previous !== null && !rerunAt4("edge")
     ? previous.edge
     : args["no-edge"]
       ? []
       : [await runThroughEdge(false), await runThroughEdge(true)];
 
-const targets: { target: string; measured: string; goal: string; met: boolean }[] = [];
+// The busiest origin (the most streams past their first byte) killed in a run, at a moment
+// with a stream per origin to cut, a third, half and two thirds of the way through: what it
+// cuts is its share of the streams in flight.
+const KILLED = ["shared-prefix", "agents"];
+const KILL_AT = [0.3, 0.5, 0.7];
+const kills: CellResult[] = previous !== null && !rerunAt4("kill") ? (previous.kills ?? []) : [];
+for (const { workload, rates } of rerunAt4("kill") ? MATRIX : []) {
+  if (!KILLED.includes(workload.name)) continue;
+  const rate = rates.at(-1) ?? 0;
+  const options = { workload, policy: "warmgate" as const, origins: 4, rate, routing };
+  for (const killAt of KILL_AT)
+    kills.push(await runCell({ ...options, timeScale: scaleFor(4), killAt }));
+}
+
+const targets: Target[] = [];
 for (const { name, origins, rate } of TARGET_CELLS) {
   const ours = find(name, "warmgate", origins, rate);
   if (ours === undefined) continue;
@@ -271,6 +279,10 @@ for (const { name, origins, rate } of TARGET_CELLS) {
     goal: `>= ${goal}×`,
     met: ratio >= goal,
   });
+}
+for (const name of KILLED) {
+  const target = killTarget(kills.filter((c) => c.workload === name));
+  if (target !== null) targets.push(target);
 }
 targets.push({
   target: `two routers sharing nothing agree (shared-prefix, ${twoEdges.rate}/s)`,
@@ -349,6 +361,7 @@ const path = await writeResult("routing", {
   fitsInOneOrigin: fits,
   twoEdges,
   edge: edgeRuns,
+  kills,
   targets,
 });
 console.log(`\nwrote ${path} and ${svg}`);

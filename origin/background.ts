@@ -32,6 +32,12 @@ export function backgroundCap(maxNumSeqs: number, reserveShare: number): number 
 export interface BackgroundOptions {
   /** Share of the engine's running slots left to interactive items (default 0.1). */
   reserveShare?: number;
+  /**
+   * The engine's `load()` counts each item from its submit until it leaves the engine
+   * (`Engine.liveLoad`): a slot is then taken only when the engine says so, not while an
+   * interactive item that left the engine is still being delivered.
+   */
+  liveLoad?: boolean;
   answerTtlMs?: number;
   maxAnswerBytes?: number;
 }
@@ -48,6 +54,8 @@ interface Answer {
 
 interface Slot {
   controller: AbortController;
+  /** Submitted to the engine (until then, a load report cannot count it). */
+  submitted: boolean;
 }
 
 interface Waiter {
@@ -59,6 +67,7 @@ interface Waiter {
 export class BackgroundLane {
   readonly #load: () => Omit<LoadReport, "origin" | "t">;
   readonly #reserveShare: number;
+  readonly #liveLoad: boolean;
   readonly #ttlMs: number;
   readonly #maxBytes: number;
   #queue: Waiter[] = [];
@@ -72,10 +81,15 @@ export class BackgroundLane {
   preemptions = 0;
   /** Background items answered from a kept answer. */
   replays = 0;
+  /** Background items run to the end `ok` (a replay is not a run). */
+  okRuns = 0;
+  /** Completion tokens that preempted runs had generated: thrown away, generated again. */
+  rerunTokens = 0;
 
   constructor(load: () => Omit<LoadReport, "origin" | "t">, options: BackgroundOptions = {}) {
     this.#load = load;
     this.#reserveShare = options.reserveShare ?? DEFAULT_BACKGROUND_RESERVE_SHARE;
+    this.#liveLoad = options.liveLoad ?? false;
     this.#ttlMs = options.answerTtlMs ?? ANSWER_TTL_MS;
     this.#maxBytes = options.maxAnswerBytes ?? MAX_ANSWER_BYTES;
   }
@@ -97,13 +111,19 @@ export class BackgroundLane {
 
   /**
    * An interactive item is about to enter the engine: when it would find no free slot,
-   * the background item started last is stopped to make one (it runs again later).
+   * the background item started last (the one that has generated least) is stopped to
+   * make one; it runs again later. With a live load report the engine's own count says
+   * whether a slot is free; otherwise the items the origin still holds count too (the
+   * report may not show the latest yet).
    */
   interactiveStarted(): void {
     this.#interactive++;
     const load = this.#load();
     if (load.max_num_seqs <= 0) return;
-    const occupied = Math.max(load.running + load.waiting + 1, this.#own());
+    const inEngine = load.running + load.waiting + 1;
+    const occupied = this.#liveLoad
+      ? inEngine + this.#slots.filter((slot) => !slot.submitted).length
+      : Math.max(inEngine, this.#own());
     if (occupied <= load.max_num_seqs) return;
     const slot = this.#slots.pop();
     if (slot === undefined) return;
@@ -138,20 +158,28 @@ export class BackgroundLane {
       let answer: Answer;
       try {
         const signal = AbortSignal.any([item.signal, slot.controller.signal]);
-        answer = await readWhole(await submit({ ...item, signal }));
+        const response = submit({ ...item, signal });
+        slot.submitted = true;
+        answer = await readWhole(await response);
       } finally {
         this.#release(slot);
       }
       const preempted =
         slot.controller.signal.aborted && !item.signal.aborted && answer.outcome.outcome !== "ok";
-      if (preempted) continue;
+      if (preempted) {
+        this.rerunTokens += answer.outcome.usage?.completion_tokens ?? 0;
+        continue;
+      }
       // The time it waited here counts as queued, as it would in the engine's own queue.
       const queuedMs = performance.now() - started - (answer.outcome.ttft_ms ?? 0);
       answer.outcome = {
         ...answer.outcome,
         queued_ms: Math.max(answer.outcome.queued_ms, queuedMs),
       };
-      if (answer.outcome.outcome === "ok") this.#keep(item.id, answer);
+      if (answer.outcome.outcome === "ok") {
+        this.okRuns++;
+        this.#keep(item.id, answer);
+      }
       return responseOf(answer, false);
     }
   }
@@ -199,7 +227,7 @@ export class BackgroundLane {
       if (occupied >= cap) break;
       const waiter = this.#queue.shift();
       if (waiter === undefined) break;
-      const slot: Slot = { controller: new AbortController() };
+      const slot: Slot = { controller: new AbortController(), submitted: false };
       this.#slots.push(slot);
       waiter.resolve(slot);
     }

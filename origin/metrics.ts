@@ -88,7 +88,13 @@ export interface OriginMetricsInput {
   faults: Readonly<Record<FaultKind, number>>;
   gpu: GpuSnapshot;
   /** Background items waiting for a slot and running, and those preempted since start. */
-  background: { queued: number; running: number; preemptions: number };
+  background: {
+    queued: number;
+    running: number;
+    preemptions: number;
+    okRuns: number;
+    rerunTokens: number;
+  };
 }
 
 /** Renders the origin's metrics as Prometheus text (no trailing newline). */
@@ -133,6 +139,18 @@ export function renderOriginMetrics(input: OriginMetricsInput): string {
     "Background items stopped to give their slot to an interactive item (they run again).",
   );
   w.sample("warmgate_origin_background_preemptions_total", background.preemptions);
+  w.family(
+    "warmgate_origin_background_ok_runs_total",
+    "counter",
+    "Background items run to the end ok (an answer sent again from its kept copy is no run).",
+  );
+  w.sample("warmgate_origin_background_ok_runs_total", background.okRuns);
+  w.family(
+    "warmgate_origin_background_rerun_tokens_total",
+    "counter",
+    "Completion tokens preempted background items had generated, thrown away and run again.",
+  );
+  w.sample("warmgate_origin_background_rerun_tokens_total", background.rerunTokens);
   w.family("warmgate_origin_cancellations_total", "counter", "Items aborted, by reason.");
   for (const [reason, n] of Object.entries(counters.cancellations)) {
     w.sample("warmgate_origin_cancellations_total", n, { reason });

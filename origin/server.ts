@@ -220,6 +220,8 @@ function buildOrigin(options: OriginOptions): Origin {
         queued: items.background.queued,
         running: items.background.running,
         preemptions: items.background.preemptions,
+        okRuns: items.background.okRuns,
+        rerunTokens: items.background.rerunTokens,
       },
     });
     const engineText = engine.metrics().trimEnd();

@@ -377,6 +377,21 @@ describe("background items", () => {
     expect(metrics).toContain("warmgate_origin_items_replayed_total 1");
   });
 
+  it("counts as background runs the lines run to the end, not an interactive item that ended ok nor a line sent again", async () => {
+    const { url } = await start();
+    const line = chat("batch_1-4", { stream: false, max_tokens: 3 }, { background: true });
+    // An interactive stream whose client was cut (the edge died) may still end ok here:
+    // the lines' own count must not take it for a line run twice.
+    await readBatch(
+      await postBatch(url, "b-mixed", [chat("req_2", { stream: true, max_tokens: 3 }), line]),
+    );
+    await readBatch(await postBatch(url, "b-again", [line]));
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    expect(metrics).toContain('warmgate_origin_item_outcomes_total{outcome="ok"} 2');
+    expect(metrics).toContain("warmgate_origin_background_ok_runs_total 1");
+    expect(metrics).toContain("warmgate_origin_background_rerun_tokens_total 0");
+  });
+
   it("runs an interactive item sent again under its id again", async () => {
     const { url } = await start();
     const request = chat("req_1", { stream: false, max_tokens: 3 });

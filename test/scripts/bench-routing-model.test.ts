@@ -1,6 +1,12 @@
 import { describe, expect, it } from "vitest";
 import { runModel } from "../../bench/routing-model.ts";
-import { agents, hotFew, hotPrefix, multiTurn } from "../../bench/routing-workloads.ts";
+import {
+  agents,
+  hotFew,
+  hotPrefix,
+  multiTurn,
+  sharedPrefix,
+} from "../../bench/routing-workloads.ts";
 
 // The routing bench's workloads in simulated time (bench/routing-model.ts): placement keeps
 // caches warm without piling work on one origin.
@@ -27,6 +33,17 @@ describe("routing in the bench's model", () => {
       policy: "warmgate",
       origins: 4,
       rate: 90,
+    });
+    expect(result.hitRate / result.ceiling).toBeGreaterThanOrEqual(0.95);
+    expect(Math.max(result.imbalance, result.decodeImbalance)).toBeLessThanOrEqual(1.3);
+  });
+
+  it("keeps shared prompts warm and the origins even past the ring's busiest origin's prefill", () => {
+    const result = runModel({
+      workload: sharedPrefix(48, 20),
+      policy: "warmgate",
+      origins: 4,
+      rate: 240,
     });
     expect(result.hitRate / result.ceiling).toBeGreaterThanOrEqual(0.95);
     expect(Math.max(result.imbalance, result.decodeImbalance)).toBeLessThanOrEqual(1.3);
