@@ -14,8 +14,8 @@ import {
 import { type RouteRequest, Router, coldKey } from "../durable-objects/batcher/routing/router.ts";
 import { DEFAULT_SIM_TIMING } from "../origin/sim/timing.ts";
 import { percentile } from "./lib.ts";
-import { MODEL, type Message, type Workload, text } from "./routing-workloads.ts";
-import type { PolicyName } from "./routing-sim.ts";
+import { MODEL, type Message, type Workload, fraction, text } from "./routing-workloads.ts";
+import type { PolicyName } from "./routing-cell.ts";
 
 /** What one modelled cell runs. */
 export interface ModelOptions {
@@ -369,10 +369,4 @@ export function runModel(options: ModelOptions): ModelResult {
 
 function mean(xs: readonly number[]): number {
   return xs.reduce((a, b) => a + b, 0) / xs.length;
-}
-
-/** A fixed sequence in (0, 1): the bench's arrivals. */
-function fraction(i: number): number {
-  const x = Math.sin(i * 12.9898 + 78.233) * 43758.5453;
-  return Math.min(0.999_999, Math.max(1e-6, x - Math.floor(x)));
 }

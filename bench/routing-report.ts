@@ -6,7 +6,46 @@
 import type { TopLevelSpec } from "vega-lite";
 import { vegaLiteSvg } from "./vega.ts";
 import { fmt, markdownTable } from "./lib.ts";
-import type { CellResult } from "./routing-sim.ts";
+import type { CellResult } from "./routing-cell.ts";
+
+/** A target of the bench: what it is, what was measured, the goal and whether it was met. */
+export interface Target {
+  target: string;
+  measured: string;
+  goal: string;
+  met: boolean;
+}
+
+/**
+ * The kill target over one workload's runs that killed their busiest origin: the streams
+ * past their first byte it cut, against 1.3 times an even share of those in flight (in
+ * whole streams, at least the even split's busiest: ⌈T/N⌉), summed over the kills; null
+ * without a kill.
+ */
+export function killTarget(runs: readonly CellResult[]): Target | null {
+  let cut = 0;
+  let streams = 0;
+  let bound = 0;
+  const each: string[] = [];
+  for (const { kill, origins } of runs) {
+    if (kill === undefined) continue;
+    const streaming = kill.streaming.reduce((a, b) => a + b, 0);
+    cut += kill.cut;
+    streams += streaming;
+    bound += Math.max(Math.ceil(streaming / origins), (1.3 * streaming) / origins);
+    each.push(`${kill.cut} of ${kill.streaming.join("+")}`);
+  }
+  const [one] = runs;
+  if (one === undefined || each.length === 0) return null;
+  return {
+    target:
+      `${one.workload}, ${one.origins} origins, ${one.rate}/s: streams past their first byte ` +
+      `cut by killing the busiest origin, ${each.length} kills`,
+    measured: `${cut} of ${streams} (${each.join(", ")})`,
+    goal: `<= ${fmt(bound, 1)} (sum of max(ceil(T/N), 1.3 T/N))`,
+    met: cut <= bound,
+  };
+}
 
 /** One row per cell. */
 export function cellsTable(cells: readonly CellResult[]): string {

@@ -15,72 +15,23 @@ import {
 import { FrameType, readFrames } from "../contracts/protocol/framing.ts";
 import { rendezvousOrder } from "../durable-objects/batcher/routing/placement.ts";
 import { type RouteRequest, Router, coldKey } from "../durable-objects/batcher/routing/router.ts";
-import { RoutingSchema, type RoutingSection } from "../contracts/config/routing.ts";
+import { RoutingSchema } from "../contracts/config/routing.ts";
 import { type SpawnedOrigin, simFlags, spawnOrigin } from "../scripts/stack.ts";
-import { type LatencySummary, summarize } from "./lib.ts";
+import { summarize } from "./lib.ts";
+import type { CellOptions, CellResult, KillResult } from "./routing-cell.ts";
 import {
   MODEL,
   type Message,
   type Sent,
-  type Workload,
   chatBody,
+  fraction,
   hitCeiling,
 } from "./routing-workloads.ts";
 
-export const POLICIES = ["round-robin", "least-loaded", "prefix-hash", "warmgate"] as const;
-export type PolicyName = (typeof POLICIES)[number];
-
-/** What one cell runs. */
-export interface CellOptions {
-  workload: Workload;
-  policy: PolicyName;
-  origins: number;
-  /** Requests (or sessions) started per second of engine time. */
-  rate: number;
-  timeScale: number;
-  /** Routers placing alternate requests, each with an index of its own (warmgate only). */
-  edges?: 1 | 2;
-  /** The router's `routing` settings (defaults where absent). */
-  routing?: RoutingSection;
-}
-
-/** What one cell measured; times in engine ms. */
-export interface CellResult {
-  workload: string;
-  policy: PolicyName;
-  origins: number;
-  rate: number;
-  requests: number;
-  failures: number;
-  hitRate: number;
-  ceiling: number;
-  ttft: LatencySummary;
-  /** Completion tokens per second of engine time, from the first request to the last answer. */
-  throughput: number;
-  /** Most requests one origin served over the mean. */
-  imbalance: number;
-  /** Most completion tokens one origin generated over the mean. */
-  decodeImbalance: number;
-  /**
-   * Share of the streams in flight that the busiest origin carried, the mean over every
-   * request's start: what killing it would cut.
-   */
-  busiestShare: number;
-  /** The least that share could be (the streams split as evenly as they go), the same mean. */
-  evenShare: number;
-  /** Streams in flight, the mean over every request's start. */
-  inFlight: number;
-  /** Requests each origin served, in order. */
-  perOrigin: number[];
-  /** Share of placements the other router would have made the same (two edges only). */
-  agreement: number | null;
-  /** The (first) router's placements by reason and its predicted hit rate (warmgate only). */
-  placements: Record<string, number> | null;
-  predictedHitRate: number | null;
-}
-
 interface Tracked {
   inFlight: number;
+  /** Streams past their first byte. */
+  streaming: number;
   report: LoadReport | null;
   /** When the report came (ms). */
   reportAt: number;
@@ -112,7 +63,7 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
   const ids = origins.map((origin) => origin.originId);
   const urls = new Map(origins.map((origin) => [origin.originId, origin.url]));
   const tracked = new Map<string, Tracked>(
-    ids.map((id) => [id, { inFlight: 0, report: null, reportAt: 0 }]),
+    ids.map((id) => [id, { inFlight: 0, streaming: 0, report: null, reportAt: 0 }]),
   );
   const edges = options.policy === "warmgate" ? (options.edges ?? 1) : 1;
   const { settings } = RoutingSchema.parse(options.routing ?? {});
@@ -123,8 +74,11 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
   let agreed = 0;
   let compared = 0;
 
+  // Origins killed: no longer candidates, as behind an open breaker.
+  const dead = new Set<string>();
+  const live = () => ids.filter((id) => !dead.has(id));
   const candidates = (router: Router | null) =>
-    ids.map((id) => {
+    live().map((id) => {
       const t = tracked.get(id) as Tracked;
       const speed = t.report?.prefill_tokens_per_s;
       return {
@@ -146,7 +100,10 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
       };
     });
 
-  const idAt = (i: number): string => ids[i % ids.length] ?? "";
+  const idAt = (i: number): string => {
+    const up = live();
+    return up[i % up.length] ?? "";
+  };
   const routerAt = (edge: number): Router => {
     const router = routers[edge];
     if (router === undefined) throw new Error(`no router ${edge}`);
@@ -166,7 +123,7 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
         // Fewest in flight; ties take turns.
         const start = turn++;
         let best = idAt(start);
-        for (let k = 0; k < ids.length; k++) {
+        for (let k = 0; k < live().length; k++) {
           const id = idAt(start + k);
           if ((tracked.get(id)?.inFlight ?? 0) < (tracked.get(best)?.inFlight ?? 0)) best = id;
         }
@@ -174,7 +131,7 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
       }
       case "prefix-hash": {
         const order = rendezvousOrder(
-          ids.map((id) => ({ id })),
+          live().map((id) => ({ id })),
           coldKey({ ...request, session: null }),
         );
         return idAt(order[0] ?? 0);
@@ -204,6 +161,7 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
   const answers: { tokens: number }[] = [];
   let failures = 0;
   let seq = 0;
+  let kill: KillResult | undefined;
 
   const send = async (body: string, session: string | null, edge: number): Promise<string> => {
     const id = `r${seq++}`;
@@ -237,6 +195,7 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
     const started = performance.now();
     let answer = "";
     let first = true;
+    let failOver = false;
     try {
       const response = await fetch(`${urls.get(origin)}${BATCH_PATH}`, {
         method: "POST",
@@ -269,6 +228,7 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
         } else if (frame.type === FrameType.DATA) {
           if (first) {
             first = false;
+            t.streaming += 1;
             ttfts.push((performance.now() - started) / options.timeScale);
             router?.started(id);
           }
@@ -287,15 +247,46 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
       }
       record.answer = answer;
     } catch {
-      failures += 1;
       router?.forget(id);
+      // A killed origin's request with no byte yet goes to another origin, as at the edge.
+      failOver = dead.has(origin) && first;
+      if (kill !== undefined && dead.has(origin)) {
+        if (failOver) kill.failedOver += 1;
+        else kill.cut += 1;
+      }
+      if (!failOver) failures += 1;
     } finally {
       t.inFlight -= 1;
+      if (!first) t.streaming -= 1;
       if (carriers.get(origin) === id) carriers.delete(origin);
+    }
+    if (failOver) {
+      sent.splice(sent.indexOf(record), 1);
+      return send(body, session, edge);
     }
     return answer;
   };
 
+  const killFrom =
+    options.killAt === undefined
+      ? Number.POSITIVE_INFINITY
+      : Math.floor(options.workload.sessions.length * options.killAt);
+  const killBusiest = () => {
+    const at = ids.map((id) => trackedAt(id));
+    let most = 0;
+    for (const [i, x] of at.entries()) if (x.streaming > (at[most]?.streaming ?? 0)) most = i;
+    const victim = origins[most];
+    if (victim === undefined) return;
+    kill = {
+      origin: victim.originId,
+      streaming: at.map((x) => x.streaming),
+      inFlight: at.map((x) => x.inFlight),
+      cut: 0,
+      failedOver: 0,
+    };
+    dead.add(victim.originId);
+    victim.child.kill("SIGKILL");
+  };
   const wallRate = options.rate / options.timeScale;
   const began = performance.now();
   let at = began;
@@ -307,6 +298,11 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
     const wait = at - performance.now();
     if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
     const edge = arrivals % edges;
+    const streaming = [...tracked.values()].reduce((n, x) => n + x.streaming, 0);
+    // A busy moment past the start: at least one stream per origin that a kill could cut.
+    const late = arrivals >= options.workload.sessions.length - 1;
+    if (kill === undefined && arrivals > killFrom && (streaming >= ids.length || late))
+      killBusiest();
     runs.push(
       (async () => {
         let history: Message[] = [];
@@ -346,17 +342,12 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
     placements: options.policy === "warmgate" ? (routers[0]?.view().placements ?? null) : null,
     predictedHitRate:
       options.policy === "warmgate" ? (routers[0]?.view().hit_rate.predicted ?? null) : null,
+    ...(kill !== undefined && { kill }),
   };
 }
 
 function meanOf(values: readonly number[]): number {
   return values.length === 0 ? 0 : values.reduce((a, b) => a + b, 0) / values.length;
-}
-
-/** A fixed sequence in (0, 1): the same arrivals for every policy of a cell. */
-function fraction(i: number): number {
-  const x = Math.sin(i * 12.9898 + 78.233) * 43758.5453;
-  return Math.min(0.999_999, Math.max(1e-6, x - Math.floor(x)));
 }
 
 /** The text of the content deltas in a chunk of SSE. */

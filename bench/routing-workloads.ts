@@ -201,6 +201,12 @@ export function uniform(count = 240, tokens = 1_500): Workload {
   return { name: "uniform", sessions };
 }
 
+/** A fixed sequence in (0, 1): the Poisson arrivals of every policy and of the bench's model. */
+export function fraction(i: number): number {
+  const x = Math.sin(i * 12.9898 + 78.233) * 43758.5453;
+  return Math.min(0.999_999, Math.max(1e-6, x - Math.floor(x)));
+}
+
 /** A chat body as the bench sends it. */
 export function chatBody(session: Session, messages: readonly Message[]): string {
   return JSON.stringify({

@@ -7,7 +7,8 @@
  * edge with routing on and off. Prints tables and writes bench/results/routing.json and
  * routing.svg. `--quick`: the top rates at 4 origins only. `--time-scale`: wall ms per
  * engine ms at 4 origins, and in proportion at 8. `--repeats N`: paired runs behind each
- * throughput target. `--only W,…`: rerun those workloads (or `edge`), keeping the rest of
+ * throughput target. `--only W,…`: rerun those workloads (or `edge`, or `kill`: the busiest
+ * origin killed mid-run on shared-prefix and agents), keeping the rest of
  * bench/results/routing.json. `--routing JSON`: the router's settings.
  */
 import { readFile } from "node:fs/promises";
@@ -22,8 +23,9 @@ import {
   writeResultFile,
 } from "./lib.ts";
 import { type EdgeRun, runThroughEdge } from "./routing-edge.ts";
-import { cellsTable, ttftChart } from "./routing-report.ts";
-import { type CellResult, POLICIES, type PolicyName, runCell } from "./routing-sim.ts";
+import { type Target, cellsTable, killTarget, ttftChart } from "./routing-report.ts";
+import { type CellResult, POLICIES, type PolicyName } from "./routing-cell.ts";
+import { runCell } from "./routing-sim.ts";
 import {
   type Workload,
   agents,
@@ -83,6 +85,8 @@ interface Previous {
   twoEdges: CellResult;
   fitsInOneOrigin: CellResult[];
   edge: EdgeRun[];
+  /** Absent in files written before the kill phase. */
+  kills?: CellResult[];
   commands?: string[];
   command: string;
 }
@@ -221,7 +225,21 @@ const edgeRuns: EdgeRun[] =
       ? []
       : [await runThroughEdge(false), await runThroughEdge(true)];
 
-const targets: { target: string; measured: string; goal: string; met: boolean }[] = [];
+// The busiest origin (the most streams past their first byte) killed in a run, at a moment
+// with a stream per origin to cut, a third, half and two thirds of the way through: what it
+// cuts is its share of the streams in flight.
+const KILLED = ["shared-prefix", "agents"];
+const KILL_AT = [0.3, 0.5, 0.7];
+const kills: CellResult[] = previous !== null && !rerun("kill") ? (previous.kills ?? []) : [];
+for (const { workload, rates } of rerun("kill") ? MATRIX : []) {
+  if (!KILLED.includes(workload.name)) continue;
+  const rate = rates.at(-1) ?? 0;
+  const options = { workload, policy: "warmgate" as const, origins: 4, rate, routing };
+  for (const killAt of KILL_AT)
+    kills.push(await runCell({ ...options, timeScale: scaleFor(4), killAt }));
+}
+
+const targets: Target[] = [];
 for (const { name, origins, rate } of TARGET_CELLS) {
   const ours = find(name, "warmgate", origins, rate);
   if (ours === undefined) continue;
@@ -271,6 +289,10 @@ for (const { name, origins, rate } of TARGET_CELLS) {
     goal: `>= ${goal}×`,
     met: ratio >= goal,
   });
+}
+for (const name of KILLED) {
+  const target = killTarget(kills.filter((c) => c.workload === name));
+  if (target !== null) targets.push(target);
 }
 targets.push({
   target: `two routers sharing nothing agree (shared-prefix, ${twoEdges.rate}/s)`,
@@ -349,6 +371,7 @@ const path = await writeResult("routing", {
   fitsInOneOrigin: fits,
   twoEdges,
   edge: edgeRuns,
+  kills,
   targets,
 });
 console.log(`\nwrote ${path} and ${svg}`);
