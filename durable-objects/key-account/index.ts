@@ -20,7 +20,13 @@ import {
   releaseBatch,
 } from "./batch-holds.ts";
 import { expireDue, settle } from "./settle.ts";
-import { endDueLeases, giveBack, grantLease, restoreLapsed } from "./leases/grant.ts";
+import {
+  answerLeaseCall,
+  endDueLeases,
+  giveBack,
+  grantLease,
+  restoreLapsed,
+} from "./leases/grant.ts";
 import { ownLeaseAsk } from "./leases/scope.ts";
 import { leaseHolder } from "../../contracts/lease-scopes.ts";
 import type { LeaseAnswer, LeaseAsk, LeaseCall, LeaseHeld } from "./leases/types.ts";
@@ -132,8 +138,9 @@ export class KeyAccount extends DurableObject<Env> {
     endDueLeases(this.#store, now);
     if (ask !== undefined) giveBack(this.#store, ask, hash, now);
     const result = await admitWithTeam(this.#store, this.#team, input);
+    // Admitted: the lease its trim gave back before may grow again.
     const granted = ask !== undefined && result.ok;
-    const lease = granted ? grantLease(this.#store, ask, hash, now).lease : null;
+    const lease = granted ? grantLease(this.#store, ask, hash, now, true).lease : null;
     // Durable before any origin is asked to generate for it: the answer leaves once this
     // commit is (the output gate), so a crash at any instant keeps the open row, whose
     // lapsed lease is then billed from the origins' outcome records.
@@ -149,8 +156,7 @@ export class KeyAccount extends DurableObject<Env> {
   async lease(call: LeaseCall): Promise<LeaseAnswer> {
     const now = call.now ?? Date.now();
     const settled = (call.settle ?? []).map((one) => settle(this.#store, one, one.now ?? now));
-    giveBack(this.#store, call, call.secretHash, now);
-    const outcome = grantLease(this.#store, call, call.secretHash, now);
+    const outcome = answerLeaseCall(this.#store, call, call.secretHash, now);
     this.#store.flush();
     await this.#leaseAlarm();
     await this.#alarmFor(settled, now);

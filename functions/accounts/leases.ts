@@ -296,9 +296,10 @@ export class AccountLeases {
     return key;
   }
 
-  // End users' leases the isolate holds of a key: every held lease but the key's own.
+  // End users' leases of a key the isolate holds, or has asked for and not heard back about.
   #userLeases(keyId: string): number {
-    return this.others(keyId, null).length;
+    const scopes = [...(this.#keys.get(keyId)?.values() ?? [])];
+    return scopes.filter((e) => e.scope !== null && (e.held !== null || e.busy)).length;
   }
 
   // Counts an admission (leased or exact) in the key's current window.

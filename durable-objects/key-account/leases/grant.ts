@@ -77,15 +77,33 @@ export function giveBack(
 }
 
 /**
- * Renews the lease the isolate holds, or grants a new one, topped up to what its rate
- * asks within a share of the key's headroom; none for a key that refuses the credential,
- * or whose headroom cannot hold a few of the isolate's requests.
+ * Answers an isolate's call about its lease: gives back what it holds unused (`trim`,
+ * `release`), and tops it up on a renewal only. A trim is asked so that an exact admission
+ * of the key finds the slots the lease held unused (an end user's lease idle beside it):
+ * topped up again, the lease would take them back before that admission is asked again.
+ */
+export function answerLeaseCall(
+  store: AccountStore,
+  call: LeaseAsk,
+  secretHash: string,
+  now: number,
+): LeaseOutcome {
+  giveBack(store, call, secretHash, now);
+  return grantLease(store, call, secretHash, now, call.mode === "renew");
+}
+
+/**
+ * Renews the lease the isolate holds, or grants a new one, topped up (`grow`) to what its
+ * rate asks within a share of the key's headroom; none for a key that refuses the
+ * credential, or whose headroom cannot hold a few of the isolate's requests. Without
+ * `grow`, the lease stays as its trim left it, and none is granted.
  */
 export function grantLease(
   store: AccountStore,
   ask: LeaseAsk,
   secretHash: string,
   now: number,
+  grow: boolean,
 ): LeaseOutcome {
   const record = store.key.record;
   if (record === null)
@@ -130,7 +148,7 @@ export function grantLease(
           picos: lease.picos === null ? null : lease.picos - used.picos,
           slots: lease.slots - used.inFlight,
         };
-  const add = topUp(leaseTarget(ask.rate), unused, headroom);
+  const add = grow ? topUp(leaseTarget(ask.rate), unused, headroom) : null;
   if (lease === undefined) {
     if (add === null) return { lease: null, refusal: null };
     lease = newLease(store, ask, secretHash, hour, now, headroom.picos !== null);

@@ -13,7 +13,7 @@ const PRICE = {
   outputMicrosPerMtok: 400_000,
 };
 
-async function newAccount() {
+async function newAccount(concurrency = 2) {
   const id = newKeyId();
   const { secretHash } = await mintApiKey(env, id);
   const stub = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
@@ -21,7 +21,7 @@ async function newAccount() {
     id,
     name: "leases",
     secretHash,
-    limits: { rpm: 1_000, tpm: 1_000_000, concurrency: 2 },
+    limits: { rpm: 1_000, tpm: 1_000_000, concurrency },
     allowedOrigins: [],
     models: null,
     tier: "standard",
@@ -38,7 +38,7 @@ async function newAccount() {
       price: PRICE,
       leaseMs,
     });
-  return { stub, admit };
+  return { stub, admit, secretHash };
 }
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -223,5 +223,46 @@ describe("KeyAccount leases", () => {
     expect(await stub.reconciling()).toEqual({ requests: 0, leases: 0 });
     await runDurableObjectAlarm(stub);
     expect((await recordOf(stub, requestId)).costPicos).toBe(record.costPicos);
+  });
+
+  it("takes nothing again when it trims an end user's lease, so the key admits up to its concurrency", async () => {
+    const { admit, stub, secretHash } = await newAccount(8);
+    // An end user that sent one request: its lease holds slots it does not use.
+    const ask = {
+      secretHash,
+      rate: { requests: 2, tokens: 300, picos: 0n, inFlight: 2 },
+      windowMs: 2_000,
+      models: [{ model: "warmgate-sim-8b", price: PRICE }],
+      scope: { endUser: "user-once", subject: null },
+    };
+    const lease = (await stub.lease({ ...ask, held: null, mode: "renew" })).lease;
+    expect(lease?.slots).toBe(4);
+    for (let i = 0; i < 4; i++) expect((await admit(`req_busy_${i}`, 60_000)).ok).toBe(true);
+    expect(await admit("req_refused", 60_000)).toMatchObject({ limit: "concurrency" });
+    // Another request of the key was refused: the isolate trims the user's lease.
+    const used = { requests: 0, tokens: 0, picos: 0n, ids: 0, inFlight: 0 };
+    const held = { leaseId: lease?.leaseId ?? "", used };
+    const trimmed = (await stub.lease({ ...ask, held, mode: "trim" })).lease;
+    expect(trimmed).toMatchObject({ leaseId: held.leaseId, slots: 0 });
+    for (let i = 0; i < 4; i++) expect((await admit(`req_again_${i}`, 60_000)).ok).toBe(true);
+  });
+
+  it("grants no new lease when it trims one that already ended", async () => {
+    const { stub, secretHash } = await newAccount(8);
+    const ask = {
+      secretHash,
+      rate: { requests: 2, tokens: 300, picos: 0n, inFlight: 2 },
+      windowMs: 2_000,
+      models: [{ model: "warmgate-sim-8b", price: PRICE }],
+      scope: { endUser: "user-gone", subject: null },
+    };
+    const now = Date.now();
+    const lease = (await stub.lease({ ...ask, held: null, mode: "renew", now })).lease;
+    expect(lease?.slots).toBeGreaterThan(0);
+    const used = { requests: 0, tokens: 0, picos: 0n, ids: 0, inFlight: 0 };
+    const held = { leaseId: lease?.leaseId ?? "", used };
+    // Asked long after it lapsed: the account ended it, and no slot goes to a user gone.
+    const later = now + 60_000;
+    expect((await stub.lease({ ...ask, held, mode: "trim", now: later })).lease).toBeNull();
   });
 });

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { hourOf } from "../../../contracts/budget-periods.ts";
-import { AccountLeases } from "../../../functions/accounts/leases.ts";
+import { AccountLeases, MAX_END_USER_LEASES } from "../../../functions/accounts/leases.ts";
 import type { LeaseGrant } from "../../../durable-objects/key-account/leases/types.ts";
 
 const NOW = Date.UTC(2026, 5, 1, 12);
@@ -46,5 +46,24 @@ describe("AccountLeases", () => {
       "0000000000000002",
     );
     expect(leases.held("k1", { endUser: "bob", subject: null })).toBeNull();
+  });
+});
+
+const user = (i: number) => ({ endUser: `user-${i}`, subject: null });
+
+describe("AccountLeases.ask", () => {
+  it("asks for no more end users' leases of a key than it may hold, counting asks not answered yet", () => {
+    const leases = new AccountLeases();
+    // Their first requests arrive at once: no answer has come back yet.
+    const asks = Array.from({ length: MAX_END_USER_LEASES + 4 }, (_, i) =>
+      leases.ask("key_a", user(i), "trim", OPTIONS),
+    );
+    expect(asks.filter((ask) => ask !== null)).toHaveLength(MAX_END_USER_LEASES);
+    // One answered without a lease: another end user may ask in its place.
+    const first = asks[0];
+    if (first === null || first === undefined) throw new Error("no ask");
+    leases.answered("key_a", "hash", first, { lease: null, dropped: false }, NOW);
+    expect(leases.ask("key_a", user(100), "trim", OPTIONS)).not.toBeNull();
+    expect(leases.ask("key_a", user(101), "trim", OPTIONS)).toBeNull();
   });
 });
