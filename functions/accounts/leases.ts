@@ -72,6 +72,7 @@ const MAX_COUNTED_SCOPES = 64;
 /** Every lease of one isolate, by key id and scope. */
 export class AccountLeases {
   readonly #keys = new Map<string, Map<string, KeyLeases>>();
+  #leasedKeys = { count: 0, at: Number.NEGATIVE_INFINITY };
 
   /**
    * Admits a request under its key's lease when it fits every allowance and the key's terms
@@ -238,6 +239,22 @@ export class AccountLeases {
     );
   }
 
+  /** Keys with a lease that admits now (counted at most once per {@link LEASED_KEYS_MS}). */
+  leasedKeys(now: number): number {
+    if (now - this.#leasedKeys.at < LEASED_KEYS_MS) return this.#leasedKeys.count;
+    let count = 0;
+    for (const scopes of this.#keys.values()) {
+      for (const entry of scopes.values()) {
+        if (entry.held !== null && now < entry.held.admitUntil) {
+          count++;
+          break;
+        }
+      }
+    }
+    this.#leasedKeys = { count, at: now };
+    return count;
+  }
+
   /** The key's other leases here, whose unused part may stand in an exact admission's way. */
   others(keyId: string, scope: LeaseScope | null): { holder: string; scope: LeaseScope | null }[] {
     const own = leaseScopeKey(scope);
@@ -337,6 +354,9 @@ export class AccountLeases {
 
 /** How long the isolate counts its use of a key to size its next lease. */
 export const RATE_WINDOW_MS = 1_000;
+
+// How long a count of leased keys stands.
+const LEASED_KEYS_MS = 100;
 
 // What a request reserves, as its account reckons it (admission.ts): its prompt and the
 // largest allowance of its models, and the largest worst-case cost.

@@ -12,13 +12,6 @@ import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 export const SETTLE_FLUSH_MS = 20;
 
 /**
- * Longest time a leased request's settlement waits for its lease's renewal to carry it
- * (docs/edge.md, "Settlement"): a key's bills go in bulk, one call a renewal, and reach its
- * usage and ledger at most this late.
- */
-export const LEASED_SETTLE_MS = 1_000;
-
-/**
  * Time beyond the account's write delay that a carried settlement waits for an answer to
  * confirm it: the commit becoming durable and a later call reporting it.
  */
@@ -98,11 +91,9 @@ export class SettleQueue<T extends QueuedSettlement> {
     this.#move(keyId, entry, entry.state);
     try {
       await sleep(flushMs);
-      // Carried: a later answer confirms it, unless traffic stopped. A call of the key comes
-      // about as often as the settlement was told to wait (a lease's renewals): given as long
-      // again, its confirmation needs no call of its own, nor its bill sent twice.
+      // Carried: a later answer confirms it, unless traffic stopped.
       if (entry.state.kind === "sent" || entry.state.kind === "applied") {
-        await sleep(flushMs + this.#confirmMs);
+        await sleep(this.#confirmMs);
       }
       if (entry.state.kind !== "done") await this.#sendAlone(keyId, entry, send);
     } finally {

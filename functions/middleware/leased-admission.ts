@@ -19,7 +19,6 @@ import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import type { LeaseAsk } from "../../durable-objects/key-account/leases/types.ts";
 import type { AdmitResult } from "../../durable-objects/key-account/types.ts";
 import { waitUntilOf } from "./request-context.ts";
-import { LEASED_SETTLE_MS } from "../accounts/settle-queue.ts";
 import type { EdgeState } from "../edge-state.ts";
 
 /** A request the lease is asked to admit: its models with their allowances, its prompt. */
@@ -170,15 +169,22 @@ export function keepLease(c: Context<AppEnv>, endUser: string | null): void {
 
 /**
  * How long a request's settlement may wait for a call of its key to carry it (undefined:
- * the settle queue's usual 20 ms, for an exactly admitted request, whose slot in its account
- * waits on it). A leased request holds nothing in its account but its lease's, which keeps
- * its money reserved until its bill arrives: the bill rides the lease's next renewal and goes
- * on its own after {@link LEASED_SETTLE_MS}, or half a shorter lease window, at most.
+ * the settle queue's usual 20 ms). A leased request holds no slot in its account (its lease
+ * does), so while the isolate holds leases of many keys, each of which would cost a call of
+ * its own every 20 ms, its bill rides the lease's next renewal (due within half a window
+ * while traffic flows) and goes on its own after half a window at most.
  */
 export function settleWaitMs(c: Context<AppEnv>): number | undefined {
   if (c.get("leased") === undefined) return undefined;
-  return Math.min(c.get("config").leases.windowMs / 2, LEASED_SETTLE_MS);
+  const { windowMs } = c.get("config").leases;
+  return c.get("edge").leases.leasedKeys(Date.now()) > MANY_LEASED_KEYS ? windowMs / 2 : undefined;
 }
+
+/**
+ * Keys an isolate holds leases of above which their leased requests' bills ride renewals:
+ * below it, each key's settlements cost a call every 20 ms at most, a bounded rate.
+ */
+export const MANY_LEASED_KEYS = 8;
 
 /** A leased request ended (settled, or released when its client left): its slot is free. */
 export function leaseEnded(c: Context<AppEnv>, leased: LeasedAdmission): void {

@@ -72,24 +72,11 @@ export async function send(
   request: Request,
   read: (response: Response) => Promise<unknown> = (r) => r.arrayBuffer(),
 ): Promise<{ response: Response; body: unknown }> {
-  const { settled, ...answer } = await sendSettling(config, request, read);
-  await settled;
-  return answer;
-}
-
-/**
- * Runs one request against the edge with `config`; `settled` resolves once its bill is
- * durable (a leased request's waits for its lease's renewal, up to a second or two).
- */
-export async function sendSettling(
-  config: string,
-  request: Request,
-  read: (response: Response) => Promise<unknown> = (r) => r.arrayBuffer(),
-): Promise<{ response: Response; body: unknown; settled: Promise<void> }> {
   const ctx = createExecutionContext();
   const response = await app.fetch(request, { ...env, WARMGATE_CONFIG: config }, ctx);
   const body = await read(response);
-  return { response, body, settled: waitOnExecutionContext(ctx) };
+  await waitOnExecutionContext(ctx);
+  return { response, body };
 }
 
 export function chat(

@@ -36,7 +36,18 @@ function hold(leases: AccountLeases, keyId: string, endUser: string | null, leas
   leases.answered(keyId, "hash", ask, { lease: grant(leaseId), dropped: false }, NOW);
 }
 
-describe("AccountLeases", () => {
+describe("AccountLeases.leasedKeys", () => {
+  it("counts each key with a lease that admits now once, its end users' leases with it", () => {
+    const leases = new AccountLeases();
+    hold(leases, "k1", null, "0000000000000001");
+    hold(leases, "k2", null, "0000000000000002");
+    hold(leases, "k2", "alice", "0000000000000003");
+    hold(leases, "k3", "bob", "0000000000000004");
+    expect(leases.leasedKeys(NOW)).toBe(3);
+    // Past their window they admit nothing: no key counts.
+    expect(leases.leasedKeys(NOW + 1_000)).toBe(0);
+  });
+
   it("holds a key's own lease and each end user's apart", () => {
     const leases = new AccountLeases();
     hold(leases, "k1", null, "0000000000000001");

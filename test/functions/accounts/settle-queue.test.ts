@@ -1,7 +1,6 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import type { CommitStamp } from "../../../contracts/commit-stamp.ts";
 import {
-  LEASED_SETTLE_MS,
   SETTLE_CONFIRM_MARGIN_MS,
   SETTLE_FLUSH_MS,
   SETTLE_RETRY_MS,
@@ -13,7 +12,7 @@ const settlement = (requestId: string): Settlement => ({ requestId, outcome: "ok
 
 const WRITE_DELAY_MS = 50;
 // When the timer of a carried settlement that nothing confirmed sends it on its own.
-const SENT_ALONE_AFTER_MS = 2 * SETTLE_FLUSH_MS + WRITE_DELAY_MS + SETTLE_CONFIRM_MARGIN_MS;
+const SENT_ALONE_AFTER_MS = SETTLE_FLUSH_MS + WRITE_DELAY_MS + SETTLE_CONFIRM_MARGIN_MS;
 
 const stamp = (incarnation: string, committed: number, pending: number): CommitStamp => ({
   incarnation,
@@ -108,20 +107,6 @@ describe("SettleQueue", () => {
     expect(calls).toEqual([{ keyId: "k1", ids: ["a"] }]);
     expect(a.done).toBe(true);
     expect(queue.unconfirmed("k1")).toBe(0);
-  });
-
-  it("leaves a bill that rode a renewal for the next renewal to confirm", async () => {
-    const queue = newQueue();
-    const { calls, send } = recorder();
-    const a = watch(queue.settle("k1", settlement("a"), send, LEASED_SETTLE_MS));
-    await vi.advanceTimersByTimeAsync(LEASED_SETTLE_MS / 2);
-    queue.take("k1").answered(stamp("a", 3, 4));
-    // Renewals come a wait apart: the next one, past the bill's own wait, reports commit 4.
-    await vi.advanceTimersByTimeAsync(LEASED_SETTLE_MS + WRITE_DELAY_MS);
-    queue.take("k1").answered(stamp("a", 4, 5));
-    await vi.advanceTimersByTimeAsync(LEASED_SETTLE_MS * 2);
-    expect(a.done).toBe(true);
-    expect(calls).toEqual([]);
   });
 
   it("sends a settlement no admit call carried on its own, with the key's others", async () => {

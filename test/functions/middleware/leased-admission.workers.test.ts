@@ -17,11 +17,8 @@ function account(id: string): DurableObjectStub<KeyAccount> {
   return env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
 }
 
-/**
- * The bindings with every call to a key's account counted by method, in `calls`, and the
- * number of bills each call that carried any carried, in `bills`.
- */
-function countingEnv(calls: string[], bills: number[] = []): Env {
+/** The bindings with every call to a key's account counted by method, in `calls`. */
+function countingEnv(calls: string[]): Env {
   const namespace = env.KEY_ACCOUNT;
   const counted = new Proxy(namespace, {
     get(target, name) {
@@ -36,8 +33,6 @@ function countingEnv(calls: string[], bills: number[] = []): Env {
             }
             return (...args: unknown[]) => {
               calls.push(method);
-              const carried = billsIn(method, args[0]);
-              if (carried > 0) bills.push(carried);
               return Reflect.apply(value, stub, args);
             };
           },
@@ -45,13 +40,6 @@ function countingEnv(calls: string[], bills: number[] = []): Env {
     },
   });
   return { ...env, KEY_ACCOUNT: counted };
-}
-
-// Bills an account call carries: `settleMany`'s list, or those riding an admit or a lease call.
-function billsIn(method: string, input: unknown): number {
-  if (method === "settleMany" && Array.isArray(input)) return input.length;
-  const settle = (input as { settle?: unknown } | undefined)?.settle;
-  return Array.isArray(settle) ? settle.length : 0;
 }
 
 async function send(
@@ -132,36 +120,6 @@ describe("a key with headroom", () => {
         .one().n;
     });
     expect(rows).toBe(1);
-  });
-});
-
-describe("a key's leased bills", () => {
-  it("reach its account together, not in a call each", async () => {
-    const { key } = await createKey({ name: "leased-bulk" });
-    const calls: string[] = [];
-    const bills: number[] = [];
-    const bindings = countingEnv(calls, bills);
-    await send(bindings, key);
-    bills.length = 0;
-    const settling: Promise<void>[] = [];
-    for (let i = 0; i < 3; i++) {
-      const ctx = createExecutionContext();
-      const request = edgeRequest("/v1/chat/completions", {
-        body: chatBody(),
-        headers: { authorization: `Bearer ${key}` },
-        region: "eu",
-      });
-      const response = await app.fetch(request, bindings, ctx);
-      await response.text();
-      expect(parseLeasedId(response.headers.get("x-request-id") ?? "")).not.toBeNull();
-      settling.push(waitOnExecutionContext(ctx));
-      // Long enough for a bill that went on its own to have gone.
-      await new Promise((resolve) => setTimeout(resolve, 50));
-    }
-    await Promise.all(settling);
-    // A renewal under way may carry the first ones; the rest go together.
-    expect(bills.reduce((sum, n) => sum + n, 0)).toBe(3);
-    expect(bills.length).toBeLessThan(3);
   });
 });
 
