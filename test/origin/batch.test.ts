@@ -1,12 +1,10 @@
 import { afterEach, describe, expect, it } from "vitest";
-import { BATCH_CANCEL_PATH } from "../../contracts/protocol/schema.ts";
+import { BATCH_CANCEL_PATH, type BatchItem } from "../../contracts/protocol/schema.ts";
 import { BATCH_CONTENT_TYPE } from "../../contracts/protocol/framing.ts";
-import type { BatchItem } from "../../contracts/protocol/schema.ts";
 import { startOrigin } from "../../origin/server.ts";
 import type { OriginOptions, RunningOrigin } from "../../origin/server.ts";
 import { eventually, itemText, postBatch, readBatch } from "./batch-client.ts";
-import { createFakeEngine } from "./fake-engine.ts";
-import type { FakeEngine } from "./fake-engine.ts";
+import { createFakeEngine, type FakeEngine } from "./fake-engine.ts";
 
 let origin: RunningOrigin | undefined;
 let engine: FakeEngine;
