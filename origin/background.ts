@@ -32,12 +32,6 @@ export function backgroundCap(maxNumSeqs: number, reserveShare: number): number 
 export interface BackgroundOptions {
   /** Share of the engine's running slots left to interactive items (default 0.1). */
   reserveShare?: number;
-  /**
-   * The engine's `load()` counts each item from its submit until it leaves the engine
-   * (`Engine.liveLoad`): a slot is then taken only when the engine says so, not while an
-   * interactive item that left the engine is still being delivered.
-   */
-  liveLoad?: boolean;
   answerTtlMs?: number;
   maxAnswerBytes?: number;
 }
@@ -54,8 +48,6 @@ interface Answer {
 
 interface Slot {
   controller: AbortController;
-  /** Submitted to the engine (until then, a load report cannot count it). */
-  submitted: boolean;
 }
 
 interface Waiter {
@@ -67,7 +59,6 @@ interface Waiter {
 export class BackgroundLane {
   readonly #load: () => Omit<LoadReport, "origin" | "t">;
   readonly #reserveShare: number;
-  readonly #liveLoad: boolean;
   readonly #ttlMs: number;
   readonly #maxBytes: number;
   #queue: Waiter[] = [];
@@ -89,7 +80,6 @@ export class BackgroundLane {
   constructor(load: () => Omit<LoadReport, "origin" | "t">, options: BackgroundOptions = {}) {
     this.#load = load;
     this.#reserveShare = options.reserveShare ?? DEFAULT_BACKGROUND_RESERVE_SHARE;
-    this.#liveLoad = options.liveLoad ?? false;
     this.#ttlMs = options.answerTtlMs ?? ANSWER_TTL_MS;
     this.#maxBytes = options.maxAnswerBytes ?? MAX_ANSWER_BYTES;
   }
@@ -111,19 +101,13 @@ export class BackgroundLane {
 
   /**
    * An interactive item is about to enter the engine: when it would find no free slot,
-   * the background item started last (the one that has generated least) is stopped to
-   * make one; it runs again later. With a live load report the engine's own count says
-   * whether a slot is free; otherwise the items the origin still holds count too (the
-   * report may not show the latest yet).
+   * the background item started last is stopped to make one (it runs again later).
    */
   interactiveStarted(): void {
     this.#interactive++;
     const load = this.#load();
     if (load.max_num_seqs <= 0) return;
-    const inEngine = load.running + load.waiting + 1;
-    const occupied = this.#liveLoad
-      ? inEngine + this.#slots.filter((slot) => !slot.submitted).length
-      : Math.max(inEngine, this.#own());
+    const occupied = Math.max(load.running + load.waiting + 1, this.#own());
     if (occupied <= load.max_num_seqs) return;
     const slot = this.#slots.pop();
     if (slot === undefined) return;
@@ -158,9 +142,7 @@ export class BackgroundLane {
       let answer: Answer;
       try {
         const signal = AbortSignal.any([item.signal, slot.controller.signal]);
-        const response = submit({ ...item, signal });
-        slot.submitted = true;
-        answer = await readWhole(await response);
+        answer = await readWhole(await submit({ ...item, signal }));
       } finally {
         this.#release(slot);
       }
@@ -227,7 +209,7 @@ export class BackgroundLane {
       if (occupied >= cap) break;
       const waiter = this.#queue.shift();
       if (waiter === undefined) break;
-      const slot: Slot = { controller: new AbortController(), submitted: false };
+      const slot: Slot = { controller: new AbortController() };
       this.#slots.push(slot);
       waiter.resolve(slot);
     }

@@ -83,12 +83,6 @@ export type EngineBlockHash = number | string;
 /** An inference engine behind the origin. */
 export interface Engine {
   readonly kind: "sim" | "openai";
-  /**
-   * Whether `load()` counts an item from its `submit` (synchronously) until its sequences
-   * leave the engine, however slowly its body is read; otherwise (an engine's scraped
-   * metrics) the report may lag behind what the origin sent it.
-   */
-  readonly liveLoad?: boolean;
   /** Models served, for `GET /v1/models`. */
   models(): EngineModel[];
   /** Starts an item. Never rejects: engine failures come back as a status and body. */

@@ -146,10 +146,7 @@ export class ItemRunner {
   constructor(engine: Engine, counters: OriginCounters, background: BackgroundOptions = {}) {
     this.#engine = engine;
     this.#counters = counters;
-    this.background = new BackgroundLane(() => engine.load(), {
-      ...background,
-      liveLoad: engine.liveLoad === true,
-    });
+    this.background = new BackgroundLane(() => engine.load(), background);
     this.kvLog = engine.onBlocks === undefined ? null : new KvEventLog();
     const log = this.kvLog;
     if (log !== null) engine.onBlocks?.((event) => log.apply(event));

@@ -49,7 +49,6 @@ const ENGINE_FAILED = serverError("The engine failed while running the request."
 
 class SimEngineImpl implements SimEngine {
   readonly kind = "sim";
-  readonly liveLoad = true;
   readonly options: ResolvedSimEngineOptions;
   readonly #cache: KvCache;
   readonly #scheduler: Scheduler;

@@ -128,49 +128,6 @@ describe("background items on an origin", () => {
     expect(lane.rerunTokens).toBe(5);
   });
 
-  it("stops no background item while the engine has a slot for the interactive item, though one it left is still being delivered", async () => {
-    const engine = heldEngine(3);
-    const lane = new BackgroundLane(engine.load, { reserveShare: 0, liveLoad: true });
-    const lines = ["line-0", "line-1"].map((id) =>
-      lane.run(engineItem(id), engine.submit).then(text),
-    );
-    await settle();
-    lane.interactiveStarted();
-    void engine.submit(engineItem("chat-1"));
-    // chat-1 left the engine; its last bytes are still on their way (no interactiveEnded).
-    engine.finish("chat-1");
-    await settle();
-    lane.interactiveStarted();
-    void engine.submit(engineItem("chat-2"));
-    await settle();
-    expect(lane.preemptions).toBe(0);
-    expect([...engine.running.keys()].sort()).toEqual(["chat-2", "line-0", "line-1"]);
-
-    // An engine whose report may lag counts what the origin still holds: it stops one.
-    const lagging = heldEngine(3);
-    const cautious = new BackgroundLane(lagging.load, { reserveShare: 0 });
-    const more = ["line-2", "line-3"].map((id) => cautious.run(engineItem(id), lagging.submit));
-    await settle();
-    cautious.interactiveStarted();
-    void lagging.submit(engineItem("chat-3"));
-    lagging.finish("chat-3");
-    await settle();
-    cautious.interactiveStarted();
-    expect(cautious.preemptions).toBe(1);
-
-    engine.finish("chat-2");
-    for (const id of ["line-0", "line-1"]) engine.finish(id);
-    await expect(Promise.all(lines)).resolves.toEqual(["answer of line-0", "answer of line-1"]);
-    lagging.finish("line-2");
-    await settle();
-    lagging.finish("line-3");
-    cautious.interactiveEnded();
-    cautious.interactiveEnded();
-    await settle();
-    lagging.finish("line-3");
-    await Promise.all(more);
-  });
-
   it("answers a background id it already answered from the kept answer, without running it", async () => {
     const engine = heldEngine(4);
     const lane = new BackgroundLane(engine.load);
