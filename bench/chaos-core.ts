@@ -26,6 +26,7 @@ import {
   billsByOutcome,
   chaosLosses,
   errorsByCode,
+  errorsPerSecond,
   generatedBy,
 } from "./chaos-ledger.ts";
 import {
@@ -64,6 +65,10 @@ export interface ChaosReport {
   /** The burst's streams alone (null without one). */
   burstBills: OutcomeRow[] | null;
   errors: ReturnType<typeof errorsByCode>;
+  /** The burst's streams' errors alone (null without one). */
+  burstErrors: ReturnType<typeof errorsByCode> | null;
+  /** 5xx answers by code, per second from the first request sent (when the clients saw them). */
+  errorsPerSecond: Record<string, number[]>;
   losses: ChaosLosses;
   /** Figures that are no loss by themselves. */
   reported: Record<string, number>;
@@ -259,6 +264,8 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
       burstBills:
         burstKey === null ? null : billsByOutcome(facts.filter((f) => burstSet.has(f.seen))),
       errors: errorsByCode(outcomes),
+      burstErrors: burstKey === null ? null : errorsByCode(traffic.burstOutcomes),
+      errorsPerSecond: errorsPerSecond(outcomes),
       losses,
       reported: reportedFigures(facts, { trafficEnded, earlyAt, earlyDone, lateAt }, traffic),
       timeline: traffic.timeline,

@@ -325,3 +325,17 @@ export function errorsByCode(seen: readonly ChaosOutcome[]): {
   }
   return { answers, events };
 }
+
+/** 5xx answers by code in each second from the first request sent, by when the client saw them. */
+export function errorsPerSecond(seen: readonly ChaosOutcome[]): Record<string, number[]> {
+  const start = Math.min(...seen.map((s) => s.sentAt));
+  const perSecond: Record<string, number[]> = {};
+  for (const s of seen) {
+    if (s.status === null || s.status < 500) continue;
+    const row = (perSecond[s.code ?? "none"] ??= []);
+    const second = Math.floor((s.endedAt - start) / 1000);
+    for (let i = row.length; i <= second; i++) row.push(0);
+    row[second] = (row[second] ?? 0) + 1;
+  }
+  return perSecond;
+}

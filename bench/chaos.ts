@@ -100,9 +100,26 @@ console.log(
     [
       ["5xx answers", ...codes.map((c) => String(report.errors.answers[c] ?? 0))],
       ["error events", ...codes.map((c) => String(report.errors.events[c] ?? 0))],
+      ...(report.burstErrors === null
+        ? []
+        : [
+            [
+              "the burst: 5xx answers",
+              ...codes.map((c) => String(report.burstErrors?.answers[c] ?? 0)),
+            ],
+            [
+              "the burst: error events",
+              ...codes.map((c) => String(report.burstErrors?.events[c] ?? 0)),
+            ],
+          ]),
     ],
   ),
 );
+console.log();
+for (const event of report.timeline)
+  console.log(`- ${(event.at_ms / 1000).toFixed(1)} s: ${event.event}`);
+for (const [code, row] of Object.entries(report.errorsPerSecond))
+  console.log(`- ${code} answers per second from the first request: ${row.join(" ")}`);
 console.log();
 console.log(
   markdownTable(
