@@ -25,11 +25,17 @@ function stateWithBatchLane(waitShare = 0): WindowState {
   );
 }
 
-// Enqueues each request; the ids sent at once go into `sentNow`.
-function queueAll(state: WindowState, ids: string[], lane: number, sentNow: string[] = []) {
+// Enqueues each request at `now`; the ids sent at once go into `sentNow`.
+function queueAll(
+  state: WindowState,
+  ids: string[],
+  lane: number,
+  sentNow: string[] = [],
+  now = 0,
+) {
   let next = state;
   for (const id of ids) {
-    const { state: after, decision } = add(next, request(id, { lane }), 0);
+    const { state: after, decision } = add(next, request(id, { lane }), now);
     if (decision.kind === "dispatch-now") sentNow.push(...decision.batch.items.map((i) => i.id));
     next = after;
   }
@@ -121,25 +127,19 @@ describe("the batch lane", () => {
   });
 });
 
-describe("the batch lane while the Batcher's thread lags", () => {
-  // Ten stalls of 50 ms at 900-990 ms: a mean lag of 50 ms, past the lane's 20.
-  const lagging = (state: WindowState) => {
-    let next = state;
-    for (let at = 900; at < 1000; at += 10) next = recordThreadLag(next, 50, at);
-    return next;
-  };
-  const idle = () => load(stateWithBatchLane(), "a", { running: 0, waiting: 0, ...CAP });
-  // Enqueues at 1000 ms; the ids sent at once go into `sentNow`.
-  const queueAt = (state: WindowState, ids: string[], lane: number, sentNow: string[]) => {
-    let next = state;
-    for (const id of ids) {
-      const { state: after, decision } = add(next, request(id, { lane }), 1000);
-      if (decision.kind === "dispatch-now") sentNow.push(...decision.batch.items.map((i) => i.id));
-      next = after;
-    }
-    return next;
-  };
+// Ten stalls of 50 ms at 900-990 ms: a mean lag of 50 ms, past the lane's 20.
+function lagging(state: WindowState): WindowState {
+  let next = state;
+  for (let at = 900; at < 1000; at += 10) next = recordThreadLag(next, 50, at);
+  return next;
+}
 
+const idle = () => load(stateWithBatchLane(), "a", { running: 0, waiting: 0, ...CAP });
+// Enqueues at 1000 ms, after the stalls.
+const queueAt = (state: WindowState, ids: string[], lane: number, sentNow: string[]) =>
+  queueAll(state, ids, lane, sentNow, 1000);
+
+describe("the batch lane while the Batcher's thread lags", () => {
   it("sends no line while interactive requests run, and sends them again once the stalls stop", () => {
     const sentNow: string[] = [];
     let state = queueAt(lagging(idle()), ["i1"], 0, sentNow);
