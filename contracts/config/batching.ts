@@ -64,6 +64,12 @@ const BATCHING_FIELDS = {
   max_shards: z.int().min(1).max(256).default(1),
   /** Thread lag (ms) past which a Batcher that keeps lagging splits (docs/batching.md, "Shards"). */
   split_lag_ms: z.number().positive().max(10_000).default(20),
+  /**
+   * Thread lag (ms) past which the batch lane sends no line while interactive requests run
+   * or wait: the Batcher's thread, like the origins' slots, is theirs first
+   * (docs/batch-api.md, "Interactive first").
+   */
+  batch_max_lag_ms: z.number().positive().max(10_000).default(20),
   /** How long an origin that failed is tried only after every healthy one. */
   origin_quarantine_ms: z.int().nonnegative().max(600_000).default(DEFAULT_QUARANTINE_MS),
   /** Share of the recent wait for a first byte the window may add (0: off). */
@@ -103,6 +109,7 @@ export const BatchingSettingsSchema = z.strictObject(BATCHING_FIELDS).transform(
     holdMinInFlight: b.hold_min_in_flight,
     rateWindowMs: b.rate_window_ms,
     loadReportTtlMs: b.load_report_ttl_ms,
+    batchMaxLagMs: b.batch_max_lag_ms,
     /** Highest first; lane 0 leaves before lane 1. */
     lanes: b.lanes.map((lane) => ({
       queueTimeoutMs: lane.queue_timeout_ms,

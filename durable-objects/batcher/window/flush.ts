@@ -33,6 +33,7 @@ import {
 } from "./state.ts";
 import {
   EVERY_ORIGIN,
+  batchLaneOpen,
   batchSlots,
   candidateById,
   currentWindowMs,
@@ -88,7 +89,12 @@ export function enqueue(
   if (queuedCount(next) === 0 && deadline > now) {
     // A lone request never waits for a window that nobody else will join: when the
     // origins keep up (window 0) or the chosen origin is idle, it leaves now.
-    const candidates = placeableCandidates(next.config, roomyCandidates(next, now, usable), item);
+    const candidates = placeableCandidates(
+      next.config,
+      roomyCandidates(next, now, usable),
+      item,
+      batchLaneOpen(next, now),
+    );
     const originId = (options.chooseOrigin ?? chooseLeastLoaded)(candidates, item);
     if (originId !== null) {
       const candidate = candidateById(candidates, originId);
@@ -209,11 +215,18 @@ function flushDue(
     const candidates = roomyCandidates(state, now, usable);
     // The head is the first request some healthy origin may take: one that avoids every
     // healthy origin waits for another to come back without holding up the rest.
-    const head = firstPlaceable(state, candidates);
+    const batchOpen = batchLaneOpen(state, now);
+    const head = firstPlaceable(state, candidates, batchOpen);
     if (head === null) return batches;
-    const originId = choose(placeableCandidates(state.config, candidates, head), head);
+    const originId = choose(placeableCandidates(state.config, candidates, head, batchOpen), head);
     if (originId === null) return batches;
-    const taken = fillBatch(state, candidateById(candidates, originId), head, candidates);
+    const taken = fillBatch(
+      state,
+      candidateById(candidates, originId),
+      head,
+      candidates,
+      batchOpen,
+    );
     if (taken.length === 0) {
       throw new Error(`origin chooser picked ${originId}, which cannot hold ${head.id}`);
     }
@@ -248,6 +261,7 @@ function fillBatch(
   origin: OriginCandidate,
   head: QueuedRequest,
   candidates: readonly OriginCandidate[],
+  batchOpen: boolean,
 ): QueuedRequest[] {
   const { maxBatchSize, maxBatchTokens } = state.config;
   const taken: QueuedRequest[] = [];
@@ -266,8 +280,9 @@ function fillBatch(
       if (origin.room !== null && taken.length >= origin.room) return taken;
       if (taken.length > 0 && tokens + itemTokens > maxBatchTokens) return taken;
       if (kvRoom !== null && item.promptTokens > kvRoom) return taken;
-      // Batch lines last, and only into the running slots left free (docs/batch-api.md).
-      if (inBatchLane(state.config, item) && taken.length >= batchSlots(origin)) {
+      // Batch lines last, only into the running slots left free, and only while the lane
+      // is open (docs/batch-api.md, "Interactive first").
+      if (inBatchLane(state.config, item) && (!batchOpen || taken.length >= batchSlots(origin))) {
         return taken;
       }
       taken.push(item);
@@ -334,12 +349,14 @@ export function nextWakeAt(state: WindowState, now: number): number | null {
     if (flushBy !== null) consider(flushBy);
   } else {
     // Due but no origin can take the head: wake when an untrusted report expires; an
-    // origin that comes back, completions and reports call `tick` anyway.
+    // origin that comes back, completions and reports call `tick` anyway. A closed batch
+    // lane is looked at again one rate window on, as its thread's lag decays.
     for (const origin of state.origins) {
       if (origin.report !== null && origin.inFlight.length === 0) {
         consider(origin.report.receivedAt + state.config.loadReportTtlMs);
       }
     }
+    if (!batchLaneOpen(state, now)) consider(now + state.config.rateWindowMs);
   }
   return wake;
 }
@@ -369,10 +386,11 @@ function estimateRetryAfterMs(
 function firstPlaceable(
   state: WindowState,
   candidates: readonly OriginCandidate[],
+  batchOpen: boolean,
 ): QueuedRequest | null {
   for (const queue of state.lanes) {
     for (const item of queue) {
-      if (placeableCandidates(state.config, candidates, item).length > 0) return item;
+      if (placeableCandidates(state.config, candidates, item, batchOpen).length > 0) return item;
     }
   }
   return null;

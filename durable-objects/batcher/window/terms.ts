@@ -282,13 +282,35 @@ export function batchSlots(candidate: OriginCandidate): number {
   return Math.max(0, engine.backgroundCap + held - engine.batchLoad);
 }
 
-/** The candidates a request may go to now: those it does not avoid, with a slot for a batch line. */
+/**
+ * Whether the batch lane may send now: not while the Batcher's thread lags past
+ * `batchMaxLagMs` and interactive requests run or wait, whose first tokens and streams
+ * would queue behind the lines' work on that thread. The lag is the recent mean, which
+ * falls to 0 once the thread stops stalling.
+ */
+export function batchLaneOpen(state: WindowState, now: number): boolean {
+  const { config } = state;
+  if (config.batchLane === undefined) return true;
+  if (meanThreadLagMs(state, now) <= config.batchMaxLagMs) return true;
+  const interactive = (item: { lane: number }) => !inBatchLane(config, item);
+  return (
+    !state.lanes.some((queue) => queue.some(interactive)) &&
+    !state.origins.some((origin) => origin.inFlight.some(interactive))
+  );
+}
+
+/**
+ * The candidates a request may go to now: those it does not avoid, and for a batch line,
+ * none while the lane is closed ({@link batchLaneOpen}), else those with a slot for it.
+ */
 export function placeableCandidates(
   config: WindowConfig,
   candidates: readonly OriginCandidate[],
   item: { lane: number; avoidOrigins?: readonly string[] },
+  batchOpen: boolean,
 ): readonly OriginCandidate[] {
   const allowed = allowedCandidates(candidates, item);
   if (!inBatchLane(config, item)) return allowed;
+  if (!batchOpen) return [];
   return allowed.filter((candidate) => batchSlots(candidate) > 0);
 }

@@ -55,6 +55,7 @@ describe("batching plans, resolved when the configuration loads", () => {
       holdMinInFlight: 128,
       rateWindowMs: 250,
       loadReportTtlMs: 1000,
+      batchMaxLagMs: 20,
       // The three lanes configured by default, then the Batch API's lane below them.
       lanes: [
         { queueTimeoutMs: 30_000, onTimeout: "reject", maxQueue: 1024, refuseStatus: 503 },

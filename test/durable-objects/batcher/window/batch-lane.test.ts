@@ -2,7 +2,11 @@ import { describe, expect, it } from "vitest";
 import { BATCH_LANE } from "../../../../contracts/config/batching.ts";
 import { onDispatched } from "../../../../durable-objects/batcher/window/events.ts";
 import { tick } from "../../../../durable-objects/batcher/window/flush.ts";
-import { currentWindowMs } from "../../../../durable-objects/batcher/window/terms.ts";
+import {
+  batchLaneOpen,
+  currentWindowMs,
+  recordThreadLag,
+} from "../../../../durable-objects/batcher/window/terms.ts";
 import { createWindowState } from "../../../../durable-objects/batcher/window/state.ts";
 import type { Batch, WindowState } from "../../../../durable-objects/batcher/window/types.ts";
 import { windowConfig } from "../../../support/window-config.ts";
@@ -14,18 +18,24 @@ import { add, load, request } from "../../../support/window-state.ts";
 const CAP = { background_cap: 6 };
 
 function stateWithBatchLane(waitShare = 0): WindowState {
-  const config = windowConfig({ maxOriginQueue: 8, waitShare });
+  const config = windowConfig({ maxOriginQueue: 8, waitShare, batchMaxLagMs: 20 });
   return createWindowState(
     { ...config, lanes: [...config.lanes, BATCH_LANE], batchLane: config.lanes.length },
     0,
   );
 }
 
-// Enqueues each request; the ids sent at once go into `sentNow`.
-function queueAll(state: WindowState, ids: string[], lane: number, sentNow: string[] = []) {
+// Enqueues each request at `now`; the ids sent at once go into `sentNow`.
+function queueAll(
+  state: WindowState,
+  ids: string[],
+  lane: number,
+  sentNow: string[] = [],
+  now = 0,
+) {
   let next = state;
   for (const id of ids) {
-    const { state: after, decision } = add(next, request(id, { lane }), 0);
+    const { state: after, decision } = add(next, request(id, { lane }), now);
     if (decision.kind === "dispatch-now") sentNow.push(...decision.batch.items.map((i) => i.id));
     next = after;
   }
@@ -114,5 +124,62 @@ describe("the batch lane", () => {
     state = queueAll(state, ["i1"], 0, sentNow);
     state = onDispatched(state, "a", "i1", 400).state;
     expect(currentWindowMs(state, 400)).toBeGreaterThan(0);
+  });
+});
+
+// Ten stalls of 50 ms at 900-990 ms: a mean lag of 50 ms, past the lane's 20.
+function lagging(state: WindowState): WindowState {
+  let next = state;
+  for (let at = 900; at < 1000; at += 10) next = recordThreadLag(next, 50, at);
+  return next;
+}
+
+const idle = () => load(stateWithBatchLane(), "a", { running: 0, waiting: 0, ...CAP });
+// Enqueues at 1000 ms, after the stalls.
+const queueAt = (state: WindowState, ids: string[], lane: number, sentNow: string[]) =>
+  queueAll(state, ids, lane, sentNow, 1000);
+
+describe("the batch lane while the Batcher's thread lags", () => {
+  it("sends no line while interactive requests run, and sends them again once the stalls stop", () => {
+    const sentNow: string[] = [];
+    let state = queueAt(lagging(idle()), ["i1"], 0, sentNow);
+    state = queueAt(state, ["b1", "b2"], 3, sentNow);
+    expect(sentNow).toEqual(["i1"]);
+    expect(batchLaneOpen(state, 1000)).toBe(false);
+    const closed = tick(state, 1000);
+    expect(sent(closed.batches)).toEqual([]);
+    expect(closed.state.lanes[3]?.map((item) => item.id)).toEqual(["b1", "b2"]);
+    // Nothing else may call it: the window looks again within one rate window.
+    const { rateWindowMs } = closed.state.config;
+    expect(closed.nextWakeAt).not.toBeNull();
+    expect(closed.nextWakeAt ?? Infinity).toBeLessThanOrEqual(1000 + rateWindowMs);
+    // With no stall for a few rate windows the mean is 0 again and the lines go.
+    const later = 1000 + 5 * rateWindowMs;
+    expect(batchLaneOpen(closed.state, later)).toBe(true);
+    expect(sent(tick(closed.state, later).batches)).toEqual(["b1", "b2"]);
+  });
+
+  it("still sends interactive requests, ahead of the closed lane", () => {
+    const sentNow: string[] = [];
+    let state = queueAt(lagging(idle()), ["i1"], 0, sentNow);
+    state = queueAt(state, ["b1"], 3, sentNow);
+    state = queueAt(state, ["i2"], 1, sentNow);
+    const { batches, state: after } = tick(state, 1000);
+    expect([...sentNow, ...sent(batches)]).toEqual(["i1", "i2"]);
+    expect(after.lanes[3]?.map((item) => item.id)).toEqual(["b1"]);
+  });
+
+  it("sends lines when no interactive request runs or waits: their own lag is nobody's wait", () => {
+    const sentNow: string[] = [];
+    const state = lagging(idle());
+    expect(batchLaneOpen(state, 1000)).toBe(true);
+    queueAt(state, ["b1"], 3, sentNow);
+    expect(sentNow).toEqual(["b1"]);
+  });
+
+  it("is open below the lag it is set to", () => {
+    let state = queueAt(idle(), ["i1"], 0, []);
+    for (let at = 900; at < 1000; at += 10) state = recordThreadLag(state, 15, at);
+    expect(batchLaneOpen(state, 1000)).toBe(true);
   });
 });
