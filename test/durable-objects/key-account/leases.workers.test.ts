@@ -41,6 +41,17 @@ async function newAccount(concurrency = 2) {
   return { stub, admit, secretHash };
 }
 
+/** What an isolate asks for one end user's lease of a key: 2 requests in flight, 2 s. */
+function endUserAsk(secretHash: string, endUser: string) {
+  return {
+    secretHash,
+    rate: { requests: 2, tokens: 300, picos: 0n, inFlight: 2 },
+    windowMs: 2_000,
+    models: [{ model: "warmgate-sim-8b", price: PRICE }],
+    scope: { endUser, subject: null },
+  };
+}
+
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 async function recordOf(stub: DurableObjectStub<KeyAccount>, requestId: string) {
@@ -228,13 +239,7 @@ describe("KeyAccount leases", () => {
   it("takes nothing again when it trims an end user's lease, so the key admits up to its concurrency", async () => {
     const { admit, stub, secretHash } = await newAccount(8);
     // An end user that sent one request: its lease holds slots it does not use.
-    const ask = {
-      secretHash,
-      rate: { requests: 2, tokens: 300, picos: 0n, inFlight: 2 },
-      windowMs: 2_000,
-      models: [{ model: "warmgate-sim-8b", price: PRICE }],
-      scope: { endUser: "user-once", subject: null },
-    };
+    const ask = endUserAsk(secretHash, "user-once");
     const lease = (await stub.lease({ ...ask, held: null, mode: "renew" })).lease;
     expect(lease?.slots).toBe(4);
     for (let i = 0; i < 4; i++) expect((await admit(`req_busy_${i}`, 60_000)).ok).toBe(true);
@@ -249,13 +254,7 @@ describe("KeyAccount leases", () => {
 
   it("grants no new lease when it trims one that already ended", async () => {
     const { stub, secretHash } = await newAccount(8);
-    const ask = {
-      secretHash,
-      rate: { requests: 2, tokens: 300, picos: 0n, inFlight: 2 },
-      windowMs: 2_000,
-      models: [{ model: "warmgate-sim-8b", price: PRICE }],
-      scope: { endUser: "user-gone", subject: null },
-    };
+    const ask = endUserAsk(secretHash, "user-gone");
     const now = Date.now();
     const lease = (await stub.lease({ ...ask, held: null, mode: "renew", now })).lease;
     expect(lease?.slots).toBeGreaterThan(0);
