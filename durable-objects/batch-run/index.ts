@@ -10,9 +10,18 @@ import { DurableObject } from "cloudflare:workers";
 import { fileKey } from "../../contracts/batch-files.ts";
 import { costPicos } from "../../contracts/pricing.ts";
 import type { BatchHoldResult } from "../key-account/batch-holds.ts";
-import { type BatchState, batchObject, cancellable, outputRecord, stepOf } from "./lifecycle.ts";
+import {
+  type BatchState,
+  batchObject,
+  cancellable,
+  chargeDue,
+  linesToStart,
+  outputRecord,
+  stepOf,
+} from "./lifecycle.ts";
 import { keptAnswers } from "./kept-answers.ts";
 import { lineAttempt } from "./line-attempt.ts";
+import { type LineBody, readBodies } from "./line-bodies.ts";
 import { type LineOutcome, lineOutcome } from "./line-outcome.ts";
 import { writeOutputFile } from "./output-files.ts";
 import { BatchStore } from "./store.ts";
@@ -44,6 +53,10 @@ export class BatchRun extends DurableObject<Env> {
   #pausedUntil = 0;
   #advancing = false;
   #again = false;
+  /** When this incarnation last set the alarm for (null: not since it last rang). */
+  #alarmAt: number | null = null;
+  /** When the last charge was confirmed (ms). */
+  #chargedAt = 0;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
@@ -80,7 +93,7 @@ export class BatchRun extends DurableObject<Env> {
     };
     this.#store.create(input, state);
     this.#resumed = true;
-    await this.ctx.storage.setAlarm(Date.now());
+    await this.#alarmBy(Date.now());
     return { ok: true, batch: this.#view() };
   }
 
@@ -95,12 +108,20 @@ export class BatchRun extends DurableObject<Env> {
     if (state === null || this.#store.owner !== owner) return null;
     if (!cancellable(state.status)) return { ok: false, batch: this.#view() };
     this.#store.update({ status: "cancelling", cancellingAt: Date.now() });
-    await this.ctx.storage.setAlarm(Date.now());
+    await this.#alarmBy(Date.now());
     return { ok: true, batch: this.#view() };
   }
 
   override async alarm(): Promise<void> {
+    this.#alarmAt = null;
     await this.#advance();
+  }
+
+  /** Has the alarm ring by `at`: set again only when it would ring later or has rung. */
+  async #alarmBy(at: number): Promise<void> {
+    if (this.#alarmAt !== null && this.#alarmAt > Date.now() && this.#alarmAt <= at) return;
+    this.#alarmAt = at;
+    await this.ctx.storage.setAlarm(at);
   }
 
   /** Takes the batch's next step; runs once at a time, again when asked meanwhile. */
@@ -139,7 +160,7 @@ export class BatchRun extends DurableObject<Env> {
     switch (step.kind) {
       case "run":
         if (now >= this.#pausedUntil) this.#pump();
-        await this.ctx.storage.setAlarm(
+        await this.#alarmBy(
           Math.min(
             state.expiresAt,
             this.#pausedUntil > now ? this.#pausedUntil : now + BACKSTOP_MS,
@@ -162,7 +183,7 @@ export class BatchRun extends DurableObject<Env> {
         if (step.ending === "expired" && state.expiredAt === null) {
           this.#store.update({ expiredAt: now });
         }
-        await this.ctx.storage.setAlarm(now + BACKSTOP_MS);
+        await this.#alarmBy(now + BACKSTOP_MS);
         return;
       }
       case "finalize":
@@ -182,7 +203,7 @@ export class BatchRun extends DurableObject<Env> {
       status: "finalizing",
       finalizingAt: this.#store.state?.finalizingAt ?? now,
     });
-    await this.#charge();
+    await this.#charge(true);
     const outputFileId = await writeOutputFile(this.env.FILES, this.#store, state.id, true, now);
     const errorFileId = await writeOutputFile(this.env.FILES, this.#store, state.id, false, now);
     await this.#account().releaseBatch(state.id);
@@ -199,19 +220,27 @@ export class BatchRun extends DurableObject<Env> {
 
   /** Sends the lines the lane has room for; each is marked running before it leaves. */
   #pump(): void {
-    const free = this.#store.run.linesInFlight - this.#running.size;
-    for (const line of this.#store.startLines(free, Date.now())) {
-      this.#running.add(line.idx);
-      this.ctx.waitUntil(this.#runLine(line));
-    }
+    const { linesInFlight } = this.#store.run;
+    const free = linesInFlight - this.#running.size;
+    const count = linesToStart(linesInFlight, free, this.#store.counts().pending);
+    const lines = this.#store.startLines(count, Date.now());
+    for (const line of lines) this.#running.add(line.idx);
+    if (lines.length > 0) this.ctx.waitUntil(this.#runLines(lines));
   }
 
-  async #runLine(line: LineToRun): Promise<void> {
+  async #runLines(lines: LineToRun[]): Promise<void> {
+    const state = this.#store.state as BatchState;
+    const bodies = await readBodies(this.env.FILES, fileKey(state.inputFileId), lines);
+    await Promise.all(lines.map((line) => this.#runLine(line, bodies.get(line.idx))));
+  }
+
+  async #runLine(line: LineToRun, body: LineBody | undefined): Promise<void> {
     let outcome: LineOutcome;
     try {
-      outcome = lineOutcome(await this.#send(line));
+      if (body === undefined || body instanceof Error) throw body;
+      outcome = lineOutcome(await this.#send(line, body));
     } catch {
-      // This object or its Batcher went away mid-call: the line goes again.
+      // The input unreadable, or this object or its Batcher went away mid-call: again later.
       outcome = { kind: "retry", afterMs: BACKSTOP_MS };
     }
     this.#running.delete(line.idx);
@@ -221,17 +250,11 @@ export class BatchRun extends DurableObject<Env> {
     await this.#advance();
   }
 
-  async #send(line: LineToRun) {
-    const run = this.#store.run;
-    const state = this.#store.state as BatchState;
-    const input = await this.env.FILES.get(fileKey(state.inputFileId), {
-      range: { offset: line.offset, length: line.bytes },
-    });
-    if (input === null) throw new Error("input file gone");
-    const parsed = JSON.parse(await input.text()) as { body: Record<string, unknown> };
+  #send(line: LineToRun, body: Record<string, unknown>) {
     const avoid = this.#answeredOn.get(line.idx) ?? [];
     const id = this.#lineId(line.idx);
-    const { batcher, attempt } = lineAttempt(run, state, line, id, parsed.body, avoid);
+    const state = this.#store.state as BatchState;
+    const { batcher, attempt } = lineAttempt(this.#store.run, state, line, id, body, avoid);
     return this.env.BATCHER.getByName(batcher).answer(attempt);
   }
 
@@ -283,10 +306,14 @@ export class BatchRun extends DurableObject<Env> {
     }
   }
 
-  /** Bills every ended line not billed yet, once: a charge is confirmed before the next. */
-  async #charge(): Promise<void> {
+  /**
+   * Bills every ended line not billed yet, once: a charge is confirmed before the next. Sent
+   * when due (`chargeDue`) or `now`; the batch's hold covers the lines meanwhile.
+   */
+  async #charge(now = false): Promise<void> {
     const state = this.#store.state;
     if (state === null) return;
+    if (!now && !chargeDue(this.#store.uncharged(), Date.now() - this.#chargedAt)) return;
     for (;;) {
       const charge = this.#store.nextCharge();
       if (charge === null) return;
@@ -297,6 +324,7 @@ export class BatchRun extends DurableObject<Env> {
         lines: charge.lines.map(({ idx, ...line }) => ({ ...line, requestId: this.#lineId(idx) })),
       });
       this.#store.charged(charge.seq);
+      this.#chargedAt = Date.now();
     }
   }
 

@@ -90,6 +90,27 @@ function drain(ending: Exclude<BatchEnding, "completed">): BatchStep {
   };
 }
 
+/**
+ * How many lines to start now, with `free` of the lane's `inFlight` places open and
+ * `pending` lines waiting: lines go in groups of an eighth of the lane (read from the file
+ * together, their prefixes together), or whatever is left, or at once when none runs.
+ */
+export function linesToStart(inFlight: number, free: number, pending: number): number {
+  const group = Math.max(1, Math.floor(inFlight / 8));
+  const take = Math.min(free, pending);
+  return take >= group || take === pending || free === inFlight ? take : 0;
+}
+
+/** A charge is sent once this many ended lines wait for one… */
+export const CHARGE_LINES = 64;
+/** …or this long after the last one (and always before the output files are written). */
+export const CHARGE_EVERY_MS = 1_000;
+
+/** Whether to bill the ended lines now: `uncharged` of them, the last charge `sinceMs` ago. */
+export function chargeDue(uncharged: number, sinceMs: number): boolean {
+  return uncharged >= CHARGE_LINES || (uncharged > 0 && sinceMs >= CHARGE_EVERY_MS);
+}
+
 /** Whether a batch in `status` may still be cancelled (OpenAI refuses once it ended). */
 export function cancellable(status: BatchStatus): boolean {
   return status === "validating" || status === "in_progress";

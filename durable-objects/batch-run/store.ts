@@ -26,7 +26,12 @@ const MIGRATIONS: readonly string[] = [
    ALTER TABLE lines ADD COLUMN ended_at INTEGER;
    ALTER TABLE lines ADD COLUMN http_status INTEGER;
    CREATE INDEX lines_by_prefix ON lines (state, prefix, idx);`,
+  // Ended lines not charged yet, found without reading the pending ones.
+  `CREATE INDEX lines_by_state_charge ON lines (state, charge);`,
 ];
+
+/** The states a line moves through. */
+type LineState = "pending" | "running" | "ok" | "failed";
 
 /** A finished line's part in a charge. */
 export interface ChargedLine {
@@ -49,6 +54,8 @@ export class BatchStore {
   #state: BatchState | null = null;
   #owner = "";
   #run: BatchRunPlan | null = null;
+  /** Lines in each state, kept as the lines move (read from the table once). */
+  #counts: LineCounts | null = null;
 
   constructor(storage: DurableObjectStorage) {
     applyMigrations(storage, MIGRATIONS);
@@ -104,6 +111,7 @@ export class BatchStore {
     this.#owner = input.owner;
     this.#state = state;
     this.#run = input.run;
+    this.#counts = null;
   }
 
   /** Replaces the batch's state (a new status, a file id). */
@@ -116,6 +124,11 @@ export class BatchStore {
 
   /** Lines in each state. */
   counts(): LineCounts {
+    if (this.#counts === null) this.#counts = this.#countRows();
+    return { ...this.#counts };
+  }
+
+  #countRows(): LineCounts {
     const counts: LineCounts = { total: 0, pending: 0, running: 0, ok: 0, failed: 0 };
     for (const row of this.#sql.exec<{ state: string; n: number }>(
       "SELECT state, COUNT(*) AS n FROM lines GROUP BY state",
@@ -127,6 +140,20 @@ export class BatchStore {
       else counts.failed += row.n;
     }
     return counts;
+  }
+
+  /** Moves one line's count from state `from` to state `to` (when the counts are read). */
+  #move(from: LineState, to: LineState): void {
+    if (this.#counts === null) return;
+    this.#counts[from] -= 1;
+    this.#counts[to] += 1;
+  }
+
+  #stateOf(idx: number): LineState | null {
+    const row = this.#sql
+      .exec<{ state: LineState }>("SELECT state FROM lines WHERE idx = ?", idx)
+      .toArray()[0];
+    return row?.state ?? null;
   }
 
   /**
@@ -156,6 +183,7 @@ export class BatchStore {
         now,
         row.idx,
       );
+      this.#move("pending", "running");
     }
     return rows.map((row) => ({
       idx: row.idx,
@@ -176,6 +204,7 @@ export class BatchStore {
     )) {
       if (except.has(idx)) continue;
       this.#sql.exec("UPDATE lines SET state = 'pending' WHERE idx = ?", idx);
+      this.#move("running", "pending");
       requeued.push(idx);
     }
     return requeued;
@@ -183,7 +212,9 @@ export class BatchStore {
 
   /** Puts a running line back to pending (it will be sent again under the same id). */
   release(idx: number): void {
-    this.#sql.exec("UPDATE lines SET state = 'pending' WHERE idx = ? AND state = 'running'", idx);
+    if (this.#stateOf(idx) !== "running") return;
+    this.#sql.exec("UPDATE lines SET state = 'pending' WHERE idx = ?", idx);
+    this.#move("running", "pending");
   }
 
   /**
@@ -196,10 +227,12 @@ export class BatchStore {
     bill: { costPicos: bigint; usage: TokenUsage | null } | null,
   ): void {
     const { ok, record } = end;
+    const from = this.#stateOf(idx);
+    if (from !== "pending" && from !== "running") return;
     this.#sql.exec(
       `UPDATE lines SET state = ?, ok = ?, record = ?, http_status = ?, ended_at = ?,
          cost_picos = ?, usage = ?
-       WHERE idx = ? AND state IN ('pending', 'running')`,
+       WHERE idx = ?`,
       ok ? "ok" : "failed",
       ok ? 1 : 0,
       record,
@@ -209,6 +242,16 @@ export class BatchStore {
       bill?.usage === null || bill === null ? null : JSON.stringify(bill.usage),
       idx,
     );
+    this.#move(from, ok ? "ok" : "failed");
+  }
+
+  /** Ended lines not in a charge yet. */
+  uncharged(): number {
+    return this.#sql
+      .exec<{ n: number }>(
+        "SELECT COUNT(*) AS n FROM lines WHERE state IN ('ok', 'failed') AND charge IS NULL",
+      )
+      .one().n;
   }
 
   /** Every pending line, for failing them all (expiry, cancel). */

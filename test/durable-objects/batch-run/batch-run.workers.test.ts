@@ -93,6 +93,53 @@ describe("a BatchRun", () => {
     ]);
   });
 
+  it("keeps each state's count as its lines move, as the table holds them", async () => {
+    const stub = env.BATCH_RUN.getByName("batch_000000000000counts01");
+    const mismatches = await runInDurableObject(stub, (_instance, state) => {
+      const store = new BatchStore(state.storage);
+      const lines = Array.from({ length: 40 }, (_, i) => ({
+        customId: `c${i}`,
+        prefix: i % 3,
+        offset: 0,
+        bytes: 1,
+        promptTokens: 1,
+        maxTokens: 1,
+        reservePicos: 1n,
+      }));
+      const run = { batchers: ["unused"] } as unknown as BatchRunPlan;
+      const batch = { id: "batch_000000000000counts01" } as BatchState;
+      store.create({ id: batch.id, owner: "k", lines, run } as BatchCreateInput, batch);
+      let seed = 11;
+      const next = (n: number) => {
+        seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+        return (seed >>> 8) % n;
+      };
+      const found: string[] = [];
+      for (let step = 0; step < 300; step++) {
+        const idx = next(40);
+        const end = { ok: next(2) === 0, record: "{}", httpStatus: 200, now: step };
+        // Every move, also those that must change nothing (a line ended twice, released
+        // when not running, requeued while this incarnation runs it).
+        const moves = [
+          () => store.startLines(next(5), step),
+          () => store.release(idx),
+          () => store.finish(idx, end, null),
+          () => store.requeueRunning(new Set([idx])),
+        ];
+        moves[next(moves.length)]?.();
+        // A store opened on the same rows counts them afresh.
+        const kept = JSON.stringify(store.counts());
+        const table = JSON.stringify(new BatchStore(state.storage).counts());
+        if (kept !== table) found.push(`step ${step}: ${kept} != ${table}`);
+      }
+      const counts = store.counts();
+      return { found, total: counts.total, ended: counts.ok + counts.failed };
+    });
+    expect(mismatches.found).toEqual([]);
+    expect(mismatches.total).toBe(40);
+    expect(mismatches.ended).toBeGreaterThan(10);
+  });
+
   it("survives a restart mid-way: lines that were running go again, each answered and billed once", async () => {
     const { key } = await createKey({ name: "restart-batch" });
     // About 20 ms a token: lines still run when the object restarts.

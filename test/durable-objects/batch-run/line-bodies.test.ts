@@ -1,0 +1,130 @@
+import { describe, expect, it } from "vitest";
+import {
+  type RangeReader,
+  readBodies,
+  readSpans,
+} from "../../../durable-objects/batch-run/line-bodies.ts";
+import { chargeDue, linesToStart } from "../../../durable-objects/batch-run/lifecycle.ts";
+import type { LineToRun } from "../../../durable-objects/batch-run/types.ts";
+
+const line = (idx: number, offset: number, bytes: number): LineToRun => ({
+  idx,
+  customId: `c${idx}`,
+  prefix: null,
+  offset,
+  bytes,
+  promptTokens: 1,
+  maxTokens: 1,
+});
+
+describe("reading lines sent together", () => {
+  it("reads lines close together in one range, in file order, whatever order they came in", () => {
+    const spans = readSpans([line(2, 500, 100), line(0, 0, 100), line(1, 150, 100)], 250, 10_000);
+    expect(spans).toEqual([
+      { offset: 0, length: 600, lines: [line(0, 0, 100), line(1, 150, 100), line(2, 500, 100)] },
+    ]);
+  });
+
+  it("starts a new range past the gap or the longest span", () => {
+    const far = readSpans([line(0, 0, 100), line(1, 301, 100)], 200, 10_000);
+    expect(far.map((span) => [span.offset, span.length])).toEqual([
+      [0, 100],
+      [301, 100],
+    ]);
+    const long = readSpans([line(0, 0, 100), line(1, 100, 100), line(2, 200, 100)], 50, 250);
+    expect(long.map((span) => [span.offset, span.length, span.lines.length])).toEqual([
+      [0, 200, 2],
+      [200, 100, 1],
+    ]);
+  });
+
+  it("covers every line's bytes exactly once", () => {
+    let seed = 3;
+    const next = (n: number) => {
+      seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+      return (seed >>> 8) % n;
+    };
+    let offset = 0;
+    const lines = Array.from({ length: 500 }, (_, idx) => {
+      const at = offset;
+      const bytes = 1 + next(3000);
+      offset += bytes + 1;
+      return line(idx, at, bytes);
+    }).filter(() => next(4) === 0);
+    const spans = readSpans(lines, 4096, 65_536);
+    expect(spans.flatMap((span) => span.lines.map((l) => l.idx)).sort((a, b) => a - b)).toEqual(
+      lines.map((l) => l.idx),
+    );
+    for (const span of spans) {
+      expect(span.length).toBeLessThanOrEqual(65_536);
+      for (const l of span.lines) {
+        expect(l.offset).toBeGreaterThanOrEqual(span.offset);
+        expect(l.offset + l.bytes).toBeLessThanOrEqual(span.offset + span.length);
+      }
+    }
+  });
+});
+
+describe("reading lines' bodies", () => {
+  const file = ['{"body":{"n":0}}', "not json", '{"body":{"n":2}}', '{"body":{"é":3}}'];
+  const bytes = new TextEncoder().encode(file.join("\n"));
+  const lines: LineToRun[] = [];
+  let at = 0;
+  for (const [idx, text] of file.entries()) {
+    const length = new TextEncoder().encode(text).length;
+    lines.push(line(idx, at, length));
+    at += length + 1;
+  }
+  const reads: [number, number][] = [];
+  const bucket: RangeReader = {
+    get: async (_key, { range }) => {
+      reads.push([range.offset, range.length]);
+      const part = bytes.slice(range.offset, range.offset + range.length);
+      return { arrayBuffer: async () => part.buffer };
+    },
+  };
+
+  it("reads a group in one range and parses each line, a bad line alone failing", async () => {
+    const bodies = await readBodies(
+      bucket,
+      "k",
+      [lines[3], lines[0], lines[1], lines[2]].filter((l) => l !== undefined),
+    );
+    expect(reads).toEqual([[0, bytes.length]]);
+    expect(bodies.get(0)).toEqual({ n: 0 });
+    expect(bodies.get(1)).toBeInstanceOf(Error);
+    expect(bodies.get(2)).toEqual({ n: 2 });
+    expect(bodies.get(3)).toEqual({ é: 3 });
+  });
+
+  it("fails each line of a range whose file is gone", async () => {
+    const gone: RangeReader = { get: async () => null };
+    const bodies = await readBodies(gone, "k", lines);
+    expect([...bodies.values()].every((body) => body instanceof Error)).toBe(true);
+    expect(bodies.size).toBe(lines.length);
+  });
+});
+
+describe("when lines start", () => {
+  it("starts them in groups of an eighth of the lane", () => {
+    expect(linesToStart(128, 15, 1000)).toBe(0);
+    expect(linesToStart(128, 16, 1000)).toBe(16);
+    expect(linesToStart(128, 40, 1000)).toBe(40);
+  });
+
+  it("starts what is left, and anything when none runs", () => {
+    expect(linesToStart(128, 5, 3)).toBe(3);
+    expect(linesToStart(128, 10, 0)).toBe(0);
+    expect(linesToStart(4, 4, 1000)).toBe(4);
+    expect(linesToStart(1, 1, 5)).toBe(1);
+  });
+});
+
+describe("when ended lines are billed", () => {
+  it("bills at 64 ended lines, or a second after the last charge, never with none", () => {
+    expect(chargeDue(64, 0)).toBe(true);
+    expect(chargeDue(63, 999)).toBe(false);
+    expect(chargeDue(1, 1_000)).toBe(true);
+    expect(chargeDue(0, 60_000)).toBe(false);
+  });
+});
