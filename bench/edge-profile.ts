@@ -6,7 +6,8 @@
  * the inspector (`Profiler.start`/`stop`). Each sample is charged to the source module its
  * function came from (esbuild's `// path` markers in the bundle) and to a stage of the
  * request; prints milliseconds per request by stage and the busiest functions, and writes
- * the `.cpuprofile` (for Chrome DevTools) to the OS temp folder. See docs/benchmarks.md.
+ * the `.cpuprofile` (for Chrome DevTools) to the OS temp folder. `--batch-lines N` profiles
+ * a Batch API batch of N lines instead, per line. See docs/benchmarks.md.
  */
 import { writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -17,7 +18,9 @@ import { BENCH_KEY_BUDGETS, BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { inspectWorker } from "./inspector.ts";
 import { cpuTimeMs, workerdPid } from "./processes.ts";
 import { type CpuProfile, chargeProfile, moduleRanges } from "./profile-stages.ts";
-import { createKey, startStack } from "../scripts/stack.ts";
+import { batchFile } from "./batch-api-report.ts";
+import { batchEnded, startBatch } from "./batch-api-checks.ts";
+import { DEV_KEY_LIMITS, createKey, startStack } from "../scripts/stack.ts";
 import { freePort } from "../scripts/edge.ts";
 
 const { values: args } = parseArgs({
@@ -30,6 +33,7 @@ const { values: args } = parseArgs({
     interval: { type: "string", default: "50" },
     pause: { type: "string", default: "0" },
     top: { type: "string", default: "25" },
+    "batch-lines": { type: "string", default: "0" },
   },
   strict: true,
 });
@@ -41,6 +45,8 @@ const CLIENTS = Number(args.clients);
 // sent in a call of its own, the ledger's commit) then falls to each request. Read the /proc
 // figure then: the sampler charges the pauses to whatever the thread last held.
 const PAUSE_MS = Number(args.pause);
+/** With lines: one batch of that many lines (two origins, the lane 128 lines wide). */
+const BATCH_LINES = Number(args["batch-lines"]);
 
 /** A chat body of about `tokens` prompt tokens (three-letter words, as bench:overhead sends). */
 function body(): string {
@@ -65,18 +71,26 @@ function body(): string {
 
 const inspectorPort = await freePort();
 const stack = await startStack({
-  regions: [{ id: "local", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 1 }],
+  regions: [
+    {
+      id: "local",
+      continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"],
+      origins: BATCH_LINES > 0 ? 2 : 1,
+    },
+  ],
   sim: { timeScale: 0 },
   originProcesses: true,
   runtime: "workerd",
   inspectorPort,
+  ...(BATCH_LINES > 0 && { settings: { batch_api: { lines_in_flight: 128 } } }),
 });
 let report: string;
 try {
   const apiKey = await createKey(stack.edgeUrl, stack.adminToken, {
     name: "bench-profile",
-    limits: BENCH_KEY_LIMITS,
-    budgets: BENCH_KEY_BUDGETS,
+    limits: BATCH_LINES > 0 ? DEV_KEY_LIMITS : BENCH_KEY_LIMITS,
+    ...(BATCH_LINES === 0 && { budgets: BENCH_KEY_BUDGETS }),
+    ...(BATCH_LINES > 0 && { allow_region_override: true }),
   });
   const url = `${stack.edgeUrl}/v1/chat/completions`;
   const headers = { "content-type": "application/json", authorization: `Bearer ${apiKey}` };
@@ -86,7 +100,16 @@ try {
     if (PAUSE_MS > 0) await new Promise((resolve) => setTimeout(resolve, PAUSE_MS));
     return total;
   };
-  await closedLoop(CLIENTS, Number(args.warm), send);
+  const runBatch = async (lines: number) => {
+    const { jsonl } = batchFile(lines, 32);
+    const batch = await startBatch(stack.edgeUrl, apiKey, jsonl, "local");
+    const ended = await batchEnded(stack.edgeUrl, apiKey, batch.id, () => {}, 200);
+    if (ended.status !== "completed") throw new Error(`batch ${ended.status}`);
+  };
+  const UNITS = BATCH_LINES > 0 ? BATCH_LINES : REQUESTS;
+  const unit = BATCH_LINES > 0 ? "line" : "request";
+  if (BATCH_LINES > 0) await runBatch(200);
+  else await closedLoop(CLIENTS, Number(args.warm), send);
 
   const inspector = await inspectWorker(inspectorPort);
   await inspector.send("Profiler.enable");
@@ -95,7 +118,8 @@ try {
   const cpuBefore = await cpuTimeMs(workerd);
   const started = performance.now();
   await inspector.send("Profiler.start");
-  await closedLoop(CLIENTS, REQUESTS, send);
+  if (BATCH_LINES > 0) await runBatch(BATCH_LINES);
+  else await closedLoop(CLIENTS, REQUESTS, send);
   // The ledger's settlement runs after the response.
   await new Promise((r) => setTimeout(r, 100));
   const { profile } = await inspector.send<{ profile: CpuProfile }>("Profiler.stop");
@@ -117,13 +141,16 @@ try {
   const charged = chargeProfile(profile, ranges);
   const file = join(tmpdir(), `warmgate-edge-${Date.now()}.cpuprofile`);
   await writeFile(file, JSON.stringify(profile));
-  const per = (ms: number) => fmt(ms / REQUESTS, 3);
-  const what = `${args.stream ? "stream" : "JSON"}, ${PROMPT_TOKENS === 0 ? "short prompt" : `${PROMPT_TOKENS}-token prompt`}`;
+  const per = (ms: number) => fmt(ms / UNITS, 3);
+  const what =
+    BATCH_LINES > 0
+      ? `${BATCH_LINES} lines of one Batch API batch of 32-token lines, two origins without delay`
+      : `${REQUESTS} requests from ${CLIENTS} client${CLIENTS === 1 ? "" : "s"} (${args.stream ? "stream" : "JSON"}, ${PROMPT_TOKENS === 0 ? "short prompt" : `${PROMPT_TOKENS}-token prompt`})`;
   report = [
-    `${REQUESTS} requests from ${CLIENTS} client${CLIENTS === 1 ? "" : "s"} (${what}): wall ${fmt(wallMs / REQUESTS)} ms/request, workerd CPU ${fmt(cpuMs / REQUESTS)} ms/request (/proc), sampled in JS isolate ${per(charged.busyMs)} ms/request.`,
+    `${what}: wall ${fmt(wallMs / UNITS)} ms/${unit}, workerd CPU ${fmt(cpuMs / UNITS)} ms/${unit} (/proc), sampled in JS isolate ${per(charged.busyMs)} ms/${unit}.`,
     "",
     markdownTable(
-      ["stage", "ms/request", "share"],
+      ["stage", `ms/${unit}`, "share"],
       charged.stages.map(([stage, ms]) => [
         stage,
         per(ms),
@@ -132,7 +159,7 @@ try {
     ),
     "",
     markdownTable(
-      ["function", "module", "self ms/request"],
+      ["function", "module", `self ms/${unit}`],
       charged.functions
         .slice(0, Number(args.top))
         .map(([name, module, ms]) => [name, module, per(ms)]),

@@ -57,6 +57,7 @@ const STAGES: [RegExp, string][] = [
   ],
   [/^durable-objects\/key-account\//, "KeyAccount (in the Durable Object)"],
   [/^durable-objects\/batcher\//, "Batcher (in the Durable Object)"],
+  [/^durable-objects\/batch-run\//, "BatchRun (in the Durable Object)"],
   [/^durable-objects\//, "other Durable Objects"],
   [/observability|prometheus/, "metrics"],
   [/contracts\/log/, "logging"],
