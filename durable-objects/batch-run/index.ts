@@ -21,7 +21,7 @@ import {
 } from "./lifecycle.ts";
 import { keptAnswers } from "./kept-answers.ts";
 import { lineAttempt } from "./line-attempt.ts";
-import { type LineBody, readBodies } from "./line-bodies.ts";
+import { type LineBody, readBodies, unreadOutcome } from "./line-bodies.ts";
 import { type LineOutcome, lineOutcome } from "./line-outcome.ts";
 import { writeOutputFile } from "./output-files.ts";
 import { BatchStore } from "./store.ts";
@@ -237,10 +237,12 @@ export class BatchRun extends DurableObject<Env> {
   async #runLine(line: LineToRun, body: LineBody | undefined): Promise<void> {
     let outcome: LineOutcome;
     try {
-      if (body === undefined || body instanceof Error) throw body;
-      outcome = lineOutcome(await this.#send(line, body));
+      outcome =
+        body === undefined || body instanceof Error
+          ? unreadOutcome(body, BACKSTOP_MS)
+          : lineOutcome(await this.#send(line, body));
     } catch {
-      // The input unreadable, or this object or its Batcher went away mid-call: again later.
+      // This object or its Batcher went away mid-call: the line goes again.
       outcome = { kind: "retry", afterMs: BACKSTOP_MS };
     }
     this.#running.delete(line.idx);

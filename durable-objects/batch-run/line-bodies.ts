@@ -3,6 +3,7 @@
  * together are read in as few range reads as their places in the file allow, each range at
  * most `READ_SPAN_BYTES` and skipping at most `READ_GAP_BYTES` between two lines.
  */
+import type { LineOutcome } from "./line-outcome.ts";
 import type { LineToRun } from "./types.ts";
 
 /** Two lines at most this far apart in the file are read in one range. */
@@ -42,8 +43,35 @@ export function readSpans(
   return spans;
 }
 
+/** The input file is gone (deleted while the batch ran): none of its lines can be read. */
+export class InputFileGone extends Error {}
+/** A line's bytes are not a JSON object with a `body` object: they never will be. */
+export class LineUnreadable extends Error {}
+
 /** What a line's read gave: its request body, or why there is none. */
 export type LineBody = Record<string, unknown> | Error;
+
+/**
+ * How a line whose body could not be read ends: failed for good when the file is gone or
+ * the line is not a request, else (a read that failed on the way) sent again after `retryMs`.
+ */
+export function unreadOutcome(error: Error | undefined, retryMs: number): LineOutcome {
+  if (error instanceof InputFileGone) {
+    return {
+      kind: "failed",
+      code: "input_file_deleted",
+      message: "The batch's input file was deleted before this line ran.",
+    };
+  }
+  if (error instanceof LineUnreadable) {
+    return {
+      kind: "failed",
+      code: "invalid_line",
+      message: "This line of the input file could not be read as a request.",
+    };
+  }
+  return { kind: "retry", afterMs: retryMs };
+}
 
 /** What a read needs of the files' bucket (an R2 bucket's `get` with a range). */
 export interface RangeReader {
@@ -55,6 +83,18 @@ export interface RangeReader {
 
 const decoder = new TextDecoder();
 
+function bodyOf(text: string): LineBody {
+  try {
+    const { body } = JSON.parse(text) as { body?: unknown };
+    if (typeof body === "object" && body !== null && !Array.isArray(body)) {
+      return body as Record<string, unknown>;
+    }
+  } catch {
+    // Not JSON: as unreadable as JSON without a body.
+  }
+  return new LineUnreadable("not a request line");
+}
+
 /** Each line's `body` from the input file `key` in `bucket`. */
 export async function readBodies(
   bucket: RangeReader,
@@ -64,16 +104,11 @@ export async function readBodies(
   const bodies = new Map<number, LineBody>();
   const read = async (span: ReadSpan) => {
     const object = await bucket.get(key, { range: { offset: span.offset, length: span.length } });
-    if (object === null) throw new Error("input file gone");
+    if (object === null) throw new InputFileGone("input file gone");
     const bytes = new Uint8Array(await object.arrayBuffer());
     for (const line of span.lines) {
       const at = line.offset - span.offset;
-      try {
-        const text = decoder.decode(bytes.subarray(at, at + line.bytes));
-        bodies.set(line.idx, (JSON.parse(text) as { body: Record<string, unknown> }).body);
-      } catch (error) {
-        bodies.set(line.idx, error as Error);
-      }
+      bodies.set(line.idx, bodyOf(decoder.decode(bytes.subarray(at, at + line.bytes))));
     }
   };
   await Promise.all(

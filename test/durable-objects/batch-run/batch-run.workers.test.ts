@@ -170,6 +170,26 @@ describe("a BatchRun", () => {
     expect(usage.total.requests).toBe(80);
   });
 
+  it("fails the lines it had not read when its input file is deleted, and ends", async () => {
+    const { key } = await createKey({ name: "deleted-input" });
+    const { file, batch } = await batchOf(key, 200, 3, "slow");
+    expect((await call(key, `/v1/files/${file}`, { method: "DELETE" })).status).toBe(200);
+    const done = await settled(key, batch.id);
+    expect(done.status).toBe("completed");
+    const { total, completed, failed } = done.request_counts;
+    expect(total).toBe(200);
+    expect(completed + failed).toBe(200);
+    expect(failed).toBeGreaterThan(0);
+    const errors = await (await call(key, `/v1/files/${done.error_file_id}/content`)).text();
+    const codes = new Set(
+      errors
+        .trim()
+        .split("\n")
+        .map((l) => (JSON.parse(l) as { error: { code: string } }).error.code),
+    );
+    expect([...codes]).toEqual(["input_file_deleted"]);
+  });
+
   it("expires at the end of its 24-hour window: lines not run go to the error file", async () => {
     const { key, id: keyId } = await createKey({ name: "expiring-batch" });
     const { file } = await batchOf(key, 1, 1, "eu");

@@ -1,8 +1,11 @@
 import { describe, expect, it } from "vitest";
 import {
+  InputFileGone,
+  LineUnreadable,
   type RangeReader,
   readBodies,
   readSpans,
+  unreadOutcome,
 } from "../../../durable-objects/batch-run/line-bodies.ts";
 import { chargeDue, linesToStart } from "../../../durable-objects/batch-run/lifecycle.ts";
 import type { LineToRun } from "../../../durable-objects/batch-run/types.ts";
@@ -66,7 +69,13 @@ describe("reading lines sent together", () => {
 });
 
 describe("reading lines' bodies", () => {
-  const file = ['{"body":{"n":0}}', "not json", '{"body":{"n":2}}', '{"body":{"é":3}}'];
+  const file = [
+    '{"body":{"n":0}}',
+    "not json",
+    '{"body":{"n":2}}',
+    '{"body":{"é":3}}',
+    '{"body":[1]}',
+  ];
   const bytes = new TextEncoder().encode(file.join("\n"));
   const lines: LineToRun[] = [];
   let at = 0;
@@ -88,20 +97,36 @@ describe("reading lines' bodies", () => {
     const bodies = await readBodies(
       bucket,
       "k",
-      [lines[3], lines[0], lines[1], lines[2]].filter((l) => l !== undefined),
+      [lines[3], lines[0], lines[4], lines[1], lines[2]].filter((l) => l !== undefined),
     );
     expect(reads).toEqual([[0, bytes.length]]);
     expect(bodies.get(0)).toEqual({ n: 0 });
-    expect(bodies.get(1)).toBeInstanceOf(Error);
+    expect(bodies.get(1)).toBeInstanceOf(LineUnreadable);
     expect(bodies.get(2)).toEqual({ n: 2 });
     expect(bodies.get(3)).toEqual({ é: 3 });
+    expect(bodies.get(4)).toBeInstanceOf(LineUnreadable);
   });
 
   it("fails each line of a range whose file is gone", async () => {
     const gone: RangeReader = { get: async () => null };
     const bodies = await readBodies(gone, "k", lines);
-    expect([...bodies.values()].every((body) => body instanceof Error)).toBe(true);
+    expect([...bodies.values()].every((body) => body instanceof InputFileGone)).toBe(true);
     expect(bodies.size).toBe(lines.length);
+  });
+});
+
+describe("a line that could not be read", () => {
+  it("fails for good when the file is gone or the line is no request, else goes again", () => {
+    expect(unreadOutcome(new InputFileGone(), 2000)).toMatchObject({
+      kind: "failed",
+      code: "input_file_deleted",
+    });
+    expect(unreadOutcome(new LineUnreadable(), 2000)).toMatchObject({
+      kind: "failed",
+      code: "invalid_line",
+    });
+    expect(unreadOutcome(new Error("network"), 2000)).toEqual({ kind: "retry", afterMs: 2000 });
+    expect(unreadOutcome(undefined, 2000)).toEqual({ kind: "retry", afterMs: 2000 });
   });
 });
 
