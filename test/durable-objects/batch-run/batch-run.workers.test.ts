@@ -64,24 +64,32 @@ async function settled(key: string, id: string): Promise<Batch> {
   }
 }
 
+/** A store holding a batch `id` of one line per prefix, every line pending. */
+function storeOf(
+  state: DurableObjectState,
+  id: string,
+  prefixes: readonly (number | null)[],
+): BatchStore {
+  const store = new BatchStore(state.storage);
+  const lines = prefixes.map((prefix, i) => ({
+    customId: `c${i}`,
+    prefix,
+    offset: 0,
+    bytes: 1,
+    promptTokens: 1,
+    maxTokens: 1,
+    reservePicos: 1n,
+  }));
+  const run = { batchers: ["unused"] } as unknown as BatchRunPlan;
+  store.create({ id, owner: "k", lines, run } as BatchCreateInput, { id } as BatchState);
+  return store;
+}
+
 describe("a BatchRun", () => {
   it("starts the lines that share a prefix together, whatever their order in the file", async () => {
     const stub = env.BATCH_RUN.getByName("batch_00000000000prefixes1");
     const started = await runInDurableObject(stub, (_instance, state) => {
-      const store = new BatchStore(state.storage);
-      const prefixes = [7, 9, 7, null, 9, 7];
-      const lines = prefixes.map((prefix, i) => ({
-        customId: `c${i}`,
-        prefix,
-        offset: 0,
-        bytes: 1,
-        promptTokens: 1,
-        maxTokens: 1,
-        reservePicos: 1n,
-      }));
-      const run = { batchers: ["unused"] } as unknown as BatchRunPlan;
-      const batch = { id: "batch_00000000000prefixes1" } as BatchState;
-      store.create({ id: batch.id, owner: "k", lines, run } as BatchCreateInput, batch);
+      const store = storeOf(state, "batch_00000000000prefixes1", [7, 9, 7, null, 9, 7]);
       return [store.startLines(4, 0), store.startLines(4, 0)].map((sent) =>
         sent.map((line) => line.idx),
       );
@@ -96,19 +104,8 @@ describe("a BatchRun", () => {
   it("keeps each state's count as its lines move, as the table holds them", async () => {
     const stub = env.BATCH_RUN.getByName("batch_000000000000counts01");
     const mismatches = await runInDurableObject(stub, (_instance, state) => {
-      const store = new BatchStore(state.storage);
-      const lines = Array.from({ length: 40 }, (_, i) => ({
-        customId: `c${i}`,
-        prefix: i % 3,
-        offset: 0,
-        bytes: 1,
-        promptTokens: 1,
-        maxTokens: 1,
-        reservePicos: 1n,
-      }));
-      const run = { batchers: ["unused"] } as unknown as BatchRunPlan;
-      const batch = { id: "batch_000000000000counts01" } as BatchState;
-      store.create({ id: batch.id, owner: "k", lines, run } as BatchCreateInput, batch);
+      const prefixes = Array.from({ length: 40 }, (_, i) => i % 3);
+      const store = storeOf(state, "batch_000000000000counts01", prefixes);
       let seed = 11;
       const next = (n: number) => {
         seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
