@@ -1,4 +1,5 @@
 import { env } from "cloudflare:workers";
+import * as fc from "fast-check";
 import { evictDurableObject, runInDurableObject } from "cloudflare:test";
 import { describe, expect, inject, it } from "vitest";
 import { loadConfig } from "../../../contracts/config/gateway.ts";
@@ -102,39 +103,45 @@ describe("a BatchRun", () => {
   });
 
   it("keeps each state's count as its lines move, as the table holds them", async () => {
-    const stub = env.BATCH_RUN.getByName("batch_000000000000counts01");
-    const mismatches = await runInDurableObject(stub, (_instance, state) => {
-      const prefixes = Array.from({ length: 40 }, (_, i) => i % 3);
-      const store = storeOf(state, "batch_000000000000counts01", prefixes);
-      let seed = 11;
-      const next = (n: number) => {
-        seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
-        return (seed >>> 8) % n;
-      };
-      const found: string[] = [];
-      for (let step = 0; step < 300; step++) {
-        const idx = next(40);
-        const end = { ok: next(2) === 0, record: "{}", httpStatus: 200, now: step };
-        // Every move, also those that must change nothing (a line ended twice, released
-        // when not running, requeued while this incarnation runs it).
-        const moves = [
-          () => store.startLines(next(5), step),
-          () => store.release(idx),
-          () => store.finish(idx, end, null),
-          () => store.requeueRunning(new Set([idx])),
-        ];
-        moves[next(moves.length)]?.();
-        // A store opened on the same rows counts them afresh.
-        const kept = JSON.stringify(store.counts());
-        const table = JSON.stringify(new BatchStore(state.storage).counts());
-        if (kept !== table) found.push(`step ${step}: ${kept} != ${table}`);
-      }
-      const counts = store.counts();
-      return { found, total: counts.total, ended: counts.ok + counts.failed };
+    // Every move, also those that must change nothing (a line ended twice, released when
+    // not running, requeued while this incarnation runs it).
+    const move = fc.record({
+      kind: fc.constantFrom("start", "release", "finish", "requeue"),
+      idx: fc.nat(39),
+      limit: fc.nat(4),
+      ok: fc.boolean(),
     });
-    expect(mismatches.found).toEqual([]);
-    expect(mismatches.total).toBe(40);
-    expect(mismatches.ended).toBeGreaterThan(10);
+    let run = 0;
+    let mostEnded = 0;
+    await fc.assert(
+      fc.asyncProperty(fc.array(move, { maxLength: 300, size: "max" }), async (moves) => {
+        const id = `batch_000000000counts${String(run++).padStart(4, "0")}`;
+        const seen = await runInDurableObject(env.BATCH_RUN.getByName(id), (_instance, state) => {
+          const prefixes = Array.from({ length: 40 }, (_, i) => i % 3);
+          const store = storeOf(state, id, prefixes);
+          const found: string[] = [];
+          for (const [step, { kind, idx, limit, ok }] of moves.entries()) {
+            if (kind === "start") store.startLines(limit, step);
+            else if (kind === "release") store.release(idx);
+            else if (kind === "finish") {
+              store.finish(idx, { ok, record: "{}", httpStatus: 200, now: step }, null);
+            } else store.requeueRunning(new Set([idx]));
+            // A store opened on the same rows counts them afresh.
+            const kept = JSON.stringify(store.counts());
+            const table = JSON.stringify(new BatchStore(state.storage).counts());
+            if (kept !== table) found.push(`step ${step}: ${kept} != ${table}`);
+          }
+          const counts = store.counts();
+          return { found, total: counts.total, ended: counts.ok + counts.failed };
+        });
+        mostEnded = Math.max(mostEnded, seen.ended);
+        expect(seen.found).toEqual([]);
+        expect(seen.total).toBe(40);
+      }),
+      { numRuns: 25, seed: 11 },
+    );
+    // The moves reached ended lines, not only pending and running ones.
+    expect(mostEnded).toBeGreaterThan(10);
   });
 
   it("survives a restart mid-way: lines that were running go again, each answered and billed once", async () => {

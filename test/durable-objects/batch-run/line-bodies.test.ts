@@ -1,3 +1,4 @@
+import * as fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import {
   InputFileGone,
@@ -42,29 +43,39 @@ describe("reading lines sent together", () => {
   });
 
   it("covers every line's bytes exactly once", () => {
-    let seed = 3;
-    const next = (n: number) => {
-      seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
-      return (seed >>> 8) % n;
-    };
-    let offset = 0;
-    const lines = Array.from({ length: 500 }, (_, idx) => {
-      const at = offset;
-      const bytes = 1 + next(3000);
-      offset += bytes + 1;
-      return line(idx, at, bytes);
-    }).filter(() => next(4) === 0);
-    const spans = readSpans(lines, 4096, 65_536);
-    expect(spans.flatMap((span) => span.lines.map((l) => l.idx)).sort((a, b) => a - b)).toEqual(
-      lines.map((l) => l.idx),
+    // Lines one after another in a file (each `gap` bytes after the one before), some sent.
+    // Mostly close together (ranges that reach their longest), now and then far apart.
+    const spacing = fc.oneof(
+      { arbitrary: fc.nat(16), weight: 4 },
+      { arbitrary: fc.nat(8000), weight: 1 },
     );
-    for (const span of spans) {
-      expect(span.length).toBeLessThanOrEqual(65_536);
-      for (const l of span.lines) {
-        expect(l.offset).toBeGreaterThanOrEqual(span.offset);
-        expect(l.offset + l.bytes).toBeLessThanOrEqual(span.offset + span.length);
-      }
-    }
+    const file = fc.array(
+      fc.record({ bytes: fc.integer({ min: 1, max: 3000 }), gap: spacing, sent: fc.boolean() }),
+      { maxLength: 500, size: "max" },
+    );
+    fc.assert(
+      fc.property(file, (parts) => {
+        let offset = 0;
+        const lines: LineToRun[] = [];
+        for (const [idx, { bytes, gap, sent }] of parts.entries()) {
+          offset += gap;
+          if (sent) lines.push(line(idx, offset, bytes));
+          offset += bytes;
+        }
+        const spans = readSpans(lines, 4096, 65_536);
+        expect(spans.flatMap((span) => span.lines.map((l) => l.idx)).sort((a, b) => a - b)).toEqual(
+          lines.map((l) => l.idx),
+        );
+        for (const span of spans) {
+          expect(span.length).toBeLessThanOrEqual(65_536);
+          for (const l of span.lines) {
+            expect(l.offset).toBeGreaterThanOrEqual(span.offset);
+            expect(l.offset + l.bytes).toBeLessThanOrEqual(span.offset + span.length);
+          }
+        }
+      }),
+      { numRuns: 300, seed: 3 },
+    );
   });
 });
 
