@@ -2,7 +2,9 @@
  * A test origin that speaks the batch protocol (origin/PROTOCOL.md) but garbles one frame
  * of each item, as the item's body asks in its `user` field: `bad-head` (a HEAD that is
  * not JSON), `bad-end` (an END without its outcome) or `bad-load` (a LOAD that is an
- * array); any other item is answered well. Started by `origins-setup.ts`, in Node.
+ * array); `mute` takes the call and answers it only once its item is cancelled by id
+ * (`GET /muted` counts calls taken, and those stopped: closed by the edge unanswered, or
+ * their item cancelled); any other item is answered well. Started by `origins-setup.ts`.
  */
 import { type Server, createServer } from "node:http";
 import { type AddressInfo } from "node:net";
@@ -92,12 +94,31 @@ export interface GarbledOrigin {
  */
 export async function startGarbledOrigin(originId: string): Promise<GarbledOrigin> {
   let held: (() => void)[] = [];
+  const muted = { taken: 0, stopped: 0 };
+  // A muted call's item id, and what answers it once the item is cancelled.
+  const mutedCalls = new Map<string, () => void>();
   const server = createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on("data", (chunk: Buffer) => chunks.push(chunk));
     req.on("end", () => {
       const text = Buffer.concat(chunks).toString("utf8");
-      if (req.method === "POST" && req.url === "/v1/batch") {
+      if (req.method === "POST" && req.url === "/v1/batch" && text.includes("mute")) {
+        muted.taken++;
+        const [item] = BatchRequestSchema.parse(JSON.parse(text)).items;
+        const id = item?.id ?? "";
+        const stop = () => {
+          if (mutedCalls.delete(id)) muted.stopped++;
+        };
+        mutedCalls.set(id, () => {
+          stop();
+          res.writeHead(200, { "content-type": BATCH_CONTENT_TYPE });
+          res.end(encodeJsonFrame(FrameType.END, 0, { id, outcome: "cancelled", usage: null }));
+        });
+        res.on("close", stop);
+      } else if (req.method === "GET" && req.url === "/muted") {
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(JSON.stringify(muted));
+      } else if (req.method === "POST" && req.url === "/v1/batch") {
         const { first, last } = answer(originId, JSON.parse(text));
         res.writeHead(200, { "content-type": BATCH_CONTENT_TYPE });
         if (!text.includes("bad-end")) {
@@ -116,6 +137,8 @@ export async function startGarbledOrigin(originId: string): Promise<GarbledOrigi
         for (const release of releasing) release();
         res.writeHead(204).end();
       } else if (req.method === "POST" && req.url === "/v1/batch/cancel") {
+        const { ids = [] } = JSON.parse(text) as { ids?: string[] };
+        for (const id of ids) mutedCalls.get(id)?.();
         res.writeHead(200, { "content-type": "application/json" });
         res.end('{"cancelled":[]}');
       } else if (req.method === "POST" && req.url === "/v1/batch/outcomes") {

@@ -1,6 +1,6 @@
 import { env } from "cloudflare:workers";
 import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import app from "../../../functions/index.ts";
 import { type ErrorBody, chatBody, edgeRequest, lastEvent } from "../../support/edge-requests.ts";
 import { originUrl, sendWith } from "../../support/test-origins.workers.ts";
@@ -53,5 +53,65 @@ describe.each([
     await waitOnExecutionContext(ctx);
     expect(done).toBe(false);
     expect(last).toMatchObject({ error: { type: "server_error", code: "origin_error" } });
+  });
+});
+
+/** Calls the garbling origin took for `mute` items, and those it heard stopped. */
+const muted = async () =>
+  (await fetch(`${originUrl("garbled-1")}/muted`)).json<{ taken: number; stopped: number }>();
+
+describe("a JSON completion whose origin takes the call and never answers it", () => {
+  it("is given up at its first-byte timeout (504 origin_timeout), its item stopped", async () => {
+    const config = JSON.stringify({
+      ...JSON.parse(configOf("mute", false)),
+      limits: { first_byte_timeout_ms: 300 },
+    });
+    const before = await muted();
+    const res = await sendWith(config, chat("mute"));
+    expect(res.status).toBe(504);
+    expect((await res.json<ErrorBody>()).error.code).toBe("origin_timeout");
+    // The origin hears of it: the call closed unanswered, or its item cancelled by id.
+    await vi.waitFor(
+      async () => {
+        const after = await muted();
+        expect(after.taken).toBe(before.taken + 1);
+        expect(after.stopped).toBe(before.stopped + 1);
+      },
+      { timeout: 5_000, interval: 50 },
+    );
+  });
+
+  it("is answered by the next origin, and the item on the mute one is stopped", async () => {
+    // One mute origin and one that answers: whichever is tried first, every call the mute
+    // one took is stopped although the request was served.
+    const config = JSON.stringify({
+      ...JSON.parse(configOf("mute-then-sim", false)),
+      regions: [
+        {
+          id: "garbled-mute-then-sim",
+          origins: [
+            { id: "garbled@mute-then-sim", url: originUrl("garbled-1") },
+            { id: "sim@mute-then-sim", url: originUrl("eu-1") },
+          ],
+        },
+      ],
+      limits: { first_byte_timeout_ms: 300 },
+    });
+    const before = await muted();
+    let tried = 0;
+    for (let i = 0; i < 6; i++) {
+      const res = await sendWith(config, chat("mute"));
+      expect(res.status).toBe(200);
+      tried += Number(res.headers.get("x-warmgate-attempts")) - 1;
+    }
+    expect(tried).toBeGreaterThan(0);
+    await vi.waitFor(
+      async () => {
+        const after = await muted();
+        expect(after.taken - before.taken).toBe(tried);
+        expect(after.stopped - before.stopped).toBe(tried);
+      },
+      { timeout: 5_000, interval: 50 },
+    );
   });
 });
