@@ -26,7 +26,7 @@ export interface UpstreamOrigin {
 export function postBatch(
   origin: UpstreamOrigin,
   batch: BatchRequest,
-  signal?: AbortSignal,
+  signal: AbortSignal,
 ): Promise<Response> {
   return fetch(batchUrl(origin.url), {
     method: "POST",
@@ -35,7 +35,7 @@ export function postBatch(
       "warmgate-batch-version": String(BATCH_PROTOCOL_VERSION),
     }),
     body: JSON.stringify(batch),
-    ...(signal !== undefined && { signal }),
+    signal,
   });
 }
 
@@ -74,7 +74,7 @@ export function currentUpstream(origin: CredentialedOrigin): UpstreamOrigin {
 export async function postBatchWithCredentials(
   origin: CredentialedOrigin,
   batch: BatchRequest,
-  signal?: AbortSignal,
+  signal: AbortSignal,
 ): Promise<Response> {
   for (let tried = 1; ; tried++) {
     const upstream = currentUpstream(origin);
