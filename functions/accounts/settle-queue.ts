@@ -8,8 +8,13 @@
 import { logError } from "../../contracts/log.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
 
-/** Longest time a settlement waits for a call to carry it, unless told otherwise. */
-export const SETTLE_FLUSH_MS = 20;
+/**
+ * Longest time a settlement waits for a call to carry it, unless told otherwise. A call of
+ * its own costs the account a commit: at a few hundred requests a second a 100 ms wait
+ * carries twenty settlements a call where 20 ms carried four, 0.12 ms less workerd CPU a
+ * request (docs/benchmarks.md, "Where one request's CPU goes").
+ */
+export const SETTLE_FLUSH_MS = 100;
 
 /**
  * Time beyond the account's write delay that a carried settlement waits for an answer to
