@@ -1,0 +1,137 @@
+/**
+ * `npm run bench:ab -- --base REV`: this tree's edge and the edge of commit REV side by side,
+ * each under workerd with an origin of its own, one request to each in turn (a key with
+ * limits, budgets and ledger on); prints each edge's workerd CPU and latency per round. A
+ * host that drifts moves both alike, so a difference of a few percent shows where runs one
+ * after the other would bury it. REV is checked out in a temporary worktree. Prints only:
+ * the targets live in bench:overhead. See docs/benchmarks.md, "Where one request's CPU goes".
+ */
+import { execFileSync } from "node:child_process";
+import { mkdtemp, rm, symlink } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { benchChatBody, fmt, markdownTable, percentile, timedRequest } from "./lib.ts";
+import { BENCH_KEY_BUDGETS, BENCH_KEY_LIMITS } from "./key-limits.ts";
+import { cpuTimeMs, workerdPid } from "./processes.ts";
+import { ROOT } from "../scripts/edge.ts";
+import type * as StackModule from "../scripts/stack.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    base: { type: "string" },
+    rounds: { type: "string", default: "4" },
+    requests: { type: "string", default: "1500" },
+    warm: { type: "string", default: "300" },
+    stream: { type: "boolean", default: false },
+  },
+  strict: true,
+});
+if (args.base === undefined) throw new Error("--base REV names the commit to compare with");
+const ROUNDS = Number(args.rounds);
+const REQUESTS = Number(args.requests);
+
+const git = (...rest: string[]) =>
+  execFileSync("git", rest, { cwd: ROOT, encoding: "utf8" }).trim();
+const baseCommit = git("rev-parse", "--short", args.base);
+const headCommit = git("rev-parse", "--short", "HEAD");
+const dirty = git("status", "--porcelain", "--untracked-files=no") !== "";
+const scratch = await mkdtemp(join(tmpdir(), "warmgate-ab-"));
+const baseDir = join(scratch, "base");
+git("worktree", "add", "--detach", baseDir, baseCommit);
+await symlink(join(ROOT, "node_modules"), join(baseDir, "node_modules"));
+
+interface Edge {
+  name: string;
+  stack: StackModule.RunningStack;
+  url: string;
+  headers: Record<string, string>;
+  pid: number | null;
+  rounds: number[];
+  latencies: number[];
+}
+
+const edges: Edge[] = [];
+try {
+  for (const [name, dir] of [
+    [`base ${baseCommit}`, baseDir],
+    [`this tree (${headCommit}${dirty ? ", changed" : ""})`, ROOT],
+  ] as const) {
+    const { startStack, createKey } = (await import(
+      join(dir, "scripts", "stack.ts")
+    )) as typeof StackModule;
+    const stack = await startStack({
+      regions: [
+        { id: "local", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 1 },
+      ],
+      sim: { timeScale: 0 },
+      originProcesses: true,
+      runtime: "workerd",
+    });
+    const key = await createKey(stack.edgeUrl, stack.adminToken, {
+      name: "bench-ab",
+      limits: BENCH_KEY_LIMITS,
+      budgets: BENCH_KEY_BUDGETS,
+    });
+    edges.push({
+      name,
+      stack,
+      url: `${stack.edgeUrl}/v1/chat/completions`,
+      headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
+      pid: await workerdPid(stack.edge.pid),
+      rounds: [],
+      latencies: [],
+    });
+  }
+  const payload = benchChatBody(16, args.stream);
+  for (let i = 0; i < Number(args.warm); i++) {
+    for (const edge of edges) await timedRequest(edge.url, edge.headers, payload);
+  }
+  for (let round = 0; round < ROUNDS; round++) {
+    const before = await Promise.all(edges.map((edge) => cpuTimeMs(edge.pid)));
+    for (let i = 0; i < REQUESTS; i++) {
+      // Each goes first every other turn.
+      for (const edge of i % 2 === 0 ? edges : edges.toReversed()) {
+        edge.latencies.push((await timedRequest(edge.url, edge.headers, payload)).total);
+      }
+    }
+    const after = await Promise.all(edges.map((edge) => cpuTimeMs(edge.pid)));
+    edges.forEach((edge, k) =>
+      edge.rounds.push(((after[k] ?? NaN) - (before[k] ?? NaN)) / REQUESTS),
+    );
+  }
+} finally {
+  await Promise.all(edges.map((edge) => edge.stack.stop()));
+  git("worktree", "remove", "--force", baseDir);
+  await rm(scratch, { recursive: true, force: true });
+}
+
+const mean = (values: number[]) => values.reduce((a, b) => a + b, 0) / values.length;
+for (const edge of edges) edge.latencies.sort((a, b) => a - b);
+const [base, head] = edges;
+console.log(
+  `${ROUNDS} rounds of ${REQUESTS} ${args.stream ? "streamed" : "JSON"} requests to each edge, in turn, one client.\n`,
+);
+console.log(
+  markdownTable(
+    [
+      "edge",
+      ...(edges[0]?.rounds ?? []).map((_, r) => `round ${r + 1} CPU ms/req`),
+      "CPU ms/req",
+      "p50 ms",
+      "p99 ms",
+    ],
+    edges.map((edge) => [
+      edge.name,
+      ...edge.rounds.map((ms) => fmt(ms, 3)),
+      fmt(mean(edge.rounds), 3),
+      fmt(percentile(edge.latencies, 50)),
+      fmt(percentile(edge.latencies, 99)),
+    ]),
+  ),
+);
+if (base !== undefined && head !== undefined) {
+  console.log(
+    `\nthis tree / base: CPU ${fmt(mean(head.rounds) / mean(base.rounds), 3)}×, p50 ${fmt(percentile(head.latencies, 50) / percentile(base.latencies, 50), 3)}×`,
+  );
+}
