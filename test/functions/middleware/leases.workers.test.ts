@@ -24,14 +24,19 @@ async function leaseOf(keyId: string, requestId: string): Promise<number | null>
   return row?.state === "open" ? row.expires_at : null;
 }
 
-/** Waits for the cancelled request's settlement, so that none runs past the test. */
+/**
+ * Waits for the cancelled request's settlement, so that none runs past the test; answers
+ * the row's last state. A client that goes away releases its request before its origin's
+ * END says what was generated: the release alone may reach the account first, which expires
+ * the row until the settlement with the usage follows.
+ */
 async function untilSettled(keyId: string, requestId: string): Promise<string | undefined> {
-  for (let i = 0; i < 1_000; i++) {
-    const row = await ledgerRow(keyId, requestId);
-    if (row !== undefined && row.state !== "open") return row.state;
-    await new Promise((resolve) => setTimeout(resolve, 10));
+  let state: string | undefined;
+  for (let i = 0; i < 1_000 && state !== "settled"; i++) {
+    if (i > 0) await new Promise((resolve) => setTimeout(resolve, 10));
+    state = (await ledgerRow(keyId, requestId))?.state;
   }
-  return undefined;
+  return state;
 }
 
 describe("the lease of a request being served", () => {
