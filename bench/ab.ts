@@ -11,7 +11,7 @@ import { mkdtemp, rm, symlink } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { benchChatBody, fmt, markdownTable, percentile, timedRequest } from "./lib.ts";
+import { benchChatBody, fmt, markdownTable, percentile, provenance, timedRequest } from "./lib.ts";
 import { BENCH_KEY_BUDGETS, BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { cpuTimeMs, workerdPid } from "./processes.ts";
 import { ROOT } from "../scripts/edge.ts";
@@ -34,8 +34,8 @@ const REQUESTS = Number(args.requests);
 const git = (...rest: string[]) =>
   execFileSync("git", rest, { cwd: ROOT, encoding: "utf8" }).trim();
 const baseCommit = git("rev-parse", "--short", args.base);
-const headCommit = git("rev-parse", "--short", "HEAD");
-const dirty = git("status", "--porcelain", "--untracked-files=no") !== "";
+// This tree as every result names it (bench/lib.ts).
+const { commit: headCommit, dirty } = provenance();
 const scratch = await mkdtemp(join(tmpdir(), "warmgate-ab-"));
 const baseDir = join(scratch, "base");
 git("worktree", "add", "--detach", baseDir, baseCommit);
@@ -55,7 +55,7 @@ const edges: Edge[] = [];
 try {
   for (const [name, dir] of [
     [`base ${baseCommit}`, baseDir],
-    [`this tree (${headCommit}${dirty ? ", changed" : ""})`, ROOT],
+    [`this tree (${headCommit?.slice(0, 7) ?? "?"}${dirty === true ? ", changed" : ""})`, ROOT],
   ] as const) {
     const { startStack, createKey } = (await import(
       join(dir, "scripts", "stack.ts")
