@@ -169,9 +169,9 @@ export function keepLease(c: Context<AppEnv>, endUser: string | null): void {
 
 /**
  * How long a request's settlement may wait for a call of its key to carry it (undefined:
- * the settle queue's usual 20 ms). A leased request holds no slot in its account (its lease
+ * the settle queue's usual 20 to 100 ms). A leased request holds no slot in its account (its lease
  * does), so while the isolate holds leases of many keys, each of which would cost a call of
- * its own every 20 ms, its bill rides the lease's next renewal (due within half a window
+ * its own every 20 to 100 ms, its bill rides the lease's next renewal (due within half a window
  * while traffic flows) and goes on its own after half a window at most.
  */
 export function settleWaitMs(c: Context<AppEnv>): number | undefined {
@@ -182,7 +182,7 @@ export function settleWaitMs(c: Context<AppEnv>): number | undefined {
 
 /**
  * Keys an isolate holds leases of above which their leased requests' bills ride renewals:
- * below it, each key's settlements cost a call every 20 ms at most, a bounded rate.
+ * below it, each key's settlements cost a call every 20 to 100 ms at most, a bounded rate.
  */
 export const MANY_LEASED_KEYS = 8;
 

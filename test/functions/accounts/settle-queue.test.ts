@@ -3,6 +3,7 @@ import type { CommitStamp } from "../../../contracts/commit-stamp.ts";
 import {
   SETTLE_CONFIRM_MARGIN_MS,
   SETTLE_FLUSH_MS,
+  SETTLE_LINGER_MS,
   SETTLE_RETRY_MS,
   SettleQueue,
 } from "../../../functions/accounts/settle-queue.ts";
@@ -117,12 +118,33 @@ describe("SettleQueue", () => {
       queue.settle("k1", settlement("b"), send),
       queue.settle("k2", settlement("c"), send),
     ]);
+    // Alone, k2's goes at once; k1's two wait on for more of theirs, then share one call.
     await vi.advanceTimersByTimeAsync(SETTLE_FLUSH_MS);
+    expect(calls).toEqual([{ keyId: "k2", ids: ["c"] }]);
+    await vi.advanceTimersByTimeAsync(SETTLE_LINGER_MS - SETTLE_FLUSH_MS);
     await settled;
     expect(calls).toEqual([
-      { keyId: "k1", ids: ["a", "b"] },
       { keyId: "k2", ids: ["c"] },
+      { keyId: "k1", ids: ["a", "b"] },
     ]);
+  });
+
+  it("gathers the settlements of a key that keep coming into one call", async () => {
+    const queue = newQueue();
+    const { calls, send } = recorder();
+    const done = [watch(queue.settle("k1", settlement("a"), send))];
+    // One every 5 ms, as under steady traffic: none goes alone after its first 20 ms.
+    for (const id of ["b", "c", "d", "e"]) {
+      await vi.advanceTimersByTimeAsync(5);
+      done.push(watch(queue.settle("k1", settlement(id), send)));
+    }
+    await vi.advanceTimersByTimeAsync(SETTLE_LINGER_MS - 21);
+    expect(calls).toEqual([]);
+    await vi.advanceTimersByTimeAsync(1);
+    expect(calls).toEqual([{ keyId: "k1", ids: ["a", "b", "c", "d", "e"] }]);
+    await vi.advanceTimersByTimeAsync(SETTLE_LINGER_MS);
+    expect(done.every((d) => d.done)).toBe(true);
+    expect(calls).toHaveLength(1);
   });
 
   it("sends the key's unconfirmed settlements along with one sent on its own", async () => {

@@ -51,18 +51,22 @@ async function fetchWithConfig(config: string, request: Request): Promise<Respon
 
 type Row = { state: string; outcome: string | null };
 
-/** The reservation of a request, once it is no longer open (polls: settling runs after the response). */
+/**
+ * The reservation of a request once settled (polls: settling runs after the response);
+ * answers the row's last state. A client that goes away releases its request before its
+ * origin's END says what was generated: the release alone may reach the account first,
+ * which expires the row until the settlement with the usage follows and settles it.
+ */
 async function settledRow(keyId: string, requestId: string): Promise<Row | undefined> {
   let row: Row | undefined;
-  for (let i = 0; i < 200; i++) {
+  for (let i = 0; i < 300 && row?.state !== "settled"; i++) {
+    if (i > 0) await new Promise((resolve) => setTimeout(resolve, 10));
     row = await runInDurableObject(account(keyId), (instance: KeyAccount, state) => {
       instance.flush();
       return state.storage.sql
         .exec<Row>("SELECT state, outcome FROM ledger WHERE request_id = ?", requestId)
         .toArray()[0];
     });
-    if (row !== undefined && row.state !== "open") return row;
-    await new Promise((resolve) => setTimeout(resolve, 10));
   }
   return row;
 }
