@@ -1,7 +1,8 @@
 /**
  * The chart of `npm run bench:batch-api` (docs/benchmarks.md, "Batch API"), drawn with
  * Vega-Lite as SVG: each origin's running sequences over its slots per second of the run,
- * with the phases marked (alone, batch, edge killed, edge back, batch done).
+ * with the phases marked (alone, batch, edge killed, edge back, batch done and alone
+ * again).
  */
 import type { TopLevelSpec } from "vega-lite";
 import type { LoadSample } from "./batch-api-report.ts";
@@ -32,7 +33,7 @@ export async function utilisationChart(
     ["batch", phases["batchFrom"]],
     ["edge killed", phases["killedAt"]],
     ["edge back", phases["backAt"]],
-    ["batch done", phases["batchTo"]],
+    ["batch done, alone again", phases["batchTo"]],
   ].flatMap(([label, second]) => (second === undefined ? [] : [{ label, second }]));
   const spec: TopLevelSpec = {
     $schema: "https://vega.github.io/schema/vega-lite/v6.json",

@@ -239,8 +239,9 @@ export function windowRows(
   const { phases } = run;
   const fillable = backgroundCap(options.slots, options.reserveShare);
   const outside = (t: number) => t < options.excludeFrom || t > options.excludeTo;
-  const window = (interactive: Interactive, from: number, to: number, skipRestart: boolean) => {
-    const inside = (t: number) => t >= from && t <= to && (!skipRestart || outside(t));
+  const window = (interactive: Interactive, ranges: [number, number][], skipRestart: boolean) => {
+    const inside = (t: number) =>
+      ranges.some(([from, to]) => t >= from && t <= to) && (!skipRestart || outside(t));
     const ttft = summarize(interactive.samples.filter((s) => inside(s.start)).map((s) => s.ttftMs));
     const load = run.load.filter((s) => inside(s.at));
     const mean = (f: (s: LoadSample) => number) =>
@@ -258,9 +259,16 @@ export function windowRows(
   const from = phases["batchFrom"] ?? 0;
   const to = phases["batchTo"] ?? 0;
   const summary = {
-    alone: window(run.alone, phases["aloneFrom"] ?? 0, phases["aloneTo"] ?? 0, false),
-    withBatch: window(run.withBatch, from, to, true),
-    restart: window(run.withBatch, options.excludeFrom, options.excludeTo, false),
+    alone: window(
+      run.alone,
+      [
+        [phases["aloneFrom"] ?? 0, phases["aloneTo"] ?? 0],
+        [phases["againFrom"] ?? 0, phases["againTo"] ?? 0],
+      ],
+      false,
+    ),
+    withBatch: window(run.withBatch, [[from, to]], true),
+    restart: window(run.withBatch, [[options.excludeFrom, options.excludeTo]], false),
   };
   const row = (name: string, w: typeof summary.alone) => [
     name,
@@ -275,7 +283,7 @@ export function windowRows(
   return {
     summary,
     rows: [
-      row("interactive alone", summary.alone),
+      row("interactive alone (before and after)", summary.alone),
       row("with the batch (restart excluded)", summary.withBatch),
       row("edge restart (kill − 2 s to back + 5 s)", summary.restart),
     ],

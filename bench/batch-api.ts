@@ -1,8 +1,8 @@
 /**
  * `npm run bench:batch-api` (docs/benchmarks.md, "Batch API"): interactive streams at about
- * 60% of the fleet's slots, first alone, then while a batch of 10,000 lines runs on the
- * same origins; midway the whole edge is killed and started again. Targets: interactive
- * TTFT p99 within 10% of the run alone, origins kept busy while the batch has work (their
+ * 60% of the fleet's slots, alone, then while a batch of 10,000 lines runs on the same
+ * origins (midway the whole edge is killed and started again), then alone again. Targets:
+ * interactive TTFT p99 within 10% of the runs alone, origins kept busy while the batch has work (their
  * own load figures), every line answered and billed once, in `custom_id` order, none lost
  * or run twice across the restart. Prints a table, writes bench/results/batch-api.json and
  * a chart of origin utilisation over time, bench/results/batch-api.svg.
@@ -168,8 +168,14 @@ try {
   phases["batchTo"] = at();
   stop.abort();
   const withBatch = await load;
-  await sampler.stop();
   log(`batch ${done.status} in ${(phases["batchTo"] - (phases["batchFrom"] ?? 0)).toFixed(1)} s`);
+  // Alone again, so that the run alone brackets the batch and the host's drift over the run
+  // moves both sides alike.
+  phases["againFrom"] = at();
+  log(`interactive alone again for ${ALONE_S} s`);
+  const again = await client.run(STREAMS, ALONE_S * 1000, at);
+  phases["againTo"] = at();
+  await sampler.stop();
 
   await sleep(2_000);
   const audit = await auditBatch({
@@ -190,7 +196,10 @@ try {
     rerunTokens: after.rerunTokens - before.rerunTokens,
   };
   result = {
-    alone,
+    alone: {
+      samples: [...alone.samples, ...again.samples],
+      errors: [...alone.errors, ...again.errors],
+    },
     withBatch,
     load: sampler.samples,
     cpu: sampler.cpu,
@@ -218,7 +227,7 @@ console.log(
   `${ORIGINS} simulated origins of ${SLOTS} slots at time scale ${TIME_SCALE}; ${STREAMS} ` +
     `interactive streams (${SHARE * 100}% of the slots) of ${MAX_TOKENS} tokens, alone for ` +
     `${ALONE_S} s, then with a batch of ${LINES} lines of ${LINE_TOKENS} tokens (16 shared ` +
-    `prefixes)` +
+    `prefixes), then alone for ${ALONE_S} s again (the run alone is both)` +
     (args["no-restart"]
       ? ""
       : `; the edge's process group killed at ${KILL_AT * 100}% of the lines and started again`) +
