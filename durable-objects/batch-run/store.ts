@@ -28,6 +28,9 @@ const MIGRATIONS: readonly string[] = [
    CREATE INDEX lines_by_prefix ON lines (state, prefix, idx);`,
   // Ended lines not charged yet, found without reading the pending ones.
   `CREATE INDEX lines_by_state_charge ON lines (state, charge);`,
+  // Every lookup by state is served by an index that leads with it: one fewer to update at
+  // every move of a line.
+  `DROP INDEX lines_by_state;`,
 ];
 
 /** The states a line moves through. */
@@ -149,13 +152,6 @@ export class BatchStore {
     this.#counts[to] += 1;
   }
 
-  #stateOf(idx: number): LineState | null {
-    const row = this.#sql
-      .exec<{ state: LineState }>("SELECT state FROM lines WHERE idx = ?", idx)
-      .toArray()[0];
-    return row?.state ?? null;
-  }
-
   /**
    * Marks up to `limit` pending lines running (durably, before any is sent) and returns them,
    * those sharing a prefix together, so that they reach the origin that holds it together.
@@ -212,9 +208,11 @@ export class BatchStore {
 
   /** Puts a running line back to pending (it will be sent again under the same id). */
   release(idx: number): void {
-    if (this.#stateOf(idx) !== "running") return;
-    this.#sql.exec("UPDATE lines SET state = 'pending' WHERE idx = ?", idx);
-    this.#move("running", "pending");
+    const { rowsWritten } = this.#sql.exec(
+      "UPDATE lines SET state = 'pending' WHERE idx = ? AND state = 'running'",
+      idx,
+    );
+    if (rowsWritten > 0) this.#move("running", "pending");
   }
 
   /**
@@ -227,13 +225,9 @@ export class BatchStore {
     bill: { costPicos: bigint; usage: TokenUsage | null } | null,
   ): void {
     const { ok, record } = end;
-    const from = this.#stateOf(idx);
-    if (from !== "pending" && from !== "running") return;
-    this.#sql.exec(
-      `UPDATE lines SET state = ?, ok = ?, record = ?, http_status = ?, ended_at = ?,
-         cost_picos = ?, usage = ?
-       WHERE idx = ?`,
-      ok ? "ok" : "failed",
+    const to: LineState = ok ? "ok" : "failed";
+    const values = [
+      to,
       ok ? 1 : 0,
       record,
       end.httpStatus,
@@ -241,8 +235,21 @@ export class BatchStore {
       (bill?.costPicos ?? 0n).toString(),
       bill?.usage === null || bill === null ? null : JSON.stringify(bill.usage),
       idx,
-    );
-    this.#move(from, ok ? "ok" : "failed");
+    ];
+    // A line ends running nearly always: that update first, the pending one only if it
+    // wrote nothing; a line that ended already is left as it is.
+    for (const from of ["running", "pending"] as const) {
+      const written = this.#sql.exec(
+        `UPDATE lines SET state = ?, ok = ?, record = ?, http_status = ?, ended_at = ?,
+           cost_picos = ?, usage = ?
+         WHERE idx = ? AND state = '${from}'`,
+        ...values,
+      ).rowsWritten;
+      if (written > 0) {
+        this.#move(from, to);
+        return;
+      }
+    }
   }
 
   /** Ended lines not in a charge yet. */
