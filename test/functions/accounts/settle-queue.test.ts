@@ -1,6 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import type { CommitStamp } from "../../../contracts/commit-stamp.ts";
 import {
+  SETTLE_CALL_MAX,
   SETTLE_CONFIRM_MARGIN_MS,
   SETTLE_FLUSH_MS,
   SETTLE_LINGER_MS,
@@ -145,6 +146,22 @@ describe("SettleQueue", () => {
     await vi.advanceTimersByTimeAsync(SETTLE_LINGER_MS);
     expect(done.every((d) => d.done)).toBe(true);
     expect(calls).toHaveLength(1);
+  });
+
+  it("sends a full call's worth of a key's settlements at once, whatever their wait", async () => {
+    const queue = newQueue();
+    const { calls, send } = recorder();
+    // A burst ending together: no timer runs, yet every full call's worth leaves at once.
+    const burst = Array.from({ length: SETTLE_CALL_MAX * 2 + 5 }, (_, i) => `r${i}`);
+    const done = burst.map((id) => watch(queue.settle("k1", settlement(id), send)));
+    await vi.advanceTimersByTimeAsync(0);
+    expect(calls.map((call) => call.ids.length)).toEqual([SETTLE_CALL_MAX, SETTLE_CALL_MAX]);
+    expect(queue.queued("k1")).toBe(5);
+    // The rest wait as usual, then go together.
+    await vi.advanceTimersByTimeAsync(SETTLE_LINGER_MS);
+    expect(calls.at(-1)?.ids).toEqual(burst.slice(SETTLE_CALL_MAX * 2));
+    await vi.advanceTimersByTimeAsync(SETTLE_LINGER_MS);
+    expect(done.every((d) => d.done)).toBe(true);
   });
 
   it("sends the key's unconfirmed settlements along with one sent on its own", async () => {
