@@ -55,6 +55,35 @@ export async function openReservations(stub: DurableObjectStub<KeyAccount>): Pro
   });
 }
 
+/**
+ * A request's ledger row once settled, polled (settling runs after the response); answers
+ * the row's last state and outcome. A client that goes away releases its request before its
+ * origin's END says what was generated: the release alone may reach the account first,
+ * which expires the row until the settlement with the usage follows and settles it. Polls
+ * every 10 ms, at most `polls` times.
+ */
+export async function settledLedgerRow(
+  keyId: string,
+  requestId: string,
+  polls = 300,
+): Promise<{ state: string; outcome: string | null } | undefined> {
+  const stub = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
+  let row: { state: string; outcome: string | null } | undefined;
+  for (let i = 0; i < polls && row?.state !== "settled"; i++) {
+    if (i > 0) await new Promise((resolve) => setTimeout(resolve, 10));
+    row = await runInDurableObject(stub, (instance: KeyAccount, state) => {
+      instance.flush();
+      return state.storage.sql
+        .exec<{ state: string; outcome: string | null }>(
+          "SELECT state, outcome FROM ledger WHERE request_id = ?",
+          requestId,
+        )
+        .toArray()[0];
+    });
+  }
+  return row;
+}
+
 /** A ledger row as committed: its request and state. */
 export type CommittedRow = { request_id: string; state: string };
 

@@ -11,6 +11,7 @@ import app from "../../../functions/index.ts";
 import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
 import { type ErrorBody, chatBody, edgeRequest } from "../../support/edge-requests.ts";
 import { ADMIN, createKey } from "../../support/admin-keys.workers.ts";
+import { settledLedgerRow } from "../../support/key-accounts.workers.ts";
 
 const RATE_LIMIT_HEADERS = [
   "x-ratelimit-limit-requests",
@@ -47,28 +48,6 @@ async function fetchWithConfig(config: string, request: Request): Promise<Respon
   await response.arrayBuffer();
   await waitOnExecutionContext(ctx);
   return response;
-}
-
-type Row = { state: string; outcome: string | null };
-
-/**
- * The reservation of a request once settled (polls: settling runs after the response);
- * answers the row's last state. A client that goes away releases its request before its
- * origin's END says what was generated: the release alone may reach the account first,
- * which expires the row until the settlement with the usage follows and settles it.
- */
-async function settledRow(keyId: string, requestId: string): Promise<Row | undefined> {
-  let row: Row | undefined;
-  for (let i = 0; i < 300 && row?.state !== "settled"; i++) {
-    if (i > 0) await new Promise((resolve) => setTimeout(resolve, 10));
-    row = await runInDurableObject(account(keyId), (instance: KeyAccount, state) => {
-      instance.flush();
-      return state.storage.sql
-        .exec<Row>("SELECT state, outcome FROM ledger WHERE request_id = ?", requestId)
-        .toArray()[0];
-    });
-  }
-  return row;
 }
 
 async function openCount(keyId: string): Promise<number> {
@@ -198,7 +177,7 @@ describe("settlement on every ending path", () => {
       const res = await exports.default.fetch(chat(key, { stream }));
       expect(res.status).toBe(200);
       await res.arrayBuffer();
-      const row = await settledRow(id, res.headers.get("x-request-id") ?? "");
+      const row = await settledLedgerRow(id, res.headers.get("x-request-id") ?? "");
       expect(row).toEqual({ state: "settled", outcome: "ok" });
     }
     expect(await openCount(id)).toBe(0);
@@ -217,7 +196,7 @@ describe("settlement on every ending path", () => {
     const reader = (res.body as ReadableStream<Uint8Array>).getReader();
     expect((await reader.read()).done).toBe(false);
     await reader.cancel();
-    const row = await settledRow(id, res.headers.get("x-request-id") ?? "");
+    const row = await settledLedgerRow(id, res.headers.get("x-request-id") ?? "");
     expect(row).toEqual({ state: "settled", outcome: "cancelled" });
     const next = await exports.default.fetch(chat(key));
     expect(next.status).toBe(200);
@@ -229,7 +208,7 @@ describe("settlement on every ending path", () => {
     const res = await exports.default.fetch(chat(key, {}, { "x-warmgate-region": "nowhere" }));
     expect(res.status).toBe(400);
     for (const name of RATE_LIMIT_HEADERS) expect(res.headers.get(name)).not.toBeNull();
-    const row = await settledRow(id, res.headers.get("x-request-id") ?? "");
+    const row = await settledLedgerRow(id, res.headers.get("x-request-id") ?? "");
     expect(row).toEqual({ state: "settled", outcome: "error" });
   });
 
@@ -242,7 +221,7 @@ describe("settlement on every ending path", () => {
     });
     const res = await fetchWithConfig(config, chat(key));
     expect(res.status).toBe(503);
-    expect(await settledRow(id, res.headers.get("x-request-id") ?? "")).toEqual({
+    expect(await settledLedgerRow(id, res.headers.get("x-request-id") ?? "")).toEqual({
       state: "settled",
       outcome: "error",
     });
@@ -261,7 +240,7 @@ describe("settlement on every ending path", () => {
       chat(key, { stream: true, max_tokens: 4000 }, { "x-warmgate-region": "slow" }),
     );
     expect(res.status).toBe(200);
-    expect(await settledRow(id, res.headers.get("x-request-id") ?? "")).toEqual({
+    expect(await settledLedgerRow(id, res.headers.get("x-request-id") ?? "")).toEqual({
       state: "settled",
       outcome: "timeout",
     });

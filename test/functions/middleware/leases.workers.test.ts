@@ -5,6 +5,7 @@ import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
 import { LEASE_MS, LEASE_RENEW_MS } from "../../../functions/middleware/auth.ts";
 import { createKey } from "../../support/admin-keys.workers.ts";
 import { chatBody, edgeRequest } from "../../support/edge-requests.ts";
+import { settledLedgerRow } from "../../support/key-accounts.workers.ts";
 
 async function ledgerRow(keyId: string, requestId: string) {
   const stub = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(keyId));
@@ -22,21 +23,6 @@ async function ledgerRow(keyId: string, requestId: string) {
 async function leaseOf(keyId: string, requestId: string): Promise<number | null> {
   const row = await ledgerRow(keyId, requestId);
   return row?.state === "open" ? row.expires_at : null;
-}
-
-/**
- * Waits for the cancelled request's settlement, so that none runs past the test; answers
- * the row's last state. A client that goes away releases its request before its origin's
- * END says what was generated: the release alone may reach the account first, which expires
- * the row until the settlement with the usage follows.
- */
-async function untilSettled(keyId: string, requestId: string): Promise<string | undefined> {
-  let state: string | undefined;
-  for (let i = 0; i < 1_000 && state !== "settled"; i++) {
-    if (i > 0) await new Promise((resolve) => setTimeout(resolve, 10));
-    state = (await ledgerRow(keyId, requestId))?.state;
-  }
-  return state;
 }
 
 describe("the lease of a request being served", () => {
@@ -64,6 +50,7 @@ describe("the lease of a request being served", () => {
     const renewed = await leaseOf(id, requestId);
     expect(renewed ?? 0).toBeGreaterThan(first ?? 0);
     await reader?.cancel();
-    expect(await untilSettled(id, requestId)).toBe("settled");
+    // Its settlement, so that none runs past the test.
+    expect((await settledLedgerRow(id, requestId, 1_000))?.state).toBe("settled");
   });
 });
