@@ -137,9 +137,12 @@ function git(...args: string[]): string | null {
   }
 }
 
-/** The {@link Provenance} of a run in this checkout (git's answers null where git fails). */
+/**
+ * The {@link Provenance} of a run in this checkout (git's answers null where git fails). Dirty:
+ * a change outside `bench/results/`, where other runs' results change nothing they measure.
+ */
 export function provenance(): Provenance {
-  const status = git("status", "--porcelain");
+  const status = git("status", "--porcelain", "--", ".", ":(exclude)bench/results");
   return {
     commit: git("rev-parse", "HEAD"),
     dirty: status === null ? null : status !== "",
