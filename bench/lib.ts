@@ -142,7 +142,7 @@ function git(...args: string[]): string | null {
  * a change outside `bench/results/`, where other runs' results change nothing they measure.
  */
 export function provenance(): Provenance {
-  const status = git("status", "--porcelain", "--", ".", ":(exclude)bench/results");
+  const status = git("status", "--porcelain", "--", ":(top)", ":(top,exclude)bench/results");
   return {
     commit: git("rev-parse", "HEAD"),
     dirty: status === null ? null : status !== "",
