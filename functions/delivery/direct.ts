@@ -50,6 +50,8 @@ export type ItemAttempt = (
   reported?: boolean;
   /** It failed by time alone (silence, a first-byte timeout): a soft signal. */
   soft?: boolean;
+  /** Its client went away before it opened: no verdict on its origin. */
+  clientGone?: boolean;
 };
 
 /** What to send and how long to wait. */
@@ -75,6 +77,12 @@ export interface OpenItemOptions {
   itemTimeoutMs: number;
   /** Called with each load report the origin piggybacks on the response. */
   onLoad?: (report: LoadReport) => void;
+  /**
+   * Aborts when the client goes away: before the item's HEAD (or, answered whole, before its
+   * END) the call is closed, which cancels the item on its origin; what it generated is
+   * billed from the origin's outcome record, as for any attempt given up on.
+   */
+  clientSignal?: AbortSignal;
   /** Called once the attempt is under way, with a way to give it up before its HEAD. */
   onStart?: (giveUp: () => void) => void;
   /** Told once should a streamed HEAD be late by `silenceMs` while the origin is idle. */
@@ -92,6 +100,8 @@ export const FIRST_BYTE_TIMEOUT = "first byte timeout";
 const GIVEN_UP = "given up: the origin's circuit breaker opened";
 /** Reason it carries when the origin went silent. */
 const SILENT = "the origin went silent";
+/** Reason it carries when its client went away before it opened. */
+const CLIENT_GONE = "the client went away";
 
 /** A whole body's bytes, with `onRead` told of every chunk. */
 async function readAll(body: ReadableStream<Uint8Array>, onRead: () => void): Promise<Uint8Array> {
@@ -137,8 +147,12 @@ export async function openItem(
   const clock = onTimeClock(shortest);
   let timer = clock.timeout(shortest, () => abort.abort(FIRST_BYTE_TIMEOUT));
   options.onStart?.(() => abort.abort(GIVEN_UP));
+  const client = options.clientSignal;
+  const clientGone = () => abort.abort(CLIENT_GONE);
+  client?.addEventListener("abort", clientGone, { once: true });
   const failed = (failure: OriginFailureKind, detail: string): ItemAttempt => {
     clock.stop();
+    client?.removeEventListener("abort", clientGone);
     const reason: unknown = abort.signal.reason;
     abort.abort("attempt abandoned");
     const timedOut = reason === FIRST_BYTE_TIMEOUT || reason === SILENT;
@@ -148,11 +162,24 @@ export async function openItem(
       detail,
       originId: origin.id,
       ...(timedOut && { soft: true }),
+      ...(reason === CLIENT_GONE && { clientGone: true }),
       // Given up on by this edge (a breaker opened, a deadline): its call may have arrived.
       ...(reason !== undefined && { mayHaveRun: true }),
     };
   };
 
+  if (client?.aborted === true) {
+    // Gone before the call: nothing was sent, so nothing ran.
+    clock.stop();
+    client.removeEventListener("abort", clientGone);
+    return {
+      kind: "failed",
+      failure: "unavailable",
+      detail: CLIENT_GONE,
+      originId: null,
+      clientGone: true,
+    };
+  }
   let response: Response;
   try {
     response = await postBatchWithCredentials(credentialed, batch, abort.signal);
@@ -225,6 +252,8 @@ export async function openItem(
   }
   timer.stop();
   slow?.stop();
+  // From here the response's lifecycle follows its client (`response.ts`).
+  client?.removeEventListener("abort", clientGone);
   const item = frameItem(head, frames, {
     // For a batch of one, closing the call cancels the item on the origin.
     cancel: () => abort.abort("client went away"),

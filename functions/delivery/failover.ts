@@ -197,6 +197,7 @@ class Failover {
         ...(i === 0 ? (options.avoidFirst ?? []) : []),
       ],
       secrets: options.secrets,
+      ...(options.signal !== undefined && { clientSignal: options.signal }),
       onStart: (giveUp) => {
         unwatch = options.watchBreaker?.(planned, giveUp) ?? null;
       },
@@ -229,6 +230,8 @@ class Failover {
     if (named || attempt.mayHaveRun === true) {
       this.#gaveUp.push(...givenUp(options, attempt.originId, itemId, candidate.region.id));
     }
+    // Its client left: the origin is no worse for it, and no other is tried (`nextAttempt`).
+    if (attempt.clientGone === true) return;
     if (attempt.originId !== null) {
       // A Batcher judged its own call; an attempt sent straight is judged here.
       if (attempt.reported !== true && !opened.toldSlow) {

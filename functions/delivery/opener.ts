@@ -33,6 +33,8 @@ export interface AttemptRequest {
   silenceMs?: number;
   /** Where the origins' credentials are (the Worker's secrets). */
   secrets: object;
+  /** Aborts when the client goes away (see `direct.ts`; a Batcher's attempt hears it apart). */
+  clientSignal?: AbortSignal;
 }
 
 /** An attempt's outcome: an open item, a failure worth another candidate, or a final refusal. */
@@ -64,4 +66,5 @@ export const directOpener =
       ...(request.onStart !== undefined && { onStart: request.onStart }),
       ...(request.onSlowHead !== undefined && { onSlowHead: request.onSlowHead }),
       ...(request.silenceMs !== undefined && { silenceMs: request.silenceMs }),
+      ...(request.clientSignal !== undefined && { clientSignal: request.clientSignal }),
     });
