@@ -15,7 +15,7 @@ import { DEFAULT_REGIONS, startStack } from "./stack.ts";
 import { exportLines, sourceCommand, startVars } from "./start-env.ts";
 
 const USAGE =
-  "usage: npm start -- [--port N] [--time-scale X] [--origins-per-region N] [--config FILE] [--state DIR] [--env-file FILE] [--verbose]";
+  "usage: npm start -- [--port N] [--time-scale X] [--origins-per-region N] [--config FILE] [--state DIR] [--exports-file FILE] [--verbose]";
 
 function fail(message: string): never {
   console.error(`warmgate: ${message}\n${USAGE}`);
@@ -40,7 +40,7 @@ try {
       "origins-per-region": { type: "string" },
       config: { type: "string" },
       state: { type: "string" },
-      "env-file": { type: "string" },
+      "exports-file": { type: "string" },
       verbose: { type: "boolean", default: false },
       help: { type: "boolean", default: false },
     },
@@ -65,7 +65,7 @@ const settings =
     : await readSettingsFile(args.config).catch((error: Error) => fail(error.message));
 
 const state = args.state ?? join(ROOT, ".wrangler", "state");
-const envFile = args["env-file"] ?? join(state, "warmgate.env");
+const envFile = args["exports-file"] ?? join(state, "warmgate.env");
 
 // A signal during start-up stops what has started so far (startStack cleans up on failure).
 let stopping = false;
