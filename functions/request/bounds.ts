@@ -21,6 +21,8 @@ export const MAX_N = 128;
 export const MAX_STOP = 4;
 /** Most prompts in a legacy completion's `prompt` list, or inputs in an embeddings request. */
 export const MAX_PROMPTS = 2048;
+/** Longest end-user id (`user`), in characters: kept in every ledger row of its requests. */
+export const MAX_USER_LENGTH = 256;
 
 // Bounds of our own, where OpenAI publishes none: generous for real clients, finite for
 // the origins (each sequence holds a slot of the engine's batch until it ends).

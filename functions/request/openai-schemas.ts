@@ -16,6 +16,7 @@ import {
   MAX_STOP,
   MAX_TOOL_CALLS,
   MAX_TOOLS,
+  MAX_USER_LENGTH,
   maxEntries,
 } from "./bounds.ts";
 
@@ -172,7 +173,7 @@ const samplingFields = {
   presence_penalty: nullableOptional(z.number().min(-2).max(2)),
   frequency_penalty: nullableOptional(z.number().min(-2).max(2)),
   logit_bias: logitBiasSchema,
-  user: z.string().optional(),
+  user: z.string().max(MAX_USER_LENGTH).optional(),
   max_tokens: nullableOptional(z.int().min(1)),
 };
 

@@ -12,7 +12,7 @@ import {
   nullableOptional,
   streamOptionsSchema,
 } from "./openai-schemas.ts";
-import { MAX_MESSAGES, MAX_PROMPTS, MAX_TOOLS } from "./bounds.ts";
+import { MAX_MESSAGES, MAX_PROMPTS, MAX_TOOLS, MAX_USER_LENGTH } from "./bounds.ts";
 
 const inputItem = z.looseObject({
   type: z.string().optional(),
@@ -86,7 +86,7 @@ export const ResponsesRequestSchema = z
     previous_response_id: nullableOptional(z.string()),
     conversation: nullableOptional(z.unknown()),
     truncation: nullableOptional(z.enum(["auto", "disabled"])),
-    user: z.string().optional(),
+    user: z.string().max(MAX_USER_LENGTH).optional(),
   })
   .superRefine((body, ctx) => {
     checkStreamOptions(body, ctx);
@@ -118,7 +118,7 @@ export const EmbeddingsRequestSchema = z.looseObject({
   ]),
   encoding_format: nullableOptional(z.enum(["float", "base64"])),
   dimensions: nullableOptional(z.int().min(1)),
-  user: z.string().optional(),
+  user: z.string().max(MAX_USER_LENGTH).optional(),
 });
 
 /** A parsed embeddings request. */

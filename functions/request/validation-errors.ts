@@ -29,6 +29,9 @@ const INTEGER_PARAMS = new Set([
   "top_logprobs",
   "logprobs",
   "best_of",
+  "max_output_tokens",
+  "max_tool_calls",
+  "dimensions",
 ]);
 
 /** The OpenAI 400 for the first of `issues`. */

@@ -19,9 +19,7 @@ import { picosToUsd, utcDay } from "../../contracts/pricing.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { budgetStatusJson } from "./admin/key-payloads.ts";
 import { ApiError, invalidRequest, notFound } from "../../contracts/errors.ts";
-
-/** Longest `user` that `GET /v1/usage?user=` takes (OpenAI's `user` is at most 256). */
-export const MAX_USER_LENGTH = 256;
+import { MAX_USER_LENGTH } from "../request/bounds.ts";
 
 /** Longest range `GET /v1/usage` answers for, in days. */
 export const MAX_USAGE_DAYS = 366;
