@@ -4,6 +4,7 @@
  * (`contracts/config/plans.ts`).
  */
 import type { BatchingPlan } from "../../contracts/config/plans.ts";
+import { invalidRequest } from "../../contracts/errors.ts";
 import { fnv1a } from "../../contracts/hashing.ts";
 import { prefixKey, shardOfKey } from "../../contracts/prefix-blocks.ts";
 import type { AttemptShard, ShardCountNote } from "../../durable-objects/batcher/types.ts";
@@ -32,6 +33,16 @@ export function laneFor(
   const asked = parsePriority(header);
   // Only lower: a caller may give up priority, never take more than its key has.
   return asked === null ? base : Math.min(Math.max(base, asked), last);
+}
+
+/** 400 `invalid_value` for a priority header that names no lane (checked before dispatch). */
+export function checkPriority(header: string | undefined): void {
+  if (header === undefined || parsePriority(header) !== null) return;
+  throw invalidRequest(
+    `${PRIORITY_HEADER} is '${header.slice(0, 64)}': high, standard, low or a lane number (0 to 99).`,
+    PRIORITY_HEADER,
+    "invalid_value",
+  );
 }
 
 function parsePriority(header: string | undefined): number | null {

@@ -6,7 +6,7 @@
 import { rateLimitHeaders } from "../accounts/rate-limit-headers.ts";
 import { type Context, Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
-import { PRIORITY_HEADER } from "../delivery/batcher-plan.ts";
+import { PRIORITY_HEADER, checkPriority } from "../delivery/batcher-plan.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { clipped, invalidRequest, notFound } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../request/json-text.ts";
@@ -42,6 +42,8 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
   const requestId = c.get("requestId");
   const edge = c.get("edge");
   const regions = regionsToTry(c);
+  const priority = c.req.header(PRIORITY_HEADER);
+  checkPriority(priority);
   const headers: Record<string, string> = { "x-request-id": requestId };
   for (const name of FORWARDED_HEADERS) {
     const value = c.req.header(name);
@@ -69,7 +71,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
     env: c.env,
     lane: {
       tier: admission?.tier,
-      priority: c.req.header(PRIORITY_HEADER),
+      priority,
       keyId: c.get("caller")?.keyId,
       route: attemptRoutes(c),
     },
