@@ -126,8 +126,10 @@ export function budgetRefusal(
     const { settledPicos, reservedPicos } = line.spend;
     if (settledPicos + reservedPicos + requestedPicos <= line.limitPicos) continue;
     const ends = resetsAt(line);
-    // Open reservations usually settle for less: then a retry soon may fit.
+    // Open reservations usually settle for less: then a retry soon may fit. A request
+    // whose worst case is more than the whole budget never fits: no retry helps.
     const reservationsInTheWay = settledPicos + requestedPicos <= line.limitPicos;
+    const neverFits = requestedPicos > line.limitPicos;
     const refusal: BudgetRefusal = {
       ok: false,
       code: "insufficient_quota",
@@ -138,7 +140,7 @@ export function budgetRefusal(
       requestedPicos,
       retryAfterMs: reservationsInTheWay
         ? CONCURRENCY_RETRY_MS
-        : ends === null
+        : ends === null || neverFits
           ? null
           : Math.max(0, ends - now),
       resetsAt: ends,

@@ -328,7 +328,9 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
       const soon = refusal.retryAfterMs !== null && refusal.retryAfterMs <= SDK_RETRY_LIMIT_MS;
       const when =
         refusal.retryAfterMs === null
-          ? "Ask for more credit to continue."
+          ? refusal.budget === "credit"
+            ? "Ask for more credit to continue."
+            : "This request may cost more than the whole budget: lower its max_tokens, or raise the budget."
           : soon
             ? `Requests in flight hold part of it; please try again in ${formatResetDuration(refusal.retryAfterMs)}.`
             : `It renews in ${formatResetDuration(refusal.retryAfterMs)}${renewsAt(refusal.resetsAt)}.`;

@@ -264,10 +264,11 @@ describe("budgets", () => {
 
   it("says when the window ends for a spent period, and never for a spent credit", () => {
     const now = Date.UTC(2026, 10, 3, 23, 20, 0);
-    const request = { ...single({ picos: micros(10) }), now };
+    const request = { ...single({ picos: micros(1) }), now };
     const refusal = (budgets: Partial<Budgets>) =>
-      decideAdmission(input({ budgets: keyBudgets(lines(budgets, spent(0n), now)), request }))
-        .decision;
+      decideAdmission(
+        input({ budgets: keyBudgets(lines(budgets, spent(micros(5)), now)), request }),
+      ).decision;
     expect(refusal(day(5))).toMatchObject({
       budget: "1d",
       retryAfterMs: 40 * 60_000,
@@ -295,6 +296,17 @@ describe("budgets", () => {
       retryAfterMs: null,
       resetsAt: null,
     });
+  });
+
+  it("says no retry helps a request whose worst case is more than the whole budget", () => {
+    const now = Date.UTC(2026, 10, 3, 23, 20, 0);
+    const { decision } = decideAdmission(
+      input({
+        budgets: keyBudgets(lines({ periods: [period("1h", 5)] }, spent(0n), now)),
+        request: { ...single({ picos: micros(6) }), now },
+      }),
+    );
+    expect(decision).toMatchObject({ budget: "1h", retryAfterMs: null });
   });
 
   it("refuses for the end user's budget when the key's has room", () => {
