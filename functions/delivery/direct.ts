@@ -118,6 +118,16 @@ export async function openItem(
   origin: OriginConfig,
   options: OpenItemOptions,
 ): Promise<ItemAttempt> {
+  if (options.clientSignal?.aborted === true) {
+    // Gone before the call: nothing is sent, so nothing runs.
+    return {
+      kind: "failed",
+      failure: "unavailable",
+      detail: CLIENT_GONE,
+      originId: null,
+      clientGone: true,
+    };
+  }
   const credentialed: CredentialedOrigin = {
     id: origin.id,
     url: origin.url,
@@ -168,18 +178,6 @@ export async function openItem(
     };
   };
 
-  if (client?.aborted === true) {
-    // Gone before the call: nothing was sent, so nothing ran.
-    clock.stop();
-    client.removeEventListener("abort", clientGone);
-    return {
-      kind: "failed",
-      failure: "unavailable",
-      detail: CLIENT_GONE,
-      originId: null,
-      clientGone: true,
-    };
-  }
   let response: Response;
   try {
     response = await postBatchWithCredentials(credentialed, batch, abort.signal);
