@@ -17,8 +17,8 @@ export interface FileMeta {
   owner: string;
   purpose: FilePurpose;
   filename: string;
-  /** Unix seconds. */
-  createdAt: number;
+  /** Unix milliseconds. */
+  createdMs: number;
 }
 
 /** The OpenAI file object. */
@@ -44,13 +44,36 @@ export function batchIndexKey(owner: string, batchId: string): string {
   return `batches/${owner}/${batchId}`;
 }
 
+// Ids and lists sort newest first: the time counts down from this (year 2286).
+const ID_EPOCH_END_MS = 0xfffffffffff;
+
+/** Orders in which a key's files are listed by creation time. */
+export type FileOrder = "asc" | "desc";
+
+/** The bucket key of a file's entry in its owner's list in one order (see `GET /v1/files`). */
+export function fileIndexKey(order: FileOrder, meta: FileMeta, id: string): string {
+  const ms = order === "asc" ? meta.createdMs : ID_EPOCH_END_MS - meta.createdMs;
+  return `${fileIndexPrefix(meta.owner, order)}${ms.toString(16).padStart(11, "0")}/${id}`;
+}
+
+/** The bucket prefix of a key's file list in one order. */
+export function fileIndexPrefix(owner: string, order: FileOrder): string {
+  return `file-index/${owner}/${order}/`;
+}
+
+/** The bucket keys of a file's list entries (both orders), each stored with its metadata. */
+export function fileIndexKeys(meta: FileMeta, id: string): string[] {
+  return [fileIndexKey("asc", meta, id), fileIndexKey("desc", meta, id)];
+}
+
 /** Metadata as stored (strings) from {@link FileMeta}. */
-export function storedMeta(meta: FileMeta): Record<string, string> {
+export function storedMeta(meta: FileMeta, bytes?: number): Record<string, string> {
   return {
     owner: meta.owner,
     purpose: meta.purpose,
     filename: meta.filename,
-    created_at: String(meta.createdAt),
+    created_ms: String(meta.createdMs),
+    ...(bytes !== undefined && { bytes: String(bytes) }),
   };
 }
 
@@ -63,7 +86,7 @@ export function metaOf(stored: Record<string, string> | undefined): FileMeta | n
     owner,
     purpose,
     filename: stored?.["filename"] ?? "",
-    createdAt: Number(stored?.["created_at"] ?? 0),
+    createdMs: Number(stored?.["created_ms"] ?? 0),
   };
 }
 
@@ -73,7 +96,7 @@ export function fileObject(id: string, bytes: number, meta: FileMeta): OpenAIFil
     id,
     object: "file",
     bytes,
-    created_at: meta.createdAt,
+    created_at: Math.floor(meta.createdMs / 1000),
     filename: meta.filename,
     purpose: meta.purpose,
     status: "processed",
@@ -91,9 +114,6 @@ function randomHex(bytes: number): string {
 export function newFileId(): string {
   return `file-${randomHex(12)}`;
 }
-
-// Ids sort newest first: the time counts down from this (year 2286) in 11 hex digits.
-const ID_EPOCH_END_MS = 0xfffffffffff;
 
 /** A new batch id whose text sorts newest first, as OpenAI lists batches. */
 export function newBatchId(now: number): string {

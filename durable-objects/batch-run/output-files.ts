@@ -4,7 +4,7 @@
  * stream of known length. Their ids follow from the batch's, so a write that a restart
  * cut is written again under the same id.
  */
-import { fileKey, storedMeta } from "../../contracts/batch-files.ts";
+import { fileIndexKeys, fileKey, storedMeta } from "../../contracts/batch-files.ts";
 import type { BatchStore } from "./store.ts";
 
 // Records read from SQLite per page while a file is written.
@@ -31,7 +31,7 @@ export async function writeOutputFile(
     owner: store.owner,
     purpose: "batch_output" as const,
     filename: `${batchId}_${ok ? "output" : "error"}.jsonl`,
-    createdAt: Math.floor(now / 1000),
+    createdMs: now,
   };
   const put = bucket.put(fileKey(id), readable, {
     customMetadata: storedMeta(meta),
@@ -48,5 +48,7 @@ export async function writeOutputFile(
   }
   await writer.close();
   await put;
+  const entry = { customMetadata: storedMeta(meta, bytes) };
+  await Promise.all(fileIndexKeys(meta, id).map((key) => bucket.put(key, "", entry)));
   return id;
 }

@@ -54,6 +54,13 @@ describe("the official openai SDK's Batch API calls", () => {
       .map((l) => JSON.parse(l) as { custom_id: string; response: { status_code: number } });
     expect(records.map((r) => r.custom_id)).toEqual(["q1", "q2", "q3"]);
     expect(records.every((r) => r.response.status_code === 200)).toBe(true);
+
+    const listed: string[] = [];
+    for await (const listedFile of client.files.list({ purpose: "batch_output", limit: 1 })) {
+      listed.push(listedFile.id);
+    }
+    expect(listed).toContain(batch.output_file_id);
+    expect(listed).not.toContain(file.id);
   });
 
   it("raises the SDK's NotFoundError for an unknown batch", async () => {

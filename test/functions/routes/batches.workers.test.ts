@@ -16,6 +16,14 @@ type Batch = {
   request_counts: { total: number; completed: number; failed: number };
 };
 
+type FileList = {
+  object: string;
+  data: { id: string; purpose: string; bytes: number }[];
+  first_id: string | null;
+  last_id: string | null;
+  has_more: boolean;
+};
+
 function line(customId: string, overrides: Record<string, unknown> = {}): string {
   return JSON.stringify({
     custom_id: customId,
@@ -102,6 +110,65 @@ describe("/v1/files", () => {
     const other = await createKey({ name: "other-files" });
     expect((await call(`/v1/files/${file.id}`, {}, other.key)).status).toBe(404);
     expect((await call(`/v1/files/${file.id}/content`, {}, other.key)).status).toBe(404);
+    const listed = await (await call("/v1/files", {}, other.key)).json<FileList>();
+    expect(listed).toEqual({
+      object: "list",
+      data: [],
+      first_id: null,
+      last_id: null,
+      has_more: false,
+    });
+  });
+
+  it("lists the key's files by pages, in both orders, by purpose, without deleted ones", async () => {
+    const { key } = await createKey({ name: "file-lister" });
+    const made: string[] = [];
+    for (const name of ["a", "b", "c"]) {
+      made.push((await (await upload(line(name), key)).json<{ id: string }>()).id);
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    const ids = async (query: string) => {
+      const res = await call(`/v1/files${query}`, {}, key);
+      expect(res.status).toBe(200);
+      const list = await res.json<FileList>();
+      return { ids: list.data.map((f) => f.id), more: list.has_more, last: list.last_id };
+    };
+    expect(await ids("")).toEqual({ ids: [made[2], made[1], made[0]], more: false, last: made[0] });
+    const first = await ids("?limit=2");
+    expect(first).toEqual({ ids: [made[2], made[1]], more: true, last: made[1] });
+    expect(await ids(`?limit=2&after=${first.last}`)).toMatchObject({
+      ids: [made[0]],
+      more: false,
+    });
+    expect((await ids("?order=asc&limit=2")).ids).toEqual([made[0], made[1]]);
+    expect((await ids(`?order=asc&after=${made[1]}`)).ids).toEqual([made[2]]);
+    expect((await ids("?purpose=batch_output")).ids).toEqual([]);
+
+    const batch = await settled((await (await createBatch(made[0]!, key)).json<Batch>()).id, key);
+    const outputs = await ids("?purpose=batch_output");
+    expect(outputs.ids).toEqual([batch.output_file_id]);
+    expect((await ids("?purpose=batch")).ids).toEqual([made[2], made[1], made[0]]);
+    const [output] = (await (await call("/v1/files?limit=1", {}, key)).json<FileList>()).data;
+    const content = await call(`/v1/files/${batch.output_file_id}/content`, {}, key);
+    expect(output).toMatchObject({ purpose: "batch_output", bytes: (await content.text()).length });
+
+    await call(`/v1/files/${made[1]}`, { method: "DELETE" }, key);
+    expect((await ids("?purpose=batch")).ids).toEqual([made[2], made[0]]);
+  });
+
+  it("refuses a bad list query with the parameter it names", async () => {
+    for (const [query, param, status] of [
+      ["?limit=0", "limit", 400],
+      ["?limit=10001", "limit", 400],
+      ["?limit=2.5", "limit", 400],
+      ["?order=newest", "order", 400],
+      ["?after=file-000000000000000000000000", "after", 404],
+    ] as const) {
+      const res = await call(`/v1/files${query}`);
+      const { error } = await res.json<{ error: { param: string } }>();
+      expect({ query, status: res.status, param: error.param }).toEqual({ query, status, param });
+    }
+    expect((await call("/v1/files", { method: "PUT" })).status).toBe(405);
   });
 });
 
