@@ -10,6 +10,7 @@ import {
   promptBlocks,
 } from "../../contracts/prefix-blocks.ts";
 import { ApiError, clipped, invalidRequest } from "../../contracts/errors.ts";
+import type { RegionConfig } from "../../contracts/config/regions.ts";
 import type { AttemptRoute } from "../../durable-objects/batcher/types.ts";
 import type { AppEnv } from "../app-env.ts";
 
@@ -22,23 +23,32 @@ export const SESSION_HEADER = "x-warmgate-session";
 const MAX_SESSION_CHARS = 256;
 
 /**
- * The request's route for each model it may be served by, computed once per model. Throws
- * the OpenAI-shaped errors of a refused or unknown `x-warmgate-origin`.
+ * The origin `x-warmgate-origin` asks for and its region, or null without the header.
+ * Throws the OpenAI-shaped errors of a refused or unknown origin.
  */
-export function attemptRoutes(c: Context<AppEnv>): (model: string) => AttemptRoute {
-  const completion = c.get("completion");
-  const config = c.get("config");
-  const pinned = c.req.header(ORIGIN_OVERRIDE_HEADER) ?? null;
-  if (pinned !== null) {
-    allowOverride(c, ORIGIN_OVERRIDE_HEADER, "origin");
-    if (!config.regions.some((region) => region.origins.some((o) => o.id === pinned))) {
-      throw invalidRequest(
-        `Unknown origin '${clipped(pinned)}' in the ${ORIGIN_OVERRIDE_HEADER} header.`,
-        null,
-        "invalid_origin",
-      );
-    }
+export function pinnedOrigin(c: Context<AppEnv>): { id: string; region: RegionConfig } | null {
+  const pinned = c.req.header(ORIGIN_OVERRIDE_HEADER);
+  if (pinned === undefined) return null;
+  allowOverride(c, ORIGIN_OVERRIDE_HEADER, "origin");
+  const region = c
+    .get("config")
+    .regions.find((candidate) => candidate.origins.some((o) => o.id === pinned));
+  if (region === undefined) {
+    throw invalidRequest(
+      `Unknown origin '${clipped(pinned)}' in the ${ORIGIN_OVERRIDE_HEADER} header.`,
+      null,
+      "invalid_origin",
+    );
   }
+  return { id: pinned, region };
+}
+
+/** The request's route for each model it may be served by, computed once per model. */
+export function attemptRoutes(
+  c: Context<AppEnv>,
+  pinned: string | null,
+): (model: string) => AttemptRoute {
+  const completion = c.get("completion");
   const user = (completion.body as { user?: unknown }).user;
   const named = c.req.header(SESSION_HEADER) ?? (typeof user === "string" ? user : null);
   const session = named === null || named === "" ? null : named.slice(0, MAX_SESSION_CHARS);

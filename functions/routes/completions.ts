@@ -16,7 +16,7 @@ import { completionBody } from "../middleware/completion-body.ts";
 import { withModelFallback } from "../delivery/model-fallback.ts";
 import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
 import { waitUntilOf } from "../middleware/request-context.ts";
-import { allowOverride, attemptRoutes } from "../delivery/prefix-route.ts";
+import { allowOverride, attemptRoutes, pinnedOrigin } from "../delivery/prefix-route.ts";
 import type { RegionConfig } from "../../contracts/config/regions.ts";
 import { type CallerLocation, regionOrder } from "../delivery/region-choice.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
@@ -41,7 +41,8 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
   const settlement = c.get("settlement");
   const requestId = c.get("requestId");
   const edge = c.get("edge");
-  const regions = regionsToTry(c);
+  const pinned = pinnedOrigin(c);
+  const regions = regionsToTry(c, pinned?.region ?? null);
   const priority = c.req.header(PRIORITY_HEADER);
   checkPriority(priority);
   const headers: Record<string, string> = { "x-request-id": requestId };
@@ -73,27 +74,38 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
       tier: admission?.tier,
       priority,
       keyId: c.get("caller")?.keyId,
-      route: attemptRoutes(c),
+      route: attemptRoutes(c, pinned?.id ?? null),
     },
     signal: c.req.raw.signal,
     waitUntil: waitUntilOf(c),
   });
 }
 
-/** The regions to try, nearest the caller first, or from the override header. */
-function regionsToTry(c: Context<AppEnv>): readonly RegionConfig[] {
+/**
+ * The regions to try, nearest the caller first, or from the override header, or the
+ * region of the origin `x-warmgate-origin` pins.
+ */
+function regionsToTry(c: Context<AppEnv>, pinned: RegionConfig | null): readonly RegionConfig[] {
   const config = c.get("config");
   const override = c.req.header(REGION_OVERRIDE_HEADER);
   if (override !== undefined) allowOverride(c, REGION_OVERRIDE_HEADER, "region");
+  const named = override !== undefined && override !== "" ? override : pinned?.id;
   // Reading `request.cf` parses it; with an override or a single region, where the caller
   // is decides nothing.
-  const located = override === undefined && config.regions.length > 1;
-  const order = regionOrder(config, located ? callerLocation(c.req.raw) : {}, override);
+  const located = named === undefined && config.regions.length > 1;
+  const order = regionOrder(config, located ? callerLocation(c.req.raw) : {}, named);
   if (order.kind === "unknown_region") {
     throw invalidRequest(
       `Unknown region '${clipped(order.region)}' in the ${REGION_OVERRIDE_HEADER} header.`,
       null,
       "invalid_region",
+    );
+  }
+  if (pinned !== null && order.regions[0] !== pinned) {
+    throw invalidRequest(
+      `The origin in the x-warmgate-origin header is in region '${pinned.id}', not in '${clipped(override ?? "")}' named by the ${REGION_OVERRIDE_HEADER} header.`,
+      null,
+      "invalid_origin",
     );
   }
   return order.regions;

@@ -211,6 +211,37 @@ describe("KV-cache-aware routing", () => {
     expect((await unknown.json<ErrorBody>()).error.code).toBe("invalid_origin");
   });
 
+  it("sends x-warmgate-origin to its own region, and refuses it beside another region", async () => {
+    const tag = crypto.randomUUID().slice(0, 6);
+    const config = JSON.stringify({
+      ...JSON.parse(configOf(tag)),
+      regions: [
+        { id: `near-${tag}`, origins: [{ id: `route-1@${tag}`, url: originUrl("route-1") }] },
+        { id: `far-${tag}`, origins: [{ id: `route-2@${tag}`, url: originUrl("route-2") }] },
+      ],
+      default_region: `near-${tag}`,
+    });
+    const allowed = await createKey({ name: "may-pin-far" });
+    const auth = { authorization: `Bearer ${allowed.key}` };
+    const far = await sendWith(
+      config,
+      ask(tag, 0, "Q", { ...auth, "x-warmgate-origin": `route-2@${tag}` }),
+    );
+    expect(far.status).toBe(200);
+    expect(far.headers.get("x-warmgate-region")).toBe(`far-${tag}`);
+    expect(far.headers.get("x-warmgate-origin")).toBe(`route-2@${tag}`);
+    const both = await sendWith(
+      config,
+      ask(tag, 0, "Q", {
+        ...auth,
+        "x-warmgate-origin": `route-2@${tag}`,
+        "x-warmgate-region": `near-${tag}`,
+      }),
+    );
+    expect(both.status).toBe(400);
+    expect((await both.json<ErrorBody>()).error).toMatchObject({ code: "invalid_origin" });
+  });
+
   it("sends a prefix to one Batcher shard, whose index is its authority", async () => {
     const tag = crypto.randomUUID().slice(0, 6);
     const config = configOf(tag, { batching: { shards: 4 } });
