@@ -178,7 +178,11 @@ export class BatchRun extends DurableObject<Env> {
             code: step.code,
             message,
           });
-          this.#store.finish(line.idx, { ok: false, record, httpStatus: null, now }, null);
+          this.#store.finish(
+            line.idx,
+            { ok: false, record, httpStatus: null, origin: null, now },
+            null,
+          );
         }
         if (step.ending === "expired" && state.expiredAt === null) {
           this.#store.update({ expiredAt: now });
@@ -277,7 +281,13 @@ export class BatchRun extends DurableObject<Env> {
           body: outcome.body,
         });
         const ok = outcome.status < 300;
-        const end = { ok, record, httpStatus: outcome.status, now: Date.now() };
+        const end = {
+          ok,
+          record,
+          httpStatus: outcome.status,
+          origin: outcome.origin,
+          now: Date.now(),
+        };
         this.#store.finish(line.idx, end, bill);
         return;
       }
@@ -292,6 +302,7 @@ export class BatchRun extends DurableObject<Env> {
               message: outcome.message,
             }),
             httpStatus: null,
+            origin: null,
             now: Date.now(),
           },
           null,
@@ -323,6 +334,7 @@ export class BatchRun extends DurableObject<Env> {
         batchId: state.id,
         seq: charge.seq,
         model: this.#store.run.model,
+        region: this.#store.run.setup.region,
         lines: charge.lines.map(({ idx, ...line }) => ({ ...line, requestId: this.#lineId(idx) })),
       });
       this.#store.charged(charge.seq);

@@ -13,6 +13,8 @@ export type LineOutcome =
   | {
       kind: "answered";
       status: number;
+      /** The origin that answered. */
+      origin: string;
       body: string;
       /** What its origin generated, to bill; null when nothing was reported. */
       usage: TokenUsage | null;
@@ -55,6 +57,7 @@ export function lineOutcome(result: BatcherAnswerResult): LineOutcome {
       return {
         kind: "answered",
         status: result.head.status,
+        origin: result.head.origin,
         body: textDecoder.decode(result.body),
         usage:
           usage === null

@@ -31,6 +31,8 @@ const MIGRATIONS: readonly string[] = [
   // Every lookup by state is served by an index that leads with it: one fewer to update at
   // every move of a line.
   `DROP INDEX lines_by_state;`,
+  // The origin that answered each line, for its ledger row.
+  `ALTER TABLE lines ADD COLUMN origin TEXT;`,
 ];
 
 /** The states a line moves through. */
@@ -41,8 +43,9 @@ export interface ChargedLine {
   /** Its index in the input file. */
   idx: number;
   ok: boolean;
-  /** The status its origin answered; null when it never ran. */
+  /** The status its origin answered and that origin; null when it never ran. */
   httpStatus: number | null;
+  origin: string | null;
   /** When its last attempt was sent (null: never) and when it ended, unix ms. */
   startedAt: number | null;
   endedAt: number | null;
@@ -216,12 +219,18 @@ export class BatchStore {
   }
 
   /**
-   * Records a line's end once: its output record, the status its origin answered (null when
-   * it never ran), and its cost when it is billed.
+   * Records a line's end once: its output record, the status its origin answered and that
+   * origin (null when it never ran), and its cost when it is billed.
    */
   finish(
     idx: number,
-    end: { ok: boolean; record: string; httpStatus: number | null; now: number },
+    end: {
+      ok: boolean;
+      record: string;
+      httpStatus: number | null;
+      origin: string | null;
+      now: number;
+    },
     bill: { costPicos: bigint; usage: TokenUsage | null } | null,
   ): void {
     const { ok, record } = end;
@@ -231,6 +240,7 @@ export class BatchStore {
       ok ? 1 : 0,
       record,
       end.httpStatus,
+      end.origin,
       end.now,
       (bill?.costPicos ?? 0n).toString(),
       bill?.usage === null || bill === null ? null : JSON.stringify(bill.usage),
@@ -240,7 +250,7 @@ export class BatchStore {
     // wrote nothing; a line that ended already is left as it is.
     for (const from of ["running", "pending"] as const) {
       const written = this.#sql.exec(
-        `UPDATE lines SET state = ?, ok = ?, record = ?, http_status = ?, ended_at = ?,
+        `UPDATE lines SET state = ?, ok = ?, record = ?, http_status = ?, origin = ?, ended_at = ?,
            cost_picos = ?, usage = ?
          WHERE idx = ? AND state = '${from}'`,
         ...values,
@@ -293,13 +303,14 @@ export class BatchStore {
         idx: number;
         ok: number;
         http_status: number | null;
+        origin: string | null;
         started_at: number | null;
         ended_at: number | null;
         cost_picos: string;
         reserve_picos: string;
         usage: string | null;
       }>(
-        `SELECT idx, ok, http_status, started_at, ended_at, cost_picos, reserve_picos, usage
+        `SELECT idx, ok, http_status, origin, started_at, ended_at, cost_picos, reserve_picos, usage
          FROM lines WHERE charge = ? ORDER BY idx`,
         seq,
       )
@@ -308,6 +319,7 @@ export class BatchStore {
         idx: row.idx,
         ok: row.ok === 1,
         httpStatus: row.http_status,
+        origin: row.origin,
         startedAt: row.started_at,
         endedAt: row.ended_at,
         costPicos: BigInt(row.cost_picos),

@@ -35,6 +35,8 @@ export interface BatchCharge {
   /** Increases by one per charge of the batch; a charge already applied is ignored. */
   seq: number;
   model: string;
+  /** The region whose origins ran its lines. */
+  region: string;
   /** Lines billed: their cost, the part of the hold they give back, their usage. */
   lines: BatchChargeLine[];
 }
@@ -44,8 +46,9 @@ export interface BatchChargeLine {
   /** Its request id: the line's item id, `{batch id}-{line}`. */
   requestId: string;
   ok: boolean;
-  /** The status its origin answered; null when it never ran. */
+  /** The status its origin answered and that origin; null when it never ran. */
   httpStatus: number | null;
+  origin: string | null;
   /** When its last attempt was sent (null: never) and when it ended, unix ms. */
   startedAt: number | null;
   endedAt: number | null;
@@ -86,7 +89,10 @@ function lineRow(
     costPicos: line.costPicos,
     tags: rowTags(key.tags, [batchTag(charge.batchId)]),
     teamId: key.teamId,
-    attempts: [],
+    attempts:
+      line.origin === null
+        ? []
+        : [{ region: charge.region, origin: line.origin, result: "served" }],
     httpStatus: line.httpStatus,
     durationMs: line.startedAt === null ? null : closedAt - createdAt,
     ttftMs: null,

@@ -124,7 +124,11 @@ describe("a BatchRun", () => {
             if (kind === "start") store.startLines(limit, step);
             else if (kind === "release") store.release(idx);
             else if (kind === "finish") {
-              store.finish(idx, { ok, record: "{}", httpStatus: 200, now: step }, null);
+              store.finish(
+                idx,
+                { ok, record: "{}", httpStatus: 200, origin: "o-1", now: step },
+                null,
+              );
             } else store.requeueRunning(new Set([idx]));
             // A store opened on the same rows counts them afresh.
             const kept = JSON.stringify(store.counts());

@@ -174,11 +174,13 @@ describe("teams", () => {
       batchId: "batch_ok",
       seq: 1,
       model: "m",
+      region: "r",
       lines: [
         {
           requestId: "batch_ok-0",
           ok: true,
           httpStatus: 200,
+          origin: "o-1",
           startedAt: now - 10,
           endedAt: now,
           costPicos: micros(400),

@@ -299,6 +299,9 @@ describe("/v1/batches", () => {
   it("shows each line as a row of the spend log, page after page", async () => {
     config = inject("warmgateConfig");
     const { key } = await createKey({ name: "batch-log" });
+    const origins = (JSON.parse(config) as { regions: { origins: { id: string }[] }[] }).regions
+      .flatMap((region) => region.origins)
+      .map((origin) => origin.id);
     const ids = Array.from({ length: 501 }, (_, i) => `l${String(i).padStart(3, "0")}`);
     const file = await (
       await upload(ids.map((id) => line(id, { max_tokens: 1 })).join("\n"), key)
@@ -309,11 +312,17 @@ describe("/v1/batches", () => {
     let cursor: string | null = null;
     do {
       const query: string = `tag=batch:${batch.id}&limit=500${cursor === null ? "" : `&cursor=${cursor}`}`;
-      type Page = { data: { id: string }[]; next_cursor: string | null };
+      type Row = { id: string; attempts: { origin: string; result: string }[] };
+      type Page = { data: Row[]; next_cursor: string | null };
       const page: Page = await (
         await sendWith(config, adminRequest(`/admin/requests?${query}`))
       ).json<Page>();
       seen.push(...page.data.map((row) => row.id));
+      // Each row names the origin that answered its line.
+      for (const row of page.data) {
+        expect(row.attempts).toEqual([expect.objectContaining({ result: "served" })]);
+        expect(origins).toContain(row.attempts[0]?.origin);
+      }
       cursor = page.next_cursor;
     } while (cursor !== null);
     expect(seen.toSorted()).toEqual(ids.map((_, i) => `${batch.id}-${i}`).toSorted());
