@@ -8,6 +8,7 @@
 import { rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { watchEdge } from "./edge-watch.ts";
 import { onParentExit } from "./parent-watch.ts";
 import { readSettingsFile } from "./settings-file.ts";
 import { ROOT } from "./edge.ts";
@@ -117,6 +118,32 @@ console.error(
     "\nwarmgate: Ctrl-C stops everything.",
 );
 
-stack.edge.once("exit", (code) => {
-  void shutdown(`wrangler dev exited (${code ?? "signal"})`, 1);
+let restarting = false;
+function watchExit() {
+  stack.edge.once("exit", (code) => {
+    if (!restarting) void shutdown(`wrangler dev exited (${code ?? "signal"})`, 1);
+  });
+}
+watchExit();
+// An edge that stops answering (its runtime died and came back deaf) is started again on
+// the same port and state.
+const stopWatch = watchEdge(stack.edgeUrl, async () => {
+  if (stopping) return;
+  console.error("warmgate: the edge stopped answering its health checks; starting it again…");
+  restarting = true;
+  try {
+    await stack.restartEdge();
+    console.error("warmgate: the edge is back.");
+  } catch (error) {
+    void shutdown(`the edge could not be started again: ${(error as Error).message}`, 1);
+    return;
+  } finally {
+    restarting = false;
+  }
+  watchExit();
 });
+const stopAll = stopStack;
+stopStack = async () => {
+  stopWatch();
+  await stopAll();
+};
