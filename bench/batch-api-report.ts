@@ -144,15 +144,18 @@ export interface CpuSample {
   cpuMs: number;
 }
 
-/** Share of one core the edge's workerd used from `from` to `to` (s of the run). */
-export function edgeCpuShare(samples: readonly CpuSample[], from: number, to: number): number {
+/** Share of one core the edge's workerd used over the intervals whose ends are `inside` (s of the run). */
+export function edgeCpuShare(
+  samples: readonly CpuSample[],
+  inside: (t: number) => boolean,
+): number {
   let cpu = 0;
   let time = 0;
   for (let i = 1; i < samples.length; i++) {
     const a = samples[i - 1];
     const b = samples[i];
     if (a === undefined || b === undefined) continue;
-    if (a.pid !== b.pid || a.at < from || b.at > to) continue;
+    if (a.pid !== b.pid || !inside(a.at) || !inside(b.at)) continue;
     cpu += b.cpuMs - a.cpuMs;
     time += (b.at - a.at) * 1000;
   }
@@ -251,7 +254,7 @@ export function windowRows(
       errors: interactive.errors.filter((e) => inside(e.at)).length,
       ttftP50: ttft.p50,
       ttftP99: ttft.p99,
-      edgeCpu: edgeCpuShare(run.cpu, from, to),
+      edgeCpu: edgeCpuShare(run.cpu, inside),
       slotsBusy: mean((s) => Math.min(1, s.running / options.slots)),
       fillableBusy: mean((s) => Math.min(1, s.running / fillable)),
     };
