@@ -95,7 +95,7 @@ async function tryCandidates(options: DispatchOptions, gaveUp: GivenUp[]): Promi
     return await failover.run();
   } finally {
     // No second opinion came (one candidate, or the retries ran out): the 5xx counts.
-    failover.convictSuspect();
+    failover.convictSuspects();
   }
 }
 
@@ -107,6 +107,8 @@ interface Opened {
   itemId: string;
   /** Its entry in the request's attempts. */
   listed: RequestAttempt;
+  /** Its place among the candidates. */
+  index: number;
   /** Judged slow while it waited: that was its verdict. */
   toldSlow: boolean;
   last: boolean;
@@ -121,9 +123,11 @@ class Failover {
   readonly #deadline: number;
   readonly #avoid: string[] = [];
   #failure: OriginFailureKind = "unavailable";
-  // An origin whose engine answered 5xx waits for a second opinion: another origin that
-  // answers the same request convicts it; one that fails it too convicts the request.
-  #suspect: { candidate: RegionOrigin; originId: string } | null = null;
+  #attempts = 0;
+  // Origins whose engine answered 5xx wait for another opinion: an origin that answers the
+  // same request convicts them; the request is convicted once a second origin fails it too
+  // and no origin of another region is left to ask (a whole region may be down).
+  #suspects: { candidate: RegionOrigin; originId: string }[] = [];
 
   constructor(options: DispatchOptions, gaveUp: GivenUp[]) {
     this.#options = options;
@@ -136,6 +140,7 @@ class Failover {
   async run(): Promise<Response> {
     const options = this.#options;
     const attempts = attemptsAllowed(options.candidates.length, options.limits);
+    this.#attempts = attempts;
     const firstAttempt = options.attempts?.length ?? 0;
     options.retryBudget?.request(this.#now());
     for (let i = 0; i < attempts; i++) {
@@ -163,12 +168,20 @@ class Failover {
     throw originFailure(options.candidates.length === 0 ? "unavailable" : this.#failure);
   }
 
-  /** Counts the 5xx of the origin that waited for a second opinion. */
-  convictSuspect(): void {
-    if (this.#suspect !== null) {
-      this.#judge(this.#suspect.candidate, this.#suspect.originId, "failed");
+  /** Counts the 5xx of the origins that waited for another opinion. */
+  convictSuspects(): void {
+    for (const { candidate, originId } of this.#suspects) {
+      this.#judge(candidate, originId, "failed");
     }
-    this.#suspect = null;
+    this.#suspects = [];
+  }
+
+  /** Whether a candidate after `index` is in a region none of the suspects is in. */
+  #regionLeftToAsk(index: number): boolean {
+    const asked = new Set(this.#suspects.map((suspect) => suspect.candidate.region.id));
+    return this.#options.candidates
+      .slice(index + 1, this.#attempts)
+      .some((candidate) => !asked.has(candidate.region.id));
   }
 
   /** Opens attempt `n` of the request at candidate `i`; a final refusal throws. */
@@ -216,7 +229,7 @@ class Failover {
       result: "failed",
     };
     options.attempts?.push(listed);
-    return { candidate, attempt, itemId, listed, toldSlow, last };
+    return { candidate, attempt, itemId, listed, index: i, toldSlow, last };
   }
 
   /** An attempt that failed before its HEAD: noted, judged, avoided from now on. */
@@ -281,9 +294,10 @@ class Failover {
       // The origin's own item timeout answers 504 (see origin/server.ts).
       this.#failure = status === 504 ? "timeout" : "bad_answer";
       logWarn("origin answered", { status, request_id: options.requestId, origin: originId });
-      if (this.#suspect !== null) {
-        // Two origins failed it alike: the request's fault, and no origin's.
-        this.#suspect = null;
+      this.#suspects.push({ candidate, originId });
+      if (this.#suspects.length > 1 && !this.#regionLeftToAsk(opened.index)) {
+        // Origins failed it alike: the request's fault, and no origin's.
+        this.#suspects = [];
         const text = await item
           .whole()
           .then(({ body }) => new TextDecoder().decode(body))
@@ -291,11 +305,10 @@ class Failover {
         throw failedEverywhere(text);
       }
       item.cancel();
-      this.#suspect = { candidate, originId };
       return null;
     }
-    // Another origin answered: the one that failed this request before was sick.
-    if (judged === "ok") this.convictSuspect();
+    // Another origin answered: those that failed this request before were sick.
+    if (judged === "ok") this.convictSuspects();
     return judged;
   }
 
@@ -323,7 +336,7 @@ class Failover {
       return respond(item, served, options, null, this.#deadline, this.#gaveUp, onEnd);
     }
     // A whole answer is read before the client sees anything: one its origin cut or failed
-    // is tried again elsewhere, and never billed (its client received none of it).
+    // is tried again elsewhere (billed only should no answer be served: generated.ts).
     const read = await readWhole(item, this.#deadline - this.#now());
     const cut = !read.complete && !read.timedOut && item.head.status < 400;
     if (!read.timedOut) onEnd(cut ? "failed" : "ok");
@@ -336,8 +349,9 @@ class Failover {
       logWarn("origin failed mid-response", { request_id: options.requestId, origin: originId });
       return null;
     }
-    listed.result = "served";
-    options.pool.reportSuccess(originId);
+    // A whole answer cut on the last candidate reaches its client as an error, not served.
+    listed.result = read.complete ? "served" : "failed";
+    if (read.complete) options.pool.reportSuccess(originId);
     options.pool.begin(originId);
     return respond(item, served, options, read, this.#deadline, this.#gaveUp);
   }

@@ -46,6 +46,7 @@ const ORIGINS: {
   // The breaker tests break these and address them directly, in configs of their own.
   { id: "breaker-1", region: "breakers", timeScale: 0 },
   { id: "breaker-2", region: "breakers", timeScale: 0 },
+  { id: "breaker-3", region: "breakers", timeScale: 0 },
   // The canary tests break the first and address both in configs of their own.
   { id: "canary-1", region: "canaries", timeScale: 0 },
   { id: "canary-2", region: "canaries", timeScale: 0 },

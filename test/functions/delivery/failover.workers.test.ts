@@ -253,7 +253,8 @@ describe("failure after the first byte", () => {
   it("answers a JSON completion the origin cut with an OpenAI error, never a partial 200", async () => {
     for (const id of FAULTY) await setFaults(id, { dropAfterTokens: 3, dropRate: 1 });
     // Every origin it may go to cuts it.
-    const res = await fetchWithConfig(configOf([FAULTY]), chat({ max_tokens: 50 }));
+    const config = configOf([FAULTY]);
+    const res = await fetchWithConfig(config, chat({ max_tokens: 50 }));
     expect(res.status).toBe(502);
     expect(JSON.parse(await res.text())).toEqual({
       error: {
@@ -263,6 +264,15 @@ describe("failure after the first byte", () => {
         code: "origin_error",
       },
     });
+    // Its usage record lists both attempts as failed: no answer was served.
+    const id = res.headers.get("x-request-id");
+    let record: { status?: string; attempts?: { result: string }[] } = {};
+    for (let i = 0; i < 100 && record.status !== "settled"; i++) {
+      const usage = await fetchWithConfig(config, edgeRequest(`/v1/usage/requests/${id}`));
+      record = await usage.json();
+      if (record.status !== "settled") await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    expect(record.attempts?.map((attempt) => attempt.result)).toEqual(["failed", "failed"]);
   });
 });
 

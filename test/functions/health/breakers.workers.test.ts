@@ -63,7 +63,7 @@ async function until<T>(probe: () => Promise<T>, done: (value: T) => boolean): P
 }
 
 afterEach(async () => {
-  await Promise.all(["breaker-1", "breaker-2"].map((id) => setFaults(id, null)));
+  await Promise.all(["breaker-1", "breaker-2", "breaker-3"].map((id) => setFaults(id, null)));
 });
 
 for (const batching of [false, true]) {
@@ -244,6 +244,56 @@ describe("a request that fails on every origin it tries", () => {
     }
   });
 });
+
+for (const batching of [false, true]) {
+  describe(`a region whose every origin fails, ${batching ? "through the Batcher" : "straight"}`, () => {
+    /** breaker-1 and breaker-2 in the first region, breaker-3 alone in the second. */
+    function twoRegions(tag: string) {
+      const origin = (id: string) => ({ id: `${id}@${tag}`, url: originUrl(id) });
+      return JSON.stringify({
+        ...JSON.parse(configOf(tag, batching)),
+        regions: [
+          { id: `down-${tag}`, origins: [origin("breaker-1"), origin("breaker-2")] },
+          { id: `up-${tag}`, origins: [origin("breaker-3")] },
+        ],
+        default_region: `down-${tag}`,
+      });
+    }
+
+    it("is stepped over to the next region, and its origins are counted", async () => {
+      const tag = `region-down-${batching}`;
+      const config = twoRegions(tag);
+      for (const id of ["breaker-1", "breaker-2"]) {
+        await setFaults(id, { errorRate: 1, errorStatuses: [500] });
+      }
+      const res = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-warmgate-origin")).toBe(`breaker-3@${tag}`);
+      expect(res.headers.get("x-warmgate-attempts")).toBe("3");
+      for (const id of ["breaker-1", "breaker-2"]) {
+        const view = await until(
+          () => breakerOf(config, `${id}@${tag}`),
+          (v) => (v?.failures ?? 0) > 0,
+        );
+        expect(view?.failures).toBe(1);
+      }
+    });
+
+    it("fails a request that fails there and in the next region alike, on no origin's count", async () => {
+      const tag = `region-poison-${batching}`;
+      const config = twoRegions(tag);
+      for (const id of ["breaker-1", "breaker-2", "breaker-3"]) {
+        await setFaults(id, { errorRate: 1, errorStatuses: [500] });
+      }
+      const res = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+      expect(res.status).toBe(502);
+      expect((await res.json<ErrorBody>()).error.code).toBe("origin_error");
+      for (const id of ["breaker-1", "breaker-2", "breaker-3"]) {
+        expect(await breakerOf(config, `${id}@${tag}`)).toMatchObject({ failures: 0 });
+      }
+    });
+  });
+}
 
 describe("an origin that answers 429", () => {
   it("is busy, not sick: avoided while the other serves, its breaker untouched", async () => {
