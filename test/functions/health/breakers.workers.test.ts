@@ -245,24 +245,24 @@ describe("a request that fails on every origin it tries", () => {
   });
 });
 
+/** breaker-1 and breaker-2 in the first region, breaker-3 alone in the second. */
+function twoRegions(tag: string, batching: boolean) {
+  const origin = (id: string) => ({ id: `${id}@${tag}`, url: originUrl(id) });
+  return JSON.stringify({
+    ...JSON.parse(configOf(tag, batching)),
+    regions: [
+      { id: `down-${tag}`, origins: [origin("breaker-1"), origin("breaker-2")] },
+      { id: `up-${tag}`, origins: [origin("breaker-3")] },
+    ],
+    default_region: `down-${tag}`,
+  });
+}
+
 for (const batching of [false, true]) {
   describe(`a region whose every origin fails, ${batching ? "through the Batcher" : "straight"}`, () => {
-    /** breaker-1 and breaker-2 in the first region, breaker-3 alone in the second. */
-    function twoRegions(tag: string) {
-      const origin = (id: string) => ({ id: `${id}@${tag}`, url: originUrl(id) });
-      return JSON.stringify({
-        ...JSON.parse(configOf(tag, batching)),
-        regions: [
-          { id: `down-${tag}`, origins: [origin("breaker-1"), origin("breaker-2")] },
-          { id: `up-${tag}`, origins: [origin("breaker-3")] },
-        ],
-        default_region: `down-${tag}`,
-      });
-    }
-
     it("is stepped over to the next region, and its origins are counted", async () => {
       const tag = `region-down-${batching}`;
-      const config = twoRegions(tag);
+      const config = twoRegions(tag, batching);
       for (const id of ["breaker-1", "breaker-2"]) {
         await setFaults(id, { errorRate: 1, errorStatuses: [500] });
       }
@@ -281,7 +281,7 @@ for (const batching of [false, true]) {
 
     it("fails a request that fails there and in the next region alike, on no origin's count", async () => {
       const tag = `region-poison-${batching}`;
-      const config = twoRegions(tag);
+      const config = twoRegions(tag, batching);
       for (const id of ["breaker-1", "breaker-2", "breaker-3"]) {
         await setFaults(id, { errorRate: 1, errorStatuses: [500] });
       }
