@@ -298,7 +298,7 @@ export function originFailure(kind: OriginFailureKind): ApiError {
   return new ApiError(status, message, {
     type: "server_error",
     code,
-    ...(kind === "unavailable" && { headers: { "retry-after": "1" } }),
+    ...(kind === "unavailable" && { headers: { "retry-after": "1", "retry-after-ms": "1000" } }),
   });
 }
 

@@ -19,6 +19,7 @@ import type { Verdict } from "../../contracts/breaker.ts";
 import { judgeHead, retryAfterMs } from "../../contracts/origin-health.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { RegionOrigin } from "./origin-pool.ts";
+import { retryAfterHeaders } from "../accounts/rate-limit-headers.ts";
 import type { GivenUp } from "../accounts/settlement.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
 import type { ItemAttempt } from "./direct.ts";
@@ -390,6 +391,6 @@ function givenUp(
 /** 503 `no_healthy_origin` for a request whose last origin was busy, with its retry-after. */
 function busyEverywhere(headers: Record<string, string>): ApiError {
   const error = originFailure("unavailable");
-  error.headers["retry-after"] = String(Math.max(1, Math.ceil(retryAfterMs(headers) / 1_000)));
+  Object.assign(error.headers, retryAfterHeaders(retryAfterMs(headers)));
   return error;
 }

@@ -54,7 +54,7 @@ function refusedForBudget(
     return new ApiError(429, "The key's team allowance is in use by its other keys now; retry.", {
       type: "requests",
       code: "rate_limit_exceeded",
-      headers: { "retry-after": "1" },
+      headers: { "retry-after": "1", "retry-after-ms": "1000" },
     });
   }
   const owner =

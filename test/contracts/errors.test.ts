@@ -19,6 +19,8 @@ describe("origin failures", () => {
     expect(error.status).toBe(503);
     expect(error.code).toBe("no_healthy_origin");
     expect(error.headers["retry-after"]).toBe("1");
+    // The OpenAI SDKs read the milliseconds first.
+    expect(error.headers["retry-after-ms"]).toBe("1000");
     expect(originFailure("bad_answer").headers["retry-after"]).toBeUndefined();
   });
 });

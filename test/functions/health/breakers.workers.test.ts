@@ -360,6 +360,7 @@ describe("every origin answering 503 with retry-after", () => {
       const res = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
       expect(res.status).toBe(503);
       expect(Number(res.headers.get("retry-after"))).toBeGreaterThanOrEqual(1);
+      expect(Number(res.headers.get("retry-after-ms"))).toBeGreaterThanOrEqual(1_000);
       expect((await res.json<ErrorBody>()).error.code).toBe("no_healthy_origin");
     }
     for (const id of ["breaker-1", "breaker-2"]) {
