@@ -51,6 +51,8 @@ export interface CompletionDispatch {
   answerHeaders?: readonly (readonly [string, string])[];
   /** Regions to try, nearest first. */
   regions: readonly RegionConfig[];
+  /** The origin `x-warmgate-origin` names: the only one tried (null: any). */
+  pinned: string | null;
   settlement: Settlement;
   /** The Worker's bindings: the origins' credentials and the Batcher namespace. */
   env: Env;
@@ -107,10 +109,11 @@ export class Dispatcher {
       attempts: settlement.attempts,
       gaveUp: settlement.gaveUp,
       retryBudget: this.#retryBudget,
-      ...(canary !== null && {
-        avoidAlways: armAvoids(canary),
-        avoidFirst: armFirstAvoids(canary, candidates),
-      }),
+      avoidAlways: [
+        ...(canary === null ? [] : armAvoids(canary)),
+        ...pinnedAvoids(request.regions, request.pinned),
+      ],
+      ...(canary !== null && { avoidFirst: armFirstAvoids(canary, candidates) }),
       pool: this.#pool,
       limits: config.limits,
       delivery: request.delivery,
@@ -133,11 +136,14 @@ export class Dispatcher {
    * open, after a refresh, Envoy's panic mode: a bounded trickle (docs/failover.md).
    */
   async #rank(request: CompletionDispatch, canary: CanaryPlan | null): Promise<Ranked> {
-    const { config, regions, model, settlement, waitUntil } = request;
+    const { config, regions, model, settlement, waitUntil, pinned } = request;
     const now = Date.now();
     const breakers = config.breakers.enabled;
     if (breakers) for (const work of this.#breakers.sync(config, regions, now)) waitUntil(work);
-    let ranked = this.#pool.candidates(regions, model.id, now);
+    // A pinned request goes to its origin or nowhere: it asks about that origin.
+    const only = (list: RegionOrigin[]) =>
+      pinned === null ? list : list.filter((c) => c.origin.id === pinned);
+    let ranked = only(this.#pool.candidates(regions, model.id, now));
     let panicking = false;
     if (ranked.length === 0 && breakers) {
       // The copy may be stale: a breaker that closed since is seen by this request, not the
@@ -145,9 +151,9 @@ export class Dispatcher {
       await Promise.all(
         regions.map((region) => this.#breakers.cache.refresh(breakerRegion(config, region), now)),
       );
-      ranked = this.#pool.candidates(regions, model.id, Date.now());
+      ranked = only(this.#pool.candidates(regions, model.id, Date.now()));
       if (ranked.length === 0) {
-        ranked = this.#pool.panic(regions, model.id, Date.now());
+        ranked = only(this.#pool.panic(regions, model.id, Date.now()));
         panicking = ranked.length > 0;
       }
     }
@@ -161,7 +167,11 @@ export class Dispatcher {
       );
     }
     if (candidates.length === 0 && breakers) {
-      throw this.#breakers.allOpen(regions, (origin) => originServes(origin, model.id), now);
+      throw this.#breakers.allOpen(
+        regions,
+        (origin) => originServes(origin, model.id) && (pinned === null || origin.id === pinned),
+        now,
+      );
     }
     return { candidates, panicking };
   }
@@ -208,4 +218,11 @@ export class Dispatcher {
       this.#openDirect,
     );
   }
+}
+
+/** The origins a pinned request's region holds beside its pin: its Batcher may use none. */
+function pinnedAvoids(regions: readonly RegionConfig[], pinned: string | null): string[] {
+  if (pinned === null) return [];
+  const region = regions.find((r) => r.origins.some((origin) => origin.id === pinned));
+  return (region?.origins ?? []).filter((origin) => origin.id !== pinned).map((o) => o.id);
 }

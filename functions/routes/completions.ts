@@ -68,6 +68,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
       answerHeaders: Object.entries(rateLimitHeaders(admission.rateLimit)),
     }),
     regions,
+    pinned: pinned?.id ?? null,
     settlement,
     env: c.env,
     lane: {

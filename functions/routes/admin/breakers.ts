@@ -34,11 +34,10 @@ export const breakers = new Hono<AppEnv>()
       throw notFound(`No origin '${origin}' is configured.`, "origin_not_found", "origin");
     }
     const { state } = await readJsonBody(c.req.raw, ForceSchema);
-    const view = await c.env.ORIGIN_BREAKERS.getByName(region.id).force(
-      breakerRegion(c.var.config, region),
-      origin,
-      state,
-    );
+    const at = breakerRegion(c.var.config, region);
+    const view = await c.env.ORIGIN_BREAKERS.getByName(region.id).force(at, origin, state);
+    // This isolate follows at once; others within their copy's refresh (docs/failover.md).
+    await c.get("edge").breakers.cache.refresh(at, Date.now());
     const entry = await auditEntry(c, "breaker.force", { type: "origin", id: origin }, { state });
     await keyDirectory(c.env).log(entry);
     return c.json(view);

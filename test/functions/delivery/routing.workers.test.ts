@@ -211,6 +211,34 @@ describe("KV-cache-aware routing", () => {
     expect((await unknown.json<ErrorBody>()).error.code).toBe("invalid_origin");
   });
 
+  it("keeps a pinned request on its origin, batched or not, and refuses it while that one is out", async () => {
+    for (const batching of [{ enabled: false }, { enabled: true }]) {
+      const tag = crypto.randomUUID().slice(0, 6);
+      const config = configOf(tag, { batching, breakers: { enabled: true } });
+      const pinned = `route-2@${tag}`;
+      const { key } = await createKey({ name: "pin-strict" });
+      const headers = { authorization: `Bearer ${key}`, "x-warmgate-origin": pinned };
+      for (let i = 0; i < 3; i++) {
+        const res = await sendWith(config, ask(tag, i, "Q", headers));
+        expect(res.status).toBe(200);
+        expect(res.headers.get("x-warmgate-origin")).toBe(pinned);
+      }
+      const forced = await sendWith(
+        config,
+        adminRequest(`/admin/breakers/${pinned}`, { state: "open" }),
+      );
+      expect(forced.status).toBe(200);
+      const refused = await sendWith(config, ask(tag, 0, "Q", headers));
+      expect(refused.status).toBe(503);
+      expect(Number(refused.headers.get("retry-after-ms"))).toBeGreaterThan(0);
+      expect((await refused.json<ErrorBody>()).error.code).toBe("no_healthy_origin");
+      // Unpinned, the region's other origins serve.
+      const unpinned = await sendWith(config, ask(tag, 0, "Q", { authorization: `Bearer ${key}` }));
+      expect(unpinned.status).toBe(200);
+      expect(unpinned.headers.get("x-warmgate-origin")).not.toBe(pinned);
+    }
+  });
+
   it("sends x-warmgate-origin to its own region, and refuses it beside another region", async () => {
     const tag = crypto.randomUUID().slice(0, 6);
     const config = JSON.stringify({
