@@ -58,7 +58,7 @@ export function readCacheHeaders(
 function badHeader(name: string, expected: string): { ok: false; error: ApiError } {
   return {
     ok: false,
-    error: invalidRequest(`Invalid ${name} header: expected ${expected}.`, null, "invalid_value"),
+    error: invalidRequest(`Invalid ${name} header: expected ${expected}.`, name, "invalid_value"),
   };
 }
 

@@ -36,7 +36,7 @@ export function pinnedOrigin(c: Context<AppEnv>): { id: string; region: RegionCo
   if (region === undefined) {
     throw invalidRequest(
       `Unknown origin '${clipped(pinned)}' in the ${ORIGIN_OVERRIDE_HEADER} header.`,
-      null,
+      ORIGIN_OVERRIDE_HEADER,
       "invalid_origin",
     );
   }

@@ -96,7 +96,7 @@ async function planBatch(c: Context<AppEnv>, inputFileId: string, endpoint: Item
   if (order.kind === "unknown_region") {
     throw invalidRequest(
       `Unknown region '${clipped(order.region)}' in the ${REGION_OVERRIDE_HEADER} header.`,
-      null,
+      REGION_OVERRIDE_HEADER,
       "invalid_region",
     );
   }

@@ -16,7 +16,12 @@ import { completionBody } from "../middleware/completion-body.ts";
 import { withModelFallback } from "../delivery/model-fallback.ts";
 import { planCompletion, sequenceAllowance } from "../middleware/completion-plan.ts";
 import { waitUntilOf } from "../middleware/request-context.ts";
-import { allowOverride, attemptRoutes, pinnedOrigin } from "../delivery/prefix-route.ts";
+import {
+  ORIGIN_OVERRIDE_HEADER,
+  allowOverride,
+  attemptRoutes,
+  pinnedOrigin,
+} from "../delivery/prefix-route.ts";
 import type { RegionConfig } from "../../contracts/config/regions.ts";
 import { type CallerLocation, regionOrder } from "../delivery/region-choice.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
@@ -98,14 +103,14 @@ function regionsToTry(c: Context<AppEnv>, pinned: RegionConfig | null): readonly
   if (order.kind === "unknown_region") {
     throw invalidRequest(
       `Unknown region '${clipped(order.region)}' in the ${REGION_OVERRIDE_HEADER} header.`,
-      null,
+      REGION_OVERRIDE_HEADER,
       "invalid_region",
     );
   }
   if (pinned !== null && order.regions[0] !== pinned) {
     throw invalidRequest(
-      `The origin in the x-warmgate-origin header is in region '${pinned.id}', not in '${clipped(override ?? "")}' named by the ${REGION_OVERRIDE_HEADER} header.`,
-      null,
+      `The origin in the ${ORIGIN_OVERRIDE_HEADER} header is in region '${pinned.id}', not in '${clipped(override ?? "")}' named by the ${REGION_OVERRIDE_HEADER} header.`,
+      ORIGIN_OVERRIDE_HEADER,
       "invalid_origin",
     );
   }

@@ -245,7 +245,11 @@ describe("the response cache", () => {
     const { response, text } = await ask(cached(), key, {}, { [name]: value });
     expect(response.status).toBe(400);
     const { error } = JSON.parse(text) as ErrorBody;
-    expect(error).toMatchObject({ type: "invalid_request_error", code: "invalid_value" });
+    expect(error).toMatchObject({
+      type: "invalid_request_error",
+      code: "invalid_value",
+      param: name,
+    });
     expect(error.message).toContain(name);
   });
 

@@ -267,7 +267,10 @@ describe("KV-cache-aware routing", () => {
       }),
     );
     expect(both.status).toBe(400);
-    expect((await both.json<ErrorBody>()).error).toMatchObject({ code: "invalid_origin" });
+    expect((await both.json<ErrorBody>()).error).toMatchObject({
+      code: "invalid_origin",
+      param: "x-warmgate-origin",
+    });
   });
 
   it("sends a prefix to one Batcher shard, whose index is its authority", async () => {

@@ -126,7 +126,9 @@ describe("region choice", () => {
       edgeRequest("/v1/chat/completions", { body: chatBody(), region: "mars" }),
     );
     expect(res.status).toBe(400);
-    expect(await res.json()).toMatchObject({ error: { code: "invalid_region" } });
+    expect(await res.json()).toMatchObject({
+      error: { code: "invalid_region", param: "x-warmgate-region" },
+    });
   });
 
   it("picks the caller's nearest region from request.cf", async () => {
