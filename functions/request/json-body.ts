@@ -89,11 +89,6 @@ export async function readJsonBody<S extends z.ZodType>(
   }
   const parsed = schema.safeParse(raw, FIRST_ISSUE);
   if (parsed.success) return parsed.data;
-  const issue = parsed.error.issues[0];
-  throw new ApiError(400, clipped(issue?.message ?? "Invalid request body."), {
-    type: "invalid_request_error",
-    param: issue === undefined || issue.path.length === 0 ? null : clipped(issue.path.join(".")),
-    // The code OpenAI's own validation gives the same issue (`invalid_value`, `invalid_type`, …).
-    code: validationError(parsed.error.issues).code,
-  });
+  // As OpenAI's own validation words the same issue (message, `param` path and code).
+  throw validationError(parsed.error.issues);
 }

@@ -20,8 +20,14 @@ export const FIRST_ISSUE: z.core.ParseContextInternal<Issue> = {
   abortEarly: true,
 };
 
-// Params that OpenAI types as integers, so their range errors say "integer", not "decimal".
+// Params typed as integers (OpenAI's, then the gateway's own: keys' limits, browser tokens),
+// so their range errors say "integer", not "decimal".
 const INTEGER_PARAMS = new Set([
+  "rpm",
+  "tpm",
+  "concurrency",
+  "ttl_seconds",
+  "grace_seconds",
   "n",
   "max_tokens",
   "max_completion_tokens",
@@ -78,6 +84,12 @@ function describeIssue(issue: Issue, prefix: readonly PropertyKey[]): ApiError {
       );
     case "invalid_union":
       return describeUnion(issue, path);
+    case "unrecognized_keys": {
+      // As OpenAI words an argument it does not know: named in the message, no param.
+      const where = path.length === 0 ? "" : ` in '${param}'`;
+      const keys = issue.keys.map((key) => clipped(key)).join(", ");
+      return invalidRequest(`Unrecognized request argument supplied${where}: ${keys}`, null, null);
+    }
     case "too_small":
       return describeRange(issue, path, "min");
     case "too_big":

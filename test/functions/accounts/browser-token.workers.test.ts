@@ -65,7 +65,15 @@ describe("POST /v1/tokens", () => {
   it("refuses a model the key does not allow, and a ttl over an hour", async () => {
     const { key } = await createKey({ name: "narrow", models: ["warmgate-sim-8b"] });
     expect((await mint(key, { models: ["warmgate-sim-70b"] })).status).toBe(400);
-    expect((await mint(key, { ttl_seconds: 3_601 })).status).toBe(400);
+    const long = await mint(key, { ttl_seconds: 3_601 });
+    expect(long.status).toBe(400);
+    expect((await long.json<{ error: unknown }>()).error).toEqual({
+      message:
+        "Invalid 'ttl_seconds': integer above maximum value. Expected a value <= 3600, but got 3601 instead.",
+      type: "invalid_request_error",
+      param: "ttl_seconds",
+      code: "integer_above_max_value",
+    });
   });
 
   it("refuses minting with a forged, revoked or browser-token credential", async () => {

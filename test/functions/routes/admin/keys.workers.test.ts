@@ -138,7 +138,7 @@ describe("admin API keys", () => {
     for (const [body, param] of [
       [{}, "name"],
       [{ name: "x", limits: { rpm: 0 } }, "limits.rpm"],
-      [{ name: "x", allowed_origins: ["https://app.example/path"] }, "allowed_origins.0"],
+      [{ name: "x", allowed_origins: ["https://app.example/path"] }, "allowed_origins[0]"],
       [{ name: "x", tier: "gold" }, "tier"],
       [{ name: "x", unknown: 1 }, null],
       [{ name: "x", models: ["warmgate-sim-8b", "llama-3.1-8b-instruct"] }, "models[1]"],
@@ -251,10 +251,10 @@ describe("admin API keys", () => {
 
   it("refuses a bad budget with the param that is wrong", async () => {
     const cases: [unknown, string][] = [
-      [[{ period: "1w", max_usd: 1 }], "budgets.0.period"],
-      [[{ period: "32d", max_usd: 1 }], "budgets.0.period"],
-      [[{ period: "1d", max_usd: 0.0000001 }], "budgets.0.max_usd"],
-      [[{ period: "1d", max_usd: 1, soft_usd: 2 }], "budgets.0.soft_usd"],
+      [[{ period: "1w", max_usd: 1 }], "budgets[0].period"],
+      [[{ period: "32d", max_usd: 1 }], "budgets[0].period"],
+      [[{ period: "1d", max_usd: 0.0000001 }], "budgets[0].max_usd"],
+      [[{ period: "1d", max_usd: 1, soft_usd: 2 }], "budgets[0].soft_usd"],
       [
         [
           { period: "1d", max_usd: 1 },

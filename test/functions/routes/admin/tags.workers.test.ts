@@ -46,7 +46,7 @@ describe("tags and metadata on keys", () => {
 
   it("refuses bad tags and metadata with a 400 naming the field", async () => {
     const bodies: [Record<string, unknown>, string][] = [
-      [{ tags: ["has space"] }, "tags.0"],
+      [{ tags: ["has space"] }, "tags[0]"],
       [{ tags: Array.from({ length: 33 }, (_, i) => `t${i}`) }, "tags"],
       [{ metadata: { nested: { no: 1 } } }, "metadata.nested"],
       [

@@ -268,9 +268,9 @@ describe("/admin/teams", () => {
     });
     expect(await cleared.json()).toMatchObject({ alert_webhook_url: null, budgets: [{}, {}] });
     const cases: [Record<string, unknown>, string][] = [
-      [{ budgets: [{ period: "1d", max_usd: 1, soft_usd: 2 }] }, "budgets.0.soft_usd"],
-      [{ budgets: [{ period: "1d", max_usd: 1, soft_usd: 1 }] }, "budgets.0.soft_usd"],
-      [{ budgets: [{ period: "1d", max_usd: 1, soft_usd: -1 }] }, "budgets.0.soft_usd"],
+      [{ budgets: [{ period: "1d", max_usd: 1, soft_usd: 2 }] }, "budgets[0].soft_usd"],
+      [{ budgets: [{ period: "1d", max_usd: 1, soft_usd: 1 }] }, "budgets[0].soft_usd"],
+      [{ budgets: [{ period: "1d", max_usd: 1, soft_usd: -1 }] }, "budgets[0].soft_usd"],
       [{ alert_webhook_url: "http://hooks.example.com/warmgate" }, "alert_webhook_url"],
     ];
     for (const [body, param] of cases) {
