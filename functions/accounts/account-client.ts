@@ -266,7 +266,11 @@ export function queueSettlement(
 }
 
 /** The OpenAI error for an admission refusal, with `retry-after` and rate-limit headers on 429. */
-export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError {
+export function refusalError(
+  refusal: AdmissionRefusal,
+  keyId: string,
+  credential: Credential["kind"] = "key",
+): ApiError {
   switch (refusal.code) {
     case "invalid_api_key":
       return invalidApiKey(INVALID_KEY_MESSAGES[refusal.reason]);
@@ -279,7 +283,8 @@ export function refusalError(refusal: AdmissionRefusal, keyId: string): ApiError
         { type: "permission_error", code: "key_blocked" },
       );
     case "model_not_allowed":
-      return new ApiError(403, `This key may not use the model \`${refusal.model}\`.`, {
+      const holder = credential === "browser" ? "browser token" : "key";
+      return new ApiError(403, `This ${holder} may not use the model \`${refusal.model}\`.`, {
         type: "invalid_request_error",
         code: "model_not_allowed",
         param: "model",

@@ -81,7 +81,7 @@ export async function checkCaller(c: Context<AppEnv>) {
   const result = await checkCredential(c.env, credential, { origin });
   if (!result.ok) {
     if (result.code === "origin_not_allowed") c.set("allowedOrigin", null);
-    throw refusalError(result, credential.keyId);
+    throw refusalError(result, credential.keyId, credential.kind);
   }
   if (origin !== null) c.set("allowedOrigin", origin);
   return { record: result.record, models: result.models };
@@ -189,7 +189,7 @@ export function admitCompletion() {
       const originChecked =
         result.code !== "invalid_api_key" && result.code !== "origin_not_allowed";
       c.set("allowedOrigin", originChecked ? origin : null);
-      throw refusalError(result, credential.keyId);
+      throw refusalError(result, credential.keyId, credential.kind);
     }
     c.set("admission", result);
     c.set("allowedOrigin", origin);

@@ -76,6 +76,33 @@ describe("POST /v1/tokens", () => {
     });
   });
 
+  it("refuses a model outside the token's models, naming the token", async () => {
+    const { key } = await createKey({
+      name: "web-narrow",
+      models: ["warmgate-sim-8b", "warmgate-sim-70b"],
+      allowed_origins: ["https://app.example"],
+    });
+    const { token } = await (await mint(key, { models: ["warmgate-sim-8b"] })).json<Minted>();
+    const res = await exports.default.fetch("http://edge.test/v1/chat/completions", {
+      method: "POST",
+      headers: {
+        authorization: `Bearer ${token}`,
+        origin: "https://app.example",
+        "content-type": "application/json",
+      },
+      body: JSON.stringify({
+        model: "warmgate-sim-70b",
+        max_tokens: 1,
+        messages: [{ role: "user", content: "hi" }],
+      }),
+    });
+    expect(res.status).toBe(403);
+    expect((await res.json<{ error: unknown }>()).error).toMatchObject({
+      code: "model_not_allowed",
+      message: "This browser token may not use the model `warmgate-sim-70b`.",
+    });
+  });
+
   it("refuses minting with a forged, revoked or browser-token credential", async () => {
     const { id, key } = await createKey({ name: "mint-refusals" });
     const forged = key.slice(0, -1) + (key.at(-1) === "a" ? "b" : "a");
