@@ -140,10 +140,7 @@ export class Dispatcher {
     const now = Date.now();
     const breakers = config.breakers.enabled;
     if (breakers) for (const work of this.#breakers.sync(config, regions, now)) waitUntil(work);
-    // A pinned request goes to its origin or nowhere: it asks about that origin.
-    const only = (list: RegionOrigin[]) =>
-      pinned === null ? list : list.filter((c) => c.origin.id === pinned);
-    let ranked = only(this.#pool.candidates(regions, model.id, now));
+    let ranked = this.#pool.candidates(regions, model.id, now);
     let panicking = false;
     if (ranked.length === 0 && breakers) {
       // The copy may be stale: a breaker that closed since is seen by this request, not the
@@ -151,12 +148,14 @@ export class Dispatcher {
       await Promise.all(
         regions.map((region) => this.#breakers.cache.refresh(breakerRegion(config, region), now)),
       );
-      ranked = only(this.#pool.candidates(regions, model.id, Date.now()));
+      ranked = this.#pool.candidates(regions, model.id, Date.now());
       if (ranked.length === 0) {
-        ranked = only(this.#pool.panic(regions, model.id, Date.now()));
+        ranked = this.#pool.panic(regions, model.id, Date.now());
         panicking = ranked.length > 0;
       }
     }
+    // A pinned request goes to its origin or nowhere: it asks about that origin.
+    if (pinned !== null) ranked = ranked.filter((c) => c.origin.id === pinned);
     const candidates = canary === null ? ranked : armCandidates(canary, ranked);
     if (canary !== null) {
       const sync = this.#canaries.sync(canary.spec, now);
