@@ -9,7 +9,7 @@
 import { DurableObject } from "cloudflare:workers";
 import { fileKey } from "../../contracts/batch-files.ts";
 import { costPicos } from "../../contracts/pricing.ts";
-import type { BatchHoldResult } from "../key-account/batch-holds.ts";
+import type { BatchCharge, BatchHoldResult } from "../key-account/batch-holds.ts";
 import {
   type BatchState,
   batchObject,
@@ -24,9 +24,10 @@ import { lineAttempt } from "./line-attempt.ts";
 import { type LineBody, readBodies, unreadOutcome } from "./line-bodies.ts";
 import { type LineOutcome, lineOutcome } from "./line-outcome.ts";
 import { writeOutputFile } from "./output-files.ts";
-import { BatchStore } from "./store.ts";
+import { BatchStore, type ChargedLine } from "./store.ts";
 import {
   type BatchCreateInput,
+  type BatchRunPlan,
   COMPLETION_WINDOW_MS,
   type LineToRun,
   type OpenAIBatch,
@@ -178,11 +179,7 @@ export class BatchRun extends DurableObject<Env> {
             code: step.code,
             message,
           });
-          this.#store.finish(
-            line.idx,
-            { ok: false, record, httpStatus: null, origin: null, now },
-            null,
-          );
+          this.#store.finish(line.idx, { ok: false, record, httpStatus: null, now }, null);
         }
         if (step.ending === "expired" && state.expiredAt === null) {
           this.#store.update({ expiredAt: now });
@@ -281,14 +278,8 @@ export class BatchRun extends DurableObject<Env> {
           body: outcome.body,
         });
         const ok = outcome.status < 300;
-        const end = {
-          ok,
-          record,
-          httpStatus: outcome.status,
-          origin: outcome.origin,
-          now: Date.now(),
-        };
-        this.#store.finish(line.idx, end, bill);
+        const end = { ok, record, httpStatus: outcome.status, now: Date.now() };
+        this.#store.finish(line.idx, { ...end, origin: outcome.origin }, bill);
         return;
       }
       case "failed":
@@ -302,7 +293,6 @@ export class BatchRun extends DurableObject<Env> {
               message: outcome.message,
             }),
             httpStatus: null,
-            origin: null,
             now: Date.now(),
           },
           null,
@@ -330,13 +320,7 @@ export class BatchRun extends DurableObject<Env> {
     for (;;) {
       const charge = this.#store.nextCharge();
       if (charge === null) return;
-      await this.#account().chargeBatch({
-        batchId: state.id,
-        seq: charge.seq,
-        model: this.#store.run.model,
-        region: this.#store.run.setup.region,
-        lines: charge.lines.map(({ idx, ...line }) => ({ ...line, requestId: this.#lineId(idx) })),
-      });
+      await this.#account().chargeBatch(batchCharge(this.#store.run, state.id, charge));
       this.#store.charged(charge.seq);
       this.#chargedAt = Date.now();
     }
@@ -353,4 +337,18 @@ export class BatchRun extends DurableObject<Env> {
   #view(): OpenAIBatch {
     return batchObject(this.#store.state as BatchState, this.#store.counts());
   }
+}
+
+/** The charge for the key's account of ended lines: each becomes a ledger row. */
+function batchCharge(
+  run: BatchRunPlan,
+  batchId: string,
+  charge: { seq: number; lines: ChargedLine[] },
+): BatchCharge {
+  const { model, setup } = run;
+  const lines = charge.lines.map(({ idx, ...line }) => ({
+    ...line,
+    requestId: `${batchId}-${idx}`,
+  }));
+  return { batchId, seq: charge.seq, model, region: setup.region, lines };
 }

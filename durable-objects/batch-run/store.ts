@@ -228,7 +228,8 @@ export class BatchStore {
       ok: boolean;
       record: string;
       httpStatus: number | null;
-      origin: string | null;
+      /** The origin that answered; none when it never ran. */
+      origin?: string;
       now: number;
     },
     bill: { costPicos: bigint; usage: TokenUsage | null } | null,
@@ -240,7 +241,7 @@ export class BatchStore {
       ok ? 1 : 0,
       record,
       end.httpStatus,
-      end.origin,
+      end.origin ?? null,
       end.now,
       (bill?.costPicos ?? 0n).toString(),
       bill?.usage === null || bill === null ? null : JSON.stringify(bill.usage),
