@@ -142,8 +142,7 @@ const stopWatch = watchEdge(stack.edgeUrl, async () => {
   }
   watchExit();
 });
-const stopAll = stopStack;
-stopStack = async () => {
+stopStack = () => {
   stopWatch();
-  await stopAll();
+  return stack.stop();
 };

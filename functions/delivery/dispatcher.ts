@@ -51,8 +51,8 @@ export interface CompletionDispatch {
   answerHeaders?: readonly (readonly [string, string])[];
   /** Regions to try, nearest first. */
   regions: readonly RegionConfig[];
-  /** The origin `x-warmgate-origin` names: the only one tried (null: any). */
-  pinned: string | null;
+  /** The origin `x-warmgate-origin` names and its region: the only one tried (null: any). */
+  pinned: { id: string; region: RegionConfig } | null;
   settlement: Settlement;
   /** The Worker's bindings: the origins' credentials and the Batcher namespace. */
   env: Env;
@@ -109,10 +109,7 @@ export class Dispatcher {
       attempts: settlement.attempts,
       gaveUp: settlement.gaveUp,
       retryBudget: this.#retryBudget,
-      avoidAlways: [
-        ...(canary === null ? [] : armAvoids(canary)),
-        ...pinnedAvoids(request.regions, request.pinned),
-      ],
+      avoidAlways: [...(canary === null ? [] : armAvoids(canary)), ...pinnedAvoids(request.pinned)],
       ...(canary !== null && { avoidFirst: armFirstAvoids(canary, candidates) }),
       pool: this.#pool,
       limits: config.limits,
@@ -155,7 +152,7 @@ export class Dispatcher {
       }
     }
     // A pinned request goes to its origin or nowhere: it asks about that origin.
-    if (pinned !== null) ranked = ranked.filter((c) => c.origin.id === pinned);
+    if (pinned !== null) ranked = ranked.filter((c) => c.origin.id === pinned.id);
     const candidates = canary === null ? ranked : armCandidates(canary, ranked);
     if (canary !== null) {
       const sync = this.#canaries.sync(canary.spec, now);
@@ -168,7 +165,7 @@ export class Dispatcher {
     if (candidates.length === 0 && breakers) {
       throw this.#breakers.allOpen(
         regions,
-        (origin) => originServes(origin, model.id) && (pinned === null || origin.id === pinned),
+        (origin) => originServes(origin, model.id) && (pinned === null || origin.id === pinned.id),
         now,
       );
     }
@@ -220,8 +217,7 @@ export class Dispatcher {
 }
 
 /** The origins a pinned request's region holds beside its pin: its Batcher may use none. */
-function pinnedAvoids(regions: readonly RegionConfig[], pinned: string | null): string[] {
+function pinnedAvoids(pinned: CompletionDispatch["pinned"]): string[] {
   if (pinned === null) return [];
-  const region = regions.find((r) => r.origins.some((origin) => origin.id === pinned));
-  return (region?.origins ?? []).filter((origin) => origin.id !== pinned).map((o) => o.id);
+  return pinned.region.origins.filter((origin) => origin.id !== pinned.id).map((o) => o.id);
 }

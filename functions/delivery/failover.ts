@@ -124,7 +124,8 @@ class Failover {
   readonly #deadline: number;
   readonly #avoid: string[] = [];
   #failure: OriginFailureKind = "unavailable";
-  #attempts = 0;
+  // How many candidates the request may try (`retry.ts`, level 2).
+  readonly #attempts: number;
   // Origins whose engine answered 5xx wait for another opinion: an origin that answers the
   // same request convicts them; the request is convicted once a second origin fails it too
   // and no origin of another region is left to ask (a whole region may be down).
@@ -135,13 +136,13 @@ class Failover {
     this.#gaveUp = gaveUp;
     this.#now = options.now ?? Date.now;
     this.#deadline = this.#now() + options.limits.requestTimeoutMs;
+    this.#attempts = attemptsAllowed(options.candidates.length, options.limits);
   }
 
   /** Tries the candidates in order (see `retry.ts`, level 2) until one is delivered. */
   async run(): Promise<Response> {
     const options = this.#options;
-    const attempts = attemptsAllowed(options.candidates.length, options.limits);
-    this.#attempts = attempts;
+    const attempts = this.#attempts;
     const firstAttempt = options.attempts?.length ?? 0;
     options.retryBudget?.request(this.#now());
     for (let i = 0; i < attempts; i++) {

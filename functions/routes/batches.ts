@@ -19,6 +19,7 @@ import {
   notFound,
 } from "../../contracts/errors.ts";
 import { formatUsd } from "../../contracts/pricing.ts";
+import { retryAfterHeaders } from "../accounts/rate-limit-headers.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { BatchCreateResult } from "../../durable-objects/batch-run/index.ts";
 import type { BatchLinePlan, OpenAIBatch } from "../../durable-objects/batch-run/types.ts";
@@ -54,7 +55,7 @@ function refusedForBudget(
     return new ApiError(429, "The key's team allowance is in use by its other keys now; retry.", {
       type: "requests",
       code: "rate_limit_exceeded",
-      headers: { "retry-after": "1", "retry-after-ms": "1000" },
+      headers: retryAfterHeaders(1_000),
     });
   }
   const owner =

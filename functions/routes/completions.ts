@@ -73,7 +73,7 @@ export async function forward(c: Context<AppEnv>, path: ItemPath): Promise<Respo
       answerHeaders: Object.entries(rateLimitHeaders(admission.rateLimit)),
     }),
     regions,
-    pinned: pinned?.id ?? null,
+    pinned,
     settlement,
     env: c.env,
     lane: {
