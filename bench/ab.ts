@@ -1,10 +1,11 @@
 /**
- * `npm run bench:ab -- --base REV`: this tree's edge and the edge of commit REV side by side,
- * each under workerd with an origin of its own, one request to each in turn (a key with
- * limits, budgets and ledger on); prints each edge's workerd CPU and latency per round. A
- * host that drifts moves both alike, so a difference of a few percent shows where runs one
- * after the other would bury it. REV is checked out in a temporary worktree. Prints only:
- * the targets live in bench:overhead. See docs/benchmarks.md, "Where one request's CPU goes".
+ * `npm run bench:ab -- --base REV [--prompt-tokens N]`: this tree's edge and the edge of
+ * commit REV side by side, each under workerd with an origin of its own, one request to each
+ * in turn (a key with limits, budgets and ledger on); prints each edge's workerd CPU and
+ * latency per round. A host that drifts moves both alike, so a difference of a few percent
+ * shows where runs one after the other would bury it. REV is checked out in a temporary
+ * worktree. Prints only: the targets live in bench:overhead. See docs/benchmarks.md, "Where
+ * one request's CPU goes".
  */
 import { execFileSync } from "node:child_process";
 import { mkdtemp, rm, symlink } from "node:fs/promises";
@@ -24,6 +25,7 @@ const { values: args } = parseArgs({
     requests: { type: "string", default: "1500" },
     warm: { type: "string", default: "300" },
     stream: { type: "boolean", default: false },
+    "prompt-tokens": { type: "string", default: "0" },
   },
   strict: true,
 });
@@ -83,7 +85,7 @@ try {
       latencies: [],
     });
   }
-  const payload = benchChatBody(16, args.stream);
+  const payload = benchChatBody(16, args.stream, Number(args["prompt-tokens"]));
   for (let i = 0; i < Number(args.warm); i++) {
     for (const edge of edges) await timedRequest(edge.url, edge.headers, payload);
   }
@@ -110,7 +112,8 @@ const mean = (values: number[]) => values.reduce((a, b) => a + b, 0) / values.le
 for (const edge of edges) edge.latencies.sort((a, b) => a - b);
 const [base, head] = edges;
 console.log(
-  `${ROUNDS} rounds of ${REQUESTS} ${args.stream ? "streamed" : "JSON"} requests to each edge, in turn, one client.\n`,
+  `${ROUNDS} rounds of ${REQUESTS} ${args.stream ? "streamed" : "JSON"} requests to each edge, in turn, one client` +
+    `${args["prompt-tokens"] === "0" ? "" : `, ${args["prompt-tokens"]}-token prompt`}.\n`,
 );
 console.log(
   markdownTable(

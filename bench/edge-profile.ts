@@ -48,26 +48,7 @@ const PAUSE_MS = Number(args.pause);
 /** With lines: one batch of that many lines (two origins, the lane 128 lines wide). */
 const BATCH_LINES = Number(args["batch-lines"]);
 
-/** A chat body of about `tokens` prompt tokens (three-letter words, as bench:overhead sends). */
-function body(): string {
-  if (PROMPT_TOKENS === 0) return benchChatBody(16, args.stream);
-  let seed = 7;
-  const letter = () => {
-    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
-    return String.fromCharCode(97 + ((seed >>> 16) % 26));
-  };
-  const words = Array.from({ length: PROMPT_TOKENS - 40 }, () => letter() + letter() + letter());
-  return JSON.stringify({
-    model: "warmgate-sim-8b",
-    messages: [
-      { role: "system", content: "You are a concise assistant." },
-      { role: "user", content: words.join(" ") },
-    ],
-    max_tokens: 16,
-    seed: 7,
-    stream: args.stream,
-  });
-}
+const body = () => benchChatBody(16, args.stream, PROMPT_TOKENS);
 
 const inspectorPort = await freePort();
 const stack = await startStack({

@@ -93,38 +93,12 @@ const ALL_PHASES: Phase[] = [
 
 const PHASES = ALL_PHASES.filter((p) => args.only === undefined || p.name.includes(args.only));
 
-/**
- * A chat body whose prompt is `tokens` tokens by the edge's estimate and the simulated
- * engine's count alike: three-letter words (one token each to both), from a fixed seed.
- */
-function promptBody(tokens: number, stream: boolean): string {
-  let seed = 7;
-  const letter = () => {
-    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
-    return String.fromCharCode(97 + ((seed >>> 16) % 26));
-  };
-  // The template's tokens around the two messages come off the words.
-  const words = Array.from({ length: tokens - 40 }, () => letter() + letter() + letter());
-  return JSON.stringify({
-    model: "warmgate-sim-8b",
-    messages: [
-      { role: "system", content: "You are a concise assistant." },
-      { role: "user", content: words.join(" ") },
-    ],
-    max_tokens: MAX_TOKENS,
-    seed: 7,
-    stream,
-  });
-}
 const bodies = new Map<string, string>();
 const bodyOf = (phase: Phase, stream: boolean) => {
   const key = `${phase.promptTokens}:${stream}`;
   let body = bodies.get(key);
   if (body === undefined) {
-    body =
-      phase.promptTokens === null
-        ? benchChatBody(MAX_TOKENS, stream)
-        : promptBody(phase.promptTokens, stream);
+    body = benchChatBody(MAX_TOKENS, stream, phase.promptTokens ?? 0);
     bodies.set(key, body);
   }
   return body;
