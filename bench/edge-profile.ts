@@ -1,7 +1,8 @@
 /**
  * `npm run bench:profile`: where one request's CPU goes at the edge. Starts the stack
  * (edge under workerd with its V8 inspector, one simulated origin without delay), sends
- * requests from `--clients` closed-loop clients (one by default) with a key whose limits, budgets and ledger are on, and records a
+ * requests from `--clients` closed-loop clients (one by default; `--max-tokens`, and
+ * `--time-scale 1` for an engine at realistic speed) with a key whose limits, budgets and ledger are on, and records a
  * CPU profile of the Worker's isolate (the edge and its Durable Objects) over them through
  * the inspector (`Profiler.start`/`stop`). Each sample is charged to the source module its
  * function came from (esbuild's `// path` markers in the bundle) and to a stage of the
@@ -34,6 +35,8 @@ const { values: args } = parseArgs({
     pause: { type: "string", default: "0" },
     top: { type: "string", default: "25" },
     "batch-lines": { type: "string", default: "0" },
+    "max-tokens": { type: "string", default: "16" },
+    "time-scale": { type: "string", default: "0" },
   },
   strict: true,
 });
@@ -48,7 +51,7 @@ const PAUSE_MS = Number(args.pause);
 /** With lines: one batch of that many lines (two origins, the lane 128 lines wide). */
 const BATCH_LINES = Number(args["batch-lines"]);
 
-const body = () => benchChatBody(16, args.stream, PROMPT_TOKENS);
+const body = () => benchChatBody(Number(args["max-tokens"]), args.stream, PROMPT_TOKENS);
 
 const inspectorPort = await freePort();
 const stack = await startStack({
@@ -59,7 +62,8 @@ const stack = await startStack({
       origins: BATCH_LINES > 0 ? 2 : 1,
     },
   ],
-  sim: { timeScale: 0 },
+  // 1: the engine at realistic speed, each token its own read (0: none waits).
+  sim: { timeScale: Number(args["time-scale"]) },
   originProcesses: true,
   runtime: "workerd",
   inspectorPort,
