@@ -1,11 +1,12 @@
 /**
  * `npm run bench:streams` (docs/benchmarks.md, "Streams under load"): whether tokens reach a
- * client one by one, as the engine makes them, at 1, 8 and 64 concurrent streams. Three
+ * client one by one, as the engine makes them, at 1, 8 and 64 concurrent streams. Four
  * paths, each with its own origin process and engine at realistic speed: `origin` read
- * directly, `edge` (batching off) and `batcher` (every request through the Batcher). Exactly
- * N clients stream at once, in alternating rounds: tokens per client read, gaps between
- * reads, first token, tokens/s and the edge's CPU per stream against the origin's. Prints a
- * table and writes bench/results/streams.json.
+ * directly, `passthrough` (a bare pass-through Worker, the floor for any edge), `edge`
+ * (batching off) and `batcher` (every request through the Batcher). Exactly N clients
+ * stream at once, in alternating rounds: tokens per client read, gaps between reads, first
+ * token, tokens/s against the origin's, and each Worker's CPU per stream against the
+ * pass-through's. Prints a table and writes bench/results/streams.json.
  */
 import { randomBytes } from "node:crypto";
 import { join } from "node:path";
@@ -65,7 +66,7 @@ const RUNTIME = parseRuntime(args.runtime);
 const BATCHER_SETTINGS = JSON.parse(args.batching) as Record<string, unknown>;
 const SIM = { timeScale: Number(args["time-scale"]), maxNumSeqs: 256 };
 const LEVELS = args.streams.split(",").map(Number);
-const PATHS: StreamPath[] = ["origin", "edge", "batcher"];
+const PATHS: StreamPath[] = ["origin", "passthrough", "edge", "batcher"];
 const MODEL = "warmgate-sim-8b";
 const ALL_CONTINENTS = ["EU", "AF", "NA", "SA", "AS", "OC", "AN"];
 
@@ -98,6 +99,7 @@ const config = {
   },
 };
 let edge: RunningEdge;
+let passthrough: RunningEdge;
 try {
   edge = await startEdge(RUNTIME, {
     config: join(ROOT, "wrangler.toml"),
@@ -107,12 +109,23 @@ try {
       TOKEN_SIGNING_SECRET: randomBytes(32).toString("base64url"),
     },
   });
+  passthrough = await startEdge(RUNTIME, {
+    config: join(ROOT, "bench", "passthrough", "wrangler.toml"),
+    vars: { ORIGIN_URL: origins.passthrough.url },
+  }).catch(async (error: unknown) => {
+    await edge.stop();
+    throw error;
+  });
 } catch (error) {
   await Promise.all(Object.values(origins).map((o) => o.close()));
   throw error;
 }
 const stopAll = () =>
-  Promise.all([edge.stop(), ...Object.values(origins).map((o) => o.close())]).then(() => {});
+  Promise.all([
+    edge.stop(),
+    passthrough.stop(),
+    ...Object.values(origins).map((o) => o.close()),
+  ]).then(() => {});
 const unregister = stopOnSignal(stopAll);
 
 // --- the workload ----------------------------------------------------------------------------
@@ -134,6 +147,8 @@ function target(
 ): { url: string; headers: Record<string, string> } {
   const json = { "content-type": "application/json" };
   if (path === "origin") return { url: `${origins.origin.url}/v1/chat/completions`, headers: json };
+  if (path === "passthrough")
+    return { url: `${passthrough.url}/v1/chat/completions`, headers: json };
   return {
     url: `${edge.url}/v1/chat/completions`,
     headers: { ...json, authorization: `Bearer ${apiKey}`, "x-warmgate-region": path },
@@ -169,7 +184,10 @@ async function runPhase(
 ): Promise<StreamPhase> {
   await drained(origins[path]);
   const { url, headers } = target(path, apiKey);
-  const workerd = path === "origin" ? null : await workerdPid(edge.child.pid);
+  const workerd =
+    path === "origin"
+      ? null
+      : await workerdPid((path === "passthrough" ? passthrough : edge).child.pid);
   const cpuBefore = await cpuTimeMs(workerd);
   const holdsBefore = path === "batcher" ? await batcherHolds() : null;
   const samples: StreamSample[] = [];
@@ -236,11 +254,12 @@ console.log(`\n## Streams under load (\`${command}\`)\n`);
 console.log(
   `Streaming chat, ${MAX_TOKENS} tokens, simulated engine at time scale ${SIM.timeScale}, ` +
     `one origin process per path, exactly N clients streaming at once, ${ROUNDS} alternating ` +
-    `rounds of ${SECONDS} s. Paths: origin = the origin read directly; edge = the edge with ` +
+    `rounds of ${SECONDS} s. Paths: origin = the origin read directly; passthrough = a bare ` +
+    `pass-through Worker (the floor for any edge); edge = the edge with ` +
     `batching off; batcher = through the Batcher on every request (no idle bypass; settings ` +
     `${JSON.stringify(BATCHER_SETTINGS)} beyond the defaults). Tokens/read: content tokens per client read that carried any; read gap: between ` +
-    `such reads. Edge CPU: the workerd that runs the Worker and its Durable Objects, per ` +
-    `stream; runtime ${RUNTIME}.\n`,
+    `such reads. CPU: the workerd that runs the Worker (and its Durable Objects), per ` +
+    `stream, and over the pass-through's at the same stream count; runtime ${RUNTIME}.\n`,
 );
 console.log(streamsTable(rows));
 console.log(`\n${targetsTable(targets)}`);
