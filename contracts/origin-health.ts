@@ -71,6 +71,58 @@ export function watchFirstByte(
   });
 }
 
+/** Whether a load report shows its engine with no interactive work at all, run or queued. */
+export function reportsIdle(report: LoadReport): boolean {
+  return report.waiting === 0 && report.running - (report.background_running ?? 0) <= 0;
+}
+
+/** The watch of {@link watchIdleEngine}: fed each load report, stopped at the HEAD. */
+export interface IdleEngineWatch {
+  report(load: LoadReport): void;
+  stop(): void;
+}
+
+/**
+ * The slow-first-byte rule for answers read whole, whose HEAD an engine sends only once the
+ * answer is complete: no clock tells a long answer from a lost one, the origin's reports do.
+ * While they show its engine with no interactive work, run or queued, the work waiting on
+ * it is not in the engine: after `slowMs` of that by the reports' own clock, `onSlow` (as a
+ * late streamed HEAD); after `giveUpMs`, `onGiveUp` (as a streamed HEAD that never came). A
+ * report with work starts the count again (docs/failover.md, "Busy is not sick").
+ */
+export function watchIdleEngine(
+  slowMs: number,
+  giveUpMs: number,
+  onSlow: () => void,
+  onGiveUp: () => void,
+): IdleEngineWatch {
+  let idleSince: number | null = null;
+  let told = false;
+  let done = false;
+  return {
+    report(load) {
+      if (done) return;
+      if (!reportsIdle(load)) {
+        idleSince = null;
+        return;
+      }
+      idleSince ??= load.t;
+      const idleMs = load.t - idleSince;
+      if (!told && idleMs >= slowMs) {
+        told = true;
+        onSlow();
+      }
+      if (idleMs >= giveUpMs) {
+        done = true;
+        onGiveUp();
+      }
+    },
+    stop() {
+      done = true;
+    },
+  };
+}
+
 function headerOf(headers: Record<string, string>, name: string): string | undefined {
   return Object.entries(headers).find(([key]) => key.toLowerCase() === name)?.[1];
 }

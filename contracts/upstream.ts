@@ -202,10 +202,28 @@ export function frameReader(body: ReadableStream<Uint8Array>, onRead?: () => voi
   };
 }
 
-/** A {@link FrameReader} over a whole framed body already read; throws on bad framing. */
-export function frameList(bytes: Uint8Array): FrameReader {
+/**
+ * Reads a framed body whole, each frame decoded as its chunk comes and shown to `onFrame`
+ * (a HEAD can stop a first-byte timer long before the item ends); `onRead` hears of every
+ * chunk. A {@link FrameReader} over them; rejects on bad framing or a broken body.
+ */
+export async function readFrameList(
+  body: ReadableStream<Uint8Array>,
+  onRead: () => void,
+  onFrame: (frame: Frame) => void,
+): Promise<FrameReader> {
   const decoder = new FrameDecoder();
-  const frames = decoder.push(bytes);
+  const frames: Frame[] = [];
+  const reader = body.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    onRead();
+    for (const frame of decoder.push(value)) {
+      onFrame(frame);
+      frames.push(frame);
+    }
+  }
   decoder.finish();
   let at = 0;
   let stopped: string | null = null;

@@ -11,7 +11,7 @@ import {
   type ItemPath,
   type LoadReport,
 } from "../../contracts/protocol/schema.ts";
-import { FrameType, concatBytes } from "../../contracts/protocol/framing.ts";
+import { FrameType } from "../../contracts/protocol/framing.ts";
 import type { CredentialRing } from "../../contracts/credentials.ts";
 import {
   type CredentialedOrigin,
@@ -20,14 +20,14 @@ import {
   cancelBatchItems,
   currentUpstream,
   describe,
-  frameList,
+  readFrameList,
   frameReader,
   postBatchWithCredentials,
   silenceWatchdog,
 } from "../../contracts/upstream.ts";
 import { type OpenItem, frameItem } from "./item.ts";
 import { type OnTimeTimer, onTimeClock } from "../../contracts/on-time.ts";
-import { watchFirstByte } from "../../contracts/origin-health.ts";
+import { watchFirstByte, watchIdleEngine } from "../../contracts/origin-health.ts";
 import type { DeliveryMode } from "../../contracts/delivery.ts";
 
 /** The outcome of one attempt at an origin; `originId` names the origin that was tried. */
@@ -68,9 +68,9 @@ export interface OpenItemOptions {
   firstByteTimeoutMs: number;
   /**
    * How the client gets the answer. Streamed: the first-byte timeout also covers the item's
-   * HEAD, which engines send at once. Whole: only the batch call's own headers are timed
-   * (an engine sends a whole answer's HEAD when it is complete), and the batch response is
-   * read whole before its frames are looked at: one read instead of one per chunk.
+   * HEAD, which engines send at once. Whole: an engine sends the HEAD with the complete
+   * answer, so the first-byte timeout and the slow-HEAD rule count only the time the
+   * origin's reports show its engine with no interactive work (`watchIdleEngine`).
    */
   delivery: DeliveryMode;
   /** The origin gives up on the item after this many ms (outcome `timeout`). */
@@ -85,7 +85,7 @@ export interface OpenItemOptions {
   clientSignal?: AbortSignal;
   /** Called once the attempt is under way, with a way to give it up before its HEAD. */
   onStart?: (giveUp: () => void) => void;
-  /** Told once should a streamed HEAD be late by `silenceMs` while the origin is idle. */
+  /** Told once should the HEAD be late by `silenceMs` while the origin is idle. */
   onSlowHead?: () => void;
   /**
    * An origin sends its answer's headers at once and a LOAD frame every load interval while
@@ -102,16 +102,6 @@ const GIVEN_UP = "given up: the origin's circuit breaker opened";
 const SILENT = "the origin went silent";
 /** Reason it carries when its client went away before it opened. */
 const CLIENT_GONE = "the client went away";
-
-/** A whole body's bytes, with `onRead` told of every chunk. */
-async function readAll(body: ReadableStream<Uint8Array>, onRead: () => void): Promise<Uint8Array> {
-  const chunks: Uint8Array[] = [];
-  for await (const chunk of body) {
-    onRead();
-    chunks.push(chunk);
-  }
-  return concatBytes(chunks);
-}
 
 /** Posts a one-item batch to `origin` and waits for the item's HEAD. Never rejects. */
 export async function openItem(
@@ -212,13 +202,24 @@ export async function openItem(
   if (options.delivery === "whole") {
     // The origin ends the item by its own timeout; this only bounds a call that never ends.
     const stuck = setTimeout(() => abort.abort("item never ended"), options.itemTimeoutMs + 5_000);
+    // Its HEAD comes with the whole answer: the origin's reports say whether it is worked on.
+    const idle = watchIdleEngine(
+      silenceMs,
+      options.firstByteTimeoutMs,
+      () => options.onSlowHead?.(),
+      () => abort.abort(FIRST_BYTE_TIMEOUT),
+    );
     try {
-      frames = frameList(await readAll(response.body, dog.beat));
+      frames = await readFrameList(response.body, dog.beat, (frame) => {
+        if (frame.type === FrameType.LOAD) idle.report(frame.report);
+        else if (frame.type === FrameType.HEAD) idle.stop();
+      });
     } catch (error) {
       const silent = abort.signal.reason === SILENT;
       return failed(silent ? "timeout" : "bad_answer", `read: ${describe(error)}`);
     } finally {
       clearTimeout(stuck);
+      idle.stop();
       dog.stop();
     }
   } else {

@@ -4,7 +4,9 @@ import {
   PANIC_INTERVAL_MS,
   judgeHead,
   reportsBusy,
+  reportsIdle,
   retryAfterMs,
+  watchIdleEngine,
 } from "../../contracts/origin-health.ts";
 import type { LoadReport } from "../../contracts/protocol/schema.ts";
 
@@ -49,6 +51,53 @@ describe("a late first byte", () => {
     expect(reportsBusy(load({ running: 8 }))).toBe(true);
     expect(reportsBusy(load({ running: 2 }))).toBe(false);
     expect(reportsBusy(null)).toBe(false);
+  });
+});
+
+describe("an answer read whole whose HEAD is late", () => {
+  it("counts only the time the origin's reports show no interactive work", () => {
+    expect(reportsIdle(load({}))).toBe(true);
+    expect(reportsIdle(load({ running: 3, background_running: 3 }))).toBe(true);
+    expect(reportsIdle(load({ running: 1 }))).toBe(false);
+    expect(reportsIdle(load({ waiting: 1 }))).toBe(false);
+  });
+
+  it("is slow after slowMs of idle reports, given up after giveUpMs, by the reports' clock", () => {
+    const seen: string[] = [];
+    const watch = watchIdleEngine(
+      200,
+      500,
+      () => seen.push("slow"),
+      () => seen.push("gave up"),
+    );
+    watch.report(load({ t: 0 }));
+    watch.report(load({ t: 150 }));
+    expect(seen).toEqual([]);
+    // Work on the engine (a long answer being generated) starts the count again.
+    watch.report(load({ t: 300, running: 1 }));
+    watch.report(load({ t: 400 }));
+    watch.report(load({ t: 550 }));
+    expect(seen).toEqual([]);
+    watch.report(load({ t: 600 }));
+    expect(seen).toEqual(["slow"]);
+    watch.report(load({ t: 900 }));
+    expect(seen).toEqual(["slow", "gave up"]);
+    watch.report(load({ t: 2_000 }));
+    expect(seen).toEqual(["slow", "gave up"]);
+  });
+
+  it("says nothing once stopped (its HEAD came)", () => {
+    const seen: string[] = [];
+    const watch = watchIdleEngine(
+      10,
+      20,
+      () => seen.push("slow"),
+      () => seen.push("gave up"),
+    );
+    watch.report(load({ t: 0 }));
+    watch.stop();
+    watch.report(load({ t: 100 }));
+    expect(seen).toEqual([]);
   });
 });
 

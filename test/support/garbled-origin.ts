@@ -4,7 +4,9 @@
  * not JSON), `bad-end` (an END without its outcome) or `bad-load` (a LOAD that is an
  * array); `mute` takes the call and answers it only once its item is cancelled by id
  * (`GET /muted` counts calls taken, and those stopped: closed by the edge unanswered, or
- * their item cancelled); any other item is answered well. Started by `origins-setup.ts`.
+ * their item cancelled); `hang` does the same but answers the call's headers at once and
+ * reports its engine idle every 50 ms meanwhile, as an origin that lost the item does; any
+ * other item is answered well. Started by `origins-setup.ts`.
  */
 import { type Server, createServer } from "node:http";
 import { type AddressInfo } from "node:net";
@@ -102,16 +104,26 @@ export async function startGarbledOrigin(originId: string): Promise<GarbledOrigi
     req.on("data", (chunk: Buffer) => chunks.push(chunk));
     req.on("end", () => {
       const text = Buffer.concat(chunks).toString("utf8");
-      if (req.method === "POST" && req.url === "/v1/batch" && text.includes("mute")) {
+      const silent = text.includes("mute") || text.includes("hang");
+      if (req.method === "POST" && req.url === "/v1/batch" && silent) {
         muted.taken++;
         const [item] = BatchRequestSchema.parse(JSON.parse(text)).items;
         const id = item?.id ?? "";
+        let reports: ReturnType<typeof setInterval> | undefined;
+        if (text.includes("hang")) {
+          res.writeHead(200, { "content-type": BATCH_CONTENT_TYPE });
+          const report = () =>
+            res.write(encodeJsonFrame(FrameType.LOAD, BATCH_ITEM, load(originId)));
+          report();
+          reports = setInterval(report, 50);
+        }
         const stop = () => {
+          clearInterval(reports);
           if (mutedCalls.delete(id)) muted.stopped++;
         };
         mutedCalls.set(id, () => {
           stop();
-          res.writeHead(200, { "content-type": BATCH_CONTENT_TYPE });
+          if (!res.headersSent) res.writeHead(200, { "content-type": BATCH_CONTENT_TYPE });
           res.end(encodeJsonFrame(FrameType.END, 0, { id, outcome: "cancelled", usage: null }));
         });
         res.on("close", stop);

@@ -11,6 +11,7 @@ import type { ClientBody } from "./client-body.ts";
 import type { BatcherAttempt } from "../types.ts";
 import type { OnTimeClock, OnTimeTimer } from "../../../contracts/on-time.ts";
 import type { DeliveryMode } from "../../../contracts/delivery.ts";
+import type { IdleEngineWatch } from "../../../contracts/origin-health.ts";
 
 export type CallerStage = "queued" | "sent" | "open" | "ended";
 
@@ -56,6 +57,8 @@ export interface OpenCall {
   headTimer: OnTimeTimer | null;
   /** Judges, once, streamed HEADs late past the breakers' `slowFirstByteMs`. */
   slowTimer: OnTimeTimer | null;
+  /** For items answered whole: the time the origin's reports show its engine idle. */
+  idleWatch: IdleEngineWatch | null;
   /** The last load report this call brought. */
   lastLoad: LoadReport | null;
 }

@@ -7,7 +7,7 @@
 import type { BreakerView, Verdict } from "../../../contracts/breaker.ts";
 import { logWarn } from "../../../contracts/log.ts";
 import { onTimeClock } from "../../../contracts/on-time.ts";
-import { watchFirstByte } from "../../../contracts/origin-health.ts";
+import { watchFirstByte, watchIdleEngine } from "../../../contracts/origin-health.ts";
 import { type BatchCaller, type OpenCall, deliver, failBody } from "../callers/caller.ts";
 import type { Callers } from "../callers/callers.ts";
 import { countBatch, countQueueWait } from "../counters.ts";
@@ -151,6 +151,7 @@ export class Calls {
       clock: onTimeClock(Math.min(firstByteMs, silenceMs)),
       headTimer: null,
       slowTimer: null,
+      idleWatch: null,
       lastLoad: null,
     };
     for (const caller of members) {
@@ -175,6 +176,21 @@ export class Calls {
           if (timed.some((c) => c.stage === "sent")) this.#outcome(call.originId, "slow");
         },
         call.clock,
+      );
+    }
+    // A whole answer's HEAD comes once it is complete: what times it is the origin's reports.
+    const whole = members.filter((c) => c.delivery === "whole");
+    if (whole.length > 0) {
+      const waiting = () => whole.filter((c) => c.stage === "sent");
+      call.idleWatch = watchIdleEngine(
+        silenceMs,
+        Math.max(...whole.map((c) => c.input.firstByteTimeoutMs)),
+        () => {
+          if (waiting().length > 0) this.#outcome(call.originId, "slow");
+        },
+        () => {
+          for (const caller of waiting()) this.#headTimeout(caller);
+        },
       );
     }
     this.#open.set(call.id, call);
@@ -302,6 +318,8 @@ export class Calls {
     call.headTimer = null;
     call.slowTimer?.stop();
     call.slowTimer = null;
+    call.idleWatch?.stop();
+    call.idleWatch = null;
     deliverHeld(call);
     this.#records.closed(call.id);
     this.flushIfQueued(now);

@@ -44,6 +44,7 @@ export function demultiplex(to: FrameTargets, call: OpenCall, frames: readonly F
       const { report } = frame;
       const first = call.lastLoad === null;
       call.lastLoad = report;
+      call.idleWatch?.report(report);
       window.update((s) => onOriginLoad(s, call.originId, report, now).state);
       // An origin writes a call's first report before the call's items start (PROTOCOL.md):
       // the reports after it count them.

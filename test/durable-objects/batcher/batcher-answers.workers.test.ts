@@ -287,7 +287,7 @@ describe("reading a call's answer", () => {
  */
 
 describe("the first-byte timeout", () => {
-  it("covers a streamed item's HEAD, and not that of an item answered whole", async () => {
+  it("covers a streamed item's HEAD, and one answered whole while its origin is idle", async () => {
     // Each item waits 1.5 s at the origin before its engine starts it, and so its HEAD.
     await setFaults("batch-2", { latencyMs: 1500 });
     try {
@@ -300,15 +300,31 @@ describe("the first-byte timeout", () => {
         error: { code: "origin_timeout" },
         origin: "batch-2",
       });
+      // Answered whole, its HEAD comes with the whole answer: what times it is the origin's
+      // reports showing its engine idle, as it is while the fault holds the item back.
       const whole = await batcher({}, ["batch-2"]).answer("late-head-2", {
         firstByteTimeoutMs: 200,
       });
       if (whole.kind !== "answered") throw new Error(`expected answered, got ${whole.kind}`);
-      expect(whole.head).toMatchObject({ status: 200, origin: "batch-2" });
+      expect(whole.head).toBeNull();
       const trailer = parsePayload(ItemTrailerSchema, whole.trailer ?? new Uint8Array());
-      expect(trailer).toMatchObject({ id: "late-head-2", outcome: "ok" });
+      expect(trailer).toMatchObject({ outcome: "timeout", error: { code: "origin_timeout" } });
     } finally {
       await setFaults("batch-2", null);
     }
+  });
+
+  it("does not cut an answer read whole while its engine generates it", async () => {
+    // About 20 ms a token at this origin: the answer takes several first-byte timeouts.
+    const whole = await batcher({}, ["batch-2"]).answer("long-whole", {
+      firstByteTimeoutMs: 200,
+      body: { max_tokens: 40 },
+      maxTokens: 40,
+    });
+    if (whole.kind !== "answered") throw new Error(`expected answered, got ${whole.kind}`);
+    expect(whole.head).toMatchObject({ status: 200, origin: "batch-2" });
+    const trailer = parsePayload(ItemTrailerSchema, whole.trailer ?? new Uint8Array());
+    expect(trailer).toMatchObject({ id: "long-whole", outcome: "ok" });
+    expect(trailer?.usage?.completion_tokens).toBe(40);
   });
 });

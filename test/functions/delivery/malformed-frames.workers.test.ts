@@ -115,3 +115,50 @@ describe("a JSON completion whose origin takes the call and never answers it", (
     );
   });
 });
+
+describe.each([
+  ["straight to the origin", false],
+  ["through the Batcher", true],
+])(
+  "a JSON completion whose origin reports itself idle and never answers it, %s",
+  (tag, batching) => {
+    const config = (name: string, origins: { id: string; url: string }[]) =>
+      JSON.stringify({
+        ...JSON.parse(configOf(name, batching)),
+        regions: [{ id: `garbled-${name}`, origins }],
+        // Its HEAD would come with the whole answer: only the idle reports are timed.
+        limits: { first_byte_timeout_ms: 400, retry_budget: 1, retry_floor: 10_000 },
+      });
+
+    it("is given up once its origin's reports showed it idle that long (504)", async () => {
+      const name = `hang-${batching ? "batched" : "direct"}`;
+      const before = await muted();
+      const res = await sendWith(
+        config(name, [{ id: `garbled@${name}`, url: originUrl("garbled-1") }]),
+        chat("hang"),
+      );
+      expect(res.status).toBe(504);
+      expect((await res.json<ErrorBody>()).error.code).toBe("origin_timeout");
+      await vi.waitFor(
+        async () => expect((await muted()).stopped).toBeGreaterThan(before.stopped),
+        { timeout: 5_000, interval: 50 },
+      );
+    });
+
+    it(`is answered by the next origin (${tag})`, async () => {
+      const name = `hang-then-sim-${batching ? "batched" : "direct"}`;
+      const origins = [
+        { id: `garbled@${name}`, url: originUrl("garbled-1") },
+        { id: `sim@${name}`, url: originUrl("eu-1") },
+      ];
+      let tried = 0;
+      for (let i = 0; i < 4; i++) {
+        const res = await sendWith(config(name, origins), chat("hang"));
+        expect(res.status).toBe(200);
+        expect(res.headers.get("x-warmgate-origin")).toBe(`sim@${name}`);
+        tried += Number(res.headers.get("x-warmgate-attempts")) - 1;
+      }
+      expect(tried).toBeGreaterThan(0);
+    });
+  },
+);

@@ -140,6 +140,31 @@ describe("a frozen origin", () => {
   });
 });
 
+describe.each([
+  ["straight to the origin", false],
+  ["through the Batcher", true],
+])("a frozen origin asked for JSON answers, %s", (_, batching) => {
+  // A JSON answer's HEAD comes with the whole answer: the origin's idle reports time it. It
+  // reports every 250 ms, so its calls are never silent for 600.
+  it("is found by its idle reports long before the first-byte timeout", async () => {
+    const tag = `frozen-json-${batching ? "batched" : "direct"}`;
+    const config = configOf(
+      tag,
+      batching,
+      { slow_first_byte_ms: 600, consecutive_failures: 1 },
+      30_000,
+    );
+    await setFaults("breaker-1", { hangRate: 1 });
+    const json = () => send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+    const first = await Promise.all([json(), json(), json()]);
+    for (const res of first) {
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-warmgate-origin")).toBe(`breaker-2@${tag}`);
+    }
+    expect((await breakerOf(config, `breaker-1@${tag}`))?.state).toBe("open");
+  });
+});
+
 describe("every origin of a model open", () => {
   it("answers 503 no_healthy_origin with retry-after at once", async () => {
     const tag = "all-open";
