@@ -11,6 +11,7 @@ import { type AccountSettleQueue, accountSettleQueue } from "./accounts/account-
 import { ApiKeyMemo } from "./accounts/keys.ts";
 import { AccountLeases } from "./accounts/leases.ts";
 import { AnswerCounts } from "./observability/answer-counts.ts";
+import { KeyRequests } from "./accounts/key-requests.ts";
 
 /** The bindings an isolate's state talks to. */
 export type EdgeBindings = Pick<Env, "ORIGIN_BREAKERS" | "CANARIES" | "ANSWER_TALLY">;
@@ -34,6 +35,8 @@ export class EdgeState {
   readonly browserTokens = new BrowserTokenMemo();
   /** The leases of the keys' accounts this isolate admits under. */
   readonly leases = new AccountLeases();
+  /** Each key's requests in flight here, for a refused one to wait on (concurrency). */
+  readonly keyRequests = new KeyRequests();
   /** Every answer this isolate gave, counted until its next push to the tally objects. */
   readonly answers: AnswerCounts;
 

@@ -112,7 +112,11 @@ export function admitCompletion() {
     let renewal: ReturnType<typeof setInterval> | null = null;
     // Admitted under the isolate's lease: its slot there is freed once, when its work ends.
     let leased: LeasedAdmission | null = null;
+    // Its place among the key's requests in flight here (`key-requests.ts`), once admitted.
+    let ended: (() => void) | null = null;
     const freeLeaseSlot = () => {
+      ended?.();
+      ended = null;
       if (leased !== null) leaseEnded(c, leased);
       leased = null;
     };
@@ -193,6 +197,7 @@ export function admitCompletion() {
     }
     c.set("admission", result);
     c.set("allowedOrigin", origin);
+    ended = c.get("edge").keyRequests.started(credential.keyId);
     // A timer, not a promise chain: each renewal is its own call, kept alive by this request.
     const waitUntil = waitUntilOf(c);
     if (!settlement.settled && leased !== null) {

@@ -82,6 +82,45 @@ export async function admitExactly(
   input: AdmitRequestInput,
   request: LocalRequest,
 ): Promise<AdmitResult> {
+  let result = await admitTrimmed(c, input, request);
+  // Refused a slot while a request of the key runs here: its client may have left already,
+  // unheard of until that stream's next write. Asked again as such requests end, a while.
+  const { keyId } = c.get("credential");
+  const requests = c.get("edge").keyRequests;
+  const until = Date.now() + CONCURRENCY_GRACE_MS;
+  for (let i = 0; i < CONCURRENCY_RETRIES && concurrencyRefusal(result); i++) {
+    if (!(await requests.whenOneEnds(keyId, until - Date.now()))) break;
+    const lease = c.get("config").leases.enabled
+      ? leaseOf(c.get("credential"), input.endUser ?? null)
+      : null;
+    result = (await admitOnce(c, input, lease)).result;
+  }
+  return result;
+}
+
+/**
+ * How long a request refused for its key's concurrency waits for a request of the key in
+ * this isolate to end: a stream's client that left is heard of at its next token, tens of
+ * milliseconds apart. A client truly over its concurrency is refused that much later.
+ */
+export const CONCURRENCY_GRACE_MS = 250;
+/** Most times it is asked again meanwhile (each an account call). */
+const CONCURRENCY_RETRIES = 4;
+
+function concurrencyRefusal(result: AdmitResult): boolean {
+  return (
+    !result.ok &&
+    result.code === "rate_limit_exceeded" &&
+    result.limit === "concurrency" &&
+    !result.tooLarge
+  );
+}
+
+async function admitTrimmed(
+  c: Context<AppEnv>,
+  input: AdmitRequestInput,
+  request: LocalRequest,
+): Promise<AdmitResult> {
   const config = c.get("config");
   const edge = c.get("edge");
   const leasing = config.leases.enabled;

@@ -203,6 +203,46 @@ describe("settlement on every ending path", () => {
     await next.arrayBuffer();
   });
 
+  it("admits a request sent while the key's only slot is being given up", async () => {
+    // A client cancels a stream and sends its next request at once; the edge hears that it
+    // left only at the stream's next write. Here the next request comes first, and the
+    // stream is cancelled while it is being refused: it waits for that slot.
+    const { key } = await createKey({ name: "cancel-then-next", limits: { concurrency: 1 } });
+    const res = await exports.default.fetch(
+      edgeRequest("/v1/chat/completions", {
+        body: chatBody({ stream: true, max_tokens: 4000 }),
+        headers: { authorization: `Bearer ${key}` },
+        region: "slow",
+      }),
+    );
+    expect(res.status).toBe(200);
+    const reader = (res.body as ReadableStream<Uint8Array>).getReader();
+    expect((await reader.read()).done).toBe(false);
+    const next = exports.default.fetch(chat(key));
+    await new Promise((resolve) => setTimeout(resolve, 40));
+    await reader.cancel();
+    const answered = await next;
+    expect(answered.status).toBe(200);
+    await answered.arrayBuffer();
+  });
+
+  it("still refuses a request over the key's concurrency when no slot comes free", async () => {
+    const { key } = await createKey({ name: "over-concurrency", limits: { concurrency: 1 } });
+    const res = await exports.default.fetch(
+      edgeRequest("/v1/chat/completions", {
+        body: chatBody({ stream: true, max_tokens: 4000 }),
+        headers: { authorization: `Bearer ${key}` },
+        region: "slow",
+      }),
+    );
+    const reader = (res.body as ReadableStream<Uint8Array>).getReader();
+    expect((await reader.read()).done).toBe(false);
+    const refused = await exports.default.fetch(chat(key));
+    expect(refused.status).toBe(429);
+    expect((await refused.json<ErrorBody>()).error.code).toBe("rate_limit_exceeded");
+    await reader.cancel();
+  });
+
   it("settles an edge error after admission as error", async () => {
     const { id, key } = await createKey({ name: "edge-error", limits: { concurrency: 1 } });
     const res = await exports.default.fetch(chat(key, {}, { "x-warmgate-region": "nowhere" }));
