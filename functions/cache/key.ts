@@ -10,7 +10,8 @@ import type { DeliveryMode } from "../../contracts/delivery.ts";
 export type CacheKind = "chat" | "completion" | "responses" | "embeddings";
 
 // OpenAI's defaults per API: a top-level field written with its default value reads as
-// absent. Only fields that change nothing at their default are listed.
+// absent. Only fields that change nothing at their default are listed: every engine applies
+// these alike (not `max_tokens`, whose default is the engine's own).
 const DEFAULTS: Record<CacheKind, Record<string, unknown>> = {
   chat: {
     n: 1,
@@ -30,7 +31,6 @@ const DEFAULTS: Record<CacheKind, Record<string, unknown>> = {
     presence_penalty: 0,
     frequency_penalty: 0,
     echo: false,
-    max_tokens: 16,
   },
   responses: { temperature: 1, top_p: 1, parallel_tool_calls: true, store: true },
   embeddings: { encoding_format: "float" },

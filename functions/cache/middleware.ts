@@ -12,6 +12,7 @@ import { cacheSettings } from "../../contracts/config/cache.ts";
 import { logWarn } from "../../contracts/log.ts";
 import type { SettledRequest } from "../accounts/settlement.ts";
 import { endUserOf, setHeaders } from "../middleware/auth.ts";
+import type { Credential } from "../accounts/account-client.ts";
 import { waitUntilOf } from "../middleware/request-context.ts";
 import { type CacheScope, cacheKey } from "./key.ts";
 import { CACHE_STATUS_HEADER, cacheDecision, readCacheHeaders } from "./policy.ts";
@@ -57,7 +58,7 @@ export function responseCache() {
     // The text as sent, not the validated copy: nested fields the schema leaves out still
     // tell answers apart.
     const body = JSON.parse(completion.text) as Record<string, unknown>;
-    const endUser = endUserOf(c.get("credential"), body["user"]);
+    const endUser = cacheEndUser(c.get("credential"), body["user"]);
     // A team's keys share entries where so configured; a key without a team keeps its own.
     const teamId = state.settings.scope === "team" ? c.get("admission").teamId : null;
     const scope: CacheScope =
@@ -191,4 +192,13 @@ function concat(chunks: Uint8Array[], size: number): Uint8Array {
     at += chunk.byteLength;
   }
   return out;
+}
+
+/**
+ * Whose entries within the tenant a request reads: a browser token's end user as minted
+ * (a token without `user` is its own, whatever its body says); an API key's `user`.
+ */
+export function cacheEndUser(credential: Credential, bodyUser: unknown): string | null {
+  if (credential.kind === "browser") return credential.scope.user ?? credential.scope.subject;
+  return endUserOf(credential, bodyUser);
 }

@@ -63,15 +63,23 @@ describe("normalisedBody", () => {
   });
 
   it("applies each API's own defaults", () => {
-    expect(normalisedBody("completion", { model: "m", max_tokens: 16 }, "whole")).toBe(
+    expect(normalisedBody("completion", { model: "m", best_of: 1 }, "whole")).toBe(
       normalisedBody("completion", { model: "m" }, "whole"),
     );
-    expect(normalisedBody("chat", { model: "m", max_tokens: 16 }, "whole")).not.toBe(
+    expect(normalisedBody("chat", { model: "m", best_of: 1 }, "whole")).not.toBe(
       normalisedBody("chat", { model: "m" }, "whole"),
     );
     expect(normalisedBody("embeddings", { model: "m", encoding_format: "float" }, "whole")).toBe(
       normalisedBody("embeddings", { model: "m" }, "whole"),
     );
+  });
+
+  it("keeps max_tokens: engines default it as they please (16 is OpenAI's, not every engine's)", () => {
+    for (const kind of ["completion", "chat"] as const) {
+      expect(normalisedBody(kind, { model: "m", max_tokens: 16 }, "whole")).not.toBe(
+        normalisedBody(kind, { model: "m" }, "whole"),
+      );
+    }
   });
 });
 

@@ -132,6 +132,34 @@ describe("the response cache", () => {
     ).toBe("MISS");
   });
 
+  it("keeps a browser token without `user` to its own entries, whatever its body says", async () => {
+    const shop = "https://shop.example";
+    const { key } = await createKey({ name: "cache-tokens", allowed_origins: [shop] });
+    const config = cached({ mode: "on" });
+    const mint = async () => {
+      const request = new Request("http://edge.test/v1/tokens", {
+        method: "POST",
+        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+        body: "{}",
+      });
+      const { response, body } = await send(config, request, (r) => r.json());
+      expect(response.status).toBe(200);
+      return (body as { token: string }).token;
+    };
+    const [a, b] = [await mint(), await mint()];
+    const status = async (credential: string, body: Record<string, unknown>, web = true) =>
+      (await ask(config, credential, body, web ? { origin: shop } : {})).response.headers.get(
+        "x-warmgate-cache",
+      );
+    expect(await status(a, { max_tokens: 14 })).toBe("MISS");
+    expect(await status(a, { max_tokens: 14 })).toBe("HIT");
+    expect(await status(b, { max_tokens: 14 })).toBe("MISS");
+    expect(await status(key, { max_tokens: 14 }, false)).toBe("MISS");
+    // An end user the key's server names is not a token's to read by naming it too.
+    expect(await status(key, { max_tokens: 15, user: "victim" }, false)).toBe("MISS");
+    expect(await status(b, { max_tokens: 15, user: "victim" })).toBe("MISS");
+  });
+
   it("shares entries between keys only where configured to", async () => {
     const a = await createKey({ name: "cache-shared-a" });
     const b = await createKey({ name: "cache-shared-b" });
