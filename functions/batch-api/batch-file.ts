@@ -121,6 +121,10 @@ export async function checkBatchFile(
         );
       }
       seen.add(line.customId);
+      // The endpoint first: lines for another endpoint name another model too.
+      if (url !== null && line.url !== url) {
+        throw lineError(raw.number, `every line must use the same url ('${url}').`, "url");
+      }
       const lineModel = line.completion.body.model;
       if (model !== null && lineModel !== model) {
         throw lineError(
@@ -128,9 +132,6 @@ export async function checkBatchFile(
           `every line must use the same model ('${clipped(model)}').`,
           "body.model",
         );
-      }
-      if (url !== null && line.url !== url) {
-        throw lineError(raw.number, `every line must use the same url ('${url}').`, "url");
       }
       model = lineModel;
       url = line.url;

@@ -262,6 +262,16 @@ function checkSequences(
   const prompts = typeof prompt === "string" || typeof prompt[0] === "number" ? 1 : prompt.length;
   const n = body.n ?? 1;
   const bestOf = body.best_of ?? 1;
+  // Of `best_of` sequences the best `n` are returned: fewer cannot hold them (as vLLM says).
+  if (body.best_of != null && bestOf < n) {
+    ctx.addIssue({
+      code: "custom",
+      path: ["best_of"],
+      message: `Invalid 'best_of': must be greater than or equal to n, got n=${n} and best_of=${bestOf}.`,
+      params: { openai: "invalid_value", verbatim: true },
+    });
+    return;
+  }
   const [field, each] = bestOf > n ? (["best_of", bestOf] as const) : (["n", n] as const);
   if (prompts * each <= MAX_SEQUENCES) return;
   const most = Math.floor(MAX_SEQUENCES / prompts);

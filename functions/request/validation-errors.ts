@@ -95,12 +95,16 @@ function describeIssue(issue: Issue, prefix: readonly PropertyKey[]): ApiError {
     case "too_big":
       return describeRange(issue, path, "max");
     case "invalid_format":
-      return invalidRequest(`Invalid '${param}': ${issue.message}.`, param, "invalid_value");
+      return invalidRequest(
+        `Invalid '${param}': ${sentence(issue.message)}`,
+        param,
+        "invalid_value",
+      );
     case "custom": {
       const params = issue.params as { openai?: string; verbatim?: boolean } | undefined;
       const message = params?.verbatim
         ? issue.message
-        : `Invalid value for '${param}': ${issue.message}.`;
+        : `Invalid value for '${param}': ${sentence(issue.message)}`;
       const code = params?.openai;
       return invalidRequest(
         message,
@@ -109,8 +113,17 @@ function describeIssue(issue: Issue, prefix: readonly PropertyKey[]): ApiError {
       );
     }
     default:
-      return invalidRequest(`Invalid '${param}': ${issue.message}.`, param, "invalid_value");
+      return invalidRequest(
+        `Invalid '${param}': ${sentence(issue.message)}`,
+        param,
+        "invalid_value",
+      );
   }
+}
+
+/** A message ending in one full stop, whether it came with one or not. */
+function sentence(message: string): string {
+  return message.endsWith(".") ? message : `${message}.`;
 }
 
 function describeUnion(

@@ -284,6 +284,26 @@ describe("list sizes", () => {
     });
   });
 
+  it("refuses best_of below n, as vLLM does (the best n of best_of are returned)", async () => {
+    const fewer = await post("/v1/completions", { model: MODEL, prompt: "x", n: 3, best_of: 2 });
+    expect(fewer).toMatchObject({
+      status: 400,
+      error: {
+        message: "Invalid 'best_of': must be greater than or equal to n, got n=3 and best_of=2.",
+        param: "best_of",
+        code: "invalid_value",
+      },
+    });
+    const same = await post("/v1/completions", {
+      model: MODEL,
+      prompt: "x",
+      n: 2,
+      best_of: 2,
+      max_tokens: 1,
+    });
+    expect(same.status).toBe(200);
+  });
+
   it("refuses 10,000 tools, functions or Responses API tools", async () => {
     const functions = Array.from({ length: 10_000 }, (_, i) => ({ name: `fn_${i}` }));
     for (const [path, body, param] of [

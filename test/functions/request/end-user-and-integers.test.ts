@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import type { z } from "zod";
+import { z } from "zod";
 import {
   ChatCompletionRequestSchema,
   CompletionRequestSchema,
@@ -46,5 +46,19 @@ describe("integer parameters", () => {
     expect(
       errorOf(EmbeddingsRequestSchema, { model: "m", input: "hi", dimensions: -3 }),
     ).toMatchObject({ param: "dimensions", code: "integer_below_min_value" });
+  });
+});
+
+describe("a refinement's own message", () => {
+  it("ends in one full stop, whether it was written with one or not", () => {
+    for (const message of ["Expected soft_usd below max_usd.", "Expected soft_usd below max_usd"]) {
+      const schema = z.object({ soft_usd: z.number() }).refine(() => false, {
+        message,
+        path: ["soft_usd"],
+      });
+      expect(errorOf(schema, { soft_usd: 2 }).message).toBe(
+        "Invalid value for 'soft_usd': Expected soft_usd below max_usd.",
+      );
+    }
   });
 });

@@ -105,6 +105,20 @@ describe("/v1/files", () => {
     expect(await invalid.json()).toMatchObject({ error: { param: "body.max_tokens" } });
   });
 
+  it("refuses lines for two endpoints by their url, not their models", async () => {
+    const embedding = JSON.stringify({
+      custom_id: "b",
+      method: "POST",
+      url: "/v1/embeddings",
+      body: { model: "warmgate-sim-embed", input: "hi" },
+    });
+    const mixed = await upload(`${line("a")}\n${embedding}`);
+    expect(mixed.status).toBe(400);
+    const { error } = await mixed.json<{ error: { message: string; param: string } }>();
+    expect(error.param).toBe("url");
+    expect(error.message).toContain("same url ('/v1/chat/completions')");
+  });
+
   it("keeps a key's files from every other key", async () => {
     const file = await (await upload(line("a"))).json<{ id: string }>();
     const other = await createKey({ name: "other-files" });
