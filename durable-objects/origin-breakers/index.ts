@@ -35,6 +35,8 @@ const MIGRATIONS: readonly string[] = [
      origin TEXT PRIMARY KEY, state TEXT NOT NULL, since INTEGER NOT NULL,
      opened_count INTEGER NOT NULL, retry_at INTEGER, forced INTEGER NOT NULL);`,
   `CREATE TABLE region (one INTEGER PRIMARY KEY CHECK (one = 1), body TEXT NOT NULL);`,
+  // Failures in a row outlive the object: one a minute from a frozen origin still add up.
+  `ALTER TABLE breakers ADD COLUMN consecutive INTEGER NOT NULL DEFAULT 0;`,
 ];
 
 type BreakerRow = {
@@ -44,6 +46,7 @@ type BreakerRow = {
   opened_count: number;
   retry_at: number | null;
   forced: number;
+  consecutive: number;
 };
 
 /** The breakers of one region's origins. */
@@ -118,7 +121,7 @@ export class OriginBreakers extends DurableObject<Env> {
     this.#rows = new Map(
       sql
         .exec<BreakerRow>(
-          "SELECT origin, state, since, opened_count, retry_at, forced FROM breakers",
+          "SELECT origin, state, since, opened_count, retry_at, forced, consecutive FROM breakers",
         )
         .toArray()
         .map((row) => [row.origin, row]),
@@ -158,6 +161,7 @@ export class OriginBreakers extends DurableObject<Env> {
               openedCount: row.opened_count,
               retryAt: row.retry_at,
               forced: row.forced === 1,
+              consecutive: row.consecutive,
             },
       );
     }
@@ -192,7 +196,7 @@ export class OriginBreakers extends DurableObject<Env> {
       before.forced !== after.forced ||
       before.retryAt !== after.retryAt ||
       before.openedCount !== after.openedCount;
-    if (!changed) return;
+    if (!changed && before.consecutive === after.consecutive) return;
     if (before.state !== after.state) {
       logWarn("breaker changed state", {
         region: after.region,
@@ -202,19 +206,20 @@ export class OriginBreakers extends DurableObject<Env> {
       });
     }
     this.ctx.storage.sql.exec(
-      `INSERT INTO breakers (origin, state, since, opened_count, retry_at, forced)
-       VALUES (?, ?, ?, ?, ?, ?)
+      `INSERT INTO breakers (origin, state, since, opened_count, retry_at, forced, consecutive)
+       VALUES (?, ?, ?, ?, ?, ?, ?)
        ON CONFLICT (origin) DO UPDATE SET state = excluded.state, since = excluded.since,
          opened_count = excluded.opened_count, retry_at = excluded.retry_at,
-         forced = excluded.forced`,
+         forced = excluded.forced, consecutive = excluded.consecutive`,
       after.origin,
       after.state,
       after.since,
       after.openedCount,
       after.retryAt,
       after.forced ? 1 : 0,
+      after.consecutive,
     );
-    this.ctx.waitUntil(this.#arm(now));
+    if (changed) this.ctx.waitUntil(this.#arm(now));
   }
 
   // The alarm runs at the earliest cooldown's end, or soon while a breaker is half-open.

@@ -62,6 +62,19 @@ describe("an open breaker whose object restarts during its cooldown", () => {
   });
 });
 
+describe("failures in a row, one at a time, the object evicted between them", () => {
+  it("still add up to the opening (a frozen origin asked once a minute)", async () => {
+    const region = regionOf("one-by-one");
+    const stub = env.ORIGIN_BREAKERS.getByName(region.id);
+    const one = { origin: `a@one-by-one`, requests: 1, failures: 1, trailing: 1 };
+    const first = await stub.report(region, [one]);
+    expect(first.find((v) => v.origin === `a@one-by-one`)?.state).toBe("closed");
+    await evictDurableObject(stub);
+    const second = await stub.report(region, [one]);
+    expect(second.find((v) => v.origin === `a@one-by-one`)?.state).toBe("open");
+  });
+});
+
 describe("the ejection cap", () => {
   it("opens at most half of a region's origins, whatever fails them, and one more once one closes", async () => {
     const region = regionOf("cap");
