@@ -8,8 +8,8 @@
  */
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { benchChatBody } from "./chat-body.ts";
 import {
-  benchChatBody,
   compareAlternating,
   PATH_COLUMNS,
   pathCells,

@@ -12,8 +12,8 @@
  */
 import { parseArgs } from "node:util";
 import { join } from "node:path";
+import { benchChatBody } from "./chat-body.ts";
 import {
-  benchChatBody,
   benchCommand,
   compareAlternating,
   resultName,

@@ -15,7 +15,8 @@ import { createInterface } from "node:readline";
 import { randomBytes } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
-import { benchChatBody, benchCommand, fmt, markdownTable, writeResult } from "./lib.ts";
+import { benchChatBody } from "./chat-body.ts";
+import { benchCommand, fmt, markdownTable, writeResult } from "./lib.ts";
 import {
   DEV_KEY_LIMITS,
   type SpawnedOrigin,
