@@ -110,11 +110,11 @@ export function admitCompletion() {
     // settlement still closes the reservation. A refusal reserved nothing: no call then.
     let refused = false;
     let renewal: ReturnType<typeof setInterval> | null = null;
-    // Admitted under the isolate's lease: its slot there is freed once, when its work ends.
+    // Admitted under the isolate's lease: its slot there is freed once, when its work ends,
+    // as is its place among the key's requests in flight here (`key-requests.ts`).
     let leased: LeasedAdmission | null = null;
-    // Its place among the key's requests in flight here (`key-requests.ts`), once admitted.
     let ended: (() => void) | null = null;
-    const freeLeaseSlot = () => {
+    const freeSlot = () => {
       ended?.();
       ended = null;
       if (leased !== null) leaseEnded(c, leased);
@@ -124,7 +124,7 @@ export function admitCompletion() {
       if (renewal !== null) clearInterval(renewal);
       if (refused) return;
       const input = settleInput(c, settled);
-      freeLeaseSlot();
+      freeSlot();
       const admission: AdmitOk | undefined = c.get("admission");
       if (c.env.ANALYTICS !== undefined && input.metrics !== undefined && admission !== undefined) {
         const cost = usageCost(c.get("config"), settled, admission.models, input.cache);
@@ -147,7 +147,7 @@ export function admitCompletion() {
       renewal = null;
       if (refused) return;
       const input = { ...settleInput(c, released), usageUnknown: true };
-      freeLeaseSlot();
+      freeSlot();
       const { settlements } = c.get("edge");
       await queueSettlement(c.env, settlements, credential.keyId, input, settleWaitMs(c));
     });

@@ -82,17 +82,15 @@ export async function admitExactly(
   input: AdmitRequestInput,
   request: LocalRequest,
 ): Promise<AdmitResult> {
-  let result = await admitTrimmed(c, input, request);
+  const credential = c.get("credential");
+  const lease = c.get("config").leases.enabled ? leaseOf(credential, input.endUser ?? null) : null;
+  let result = await admitTrimmed(c, input, request, lease);
   // Refused a slot while a request of the key runs here: its client may have left already,
   // unheard of until that stream's next write. Asked again as such requests end, a while.
-  const { keyId } = c.get("credential");
   const requests = c.get("edge").keyRequests;
   const until = Date.now() + CONCURRENCY_GRACE_MS;
   for (let i = 0; i < CONCURRENCY_RETRIES && concurrencyRefusal(result); i++) {
-    if (!(await requests.whenOneEnds(keyId, until - Date.now()))) break;
-    const lease = c.get("config").leases.enabled
-      ? leaseOf(c.get("credential"), input.endUser ?? null)
-      : null;
+    if (!(await requests.whenOneEnds(credential.keyId, until - Date.now()))) break;
     result = (await admitOnce(c, input, lease)).result;
   }
   return result;
@@ -116,18 +114,18 @@ function concurrencyRefusal(result: AdmitResult): boolean {
   );
 }
 
+// One exact admission; where leases are on (`lease`), the key's leases here trimmed first.
 async function admitTrimmed(
   c: Context<AppEnv>,
   input: AdmitRequestInput,
   request: LocalRequest,
+  lease: LeaseRef | null,
 ): Promise<AdmitResult> {
   const config = c.get("config");
   const edge = c.get("edge");
-  const leasing = config.leases.enabled;
-  const lease = leaseOf(c.get("credential"), input.endUser ?? null);
-  if (leasing) edge.leases.note(lease.keyId, lease.scope, request, Date.now());
-  const first = await admitOnce(c, input, leasing ? lease : null);
-  if (first.ok || !leasing || !limitRefusal(first.result)) return first.result;
+  if (lease !== null) edge.leases.note(lease.keyId, lease.scope, request, Date.now());
+  const first = await admitOnce(c, input, lease);
+  if (first.ok || lease === null || !limitRefusal(first.result)) return first.result;
   // The key's other leases in this isolate (its end users' or its own) may hold what the
   // request lacks: trimmed, and asked again.
   const others = edge.leases.others(lease.keyId, lease.scope);

@@ -170,6 +170,21 @@ describe("keys on the completion routes", () => {
   });
 });
 
+/** A long stream from the slow origin on `key`, its first bytes read: its slot is held. */
+async function longStream(key: string) {
+  const res = await exports.default.fetch(
+    edgeRequest("/v1/chat/completions", {
+      body: chatBody({ stream: true, max_tokens: 4000 }),
+      headers: { authorization: `Bearer ${key}` },
+      region: "slow",
+    }),
+  );
+  expect(res.status).toBe(200);
+  const reader = (res.body as ReadableStream<Uint8Array>).getReader();
+  expect((await reader.read()).done).toBe(false);
+  return { res, reader };
+}
+
 describe("settlement on every ending path", () => {
   it("settles a finished JSON and a finished stream as ok", async () => {
     const { id, key } = await createKey({ name: "ok-paths", limits: { concurrency: 1 } });
@@ -185,16 +200,7 @@ describe("settlement on every ending path", () => {
 
   it("settles a client cancel as cancelled and frees the slot", async () => {
     const { id, key } = await createKey({ name: "cancel-path", limits: { concurrency: 1 } });
-    const res = await exports.default.fetch(
-      edgeRequest("/v1/chat/completions", {
-        body: chatBody({ stream: true, max_tokens: 4000 }),
-        headers: { authorization: `Bearer ${key}` },
-        region: "slow",
-      }),
-    );
-    expect(res.status).toBe(200);
-    const reader = (res.body as ReadableStream<Uint8Array>).getReader();
-    expect((await reader.read()).done).toBe(false);
+    const { res, reader } = await longStream(key);
     await reader.cancel();
     const row = await settledLedgerRow(id, res.headers.get("x-request-id") ?? "");
     expect(row).toEqual({ state: "settled", outcome: "cancelled" });
@@ -208,16 +214,7 @@ describe("settlement on every ending path", () => {
     // left only at the stream's next write. Here the next request comes first, and the
     // stream is cancelled while it is being refused: it waits for that slot.
     const { key } = await createKey({ name: "cancel-then-next", limits: { concurrency: 1 } });
-    const res = await exports.default.fetch(
-      edgeRequest("/v1/chat/completions", {
-        body: chatBody({ stream: true, max_tokens: 4000 }),
-        headers: { authorization: `Bearer ${key}` },
-        region: "slow",
-      }),
-    );
-    expect(res.status).toBe(200);
-    const reader = (res.body as ReadableStream<Uint8Array>).getReader();
-    expect((await reader.read()).done).toBe(false);
+    const { reader } = await longStream(key);
     const next = exports.default.fetch(chat(key));
     await new Promise((resolve) => setTimeout(resolve, 40));
     await reader.cancel();
@@ -228,15 +225,7 @@ describe("settlement on every ending path", () => {
 
   it("still refuses a request over the key's concurrency when no slot comes free", async () => {
     const { key } = await createKey({ name: "over-concurrency", limits: { concurrency: 1 } });
-    const res = await exports.default.fetch(
-      edgeRequest("/v1/chat/completions", {
-        body: chatBody({ stream: true, max_tokens: 4000 }),
-        headers: { authorization: `Bearer ${key}` },
-        region: "slow",
-      }),
-    );
-    const reader = (res.body as ReadableStream<Uint8Array>).getReader();
-    expect((await reader.read()).done).toBe(false);
+    const { reader } = await longStream(key);
     const refused = await exports.default.fetch(chat(key));
     expect(refused.status).toBe(429);
     expect((await refused.json<ErrorBody>()).error.code).toBe("rate_limit_exceeded");
