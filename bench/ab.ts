@@ -1,5 +1,6 @@
 /**
- * `npm run bench:ab -- --base REV [--prompt-tokens N]`: this tree's edge and the edge of
+ * `npm run bench:ab -- --base REV [--stream] [--prompt-tokens N] [--max-tokens N]
+ * [--time-scale X]`: this tree's edge and the edge of
  * commit REV side by side, each under workerd with an origin of its own, one request to each
  * in turn (a key with limits, budgets and ledger on); prints each edge's workerd CPU and
  * latency per round. A host that drifts moves both alike, so a difference of a few percent
@@ -27,6 +28,9 @@ const { values: args } = parseArgs({
     warm: { type: "string", default: "300" },
     stream: { type: "boolean", default: false },
     "prompt-tokens": { type: "string", default: "0" },
+    "max-tokens": { type: "string", default: "16" },
+    // The simulated engine's speed: 0 answers at once, 1 at a modelled GPU's pace.
+    "time-scale": { type: "string", default: "0" },
   },
   strict: true,
 });
@@ -67,7 +71,7 @@ try {
       regions: [
         { id: "local", continents: ["EU", "AF", "NA", "SA", "AS", "OC", "AN"], origins: 1 },
       ],
-      sim: { timeScale: 0 },
+      sim: { timeScale: Number(args["time-scale"]) },
       originProcesses: true,
       runtime: "workerd",
     });
@@ -86,7 +90,11 @@ try {
       latencies: [],
     });
   }
-  const payload = benchChatBody(16, args.stream, Number(args["prompt-tokens"]));
+  const payload = benchChatBody(
+    Number(args["max-tokens"]),
+    args.stream,
+    Number(args["prompt-tokens"]),
+  );
   for (let i = 0; i < Number(args.warm); i++) {
     for (const edge of edges) await timedRequest(edge.url, edge.headers, payload);
   }
@@ -114,7 +122,8 @@ for (const edge of edges) edge.latencies.sort((a, b) => a - b);
 const [base, head] = edges;
 console.log(
   `${ROUNDS} rounds of ${REQUESTS} ${args.stream ? "streamed" : "JSON"} requests to each edge, in turn, one client` +
-    `${args["prompt-tokens"] === "0" ? "" : `, ${args["prompt-tokens"]}-token prompt`}.\n`,
+    (args["prompt-tokens"] === "0" ? "" : `, ${args["prompt-tokens"]}-token prompt`) +
+    `, ${args["max-tokens"]} tokens at time scale ${args["time-scale"]}.\n`,
 );
 console.log(
   markdownTable(
