@@ -8,6 +8,19 @@
 export type DeliveryMode = "stream" | "whole";
 
 /**
+ * Fewest completion tokens a streamed answer may run to for the edge to have its origin's
+ * runtime pipe it to the client (`raw-item.ts`): its END is then one lookup at its origin
+ * (about what relaying 15 paced tokens through JavaScript costs), so a stream that may stay
+ * shorter is relayed frame by frame (docs/edge.md, "Delivery").
+ */
+export const PIPED_MIN_TOKENS = 32;
+
+/** Whether a request's stream is piped raw: streamed, and may run to {@link PIPED_MIN_TOKENS}. */
+export function pipesRaw(delivery: DeliveryMode, maxTokens: number): boolean {
+  return delivery === "stream" && maxTokens >= PIPED_MIN_TOKENS;
+}
+
+/**
  * How an answer whose HEAD came reaches its client: as requested, except that an engine's
  * own error answer to a streamed request is JSON, whole as it is (the one content-type check).
  */

@@ -40,7 +40,15 @@ export type Reconciled =
   /** No origin remembers it: it never reached one, or that origin lost it. */
   | { kind: "unknown" }
   /** The attempt to bill: its item id, its origin, how it ended and what it generated. */
-  | { kind: "ended"; item: string; origin: string; outcome: ItemOutcome; usage: ItemUsage | null };
+  | {
+      kind: "ended";
+      item: string;
+      origin: string;
+      outcome: ItemOutcome;
+      usage: ItemUsage | null;
+      /** From its arrival at the origin to its first body byte, when the origin told. */
+      ttftMs?: number | null;
+    };
 
 /**
  * How each request ended, by what its items' origins remember. The attempt that finished
@@ -79,6 +87,7 @@ export function reconcile(
             origin: best.origin,
             outcome: best.outcome,
             usage: best.usage,
+            ...(best.timing !== undefined && { ttftMs: best.timing.ttft_ms }),
           },
     );
   }

@@ -13,6 +13,11 @@ import {
   BATCH_PROTOCOL_VERSION,
   type BatchRequest,
   type CancelRequest,
+  type ItemRecord,
+  OUTCOMES_PATH,
+  type OutcomesRequest,
+  OutcomesResponseSchema,
+  requestIdOf,
 } from "./protocol/schema.ts";
 import { BATCH_CONTENT_TYPE, type Frame, FrameDecoder, FrameType } from "./protocol/framing.ts";
 
@@ -122,6 +127,50 @@ export async function cancelBatchItems(
   }
 }
 
+/** What an origin said of one item: whether it answered, and its record if it has one. */
+export interface ItemLookup {
+  answered: boolean;
+  record: ItemRecord | null;
+}
+
+/**
+ * Asks an origin how item `itemId` stands (`POST /v1/batch/outcomes`), waiting at most `ms`
+ * of this thread's on-time. A raw body carries no heartbeat and no END: this is how the edge
+ * tells an origin that froze, and how the item ended.
+ */
+export async function lookupItem(
+  origin: UpstreamOrigin,
+  itemId: string,
+  ms: number,
+): Promise<ItemLookup> {
+  const abort = new AbortController();
+  const timer = onTimeClock(ms).timeout(ms, () => abort.abort("no answer"));
+  const body: OutcomesRequest = { ids: [requestIdOf(itemId)] };
+  try {
+    let response: Response;
+    try {
+      response = await fetch(new URL(OUTCOMES_PATH, origin.url), {
+        method: "POST",
+        headers: originHeaders(origin, { "content-type": "application/json" }),
+        body: JSON.stringify(body),
+        signal: abort.signal,
+      });
+    } catch {
+      return { answered: false, record: null };
+    }
+    // Any answer is an origin that is there; only a good one tells of the item.
+    if (!response.ok) {
+      await response.body?.cancel().catch(() => {});
+      return { answered: true, record: null };
+    }
+    const parsed = OutcomesResponseSchema.safeParse(await response.json().catch(() => null));
+    const record = parsed.success ? parsed.data.items.find((item) => item.id === itemId) : null;
+    return { answered: true, record: record ?? null };
+  } finally {
+    timer.stop();
+  }
+}
+
 /** Why a batch response cannot be read as frames, or null when it can. */
 export function batchAnswerProblem(
   response: Response,
@@ -133,6 +182,7 @@ export function batchAnswerProblem(
       detail: `batch status ${response.status}`,
     };
   }
+  // A raw answer's type begins with the framed one's.
   if (!(response.headers.get("content-type") ?? "").startsWith(BATCH_CONTENT_TYPE)) {
     return { failure: "bad_answer", detail: "batch answer is not framed" };
   }
@@ -157,12 +207,38 @@ export interface FrameReader {
  * `onRead` hears of every chunk read (a watchdog's heartbeat).
  */
 export function frameReader(body: ReadableStream<Uint8Array>, onRead?: () => void): FrameReader {
+  return framesOf(body, false, onRead);
+}
+
+/** A {@link FrameReader} of a raw answer's frames, up to its HEAD; then its body, unframed. */
+export interface RawFrameReader extends FrameReader {
+  /**
+   * Once the HEAD was read: the body's bytes that came with it, and the body to read on
+   * (no longer locked by this reader). Call once; `next` is not called again.
+   */
+  rawBody(): { first: Uint8Array; body: ReadableStream<Uint8Array> };
+}
+
+/** A {@link RawFrameReader} over a raw batch answer (see `RAW_BATCH_CONTENT_TYPE`). */
+export function rawFrameReader(
+  body: ReadableStream<Uint8Array>,
+  onRead?: () => void,
+): RawFrameReader {
+  return framesOf(body, true, onRead);
+}
+
+function framesOf(
+  body: ReadableStream<Uint8Array>,
+  untilHead: boolean,
+  onRead?: () => void,
+): RawFrameReader {
   const reader = body.getReader();
   const decoder = new FrameDecoder();
   // Frames decoded from the last chunk read; `at` is the next one to hand out.
   let ready: Frame[] = [];
   let at = 0;
   let stopped: string | null = null;
+  let headRead = false;
   return {
     async next() {
       for (;;) {
@@ -172,6 +248,7 @@ export function frameReader(body: ReadableStream<Uint8Array>, onRead?: () => voi
           return frame;
         }
         if (stopped !== null) return stopped;
+        if (headRead) return "a raw answer has no frames after its HEAD";
         try {
           const { done, value } = await reader.read();
           if (done) {
@@ -179,8 +256,9 @@ export function frameReader(body: ReadableStream<Uint8Array>, onRead?: () => voi
             stopped = "body ended before the item's END";
           } else {
             onRead?.();
-            ready = decoder.push(value);
+            ready = decoder.push(value, untilHead);
             at = 0;
+            headRead = untilHead && ready.at(-1)?.type === FrameType.HEAD;
           }
         } catch (error) {
           stopped = describe(error);
@@ -198,6 +276,10 @@ export function frameReader(body: ReadableStream<Uint8Array>, onRead?: () => voi
       ready = [];
       at = 0;
       reader.cancel().catch(() => {});
+    },
+    rawBody() {
+      reader.releaseLock();
+      return { first: decoder.rest(), body };
     },
   };
 }

@@ -20,6 +20,7 @@ import {
 import {
   BATCH_CONTENT_TYPE,
   BATCH_ITEM,
+  RAW_BATCH_CONTENT_TYPE,
   FrameType,
   concatBytes,
   encodeFrame,
@@ -27,7 +28,7 @@ import {
 } from "../contracts/protocol/framing.ts";
 import type { ItemRun, ItemRunner, ItemSpec } from "./items.ts";
 import type { OriginCounters } from "./metrics.ts";
-import { OriginError, readJson, zodMessage } from "./http.ts";
+import { OriginError, breakConnection, readJson, zodMessage } from "./http.ts";
 
 /** Backpressure threshold of a batch response: beyond it, items wait for the edge to read. */
 const BATCH_HIGH_WATER_BYTES = 1 << 20;
@@ -62,6 +63,10 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
         "items",
       );
     }
+    const raw = envelope.raw === true;
+    if (raw && envelope.items.length !== 1) {
+      throw new OriginError(400, "A raw batch holds exactly one item.", "invalid_batch", "raw");
+    }
     const seen = new Set<string>();
     for (const item of envelope.items) {
       if (seen.has(item.id)) {
@@ -77,6 +82,7 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
       );
     }
     deps.counters.batches++;
+    if (raw) deps.counters.rawBatches++;
     deps.counters.batchItems += envelope.items.length;
     const runs = new Map<string, ItemRun>();
     deps.batches.set(envelope.batch_id, runs);
@@ -154,6 +160,8 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
             if (item.timeout_ms !== undefined) spec.timeoutMs = item.timeout_ms;
             const opened = await deps.items.openItem(spec, run);
             const head: ItemHead = { id: item.id, status: opened.status, headers: opened.headers };
+            // Raw: the HEAD is the last frame, its body follows as the engine wrote it.
+            if (raw) clearInterval(ticker);
             await emit(encodeJsonFrame(FrameType.HEAD, index, head));
             for (;;) {
               let next: IteratorResult<Uint8Array>;
@@ -163,9 +171,21 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
                 break;
               }
               if (next.done === true) break;
-              await emit(encodeFrame(FrameType.DATA, index, next.value));
+              await emit(raw ? next.value : encodeFrame(FrameType.DATA, index, next.value));
             }
-            await emit(encodeJsonFrame(FrameType.END, index, await opened.finish()));
+            // A raw answer's END is its outcome record, kept before its body ends.
+            const trailer = await opened.finish();
+            if (!raw) {
+              await emit(encodeJsonFrame(FrameType.END, index, trailer));
+            } else if (trailer.outcome !== "ok" && head.status < 400) {
+              // Cut: its body must not end whole. Its bytes go first, then the connection.
+              sendQueued();
+              closed = true;
+              await breakConnection(
+                c,
+                () => (controller.desiredSize ?? 0) >= BATCH_HIGH_WATER_BYTES,
+              );
+            }
           };
 
           const work = async () => {
@@ -173,7 +193,7 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
             ticker = setInterval(() => void emitLoad(), deps.loadIntervalMs);
             await Promise.all(envelope.items.map((item, index) => runOne(index, item)));
             clearInterval(ticker);
-            await emitLoad();
+            if (!raw) await emitLoad();
             deps.batches.delete(envelope.batch_id);
             if (!closed) {
               sendQueued();
@@ -206,7 +226,7 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
     return new Response(stream, {
       status: 200,
       headers: {
-        "content-type": BATCH_CONTENT_TYPE,
+        "content-type": raw ? RAW_BATCH_CONTENT_TYPE : BATCH_CONTENT_TYPE,
         "cache-control": "no-store",
         "warmgate-batch-version": String(BATCH_PROTOCOL_VERSION),
         "x-warmgate-origin": deps.originId,

@@ -61,3 +61,40 @@ export async function readJson(c: Context): Promise<unknown> {
     throw new OriginError(400, "The request body is not valid JSON.", "invalid_json");
   }
 }
+
+/** The Node response behind a request, when @hono/node-server serves it. */
+interface Outgoing {
+  destroy(): void;
+  socket?: { writableLength?: number } | null;
+}
+
+/** The Node response behind a request, when @hono/node-server serves it. */
+export function outgoingOf(c: Context): Outgoing | null {
+  const env: unknown = c.env;
+  if (typeof env !== "object" || env === null || !("outgoing" in env)) return null;
+  const outgoing: unknown = env.outgoing;
+  return typeof outgoing === "object" &&
+    outgoing !== null &&
+    "destroy" in outgoing &&
+    typeof outgoing.destroy === "function"
+    ? (outgoing as Outgoing)
+    : null;
+}
+
+/** How long a broken answer's bytes get to reach its reader before the connection breaks. */
+const BREAK_GRACE_MS = 100;
+
+/**
+ * Breaks a streamed answer's connection without ending its body, so that its reader takes it
+ * as cut, not whole: once `handedOver` says the body's bytes went to the connection and the
+ * connection sent them (at most a second), and a grace for the reader to take them.
+ */
+export async function breakConnection(c: Context, handedOver: () => boolean): Promise<void> {
+  const outgoing = outgoingOf(c);
+  const sent = () => handedOver() && (outgoing?.socket?.writableLength ?? 0) === 0;
+  for (let waited = 0; waited < 1_000 && !sent(); waited += 5) {
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+  await new Promise((resolve) => setTimeout(resolve, BREAK_GRACE_MS));
+  outgoing?.destroy();
+}

@@ -274,17 +274,13 @@ export class ItemRunner {
         // An answer sent again is not a run.
         if (result.replayed === true) this.#counters.replayed++;
         else this.#counters.outcomes[outcome]++;
-        this.outcomes.ended(spec.id, outcome, result.usage, Date.now());
-        const trailer: ItemTrailer = {
-          id: spec.id,
-          outcome,
-          usage: result.usage,
-          timing: {
-            queued_ms: roundMs(result.queued_ms),
-            ttft_ms: result.ttft_ms === null ? null : roundMs(result.ttft_ms),
-            total_ms: roundMs(performance.now() - started),
-          },
+        const timing = {
+          queued_ms: roundMs(result.queued_ms),
+          ttft_ms: result.ttft_ms === null ? null : roundMs(result.ttft_ms),
+          total_ms: roundMs(performance.now() - started),
         };
+        this.outcomes.ended(spec.id, outcome, result.usage, Date.now(), timing);
+        const trailer: ItemTrailer = { id: spec.id, outcome, usage: result.usage, timing };
         if (outcome !== "ok" && error !== undefined) trailer.error = error;
         return trailer;
       })();

@@ -16,6 +16,8 @@ export type ItemRoute = "chat" | "completions" | "responses" | "embeddings" | "b
 /** Counters the origin keeps; plain numbers, read when `/metrics` is scraped. */
 export interface OriginCounters {
   batches: number;
+  /** Of them, raw batches (one item, its body unframed). */
+  rawBatches: number;
   batchItems: number;
   requests: Record<Exclude<ItemRoute, "batch">, number>;
   inFlight: number;
@@ -31,6 +33,7 @@ export interface OriginCounters {
 export function createOriginCounters(): OriginCounters {
   return {
     batches: 0,
+    rawBatches: 0,
     batchItems: 0,
     requests: { chat: 0, completions: 0, responses: 0, embeddings: 0 },
     inFlight: 0,
@@ -109,6 +112,12 @@ export function renderOriginMetrics(input: OriginMetricsInput): string {
 
   w.family("warmgate_origin_batches_total", "counter", "Batch requests accepted.");
   w.sample("warmgate_origin_batches_total", counters.batches);
+  w.family(
+    "warmgate_origin_raw_batches_total",
+    "counter",
+    "Raw batches accepted (of all batches).",
+  );
+  w.sample("warmgate_origin_raw_batches_total", counters.rawBatches);
   w.family("warmgate_origin_batch_items_total", "counter", "Items received in batches.");
   w.sample("warmgate_origin_batch_items_total", counters.batchItems);
 

@@ -7,6 +7,7 @@
 import {
   type ItemOutcome,
   type ItemRecord,
+  type ItemTiming,
   type ItemUsage,
   requestIdOf,
 } from "../contracts/protocol/schema.ts";
@@ -54,9 +55,17 @@ export class OutcomeLog {
     this.#put(itemId, { id: itemId, state: "running" }, now);
   }
 
-  /** An item ended: its outcome and usage. */
-  ended(itemId: string, outcome: ItemOutcome, usage: ItemUsage | null, now: number): void {
-    this.#put(itemId, { id: itemId, state: "ended", outcome, usage }, now);
+  /** An item ended: its outcome and usage, and its END's timing when known. */
+  ended(
+    itemId: string,
+    outcome: ItemOutcome,
+    usage: ItemUsage | null,
+    now: number,
+    timing?: ItemTiming,
+  ): void {
+    const record: ItemRecord = { id: itemId, state: "ended", outcome, usage };
+    if (timing !== undefined) record.timing = timing;
+    this.#put(itemId, record, now);
   }
 
   /** Whether item `itemId` is remembered (running or ended). */

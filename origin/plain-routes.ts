@@ -9,6 +9,7 @@ import { STREAM_DROPPED_CODE } from "./faults.ts";
 import { type ItemRunner, drain } from "./items.ts";
 import type { ItemRoute, OriginCounters } from "./metrics.ts";
 import type { ItemPath } from "../contracts/protocol/schema.ts";
+import { outgoingOf } from "./http.ts";
 
 /** What the OpenAI routes share with the rest of the origin. */
 export interface PlainRouteDeps {
@@ -25,19 +26,6 @@ const FORWARDED_HEADERS = new Set([
   "traceparent",
   "tracestate",
 ]);
-/** The Node response behind a request, when @hono/node-server serves it. */
-function outgoingOf(c: Context): { destroy(): void } | null {
-  const env: unknown = c.env;
-  if (typeof env !== "object" || env === null || !("outgoing" in env)) return null;
-  const outgoing: unknown = env.outgoing;
-  return typeof outgoing === "object" &&
-    outgoing !== null &&
-    "destroy" in outgoing &&
-    typeof outgoing.destroy === "function"
-    ? (outgoing as { destroy(): void })
-    : null;
-}
-
 function plainRoute(deps: PlainRouteDeps, path: ItemPath, route: Exclude<ItemRoute, "batch">) {
   const { items, counters, originId } = deps;
   return async function openaiRoute(c: Context): Promise<Response> {

@@ -16,6 +16,8 @@ import {
 
 /** Media type of a batch response body. */
 export const BATCH_CONTENT_TYPE = "application/x-warmgate-batch";
+/** Media type of a raw batch answer: frames up to the item's HEAD, then its body unframed. */
+export const RAW_BATCH_CONTENT_TYPE = "application/x-warmgate-batch-raw";
 /** Bytes in a frame header: type (u8), item (u16 BE), payload length (u32 BE). */
 export const FRAME_HEADER_BYTES = 7;
 /** `item` value of frames that concern the whole batch (load reports). */
@@ -148,8 +150,11 @@ export class FrameDecoder {
     return this.#bufferedBytes;
   }
 
-  /** Feeds a chunk and returns every frame it completes; throws {@link FramingError}. */
-  push(chunk: Uint8Array): Frame[] {
+  /**
+   * Feeds a chunk and returns every frame it completes; throws {@link FramingError}. With
+   * `untilHead`, decoding stops after a HEAD: the bytes behind it wait in {@link rest}.
+   */
+  push(chunk: Uint8Array, untilHead = false): Frame[] {
     const frames: Frame[] = [];
     let data = chunk;
     if (this.#bufferedBytes > 0) {
@@ -171,6 +176,7 @@ export class FrameDecoder {
       if (end > data.byteLength) break;
       frames.push(decodeFrame(type, item, data.subarray(offset + FRAME_HEADER_BYTES, end)));
       offset = end;
+      if (untilHead && type === FrameType.HEAD) break;
     }
     if (offset < data.byteLength) {
       const rest = data.subarray(offset);
@@ -178,6 +184,14 @@ export class FrameDecoder {
       this.#bufferedBytes = rest.byteLength;
     }
     return frames;
+  }
+
+  /** The bytes held back, taken: after a HEAD decoded `untilHead`, the raw body's start. */
+  rest(): Uint8Array {
+    const rest = concatBytes(this.#buffered, this.#bufferedBytes);
+    this.#buffered = [];
+    this.#bufferedBytes = 0;
+    return rest;
   }
 
   /** Call at end of input; throws if a partial frame was left over. */

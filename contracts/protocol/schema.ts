@@ -78,6 +78,12 @@ export const BatchRequestSchema = z.object({
    * bring the ones after it (see {@link KvEventsSchema}). Absent: send none.
    */
   kv_events_after: KvEventCursorSchema.optional(),
+  /**
+   * A batch of one item whose body follows its HEAD unframed (origin/PROTOCOL.md, "Raw
+   * answers"): the caller pipes it to its client as it is, and reads how the item ended from
+   * the outcomes endpoint.
+   */
+  raw: z.literal(true).optional(),
 });
 /** Body of `POST /v1/batch`. */
 export type BatchRequest = z.output<typeof BatchRequestSchema>;
@@ -137,6 +143,16 @@ export const ItemOutcomeSchema = z.enum(["ok", "error", "cancelled", "timeout"])
 /** How an item ended. */
 export type ItemOutcome = z.output<typeof ItemOutcomeSchema>;
 
+/** Milliseconds: queued before the engine started an item, to its first body byte, in all. */
+export const ItemTimingSchema = z.object({
+  queued_ms: z.number(),
+  ttft_ms: z.number().nullable(),
+  total_ms: z.number(),
+});
+
+/** An item's timing. */
+export type ItemTiming = z.output<typeof ItemTimingSchema>;
+
 /** Payload of an END frame: how the item ended, and what it generated. */
 export const ItemTrailerSchema = z.object({
   id: z.string(),
@@ -147,10 +163,7 @@ export const ItemTrailerSchema = z.object({
   error: z
     .object({ message: z.string(), type: z.string(), code: z.string().nullable() })
     .optional(),
-  /** Milliseconds: queued before the engine started it, to the first body byte, in all. */
-  timing: z
-    .object({ queued_ms: z.number(), ttft_ms: z.number().nullable(), total_ms: z.number() })
-    .optional(),
+  timing: ItemTimingSchema.optional(),
 });
 /** Payload of an END frame. */
 export type ItemTrailer = z.output<typeof ItemTrailerSchema>;
@@ -163,6 +176,8 @@ export const ItemRecordSchema = z.discriminatedUnion("state", [
     state: z.literal("ended"),
     outcome: ItemOutcomeSchema,
     usage: ItemUsageSchema.nullable(),
+    /** Its END's timing, when the origin keeps it. */
+    timing: ItemTimingSchema.optional(),
   }),
 ]);
 /** One item of a looked-up request, as its origin last saw it. */

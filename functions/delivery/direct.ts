@@ -11,21 +11,25 @@ import {
   type ItemPath,
   type LoadReport,
 } from "../../contracts/protocol/schema.ts";
-import { FrameType } from "../../contracts/protocol/framing.ts";
+import { FrameType, RAW_BATCH_CONTENT_TYPE } from "../../contracts/protocol/framing.ts";
 import type { CredentialRing } from "../../contracts/credentials.ts";
 import {
   type CredentialedOrigin,
   type FrameReader,
+  type RawFrameReader,
   batchAnswerProblem,
   cancelBatchItems,
   currentUpstream,
   describe,
   readFrameList,
   frameReader,
+  lookupItem,
   postBatchWithCredentials,
+  rawFrameReader,
   silenceWatchdog,
 } from "../../contracts/upstream.ts";
 import { type OpenItem, frameItem } from "./item.ts";
+import { rawItem } from "./raw-item.ts";
 import { type OnTimeTimer, onTimeClock } from "../../contracts/on-time.ts";
 import { watchFirstByte, watchIdleEngine } from "../../contracts/origin-health.ts";
 import type { DeliveryMode } from "../../contracts/delivery.ts";
@@ -73,6 +77,8 @@ export interface OpenItemOptions {
    * origin's reports show its engine with no interactive work (`watchIdleEngine`).
    */
   delivery: DeliveryMode;
+  /** Streamed, its body is piped raw (`raw-item.ts`); an origin may answer it framed. */
+  piped: boolean;
   /** The origin gives up on the item after this many ms (outcome `timeout`). */
   itemTimeoutMs: number;
   /** Called with each load report the origin piggybacks on the response. */
@@ -136,6 +142,8 @@ export async function openItem(
         timeout_ms: options.itemTimeoutMs,
       },
     ],
+    // A streamed body is piped to its client as it is (`raw-item.ts`).
+    ...(options.piped && options.delivery === "stream" && { raw: true }),
   };
   const abort = new AbortController();
   const silenceMs = options.silenceMs ?? Number.POSITIVE_INFINITY;
@@ -199,6 +207,7 @@ export async function openItem(
   abort.signal.addEventListener("abort", () => clock.stop(), { once: true });
 
   let frames: FrameReader;
+  let raw: RawFrameReader | null = null;
   if (options.delivery === "whole") {
     // The origin ends the item by its own timeout; this only bounds a call that never ends.
     const stuck = setTimeout(() => abort.abort("item never ended"), options.itemTimeoutMs + 5_000);
@@ -222,6 +231,9 @@ export async function openItem(
       idle.stop();
       dog.stop();
     }
+  } else if ((response.headers.get("content-type") ?? "").startsWith(RAW_BATCH_CONTENT_TYPE)) {
+    raw = rawFrameReader(response.body, dog.beat);
+    frames = raw;
   } else {
     frames = frameReader(response.body, dog.beat);
   }
@@ -253,6 +265,18 @@ export async function openItem(
   slow?.stop();
   // From here the response's lifecycle follows its client (`response.ts`).
   client?.removeEventListener("abort", clientGone);
+  if (raw !== null) {
+    // Its body carries no heartbeat: the item watches its origin by asking it.
+    dog.stop();
+    const { first, body } = raw.rawBody();
+    const item = rawItem(head, first, body, {
+      // For a batch of one, closing the call cancels the item on the origin.
+      close: () => abort.abort("client went away"),
+      lookup: (ms) => lookupItem(currentUpstream(credentialed), options.requestId, ms),
+      silenceMs,
+    });
+    return { kind: "open", item, originId: origin.id };
+  }
   const item = frameItem(head, frames, {
     // For a batch of one, closing the call cancels the item on the origin.
     cancel: () => abort.abort("client went away"),

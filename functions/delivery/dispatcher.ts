@@ -11,7 +11,7 @@ import type { ModelConfig } from "../../contracts/config/models.ts";
 import { batchingPlan } from "../../contracts/config/plans.ts";
 import { type RegionConfig, originServes } from "../../contracts/config/regions.ts";
 import { CredentialRing } from "../../contracts/credentials.ts";
-import type { DeliveryMode } from "../../contracts/delivery.ts";
+import { type DeliveryMode, pipesRaw } from "../../contracts/delivery.ts";
 import { DEFAULT_QUARANTINE_MS, OriginHealth } from "../../contracts/origin-health.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { AttemptRoute } from "../../durable-objects/batcher/types.ts";
@@ -114,6 +114,7 @@ export class Dispatcher {
       pool: this.#pool,
       limits: config.limits,
       delivery: request.delivery,
+      piped: pipesRaw(request.delivery, request.maxTokens),
       headers: request.headers,
       ...(request.answerHeaders !== undefined && { answerHeaders: request.answerHeaders }),
       secrets: request.env,

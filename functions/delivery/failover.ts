@@ -40,6 +40,8 @@ export interface DispatchOptions extends AnswerOptions {
   headers: Record<string, string>;
   /** How each attempt reaches an origin (`directOpener`, `batcherOpener`). */
   open: ItemOpener;
+  /** Straight to an origin, its stream is piped raw (`contracts/delivery.ts`, `pipesRaw`). */
+  piped?: boolean;
   /**
    * Told how each attempt at an origin went, for the breakers (docs/failover.md, "What
    * counts"); not of what a Batcher judged itself.
@@ -204,6 +206,7 @@ class Failover {
       headers: options.headers,
       firstByteTimeoutMs: options.limits.firstByteTimeoutMs,
       delivery: options.delivery,
+      ...(options.piped === true && { piped: true }),
       itemTimeoutMs: options.limits.requestTimeoutMs,
       avoidOrigins: [
         ...this.#avoid,

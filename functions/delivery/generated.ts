@@ -34,7 +34,14 @@ export const ORIGIN_ASK: SettledOutcomeOptions = { tries: 3, intervalMs: 200, ti
  * ended and the origin that generated it, or not known yet.
  */
 export type Generated =
-  | { known: true; usage: ItemUsage | null; outcome: ItemOutcome | null; origin: string | null }
+  | {
+      known: true;
+      usage: ItemUsage | null;
+      outcome: ItemOutcome | null;
+      origin: string | null;
+      /** From the item's arrival at its origin to its first body byte, when it told. */
+      ttftMs?: number | null;
+    }
   | { known: false };
 
 const NOTHING: Generated = { known: true, usage: null, outcome: null, origin: null };
@@ -60,7 +67,8 @@ export async function generatedBy(
   if (origins.length === 0 || itemIds.length === 0) return NOTHING;
   const { found, complete } = await settledOutcome(origins, requestId, itemIds, secrets, options);
   if (found.kind === "ended") {
-    return { known: true, usage: found.usage, outcome: found.outcome, origin: found.origin };
+    const { usage, outcome, origin, ttftMs } = found;
+    return { known: true, usage, outcome, origin, ...(ttftMs !== undefined && { ttftMs }) };
   }
   if (found.kind === "unknown") {
     if (!complete) logWarn("origin outcome unknown", { request_id: requestId });

@@ -17,7 +17,9 @@ import type { FrameReader } from "../../contracts/upstream.ts";
 export type ItemEnd =
   | { kind: "end"; trailer: ItemTrailer }
   /** The connection broke, the framing was bad, or the item was stopped before its END. */
-  | { kind: "broken"; detail: string };
+  | { kind: "broken"; detail: string }
+  /** A raw body that ended whole (`raw-item.ts`): its END is its origin's outcome record. */
+  | { kind: "closed" };
 
 /** An item's body on its way to the client. */
 export interface ItemStream {

@@ -22,6 +22,8 @@ export interface AttemptRequest {
   firstByteTimeoutMs: number;
   /** How the client gets its answer: streamed as it comes, or whole once it ended. */
   delivery: DeliveryMode;
+  /** Sent straight to an origin, a stream whose body the runtime pipes (`raw-item.ts`). */
+  piped?: boolean;
   itemTimeoutMs: number;
   /** Origins that already failed this request. */
   avoidOrigins: readonly string[];
@@ -62,6 +64,7 @@ export const directOpener =
       headers: request.headers,
       firstByteTimeoutMs: request.firstByteTimeoutMs,
       delivery: request.delivery,
+      piped: request.piped === true,
       itemTimeoutMs: request.itemTimeoutMs,
       ...(request.onStart !== undefined && { onStart: request.onStart }),
       ...(request.onSlowHead !== undefined && { onSlowHead: request.onSlowHead }),

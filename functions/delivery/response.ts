@@ -85,7 +85,9 @@ export async function readWhole(item: OpenItem, timeoutMs: number): Promise<Whol
   );
   try {
     const { body, end } = await item.whole();
-    const complete = end.kind === "end" && endOutcome(end.trailer, item.head.status).complete;
+    const complete =
+      end.kind === "closed" ||
+      (end.kind === "end" && endOutcome(end.trailer, item.head.status).complete);
     return { body, end, timedOut, complete };
   } finally {
     clearTimeout(timer);
@@ -194,6 +196,17 @@ class Lifecycle {
         void this.#finish("timeout", trailer, head.status, streamed.firstByteAt());
         return;
       }
+      if (end.kind === "closed") {
+        // A raw body that ended whole: its origin's outcome record says what it generated.
+        if (!this.#finished) this.#onEnd?.("ok");
+        void this.#finish(
+          clientGone ? "cancelled" : "ok",
+          null,
+          head.status,
+          streamed.firstByteAt(),
+        );
+        return;
+      }
       if (end.kind === "broken") {
         if (!this.#finished) this.#onEnd?.(clientGone ? "ok" : "failed");
         if (!clientGone) this.#warn("origin failed mid-stream", end.detail);
@@ -229,9 +242,11 @@ class Lifecycle {
     const { body, end, timedOut } = read;
     const trailer = end.kind === "end" ? end.trailer : null;
     const { complete, outcome: endedAs } =
-      trailer === null
-        ? { complete: false, outcome: "error" as const }
-        : endOutcome(trailer, head.status);
+      end.kind === "closed"
+        ? { complete: true, outcome: "ok" as const }
+        : trailer === null
+          ? { complete: false, outcome: "error" as const }
+          : endOutcome(trailer, head.status);
     // Cut short: by the request's timeout, or because its client went away (the item was
     // cancelled on its origin, whose END still reports what it generated).
     const outcome: Outcome = complete
@@ -269,20 +284,26 @@ class Lifecycle {
     const options = this.#options;
     options.pool.end(this.#served.origin);
     const { head } = this.#item;
-    // An engine's own error answer (a HEAD of 400 or more) generated nothing.
-    const usage =
-      trailer !== null || head.status >= 400
-        ? { usage: trailer?.usage ?? null }
-        : billed(
-            await generatedBy(
-              originsNamed(options.candidates, [this.#served.origin]),
-              options.requestId,
-              [head.id],
-              options.secrets,
-            ),
-          );
+    // An engine's own error answer (a HEAD of 400 or more) generated nothing. Without an END
+    // (a raw body, or one cut short), its origin's outcome record tells.
+    let usage: Pick<SettledRequest, "usage" | "usageUnknown"> = { usage: trailer?.usage ?? null };
+    let ended = trailer?.outcome ?? null;
+    let ttftMs = trailer?.timing?.ttft_ms ?? null;
+    if (trailer === null && head.status < 400) {
+      const generated = await generatedBy(
+        originsNamed(options.candidates, [this.#served.origin]),
+        options.requestId,
+        [head.id],
+        options.secrets,
+      );
+      usage = billed(generated);
+      if (generated.known) {
+        ended = generated.outcome;
+        ttftMs = generated.ttftMs ?? null;
+      }
+    }
     const bill = await servedOrGivenUp(
-      { ...usage, ...this.#served, outcome: trailer?.outcome ?? null },
+      { ...usage, ...this.#served, outcome: ended },
       options.requestId,
       this.#gaveUp,
       options.secrets,
@@ -296,7 +317,7 @@ class Lifecycle {
       origin: bill.origin,
       status,
       originBegan: head.status < 400,
-      ttftMs: trailer?.timing?.ttft_ms ?? null,
+      ttftMs,
       firstByteAt,
     });
   }
@@ -324,6 +345,7 @@ class Lifecycle {
 }
 
 function detailOf(end: ItemEnd): string | undefined {
+  if (end.kind === "closed") return undefined;
   return end.kind === "broken" ? end.detail : end.trailer.error?.message;
 }
 

@@ -5,8 +5,10 @@
  * array); `mute` takes the call and answers it only once its item is cancelled by id
  * (`GET /muted` counts calls taken, and those stopped: closed by the edge unanswered, or
  * their item cancelled); `hang` does the same but answers the call's headers at once and
- * reports its engine idle every 50 ms meanwhile, as an origin that lost the item does; any
- * other item is answered well. Started by `origins-setup.ts`.
+ * reports its engine idle every 50 ms meanwhile, as an origin that lost the item does;
+ * `freeze` answers a raw batch's HEAD and first bytes, then nothing more, nor any lookup of
+ * its outcome, as an origin that froze mid-stream (`GET /muted` counts those too); any other
+ * item is answered well. Started by `origins-setup.ts`.
  */
 import { type Server, createServer } from "node:http";
 import { type AddressInfo } from "node:net";
@@ -15,6 +17,7 @@ import {
   BATCH_CONTENT_TYPE,
   BATCH_ITEM,
   FrameType,
+  RAW_BATCH_CONTENT_TYPE,
   concatBytes,
   encodeFrame,
   encodeJsonFrame,
@@ -96,7 +99,9 @@ export interface GarbledOrigin {
  */
 export async function startGarbledOrigin(originId: string): Promise<GarbledOrigin> {
   let held: (() => void)[] = [];
-  const muted = { taken: 0, stopped: 0 };
+  const muted = { taken: 0, stopped: 0, frozen: 0, thawed: 0 };
+  // Requests frozen mid-stream: their outcome lookups go unanswered too.
+  const frozen = new Set<string>();
   // A muted call's item id, and what answers it once the item is cancelled.
   const mutedCalls = new Map<string, () => void>();
   const server = createServer((req, res) => {
@@ -105,7 +110,30 @@ export async function startGarbledOrigin(originId: string): Promise<GarbledOrigi
     req.on("end", () => {
       const text = Buffer.concat(chunks).toString("utf8");
       const silent = text.includes("mute") || text.includes("hang");
-      if (req.method === "POST" && req.url === "/v1/batch" && silent) {
+      if (req.method === "POST" && req.url === "/v1/batch" && text.includes("freeze")) {
+        const [item] = BatchRequestSchema.parse(JSON.parse(text)).items;
+        const id = item?.id ?? "";
+        muted.frozen++;
+        frozen.add(id);
+        res.writeHead(200, { "content-type": RAW_BATCH_CONTENT_TYPE });
+        const head = { id, status: 200, headers: { "content-type": "text/event-stream" } };
+        res.write(
+          concatBytes([
+            encodeJsonFrame(FrameType.LOAD, BATCH_ITEM, load(originId)),
+            encodeJsonFrame(FrameType.HEAD, 0, head),
+            encoder.encode('data: {"object":"chat.completion.chunk"}\n\n'),
+          ]),
+        );
+        res.on("close", () => {
+          if (frozen.delete(id)) muted.thawed++;
+        });
+      } else if (
+        req.method === "POST" &&
+        req.url === "/v1/batch/outcomes" &&
+        [...frozen].some((id) => text.includes(id))
+      ) {
+        // Frozen: never answered; the edge gives up on it.
+      } else if (req.method === "POST" && req.url === "/v1/batch" && silent) {
         muted.taken++;
         const [item] = BatchRequestSchema.parse(JSON.parse(text)).items;
         const id = item?.id ?? "";

@@ -58,7 +58,12 @@ describe.each([
 
 /** Calls the garbling origin took for `mute` items, and those it heard stopped. */
 const muted = async () =>
-  (await fetch(`${originUrl("garbled-1")}/muted`)).json<{ taken: number; stopped: number }>();
+  (await fetch(`${originUrl("garbled-1")}/muted`)).json<{
+    taken: number;
+    stopped: number;
+    frozen: number;
+    thawed: number;
+  }>();
 
 describe("a JSON completion whose origin takes the call and never answers it", () => {
   it("is given up at its first-byte timeout (504 origin_timeout), its item stopped", async () => {
@@ -162,3 +167,29 @@ describe.each([
     });
   },
 );
+
+describe("a stream straight to an origin that froze after its first bytes", () => {
+  it("is cut with the origin_error event once the origin answers nothing for slow_first_byte_ms, its call closed", async () => {
+    const config = JSON.stringify({
+      ...JSON.parse(configOf("freeze", false)),
+      breakers: { enabled: true, slow_first_byte_ms: 300 },
+    });
+    const before = await muted();
+    const res = await sendWith(config, chat("freeze", true));
+    expect(res.status).toBe(200);
+    const text = await res.text();
+    // Its first bytes came through as they were; then the error event, and no [DONE].
+    expect(text.startsWith('data: {"object":"chat.completion.chunk"}\n\n')).toBe(true);
+    const { last, done } = lastEvent(text);
+    expect(done).toBe(false);
+    expect(last).toMatchObject({ error: { type: "server_error", code: "origin_error" } });
+    await vi.waitFor(
+      async () => {
+        const after = await muted();
+        expect(after.frozen).toBe(before.frozen + 1);
+        expect(after.thawed).toBe(before.thawed + 1);
+      },
+      { timeout: 5_000, interval: 50 },
+    );
+  });
+});
