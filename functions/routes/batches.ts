@@ -8,6 +8,7 @@ import { z } from "zod";
 import type { AppEnv } from "../app-env.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { checkCaller, verifyCredential } from "../middleware/auth.ts";
+import { requireApiKey } from "../middleware/api-key-only.ts";
 import { batchIndexKey, fileKey, newBatchId } from "../../contracts/batch-files.ts";
 import { batchingPlan } from "../../contracts/config/plans.ts";
 import type { ModelConfig } from "../../contracts/config/models.ts";
@@ -159,6 +160,7 @@ async function planBatch(c: Context<AppEnv>, inputFileId: string, endpoint: Item
 /** The batches route group, mounted at `/v1/batches`. */
 export const batches = new Hono<AppEnv>()
   .use(verifyCredential())
+  .use(requireApiKey("use the Batch API"))
   .post("/", async (c) => {
     let json: unknown;
     try {

@@ -7,6 +7,7 @@ import { type Context, Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { verifyCredential } from "../middleware/auth.ts";
+import { requireApiKey } from "../middleware/api-key-only.ts";
 import {
   type FileMeta,
   MAX_BATCH_FILE_BYTES,
@@ -104,6 +105,7 @@ async function listQuery(c: Context<AppEnv>) {
 /** The files route group, mounted at `/v1/files`. */
 export const files = new Hono<AppEnv>()
   .use(verifyCredential())
+  .use(requireApiKey("use the Files API"))
   .post("/", async (c) => {
     const { file, purpose } = await uploadedFile(c);
     if (purpose !== "batch") {

@@ -8,7 +8,7 @@
  */
 import { Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
-import type { Credential } from "../accounts/account-client.ts";
+import { apiKeyOnly } from "../middleware/api-key-only.ts";
 import { keyAccount, refusalError } from "../accounts/account-client.ts";
 import type {
   LedgerRecord,
@@ -18,7 +18,7 @@ import type {
 import { picosToUsd, utcDay } from "../../contracts/pricing.ts";
 import { methodNotAllowed } from "../error-handler.ts";
 import { budgetStatusJson } from "./admin/key-payloads.ts";
-import { ApiError, invalidRequest, notFound } from "../../contracts/errors.ts";
+import { invalidRequest, notFound } from "../../contracts/errors.ts";
 import { MAX_USER_LENGTH } from "../request/bounds.ts";
 
 /** Longest range `GET /v1/usage` answers for, in days. */
@@ -176,7 +176,7 @@ export function requestRecordJson(record: LedgerRecord) {
 /** The usage route group, mounted at `/v1/usage`. */
 export const usage = new Hono<AppEnv>()
   .get("/", async (c) => {
-    const credential = apiKeyOnly(c.var.credential);
+    const credential = apiKeyOnly(c.var.credential, "read a key's usage");
     onlyParams(c.req.query(), ["from", "to", "user"]);
     const range = usageRange(c.req.query("from"), c.req.query("to"), Date.now());
     const user = usageUser(c.req.query("user"));
@@ -195,7 +195,7 @@ export const usage = new Hono<AppEnv>()
   })
   .all("/", methodNotAllowed(["GET", "HEAD"]))
   .get("/requests/:id", async (c) => {
-    const credential = apiKeyOnly(c.var.credential);
+    const credential = apiKeyOnly(c.var.credential, "read a key's usage");
     const requestId = c.req.param("id");
     const result = await keyAccount(c.env, credential.keyId).record({
       requestId,
@@ -212,15 +212,6 @@ export const usage = new Hono<AppEnv>()
     return c.json(requestRecordJson(result.record));
   })
   .all("/requests/:id", methodNotAllowed(["GET", "HEAD"]));
-
-// A browser token acts for one end user: the key's spending is not theirs to read.
-function apiKeyOnly(credential: Credential): Extract<Credential, { kind: "key" }> {
-  if (credential.kind === "key") return credential;
-  throw new ApiError(403, "Browser tokens cannot read a key's usage; use the API key.", {
-    type: "permission_error",
-    code: "permission_denied",
-  });
-}
 
 function isDate(value: string): boolean {
   if (!DATE.test(value)) return false;

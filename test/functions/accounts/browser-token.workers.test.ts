@@ -288,3 +288,43 @@ describe("CORS preflight", () => {
     expect(res.headers.get("access-control-allow-origin")).toBeNull();
   });
 });
+
+describe("a key's own business", () => {
+  it("is refused to its browser tokens with 403 permission_denied: usage, files and batches", async () => {
+    const { key } = await createKey({ name: "web-batches" });
+    const { token } = await (await mint(key, { user: "mallory" })).json<Minted>();
+    const form = new FormData();
+    form.set("purpose", "batch");
+    form.set("file", new File(['{"custom_id":"a"}\n'], "in.jsonl"));
+    const calls: [string, string, RequestInit?][] = [
+      ["GET", "/v1/usage"],
+      ["GET", "/v1/usage/requests/req_0123456789abcdef0123456789abcdef"],
+      ["GET", "/v1/files"],
+      ["POST", "/v1/files", { body: form }],
+      ["GET", "/v1/files/file-0123"],
+      ["GET", "/v1/files/file-0123/content"],
+      ["DELETE", "/v1/files/file-0123"],
+      ["GET", "/v1/batches"],
+      ["POST", "/v1/batches", { body: JSON.stringify({ input_file_id: "file-0123" }) }],
+      ["GET", "/v1/batches/batch_0123"],
+      ["POST", "/v1/batches/batch_0123/cancel"],
+    ];
+    for (const [method, path, init] of calls) {
+      const res = await exports.default.fetch(`http://edge.test${path}`, {
+        method,
+        headers: { authorization: `Bearer ${token}` },
+        ...init,
+      });
+      expect([method, path, res.status]).toEqual([method, path, 403]);
+      expect((await res.json<{ error: { code: string; type: string } }>()).error).toMatchObject({
+        type: "permission_error",
+        code: "permission_denied",
+      });
+    }
+    // The key itself is served.
+    const own = await exports.default.fetch("http://edge.test/v1/files", {
+      headers: { authorization: `Bearer ${key}` },
+    });
+    expect(own.status).toBe(200);
+  });
+});
