@@ -311,9 +311,12 @@ export function refusalError(
       return new ApiError(429, message, {
         type: refusal.limit === "tokens" ? "tokens" : "requests",
         code: "rate_limit_exceeded",
+        // A request larger than the limit itself never fits: no wait helps, no SDK retries.
         headers: {
           ...rateLimitHeaders(refusal.rateLimit),
-          ...retryAfterHeaders(refusal.retryAfterMs),
+          ...(refusal.tooLarge
+            ? { "x-should-retry": "false" }
+            : retryAfterHeaders(refusal.retryAfterMs)),
         },
       });
     }

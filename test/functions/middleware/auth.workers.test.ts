@@ -94,6 +94,23 @@ describe("keys on the completion routes", () => {
     });
   });
 
+  it("refuses a request larger than the key's tpm with no retry-after, and tells the SDKs not to retry", async () => {
+    const { key } = await createKey({ name: "tpm-small", limits: { tpm: 1_000 } });
+    const first = await exports.default.fetch(chat(key));
+    expect(first.status).toBe(200);
+    await first.arrayBuffer();
+    const large = await exports.default.fetch(chat(key, { max_tokens: 5_000 }));
+    expect(large.status).toBe(429);
+    // No wait makes it fit: a retry-after would have the SDKs wait for nothing.
+    expect(large.headers.get("retry-after")).toBeNull();
+    expect(large.headers.get("retry-after-ms")).toBeNull();
+    expect(large.headers.get("x-should-retry")).toBe("false");
+    expect(large.headers.get("x-ratelimit-limit-tokens")).toBe("1000");
+    const { error } = await large.json<ErrorBody>();
+    expect(error).toMatchObject({ type: "tokens", code: "rate_limit_exceeded" });
+    expect(error.message).toMatch(/^Request too large/);
+  });
+
   it("refuses a forged key with 401 without calling any Durable Object", async () => {
     const id = newKeyId();
     const { key } = await mintApiKey({ TOKEN_SIGNING_SECRET: "someone-else" }, id);
