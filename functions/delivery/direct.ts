@@ -106,6 +106,8 @@ export const FIRST_BYTE_TIMEOUT = "first byte timeout";
 const GIVEN_UP = "given up: the origin's circuit breaker opened";
 /** Reason it carries when the origin went silent. */
 const SILENT = "the origin went silent";
+/** Reason it carries when its streamed HEAD was late while its origin queued nothing. */
+const LOST = "the origin lost the item: its HEAD is late and it queues nothing";
 /** Reason it carries when its client went away before it opened. */
 const CLIENT_GONE = "the client went away";
 
@@ -163,10 +165,10 @@ export async function openItem(
     client?.removeEventListener("abort", clientGone);
     const reason: unknown = abort.signal.reason;
     abort.abort("attempt abandoned");
-    const timedOut = reason === FIRST_BYTE_TIMEOUT || reason === SILENT;
+    const timedOut = reason === FIRST_BYTE_TIMEOUT || reason === SILENT || reason === LOST;
     return {
       kind: "failed",
-      failure: reason === FIRST_BYTE_TIMEOUT ? "timeout" : failure,
+      failure: reason === FIRST_BYTE_TIMEOUT || reason === LOST ? "timeout" : failure,
       detail,
       originId: origin.id,
       ...(timedOut && { soft: true }),
@@ -192,11 +194,15 @@ export async function openItem(
   let slow: OnTimeTimer | null = null;
   if (options.delivery === "stream") {
     timer = clock.timeout(options.firstByteTimeoutMs, () => abort.abort(FIRST_BYTE_TIMEOUT));
-    // A HEAD late while the origin's reports say it is idle: it lost or hung our work.
+    // A HEAD late while the origin's reports show no queue: it lost or hung our work, which
+    // an engine would have answered at once. Judged slow, and tried elsewhere now.
     slow = watchFirstByte(
       silenceMs,
       () => lastLoad,
-      () => options.onSlowHead?.(),
+      () => {
+        options.onSlowHead?.();
+        abort.abort(LOST);
+      },
       clock,
     );
   }

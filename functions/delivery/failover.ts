@@ -9,25 +9,26 @@
 import { logWarn } from "../../contracts/log.ts";
 import type { Limits } from "../../contracts/config/limits.ts";
 import type { RegionConfig } from "../../contracts/config/regions.ts";
-import {
-  type ApiError,
-  type OriginFailureKind,
-  failedEverywhere,
-  originFailure,
-} from "../../contracts/errors.ts";
+import { type OriginFailureKind, failedEverywhere, originFailure } from "../../contracts/errors.ts";
 import type { Verdict } from "../../contracts/breaker.ts";
-import { judgeHead, retryAfterMs } from "../../contracts/origin-health.ts";
+import { judgeHead } from "../../contracts/origin-health.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { RegionOrigin } from "./origin-pool.ts";
-import { retryAfterHeaders } from "../accounts/rate-limit-headers.ts";
 import type { GivenUp } from "../accounts/settlement.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
 import type { ItemAttempt } from "./direct.ts";
 import type { ItemOpener } from "./opener.ts";
-import { cancelGivenUp } from "./generated.ts";
+import { cancelGivenUp, givenUpAt } from "./generated.ts";
+import { busyEverywhere } from "./refusals.ts";
 import { type AnswerOptions, readWhole, respond, streams } from "./response.ts";
 import type { RetryBudget } from "./retry-budget.ts";
-import { attemptsAllowed, nextAttempt } from "./retry.ts";
+import {
+  type NextAttempt,
+  attemptsAllowed,
+  crossesRegion,
+  nextAttempt,
+  nextCandidates,
+} from "./retry.ts";
 import type { OpenItem } from "./item.ts";
 
 /** What the edge sends and how it reports the end (with what the response lifecycle needs). */
@@ -125,6 +126,8 @@ class Failover {
   // The request timeout bounds every attempt together.
   readonly #deadline: number;
   readonly #avoid: string[] = [];
+  // The candidates in the order tried: re-ranked before each retry (`retry.ts`, level 2).
+  #candidates: readonly RegionOrigin[];
   #failure: OriginFailureKind = "unavailable";
   // How many candidates the request may try (`retry.ts`, level 2).
   readonly #attempts: number;
@@ -138,6 +141,7 @@ class Failover {
     this.#gaveUp = gaveUp;
     this.#now = options.now ?? Date.now;
     this.#deadline = this.#now() + options.limits.requestTimeoutMs;
+    this.#candidates = options.candidates;
     this.#attempts = attemptsAllowed(options.candidates.length, options.limits);
   }
 
@@ -147,14 +151,8 @@ class Failover {
     const attempts = this.#attempts;
     const firstAttempt = options.attempts?.length ?? 0;
     options.retryBudget?.request(this.#now());
-    for (let i = 0; i < attempts; i++) {
-      const next = nextAttempt(i, {
-        signal: options.signal,
-        deadline: this.#deadline,
-        now: this.#now(),
-        limits: options.limits,
-        budget: options.retryBudget,
-      });
+    for (let i = 0; i < attempts && i < this.#candidates.length; i++) {
+      const next = this.#next(i);
       if (next === "timeout") this.#failure = "timeout";
       if (next === "budget_spent") logWarn("retry budget spent", { request_id: options.requestId });
       if (next !== "go") break;
@@ -172,6 +170,23 @@ class Failover {
     throw originFailure(options.candidates.length === 0 ? "unavailable" : this.#failure);
   }
 
+  /** Whether attempt `i` may go, its candidate re-ranked (see `retry.ts`, level 2). */
+  #next(i: number): NextAttempt {
+    const options = this.#options;
+    const rank = (rest: RegionOrigin[]) => options.pool.rerank(rest, this.#now());
+    if (i > 0) this.#candidates = nextCandidates(this.#candidates, i, rank, false) ?? [];
+    const state = { signal: options.signal, deadline: this.#deadline, limits: options.limits };
+    const budget = options.retryBudget;
+    const crossRegion = crossesRegion(this.#candidates, i);
+    const next = nextAttempt(i, { ...state, now: this.#now(), budget, crossRegion });
+    if (next !== "budget_spent") return next;
+    // Spent on retries within regions: a region the request has not tried may still answer.
+    const across = nextCandidates(this.#candidates, i, rank, true);
+    if (across === null) return next;
+    this.#candidates = across;
+    return "go";
+  }
+
   /** Counts the 5xx of the origins that waited for another opinion. */
   convictSuspects(): void {
     for (const { candidate, originId } of this.#suspects) {
@@ -183,7 +198,7 @@ class Failover {
   /** Whether a candidate after `index` is in a region none of the suspects is in. */
   #regionLeftToAsk(index: number): boolean {
     const asked = new Set(this.#suspects.map((suspect) => suspect.candidate.region.id));
-    return this.#options.candidates
+    return this.#candidates
       .slice(index + 1, this.#attempts)
       .some((candidate) => !asked.has(candidate.region.id));
   }
@@ -191,7 +206,7 @@ class Failover {
   /** Opens attempt `n` of the request at candidate `i`; a final refusal throws. */
   async #attempt(i: number, n: number, last: boolean): Promise<Opened> {
     const options = this.#options;
-    const candidate = options.candidates[i] as RegionOrigin;
+    const candidate = this.#candidates[i] as RegionOrigin;
     const planned = candidate.origin.id;
     options.pool.begin(planned);
     let unwatch: (() => void) | null = null;
@@ -246,7 +261,9 @@ class Failover {
     // (an origin not named, only when its opener says so).
     const named = attempt.originId !== null && attempt.failure !== "unavailable";
     if (named || attempt.mayHaveRun === true) {
-      this.#gaveUp.push(...givenUp(options, attempt.originId, itemId, candidate.region.id));
+      this.#gaveUp.push(
+        ...givenUpAt(options.candidates, attempt.originId, itemId, candidate.region.id),
+      );
     }
     // Its client left: the origin is no worse for it, and no other is tried (`nextAttempt`).
     if (attempt.clientGone === true) return;
@@ -347,7 +364,7 @@ class Failover {
     if (!read.timedOut) onEnd(cut ? "failed" : "ok");
     const retry = cut && !last && this.#now() < this.#deadline && options.signal?.aborted !== true;
     if (retry) {
-      this.#gaveUp.push(...givenUp(options, originId, itemId, candidate.region.id));
+      this.#gaveUp.push(...givenUpAt(options.candidates, originId, itemId, candidate.region.id));
       this.#avoid.push(originId);
       this.#quarantine(candidate, originId);
       this.#failure = "bad_answer";
@@ -370,31 +387,4 @@ class Failover {
     const quarantineMs = this.#options.quarantineMs?.(candidate.region);
     this.#options.pool.reportFailure(originId, this.#now(), quarantineMs);
   }
-}
-
-/**
- * Attempt `itemId`, given up on at origin `originId` (none for an origin not configured), or
- * at any origin of region `region` when which one is not known (a Batcher's item).
- */
-function givenUp(
-  options: DispatchOptions,
-  originId: string | null,
-  itemId: string,
-  region: string,
-): GivenUp[] {
-  const at = options.candidates.filter((candidate) =>
-    originId === null ? candidate.region.id === region : candidate.origin.id === originId,
-  );
-  return (originId === null ? at : at.slice(0, 1)).map((candidate) => ({
-    region: candidate.region.id,
-    origin: candidate.origin,
-    itemId,
-  }));
-}
-
-/** 503 `no_healthy_origin` for a request whose last origin was busy, with its retry-after. */
-function busyEverywhere(headers: Record<string, string>): ApiError {
-  const error = originFailure("unavailable");
-  Object.assign(error.headers, retryAfterHeaders(retryAfterMs(headers)));
-  return error;
 }

@@ -162,3 +162,23 @@ export function originsNamed(
   }
   return [...found.values()];
 }
+
+/**
+ * Attempt `itemId`, given up on at origin `originId` (none for an origin not configured), or
+ * at any origin of region `region` when which one is not known (a Batcher's item).
+ */
+export function givenUpAt(
+  candidates: readonly RegionOrigin[],
+  originId: string | null,
+  itemId: string,
+  region: string,
+): GivenUp[] {
+  const at = candidates.filter((candidate) =>
+    originId === null ? candidate.region.id === region : candidate.origin.id === originId,
+  );
+  return (originId === null ? at : at.slice(0, 1)).map((candidate) => ({
+    region: candidate.region.id,
+    origin: candidate.origin,
+    itemId,
+  }));
+}

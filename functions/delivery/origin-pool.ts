@@ -47,6 +47,11 @@ export class OriginPool {
     return this.#health.rank(ordered, (c) => c.origin.id, now);
   }
 
+  /** `candidates` with those quarantined or busy at `now` last, each group in its order. */
+  rerank(candidates: readonly RegionOrigin[], now: number): RegionOrigin[] {
+    return this.#health.rank(candidates, (c) => c.origin.id, now);
+  }
+
   /** The region's origins whose breaker keeps requests away (a Batcher must not pick them). */
   blocked(region: RegionConfig): string[] {
     return region.origins.filter((o) => !this.#health.usable(o.id)).map((o) => o.id);

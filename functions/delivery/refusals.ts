@@ -4,7 +4,8 @@
  * and `retry-after`;
  * every other failure is an attempt that another region's origins may still serve.
  */
-import { ApiError, type OriginFailureKind } from "../../contracts/errors.ts";
+import { ApiError, type OriginFailureKind, originFailure } from "../../contracts/errors.ts";
+import { retryAfterMs as askedToWait } from "../../contracts/origin-health.ts";
 import type {
   BatcherFailureCode,
   BatcherFailureTrailer,
@@ -87,4 +88,11 @@ export function queueTimeout(status: 429 | 503, retryAfterMs: number): ApiError 
       headers: retryAfterHeaders(retryAfterMs),
     },
   );
+}
+
+/** 503 `no_healthy_origin` for a request whose last origin was busy, with its retry-after. */
+export function busyEverywhere(headers: Record<string, string>): ApiError {
+  const error = originFailure("unavailable");
+  Object.assign(error.headers, retryAfterHeaders(askedToWait(headers)));
+  return error;
 }

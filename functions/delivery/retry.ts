@@ -5,14 +5,16 @@
  * 1. model: an alias's next admitted model, when one has no origin that answers
  *    ({@link fallsBack}; run by `model-fallback.ts`);
  * 2. origin: the next candidate, before the first byte reached the client, within
- *    `limits.retry_budget` and the isolate's retry budget ({@link nextAttempt}; run by
- *    `failover.ts`);
+ *    `limits.retry_budget` and the isolate's retry budget, which a retry into a region the
+ *    request has not tried does not spend ({@link nextAttempt}, {@link nextCandidates}; run
+ *    by `failover.ts`);
  * 3. credential: the origin's next credential when one is refused (401 or 429), at once
  *    within one call (`postBatchWithCredentials`, `contracts/upstream.ts`, the Batcher's too).
  */
 import type { Limits } from "../../contracts/config/limits.ts";
 import { ApiError } from "../../contracts/errors.ts";
 import { RETRY_WINDOW_MS, type RetryBudget } from "./retry-budget.ts";
+import type { RegionOrigin } from "./origin-pool.ts";
 
 // The origin failures after which another model may still answer (see errors.ts).
 const FALLBACK_CODES = new Set(["no_healthy_origin", "origin_error", "origin_timeout"]);
@@ -33,7 +35,9 @@ export type NextAttempt = "go" | "client_gone" | "timeout" | "budget_spent";
 /**
  * Level 2: whether attempt `i` may be made. A client that went away wants no other origin
  * tried; the request timeout bounds every attempt together; a retry spends the isolate's
- * retry budget (`limits.retry_ratio`, `retry_floor`), so an outage cannot become a storm.
+ * retry budget (`limits.retry_ratio`, `retry_floor`), so an outage cannot become a storm,
+ * except a retry into a region the request has not tried (`crossRegion`): that is failover,
+ * which a region's outage must not run out of, and it happens once a region per request.
  */
 export function nextAttempt(
   i: number,
@@ -43,15 +47,41 @@ export function nextAttempt(
     now: number;
     limits: Limits;
     budget: RetryBudget | undefined;
+    crossRegion?: boolean;
   },
 ): NextAttempt {
   if (i === 0) return "go";
   if (state.signal?.aborted === true) return "client_gone";
   if (state.now >= state.deadline) return "timeout";
+  if (state.crossRegion === true) return "go";
   const { retryRatio: ratio, retryFloor: floor } = state.limits;
   const settings = { ratio, floor, windowMs: RETRY_WINDOW_MS };
   if (state.budget !== undefined && !state.budget.retry(state.now, settings)) {
     return "budget_spent";
   }
   return "go";
+}
+
+/**
+ * Level 2: the candidates from attempt `i` on, in the order to try them now. What failed
+ * since the request was ranked (its own attempts, or other requests') goes last (`rank`);
+ * with the isolate's retry budget spent (`budgetSpent`), a region the request has not tried
+ * comes first, so that failover still reaches it; null when none is left.
+ */
+export function nextCandidates(
+  candidates: readonly RegionOrigin[],
+  i: number,
+  rank: (rest: RegionOrigin[]) => RegionOrigin[],
+  budgetSpent: boolean,
+): RegionOrigin[] | null {
+  const tried = new Set(candidates.slice(0, i).map((candidate) => candidate.region.id));
+  let rest = rank(candidates.slice(i));
+  if (budgetSpent) rest = rest.filter((candidate) => !tried.has(candidate.region.id));
+  return rest.length === 0 ? null : [...candidates.slice(0, i), ...rest];
+}
+
+/** Whether attempt `i` goes into a region none of the attempts before it tried. */
+export function crossesRegion(candidates: readonly RegionOrigin[], i: number): boolean {
+  const region = candidates[i]?.region.id;
+  return i > 0 && !candidates.slice(0, i).some((candidate) => candidate.region.id === region);
 }

@@ -140,6 +140,28 @@ describe("a frozen origin", () => {
   });
 });
 
+describe("a stream straight to an origin that lost it", () => {
+  // A first-byte timeout of 30 s, and a breaker that never opens: only the late HEAD tells.
+  it("is tried at the next origin once its HEAD is slow_first_byte_ms late with no queue there", async () => {
+    const tag = "lost-stream";
+    const config = configOf(
+      tag,
+      false,
+      { slow_first_byte_ms: 200, consecutive_failures: 1_000 },
+      30_000,
+    );
+    await setFaults("breaker-1", { hangRate: 1 });
+    const res = await send(
+      config,
+      edgeRequest("/v1/chat/completions", { body: chatBody({ stream: true }) }),
+    );
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-warmgate-origin")).toBe(`breaker-2@${tag}`);
+    expect(res.headers.get("x-warmgate-attempts")).toBe("2");
+    expect(await res.text()).toContain("[DONE]");
+  });
+});
+
 describe.each([
   ["straight to the origin", false],
   ["through the Batcher", true],
@@ -301,6 +323,27 @@ for (const batching of [false, true]) {
           (v) => (v?.failures ?? 0) > 0,
         );
         expect(view?.failures).toBe(1);
+      }
+    });
+
+    it("is failed over to the next region by a burst that spent the isolate's retry budget", async () => {
+      const tag = `region-burst-${batching}`;
+      // No retry within a region is left in the budget: failover across regions needs none.
+      const config = JSON.stringify({
+        ...JSON.parse(twoRegions(tag, batching)),
+        limits: { first_byte_timeout_ms: 5_000, retry_budget: 2, retry_floor: 0, retry_ratio: 0 },
+      });
+      for (const id of ["breaker-1", "breaker-2"]) {
+        await setFaults(id, { errorRate: 1, errorStatuses: [500] });
+      }
+      const burst = await Promise.all(
+        Array.from({ length: 12 }, () =>
+          send(config, edgeRequest("/v1/chat/completions", { body: chatBody() })),
+        ),
+      );
+      for (const res of burst) {
+        expect(res.status).toBe(200);
+        expect(res.headers.get("x-warmgate-origin")).toBe(`breaker-3@${tag}`);
       }
     });
 
