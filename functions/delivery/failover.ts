@@ -156,7 +156,8 @@ class Failover {
       if (next === "timeout") this.#failure = "timeout";
       if (next === "budget_spent") logWarn("retry budget spent", { request_id: options.requestId });
       if (next !== "go") break;
-      const opened = await this.#attempt(i, firstAttempt + i, i === attempts - 1);
+      const last = i === Math.min(attempts, this.#candidates.length) - 1;
+      const opened = await this.#attempt(i, firstAttempt + i, last);
       if (opened.attempt.kind === "failed") {
         this.#failed(opened, opened.attempt);
         continue;
@@ -174,7 +175,12 @@ class Failover {
   #next(i: number): NextAttempt {
     const options = this.#options;
     const rank = (rest: RegionOrigin[]) => options.pool.rerank(rest, this.#now());
-    if (i > 0) this.#candidates = nextCandidates(this.#candidates, i, rank, false) ?? [];
+    if (i > 0) {
+      // Those whose breaker opened meanwhile are out: none may be left.
+      const order = nextCandidates(this.#candidates, i, rank, false);
+      if (order === null) return "none_left";
+      this.#candidates = order;
+    }
     const state = { signal: options.signal, deadline: this.#deadline, limits: options.limits };
     const budget = options.retryBudget;
     const crossRegion = crossesRegion(this.#candidates, i);

@@ -30,7 +30,7 @@ export function attemptsAllowed(candidates: number, limits: Limits): number {
 }
 
 /** Whether attempt `i` may go: `go`, or why the request stops trying other origins. */
-export type NextAttempt = "go" | "client_gone" | "timeout" | "budget_spent";
+export type NextAttempt = "go" | "client_gone" | "timeout" | "budget_spent" | "none_left";
 
 /**
  * Level 2: whether attempt `i` may be made. A client that went away wants no other origin
