@@ -13,10 +13,8 @@ import {
   BATCH_PROTOCOL_VERSION,
   type BatchRequest,
   type CancelRequest,
-  type ItemRecord,
   OUTCOMES_PATH,
   type OutcomesRequest,
-  OutcomesResponseSchema,
   requestIdOf,
 } from "./protocol/schema.ts";
 import { BATCH_CONTENT_TYPE, type Frame, FrameDecoder, FrameType } from "./protocol/framing.ts";
@@ -127,45 +125,30 @@ export async function cancelBatchItems(
   }
 }
 
-/** What an origin said of one item: whether it answered, and its record if it has one. */
-export interface ItemLookup {
-  answered: boolean;
-  record: ItemRecord | null;
-}
-
 /**
- * Asks an origin how item `itemId` stands (`POST /v1/batch/outcomes`), waiting at most `ms`
- * of this thread's on-time. A raw body carries no heartbeat and no END: this is how the edge
- * tells an origin that froze, and how the item ended.
+ * Whether an origin answers a lookup of item `itemId`'s outcome (`POST /v1/batch/outcomes`)
+ * within `ms` of this thread's on-time: a raw body carries no heartbeat, so this is how the
+ * edge tells an origin that froze. Any answer is an origin that is there.
  */
-export async function lookupItem(
+export async function originAnswers(
   origin: UpstreamOrigin,
   itemId: string,
   ms: number,
-): Promise<ItemLookup> {
+): Promise<boolean> {
   const abort = new AbortController();
   const timer = onTimeClock(ms).timeout(ms, () => abort.abort("no answer"));
   const body: OutcomesRequest = { ids: [requestIdOf(itemId)] };
   try {
-    let response: Response;
-    try {
-      response = await fetch(new URL(OUTCOMES_PATH, origin.url), {
-        method: "POST",
-        headers: originHeaders(origin, { "content-type": "application/json" }),
-        body: JSON.stringify(body),
-        signal: abort.signal,
-      });
-    } catch {
-      return { answered: false, record: null };
-    }
-    // Any answer is an origin that is there; only a good one tells of the item.
-    if (!response.ok) {
-      await response.body?.cancel().catch(() => {});
-      return { answered: true, record: null };
-    }
-    const parsed = OutcomesResponseSchema.safeParse(await response.json().catch(() => null));
-    const record = parsed.success ? parsed.data.items.find((item) => item.id === itemId) : null;
-    return { answered: true, record: record ?? null };
+    const response = await fetch(new URL(OUTCOMES_PATH, origin.url), {
+      method: "POST",
+      headers: originHeaders(origin, { "content-type": "application/json" }),
+      body: JSON.stringify(body),
+      signal: abort.signal,
+    });
+    await response.body?.cancel().catch(() => {});
+    return true;
+  } catch {
+    return false;
   } finally {
     timer.stop();
   }

@@ -23,7 +23,7 @@ import {
   describe,
   readFrameList,
   frameReader,
-  lookupItem,
+  originAnswers,
   postBatchWithCredentials,
   rawFrameReader,
   silenceWatchdog,
@@ -278,7 +278,7 @@ export async function openItem(
     const item = rawItem(head, first, body, {
       // For a batch of one, closing the call cancels the item on the origin.
       close: () => abort.abort("client went away"),
-      lookup: (ms) => lookupItem(currentUpstream(credentialed), options.requestId, ms),
+      answers: (ms) => originAnswers(currentUpstream(credentialed), options.requestId, ms),
       silenceMs,
     });
     return { kind: "open", item, originId: origin.id };

@@ -187,7 +187,8 @@ class Failover {
     const next = nextAttempt(i, { ...state, now: this.#now(), budget, crossRegion });
     if (next !== "budget_spent") return next;
     // Spent on retries within regions: a region the request has not tried may still answer.
-    const across = nextCandidates(this.#candidates, i, rank, true);
+    // The candidates left were just ranked.
+    const across = nextCandidates(this.#candidates, i, (rest) => rest, true);
     if (across === null) return next;
     this.#candidates = across;
     return "go";

@@ -8,7 +8,7 @@
 import { errorEvent, originFailure } from "../../contracts/errors.ts";
 import type { ItemHead } from "../../contracts/protocol/schema.ts";
 import { concatBytes } from "../../contracts/protocol/framing.ts";
-import { type ItemLookup, describe } from "../../contracts/upstream.ts";
+import { describe } from "../../contracts/upstream.ts";
 import { type OnTimeTimer, onTimeClock } from "../../contracts/on-time.ts";
 import type { ItemEnd, ItemStream, OpenItem } from "./item.ts";
 
@@ -16,12 +16,10 @@ import type { ItemEnd, ItemStream, OpenItem } from "./item.ts";
 export interface RawItemControls {
   /** Closes its call: the origin cancels an item whose call closed and records what it made. */
   close(): void;
-  /** Asks its origin for its record, waiting at most `ms` of this thread's on-time. */
-  lookup(ms: number): Promise<ItemLookup>;
+  /** Whether its origin answers within `ms` of this thread's on-time. */
+  answers(ms: number): Promise<boolean>;
   /** An origin that answers no probe for this long is frozen: the stream is cut. */
   silenceMs: number;
-  /** The item's call ended. */
-  onDone?: () => void;
 }
 
 /** Why the edge stopped a raw body's pipe. */
@@ -57,7 +55,6 @@ export function rawItem(
       } catch (error) {
         end = { kind: "broken", detail: `read: ${describe(error)}` };
       }
-      controls.onDone?.();
       return { body: concatBytes([first, rest]), end };
     },
     cancel() {
@@ -66,7 +63,6 @@ export function rawItem(
         body.cancel().catch(() => {});
       }
       controls.close();
-      controls.onDone?.();
     },
   };
 }
@@ -125,7 +121,7 @@ class RawStream {
     if (!Number.isFinite(silenceMs)) return;
     const clock = onTimeClock(silenceMs);
     const check = () => {
-      void this.#controls.lookup(silenceMs).then(({ answered }) => {
+      void this.#controls.answers(silenceMs).then((answered) => {
         if (this.#stop.signal.aborted || this.#watch === null) return;
         if (!answered) this.#halt("silent");
         else this.#watch.timer = clock.timeout(silenceMs, check);
@@ -162,7 +158,6 @@ class RawStream {
     }
     this.#watch?.stop();
     this.#watch = null;
-    this.#controls.onDone?.();
     this.#ended.resolve(how);
   }
 
