@@ -53,6 +53,12 @@ export interface StreamRecord {
   start: number;
   ttftMs: number;
   requestId: string | null;
+  /** The origin's own TTFT of the stream (from its outcome record), when it was found. */
+  originTtftMs?: number;
+  /** The origin that ran it. */
+  origin?: string;
+  /** How long it waited at the origin for the engine to admit it. */
+  originQueuedMs?: number;
 }
 
 /** What a run of interactive streams did. */
@@ -245,7 +251,9 @@ export function windowRows(
   const window = (interactive: Interactive, ranges: [number, number][], skipRestart: boolean) => {
     const inside = (t: number) =>
       ranges.some(([from, to]) => t >= from && t <= to) && (!skipRestart || outside(t));
-    const ttft = summarize(interactive.samples.filter((s) => inside(s.start)).map((s) => s.ttftMs));
+    const samples = interactive.samples.filter((s) => inside(s.start));
+    const ttft = summarize(samples.map((s) => s.ttftMs));
+    const originTtft = summarize(samples.flatMap((s) => s.originTtftMs ?? []));
     const load = run.load.filter((s) => inside(s.at));
     const mean = (f: (s: LoadSample) => number) =>
       load.length === 0 ? 0 : load.reduce((sum, s) => sum + f(s), 0) / load.length;
@@ -254,6 +262,7 @@ export function windowRows(
       errors: interactive.errors.filter((e) => inside(e.at)).length,
       ttftP50: ttft.p50,
       ttftP99: ttft.p99,
+      originTtftP99: originTtft.p99,
       edgeCpu: edgeCpuShare(run.cpu, inside),
       slotsBusy: mean((s) => Math.min(1, s.running / options.slots)),
       fillableBusy: mean((s) => Math.min(1, s.running / fillable)),
@@ -279,6 +288,7 @@ export function windowRows(
     String(w.errors),
     fmt(w.ttftP50, 1),
     fmt(w.ttftP99, 1),
+    fmt(w.originTtftP99, 1),
     `${fmt(w.edgeCpu * 100, 0)}%`,
     `${fmt(w.slotsBusy * 100, 1)}%`,
     `${fmt(w.fillableBusy * 100, 1)}%`,

@@ -23,6 +23,7 @@ import {
 } from "./batch-api-report.ts";
 import { utilisationChart } from "./batch-api-chart.ts";
 import { benchCommand, markdownTable, stopOnSignal, writeResult, writeResultFile } from "./lib.ts";
+import { readOriginItems } from "./chaos-lookup.ts";
 import { workerdPid } from "./processes.ts";
 import { DEV_KEY_LIMITS, createKey, startStack } from "../scripts/stack.ts";
 
@@ -186,6 +187,21 @@ try {
     customIds,
     origins,
   });
+  // The origins' own TTFT of each interactive stream: what of the client's the edge adds.
+  const streams = [...alone.samples, ...withBatch.samples, ...again.samples];
+  const items = await readOriginItems(
+    origins,
+    streams.flatMap((s) => s.requestId ?? []),
+  );
+  for (const sample of streams) {
+    for (const item of items?.get(sample.requestId ?? "") ?? []) {
+      if (item.state === "ended" && item.timing?.ttft_ms != null) {
+        sample.originTtftMs = item.timing.ttft_ms;
+        sample.origin = item.origin;
+        sample.originQueuedMs = item.timing.queued_ms;
+      }
+    }
+  }
   // The origins' background lanes: lines run to the end (the batch key runs nothing else
   // there), answered again from a kept answer, stopped for interactive requests.
   const after = await originBackground(origins);
@@ -243,6 +259,7 @@ console.log(
       "errors",
       "TTFT p50 ms",
       "TTFT p99 ms",
+      "origin's TTFT p99 ms",
       "edge CPU (one core)",
       "origin slots busy",
       "batch-fillable slots busy",
@@ -280,6 +297,9 @@ const path = await writeResult(RESULT, {
   phases,
   batchSeconds: result.batchSeconds,
   windows: windows.summary,
+  slowest: [...result.alone.samples, ...result.withBatch.samples]
+    .toSorted((a, b) => b.ttftMs - a.ttftMs)
+    .slice(0, 40),
   audit: result.audit,
   background,
   targets,
