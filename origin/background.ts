@@ -1,11 +1,11 @@
 /**
  * Background items on an origin (origin/PROTOCOL.md, "Background items"): items the edge
- * marks `background` (Batch API lines) wait here, outside the engine, and enter it only
- * into running slots that interactive items leave, beyond a reserve; an interactive item
- * that finds every slot taken preempts the background item started last, which runs again
- * from the head of the queue. A background item's answer is whole before it leaves, and an
- * answer that ended `ok` is kept by item id for a while: the same id sent again gets it
- * back without running (an edge that restarted before the answer reached its storage).
+ * marks `background` (Batch API lines) wait here and enter the engine only into running
+ * slots interactive items leave, beyond a reserve, one per engine step and never while
+ * prefill waits, so their prefill never lengthens a step much; an interactive item that finds
+ * every slot taken preempts the background item started last (it runs again first). An
+ * answer is whole before it leaves; one that ended `ok` is kept by item id for a while, and
+ * the same id sent again gets it back without running (an edge restarted before storing it).
  */
 import type { EngineItem, EngineOutcome, EngineResponse } from "./engine.ts";
 import type { LoadReport } from "../contracts/protocol/schema.ts";
@@ -18,6 +18,8 @@ export const ANSWER_TTL_MS = 15 * 60_000;
 export const MAX_ANSWER_BYTES = 256 * 1024 * 1024;
 /** How often queued background items look for a free slot between item events, ms. */
 const POLL_MS = 50;
+/** Shortest wait before looking again for an item held back by the engine's step. */
+const MIN_PACE_MS = 2;
 
 /**
  * Most background items an engine of `maxNumSeqs` running slots runs at once, leaving
@@ -66,6 +68,10 @@ export class BackgroundLane {
   #slots: Slot[] = [];
   #interactive = 0;
   #timer: ReturnType<typeof setTimeout> | null = null;
+  /** When the timer fires (performance.now()). */
+  #timerAt = 0;
+  /** When the last background item entered the engine (performance.now()). */
+  #lastStart = Number.NEGATIVE_INFINITY;
   readonly #answers = new Map<string, Answer>();
   #answerBytes = 0;
   /** Background items stopped to give their slot to an interactive item. */
@@ -199,26 +205,51 @@ export class BackgroundLane {
     this.#pump();
   }
 
-  /** Starts queued items while the engine has slots free beyond the reserve. */
+  /**
+   * Starts queued items while the engine has slots free beyond the reserve: one per engine
+   * step, and none while the engine has prompt tokens waiting for prefill, so that a
+   * background item's prefill joins a step alone instead of lengthening it by a crowd's.
+   */
   #pump(): void {
+    let retryMs = POLL_MS;
     while (this.#queue.length > 0) {
       const load = this.#load();
       const max = load.max_num_seqs;
       const cap = backgroundCap(max, this.#reserveShare);
       const occupied = max > 0 ? Math.max(load.running + load.waiting, this.#own()) : this.#own();
       if (occupied >= cap) break;
+      const paceMs = this.#paceMs(load);
+      if (paceMs > 0) {
+        retryMs = Math.max(MIN_PACE_MS, paceMs);
+        break;
+      }
       const waiter = this.#queue.shift();
       if (waiter === undefined) break;
       const slot: Slot = { controller: new AbortController() };
       this.#slots.push(slot);
+      this.#lastStart = performance.now();
       waiter.resolve(slot);
     }
-    if (this.#queue.length > 0 && this.#timer === null) {
-      this.#timer = setTimeout(() => {
-        this.#timer = null;
-        this.#pump();
-      }, POLL_MS);
-    }
+    if (this.#queue.length === 0) return;
+    const at = performance.now() + retryMs;
+    if (this.#timer !== null && this.#timerAt <= at) return;
+    if (this.#timer !== null) clearTimeout(this.#timer);
+    this.#timerAt = at;
+    this.#timer = setTimeout(() => {
+      this.#timer = null;
+      this.#pump();
+    }, retryMs);
+  }
+
+  /**
+   * How long the next background item waits for the engine's step: an engine that reports
+   * its step time takes one a step, and none while its prefill backlog is not empty.
+   */
+  #paceMs(load: Omit<LoadReport, "origin" | "t">): number {
+    const stepMs = load.step_ms ?? 0;
+    if (stepMs <= 0) return 0;
+    if ((load.prefill_backlog_tokens ?? 0) > 0) return stepMs;
+    return Math.max(0, this.#lastStart + stepMs - performance.now());
   }
 
   #kept(id: string): Answer | undefined {

@@ -1,4 +1,4 @@
-import { describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it, vi } from "vitest";
 import { BackgroundLane } from "../../origin/background.ts";
 import type { EngineItem, EngineOutcome, EngineResponse } from "../../origin/engine.ts";
 import { IDLE_LOAD } from "../../contracts/protocol/schema.ts";
@@ -177,5 +177,57 @@ describe("background items on an origin", () => {
     await expect(waiting).resolves.toBeNull();
     expect(engine.submitted).toEqual(["chat-1"]);
     expect(lane.queued).toBe(0);
+  });
+});
+
+describe("background items paced by the engine's steps", () => {
+  afterEach(() => {
+    vi.useRealTimers();
+  });
+
+  /** {@link heldEngine} whose load reports a step time and a prefill backlog the test sets. */
+  function steppedEngine(stepMs: number) {
+    const engine = heldEngine(10);
+    const state = { backlog: 0 };
+    const load = () => ({
+      ...engine.load(),
+      step_ms: stepMs,
+      prefill_backlog_tokens: state.backlog,
+    });
+    return { ...engine, load, state };
+  }
+
+  it("starts one background item per engine step, not a crowd at once", async () => {
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "performance"] });
+    const engine = steppedEngine(20);
+    const lane = new BackgroundLane(engine.load, { reserveShare: 0.2 });
+    for (let i = 0; i < 4; i++) void lane.run(engineItem(`line-${i}`), engine.submit);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(engine.submitted).toEqual(["line-0"]);
+    await vi.advanceTimersByTimeAsync(20);
+    expect(engine.submitted).toEqual(["line-0", "line-1"]);
+    await vi.advanceTimersByTimeAsync(40);
+    expect(engine.submitted).toEqual(["line-0", "line-1", "line-2", "line-3"]);
+    for (let i = 0; i < 4; i++) engine.finish(`line-${i}`);
+    await vi.advanceTimersByTimeAsync(0);
+    lane.close();
+  });
+
+  it("starts no background item while the engine has prompt tokens waiting for prefill", async () => {
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "performance"] });
+    const engine = steppedEngine(5);
+    engine.state.backlog = 700;
+    const lane = new BackgroundLane(engine.load, { reserveShare: 0.2 });
+    const run = lane.run(engineItem("line-0"), engine.submit).then(text);
+    await vi.advanceTimersByTimeAsync(200);
+    expect(engine.submitted).toEqual([]);
+    expect(lane.queued).toBe(1);
+    // The backlog prefilled: the item starts within a step, without any item event.
+    engine.state.backlog = 0;
+    await vi.advanceTimersByTimeAsync(5);
+    expect(engine.submitted).toEqual(["line-0"]);
+    engine.finish("line-0");
+    await expect(run).resolves.toBe("answer of line-0");
+    lane.close();
   });
 });
