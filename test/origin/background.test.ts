@@ -180,22 +180,22 @@ describe("background items on an origin", () => {
   });
 });
 
+/** {@link heldEngine} whose load reports a step time and a prefill backlog the test sets. */
+function steppedEngine(stepMs: number) {
+  const engine = heldEngine(10);
+  const state = { backlog: 0 };
+  const load = () => ({
+    ...engine.load(),
+    step_ms: stepMs,
+    prefill_backlog_tokens: state.backlog,
+  });
+  return { ...engine, load, state };
+}
+
 describe("background items paced by the engine's steps", () => {
   afterEach(() => {
     vi.useRealTimers();
   });
-
-  /** {@link heldEngine} whose load reports a step time and a prefill backlog the test sets. */
-  function steppedEngine(stepMs: number) {
-    const engine = heldEngine(10);
-    const state = { backlog: 0 };
-    const load = () => ({
-      ...engine.load(),
-      step_ms: stepMs,
-      prefill_backlog_tokens: state.backlog,
-    });
-    return { ...engine, load, state };
-  }
 
   it("starts one background item per engine step, not a crowd at once", async () => {
     vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "performance"] });
