@@ -1,7 +1,7 @@
 /**
  * Background items on an origin (origin/PROTOCOL.md, "Background items"): items the edge
  * marks `background` (Batch API lines) wait here and enter the engine only into running
- * slots interactive items leave, beyond a reserve, one per engine step and never while
+ * slots interactive items leave, beyond a reserve, a few per engine step and never while
  * prefill waits, so their prefill never lengthens a step much; an interactive item that finds
  * every slot taken preempts the background item started last (it runs again first). An
  * answer is whole before it leaves; one that ended `ok` is kept by item id for a while, and
@@ -20,6 +20,11 @@ export const MAX_ANSWER_BYTES = 256 * 1024 * 1024;
 const POLL_MS = 50;
 /** Shortest wait before looking again for an item held back by the engine's step. */
 const MIN_PACE_MS = 2;
+/**
+ * Steps over which background items may fill their whole cap: one item a step for an engine
+ * of up to 32 slots, more for larger ones, so that short lines still keep every slot busy.
+ */
+export const BACKGROUND_REFILL_STEPS = 32;
 
 /**
  * Most background items an engine of `maxNumSeqs` running slots runs at once, leaving
@@ -70,8 +75,9 @@ export class BackgroundLane {
   #timer: ReturnType<typeof setTimeout> | null = null;
   /** When the timer fires (performance.now()). */
   #timerAt = 0;
-  /** When the last background item entered the engine (performance.now()). */
-  #lastStart = Number.NEGATIVE_INFINITY;
+  /** When the current step's window of starts began (performance.now()), and its starts. */
+  #stepStart = Number.NEGATIVE_INFINITY;
+  #stepStarts = 0;
   readonly #answers = new Map<string, Answer>();
   #answerBytes = 0;
   /** Background items stopped to give their slot to an interactive item. */
@@ -206,9 +212,9 @@ export class BackgroundLane {
   }
 
   /**
-   * Starts queued items while the engine has slots free beyond the reserve: one per engine
-   * step, and none while the engine has prompt tokens waiting for prefill, so that a
-   * background item's prefill joins a step alone instead of lengthening it by a crowd's.
+   * Starts queued items while the engine has slots free beyond the reserve, paced by the
+   * engine's steps and none while it has prompt tokens waiting for prefill, so that a step
+   * takes a few background prefills instead of being lengthened by a crowd's.
    */
   #pump(): void {
     let retryMs = POLL_MS;
@@ -227,7 +233,7 @@ export class BackgroundLane {
       if (waiter === undefined) break;
       const slot: Slot = { controller: new AbortController() };
       this.#slots.push(slot);
-      this.#lastStart = performance.now();
+      this.#stepStarts++;
       waiter.resolve(slot);
     }
     if (this.#queue.length === 0) return;
@@ -243,13 +249,22 @@ export class BackgroundLane {
 
   /**
    * How long the next background item waits for the engine's step: an engine that reports
-   * its step time takes one a step, and none while its prefill backlog is not empty.
+   * its step time takes a cap's worth over {@link BACKGROUND_REFILL_STEPS} steps (at least one
+   * a step), and none while its prefill backlog is not empty.
    */
   #paceMs(load: Omit<LoadReport, "origin" | "t">): number {
     const stepMs = load.step_ms ?? 0;
     if (stepMs <= 0) return 0;
     if ((load.prefill_backlog_tokens ?? 0) > 0) return stepMs;
-    return Math.max(0, this.#lastStart + stepMs - performance.now());
+    const now = performance.now();
+    if (now - this.#stepStart >= stepMs) {
+      this.#stepStart = now;
+      this.#stepStarts = 0;
+    }
+    const perStep = Math.ceil(
+      backgroundCap(load.max_num_seqs, this.#reserveShare) / BACKGROUND_REFILL_STEPS,
+    );
+    return this.#stepStarts < Math.max(1, perStep) ? 0 : this.#stepStart + stepMs - now;
   }
 
   #kept(id: string): Answer | undefined {

@@ -181,8 +181,8 @@ describe("background items on an origin", () => {
 });
 
 /** {@link heldEngine} whose load reports a step time and a prefill backlog the test sets. */
-function steppedEngine(stepMs: number) {
-  const engine = heldEngine(10);
+function steppedEngine(stepMs: number, slots = 10) {
+  const engine = heldEngine(slots);
   const state = { backlog: 0 };
   const load = () => ({
     ...engine.load(),
@@ -209,6 +209,23 @@ describe("background items paced by the engine's steps", () => {
     await vi.advanceTimersByTimeAsync(40);
     expect(engine.submitted).toEqual(["line-0", "line-1", "line-2", "line-3"]);
     for (let i = 0; i < 4; i++) engine.finish(`line-${i}`);
+    await vi.advanceTimersByTimeAsync(0);
+    lane.close();
+  });
+
+  it("starts a larger engine's cap over a bounded number of steps, a few a step", async () => {
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "performance"] });
+    // 256 slots less a 10% reserve: 230 background items at most, 8 a step.
+    const engine = steppedEngine(20, 256);
+    const lane = new BackgroundLane(engine.load, { reserveShare: 0.1 });
+    for (let i = 0; i < 20; i++) void lane.run(engineItem(`line-${i}`), engine.submit);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(engine.submitted).toHaveLength(8);
+    await vi.advanceTimersByTimeAsync(20);
+    expect(engine.submitted).toHaveLength(16);
+    await vi.advanceTimersByTimeAsync(20);
+    expect(engine.submitted).toHaveLength(20);
+    for (let i = 0; i < 20; i++) engine.finish(`line-${i}`);
     await vi.advanceTimersByTimeAsync(0);
     lane.close();
   });
