@@ -10,6 +10,21 @@ afterEach(async () => {
   await fetch(`${METER}/admin/faults`, { method: "DELETE" }).then((r) => r.arrayBuffer());
 });
 
+/** Longest one request of the mix may take (each takes well under a second). */
+const REQUEST_DEADLINE_MS = 20_000;
+
+async function withDeadline<T>(promise: Promise<T>, ms: number, what: () => string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`not done in ${ms} ms: ${what()}`)), ms);
+  });
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 describe("conservation", () => {
   it("settles hundreds of mixed requests exactly once, costs summing to the key's totals", async () => {
     const { id, key } = await createKey({ name: "conservation" });
@@ -37,13 +52,23 @@ describe("conservation", () => {
               ? { stream: true, stream_options: { include_usage: true }, max_tokens: 10 + i }
               : { stream: kind !== "json", max_tokens: kind === "cancel" ? 400 : 10 + i };
         const region = kind === "cancel" ? "metering-slow" : "metering";
-        const { response } = await send(config, chat(key, body, region), async (r) => {
-          if (kind !== "cancel" || r.body === null) return r.arrayBuffer().catch(() => null);
-          const reader = r.body.getReader();
-          await reader.read();
-          await reader.cancel();
+        let phase = "before its headers";
+        const sent = send(config, chat(key, body, region), async (r) => {
+          phase = `${r.status}, reading its body`;
+          if (kind !== "cancel" || r.body === null) {
+            await r.arrayBuffer().catch(() => null);
+          } else {
+            const reader = r.body.getReader();
+            await reader.read();
+            await reader.cancel();
+          }
+          phase = `${r.status} ${r.headers.get("x-request-id")}, its body read; settling`;
           return null;
         });
+        // A request that never ends fails the test with what it was, not the test's timeout.
+        const what = () =>
+          `round ${round}, ${kind}, ${JSON.stringify(body)}, batching ${i % 2 === 0}: ${phase}`;
+        const { response } = await withDeadline(sent, REQUEST_DEADLINE_MS, what);
         ids.push(response.headers.get("x-request-id") ?? "");
       });
       await Promise.all(batch);
