@@ -102,14 +102,23 @@ export interface AttemptEnd {
 
 /**
  * The one rule for which of a request's attempts is billed: `a` over `b` when `a` finished
- * and `b` did not, or neither did and `a` generated more.
+ * and `b` did not, or neither did and `a` generated more; at equal output, the one whose
+ * origin read more of the prompt (an attempt cut after its prefill still read it, one
+ * refused before any did not).
  */
 export function outranks(a: AttemptEnd, b: AttemptEnd): boolean {
-  return rank(a) > rank(b);
+  const [ra, rb] = [rank(a), rank(b)];
+  for (let i = 0; i < ra.length; i++) if (ra[i] !== rb[i]) return ra[i]! > rb[i]!;
+  return false;
 }
 
-function rank(item: AttemptEnd): number {
-  return (item.outcome === "ok" ? 1e12 : 0) + (item.usage?.completion_tokens ?? 0);
+function rank(item: AttemptEnd): readonly number[] {
+  const usage = item.usage;
+  return [
+    item.outcome === "ok" ? 1 : 0,
+    usage?.completion_tokens ?? 0,
+    usage === null ? -1 : usage.prompt_tokens,
+  ];
 }
 
 /** What one lookup asks about: request ids, and request-id prefixes (each every request under it). */

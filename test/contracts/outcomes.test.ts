@@ -1,6 +1,12 @@
 import { afterEach, describe, expect, it } from "vitest";
-import { type FoundItem, reconcile, settledOutcome } from "../../contracts/outcomes.ts";
-import type { BatchItem, ItemUsage } from "../../contracts/protocol/schema.ts";
+import {
+  type AttemptEnd,
+  type FoundItem,
+  outranks,
+  reconcile,
+  settledOutcome,
+} from "../../contracts/outcomes.ts";
+import type { BatchItem, ItemOutcome, ItemUsage } from "../../contracts/protocol/schema.ts";
 import { startOrigin } from "../../origin/server.ts";
 import type { RunningOrigin } from "../../origin/server.ts";
 import { eventually, postBatch, readBatch } from "../origin/batch-client.ts";
@@ -13,6 +19,8 @@ const usage = (completion: number): ItemUsage => ({
   total_tokens: 5 + completion,
   cached_tokens: 0,
 });
+
+const end = (outcome: ItemOutcome, u: ItemUsage | null): AttemptEnd => ({ outcome, usage: u });
 
 describe("reconcile", () => {
   it("bills the attempt that finished, else the one that generated the most", () => {
@@ -35,6 +43,38 @@ describe("reconcile", () => {
     expect(found.get("req_b")).toMatchObject({ item: "req_b.1", outcome: "timeout" });
     expect(found.get("req_c")).toEqual({ kind: "running" });
     expect(found.get("req_d")).toEqual({ kind: "unknown" });
+  });
+
+  it("bills an attempt cut after its prefill over one refused before it, whichever came first", () => {
+    const prefilled = usage(0);
+    for (const order of [
+      ["req_e", "req_e.1"],
+      ["req_e.1", "req_e"],
+    ]) {
+      const items: FoundItem[] = order.map((id) =>
+        id === "req_e"
+          ? { id, origin: "o1", state: "ended", outcome: "error", usage: null }
+          : { id, origin: "o2", state: "ended", outcome: "cancelled", usage: prefilled },
+      );
+      expect(reconcile(["req_e"], items).get("req_e")).toEqual({
+        kind: "ended",
+        item: "req_e.1",
+        origin: "o2",
+        outcome: "cancelled",
+        usage: prefilled,
+      });
+    }
+  });
+});
+
+describe("outranks", () => {
+  it("weighs a finished answer, then output, then the prompt read", () => {
+    expect(outranks(end("ok", usage(0)), end("cancelled", usage(500)))).toBe(true);
+    expect(outranks(end("cancelled", usage(3)), end("error", usage(2)))).toBe(true);
+    expect(outranks(end("cancelled", usage(0)), end("error", null))).toBe(true);
+    expect(outranks(end("error", null), end("cancelled", usage(0)))).toBe(false);
+    expect(outranks(end("error", usage(0)), end("timeout", usage(0)))).toBe(false);
+    expect(outranks(end("error", null), end("error", null))).toBe(false);
   });
 });
 
