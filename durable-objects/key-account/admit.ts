@@ -54,12 +54,14 @@ export async function admitWithTeam(
   }
   if (result.ok || result.code !== "team_short") {
     if (!result.ok && "scope" in result && result.scope === "team") {
-      store.metrics.add(refusedSample(input.requestId, input.model, result.code, Date.now()));
+      store.metrics.refuse(refusedSample(input.requestId, input.model, result.code, Date.now()));
     }
     return result;
   }
   // Still short after as many calls: the team's allowance is in other keys' hands.
-  store.metrics.add(refusedSample(input.requestId, input.model, "rate_limit_exceeded", Date.now()));
+  store.metrics.refuse(
+    refusedSample(input.requestId, input.model, "rate_limit_exceeded", Date.now()),
+  );
   const limits = store.key.record?.limits ?? { rpm: 1, tpm: 1, concurrency: 1 };
   const rateLimit = rateLimitNow(limits, store.scopeUsage(KEY_SCOPE, null), Date.now());
   return {
@@ -93,7 +95,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult | Te
   const { credential } = input;
   const secret = checkCredential(store.key.secrets, credential, now);
   if (!secret.ok) {
-    store.metrics.add(refusedSample(input.requestId, input.model, secret.code, now));
+    store.metrics.refuse(refusedSample(input.requestId, input.model, secret.code, now));
     return secret;
   }
   // A repeated admit (the edge retried the call) must not reserve twice. Request ids are
@@ -175,7 +177,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult | Te
   });
   const { decision, state } = outcome;
   if (!decision.ok) {
-    store.metrics.add(refusedSample(input.requestId, input.model, decision.code, now));
+    store.metrics.refuse(refusedSample(input.requestId, input.model, decision.code, now));
     return decision;
   }
 
@@ -223,6 +225,7 @@ export function decide(store: AccountStore, input: AdmitInput): AdmitResult | Te
     ...NOT_CLOSED,
   });
   store.spend.add(hour, { reservedPicos: decision.reservedPicos, settledPicos: 0n }, subject);
+  store.metrics.admitted(input.requestId);
   if (use !== null) {
     store.team.admitted(decision.reservedTokens, decision.reservedPicos, use.inFlight + 1, now);
   }

@@ -15,11 +15,22 @@ import {
 } from "../metrics.ts";
 import type { KeyRecord } from "../types.ts";
 
+/**
+ * How long a refusal waits before it is counted: the edge asks again about a request its key
+ * refused while others of the key run in its isolate (docs/key-account.md, "Concurrency":
+ * 250 ms, after up to a second trimming its leases), and a request is counted once, refused
+ * or admitted, however many times it was asked.
+ */
+export const REFUSAL_HOLD_MS = 2_000;
+
 /** The key's metrics, memory ahead of SQLite. */
 export class MetricsStore {
   readonly #sql: SqlStorage;
   readonly #writes: WriteBehind;
   #state: MetricsState | null = null;
+  // Refusals not counted yet, by request id: the latest of each request's.
+  readonly #refused = new Map<string, RequestSample>();
+  #timer: ReturnType<typeof setTimeout> | null = null;
 
   constructor(sql: SqlStorage, writes: WriteBehind) {
     this.#sql = sql;
@@ -34,6 +45,21 @@ export class MetricsStore {
     if (isError) this.#put("errors", state.errors);
   }
 
+  /**
+   * Counts a refused request once its hold passed ({@link REFUSAL_HOLD_MS}) and it was not
+   * admitted meanwhile; a request refused again replaces its refusal.
+   */
+  refuse(sample: RequestSample): void {
+    this.#refused.delete(sample.requestId);
+    this.#refused.set(sample.requestId, sample);
+    this.#timer ??= setTimeout(() => this.#countRefusals(), REFUSAL_HOLD_MS);
+  }
+
+  /** The request was admitted: a refusal of it before is not counted. */
+  admitted(requestId: string): void {
+    this.#refused.delete(requestId);
+  }
+
   /** Counts one soft-budget alert event of a period (docs/metrics.md). */
   countAlert(period: string, outcome: AlertOutcome): void {
     const state = this.#load();
@@ -44,6 +70,8 @@ export class MetricsStore {
 
   /** The metrics of the key `record` describes, as they stand. */
   report(record: KeyRecord | null): KeyMetrics {
+    // Read now, a refusal is counted now: counters never go back.
+    this.#countRefusals(Number.POSITIVE_INFINITY);
     const state = this.#load();
     return {
       keyId: record?.id ?? "",
@@ -56,6 +84,23 @@ export class MetricsStore {
         return { period, outcome: outcome as AlertOutcome, count };
       }),
     };
+  }
+
+  // Counts the refusals held since `now - REFUSAL_HOLD_MS` or longer; the timer runs on
+  // while others wait.
+  #countRefusals(now = Date.now()): void {
+    if (this.#timer !== null) clearTimeout(this.#timer);
+    this.#timer = null;
+    for (const [requestId, sample] of this.#refused) {
+      if (sample.at > now - REFUSAL_HOLD_MS) break;
+      this.#refused.delete(requestId);
+      this.add(sample);
+    }
+    const next = this.#refused.values().next();
+    if (next.done !== true) {
+      const wait = Math.max(1, next.value.at + REFUSAL_HOLD_MS - Date.now());
+      this.#timer = setTimeout(() => this.#countRefusals(), wait);
+    }
   }
 
   #load(): MetricsState {

@@ -1,0 +1,78 @@
+import { evictDurableObject } from "cloudflare:test";
+import { env } from "cloudflare:workers";
+import { describe, expect, it } from "vitest";
+import { REFUSAL_HOLD_MS } from "../../../durable-objects/key-account/store/metrics.ts";
+import type { KeyMetrics } from "../../../durable-objects/key-account/metrics.ts";
+import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
+
+const FREE = { inputMicrosPerMtok: 0, cachedInputMicrosPerMtok: 0, outputMicrosPerMtok: 0 };
+
+async function oneSlotAccount() {
+  const id = newKeyId();
+  const { secretHash } = await mintApiKey(env, id);
+  const stub = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+  await stub.create({
+    id,
+    name: "one-slot",
+    secretHash,
+    limits: { rpm: 100_000, tpm: 100_000_000, concurrency: 1 },
+    budgets: { periods: [], creditMicros: null },
+    allowedOrigins: [],
+    models: null,
+    tier: "standard",
+    expiresAt: null,
+    now: Date.now(),
+  });
+  const admit = (requestId: string) =>
+    stub.admit({
+      requestId,
+      credential: { kind: "key", secretHash },
+      model: "m",
+      promptTokens: 1,
+      maxTokens: 1,
+      price: FREE,
+    });
+  return { id, stub, admit };
+}
+
+const requestsOf = (metrics: KeyMetrics, statusClass: string) =>
+  metrics.series
+    .filter((series) => series.statusClass === statusClass)
+    .reduce((sum, series) => sum + series.requests, 0);
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+describe("refusals in the key's metrics", () => {
+  it("count a request asked again once, and not at all once it is admitted", async () => {
+    const { stub, admit } = await oneSlotAccount();
+    expect((await admit("a")).ok).toBe(true);
+    // The edge asks again about a request refused a slot while others of its key run.
+    for (let i = 0; i < 3; i++) {
+      expect(await admit("b")).toMatchObject({ ok: false, limit: "concurrency" });
+    }
+    await stub.settle({
+      requestId: "a",
+      outcome: "ok",
+      usage: { prompt_tokens: 1, completion_tokens: 1 },
+    });
+    expect((await admit("b")).ok).toBe(true);
+    for (let i = 0; i < 5; i++) {
+      expect(await admit("c")).toMatchObject({ ok: false, limit: "concurrency" });
+    }
+    const metrics = await stub.metrics();
+    expect(requestsOf(metrics, "4xx")).toBe(1);
+    expect(metrics.recentErrors.map((error) => error.requestId)).toEqual(["c"]);
+    // Counters never go back: read once, the refusal stays counted.
+    expect(requestsOf(await stub.metrics(), "4xx")).toBe(1);
+  });
+
+  it("count a refusal nobody reads once its hold passed, and keep it across a restart", async () => {
+    const { id, stub, admit } = await oneSlotAccount();
+    expect((await admit("a")).ok).toBe(true);
+    expect((await admit("b")).ok).toBe(false);
+    await sleep(REFUSAL_HOLD_MS + 500);
+    await evictDurableObject(stub);
+    const again = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
+    expect(requestsOf(await again.metrics(), "4xx")).toBe(1);
+  });
+});
