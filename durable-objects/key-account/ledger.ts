@@ -9,6 +9,7 @@ import { tokenCorrection } from "./admission.ts";
 import type { PeriodSpend } from "./budgets.ts";
 import { type LedgerEntry, NOT_CLOSED, priceOf, rowTags, storedCandidate } from "./schema.ts";
 import type { SettleInput, SettleResult } from "./types.ts";
+import type { SettleMetrics } from "./settle-types.ts";
 
 /** A change to one model's usage of the row's day. */
 export interface UsageDelta {
@@ -80,10 +81,7 @@ export function settleRow(
       cachedTokens: usage === null ? null : (usage.cached_tokens ?? 0),
       completionTokens: usage?.completion_tokens ?? null,
       costPicos: cost,
-      attempts: input.attempts ?? row.attempts,
-      httpStatus: input.metrics?.status ?? row.httpStatus,
-      durationMs: input.metrics?.durationMs ?? row.durationMs,
-      ttftMs: input.metrics === undefined ? row.ttftMs : input.metrics.ttftMs,
+      ...deliveredAs(row, input),
       cacheHit: hit,
     },
     tokens: hit
@@ -112,13 +110,56 @@ export function settleRow(
   return { change, result };
 }
 
-/** An open row whose lease ran out: its reservation released, counted as one request. */
-export function expireRow(row: LedgerEntry, now: number): LedgerChange {
+/**
+ * An open row whose lease ran out, or whose edge could not learn what its origin generated
+ * (`seen`: how the edge delivered it, kept for the settlement the origins' records bring):
+ * its reservation released, counted as one request.
+ */
+export function expireRow(
+  row: LedgerEntry,
+  now: number,
+  seen?: Pick<SettleInput, "attempts" | "metrics">,
+): LedgerChange {
+  const delivered = seen === undefined ? {} : deliveredAs(row, seen);
   return {
-    row: { ...row, state: "expired", closedAt: now, outcome: "expired", costPicos: 0n },
+    row: {
+      ...row,
+      ...delivered,
+      state: "expired",
+      closedAt: now,
+      outcome: "expired",
+      costPicos: 0n,
+    },
     tokens: 0,
     spend: { reservedPicos: -row.reservedPicos, settledPicos: 0n },
     usage: [{ model: row.model, requests: 1, tokens: null, costPicos: 0n }],
+  };
+}
+
+// The delivery a row records: the attempts, status, duration and time to first token the
+// edge told, where it told them.
+function deliveredAs(
+  row: LedgerEntry,
+  seen: Pick<SettleInput, "attempts" | "metrics">,
+): Pick<LedgerEntry, "attempts" | "httpStatus" | "durationMs" | "ttftMs"> {
+  const m = seen.metrics;
+  return {
+    attempts: seen.attempts ?? row.attempts,
+    httpStatus: m?.status ?? row.httpStatus,
+    durationMs: m?.durationMs ?? row.durationMs,
+    ttftMs: m === undefined ? row.ttftMs : m.ttftMs,
+  };
+}
+
+/** How the client saw a row's request, from what its row records; undefined if not told. */
+export function rowMetrics(row: LedgerEntry): SettleMetrics | undefined {
+  if (row.httpStatus === null) return undefined;
+  const served = row.attempts.find((attempt) => attempt.result === "served");
+  return {
+    region: served?.region ?? null,
+    status: row.httpStatus,
+    durationMs: row.durationMs ?? 0,
+    ttftMs: row.ttftMs,
   };
 }
 

@@ -6,7 +6,7 @@
 import { type BudgetLine, billingCap } from "./budgets.ts";
 import { HOUR_MS } from "../../contracts/budget-periods.ts";
 import { KEY_SCOPE } from "./schema.ts";
-import { expireRow, forgottenRow, settleRow } from "./ledger.ts";
+import { expireRow, forgottenRow, rowMetrics, settleRow } from "./ledger.ts";
 import { leasedRow } from "./leases/rows.ts";
 import type { LedgerEntry } from "./schema.ts";
 import { settledSample } from "./metrics.ts";
@@ -64,7 +64,7 @@ function reconcileLater(
   const leased = open === undefined ? unknownLeased(store, input, now) : null;
   const row = open ?? leased ?? undefined;
   if (row !== undefined) {
-    store.apply(row, expireRow(row, now), now);
+    store.apply(row, expireRow(row, now, input), now);
   } else if (store.ledger.committed(requestId)?.state !== "expired") {
     return settle(store, { ...input, usageUnknown: false }, now);
   }
@@ -112,7 +112,13 @@ function close(
   const { change, result } = settleRow(row, input, now, capPicos);
   store.apply(row, change, now);
   if (result.settled) {
-    store.metrics.add(settledSample(input, change.row.model, result.costPicos, now));
+    // Settled from the origins' records, it is counted as its edge said it was delivered.
+    const told = {
+      ...input,
+      attempts: input.attempts ?? change.row.attempts,
+      metrics: input.metrics ?? rowMetrics(change.row),
+    };
+    store.metrics.add(settledSample(told, change.row.model, result.costPicos, now));
   }
   return result;
 }

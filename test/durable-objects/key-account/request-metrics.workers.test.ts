@@ -76,3 +76,46 @@ describe("refusals in the key's metrics", () => {
     expect(requestsOf(await again.metrics(), "4xx")).toBe(1);
   });
 });
+
+describe("a request billed from its origin's record", () => {
+  it("keeps how its edge delivered it, in its row and in the key's metrics", async () => {
+    const { stub, admit } = await oneSlotAccount();
+    expect((await admit("r")).ok).toBe(true);
+    // Its client left and no END came: the edge releases it, telling how it was delivered.
+    const served = { region: "us", origin: "us-1", result: "served" as const };
+    const released = await stub.settle({
+      requestId: "r",
+      outcome: "cancelled",
+      usage: null,
+      usageUnknown: true,
+      attempts: [served],
+      metrics: { region: "us", status: 200, durationMs: 120, ttftMs: 30 },
+    });
+    expect(released).toMatchObject({ settled: false, reason: "reconciling" });
+    // The account's reconciliation bills it from the origin's record, which tells no delivery.
+    const usage = { prompt_tokens: 40, completion_tokens: 3 };
+    const billed = await stub.settle({
+      requestId: "r",
+      outcome: "cancelled",
+      usage,
+      originBegan: true,
+    });
+    expect(billed).toMatchObject({ settled: true, usedTokens: 43 });
+    const [row] = await stub.requests({ limit: 10, from: 0, to: Date.now() + 1 });
+    expect(row).toMatchObject({
+      requestId: "r",
+      attempts: [served],
+      httpStatus: 200,
+      durationMs: 120,
+      ttftMs: 30,
+    });
+    const metrics = await stub.metrics();
+    expect(
+      metrics.series.map(({ region, statusClass, requests }) => ({
+        region,
+        statusClass,
+        requests,
+      })),
+    ).toEqual([{ region: "us", statusClass: "2xx", requests: 1 }]);
+  });
+});
