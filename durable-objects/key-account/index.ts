@@ -224,6 +224,7 @@ export class KeyAccount extends DurableObject<Env> {
 
   /** Commits the writes memory holds ahead of SQLite now (for tests and direct reads). */
   flush(): void {
+    this.#store.metrics.countRefusals(Number.POSITIVE_INFINITY);
     this.#store.flush();
   }
 

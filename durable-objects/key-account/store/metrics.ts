@@ -16,12 +16,19 @@ import {
 import type { KeyRecord } from "../types.ts";
 
 /**
- * How long a refusal waits before it is counted: the edge asks again about a request its key
- * refused while others of the key run in its isolate (docs/key-account.md, "Concurrency":
- * 250 ms, after up to a second trimming its leases), and a request is counted once, refused
- * or admitted, however many times it was asked.
+ * How long a refusal waits before it is counted, from the request's last refusal: the edge
+ * asks again about a request its key refused while others of the key run in its isolate
+ * (docs/key-account.md, "Concurrency": 250 ms, after up to a second trimming its leases; a
+ * few seconds when the account's queue is long), and a request is counted once, refused or
+ * admitted, however many times it was asked.
  */
-export const REFUSAL_HOLD_MS = 2_000;
+export const REFUSAL_HOLD_MS = 5_000;
+
+/** How long a counted refusal's request id is kept, so that it is not counted again. */
+const COUNTED_MEMORY_MS = 60_000;
+
+/** Most refusals held, and request ids kept, at once: a flood of them is counted sooner. */
+const MAX_HELD = 10_000;
 
 /** The key's metrics, memory ahead of SQLite. */
 export class MetricsStore {
@@ -30,6 +37,8 @@ export class MetricsStore {
   #state: MetricsState | null = null;
   // Refusals not counted yet, by request id: the latest of each request's.
   readonly #refused = new Map<string, RequestSample>();
+  // Requests whose refusal was counted, and when.
+  readonly #counted = new Map<string, number>();
   #timer: ReturnType<typeof setTimeout> | null = null;
 
   constructor(sql: SqlStorage, writes: WriteBehind) {
@@ -47,12 +56,15 @@ export class MetricsStore {
 
   /**
    * Counts a refused request once its hold passed ({@link REFUSAL_HOLD_MS}) and it was not
-   * admitted meanwhile; a request refused again replaces its refusal.
+   * admitted meanwhile; a request refused again replaces its refusal, and one whose refusal
+   * was counted is not counted again.
    */
   refuse(sample: RequestSample): void {
+    if (this.#counted.has(sample.requestId)) return;
     this.#refused.delete(sample.requestId);
     this.#refused.set(sample.requestId, sample);
-    this.#timer ??= setTimeout(() => this.#countRefusals(), REFUSAL_HOLD_MS);
+    if (this.#refused.size > MAX_HELD) this.countRefusals();
+    this.#timer ??= setTimeout(() => this.countRefusals(), REFUSAL_HOLD_MS);
   }
 
   /** The request was admitted: a refusal of it before is not counted. */
@@ -70,8 +82,6 @@ export class MetricsStore {
 
   /** The metrics of the key `record` describes, as they stand. */
   report(record: KeyRecord | null): KeyMetrics {
-    // Read now, a refusal is counted now: counters never go back.
-    this.#countRefusals(Number.POSITIVE_INFINITY);
     const state = this.#load();
     return {
       keyId: record?.id ?? "",
@@ -86,20 +96,30 @@ export class MetricsStore {
     };
   }
 
-  // Counts the refusals held since `now - REFUSAL_HOLD_MS` or longer; the timer runs on
-  // while others wait.
-  #countRefusals(now = Date.now()): void {
+  /**
+   * Counts the refusals held since `now - REFUSAL_HOLD_MS` or longer (every one, given
+   * `Infinity`: for tests and direct reads), and the oldest beyond {@link MAX_HELD}; a timer
+   * runs on while others wait.
+   */
+  countRefusals(now = Date.now()): void {
     if (this.#timer !== null) clearTimeout(this.#timer);
     this.#timer = null;
+    const clock = Date.now();
+    for (const [requestId, at] of this.#counted) {
+      if (at > clock - COUNTED_MEMORY_MS && this.#counted.size <= MAX_HELD) break;
+      this.#counted.delete(requestId);
+    }
     for (const [requestId, sample] of this.#refused) {
-      if (sample.at > now - REFUSAL_HOLD_MS) break;
+      const crowded = this.#refused.size > MAX_HELD;
+      if (!crowded && sample.at > now - REFUSAL_HOLD_MS) break;
       this.#refused.delete(requestId);
+      this.#counted.set(requestId, clock);
       this.add(sample);
     }
     const next = this.#refused.values().next();
     if (next.done !== true) {
       const wait = Math.max(1, next.value.at + REFUSAL_HOLD_MS - Date.now());
-      this.#timer = setTimeout(() => this.#countRefusals(), wait);
+      this.#timer = setTimeout(() => this.countRefusals(), wait);
     }
   }
 

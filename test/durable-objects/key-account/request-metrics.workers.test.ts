@@ -1,8 +1,9 @@
-import { evictDurableObject } from "cloudflare:test";
+import { evictDurableObject, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import { REFUSAL_HOLD_MS } from "../../../durable-objects/key-account/store/metrics.ts";
 import type { KeyMetrics } from "../../../durable-objects/key-account/metrics.ts";
+import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
 import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
 
 const FREE = { inputMicrosPerMtok: 0, cachedInputMicrosPerMtok: 0, outputMicrosPerMtok: 0 };
@@ -59,10 +60,15 @@ describe("refusals in the key's metrics", () => {
     for (let i = 0; i < 5; i++) {
       expect(await admit("c")).toMatchObject({ ok: false, limit: "concurrency" });
     }
+    // Held until the edge is done asking: not counted yet, then counted once.
+    expect(requestsOf(await stub.metrics(), "4xx")).toBe(0);
+    await runInDurableObject(stub, (instance: KeyAccount) => instance.flush());
     const metrics = await stub.metrics();
     expect(requestsOf(metrics, "4xx")).toBe(1);
     expect(metrics.recentErrors.map((error) => error.requestId)).toEqual(["c"]);
-    // Counters never go back: read once, the refusal stays counted.
+    // A request whose refusal was counted is not counted again.
+    expect(await admit("c")).toMatchObject({ ok: false, limit: "concurrency" });
+    await runInDurableObject(stub, (instance: KeyAccount) => instance.flush());
     expect(requestsOf(await stub.metrics(), "4xx")).toBe(1);
   });
 

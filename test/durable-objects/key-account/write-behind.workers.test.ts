@@ -249,7 +249,7 @@ describe("KeyAccount commit numbers", () => {
         expect(later.commit.committed).toBeGreaterThan(refused.commit.committed);
       },
       {
-        timeout: REFUSAL_HOLD_MS + 20 * ACCOUNT_WRITE_DELAY_MS,
+        timeout: 2 * REFUSAL_HOLD_MS,
         interval: ACCOUNT_WRITE_DELAY_MS / 5,
       },
     );

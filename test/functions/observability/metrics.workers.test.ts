@@ -1,4 +1,5 @@
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
+import { REFUSAL_HOLD_MS } from "../../../durable-objects/key-account/store/metrics.ts";
 import parsePrometheus from "parse-prometheus-text-format";
 import { createKey } from "../../support/admin-keys.workers.ts";
 import { chatBody, edgeRequest } from "../../support/edge-requests.ts";
@@ -100,7 +101,16 @@ describe("GET /metrics", () => {
     }
     expect(sent.refused).toBeGreaterThan(0);
 
-    const { families, text } = await scrape();
+    // A refusal is counted once its request is no longer asked about (docs/metrics.md).
+    const { families, text } = await vi.waitFor(
+      async () => {
+        const scraped = await scrape();
+        const counted = total(scraped.families.get("warmgate_requests_total"));
+        expect(counted).toBe(sent.ok + sent.refused);
+        return scraped;
+      },
+      { timeout: 2 * REFUSAL_HOLD_MS, interval: 250 },
+    );
     const requests = families.get("warmgate_requests_total");
     expect(requests?.type).toBe("COUNTER");
     expect(total(requests)).toBe(sent.ok + sent.refused);
