@@ -4,37 +4,10 @@ import { describe, expect, it } from "vitest";
 import { REFUSAL_HOLD_MS } from "../../../durable-objects/key-account/store/metrics.ts";
 import type { KeyMetrics } from "../../../durable-objects/key-account/metrics.ts";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
-import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
+import { newKey } from "../../support/key-accounts.workers.ts";
 
-const FREE = { inputMicrosPerMtok: 0, cachedInputMicrosPerMtok: 0, outputMicrosPerMtok: 0 };
-
-async function oneSlotAccount() {
-  const id = newKeyId();
-  const { secretHash } = await mintApiKey(env, id);
-  const stub = env.KEY_ACCOUNT.get(env.KEY_ACCOUNT.idFromName(id));
-  await stub.create({
-    id,
-    name: "one-slot",
-    secretHash,
-    limits: { rpm: 100_000, tpm: 100_000_000, concurrency: 1 },
-    budgets: { periods: [], creditMicros: null },
-    allowedOrigins: [],
-    models: null,
-    tier: "standard",
-    expiresAt: null,
-    now: Date.now(),
-  });
-  const admit = (requestId: string) =>
-    stub.admit({
-      requestId,
-      credential: { kind: "key", secretHash },
-      model: "m",
-      promptTokens: 1,
-      maxTokens: 1,
-      price: FREE,
-    });
-  return { id, stub, admit };
-}
+// One slot: a second request is refused for the key's concurrency.
+const oneSlotAccount = () => newKey({ concurrency: 1 });
 
 const requestsOf = (metrics: KeyMetrics, statusClass: string) =>
   metrics.series
