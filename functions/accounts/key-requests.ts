@@ -3,21 +3,29 @@
  * a request refused for the key's concurrency can wait a moment for one of them to end. A
  * client that cancels a stream and at once sends its next request is usually faster than
  * the runtime's word that it left (the edge hears of it at the stream's next write), and
- * would otherwise be refused a slot it no longer holds. Each request that ends wakes one
- * waiter, the one that looks first: an over-limit burst asks its account again once per
- * freed slot, not once per waiter. Requests share counts, never promises: a waiter looks
- * again on its own timer (no I/O crosses requests in Workers).
+ * would otherwise be refused a slot it no longer holds. Each request that ends frees one
+ * wake-up, taken by the first waiter that looks and was refused before that end: an
+ * over-limit burst asks its account again once per freed slot, not once per waiter, and an
+ * end heard while the refused request's call was still under way is not lost. Requests share
+ * counts, never promises: a waiter looks again on its own timer (no I/O crosses requests in
+ * Workers).
  */
 
 /** How often a waiting request looks whether one of its key's requests ended, ms. */
 const POLL_MS = 5;
 
-/** Requests admitted and not yet ended, and those ended so far, by key. */
+/** How long an end nobody took is kept for a waiter refused before it, ms. */
+const END_KEPT_MS = 1_000;
+
+/** Most ends kept per key, and keys with ends kept before they are swept. */
+const MAX_KEPT_ENDS = 256;
+const MAX_KEYS = 1_024;
+
+/** Requests admitted and not yet ended, and the recent ends no waiter took, by key. */
 export class KeyRequests {
   readonly #running = new Map<string, number>();
-  // Waiters now, and requests ended since that no waiter took yet, by key.
-  readonly #waiting = new Map<string, number>();
-  readonly #freed = new Map<string, number>();
+  // When each end happened, oldest first.
+  readonly #ends = new Map<string, number[]>();
 
   /** A request of `keyId` was admitted; the returned function ends it (once). */
   started(keyId: string): () => void {
@@ -29,9 +37,7 @@ export class KeyRequests {
       const left = this.count(keyId) - 1;
       if (left > 0) this.#running.set(keyId, left);
       else this.#running.delete(keyId);
-      const waiting = this.#waiting.get(keyId) ?? 0;
-      const freed = this.#freed.get(keyId) ?? 0;
-      if (freed < waiting) this.#freed.set(keyId, freed + 1);
+      this.giveBack(keyId, Date.now());
     };
   }
 
@@ -41,31 +47,54 @@ export class KeyRequests {
   }
 
   /**
-   * True once a request of `keyId` ends that no other waiter took; false after `ms`, or at
-   * once when none runs here.
+   * When a request of `keyId` ended at or after `since` (the refused call's start) that no
+   * other waiter took: this waiter takes it. Null after `ms`, or at once when none runs here
+   * and none ended since.
    */
-  async whenOneEnds(keyId: string, ms: number): Promise<boolean> {
+  async whenOneEnds(keyId: string, ms: number, since: number): Promise<number | null> {
     const until = Date.now() + ms;
-    this.#waiting.set(keyId, (this.#waiting.get(keyId) ?? 0) + 1);
-    try {
-      while (this.count(keyId) > 0 && Date.now() < until) {
-        await new Promise((resolve) => setTimeout(resolve, POLL_MS));
-        const freed = this.#freed.get(keyId) ?? 0;
-        if (freed > 0) {
-          this.#freed.set(keyId, freed - 1);
-          return true;
-        }
-      }
-      return false;
-    } finally {
-      const waiting = (this.#waiting.get(keyId) ?? 1) - 1;
-      if (waiting > 0) this.#waiting.set(keyId, waiting);
-      else this.#waiting.delete(keyId);
-      // An end no waiter is left to take is not kept for waiters yet to come.
-      if ((this.#freed.get(keyId) ?? 0) > waiting) {
-        if (waiting > 0) this.#freed.set(keyId, waiting);
-        else this.#freed.delete(keyId);
-      }
+    for (;;) {
+      const taken = this.#take(keyId, since);
+      if (taken !== null) return taken;
+      if (this.count(keyId) === 0 || Date.now() >= until) return null;
+      await new Promise((resolve) => setTimeout(resolve, POLL_MS));
     }
+  }
+
+  /** An end at `at` (one a waiter took and could not use): the next waiter may take it. */
+  giveBack(keyId: string, at: number): void {
+    const now = Date.now();
+    if (this.#ends.size > MAX_KEYS) this.#sweep(now);
+    const ends = this.#fresh(keyId, now) ?? [];
+    let i = ends.length;
+    while (i > 0 && (ends[i - 1] ?? 0) > at) i--;
+    ends.splice(i, 0, at);
+    if (ends.length > MAX_KEPT_ENDS) ends.shift();
+    this.#ends.set(keyId, ends);
+  }
+
+  // The oldest end at or after `since` no waiter took, removed; null when none.
+  #take(keyId: string, since: number): number | null {
+    const ends = this.#fresh(keyId, Date.now());
+    const i = ends?.findIndex((end) => end >= since) ?? -1;
+    if (ends === undefined || i < 0) return null;
+    const [taken] = ends.splice(i, 1);
+    if (ends.length === 0) this.#ends.delete(keyId);
+    return taken ?? null;
+  }
+
+  // The key's ends kept as of `now` (older ones dropped); undefined when none.
+  #fresh(keyId: string, now: number): number[] | undefined {
+    const ends = this.#ends.get(keyId);
+    if (ends === undefined) return undefined;
+    while (ends.length > 0 && (ends[0] ?? 0) <= now - END_KEPT_MS) ends.shift();
+    if (ends.length > 0) return ends;
+    this.#ends.delete(keyId);
+    return undefined;
+  }
+
+  // Drops every key's ends past keeping.
+  #sweep(now: number): void {
+    for (const keyId of [...this.#ends.keys()]) this.#fresh(keyId, now);
   }
 }
