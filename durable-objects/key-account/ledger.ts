@@ -136,6 +136,19 @@ export function expireRow(
   };
 }
 
+/** Notes on an expired row how its edge delivered the request (`seen`); nothing else changes. */
+export function deliveryNoted(
+  row: LedgerEntry,
+  seen: Pick<SettleInput, "attempts" | "metrics">,
+): LedgerChange {
+  return {
+    row: { ...row, ...deliveredAs(row, seen) },
+    tokens: 0,
+    spend: { reservedPicos: 0n, settledPicos: 0n },
+    usage: [],
+  };
+}
+
 // The delivery a row records: the attempts, status, duration and time to first token the
 // edge told, where it told them.
 function deliveredAs(

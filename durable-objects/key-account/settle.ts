@@ -6,7 +6,7 @@
 import { type BudgetLine, billingCap } from "./budgets.ts";
 import { HOUR_MS } from "../../contracts/budget-periods.ts";
 import { KEY_SCOPE } from "./schema.ts";
-import { expireRow, forgottenRow, rowMetrics, settleRow } from "./ledger.ts";
+import { deliveryNoted, expireRow, forgottenRow, rowMetrics, settleRow } from "./ledger.ts";
 import { leasedRow } from "./leases/rows.ts";
 import type { LedgerEntry } from "./schema.ts";
 import { settledSample } from "./metrics.ts";
@@ -65,8 +65,11 @@ function reconcileLater(
   const row = open ?? leased ?? undefined;
   if (row !== undefined) {
     store.apply(row, expireRow(row, now, input), now);
-  } else if (store.ledger.committed(requestId)?.state !== "expired") {
-    return settle(store, { ...input, usageUnknown: false }, now);
+  } else {
+    const expired = store.ledger.committed(requestId);
+    if (expired?.state !== "expired") return settle(store, { ...input, usageUnknown: false }, now);
+    // Its lease ran out first: the release still tells how it was delivered.
+    store.apply(expired, deliveryNoted(expired, input), now);
   }
   store.ledger.lapse(requestId, now);
   return { settled: false, requestId, reason: "reconciling" };

@@ -332,7 +332,7 @@ export class LedgerStore {
            http_status = excluded.http_status, duration_ms = excluded.duration_ms,
            ttft_ms = excluded.ttft_ms,
            cache_hit = excluded.cache_hit
-         WHERE ledger.state = 'open' OR (ledger.state = 'expired' AND excluded.state = 'settled')`,
+         WHERE ledger.state = 'open' OR (ledger.state = 'expired' AND excluded.state <> 'open')`,
         entry.requestId,
         entry.state,
         entry.model,

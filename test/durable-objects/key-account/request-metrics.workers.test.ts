@@ -97,4 +97,29 @@ describe("a request billed from its origin's record", () => {
       })),
     ).toEqual([{ region: "us", statusClass: "2xx", requests: 1 }]);
   });
+
+  it("keeps it when its lease ran out before the edge released it", async () => {
+    const { stub, admit } = await oneSlotAccount();
+    expect((await admit("r", { leaseMs: 1_000 })).ok).toBe(true);
+    await sleep(1_100);
+    // Another admission expires the row whose lease ran out.
+    expect((await admit("other")).ok).toBe(true);
+    const served = { region: "us", origin: "us-1", result: "served" as const };
+    await stub.settle({
+      requestId: "r",
+      outcome: "cancelled",
+      usage: null,
+      usageUnknown: true,
+      attempts: [served],
+      metrics: { region: "us", status: 200, durationMs: 1_050, ttftMs: 30 },
+    });
+    const usage = { prompt_tokens: 40, completion_tokens: 3 };
+    await stub.settle({ requestId: "r", outcome: "cancelled", usage, originBegan: true });
+    const rows = await stub.requests({ limit: 10, from: 0, to: Date.now() + 1 });
+    expect(rows.find((row) => row.requestId === "r")).toMatchObject({
+      attempts: [served],
+      httpStatus: 200,
+      ttftMs: 30,
+    });
+  });
 });
