@@ -382,13 +382,16 @@ describe("an origin that answers 429", () => {
     });
     await setFaults("breaker-1", { errorRate: 1, errorStatuses: [429] });
     const before = await injected("breaker-1", "error");
+    const started = Date.now();
     for (let i = 0; i < 10; i++) {
       const res = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
       expect(res.status).toBe(200);
       expect(res.headers.get("x-warmgate-origin")).toBe(`breaker-2@${tag}`);
     }
-    // Its retry-after (1 s) keeps it last: it saw at most the first request or two.
-    expect((await injected("breaker-1", "error")) - before).toBeLessThanOrEqual(2);
+    // Its retry-after (1 s) keeps it last: it saw the first request or two, and one more for
+    // each second the ten took (a loaded machine's), never all ten.
+    const seconds = Math.floor((Date.now() - started) / 1_000);
+    expect((await injected("breaker-1", "error")) - before).toBeLessThanOrEqual(2 + seconds);
     expect(await breakerOf(config, `breaker-1@${tag}`)).toMatchObject({ state: "closed" });
   });
 });
