@@ -118,7 +118,7 @@ function close(
     // Settled from the origins' records, it is counted as its edge said it was delivered.
     const told = {
       ...input,
-      attempts: input.attempts ?? change.row.attempts,
+      attempts: change.row.attempts,
       metrics: input.metrics ?? rowMetrics(change.row),
     };
     store.metrics.add(settledSample(told, change.row.model, result.costPicos, now));

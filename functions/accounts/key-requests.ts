@@ -24,6 +24,8 @@ const MAX_KEYS = 1_024;
 /** Requests admitted and not yet ended, and the recent ends no waiter took, by key. */
 export class KeyRequests {
   readonly #running = new Map<string, number>();
+  // Requests asking their account for a slot now: only then is an end kept.
+  readonly #asking = new Map<string, number>();
   // When each end happened, oldest first.
   readonly #ends = new Map<string, number[]>();
 
@@ -37,7 +39,21 @@ export class KeyRequests {
       const left = this.count(keyId) - 1;
       if (left > 0) this.#running.set(keyId, left);
       else this.#running.delete(keyId);
-      this.giveBack(keyId, Date.now());
+      // No one asks: no one could take it (a waiter takes ends after its own ask began).
+      if (this.#asking.has(keyId)) this.giveBack(keyId, Date.now());
+    };
+  }
+
+  /** A request of `keyId` asks its account for a slot; the returned function ends that (once). */
+  asking(keyId: string): () => void {
+    this.#asking.set(keyId, (this.#asking.get(keyId) ?? 0) + 1);
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      const left = (this.#asking.get(keyId) ?? 1) - 1;
+      if (left > 0) this.#asking.set(keyId, left);
+      else this.#asking.delete(keyId);
     };
   }
 

@@ -84,23 +84,28 @@ export async function admitExactly(
 ): Promise<AdmitResult> {
   const credential = c.get("credential");
   const lease = c.get("config").leases.enabled ? leaseOf(credential, input.endUser ?? null) : null;
-  let askedAt = Date.now();
-  let result = await admitTrimmed(c, input, request, lease);
   // Refused a slot while a request of the key runs here: its client may have left already,
   // unheard of until that stream's next write. Asked again as such requests end, a while;
   // an end heard while the call was under way counts, and one this request cannot use (its
   // end user's or team's limit refused it, or another) goes on to the next waiter.
   const requests = c.get("edge").keyRequests;
   const { keyId } = credential;
-  const until = Date.now() + CONCURRENCY_GRACE_MS;
-  for (let i = 0; i < CONCURRENCY_RETRIES && concurrencyRefusal(result); i++) {
-    const ended = await requests.whenOneEnds(keyId, until - Date.now(), askedAt);
-    if (ended === null) break;
-    askedAt = Date.now();
-    result = (await admitOnce(c, input, lease)).result;
-    if (!result.ok && !keyConcurrencyRefusal(result)) requests.giveBack(keyId, ended);
+  const doneAsking = requests.asking(keyId);
+  try {
+    let askedAt = Date.now();
+    let result = await admitTrimmed(c, input, request, lease);
+    const until = Date.now() + CONCURRENCY_GRACE_MS;
+    for (let i = 0; i < CONCURRENCY_RETRIES && concurrencyRefusal(result); i++) {
+      const ended = await requests.whenOneEnds(keyId, until - Date.now(), askedAt);
+      if (ended === null) break;
+      askedAt = Date.now();
+      result = (await admitOnce(c, input, lease)).result;
+      if (!result.ok && !keyConcurrencyRefusal(result)) requests.giveBack(keyId, ended);
+    }
+    return result;
+  } finally {
+    doneAsking();
   }
-  return result;
 }
 
 /**

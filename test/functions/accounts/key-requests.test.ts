@@ -17,6 +17,7 @@ describe("a key's requests in flight in the isolate", () => {
 
   it("wakes who waits when one ends, and not for another key", async () => {
     const requests = new KeyRequests();
+    requests.asking("k1");
     const endK1 = requests.started("k1");
     const endK2 = requests.started("k2");
     const waiting = requests.whenOneEnds("k1", 5_000, Date.now());
@@ -28,6 +29,7 @@ describe("a key's requests in flight in the isolate", () => {
 
   it("wakes one waiter for each request that ends", async () => {
     const requests = new KeyRequests();
+    requests.asking("k1");
     const ends = [requests.started("k1"), requests.started("k1"), requests.started("k1")];
     const since = Date.now();
     const waiting = [0, 1, 2].map(() => requests.whenOneEnds("k1", 200, since));
@@ -40,6 +42,7 @@ describe("a key's requests in flight in the isolate", () => {
   it("counts an end heard while the refused call was under way, the last one of its key", async () => {
     const requests = new KeyRequests();
     const end = requests.started("k1");
+    requests.asking("k1");
     const askedAt = Date.now();
     // The client left during the call that refused the next request: nothing runs now.
     end();
@@ -53,6 +56,7 @@ describe("a key's requests in flight in the isolate", () => {
     const requests = new KeyRequests();
     const end = requests.started("k1");
     requests.started("k1");
+    requests.asking("k1");
     const before = Date.now();
     end();
     await sleep(5);
@@ -62,6 +66,15 @@ describe("a key's requests in flight in the isolate", () => {
     expect(taken).not.toBeNull();
     requests.giveBack("k1", taken ?? 0);
     expect(await requests.whenOneEnds("k1", 20, before)).toBe(taken);
+  });
+
+  it("keeps no end while none of the key asks for a slot", async () => {
+    const requests = new KeyRequests();
+    const askedAt = Date.now();
+    const end = requests.started("k1");
+    requests.started("k1");
+    end();
+    expect(await requests.whenOneEnds("k1", 20, askedAt)).toBeNull();
   });
 
   it("does not wait when none of the key runs, and gives up after its time", async () => {
