@@ -46,6 +46,8 @@ export interface ModelResult {
   /** The busiest origin's share of all streams in flight at request starts, summed. */
   streamShare: number;
   perOrigin: number[];
+  /** Each origin's engine time spent in steps, ms: its load as the engine sees it. */
+  busyMs: number[];
   /** The router's placements by reason (warmgate only). */
   placements: Record<PlacementReason, number> | null;
 }
@@ -78,6 +80,7 @@ class Engine {
   running: Seq[] = [];
   readonly cache = new Map<number, true>();
   stepMs = 0;
+  busyMs = 0;
   busyUntil = -1;
   queries = 0;
   stored: number[] = [];
@@ -149,6 +152,7 @@ class Engine {
     }
     const ms = T.stepBaseMs + T.prefillMsPerToken * prefill + T.decodeMsPerSeq * decodes;
     const end = now + ms + (T.kvReadMsPerKTokens * context) / 1000;
+    this.busyMs += end - now;
     this.stepMs += 0.2 * (end - now - this.stepMs);
     for (const [s, n] of planned) {
       if (s.computed < s.prompt) {
@@ -363,6 +367,7 @@ export function runModel(options: ModelOptions): ModelResult {
     evenShare: mean(busiest.map((b) => Math.ceil(b.total / origins.length) / b.total)),
     streamShare: busiest.reduce((n, b) => n + b.most, 0) / busiest.reduce((n, b) => n + b.total, 0),
     perOrigin: served,
+    busyMs: origins.map((o) => o.engine.busyMs),
     placements: options.policy === "warmgate" ? router.view().placements : null,
   };
 }
