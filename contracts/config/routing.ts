@@ -28,6 +28,11 @@ export const RoutingSchema = z
      */
     load_bound: z.number().min(1).max(10).default(1.25),
     /**
+     * A prefix whose holders each carry more than the mean load of it is copied to an origin
+     * that does not hold it and carries at most this share of the mean.
+     */
+    left_out_share: z.number().min(0).max(1).default(0.5),
+    /**
      * Sequences by which another origin's cost must be below a warm origin's before its
      * prefix spreads there (hysteresis), and fewest requests in flight per origin holding a
      * prefix before it is copied.
@@ -52,6 +57,7 @@ export const RoutingSchema = z
       spreadRatio: routing.spread_ratio,
       spreadMs: routing.spread_ms,
       loadBound: routing.load_bound,
+      leftOutShare: routing.left_out_share,
       balanceSeqs: routing.balance_seqs,
       moveTokensPerSeq: routing.move_tokens_per_seq,
       evictionWeight: routing.eviction_weight,

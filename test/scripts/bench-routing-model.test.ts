@@ -20,6 +20,15 @@ describe("routing in the bench's model", () => {
     expect(result.busiestShare).toBeLessThanOrEqual(1.3 / 4);
   });
 
+  it("copies agents' shared system prompt to every one of eight origins", () => {
+    // Seven holders each carry 8/7 of an even share, within the load bound: without a copy
+    // to the eighth it would idle (busiest share 0.171 in the model, 0.173 in the bench).
+    const result = runModel({ workload: agents(96), policy: "warmgate", origins: 8, rate: 16 });
+    expect(result.hitRate / result.ceiling).toBeGreaterThanOrEqual(0.95);
+    expect(result.perOrigin.every((n) => n > 0)).toBe(true);
+    expect(result.busiestShare).toBeLessThanOrEqual(1.3 / 8);
+  });
+
   it("copies a few hot prefixes past one origin's capacity and keeps loads within the bound", () => {
     const result = runModel({ workload: hotFew(480, 2), policy: "warmgate", origins: 4, rate: 60 });
     expect(result.hitRate / result.ceiling).toBeGreaterThanOrEqual(0.95);

@@ -219,8 +219,9 @@ export function choosePlacement(
 
   /**
    * The hot-prefix rule: a prefix whose requests in flight, this one included, exceed
-   * `loadBound` times one origin's share of all the load on each origin holding it (and
-   * `balanceSeqs` each) is copied to the origin that holds it not whose load, counting the
+   * `loadBound` times one origin's share of all the load on each origin holding it (or the
+   * mean, while an origin that does not hold it carries at most `leftOutShare` of it), and
+   * `balanceSeqs` each, is copied to the origin that holds it not whose load, counting the
    * prefill and eviction the copy costs, is lowest; -1: it has holders enough.
    */
   function replicate(from: number): number {
@@ -231,7 +232,15 @@ export function choosePlacement(
       if (usable(i) && (input.matched[i] ?? 0) >= depth) holders += 1;
     }
     const perHolder = traffic / holders;
-    if (perHolder <= s.balanceSeqs || perHolder <= s.loadBound * mean) return -1;
+    // Within the bound, seven holders of eight each carry 8/7 of an even share and the eighth
+    // idles: an origin left out that carries at most `leftOutShare` of the mean gets a copy
+    // once each holder's share of the prefix is above the mean.
+    let lightest = Number.POSITIVE_INFINITY;
+    for (let i = 0; i < candidates.length; i++) {
+      if (usable(i) && (input.matched[i] ?? 0) < depth) lightest = Math.min(lightest, load(i));
+    }
+    const leftOut = perHolder > mean && lightest <= s.leftOutShare * mean;
+    if (perHolder <= s.balanceSeqs || (perHolder <= s.loadBound * mean && !leftOut)) return -1;
     let pick = -1;
     for (const i of order) {
       if (!usable(i) || (input.matched[i] ?? 0) >= depth) continue;

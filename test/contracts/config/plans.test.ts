@@ -117,6 +117,7 @@ describe("batching plans, resolved when the configuration loads", () => {
       spreadRatio: 1,
       spreadMs: 100,
       loadBound: 1.25,
+      leftOutShare: 0.5,
       balanceSeqs: 2,
       moveTokensPerSeq: 256,
       evictionWeight: 1,

@@ -269,6 +269,29 @@ describe("balance rule", () => {
     expect(quiet.reason).toBe("cache_hit");
   });
 
+  it("copies a shared prompt to an origin left out of its copies while the others carry it", () => {
+    const eight = Array.from({ length: 8 }, (_, i) => `o${i + 1}`);
+    const router = new Router(eight, ROUTER_DEFAULTS);
+    const idleAll = eight.map((id) => idle(id));
+    const [out, ...holders] = eight;
+    // Seven origins hold the system prompt and run four of its agents each (in flight, each
+    // pinned there); the eighth holds nothing and runs none.
+    let k = 0;
+    for (const id of holders)
+      for (let a = 0; a < 4; a++)
+        router.place({ ...request(`r${k}`, agent(k++, 1)), pinned: id }, idleAll);
+    const loads = (lightest: number) =>
+      eight.map((id) => idle(id, { load: id === out ? lightest : 4 }));
+    // Each holder carries 4 of the prompt's 29 streams, 8/7 of the mean and within the load
+    // bound; the eighth, idle, gets a copy.
+    expect(router.preview(request("n1", agent(99, 1)), loads(0))).toMatchObject({
+      origin: out,
+      reason: "spread",
+    });
+    // Carrying more than half the mean of its own, it is not left out: the prompt stays.
+    expect(router.preview(request("n2", agent(98, 1)), loads(2)).origin).not.toBe(out);
+  });
+
   it("keeps a prefix of a few requests in flight on one origin", () => {
     const router = new Router(ORIGINS, ROUTER_DEFAULTS);
     const hot = system(12);
