@@ -234,10 +234,13 @@ export function choosePlacement(
     const perHolder = traffic / holders;
     // Within the bound, seven holders of eight each carry 8/7 of an even share and the eighth
     // idles: an origin left out that carries at most `leftOutShare` of the mean gets a copy
-    // once each holder's share of the prefix is above the mean.
+    // once each holder's share of the prefix is above the mean. Its queued prefill counts as
+    // load: one busy with new prompts runs few streams but is not idle.
     let lightest = Number.POSITIVE_INFINITY;
     for (let i = 0; i < candidates.length; i++) {
-      if (usable(i) && (input.matched[i] ?? 0) < depth) lightest = Math.min(lightest, load(i));
+      if (!usable(i) || (input.matched[i] ?? 0) >= depth) continue;
+      const queued = (candidates[i] as RouteCandidate).backlogTokens / s.moveTokensPerSeq;
+      lightest = Math.min(lightest, load(i) + queued);
     }
     const leftOut = perHolder > mean && lightest <= s.leftOutShare * mean;
     if (perHolder <= s.balanceSeqs || (perHolder <= s.loadBound * mean && !leftOut)) return -1;

@@ -290,6 +290,10 @@ describe("balance rule", () => {
     });
     // Carrying more than half the mean of its own, it is not left out: the prompt stays.
     expect(router.preview(request("n2", agent(98, 1)), loads(2)).origin).not.toBe(out);
+    // Nor is one that runs no stream but has new prompts queued to prefill (here 1,024
+    // tokens: four sequences at `move_tokens_per_seq` 256).
+    const queued = eight.map((id) => idle(id, id === out ? { backlogTokens: 1_024 } : { load: 4 }));
+    expect(router.preview(request("n3", agent(97, 1)), queued).origin).not.toBe(out);
   });
 
   it("keeps a prefix of a few requests in flight on one origin", () => {
