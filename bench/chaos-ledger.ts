@@ -100,6 +100,20 @@ export function generatedBy(facts: RequestFacts): TokenUsage | null | undefined 
   return most;
 }
 
+/** Ended attempts ranked equal to `best` by contracts/outcomes.ts (`outranks`) when no attempt finished. */
+function tiedWith(facts: RequestFacts, best: TokenUsage): TokenUsage[] {
+  const ended = (facts.items ?? []).filter((i) => i.state === "ended");
+  if (ended.some((i) => i.outcome === "ok" && i.usage !== null)) return [];
+  if (facts.seen.usage !== null && facts.seen.complete) return [];
+  return ended.flatMap((i) =>
+    i.usage !== null &&
+    i.usage.completion_tokens === best.completionTokens &&
+    i.usage.prompt_tokens === best.promptTokens
+      ? [fromItem(i.usage)]
+      : [],
+  );
+}
+
 /** The request's bill against what was generated. */
 export function billVerdict(facts: RequestFacts): BillVerdict {
   if (facts.record === undefined) {
@@ -111,6 +125,13 @@ export function billVerdict(facts: RequestFacts): BillVerdict {
   const expected = generated === null ? 0n : costPicos(generated, facts.price);
   const billed = facts.record?.costPicos ?? 0n;
   if (billed === expected) return "exact";
+  // Attempts the rule ranks equal (as many completion and prompt tokens, their cached
+  // tokens apart) are each the rule's bill: which one is read first is not the checker's.
+  if (
+    generated !== null &&
+    tiedWith(facts, generated).some((u) => costPicos(u, facts.price) === billed)
+  )
+    return "exact";
   if (billed === 0n) return "unbilled";
   if (billed < expected) return "under";
   return expected > 0n && billed >= 2n * expected ? "double" : "over";
