@@ -77,41 +77,39 @@ const fromItem = (u: {
 
 /**
  * What the GPUs generated for a request, by the rule the ledger reconciles by
- * (contracts/outcomes.ts): its finished attempt's usage; else the usage
- * the client was told; else the attempt that generated the most. Null when nothing was
- * generated, undefined when it cannot be known (an attempt still runs, or its origin
- * forgot it).
+ * (contracts/outcomes.ts): its finished attempt's usage; else the usage the client was
+ * told; else the attempt that generated the most, with every attempt the rule ranks equal
+ * to it (as many completion and prompt tokens, their cached tokens apart), each the rule's
+ * bill. Empty when nothing was generated, undefined when it cannot be known (an attempt
+ * still runs, or its origin forgot it).
  */
-export function generatedBy(facts: RequestFacts): TokenUsage | null | undefined {
+function billable(facts: RequestFacts): TokenUsage[] | undefined {
   const items = facts.items ?? [];
   if (items.some((i) => i.state === "running")) return undefined;
   const ended = items.flatMap((i) => (i.state === "ended" ? [i] : []));
   const finished = ended.find((i) => i.outcome === "ok" && i.usage !== null);
-  if (finished?.usage) return fromItem(finished.usage);
-  if (facts.seen.usage !== null && facts.seen.complete) return fromItem(facts.seen.usage);
+  if (finished?.usage) return [fromItem(finished.usage)];
+  if (facts.seen.usage !== null && facts.seen.complete) return [fromItem(facts.seen.usage)];
   if (facts.items === null || facts.originForgot) return undefined;
-  let most: TokenUsage | null = null;
+  let tied: TokenUsage[] = [];
   for (const item of ended) {
     if (item.usage === null) continue;
-    if (most === null || item.usage.completion_tokens > most.completionTokens) {
-      most = fromItem(item.usage);
-    }
+    const usage = fromItem(item.usage);
+    const most = tied[0];
+    if (most === undefined || usage.completionTokens > most.completionTokens) tied = [usage];
+    else if (
+      usage.completionTokens === most.completionTokens &&
+      usage.promptTokens === most.promptTokens
+    )
+      tied.push(usage);
   }
-  return most;
+  return tied;
 }
 
-/** Ended attempts ranked equal to `best` by contracts/outcomes.ts (`outranks`) when no attempt finished. */
-function tiedWith(facts: RequestFacts, best: TokenUsage): TokenUsage[] {
-  const ended = (facts.items ?? []).filter((i) => i.state === "ended");
-  if (ended.some((i) => i.outcome === "ok" && i.usage !== null)) return [];
-  if (facts.seen.usage !== null && facts.seen.complete) return [];
-  return ended.flatMap((i) =>
-    i.usage !== null &&
-    i.usage.completion_tokens === best.completionTokens &&
-    i.usage.prompt_tokens === best.promptTokens
-      ? [fromItem(i.usage)]
-      : [],
-  );
+/** What the GPUs generated for a request (`billable`'s first): null when nothing was. */
+export function generatedBy(facts: RequestFacts): TokenUsage | null | undefined {
+  const usages = billable(facts);
+  return usages === undefined ? undefined : (usages[0] ?? null);
 }
 
 /** The request's bill against what was generated. */
@@ -120,17 +118,12 @@ export function billVerdict(facts: RequestFacts): BillVerdict {
     // No id: its end user's rows say whether it was recorded twice, nothing more.
     return (facts.userRows?.requests ?? 0) > 1 ? "double" : "unchecked";
   }
-  const generated = generatedBy(facts);
-  if (generated === undefined) return "unchecked";
-  const expected = generated === null ? 0n : costPicos(generated, facts.price);
+  const usages = billable(facts);
+  if (usages === undefined) return "unchecked";
+  const expected = usages[0] === undefined ? 0n : costPicos(usages[0], facts.price);
   const billed = facts.record?.costPicos ?? 0n;
-  if (billed === expected) return "exact";
-  // Attempts the rule ranks equal (as many completion and prompt tokens, their cached
-  // tokens apart) are each the rule's bill: which one is read first is not the checker's.
-  if (
-    generated !== null &&
-    tiedWith(facts, generated).some((u) => costPicos(u, facts.price) === billed)
-  )
+  // Attempts the rule ranks equal are each its bill: which one is read first is not the checker's.
+  if (billed === expected || usages.some((u) => costPicos(u, facts.price) === billed))
     return "exact";
   if (billed === 0n) return "unbilled";
   if (billed < expected) return "under";
