@@ -4,6 +4,7 @@
  * per request and the loss counts come out. Pure, so records with known faults can be fed
  * to it.
  */
+import { type AttemptEnd, outranks } from "../contracts/outcomes.ts";
 import { type ModelPrice, type TokenUsage, costPicos } from "../contracts/pricing.ts";
 import type { ItemRecord } from "../contracts/protocol/schema.ts";
 import type { ChaosOutcome } from "./chaos-client.ts";
@@ -78,38 +79,22 @@ const fromItem = (u: {
 /**
  * What the GPUs generated for a request, by the rule the ledger reconciles by
  * (contracts/outcomes.ts): its finished attempt's usage; else the usage the client was
- * told; else the attempt that generated the most, with every attempt the rule ranks equal
- * to it (as many completion and prompt tokens, their cached tokens apart), each the rule's
- * bill. Empty when nothing was generated, undefined when it cannot be known (an attempt
- * still runs, or its origin forgot it).
+ * told; else the attempt that rule ranks first. Null when nothing was generated, undefined
+ * when it cannot be known (an attempt still runs, or its origin forgot it).
  */
-function billable(facts: RequestFacts): TokenUsage[] | undefined {
+export function generatedBy(facts: RequestFacts): TokenUsage | null | undefined {
   const items = facts.items ?? [];
   if (items.some((i) => i.state === "running")) return undefined;
   const ended = items.flatMap((i) => (i.state === "ended" ? [i] : []));
   const finished = ended.find((i) => i.outcome === "ok" && i.usage !== null);
-  if (finished?.usage) return [fromItem(finished.usage)];
-  if (facts.seen.usage !== null && facts.seen.complete) return [fromItem(facts.seen.usage)];
+  if (finished?.usage) return fromItem(finished.usage);
+  if (facts.seen.usage !== null && facts.seen.complete) return fromItem(facts.seen.usage);
   if (facts.items === null || facts.originForgot) return undefined;
-  let tied: TokenUsage[] = [];
+  let best: AttemptEnd | null = null;
   for (const item of ended) {
-    if (item.usage === null) continue;
-    const usage = fromItem(item.usage);
-    const most = tied[0];
-    if (most === undefined || usage.completionTokens > most.completionTokens) tied = [usage];
-    else if (
-      usage.completionTokens === most.completionTokens &&
-      usage.promptTokens === most.promptTokens
-    )
-      tied.push(usage);
+    if (item.usage !== null && (best === null || outranks(item, best))) best = item;
   }
-  return tied;
-}
-
-/** What the GPUs generated for a request (`billable`'s first): null when nothing was. */
-export function generatedBy(facts: RequestFacts): TokenUsage | null | undefined {
-  const usages = billable(facts);
-  return usages === undefined ? undefined : (usages[0] ?? null);
+  return best?.usage ? fromItem(best.usage) : null;
 }
 
 /** The request's bill against what was generated. */
@@ -118,13 +103,11 @@ export function billVerdict(facts: RequestFacts): BillVerdict {
     // No id: its end user's rows say whether it was recorded twice, nothing more.
     return (facts.userRows?.requests ?? 0) > 1 ? "double" : "unchecked";
   }
-  const usages = billable(facts);
-  if (usages === undefined) return "unchecked";
-  const expected = usages[0] === undefined ? 0n : costPicos(usages[0], facts.price);
+  const usage = generatedBy(facts);
+  if (usage === undefined) return "unchecked";
+  const expected = usage === null ? 0n : costPicos(usage, facts.price);
   const billed = facts.record?.costPicos ?? 0n;
-  // Attempts the rule ranks equal are each its bill: which one is read first is not the checker's.
-  if (billed === expected || usages.some((u) => costPicos(u, facts.price) === billed))
-    return "exact";
+  if (billed === expected) return "exact";
   if (billed === 0n) return "unbilled";
   if (billed < expected) return "under";
   return expected > 0n && billed >= 2n * expected ? "double" : "over";

@@ -75,7 +75,7 @@ export function reconcile(
     let best: Extract<FoundItem, { state: "ended" }> | null = null;
     for (const item of found) {
       if (item.state !== "ended") continue;
-      if (best === null || outranks(item, best)) best = item;
+      if (best === null || billedBefore(item, best)) best = item;
     }
     result.set(
       id,
@@ -104,7 +104,8 @@ export interface AttemptEnd {
  * The one rule for which of a request's attempts is billed: `a` over `b` when `a` finished
  * and `b` did not, or neither did and `a` generated more; at equal output, the one whose
  * origin read more of the prompt (an attempt cut after its prefill still read it, one
- * refused before any did not).
+ * refused before any did not), then the one that computed more of it (fewer cached tokens).
+ * Attempts it ranks equal have equal usage, so which of them is read first never changes a bill.
  */
 export function outranks(a: AttemptEnd, b: AttemptEnd): boolean {
   const [ra, rb] = [rank(a), rank(b)];
@@ -118,7 +119,19 @@ function rank(item: AttemptEnd): readonly number[] {
     item.outcome === "ok" ? 1 : 0,
     usage?.completion_tokens ?? 0,
     usage === null ? -1 : usage.prompt_tokens,
+    usage === null ? 0 : -usage.cached_tokens,
   ];
+}
+
+/** `a` is billed rather than `b`: it outranks it, or they tie and `a` was the earlier attempt. */
+function billedBefore(a: FoundItem & AttemptEnd, b: FoundItem & AttemptEnd): boolean {
+  return outranks(a, b) || (!outranks(b, a) && attemptOf(a.id) < attemptOf(b.id));
+}
+
+/** An item's attempt number: 0 for the request's first, `n` for its id's `.n`. */
+function attemptOf(itemId: string): number {
+  const dot = itemId.indexOf(".");
+  return dot < 0 ? 0 : Number(itemId.slice(dot + 1)) || 0;
 }
 
 /** What one lookup asks about: request ids, and request-id prefixes (each every request under it). */

@@ -67,6 +67,50 @@ describe("reconcile", () => {
   });
 });
 
+const cached = (n: number): ItemUsage => ({ ...usage(51), cached_tokens: n });
+
+describe("reconcile's choice among attempts alike in output", () => {
+  const refused: FoundItem = {
+    id: "req_f",
+    origin: "o1",
+    state: "ended",
+    outcome: "error",
+    usage: null,
+  };
+  const cachedSome: FoundItem = {
+    id: "req_f.1",
+    origin: "o2",
+    state: "ended",
+    outcome: "error",
+    usage: cached(16),
+  };
+  const cachedNone: FoundItem = {
+    id: "req_f.2",
+    origin: "o3",
+    state: "ended",
+    outcome: "error",
+    usage: cached(0),
+  };
+  const attempts = [refused, cachedSome, cachedNone];
+
+  it("bills the one that computed more of the prompt, whichever origin answers first", () => {
+    for (const order of [attempts, attempts.toReversed(), [cachedSome, refused, cachedNone]])
+      expect(reconcile(["req_f"], order).get("req_f")).toMatchObject({
+        item: "req_f.2",
+        origin: "o3",
+      });
+  });
+
+  it("names the earlier attempt when two are alike in every count", () => {
+    const alike = attempts.map((a) => (a.state === "ended" ? { ...a, usage: cached(0) } : a));
+    for (const order of [alike, alike.toReversed()])
+      expect(reconcile(["req_f"], order).get("req_f")).toMatchObject({
+        item: "req_f",
+        origin: "o1",
+      });
+  });
+});
+
 describe("outranks", () => {
   it("weighs a finished answer, then output, then the prompt read", () => {
     expect(outranks(end("ok", usage(0)), end("cancelled", usage(500)))).toBe(true);
@@ -75,6 +119,9 @@ describe("outranks", () => {
     expect(outranks(end("error", null), end("cancelled", usage(0)))).toBe(false);
     expect(outranks(end("error", usage(0)), end("timeout", usage(0)))).toBe(false);
     expect(outranks(end("error", null), end("error", null))).toBe(false);
+    const cachedSome = { ...usage(4), cached_tokens: 3 };
+    expect(outranks(end("error", usage(4)), end("error", cachedSome))).toBe(true);
+    expect(outranks(end("error", cachedSome), end("error", usage(4)))).toBe(false);
   });
 });
 

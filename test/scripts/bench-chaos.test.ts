@@ -121,19 +121,18 @@ describe("the chaos bench's bill verdicts", () => {
     expect(billVerdict(facts({ seen: cancelled, items: neither, record: last }))).toBe("under");
   });
 
-  it("takes either of two failed attempts the rule ranks equal, their cached tokens apart", () => {
+  it("expects the failed attempt that computed more of its prompt, when two generated alike", () => {
     const cachedSome = ended("req_1.2", "error", [40, 51]);
-    const tied = [
+    const alike = [
       ended("req_1", "error", null),
-      ended("req_1.1", "error", [40, 51]),
       { ...cachedSome, usage: { ...usage(40, 51), cached_tokens: 16 } },
+      ended("req_1.1", "error", [40, 51]),
     ];
-    // Cached prompt tokens cost nothing at PRICE: the second attempt's bill is 16 tokens less.
-    for (const bill of [cost(40, 51), cost(24, 51)]) {
-      expect(billVerdict(facts({ seen: failed, items: tied, record: entry(bill) }))).toBe("exact");
-    }
-    const below = entry(cost(23, 51));
-    expect(billVerdict(facts({ seen: failed, items: tied, record: below }))).toBe("under");
+    // Cached prompt tokens cost nothing at PRICE: the attempt with 16 cached bills 16 tokens less.
+    const record = entry(cost(40, 51));
+    expect(billVerdict(facts({ seen: failed, items: alike, record }))).toBe("exact");
+    const cheaper = entry(cost(24, 51));
+    expect(billVerdict(facts({ seen: failed, items: alike, record: cheaper }))).toBe("under");
   });
 
   it("calls a bill twice what was generated double, and a bill for nothing over", () => {
