@@ -16,6 +16,7 @@ import {
   OUTCOMES_PATH,
   type OutcomesRequest,
   OutcomesResponseSchema,
+  attemptOf,
   requestIdOf,
 } from "./protocol/schema.ts";
 
@@ -126,12 +127,6 @@ function rank(item: AttemptEnd): readonly number[] {
 /** `a` is billed rather than `b`: it outranks it, or they tie and `a` was the earlier attempt. */
 function billedBefore(a: FoundItem & AttemptEnd, b: FoundItem & AttemptEnd): boolean {
   return outranks(a, b) || (!outranks(b, a) && attemptOf(a.id) < attemptOf(b.id));
-}
-
-/** An item's attempt number: 0 for the request's first, `n` for its id's `.n`. */
-function attemptOf(itemId: string): number {
-  const dot = itemId.indexOf(".");
-  return dot < 0 ? 0 : Number(itemId.slice(dot + 1)) || 0;
 }
 
 /** What one lookup asks about: request ids, and request-id prefixes (each every request under it). */

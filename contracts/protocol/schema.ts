@@ -271,8 +271,19 @@ export const IDLE_LOAD: Omit<LoadReport, "origin" | "t"> = {
   max_num_seqs: 0,
 };
 
+/** The item id of a request's `n`th attempt: the request id, then `.n` for every retry. */
+export function attemptId(requestId: string, n: number): string {
+  return n === 0 ? requestId : `${requestId}.${n}`;
+}
+
 /** The request an item id belongs to: a retry's attempt id is the request id, `.`, a number. */
 export function requestIdOf(itemId: string): string {
   const dot = itemId.indexOf(".");
   return dot < 0 ? itemId : itemId.slice(0, dot);
+}
+
+/** An item's attempt number: 0 for the request's first, `n` for its id's `.n`. */
+export function attemptOf(itemId: string): number {
+  const dot = itemId.indexOf(".");
+  return dot < 0 ? 0 : Number(itemId.slice(dot + 1)) || 0;
 }

@@ -12,7 +12,7 @@ import type { RegionConfig } from "../../contracts/config/regions.ts";
 import { type OriginFailureKind, failedEverywhere, originFailure } from "../../contracts/errors.ts";
 import type { Verdict } from "../../contracts/breaker.ts";
 import { judgeHead } from "../../contracts/origin-health.ts";
-import type { ItemPath } from "../../contracts/protocol/schema.ts";
+import { type ItemPath, attemptId } from "../../contracts/protocol/schema.ts";
 import type { RegionOrigin } from "./origin-pool.ts";
 import type { GivenUp } from "../accounts/settlement.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
@@ -219,7 +219,7 @@ class Failover {
     let unwatch: (() => void) | null = null;
     let toldSlow = false;
     // Unique across the request's models too (a model fallback dispatches again).
-    const itemId = n === 0 ? options.requestId : `${options.requestId}.${n}`;
+    const itemId = attemptId(options.requestId, n);
     const attempt = await options.open(candidate, {
       requestId: options.requestId,
       attemptId: itemId,

@@ -11,6 +11,8 @@ import {
   MIN_OUTCOME_PREFIX_CHARS,
   OutcomesRequestSchema,
   OutcomesResponseSchema,
+  attemptId,
+  attemptOf,
   requestIdOf,
 } from "../../../contracts/protocol/schema.ts";
 
@@ -107,6 +109,16 @@ describe("cancel and outcome requests", () => {
   it("names an attempt's request by the id before its first dot", () => {
     expect(requestIdOf("req_1.2")).toBe("req_1");
     expect(requestIdOf("req_1")).toBe("req_1");
+  });
+
+  it("numbers a request's attempts in its item ids, and reads the number back", () => {
+    expect(attemptId("req_1", 0)).toBe("req_1");
+    expect(attemptId("req_1", 2)).toBe("req_1.2");
+    for (const n of [0, 1, 2, 17]) {
+      expect(attemptOf(attemptId("req_1", n))).toBe(n);
+      expect(requestIdOf(attemptId("req_1", n))).toBe("req_1");
+    }
+    expect(attemptOf("req_1.x")).toBe(0);
   });
 });
 
