@@ -69,7 +69,7 @@ export class KeyAccount extends DurableObject<Env> {
     super(ctx, env);
     // Memory ahead of storage for good would bill from state that is gone: start again.
     this.#store = new AccountStore(ctx.storage, () => ctx.abort("key account commit failed"));
-    this.#team = new TeamLink(this.#store, env.TEAM_ACCOUNT, ctx);
+    this.#team = new TeamLink(this.#store, env.TEAM_ACCOUNT);
     void ctx.blockConcurrencyWhile(() => this.#migrate());
   }
 
@@ -118,7 +118,10 @@ export class KeyAccount extends DurableObject<Env> {
     models?: string[] | null;
     now?: number;
   }): Promise<KeyCheckResult> {
-    if (checkKey(this.#store, input).ok) await this.#team.learnTerms();
+    if (checkKey(this.#store, input).ok) {
+      await this.#team.learnTerms();
+      await this.#teamIdleAlarm();
+    }
     return checkKey(this.#store, input);
   }
 
@@ -299,9 +302,16 @@ export class KeyAccount extends DurableObject<Env> {
     }
   }
 
-  // Tops the team lease up in the background; an idle key gives back what it holds unused.
+  // Tops the team lease up in the background; an idle key gives back what it holds unused,
+  // what a background call brought included.
   async #teamAlarm(now: number): Promise<void> {
-    const idle = this.#team.keepUp(now);
+    const call = this.#team.keepUp(now);
+    if (call !== null) this.ctx.waitUntil(call.then(() => this.#teamIdleAlarm()));
+    await this.#teamIdleAlarm();
+  }
+
+  async #teamIdleAlarm(): Promise<void> {
+    const idle = this.#team.idleAt();
     if (idle !== null) await this.#ensureAlarm(idle);
   }
 

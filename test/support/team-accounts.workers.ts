@@ -60,5 +60,6 @@ export async function teamKey(teamId: string, limits: Partial<Limits> = {}) {
       maxTokens: 90,
       price: PRICE,
     });
-  return { id, stub, admit };
+  const check = () => stub.check({ credential: { kind: "key", secretHash } });
+  return { id, stub, admit, check };
 }

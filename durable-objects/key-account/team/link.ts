@@ -35,19 +35,13 @@ type CallMode = "renew" | "idle" | "leave";
 export class TeamLink {
   readonly #store: AccountStore;
   readonly #teams: DurableObjectNamespace<TeamAccount>;
-  readonly #ctx: DurableObjectState;
   #running: Promise<unknown> | null = null;
   // Requests of the key waiting for the team now, each lacking about what the first does.
   #waiting = 0;
 
-  constructor(
-    store: AccountStore,
-    teams: DurableObjectNamespace<TeamAccount>,
-    ctx: DurableObjectState,
-  ) {
+  constructor(store: AccountStore, teams: DurableObjectNamespace<TeamAccount>) {
     this.#store = store;
     this.#teams = teams;
-    this.#ctx = ctx;
   }
 
   /**
@@ -71,16 +65,13 @@ export class TeamLink {
   }
 
   /**
-   * Starts a background call when the lease runs low or has spend to report; never waits.
-   * Answers when the key, should it stay idle, is to give back what it holds (or null).
+   * Starts a call when the lease runs low or has spend to report, and answers it (the
+   * caller lets it run in the background); null when none is due.
    */
-  keepUp(now: number): number | null {
+  keepUp(now: number): Promise<unknown> | null {
     const pool = this.#store.team.pool;
-    if (pool === null) return null;
-    if (this.#running === null && (pool.pending !== null || this.#due(pool, now))) {
-      this.#ctx.waitUntil(this.#call(null, "renew"));
-    }
-    return this.idleAt();
+    if (pool === null || this.#running !== null) return null;
+    return pool.pending !== null || this.#due(pool, now) ? this.#call(null, "renew") : null;
   }
 
   /** When the alarm should run for an idle key's lease (a second from `now` at the soonest). */
@@ -89,13 +80,19 @@ export class TeamLink {
     return idle === null ? null : Math.max(idle, now + 1_000);
   }
 
-  /** When an idle key should give back what it holds unused, or null. */
+  /**
+   * When an idle key should give back what it holds unused, or null: 5 s after its last
+   * admission or call to the team, whichever is later (a grant no request used, such as
+   * the first call's for the key's models, is given back too; a call unanswered is sent again).
+   */
   idleAt(): number | null {
-    const pool = this.#store.team.pool;
-    if (pool === null || this.#store.team.activeAt === 0) return null;
-    const spare = poolHeadroom(pool, this.#use());
+    const team = this.#store.team;
+    const last = Math.max(team.activeAt, team.syncedAt);
+    if (team.pool === null || last === 0) return null;
+    const spare = poolHeadroom(team.pool, this.#use());
     const holds = spare.requests > 0 || spare.slots > 0 || (spare.picos ?? 0n) > 0n;
-    return holds || pool.settledPicos > 0n ? this.#store.team.activeAt + TEAM_IDLE_MS : null;
+    const owes = team.pool.settledPicos > 0n || team.pool.pending !== null;
+    return holds || owes ? last + TEAM_IDLE_MS : null;
   }
 
   /** Makes sure the team has answered the key once, so its models are known. */

@@ -1,10 +1,11 @@
-import { runInDurableObject } from "cloudflare:test";
+import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { describe, expect, it } from "vitest";
 import type { TeamAccount } from "../../../durable-objects/team-account/index.ts";
 import type { AdmitResult } from "../../../durable-objects/key-account/types.ts";
 import type { Budgets } from "../../../durable-objects/key-account/budget-types.ts";
 import { HOUR_MS, hourOf } from "../../../contracts/budget-periods.ts";
 import { micros } from "../../support/key-accounts.workers.ts";
+import { TEAM_IDLE_MS } from "../../../durable-objects/key-account/team/link.ts";
 import { newTeam, teamKey } from "../../support/team-accounts.workers.ts";
 
 // Lease calls the team has answered for a key: each call carries the next sequence number.
@@ -156,6 +157,34 @@ describe("teams", () => {
     expect((await team.stub.view())?.slotsHeld).toBe(0);
   });
 
+  it("takes back what a key was granted and never used once it has been idle", async () => {
+    const team = await newTeam(
+      { concurrency: 4 },
+      { periods: [{ period: "1d", limitMicros: 1_000, softMicros: null }] },
+    );
+    const used = await teamKey(team.id);
+    const unused = await teamKey(team.id);
+    // A key's first check asks its team for its models, and takes slots and requests with it.
+    expect((await unused.check()).ok).toBe(true);
+    expect((await used.admit("req_idle_used")).ok).toBe(true);
+    await used.stub.settle({
+      requestId: "req_idle_used",
+      outcome: "ok",
+      usage: { prompt_tokens: 10, completion_tokens: 90 },
+    });
+    const busy = await team.stub.view();
+    expect(busy?.slotsHeld).toBeGreaterThan(2);
+    expect(busy?.budgets[0]?.reservedPicos).toBeGreaterThan(0n);
+    await sleep(TEAM_IDLE_MS + 300);
+    // Their alarms may have run already; one not yet due stays for later.
+    await runDurableObjectAlarm(unused.stub);
+    await runDurableObjectAlarm(used.stub);
+    const idle = await team.stub.view();
+    expect(idle?.slotsHeld).toBe(0);
+    expect(idle?.budgets[0]?.reservedPicos).toBe(0n);
+    expect(idle?.budgets[0]?.spentPicos).toBeGreaterThan(0n);
+  });
+
   it("holds a Batch API batch against its key's team budget and counts its cost in the team's spend", async () => {
     const team = await newTeam(
       {},
@@ -199,3 +228,7 @@ describe("teams", () => {
     });
   });
 });
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
