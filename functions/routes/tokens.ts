@@ -15,7 +15,9 @@ import {
   MAX_TOKEN_TTL_SECONDS,
   mintBrowserToken,
   originAllowedByAnyKey,
+  verifyBrowserToken,
 } from "../accounts/browser-token.ts";
+import { browserTokenRefused } from "../middleware/api-key-only.ts";
 import { bearerToken, parseApiKey } from "../accounts/keys.ts";
 import { readJsonBody } from "../request/json-body.ts";
 import { BudgetList, budgetJson, periodBudgetsOf } from "./admin/key-payloads.ts";
@@ -61,7 +63,14 @@ export const tokens = new Hono<AppEnv>()
     // Only an API key mints tokens; a browser token cannot mint more.
     const parsed =
       presented === null ? null : await parseApiKey(c.env, presented, c.var.edge.apiKeys);
-    if (parsed === null) throw invalidApiKey();
+    if (parsed === null) {
+      // A valid browser token is told it is one, as on the key's other own routes.
+      const token =
+        presented === null
+          ? null
+          : await verifyBrowserToken(c.env, presented, now, c.var.edge.browserTokens);
+      throw token === null ? invalidApiKey() : browserTokenRefused("mint browser tokens");
+    }
     const requested = await readJsonBody(c.req.raw, TokenRequest);
     const account = c.env.KEY_ACCOUNT.get(c.env.KEY_ACCOUNT.idFromName(parsed.keyId));
     const check = await account.check({

@@ -111,8 +111,12 @@ describe("POST /v1/tokens", () => {
     const body = await forgedRes.text();
     expect(body).toContain("invalid_api_key");
     expect(body).not.toContain(forged);
+    // A browser token is refused as one (403, as on the key's other routes); a forged one,
+    // as a wrong credential.
     const token = (await (await mint(key)).json<Minted>()).token;
-    expect((await mint(token)).status).toBe(401);
+    expect((await mint(token)).status).toBe(403);
+    const [head, claims] = token.split(".");
+    expect((await mint(`${head}.${claims}.${"A".repeat(43)}`)).status).toBe(401);
     await exports.default.fetch(`http://edge.test/admin/keys/${id}`, {
       method: "DELETE",
       headers: ADMIN,
@@ -290,7 +294,7 @@ describe("CORS preflight", () => {
 });
 
 describe("a key's own business", () => {
-  it("is refused to its browser tokens with 403 permission_denied: usage, files and batches", async () => {
+  it("is refused to its browser tokens with 403 permission_denied: usage, files, batches and tokens", async () => {
     const { key } = await createKey({ name: "web-batches" });
     const { token } = await (await mint(key, { user: "mallory" })).json<Minted>();
     const form = new FormData();
@@ -308,6 +312,7 @@ describe("a key's own business", () => {
       ["POST", "/v1/batches", { body: JSON.stringify({ input_file_id: "file-0123" }) }],
       ["GET", "/v1/batches/batch_0123"],
       ["POST", "/v1/batches/batch_0123/cancel"],
+      ["POST", "/v1/tokens", { body: JSON.stringify({ user: "eve" }) }],
     ];
     for (const [method, path, init] of calls) {
       const res = await exports.default.fetch(`http://edge.test${path}`, {
