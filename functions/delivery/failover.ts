@@ -28,6 +28,7 @@ import {
   crossesRegion,
   nextAttempt,
   nextCandidates,
+  ranOn,
 } from "./retry.ts";
 import type { OpenItem } from "./item.ts";
 
@@ -250,6 +251,9 @@ class Failover {
     (unwatch as (() => void) | null)?.();
     options.pool.end(planned);
     if (attempt.kind === "refused") throw attempt.error;
+    if (attempt.originId !== null && attempt.originId !== planned) {
+      this.#candidates = ranOn(this.#candidates, i, attempt.originId);
+    }
     const listed: RequestAttempt = {
       region: candidate.region.id,
       origin: attempt.originId,

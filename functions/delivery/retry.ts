@@ -80,6 +80,23 @@ export function nextCandidates(
   return rest.length === 0 ? null : [...candidates.slice(0, i), ...rest];
 }
 
+/**
+ * The candidates once attempt `i`, planned for `candidates[i]`, ran on `originId` (a
+ * region's Batcher places a request by its prefix): that origin's entry takes place `i`,
+ * so the one planned stays among those left to try.
+ */
+export function ranOn(
+  candidates: readonly RegionOrigin[],
+  i: number,
+  originId: string,
+): readonly RegionOrigin[] {
+  const at = candidates.findIndex((candidate, j) => j > i && candidate.origin.id === originId);
+  if (at < 0) return candidates;
+  const order = [...candidates];
+  [order[i], order[at]] = [order[at] as RegionOrigin, order[i] as RegionOrigin];
+  return order;
+}
+
 /** Whether attempt `i` goes into a region none of the attempts before it tried. */
 export function crossesRegion(candidates: readonly RegionOrigin[], i: number): boolean {
   const region = candidates[i]?.region.id;

@@ -66,3 +66,66 @@ describe("a request whose every candidate left went behind an open breaker", () 
     expect((error as ApiError).status).toBe(503);
   });
 });
+
+describe("an attempt its region's Batcher ran on another origin than planned", () => {
+  it("leaves the origin planned to be tried next, before another region", async () => {
+    const twoNear = loadConfig(
+      JSON.stringify({
+        models: [{ id: "warmgate-sim-8b", max_model_len: 32768 }],
+        regions: [
+          {
+            id: "near",
+            origins: [
+              { id: "near-1", url: "http://127.0.0.1:9" },
+              { id: "near-2", url: "http://127.0.0.1:9" },
+            ],
+          },
+          { id: "far", origins: [{ id: "far-1", url: "http://127.0.0.1:9" }] },
+        ],
+        default_region: "near",
+        limits: { retry_budget: 2 },
+      }),
+    );
+    const candidates = twoNear.regions.flatMap((region) =>
+      region.origins.map((origin) => ({ region, origin })),
+    );
+    // Planned, and where each attempt ran: the first, planned near-1, ran on near-2.
+    const tried: [string, string][] = [];
+    const error = await dispatchCompletion({
+      requestId: `req_${crypto.randomUUID().replaceAll("-", "")}`,
+      path: "/v1/chat/completions",
+      body: "{}",
+      model: "warmgate-sim-8b",
+      candidates,
+      pool: new OriginPool(new OriginHealth(10_000)),
+      limits: twoNear.limits,
+      delivery: "whole",
+      headers: {},
+      secrets: env,
+      gaveUp: [],
+      onSettled: () => {},
+      open: async (candidate, call): Promise<DispatchAttempt> => {
+        const ran =
+          tried.length === 0
+            ? "near-2"
+            : candidate.region.origins.find((o) => !call.avoidOrigins.includes(o.id))?.id;
+        tried.push([candidate.origin.id, ran ?? "none"]);
+        return {
+          kind: "failed",
+          failure: "timeout",
+          detail: "no first byte",
+          originId: ran ?? null,
+        };
+      },
+    }).then(
+      () => null,
+      (failure: unknown) => failure,
+    );
+    expect(tried).toEqual([
+      ["near-1", "near-2"],
+      ["near-1", "near-1"],
+      ["far-1", "far-1"],
+    ]);
+    expect(error).toBeInstanceOf(ApiError);
+  });
+});
