@@ -123,6 +123,38 @@ describe("a key with headroom", () => {
   });
 });
 
+describe("a leased request's usage record", () => {
+  it("is found by its key in the isolate that answered it as soon as the answer is read", async () => {
+    const { key } = await createKey({ name: "leased-read" });
+    await send(env, key);
+    const ctx = createExecutionContext();
+    const request = edgeRequest("/v1/chat/completions", {
+      body: chatBody(),
+      headers: { authorization: `Bearer ${key}` },
+      region: "eu",
+    });
+    const response = await app.fetch(request, env, ctx);
+    const { usage } = JSON.parse(await response.text()) as { usage: { total_tokens: number } };
+    const requestId = response.headers.get("x-request-id") ?? "";
+    expect(parseLeasedId(requestId)).not.toBeNull();
+    // Read before the settlement's own timer sent it (the context is still running).
+    const read = await app.fetch(
+      edgeRequest(`/v1/usage/requests/${requestId}`, {
+        method: "GET",
+        headers: { authorization: `Bearer ${key}` },
+      }),
+      env,
+      createExecutionContext(),
+    );
+    expect(read.status).toBe(200);
+    expect(await read.json()).toMatchObject({
+      status: "settled",
+      total_tokens: usage.total_tokens,
+    });
+    await waitOnExecutionContext(ctx);
+  });
+});
+
 describe("a key's budget under leases", () => {
   it("is never exceeded by many concurrent requests", async () => {
     // About twenty worst cases fit the credit.
