@@ -1,10 +1,9 @@
 /**
- * The one failover loop of the edge (docs/edge.md, "Delivery"): each attempt goes
- * through an `ItemOpener` (`opener.ts`), straight to the candidate origin as a batch of one
- * or through the region's `Batcher` (`batcher.ts`), which both answer with an `OpenItem`
- * (`item.ts`). Before the first byte reaches the client a failing origin is
- * replaced by the next candidate, within the retry budget, and origins that failed are
- * avoided; the answer is then delivered by `response.ts`.
+ * The one failover loop of the edge (docs/edge.md, "Delivery"): each attempt goes through an
+ * `ItemOpener` (`opener.ts`), straight to the candidate origin as a batch of one or through
+ * the region's `Batcher` (`batcher.ts`), which both answer with an `OpenItem` (`item.ts`).
+ * Before the first byte reaches the client a failing origin is replaced by the next candidate,
+ * within the retry budget, and origins that failed are avoided; `response.ts` delivers it.
  */
 import { logWarn } from "../../contracts/log.ts";
 import type { Limits } from "../../contracts/config/limits.ts";
