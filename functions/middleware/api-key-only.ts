@@ -14,12 +14,7 @@ export function apiKeyOnly(
   what: string,
 ): Extract<Credential, { kind: "key" }> {
   if (credential.kind === "key") return credential;
-  throw browserTokenRefused(what);
-}
-
-/** The refusal (403) of a browser token where the API key is needed to `what`. */
-export function browserTokenRefused(what: string): ApiError {
-  return new ApiError(403, `Browser tokens cannot ${what}; use the API key.`, {
+  throw new ApiError(403, `Browser tokens cannot ${what}; use the API key.`, {
     type: "permission_error",
     code: "permission_denied",
   });

@@ -15,10 +15,9 @@ import {
   MAX_TOKEN_TTL_SECONDS,
   mintBrowserToken,
   originAllowedByAnyKey,
-  verifyBrowserToken,
 } from "../accounts/browser-token.ts";
-import { browserTokenRefused } from "../middleware/api-key-only.ts";
-import { bearerToken, parseApiKey } from "../accounts/keys.ts";
+import { authenticateBearer } from "../accounts/account-client.ts";
+import { apiKeyOnly } from "../middleware/api-key-only.ts";
 import { readJsonBody } from "../request/json-body.ts";
 import { BudgetList, budgetJson, periodBudgetsOf } from "./admin/key-payloads.ts";
 
@@ -59,22 +58,19 @@ export const tokens = new Hono<AppEnv>()
   })
   .post("/tokens", async (c) => {
     const now = Date.now();
-    const presented = bearerToken(c.req.header("authorization"));
-    // Only an API key mints tokens; a browser token cannot mint more.
-    const parsed =
-      presented === null ? null : await parseApiKey(c.env, presented, c.var.edge.apiKeys);
-    if (parsed === null) {
-      // A valid browser token is told it is one, as on the key's other own routes.
-      const token =
-        presented === null
-          ? null
-          : await verifyBrowserToken(c.env, presented, now, c.var.edge.browserTokens);
-      throw token === null ? invalidApiKey() : browserTokenRefused("mint browser tokens");
-    }
+    // Only an API key mints tokens; a valid browser token is told it is one (403), as on the
+    // key's other own routes, and anything else is a wrong key.
+    const auth = await authenticateBearer(c.env, c.req.header("authorization"), {
+      now,
+      apiKeys: c.var.edge.apiKeys,
+      browserTokens: c.var.edge.browserTokens,
+    });
+    if (!auth.ok) throw invalidApiKey();
+    const apiKey = apiKeyOnly(auth, "mint browser tokens");
     const requested = await readJsonBody(c.req.raw, TokenRequest);
-    const account = c.env.KEY_ACCOUNT.get(c.env.KEY_ACCOUNT.idFromName(parsed.keyId));
+    const account = c.env.KEY_ACCOUNT.get(c.env.KEY_ACCOUNT.idFromName(apiKey.keyId));
     const check = await account.check({
-      credential: { kind: "key", secretHash: parsed.secretHash },
+      credential: { kind: "key", secretHash: apiKey.secretHash },
       now,
     });
     if (!check.ok) throw invalidApiKey();
@@ -108,7 +104,7 @@ export const tokens = new Hono<AppEnv>()
     const { token, expiresAt } = await mintBrowserToken(
       c.env,
       {
-        keyId: parsed.keyId,
+        keyId: apiKey.keyId,
         secretGeneration: check.secretGeneration,
         user,
         limits,
