@@ -18,6 +18,7 @@ import {
   linesToStart,
   outputRecord,
   stepOf,
+  stopped,
 } from "./lifecycle.ts";
 import { keptAnswers } from "./kept-answers.ts";
 import { lineAttempt } from "./line-attempt.ts";
@@ -72,7 +73,11 @@ export class BatchRun extends DurableObject<Env> {
     let reserve = 0n;
     for (const line of input.lines) reserve += line.reservePicos;
     const account = this.env.KEY_ACCOUNT.getByName(input.owner);
-    const held = await account.holdBatch({ batchId: input.id, picos: reserve });
+    const held = await account.holdBatch({
+      batchId: input.id,
+      model: input.run.model,
+      picos: reserve,
+    });
     if (!held.ok) return { ok: false, refusal: held.refusal };
     const state: BatchState = {
       id: input.id,
@@ -169,15 +174,11 @@ export class BatchRun extends DurableObject<Env> {
         );
         return;
       case "drain": {
-        const message =
-          step.code === "batch_expired"
-            ? "This request could not be executed before the completion window expired."
-            : "This request was not executed: the batch was cancelled.";
         for (const line of this.#store.pendingLines()) {
           const record = outputRecord(this.#lineId(line.idx), line.customId, {
             kind: "error",
             code: step.code,
-            message,
+            message: step.message,
           });
           this.#store.finish(line.idx, { ok: false, record, httpStatus: null, now }, null);
         }
@@ -320,9 +321,14 @@ export class BatchRun extends DurableObject<Env> {
     for (;;) {
       const charge = this.#store.nextCharge();
       if (charge === null) return;
-      await this.#account().chargeBatch(batchCharge(this.#store.run, state.id, charge));
+      const { stop } = await this.#account().chargeBatch(
+        batchCharge(this.#store.run, state.id, charge),
+      );
       this.#store.charged(charge.seq);
       this.#chargedAt = Date.now();
+      // Revoked, expired or blocked meanwhile, or the model taken away: no line starts again.
+      const change = stopped(this.#store.state ?? state, stop, this.#chargedAt);
+      if (change !== null) this.#store.update(change);
     }
   }
 

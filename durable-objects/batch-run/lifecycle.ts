@@ -3,6 +3,7 @@
  * given its status, its lines' counts and the time, and the OpenAI batch object of its
  * state. No I/O; time comes in as `now` (ms).
  */
+import type { BatchStop } from "../key-account/batch-types.ts";
 import type { BatchStatus, OpenAIBatch } from "./types.ts";
 
 /** A batch as stored (times in ms, null until reached). */
@@ -23,6 +24,8 @@ export interface BatchState {
   cancelledAt: number | null;
   outputFileId: string | null;
   errorFileId: string | null;
+  /** Set when the key's account stopped the batch (revoked, expired, blocked, model gone). */
+  stoppedFor?: BatchStop;
 }
 
 /** How many lines are in each state. */
@@ -42,7 +45,7 @@ export type BatchStep =
   /** Start pending lines while the lane has room. */
   | { kind: "run" }
   /** Start nothing more: pending lines fail with `code`, running ones are waited for. */
-  | { kind: "drain"; ending: BatchEnding; code: "batch_expired" | "batch_cancelled" }
+  | { kind: "drain"; ending: BatchEnding; code: DrainCode; message: string }
   /** Every line ended: write the output and error files, then take the final status. */
   | { kind: "finalize"; ending: BatchEnding }
   /** Nothing left to do. */
@@ -66,7 +69,8 @@ export function stepOf(state: BatchState, counts: LineCounts, now: number): Batc
           ? { kind: "finalize", ending }
           : { kind: "run" };
       }
-      return counts.pending + counts.running === 0 ? { kind: "finalize", ending } : drain(ending);
+      if (counts.pending + counts.running === 0) return { kind: "finalize", ending };
+      return drain(ending, state.stoppedFor);
     }
     case "finalizing":
       return { kind: "finalize", ending: endingOf(state, now) };
@@ -82,12 +86,36 @@ export function stepOf(state: BatchState, counts: LineCounts, now: number): Batc
   }
 }
 
-function drain(ending: Exclude<BatchEnding, "completed">): BatchStep {
-  return {
-    kind: "drain",
-    ending,
-    code: ending === "expired" ? "batch_expired" : "batch_cancelled",
-  };
+/** Why a line of a draining batch was not run. */
+type DrainCode = "batch_expired" | "batch_cancelled" | BatchStop;
+
+const NOT_RUN: Record<DrainCode, string> = {
+  batch_expired: "This request could not be executed before the completion window expired.",
+  batch_cancelled: "This request was not executed: the batch was cancelled.",
+  key_revoked: "This request was not executed: the batch's API key was revoked.",
+  key_expired: "This request was not executed: the batch's API key expired.",
+  key_blocked: "This request was not executed: the batch's API key was blocked.",
+  model_not_allowed:
+    "This request was not executed: the batch's API key may no longer use its model.",
+};
+
+function drain(ending: Exclude<BatchEnding, "completed">, stop?: BatchStop): BatchStep {
+  const code = ending === "expired" ? "batch_expired" : (stop ?? "batch_cancelled");
+  return { kind: "drain", ending, code, message: NOT_RUN[code] };
+}
+
+/**
+ * The change that stops a batch its key's account no longer lets run (`stop`): it is
+ * cancelled as a client's cancel would, its lines not yet sent failing with that reason;
+ * null when the account let it go on or it is ending already.
+ */
+export function stopped(
+  state: BatchState,
+  stop: BatchStop | null,
+  now: number,
+): Partial<BatchState> | null {
+  if (stop === null || !cancellable(state.status)) return null;
+  return { status: "cancelling", cancellingAt: now, stoppedFor: stop };
 }
 
 /**
@@ -124,7 +152,13 @@ export function batchObject(state: BatchState, counts: LineCounts): OpenAIBatch 
     id: state.id,
     object: "batch",
     endpoint: state.endpoint,
-    errors: null,
+    errors:
+      state.stoppedFor === undefined
+        ? null
+        : {
+            object: "list",
+            data: [{ code: state.stoppedFor, message: NOT_RUN[state.stoppedFor], line: null }],
+          },
     input_file_id: state.inputFileId,
     completion_window: "24h",
     status: state.status,

@@ -14,11 +14,15 @@ import type { AccountStore } from "./store.ts";
 import type { AdmissionRefusal } from "./types.ts";
 import type { TeamAllowance } from "../team-account/types.ts";
 import type { TeamLink } from "./team/link.ts";
-import { moneyShort } from "./team/pool.ts";
+import { moneyShort, usableModels } from "./team/pool.ts";
+import { keyRefusal, modelAllowed } from "./admission.ts";
+import type { RequestSample } from "./metrics.ts";
+import type { BatchStop } from "./batch-types.ts";
 
 /**
  * What `holdBatch` answers: held (or held already), or refused for a budget (the key's or
- * its team's), a key no longer active, or a team whose allowance other keys hold now.
+ * its team's), a key no longer active, a model the key (or its team) may not use, or a team
+ * whose allowance other keys hold now.
  */
 export type BatchHoldResult =
   | { ok: true }
@@ -27,7 +31,39 @@ export type BatchHoldResult =
       refusal: Omit<Extract<AdmissionRefusal, { code: "insufficient_quota" }>, "rateLimit">;
     }
   | { ok: false; refusal: { code: "invalid_api_key" } }
-  | { ok: false; refusal: { code: "team_busy" } };
+  | { ok: false; refusal: { code: "key_blocked" } }
+  | { ok: false; refusal: { code: "team_busy" } }
+  | { ok: false; refusal: { code: "model_not_allowed"; model: string } };
+
+/** A batch's hold: its worst case, for lines of one model. */
+export interface BatchHoldInput {
+  batchId: string;
+  model: string;
+  picos: bigint;
+}
+
+/** What `chargeBatch` answers: whether the charge was applied now, and whether to stop. */
+export interface BatchChargeResult {
+  applied: boolean;
+  /** Set while the key may not run the batch's lines: the batch starts no more. */
+  stop: BatchStop | null;
+}
+
+/**
+ * Whether the key may run lines of `model` at `now`, or why not: the one rule of a batch's
+ * hold and of each of its charges (so a batch stops within a charge of a revoke or block).
+ */
+export function batchStop(store: AccountStore, model: string, now: number): BatchStop | null {
+  const record = store.key.record;
+  if (record === null) return "key_revoked";
+  const refusal = keyRefusal(record, null, now);
+  if (refusal?.code === "key_blocked") return "key_blocked";
+  if (refusal?.code === "invalid_api_key") {
+    return refusal.reason === "expired" ? "key_expired" : "key_revoked";
+  }
+  const allowed = usableModels(record.models, store.team.pool, null);
+  return modelAllowed(allowed, model) ? null : "model_not_allowed";
+}
 
 /** Lines of one batch that finished, billed together under charge number `seq`. */
 export interface BatchCharge {
@@ -129,8 +165,9 @@ export async function holdBatch(
   store: AccountStore,
   team: TeamLink,
   sql: SqlStorage,
-  input: { batchId: string; picos: bigint },
+  input: BatchHoldInput,
 ): Promise<BatchHoldResult> {
+  // The team's models are known before the model is judged.
   await team.learnTerms();
   for (let tries = 0; tries < TEAM_TRIES; tries++) {
     const held = decideHold(store, sql, input, Date.now());
@@ -149,14 +186,18 @@ export async function holdBatch(
 function decideHold(
   store: AccountStore,
   sql: SqlStorage,
-  input: { batchId: string; picos: bigint },
+  input: BatchHoldInput,
   now: number,
 ): BatchHoldResult | { need: TeamAllowance } {
   if (holdOf(sql, input.batchId) !== undefined) return { ok: true };
-  const record = store.key.record;
-  if (record === null || record.status !== "active") {
-    return { ok: false, refusal: { code: "invalid_api_key" } };
+  const stop = batchStop(store, input.model, now);
+  if (stop === "model_not_allowed") {
+    return { ok: false, refusal: { code: stop, model: input.model } };
   }
+  if (stop === "key_blocked") return { ok: false, refusal: { code: stop } };
+  if (stop !== null) return { ok: false, refusal: { code: "invalid_api_key" } };
+  const record = store.key.record;
+  if (record === null) return { ok: false, refusal: { code: "invalid_api_key" } };
   const hour = hourOf(now);
   const lines = store.spend.lines(record.budgets, now, KEY_SCOPE);
   const refusal = budgetRefusal(lines, input.picos, now);
@@ -183,15 +224,19 @@ function decideHold(
   return { ok: true };
 }
 
-/** Bills finished lines once and gives back their part of the hold; true when applied now. */
+/**
+ * Bills finished lines once and gives back their part of the hold (each line that ran counts
+ * in the key's metrics as a request does), and tells the batch whether to go on.
+ */
 export function chargeBatch(
   store: AccountStore,
   sql: SqlStorage,
   charge: BatchCharge,
   now: number,
-): boolean {
+): BatchChargeResult {
+  const stop = batchStop(store, charge.model, now);
   const hold = holdOf(sql, charge.batchId);
-  if (hold === undefined || charge.seq <= hold.applied_seq) return false;
+  if (hold === undefined || charge.seq <= hold.applied_seq) return { applied: false, stop };
   const reserved = BigInt(hold.reserved_picos);
   let release = 0n;
   let cost = 0n;
@@ -199,6 +244,7 @@ export function chargeBatch(
   const key = { tags: store.key.record?.tags ?? [], teamId: store.key.record?.teamId ?? null };
   for (const line of charge.lines) {
     store.ledger.add(lineRow(charge, line, key, now));
+    if (line.httpStatus !== null) store.metrics.add(lineSample(charge, line, now));
     release += line.releasePicos;
     cost += line.costPicos;
     tokens.promptTokens += line.usage?.promptTokens ?? 0;
@@ -224,7 +270,33 @@ export function chargeBatch(
     charge.batchId,
   );
   store.flush();
-  return true;
+  return { applied: true, stop };
+}
+
+/** A line that ran, as the key's metrics count a request (its time from send to end). */
+function lineSample(charge: BatchCharge, line: BatchChargeLine, now: number): RequestSample {
+  const usage = line.usage;
+  return {
+    requestId: line.requestId,
+    model: charge.model,
+    region: charge.region,
+    status: line.httpStatus ?? 502,
+    outcome: line.ok ? "ok" : "error",
+    durationMs:
+      line.startedAt === null || line.endedAt === null ? null : line.endedAt - line.startedAt,
+    ttftMs: null,
+    attempts: 1,
+    costPicos: line.costPicos,
+    tokens:
+      usage === null
+        ? null
+        : {
+            prompt: usage.promptTokens,
+            cached: usage.cachedTokens,
+            completion: usage.completionTokens,
+          },
+    at: now,
+  };
 }
 
 /** Gives back what is left of a batch's hold (it ended); idempotent. */

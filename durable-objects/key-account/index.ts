@@ -14,6 +14,8 @@ import { KEY_ACCOUNT_MIGRATIONS } from "./migrations.ts";
 import { budgetStatusOf, checkKey, recordOf, requestsOf, usageOf } from "./reads.ts";
 import {
   type BatchCharge,
+  type BatchChargeResult,
+  type BatchHoldInput,
   type BatchHoldResult,
   chargeBatch,
   holdBatch,
@@ -191,7 +193,7 @@ export class KeyAccount extends DurableObject<Env> {
   }
 
   /** Reserves a Batch API batch's worst case against the key's and team's budgets (batch-holds.ts). */
-  async holdBatch(input: { batchId: string; picos: bigint }): Promise<BatchHoldResult> {
+  async holdBatch(input: BatchHoldInput): Promise<BatchHoldResult> {
     const held = await holdBatch(this.#store, this.#team, this.ctx.storage.sql, input);
     await this.#teamAlarm(Date.now());
     return held;
@@ -199,15 +201,16 @@ export class KeyAccount extends DurableObject<Env> {
 
   /**
    * Bills a batch's finished lines once per charge number, committed before it answers; a
-   * member key reports the cost to its team at once (a batch is never on a request's path).
+   * member key reports the cost to its team at once (a batch is never on a request's path);
+   * its answer tells the batch to stop when its key may no longer run it.
    */
-  async chargeBatch(charge: BatchCharge): Promise<boolean> {
+  async chargeBatch(charge: BatchCharge): Promise<BatchChargeResult> {
     const now = Date.now();
-    const applied = chargeBatch(this.#store, this.ctx.storage.sql, charge, now);
+    const charged = chargeBatch(this.#store, this.ctx.storage.sql, charge, now);
     await this.#alertsFor(now);
-    if (applied) await this.#team.report();
+    if (charged.applied) await this.#team.report();
     await this.#teamAlarm(now);
-    return applied;
+    return charged;
   }
 
   /** Gives back what is left of a batch's hold. */

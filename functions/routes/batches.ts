@@ -21,6 +21,7 @@ import {
 } from "../../contracts/errors.ts";
 import { formatUsd } from "../../contracts/pricing.ts";
 import { retryAfterHeaders } from "../accounts/rate-limit-headers.ts";
+import { refusalError } from "../accounts/account-client.ts";
 import type { ItemPath } from "../../contracts/protocol/schema.ts";
 import type { BatchCreateResult } from "../../durable-objects/batch-run/index.ts";
 import type { BatchLinePlan, OpenAIBatch } from "../../durable-objects/batch-run/types.ts";
@@ -51,6 +52,9 @@ function refusedForBudget(
       type: "invalid_request_error",
       code: "invalid_api_key",
     });
+  }
+  if (refusal.code === "key_blocked" || refusal.code === "model_not_allowed") {
+    return refusalError({ ok: false, ...refusal }, keyId);
   }
   if (refusal.code === "team_busy") {
     return new ApiError(429, "The key's team allowance is in use by its other keys now; retry.", {

@@ -191,11 +191,15 @@ describe("teams", () => {
       { periods: [{ period: "1h", limitMicros: 1_000, softMicros: null }] },
     );
     const key = await teamKey(team.id);
-    expect(await key.stub.holdBatch({ batchId: "batch_big", picos: micros(1_500) })).toMatchObject({
+    expect(
+      await key.stub.holdBatch({ batchId: "batch_big", model: "m", picos: micros(1_500) }),
+    ).toMatchObject({
       ok: false,
       refusal: { code: "insufficient_quota", scope: "team", teamId: team.id },
     });
-    expect(await key.stub.holdBatch({ batchId: "batch_ok", picos: micros(600) })).toEqual({
+    expect(
+      await key.stub.holdBatch({ batchId: "batch_ok", model: "m", picos: micros(600) }),
+    ).toEqual({
       ok: true,
     });
     const now = Date.now();
@@ -218,11 +222,13 @@ describe("teams", () => {
         },
       ],
     });
-    expect(charged).toBe(true);
+    expect(charged).toEqual({ applied: true, stop: null });
     const [line] = (await team.stub.view())?.budgets ?? [];
     expect(line?.spentPicos).toBe(micros(400));
     // 400 µ$ spent: 700 more would take the team past its 1,000 µ$.
-    expect(await key.stub.holdBatch({ batchId: "batch_late", picos: micros(700) })).toMatchObject({
+    expect(
+      await key.stub.holdBatch({ batchId: "batch_late", model: "m", picos: micros(700) }),
+    ).toMatchObject({
       ok: false,
       refusal: { code: "insufficient_quota", scope: "team", budget: "1h" },
     });
