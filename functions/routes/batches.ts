@@ -32,11 +32,18 @@ import { BATCH_ENDPOINTS, batchModel, checkBatchFile, planLine } from "../batch-
 import { REGION_OVERRIDE_HEADER } from "./completions.ts";
 import { ownFile } from "./files.ts";
 
+// OpenAI's limits on an object's metadata: 16 pairs, keys to 64 characters, values to 512.
+const BatchMetadata = z
+  .record(z.string().max(64), z.string().max(512))
+  .refine((metadata) => Object.keys(metadata).length <= 16, {
+    message: "Metadata may have at most 16 keys.",
+  });
+
 const CreateBatchSchema = z.looseObject({
   input_file_id: z.string(),
   endpoint: z.enum(Object.keys(BATCH_ENDPOINTS) as [string, ...string[]]),
   completion_window: z.literal("24h"),
-  metadata: z.record(z.string(), z.string()).nullable().optional(),
+  metadata: BatchMetadata.nullable().optional(),
 });
 
 function notFoundBatch(id: string): ApiError {

@@ -247,6 +247,37 @@ describe("/v1/batches", () => {
     expect(again.status).toBe(409);
   });
 
+  it("keeps metadata within OpenAI's limits: 16 pairs, keys to 64 characters, values to 512", async () => {
+    const file = await (await upload(line("a"))).json<{ id: string }>();
+    const create = (metadata: unknown) =>
+      call("/v1/batches", {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          input_file_id: file.id,
+          endpoint: "/v1/chat/completions",
+          completion_window: "24h",
+          metadata,
+        }),
+      });
+    const many = Object.fromEntries(Array.from({ length: 17 }, (_, i) => [`k${i}`, "v"]));
+    for (const metadata of [many, { ["k".repeat(65)]: "v" }, { k: "v".repeat(513) }]) {
+      const res = await create(metadata);
+      expect(res.status).toBe(400);
+      const { error } = await res.json<{ error: { param: string; type: string } }>();
+      expect(error).toMatchObject({ type: "invalid_request_error" });
+      expect(error.param).toMatch(/^metadata/);
+    }
+    const fits = Object.fromEntries(
+      Array.from({ length: 16 }, (_, i) => [`k${i}`, "v".repeat(512)]),
+    );
+    const res = await create(fits);
+    expect(res.status).toBe(200);
+    const batch = await res.json<Batch & { metadata: Record<string, string> }>();
+    expect(Object.keys(batch.metadata)).toHaveLength(16);
+    await settled(batch.id);
+  });
+
   it("refuses a batch whose worst case exceeds the key's budget", async () => {
     config = pricedConfig();
     const { key } = await createKey({
