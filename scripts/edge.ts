@@ -75,26 +75,61 @@ function dotenvLine(name: string, value: string): string {
   return `${name}='${value.replaceAll("'", "\\'")}'`;
 }
 
-async function waitForHealth(url: string, child: ChildProcess, timeoutMs: number): Promise<void> {
+/**
+ * Thrown when the edge answers its health check with its configuration's error (`500
+ * config_error`): no wait fixes it, and its message names the field.
+ */
+export class EdgeConfigError extends Error {}
+
+/** Thrown when start-up is called off (`EdgeOptions.signal`): what started is stopped. */
+export class StartAbortedError extends Error {}
+
+async function waitForHealth(
+  url: string,
+  child: ChildProcess,
+  timeoutMs: number,
+  signal?: AbortSignal,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   const state: { exitCode: number | null } = { exitCode: null };
   child.once("exit", (code) => {
     state.exitCode = code ?? -1;
   });
   while (Date.now() < deadline) {
+    if (signal?.aborted === true) throw new StartAbortedError("start-up was stopped");
     if (state.exitCode !== null) {
       throw new Error(`the edge exited with code ${state.exitCode} before it was ready`);
     }
+    let problem: string | null = null;
     try {
       const res = await fetch(`${url}/health`);
-      await res.body?.cancel();
-      if (res.ok) return;
+      if (res.ok) {
+        await res.body?.cancel();
+        return;
+      }
+      problem = await configProblem(res);
     } catch {
       // Not listening yet.
     }
+    if (problem !== null) throw new EdgeConfigError(problem);
     await new Promise((r) => setTimeout(r, 150));
   }
   throw new Error(`edge at ${url} not ready within ${timeoutMs} ms`);
+}
+
+/** The message of a `config_error` answer, or null for any other. */
+async function configProblem(res: Response): Promise<string | null> {
+  const body = (await res.json().catch(() => null)) as {
+    error?: { code?: unknown; message?: unknown };
+  } | null;
+  const error = body?.error;
+  return error?.code === "config_error" && typeof error.message === "string" ? error.message : null;
+}
+
+/** The error start-up fails with: the runtime's output only where it may tell more. */
+function startFailure(error: unknown, output: string): Error {
+  if (error instanceof EdgeConfigError || error instanceof StartAbortedError) return error;
+  return new Error(`${(error as Error).message}\n--- output ---\n${output}`, { cause: error });
 }
 
 /**
@@ -214,12 +249,10 @@ async function startWranglerDevOnce(options: EdgeOptions): Promise<RunningEdge> 
     await rm(scratch, { recursive: true, force: true });
   };
   try {
-    await waitForHealth(url, child, 90_000);
+    await waitForHealth(url, child, 90_000, options.signal);
   } catch (error) {
     await stop();
-    throw new Error(`${(error as Error).message}\n--- wrangler output ---\n${output}`, {
-      cause: error,
-    });
+    throw startFailure(error, output);
   }
   return { url, child, stop };
 }
@@ -239,6 +272,8 @@ export interface EdgeOptions {
   entryWorker?: boolean;
   /** Serve the V8 inspector on this port (workerd runtime only), for CPU profiles. */
   inspectorPort?: number;
+  /** Calls start-up off: the Worker is stopped and start-up fails with StartAbortedError. */
+  signal?: AbortSignal;
 }
 
 /** A Worker running locally. */
@@ -310,11 +345,11 @@ export async function startWorkerd(options: EdgeOptions): Promise<RunningEdge> {
         reject(new Error(`workerd exited (${code}) before it was ready`)),
       );
     });
-    await waitForHealth(url, child, 90_000);
+    await waitForHealth(url, child, 90_000, options.signal);
     return { url, child, stop };
   } catch (error) {
     await stop();
-    throw new Error(`${(error as Error).message}\n--- output ---\n${output}`, { cause: error });
+    throw startFailure(error, output);
   }
 }
 

@@ -67,6 +67,8 @@ export interface StackOptions {
   runtime?: EdgeRuntime;
   /** Serve the edge's V8 inspector on this port (workerd runtime only). */
   inspectorPort?: number;
+  /** Calls start-up off: whatever started is stopped, and start-up fails. */
+  signal?: AbortSignal;
 }
 
 /** An origin of the running stack. */
@@ -340,6 +342,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
     ...(options.verbose ? { verbose: true } : {}),
     ...(options.localObservability ? { localObservability: true } : {}),
     ...(options.inspectorPort ? { inspectorPort: options.inspectorPort } : {}),
+    ...(options.signal ? { signal: options.signal } : {}),
   };
   let edge: RunningEdge;
   try {

@@ -68,14 +68,16 @@ const settings =
 const state = args.state ?? join(ROOT, ".wrangler", "state");
 const envFile = args["exports-file"] ?? join(state, "warmgate.env");
 
-// A signal during start-up stops what has started so far (startStack cleans up on failure).
+// A signal stops the stack; during start-up it calls start-up off, which stops what started.
 let stopping = false;
-let stopStack: (() => Promise<void>) | null = null;
+const starting = new AbortController();
+let stopStack: () => Promise<void> = async () => {};
 async function shutdown(why: string, code = 0) {
   if (stopping) return;
   stopping = true;
   console.error(`warmgate: ${why}, stopping…`);
-  await stopStack?.();
+  starting.abort();
+  await stopStack();
   await rm(envFile, { force: true });
   process.exit(code);
 }
@@ -87,7 +89,7 @@ process.on("SIGHUP", () => void shutdown("SIGHUP"));
 onParentExit(() => void shutdown("the process that started warmgate exited"));
 
 console.error("warmgate: starting simulated origins and the edge (wrangler dev)…");
-const stack = await startStack({
+const startup = startStack({
   ...(port ? { edgePort: port } : {}),
   sim: { timeScale },
   regions: DEFAULT_REGIONS.map((region) => ({ ...region, origins: perRegion })),
@@ -97,12 +99,21 @@ const stack = await startStack({
   // which doubles the edge's CPU, only with --verbose.
   verbose: args.verbose,
   localObservability: args.verbose,
-}).catch((error: unknown) => {
-  console.error(`warmgate: could not start: ${(error as Error).message}`);
-  process.exit(1);
+  signal: starting.signal,
 });
-stopStack = () => stack.stop();
-if (stopping) await stack.stop();
+stopStack = () =>
+  startup.then(
+    (stack) => stack.stop(),
+    () => undefined,
+  );
+const stack = await startup.catch((error: unknown) => {
+  // Called off by a signal: shutdown exits once what started has stopped.
+  if (!stopping) {
+    console.error(`warmgate: could not start: ${(error as Error).message}`);
+    process.exit(1);
+  }
+  return new Promise<never>(() => {});
+});
 
 const lines = exportLines(startVars(stack));
 await writeFile(envFile, lines.join("\n") + "\n", { mode: 0o600 });

@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { readFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
 import { createServer, connect } from "node:net";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
@@ -46,6 +46,38 @@ describe("npm start", () => {
     } finally {
       server.close();
     }
+  });
+
+  it("fails with the configuration's own error, not a wait, when --config has a bad value", async () => {
+    const state = await stateDir();
+    const config = join(state, "bad.json");
+    await writeFile(config, JSON.stringify({ batch_api: { lines_in_flight: 0 } }));
+    const run = npmStart(["--config", config, "--state", state, "--time-scale", "0"]);
+    const code = await new Promise<number | null>((r) => run.child.once("exit", r));
+    expect(code).toBe(1);
+    const errors = run
+      .err()
+      .split("\n")
+      .filter((l) => l.includes("could not start"));
+    expect(errors).toEqual([
+      expect.stringContaining("WARMGATE_CONFIG is invalid at batch_api.lines_in_flight"),
+    ]);
+    expect(run.err()).not.toContain("not ready within");
+    expect(processesWith(state)).toEqual([]);
+  });
+
+  it("stops what it started when SIGTERM comes while it starts", async () => {
+    const state = await stateDir();
+    const run = npmStart(["--state", state, "--origins-per-region", "1", "--time-scale", "0"]);
+    // As soon as wrangler runs, before the edge answers.
+    for (let i = 0; i < 3_000 && !processesWith(state).some((p) => p.includes("wrangler")); i++) {
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    expect(processesWith(state).length).toBeGreaterThan(0);
+    process.kill(run.child.pid ?? 0, "SIGTERM");
+    await new Promise((r) => run.child.once("exit", r));
+    await until("every part to stop", () => processesWith(state).length === 0);
+    expect(run.err()).not.toContain("warmgate: ready");
   });
 
   it("writes an env file that works from another shell, and stops every part on SIGTERM to npm", async () => {
