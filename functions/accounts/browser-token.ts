@@ -56,6 +56,8 @@ const EXPOSED_HEADERS = [
   "x-warmgate-region",
   "x-warmgate-origin",
   "x-warmgate-cost-usd",
+  "x-warmgate-attempts",
+  "x-warmgate-cache",
 ].join(", ");
 
 /** The limits a browser token carries (each at most its key's). */

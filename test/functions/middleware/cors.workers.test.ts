@@ -39,6 +39,9 @@ function expectReadable(res: Response): void {
   ]) {
     expect(exposed).toContain(name);
   }
+  // Every header of the edge's own the answer carries, whichever it is.
+  const own = [...res.headers.keys()].filter((name) => /^x-(warmgate|ratelimit)-/.test(name));
+  expect(own.filter((name) => !exposed.split(", ").includes(name))).toEqual([]);
 }
 
 async function settledRecord(key: string, requestId: string) {
