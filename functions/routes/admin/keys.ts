@@ -8,7 +8,7 @@
 
 import type { AppEnv } from "../../app-env.ts";
 import { Hono } from "hono";
-import { ApiError, notFound } from "../../../contracts/errors.ts";
+import { ApiError, invalidRequest, notFound } from "../../../contracts/errors.ts";
 import { readJsonBody } from "../../request/json-body.ts";
 import { checkKeyModels } from "../../accounts/key-models.ts";
 import { keyAccount, keyDirectory } from "../../accounts/account-client.ts";
@@ -42,6 +42,13 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     await checkTeam(c.env, body.team_id);
     if (body.model_limits) checkModelLimits(c.env.WARMGATE_CONFIG, body.model_limits);
     const now = Date.now();
+    if (body.expires_at !== undefined && body.expires_at !== null && body.expires_at <= now) {
+      throw invalidRequest(
+        "expires_at is in the past: the key would never work.",
+        "expires_at",
+        "invalid_value",
+      );
+    }
     const id = newKeyId();
     const { key, secretHash } = await mintApiKey(c.env, id);
     const record = await keyAccount(c.env, id).create({
@@ -100,7 +107,7 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     if (models) checkKeyModels(c.env.WARMGATE_CONFIG, models);
     await checkTeam(c.env, body.team_id);
     if (body.model_limits) checkModelLimits(c.env.WARMGATE_CONFIG, body.model_limits);
-    if (blocked !== undefined) await refuseIfRevoked(c.env, id);
+    await refuseIfRevoked(c.env, id, blocked === undefined ? "changed" : "blocked or unblocked");
     const override = body.allow_region_override;
     const record = await keyAccount(c.env, id).update({
       now: Date.now(),
@@ -162,7 +169,7 @@ type AdminContext = Context<{ Bindings: Env; Variables: Pick<AppEnv["Variables"]
 async function setBlocked(c: AdminContext, blocked: boolean): Promise<Response> {
   const id = c.req.param("id") ?? "";
   if (!(await known(c.env, id))) throw noSuchKey(id);
-  await refuseIfRevoked(c.env, id);
+  await refuseIfRevoked(c.env, id, "blocked or unblocked");
   const record = await keyAccount(c.env, id).update({ blocked, now: Date.now() });
   if (record === null) throw noSuchKey(id);
   c.var.edge.leases.drop(id);
@@ -177,9 +184,9 @@ async function checkTeam(env: Env, teamId: string | null | undefined): Promise<v
   if (!(await teamKnown(env, teamId))) throw noSuchTeam(teamId, "team_id");
 }
 
-async function refuseIfRevoked(env: Env, id: string): Promise<void> {
+async function refuseIfRevoked(env: Env, id: string, what: string): Promise<void> {
   const current = await keyAccount(env, id).get();
-  if (current?.status === "revoked") throw keyRevoked("blocked or unblocked");
+  if (current?.status === "revoked") throw keyRevoked(what);
 }
 
 function keyRevoked(what: string): ApiError {

@@ -300,6 +300,22 @@ describe("admin API keys", () => {
     expect(res.status).toBe(200);
     expect(await res.json()).toMatchObject({ status: "revoked" });
     expect(await admitWith(created.key ?? "", "r2")).toBe("invalid_api_key");
+    // A revoked key stays as it was revoked: no change, not even its name.
+    const renamed = await admin(`/keys/${created.id}`, { method: "PATCH", body: { name: "new" } });
+    expect(renamed.status).toBe(409);
+    expect(await renamed.json()).toMatchObject({ error: { code: "key_revoked" } });
+    const record = await (await admin(`/keys/${created.id}`)).json<KeyJson>();
+    expect(record).toMatchObject({ name: "revoke-me", status: "revoked" });
+  });
+
+  it("refuses a key that would be created already expired", async () => {
+    for (const expires_at of [1, Math.floor(Date.now() / 1_000) - 60]) {
+      const res = await admin("/keys", { method: "POST", body: { name: "late", expires_at } });
+      expect(res.status).toBe(400);
+      expect(await res.json()).toMatchObject({
+        error: { type: "invalid_request_error", param: "expires_at", code: "invalid_value" },
+      });
+    }
   });
 
   it("rotates a key: both secrets work during the grace period", async () => {
