@@ -42,7 +42,7 @@ export const handleNotFound: NotFoundHandler<AppEnv> = (c) => {
 
 /** A handler that answers a known path's other methods with 405 and `allow`. */
 export function methodNotAllowed(allow: readonly string[]) {
-  return function rejectMethod(c: Context<AppEnv>): never {
+  return function rejectMethod(c: Context): never {
     throw invalidMethod(c.req.method, c.req.path, allow);
   };
 }

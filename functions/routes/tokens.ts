@@ -20,6 +20,7 @@ import { authenticateBearer } from "../accounts/account-client.ts";
 import { apiKeyOnly } from "../middleware/api-key-only.ts";
 import { readJsonBody } from "../request/json-body.ts";
 import { BudgetList, budgetJson, periodBudgetsOf } from "./admin/key-payloads.ts";
+import { methodNotAllowed } from "../error-handler.ts";
 
 const TokenRequest = z.strictObject({
   user: z.string().min(1).max(256).optional(),
@@ -125,4 +126,5 @@ export const tokens = new Hono<AppEnv>()
       models,
       budgets: budgets.map(budgetJson),
     });
-  });
+  })
+  .all("/tokens", methodNotAllowed(["POST"]));

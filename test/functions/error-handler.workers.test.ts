@@ -2,7 +2,7 @@ import { env, exports } from "cloudflare:workers";
 import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { describe, expect, it } from "vitest";
 import app from "../../functions/index.ts";
-import { TEST_API_KEY } from "../support/provided-context.ts";
+import { TEST_ADMIN_TOKEN, TEST_API_KEY } from "../support/provided-context.ts";
 import { type ErrorBody, chatBody, edgeRequest } from "../support/edge-requests.ts";
 
 async function errorOf(response: Response): Promise<ErrorBody> {
@@ -45,6 +45,32 @@ describe("routing errors", () => {
     const models = await exports.default.fetch(edgeRequest("/v1/models", { method: "DELETE" }));
     expect(models.status).toBe(405);
     expect(models.headers.get("allow")).toBe("GET, HEAD");
+  });
+
+  it("answers a wrong method with 405 on the admin API and token minting too", async () => {
+    const admin = { authorization: `Bearer ${TEST_ADMIN_TOKEN}` };
+    for (const [path, method, allow] of [
+      ["/admin/keys", "PUT", "GET, HEAD, POST"],
+      ["/admin/keys/k_0123456789abcdef", "POST", "GET, HEAD, PATCH, DELETE"],
+      ["/admin/keys/k_0123456789abcdef/block", "GET", "POST"],
+      ["/admin/keys/k_0123456789abcdef/rotate", "DELETE", "POST"],
+      ["/admin/teams", "DELETE", "GET, HEAD, POST"],
+      ["/admin/teams/t_0123456789abcdef", "POST", "GET, HEAD, PATCH, DELETE"],
+      ["/admin/audit", "POST", "GET, HEAD"],
+      ["/admin/usage", "POST", "GET, HEAD"],
+      ["/admin/usage/tags", "DELETE", "GET, HEAD"],
+      ["/admin/requests", "PUT", "GET, HEAD"],
+      ["/admin/breakers", "PUT", "GET, HEAD"],
+      ["/admin/canaries", "PUT", "GET, HEAD"],
+      ["/admin/stats", "POST", "GET, HEAD"],
+      ["/metrics", "POST", "GET, HEAD"],
+      ["/v1/tokens", "GET", "POST"],
+    ] as const) {
+      const res = await exports.default.fetch(edgeRequest(path, { method, headers: admin }));
+      const seen = { path, method, status: res.status, allow: res.headers.get("allow") };
+      expect(seen).toEqual({ path, method, status: 405, allow });
+      expect((await errorOf(res)).error.type).toBe("invalid_request_error");
+    }
   });
 });
 

@@ -9,31 +9,35 @@ import { keyDirectory } from "../../accounts/account-client.ts";
 import { adminAuth } from "../../middleware/admin-auth.ts";
 import { invalidRequest } from "../../../contracts/errors.ts";
 import { onlyParams } from "../usage.ts";
+import { methodNotAllowed } from "../../error-handler.ts";
 
 /** `/admin/audit`, mounted at `/admin/audit`. */
-export const audit = new Hono<{ Bindings: Env }>().use("*", adminAuth()).get("/", async (c) => {
-  const query = c.req.query();
-  onlyParams(query, ["limit", "before", "action", "target_id"]);
-  const limit = whole(query["limit"] ?? "50", "limit", 1, 500);
-  const before = query["before"] === undefined ? null : whole(query["before"], "before", 1);
-  const action = bounded(query["action"], "action");
-  const targetId = bounded(query["target_id"], "target_id");
-  const page = await keyDirectory(c.env).audit({ limit, before, action, targetId });
-  return c.json({
-    object: "list",
-    data: page.entries.map((entry) => ({
-      id: entry.seq,
-      object: "audit_entry",
-      created_at: Math.floor(entry.at / 1_000),
-      actor: entry.actor,
-      action: entry.action,
-      target: { type: entry.targetType, id: entry.targetId },
-      detail: JSON.parse(entry.detail) as unknown,
-    })),
-    has_more: page.hasMore,
-    last_id: page.entries.at(-1)?.seq ?? null,
-  });
-});
+export const audit = new Hono<{ Bindings: Env }>()
+  .use("*", adminAuth())
+  .get("/", async (c) => {
+    const query = c.req.query();
+    onlyParams(query, ["limit", "before", "action", "target_id"]);
+    const limit = whole(query["limit"] ?? "50", "limit", 1, 500);
+    const before = query["before"] === undefined ? null : whole(query["before"], "before", 1);
+    const action = bounded(query["action"], "action");
+    const targetId = bounded(query["target_id"], "target_id");
+    const page = await keyDirectory(c.env).audit({ limit, before, action, targetId });
+    return c.json({
+      object: "list",
+      data: page.entries.map((entry) => ({
+        id: entry.seq,
+        object: "audit_entry",
+        created_at: Math.floor(entry.at / 1_000),
+        actor: entry.actor,
+        action: entry.action,
+        target: { type: entry.targetType, id: entry.targetId },
+        detail: JSON.parse(entry.detail) as unknown,
+      })),
+      has_more: page.hasMore,
+      last_id: page.entries.at(-1)?.seq ?? null,
+    });
+  })
+  .all("/", methodNotAllowed(["GET", "HEAD"]));
 
 function whole(value: string, param: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
   const n = Number(value);

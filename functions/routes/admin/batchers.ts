@@ -13,6 +13,7 @@ import { batcherName } from "../../delivery/batcher-plan.ts";
 import { shardsView } from "../../delivery/shard-count.ts";
 import { notFound } from "../../../contracts/errors.ts";
 import type { RouterView } from "../../../durable-objects/batcher/routing/router.ts";
+import { methodNotAllowed } from "../../error-handler.ts";
 
 /** The batcher inspection route group, mounted at `/admin/batchers`. */
 export const batchers = new Hono<AppEnv>()
@@ -38,7 +39,8 @@ export const batchers = new Hono<AppEnv>()
     );
     const routing = plan.setup.routing === null ? null : mergeViews(shards.map((s) => s.routing));
     return c.json({ region: regionId, model, enabled: plan.enabled, scaling, routing, shards });
-  });
+  })
+  .all("/:region/:model", methodNotAllowed(["GET", "HEAD"]));
 
 /** The shards' router views as one: counts summed, hit rates weighted by requests. */
 function mergeViews(views: readonly (RouterView | null)[]): RouterView | null {

@@ -12,6 +12,7 @@ import { readJsonBody } from "../../request/json-body.ts";
 import { breakerRegion } from "../../health/breakers.ts";
 import { keyDirectory } from "../../accounts/account-client.ts";
 import { auditEntry } from "../../accounts/audit.ts";
+import { methodNotAllowed } from "../../error-handler.ts";
 
 const ForceSchema = z.strictObject({ state: z.enum(["open", "closed"]) });
 
@@ -41,4 +42,6 @@ export const breakers = new Hono<AppEnv>()
     const entry = await auditEntry(c, "breaker.force", { type: "origin", id: origin }, { state });
     await keyDirectory(c.env).log(entry);
     return c.json(view);
-  });
+  })
+  .all("/", methodNotAllowed(["GET", "HEAD"]))
+  .all("/:origin", methodNotAllowed(["POST"]));

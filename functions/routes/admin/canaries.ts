@@ -13,6 +13,7 @@ import { notFound } from "../../../contracts/errors.ts";
 import { readJsonBody } from "../../request/json-body.ts";
 import { keyDirectory } from "../../accounts/account-client.ts";
 import { auditEntry } from "../../accounts/audit.ts";
+import { methodNotAllowed } from "../../error-handler.ts";
 
 const ActionSchema = z.strictObject({ action: z.enum(["promote", "pause", "resume", "rollback"]) });
 
@@ -41,4 +42,6 @@ export const canaries = new Hono<AppEnv>()
     const entry = await auditEntry(c, `canary.${action}`, { type: "model", id: model });
     await keyDirectory(c.env).log(entry);
     return c.json(view);
-  });
+  })
+  .all("/", methodNotAllowed(["GET", "HEAD"]))
+  .all("/:model", methodNotAllowed(["POST"]));

@@ -10,6 +10,7 @@ import type { AppEnv } from "../../app-env.ts";
 import { Hono } from "hono";
 import { ApiError, invalidRequest, notFound } from "../../../contracts/errors.ts";
 import { readJsonBody } from "../../request/json-body.ts";
+import { methodNotAllowed } from "../../error-handler.ts";
 import { checkKeyModels } from "../../accounts/key-models.ts";
 import { keyAccount, keyDirectory } from "../../accounts/account-client.ts";
 import { adminAuth } from "../../middleware/admin-auth.ts";
@@ -160,7 +161,10 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     const audit = await auditEntry(c, "key.rotate", target(id), { grace_seconds: graceSeconds });
     await keyDirectory(c.env).upsert(record, audit);
     return c.json({ ...keyJson(record), key });
-  });
+  })
+  .all("/keys", methodNotAllowed(["GET", "HEAD", "POST"]))
+  .all("/keys/:id", methodNotAllowed(["GET", "HEAD", "PATCH", "DELETE"]))
+  .all("/keys/:id/:action{block|unblock|rotate}", methodNotAllowed(["POST"]));
 
 type AdminContext = Context<{ Bindings: Env; Variables: Pick<AppEnv["Variables"], "edge"> }>;
 

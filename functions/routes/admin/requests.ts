@@ -17,6 +17,7 @@ import { adminAuth } from "../../middleware/admin-auth.ts";
 import { noSuchKey } from "./keys.ts";
 import { USAGE_FAN_OUT, usageTag, usageTeam } from "./usage.ts";
 import { onlyParams, requestRecordJson, usageUser } from "../usage.ts";
+import { methodNotAllowed } from "../../error-handler.ts";
 
 const STATUSES = ["open", "ok", "error", "cancelled", "timeout", "expired"] as const;
 const PARAMS = [
@@ -93,7 +94,8 @@ export const adminRequests = new Hono<{ Bindings: Env }>()
       has_more: next !== null,
       next_cursor: next,
     });
-  });
+  })
+  .all("/", methodNotAllowed(["GET", "HEAD"]));
 
 // Every indexed key's account (or only `only`'s), a batch at a time; merged newest first.
 async function askKeys(env: Env, only: string | undefined, query: RequestLogQuery): Promise<Row[]> {

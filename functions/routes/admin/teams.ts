@@ -3,6 +3,7 @@
 // copied to the KeyDirectory with its audit entry. A team with keys cannot be deleted.
 // See docs/api.md and docs/key-account.md ("Teams").
 
+import { methodNotAllowed } from "../../error-handler.ts";
 import { Hono } from "hono";
 import { z } from "zod";
 import type { TeamRecord, TeamView } from "../../../durable-objects/team-account/types.ts";
@@ -140,7 +141,9 @@ export const adminTeams = new Hono<{ Bindings: Env }>()
     if (!removed) throw teamNotEmpty(id, keys);
     await teamAccount(c.env, id).remove();
     return c.json({ id, object: "team.deleted", deleted: true });
-  });
+  })
+  .all("/teams", methodNotAllowed(["GET", "HEAD", "POST"]))
+  .all("/teams/:id", methodNotAllowed(["GET", "HEAD", "PATCH", "DELETE"]));
 
 /** Whether a team id is indexed: only those are looked up, so probing never creates a TeamAccount. */
 export async function teamKnown(env: Env, id: string): Promise<boolean> {

@@ -4,6 +4,7 @@
  * `GET /admin/usage/tags`: spend per tag. Each key's account holds its own ledger: they are
  * asked a batch at a time. See docs/api.md.
  */
+import { methodNotAllowed } from "../../error-handler.ts";
 import { Hono } from "hono";
 import { TAG_PATTERN } from "../../../contracts/tags.ts";
 import {
@@ -95,7 +96,9 @@ export const adminUsage = new Hono<{ Bindings: Env }>()
       to: range.to,
       data: tags.map((row) => ({ tag: row.tag, ...totalsJson(row) })),
     });
-  });
+  })
+  .all("/", methodNotAllowed(["GET", "HEAD"]))
+  .all("/tags", methodNotAllowed(["GET", "HEAD"]));
 
 /** Reads `tag` (a tag as keys carry them); 400 for anything else. */
 export function usageTag(tag: string | undefined): string | undefined {
