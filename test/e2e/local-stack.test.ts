@@ -26,6 +26,16 @@ function processesWith(marker: string): string[] {
     .filter((line) => line.includes(marker) && !line.startsWith("ps "));
 }
 
+/** The lines `npm start` printed on failing to start, once it exited with 1. */
+async function startFailures(run: ReturnType<typeof npmStart>): Promise<string[]> {
+  const code = await new Promise<number | null>((r) => run.child.once("exit", r));
+  expect(code).toBe(1);
+  return run
+    .err()
+    .split("\n")
+    .filter((l) => l.includes("could not start"));
+}
+
 describe("npm start", () => {
   it("fails at once with one clear line when --port is taken", async () => {
     const server = createServer();
@@ -34,13 +44,7 @@ describe("npm start", () => {
     const port = typeof address === "object" && address !== null ? address.port : 0;
     try {
       const run = npmStart(["--port", String(port), "--state", await stateDir()]);
-      const code = await new Promise<number | null>((r) => run.child.once("exit", r));
-      expect(code).toBe(1);
-      const errors = run
-        .err()
-        .split("\n")
-        .filter((l) => l.includes("could not start"));
-      expect(errors).toEqual([
+      expect(await startFailures(run)).toEqual([
         expect.stringContaining(`port ${port} on 127.0.0.1 is already in use`),
       ]);
     } finally {
@@ -53,13 +57,7 @@ describe("npm start", () => {
     const config = join(state, "bad.json");
     await writeFile(config, JSON.stringify({ batch_api: { lines_in_flight: 0 } }));
     const run = npmStart(["--config", config, "--state", state, "--time-scale", "0"]);
-    const code = await new Promise<number | null>((r) => run.child.once("exit", r));
-    expect(code).toBe(1);
-    const errors = run
-      .err()
-      .split("\n")
-      .filter((l) => l.includes("could not start"));
-    expect(errors).toEqual([
+    expect(await startFailures(run)).toEqual([
       expect.stringContaining("WARMGATE_CONFIG is invalid at batch_api.lines_in_flight"),
     ]);
     expect(run.err()).not.toContain("not ready within");

@@ -19,6 +19,16 @@ export function chatBody(overrides: Record<string, unknown> = {}): Record<string
   };
 }
 
+/** The body of `POST /v1/batches` for a chat completions file, with `extra` fields (metadata). */
+export function batchCreateBody(fileId: string, extra: Record<string, unknown> = {}): string {
+  return JSON.stringify({
+    input_file_id: fileId,
+    endpoint: "/v1/chat/completions",
+    completion_window: "24h",
+    ...extra,
+  });
+}
+
 /** Options of {@link edgeRequest}. */
 export interface EdgeRequestOptions {
   method?: string;

@@ -5,7 +5,7 @@ import { describe, expect, inject, it } from "vitest";
 import { loadConfig } from "../../../contracts/config/gateway.ts";
 import { batchingPlan } from "../../../contracts/config/plans.ts";
 import { createKey } from "../../support/admin-keys.workers.ts";
-import { EDGE, chatBody } from "../../support/edge-requests.ts";
+import { batchCreateBody, EDGE, chatBody } from "../../support/edge-requests.ts";
 import { sendWith } from "../../support/test-origins.workers.ts";
 import { BatchStore } from "../../../durable-objects/batch-run/store.ts";
 import type { BatchState } from "../../../durable-objects/batch-run/lifecycle.ts";
@@ -47,11 +47,7 @@ async function batchOf(key: string, lines: number, maxTokens: number, region: st
   const res = await call(key, "/v1/batches", {
     method: "POST",
     headers: { "content-type": "application/json", "x-warmgate-region": region },
-    body: JSON.stringify({
-      input_file_id: file.id,
-      endpoint: "/v1/chat/completions",
-      completion_window: "24h",
-    }),
+    body: batchCreateBody(file.id),
   });
   expect(res.status).toBe(200);
   return { file: file.id, batch: await res.json<Batch>() };

@@ -2,7 +2,7 @@ import { env, exports } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import { fileKey } from "../../../contracts/batch-files.ts";
 import { ADMIN, createKey, createTeam } from "../../support/admin-keys.workers.ts";
-import { EDGE, chatBody } from "../../support/edge-requests.ts";
+import { batchCreateBody, EDGE, chatBody } from "../../support/edge-requests.ts";
 import { pricedConfig } from "../../support/metering.workers.ts";
 import { sendWith } from "../../support/test-origins.workers.ts";
 
@@ -55,11 +55,7 @@ async function batchOf(config: string, key: string, text: string): Promise<Respo
   return call(config, key, "/v1/batches", {
     method: "POST",
     headers: { "content-type": "application/json" },
-    body: JSON.stringify({
-      input_file_id: file.id,
-      endpoint: "/v1/chat/completions",
-      completion_window: "24h",
-    }),
+    body: batchCreateBody(file.id),
   });
 }
 

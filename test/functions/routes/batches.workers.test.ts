@@ -1,6 +1,6 @@
 import { describe, expect, inject, it } from "vitest";
 import { createKey } from "../../support/admin-keys.workers.ts";
-import { EDGE, chatBody } from "../../support/edge-requests.ts";
+import { batchCreateBody, EDGE, chatBody } from "../../support/edge-requests.ts";
 import { pricedConfig } from "../../support/metering.workers.ts";
 import { TEST_API_KEY } from "../../support/provided-context.ts";
 import { adminRequest, sendWith } from "../../support/test-origins.workers.ts";
@@ -52,11 +52,7 @@ async function createBatch(fileId: string, key = TEST_API_KEY): Promise<Response
     {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({
-        input_file_id: fileId,
-        endpoint: "/v1/chat/completions",
-        completion_window: "24h",
-      }),
+      body: batchCreateBody(fileId),
     },
     key,
   );
@@ -253,12 +249,7 @@ describe("/v1/batches", () => {
       call("/v1/batches", {
         method: "POST",
         headers: { "content-type": "application/json" },
-        body: JSON.stringify({
-          input_file_id: file.id,
-          endpoint: "/v1/chat/completions",
-          completion_window: "24h",
-          metadata,
-        }),
+        body: batchCreateBody(file.id, { metadata }),
       });
     const many = Object.fromEntries(Array.from({ length: 17 }, (_, i) => [`k${i}`, "v"]));
     for (const metadata of [many, { ["k".repeat(65)]: "v" }, { k: "v".repeat(513) }]) {
