@@ -135,11 +135,12 @@ describe("a frozen origin", () => {
   // A first-byte timeout of 30 s: a request that waited it would outlast the test's limit.
   it("is found by its slow first bytes, long before the first-byte timeout", async () => {
     const tag = "frozen";
-    // One late call is one observation, however many items it carries.
+    // One late call is one observation, however many items it carries. A cooldown longer
+    // than the test: the breaker is read open however slowly the host runs it.
     const config = configOf(
       tag,
       true,
-      { slow_first_byte_ms: 200, consecutive_failures: 1 },
+      { slow_first_byte_ms: 200, consecutive_failures: 1, cooldown_ms: 60_000 },
       30_000,
     );
     await setFaults("breaker-1", { hangRate: 1 });
@@ -191,10 +192,11 @@ describe.each([
   // reports every 250 ms, so its calls are never silent for 600.
   it("is found by its idle reports long before the first-byte timeout", async () => {
     const tag = `frozen-json-${batching ? "batched" : "direct"}`;
+    // A cooldown longer than the test: read open, not half-open, on a slow host.
     const config = configOf(
       tag,
       batching,
-      { slow_first_byte_ms: 600, consecutive_failures: 1 },
+      { slow_first_byte_ms: 600, consecutive_failures: 1, cooldown_ms: 60_000 },
       30_000,
     );
     await setFaults("breaker-1", { hangRate: 1 });
