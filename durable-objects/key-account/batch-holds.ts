@@ -244,7 +244,8 @@ export function chargeBatch(
   const key = { tags: store.key.record?.tags ?? [], teamId: store.key.record?.teamId ?? null };
   for (const line of charge.lines) {
     store.ledger.add(lineRow(charge, line, key, now));
-    if (line.httpStatus !== null) store.metrics.add(lineSample(charge, line, now));
+    const sample = lineSample(charge, line, now);
+    if (sample !== null) store.metrics.add(sample);
     release += line.releasePicos;
     cost += line.costPicos;
     tokens.promptTokens += line.usage?.promptTokens ?? 0;
@@ -273,14 +274,18 @@ export function chargeBatch(
   return { applied: true, stop };
 }
 
-/** A line that ran, as the key's metrics count a request (its time from send to end). */
-function lineSample(charge: BatchCharge, line: BatchChargeLine, now: number): RequestSample {
+/**
+ * A line as the key's metrics count a request (its time from send to end); null for a line
+ * that never ran, which costs nothing and is not counted.
+ */
+function lineSample(charge: BatchCharge, line: BatchChargeLine, now: number): RequestSample | null {
+  if (line.httpStatus === null) return null;
   const usage = line.usage;
   return {
     requestId: line.requestId,
     model: charge.model,
     region: charge.region,
-    status: line.httpStatus ?? 502,
+    status: line.httpStatus,
     outcome: line.ok ? "ok" : "error",
     durationMs:
       line.startedAt === null || line.endedAt === null ? null : line.endedAt - line.startedAt,
