@@ -102,6 +102,11 @@ export class KeyAccount extends DurableObject<Env> {
     return record;
   }
 
+  /** Gives back to the key's team all it holds unused (another key needs it); whether any. */
+  recallTeamLease(): Promise<boolean> {
+    return this.#team.recall();
+  }
+
   /**
    * Makes `secretHash` the current secret; the previous one stays valid for `graceMs`.
    * Null when no key lives here or the key is revoked.

@@ -139,3 +139,17 @@ function rateLimitOf(
     tokens: snapshot(buckets.tokens, limits.tpm, now),
   };
 }
+
+/**
+ * What other keys may hold that keeps a refused `need` out: money, when the budget's open
+ * reservations are in the way (a soon retry may fit), or concurrency slots; null when
+ * only time helps (the buckets, a budget's settled spend).
+ */
+export function heldInTheWay(refusal: TeamRefusal | null): "picos" | "slots" | null {
+  if (refusal === null) return null;
+  if (refusal.code === "insufficient_quota") {
+    const fitsSettled = refusal.spentPicos + refusal.requestedPicos <= refusal.limitPicos;
+    return fitsSettled ? "picos" : null;
+  }
+  return refusal.limit === "concurrency" ? "slots" : null;
+}

@@ -17,7 +17,8 @@ import {
   softBudgets,
 } from "../key-account/alerts.ts";
 import { TeamAlerts } from "./alerts.ts";
-import { NONE, decideGrant } from "./grants.ts";
+import { NONE, decideGrant, heldInTheWay } from "./grants.ts";
+import { logWarn } from "../../contracts/log.ts";
 import { TEAM_ACCOUNT_MIGRATIONS, TeamStore } from "./store.ts";
 import type {
   TeamCreateInput,
@@ -29,10 +30,17 @@ import type {
   TeamView,
 } from "./types.ts";
 
+// A refusal asks at most this many other member keys to give back, and waits this long.
+const RECALL_MAX_KEYS = 32;
+const RECALL_WAIT_MS = 1_000;
+
 /** Limits, budgets and spend of one team, leased to its member keys' accounts. */
 export class TeamAccount extends DurableObject<Env> {
   readonly #store: TeamStore;
   #alerts: TeamAlerts;
+  // The recall round under way, and the keys that last had nothing spare (at which call).
+  #recalling: Promise<void> | null = null;
+  readonly #dry = new Map<string, number>();
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
@@ -97,26 +105,60 @@ export class TeamAccount extends DurableObject<Env> {
   /**
    * A member key's lease call: applies what it settled and gives back, then grants all it
    * needs (or refuses, naming the team limit) and a share of headroom towards what it
-   * wants. Committed before it answers; a repeated call is answered as the first time.
-   * Spend that takes a window to its soft limit raises the team's alert.
+   * wants. A need refused for money or slots other keys hold first asks them to give back
+   * what they do not use, then is decided again. Committed before it answers; a repeated
+   * call is answered as the first time. Spend that takes a window to its soft limit raises
+   * the team's alert.
    */
   async lease(call: TeamLeaseCall): Promise<TeamLeaseAnswer> {
     const now = call.now ?? Date.now();
     const record = this.#store.record;
     if (record === null) return { seq: call.seq, granted: NONE, refusal: null, terms: null };
     const terms = { models: record.models, budgeted: hasBudgets(record.budgets) };
-    const member = this.#store.member(call.keyId);
-    if (call.seq <= member.seq) {
-      const granted = call.seq === member.seq ? member.granted : NONE;
-      return { seq: call.seq, granted, refusal: null, terms };
+    const repeat = this.#repeatOf(call, terms);
+    if (repeat !== null) return repeat;
+    let decided = this.#decide(call, record, now);
+    const held = heldInTheWay(decided.outcome.refusal);
+    if (held !== null) {
+      await this.#recall(held, call.keyId);
+      // The same call sent again while this one waited may have been answered meanwhile.
+      const answered = this.#repeatOf(call, terms);
+      if (answered !== null) return answered;
+      decided = this.#decide(call, this.#store.record ?? record, now);
     }
+    const { outcome, kept } = decided;
+    const { granted } = outcome;
+    this.#store.commitLease({
+      keyId: call.keyId,
+      member: {
+        picos: kept.picos + granted.picos,
+        slots: kept.slots + granted.slots,
+        seq: call.seq,
+        granted,
+      },
+      buckets: outcome.buckets,
+      settled: { hour: hourOf(now), picos: call.settledPicos },
+    });
+    if (call.settledPicos > 0n) await this.#raiseAlerts(record, now);
+    return { seq: call.seq, granted, refusal: outcome.refusal, terms };
+  }
+
+  // The answer to a call already answered (its grant again), or null for a new one.
+  #repeatOf(call: TeamLeaseCall, terms: TeamLeaseAnswer["terms"]): TeamLeaseAnswer | null {
+    const member = this.#store.member(call.keyId);
+    if (call.seq > member.seq) return null;
+    const granted = call.seq === member.seq ? member.granted : NONE;
+    return { seq: call.seq, granted, refusal: null, terms };
+  }
+
+  // The grant for `call` as the team stands now, once what the key settled and gives back is applied.
+  #decide(call: TeamLeaseCall, record: TeamRecord, now: number) {
+    const member = this.#store.member(call.keyId);
     const { limits, budgets } = record;
     const back = call.giveBack;
-    const kept = member.picos - call.settledPicos - back.picos;
-    const picos = kept > 0n ? kept : 0n;
-    const slots = Math.max(0, member.slots - back.slots);
-    const moved = picos - member.picos;
-    // As the budgets stand once what the key settled and gave back is applied.
+    const left = member.picos - call.settledPicos - back.picos;
+    const kept = { picos: left > 0n ? left : 0n, slots: Math.max(0, member.slots - back.slots) };
+    const moved = kept.picos - member.picos;
     const lines = this.#store.lines(budgets, now).map((line) => ({
       ...line,
       spend: {
@@ -136,25 +178,43 @@ export class TeamAccount extends DurableObject<Env> {
         ),
         tokens: adjust(this.#store.bucket("tokens", limits.tpm, now), limits.tpm, back.tokens, now),
       },
-      slotsHeld: this.#store.slotsHeld() - member.slots + slots,
+      slotsHeld: this.#store.slotsHeld() - member.slots + kept.slots,
       need: call.need,
       want: call.want,
       now,
     });
-    const { granted } = outcome;
-    this.#store.commitLease({
-      keyId: call.keyId,
-      member: {
-        picos: picos + granted.picos,
-        slots: slots + granted.slots,
-        seq: call.seq,
-        granted,
-      },
-      buckets: outcome.buckets,
-      settled: { hour: hourOf(now), picos: call.settledPicos },
+    return { outcome, kept };
+  }
+
+  // Asks the member keys but `except` holding `held` to give back what they do not use (a
+  // key busy with a call of its own gives back after it, without being waited for). One
+  // round at a time: a refusal during one waits for it. A key that had nothing spare is
+  // asked again only after its next call (its holdings change only with its calls, or its
+  // requests' ends, which it reports within a second while busy and in full once idle).
+  async #recall(held: "picos" | "slots", except: string): Promise<void> {
+    if (this.#recalling !== null) return this.#recalling;
+    const keyIds = this.#store
+      .holders(held, except)
+      .filter((keyId) => this.#dry.get(keyId) !== this.#store.member(keyId).seq)
+      .slice(0, RECALL_MAX_KEYS);
+    if (keyIds.length === 0) return;
+    const asks = keyIds.map(async (keyId) => {
+      const seq = this.#store.member(keyId).seq;
+      try {
+        const gave = await this.env.KEY_ACCOUNT.getByName(keyId).recallTeamLease();
+        if (gave) this.#dry.delete(keyId);
+        else this.#dry.set(keyId, seq);
+      } catch (error) {
+        logWarn("team recall failed", { key_id: keyId, error });
+      }
     });
-    if (call.settledPicos > 0n) await this.#raiseAlerts(record, now);
-    return { seq: call.seq, granted, refusal: outcome.refusal, terms };
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<void>((resolve) => (timer = setTimeout(resolve, RECALL_WAIT_MS)));
+    this.#recalling = Promise.race([Promise.all(asks).then(() => undefined), late]).finally(() => {
+      clearTimeout(timer);
+      this.#recalling = null;
+    });
+    return this.#recalling;
   }
 
   // Soft limits the settled spend took their window to raise an alert each, sent by the alarm.

@@ -194,6 +194,15 @@ export class TeamStore {
     return [...this.#members.values()].reduce((sum, m) => sum + m.slots, 0);
   }
 
+  /** Member keys other than `except` holding any of the team's money or slots, most first. */
+  holders(of: "picos" | "slots", except: string): string[] {
+    const held = (m: MemberHold) => (of === "picos" ? Number(m.picos) : m.slots);
+    return [...this.#members]
+      .filter(([keyId, m]) => keyId !== except && held(m) > 0)
+      .sort(([, a], [, b]) => held(b) - held(a))
+      .map(([keyId]) => keyId);
+  }
+
   member(keyId: string): MemberHold {
     return (
       this.#members.get(keyId) ?? {

@@ -340,11 +340,11 @@ export function refusalError(
             ? "Ask for more credit to continue."
             : "This request may cost more than the whole budget: lower its max_tokens, or raise the budget."
           : soon
-            ? `Requests in flight hold part of it; please try again in ${formatResetDuration(refusal.retryAfterMs)}.`
+            ? `${refusal.scope === "team" ? "Its keys' requests" : "Requests"} in flight hold part of it; please try again in ${formatResetDuration(refusal.retryAfterMs)}.`
             : `It renews in ${formatResetDuration(refusal.retryAfterMs)}${renewsAt(refusal.resetsAt)}.`;
       return new ApiError(
         429,
-        `You exceeded the ${budget} of ${owner}: limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, reserved by requests in flight $${formatUsd(refusal.reservedPicos)}, this request may cost up to $${formatUsd(refusal.requestedPicos)}. ${when}`,
+        `You exceeded the ${budget} of ${owner}: limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, ${refusal.scope === "team" ? "held by its keys" : "reserved"} for requests in flight $${formatUsd(refusal.reservedPicos)}, this request may cost up to $${formatUsd(refusal.requestedPicos)}. ${when}`,
         {
           type: "insufficient_quota",
           code: "insufficient_quota",

@@ -38,6 +38,8 @@ export class TeamLink {
   #running: Promise<unknown> | null = null;
   // Requests of the key waiting for the team now, each lacking about what the first does.
   #waiting = 0;
+  // The team asked for what the key holds unused while a call was under way: sent after it.
+  #recallDue = false;
 
   constructor(store: AccountStore, teams: DurableObjectNamespace<TeamAccount>) {
     this.#store = store;
@@ -93,6 +95,26 @@ export class TeamLink {
     const holds = spare.requests > 0 || spare.slots > 0 || (spare.picos ?? 0n) > 0n;
     const owes = team.pool.settledPicos > 0n || team.pool.pending !== null;
     return holds || owes ? last + TEAM_IDLE_MS : null;
+  }
+
+  /**
+   * The team asks for all the key holds unused (another key needs it): given back now, or
+   * right after a call under way, which is not waited for (the team may be waiting on it).
+   * Whether the key held any.
+   */
+  async recall(): Promise<boolean> {
+    if (!this.#holdsSpare()) return false;
+    if (this.#running === null) await this.#call(null, "idle");
+    else this.#recallDue = true;
+    return true;
+  }
+
+  // Whether the key holds money or slots of its team that it does not use now.
+  #holdsSpare(): boolean {
+    const pool = this.#store.team.pool;
+    if (pool === null) return false;
+    const spare = poolHeadroom(pool, this.#use());
+    return spare.slots > 0 || (spare.picos ?? 0n) > 0n;
   }
 
   /** Makes sure the team has answered the key once, so its models are known. */
@@ -158,6 +180,10 @@ export class TeamLink {
   #call(need: TeamAllowance | null, mode: CallMode): Promise<TeamRefusal | null> {
     const running = this.#send(need, mode).finally(() => {
       this.#running = null;
+      if (this.#recallDue) {
+        this.#recallDue = false;
+        if (this.#holdsSpare()) void this.#call(null, "idle");
+      }
     });
     this.#running = running;
     return running;
@@ -171,7 +197,12 @@ export class TeamLink {
     const now = Date.now();
     if (pool.pending === null) {
       const use = this.#use();
-      const waiting = need === null ? NOTHING : times(need, this.#waiting);
+      // A request short of money gives back all the money the key holds unused and asks
+      // for its whole worst case: the team weighs the request itself, so its refusal says
+      // whether a retry can help.
+      const spare = need !== null && need.picos > 0n ? (poolHeadroom(pool, use).picos ?? 0n) : 0n;
+      const asked = need === null ? null : { ...need, picos: need.picos + spare };
+      const waiting = asked === null ? NOTHING : times(asked, this.#waiting);
       const want = mode === "renew" ? wantOf(team.rate, team.typical, waiting) : NOTHING;
       const giveBack =
         mode === "leave"
@@ -182,7 +213,14 @@ export class TeamLink {
               slots: pool.slots,
             }
           : excess(pool, use, want);
-      const pending = { seq: pool.seq + 1, settledPicos: pool.settledPicos, giveBack, need, want };
+      if (spare > 0n) giveBack.picos = spare;
+      const pending = {
+        seq: pool.seq + 1,
+        settledPicos: pool.settledPicos,
+        giveBack,
+        need: asked,
+        want,
+      };
       team.change((held) => {
         held.pending = pending;
         held.seq = pending.seq;

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { NONE, decideGrant } from "../../../durable-objects/team-account/grants.ts";
+import { NONE, decideGrant, heldInTheWay } from "../../../durable-objects/team-account/grants.ts";
 import { budgetLines } from "../../../durable-objects/key-account/budgets.ts";
 import type { TeamGrantInput } from "../../../durable-objects/team-account/grants.ts";
 
@@ -69,5 +69,41 @@ describe("decideGrant", () => {
       budget: "1d",
       limitPicos: 10_000_000n,
     });
+  });
+});
+
+const dayOf = (settledMicros: bigint, reservedMicros: bigint) =>
+  budgetLines(
+    { periods: [{ period: "1d", limitMicros: 10, softMicros: null }], creditMicros: null },
+    NOW,
+    () => ({
+      settledPicos: settledMicros * 1_000_000n,
+      reservedPicos: reservedMicros * 1_000_000n,
+    }),
+    () => NOTHING_SPENT,
+  );
+const refusalFor = (lines: TeamGrantInput["lines"], need: TeamGrantInput["need"], slotsHeld = 0) =>
+  decideGrant(input({ lines, need, slotsHeld })).refusal;
+const money = (micros: bigint) => ({
+  requests: 0,
+  tokens: 0,
+  picos: micros * 1_000_000n,
+  slots: 0,
+});
+
+describe("heldInTheWay", () => {
+  it("names money when what keys hold keeps a need out that the settled spend leaves room for", () => {
+    expect(heldInTheWay(refusalFor(dayOf(4n, 5n), money(2n)))).toBe("picos");
+  });
+
+  it("names nothing when the settled spend alone leaves no room: only the window's end helps", () => {
+    expect(heldInTheWay(refusalFor(dayOf(9n, 0n), money(2n)))).toBeNull();
+    expect(heldInTheWay(refusalFor(dayOf(9n, 1n), money(2n)))).toBeNull();
+  });
+
+  it("names slots when keys hold every slot, and nothing for a grant", () => {
+    const slot = { requests: 0, tokens: 0, picos: 0n, slots: 1 };
+    expect(heldInTheWay(refusalFor([], slot, 10))).toBe("slots");
+    expect(heldInTheWay(refusalFor([], slot, 0))).toBeNull();
   });
 });

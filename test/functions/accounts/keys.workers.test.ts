@@ -146,6 +146,34 @@ describe("refusalError", () => {
     });
   });
 
+  it("says that a team's keys hold its budget for requests in flight, and to retry soon", () => {
+    const error = refusalError(
+      {
+        ok: false,
+        code: "insufficient_quota",
+        budget: "1d",
+        scope: "team",
+        teamId: "team_abcdefghijklmnop",
+        limitPicos: 2_000_000_000n,
+        spentPicos: 1_000_000_000n,
+        reservedPicos: 800_000_000n,
+        requestedPicos: 400_000_000n,
+        retryAfterMs: 1_000,
+        resetsAt: Date.now() + 3_600_000,
+        rateLimit: {
+          requests: { limit: 10, remaining: 9, resetMs: 0 },
+          tokens: { limit: 1_000, remaining: 900, resetMs: 0 },
+        },
+      },
+      "abcdefghijklmnop",
+    );
+    expect(error).toMatchObject({ status: 429, code: "insufficient_quota" });
+    expect(error.message).toContain("team team_abcdefghijklmnop of key abcdefghijklmnop");
+    expect(error.message).toContain("held by its keys for requests in flight $0.000800");
+    expect(error.message).toContain("Its keys' requests in flight hold part of it");
+    expect(error.headers).toMatchObject({ "retry-after": "1" });
+  });
+
   it("turns a revoked key into a 401 invalid_api_key", () => {
     expect(
       refusalError({ ok: false, code: "invalid_api_key", reason: "revoked" }, "abcdefghijklmnop"),
