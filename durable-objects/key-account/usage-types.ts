@@ -63,8 +63,10 @@ export interface RequestLogQuery {
   model?: string;
   /** Only rows admitted while the key was in this team. */
   teamId?: string;
-  /** `open` (in flight), or how the row closed. */
-  status?: LedgerRecord["outcome"] | "open";
+  /** Only rows in this state (`open`: in flight). */
+  status?: LedgerRecord["state"];
+  /** Only rows that ended so. */
+  outcome?: NonNullable<LedgerRecord["outcome"]>;
 }
 
 /** Totals of one tag over a range of days. */

@@ -267,10 +267,13 @@ export class LedgerStore {
       where.push("EXISTS (SELECT 1 FROM json_each(ledger.tags) WHERE value = ?)");
       args.push(query.tag);
     }
-    if (query.status === "open") where.push("state = 'open'");
-    else if (query.status !== undefined && query.status !== null) {
-      where.push("outcome = ?");
-      args.push(query.status);
+    for (const [column, value] of [
+      ["state", query.status],
+      ["outcome", query.outcome],
+    ] as const) {
+      if (value === undefined) continue;
+      where.push(`${column} = ?`);
+      args.push(value);
     }
     return this.#sql
       .exec<LedgerRow>(

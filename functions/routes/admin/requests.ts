@@ -19,7 +19,8 @@ import { USAGE_FAN_OUT, usageTag, usageTeam } from "./usage.ts";
 import { onlyParams, requestRecordJson, usageUser } from "../usage.ts";
 import { methodNotAllowed } from "../../error-handler.ts";
 
-const STATUSES = ["open", "ok", "error", "cancelled", "timeout", "expired"] as const;
+const STATUSES = ["open", "settled", "expired"] as const;
+const OUTCOMES = ["ok", "error", "cancelled", "timeout", "expired"] as const;
 const PARAMS = [
   "limit",
   "cursor",
@@ -29,6 +30,7 @@ const PARAMS = [
   "user",
   "model",
   "status",
+  "outcome",
   "from",
   "to",
   "format",
@@ -55,14 +57,8 @@ export const adminRequests = new Hono<{ Bindings: Env }>()
     if (model !== undefined && (model.length === 0 || model.length > 256)) {
       throw invalidRequest("model must be 1 to 256 characters.", "model", "invalid_value");
     }
-    const status = STATUSES.find((one) => one === q["status"]);
-    if (q["status"] !== undefined && status === undefined) {
-      throw invalidRequest(
-        `status must be one of ${STATUSES.join(", ")}.`,
-        "status",
-        "invalid_value",
-      );
-    }
+    const status = oneOf(q, "status", STATUSES);
+    const outcome = oneOf(q, "outcome", OUTCOMES);
     const from = instant(q["from"], "from") ?? now - LEDGER_RETENTION_MS;
     const to = instant(q["to"], "to") ?? now + 60_000;
     const before = q["cursor"] === undefined ? undefined : cursorOf(q["cursor"]);
@@ -76,6 +72,7 @@ export const adminRequests = new Hono<{ Bindings: Env }>()
       ...(teamId !== undefined && { teamId }),
       ...(model !== undefined && { model }),
       ...(status !== undefined && { status }),
+      ...(outcome !== undefined && { outcome }),
     };
     const rows = await askKeys(c.env, q["key_id"], query);
     const page = rows.slice(0, limit);
@@ -96,6 +93,19 @@ export const adminRequests = new Hono<{ Bindings: Env }>()
     });
   })
   .all("/", methodNotAllowed(["GET", "HEAD"]));
+
+// The query parameter `name`, one of `values`, or undefined when absent.
+function oneOf<T extends string>(
+  q: Record<string, string>,
+  name: string,
+  values: readonly T[],
+): T | undefined {
+  const value = values.find((one) => one === q[name]);
+  if (q[name] !== undefined && value === undefined) {
+    throw invalidRequest(`${name} must be one of ${values.join(", ")}.`, name, "invalid_value");
+  }
+  return value;
+}
 
 // Every indexed key's account (or only `only`'s), a batch at a time; merged newest first.
 async function askKeys(env: Env, only: string | undefined, query: RequestLogQuery): Promise<Row[]> {

@@ -72,7 +72,7 @@ describe("GET /admin/requests", () => {
     expect(JSON.stringify(page)).not.toContain("about the sea");
   });
 
-  it("filters by key, end user, tag, model and status, across keys", async () => {
+  it("filters by key, end user, tag, model, status and outcome, across keys", async () => {
     const a = await createKey({ name: "log-a", tags: ["team:a"] });
     const b = await createKey({ name: "log-b" });
     await chat(a.key, { user: "u-filter" });
@@ -87,10 +87,15 @@ describe("GET /admin/requests", () => {
       2,
     );
     expect((await (await log(`?key_id=${b.id}&model=nope`)).json<LogPage>()).data).toHaveLength(0);
-    expect((await (await log(`?key_id=${b.id}&status=ok`)).json<LogPage>()).data).toHaveLength(2);
-    expect((await (await log(`?key_id=${b.id}&status=error`)).json<LogPage>()).data).toHaveLength(
-      0,
-    );
+    // `status` and `outcome` filter on the rows' fields of those names.
+    const rows = async (query: string) =>
+      (await (await log(`?key_id=${b.id}&${query}`)).json<LogPage>()).data;
+    expect(await rows("status=settled")).toHaveLength(2);
+    expect((await rows("status=settled")).every((row) => row.status === "settled")).toBe(true);
+    expect(await rows("status=open")).toHaveLength(0);
+    expect(await rows("outcome=ok")).toHaveLength(2);
+    expect(await rows("outcome=error")).toHaveLength(0);
+    expect(await rows("status=settled&outcome=ok")).toHaveLength(2);
     const future = Math.floor(Date.now() / 1_000) + 3_600;
     expect((await (await log(`?key_id=${b.id}&from=${future}`)).json<LogPage>()).data).toHaveLength(
       0,
@@ -131,6 +136,8 @@ describe("GET /admin/requests", () => {
     const cases: [string, string][] = [
       ["?limit=0", "limit"],
       ["?status=done", "status"],
+      ["?status=ok", "status"],
+      ["?outcome=settled", "outcome"],
       ["?cursor=%%%", "cursor"],
       ["?cursor=WzFd", "cursor"],
       ["?from=yesterday", "from"],
