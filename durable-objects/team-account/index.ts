@@ -124,7 +124,9 @@ export class TeamAccount extends DurableObject<Env> {
       // The same call sent again while this one waited may have been answered meanwhile.
       const answered = this.#repeatOf(call, terms);
       if (answered !== null) return answered;
-      decided = this.#decide(call, this.#store.record ?? record, now);
+      const current = this.#store.record;
+      if (current === null) return { seq: call.seq, granted: NONE, refusal: null, terms: null };
+      decided = this.#decide(call, current, now);
     }
     const { outcome, kept } = decided;
     const { granted } = outcome;
@@ -186,13 +188,16 @@ export class TeamAccount extends DurableObject<Env> {
     return { outcome, kept };
   }
 
-  // Asks the member keys but `except` holding `held` to give back what they do not use (a
-  // key busy with a call of its own gives back after it, without being waited for). One
-  // round at a time: a refusal during one waits for it. A key that had nothing spare is
-  // asked again only after its next call (its holdings change only with its calls, or its
-  // requests' ends, which it reports within a second while busy and in full once idle).
+  // Asks the member keys but `except` holding `held` to give back the money and slots they
+  // do not use, waiting at most RECALL_WAIT_MS. One round at a time: a round under way is
+  // waited for first. A key that had nothing spare is asked again only after its next
+  // call (its holdings change only with its calls, or its requests' ends, which it reports
+  // within a second while busy and in full once idle).
   async #recall(held: "picos" | "slots", except: string): Promise<void> {
-    if (this.#recalling !== null) return this.#recalling;
+    const deadline = Date.now() + RECALL_WAIT_MS;
+    while (this.#recalling !== null) {
+      if (!(await within(this.#recalling, deadline))) return;
+    }
     const keyIds = this.#store
       .holders(held, except)
       .filter((keyId) => this.#dry.get(keyId) !== this.#store.member(keyId).seq)
@@ -208,13 +213,12 @@ export class TeamAccount extends DurableObject<Env> {
         logWarn("team recall failed", { key_id: keyId, error });
       }
     });
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const late = new Promise<void>((resolve) => (timer = setTimeout(resolve, RECALL_WAIT_MS)));
-    this.#recalling = Promise.race([Promise.all(asks).then(() => undefined), late]).finally(() => {
-      clearTimeout(timer);
+    // Each ask catches its own failure: the round always settles, and then ends.
+    const round = Promise.all(asks).then(() => {
       this.#recalling = null;
     });
-    return this.#recalling;
+    this.#recalling = round;
+    await within(round, deadline);
   }
 
   // Soft limits the settled spend took their window to raise an alert each, sent by the alarm.
@@ -229,5 +233,18 @@ export class TeamAccount extends DurableObject<Env> {
     const raised = raiseCrossings(this.#alerts, owner, this.#store.lines(soft, now), now);
     this.#alerts.flush();
     if (raised) await this.ctx.storage.setAlarm(now);
+  }
+}
+
+// Waits for `promise` until `deadline` (epoch ms); whether it settled by then.
+async function within(promise: Promise<void>, deadline: number): Promise<boolean> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<boolean>((resolve) => {
+    timer = setTimeout(() => resolve(false), Math.max(0, deadline - Date.now()));
+  });
+  try {
+    return await Promise.race([promise.then(() => true), late]);
+  } finally {
+    clearTimeout(timer);
   }
 }

@@ -196,10 +196,10 @@ export class TeamStore {
 
   /** Member keys other than `except` holding any of the team's money or slots, most first. */
   holders(of: "picos" | "slots", except: string): string[] {
-    const held = (m: MemberHold) => (of === "picos" ? Number(m.picos) : m.slots);
+    const held = (m: MemberHold) => (of === "picos" ? m.picos : BigInt(m.slots));
     return [...this.#members]
-      .filter(([keyId, m]) => keyId !== except && held(m) > 0)
-      .sort(([, a], [, b]) => held(b) - held(a))
+      .filter(([keyId, m]) => keyId !== except && held(m) > 0n)
+      .sort(([, a], [, b]) => (held(b) > held(a) ? 1 : held(b) < held(a) ? -1 : 0))
       .map(([keyId]) => keyId);
   }
 

@@ -344,7 +344,7 @@ export function refusalError(
             : `It renews in ${formatResetDuration(refusal.retryAfterMs)}${renewsAt(refusal.resetsAt)}.`;
       return new ApiError(
         429,
-        `You exceeded the ${budget} of ${owner}: limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, ${refusal.scope === "team" ? "held by its keys" : "reserved"} for requests in flight $${formatUsd(refusal.reservedPicos)}, this request may cost up to $${formatUsd(refusal.requestedPicos)}. ${when}`,
+        `You exceeded the ${budget} of ${owner}: limit $${formatUsd(refusal.limitPicos)}, spent $${formatUsd(refusal.spentPicos)}, ${refusal.scope === "team" ? "held by its keys" : "reserved by requests in flight"} $${formatUsd(refusal.reservedPicos)}, this request may cost up to $${formatUsd(refusal.requestedPicos)}. ${when}`,
         {
           type: "insufficient_quota",
           code: "insufficient_quota",

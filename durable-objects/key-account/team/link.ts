@@ -28,8 +28,11 @@ export const TEAM_REPORT_MS = 1_000;
 
 const NOTHING: TeamAllowance = { requests: 0, tokens: 0, picos: 0n, slots: 0 };
 
-/** Why the key calls its team: top up (`renew`), give back all unused (`idle`), or leave. */
-type CallMode = "renew" | "idle" | "leave";
+/**
+ * Why the key calls its team: top up (`renew`), give back all unused (`idle`), give back
+ * the money and slots unused that another key needs (`recall`), or leave.
+ */
+type CallMode = "renew" | "idle" | "recall" | "leave";
 
 /** A key account's side of its team lease. */
 export class TeamLink {
@@ -38,8 +41,8 @@ export class TeamLink {
   #running: Promise<unknown> | null = null;
   // Requests of the key waiting for the team now, each lacking about what the first does.
   #waiting = 0;
-  // The team asked for what the key holds unused while a call was under way: sent after it.
-  #recallDue = false;
+  // Whether the call under way carries a request's need (the team may then wait on a recall).
+  #runningNeeds = false;
 
   constructor(store: AccountStore, teams: DurableObjectNamespace<TeamAccount>) {
     this.#store = store;
@@ -98,14 +101,17 @@ export class TeamLink {
   }
 
   /**
-   * The team asks for all the key holds unused (another key needs it): given back now, or
-   * right after a call under way, which is not waited for (the team may be waiting on it).
-   * Whether the key held any.
+   * The team asks for the money and slots the key holds unused (another key needs them):
+   * given back now, or after a background call under way (the team answers those without
+   * waiting). A request's call under way already gave back the money the key held unused,
+   * and may be waiting on this recall at the team: nothing then. Whether the key gave any.
    */
   async recall(): Promise<boolean> {
-    if (!this.#holdsSpare()) return false;
-    if (this.#running === null) await this.#call(null, "idle");
-    else this.#recallDue = true;
+    while (this.#running !== null && !this.#runningNeeds) await this.#running;
+    const pending = this.#store.team.pool?.pending ?? null;
+    const needs = (pending?.need ?? null) !== null;
+    if (this.#running !== null || needs || !this.#holdsSpare()) return false;
+    await this.#call(null, "recall");
     return true;
   }
 
@@ -178,12 +184,11 @@ export class TeamLink {
   }
 
   #call(need: TeamAllowance | null, mode: CallMode): Promise<TeamRefusal | null> {
+    // A call sent again carries the need it was first sent with.
+    const pending = this.#store.team.pool?.pending ?? null;
+    this.#runningNeeds = (pending === null ? need : pending.need) !== null;
     const running = this.#send(need, mode).finally(() => {
       this.#running = null;
-      if (this.#recallDue) {
-        this.#recallDue = false;
-        if (this.#holdsSpare()) void this.#call(null, "idle");
-      }
     });
     this.#running = running;
     return running;
@@ -212,7 +217,7 @@ export class TeamLink {
               picos: pool.picos - pool.settledPicos,
               slots: pool.slots,
             }
-          : excess(pool, use, want);
+          : excess(pool, use, mode === "recall" ? keepRates(pool) : want);
       if (spare > 0n) giveBack.picos = spare;
       const pending = {
         seq: pool.seq + 1,
@@ -256,4 +261,9 @@ export class TeamLink {
       return null;
     }
   }
+}
+
+// What a recalled key keeps: the requests and tokens it took from the team's buckets.
+function keepRates(pool: TeamPool): TeamAllowance {
+  return { requests: pool.requests, tokens: Math.max(0, pool.tokens), picos: 0n, slots: 0 };
 }

@@ -72,6 +72,39 @@ describe("a team's allowance that one key holds unused", () => {
     // `busy` has nothing in flight but holds the slots it was granted.
     expect((await team.stub.view())?.slotsHeld).toBe(4);
     expect(await other.admit("req_slots_other")).toMatchObject({ ok: true });
-    expect((await team.stub.view())?.slotsHeld).toBeLessThanOrEqual(4);
+  });
+
+  it("admits every one of two keys' concurrent requests that the team's concurrency holds", async () => {
+    const team = await newTeam({ concurrency: 10 });
+    const keys = [await teamKey(team.id), await teamKey(team.id)];
+    const results = await Promise.all(
+      Array.from({ length: 10 }, (_, i) => (keys[i % 2] as Member).admit(`req_both_${i}`)),
+    );
+    expect(results.filter((result) => !result.ok)).toEqual([]);
+    expect(await (keys[0] as Member).admit("req_both_over")).toMatchObject({
+      ok: false,
+      code: "rate_limit_exceeded",
+      scope: "team",
+      limit: "concurrency",
+      limitValue: 10,
+    });
+  });
+
+  it("admits every one of two keys' concurrent requests that the team's budget holds", async () => {
+    const probe = await teamKey((await newTeam({})).id);
+    const first = await probe.admit("req_probe");
+    const worst = first.ok ? first.reservedPicos : 0n;
+    // Room for exactly 12 worst cases.
+    const team = await newTeam({}, { creditMicros: Number((worst * 12n) / 1_000_000n) + 1 });
+    const keys = [await teamKey(team.id), await teamKey(team.id)];
+    const results = await Promise.all(
+      Array.from({ length: 12 }, (_, i) => (keys[i % 2] as Member).admit(`req_money_${i}`)),
+    );
+    expect(results.filter((result) => !result.ok)).toEqual([]);
+    expect(await (keys[1] as Member).admit("req_money_over")).toMatchObject({
+      ok: false,
+      code: "insufficient_quota",
+      scope: "team",
+    });
   });
 });

@@ -169,7 +169,7 @@ describe("refusalError", () => {
     );
     expect(error).toMatchObject({ status: 429, code: "insufficient_quota" });
     expect(error.message).toContain("team team_abcdefghijklmnop of key abcdefghijklmnop");
-    expect(error.message).toContain("held by its keys for requests in flight $0.000800");
+    expect(error.message).toContain("held by its keys $0.000800");
     expect(error.message).toContain("Its keys' requests in flight hold part of it");
     expect(error.headers).toMatchObject({ "retry-after": "1" });
   });
