@@ -28,9 +28,12 @@ function seconds(id) {
 }
 
 function filters() {
+  // "In flight" is a row's status; every other choice is how it ended, its outcome.
+  const ended = $("log-status").value;
   return {
     key_id: $("log-key").value,
-    status: $("log-status").value,
+    status: ended === "open" ? ended : "",
+    outcome: ended === "open" ? "" : ended,
     model: $("log-model").value.trim(),
     user: $("log-user").value.trim(),
     tag: $("log-tag").value.trim(),
