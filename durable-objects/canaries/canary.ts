@@ -41,13 +41,19 @@ export function newCanary(model: string, now: number): Canary {
   };
 }
 
-/** Takes in a reporter's outcomes of both arms; a running canary may be rolled back. */
+/**
+ * Takes in a reporter's outcomes of both arms; a running canary may be rolled back.
+ * Outcomes recorded while the reporter knew an earlier state (`since`, its `since`; null
+ * when it knew none) belong to that state's comparison and are left out.
+ */
 export function record(
   c: Canary,
   reports: Partial<Record<CanaryArm, ArmReport>>,
   spec: CanarySpec,
   now: number,
+  since: number | null = null,
 ): Canary {
+  if (since !== null && since < c.since) return c;
   const arms = { canary: c.arms.canary, baseline: c.arms.baseline };
   for (const arm of ["canary", "baseline"] as const) {
     const report = reports[arm];

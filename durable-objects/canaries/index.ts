@@ -28,10 +28,17 @@ export class Canaries extends DurableObject<Env> {
     });
   }
 
-  /** Takes in both arms' outcomes; answers the canary as it now stands. */
-  report(spec: CanarySpec, reports: Partial<Record<CanaryArm, ArmReport>>): CanaryView {
+  /**
+   * Takes in both arms' outcomes, recorded while the reporter knew the state of `since`
+   * (null: none); answers the canary as it now stands.
+   */
+  report(
+    spec: CanarySpec,
+    reports: Partial<Record<CanaryArm, ArmReport>>,
+    since: number | null = null,
+  ): CanaryView {
     const now = Date.now();
-    this.#put(record(this.#load(spec, now), reports, spec, now));
+    this.#put(record(this.#load(spec, now), reports, spec, now, since));
     return viewOf(this.#load(spec, now), spec);
   }
 

@@ -19,6 +19,8 @@ import type { SettledRequest } from "../accounts/settlement.ts";
 
 const REFRESH_MS = 1_000;
 const FLUSH_MS = 250;
+// A scheduled flush waits out an exchange under way this many times at most.
+const FLUSH_TRIES = 8;
 const MAX_TTFT_SAMPLES = 500;
 
 /** How one request takes part in its model's canary. */
@@ -33,6 +35,8 @@ interface Copy {
   syncedAt: number;
   pending: Record<CanaryArm, ArmReport>;
   sending: boolean;
+  /** A flush of what is pending is scheduled (the last outcomes of a quiet spell). */
+  flushing: boolean;
 }
 
 /**
@@ -77,22 +81,39 @@ export class CanaryCopies {
       const ttftMs = settled.ttftMs ?? null;
       if (good && ttftMs !== null && arm.ttftMs.length < MAX_TTFT_SAMPLES) arm.ttftMs.push(ttftMs);
     }
-    return this.sync(plan.spec, now);
+    return this.sync(plan.spec, now) ?? this.#flushLater(plan.spec);
+  }
+
+  // Sends what is pending once it is due even if no request comes to send it; null when a
+  // flush is already scheduled.
+  #flushLater(spec: CanarySpec): Promise<void> | null {
+    const copy = this.#copyOf(spec);
+    if (copy.flushing) return null;
+    copy.flushing = true;
+    const flush = async () => {
+      for (let tries = 0; tries < FLUSH_TRIES && hasPending(copy); tries++) {
+        const due = Math.max(0, copy.syncedAt + FLUSH_MS - Date.now());
+        await new Promise((resolve) => setTimeout(resolve, due));
+        await this.sync(spec, Date.now());
+      }
+    };
+    return flush().finally(() => {
+      copy.flushing = false;
+    });
   }
 
   /** Sends what is pending and takes the canary's state back, when due. */
   sync(spec: CanarySpec, now: number): Promise<void> | null {
     const copy = this.#copyOf(spec);
-    const pending = copy.pending.canary.requests + copy.pending.baseline.requests > 0;
     const age = now - copy.syncedAt;
-    if (copy.sending || !(age >= REFRESH_MS || (pending && age >= FLUSH_MS))) return null;
+    if (copy.sending || !(age >= REFRESH_MS || (hasPending(copy) && age >= FLUSH_MS))) return null;
     const reports = copy.pending;
     copy.pending = emptyReports();
     copy.syncedAt = now;
     copy.sending = true;
     return this.#namespace
       .getByName(canaryName(spec))
-      .report(spec, reports)
+      .report(spec, reports, copy.view?.since ?? null)
       .then((view) => {
         copy.view = view;
       })
@@ -113,6 +134,7 @@ export class CanaryCopies {
         syncedAt: Number.NEGATIVE_INFINITY,
         pending: emptyReports(),
         sending: false,
+        flushing: false,
       };
       this.#copies.set(name, copy);
     }
@@ -144,6 +166,10 @@ export function armFirstAvoids(plan: CanaryPlan, candidates: readonly RegionOrig
   const first = candidates[0];
   if (plan.arm !== "canary" || first === undefined || !plan.pool.has(first.origin.id)) return [];
   return first.region.origins.map((o) => o.id).filter((id) => !plan.pool.has(id));
+}
+
+function hasPending(copy: Copy): boolean {
+  return copy.pending.canary.requests + copy.pending.baseline.requests > 0;
 }
 
 function emptyReports(): Record<CanaryArm, ArmReport> {

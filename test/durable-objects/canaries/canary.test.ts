@@ -80,3 +80,18 @@ describe("an operator", () => {
     expect(viewOf(again, SPEC).arms.canary.requests).toBe(0);
   });
 });
+
+describe("a report", () => {
+  it("recorded while its reporter knew an earlier state is left out of the comparison", () => {
+    const resumed = act(afterReport(arm(5, 5), arm(5, 0), 1), "resume", 10);
+    expect(viewOf(resumed, SPEC).arms.canary.requests).toBe(0);
+    // Outcomes of the state before the resume, sent after it: not this state's.
+    const late = record(resumed, { canary: arm(3, 3) }, SPEC, 11, 0);
+    expect(viewOf(late, SPEC).arms.canary.requests).toBe(0);
+    // Outcomes recorded knowing the resume, or knowing no state yet, count.
+    const known = record(resumed, { canary: arm(3, 1) }, SPEC, 12, 10);
+    expect(viewOf(known, SPEC).arms.canary).toMatchObject({ requests: 3, errors: 1 });
+    const fresh = record(resumed, { canary: arm(2, 0) }, SPEC, 12, null);
+    expect(viewOf(fresh, SPEC).arms.canary.requests).toBe(2);
+  });
+});

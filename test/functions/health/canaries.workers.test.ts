@@ -82,6 +82,38 @@ describe("a canary", () => {
     expect(await back.json()).toMatchObject({ state: "rolled_back", weight: 0 });
   });
 
+  it("counts every request's outcome soon after the last one, with no request after it", async () => {
+    const config = configOf("quiet", MODEL, 0.5);
+    for (let i = 0; i < 12; i++) expect((await send(config, chat())).status).toBe(200);
+    let counted = 0;
+    for (let tries = 0; tries < 40 && counted < 12; tries++) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      const view = await canary(config, MODEL);
+      counted = (view?.arms.canary.requests ?? 0) + (view?.arms.baseline.requests ?? 0);
+    }
+    expect(counted).toBe(12);
+  });
+
+  it("starts afresh on resume: outcomes from before it that arrive after it are left out", async () => {
+    const config = configOf("resume", MODEL, 0.5);
+    const path = `/admin/canaries/${MODEL}`;
+    // The first request's outcome is sent at once; the next ones wait their flush.
+    for (let i = 0; i < 6; i++) expect((await send(config, chat())).status).toBe(200);
+    expect(await (await send(config, admin(path, { action: "resume" }))).json()).toMatchObject({
+      arms: { canary: { requests: 0 }, baseline: { requests: 0 } },
+    });
+    // Past the isolate's refresh: the next request sends what is pending and learns of the
+    // resume; only the 4 requests after it count.
+    await new Promise((resolve) => setTimeout(resolve, 1_100));
+    for (let i = 0; i < 4; i++) expect((await send(config, chat())).status).toBe(200);
+    let view = await canary(config, MODEL);
+    for (let tries = 0; tries < 20; tries++) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      view = await canary(config, MODEL);
+    }
+    expect((view?.arms.canary.requests ?? 0) + (view?.arms.baseline.requests ?? 0)).toBe(4);
+  });
+
   it("refuses an unknown model and a bad action with OpenAI errors", async () => {
     const config = configOf("refusals", MODEL, 0.2);
     const unknown = await send(config, admin("/admin/canaries/nope", { action: "pause" }));
