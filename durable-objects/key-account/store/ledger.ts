@@ -257,6 +257,8 @@ export class LedgerStore {
       ["end_user", query.user],
       ["model", query.model],
       ["team_id", query.teamId],
+      ["state", query.status],
+      ["outcome", query.outcome],
     ];
     for (const [column, value] of equal) {
       if (value === undefined) continue;
@@ -266,14 +268,6 @@ export class LedgerStore {
     if (query.tag !== undefined) {
       where.push("EXISTS (SELECT 1 FROM json_each(ledger.tags) WHERE value = ?)");
       args.push(query.tag);
-    }
-    for (const [column, value] of [
-      ["state", query.status],
-      ["outcome", query.outcome],
-    ] as const) {
-      if (value === undefined) continue;
-      where.push(`${column} = ?`);
-      args.push(value);
     }
     return this.#sql
       .exec<LedgerRow>(

@@ -21,6 +21,7 @@ import { methodNotAllowed } from "../../error-handler.ts";
 
 const STATUSES = ["open", "settled", "expired"] as const;
 const OUTCOMES = ["ok", "error", "cancelled", "timeout", "expired"] as const;
+const FORMATS = ["json", "csv"] as const;
 const PARAMS = [
   "limit",
   "cursor",
@@ -45,10 +46,7 @@ export const adminRequests = new Hono<{ Bindings: Env }>()
     const q = c.req.query();
     onlyParams(q, PARAMS);
     const now = Date.now();
-    const format = q["format"] ?? "json";
-    if (format !== "json" && format !== "csv") {
-      throw invalidRequest("format must be json or csv.", "format", "invalid_value");
-    }
+    const format = oneOf(q, "format", FORMATS) ?? "json";
     const limit = whole(q["limit"] ?? "50", "limit", 1, 500);
     const user = usageUser(q["user"]);
     const tag = usageTag(q["tag"]);
