@@ -7,6 +7,27 @@ import type { AuditActor, AuditEntry } from "../../durable-objects/key-directory
 import { sha256Hex } from "../../contracts/hashing.ts";
 import { bearerToken } from "./keys.ts";
 
+/** Every action the audit log records (`GET /admin/audit?action=` takes one of these). */
+export const AUDIT_ACTIONS = [
+  "key.create",
+  "key.update",
+  "key.rotate",
+  "key.revoke",
+  "key.block",
+  "key.unblock",
+  "team.create",
+  "team.update",
+  "team.delete",
+  "breaker.force",
+  "canary.promote",
+  "canary.pause",
+  "canary.resume",
+  "canary.rollback",
+] as const;
+
+/** One action the audit log records. */
+export type AuditAction = (typeof AUDIT_ACTIONS)[number];
+
 /** Longest name an admin caller may declare in `x-warmgate-actor`; longer ones are cut. */
 export const MAX_ACTOR_NAME = 200;
 
@@ -24,7 +45,7 @@ export async function adminActor(c: Context): Promise<AuditActor> {
 /** The audit entry of an admin action on one object, now. */
 export async function auditEntry(
   c: Context,
-  action: string,
+  action: AuditAction,
   target: { type: string; id: string | null },
   detail: object = {},
 ): Promise<AuditEntry> {

@@ -18,6 +18,7 @@ import type {
 } from "../../durable-objects/key-account/usage-types.ts";
 import { picosToUsd, utcDay } from "../../contracts/pricing.ts";
 import { methodNotAllowed } from "../error-handler.ts";
+import { onlyParams } from "./query-params.ts";
 import { budgetStatusJson } from "./admin/key-payloads.ts";
 import { invalidRequest, notFound } from "../../contracts/errors.ts";
 import { MAX_USER_LENGTH } from "../request/bounds.ts";
@@ -44,20 +45,6 @@ export interface UsageTotalsJson {
 
 /** One day and model in the usage API's shape. */
 export type UsageDataJson = UsageTotalsJson & { date: string; model: string };
-
-/**
- * Refuses a query parameter the route does not take (400 `unsupported_parameter` naming
- * it), rather than answering as if it were not there.
- */
-export function onlyParams(query: Record<string, string>, known: readonly string[]): void {
-  const unknown = Object.keys(query).find((name) => !known.includes(name));
-  if (unknown === undefined) return;
-  throw invalidRequest(
-    `Unsupported query parameter '${unknown.slice(0, 64)}': this route takes ${known.join(", ")}.`,
-    unknown.slice(0, 64),
-    "unsupported_parameter",
-  );
-}
 
 /** Reads `user` (1 to {@link MAX_USER_LENGTH} characters); 400 for an empty or long one. */
 export function usageUser(user: string | undefined): string | undefined {

@@ -6,9 +6,10 @@
  */
 import { Hono } from "hono";
 import { keyDirectory } from "../../accounts/account-client.ts";
+import { AUDIT_ACTIONS } from "../../accounts/audit.ts";
 import { adminAuth } from "../../middleware/admin-auth.ts";
 import { invalidRequest } from "../../../contracts/errors.ts";
-import { onlyParams } from "../usage.ts";
+import { oneOf, onlyParams, whole } from "../query-params.ts";
 import { methodNotAllowed } from "../../error-handler.ts";
 
 /** `/admin/audit`, mounted at `/admin/audit`. */
@@ -19,7 +20,7 @@ export const audit = new Hono<{ Bindings: Env }>()
     onlyParams(query, ["limit", "before", "action", "target_id"]);
     const limit = whole(query["limit"] ?? "50", "limit", 1, 500);
     const before = query["before"] === undefined ? null : whole(query["before"], "before", 1);
-    const action = bounded(query["action"], "action");
+    const action = oneOf(query, "action", AUDIT_ACTIONS) ?? null;
     const targetId = bounded(query["target_id"], "target_id");
     const page = await keyDirectory(c.env).audit({ limit, before, action, targetId });
     return c.json({
@@ -38,18 +39,6 @@ export const audit = new Hono<{ Bindings: Env }>()
     });
   })
   .all("/", methodNotAllowed(["GET", "HEAD"]));
-
-function whole(value: string, param: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
-  const n = Number(value);
-  if (!/^\d+$/.test(value) || !Number.isSafeInteger(n) || n < min || n > max) {
-    throw invalidRequest(
-      `${param} must be an integer from ${min} to ${max}.`,
-      param,
-      "invalid_value",
-    );
-  }
-  return n;
-}
 
 function bounded(value: string | undefined, param: string): string | null {
   if (value === undefined) return null;

@@ -16,7 +16,8 @@ import { keyAccount, keyDirectory } from "../../accounts/account-client.ts";
 import { adminAuth } from "../../middleware/admin-auth.ts";
 import { noSuchKey } from "./keys.ts";
 import { USAGE_FAN_OUT, usageTag, usageTeam } from "./usage.ts";
-import { onlyParams, requestRecordJson, usageUser } from "../usage.ts";
+import { requestRecordJson, usageUser } from "../usage.ts";
+import { oneOf, onlyParams, whole } from "../query-params.ts";
 import { methodNotAllowed } from "../../error-handler.ts";
 
 const STATUSES = ["open", "settled", "expired"] as const;
@@ -93,18 +94,6 @@ export const adminRequests = new Hono<{ Bindings: Env }>()
   .all("/", methodNotAllowed(["GET", "HEAD"]));
 
 // The query parameter `name`, one of `values`, or undefined when absent.
-function oneOf<T extends string>(
-  q: Record<string, string>,
-  name: string,
-  values: readonly T[],
-): T | undefined {
-  const value = values.find((one) => one === q[name]);
-  if (q[name] !== undefined && value === undefined) {
-    throw invalidRequest(`${name} must be one of ${values.join(", ")}.`, name, "invalid_value");
-  }
-  return value;
-}
-
 // Every indexed key's account (or only `only`'s), a batch at a time; merged newest first.
 async function askKeys(env: Env, only: string | undefined, query: RequestLogQuery): Promise<Row[]> {
   const all: { id: string }[] = await keyDirectory(env).ids();
@@ -212,16 +201,4 @@ function instant(value: string | undefined, param: string): number | undefined {
     );
   }
   return ms;
-}
-
-function whole(value: string, param: string, min: number, max: number): number {
-  const n = Number(value);
-  if (!/^\d+$/.test(value) || n < min || n > max) {
-    throw invalidRequest(
-      `${param} must be an integer from ${min} to ${max}.`,
-      param,
-      "invalid_value",
-    );
-  }
-  return n;
 }

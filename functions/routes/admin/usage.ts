@@ -22,13 +22,13 @@ import { budgetStatusJson } from "./key-payloads.ts";
 import type { BudgetStatus } from "../../../durable-objects/key-account/budget-types.ts";
 import {
   type UsageRange,
-  onlyParams,
   sumUsage,
   totalsJson,
   usageRange,
   usageReport,
   usageUser,
 } from "../usage.ts";
+import { onlyParams } from "../query-params.ts";
 
 /** Key accounts asked at once by `GET /admin/usage`. */
 export const USAGE_FAN_OUT = 32;

@@ -134,11 +134,15 @@ describe("the audit log", () => {
   });
 
   it("refuses bad parameters with a 400 and no token with a 401", async () => {
-    for (const query of ["limit=0", "limit=501", "before=x", "colour=red"]) {
+    for (const query of ["limit=0", "limit=501", "before=x", "colour=red", "action=key.delete"]) {
       const res = await admin(`/audit?${query}`);
       expect(res.status).toBe(400);
       expect(await res.json()).toMatchObject({ error: { type: "invalid_request_error" } });
     }
+    const unknown = await (await admin("/audit?action=key.created")).json();
+    expect(unknown).toMatchObject({
+      error: { param: "action", message: expect.stringContaining("key.create, key.update") },
+    });
     expect((await exports.default.fetch("http://edge.test/admin/audit")).status).toBe(401);
   });
 });
