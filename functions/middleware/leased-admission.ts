@@ -40,9 +40,10 @@ interface LeaseRef {
 /**
  * The lease a request is admitted under: its key's, or its end user's own (a browser
  * token's user with the token's limits and models), so that its row names the user even
- * if its isolate dies before settling it.
+ * if its isolate dies before settling it. None for a token whose user has budgets: a lease
+ * holds the key's money, not the user's, so each of its requests is admitted exactly.
  */
-function leaseOf(credential: Credential, endUser: string | null): LeaseRef {
+function leaseOf(credential: Credential, endUser: string | null): LeaseRef | null {
   if (credential.kind === "key") {
     return {
       keyId: credential.keyId,
@@ -51,6 +52,7 @@ function leaseOf(credential: Credential, endUser: string | null): LeaseRef {
     };
   }
   const { scope } = credential;
+  if (scope.budgets.length > 0) return null;
   return {
     keyId: credential.keyId,
     holder: leaseHolder({ kind: "browser", secretGeneration: scope.secretGeneration }),
@@ -67,8 +69,9 @@ export function admitUnderLease(
   const config = c.get("config");
   const edge = c.get("edge");
   if (!config.leases.enabled) return null;
-  const { keyId, holder, scope } = leaseOf(c.get("credential"), endUser);
-  const leased = edge.leases.admit(keyId, holder, scope, request, Date.now());
+  const lease = leaseOf(c.get("credential"), endUser);
+  if (lease === null) return null;
+  const leased = edge.leases.admit(lease.keyId, lease.holder, lease.scope, request, Date.now());
   if (leased !== null) keepLease(c, endUser);
   return leased;
 }
@@ -217,7 +220,8 @@ export function keepLease(c: Context<AppEnv>, endUser: string | null): void {
   const edge = c.get("edge");
   const lease = leaseOf(c.get("credential"), endUser);
   const now = Date.now();
-  if (!edge.leases.due(lease.keyId, lease.scope, config.leases.windowMs, now)) return;
+  if (lease === null || !edge.leases.due(lease.keyId, lease.scope, config.leases.windowMs, now))
+    return;
   waitUntilOf(c)(callLease(c.env, edge, lease, "renew", leaseOptions(config, now)));
 }
 

@@ -70,11 +70,12 @@ async function token(
   key: string,
   user: string,
   limits: { rpm: number; tpm: number; concurrency: number },
+  budgets: { period: string; max_usd: number }[] = [],
 ): Promise<string> {
   const res = await exports.default.fetch("http://edge.test/v1/tokens", {
     method: "POST",
     headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-    body: JSON.stringify({ user, limits }),
+    body: JSON.stringify({ user, limits, budgets }),
   });
   expect(res.status).toBe(200);
   return (await res.json<{ token: string }>()).token;
@@ -121,6 +122,32 @@ describe("an end user with headroom", () => {
         .one();
     });
     expect(row).toEqual({ end_user: "bob", subject: "user:bob" });
+  });
+});
+
+describe("an end user with budgets", () => {
+  it("is admitted exactly every time, so its budget holds", async () => {
+    const { key } = await createKey({ name: "user-budgeted" });
+    const bearer = await token(key, "carol", ROOMY, [{ period: "1d", max_usd: 0.0002 }]);
+    const calls: string[] = [];
+    const { models } = JSON.parse(env.WARMGATE_CONFIG) as { models: object[] };
+    const pricing = { input_per_mtok: 0.1, cached_input_per_mtok: 0.025, output_per_mtok: 0.4 };
+    const bindings = countingEnv(calls, { models: models.map((m) => ({ ...m, pricing })) });
+    const statuses: number[] = [];
+    while (statuses.at(-1) !== 429 && statuses.length < 60) {
+      const before = calls.length;
+      const { response } = await send(bindings, bearer, { max_tokens: 40 });
+      statuses.push(response.status);
+      expect(calls.slice(before)).toContain("admit");
+    }
+    expect(statuses.filter((status) => status === 200).length).toBeGreaterThan(2);
+    expect(statuses.at(-1)).toBe(429);
+    const usage = await exports.default.fetch("http://edge.test/v1/usage?user=carol", {
+      headers: { authorization: `Bearer ${key}` },
+    });
+    const { total } = await usage.json<{ total: { cost_usd: number } }>();
+    expect(total.cost_usd).toBeGreaterThan(0);
+    expect(total.cost_usd).toBeLessThanOrEqual(0.0002);
   });
 });
 
