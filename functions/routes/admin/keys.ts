@@ -43,13 +43,7 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     await checkTeam(c.env, body.team_id);
     if (body.model_limits) checkModelLimits(c.env.WARMGATE_CONFIG, body.model_limits);
     const now = Date.now();
-    if (body.expires_at !== undefined && body.expires_at !== null && body.expires_at <= now) {
-      throw invalidRequest(
-        "expires_at is in the past: the key would never work.",
-        "expires_at",
-        "invalid_value",
-      );
-    }
+    refusePastExpiry(body.expires_at, now, "the key would never work");
     const id = newKeyId();
     const { key, secretHash } = await mintApiKey(c.env, id);
     const record = await keyAccount(c.env, id).create({
@@ -108,10 +102,12 @@ export const adminKeys = new Hono<{ Bindings: Env; Variables: Pick<AppEnv["Varia
     if (models) checkKeyModels(c.env.WARMGATE_CONFIG, models);
     await checkTeam(c.env, body.team_id);
     if (body.model_limits) checkModelLimits(c.env.WARMGATE_CONFIG, body.model_limits);
+    const now = Date.now();
+    refusePastExpiry(expires_at, now, "the key would stop working at once (block or revoke it)");
     await refuseIfRevoked(c.env, id, blocked === undefined ? "changed" : "blocked or unblocked");
     const override = body.allow_region_override;
     const record = await keyAccount(c.env, id).update({
-      now: Date.now(),
+      now,
       ...(name === undefined ? {} : { name }),
       ...(limits === undefined ? {} : { limits: rateLimitsOf(limits) }),
       budgets: budgetsOf(limits, body.budgets),
@@ -220,4 +216,10 @@ export async function known(env: Env, id: string): Promise<boolean> {
 export function noSuchKey(id: string): ApiError {
   const shown = KEY_ID_PATTERN.test(id) ? id : "(malformed id)";
   return notFound(`No API key with id ${shown}.`, "key_not_found", "id");
+}
+
+// An expiry already past is a mistake (seconds read as milliseconds, a wrong year): 400.
+function refusePastExpiry(expiresAt: number | null | undefined, now: number, why: string): void {
+  if (expiresAt === undefined || expiresAt === null || expiresAt > now) return;
+  throw invalidRequest(`expires_at is in the past: ${why}.`, "expires_at", "invalid_value");
 }

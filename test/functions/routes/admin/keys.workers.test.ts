@@ -308,14 +308,20 @@ describe("admin API keys", () => {
     expect(record).toMatchObject({ name: "revoke-me", status: "revoked" });
   });
 
-  it("refuses a key that would be created already expired", async () => {
+  it("refuses an expiry in the past, on create and on update, and leaves the key working", async () => {
+    const created = await createKey({ name: "expiring" });
     for (const expires_at of [1, Math.floor(Date.now() / 1_000) - 60]) {
-      const res = await admin("/keys", { method: "POST", body: { name: "late", expires_at } });
-      expect(res.status).toBe(400);
-      expect(await res.json()).toMatchObject({
-        error: { type: "invalid_request_error", param: "expires_at", code: "invalid_value" },
-      });
+      const made = await admin("/keys", { method: "POST", body: { name: "late", expires_at } });
+      const patched = await admin(`/keys/${created.id}`, { method: "PATCH", body: { expires_at } });
+      for (const res of [made, patched]) {
+        expect(res.status).toBe(400);
+        expect(await res.json()).toMatchObject({
+          error: { type: "invalid_request_error", param: "expires_at", code: "invalid_value" },
+        });
+      }
     }
+    const record = await (await admin(`/keys/${created.id}`)).json<KeyJson>();
+    expect(record).toMatchObject({ status: "active", expires_at: null });
   });
 
   it("rotates a key: both secrets work during the grace period", async () => {
