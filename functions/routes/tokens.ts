@@ -16,7 +16,8 @@ import {
   mintBrowserToken,
   originAllowedByAnyKey,
 } from "../accounts/browser-token.ts";
-import { authenticateBearer } from "../accounts/account-client.ts";
+import { authenticateBearer, refusalError } from "../accounts/account-client.ts";
+import { checkKeyModels } from "../accounts/key-models.ts";
 import { apiKeyOnly } from "../middleware/api-key-only.ts";
 import { readJsonBody } from "../request/json-body.ts";
 import { BudgetList, budgetJson, periodBudgetsOf } from "./admin/key-payloads.ts";
@@ -74,8 +75,9 @@ export const tokens = new Hono<AppEnv>()
       credential: { kind: "key", secretHash: apiKey.secretHash },
       now,
     });
-    if (!check.ok) throw invalidApiKey();
+    if (!check.ok) throw refusalError(check, apiKey.keyId);
     const { record } = check;
+    if (requested.models) checkKeyModels(c.env.WARMGATE_CONFIG, requested.models);
     const outside = (requested.models ?? []).find(
       (model) => check.models !== null && !check.models.includes(model),
     );

@@ -65,6 +65,12 @@ describe("POST /v1/tokens", () => {
   it("refuses a model the key does not allow, and a ttl over an hour", async () => {
     const { key } = await createKey({ name: "narrow", models: ["warmgate-sim-8b"] });
     expect((await mint(key, { models: ["warmgate-sim-70b"] })).status).toBe(400);
+    const unknown = await mint(key, { models: ["warmgate-sim-9000"] });
+    expect(unknown.status).toBe(400);
+    expect((await unknown.json<{ error: unknown }>()).error).toMatchObject({
+      code: "model_not_found",
+      param: "models[0]",
+    });
     const long = await mint(key, { ttl_seconds: 3_601 });
     expect(long.status).toBe(400);
     expect((await long.json<{ error: unknown }>()).error).toEqual({
@@ -117,11 +123,24 @@ describe("POST /v1/tokens", () => {
     expect((await mint(token)).status).toBe(403);
     const [head, claims] = token.split(".");
     expect((await mint(`${head}.${claims}.${"A".repeat(43)}`)).status).toBe(401);
+    // A blocked or revoked key is told so, as on every other route.
+    await exports.default.fetch(`http://edge.test/admin/keys/${id}/block`, {
+      method: "POST",
+      headers: ADMIN,
+    });
+    const blocked = await mint(key);
+    expect(blocked.status).toBe(403);
+    expect((await blocked.json<{ error: unknown }>()).error).toMatchObject({ code: "key_blocked" });
     await exports.default.fetch(`http://edge.test/admin/keys/${id}`, {
       method: "DELETE",
       headers: ADMIN,
     });
-    expect((await mint(key)).status).toBe(401);
+    const revoked = await mint(key);
+    expect(revoked.status).toBe(401);
+    expect((await revoked.json<{ error: unknown }>()).error).toMatchObject({
+      code: "invalid_api_key",
+      message: expect.stringContaining("revoked"),
+    });
   });
 });
 
