@@ -23,14 +23,19 @@ export function formatResetDuration(ms: number): string {
 /** The first of the six `x-ratelimit-*` headers: an answer that has it has all six. */
 export const RATE_LIMIT_HEADER = "x-ratelimit-limit-requests";
 
-/** The six `x-ratelimit-*` headers for a key's current limits. */
+/**
+ * The six `x-ratelimit-*` headers for a key's current limits. What remains is shown within
+ * 0 and the limit: an isolate's lease adds what it holds to its bucket's level at the last
+ * renewal, which has refilled meanwhile (the lease's slack, docs/key-account.md).
+ */
 export function rateLimitHeaders(rateLimit: RateLimitInfo): Record<string, string> {
+  const { requests, tokens } = rateLimit;
   return {
-    [RATE_LIMIT_HEADER]: String(rateLimit.requests.limit),
-    "x-ratelimit-remaining-requests": String(rateLimit.requests.remaining),
+    [RATE_LIMIT_HEADER]: String(requests.limit),
+    "x-ratelimit-remaining-requests": String(within(requests.remaining, requests.limit)),
     "x-ratelimit-reset-requests": formatResetDuration(rateLimit.requests.resetMs),
-    "x-ratelimit-limit-tokens": String(rateLimit.tokens.limit),
-    "x-ratelimit-remaining-tokens": String(rateLimit.tokens.remaining),
+    "x-ratelimit-limit-tokens": String(tokens.limit),
+    "x-ratelimit-remaining-tokens": String(within(tokens.remaining, tokens.limit)),
     "x-ratelimit-reset-tokens": formatResetDuration(rateLimit.tokens.resetMs),
   };
 }
@@ -47,4 +52,8 @@ export function retryAfterHeaders(retryAfterMs: number): Record<string, string> 
 function fraction(ms: number): string {
   if (ms === 0) return "";
   return `.${String(ms).padStart(3, "0").replace(/0+$/, "")}`;
+}
+
+function within(remaining: number, limit: number): number {
+  return Math.max(0, Math.min(limit, Math.floor(remaining)));
 }

@@ -25,6 +25,15 @@ describe("formatResetDuration", () => {
 });
 
 describe("rateLimitHeaders", () => {
+  it("never shows more remaining than the limit, nor less than none", () => {
+    const headers = rateLimitHeaders({
+      requests: { limit: 600, remaining: 604, resetMs: 0 },
+      tokens: { limit: 1_000_000, remaining: -3.5, resetMs: 6 },
+    });
+    expect(headers["x-ratelimit-remaining-requests"]).toBe("600");
+    expect(headers["x-ratelimit-remaining-tokens"]).toBe("0");
+  });
+
   it("sends the six x-ratelimit headers", () => {
     expect(
       rateLimitHeaders({
