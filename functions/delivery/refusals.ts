@@ -90,9 +90,16 @@ export function queueTimeout(status: 429 | 503, retryAfterMs: number): ApiError 
   );
 }
 
-/** 503 `no_healthy_origin` for a request whose last origin was busy, with its retry-after. */
+/**
+ * 503 `no_healthy_origin` for a request whose last origin was busy (its origins are well,
+ * only full), with its retry-after.
+ */
 export function busyEverywhere(headers: Record<string, string>): ApiError {
-  const error = originFailure("unavailable");
-  Object.assign(error.headers, retryAfterHeaders(askedToWait(headers)));
-  return error;
+  const waitMs = askedToWait(headers);
+  const seconds = Math.max(1, Math.ceil(waitMs / 1_000));
+  return new ApiError(
+    503,
+    `Every origin that may serve this request is busy. Please try again in ${seconds}s.`,
+    { type: "server_error", code: "no_healthy_origin", headers: retryAfterHeaders(waitMs) },
+  );
 }

@@ -86,6 +86,22 @@ describe("failover before the first byte", () => {
     expect((await faultCount("faulty-1", "error")) - before).toBe(1);
   });
 
+  it("says every origin is busy, with their retry-after, when the last one answered 503", async () => {
+    await setFaults("faulty-1", { errorRate: 1, errorStatuses: [503] });
+    await setFaults("faulty-2", { errorRate: 1, errorStatuses: [503] });
+    const res = await fetchWithConfig(
+      configOf([["faulty-1@all-busy", "faulty-2@all-busy"]]),
+      chat(),
+    );
+    expect(res.status).toBe(503);
+    expect(Number(res.headers.get("retry-after"))).toBeGreaterThanOrEqual(1);
+    expect((await res.json<ErrorBody>()).error).toMatchObject({
+      type: "server_error",
+      code: "no_healthy_origin",
+      message: expect.stringMatching(/busy.*try again in \d+s/),
+    });
+  });
+
   it("moves to another origin of the region when one answers 500", async () => {
     await setFaults("faulty-1", { errorRate: 1, errorStatuses: [500] });
     const before = await faultCount("faulty-1", "error");
