@@ -62,6 +62,8 @@ interface KeyLeases {
   previous: LeaseRate;
 }
 
+type HeldRef = { holder: string; scope: LeaseScope | null };
+
 const NO_RATE: LeaseRate = { requests: 0, tokens: 0, picos: 0n, inFlight: 0 };
 
 /** End users of one key that may hold leases in an isolate at once; others are admitted exactly. */
@@ -255,12 +257,12 @@ export class AccountLeases {
     return count;
   }
 
-  /** The key's other leases here, whose unused part may stand in an exact admission's way. */
-  others(keyId: string, scope: LeaseScope | null): { holder: string; scope: LeaseScope | null }[] {
+  /** The key's leases here but `scope`'s (all if `withOwn`): what may stand in the way. */
+  others(keyId: string, scope: LeaseScope | null, withOwn = false): HeldRef[] {
     const own = leaseScopeKey(scope);
-    const found: { holder: string; scope: LeaseScope | null }[] = [];
+    const found: HeldRef[] = [];
     for (const [at, entry] of this.#keys.get(keyId) ?? []) {
-      if (at === own || entry.held === null) continue;
+      if ((at === own && !withOwn) || entry.held === null) continue;
       found.push({ holder: entry.held.secretHash, scope: entry.scope });
     }
     return found;

@@ -35,29 +35,39 @@ interface LeaseRef {
   keyId: string;
   holder: string;
   scope: LeaseScope | null;
+  /**
+   * Its requests are admitted exactly, never under it: a browser token's that carries
+   * budgets (a lease holds the key's money, not the end user's).
+   */
+  exact: boolean;
 }
 
 /**
  * The lease a request is admitted under: its key's, or its end user's own (a browser
  * token's user with the token's limits and models), so that its row names the user even
- * if its isolate dies before settling it. None for a token whose user has budgets: a lease
- * holds the key's money, not the user's, so each of its requests is admitted exactly.
+ * if its isolate dies before settling it.
  */
-function leaseOf(credential: Credential, endUser: string | null): LeaseRef | null {
+function leaseOf(credential: Credential, endUser: string | null): LeaseRef {
   if (credential.kind === "key") {
     return {
       keyId: credential.keyId,
       holder: leaseHolder(credential),
       scope: endUser === null ? null : { endUser, subject: null },
+      exact: false,
     };
   }
   const { scope } = credential;
-  if (scope.budgets.length > 0) return null;
   return {
     keyId: credential.keyId,
     holder: leaseHolder({ kind: "browser", secretGeneration: scope.secretGeneration }),
     scope: { endUser, subject: { id: scope.subject, limits: scope.limits, models: scope.models } },
+    exact: scope.budgets.length > 0,
   };
+}
+
+// The lease an exact admission asks about (trims, and may be granted): none for `exact`.
+function askedLease(lease: LeaseRef | null): LeaseRef | null {
+  return lease?.exact === true ? null : lease;
 }
 
 /** Admits the request under its lease in this isolate; null when it does not fit. */
@@ -70,7 +80,7 @@ export function admitUnderLease(
   const edge = c.get("edge");
   if (!config.leases.enabled) return null;
   const lease = leaseOf(c.get("credential"), endUser);
-  if (lease === null) return null;
+  if (lease.exact) return null;
   const leased = edge.leases.admit(lease.keyId, lease.holder, lease.scope, request, Date.now());
   if (leased !== null) keepLease(c, endUser);
   return leased;
@@ -102,7 +112,7 @@ export async function admitExactly(
       const ended = await requests.whenOneEnds(keyId, until - Date.now(), askedAt);
       if (ended === null) break;
       askedAt = Date.now();
-      result = (await admitOnce(c, input, lease)).result;
+      result = (await admitOnce(c, input, askedLease(lease))).result;
       if (!result.ok && !keyConcurrencyRefusal(result)) requests.giveBack(keyId, ended);
     }
     return result;
@@ -143,13 +153,14 @@ async function admitTrimmed(
 ): Promise<AdmitResult> {
   const config = c.get("config");
   const edge = c.get("edge");
-  if (lease !== null) edge.leases.note(lease.keyId, lease.scope, request, Date.now());
-  const first = await admitOnce(c, input, lease);
+  const own = askedLease(lease);
+  if (own !== null) edge.leases.note(own.keyId, own.scope, request, Date.now());
+  const first = await admitOnce(c, input, own);
   if (first.ok || lease === null || !limitRefusal(first.result)) return first.result;
   // The key's other leases in this isolate (its end users' or its own) may hold what the
-  // request lacks: trimmed, and asked again.
-  const others = edge.leases.others(lease.keyId, lease.scope);
-  if (others.length === 0 && first.trimmed) return first.result;
+  // request lacks: trimmed, and asked again. A request admitted exactly has none of its own.
+  const others = edge.leases.others(lease.keyId, lease.scope, own === null);
+  if (others.length === 0 && (first.trimmed || own === null)) return first.result;
   // Each, once a call about it under way answered, trimmed; then asked again.
   await Promise.all(
     others.map(async (other) => {
@@ -160,8 +171,8 @@ async function admitTrimmed(
   );
   // Refused while another call about its own lease was under way, so what it holds unused
   // may have stood in the way: once that call answered, asked again with the lease trimmed.
-  await idle(edge, lease.keyId, lease.scope);
-  return (await admitOnce(c, input, lease)).result;
+  if (own !== null) await idle(edge, own.keyId, own.scope);
+  return (await admitOnce(c, input, own)).result;
 }
 
 // Waits, a while at most, until no call about a lease is under way.
@@ -220,7 +231,7 @@ export function keepLease(c: Context<AppEnv>, endUser: string | null): void {
   const edge = c.get("edge");
   const lease = leaseOf(c.get("credential"), endUser);
   const now = Date.now();
-  if (lease === null || !edge.leases.due(lease.keyId, lease.scope, config.leases.windowMs, now))
+  if (lease.exact || !edge.leases.due(lease.keyId, lease.scope, config.leases.windowMs, now))
     return;
   waitUntilOf(c)(callLease(c.env, edge, lease, "renew", leaseOptions(config, now)));
 }

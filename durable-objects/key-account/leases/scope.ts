@@ -74,6 +74,7 @@ export function scopeRateLimit(
 /**
  * The lease an admission asks about, when it is of the admitted request's own scope (its
  * browser token's user, its end user); undefined otherwise, and then no lease is touched.
+ * None for a token that carries budgets: a lease holds the key's money, not the user's.
  */
 export function ownLeaseAsk(input: AdmitInput & { lease?: LeaseAsk }): LeaseAsk | undefined {
   const ask = input.lease;
@@ -86,6 +87,7 @@ export function ownLeaseAsk(input: AdmitInput & { lease?: LeaseAsk }): LeaseAsk 
       scope === null ? endUser === null : scope.subject === null && scope.endUser === endUser;
     return fits ? ask : undefined;
   }
+  if ((credential.budgets ?? []).length > 0) return undefined;
   const own: LeaseScope = {
     endUser,
     subject: { id: credential.subject, limits: credential.limits, models: credential.models },

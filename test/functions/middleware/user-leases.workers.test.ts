@@ -134,20 +134,39 @@ describe("an end user with budgets", () => {
     const pricing = { input_per_mtok: 0.1, cached_input_per_mtok: 0.025, output_per_mtok: 0.4 };
     const bindings = countingEnv(calls, { models: models.map((m) => ({ ...m, pricing })) });
     const statuses: number[] = [];
+    let last = "";
     while (statuses.at(-1) !== 429 && statuses.length < 60) {
       const before = calls.length;
-      const { response } = await send(bindings, bearer, { max_tokens: 40 });
+      const { response, text } = await send(bindings, bearer, { max_tokens: 40 });
       statuses.push(response.status);
+      last = text;
       expect(calls.slice(before)).toContain("admit");
     }
     expect(statuses.filter((status) => status === 200).length).toBeGreaterThan(2);
     expect(statuses.at(-1)).toBe(429);
+    expect(JSON.parse(last)).toMatchObject({
+      error: { code: "insufficient_quota", message: expect.stringMatching(/this end user of key/) },
+    });
     const usage = await exports.default.fetch("http://edge.test/v1/usage?user=carol", {
       headers: { authorization: `Bearer ${key}` },
     });
     const { total } = await usage.json<{ total: { cost_usd: number } }>();
     expect(total.cost_usd).toBeGreaterThan(0);
     expect(total.cost_usd).toBeLessThanOrEqual(0.0002);
+  });
+
+  it("finds what the key's leases here hold unused, trimmed when it is refused", async () => {
+    const { key } = await createKey({ name: "user-budgeted-trim", limits: { rpm: 40 } });
+    // A window the test never outlasts: the isolate holds the key's lease throughout.
+    const bindings = countingEnv([], { leases: { window_ms: 30_000 } });
+    // The key's own lease takes part of its 40 requests a minute.
+    for (let i = 0; i < 3; i++) expect((await send(bindings, key)).response.status).toBe(200);
+    const bearer = await token(key, "dave", ROOMY, [{ period: "1d", max_usd: 1 }]);
+    let admitted = 0;
+    while ((await send(bindings, bearer)).response.status === 200 && admitted < 60) admitted++;
+    // Without the trim the key's lease kept a quarter of the minute's requests (30 admitted).
+    expect(admitted).toBeGreaterThanOrEqual(35);
+    expect(admitted).toBeLessThanOrEqual(38);
   });
 });
 
@@ -283,6 +302,39 @@ describe("an end user's lease in its account", () => {
 });
 
 describe("a browser token's end user's lease in its account", () => {
+  it("is granted to an admission of a token without budgets, never to one with", async () => {
+    const limits = { rpm: 40, tpm: 100_000, concurrency: 4 };
+    const admit = async (requestId: string, budgets: { period: string; limitMicros: number }[]) =>
+      account((await createKey({ name: `token-lease-${budgets.length}` })).id).admit({
+        requestId,
+        endUser: "yan",
+        credential: {
+          kind: "browser",
+          secretGeneration: 1,
+          subject: "user:yan",
+          limits,
+          models: null,
+          budgets: budgets.map((b) => ({ ...b, softMicros: null })),
+        },
+        model: "warmgate-sim-8b",
+        promptTokens: 10,
+        maxTokens: 10,
+        lease: {
+          rate: { requests: 4, tokens: 400, picos: 0n, inFlight: 2 },
+          windowMs: 1_000,
+          models: [],
+          scope: { endUser: "yan", subject: { id: "user:yan", limits, models: null } },
+          held: null,
+          mode: "trim",
+        },
+      });
+    const plain = await admit("req_yan_1", []);
+    expect(plain.lease).toBeDefined();
+    const budgeted = await admit("req_yan_2", [{ period: "1d", limitMicros: 1_000_000 }]);
+    expect(budgeted.ok).toBe(true);
+    expect(budgeted.lease ?? null).toBeNull();
+  });
+
   it("takes from the user's own buckets and slots, and gives back what it did not use", async () => {
     const { id } = await createKey({ name: "token-lease-buckets" });
     const stub = account(id);
