@@ -99,7 +99,7 @@ export function busyEverywhere(headers: Record<string, string>): ApiError {
   const seconds = Math.max(1, Math.ceil(waitMs / 1_000));
   return new ApiError(
     503,
-    `Every origin that may serve this request is busy. Please try again in ${seconds}s.`,
+    `The origins tried for this request are busy. Please try again in ${seconds}s.`,
     { type: "server_error", code: "no_healthy_origin", headers: retryAfterHeaders(waitMs) },
   );
 }

@@ -93,7 +93,6 @@ export const adminRequests = new Hono<{ Bindings: Env }>()
   })
   .all("/", methodNotAllowed(["GET", "HEAD"]));
 
-// The query parameter `name`, one of `values`, or undefined when absent.
 // Every indexed key's account (or only `only`'s), a batch at a time; merged newest first.
 async function askKeys(env: Env, only: string | undefined, query: RequestLogQuery): Promise<Row[]> {
   const all: { id: string }[] = await keyDirectory(env).ids();

@@ -86,7 +86,7 @@ describe("failover before the first byte", () => {
     expect((await faultCount("faulty-1", "error")) - before).toBe(1);
   });
 
-  it("says every origin is busy, with their retry-after, when the last one answered 503", async () => {
+  it("says the origins tried are busy, with their retry-after, when the last one answered 503", async () => {
     await setFaults("faulty-1", { errorRate: 1, errorStatuses: [503] });
     await setFaults("faulty-2", { errorRate: 1, errorStatuses: [503] });
     const res = await fetchWithConfig(
