@@ -4,7 +4,7 @@
  * and `retry-after`;
  * every other failure is an attempt that another region's origins may still serve.
  */
-import { ApiError, type OriginFailureKind, originFailure } from "../../contracts/errors.ts";
+import { ApiError, type OriginFailureKind } from "../../contracts/errors.ts";
 import { retryAfterMs as askedToWait } from "../../contracts/origin-health.ts";
 import type {
   BatcherFailureCode,
