@@ -88,6 +88,7 @@ export function targetsOf(
   seconds: readonly Second[],
   armName: string,
   probes: number,
+  cooldownMs: number,
 ): ArmTarget[] {
   const arm = seconds.filter((s) => s.arm === armName);
   const during = arm.filter((s) => FAULTS.includes(s.phase));
@@ -114,6 +115,15 @@ export function targetsOf(
   const frozen = arm.filter((s) => s.phase === "frozen");
   const frozeAt = frozen[0]?.at ?? 0;
   const late = summarize(frozen.filter((s) => s.at >= frozeAt + 5).flatMap((s) => s.latencies)).p99;
+  // Full service again: seconds from the origin's return until it takes half of an even
+  // share of the requests (of two origins) again; NaN when it does not within the phase.
+  const back = arm.filter((s) => s.phase === "back");
+  const backAt = back[0]?.at;
+  const served = back.find(
+    (s) => s.toSick > 0 && s.toSick >= HALF_AN_EVEN_SHARE * (s.latencies.length + s.errors),
+  );
+  const recoveryS = backAt === undefined || served === undefined ? Number.NaN : served.at - backAt;
+  const recoveryGoalS = Math.ceil(cooldownMs / 1_000) + 2;
   return [
     {
       arm: armName,
@@ -137,5 +147,17 @@ export function targetsOf(
       goal: "<= 2x",
       met: late <= 2 * healthy,
     },
+    {
+      arm: armName,
+      target: "seconds from the origin's return until it takes half an even share again",
+      measured: Number.isNaN(recoveryS)
+        ? `not within the back phase (${back.length} s)`
+        : `${recoveryS} s`,
+      goal: `<= ${recoveryGoalS} s (a cooldown, its probes, the edge's copy of the breakers)`,
+      met: recoveryS <= recoveryGoalS,
+    },
   ];
 }
+
+// Two origins: the recovered one's half of an even split.
+const HALF_AN_EVEN_SHARE = 0.25;

@@ -290,7 +290,9 @@ const series: Second[] = [];
 for (const arm of arms) series.push(...(await runArm(arm)));
 
 const rows = phaseRows(series, arms, PHASES);
-const targets = arms.flatMap((arm) => targetsOf(series, arm, BREAKERS.probes));
+const targets = arms.flatMap((arm) =>
+  targetsOf(series, arm, BREAKERS.probes, BREAKERS.cooldown_ms),
+);
 const command = benchCommand("bench:failover");
 console.log(`\n## Failover (\`${command}\`)\n`);
 console.log(

@@ -108,10 +108,16 @@ export function tick(b: Breaker, now: number, s: BreakerSettings): Breaker {
   return { ...b, state: "half_open", since: now, probeSuccesses: 0 };
 }
 
-/** A health probe of a half-open breaker's origin answered (`ok`) or failed. */
+/**
+ * A health probe of a half-open breaker's origin answered (`ok`) or failed. A failed one
+ * opens it again for `cooldownMs`, its openings uncounted: an origin that is down is probed
+ * at that pace (a probe is one token) and found within it once back, however long it was
+ * down; only live traffic tripping it again after it closed doubles the cooldown.
+ */
 export function probed(b: Breaker, ok: boolean, now: number, s: BreakerSettings): Breaker {
   if (b.state !== "half_open" || b.forced) return b;
-  if (!ok) return open(b, now, s);
+  if (!ok)
+    return { ...b, state: "open", since: now, retryAt: now + s.cooldownMs, probeSuccesses: 0 };
   const probeSuccesses = b.probeSuccesses + 1;
   if (probeSuccesses < s.probes) return { ...b, probeSuccesses };
   return close(b, now);

@@ -39,7 +39,9 @@ describe("the failover bench's dead-origin target", () => {
       second(11, "dead", 5),
       second(12, "dead", 6, { next: "back" }),
     ];
-    const target = targetsOf(seconds, "a", 2).find((t) => t.target.startsWith("requests sent"));
+    const target = targetsOf(seconds, "a", 2, 2_000).find((t) =>
+      t.target.startsWith("requests sent"),
+    );
     expect(target).toMatchObject({ measured: "5", met: false });
   });
 
@@ -49,7 +51,35 @@ describe("the failover bench's dead-origin target", () => {
       second(11, "dead", 1, { breaker: "open" }),
       second(12, "dead", 0, { breaker: "open" }),
     ];
-    const target = targetsOf(seconds, "a", 2).find((t) => t.target.startsWith("requests sent"));
+    const target = targetsOf(seconds, "a", 2, 2_000).find((t) =>
+      t.target.startsWith("requests sent"),
+    );
     expect(target).toMatchObject({ measured: "0", met: true });
+  });
+});
+
+function recovery(seconds: Second[]) {
+  return targetsOf(seconds, "a", 2, 2_000).find((t) => t.target.startsWith("seconds from"));
+}
+
+describe("the failover bench's recovery target", () => {
+  it("counts the seconds until the origin that came back takes half an even share", () => {
+    const seconds = [
+      second(30, "back", 0),
+      second(31, "back", 0),
+      second(32, "back", 3, { latencies: Array.from({ length: 20 }, () => 10) }),
+      second(33, "back", 9, { latencies: Array.from({ length: 20 }, () => 10) }),
+    ];
+    expect(recovery(seconds)).toMatchObject({ measured: "3 s", met: true });
+  });
+
+  it("fails an arm whose origin takes nothing within the phase, or too late", () => {
+    const never = [30, 31, 32, 33, 34, 35].map((at) => second(at, "back", 0));
+    expect(recovery(never)).toMatchObject({
+      measured: "not within the back phase (6 s)",
+      met: false,
+    });
+    const late = [...never, second(36, "back", 1)];
+    expect(recovery(late)).toMatchObject({ measured: "6 s", met: false });
   });
 });

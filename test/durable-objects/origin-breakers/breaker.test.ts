@@ -86,14 +86,34 @@ describe("an open breaker", () => {
     });
   });
 
-  it("closes after enough probes in a row, and opens for twice as long on a failed one", () => {
+  it("closes after enough probes in a row, and opens for the first cooldown on a failed one", () => {
     const half = tick(opened, S.cooldownMs, S);
     const one = probed(half, true, S.cooldownMs + 1, S);
     expect(one.state).toBe("half_open");
     expect(probed(one, true, S.cooldownMs + 2, S).state).toBe("closed");
     const again = probed(one, false, S.cooldownMs + 2, S);
-    expect(again).toMatchObject({ state: "open", openedCount: 2 });
-    expect(again.retryAt).toBe(S.cooldownMs + 2 + 2 * S.cooldownMs);
+    expect(again).toMatchObject({ state: "open", openedCount: 1 });
+    expect(again.retryAt).toBe(S.cooldownMs + 2 + S.cooldownMs);
+  });
+
+  it("finds an origin that was down a long time within one cooldown of its return", () => {
+    // Opened five times by live traffic: its cooldown has grown to 16× the first.
+    let b = opened;
+    for (let n = 2; n <= 5; n++) b = { ...b, openedCount: n, retryAt: cooldownMs(n, S) };
+    let now = b.retryAt ?? 0;
+    // Down for ten minutes: every probe fails, each an unchanged cooldown after the last.
+    while (now < 600_000) {
+      b = probed(tick(b, now, S), false, now, S);
+      expect(b.retryAt).toBe(now + S.cooldownMs);
+      now = b.retryAt ?? now;
+    }
+    // Back at 600 s: half-open at the next cooldown's end, closed by its probes.
+    b = tick(b, now, S);
+    for (let i = 0; i < S.probes; i++) b = probed(b, true, now + i, S);
+    expect(b.state).toBe("closed");
+    expect(now - 600_000).toBeLessThanOrEqual(S.cooldownMs);
+    // Live traffic tripping it again doubles from its five openings, not from its probes.
+    expect(cooldownMs(b.openedCount + 1, S)).toBe(cooldownMs(6, S));
   });
 
   it("grows its cooldown with each opening, up to the cap", () => {
