@@ -33,20 +33,22 @@ export function rateLimitHeaders(rateLimit: RateLimitInfo): Record<string, strin
   return {
     [RATE_LIMIT_HEADER]: String(requests.limit),
     "x-ratelimit-remaining-requests": String(within(requests.remaining, requests.limit)),
-    "x-ratelimit-reset-requests": formatResetDuration(rateLimit.requests.resetMs),
+    "x-ratelimit-reset-requests": formatResetDuration(requests.resetMs),
     "x-ratelimit-limit-tokens": String(tokens.limit),
     "x-ratelimit-remaining-tokens": String(within(tokens.remaining, tokens.limit)),
-    "x-ratelimit-reset-tokens": formatResetDuration(rateLimit.tokens.resetMs),
+    "x-ratelimit-reset-tokens": formatResetDuration(tokens.resetMs),
   };
 }
 
-/** `retry-after` (whole seconds, at least 1) and `retry-after-ms` for a 429. */
+/** A wait as `retry-after` says it: whole seconds, at least 1. */
+export function retryAfterSeconds(retryAfterMs: number): number {
+  return Math.max(1, Math.ceil(retryAfterMs / 1_000));
+}
+
+/** `retry-after` (whole seconds, at least 1) and `retry-after-ms` for a 429 or 503. */
 export function retryAfterHeaders(retryAfterMs: number): Record<string, string> {
   const ms = Math.max(0, Math.ceil(retryAfterMs));
-  return {
-    "retry-after": String(Math.max(1, Math.ceil(ms / 1_000))),
-    "retry-after-ms": String(ms),
-  };
+  return { "retry-after": String(retryAfterSeconds(ms)), "retry-after-ms": String(ms) };
 }
 
 function fraction(ms: number): string {

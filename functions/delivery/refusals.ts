@@ -11,7 +11,7 @@ import type {
   BatcherFailureTrailer,
   BatcherNotAdmitted,
 } from "../../durable-objects/batcher/types.ts";
-import { retryAfterHeaders } from "../accounts/rate-limit-headers.ts";
+import { retryAfterHeaders, retryAfterSeconds } from "../accounts/rate-limit-headers.ts";
 import type { DispatchAttempt } from "./opener.ts";
 
 /** A refusal or failure at admission, before the item was queued. */
@@ -65,7 +65,7 @@ function failureOf(code: BatcherFailureCode): OriginFailureKind {
 
 /** A full lane: every origin is busy and the lane holds all it may; retry after `retry-after`. */
 export function queueFull(status: 429 | 503, retryAfterMs: number): ApiError {
-  const seconds = Math.max(1, Math.ceil(retryAfterMs / 1_000));
+  const seconds = retryAfterSeconds(retryAfterMs);
   return new ApiError(
     status,
     `The server is receiving more requests for this model than it can queue. Please try again in ${seconds}s.`,
@@ -96,10 +96,9 @@ export function queueTimeout(status: 429 | 503, retryAfterMs: number): ApiError 
  */
 export function busyEverywhere(headers: Record<string, string>): ApiError {
   const waitMs = askedToWait(headers);
-  const seconds = Math.max(1, Math.ceil(waitMs / 1_000));
   return new ApiError(
     503,
-    `The origins tried for this request are busy. Please try again in ${seconds}s.`,
+    `The origins tried for this request are busy. Please try again in ${retryAfterSeconds(waitMs)}s.`,
     { type: "server_error", code: "no_healthy_origin", headers: retryAfterHeaders(waitMs) },
   );
 }
