@@ -48,3 +48,11 @@ export function leaseScopeKey(scope: LeaseScope | null | undefined): string {
     subject?.models ?? null,
   ]);
 }
+
+/**
+ * Whether a browser token's end-user budgets keep its requests out of every lease: a lease
+ * holds the key's money, not the user's, so such a token is admitted exactly.
+ */
+export function budgetsBarLease(budgets: readonly unknown[] | undefined): boolean {
+  return (budgets?.length ?? 0) > 0;
+}

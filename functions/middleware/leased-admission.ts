@@ -13,7 +13,7 @@ import {
   admitRequest,
   callLease,
 } from "../accounts/account-client.ts";
-import { type LeaseScope, leaseHolder } from "../../contracts/lease-scopes.ts";
+import { type LeaseScope, budgetsBarLease, leaseHolder } from "../../contracts/lease-scopes.ts";
 import type { LeasedAdmission, LeaseCandidate, LocalRequest } from "../accounts/leases.ts";
 import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import type { LeaseAsk } from "../../durable-objects/key-account/leases/types.ts";
@@ -61,7 +61,7 @@ function leaseOf(credential: Credential, endUser: string | null): LeaseRef {
     keyId: credential.keyId,
     holder: leaseHolder({ kind: "browser", secretGeneration: scope.secretGeneration }),
     scope: { endUser, subject: { id: scope.subject, limits: scope.limits, models: scope.models } },
-    exact: scope.budgets.length > 0,
+    exact: budgetsBarLease(scope.budgets),
   };
 }
 

@@ -5,7 +5,11 @@
  * its headers show whichever scope has less left. A lease without a token's user is the
  * key's alone.
  */
-import { type LeaseScope, leaseScopeKey } from "../../../contracts/lease-scopes.ts";
+import {
+  type LeaseScope,
+  budgetsBarLease,
+  leaseScopeKey,
+} from "../../../contracts/lease-scopes.ts";
 import { rateLimitNow } from "../admission.ts";
 import { type AccountStore, userScope } from "../store.ts";
 import { refill } from "../token-bucket.ts";
@@ -87,7 +91,7 @@ export function ownLeaseAsk(input: AdmitInput & { lease?: LeaseAsk }): LeaseAsk 
       scope === null ? endUser === null : scope.subject === null && scope.endUser === endUser;
     return fits ? ask : undefined;
   }
-  if ((credential.budgets ?? []).length > 0) return undefined;
+  if (budgetsBarLease(credential.budgets)) return undefined;
   const own: LeaseScope = {
     endUser,
     subject: { id: credential.subject, limits: credential.limits, models: credential.models },
