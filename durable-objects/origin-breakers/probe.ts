@@ -2,10 +2,11 @@
  * The health probe of a half-open origin (docs/failover.md, "Probes"): its `/health`, then,
  * where the region names a model for it, one real completion of one token through the batch
  * protocol, so that an origin failing part of its requests is seen failing, not only alive.
- * Answers true (healthy), false (failed), or null when the origin's URL is not known yet.
+ * A completion answered busy (429, or 503 with `retry-after`) passes: busy is not sick.
  */
 import { CredentialRing, credentialValues } from "../../contracts/credentials.ts";
 import { onTimeTimeout } from "../../contracts/on-time.ts";
+import { judgeHead } from "../../contracts/origin-health.ts";
 import { BATCH_PROTOCOL_VERSION, type BatchRequest } from "../../contracts/protocol/schema.ts";
 import { FrameType } from "../../contracts/protocol/framing.ts";
 import { frameReader, postBatchWithCredentials } from "../../contracts/upstream.ts";
@@ -56,20 +57,27 @@ async function completes(target: ProbeTarget, env: object, signal: AbortSignal) 
   const res = await postBatchWithCredentials(origin, batch, signal);
   if (res.status !== 200 || res.body === null) {
     await res.body?.cancel();
-    return false;
+    return busy(res);
   }
   const frames = frameReader(res.body);
+  let judged: ReturnType<typeof judgeHead> | null = null;
   let status = 0;
   for (;;) {
     const frame = await frames.next();
     if (typeof frame === "string") return false;
     if (frame.type === FrameType.HEAD) {
       status = frame.head.status;
+      judged = judgeHead(status, frame.head.headers);
     } else if (frame.type === FrameType.END) {
       frames.cancel();
-      const { outcome } = frame.trailer;
       // The engine answered; a 4xx is about the probe's own request, not the origin's health.
-      return outcome === "ok" || (status >= 400 && status < 500 && status !== 429);
+      return (
+        frame.trailer.outcome === "ok" || judged === "busy" || (judged === "ok" && status >= 400)
+      );
     }
   }
+}
+
+function busy(res: Response): boolean {
+  return judgeHead(res.status, Object.fromEntries(res.headers)) === "busy";
 }
