@@ -18,7 +18,7 @@ export interface BreakerView {
   /** Failures and requests in the sliding window. */
   failures: number;
   requests: number;
-  /** Times it opened since it was last forced closed. */
+  /** Times live traffic opened it since it was last forced closed (not a failed probe). */
   opened_count: number;
   /** When an open breaker lets its first probe through, epoch ms; null unless open. */
   retry_at: number | null;

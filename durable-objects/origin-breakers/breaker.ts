@@ -1,7 +1,7 @@
 /**
  * The circuit breaker of one origin as a pure state machine (docs/failover.md, "Breakers"):
  * closed → open on consecutive failures or a failure ratio over a sliding window; open →
- * half-open once its cooldown (doubled on each reopening, capped) has passed; half-open →
+ * half-open once its cooldown (doubled each time live traffic trips it, capped) has passed; half-open →
  * closed after enough health probes in a row, or open again on a failed one. Time comes in
  * as `now`; nothing is mutated.
  */
