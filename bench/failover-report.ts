@@ -116,13 +116,15 @@ export function targetsOf(
   const frozeAt = frozen[0]?.at ?? 0;
   const late = summarize(frozen.filter((s) => s.at >= frozeAt + 5).flatMap((s) => s.latencies)).p99;
   // Full service again: seconds from the origin's return until it takes half of an even
-  // share of the requests (of two origins) again; NaN when it does not within the phase.
+  // share of the requests (of two origins) again, at most: from the start of the second it
+  // came back in to the end of the one it took that share in; NaN when not within the phase.
   const back = arm.filter((s) => s.phase === "back");
-  const backAt = back[0]?.at;
+  const backAt = arm.find((s) => s.next === "back")?.at ?? back[0]?.at;
   const served = back.find(
     (s) => s.toSick > 0 && s.toSick >= HALF_AN_EVEN_SHARE * (s.latencies.length + s.errors),
   );
-  const recoveryS = backAt === undefined || served === undefined ? Number.NaN : served.at - backAt;
+  const recoveryS =
+    backAt === undefined || served === undefined ? Number.NaN : served.at + 1 - backAt;
   const recoveryGoalS = Math.ceil(cooldownMs / 1_000) + 2;
   return [
     {

@@ -63,14 +63,23 @@ function recovery(seconds: Second[]) {
 }
 
 describe("the failover bench's recovery target", () => {
-  it("counts the seconds until the origin that came back takes half an even share", () => {
+  it("counts from the start of the second it came back in to the end of the one it took its share in", () => {
+    const twenty = { latencies: Array.from({ length: 20 }, () => 10) };
     const seconds = [
+      second(29, "dead", 0, { next: "back" }),
       second(30, "back", 0),
-      second(31, "back", 0),
-      second(32, "back", 3, { latencies: Array.from({ length: 20 }, () => 10) }),
-      second(33, "back", 9, { latencies: Array.from({ length: 20 }, () => 10) }),
+      second(31, "back", 3, twenty),
+      second(32, "back", 9, twenty),
     ];
-    expect(recovery(seconds)).toMatchObject({ measured: "3 s", met: true });
+    expect(recovery(seconds)).toMatchObject({ measured: "4 s", met: true });
+    // A phase that began on a second's edge counts from that second.
+    expect(recovery(seconds.slice(1))).toMatchObject({ measured: "3 s", met: true });
+    const slower = [
+      ...seconds.slice(0, 3),
+      second(32, "back", 4, twenty),
+      second(33, "back", 9, twenty),
+    ];
+    expect(recovery(slower)).toMatchObject({ measured: "5 s", met: false });
   });
 
   it("fails an arm whose origin takes nothing within the phase, or too late", () => {
@@ -80,6 +89,6 @@ describe("the failover bench's recovery target", () => {
       met: false,
     });
     const late = [...never, second(36, "back", 1)];
-    expect(recovery(late)).toMatchObject({ measured: "6 s", met: false });
+    expect(recovery(late)).toMatchObject({ measured: "7 s", met: false });
   });
 });
