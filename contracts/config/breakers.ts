@@ -18,7 +18,10 @@ export const BreakersSchema = z
     window_ms: z.int().min(100).max(600_000).default(10_000),
     /** A first byte slower than this counts as a failure (a frozen origin is found by it). */
     slow_first_byte_ms: z.int().min(1).max(600_000).default(2_000),
-    /** How long a breaker stays open the first time, and the pace of probes; doubled at each trip by live traffic. */
+    /**
+     * How long a breaker stays open the first time, and the pace of probes while it is down;
+     * doubled at each trip by live traffic.
+     */
     cooldown_ms: z.int().min(100).max(3_600_000).default(5_000),
     /** Longest cooldown (never below `cooldown_ms`). */
     max_cooldown_ms: z.int().min(100).max(86_400_000).default(120_000),

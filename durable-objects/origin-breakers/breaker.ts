@@ -1,9 +1,9 @@
 /**
  * The circuit breaker of one origin as a pure state machine (docs/failover.md, "Breakers"):
  * closed → open on consecutive failures or a failure ratio over a sliding window; open →
- * half-open once its cooldown (doubled each time live traffic trips it, capped) has passed; half-open →
- * closed after enough health probes in a row, or open again on a failed one. Time comes in
- * as `now`; nothing is mutated.
+ * half-open once its cooldown (doubled each time live traffic trips it, capped) has passed;
+ * half-open → closed after enough health probes in a row, or open again on a failed one.
+ * Time comes in as `now`; nothing is mutated.
  */
 import type { BreakerState, BreakerView, OutcomeReport } from "../../contracts/breaker.ts";
 import type { BreakerSettings } from "../../contracts/config/breakers.ts";
@@ -82,7 +82,9 @@ export function record(
   const { requests, failures } = windowCounts(next, now, s);
   const ratioTrips = requests >= s.minRequests && failures / requests >= s.failureRatio;
   if (consecutive < s.consecutiveFailures && !ratioTrips) return next;
-  return room ? open(next, now, s) : next;
+  if (!room) return next;
+  const openedCount = b.openedCount + 1;
+  return open(next, now, cooldownMs(openedCount, s), openedCount);
 }
 
 /**
@@ -116,8 +118,7 @@ export function tick(b: Breaker, now: number, s: BreakerSettings): Breaker {
  */
 export function probed(b: Breaker, ok: boolean, now: number, s: BreakerSettings): Breaker {
   if (b.state !== "half_open" || b.forced) return b;
-  if (!ok)
-    return { ...b, state: "open", since: now, retryAt: now + s.cooldownMs, probeSuccesses: 0 };
+  if (!ok) return open(b, now, s.cooldownMs, b.openedCount);
   const probeSuccesses = b.probeSuccesses + 1;
   if (probeSuccesses < s.probes) return { ...b, probeSuccesses };
   return close(b, now);
@@ -152,16 +153,9 @@ export function cooldownMs(n: number, s: BreakerSettings): number {
   return Math.min(s.maxCooldownMs, s.cooldownMs * 2 ** Math.max(0, n - 1));
 }
 
-function open(b: Breaker, now: number, s: BreakerSettings): Breaker {
-  const openedCount = b.openedCount + 1;
-  return {
-    ...b,
-    state: "open",
-    since: now,
-    openedCount,
-    retryAt: now + cooldownMs(openedCount, s),
-    probeSuccesses: 0,
-  };
+// Open for `waitMs`, with `openedCount` openings counted towards the next trip's cooldown.
+function open(b: Breaker, now: number, waitMs: number, openedCount: number): Breaker {
+  return { ...b, state: "open", since: now, openedCount, retryAt: now + waitMs, probeSuccesses: 0 };
 }
 
 function close(b: Breaker, now: number): Breaker {
