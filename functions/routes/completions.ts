@@ -8,7 +8,7 @@ import { type Context, Hono } from "hono";
 import type { AppEnv } from "../app-env.ts";
 import { PRIORITY_HEADER, checkPriority } from "../delivery/batcher-plan.ts";
 import { methodNotAllowed } from "../error-handler.ts";
-import { clipped, invalidRequest, notFound } from "../../contracts/errors.ts";
+import { clipped, invalidRequest, notFound, notOffered } from "../../contracts/errors.ts";
 import { replaceTopLevelString } from "../request/json-text.ts";
 import { admitCompletion, verifyCredential } from "../middleware/auth.ts";
 import { cachePolicy, responseCache } from "../cache/middleware.ts";
@@ -150,6 +150,11 @@ export const completions = new Hono<AppEnv>()
   )
   .all("/responses", methodNotAllowed(["POST"]))
   // A stored response would be the caller's: only a valid key learns that none is kept.
+  .all("/responses/input_tokens", () => {
+    throw notOffered(
+      "Counting input tokens (POST /v1/responses/input_tokens) is not offered by this gateway: a response's usage.input_tokens is the count its origin made.",
+    );
+  })
   .all("/responses/:id{.+}", verifyCredential(), (c) => {
     throw notFound(
       `No response '${clipped(c.req.param("id").split("/")[0] ?? "")}' is stored: this gateway keeps no responses, so they cannot be retrieved, cancelled or deleted.`,

@@ -164,6 +164,28 @@ describe("POST /v1/responses", () => {
     expect(anonymous.status).toBe(401);
   });
 
+  it("says counting input tokens is not offered, not that a response is missing", async () => {
+    const { key } = await createKey({ name: "responses-input-tokens" });
+    const ctx = createExecutionContext();
+    const response = await app.fetch(
+      edgeRequest("/v1/responses/input_tokens", {
+        headers: { authorization: `Bearer ${key}` },
+        body: ASK,
+      }),
+      { ...env, WARMGATE_CONFIG: config("always") },
+      ctx,
+    );
+    await waitOnExecutionContext(ctx);
+    expect(response.status).toBe(404);
+    const body: ErrorBody = await response.json();
+    expect(body.error).toMatchObject({
+      type: "invalid_request_error",
+      code: "endpoint_not_offered",
+    });
+    expect(body.error.message).toContain("usage.input_tokens");
+    expect(body.error.message).not.toContain("No response");
+  });
+
   it("validates the body as OpenAI does", async () => {
     const { key } = await createKey({ name: "responses-invalid" });
     const missing = await send(key, "/v1/responses", { model: "warmgate-sim-8b" });
