@@ -60,7 +60,7 @@ export const ERROR_CODES = {
   context_length_exceeded: "prompt and completion exceed the model's window",
   invalid_request: "the engine refused the input on two origins alike",
   config_error: "the gateway's configuration is unusable",
-  endpoint_not_offered: "an OpenAI endpoint this gateway does not offer (404)",
+  endpoint_not_offered: "counting input tokens (`/v1/responses/input_tokens`) is not offered",
   // The edge: things looked up by name (see `notFound`).
   model_not_found: "no such model is served",
   key_not_found: "no API key with that id",
@@ -240,7 +240,7 @@ export function modelNotFound(model: string): ApiError {
   );
 }
 
-/** 404 for an endpoint of OpenAI's API that this gateway does not offer, saying what does. */
+/** 404 for an OpenAI endpoint this gateway knows and does not offer, saying what serves instead. */
 export function notOffered(message: string): ApiError {
   return new ApiError(404, message, {
     type: "invalid_request_error",

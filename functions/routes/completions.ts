@@ -149,12 +149,13 @@ export const completions = new Hono<AppEnv>()
     (c) => withModelFallback(c, () => forward(c, "/v1/responses")),
   )
   .all("/responses", methodNotAllowed(["POST"]))
-  // A stored response would be the caller's: only a valid key learns that none is kept.
+  // Nothing here is the caller's: the edge's authentication suffices, as for an unknown URL.
   .all("/responses/input_tokens", () => {
     throw notOffered(
       "Counting input tokens (POST /v1/responses/input_tokens) is not offered by this gateway: a response's usage.input_tokens is the count its origin made.",
     );
   })
+  // A stored response would be the caller's: only a valid key learns that none is kept.
   .all("/responses/:id{.+}", verifyCredential(), (c) => {
     throw notFound(
       `No response '${clipped(c.req.param("id").split("/")[0] ?? "")}' is stored: this gateway keeps no responses, so they cannot be retrieved, cancelled or deleted.`,
