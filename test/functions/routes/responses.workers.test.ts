@@ -166,18 +166,9 @@ describe("POST /v1/responses", () => {
 
   it("says counting input tokens is not offered, not that a response is missing", async () => {
     const { key } = await createKey({ name: "responses-input-tokens" });
-    const ctx = createExecutionContext();
-    const response = await app.fetch(
-      edgeRequest("/v1/responses/input_tokens", {
-        headers: { authorization: `Bearer ${key}` },
-        body: ASK,
-      }),
-      { ...env, WARMGATE_CONFIG: config("always") },
-      ctx,
-    );
-    await waitOnExecutionContext(ctx);
+    const { response, text } = await send(key, "/v1/responses/input_tokens", ASK);
     expect(response.status).toBe(404);
-    const body: ErrorBody = await response.json();
+    const body = JSON.parse(text) as ErrorBody;
     expect(body.error).toMatchObject({
       type: "invalid_request_error",
       code: "endpoint_not_offered",
