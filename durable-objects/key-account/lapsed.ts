@@ -14,6 +14,7 @@ import {
 import { outcomeSources } from "./reconcile.ts";
 import { settle } from "./settle.ts";
 import type { AccountStore } from "./store.ts";
+import type { SettleOutcome } from "./types.ts";
 
 /**
  * Asks the origins about the lapsed requests and ended leases still to look up, and settles
@@ -38,7 +39,7 @@ export async function reconcileLapsed(
   for (const [requestId, found] of reconcile(requestIds, items)) {
     if (found.kind === "running" || (found.kind === "unknown" && !complete)) continue;
     store.ledger.resolve(requestId);
-    if (found.kind === "ended") settleFound(store, requestId, found);
+    settleFound(store, requestId, found.kind === "ended" ? found : null);
   }
   for (const leaseId of leaseIds) {
     const lease = store.leases.get(leaseId);
@@ -67,13 +68,19 @@ export async function reconcileLapsed(
   }
 }
 
-// Settles a request from how its origin saw it end. The edge never confirmed delivery: an
-// answer the origin finished counts as cut.
+// Settles a request from how its origin saw it end (`found`; null: no origin remembers it).
+// A request its edge settled without usage ended for its client as its row says; any other
+// lapsed with its edge, which never confirmed delivery: an answer the origin finished
+// counts as cut, and one no origin remembers stays expired at no cost.
 function settleFound(
   store: AccountStore,
   requestId: string,
-  found: Extract<Reconciled, { kind: "ended" }>,
+  found: Extract<Reconciled, { kind: "ended" }> | null,
 ): void {
-  const outcome = found.outcome === "ok" ? "cancelled" : found.outcome;
-  settle(store, { requestId, outcome, usage: found.usage, originBegan: true }, Date.now());
+  const told = store.ledger.committed(requestId)?.outcome ?? "expired";
+  let outcome: SettleOutcome;
+  if (told !== "expired") outcome = told;
+  else if (found === null) return;
+  else outcome = found.outcome === "ok" ? "cancelled" : found.outcome;
+  settle(store, { requestId, outcome, usage: found?.usage ?? null, originBegan: true }, Date.now());
 }

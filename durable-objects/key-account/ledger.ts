@@ -112,13 +112,13 @@ export function settleRow(
 
 /**
  * An open row whose lease ran out, or whose edge could not learn what its origin generated
- * (`seen`: how the edge delivered it, kept for the settlement the origins' records bring):
- * its reservation released, counted as one request.
+ * (`seen`: how the edge delivered it and how it ended for its client, kept for the
+ * settlement the origins' records bring): its reservation released, counted as one request.
  */
 export function expireRow(
   row: LedgerEntry,
   now: number,
-  seen?: Pick<SettleInput, "attempts" | "metrics">,
+  seen?: Pick<SettleInput, "attempts" | "metrics" | "outcome">,
 ): LedgerChange {
   const delivered = seen === undefined ? {} : deliveredAs(row, seen);
   return {
@@ -127,7 +127,7 @@ export function expireRow(
       ...delivered,
       state: "expired",
       closedAt: now,
-      outcome: "expired",
+      outcome: seen?.outcome ?? "expired",
       costPicos: 0n,
     },
     tokens: 0,

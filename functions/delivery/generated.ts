@@ -53,9 +53,10 @@ export function billed(generated: Generated): Pick<SettledRequest, "usage" | "us
 
 /**
  * What request `requestId`'s items `itemIds` generated on `origins`, by their outcome
- * records; an item still running is cancelled there first. Unknown while an item would not
- * end; nothing when no origin remembers it, or none answers (an origin that died took its
- * record with it, and the request's slot is not held waiting for one that may come back).
+ * records; an item still running is cancelled there first. Nothing when every origin
+ * answered and none remembers it; unknown while an item would not end, or while an origin
+ * that may remember it did not answer (a slow origin still holds its record): then the
+ * key's account asks again, and the request's slot is not held meanwhile.
  */
 export async function generatedBy(
   origins: readonly OriginConfig[],
@@ -71,8 +72,9 @@ export async function generatedBy(
     return { known: true, usage, outcome, origin, ...(ttftMs !== undefined && { ttftMs }) };
   }
   if (found.kind === "unknown") {
-    if (!complete) logWarn("origin outcome unknown", { request_id: requestId });
-    return NOTHING;
+    if (complete) return NOTHING;
+    logWarn("origin did not answer for its outcome", { request_id: requestId });
+    return { known: false };
   }
   logWarn("origin item would not end", { request_id: requestId });
   return { known: false };
@@ -98,7 +100,10 @@ export async function servedOrGivenUp(
 ): Promise<ServedBill> {
   if (own.outcome === "ok" || own.usageUnknown === true || gaveUp.length === 0) return own;
   const { generated: other, region } = await givenUpGenerated(requestId, gaveUp, secrets);
-  if (!other.known || other.usage === null || other.outcome === null) return own;
+  // What an attempt given up on generated is not known yet: nor is the bill (the key's
+  // account asks the origins about every attempt later, by the same rule).
+  if (!other.known) return { ...own, usage: null, usageUnknown: true };
+  if (other.usage === null || other.outcome === null) return own;
   const mine: AttemptEnd = { outcome: own.outcome ?? "error", usage: own.usage };
   if (!outranks({ outcome: other.outcome, usage: other.usage }, mine)) return own;
   return { usage: other.usage, outcome: other.outcome, origin: other.origin, region };

@@ -210,9 +210,11 @@ export function admitCompletion() {
     }
     await next();
     // A refusal after attempts an origin may have begun is billed once their origins said
-    // what they generated, after the answer: it has no cost header.
+    // what they generated, after the answer, and one whose origins did not say is billed
+    // by its account later: neither has a cost header.
     const unserved = settlement.record === null && settlement.gaveUp.length > 0;
-    if (plan.delivery === "whole" && !unserved) {
+    const unknown = settlement.record?.usageUnknown === true;
+    if (plan.delivery === "whole" && !unserved && !unknown) {
       // A whole answer was read up to the origin's END, which carries the usage, before its
       // headers went out (`Lifecycle.whole` in delivery/response.ts): the request is settled,
       // so its headers can carry its cost.

@@ -142,6 +142,26 @@ describe("KeyAccount leases", () => {
     expect(record.costPicos).toBeGreaterThan(0n);
   });
 
+  it("settles a request its edge could not learn the usage of as its edge saw it end, once no origin remembers it", async () => {
+    const { admit, stub } = await newAccount();
+    const requestId = `req_${crypto.randomUUID().replaceAll("-", "")}`;
+    expect((await admit(requestId, 60_000)).ok).toBe(true);
+    // Its origin did not answer the edge's lookup in time; it ended in an error for its client.
+    const handedOver = await stub.settle({
+      requestId,
+      outcome: "error",
+      usage: null,
+      usageUnknown: true,
+    });
+    expect(handedOver).toMatchObject({ settled: false, reason: "reconciling" });
+    expect(await recordOf(stub, requestId)).toMatchObject({ state: "expired", outcome: "error" });
+    // Every origin answers, none remembers it: nothing was generated, and it is not left expired.
+    await runDurableObjectAlarm(stub);
+    const record = await recordOf(stub, requestId);
+    expect(record).toMatchObject({ state: "settled", outcome: "error", costPicos: 0n });
+    expect(record.completionTokens ?? 0).toBe(0);
+  });
+
   it("frees a released request's slot at once, and bills it once from the settlement that follows", async () => {
     const { admit, stub } = await newAccount();
     expect((await admit("req_left", 60_000)).ok).toBe(true);

@@ -5,7 +5,7 @@ import { type ItemRecord, OutcomesResponseSchema } from "../../../contracts/prot
 import { loadConfig } from "../../../contracts/config/gateway.ts";
 import { type DispatchOptions, dispatchCompletion } from "../../../functions/delivery/failover.ts";
 import { directOpener } from "../../../functions/delivery/opener.ts";
-import { unservedUsage } from "../../../functions/delivery/generated.ts";
+import { generatedBy, unservedUsage } from "../../../functions/delivery/generated.ts";
 import type { OpenItem } from "../../../functions/delivery/item.ts";
 import { respond } from "../../../functions/delivery/response.ts";
 import app from "../../../functions/index.ts";
@@ -102,6 +102,29 @@ describe("billing an answer whose END never reached the edge", () => {
       expect(record.cost_usd).toBeGreaterThan(0);
     },
   );
+});
+
+describe("asking an origin what an attempt generated", () => {
+  const ask = { tries: 2, intervalMs: 10, timeoutMs: 500 };
+
+  it("knows nothing was generated when the origin answers and does not remember the item", async () => {
+    const id = `req_${crypto.randomUUID().replaceAll("-", "")}`;
+    const origins = [{ id: "meter-slow-1", url: SLOW }];
+    expect(await generatedBy(origins, id, [id], env, ask)).toEqual({
+      known: true,
+      usage: null,
+      outcome: null,
+      origin: null,
+    });
+  });
+
+  it("does not know, and leaves the bill to the key's account, when the origin does not answer", async () => {
+    // An origin that answered the item a moment ago may only be slow to answer the lookup:
+    // its record can still bill what it generated (docs/key-account.md).
+    const id = `req_${crypto.randomUUID().replaceAll("-", "")}`;
+    const origins = [{ id: "gone", url: "http://127.0.0.1:1" }];
+    expect(await generatedBy(origins, id, [id], env, ask)).toEqual({ known: false });
+  });
 });
 
 /** A direct dispatch of `body` from meter-slow-1, alone in its region (no Batcher). */
