@@ -18,8 +18,9 @@ import type { SettleOutcome } from "./types.ts";
 
 /**
  * Asks the origins about the lapsed requests and ended leases still to look up, and settles
- * each one an origin saw end, once. A request stops being asked about once it is settled or
- * no origin knows it; a lease, once no origin runs a request of it (every origin answering).
+ * each one an origin saw end, once: a request once every origin answered (or one finished
+ * it), or at the window's end with what was found; a lease, once no origin runs a request
+ * of it (every origin answering).
  */
 export async function reconcileLapsed(
   store: AccountStore,
@@ -27,7 +28,7 @@ export async function reconcileLapsed(
   secrets: object,
   now: number,
 ): Promise<void> {
-  const { requestIds, leaseIds } = store.ledger.lapsedToAsk(
+  const { requestIds, leaseIds, last } = store.ledger.lapsedToAsk(
     now,
     MAX_OUTCOME_IDS,
     MAX_OUTCOME_PREFIXES,
@@ -37,7 +38,11 @@ export async function reconcileLapsed(
   const query = { ids: requestIds, prefixes: leaseIds.map(leaseIdPrefix) };
   const { items, complete } = await lookupOutcomes(sources, query, secrets);
   for (const [requestId, found] of reconcile(requestIds, items)) {
-    if (found.kind === "running" || (found.kind === "unknown" && !complete)) continue;
+    // An origin that did not answer may hold an attempt that outranks what the others
+    // remember, unless one finished: asked again while the window lasts.
+    const finished = found.kind === "ended" && found.outcome === "ok";
+    const settled = found.kind !== "running" && (complete || finished);
+    if (!settled && !last.has(requestId)) continue;
     store.ledger.resolve(requestId);
     settleFound(store, requestId, found.kind === "ended" ? found : null);
   }

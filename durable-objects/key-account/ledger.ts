@@ -136,13 +136,16 @@ export function expireRow(
   };
 }
 
-/** Notes on an expired row how its edge delivered the request (`seen`); nothing else changes. */
+/**
+ * Notes on an expired row how its edge delivered the request and how it ended for its
+ * client (`seen`); nothing else changes.
+ */
 export function deliveryNoted(
   row: LedgerEntry,
-  seen: Pick<SettleInput, "attempts" | "metrics">,
+  seen: Pick<SettleInput, "attempts" | "metrics" | "outcome">,
 ): LedgerChange {
   return {
-    row: { ...row, ...deliveredAs(row, seen) },
+    row: { ...row, ...deliveredAs(row, seen), outcome: seen.outcome },
     tokens: 0,
     spend: { reservedPicos: 0n, settledPicos: 0n },
     usage: [],

@@ -100,9 +100,10 @@ export async function servedOrGivenUp(
 ): Promise<ServedBill> {
   if (own.outcome === "ok" || own.usageUnknown === true || gaveUp.length === 0) return own;
   const { generated: other, region } = await givenUpGenerated(requestId, gaveUp, secrets);
-  // What an attempt given up on generated is not known yet: nor is the bill (the key's
-  // account asks the origins about every attempt later, by the same rule).
-  if (!other.known) return { ...own, usage: null, usageUnknown: true };
+  // What an attempt given up on generated is not known yet: when this one generated
+  // nothing known either, nor is the bill (the key's account asks the origins about every
+  // attempt later, by the same rule); a known usage is billed as it is.
+  if (!other.known) return own.usage === null ? { ...own, usageUnknown: true } : own;
   if (other.usage === null || other.outcome === null) return own;
   const mine: AttemptEnd = { outcome: own.outcome ?? "error", usage: own.usage };
   if (!outranks({ outcome: other.outcome, usage: other.usage }, mine)) return own;

@@ -172,22 +172,27 @@ export class LedgerStore {
   }
 
   /**
-   * Up to `maxIds` lapsed requests and `maxLeases` ended leases to ask about, once those
-   * past the window are dropped.
+   * Up to `maxIds` lapsed requests and `maxLeases` ended leases to ask about: the requests
+   * past the window first, asked this last time (`last`) and dropped; leases past it dropped.
    */
   lapsedToAsk(
     now: number,
     maxIds: number,
     maxLeases: number,
-  ): { requestIds: string[]; leaseIds: string[] } {
-    for (const lapsed of [this.#lapsed, this.#lapsedLeases]) {
-      for (const [id, lapsedAt] of lapsed) {
-        if (lapsedAt + RECONCILE_WINDOW_MS <= now) lapsed.delete(id);
-      }
+  ): { requestIds: string[]; leaseIds: string[]; last: Set<string> } {
+    const last = new Set<string>();
+    for (const [id, lapsedAt] of this.#lapsed) {
+      if (lapsedAt + RECONCILE_WINDOW_MS > now) continue;
+      this.#lapsed.delete(id);
+      if (last.size < maxIds) last.add(id);
+    }
+    for (const [id, lapsedAt] of this.#lapsedLeases) {
+      if (lapsedAt + RECONCILE_WINDOW_MS <= now) this.#lapsedLeases.delete(id);
     }
     return {
-      requestIds: firstKeys(this.#lapsed, maxIds),
+      requestIds: [...last, ...firstKeys(this.#lapsed, maxIds - last.size)],
       leaseIds: firstKeys(this.#lapsedLeases, maxLeases),
+      last,
     };
   }
 

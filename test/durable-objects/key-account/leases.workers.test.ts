@@ -162,6 +162,24 @@ describe("KeyAccount leases", () => {
     expect(record.completionTokens ?? 0).toBe(0);
   });
 
+  it("keeps the outcome an edge tells after its request's lease lapsed, and settles it so", async () => {
+    const { admit, stub } = await newAccount();
+    const requestId = `req_${crypto.randomUUID().replaceAll("-", "")}`;
+    expect((await admit(requestId, 1_000)).ok).toBe(true);
+    await sleep(1_100);
+    await runDurableObjectAlarm(stub);
+    expect(await recordOf(stub, requestId)).toMatchObject({ state: "expired", outcome: "expired" });
+    // Its edge was slow, not dead: it tells how the request ended, without its usage.
+    await stub.settle({ requestId, outcome: "timeout", usage: null, usageUnknown: true });
+    expect(await recordOf(stub, requestId)).toMatchObject({ state: "expired", outcome: "timeout" });
+    await runDurableObjectAlarm(stub);
+    expect(await recordOf(stub, requestId)).toMatchObject({
+      state: "settled",
+      outcome: "timeout",
+      costPicos: 0n,
+    });
+  });
+
   it("frees a released request's slot at once, and bills it once from the settlement that follows", async () => {
     const { admit, stub } = await newAccount();
     expect((await admit("req_left", 60_000)).ok).toBe(true);

@@ -5,7 +5,11 @@ import { type ItemRecord, OutcomesResponseSchema } from "../../../contracts/prot
 import { loadConfig } from "../../../contracts/config/gateway.ts";
 import { type DispatchOptions, dispatchCompletion } from "../../../functions/delivery/failover.ts";
 import { directOpener } from "../../../functions/delivery/opener.ts";
-import { generatedBy, unservedUsage } from "../../../functions/delivery/generated.ts";
+import {
+  generatedBy,
+  servedOrGivenUp,
+  unservedUsage,
+} from "../../../functions/delivery/generated.ts";
 import type { OpenItem } from "../../../functions/delivery/item.ts";
 import { respond } from "../../../functions/delivery/response.ts";
 import app from "../../../functions/index.ts";
@@ -124,6 +128,22 @@ describe("asking an origin what an attempt generated", () => {
     const id = `req_${crypto.randomUUID().replaceAll("-", "")}`;
     const origins = [{ id: "gone", url: "http://127.0.0.1:1" }];
     expect(await generatedBy(origins, id, [id], env, ask)).toEqual({ known: false });
+  });
+
+  it("bills a served attempt's known usage when an attempt given up on cannot be asked", async () => {
+    const id = `req_${crypto.randomUUID().replaceAll("-", "")}`;
+    const gone = { id: "gone", url: "http://127.0.0.1:1" };
+    const gaveUp = [{ region: "eu", origin: gone, itemId: id }];
+    const served = { region: "eu", origin: "meter-slow-1" };
+    const usage = { prompt_tokens: 20, completion_tokens: 3, cached_tokens: 0 };
+    const cut = { ...served, usage, outcome: "error" as const };
+    expect(await servedOrGivenUp(cut, id, gaveUp, env)).toEqual(cut);
+    // Nothing of its own known: what the silent origin holds may be the bill.
+    const refused = { ...served, usage: null, outcome: "error" as const };
+    expect(await servedOrGivenUp(refused, id, gaveUp, env)).toEqual({
+      ...refused,
+      usageUnknown: true,
+    });
   });
 });
 
