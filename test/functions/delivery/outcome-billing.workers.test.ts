@@ -135,7 +135,7 @@ describe("asking an origin what an attempt generated", () => {
     const gone = { id: "gone", url: "http://127.0.0.1:1" };
     const gaveUp = [{ region: "eu", origin: gone, itemId: id }];
     const served = { region: "eu", origin: "meter-slow-1" };
-    const usage = { prompt_tokens: 20, completion_tokens: 3, cached_tokens: 0 };
+    const usage = { prompt_tokens: 20, completion_tokens: 3, total_tokens: 23, cached_tokens: 0 };
     const cut = { ...served, usage, outcome: "error" as const };
     expect(await servedOrGivenUp(cut, id, gaveUp, env)).toEqual(cut);
     // Nothing of its own known: what the silent origin holds may be the bill.
