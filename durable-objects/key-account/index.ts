@@ -21,7 +21,7 @@ import {
   holdBatch,
   releaseBatch,
 } from "./batch-holds.ts";
-import { expireDue, settle } from "./settle.ts";
+import { RECONCILE_FIRST_ASK_MS, expireDue, settle } from "./settle.ts";
 import {
   answerLeaseCall,
   endDueLeases,
@@ -299,14 +299,14 @@ export class KeyAccount extends DurableObject<Env> {
     if (raiseAlerts(this.#store, now, settings)) await this.#ensureAlarm(now);
   }
 
-  // Settled rows are pruned in time; rows whose usage is to be asked of the origins, soon;
+  // Settled rows are pruned in time; rows whose usage is to be asked of the origins, shortly;
   // alerts the settlements raised are sent at once.
   async #alarmFor(results: readonly SettleResult[], now: number): Promise<void> {
     await this.#alertsFor(now);
     if (results.some((result) => result.settled))
       await this.#ensureAlarm(now + LEDGER_RETENTION_MS);
     if (results.some((result) => !result.settled && result.reason === "reconciling")) {
-      await this.#ensureAlarm(now + RECONCILE_RETRY_MS);
+      await this.#ensureAlarm(now + RECONCILE_FIRST_ASK_MS);
     }
   }
 

@@ -51,9 +51,16 @@ export function settle(store: AccountStore, input: SettleInput, now: number): Se
   return close(store, row, input, now, teamCap(store, billingCap(linesAt(store, row), 0n), 0n));
 }
 
+/**
+ * How soon the origins are first asked about a request whose edge could not learn what it
+ * generated: an origin too slow to answer the edge's ask has mostly caught up by then.
+ */
+export const RECONCILE_FIRST_ASK_MS = 1_000;
+
 // A request whose edge could not learn what its origin generated: its reservation is
-// released now, and the alarm asks the origins, as for a lapsed lease (an expired row is
-// asked about already). Any other is settled as usual, without usage.
+// released now, and the alarm asks the origins, first after `RECONCILE_FIRST_ASK_MS`, as
+// for a lapsed lease (an expired row is asked about already). Any other is settled as
+// usual, without usage.
 function reconcileLater(
   store: AccountStore,
   open: LedgerEntry | undefined,

@@ -2,6 +2,7 @@ import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, inject, it } from "vitest";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
+import { RECONCILE_FIRST_ASK_MS } from "../../../durable-objects/key-account/settle.ts";
 import { leasedRequestId } from "../../../contracts/lease-ids.ts";
 import { mintApiKey, newKeyId } from "../../../functions/accounts/keys.ts";
 import { postBatch, readBatch } from "../../origin/batch-client.ts";
@@ -155,6 +156,11 @@ describe("KeyAccount leases", () => {
     });
     expect(handedOver).toMatchObject({ settled: false, reason: "reconciling" });
     expect(await recordOf(stub, requestId)).toMatchObject({ state: "expired", outcome: "error" });
+    // Its origins are first asked a second later, not at its lease's end nor the retry's.
+    const alarmAt = await runInDurableObject(stub, (_i: KeyAccount, state) =>
+      state.storage.getAlarm(),
+    );
+    expect(alarmAt).toBeLessThanOrEqual(Date.now() + RECONCILE_FIRST_ASK_MS);
     // Every origin answers, none remembers it: nothing was generated, and it is not left expired.
     await runDurableObjectAlarm(stub);
     const record = await recordOf(stub, requestId);
