@@ -14,6 +14,8 @@ export interface GivenUp {
   region: string;
   origin: OriginConfig;
   itemId: string;
+  /** Its call could not reach the origin (no answer, no timeout): it is likely gone. */
+  unreachable?: true;
 }
 
 /** How a request ended: the origin protocol's outcomes, seen from the client. */
@@ -31,8 +33,8 @@ export interface SettledRequest {
    */
   usage: ItemUsage | null;
   /**
-   * No END came and its origin could not say yet what it generated (the item would not end
-   * there): its key's account asks the origins again later.
+   * No END came and its origins could not say yet what it generated (an item would not end,
+   * or an origin that took it did not answer): its key's account asks the origins again.
    */
   usageUnknown?: boolean;
   /** Region and origin that served it, or null when none did. */

@@ -54,9 +54,11 @@ export function billed(generated: Generated): Pick<SettledRequest, "usage" | "us
 /**
  * What request `requestId`'s items `itemIds` generated on `origins`, by their outcome
  * records; an item still running is cancelled there first. Nothing when every origin
- * answered and none remembers it; unknown while an item would not end, or while an origin
- * that may remember it did not answer (a slow origin still holds its record): then the
- * key's account asks again, and the request's slot is not held meanwhile.
+ * answered and none remembers it, or when `gone` (none could be reached by its attempt
+ * either: an origin down took its record with it, and an outage costs its client nothing);
+ * unknown while an item would not end, or while an origin that may remember it did not
+ * answer (a slow origin still holds its record): then the key's account asks again, and
+ * the request's slot is not held meanwhile.
  */
 export async function generatedBy(
   origins: readonly OriginConfig[],
@@ -64,6 +66,7 @@ export async function generatedBy(
   itemIds: readonly string[],
   secrets: object,
   options: SettledOutcomeOptions = ORIGIN_ASK,
+  gone = false,
 ): Promise<Generated> {
   if (origins.length === 0 || itemIds.length === 0) return NOTHING;
   const { found, complete } = await settledOutcome(origins, requestId, itemIds, secrets, options);
@@ -72,7 +75,7 @@ export async function generatedBy(
     return { known: true, usage, outcome, origin, ...(ttftMs !== undefined && { ttftMs }) };
   }
   if (found.kind === "unknown") {
-    if (complete) return NOTHING;
+    if (complete || gone) return NOTHING;
     logWarn("origin did not answer for its outcome", { request_id: requestId });
     return { known: false };
   }
@@ -118,7 +121,8 @@ async function givenUpGenerated(
 ): Promise<{ generated: Generated; region: string | null }> {
   const origins = [...new Set(gaveUp.map((attempt) => attempt.origin))];
   const itemIds = gaveUp.map((attempt) => attempt.itemId);
-  const generated = await generatedBy(origins, requestId, itemIds, secrets);
+  const gone = gaveUp.every((attempt) => attempt.unreachable === true);
+  const generated = await generatedBy(origins, requestId, itemIds, secrets, ORIGIN_ASK, gone);
   const origin = generated.known ? generated.origin : null;
   const region = gaveUp.find((attempt) => attempt.origin.id === origin)?.region ?? null;
   return { generated, region };

@@ -69,7 +69,8 @@ async function settledRecord(key: string, id: string): Promise<RequestRecord> {
       headers: { authorization: `Bearer ${key}` },
     });
     const record = (await res.json()) as RequestRecord;
-    // A request whose client left is `expired` until its bill is known: not settled yet.
+    // A request whose client left, or whose origin was slow to say what it generated, is
+    // `expired` until its bill is known (its account asks the origins again): not settled yet.
     if (record.status === "settled" && record.id === id) return record;
     await new Promise((resolve) => setTimeout(resolve, 20));
   }

@@ -55,9 +55,10 @@ async function get<T>(key: string, path: string): Promise<T> {
 
 /** The request's record once settled (settling runs after the response, off its path). */
 async function settledRecord(key: string, id: string): Promise<RequestRecord> {
-  for (let i = 0; i < 300; i++) {
+  for (let i = 0; i < 1_000; i++) {
     const record = await get<RequestRecord>(key, `/v1/usage/requests/${id}`);
-    // A request whose client left is `expired` until its bill is known: not settled yet.
+    // A request whose client left, or whose origin was slow to say what it generated, is
+    // `expired` until its bill is known (its account asks the origins again): not settled yet.
     if (record.status === "settled" && record.id === id) return record;
     await new Promise((resolve) => setTimeout(resolve, 20));
   }

@@ -130,6 +130,28 @@ describe("asking an origin what an attempt generated", () => {
     expect(await generatedBy(origins, id, [id], env, ask)).toEqual({ known: false });
   });
 
+  it("knows nothing was generated when the origin could not be reached for the attempt either", async () => {
+    // Down for the call and for the lookup: it took its record with it, and an outage
+    // costs its client nothing (docs/key-account.md).
+    const id = `req_${crypto.randomUUID().replaceAll("-", "")}`;
+    const gone = { id: "gone", url: "http://127.0.0.1:1" };
+    const record = {
+      requestId: id,
+      model: "warmgate-sim-8b",
+      usage: null,
+      outcome: "error" as const,
+      origin: null,
+      region: null,
+      status: 502,
+      originBegan: false,
+    };
+    const unreachable = [{ region: "eu", origin: gone, itemId: id, unreachable: true as const }];
+    expect(await unservedUsage(record, unreachable, env)).toEqual(record);
+    // One that took the call (it timed out) may hold a record it is slow to tell.
+    const hung = [{ region: "eu", origin: gone, itemId: id }];
+    expect(await unservedUsage(record, hung, env)).toMatchObject({ usageUnknown: true });
+  });
+
   it("bills a served attempt's known usage when an attempt given up on cannot be asked", async () => {
     const id = `req_${crypto.randomUUID().replaceAll("-", "")}`;
     const gone = { id: "gone", url: "http://127.0.0.1:1" };
