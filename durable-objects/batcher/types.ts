@@ -110,6 +110,8 @@ export const BatcherFailureTrailerSchema = ItemTrailerSchema.extend({
   error: z.object({ message: z.string(), type: z.string(), code: BatcherFailureCodeSchema }),
   /** The origin that failed it, when one did. */
   origin: z.string().optional(),
+  /** The call could not reach that origin at all (its connection failed, not given up on). */
+  unreachable: z.literal(true).optional(),
   /** For `queue_timeout`: the lane's status to answer (429 or 503) and when to retry. */
   status: z.literal([429, 503]).optional(),
   retry_after_ms: z.number().optional(),

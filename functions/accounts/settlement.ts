@@ -14,7 +14,7 @@ export interface GivenUp {
   region: string;
   origin: OriginConfig;
   itemId: string;
-  /** Its call could not reach the origin (no answer, no timeout): it is likely gone. */
+  /** Its call could not reach the origin at all (the connection failed, not given up on). */
   unreachable?: true;
 }
 

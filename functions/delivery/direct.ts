@@ -48,6 +48,11 @@ export type ItemAttempt = (
        * before it was given up on (at `originId`, or at an origin of its region not named).
        */
       mayHaveRun?: boolean;
+      /**
+       * Its call could not reach the origin at all (the connection failed, not given up
+       * on): an origin silent when asked later is down, its records with it.
+       */
+      unreachable?: true;
     }
 ) & {
   /** The upstream (a Batcher) already told the breakers how the attempt went. */

@@ -269,10 +269,10 @@ class Failover {
     if (attempt.reported === true) options.onUpstreamFailure?.(candidate.region);
     // Refused or unreachable, an origin ran nothing; it may have, once it took the call
     // (an origin not named, only when its opener says so), or its call was lost on the way.
-    const unavailable = attempt.failure === "unavailable";
-    if ((attempt.originId !== null && !unavailable) || attempt.mayHaveRun === true) {
-      const unreachable = unavailable && !attempt.soft && !attempt.clientGone;
+    const named = attempt.originId !== null && attempt.failure !== "unavailable";
+    if (named || attempt.mayHaveRun === true) {
       const at = givenUpAt(options.candidates, attempt.originId, itemId, candidate.region.id);
+      const { unreachable } = attempt;
       this.#gaveUp.push(...at.map((given) => (unreachable ? { ...given, unreachable } : given)));
     }
     // Its client left: the origin is no worse for it, and no other is tried (`nextAttempt`).

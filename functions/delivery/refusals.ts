@@ -34,20 +34,28 @@ export function failedBeforeHead(trailer: BatcherFailureTrailer): DispatchAttemp
   }
   // Named, the origin was sent the item (and stopped on it when the Batcher gave it up).
   const origin = trailer.origin ?? null;
-  return failed(failureOf(code), message, origin, origin !== null);
+  return failed(failureOf(code), message, origin, origin !== null, trailer.unreachable === true);
 }
 
 /**
  * A failed attempt; `mayHaveRun` when the item may have reached an origin (`originId`, or
- * one of its region's when that is null).
+ * one of its region's when that is null); `unreachable` when its call could not reach it.
  */
 export function failed(
   failure: OriginFailureKind,
   detail: string,
   originId: string | null,
   mayHaveRun = false,
+  unreachable = false,
 ): DispatchAttempt {
-  return { kind: "failed", failure, detail, originId, ...(mayHaveRun && { mayHaveRun }) };
+  return {
+    kind: "failed",
+    failure,
+    detail,
+    originId,
+    ...(mayHaveRun && { mayHaveRun }),
+    ...(unreachable && { unreachable: true as const }),
+  };
 }
 
 const FAILURES: Record<Exclude<BatcherFailureCode, "queue_timeout">, OriginFailureKind> = {

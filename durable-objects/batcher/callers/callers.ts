@@ -139,10 +139,16 @@ export class Callers {
     }
   }
 
-  /** An item that had left the queue failed before its HEAD. */
-  failSent(caller: BatchCaller, code: BatcherFailureCode, detail: string, originId: string): void {
+  /** An item that had left the queue failed before its HEAD (`unreachable`: see the trailer). */
+  failSent(
+    caller: BatchCaller,
+    code: BatcherFailureCode,
+    detail: string,
+    originId: string,
+    unreachable = false,
+  ): void {
     this.#counters.failedBeforeHead += 1;
-    this.fail(caller, code, detail, { origin: originId });
+    this.fail(caller, code, detail, { origin: originId, ...(unreachable && { unreachable }) });
   }
 
   /** Ends a caller with a lone END saying why its item never started. */
@@ -150,7 +156,7 @@ export class Callers {
     caller: BatchCaller,
     code: BatcherFailureCode,
     message: string,
-    extra: Pick<BatcherFailureTrailer, "origin" | "status" | "retry_after_ms"> = {},
+    extra: Pick<BatcherFailureTrailer, "origin" | "status" | "retry_after_ms" | "unreachable"> = {},
   ): void {
     if (caller.stage === "ended") return;
     this.ended(caller);

@@ -36,7 +36,12 @@ export interface CallEvents {
    * The call failed before any frame; `blame` says what it shows of the origin (`slow` when
    * it was silent on a thread that kept time, `busy` when it refused for overload).
    */
-  failed(code: BatcherFailureCode, detail: string, blame: Verdict | "busy" | null): void;
+  failed(
+    code: BatcherFailureCode,
+    detail: string,
+    blame: Verdict | "busy" | null,
+    unreachable?: boolean,
+  ): void;
   /** The answer ended: cleanly (`broken` null) or broken off. */
   ended(broken: string | null): void;
 }
@@ -103,6 +108,8 @@ export async function runCall(
       timedOut ? "origin_timeout" : "origin_unavailable",
       `connect: ${describe(error)}`,
       timedOut ? "slow" : "failed",
+      // Not aborted: the connection itself failed.
+      call.abortReason === null,
     );
     return;
   }

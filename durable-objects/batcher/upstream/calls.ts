@@ -220,7 +220,8 @@ export class Calls {
         counters.readPauses += 1;
         window.update((s) => recordThreadLag(s, lagMs, at));
       },
-      failed: (code, detail, blame) => this.#failed(call, code, detail, blame),
+      failed: (code, detail, blame, unreachable) =>
+        this.#failed(call, code, detail, blame, unreachable),
       ended: (broken) => this.#ended(call, broken),
     };
     const running = runCall(call, upstream, lanes, silenceMs, events, kvEventsAfter);
@@ -233,13 +234,14 @@ export class Calls {
     code: BatcherFailureCode,
     detail: string,
     blame: Verdict | "busy" | null,
+    unreachable = false,
   ): void {
     const now = Date.now();
     logWarn("batch call failed", { batch: call.id, origin: call.originId, detail });
     for (const [index, caller] of call.callers.entries()) {
       this.#closeItem(call, index, now);
       if (caller.stage !== "sent") continue;
-      this.#callers.failSent(caller, code, detail, call.originId);
+      this.#callers.failSent(caller, code, detail, call.originId, unreachable);
     }
     // One call is one observation, however many items it carried.
     if (blame === "busy") this.#window.health.busy(call.originId, now, {});

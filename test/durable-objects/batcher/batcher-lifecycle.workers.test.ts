@@ -236,10 +236,12 @@ describe("origin failures", () => {
     };
     const first = await readItem(stream("f1"));
     expect(first.head).toBeNull();
+    // Its call could not reach the origin at all: one silent when asked later is down.
     expect(first.trailer).toMatchObject({
       outcome: "error",
       origin: "dead",
       error: { code: "origin_unavailable" },
+      unreachable: true,
     });
     const second = await readItem(stream("f2"));
     expect(second.head).toMatchObject({ status: 200, origin: "batch-2" });
