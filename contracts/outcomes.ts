@@ -144,7 +144,7 @@ export async function lookupOutcomes(
   query: OutcomeQuery,
   secrets: object,
   timeoutMs = OUTCOME_LOOKUP_TIMEOUT_MS,
-): Promise<{ items: FoundItem[]; complete: boolean }> {
+): Promise<{ items: FoundItem[]; complete: boolean; silent: Set<string> }> {
   const ids = [...query.ids];
   const prefixes = [...(query.prefixes ?? [])];
   if (ids.length > MAX_OUTCOME_IDS) throw new Error(`at most ${MAX_OUTCOME_IDS} ids a lookup`);
@@ -169,12 +169,12 @@ export async function lookupOutcomes(
     }),
   );
   const items: FoundItem[] = [];
-  let complete = true;
-  for (const answer of answers) {
-    if (answer === null) complete = false;
+  const silent = new Set<string>();
+  for (const [i, answer] of answers.entries()) {
+    if (answer === null) silent.add(sources[i]?.id ?? "");
     else items.push(...answer);
   }
-  return { items, complete };
+  return { items, complete: silent.size === 0, silent };
 }
 
 /**
@@ -208,7 +208,7 @@ export interface SettledOutcomeOptions {
  * `itemIds` only (all of the request's when null). An item that still runs is cancelled on
  * its origin and asked for again (at most `tries` lookups). `complete` is false when the
  * answer may still change: an item ran at the last try, or an origin did not answer and
- * none remembers the request.
+ * none finished the request there (a silent origin may hold an attempt that outranks it).
  */
 export async function settledOutcome(
   sources: readonly OutcomeSource[],
@@ -232,7 +232,7 @@ export async function settledOutcome(
     );
     const mine = itemIds === null ? items : items.filter((item) => itemIds.includes(item.id));
     const found = reconcile([requestId], mine).get(requestId) ?? { kind: "unknown" };
-    if (found.kind === "ended") return { found, complete: true };
+    if (found.kind === "ended") return { found, complete: complete || found.outcome === "ok" };
     // An origin that does not answer now is not waited for: the request's settlement is.
     if (found.kind === "unknown") return { found, complete };
     last = { found, complete: false };

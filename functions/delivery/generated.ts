@@ -70,16 +70,16 @@ export async function generatedBy(
 ): Promise<Generated> {
   if (origins.length === 0 || itemIds.length === 0) return NOTHING;
   const { found, complete } = await settledOutcome(origins, requestId, itemIds, secrets, options);
-  if (found.kind === "ended") {
+  // A silent origin may hold an attempt that outranks what the others remember, unless one
+  // finished (`complete` then) or it is `gone`.
+  const settled = complete || gone;
+  if (found.kind === "ended" && settled) {
     const { usage, outcome, origin, ttftMs } = found;
     return { known: true, usage, outcome, origin, ...(ttftMs !== undefined && { ttftMs }) };
   }
-  if (found.kind === "unknown") {
-    if (complete || gone) return NOTHING;
-    logWarn("origin did not answer for its outcome", { request_id: requestId });
-    return { known: false };
-  }
-  logWarn("origin item would not end", { request_id: requestId });
+  if (found.kind === "unknown" && settled) return NOTHING;
+  const why = found.kind === "running" ? "origin item would not end" : "origin did not answer";
+  logWarn(why, { request_id: requestId });
   return { known: false };
 }
 
@@ -103,10 +103,10 @@ export async function servedOrGivenUp(
 ): Promise<ServedBill> {
   if (own.outcome === "ok" || own.usageUnknown === true || gaveUp.length === 0) return own;
   const { generated: other, region } = await givenUpGenerated(requestId, gaveUp, secrets);
-  // What an attempt given up on generated is not known yet: when this one generated
-  // nothing known either, nor is the bill (the key's account asks the origins about every
-  // attempt later, by the same rule); a known usage is billed as it is.
-  if (!other.known) return own.usage === null ? { ...own, usageUnknown: true } : own;
+  // What an attempt given up on generated is not known yet, so neither is the bill: one
+  // that outranks this one may be held by a slow origin (the key's account asks the origins
+  // about every attempt later, by the same rule).
+  if (!other.known) return { ...own, usageUnknown: true };
   if (other.usage === null || other.outcome === null) return own;
   const mine: AttemptEnd = { outcome: own.outcome ?? "error", usage: own.usage };
   if (!outranks({ outcome: other.outcome, usage: other.usage }, mine)) return own;

@@ -152,20 +152,23 @@ describe("asking an origin what an attempt generated", () => {
     expect(await unservedUsage(record, hung, env)).toMatchObject({ usageUnknown: true });
   });
 
-  it("bills a served attempt's known usage when an attempt given up on cannot be asked", async () => {
+  it("leaves the bill to the key's account when an attempt given up on cannot be asked", async () => {
     const id = `req_${crypto.randomUUID().replaceAll("-", "")}`;
-    const gone = { id: "gone", url: "http://127.0.0.1:1" };
-    const gaveUp = [{ region: "eu", origin: gone, itemId: id }];
+    const silent = { id: "gone", url: "http://127.0.0.1:1" };
+    const gaveUp = [{ region: "eu", origin: silent, itemId: id }];
     const served = { region: "eu", origin: "meter-slow-1" };
     const usage = { prompt_tokens: 20, completion_tokens: 3, total_tokens: 23, cached_tokens: 0 };
+    // The silent origin may hold an attempt that outranks this cut one (it finished there).
     const cut = { ...served, usage, outcome: "error" as const };
-    expect(await servedOrGivenUp(cut, id, gaveUp, env)).toEqual(cut);
-    // Nothing of its own known: what the silent origin holds may be the bill.
+    expect(await servedOrGivenUp(cut, id, gaveUp, env)).toEqual({ ...cut, usageUnknown: true });
     const refused = { ...served, usage: null, outcome: "error" as const };
     expect(await servedOrGivenUp(refused, id, gaveUp, env)).toEqual({
       ...refused,
       usageUnknown: true,
     });
+    // One its call could not reach is down, with its records: the cut attempt is the bill.
+    const unreachable = [{ ...gaveUp[0]!, unreachable: true as const }];
+    expect(await servedOrGivenUp(cut, id, unreachable, env)).toEqual(cut);
   });
 });
 
