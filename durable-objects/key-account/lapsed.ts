@@ -11,7 +11,7 @@ import {
   MAX_OUTCOME_PREFIXES,
   requestIdOf,
 } from "../../contracts/protocol/schema.ts";
-import { outcomeSources } from "./reconcile.ts";
+import { answeredFor, outcomeSources } from "./reconcile.ts";
 import { settle } from "./settle.ts";
 import type { AccountStore } from "./store.ts";
 import type { SettleOutcome } from "./types.ts";
@@ -36,12 +36,14 @@ export async function reconcileLapsed(
   if (requestIds.length === 0 && leaseIds.length === 0) return;
   const sources = outcomeSources(configText);
   const query = { ids: requestIds, prefixes: leaseIds.map(leaseIdPrefix) };
-  const { items, complete } = await lookupOutcomes(sources, query, secrets);
+  const { items, complete, silent } = await lookupOutcomes(sources, query, secrets);
   for (const [requestId, found] of reconcile(requestIds, items)) {
     // An origin that did not answer may hold an attempt that outranks what the others
     // remember, unless one finished: asked again while the window lasts.
     const finished = found.kind === "ended" && found.outcome === "ok";
-    const settled = found.kind !== "running" && (complete || finished);
+    const settled =
+      found.kind !== "running" &&
+      (answeredFor(store.ledger.committed(requestId)?.attempts ?? [], silent) || finished);
     if (!settled && !last.has(requestId)) continue;
     store.ledger.resolve(requestId);
     settleFound(store, requestId, found.kind === "ended" ? found : null);

@@ -6,6 +6,7 @@
  */
 import { ConfigError, type ResolvedConfig, loadConfig } from "../../contracts/config/gateway.ts";
 import type { OutcomeSource } from "../../contracts/outcomes.ts";
+import type { RequestAttempt } from "./types.ts";
 
 /**
  * The origins of a `WARMGATE_CONFIG` document, resolved as the edge resolves it, each URL
@@ -30,4 +31,17 @@ export function outcomeSources(configText: string | undefined): OutcomeSource[] 
     }
   }
   return [...sources.values()];
+}
+
+/**
+ * Whether every origin that may hold one of a request's `attempts` answered (`silent`: the
+ * ids of those that did not): the ones its edge named, or all when it named none or not
+ * all (a lapsed request's edge told none; a Batcher's failure may name no origin).
+ */
+export function answeredFor(
+  attempts: readonly RequestAttempt[],
+  silent: ReadonlySet<string>,
+): boolean {
+  if (attempts.length === 0) return silent.size === 0;
+  return attempts.every((a) => (a.origin === null ? silent.size === 0 : !silent.has(a.origin)));
 }

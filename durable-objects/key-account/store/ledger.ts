@@ -173,7 +173,8 @@ export class LedgerStore {
 
   /**
    * Up to `maxIds` lapsed requests and `maxLeases` ended leases to ask about: the requests
-   * past the window first, asked this last time (`last`) and dropped; leases past it dropped.
+   * past the window first, asked this last time (`last`) and dropped (those over `maxIds`
+   * at a later ask); leases past it dropped.
    */
   lapsedToAsk(
     now: number,
@@ -182,9 +183,9 @@ export class LedgerStore {
   ): { requestIds: string[]; leaseIds: string[]; last: Set<string> } {
     const last = new Set<string>();
     for (const [id, lapsedAt] of this.#lapsed) {
-      if (lapsedAt + RECONCILE_WINDOW_MS > now) continue;
+      if (lapsedAt + RECONCILE_WINDOW_MS > now || last.size >= maxIds) continue;
       this.#lapsed.delete(id);
-      if (last.size < maxIds) last.add(id);
+      last.add(id);
     }
     for (const [id, lapsedAt] of this.#lapsedLeases) {
       if (lapsedAt + RECONCILE_WINDOW_MS <= now) this.#lapsedLeases.delete(id);

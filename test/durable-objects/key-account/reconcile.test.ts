@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { outcomeSources } from "../../../durable-objects/key-account/reconcile.ts";
+import { answeredFor, outcomeSources } from "../../../durable-objects/key-account/reconcile.ts";
 
 const config = {
   models: [{ id: "m", max_model_len: 1024 }],
@@ -29,5 +29,18 @@ describe("where a key's account asks how lapsed requests ended", () => {
     expect(outcomeSources(undefined)).toEqual([]);
     expect(outcomeSources("{")).toEqual([]);
     expect(outcomeSources(JSON.stringify({ ...config, default_region: "mars" }))).toEqual([]);
+  });
+
+  it("waits for the origins a request's attempts ran on, or all of them when it cannot tell", () => {
+    const silent = new Set(["us-1"]);
+    const served = { region: "eu", origin: "eu-1", result: "served" as const };
+    const failed = { region: "us", origin: "us-1", result: "failed" as const };
+    // An origin it never touched, down for good, does not hold its bill for ten minutes.
+    expect(answeredFor([served], silent)).toBe(true);
+    expect(answeredFor([failed, served], silent)).toBe(false);
+    // A lapsed request's edge told no attempt; a Batcher's failure may name no origin.
+    expect(answeredFor([], silent)).toBe(false);
+    expect(answeredFor([{ ...failed, origin: null }, served], silent)).toBe(false);
+    expect(answeredFor([], new Set())).toBe(true);
   });
 });
