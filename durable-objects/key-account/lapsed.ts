@@ -11,7 +11,7 @@ import {
   MAX_OUTCOME_PREFIXES,
   requestIdOf,
 } from "../../contracts/protocol/schema.ts";
-import { answeredFor, outcomeSources } from "./reconcile.ts";
+import { answeredFor, originBook } from "./reconcile.ts";
 import { settle } from "./settle.ts";
 import type { AccountStore } from "./store.ts";
 import type { SettleOutcome } from "./types.ts";
@@ -34,16 +34,18 @@ export async function reconcileLapsed(
     MAX_OUTCOME_PREFIXES,
   );
   if (requestIds.length === 0 && leaseIds.length === 0) return;
-  const sources = outcomeSources(configText);
+  const book = originBook(configText);
   const query = { ids: requestIds, prefixes: leaseIds.map(leaseIdPrefix) };
-  const { items, complete, silent } = await lookupOutcomes(sources, query, secrets);
+  const { items, complete, silent } = await lookupOutcomes(book.sources, query, secrets);
+  const silentUrls = new Set(book.sources.filter((s) => silent.has(s.id)).map((s) => s.url));
   for (const [requestId, found] of reconcile(requestIds, items)) {
     // An origin that did not answer may hold an attempt that outranks what the others
     // remember, unless one finished: asked again while the window lasts.
     const finished = found.kind === "ended" && found.outcome === "ok";
     const settled =
       found.kind !== "running" &&
-      (answeredFor(store.ledger.committed(requestId)?.attempts ?? [], silent) || finished);
+      (answeredFor(store.ledger.committed(requestId)?.attempts ?? [], silentUrls, book) ||
+        finished);
     if (!settled && !last.has(requestId)) continue;
     store.ledger.resolve(requestId);
     settleFound(store, requestId, found.kind === "ended" ? found : null);
