@@ -137,7 +137,8 @@ export interface OutcomeQuery {
 
 /**
  * Asks every origin about the requests `query` names; `complete` is false when an origin
- * did not answer (then a request none of the others remembers may yet be found there).
+ * did not answer (then a request none of the others remembers may yet be found there), and
+ * `silent` holds the URLs of those that did not.
  */
 export async function lookupOutcomes(
   sources: readonly OutcomeSource[],
@@ -171,7 +172,7 @@ export async function lookupOutcomes(
   const items: FoundItem[] = [];
   const silent = new Set<string>();
   for (const [i, answer] of answers.entries()) {
-    if (answer === null) silent.add(sources[i]?.id ?? "");
+    if (answer === null) silent.add(sources[i]?.url ?? "");
     else items.push(...answer);
   }
   return { items, complete: silent.size === 0, silent };

@@ -13,6 +13,7 @@ import {
 } from "../../contracts/protocol/schema.ts";
 import { answeredFor, originBook } from "./reconcile.ts";
 import { settle } from "./settle.ts";
+import type { LedgerEntry } from "./schema.ts";
 import type { AccountStore } from "./store.ts";
 import type { SettleOutcome } from "./types.ts";
 
@@ -37,18 +38,16 @@ export async function reconcileLapsed(
   const book = originBook(configText);
   const query = { ids: requestIds, prefixes: leaseIds.map(leaseIdPrefix) };
   const { items, complete, silent } = await lookupOutcomes(book.sources, query, secrets);
-  const silentUrls = new Set(book.sources.filter((s) => silent.has(s.id)).map((s) => s.url));
   for (const [requestId, found] of reconcile(requestIds, items)) {
+    const row = store.ledger.committed(requestId);
     // An origin that did not answer may hold an attempt that outranks what the others
     // remember, unless one finished: asked again while the window lasts.
     const finished = found.kind === "ended" && found.outcome === "ok";
     const settled =
-      found.kind !== "running" &&
-      (answeredFor(store.ledger.committed(requestId)?.attempts ?? [], silentUrls, book) ||
-        finished);
+      found.kind !== "running" && (answeredFor(row?.attempts ?? [], silent, book) || finished);
     if (!settled && !last.has(requestId)) continue;
     store.ledger.resolve(requestId);
-    settleFound(store, requestId, found.kind === "ended" ? found : null);
+    settleFound(store, requestId, found.kind === "ended" ? found : null, row);
   }
   for (const leaseId of leaseIds) {
     const lease = store.leases.get(leaseId);
@@ -71,22 +70,24 @@ export async function reconcileLapsed(
     let running = false;
     for (const [requestId, found] of reconcile([...unsettled], items)) {
       if (found.kind === "running") running = true;
-      else if (found.kind === "ended") settleFound(store, requestId, found);
+      else if (found.kind === "ended") settleFound(store, requestId, found, null);
     }
     if (!running && complete) store.ledger.resolveLease(leaseId);
   }
 }
 
-// Settles a request from how its origin saw it end (`found`; null: no origin remembers it).
-// A request its edge settled without usage ended for its client as its row says; any other
-// lapsed with its edge, which never confirmed delivery: an answer the origin finished
-// counts as cut, and one no origin remembers stays expired at no cost.
+// Settles a request from how its origin saw it end (`found`; null: no origin remembers it)
+// and its ledger row (`row`; null: none). A request its edge settled without usage ended for
+// its client as its row says; any other lapsed with its edge, which never confirmed
+// delivery: an answer the origin finished counts as cut, and one no origin remembers stays
+// expired at no cost.
 function settleFound(
   store: AccountStore,
   requestId: string,
   found: Extract<Reconciled, { kind: "ended" }> | null,
+  row: LedgerEntry | null,
 ): void {
-  const told = store.ledger.committed(requestId)?.outcome ?? "expired";
+  const told = row?.outcome ?? "expired";
   let outcome: SettleOutcome;
   if (told !== "expired") outcome = told;
   else if (found === null) return;
