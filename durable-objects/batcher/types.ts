@@ -211,7 +211,10 @@ export interface BatcherCounters {
   /** Placed in a lane to wait for a flush. */
   queued: number;
   refusedQueueFull: number;
-  /** Refused or failed before queueing for another reason. */
+  /**
+   * Refused for another reason: at admission, or queued when its region's origins all went
+   * behind their breakers.
+   */
   refusedOther: number;
   queueTimeouts: number;
   cancelledWaiting: number;

@@ -46,16 +46,21 @@ export type AttemptOverrides = Partial<Omit<BatcherAttempt, "body">> & {
   body?: Record<string, unknown>;
 };
 
-/** A fresh batcher (its own name and counters) over the given origins. */
+/**
+ * A fresh batcher (its own name and counters) over the given origins; with `breakers`, its
+ * origins' breakers are on, in a region of its own.
+ */
 export function batcher(
   window: Partial<WindowConfigInput> = {},
   ids: string[] = ["batch-1"],
   clientBacklogBytes = DEFAULT_BATCHING.clientBacklogBytes,
+  { breakers = false }: { breakers?: boolean } = {},
 ) {
+  const version = `test-${crypto.randomUUID().slice(0, 8)}`;
   const setup: BatcherSetup = {
-    version: `test-${crypto.randomUUID().slice(0, 8)}`,
-    region: "test",
-    breakers: { enabled: false, settings: DEFAULT_BREAKER_SETTINGS },
+    version,
+    region: breakers ? `test-${version}` : "test",
+    breakers: { enabled: breakers, settings: DEFAULT_BREAKER_SETTINGS },
     routing: null,
     window: windowConfig({ ...window, origins: ids.map((id) => ({ id })) }),
     origins: ids.map((id) => ({ id, url: urlOf(id) })),

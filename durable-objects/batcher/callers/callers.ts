@@ -131,6 +131,15 @@ export class Callers {
         if (caller === undefined) return;
         this.fail(caller, "prompt_too_large", "The prompt exceeds every origin's KV cache.");
         return;
+      case "no-origin":
+        this.#counters.refusedOther += 1;
+        if (caller === undefined) return;
+        this.fail(
+          caller,
+          "no_healthy_origin",
+          "No origin of this region may take the request now.",
+        );
+        return;
       case "overdue":
         // A `wait` lane keeps it queued; the caller's own deadline still applies at the edge.
         return;

@@ -5,14 +5,12 @@
  */
 import { chooseLeastLoaded } from "./origin-choice.ts";
 import type { OriginCandidate, OriginChooser } from "./origin-choice.ts";
-import type { LaneConfig } from "../../../contracts/config/batching.ts";
+import { estimateRetryAfterMs, kvCapacityBound, leaveLanes } from "./leaving.ts";
 import {
   type Batch,
   type EnqueueDecision,
   type FlushReason,
-  MIN_RETRY_AFTER_MS,
   type QueuedRequest,
-  type TickNotice,
   type TickResult,
   type OriginFilter,
   type WindowOptions,
@@ -20,11 +18,9 @@ import {
   type WindowState,
 } from "./types.ts";
 import {
-  assertNever,
   assertRequest,
   assertTime,
   bump,
-  decayed,
   draft,
   isKnownId,
   laneAt,
@@ -114,59 +110,17 @@ export function enqueue(
 }
 
 /**
- * Applies queue timeouts, then flushes every batch that is due and fits an origin.
- * Call it at `nextWakeAt`, after a `queued` decision that is due, and after any event
- * that frees capacity (`onItemDone`, `onOriginLoad`, an origin coming back).
+ * Takes out what leaves the lanes otherwise (timeouts, too large, no usable origin: see
+ * `leaveLanes`), then flushes every batch that is due and fits an origin. Call it at
+ * `nextWakeAt`, after a `queued` decision that is due, and after any event that frees
+ * capacity or changes which origins are usable (`onItemDone`, `onOriginLoad`, a breaker).
  */
 export function tick(state: WindowState, now: number, options: WindowOptions = {}): TickResult {
   assertTime(now, "now");
   const next = draft(state);
-  const notices: TickNotice[] = [];
-
-  for (const [lane, queue] of next.lanes.entries()) {
-    const laneConfig = laneAt(next.config, lane);
-    const kept: QueuedRequest[] = [];
-    for (const item of queue) {
-      if (item.overdue || item.deadline > now) {
-        kept.push(item);
-        continue;
-      }
-      switch (laneConfig.onTimeout) {
-        case "reject": {
-          const retryAfterMs = estimateRetryAfterMs(next, queue.length, laneConfig, now);
-          notices.push({ kind: "timed-out", item, retryAfterMs });
-          break;
-        }
-        case "wait": {
-          const overdue = { ...item, overdue: true };
-          kept.push(overdue);
-          notices.push({ kind: "overdue", item: { ...overdue } });
-          break;
-        }
-        default:
-          assertNever(laneConfig.onTimeout);
-      }
-    }
-    next.lanes[lane] = kept;
-  }
-
-  const capacityTokens = kvCapacityBound(next);
-  if (capacityTokens !== null) {
-    for (const [lane, queue] of next.lanes.entries()) {
-      next.lanes[lane] = queue.filter((item) => {
-        if (item.promptTokens <= capacityTokens) return true;
-        notices.push({ kind: "too-large", item, capacityTokens });
-        return false;
-      });
-    }
-  }
-
-  const batches = flushDue(
-    next,
-    now,
-    options.chooseOrigin ?? chooseLeastLoaded,
-    options.usable ?? EVERY_ORIGIN,
-  );
+  const usable = options.usable ?? EVERY_ORIGIN;
+  const notices = leaveLanes(next, now, usable);
+  const batches = flushDue(next, now, options.chooseOrigin ?? chooseLeastLoaded, usable);
   return { state: next, batches, notices, nextWakeAt: nextWakeAt(next, now) };
 }
 
@@ -213,8 +167,8 @@ function flushDue(
     const reason = dueReason(state, now);
     if (reason === null) return batches;
     const candidates = roomyCandidates(state, now, usable);
-    // The head is the first request some healthy origin may take: one that avoids every
-    // healthy origin waits for another to come back without holding up the rest.
+    // The head is the first request some origin with room may take: one that avoids every
+    // such origin waits for room elsewhere without holding up the rest.
     const batchOpen = batchLaneOpen(state, now);
     const head = firstPlaceable(state, candidates, batchOpen);
     if (head === null) return batches;
@@ -359,28 +313,6 @@ export function nextWakeAt(state: WindowState, now: number): number | null {
     if (!batchLaneOpen(state, now)) consider(now + state.config.rateWindowMs);
   }
   return wake;
-}
-
-/** Largest prompt any origin could ever hold, once every origin has reported; else null. */
-function kvCapacityBound(state: WindowState): number | null {
-  let bound = 0;
-  for (const origin of state.origins) {
-    if (origin.report === null || origin.report.kvTotalTokens === 0) return null;
-    bound = Math.max(bound, origin.report.kvTotalTokens);
-  }
-  return bound;
-}
-
-function estimateRetryAfterMs(
-  state: WindowState,
-  ahead: number,
-  lane: LaneConfig,
-  now: number,
-): number {
-  const drainedPerMs =
-    decayed(state.dispatches, state.config.rateWindowMs, now) / state.config.rateWindowMs;
-  const drainMs = drainedPerMs > 0 ? Math.ceil(ahead / drainedPerMs) : lane.queueTimeoutMs;
-  return Math.max(MIN_RETRY_AFTER_MS, Math.min(drainMs, lane.queueTimeoutMs));
 }
 
 function firstPlaceable(

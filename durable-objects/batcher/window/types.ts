@@ -176,7 +176,9 @@ export type TickNotice =
   /** Past its deadline in a `wait` lane: still queued; reported once. */
   | { kind: "overdue"; item: QueuedRequest }
   /** Removed: an origin report showed no origin can ever hold its prompt. */
-  | { kind: "too-large"; item: QueuedRequest; capacityTokens: number };
+  | { kind: "too-large"; item: QueuedRequest; capacityTokens: number }
+  /** Removed: every origin it may go to is unusable (behind its breaker); another region's may serve it. */
+  | { kind: "no-origin"; item: QueuedRequest };
 
 /** What the shell does after a `tick`. */
 export interface TickResult {

@@ -1,7 +1,9 @@
+import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import {
   batcher,
   occupy,
+  openedFrames,
   readItem,
   release,
   untilHead,
@@ -63,5 +65,42 @@ describe("backpressure", () => {
     await release(b, "busy-2", second);
     expect((await readItem(third)).trailer).toMatchObject({ outcome: "ok" });
     expect((await readItem(held)).trailer).toMatchObject({ outcome: "ok" });
+  });
+
+  it("refuses what waits in its lanes at once when its region's last origin goes behind its breaker", async () => {
+    const b = batcher({ maxOriginQueue: 1 }, NARROW, undefined, { breakers: true });
+    const { first, second } = await fill(b);
+    const third = b.stream("third");
+    await waitFor(async () => (await b.stub.snapshot()).inFlight["batch-narrow"] === 3);
+    const held = b.open("held");
+    await waitFor(async () => (await b.stub.snapshot()).queued === 1);
+
+    const region = {
+      id: b.setup.region,
+      origins: b.setup.origins,
+      settings: b.setup.breakers.settings,
+    };
+    await env.ORIGIN_BREAKERS.getByName(region.id).force(region, "batch-narrow", "open");
+    // The Batcher's copy of the breakers is refreshed at the next admission once it is a
+    // second old (`refreshMs`): that request is queued on the old copy, then both are refused.
+    await new Promise((resolve) => setTimeout(resolve, 1_100));
+    const late = b.open("late");
+    const startedAt = Date.now();
+    for (const { opening, ending } of [held, late]) {
+      const item = await readItem(openedFrames(opening, ending));
+      expect(item.head).toBeNull();
+      expect(item.trailer).toMatchObject({ error: { code: "no_healthy_origin" } });
+      expect(item.trailer).not.toHaveProperty("origin");
+    }
+    // Well before the breaker's cooldown (5 s) or the lane's timeout (30 s).
+    expect(Date.now() - startedAt).toBeLessThan(4_000);
+    const snapshot = await b.stub.snapshot();
+    expect(snapshot.queued).toBe(0);
+    expect(snapshot.counters.refusedOther).toBe(2);
+
+    await release(b, "busy-1", first);
+    await release(b, "busy-2", second);
+    await release(b, "third", third);
+    await env.ORIGIN_BREAKERS.getByName(region.id).force(region, "batch-narrow", "closed");
   });
 });

@@ -14,6 +14,11 @@ import {
   expectQueued,
 } from "../../../support/window-state.ts";
 
+/** Origin a's engine runs its 8 slots and queues 2 more, all the Batcher may send it. */
+function fullOrigin(input: Parameters<typeof stateWith>[0] = {}) {
+  return load(stateWith({ maxOriginQueue: 2, ...input }), "a", { running: 8, waiting: 2 });
+}
+
 describe("origins to avoid", () => {
   it("sends a retry only where it may go, at once, even to the busier origin", () => {
     let state = stateWith({ origins: [{ id: "a" }, { id: "b" }] });
@@ -32,19 +37,47 @@ describe("origins to avoid", () => {
     expect(batches.map((b) => [b.originId, ids(b)])).toEqual([["a", ["r1", "r2"]]]);
   });
 
-  it("passes over a request that avoids the only healthy origin without holding up the rest", () => {
-    let state = stateWith({ origins: [{ id: "a" }, { id: "b" }] });
-    const bDown = without("b");
-    state = load(state, "a", { running: 8, waiting: 2 });
-    state = add(state, request("r1", { avoidOrigins: ["a"] }), 0, bDown).state;
-    state = add(state, request("r2"), 0, bDown).state;
-    state = add(state, request("r3"), 0, bDown).state;
-    const first = tick(state, 10, bDown);
+  it("passes over a request that avoids the only origin with room without holding up the rest", () => {
+    let state = fullOrigin({ origins: [{ id: "a" }, { id: "b" }] });
+    state = load(state, "b", { running: 8, waiting: 2 });
+    state = add(state, request("r1", { avoidOrigins: ["a"] }), 0).state;
+    state = add(state, request("r2"), 0).state;
+    state = add(state, request("r3"), 0).state;
+    // a has room again; b, which r1 may still go to, is full.
+    state = load(state, "a", { running: 0 });
+    const first = tick(state, 10);
     expect(first.batches.map((b) => [b.originId, ids(b)])).toEqual([["a", ["r2", "r3"]]]);
+    expect(first.notices).toEqual([]);
     expect(queuedCount(first.state)).toBe(1);
-    // b's breaker closes: the next tick sends what waited for it.
-    const back = tick(first.state, 100);
-    expect(back.batches.map((b) => [b.originId, ids(b)])).toEqual([["b", ["r1"]]]);
+    const roomy = tick(load(first.state, "b", { running: 0 }), 100);
+    expect(roomy.batches.map((b) => [b.originId, ids(b)])).toEqual([["b", ["r1"]]]);
+  });
+
+  it("refuses a queued request once every origin it may go to is unusable, and sends the rest", () => {
+    let state = fullOrigin({ origins: [{ id: "a" }, { id: "b" }] });
+    state = load(state, "b", { running: 8, waiting: 2 });
+    state = add(state, request("r1", { avoidOrigins: ["a"] }), 0).state;
+    state = add(state, request("r2"), 0).state;
+    state = load(state, "a", { running: 0 });
+    // b's breaker opened: r1 has no origin left, r2 still has a.
+    const result = tick(state, 10, without("b"));
+    expect(result.notices.map((n) => [n.kind, n.item.id])).toEqual([["no-origin", "r1"]]);
+    expect(result.batches.map((b) => [b.originId, ids(b)])).toEqual([["a", ["r2"]]]);
+    expect(queuedCount(result.state)).toBe(0);
+  });
+
+  it("refuses every queued request, in every lane, when no origin is usable", () => {
+    let state = fullOrigin({ lanes: [{}, { onTimeout: "wait" }] });
+    state = add(state, request("x", { lane: 0 }), 0).state;
+    state = add(state, request("y", { lane: 1 }), 0).state;
+    const result = tick(state, 10, without("a"));
+    expect(result.notices.map((n) => [n.kind, n.item.id])).toEqual([
+      ["no-origin", "x"],
+      ["no-origin", "y"],
+    ]);
+    expect(result.batches).toEqual([]);
+    expect(result.nextWakeAt).toBeNull();
+    expect(queuedCount(result.state)).toBe(0);
   });
 });
 
@@ -68,35 +101,35 @@ describe("lanes", () => {
   });
 
   it("rejects a timed-out request in a reject lane and keeps one in a wait lane", () => {
-    let state = stateWith({
+    let state = fullOrigin({
       lanes: [
         { queueTimeoutMs: 100, onTimeout: "reject" },
         { queueTimeoutMs: 100, onTimeout: "wait" },
       ],
     });
-    const aDown = without("a");
-    state = add(state, request("x", { lane: 0 }), 0, aDown).state;
-    state = add(state, request("y", { lane: 1 }), 0, aDown).state;
-    const blocked = tick(state, 10, aDown);
+    state = add(state, request("x", { lane: 0 }), 0).state;
+    state = add(state, request("y", { lane: 1 }), 0).state;
+    const blocked = tick(state, 10);
     expect(blocked.batches).toEqual([]);
     expect(blocked.nextWakeAt).toBe(100);
 
-    const timeout = tick(blocked.state, 100, aDown);
+    const timeout = tick(blocked.state, 100);
     expect(timeout.notices.map((n) => [n.kind, n.item.id])).toEqual([
       ["timed-out", "x"],
       ["overdue", "y"],
     ]);
-    // Nothing to wake for: the origin's return is an event that ticks the window.
-    expect(timeout.nextWakeAt).toBeNull();
-    expect(tick(timeout.state, 500, aDown).notices).toEqual([]);
+    // Nothing to wake for but the full origin's report growing too old to trust; the
+    // report that frees room is an event that ticks the window anyway.
+    expect(timeout.nextWakeAt).toBe(timeout.state.config.loadReportTtlMs);
+    expect(tick(timeout.state, 500).notices).toEqual([]);
 
-    const back = tick(timeout.state, 1000);
+    const back = tick(load(timeout.state, "a", { running: 0 }, 1000), 1000);
     expect(back.batches.map(ids)).toEqual([["y"]]);
   });
 
   it("lets a caller's own deadline end the wait before the lane's timeout", () => {
-    const state = add(stateWith(), request("x", { deadline: 50 }), 0, without("a")).state;
-    expect(tick(state, 50, without("a")).notices.map((n) => n.kind)).toEqual(["timed-out"]);
+    const state = add(fullOrigin(), request("x", { deadline: 50 }), 0).state;
+    expect(tick(state, 50).notices.map((n) => n.kind)).toEqual(["timed-out"]);
   });
 
   it("times out a request whose deadline has already passed instead of sending it", () => {

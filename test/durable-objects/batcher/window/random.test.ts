@@ -160,6 +160,7 @@ describe("no request is lost or duplicated", () => {
             switch (notice.kind) {
               case "timed-out":
               case "too-large":
+              case "no-origin":
                 settle(notice.item.id, notice.kind);
                 break;
               case "overdue":
