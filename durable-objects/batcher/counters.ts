@@ -12,6 +12,7 @@ export function newCounters(): BatcherCounters {
     refusedQueueFull: 0,
     refusedOther: 0,
     queueTimeouts: 0,
+    queuedNoOrigin: 0,
     cancelledWaiting: 0,
     cancelledRunning: 0,
     failedBeforeHead: 0,

@@ -211,12 +211,11 @@ export interface BatcherCounters {
   /** Placed in a lane to wait for a flush. */
   queued: number;
   refusedQueueFull: number;
-  /**
-   * Refused for another reason: at admission, or queued when its region's origins all went
-   * behind their breakers.
-   */
+  /** Refused or failed before queueing for another reason. */
   refusedOther: number;
   queueTimeouts: number;
+  /** Queued, then refused: every origin it may go to went behind its breaker. */
+  queuedNoOrigin: number;
   cancelledWaiting: number;
   cancelledRunning: number;
   /** Items that failed after leaving the queue, before their origin's HEAD. */

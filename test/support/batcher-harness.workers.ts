@@ -11,7 +11,7 @@ import {
   type BatcherOpenResult,
   type BatcherAttempt,
 } from "../../durable-objects/batcher/types.ts";
-import { DEFAULT_BREAKER_SETTINGS } from "../../contracts/config/breakers.ts";
+import { type BreakerSettings, DEFAULT_BREAKER_SETTINGS } from "../../contracts/config/breakers.ts";
 import type { BatcherSetup } from "../../contracts/config/plans.ts";
 import { DEFAULT_BATCHING, type WindowConfigInput, windowConfig } from "./window-config.ts";
 import type { FrameReader } from "../../contracts/upstream.ts";
@@ -48,19 +48,22 @@ export type AttemptOverrides = Partial<Omit<BatcherAttempt, "body">> & {
 
 /**
  * A fresh batcher (its own name and counters) over the given origins; with `breakers`, its
- * origins' breakers are on, in a region of its own.
+ * origins' breakers are on under those settings, in a region of its own.
  */
 export function batcher(
   window: Partial<WindowConfigInput> = {},
   ids: string[] = ["batch-1"],
   clientBacklogBytes = DEFAULT_BATCHING.clientBacklogBytes,
-  { breakers = false }: { breakers?: boolean } = {},
+  { breakers }: { breakers?: BreakerSettings } = {},
 ) {
   const version = `test-${crypto.randomUUID().slice(0, 8)}`;
   const setup: BatcherSetup = {
     version,
-    region: breakers ? `test-${version}` : "test",
-    breakers: { enabled: breakers, settings: DEFAULT_BREAKER_SETTINGS },
+    region: breakers === undefined ? "test" : `test-${version}`,
+    breakers: {
+      enabled: breakers !== undefined,
+      settings: breakers ?? DEFAULT_BREAKER_SETTINGS,
+    },
     routing: null,
     window: windowConfig({ ...window, origins: ids.map((id) => ({ id })) }),
     origins: ids.map((id) => ({ id, url: urlOf(id) })),

@@ -132,7 +132,7 @@ export class Callers {
         this.fail(caller, "prompt_too_large", "The prompt exceeds every origin's KV cache.");
         return;
       case "no-origin":
-        this.#counters.refusedOther += 1;
+        this.#counters.queuedNoOrigin += 1;
         if (caller === undefined) return;
         this.fail(
           caller,

@@ -5,6 +5,7 @@
  * Each failure and answer is reported to the origins' health.
  */
 import type { BreakerView, Verdict } from "../../../contracts/breaker.ts";
+import { DEFAULT_BREAKER_CACHE } from "../../../contracts/breaker-cache.ts";
 import { logWarn } from "../../../contracts/log.ts";
 import { onTimeClock } from "../../../contracts/on-time.ts";
 import { watchFirstByte, watchIdleEngine } from "../../../contracts/origin-health.ts";
@@ -29,6 +30,9 @@ import { type CallEvents, runCall } from "./call.ts";
 import type { OriginCredentials } from "./credentials.ts";
 import { type FrameTargets, deliverHeld, demultiplex } from "./demux.ts";
 import type { ItemStopper } from "./stop.ts";
+
+/** How often the copy of the breakers is looked at while requests wait: its refresh age. */
+const BREAKER_WATCH_MS = DEFAULT_BREAKER_CACHE.refreshMs;
 
 /** The cursor of a router that has seen none of an origin's block events. */
 const FIRST_EVENT = { log: "", seq: 0 } as const;
@@ -91,13 +95,23 @@ export class Calls {
     return this.#open.has(id);
   }
 
-  /** Sends what is due, ends what left its lane otherwise, and sets the timer for the next. */
+  /**
+   * Sends what is due, ends what left its lane otherwise, and sets the timer for the next.
+   * While anything waits, the copy of the breakers is kept as fresh as a busy one (a
+   * breaker opened elsewhere leaves what waits for its origin with none: its change ticks
+   * the window, which refuses them), so the timer comes at least that often.
+   */
   flush(now: number): void {
+    const setup = this.#window.setup;
+    const watching = setup?.breakers.enabled === true;
+    if (setup !== null && watching && this.#window.queued() > 0) this.#breakers.sync(setup, now);
     const result = this.#window.tick(now);
     if (result === null) return;
     for (const notice of result.notices) this.#callers.leftLane(notice);
     for (const batch of result.batches) this.send(batch, now);
-    if (result.nextWakeAt !== null) this.schedule(result.nextWakeAt);
+    const watch = watching && this.#window.queued() > 0 ? now + BREAKER_WATCH_MS : Infinity;
+    const wake = Math.min(result.nextWakeAt ?? Infinity, watch);
+    if (wake !== Infinity) this.schedule(wake);
   }
 
   /** Flushes when anything waits: room was freed. */

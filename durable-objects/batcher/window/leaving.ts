@@ -13,50 +13,46 @@ import {
   type WindowState,
 } from "./types.ts";
 
-/** Takes out of `state`'s lanes (in place) every request that leaves them now, with why. */
+/**
+ * Takes out of the lanes of `state`, a draft (see `tick`), every request that leaves them
+ * now, with why: past its deadline (a `reject` lane; a `wait` lane keeps it, overdue), too
+ * large for every origin, or with no usable origin left to it. The last is refused as
+ * admission would refuse it now, so that its caller tries another region at once instead
+ * of waiting out a breaker's cooldown, or its lane's timeout, in the lane.
+ */
 export function leaveLanes(state: WindowState, now: number, usable: OriginFilter): TickNotice[] {
   const notices: TickNotice[] = [];
+  const capacityTokens = kvCapacityBound(state);
+  const up = state.origins.map((o) => o.id).filter((id) => usable(id));
   for (const [lane, queue] of state.lanes.entries()) {
     const laneConfig = laneAt(state.config, lane);
     const kept: QueuedRequest[] = [];
-    for (const item of queue) {
-      if (item.overdue || item.deadline > now) {
-        kept.push(item);
-        continue;
+    for (const queued of queue) {
+      let item = queued;
+      if (!item.overdue && item.deadline <= now) {
+        switch (laneConfig.onTimeout) {
+          case "reject": {
+            const retryAfterMs = estimateRetryAfterMs(state, queue.length, laneConfig, now);
+            notices.push({ kind: "timed-out", item, retryAfterMs });
+            continue;
+          }
+          case "wait":
+            item = { ...item, overdue: true };
+            notices.push({ kind: "overdue", item: { ...item } });
+            break;
+          default:
+            assertNever(laneConfig.onTimeout);
+        }
       }
-      switch (laneConfig.onTimeout) {
-        case "reject": {
-          const retryAfterMs = estimateRetryAfterMs(state, queue.length, laneConfig, now);
-          notices.push({ kind: "timed-out", item, retryAfterMs });
-          break;
-        }
-        case "wait": {
-          const overdue = { ...item, overdue: true };
-          kept.push(overdue);
-          notices.push({ kind: "overdue", item: { ...overdue } });
-          break;
-        }
-        default:
-          assertNever(laneConfig.onTimeout);
+      if (capacityTokens !== null && item.promptTokens > capacityTokens) {
+        notices.push({ kind: "too-large", item, capacityTokens });
+      } else if (!up.some((id) => item.avoidOrigins?.includes(id) !== true)) {
+        notices.push({ kind: "no-origin", item });
+      } else {
+        kept.push(item);
       }
     }
     state.lanes[lane] = kept;
-  }
-
-  const capacityTokens = kvCapacityBound(state);
-  // Refused as admission would refuse it now, so that its caller tries another region at
-  // once rather than waiting out a breaker's cooldown, or its lane's timeout, in the lane.
-  const up = state.origins.map((o) => o.id).filter((id) => usable(id));
-  for (const [lane, queue] of state.lanes.entries()) {
-    state.lanes[lane] = queue.filter((item) => {
-      if (capacityTokens !== null && item.promptTokens > capacityTokens) {
-        notices.push({ kind: "too-large", item, capacityTokens });
-        return false;
-      }
-      if (up.some((id) => item.avoidOrigins?.includes(id) !== true)) return true;
-      notices.push({ kind: "no-origin", item });
-      return false;
-    });
   }
   return notices;
 }
