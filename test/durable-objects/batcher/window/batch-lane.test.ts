@@ -183,3 +183,16 @@ describe("the batch lane while the Batcher's thread lags", () => {
     expect(batchLaneOpen(state, 1000)).toBe(true);
   });
 });
+
+describe("batch lines when no origin is usable", () => {
+  it("refuses waiting lines as it refuses interactive requests: the run sends them again", () => {
+    let state = load(stateWithBatchLane(), "a", { running: 8, waiting: 8, ...CAP });
+    state = queueAll(state, ["line-1", "line-2"], 3);
+    const result = tick(state, 10, { usable: () => false });
+    expect(result.notices.map((n) => [n.kind, n.item.id])).toEqual([
+      ["no-origin", "line-1"],
+      ["no-origin", "line-2"],
+    ]);
+    expect(result.batches).toEqual([]);
+  });
+});

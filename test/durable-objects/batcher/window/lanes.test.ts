@@ -66,6 +66,16 @@ describe("origins to avoid", () => {
     expect(queuedCount(result.state)).toBe(0);
   });
 
+  it("refuses an overdue request of a wait lane once no origin is usable", () => {
+    let state = fullOrigin({ lanes: [{ queueTimeoutMs: 100, onTimeout: "wait" }] });
+    state = add(state, request("x"), 0).state;
+    const overdue = tick(state, 100);
+    expect(overdue.notices.map((n) => [n.kind, n.item.id])).toEqual([["overdue", "x"]]);
+    const down = tick(overdue.state, 200, without("a"));
+    expect(down.notices.map((n) => [n.kind, n.item.id])).toEqual([["no-origin", "x"]]);
+    expect(queuedCount(down.state)).toBe(0);
+  });
+
   it("refuses every queued request, in every lane, when no origin is usable", () => {
     let state = fullOrigin({ lanes: [{}, { onTimeout: "wait" }] });
     state = add(state, request("x", { lane: 0 }), 0).state;
