@@ -39,7 +39,7 @@ import { Orphans } from "./upstream/orphans.ts";
 import { ItemStopper } from "./upstream/stop.ts";
 import { enqueue } from "./window/flush.ts";
 import { assertNever } from "./window/state.ts";
-import { healthyCandidates, recordFirstByteWait } from "./window/terms.ts";
+import { allowedCandidates, healthyCandidates, recordFirstByteWait } from "./window/terms.ts";
 
 /** Micro-batching window, lanes and demultiplexing for one region, model and shard. */
 export class Batcher extends DurableObject<Env> {
@@ -231,7 +231,7 @@ export class Batcher extends DurableObject<Env> {
     this.#counters.submitted += 1;
     const avoid = input.avoidOrigins;
     const usable = this.#window.options.usable;
-    const allowed = healthyCandidates(state, now, usable).filter((c) => !avoid.includes(c.id));
+    const allowed = allowedCandidates(healthyCandidates(state, now, usable), input);
     if (allowed.length === 0) {
       this.#counters.refusedOther += 1;
       return { kind: "failed", code: "no_healthy_origin", detail: "no healthy origin to try" };

@@ -104,7 +104,7 @@ export class Calls {
   flush(now: number): void {
     const setup = this.#window.setup;
     const watching = setup?.breakers.enabled === true;
-    if (setup !== null && watching && this.#window.queued() > 0) this.#breakers.sync(setup, now);
+    if (watching && this.#window.queued() > 0) this.#breakers.sync(setup, now);
     const result = this.#window.tick(now);
     if (result === null) return;
     for (const notice of result.notices) this.#callers.leftLane(notice);

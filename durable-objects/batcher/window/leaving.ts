@@ -5,6 +5,7 @@
  */
 import type { LaneConfig } from "../../../contracts/config/batching.ts";
 import { assertNever, decayed, laneAt } from "./state.ts";
+import { allowedCandidates, healthyCandidates } from "./terms.ts";
 import {
   MIN_RETRY_AFTER_MS,
   type OriginFilter,
@@ -23,7 +24,7 @@ import {
 export function leaveLanes(state: WindowState, now: number, usable: OriginFilter): TickNotice[] {
   const notices: TickNotice[] = [];
   const capacityTokens = kvCapacityBound(state);
-  const up = state.origins.map((o) => o.id).filter((id) => usable(id));
+  const up = healthyCandidates(state, now, usable);
   for (const [lane, queue] of state.lanes.entries()) {
     const laneConfig = laneAt(state.config, lane);
     const kept: QueuedRequest[] = [];
@@ -46,7 +47,7 @@ export function leaveLanes(state: WindowState, now: number, usable: OriginFilter
       }
       if (capacityTokens !== null && item.promptTokens > capacityTokens) {
         notices.push({ kind: "too-large", item, capacityTokens });
-      } else if (!up.some((id) => item.avoidOrigins?.includes(id) !== true)) {
+      } else if (allowedCandidates(up, item).length === 0) {
         notices.push({ kind: "no-origin", item });
       } else {
         kept.push(item);

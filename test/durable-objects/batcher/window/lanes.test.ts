@@ -16,7 +16,7 @@ import {
 
 /** Origin a's engine runs its 8 slots and queues 2 more, all the Batcher may send it. */
 function fullOrigin(input: Parameters<typeof stateWith>[0] = {}) {
-  return load(stateWith({ maxOriginQueue: 2, ...input }), "a", { running: 8, waiting: 2 });
+  return saturated({ maxOriginQueue: 2, ...input });
 }
 
 describe("origins to avoid", () => {
