@@ -2,8 +2,9 @@
  * OriginBreakers: the circuit breakers of one region's origins (docs/failover.md,
  * "Breakers"), one object per region so that every edge isolate and every Batcher shard
  * sees the same state. Reporters send outcomes in bulk and get every breaker of the region
- * back; the alarm half-opens breakers whose cooldown ended and probes their origins until
- * they close or open again. The region (origins, settings) and every state change are kept
+ * back; an origin that just failed is checked for being reachable at all (a dead one opens
+ * at once); the alarm half-opens breakers whose cooldown ended and probes their origins
+ * until they close or open again. The region (origins, settings) and every state change are kept
  * in SQLite, so a restarted object picks its probes up again with no traffic at all.
  */
 import { logWarn } from "../../contracts/log.ts";
@@ -13,21 +14,24 @@ import { type BreakerSettings, DEFAULT_BREAKER_SETTINGS } from "../../contracts/
 import { applyMigrations } from "../migrations.ts";
 import {
   type Breaker,
+  failedLast,
   force,
   newBreaker,
   probed,
   record,
   ejectionRoom,
   tick,
+  unreachable,
   viewOf,
 } from "./breaker.ts";
-import { probeOrigin } from "./probe.ts";
+import { probeOrigin, reachable } from "./probe.ts";
 import {
   type BreakerView,
   type OutcomeReport,
   PROBE_INTERVAL_MS,
   PROBE_TIMEOUT_MS,
   type ProbeTarget,
+  REACH_CHECK_GAP_MS,
 } from "./types.ts";
 
 const MIGRATIONS: readonly string[] = [
@@ -56,6 +60,7 @@ export class OriginBreakers extends DurableObject<Env> {
   #settings: BreakerSettings = { ...DEFAULT_BREAKER_SETTINGS };
   #rows = new Map<string, BreakerRow>();
   #regionText = "";
+  readonly #reachCheckedAt = new Map<string, number>();
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
@@ -73,7 +78,9 @@ export class OriginBreakers extends DurableObject<Env> {
       const before = this.#breakers.get(report.origin);
       if (before === undefined) continue;
       const room = ejectionRoom([...this.#breakers.values()], this.#settings);
-      this.#put(before, record(before, report, now, this.#settings, room), now);
+      const after = record(before, report, now, this.#settings, room);
+      this.#put(before, after, now);
+      if (failedLast(after, report)) this.#checkReach(after.origin, now);
     }
     return this.#views(now);
   }
@@ -113,6 +120,22 @@ export class OriginBreakers extends DurableObject<Env> {
       }),
     );
     await this.#arm(Date.now());
+  }
+
+  // A closed origin just failed: when nothing answers where it should be, its breaker opens
+  // now, not after the failures its reporters' quarantines let through one at a time.
+  #checkReach(origin: string, now: number): void {
+    const target = this.#targets.get(origin);
+    const last = this.#reachCheckedAt.get(origin) ?? Number.NEGATIVE_INFINITY;
+    if (target === undefined || now - last < REACH_CHECK_GAP_MS) return;
+    this.#reachCheckedAt.set(origin, now);
+    const check = reachable(target, PROBE_TIMEOUT_MS).then((ok) => {
+      const current = this.#breakers.get(origin);
+      if (ok || current === undefined) return;
+      const room = ejectionRoom([...this.#breakers.values()], this.#settings);
+      this.#put(current, unreachable(current, Date.now(), this.#settings, room), Date.now());
+    });
+    this.ctx.waitUntil(check);
   }
 
   // A fresh instance: the region and breakers as they were kept, the alarm set again.

@@ -3,6 +3,7 @@
  * where the region names a model for it, one real completion of one token through the batch
  * protocol, so that an origin failing part of its requests is seen failing, not only alive.
  * A completion answered busy (429, or 503 with `retry-after`) passes: busy is not sick.
+ * The reach check of a failing closed origin asks only whether anything answers at all.
  */
 import { CredentialRing, credentialValues } from "../../contracts/credentials.ts";
 import { onTimeTimeout } from "../../contracts/on-time.ts";
@@ -31,6 +32,32 @@ export async function probeOrigin(
     return await completes(target, env, abort.signal);
   } catch {
     return false;
+  } finally {
+    timer.stop();
+  }
+}
+
+/**
+ * Cloudflare's own answers for an origin it could not reach (web server down, connection
+ * timed out, origin unreachable): in production, what a refused connection looks like.
+ */
+const UNREACHABLE_STATUSES: ReadonlySet<number> = new Set([521, 522, 523]);
+
+/**
+ * Whether anything answers at `target`'s `/health` (docs/failover.md, "Breakers"):
+ * false only when the connection fails outright (refused, reset, no route), true for any
+ * answer and for no answer within `timeoutMs`: a slow or busy origin is for the counts and
+ * the slow-first-byte rule to judge, never this check.
+ */
+export async function reachable(target: ProbeTarget, timeoutMs: number): Promise<boolean> {
+  const abort = new AbortController();
+  const timer = onTimeTimeout(timeoutMs, () => abort.abort("reach check timed out"));
+  try {
+    const res = await fetch(`${target.url}/health`, { signal: abort.signal });
+    await res.body?.cancel();
+    return !UNREACHABLE_STATUSES.has(res.status);
+  } catch {
+    return abort.signal.aborted;
   } finally {
     timer.stop();
   }

@@ -10,6 +10,12 @@ export const PROBE_TIMEOUT_MS = 2_000;
 /** Gap between the probes of a half-open origin. */
 export const PROBE_INTERVAL_MS = 500;
 
+/**
+ * Least gap between two reach checks of one origin: a failing origin that can be reached
+ * costs its region's object one `/health` call a second at most.
+ */
+export const REACH_CHECK_GAP_MS = 1_000;
+
 /** An origin as its probe reaches it. */
 export interface ProbeTarget {
   id: string;

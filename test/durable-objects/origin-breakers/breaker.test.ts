@@ -6,11 +6,13 @@ import {
 import {
   type Breaker,
   cooldownMs,
+  failedLast,
   force,
   newBreaker,
   probed,
   record,
   tick,
+  unreachable,
   viewOf,
 } from "../../../durable-objects/origin-breakers/breaker.ts";
 
@@ -123,6 +125,36 @@ describe("an open breaker", () => {
 
   it("ignores outcomes reported while open", () => {
     expect(outcomes(opened, [true, true], 1).state).toBe("open");
+  });
+});
+
+const fail = (origin: string) => ({ origin, requests: 1, failures: 1, trailing: 1 });
+
+describe("a reach check", () => {
+  it("is asked for when a closed breaker's latest outcome is a failure, not after a success", () => {
+    const b = newBreaker("eu", "eu-1", 0);
+    expect(failedLast(record(b, fail("eu-1"), 1, S), fail("eu-1"))).toBe(true);
+    const mixed = { origin: "eu-1", requests: 3, failures: 1, trailing: 0 };
+    expect(failedLast(record(b, mixed, 1, S), mixed)).toBe(false);
+    const open = outcomes(b, [false, false, false, false, false], 1);
+    expect(failedLast(open, fail("eu-1"))).toBe(false);
+    expect(failedLast(force(b, "closed", 1), fail("eu-1"))).toBe(true);
+    expect(failedLast({ ...b, forced: true }, fail("eu-1"))).toBe(false);
+  });
+
+  it("opens a breaker whose origin failed and cannot be reached, as a trip", () => {
+    const failed = outcomes(newBreaker("eu", "eu-1", 0), [false], 1);
+    const after = unreachable(failed, 2, S);
+    expect(after).toMatchObject({ state: "open", openedCount: 1, retryAt: 2 + S.cooldownMs });
+    const again = unreachable({ ...failed, openedCount: 2 }, 2, S);
+    expect(again.retryAt).toBe(2 + cooldownMs(3, S));
+  });
+
+  it("leaves it closed once a success came in since, or with no room in its region", () => {
+    const failed = outcomes(newBreaker("eu", "eu-1", 0), [false], 1);
+    expect(unreachable(outcomes(failed, [true], 2), 3, S).state).toBe("closed");
+    expect(unreachable(failed, 3, S, false).state).toBe("closed");
+    expect(unreachable(force(failed, "open", 2), 3, S)).toMatchObject({ forced: true });
   });
 });
 

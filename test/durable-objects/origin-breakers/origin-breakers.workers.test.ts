@@ -3,6 +3,7 @@ import { evictDurableObject, runDurableObjectAlarm, runInDurableObject } from "c
 import { describe, expect, it } from "vitest";
 import type { BreakerRegion } from "../../../contracts/breaker.ts";
 import { DEFAULT_BREAKER_SETTINGS } from "../../../contracts/config/breakers.ts";
+import type { OriginBreakers } from "../../../durable-objects/origin-breakers/index.ts";
 import { originUrl } from "../../support/test-origins.workers.ts";
 
 // us-1 is a healthy shared origin: the probes here only read it.
@@ -86,5 +87,45 @@ describe("the ejection cap", () => {
     await stub.force(region, `a@cap`, "closed");
     const after = await stub.report(region, [failures(`b@cap`)]);
     expect(after.find((v) => v.origin === `b@cap`)?.state).toBe("open");
+  });
+});
+
+// Port 9 (discard) has nothing listening on the test machine: the connection is refused.
+const reachRegion = (tag: string): BreakerRegion => ({
+  id: `reach-${tag}`,
+  origins: [
+    { id: `gone@${tag}`, url: "http://127.0.0.1:9" },
+    { id: `alive@${tag}`, url: originUrl("us-1") },
+  ],
+  settings: { ...DEFAULT_BREAKER_SETTINGS, consecutiveFailures: 5 },
+});
+const oneFailure = (origin: string) => ({ origin, requests: 1, failures: 1, trailing: 1 });
+
+/** The origin's breaker once it leaves closed, or closed after a second. */
+async function stateAfter(stub: DurableObjectStub<OriginBreakers>, r: BreakerRegion, id: string) {
+  let state = "closed";
+  for (let i = 0; i < 40 && state === "closed"; i++) {
+    await pause(25);
+    state = (await stub.views(r)).find((v) => v.origin === id)?.state ?? "missing";
+  }
+  return state;
+}
+
+describe("a reach check of an origin that just failed", () => {
+  it("opens the breaker of one that cannot be reached after its first failure", async () => {
+    const r = reachRegion("gone");
+    const stub = env.ORIGIN_BREAKERS.getByName(r.id);
+    const views = await stub.report(r, [oneFailure(`gone@gone`)]);
+    expect(views.find((v) => v.origin === `gone@gone`)?.state).toBe("closed");
+    expect(await stateAfter(stub, r, `gone@gone`)).toBe("open");
+    const view = (await stub.views(r)).find((v) => v.origin === `gone@gone`);
+    expect(view).toMatchObject({ opened_count: 1, forced: false });
+  });
+
+  it("leaves the breaker of one that answers closed until its failures trip it", async () => {
+    const r = reachRegion("alive");
+    const stub = env.ORIGIN_BREAKERS.getByName(r.id);
+    await stub.report(r, [oneFailure(`alive@alive`)]);
+    expect(await stateAfter(stub, r, `alive@alive`)).toBe("closed");
   });
 });

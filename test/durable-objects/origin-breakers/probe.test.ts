@@ -1,7 +1,7 @@
 // The health probe's verdicts (docs/failover.md, "Probes"): a completion answered busy is
 // an origin alive and full, not a sick one.
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { probeOrigin } from "../../../durable-objects/origin-breakers/probe.ts";
+import { probeOrigin, reachable } from "../../../durable-objects/origin-breakers/probe.ts";
 import {
   BATCH_CONTENT_TYPE,
   FrameType,
@@ -71,5 +71,31 @@ describe("probeOrigin", () => {
       async () => new Response("down", { status: 503, headers: { "retry-after": "1" } }),
     );
     expect(await probeOrigin(target, {}, 1_000)).toBe(false);
+  });
+});
+
+describe("reachable", () => {
+  it("is false only when the connection fails or Cloudflare says the origin is down", async () => {
+    vi.stubGlobal("fetch", async () => {
+      throw new TypeError("connect ECONNREFUSED");
+    });
+    expect(await reachable(target, 1_000)).toBe(false);
+    vi.stubGlobal("fetch", async () => new Response("", { status: 522 }));
+    expect(await reachable(target, 1_000)).toBe(false);
+    for (const status of [200, 500, 503]) {
+      vi.stubGlobal("fetch", async () => new Response("", { status }));
+      expect(await reachable(target, 1_000)).toBe(true);
+    }
+  });
+
+  it("is true for an origin that answers nothing in time: slow is not gone", async () => {
+    vi.stubGlobal(
+      "fetch",
+      (_input: RequestInfo | URL, init?: RequestInit) =>
+        new Promise((_resolve, reject) => {
+          init?.signal?.addEventListener("abort", () => reject(new Error("aborted")));
+        }),
+    );
+    expect(await reachable(target, 50)).toBe(true);
   });
 });
