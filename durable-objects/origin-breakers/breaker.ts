@@ -1,7 +1,7 @@
 /**
  * The circuit breaker of one origin as a pure state machine (docs/failover.md, "Breakers"):
  * closed → open on consecutive failures, a failure ratio over a sliding window, or a failure
- * where a reach check finds nothing listening; open →
+ * where a reach check finds nothing there; open →
  * half-open once its cooldown (doubled each time live traffic trips it, capped) has passed;
  * half-open → closed after enough health probes in a row, or open again on a failed one.
  * Time comes in as `now`; nothing is mutated.
@@ -88,21 +88,26 @@ export function record(
   return open(next, now, cooldownMs(openedCount, s), openedCount);
 }
 
-/**
- * Whether a report leaves a closed breaker (not forced) with its origin's latest outcome a
- * failure: its object then checks whether the origin can be reached at all.
- */
-export function failedLast(b: Breaker, report: OutcomeReport): boolean {
-  return b.state === "closed" && !b.forced && report.trailing > 0;
+/** Whether a breaker is closed (not forced) with failures in a row counted against it. */
+export function failing(b: Breaker): boolean {
+  return b.state === "closed" && !b.forced && b.consecutive > 0;
 }
 
 /**
- * A reach check found nothing listening where a closed breaker's origin just failed: it
- * opens as a trip by live traffic would (the failures are confirmed), unless a success has
- * come in since (no failures in a row left) or its region has no room.
+ * Whether a report leaves a closed breaker (not forced) with its origin's latest outcome a
+ * failure: its object then checks whether the origin is there at all.
+ */
+export function failedLast(b: Breaker, report: OutcomeReport): boolean {
+  return failing(b) && report.trailing > 0;
+}
+
+/**
+ * A reach check found nothing where a closed breaker's origin just failed: it opens as a
+ * trip by live traffic would (the failures are confirmed), unless a success has come in
+ * since (no failures in a row left) or its region has no room.
  */
 export function unreachable(b: Breaker, now: number, s: BreakerSettings, room = true): Breaker {
-  if (b.state !== "closed" || b.forced || b.consecutive === 0 || !room) return b;
+  if (!failing(b) || !room) return b;
   const openedCount = b.openedCount + 1;
   return open(b, now, cooldownMs(openedCount, s), openedCount);
 }

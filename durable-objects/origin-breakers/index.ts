@@ -15,6 +15,7 @@ import { applyMigrations } from "../migrations.ts";
 import {
   type Breaker,
   failedLast,
+  failing,
   force,
   newBreaker,
   probed,
@@ -24,6 +25,7 @@ import {
   unreachable,
   viewOf,
 } from "./breaker.ts";
+import { listening } from "./listening.ts";
 import { probeOrigin, reachable } from "./probe.ts";
 import {
   type BreakerView,
@@ -61,6 +63,7 @@ export class OriginBreakers extends DurableObject<Env> {
   #rows = new Map<string, BreakerRow>();
   #regionText = "";
   readonly #reachCheckedAt = new Map<string, number>();
+  readonly #reachDeferred = new Set<string>();
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
@@ -122,19 +125,33 @@ export class OriginBreakers extends DurableObject<Env> {
     await this.#arm(Date.now());
   }
 
-  // A closed origin just failed: when nothing answers where it should be, its breaker opens
-  // now, not after the failures its reporters' quarantines let through one at a time.
+  // A closed origin just failed: when nothing is there where it should be, its breaker opens
+  // now, not after the failures its reporters' quarantines let through one at a time. One
+  // check a second per origin; a failure within that second has one check run after it.
   #checkReach(origin: string, now: number): void {
+    const wait = (this.#reachCheckedAt.get(origin) ?? -Infinity) + REACH_CHECK_GAP_MS - now;
+    if (wait > 0) {
+      if (this.#reachDeferred.has(origin)) return;
+      this.#reachDeferred.add(origin);
+      const later = new Promise((resolve) => setTimeout(resolve, wait)).then(() => {
+        this.#reachDeferred.delete(origin);
+        const b = this.#breakers.get(origin);
+        if (b !== undefined && failing(b)) this.#checkReach(origin, Date.now());
+      });
+      this.ctx.waitUntil(later);
+      return;
+    }
     const target = this.#targets.get(origin);
-    const last = this.#reachCheckedAt.get(origin) ?? Number.NEGATIVE_INFINITY;
-    if (target === undefined || now - last < REACH_CHECK_GAP_MS) return;
+    if (target === undefined) return;
     this.#reachCheckedAt.set(origin, now);
-    const check = reachable(target, PROBE_TIMEOUT_MS).then((ok) => {
-      const current = this.#breakers.get(origin);
-      if (ok || current === undefined) return;
-      const room = ejectionRoom([...this.#breakers.values()], this.#settings);
-      this.#put(current, unreachable(current, Date.now(), this.#settings, room), Date.now());
-    });
+    const check = reachable(target, PROBE_TIMEOUT_MS, listening)
+      .then((ok) => {
+        const current = this.#breakers.get(origin);
+        if (ok || current === undefined) return;
+        const room = ejectionRoom([...this.#breakers.values()], this.#settings);
+        this.#put(current, unreachable(current, Date.now(), this.#settings, room), Date.now());
+      })
+      .catch((error: unknown) => logWarn("reach check failed", { origin, error: String(error) }));
     this.ctx.waitUntil(check);
   }
 

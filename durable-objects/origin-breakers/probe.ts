@@ -3,7 +3,7 @@
  * where the region names a model for it, one real completion of one token through the batch
  * protocol, so that an origin failing part of its requests is seen failing, not only alive.
  * A completion answered busy (429, or 503 with `retry-after`) passes: busy is not sick.
- * The reach check of a failing closed origin asks only whether anything answers at all.
+ * The reach check of a failing closed origin asks only whether anything is there at all.
  */
 import { CredentialRing, credentialValues } from "../../contracts/credentials.ts";
 import { onTimeTimeout } from "../../contracts/on-time.ts";
@@ -37,27 +37,30 @@ export async function probeOrigin(
   }
 }
 
-/**
- * Cloudflare's own answers for an origin it could not reach (web server down, connection
- * timed out, origin unreachable): in production, what a refused connection looks like.
- */
-const UNREACHABLE_STATUSES: ReadonlySet<number> = new Set([521, 522, 523]);
+/** Asks whether anything accepts a connection at `url` (see `listening.ts`). */
+export type Listening = (url: string, signal: AbortSignal) => Promise<boolean>;
 
 /**
- * Whether anything answers at `target`'s `/health` (docs/failover.md, "Breakers"):
- * false only when the connection fails outright (refused, reset, no route), true for any
- * answer and for no answer within `timeoutMs`: a slow or busy origin is for the counts and
- * the slow-first-byte rule to judge, never this check.
+ * Whether an origin that just failed is there at all (docs/failover.md, "Breakers"): false
+ * only when its `/health` gets no answer because the connection failed (not for want of
+ * time) and nothing accepts a TCP connection where it should be. Any answer, no answer
+ * within `timeoutMs`, and a connection accepted and then closed (an origin over its
+ * connection cap) are true: a slow, busy or full origin is for the counts and the
+ * slow-first-byte rule to judge, never this check.
  */
-export async function reachable(target: ProbeTarget, timeoutMs: number): Promise<boolean> {
+export async function reachable(
+  target: ProbeTarget,
+  timeoutMs: number,
+  isListening: Listening,
+): Promise<boolean> {
   const abort = new AbortController();
   const timer = onTimeTimeout(timeoutMs, () => abort.abort("reach check timed out"));
   try {
-    const res = await fetch(`${target.url}/health`, { signal: abort.signal });
-    await res.body?.cancel();
-    return !UNREACHABLE_STATUSES.has(res.status);
+    const res = await fetch(`${target.url}/health`, { signal: abort.signal, redirect: "manual" });
+    await res.body?.cancel().catch(() => {});
+    return true;
   } catch {
-    return abort.signal.aborted;
+    return abort.signal.aborted || (await isListening(target.url, abort.signal));
   } finally {
     timer.stop();
   }

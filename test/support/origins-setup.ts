@@ -5,8 +5,11 @@
  * Regions: `eu` (two origins) and `us` (one) for ordinary traffic; `faulty` (two origins,
  * reached only through `x-warmgate-region`) for fault injection, so tests that break
  * origins never disturb the others; `slow` (one origin, realistic pace) for cancellation.
- * `garbled-1` is no simulated origin but one that sends malformed frames (`garbled-origin.ts`).
+ * `garbled-1` is no simulated origin but one that sends malformed frames (`garbled-origin.ts`);
+ * `full-1` accepts every connection and closes it at once, as an origin over its cap does.
  */
+import { type Server, createServer } from "node:net";
+import type { AddressInfo } from "node:net";
 import type { TestProject } from "vitest/node";
 import { type RunningOrigin, startOrigin } from "../../origin/server.ts";
 import { createSimEngine } from "../../origin/sim/engine.ts";
@@ -116,6 +119,8 @@ export default async function setup(project: TestProject): Promise<() => Promise
   // Its tests address it directly, in configs of their own.
   const garbled = await startGarbledOrigin("garbled-1");
   origins.push({ id: "garbled-1", region: "garbled", url: garbled.url });
+  const full = await startFullOrigin();
+  origins.push({ id: "full-1", region: "full", url: full.url });
   const receiver = await startAlertReceiver();
   project.provide("alertReceiver", receiver.url);
   project.provide("testOrigins", origins);
@@ -123,8 +128,16 @@ export default async function setup(project: TestProject): Promise<() => Promise
   return async () => {
     receiver.server.closeAllConnections();
     await new Promise((resolve) => receiver.server.close(resolve));
+    await new Promise((resolve) => full.server.close(resolve));
     garbled.server.closeAllConnections();
     await new Promise((resolve) => garbled.server.close(resolve));
     await Promise.all(running.map((origin) => origin.close()));
   };
+}
+
+/** Accepts every connection and closes it unanswered, as Node past `maxConnections` does. */
+async function startFullOrigin(): Promise<{ server: Server; url: string }> {
+  const server = createServer((socket) => socket.destroy());
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return { server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` };
 }

@@ -138,7 +138,8 @@ describe("a reach check", () => {
     expect(failedLast(record(b, mixed, 1, S), mixed)).toBe(false);
     const open = outcomes(b, [false, false, false, false, false], 1);
     expect(failedLast(open, fail("eu-1"))).toBe(false);
-    expect(failedLast(force(b, "closed", 1), fail("eu-1"))).toBe(true);
+    const reopened = record(force(open, "closed", 2), fail("eu-1"), 3, S);
+    expect(failedLast(reopened, fail("eu-1"))).toBe(true);
     expect(failedLast({ ...b, forced: true }, fail("eu-1"))).toBe(false);
   });
 

@@ -91,10 +91,12 @@ describe("the ejection cap", () => {
 });
 
 // Port 9 (discard) has nothing listening on the test machine: the connection is refused.
+// full-1 accepts every connection and closes it at once, as an origin over its cap does.
 const reachRegion = (tag: string): BreakerRegion => ({
   id: `reach-${tag}`,
   origins: [
     { id: `gone@${tag}`, url: "http://127.0.0.1:9" },
+    { id: `full@${tag}`, url: originUrl("full-1") },
     { id: `alive@${tag}`, url: originUrl("us-1") },
   ],
   settings: { ...DEFAULT_BREAKER_SETTINGS, consecutiveFailures: 5 },
@@ -122,10 +124,28 @@ describe("a reach check of an origin that just failed", () => {
     expect(view).toMatchObject({ opened_count: 1, forced: false });
   });
 
-  it("leaves the breaker of one that answers closed until its failures trip it", async () => {
-    const r = reachRegion("alive");
+  it("leaves closed the breaker of one that accepts connections, even one it drops", async () => {
+    const r = reachRegion("full");
     const stub = env.ORIGIN_BREAKERS.getByName(r.id);
-    await stub.report(r, [oneFailure(`alive@alive`)]);
-    expect(await stateAfter(stub, r, `alive@alive`)).toBe("closed");
+    await stub.report(r, [oneFailure(`full@full`), oneFailure(`alive@full`)]);
+    const states = await Promise.all([
+      stateAfter(stub, r, `full@full`),
+      stateAfter(stub, r, `alive@full`),
+    ]);
+    expect(states).toEqual(["closed", "closed"]);
+    // The same failures from an origin that is gone open its breaker: the checks did run.
+    await stub.report(r, [oneFailure(`gone@full`)]);
+    expect(await stateAfter(stub, r, `gone@full`)).toBe("open");
+  });
+
+  it("runs once more after a failure within a second of the last check", async () => {
+    const r = reachRegion("again");
+    const stub = env.ORIGIN_BREAKERS.getByName(r.id);
+    // Checked (and found there) at its first failure; it fails again at once: the second
+    // check waits out the gap, then runs. The ejection cap has room for one of three.
+    await stub.report(r, [oneFailure(`alive@again`)]);
+    await stub.report(r, [oneFailure(`gone@again`)]);
+    await stub.report(r, [oneFailure(`gone@again`)]);
+    expect(await stateAfter(stub, r, `gone@again`)).toBe("open");
   });
 });

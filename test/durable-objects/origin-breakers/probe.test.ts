@@ -74,17 +74,27 @@ describe("probeOrigin", () => {
   });
 });
 
+const refused = async () => {
+  throw new TypeError("Network connection lost.");
+};
+const nothingThere = async () => false;
+const somethingThere = async () => true;
+
 describe("reachable", () => {
-  it("is false only when the connection fails or Cloudflare says the origin is down", async () => {
-    vi.stubGlobal("fetch", async () => {
-      throw new TypeError("connect ECONNREFUSED");
-    });
-    expect(await reachable(target, 1_000)).toBe(false);
-    vi.stubGlobal("fetch", async () => new Response("", { status: 522 }));
-    expect(await reachable(target, 1_000)).toBe(false);
-    for (const status of [200, 500, 503]) {
+  it("is false only when /health gets no answer and nothing accepts a connection", async () => {
+    vi.stubGlobal("fetch", refused);
+    expect(await reachable(target, 1_000, nothingThere)).toBe(false);
+  });
+
+  it("is true for an origin that accepts and closes (over its connection cap)", async () => {
+    vi.stubGlobal("fetch", refused);
+    expect(await reachable(target, 1_000, somethingThere)).toBe(true);
+  });
+
+  it("is true for any answer, a 5xx or Cloudflare's 52x included, without asking further", async () => {
+    for (const status of [200, 500, 503, 521, 522]) {
       vi.stubGlobal("fetch", async () => new Response("", { status }));
-      expect(await reachable(target, 1_000)).toBe(true);
+      expect(await reachable(target, 1_000, nothingThere)).toBe(true);
     }
   });
 
@@ -96,6 +106,6 @@ describe("reachable", () => {
           init?.signal?.addEventListener("abort", () => reject(new Error("aborted")));
         }),
     );
-    expect(await reachable(target, 50)).toBe(true);
+    expect(await reachable(target, 50, nothingThere)).toBe(true);
   });
 });
