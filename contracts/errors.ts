@@ -97,6 +97,7 @@ export const ERROR_CODES = {
   invalid_access_token: "the origin's access token is missing or wrong",
   invalid_admin_token: "the origin's admin token is missing or wrong",
   not_found: "the origin has no such route",
+  too_many_connections: "the origin has all the connections it serves open (503, `retry-after`)",
   internal_error: "the origin failed to handle the request",
   // The origin: how an item ended (END's `error.code`, or a synthetic HEAD's body).
   engine_error: "the engine threw",

@@ -39,6 +39,13 @@ export function judgeHead(
   return status >= 500 ? "error" : "ok";
 }
 
+/** Whether a whole call's answer refuses it for overload, by the rule of {@link judgeHead}. */
+export function refusedBusy(response: Response): boolean {
+  const retryAfter = response.headers.get("retry-after");
+  const headers: Record<string, string> = retryAfter === null ? {} : { "retry-after": retryAfter };
+  return judgeHead(response.status, headers) === "busy";
+}
+
 /** How long a busy origin asks to be left alone, ms, from `retry-after-ms` or `retry-after`. */
 export function retryAfterMs(headers: Record<string, string>): number {
   const ms = Number(headerOf(headers, "retry-after-ms"));

@@ -86,7 +86,7 @@ export const USAGE = `usage: npm run origin -- [options]
   --access-token T            bearer token the edge must send on /v1/* (required when
                               --host is not a loopback address)
   --load-interval-ms N        milliseconds between batch load reports (default 250)
-  --max-connections N         most open connections; more are closed at once (default 1024)
+  --max-connections N         most connections served at once; more get 503 (default 1024)
   --headers-timeout-ms N      time a client has to send its request headers (default 10000)
   --request-timeout-ms N      time a client has to send its whole request, body included
                               (default 60000; at least --headers-timeout-ms); answers stream

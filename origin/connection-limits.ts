@@ -1,9 +1,18 @@
 /**
  * The limits an origin's HTTP server keeps (docs/configuration.md, "The origin"): how many
  * connections may be open, and how long a client has to send its request, so a flood of
- * connections or a slow client (slowloris) cannot starve the edge's own calls.
+ * connections or a slow client (slowloris) cannot starve the edge's own calls. An origin at
+ * its cap answers `503` with `retry-after`: busy, not gone (origin/PROTOCOL.md, "Connections").
  */
-import type { ServerOptions } from "node:http";
+import type {
+  IncomingMessage,
+  RequestListener,
+  Server,
+  ServerOptions,
+  ServerResponse,
+} from "node:http";
+import type { Socket } from "node:net";
+import { openAIErrorBody } from "../contracts/errors.ts";
 
 /** Default most open connections. */
 export const DEFAULT_MAX_CONNECTIONS = 1024;
@@ -16,7 +25,10 @@ export const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 65_000;
 
 /** An origin's connection limits; each has a default. */
 export interface ConnectionLimits {
-  /** Most open connections; one more is closed at once (default 1024). */
+  /**
+   * Most connections served at once (default 1024); one more is answered `503` with
+   * `retry-after` and closed, and past four times this many one is closed unanswered.
+   */
   maxConnections?: number;
   /** Milliseconds a client has to send a request's headers (default 10 s). */
   headersTimeoutMs?: number;
@@ -51,4 +63,73 @@ export function timeoutServerOptions(limits: ConnectionLimits): ServerOptions {
     // hold its connection up to 30 s past the timeout.
     connectionsCheckingInterval: Math.max(1, Math.min(1_000, Math.floor(headersTimeout / 4))),
   };
+}
+
+/**
+ * Past this many times the cap a new connection is closed unanswered: a busy answer holds a
+ * connection for a round trip, so the band is wide, and still bounds the file descriptors.
+ */
+export const CLOSE_PAST_CAP_TIMES = 4;
+/** Seconds a client over the cap is asked to wait (`retry-after`). */
+export const BUSY_RETRY_AFTER_S = 1;
+/** Milliseconds a connection over the cap has to send its request before it is closed. */
+export const BUSY_REQUEST_MS = 2_000;
+
+/** Connections turned away: answered busy (`503`), or closed unanswered far past the cap. */
+export interface RefusedConnections {
+  busy: number;
+  closed: number;
+}
+
+/**
+ * Holds `server` to `limit` connections served at once. One over the cap is accepted and its
+ * request answered `503` with `retry-after` and `connection: close`, so a client (the edge)
+ * tells an origin at its cap from one that is gone; past four times the cap, or for a client that
+ * sends nothing for {@link BUSY_REQUEST_MS}, the connection is closed unanswered, so a flood
+ * of connections holds a bounded number of file descriptors. Wrap the server's request
+ * listener with the returned function.
+ */
+export function capConnections(
+  server: Server,
+  limit: number,
+  refused: RefusedConnections,
+): (listener: RequestListener) => RequestListener {
+  let open = 0;
+  const overCap = new WeakSet<Socket>();
+  server.maxConnections = CLOSE_PAST_CAP_TIMES * limit;
+  server.on("drop", () => refused.closed++);
+  server.prependListener("connection", (socket: Socket) => {
+    open++;
+    socket.once("close", () => open--);
+    if (open <= limit) return;
+    overCap.add(socket);
+    socket.setTimeout(BUSY_REQUEST_MS, () => socket.destroy());
+  });
+  return (listener) => (request, response) => {
+    if (!overCap.has(request.socket)) {
+      listener(request, response);
+      return;
+    }
+    refused.busy++;
+    answerBusy(request, response, limit);
+  };
+}
+
+function answerBusy(request: IncomingMessage, response: ServerResponse, limit: number): void {
+  const body = JSON.stringify(
+    openAIErrorBody(
+      `The origin serves ${limit} connections at once and has them all open. Please try again in ${BUSY_RETRY_AFTER_S}s.`,
+      "server_error",
+      "too_many_connections",
+    ),
+  );
+  response.writeHead(503, {
+    "content-type": "application/json",
+    "content-length": Buffer.byteLength(body),
+    "retry-after": String(BUSY_RETRY_AFTER_S),
+    connection: "close",
+  });
+  response.end(body);
+  // The request's body, if any, is not read: the connection closes after the answer.
+  request.resume();
 }

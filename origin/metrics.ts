@@ -6,6 +6,7 @@
 import type { FaultKind } from "./faults.ts";
 import type { GpuReading, GpuSnapshot } from "./gpu.ts";
 import type { ItemOutcome } from "../contracts/protocol/schema.ts";
+import type { RefusedConnections } from "./connection-limits.ts";
 
 /** Why the origin aborted an item. */
 export type AbortReason = "cancel" | "client" | "timeout" | "shutdown";
@@ -25,8 +26,8 @@ export interface OriginCounters {
   /** Background items answered again from a kept answer, not run. */
   replayed: number;
   cancellations: Record<AbortReason, number>;
-  /** Connections closed on arrival because `maxConnections` were open. */
-  connectionsRefused: number;
+  /** Connections turned away because `maxConnections` were open. */
+  connectionsRefused: RefusedConnections;
 }
 
 /** Fresh zeroed counters. */
@@ -40,7 +41,7 @@ export function createOriginCounters(): OriginCounters {
     outcomes: { ok: 0, error: 0, cancelled: 0, timeout: 0 },
     replayed: 0,
     cancellations: { cancel: 0, client: 0, timeout: 0, shutdown: 0 },
-    connectionsRefused: 0,
+    connectionsRefused: { busy: 0, closed: 0 },
   };
 }
 
@@ -167,9 +168,11 @@ export function renderOriginMetrics(input: OriginMetricsInput): string {
   w.family(
     "warmgate_origin_connections_refused_total",
     "counter",
-    "Connections closed on arrival because the most the origin takes were open.",
+    "Connections turned away because the most the origin serves were open: answered 503 (busy) or closed unanswered past four times that many (closed).",
   );
-  w.sample("warmgate_origin_connections_refused_total", counters.connectionsRefused);
+  for (const [how, n] of Object.entries(counters.connectionsRefused)) {
+    w.sample("warmgate_origin_connections_refused_total", n, { how });
+  }
   w.family("warmgate_origin_fault_injections_total", "counter", "Injected faults, by kind.");
   for (const [kind, n] of Object.entries(input.faults)) {
     w.sample("warmgate_origin_fault_injections_total", n, { kind });

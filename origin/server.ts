@@ -3,7 +3,7 @@
  * of one engine, with load reports, Prometheus metrics, GPU readings and faults.
  * See origin/PROTOCOL.md.
  */
-import type { Server } from "node:http";
+import { type RequestListener, type Server, type ServerOptions, createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { createAdaptorServer } from "@hono/node-server";
 import { Hono } from "hono";
@@ -11,6 +11,7 @@ import type { Context } from "hono";
 import {
   type ConnectionLimits,
   DEFAULT_MAX_CONNECTIONS,
+  capConnections,
   connectionLimitsProblem,
   timeoutServerOptions,
 } from "./connection-limits.ts";
@@ -290,16 +291,21 @@ export async function startOrigin(
   const problem = exposureProblem(host, options.accessToken) ?? connectionLimitsProblem(options);
   if (problem !== null) throw new Error(problem);
   const origin = buildOrigin(options);
+  // Past the cap a new connection is answered busy: the edge tries another origin meanwhile
+  // and counts no failure, and the connections already open keep their file descriptors.
+  const cappedServer = ((serverOptions: ServerOptions, listener: RequestListener) => {
+    const created = createServer(serverOptions);
+    const limit = options.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
+    const capped = capConnections(created, limit, origin.counters.connectionsRefused);
+    return created.on("request", capped(listener));
+  }) as typeof createServer;
   const server = createAdaptorServer({
     fetch: origin.app.fetch,
     hostname: host,
     // Keep-alive matters: the edge reuses one connection for batch after batch.
     serverOptions: { keepAlive: true, noDelay: true, ...timeoutServerOptions(options) },
+    createServer: cappedServer,
   }) as Server;
-  // Past the cap Node closes a new connection at once: the edge retries elsewhere, and the
-  // connections already open, the edge's batches among them, keep their file descriptors.
-  server.maxConnections = options.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
-  server.on("drop", () => origin.counters.connectionsRefused++);
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
     server.listen(options.port ?? 0, host, () => {

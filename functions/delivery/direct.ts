@@ -28,7 +28,7 @@ import {
   rawFrameReader,
   silenceWatchdog,
 } from "../../contracts/upstream.ts";
-import { type OpenItem, frameItem } from "./item.ts";
+import { type OpenItem, frameItem, refusedItem } from "./item.ts";
 import { rawItem } from "./raw-item.ts";
 import { type OnTimeTimer, onTimeClock } from "../../contracts/on-time.ts";
 import { watchFirstByte, watchIdleEngine } from "../../contracts/origin-health.ts";
@@ -191,6 +191,13 @@ export async function openItem(
   }
   const problem = batchAnswerProblem(response);
   if (problem !== null || response.body === null) {
+    // A call refused for overload (an origin at its connection cap) says what a busy HEAD says.
+    const refusal = await refusedItem(options.requestId, response);
+    if (refusal !== null) {
+      clock.stop();
+      client?.removeEventListener("abort", clientGone);
+      return { kind: "open", item: refusal, originId: origin.id };
+    }
     await response.body?.cancel().catch(() => {});
     return failed(problem?.failure ?? "bad_answer", problem?.detail ?? "no body");
   }

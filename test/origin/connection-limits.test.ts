@@ -62,8 +62,19 @@ function connect(port: number): Promise<RawClient> {
 
 const HEALTH = "GET /health HTTP/1.1\r\nHost: origin\r\n\r\n";
 
+/** The origin's metrics text, or "" while it turns connections away. */
+async function metricsOf(url: string): Promise<string> {
+  try {
+    const answer = await fetch(`${url}/metrics`);
+    const text = await answer.text();
+    return answer.status === 200 ? text : "";
+  } catch {
+    return "";
+  }
+}
+
 describe("the connection cap", () => {
-  it("closes a connection beyond --max-connections unanswered, and counts it", async () => {
+  it("answers a connection beyond --max-connections 503 with retry-after, closes it, and counts it", async () => {
     const { port, url } = await start({ maxConnections: 2 });
     const held = [await connect(port), await connect(port)];
     for (const client of held) {
@@ -73,22 +84,58 @@ describe("the connection cap", () => {
     const third = await connect(port);
     third.socket.write(HEALTH);
     await eventually(() => third.closed(), "the third connection to be closed");
-    expect(third.received()).toBe("");
+    // Busy, not gone: an HTTP answer the edge tells from a dead origin, as OpenAI's SDKs do.
+    const [head = "", body = ""] = third.received().split("\r\n\r\n");
+    expect(head).toMatch(/^HTTP\/1\.1 503 /);
+    expect(head).toMatch(/^retry-after: 1$/im);
+    expect(head).toMatch(/^connection: close$/im);
+    expect(JSON.parse(body)).toMatchObject({
+      error: { type: "server_error", code: "too_many_connections" },
+    });
 
     // A cap, not a broken server: once a held connection goes, a new one is served.
     held[0]?.socket.destroy();
     let metrics = "";
     await eventuallyAsync(async () => {
-      try {
-        metrics = await (await fetch(`${url}/metrics`)).text();
-        return true;
-      } catch {
-        return false;
-      }
+      metrics = await metricsOf(url);
+      return metrics !== "";
     }, "a free connection slot");
-    // The third connection, and any try above that came before the slot was free.
-    const refused = Number(/^warmgate_origin_connections_refused_total (\d+)$/m.exec(metrics)?.[1]);
-    expect(refused).toBeGreaterThanOrEqual(1);
+    const busy = /^warmgate_origin_connections_refused_total\{how="busy"\} (\d+)$/m.exec(metrics);
+    expect(Number(busy?.[1])).toBeGreaterThanOrEqual(1);
+  });
+
+  it("closes a connection unanswered past four times the cap, and counts it", async () => {
+    const { port, url } = await start({ maxConnections: 1 });
+    // One served, three over the cap (waiting to send their requests): four times the cap.
+    const held = [await connect(port)];
+    held[0]?.socket.write(HEALTH);
+    await eventually(() => held[0]?.received().includes("\r\n\r\n") ?? false, "an answer");
+    for (let i = 0; i < 3; i++) held.push(await connect(port));
+    const fifth = await connect(port);
+    fifth.socket.write(HEALTH);
+    await eventually(() => fifth.closed(), "the fifth connection to be closed");
+    expect(fifth.received()).toBe("");
+
+    for (const client of held) client.socket.destroy();
+    let metrics = "";
+    await eventuallyAsync(async () => {
+      metrics = await metricsOf(url);
+      return metrics !== "";
+    }, "a free connection slot");
+    const closed = /^warmgate_origin_connections_refused_total\{how="closed"\} (\d+)$/m.exec(
+      metrics,
+    );
+    expect(Number(closed?.[1])).toBeGreaterThanOrEqual(1);
+  });
+
+  it("closes a connection over the cap that sends no request", async () => {
+    const { port } = await start({ maxConnections: 1 });
+    const held = await connect(port);
+    held.socket.write(HEALTH);
+    await eventually(() => held.received().includes("\r\n\r\n"), "an answer");
+    const silent = await connect(port);
+    await eventually(() => silent.closed(), "the silent connection to be closed");
+    expect(silent.received()).toBe("");
   });
 });
 

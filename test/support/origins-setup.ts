@@ -6,9 +6,11 @@
  * reached only through `x-warmgate-region`) for fault injection, so tests that break
  * origins never disturb the others; `slow` (one origin, realistic pace) for cancellation.
  * `garbled-1` is no simulated origin but one that sends malformed frames (`garbled-origin.ts`);
- * `full-1` accepts every connection and closes it at once, as an origin over its cap does.
+ * `full-1` accepts every connection and closes it at once, as an origin past four times its cap
+ * does; `capped-1` is a simulated origin whose one connection this setup holds, so it
+ * answers every other `503` with `retry-after`, as an origin at its cap does.
  */
-import { type Server, createServer } from "node:net";
+import { type Server, type Socket, connect, createServer } from "node:net";
 import type { AddressInfo } from "node:net";
 import type { TestProject } from "vitest/node";
 import { type RunningOrigin, startOrigin } from "../../origin/server.ts";
@@ -121,6 +123,9 @@ export default async function setup(project: TestProject): Promise<() => Promise
   origins.push({ id: "garbled-1", region: "garbled", url: garbled.url });
   const full = await startFullOrigin();
   origins.push({ id: "full-1", region: "full", url: full.url });
+  const capped = await startCappedOrigin();
+  running.push(capped.origin);
+  origins.push({ id: "capped-1", region: "capped", url: capped.origin.url });
   const receiver = await startAlertReceiver();
   project.provide("alertReceiver", receiver.url);
   project.provide("testOrigins", origins);
@@ -129,10 +134,35 @@ export default async function setup(project: TestProject): Promise<() => Promise
     receiver.server.closeAllConnections();
     await new Promise((resolve) => receiver.server.close(resolve));
     await new Promise((resolve) => full.server.close(resolve));
+    capped.held.destroy();
     garbled.server.closeAllConnections();
     await new Promise((resolve) => garbled.server.close(resolve));
     await Promise.all(running.map((origin) => origin.close()));
   };
+}
+
+/**
+ * A simulated origin that serves one connection at once, held open here with no request:
+ * every connection the edge opens is over its cap. Its timeouts outlast any test run.
+ */
+async function startCappedOrigin(): Promise<{ origin: RunningOrigin; held: Socket }> {
+  const hour = 3_600_000;
+  const origin = await startOrigin({
+    engine: createSimEngine({ seed: SIM_SEED, timeScale: 0, deterministic: true }),
+    originId: "capped-1",
+    region: "capped",
+    port: 0,
+    maxConnections: 1,
+    headersTimeoutMs: hour,
+    requestTimeoutMs: hour,
+  });
+  const held = connect({ port: origin.port, host: "127.0.0.1" });
+  await new Promise<void>((resolve, reject) => {
+    held.once("connect", resolve);
+    held.once("error", reject);
+  });
+  held.on("error", () => {});
+  return { origin, held };
 }
 
 /** Accepts every connection and closes it unanswered, as Node past `maxConnections` does. */

@@ -19,6 +19,7 @@ import {
 import type { OpenCall } from "../callers/caller.ts";
 import type { BatcherFailureCode } from "../types.ts";
 import type { Verdict } from "../../../contracts/breaker.ts";
+import { refusedBusy } from "../../../contracts/origin-health.ts";
 
 /**
  * Longest stretch a call's reading keeps the Batcher's thread before it gives way to the
@@ -121,7 +122,7 @@ export async function runCall(
       problem?.failure === "unavailable" ? "origin_unavailable" : "origin_error",
       problem?.detail ?? "no body",
       // An origin that refuses a whole call for overload is busy, not sick.
-      response.status === 429 || response.status === 503 ? "busy" : "failed",
+      refusedBusy(response) ? "busy" : "failed",
     );
     return;
   }

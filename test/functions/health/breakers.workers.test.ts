@@ -20,12 +20,13 @@ function configOf(
   batching: boolean,
   breakers: Record<string, unknown> = {},
   firstByteTimeoutMs = 5_000,
+  sickId = "breaker-1",
 ) {
   const origin = (id: string) => ({ id: `${id}@${tag}`, url: originUrl(id) });
   return JSON.stringify({
     models: [{ id: "warmgate-sim-8b", max_model_len: 32768 }],
     regions: [
-      { id: `sick-${tag}`, origins: [origin("breaker-1")] },
+      { id: `sick-${tag}`, origins: [origin(sickId)] },
       { id: `well-${tag}`, origins: [origin("breaker-2")] },
     ],
     default_region: `sick-${tag}`,
@@ -127,6 +128,28 @@ for (const batching of [false, true]) {
         (res) => res.headers.get("x-warmgate-origin") === sick,
       );
       expect(back.headers.get("x-warmgate-origin")).toBe(sick);
+    });
+  });
+}
+
+for (const batching of [false, true]) {
+  const path = batching ? "through the Batcher" : "straight to origins";
+  describe(`an origin at its connection cap, ${path}`, () => {
+    // capped-1 answers every connection 503 with retry-after: busy, not sick.
+    it("is left until its retry-after and never counted sick, however often it is asked", async () => {
+      const tag = `capped-${batching}`;
+      const config = configOf(tag, batching, {}, 5_000, "capped-1");
+      const served: string[] = [];
+      for (let i = 0; i < 8; i++) {
+        const res = await send(config, edgeRequest("/v1/chat/completions", { body: chatBody() }));
+        expect(res.status).toBe(200);
+        served.push(res.headers.get("x-warmgate-origin") ?? "");
+        // Past its retry-after now and then: the edge asks it again.
+        if (i % 3 === 2) await new Promise((resolve) => setTimeout(resolve, 1_100));
+      }
+      expect(new Set(served)).toEqual(new Set([`breaker-2@${tag}`]));
+      const view = await breakerOf(config, `capped-1@${tag}`);
+      expect(view).toMatchObject({ state: "closed", opened_count: 0 });
     });
   });
 }
