@@ -117,7 +117,8 @@ async function watched<T>(
 
 /** One burst and the single requests after it. */
 export interface BurstRun {
-  phase: "healthy" | "frozen";
+  /** Healthy origins, one of them frozen, or healthy origins at their connection cap. */
+  phase: "healthy" | "frozen" | "capped";
   size: number;
   burst: Outcome[];
   burstSeconds: number;
@@ -132,6 +133,7 @@ export async function burst(
   ctx: BurstContext,
   size: number,
   freeze: SpawnedOrigin | null,
+  capped = false,
 ): Promise<BurstRun> {
   ctx.log(`burst: ${size} streams${freeze ? `, ${freeze.originId} frozen` : ""}`);
   const { result, breakers } = await watched(ctx, async () => {
@@ -159,7 +161,7 @@ export async function burst(
     return { outcomes, burstSeconds, after, frozen };
   });
   return {
-    phase: freeze === null ? "healthy" : "frozen",
+    phase: freeze !== null ? "frozen" : capped ? "capped" : "healthy",
     size,
     burst: result.outcomes,
     burstSeconds: result.burstSeconds,

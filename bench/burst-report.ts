@@ -4,6 +4,7 @@
  */
 import { type Outcome, tally } from "./burst-client.ts";
 import type { BurstRun, PoisonRun, RestartRun } from "./burst-phases.ts";
+import type { CappedPhase } from "./burst-capped.ts";
 import { fmt, markdownTable } from "./lib.ts";
 
 /** One target: what was measured against its goal. */
@@ -36,6 +37,7 @@ export function burstTargets(
   poisoned: PoisonRun | null,
   restarted: RestartRun | null,
   probeBudgetMs: (cooldownMs: number) => number,
+  capped: CappedPhase | null = null,
 ): BurstTarget[] {
   const targets: BurstTarget[] = [];
   const healthy = runs.filter((r) => r.phase === "healthy");
@@ -100,6 +102,7 @@ export function burstTargets(
       met: poisoned.ordinary.length > 0 && served === poisoned.ordinary.length,
     });
   }
+  if (capped !== null && capped.runs.length > 0) targets.push(...cappedTargets(capped));
   if (restarted !== null) {
     const budget = restarted.cooldownMs === null ? Number.NaN : probeBudgetMs(restarted.cooldownMs);
     const ms = restarted.fullServiceMs ?? Number.NaN;
@@ -114,6 +117,42 @@ export function burstTargets(
     });
   }
   return targets;
+}
+
+/** The connection-cap phase: bursts past the origins' cap are overload, not an outage. */
+function cappedTargets(capped: CappedPhase): BurstTarget[] {
+  const { busy, closed } = capped.refused;
+  const all = tally(capped.runs.flatMap((r) => [...r.burst, ...r.after]));
+  const neither = all.sent - all.whole - all.refusedWithRetryAfter;
+  const openings = capped.runs.reduce((n, r) => n + r.breakers.openings.total, 0);
+  const label = `origins capped at ${capped.maxConnections}`;
+  return [
+    {
+      target: `${label}: connections the origins answered busy (the bursts reached the cap)`,
+      value: busy,
+      measured: `${busy} (${closed} closed unanswered past four times the cap)`,
+      goal: "> 0",
+      met: busy > 0,
+    },
+    zero(`${label}: breaker openings`, openings),
+    zero(`${label}: streams cut after their first byte`, all.cut),
+    zero(
+      `${label}: requests neither served whole nor refused at once with retry-after`,
+      neither,
+      `${neither} of ${all.sent}`,
+    ),
+    ...capped.runs.map((run) => {
+      const ratio = firstAfterRatio(run, capped.baselineP50);
+      const first = run.after[0];
+      return {
+        target: `${label}, burst of ${run.size}: TTFT of the first single request after it / pre-burst p50`,
+        value: ratio,
+        measured: `${fmt(first?.ttftMs ?? Number.NaN, 1)} / ${fmt(capped.baselineP50, 1)} ms = ${fmt(ratio)}×${first !== undefined && first.kind !== "whole" ? ` (${first.kind})` : ""}`,
+        goal: "<= 2×",
+        met: ratio <= 2,
+      };
+    }),
+  ];
 }
 
 function outcomeCells(outcomes: readonly Outcome[]): string[] {
@@ -158,7 +197,7 @@ export function burstTable(runs: readonly BurstRun[], baselineP50: number): stri
       return [
         r.phase === "frozen"
           ? `${r.frozen?.origin} frozen ${fmt((r.frozen?.ms ?? 0) / 1000, 1)} s`
-          : "healthy",
+          : r.phase,
         String(r.size),
         ...outcomeCells(r.burst),
         opened.length === 0 ? "none" : opened.join(", "),

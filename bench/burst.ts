@@ -1,8 +1,9 @@
 /**
  * `npm run bench:burst` (docs/benchmarks.md, "Burst"): bursts of concurrent streams at the
  * edge with real origin processes (two per region), on healthy origins and with one frozen,
- * each followed by single requests; poison requests among ordinary traffic; and the edge
- * restarted while a breaker cools down. Every request is classified (served whole, refused
+ * each followed by single requests; poison requests among ordinary traffic; the edge
+ * restarted while a breaker cools down; and bursts past the origins' connection cap
+ * (`burst-capped.ts`). Every request is classified (served whole, refused
  * at once, cut after its first byte, no answer); breakers are read around and during each
  * phase. Prints tables, writes bench/results/burst.json with a `targets` list. `--quick`
  * is a smoke run.
@@ -32,6 +33,7 @@ import {
   restart,
   singles,
 } from "./burst-phases.ts";
+import { cappedPhase } from "./burst-capped.ts";
 import { burstTable, burstTargets, errorLines, poisonTable, targetTable } from "./burst-report.ts";
 import { benchCommand, fmt, provenance, resultName, stopOnSignal, writeResult } from "./lib.ts";
 
@@ -50,13 +52,19 @@ const { values: args } = parseArgs({
     "request-timeout-s": { type: "string", default: "120" },
     "freeze-max-s": { type: "string" },
     runtime: { type: "string", default: "workerd" },
+    "capped-bursts": { type: "string" },
+    "max-connections": { type: "string" },
+    "only-capped": { type: "boolean", default: false },
   },
   strict: true,
 });
 const quick = args.quick;
 const list = (raw: string) => raw.split(",").filter(Boolean).map(Number);
-const BURSTS = list(args.bursts ?? (quick ? "50,100" : "250,500,1000,2000"));
-const FROZEN_BURSTS = list(args["frozen-bursts"] ?? (quick ? "100" : BURSTS.join(",")));
+const ONLY_CAPPED = args["only-capped"];
+const BURSTS = ONLY_CAPPED ? [] : list(args.bursts ?? (quick ? "50,100" : "250,500,1000,2000"));
+const FROZEN_BURSTS = ONLY_CAPPED
+  ? []
+  : list(args["frozen-bursts"] ?? (quick ? "100" : BURSTS.join(",")));
 const SERIES_S = Number(args["series-s"] ?? (quick ? 5 : 60));
 const BASELINE = Number(args.baseline ?? (quick ? 10 : 30));
 const POISON = Number(args.poison);
@@ -66,6 +74,8 @@ const COOLDOWN_MS = Number(args["cooldown-ms"]);
 const TIME_SCALE = Number(args["time-scale"]);
 const FREEZE_MAX_S = Number(args["freeze-max-s"] ?? (quick ? 10 : 30));
 const RUNTIME = parseRuntime(args.runtime);
+const CAPPED_BURSTS = list(args["capped-bursts"] ?? (quick ? "40" : "160,200"));
+const MAX_CONNECTIONS = Number(args["max-connections"] ?? (quick ? 8 : 32));
 const BREAKERS = { cooldown_ms: COOLDOWN_MS };
 const log = (line: string) => console.error(line);
 const origin = provenance();
@@ -111,8 +121,16 @@ const settings = {
   baselineRequests: BASELINE,
   poison: { count: POISON, depth: POISON_DEPTH, seconds: POISON_S, clients: POISON_CLIENTS },
   freezeMaxSeconds: FREEZE_MAX_S,
+  capped: { bursts: CAPPED_BURSTS, maxConnections: MAX_CONNECTIONS, batching: false },
 };
 
+const context = {
+  seriesSeconds: SERIES_S,
+  requestTimeoutMs: Number(args["request-timeout-s"]) * 1_000,
+  closeWaitMs: breakerSettings.maxCooldownMs + 10_000,
+  freezeMaxMs: FREEZE_MAX_S * 1_000,
+  log,
+};
 let report;
 try {
   const key = await createKey(stack.edgeUrl, stack.adminToken, {
@@ -120,15 +138,7 @@ try {
     limits: DEV_KEY_LIMITS,
     allow_region_override: true,
   });
-  const ctx: BurstContext = {
-    stack,
-    key,
-    seriesSeconds: SERIES_S,
-    requestTimeoutMs: Number(args["request-timeout-s"]) * 1_000,
-    closeWaitMs: breakerSettings.maxCooldownMs + 10_000,
-    freezeMaxMs: FREEZE_MAX_S * 1_000,
-    log,
-  };
+  const ctx: BurstContext = { ...context, stack, key };
   await singles(ctx, { count: 5 });
   const baseline = await singles(ctx, { count: BASELINE });
   const baselineP50 = tally(baseline).ttftP50;
@@ -138,12 +148,12 @@ try {
   const frozen = spawned().find((o) => o.originId === "eu-1") ?? null;
   for (const size of FROZEN_BURSTS) runs.push(await burst(ctx, size, frozen));
   const poisoned =
-    POISON > 0
+    POISON > 0 && !ONLY_CAPPED
       ? await poison(ctx, { count: POISON, seconds: POISON_S, clients: POISON_CLIENTS })
       : null;
   const target = frozen ?? spawned()[0];
   const restarted =
-    target === undefined
+    target === undefined || ONLY_CAPPED
       ? null
       : await restart(ctx, target, Math.max(60_000, 4 * breakerSettings.maxCooldownMs));
   report = { baseline, baselineP50, runs, poisoned, restarted };
@@ -151,6 +161,18 @@ try {
   await stopAll();
   unregister();
 }
+const capped =
+  CAPPED_BURSTS.length === 0
+    ? null
+    : await cappedPhase({
+        sizes: CAPPED_BURSTS,
+        maxConnections: MAX_CONNECTIONS,
+        baseline: BASELINE,
+        runtime: RUNTIME,
+        timeScale: TIME_SCALE,
+        breakers: BREAKERS,
+        context,
+      });
 
 const { baseline, baselineP50, runs, poisoned, restarted } = report;
 const targets = burstTargets(
@@ -159,6 +181,7 @@ const targets = burstTargets(
   poisoned,
   restarted,
   (cooldownMs) => cooldownMs + 2 * PROBE_INTERVAL_MS,
+  capped,
 );
 const command = benchCommand("bench:burst");
 console.log(`\n## Burst (\`${command}\`)\n`);
@@ -170,7 +193,15 @@ console.log(
     `Pre-burst TTFT p50 ${fmt(baselineP50, 1)} ms over ${tally(baseline).whole} single requests; ` +
     `${SERIES_S} s of single requests after each burst.\n`,
 );
-console.log(burstTable(runs, baselineP50));
+if (runs.length > 0) console.log(burstTable(runs, baselineP50));
+if (capped !== null) {
+  console.log(
+    `\nOrigins capped at ${capped.maxConnections} connections (\`--max-connections\`), batching off ` +
+      `(a connection per request); pre-burst TTFT p50 ${fmt(capped.baselineP50, 1)} ms. The origins ` +
+      `answered ${capped.refused.busy} connections busy (503) and closed ${capped.refused.closed} unanswered.\n`,
+  );
+  console.log(burstTable(capped.runs, capped.baselineP50));
+}
 if (poisoned !== null) {
   console.log(
     `\nPoison: ${POISON} requests with a schema ${POISON_DEPTH} levels deep among ${POISON_S} s of ${POISON_CLIENTS} clients' traffic.\n`,
@@ -208,6 +239,10 @@ const lines = [
         ...errorLines("ordinary among poison", poisoned.ordinary),
       ]),
 ];
+for (const r of capped?.runs ?? []) {
+  lines.push(...errorLines(`capped burst of ${r.size}`, r.burst));
+  lines.push(...errorLines(`capped burst of ${r.size}, singles after`, r.after));
+}
 for (const line of lines) console.log(line);
 const path = await writeResult(resultName("burst", RUNTIME), {
   command,
@@ -233,6 +268,22 @@ const path = await writeResult(resultName("burst", RUNTIME), {
           breakers: poisoned.breakers,
         },
   restart: restarted,
+  capped:
+    capped === null
+      ? null
+      : {
+          maxConnections: capped.maxConnections,
+          baselineP50: capped.baselineP50,
+          refused: capped.refused,
+          runs: capped.runs.map((r) => ({
+            size: r.size,
+            burstSeconds: r.burstSeconds,
+            burst: tally(r.burst),
+            firstSingleAfter: r.after[0] ?? null,
+            singlesAfter: tally(r.after),
+            breakers: r.breakers,
+          })),
+        },
   targets,
 });
 console.error(`wrote ${path}`);

@@ -63,6 +63,8 @@ export interface StackOptions {
   originAdminToken?: string;
   /** Run each origin as its own `node origin/main.ts` process (benchmarks), not in this one. */
   originProcesses?: boolean;
+  /** Every origin's `--max-connections` (default the origin's, 1024). */
+  maxConnections?: number;
   /** How the edge runs (default `wrangler-dev`); see {@link EdgeRuntime}. */
   runtime?: EdgeRuntime;
   /** Serve the edge's V8 inspector on this port (workerd runtime only). */
@@ -298,6 +300,9 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
             accessToken,
             "--admin-token",
             adminToken,
+            ...(options.maxConnections !== undefined
+              ? ["--max-connections", String(options.maxConnections)]
+              : []),
           ]);
           origins.push({ region: region.id, origin });
           if (models.length === 0) models = await fetchModels(origin.url);
@@ -316,6 +321,7 @@ export async function startStack(options: StackOptions = {}): Promise<RunningSta
           ...(options.backgroundReserve !== undefined && {
             backgroundReserveShare: options.backgroundReserve,
           }),
+          ...(options.maxConnections !== undefined && { maxConnections: options.maxConnections }),
         });
         origins.push({ region: region.id, origin });
       }
