@@ -39,11 +39,19 @@ export function judgeHead(
   return status >= 500 ? "error" : "ok";
 }
 
+/** An answer's `retry-after` and `retry-after-ms` headers, those it has. */
+export function retryAfterOf(response: Response): Record<string, string> {
+  const headers: Record<string, string> = {};
+  for (const name of ["retry-after", "retry-after-ms"]) {
+    const value = response.headers.get(name);
+    if (value !== null) headers[name] = value;
+  }
+  return headers;
+}
+
 /** Whether a whole call's answer refuses it for overload, by the rule of {@link judgeHead}. */
 export function refusedBusy(response: Response): boolean {
-  const retryAfter = response.headers.get("retry-after");
-  const headers: Record<string, string> = retryAfter === null ? {} : { "retry-after": retryAfter };
-  return judgeHead(response.status, headers) === "busy";
+  return judgeHead(response.status, retryAfterOf(response)) === "busy";
 }
 
 /** How long a busy origin asks to be left alone, ms, from `retry-after-ms` or `retry-after`. */

@@ -67,15 +67,18 @@ export function timeoutServerOptions(limits: ConnectionLimits): ServerOptions {
 
 /**
  * Past this many times the cap a new connection is closed unanswered: a busy answer holds a
- * connection for a round trip, so the band is wide, and still bounds the file descriptors.
+ * connection for a round trip, so the band is wide, and still bounds the file descriptors
+ * (the process needs this many times `maxConnections` of them).
  */
 export const CLOSE_PAST_CAP_TIMES = 4;
 /** Seconds a client over the cap is asked to wait (`retry-after`). */
 export const BUSY_RETRY_AFTER_S = 1;
-/** Milliseconds a connection over the cap has to send its request before it is closed. */
-export const BUSY_REQUEST_MS = 2_000;
+/** Milliseconds a connection over the cap may stay idle before it is closed unanswered. */
+export const BUSY_IDLE_MS = 2_000;
+/** Most request body bytes read (and dropped) before the busy answer; more closes the socket. */
+export const BUSY_DRAIN_BYTES = 16 * 1024 * 1024;
 
-/** Connections turned away: answered busy (`503`), or closed unanswered far past the cap. */
+/** Connections turned away: answered busy (`503`), or closed unanswered. */
 export interface RefusedConnections {
   busy: number;
   closed: number;
@@ -84,10 +87,12 @@ export interface RefusedConnections {
 /**
  * Holds `server` to `limit` connections served at once. One over the cap is accepted and its
  * request answered `503` with `retry-after` and `connection: close`, so a client (the edge)
- * tells an origin at its cap from one that is gone; past four times the cap, or for a client that
- * sends nothing for {@link BUSY_REQUEST_MS}, the connection is closed unanswered, so a flood
- * of connections holds a bounded number of file descriptors. Wrap the server's request
- * listener with the returned function.
+ * tells an origin at its cap from one that is gone. The request's body is read first (and
+ * dropped): a socket closed with unread bytes is reset, and its client would see no answer.
+ * Past four times the cap, for a client idle for {@link BUSY_IDLE_MS}, or for a body over
+ * {@link BUSY_DRAIN_BYTES}, the connection is closed unanswered, so a flood of connections
+ * holds a bounded number of file descriptors. Wrap the server's request listener with the
+ * returned function.
  */
 export function capConnections(
   server: Server,
@@ -103,33 +108,48 @@ export function capConnections(
     socket.once("close", () => open--);
     if (open <= limit) return;
     overCap.add(socket);
-    socket.setTimeout(BUSY_REQUEST_MS, () => socket.destroy());
+    socket.setTimeout(BUSY_IDLE_MS, () => {
+      refused.closed++;
+      socket.destroy();
+    });
   });
   return (listener) => (request, response) => {
     if (!overCap.has(request.socket)) {
       listener(request, response);
       return;
     }
-    refused.busy++;
-    answerBusy(request, response, limit);
+    answerBusy(request, response, limit, refused);
   };
 }
 
-function answerBusy(request: IncomingMessage, response: ServerResponse, limit: number): void {
-  const body = JSON.stringify(
-    openAIErrorBody(
-      `The origin serves ${limit} connections at once and has them all open. Please try again in ${BUSY_RETRY_AFTER_S}s.`,
-      "server_error",
-      "too_many_connections",
-    ),
-  );
-  response.writeHead(503, {
-    "content-type": "application/json",
-    "content-length": Buffer.byteLength(body),
-    "retry-after": String(BUSY_RETRY_AFTER_S),
-    connection: "close",
+function answerBusy(
+  request: IncomingMessage,
+  response: ServerResponse,
+  limit: number,
+  refused: RefusedConnections,
+): void {
+  let read = 0;
+  request.on("data", (chunk: Buffer) => {
+    read += chunk.byteLength;
+    if (read <= BUSY_DRAIN_BYTES) return;
+    refused.closed++;
+    request.socket.destroy();
   });
-  response.end(body);
-  // The request's body, if any, is not read: the connection closes after the answer.
-  request.resume();
+  request.once("end", () => {
+    refused.busy++;
+    const body = JSON.stringify(
+      openAIErrorBody(
+        `The origin serves ${limit} connections at once and has them all open. Please try again in ${BUSY_RETRY_AFTER_S}s.`,
+        "server_error",
+        "too_many_connections",
+      ),
+    );
+    response.writeHead(503, {
+      "content-type": "application/json",
+      "content-length": Buffer.byteLength(body),
+      "retry-after": String(BUSY_RETRY_AFTER_S),
+      connection: "close",
+    });
+    response.end(body);
+  });
 }

@@ -1,7 +1,7 @@
 /**
  * Whether anything accepts a TCP connection where an origin should be (docs/failover.md,
  * "Breakers"): the reach check's second question, asked only once its `GET /health` failed
- * without an answer. An origin over its connection cap still accepts (and then closes);
+ * without an answer. An origin far past its connection cap still accepts (and then closes);
  * only a dead or absent one refuses.
  */
 import { connect } from "cloudflare:sockets";

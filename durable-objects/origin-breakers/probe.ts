@@ -44,7 +44,7 @@ export type Listening = (url: string, signal: AbortSignal) => Promise<boolean>;
  * Whether an origin that just failed is there at all (docs/failover.md, "Breakers"): false
  * only when its `/health` gets no answer because the connection failed (not for want of
  * time) and nothing accepts a TCP connection where it should be. Any answer, no answer
- * within `timeoutMs`, and a connection accepted and then closed (an origin over its
+ * within `timeoutMs`, and a connection accepted and then closed (an origin far past its
  * connection cap) are true: a slow, busy or full origin is for the counts and the
  * slow-first-byte rule to judge, never this check.
  */

@@ -5,7 +5,7 @@
  * it from an item's frames.
  */
 import { errorEvent, originFailure } from "../../contracts/errors.ts";
-import { refusedBusy } from "../../contracts/origin-health.ts";
+import { refusedBusy, retryAfterOf } from "../../contracts/origin-health.ts";
 import {
   type ItemHead,
   type ItemTrailer,
@@ -274,9 +274,6 @@ export function memoryFrames(frames: readonly Frame[]): FrameReader {
   };
 }
 
-/** Headers of a refused call that its item's HEAD would carry. */
-const REFUSAL_HEADERS = ["content-type", "retry-after", "retry-after-ms"];
-
 /**
  * A whole call that its origin refused for overload (429, or 503 with `retry-after`: an
  * origin at its connection cap) as the {@link OpenItem} of its one item, whose HEAD says the
@@ -284,11 +281,9 @@ const REFUSAL_HEADERS = ["content-type", "retry-after", "retry-after-ms"];
  */
 export async function refusedItem(itemId: string, response: Response): Promise<OpenItem | null> {
   if (!refusedBusy(response)) return null;
-  const headers: Record<string, string> = {};
-  for (const name of REFUSAL_HEADERS) {
-    const value = response.headers.get(name);
-    if (value !== null) headers[name] = value;
-  }
+  const headers = retryAfterOf(response);
+  const type = response.headers.get("content-type");
+  if (type !== null) headers["content-type"] = type;
   const body = new Uint8Array(await response.arrayBuffer().catch(() => new ArrayBuffer(0)));
   const empty = new Uint8Array(0);
   const frames = memoryFrames([

@@ -104,6 +104,33 @@ describe("the connection cap", () => {
     expect(Number(busy?.[1])).toBeGreaterThanOrEqual(1);
   });
 
+  it("reads a large request body before it answers busy, so the client sees the 503", async () => {
+    const { port, url } = await start({ maxConnections: 1 });
+    const held = await connect(port);
+    held.socket.write(HEALTH);
+    await eventually(() => held.received().includes("\r\n\r\n"), "an answer");
+    // Closing a socket with unread bytes resets it: a client still sending its body (as a
+    // large batch's is, over a real network) would get no answer at all.
+    const encoder = new TextEncoder();
+    const body = new ReadableStream<Uint8Array>({
+      async start(controller) {
+        controller.enqueue(encoder.encode('{"model": "m", "prompt": "'));
+        await new Promise((resolve) => setTimeout(resolve, 200));
+        controller.enqueue(encoder.encode(`${"x".repeat(1024 * 1024)}"}`));
+        controller.close();
+      },
+    });
+    const answer = await fetch(`${url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body,
+      duplex: "half",
+    } as RequestInit);
+    expect(answer.status).toBe(503);
+    expect(answer.headers.get("retry-after")).toBe("1");
+    expect(await answer.json()).toMatchObject({ error: { code: "too_many_connections" } });
+  });
+
   it("closes a connection unanswered past four times the cap, and counts it", async () => {
     const { port, url } = await start({ maxConnections: 1 });
     // One served, three over the cap (waiting to send their requests): four times the cap.

@@ -19,7 +19,7 @@ import {
 import type { OpenCall } from "../callers/caller.ts";
 import type { BatcherFailureCode } from "../types.ts";
 import type { Verdict } from "../../../contracts/breaker.ts";
-import { refusedBusy } from "../../../contracts/origin-health.ts";
+import { refusedBusy, retryAfterOf } from "../../../contracts/origin-health.ts";
 
 /**
  * Longest stretch a call's reading keeps the Batcher's thread before it gives way to the
@@ -42,6 +42,8 @@ export interface CallEvents {
     detail: string,
     blame: Verdict | "busy" | null,
     unreachable?: boolean,
+    /** A busy origin's `retry-after` headers. */
+    busyHeaders?: Record<string, string>,
   ): void;
   /** The answer ended: cleanly (`broken` null) or broken off. */
   ended(broken: string | null): void;
@@ -123,6 +125,8 @@ export async function runCall(
       problem?.detail ?? "no body",
       // An origin that refuses a whole call for overload is busy, not sick.
       refusedBusy(response) ? "busy" : "failed",
+      false,
+      retryAfterOf(response),
     );
     return;
   }

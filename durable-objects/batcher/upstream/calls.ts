@@ -234,8 +234,8 @@ export class Calls {
         counters.readPauses += 1;
         window.update((s) => recordThreadLag(s, lagMs, at));
       },
-      failed: (code, detail, blame, unreachable) =>
-        this.#failed(call, code, detail, blame, unreachable),
+      failed: (code, detail, blame, unreachable, busyHeaders) =>
+        this.#failed(call, code, detail, blame, unreachable, busyHeaders),
       ended: (broken) => this.#ended(call, broken),
     };
     const running = runCall(call, upstream, lanes, silenceMs, events, kvEventsAfter);
@@ -249,6 +249,7 @@ export class Calls {
     detail: string,
     blame: Verdict | "busy" | null,
     unreachable = false,
+    busyHeaders: Record<string, string> = {},
   ): void {
     const now = Date.now();
     logWarn("batch call failed", { batch: call.id, origin: call.originId, detail });
@@ -258,7 +259,7 @@ export class Calls {
       this.#callers.failSent(caller, code, detail, call.originId, unreachable);
     }
     // One call is one observation, however many items it carried.
-    if (blame === "busy") this.#window.health.busy(call.originId, now, {});
+    if (blame === "busy") this.#window.health.busy(call.originId, now, busyHeaders);
     else if (blame !== null) {
       this.#window.health.failed(call.originId, now);
       this.#outcome(call.originId, blame);

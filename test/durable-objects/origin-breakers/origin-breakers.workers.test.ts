@@ -91,7 +91,7 @@ describe("the ejection cap", () => {
 });
 
 // Port 9 (discard) has nothing listening on the test machine: the connection is refused.
-// full-1 accepts every connection and closes it at once, as an origin over its cap does.
+// full-1 accepts every connection and closes it at once, as an origin far past its cap does.
 const reachRegion = (tag: string): BreakerRegion => ({
   id: `reach-${tag}`,
   origins: [

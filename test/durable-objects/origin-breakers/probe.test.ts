@@ -86,7 +86,7 @@ describe("reachable", () => {
     expect(await reachable(target, 1_000, nothingThere)).toBe(false);
   });
 
-  it("is true for an origin that accepts and closes (over its connection cap)", async () => {
+  it("is true for an origin that accepts and closes (far past its connection cap)", async () => {
     vi.stubGlobal("fetch", refused);
     expect(await reachable(target, 1_000, somethingThere)).toBe(true);
   });
