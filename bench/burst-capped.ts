@@ -10,6 +10,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { originCounter } from "./batch-api-checks.ts";
 import { tally } from "./burst-client.ts";
+import { stopOnSignal } from "./lib.ts";
 import { type BurstContext, type BurstRun, burst, singles } from "./burst-phases.ts";
 import { DEFAULT_REGIONS, DEV_KEY_LIMITS, createKey, startStack } from "../scripts/stack.ts";
 import type { EdgeRuntime } from "../scripts/edge.ts";
@@ -17,6 +18,8 @@ import type { EdgeRuntime } from "../scripts/edge.ts";
 /** What the phase ran with and what it saw. */
 export interface CappedPhase {
   maxConnections: number;
+  /** Origins of the stack: with `maxConnections`, how many streams they serve at once. */
+  origins: number;
   baselineP50: number;
   runs: BurstRun[];
   /** Connections the origins turned away over the phase: answered busy, closed unanswered. */
@@ -47,6 +50,11 @@ export async function cappedPhase(options: CappedOptions): Promise<CappedPhase> 
     maxConnections,
     settings: { breakers: options.breakers, batching: { enabled: false } },
   });
+  const stop = async () => {
+    await stack.stop();
+    await rm(state, { recursive: true, force: true });
+  };
+  const unregister = stopOnSignal(stop);
   try {
     const key = await createKey(stack.edgeUrl, stack.adminToken, {
       name: "burst-capped",
@@ -68,12 +76,13 @@ export async function cappedPhase(options: CappedOptions): Promise<CappedPhase> 
       originCounter(origins, "warmgate_origin_connections_refused_total", `how="${how}"`);
     return {
       maxConnections,
+      origins: stack.origins.length,
       baselineP50,
       runs,
       refused: { busy: await refused("busy"), closed: await refused("closed") },
     };
   } finally {
-    await stack.stop();
-    await rm(state, { recursive: true, force: true });
+    await stop();
+    unregister();
   }
 }

@@ -126,15 +126,28 @@ function cappedTargets(capped: CappedPhase): BurstTarget[] {
   const neither = all.sent - all.whole - all.refusedWithRetryAfter;
   const openings = capped.runs.reduce((n, r) => n + r.breakers.openings.total, 0);
   const label = `origins capped at ${capped.maxConnections}`;
+  const capacity = capped.origins * capped.maxConnections;
   return [
     {
       target: `${label}: connections the origins answered busy (the bursts reached the cap)`,
       value: busy,
-      measured: `${busy} (${closed} closed unanswered past four times the cap)`,
+      measured: String(busy),
       goal: "> 0",
       met: busy > 0,
     },
+    zero(`${label}: connections closed unanswered (bursts within four times the cap)`, closed),
     zero(`${label}: breaker openings`, openings),
+    ...capped.runs.map((run) => {
+      const whole = tally(run.burst).whole;
+      const floor = 0.9 * Math.min(run.size, capacity);
+      return {
+        target: `${label}, burst of ${run.size}: served whole (the origins serve ${capacity} at once)`,
+        value: whole,
+        measured: `${whole} of ${run.size}`,
+        goal: `>= ${fmt(floor, 0)} (0.9 × ${Math.min(run.size, capacity)})`,
+        met: whole >= floor,
+      };
+    }),
     zero(`${label}: streams cut after their first byte`, all.cut),
     zero(
       `${label}: requests neither served whole nor refused at once with retry-after`,
