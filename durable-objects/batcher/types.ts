@@ -112,7 +112,12 @@ export const BatcherFailureTrailerSchema = ItemTrailerSchema.extend({
   origin: z.string().optional(),
   /** The call could not reach that origin at all (its connection failed, not given up on). */
   unreachable: z.literal(true).optional(),
-  /** For `queue_timeout`: the lane's status to answer (429 or 503) and when to retry. */
+  /**
+   * Its origin refused the whole call for overload (429, or 503 with `retry-after`: busy,
+   * not sick); `status` and `retry_after_ms` say how, and it ran nothing.
+   */
+  busy: z.literal(true).optional(),
+  /** For `queue_timeout` and `busy`: the status to answer (429 or 503) and when to retry. */
   status: z.literal([429, 503]).optional(),
   retry_after_ms: z.number().optional(),
 });

@@ -275,8 +275,11 @@ export interface RequestAttempt {
   region: string;
   /** The origin tried, or null when none could be (the region had no healthy one). */
   origin: string | null;
-  /** `served`: it answered the client; `failed`: another candidate was tried, or none was. */
-  result: "served" | "failed";
+  /**
+   * `served`: it answered the client; `busy`: it refused for overload (429, or 503 with
+   * `retry-after`) and ran nothing; `failed`: another candidate was tried, or none was.
+   */
+  result: "served" | "busy" | "failed";
 }
 
 /**

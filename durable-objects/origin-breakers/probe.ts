@@ -2,7 +2,8 @@
  * The health probe of a half-open origin (docs/failover.md, "Probes"): its `/health`, then,
  * where the region names a model for it, one real completion of one token through the batch
  * protocol, so that an origin failing part of its requests is seen failing, not only alive.
- * A completion answered busy (429, or 503 with `retry-after`) passes: busy is not sick.
+ * An answer of busy (429, or 503 with `retry-after`: an origin at its connection cap), to
+ * either, passes: busy is not sick.
  * The reach check of a failing closed origin asks only whether anything is there at all.
  */
 import { CredentialRing, credentialValues } from "../../contracts/credentials.ts";
@@ -27,7 +28,7 @@ export async function probeOrigin(
     // `/health` is open (origin/PROTOCOL.md): no credential goes with it.
     const res = await fetch(`${target.url}/health`, { signal: abort.signal });
     await res.body?.cancel();
-    if (!res.ok) return false;
+    if (!res.ok) return busy(res);
     if (target.probeModel === undefined) return true;
     return await completes(target, env, abort.signal);
   } catch {

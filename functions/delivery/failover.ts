@@ -43,10 +43,7 @@ export interface DispatchOptions extends AnswerOptions {
   open: ItemOpener;
   /** Straight to an origin, its stream is piped raw (`contracts/delivery.ts`, `pipesRaw`). */
   piped?: boolean;
-  /**
-   * Told how each attempt at an origin went, for the breakers (docs/failover.md, "What
-   * counts"); not of what a Batcher judged itself.
-   */
+  /** How each attempt went, for the breakers (docs/failover.md); not what a Batcher judged. */
   onOutcome?: (region: RegionConfig, origin: string, verdict: Verdict) => void;
   /** An origin silent this long (of this thread's on-time) is frozen. */
   slowFirstByteMs?: number;
@@ -311,6 +308,7 @@ class Failover {
       // client as it is (the SDKs back off by it); a last 503 becomes our own 503
       // `no_healthy_origin`, with the origin's retry-after.
       options.pool.reportBusy(originId, this.#now(), headers);
+      opened.listed.result = "busy";
       if (!last || status === 503) item.cancel();
       if (!last) {
         this.#avoid.push(originId);
@@ -361,9 +359,10 @@ class Failover {
       if (!toldSlow && answered) this.#judge(candidate, originId, verdict);
     };
     const served = { region: candidate.region.id, origin: originId };
+    // A last busy 429 goes to its client as it is, served by no one: still busy.
     if (streams(item, options)) {
-      listed.result = "served";
-      options.pool.reportSuccess(originId);
+      listed.result = answered ? "served" : "busy";
+      if (answered) options.pool.reportSuccess(originId);
       options.pool.begin(originId);
       return respond(item, served, options, null, this.#deadline, this.#gaveUp, onEnd);
     }
@@ -382,8 +381,8 @@ class Failover {
       return null;
     }
     // A whole answer cut on the last candidate reaches its client as an error, not served.
-    listed.result = read.complete ? "served" : "failed";
-    if (read.complete) options.pool.reportSuccess(originId);
+    listed.result = !answered ? "busy" : read.complete ? "served" : "failed";
+    if (read.complete && answered) options.pool.reportSuccess(originId);
     options.pool.begin(originId);
     return respond(item, served, options, read, this.#deadline, this.#gaveUp);
   }

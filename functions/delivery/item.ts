@@ -285,15 +285,24 @@ export async function refusedItem(itemId: string, response: Response): Promise<O
   const type = response.headers.get("content-type");
   if (type !== null) headers["content-type"] = type;
   const body = new Uint8Array(await response.arrayBuffer().catch(() => new ArrayBuffer(0)));
-  const empty = new Uint8Array(0);
+  return busyItem(itemId, response.status, headers, body);
+}
+
+/** An item refused for overload before it ran, with the HEAD and body that say so. */
+export function busyItem(
+  itemId: string,
+  status: number,
+  headers: Record<string, string>,
+  body: Uint8Array,
+): OpenItem {
   const frames = memoryFrames([
     { type: FrameType.DATA, item: 0, payload: body },
     {
       type: FrameType.END,
       item: 0,
-      payload: empty,
+      payload: new Uint8Array(0),
       trailer: { id: itemId, outcome: "error", usage: null },
     },
   ]);
-  return frameItem({ id: itemId, status: response.status, headers }, frames, { cancel() {} });
+  return frameItem({ id: itemId, status, headers }, frames, { cancel() {} });
 }

@@ -1,7 +1,7 @@
 /**
  * What the Batcher's refusals and failures mean to the edge (docs/batching.md, "Callers"):
  * a full lane or a queue timeout is answered with its lane's status (503 by default, or 429)
- * and `retry-after`;
+ * and `retry-after`; a call its origin refused busy is that origin's busy HEAD;
  * every other failure is an attempt that another region's origins may still serve.
  */
 import { ApiError, type OriginFailureKind } from "../../contracts/errors.ts";
@@ -12,6 +12,7 @@ import type {
   BatcherNotAdmitted,
 } from "../../durable-objects/batcher/types.ts";
 import { retryAfterHeaders, retryAfterSeconds } from "../accounts/rate-limit-headers.ts";
+import { busyItem } from "./item.ts";
 import type { DispatchAttempt } from "./opener.ts";
 
 /** A refusal or failure at admission, before the item was queued. */
@@ -31,6 +32,14 @@ export function failedBeforeHead(trailer: BatcherFailureTrailer): DispatchAttemp
       kind: "refused",
       error: queueTimeout(trailer.status ?? 503, trailer.retry_after_ms ?? 1_000),
     };
+  }
+  // Its origin refused the call busy: said as that origin's HEAD would say it (judged busy).
+  if (trailer.busy === true && trailer.origin !== undefined) {
+    const { id, status = 503, retry_after_ms: ms = 1_000 } = trailer;
+    const headers = { "retry-after": String(Math.ceil(ms / 1_000)), "retry-after-ms": String(ms) };
+    const body = new TextEncoder().encode(JSON.stringify({ error: trailer.error }));
+    const item = busyItem(id, status, { ...headers, "content-type": "application/json" }, body);
+    return { kind: "open", item, originId: trailer.origin };
   }
   // Named, the origin was sent the item (and stopped on it when the Batcher gave it up).
   const origin = trailer.origin ?? null;

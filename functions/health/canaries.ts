@@ -72,7 +72,8 @@ export class CanaryCopies {
   ): Promise<void> | null {
     const copy = this.#copyOf(plan.spec);
     for (const attempt of attempts) {
-      if (attempt.origin === null) continue;
+      // A refusal for overload says nothing of a build's health (busy is not sick).
+      if (attempt.origin === null || attempt.result === "busy") continue;
       const arm = copy.pending[plan.pool.has(attempt.origin) ? "canary" : "baseline"];
       arm.requests += 1;
       const good =

@@ -148,16 +148,16 @@ export class Callers {
     }
   }
 
-  /** An item that had left the queue failed before its HEAD (`unreachable`: see the trailer). */
+  /** An item that had left the queue failed before its HEAD (`how`: see the trailer). */
   failSent(
     caller: BatchCaller,
     code: BatcherFailureCode,
     detail: string,
     originId: string,
-    unreachable = false,
+    how: Pick<BatcherFailureTrailer, "unreachable" | "busy" | "status" | "retry_after_ms"> = {},
   ): void {
     this.#counters.failedBeforeHead += 1;
-    this.fail(caller, code, detail, { origin: originId, ...(unreachable && { unreachable }) });
+    this.fail(caller, code, detail, { origin: originId, ...how });
   }
 
   /** Ends a caller with a lone END saying why its item never started. */
@@ -165,7 +165,10 @@ export class Callers {
     caller: BatchCaller,
     code: BatcherFailureCode,
     message: string,
-    extra: Pick<BatcherFailureTrailer, "origin" | "status" | "retry_after_ms" | "unreachable"> = {},
+    extra: Pick<
+      BatcherFailureTrailer,
+      "origin" | "status" | "retry_after_ms" | "unreachable" | "busy"
+    > = {},
   ): void {
     if (caller.stage === "ended") return;
     this.ended(caller);

@@ -42,11 +42,17 @@ export interface CallEvents {
     detail: string,
     blame: Verdict | "busy" | null,
     unreachable?: boolean,
-    /** A busy origin's `retry-after` headers. */
-    busyHeaders?: Record<string, string>,
+    /** A busy origin's refusal: its status and `retry-after` headers. */
+    refusal?: BusyRefusal,
   ): void;
   /** The answer ended: cleanly (`broken` null) or broken off. */
   ended(broken: string | null): void;
+}
+
+/** A whole call refused for overload (429, or 503 with `retry-after`). */
+export interface BusyRefusal {
+  status: 429 | 503;
+  headers: Record<string, string>;
 }
 
 /** How many lanes the window runs, and which of them is the batch lane (if any). */
@@ -120,13 +126,16 @@ export async function runCall(
   const problem = batchAnswerProblem(response);
   if (problem !== null || response.body === null) {
     await response.body?.cancel().catch(() => {});
+    // An origin that refuses a whole call for overload is busy, not sick.
+    const busy = refusedBusy(response);
     events.failed(
       problem?.failure === "unavailable" ? "origin_unavailable" : "origin_error",
       problem?.detail ?? "no body",
-      // An origin that refuses a whole call for overload is busy, not sick.
-      refusedBusy(response) ? "busy" : "failed",
+      busy ? "busy" : "failed",
       false,
-      retryAfterOf(response),
+      busy
+        ? { status: response.status === 429 ? 429 : 503, headers: retryAfterOf(response) }
+        : undefined,
     );
     return;
   }

@@ -8,7 +8,7 @@ import type { BreakerView, Verdict } from "../../../contracts/breaker.ts";
 import { DEFAULT_BREAKER_CACHE } from "../../../contracts/breaker-cache.ts";
 import { logWarn } from "../../../contracts/log.ts";
 import { onTimeClock } from "../../../contracts/on-time.ts";
-import { watchFirstByte, watchIdleEngine } from "../../../contracts/origin-health.ts";
+import { retryAfterMs, watchFirstByte, watchIdleEngine } from "../../../contracts/origin-health.ts";
 import { type BatchCaller, type OpenCall, deliver, failBody } from "../callers/caller.ts";
 import type { Callers } from "../callers/callers.ts";
 import { countBatch, countQueueWait } from "../counters.ts";
@@ -26,7 +26,7 @@ import { assertNever } from "../window/state.ts";
 import { recordThreadLag } from "../window/terms.ts";
 import type { Batch } from "../window/types.ts";
 import type { RegionBreakers } from "./breakers.ts";
-import { type CallEvents, runCall } from "./call.ts";
+import { type BusyRefusal, type CallEvents, runCall } from "./call.ts";
 import type { OriginCredentials } from "./credentials.ts";
 import { type FrameTargets, deliverHeld, demultiplex } from "./demux.ts";
 import type { ItemStopper } from "./stop.ts";
@@ -234,8 +234,8 @@ export class Calls {
         counters.readPauses += 1;
         window.update((s) => recordThreadLag(s, lagMs, at));
       },
-      failed: (code, detail, blame, unreachable, busyHeaders) =>
-        this.#failed(call, code, detail, blame, unreachable, busyHeaders),
+      failed: (code, detail, blame, unreachable, refusal) =>
+        this.#failed(call, code, detail, blame, unreachable, refusal),
       ended: (broken) => this.#ended(call, broken),
     };
     const running = runCall(call, upstream, lanes, silenceMs, events, kvEventsAfter);
@@ -249,17 +249,25 @@ export class Calls {
     detail: string,
     blame: Verdict | "busy" | null,
     unreachable = false,
-    busyHeaders: Record<string, string> = {},
+    refusal?: BusyRefusal,
   ): void {
     const now = Date.now();
     logWarn("batch call failed", { batch: call.id, origin: call.originId, detail });
+    // Refused busy, its items ran nothing: each caller hears the refusal as a HEAD would say it.
+    const how = refusal
+      ? {
+          busy: true as const,
+          status: refusal.status,
+          retry_after_ms: retryAfterMs(refusal.headers),
+        }
+      : { ...(unreachable && { unreachable }) };
     for (const [index, caller] of call.callers.entries()) {
       this.#closeItem(call, index, now);
       if (caller.stage !== "sent") continue;
-      this.#callers.failSent(caller, code, detail, call.originId, unreachable);
+      this.#callers.failSent(caller, code, detail, call.originId, how);
     }
     // One call is one observation, however many items it carried.
-    if (blame === "busy") this.#window.health.busy(call.originId, now, busyHeaders);
+    if (blame === "busy") this.#window.health.busy(call.originId, now, refusal?.headers ?? {});
     else if (blame !== null) {
       this.#window.health.failed(call.originId, now);
       this.#outcome(call.originId, blame);

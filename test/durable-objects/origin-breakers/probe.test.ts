@@ -66,11 +66,21 @@ describe("probeOrigin", () => {
   });
 
   it("fails an origin whose /health is not ok", async () => {
+    vi.stubGlobal("fetch", async () => new Response("degraded", { status: 503 }));
+    expect(await probeOrigin(target, {}, 1_000)).toBe(false);
+    vi.stubGlobal("fetch", async () => new Response("boom", { status: 500 }));
+    expect(await probeOrigin(target, {}, 1_000)).toBe(false);
+  });
+
+  it("passes an origin whose /health is refused busy (at its connection cap)", async () => {
     vi.stubGlobal(
       "fetch",
-      async () => new Response("down", { status: 503, headers: { "retry-after": "1" } }),
+      async () => new Response("full", { status: 503, headers: { "retry-after": "1" } }),
     );
-    expect(await probeOrigin(target, {}, 1_000)).toBe(false);
+    expect(await probeOrigin(target, {}, 1_000)).toBe(true);
+    expect(await probeOrigin({ id: "a", url: "http://origin.test" }, {}, 1_000)).toBe(true);
+    vi.stubGlobal("fetch", async () => new Response("slow down", { status: 429 }));
+    expect(await probeOrigin(target, {}, 1_000)).toBe(true);
   });
 });
 

@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it } from "vitest";
 import type { BreakerView } from "../../../contracts/breaker.ts";
 import { type ErrorBody, chatBody, edgeRequest } from "../../support/edge-requests.ts";
+import { createKey } from "../../support/admin-keys.workers.ts";
 import {
   adminRequest,
   injected,
@@ -148,6 +149,37 @@ for (const batching of [false, true]) {
         if (i % 3 === 2) await new Promise((resolve) => setTimeout(resolve, 1_100));
       }
       expect(new Set(served)).toEqual(new Set([`breaker-2@${tag}`]));
+      const view = await breakerOf(config, `capped-1@${tag}`);
+      expect(view).toMatchObject({ state: "closed", opened_count: 0 });
+    });
+
+    it("alone, has its client told to retry after its retry-after; the attempt reads busy", async () => {
+      const tag = `capped-alone-${batching}`;
+      const config = JSON.stringify({
+        ...JSON.parse(configOf(tag, batching, {}, 5_000, "capped-1")),
+        regions: [
+          { id: `sick-${tag}`, origins: [{ id: `capped-1@${tag}`, url: originUrl("capped-1") }] },
+        ],
+      });
+      const { key } = await createKey({ name: tag });
+      const auth = { authorization: `Bearer ${key}` };
+      for (let i = 0; i < 4; i++) {
+        const res = await send(
+          config,
+          edgeRequest("/v1/chat/completions", { body: chatBody(), headers: auth }),
+        );
+        expect(res.status).toBe(503);
+        expect(res.headers.get("retry-after")).toBe("1");
+        expect((await res.json<ErrorBody>()).error.code).toBe("no_healthy_origin");
+        const id = res.headers.get("x-request-id") ?? "";
+        const record = await until(
+          () => send(config, edgeRequest(`/v1/usage/requests/${id}`, { headers: auth })),
+          (r) => r.status === 200,
+        );
+        expect((await record.json<{ attempts: unknown[] }>()).attempts).toEqual([
+          { region: `sick-${tag}`, origin: `capped-1@${tag}`, result: "busy" },
+        ]);
+      }
       const view = await breakerOf(config, `capped-1@${tag}`);
       expect(view).toMatchObject({ state: "closed", opened_count: 0 });
     });

@@ -69,6 +69,29 @@ describe("a canary", () => {
     }
   });
 
+  it("at its connection cap is busy, not worse: its refusals count against it not at all", async () => {
+    // capped-1 refuses every connection 503 with retry-after (test/support/origins-setup.ts).
+    const capped = JSON.parse(configOf("capped", MODEL, 0.5)) as Record<string, unknown> & {
+      regions: { origins: { url: string }[] }[];
+    };
+    capped.regions[0]!.origins[0]!.url = originUrl("capped-1");
+    // Each canary request is refused there first and retried: a retry budget of its own.
+    const config = JSON.stringify({ ...capped, limits: { retry_floor: 10_000 } });
+    for (let i = 0; i < 40; i++) {
+      const res = await send(config, chat());
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-warmgate-origin")).toBe("canary-2@capped");
+    }
+    let view = await canary(config, MODEL);
+    for (let tries = 0; tries < 40 && (view?.arms.baseline.requests ?? 0) < 40; tries++) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      view = await canary(config, MODEL);
+    }
+    expect(view).toMatchObject({ state: "running", weight: 0.5 });
+    expect(view?.arms.baseline.requests).toBe(40);
+    expect(view?.arms.canary).toMatchObject({ requests: 0, errors: 0 });
+  });
+
   it("is promoted, paused, resumed and rolled back by an operator", async () => {
     const config = configOf("ops", MODEL, 0.2);
     const path = `/admin/canaries/${MODEL}`;
