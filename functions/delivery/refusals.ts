@@ -36,9 +36,9 @@ export function failedBeforeHead(trailer: BatcherFailureTrailer): DispatchAttemp
   // Its origin refused the call busy: said as that origin's HEAD would say it (judged busy).
   if (trailer.busy === true && trailer.origin !== undefined) {
     const { id, status = 503, retry_after_ms: ms = 1_000 } = trailer;
-    const headers = { "retry-after": String(Math.ceil(ms / 1_000)), "retry-after-ms": String(ms) };
+    const headers = { ...retryAfterHeaders(ms), "content-type": "application/json" };
     const body = new TextEncoder().encode(JSON.stringify({ error: trailer.error }));
-    const item = busyItem(id, status, { ...headers, "content-type": "application/json" }, body);
+    const item = busyItem(id, status, headers, body);
     return { kind: "open", item, originId: trailer.origin };
   }
   // Named, the origin was sent the item (and stopped on it when the Batcher gave it up).
