@@ -145,6 +145,8 @@ function headerOf(headers: Record<string, string>, name: string): string | undef
 /** Quarantine, busy and breaker state of a set of origins, by id. */
 export class OriginHealth {
   readonly #until = new Map<string, number>();
+  // Of those, the origins that refused for overload, and until when.
+  readonly #busyUntil = new Map<string, number>();
   readonly quarantineMs: number;
   readonly #breakers: BreakerGate;
   #panicAt = Number.NEGATIVE_INFINITY;
@@ -170,12 +172,20 @@ export class OriginHealth {
 
   /** The origin refused for overload: tried last until its `retry-after` ends. */
   busy(id: string, now: number, headers: Record<string, string>): void {
-    this.#until.set(id, Math.max(this.#until.get(id) ?? 0, now + retryAfterMs(headers)));
+    const until = now + retryAfterMs(headers);
+    this.#until.set(id, Math.max(this.#until.get(id) ?? 0, until));
+    this.#busyUntil.set(id, Math.max(this.#busyUntil.get(id) ?? 0, until));
+  }
+
+  /** Whether the origin refused for overload and its `retry-after` has not ended at `now`. */
+  busyAt(id: string, now: number): boolean {
+    return (this.#busyUntil.get(id) ?? Number.NEGATIVE_INFINITY) > now;
   }
 
   /** The origin answered: healthy again. */
   answered(id: string): void {
     this.#until.delete(id);
+    this.#busyUntil.delete(id);
   }
 
   /** Whether the origin is quarantined or busy at `now`. */
@@ -214,5 +224,6 @@ export class OriginHealth {
   /** Forgets every failure. */
   clear(): void {
     this.#until.clear();
+    this.#busyUntil.clear();
   }
 }

@@ -84,6 +84,11 @@ export class OriginPool {
     this.#health.busy(originId, now, headers);
   }
 
+  /** Whether the origin refused for overload and its `retry-after` has not ended at `now`. */
+  busy(originId: string, now: number): boolean {
+    return this.#health.busyAt(originId, now);
+  }
+
   /** The origin answered: it is healthy again. */
   reportSuccess(originId: string): void {
     this.#health.answered(originId);

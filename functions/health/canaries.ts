@@ -145,13 +145,22 @@ export class CanaryCopies {
 
 /**
  * The candidates for the arm: the canary's pool first, the baseline after it to fail over
- * to; the baseline alone (the pool only when nothing else serves the model).
+ * to, except pool origins refused busy (`busy`): an origin at its connection cap tells
+ * nothing of its build, so the arm waits out its `retry-after` on the baseline rather than
+ * spend a retry on each request; the baseline alone (the pool only when nothing else serves
+ * the model).
  */
-export function armCandidates(plan: CanaryPlan, candidates: readonly RegionOrigin[]) {
-  const pool = candidates.filter((c) => plan.pool.has(c.origin.id));
+export function armCandidates(
+  plan: CanaryPlan,
+  candidates: readonly RegionOrigin[],
+  busy: (originId: string) => boolean = () => false,
+) {
+  const first = candidates.filter((c) => plan.pool.has(c.origin.id) && !busy(c.origin.id));
   const rest = candidates.filter((c) => !plan.pool.has(c.origin.id));
-  if (plan.arm === "canary") return [...pool, ...rest];
-  return rest.length > 0 ? rest : pool;
+  if (plan.arm === "canary") {
+    return [...first, ...candidates.filter((c) => !first.includes(c))];
+  }
+  return rest.length > 0 ? rest : candidates.filter((c) => plan.pool.has(c.origin.id));
 }
 
 /** Origins a Batcher must not pick for the arm: the pool for the baseline. */
@@ -160,13 +169,15 @@ export function armAvoids(plan: CanaryPlan): string[] {
 }
 
 /**
- * Origins the first attempt must not go to: for the canary arm, the baseline origins of
- * the pool's region, so that its Batcher picks the pool (later attempts may fail over).
+ * Origins the first attempt must not go to: for the canary arm, the other side of the
+ * pool's region, so that its Batcher picks what `armCandidates` put first: the pool, or
+ * the baseline while the pool is refused busy (later attempts may fail over).
  */
 export function armFirstAvoids(plan: CanaryPlan, candidates: readonly RegionOrigin[]): string[] {
   const first = candidates[0];
-  if (plan.arm !== "canary" || first === undefined || !plan.pool.has(first.origin.id)) return [];
-  return first.region.origins.map((o) => o.id).filter((id) => !plan.pool.has(id));
+  if (plan.arm !== "canary" || first === undefined) return [];
+  const inPool = plan.pool.has(first.origin.id);
+  return first.region.origins.map((o) => o.id).filter((id) => plan.pool.has(id) !== inPool);
 }
 
 function hasPending(copy: Copy): boolean {

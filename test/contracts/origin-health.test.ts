@@ -109,6 +109,20 @@ describe("the ranking", () => {
     expect(health.rank(["a", "b", "c"], (id) => id, 500)).toEqual(["b", "a"]);
     expect(health.rank(["a", "b", "c"], (id) => id, 1_000)).toEqual(["a", "b"]);
   });
+
+  it("tells an origin refused busy from one that failed, until its retry-after ends", () => {
+    const health = new OriginHealth(2_000);
+    health.busy("a", 0, { "retry-after-ms": "300" });
+    health.failed("b", 0);
+    expect([health.busyAt("a", 299), health.busyAt("a", 300), health.busyAt("b", 0)]).toEqual([
+      true,
+      false,
+      false,
+    ]);
+    health.busy("b", 0, { "retry-after": "1" });
+    health.answered("b");
+    expect(health.busyAt("b", 10)).toBe(false);
+  });
 });
 
 describe("the panic trickle", () => {
