@@ -4,6 +4,8 @@
  */
 import type { ShardCount } from "../../durable-objects/batcher-shards/types.ts";
 
+const FIRST_BYTE_SMOOTHING = 0.2;
+
 /** What an isolate remembers of its batchers, by region, model and batching version. */
 export class BatcherMemo {
   /**
@@ -18,6 +20,19 @@ export class BatcherMemo {
   readonly firstByteMs = new Map<string, number>();
   /** How many shards each batcher group runs, as its Batchers last said (the latest epoch). */
   readonly shardCounts = new Map<string, ShardCount>();
+
+  /**
+   * Takes in how long an attempt through batcher `name` waited for its HEAD (`status`,
+   * `headers`). A refusal (busy, failed, or the request's own error) comes fast and says
+   * nothing of how long first bytes take: only a HEAD of an answer served (2xx) counts.
+   */
+  heardFirstByte(name: string, head: { status: number }, waitedMs: number): void {
+    if (head.status < 200 || head.status >= 300) return;
+    const previous = this.firstByteMs.get(name);
+    const next =
+      previous === undefined ? waitedMs : previous + FIRST_BYTE_SMOOTHING * (waitedMs - previous);
+    this.firstByteMs.set(name, next);
+  }
 
   /** Takes in the shard count a Batcher's answer carried, unless an older one. */
   heardShards(group: string, count: ShardCount | undefined): void {

@@ -62,8 +62,6 @@ export interface BatcherRoute {
   signal?: AbortSignal;
 }
 
-const FIRST_BYTE_SMOOTHING = 0.2;
-
 /**
  * An opener that sends each attempt through its region's batcher, or straight to the
  * candidate origin where batching is off, or where the batcher has just had nothing to
@@ -96,11 +94,7 @@ export function batcherOpener(
     if (attempt.attempt.kind === "open") {
       // An answer that came whole says when its HEAD came; the rest was the answer's body.
       const waited = attempt.waitedMs ?? Date.now() - started;
-      const previous = firstByteMs.get(quiet);
-      firstByteMs.set(
-        quiet,
-        previous === undefined ? waited : previous + FIRST_BYTE_SMOOTHING * (waited - previous),
-      );
+      memo.heardFirstByte(quiet, attempt.attempt.item.head, waited);
     }
     // The Batcher told the breakers how its call went.
     return { ...attempt.attempt, reported: plan.setup.breakers.enabled };
