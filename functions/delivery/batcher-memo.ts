@@ -22,9 +22,9 @@ export class BatcherMemo {
   readonly shardCounts = new Map<string, ShardCount>();
 
   /**
-   * Takes in how long an attempt through batcher `name` waited for its HEAD (`status`,
-   * `headers`). A refusal (busy, failed, or the request's own error) comes fast and says
-   * nothing of how long first bytes take: only a HEAD of an answer served (2xx) counts.
+   * Takes in how long an attempt through batcher `name` waited for its HEAD. A refusal
+   * (busy, failed, or the request's own error) comes fast and says nothing of how long
+   * first bytes take: only a HEAD of an answer served (2xx) counts.
    */
   heardFirstByte(name: string, head: { status: number }, waitedMs: number): void {
     if (head.status < 200 || head.status >= 300) return;

@@ -153,7 +153,7 @@ export class CanaryCopies {
 export function armCandidates(
   plan: CanaryPlan,
   candidates: readonly RegionOrigin[],
-  busy: (originId: string) => boolean = () => false,
+  busy: (originId: string) => boolean,
 ) {
   const first = candidates.filter((c) => plan.pool.has(c.origin.id) && !busy(c.origin.id));
   const rest = candidates.filter((c) => !plan.pool.has(c.origin.id));

@@ -16,14 +16,19 @@ const ranked = ["base-1", "canary-1", "base-2"].map(
   (id) => ({ region, origin: { id } }) as RegionOrigin,
 );
 const busy = (id: string) => id === "canary-1";
+const none = () => false;
 const ids = (candidates: readonly RegionOrigin[]) => candidates.map((c) => c.origin.id);
 const plan = (arm: CanaryPlan["arm"]) =>
   ({ arm, pool: new Set(["canary-1"]), spec: {} }) as unknown as CanaryPlan;
 
 describe("a canary's arms", () => {
   it("send the canary arm to the pool first and the baseline arm to the baseline alone", () => {
-    expect(ids(armCandidates(plan("canary"), ranked))).toEqual(["canary-1", "base-1", "base-2"]);
-    expect(ids(armCandidates(plan("baseline"), ranked))).toEqual(["base-1", "base-2"]);
+    expect(ids(armCandidates(plan("canary"), ranked, none))).toEqual([
+      "canary-1",
+      "base-1",
+      "base-2",
+    ]);
+    expect(ids(armCandidates(plan("baseline"), ranked, none))).toEqual(["base-1", "base-2"]);
   });
 
   it("send the canary arm to the baseline while the pool is refused busy, the pool after it", () => {
@@ -35,13 +40,16 @@ describe("a canary's arms", () => {
       "canary-1",
     ]);
     // Before, the pool went first all the same: a refusal and a retry on every request.
-    expect(ids(armCandidates(plan("canary"), busyLast))[0]).toBe("canary-1");
+    expect(ids(armCandidates(plan("canary"), busyLast, none))[0]).toBe("canary-1");
   });
 
   it("keep a Batcher's first pick on the side the canary arm put first", () => {
     const canary = plan("canary");
     expect(armFirstAvoids(canary, armCandidates(canary, ranked, busy))).toEqual(["canary-1"]);
-    expect(armFirstAvoids(canary, armCandidates(canary, ranked))).toEqual(["base-1", "base-2"]);
+    expect(armFirstAvoids(canary, armCandidates(canary, ranked, none))).toEqual([
+      "base-1",
+      "base-2",
+    ]);
     expect(armFirstAvoids(plan("baseline"), ranked)).toEqual([]);
   });
 });
