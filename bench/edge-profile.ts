@@ -19,7 +19,12 @@ import { closedLoop, fmt, markdownTable, timedRequest } from "./lib.ts";
 import { BENCH_KEY_BUDGETS, BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { inspectWorker } from "./inspector.ts";
 import { cpuTimeMs, workerdPid } from "./processes.ts";
-import { type CpuProfile, chargeProfile, moduleRanges } from "./profile-stages.ts";
+import {
+  type CpuProfile,
+  GAP_CAP_SPACINGS,
+  chargeProfile,
+  moduleRanges,
+} from "./profile-stages.ts";
 import { batchFile } from "./batch-api-report.ts";
 import { batchEnded, startBatch } from "./batch-api-checks.ts";
 import { DEV_KEY_LIMITS, createKey, startStack } from "../scripts/stack.ts";
@@ -134,7 +139,7 @@ try {
       ? `${BATCH_LINES} lines of one Batch API batch of 32-token lines, two origins without delay`
       : `${REQUESTS} requests from ${CLIENTS} client${CLIENTS === 1 ? "" : "s"} (${args.stream ? "stream" : "JSON"}, ${PROMPT_TOKENS === 0 ? "short prompt" : `${PROMPT_TOKENS}-token prompt`})`;
   report = [
-    `${what}: wall ${fmt(wallMs / UNITS)} ms/${unit}, workerd CPU ${fmt(cpuMs / UNITS)} ms/${unit} (/proc), sampled in JS isolate ${per(charged.busyMs)} ms/${unit}.`,
+    `${what}: wall ${fmt(wallMs / UNITS)} ms/${unit}, workerd CPU ${fmt(cpuMs / UNITS)} ms/${unit} (/proc), sampled in JS isolate ${per(charged.busyMs)} ms/${unit}; gaps between samples beyond ${fmt(charged.capMs, 2)} ms (${GAP_CAP_SPACINGS}× the median spacing: the thread parked or out of the sampler's sight) ${per(charged.gapMs)} ms/${unit}, charged to no stage.`,
     "",
     markdownTable(
       ["stage", `ms/${unit}`, "share"],

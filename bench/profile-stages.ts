@@ -16,6 +16,9 @@ export interface CpuProfile {
   timeDeltas: number[];
 }
 
+/** A sample is charged at most this many times the profile's median sample spacing. */
+export const GAP_CAP_SPACINGS = 4;
+
 /** Where each module starts in a bundle: sorted by line (0-based). */
 export type ModuleRanges = { line: number; module: string }[];
 
@@ -88,7 +91,10 @@ function stageOf(module: string): string {
   return STAGES.find(([pattern]) => pattern.test(module))?.[1] ?? "edge, other";
 }
 
-/** The profile's busy time (ms), by stage and by function (name, module), most first. */
+/**
+ * The profile's busy time (ms), by stage and by function (name, module), most first; each
+ * sample charged at most {@link GAP_CAP_SPACINGS} median spacings, the rest of a gap to none.
+ */
 export function chargeProfile(profile: CpuProfile, ranges: Map<string, ModuleRanges>) {
   const parent = new Map<number, number>();
   for (const node of profile.nodes)
@@ -105,9 +111,18 @@ export function chargeProfile(profile: CpuProfile, ranges: Map<string, ModuleRan
     }
     return null;
   };
+  // A sample lasts until the next one. A gap far longer than the usual spacing is the
+  // thread parked (waiting for I/O) or outside the sampler's sight, not the function the
+  // last sample caught: it is charged up to the cap, the rest to no stage (`gapMs`).
+  const spacing = profile.timeDeltas.filter((d) => d > 0).sort((a, b) => a - b);
+  const capUs = GAP_CAP_SPACINGS * (spacing[Math.floor(spacing.length / 2)] ?? 0);
   const self = new Map<number, number>();
+  let gapMs = 0;
   profile.samples.forEach((id, i) => {
-    self.set(id, (self.get(id) ?? 0) + (profile.timeDeltas[i + 1] ?? 0) / 1000);
+    const us = profile.timeDeltas[i + 1] ?? 0;
+    const charged = capUs > 0 ? Math.min(us, capUs) : us;
+    gapMs += (us - charged) / 1000;
+    self.set(id, (self.get(id) ?? 0) + charged / 1000);
   });
   const stages = new Map<string, number>();
   const functions = new Map<string, [string, string, number]>();
@@ -130,6 +145,8 @@ export function chargeProfile(profile: CpuProfile, ranges: Map<string, ModuleRan
   }
   return {
     busyMs,
+    gapMs,
+    capMs: capUs / 1000,
     stages: [...stages].sort((a, b) => b[1] - a[1]),
     functions: [...functions.values()].sort((a, b) => b[2] - a[2]),
   };
