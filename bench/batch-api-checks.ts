@@ -5,6 +5,7 @@
  * what the origins remember (every line ended there, none run to the end twice).
  */
 import { setTimeout as sleep } from "node:timers/promises";
+import { OUTCOME_RETENTION_MS } from "../origin/outcome-log.ts";
 import { type OriginAccess, readOriginItems } from "./chaos-lookup.ts";
 
 /** A batch as `GET /v1/batches/{id}` answers it. */
@@ -159,13 +160,18 @@ export interface BatchAudit {
   outputCompletionTokens: number;
   /** Requests the batch key's usage counts (the key runs nothing else). */
   usageRequests: number;
-  /** Lines the origins do not remember ending `ok`. */
+  /** Lines the origins do not remember ending `ok`, of those within their memory. */
   notEndedOnOrigins: number | null;
+  /**
+   * Lines not remembered that started more than the origins' memory (`OUTCOME_RETENTION_MS`)
+   * before they were asked: forgotten, not checkable there (the output and ledger still are).
+   */
+  pastOriginMemory: number | null;
 }
 
 /** Reads every row of the spend log tagged with the batch, 500 at a time. */
 async function ledgerRows(edgeUrl: string, adminToken: string, batchId: string) {
-  const rows: { id: string; completion_tokens: number | null }[] = [];
+  const rows: { id: string; completion_tokens: number | null; created_at: string }[] = [];
   let cursor: string | null = null;
   do {
     const query = new URLSearchParams({ tag: `batch:${batchId}`, limit: "500" });
@@ -211,9 +217,15 @@ export async function auditBatch(options: {
     total: { requests: number };
   };
   const lineIds = options.customIds.map((_, i) => `${batch.id}-${i}`);
+  const askedAt = Date.now();
   const remembered = await readOriginItems(options.origins, lineIds);
   const endedOk = (id: string) =>
     remembered?.get(id)?.some((item) => item.state === "ended" && item.outcome === "ok") === true;
+  // A line's end follows its start by its 32 tokens; a minute's margin for those near the edge.
+  const startedAt = new Map(ledger.map((row) => [row.id, Date.parse(row.created_at)]));
+  const forgotten = (id: string) =>
+    (startedAt.get(id) ?? askedAt) < askedAt - OUTCOME_RETENTION_MS + 60_000;
+  const notEnded = lineIds.filter((id) => !endedOk(id));
   return {
     lines: options.customIds.length,
     status: batch.status,
@@ -231,6 +243,7 @@ export async function auditBatch(options: {
       0,
     ),
     usageRequests: usage.total.requests,
-    notEndedOnOrigins: remembered === null ? null : lineIds.filter((id) => !endedOk(id)).length,
+    notEndedOnOrigins: remembered === null ? null : notEnded.filter((id) => !forgotten(id)).length,
+    pastOriginMemory: remembered === null ? null : notEnded.filter(forgotten).length,
   };
 }

@@ -10,6 +10,7 @@ import type { OriginAccess } from "./chaos-lookup.ts";
 import { fmt, summarize } from "./lib.ts";
 import { cpuTimeMs } from "./processes.ts";
 import { backgroundCap } from "../origin/background.ts";
+import { OUTCOME_RETENTION_MS } from "../origin/outcome-log.ts";
 
 const MODEL = "warmgate-sim-8b";
 /** Distinct system prompts of the batch's lines: lines sharing one share a prefix. */
@@ -370,7 +371,7 @@ export function batchApiTargets(
     {
       target: "lines lost across the edge restart",
       value: lost,
-      measured: `${a.missing} missing from the output, ${a.notEndedOnOrigins ?? "?"} not ended ok on an origin`,
+      measured: `${a.missing} missing from the output, ${a.notEndedOnOrigins ?? "?"} not ended ok on an origin${a.pastOriginMemory ? ` (${a.pastOriginMemory} more past the origins' memory of ${OUTCOME_RETENTION_MS / 60_000} minutes: not checkable there)` : ""}`,
       goal: "0",
       met: lost === 0,
     },

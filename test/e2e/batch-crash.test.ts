@@ -72,6 +72,7 @@ describe("a batch across an edge crash", () => {
         ledgerDistinct: LINES,
         usageRequests: LINES,
         notEndedOnOrigins: 0,
+        pastOriginMemory: 0,
       });
       expect(audit.ledgerCompletionTokens).toBe(audit.outputCompletionTokens);
       // A line runs to the end again only when its answer had ended on the origin but had
