@@ -217,14 +217,15 @@ export async function auditBatch(options: {
     total: { requests: number };
   };
   const lineIds = options.customIds.map((_, i) => `${batch.id}-${i}`);
-  const askedAt = Date.now();
   const remembered = await readOriginItems(options.origins, lineIds);
   const endedOk = (id: string) =>
     remembered?.get(id)?.some((item) => item.state === "ended" && item.outcome === "ok") === true;
-  // A line's end follows its start by its 32 tokens; a minute's margin for those near the edge.
+  // An origin forgets an item its memory after the item ended, which is after the line
+  // started: only a line that started that long before the last answer came may be forgotten.
+  const answeredAt = Date.now();
   const startedAt = new Map(ledger.map((row) => [row.id, Date.parse(row.created_at)]));
   const forgotten = (id: string) =>
-    (startedAt.get(id) ?? askedAt) < askedAt - OUTCOME_RETENTION_MS + 60_000;
+    (startedAt.get(id) ?? answeredAt) < answeredAt - OUTCOME_RETENTION_MS;
   const notEnded = lineIds.filter((id) => !endedOk(id));
   return {
     lines: options.customIds.length,
