@@ -154,8 +154,8 @@ export class Dispatcher {
     }
     // A pinned request goes to its origin or nowhere: it asks about that origin.
     if (pinned !== null) ranked = ranked.filter((c) => c.origin.id === pinned.id);
-    const busy = (id: string) => this.#pool.busy(id, now);
-    const candidates = canary === null ? ranked : armCandidates(canary, ranked, busy);
+    const candidates =
+      canary === null ? ranked : armCandidates(canary, ranked, (id) => this.#pool.busy(id, now));
     if (canary !== null) {
       const sync = this.#canaries.sync(canary.spec, now);
       if (sync !== null) waitUntil(sync);

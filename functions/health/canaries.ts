@@ -155,12 +155,13 @@ export function armCandidates(
   candidates: readonly RegionOrigin[],
   busy: (originId: string) => boolean,
 ) {
-  const first = candidates.filter((c) => plan.pool.has(c.origin.id) && !busy(c.origin.id));
-  const rest = candidates.filter((c) => !plan.pool.has(c.origin.id));
-  if (plan.arm === "canary") {
-    return [...first, ...candidates.filter((c) => !first.includes(c))];
+  const inPool = (c: RegionOrigin) => plan.pool.has(c.origin.id);
+  if (plan.arm === "baseline") {
+    const rest = candidates.filter((c) => !inPool(c));
+    return rest.length > 0 ? rest : candidates.filter(inPool);
   }
-  return rest.length > 0 ? rest : candidates.filter((c) => plan.pool.has(c.origin.id));
+  const ready = (c: RegionOrigin) => inPool(c) && !busy(c.origin.id);
+  return [...candidates.filter(ready), ...candidates.filter((c) => !ready(c))];
 }
 
 /** Origins a Batcher must not pick for the arm: the pool for the baseline. */
