@@ -38,7 +38,7 @@ const { values: args } = parseArgs({
     streams: { type: "string", default: "256,512" },
     "origin-s": { type: "string", default: "15" },
     "edge-s": { type: "string", default: "25" },
-    capacity: { type: "string", default: "32,64,128,256" },
+    capacity: { type: "string", default: "8,16,32,64,128,256" },
     "capacity-s": { type: "string", default: "5" },
     "calm-s": { type: "string", default: "70" },
     "calm-streams": { type: "string", default: "8" },
