@@ -220,7 +220,7 @@ export async function auditBatch(options: {
   const remembered = await readOriginItems(options.origins, lineIds);
   const endedOk = (id: string) =>
     remembered?.get(id)?.some((item) => item.state === "ended" && item.outcome === "ok") === true;
-  // An origin forgets an item its memory after the item ended, which is after the line
+  // An origin forgets an item `OUTCOME_RETENTION_MS` after it ended, which is after the line
   // started: only a line that started that long before the last answer came may be forgotten.
   const answeredAt = Date.now();
   const startedAt = new Map(ledger.map((row) => [row.id, Date.parse(row.created_at)]));
