@@ -70,6 +70,9 @@ export function reportsBusy(report: LoadReport | null): boolean {
   return report !== null && (report.waiting > 0 || report.running >= report.max_num_seqs);
 }
 
+/** What an item given up by the slow-first-byte rule failed with (see {@link watchFirstByte}). */
+export const LOST_ITEM = "the origin lost the item: its HEAD is late and it queues nothing";
+
 /**
  * The slow-first-byte rule, for a call or an attempt still waiting for a HEAD: after `ms`
  * of this thread's on-time, `onSlow` unless the origin's last report shows it queueing; on

@@ -1,5 +1,5 @@
 /**
- * The health probe of a half-open origin (docs/failover.md, "Probes"): its `/health`, then,
+ * The health probe of a half-open origin (docs/failover.md, "Breakers"): its `/health`, then,
  * where the region names a model for it, one real completion of one token through the batch
  * protocol, so that an origin failing part of its requests is seen failing, not only alive.
  * An answer of busy (429, or 503 with `retry-after`: an origin at its connection cap), to

@@ -31,7 +31,7 @@ import {
 import { type OpenItem, frameItem, refusedItem } from "./item.ts";
 import { rawItem } from "./raw-item.ts";
 import { type OnTimeTimer, onTimeClock } from "../../contracts/on-time.ts";
-import { watchFirstByte, watchIdleEngine } from "../../contracts/origin-health.ts";
+import { LOST_ITEM, watchFirstByte, watchIdleEngine } from "../../contracts/origin-health.ts";
 import type { DeliveryMode } from "../../contracts/delivery.ts";
 
 /** The outcome of one attempt at an origin; `originId` names the origin that was tried. */
@@ -112,7 +112,7 @@ const GIVEN_UP = "given up: the origin's circuit breaker opened";
 /** Reason it carries when the origin went silent. */
 const SILENT = "the origin went silent";
 /** Reason it carries when its streamed HEAD was late while its origin queued nothing. */
-const LOST = "the origin lost the item: its HEAD is late and it queues nothing";
+const LOST = LOST_ITEM;
 /** Reason it carries when its client went away before it opened. */
 const CLIENT_GONE = "the client went away";
 

@@ -8,7 +8,12 @@ import type { BreakerView, Verdict } from "../../../contracts/breaker.ts";
 import { DEFAULT_BREAKER_CACHE } from "../../../contracts/breaker-cache.ts";
 import { logWarn } from "../../../contracts/log.ts";
 import { onTimeClock } from "../../../contracts/on-time.ts";
-import { retryAfterMs, watchFirstByte, watchIdleEngine } from "../../../contracts/origin-health.ts";
+import {
+  LOST_ITEM,
+  retryAfterMs,
+  watchFirstByte,
+  watchIdleEngine,
+} from "../../../contracts/origin-health.ts";
 import { type BatchCaller, type OpenCall, deliver, failBody } from "../callers/caller.ts";
 import type { Callers } from "../callers/callers.ts";
 import { countBatch, countQueueWait } from "../counters.ts";
@@ -36,6 +41,8 @@ const BREAKER_WATCH_MS = DEFAULT_BREAKER_CACHE.refreshMs;
 
 /** The cursor of a router that has seen none of an origin's block events. */
 const FIRST_EVENT = { log: "", seq: 0 } as const;
+/** What an item fails with when no HEAD came within its first-byte timeout. */
+const LATE_HEAD = "no answer within the first-byte timeout";
 
 /** What the calls work with; each is built before them (see `Batcher`). */
 export interface CallsOptions {
@@ -180,14 +187,18 @@ export class Calls {
       const timeoutMs = Math.max(...timed.map((c) => c.input.firstByteTimeoutMs));
       call.headTimer = call.clock.timeout(timeoutMs, () => {
         call.headTimer = null;
-        for (const caller of timed) this.#headTimeout(caller);
+        for (const caller of timed) this.#giveUp(caller, "origin_timeout", LATE_HEAD);
       });
-      // Late HEADs from an origin whose reports say it is idle: it lost or hung our work.
+      // Late HEADs from an origin whose reports say it is idle: it lost or hung our work,
+      // which is judged slow and given up, so that each caller tries elsewhere now.
       call.slowTimer = watchFirstByte(
         silenceMs,
         () => call.lastLoad,
         () => {
-          if (timed.some((c) => c.stage === "sent")) this.#outcome(call.originId, "slow");
+          const late = timed.filter((c) => c.stage === "sent");
+          if (late.length === 0) return;
+          this.#outcome(call.originId, "slow");
+          for (const caller of late) this.#giveUp(caller, "origin_timeout", LOST_ITEM);
         },
         call.clock,
       );
@@ -203,7 +214,7 @@ export class Calls {
           if (waiting().length > 0) this.#outcome(call.originId, "slow");
         },
         () => {
-          for (const caller of waiting()) this.#headTimeout(caller);
+          for (const caller of waiting()) this.#giveUp(caller, "origin_timeout", LATE_HEAD);
         },
       );
     }
@@ -369,28 +380,17 @@ export class Calls {
     for (const call of this.#open.values()) {
       if (call.originId !== originId) continue;
       for (const caller of call.callers) {
-        if (caller.stage !== "sent") continue;
-        this.#stopper.stop(caller, call, true, true);
-        this.#callers.failSent(
-          caller,
-          "origin_unavailable",
-          "the origin's circuit breaker opened",
-          originId,
-        );
+        this.#giveUp(caller, "origin_unavailable", "the origin's circuit breaker opened");
       }
     }
   }
 
-  #headTimeout(caller: BatchCaller): void {
+  /** Stops an item not yet answered on its origin and fails it before its HEAD. */
+  #giveUp(caller: BatchCaller, code: BatcherFailureCode, detail: string): void {
     const call = caller.call;
     if (caller.stage !== "sent" || call === null) return;
     this.#stopper.stop(caller, call, true, true);
-    this.#callers.failSent(
-      caller,
-      "origin_timeout",
-      "no answer within the first-byte timeout",
-      call.originId,
-    );
+    this.#callers.failSent(caller, code, detail, call.originId);
   }
 
   /** What a call showed of its origin, for its breaker (one verdict per call). */

@@ -217,14 +217,19 @@ describe("a frozen origin", () => {
   });
 });
 
-describe("a stream straight to an origin that lost it", () => {
+describe.each([
+  ["straight to the origin", false],
+  ["through the Batcher", true],
+])("a stream sent %s to an origin that lost it", (_, batching) => {
   // A first-byte timeout of 30 s, and a breaker that never opens: only the late HEAD tells.
+  // The origin reports every 250 ms, so its call is never silent for 600: what gives the
+  // item up is its HEAD, late while the reports show nothing queued.
   it("is tried at the next origin once its HEAD is slow_first_byte_ms late with no queue there", async () => {
-    const tag = "lost-stream";
+    const tag = `lost-stream-${batching ? "batched" : "direct"}`;
     const config = configOf(
       tag,
-      false,
-      { slow_first_byte_ms: 200, consecutive_failures: 1_000 },
+      batching,
+      { slow_first_byte_ms: 600, consecutive_failures: 1_000 },
       30_000,
     );
     await setFaults("breaker-1", { hangRate: 1 });
