@@ -18,6 +18,7 @@ import {
   requestIdOf,
 } from "./protocol/schema.ts";
 import { BATCH_CONTENT_TYPE, type Frame, FrameDecoder, FrameType } from "./protocol/framing.ts";
+import { encodeEnvelope } from "./protocol/envelope.ts";
 
 /** Where an origin listens, and the bearer token it requires (none on open loopback). */
 export interface UpstreamOrigin {
@@ -25,19 +26,23 @@ export interface UpstreamOrigin {
   token?: string | undefined;
 }
 
-/** Posts a batch envelope to an origin's batch endpoint; rejects only when the call fails. */
+/**
+ * Posts a batch envelope to an origin's batch endpoint (one item's body after it, as the
+ * client sent it); rejects only when the call fails.
+ */
 export function postBatch(
   origin: UpstreamOrigin,
   batch: BatchRequest,
   signal: AbortSignal,
 ): Promise<Response> {
+  const { contentType, body } = encodeEnvelope(batch);
   return fetch(batchUrl(origin.url), {
     method: "POST",
     headers: originHeaders(origin, {
-      "content-type": "application/json",
+      "content-type": contentType,
       "warmgate-batch-version": String(BATCH_PROTOCOL_VERSION),
     }),
-    body: JSON.stringify(batch),
+    body,
     signal,
   });
 }

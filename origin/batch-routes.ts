@@ -3,7 +3,7 @@
  * each item on the engine and streams their frames back multiplexed with load reports;
  * `/v1/batch/cancel` stops items; `/v1/batch/outcomes` tells how recent items ended.
  */
-import type { Hono } from "hono";
+import type { Context, Hono } from "hono";
 import {
   BATCH_CANCEL_PATH,
   BATCH_PATH,
@@ -29,6 +29,7 @@ import {
 import type { ItemRun, ItemRunner, ItemSpec } from "./items.ts";
 import type { OriginCounters } from "./metrics.ts";
 import { OriginError, breakConnection, readJson, zodMessage } from "./http.ts";
+import { EnvelopeError, decodeEnvelope } from "../contracts/protocol/envelope.ts";
 
 /** Backpressure threshold of a batch response: beyond it, items wait for the edge to read. */
 const BATCH_HIGH_WATER_BYTES = 1 << 20;
@@ -49,7 +50,7 @@ export interface BatchRouteDeps {
 /** Adds the batch routes to the origin's app. */
 export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
   app.post(BATCH_PATH, async (c) => {
-    const parsed = BatchRequestSchema.safeParse(await readJson(c));
+    const parsed = BatchRequestSchema.safeParse(await readEnvelope(c));
     if (!parsed.success) {
       const { message, param } = zodMessage(parsed.error);
       throw new OriginError(400, message, "invalid_batch", param);
@@ -290,3 +291,15 @@ function runningItem(batches: Map<string, Map<string, ItemRun>>, id: string): It
 // Item and batch ids share the memory of early cancels, each in a namespace of its own.
 const batchKey = (id: string) => `batch:${id}`;
 const itemKey = (id: string) => `item:${id}`;
+
+// The envelope of `POST /v1/batch`, as JSON or with its one item's body after it.
+async function readEnvelope(c: Context): Promise<unknown> {
+  const text = await c.req.text();
+  try {
+    return decodeEnvelope(c.req.header("content-type") ?? "", text);
+  } catch (error) {
+    if (!(error instanceof EnvelopeError)) throw error;
+    if (error.syntax) throw new OriginError(400, error.message, "invalid_json");
+    throw new OriginError(400, error.message, "invalid_batch", error.param ?? null);
+  }
+}

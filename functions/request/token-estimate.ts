@@ -43,21 +43,28 @@ export function estimateTextTokens(text: string): number {
   let i = 0;
   while (i < length) {
     const code = text.charCodeAt(i);
-    const kind = code < 0x80 ? (ASCII_CLASS[code] ?? 0) : -1;
-    if (kind === 0) {
-      tokens++;
-      i++;
-      continue;
-    }
-    if (kind > 0) {
+    if (code < 0x80) {
+      const kind = ASCII_CLASS[code] as number;
+      if (kind === 0) {
+        tokens++;
+        i++;
+        continue;
+      }
+      // The run of its class, and `next`, the character that stopped it (if any): integer
+      // arithmetic and no table read beyond ASCII, for this loop is what a long prompt costs.
       let end = i + 1;
-      while (end < length && ASCII_CLASS[text.charCodeAt(end)] === kind) end++;
+      let next = 0;
+      while (end < length) {
+        next = text.charCodeAt(end);
+        if (next >= 0x80 || ASCII_CLASS[next] !== kind) break;
+        end++;
+      }
       // A run that stops at a character beyond ASCII may go on through it (`café`, `1٣`).
-      if (end === length || text.charCodeAt(end) < 0x80) {
+      if (end === length || next < 0x80) {
         const run = end - i;
-        if (kind === 1) tokens += Math.ceil(run / 4);
+        if (kind === 1) tokens += (run + 3) >>> 2;
         else if (kind === 2) tokens += run;
-        else if (run > 1 || code !== 0x20) tokens += Math.ceil(run / 2);
+        else if (run > 1 || code !== 0x20) tokens += (run + 1) >>> 1;
         i = end;
         continue;
       }

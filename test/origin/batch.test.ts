@@ -1,6 +1,10 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { BATCH_CANCEL_PATH, type BatchItem } from "../../contracts/protocol/schema.ts";
 import { BATCH_CONTENT_TYPE } from "../../contracts/protocol/framing.ts";
+import {
+  ITEM_BODY_ENVELOPE_CONTENT_TYPE,
+  encodeEnvelope,
+} from "../../contracts/protocol/envelope.ts";
 import { startOrigin } from "../../origin/server.ts";
 import type { OriginOptions, RunningOrigin } from "../../origin/server.ts";
 import { eventually, itemText, postBatch, readBatch } from "./batch-client.ts";
@@ -105,6 +109,31 @@ describe("POST /v1/batch", () => {
     const result = await readBatch(await postBatch(url, "b-same", [chat("same-id", body)]));
     expect(itemText(result.items.get(0))).toBe(plainText);
     expect(plainText).toContain("data: [DONE]");
+  });
+
+  it("runs one item whose body follows the envelope as the same item inside it", async () => {
+    const { url } = await start();
+    // A body laid out over lines, with text beyond ASCII: only the first line feed ends
+    // the envelope.
+    const text = JSON.stringify(
+      { model: "fake-model", messages: [{ role: "user", content: "café ✓" }], max_tokens: 5 },
+      null,
+      2,
+    );
+    const item = { id: "same-id", path: "/v1/chat/completions" as const, body: text };
+    const inside = await readBatch(await postBatch(url, "b-inside", [item]));
+    const encoded = encodeEnvelope({ v: 1, batch_id: "b-after", items: [item] });
+    expect(encoded.contentType).toBe(ITEM_BODY_ENVELOPE_CONTENT_TYPE);
+    const after = await readBatch(
+      await fetch(`${url}/v1/batch`, {
+        method: "POST",
+        headers: { "content-type": encoded.contentType },
+        body: encoded.body,
+      }),
+    );
+    expect(after.items.get(0)?.end?.outcome).toBe("ok");
+    expect(itemText(after.items.get(0))).toBe(itemText(inside.items.get(0)));
+    expect(engine.bodies).toEqual([text, text]);
   });
 
   it("fails one item on its own while the others succeed", async () => {
@@ -226,15 +255,32 @@ describe("POST /v1/batch", () => {
   });
 });
 
+/** Posts a raw batch body and returns the status, the OpenAI error code and type, and param. */
+async function envelopeRefusal(body: string, contentType?: string) {
+  const { url } = origin ?? (await start({ maxBatchItems: 2 }));
+  const headers = contentType === undefined ? undefined : { "content-type": contentType };
+  const response = await fetch(`${url}/v1/batch`, { method: "POST", headers, body });
+  const json = (await response.json()) as {
+    error: { code: string; type: string; param: string | null };
+  };
+  return [response.status, json.error.code, json.error.type, json.error.param] as const;
+}
+
 /** Posts a raw batch body and returns the status and the OpenAI error code. */
 async function envelopeError(body: string): Promise<[number, string, string]> {
-  const { url } = origin ?? (await start({ maxBatchItems: 2 }));
-  const response = await fetch(`${url}/v1/batch`, { method: "POST", body });
-  const json = (await response.json()) as { error: { code: string; type: string } };
-  return [response.status, json.error.code, json.error.type];
+  const [status, code, type] = await envelopeRefusal(body);
+  return [status, code, type];
 }
 
 const item = { id: "a", path: "/v1/completions", body: "{}" };
+
+function originUrl(): string {
+  if (origin === undefined) throw new Error("no origin started");
+  return origin.url;
+}
+
+const bareEnvelope = (items: unknown[]) => JSON.stringify({ v: 1, batch_id: "b", items });
+const invalidBatch = (param: string) => [400, "invalid_batch", "invalid_request_error", param];
 
 describe("POST /v1/batch envelope errors", () => {
   it("rejects a body that is not JSON", async () => {
@@ -264,6 +310,40 @@ describe("POST /v1/batch envelope errors", () => {
   it("rejects duplicate item ids", async () => {
     const body = JSON.stringify({ v: 1, batch_id: "b", items: [item, item] });
     expect(await envelopeError(body)).toEqual([400, "duplicate_item_id", "invalid_request_error"]);
+  });
+
+  it("rejects an envelope meant to be followed by its item's body but not so", async () => {
+    const type = ITEM_BODY_ENVELOPE_CONTENT_TYPE;
+    const { body: _, ...bare } = item;
+    const envelope = bareEnvelope;
+    expect(await envelopeRefusal(envelope([bare]), type)).toEqual(invalidBatch("items.0.body"));
+    expect(await envelopeRefusal(`${envelope([bare, bare])}\n{}`, type)).toEqual(
+      invalidBatch("items"),
+    );
+    expect(await envelopeRefusal(`${envelope([])}\n{}`, type)).toEqual(invalidBatch("items"));
+    expect(await envelopeRefusal(`${envelope(["a"])}\n{}`, type)).toEqual(invalidBatch("items"));
+    expect(await envelopeRefusal(`${envelope([item])}\n{}`, type)).toEqual(
+      invalidBatch("items.0.body"),
+    );
+    expect(await envelopeRefusal("{\n{}", type)).toEqual([
+      400,
+      "invalid_json",
+      "invalid_request_error",
+      null,
+    ]);
+    // What follows is the item's body as the client sent it: the engine refuses it, not the
+    // origin the envelope.
+    const result = await readBatch(
+      await fetch(`${originUrl()}/v1/batch`, {
+        method: "POST",
+        headers: { "content-type": type },
+        body: `${envelope([{ ...bare, id: "bad-body" }])}\n{oops`,
+      }),
+    );
+    expect(result.items.get(0)?.end).toMatchObject({
+      outcome: "error",
+      error: { code: "invalid_json" },
+    });
   });
 
   it("rejects a batch id that is already running", async () => {

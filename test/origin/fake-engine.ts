@@ -13,6 +13,8 @@ export interface FakeEngine extends Engine {
   readonly aborted: string[];
   /** Ids of every submitted item, in order. */
   readonly submitted: string[];
+  /** The body of every submitted item, in order, as the engine got it. */
+  readonly bodies: string[];
   closed: boolean;
 }
 
@@ -31,10 +33,12 @@ export function createFakeEngine(tickMs = 2): FakeEngine {
   let running = 0;
   const aborted: string[] = [];
   const submitted: string[] = [];
+  const bodies: string[] = [];
   const engine: FakeEngine = {
     kind: "sim",
     aborted,
     submitted,
+    bodies,
     closed: false,
     running: () => running,
     models: () => [{ id: "fake-model", max_model_len: 4096, owned_by: "warmgate" }],
@@ -57,6 +61,7 @@ export function createFakeEngine(tickMs = 2): FakeEngine {
     },
     submit(item: EngineItem): Promise<EngineResponse> {
       submitted.push(item.id);
+      bodies.push(item.body);
       const request = JSON.parse(item.body) as FakeBody;
       if (request.x_throw === true) return Promise.reject(new Error("engine exploded"));
       if (request.x_fail !== undefined) {

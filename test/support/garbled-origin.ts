@@ -13,6 +13,7 @@
 import { type Server, createServer } from "node:http";
 import { type AddressInfo } from "node:net";
 import { BatchRequestSchema, IDLE_LOAD, type LoadReport } from "../../contracts/protocol/schema.ts";
+import { decodeEnvelope } from "../../contracts/protocol/envelope.ts";
 import {
   BATCH_CONTENT_TYPE,
   BATCH_ITEM,
@@ -111,7 +112,9 @@ export async function startGarbledOrigin(originId: string): Promise<GarbledOrigi
       const text = Buffer.concat(chunks).toString("utf8");
       const silent = text.includes("mute") || text.includes("hang");
       if (req.method === "POST" && req.url === "/v1/batch" && text.includes("freeze")) {
-        const [item] = BatchRequestSchema.parse(JSON.parse(text)).items;
+        const [item] = BatchRequestSchema.parse(
+          decodeEnvelope(req.headers["content-type"] ?? "", text),
+        ).items;
         const id = item?.id ?? "";
         muted.frozen++;
         frozen.add(id);
@@ -135,7 +138,9 @@ export async function startGarbledOrigin(originId: string): Promise<GarbledOrigi
         // Frozen: never answered; the edge gives up on it.
       } else if (req.method === "POST" && req.url === "/v1/batch" && silent) {
         muted.taken++;
-        const [item] = BatchRequestSchema.parse(JSON.parse(text)).items;
+        const [item] = BatchRequestSchema.parse(
+          decodeEnvelope(req.headers["content-type"] ?? "", text),
+        ).items;
         const id = item?.id ?? "";
         let reports: ReturnType<typeof setInterval> | undefined;
         if (text.includes("hang")) {
@@ -159,7 +164,10 @@ export async function startGarbledOrigin(originId: string): Promise<GarbledOrigi
         res.writeHead(200, { "content-type": "application/json" });
         res.end(JSON.stringify(muted));
       } else if (req.method === "POST" && req.url === "/v1/batch") {
-        const { first, last } = answer(originId, JSON.parse(text));
+        const { first, last } = answer(
+          originId,
+          decodeEnvelope(req.headers["content-type"] ?? "", text),
+        );
         res.writeHead(200, { "content-type": BATCH_CONTENT_TYPE });
         if (!text.includes("bad-end")) {
           res.end(concatBytes([first, last]));
