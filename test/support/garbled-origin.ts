@@ -111,10 +111,9 @@ export async function startGarbledOrigin(originId: string): Promise<GarbledOrigi
     req.on("end", () => {
       const text = Buffer.concat(chunks).toString("utf8");
       const silent = text.includes("mute") || text.includes("hang");
+      const envelope = () => decodeEnvelope(req.headers["content-type"] ?? "", text);
       if (req.method === "POST" && req.url === "/v1/batch" && text.includes("freeze")) {
-        const [item] = BatchRequestSchema.parse(
-          decodeEnvelope(req.headers["content-type"] ?? "", text),
-        ).items;
+        const [item] = BatchRequestSchema.parse(envelope()).items;
         const id = item?.id ?? "";
         muted.frozen++;
         frozen.add(id);
@@ -138,9 +137,7 @@ export async function startGarbledOrigin(originId: string): Promise<GarbledOrigi
         // Frozen: never answered; the edge gives up on it.
       } else if (req.method === "POST" && req.url === "/v1/batch" && silent) {
         muted.taken++;
-        const [item] = BatchRequestSchema.parse(
-          decodeEnvelope(req.headers["content-type"] ?? "", text),
-        ).items;
+        const [item] = BatchRequestSchema.parse(envelope()).items;
         const id = item?.id ?? "";
         let reports: ReturnType<typeof setInterval> | undefined;
         if (text.includes("hang")) {
@@ -164,10 +161,7 @@ export async function startGarbledOrigin(originId: string): Promise<GarbledOrigi
         res.writeHead(200, { "content-type": "application/json" });
         res.end(JSON.stringify(muted));
       } else if (req.method === "POST" && req.url === "/v1/batch") {
-        const { first, last } = answer(
-          originId,
-          decodeEnvelope(req.headers["content-type"] ?? "", text),
-        );
+        const { first, last } = answer(originId, envelope());
         res.writeHead(200, { "content-type": BATCH_CONTENT_TYPE });
         if (!text.includes("bad-end")) {
           res.end(concatBytes([first, last]));
