@@ -1,6 +1,6 @@
 /**
  * `npm run bench:ab -- --base REV [--stream] [--prompt-tokens N] [--max-tokens N]
- * [--time-scale X]`: this tree's edge and the edge of
+ * [--time-scale X] [--clients N]`: this tree's edge and the edge of
  * commit REV side by side, each under workerd with an origin of its own, one request to each
  * in turn (a key with limits, budgets and ledger on); prints each edge's workerd CPU and
  * latency per round. A host that drifts moves both alike, so a difference of a few percent
@@ -14,7 +14,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { benchChatBody } from "./chat-body.ts";
-import { fmt, markdownTable, percentile, provenance, timedRequest } from "./lib.ts";
+import { closedLoop, fmt, markdownTable, percentile, provenance, timedRequest } from "./lib.ts";
 import { BENCH_KEY_BUDGETS, BENCH_KEY_LIMITS } from "./key-limits.ts";
 import { cpuTimeMs, workerdPid } from "./processes.ts";
 import { ROOT } from "../scripts/edge.ts";
@@ -31,12 +31,15 @@ const { values: args } = parseArgs({
     "max-tokens": { type: "string", default: "16" },
     // The simulated engine's speed: 0 answers at once, 1 at a modelled GPU's pace.
     "time-scale": { type: "string", default: "0" },
+    // More than one: each edge in turn serves a round's requests from this many clients.
+    clients: { type: "string", default: "1" },
   },
   strict: true,
 });
 if (args.base === undefined) throw new Error("--base REV names the commit to compare with");
 const ROUNDS = Number(args.rounds);
 const REQUESTS = Number(args.requests);
+const CLIENTS = Number(args.clients);
 
 const git = (...rest: string[]) =>
   execFileSync("git", rest, { cwd: ROOT, encoding: "utf8" }).trim();
@@ -56,6 +59,8 @@ interface Edge {
   pid: number | null;
   rounds: number[];
   latencies: number[];
+  /** Requests a second, one figure a round (with clients). */
+  rps: number[];
 }
 
 const edges: Edge[] = [];
@@ -88,6 +93,7 @@ try {
       pid: await workerdPid(stack.edge.pid),
       rounds: [],
       latencies: [],
+      rps: [],
     });
   }
   const payload = benchChatBody(
@@ -98,7 +104,21 @@ try {
   for (let i = 0; i < Number(args.warm); i++) {
     for (const edge of edges) await timedRequest(edge.url, edge.headers, payload);
   }
-  for (let round = 0; round < ROUNDS; round++) {
+  // With clients, each edge serves a round alone, each going first every other round.
+  for (let round = 0; round < (CLIENTS > 1 ? ROUNDS : 0); round++) {
+    for (const edge of round % 2 === 0 ? edges : edges.toReversed()) {
+      const before = await cpuTimeMs(edge.pid);
+      const load = await closedLoop(CLIENTS, REQUESTS, async () => {
+        const { total } = await timedRequest(edge.url, edge.headers, payload);
+        edge.latencies.push(total);
+        return total;
+      });
+      const after = await cpuTimeMs(edge.pid);
+      edge.rounds.push(((after ?? NaN) - (before ?? NaN)) / REQUESTS);
+      edge.rps.push(load.rps);
+    }
+  }
+  for (let round = 0; round < (CLIENTS === 1 ? ROUNDS : 0); round++) {
     const before = await Promise.all(edges.map((edge) => cpuTimeMs(edge.pid)));
     for (let i = 0; i < REQUESTS; i++) {
       // Each goes first every other turn.
@@ -121,7 +141,7 @@ const mean = (values: number[]) => values.reduce((a, b) => a + b, 0) / values.le
 for (const edge of edges) edge.latencies.sort((a, b) => a - b);
 const [base, head] = edges;
 console.log(
-  `${ROUNDS} rounds of ${REQUESTS} ${args.stream ? "streamed" : "JSON"} requests to each edge, in turn, one client` +
+  `${ROUNDS} rounds of ${REQUESTS} ${args.stream ? "streamed" : "JSON"} requests to each edge, in turn, ${CLIENTS === 1 ? "one client" : `${CLIENTS} clients`}` +
     (args["prompt-tokens"] === "0" ? "" : `, ${args["prompt-tokens"]}-token prompt`) +
     `, ${args["max-tokens"]} tokens at time scale ${args["time-scale"]}.\n`,
 );
@@ -133,6 +153,7 @@ console.log(
       "CPU ms/req",
       "p50 ms",
       "p99 ms",
+      ...(CLIENTS > 1 ? ["req/s"] : []),
     ],
     edges.map((edge) => [
       edge.name,
@@ -140,11 +161,13 @@ console.log(
       fmt(mean(edge.rounds), 3),
       fmt(percentile(edge.latencies, 50)),
       fmt(percentile(edge.latencies, 99)),
+      ...(CLIENTS > 1 ? [fmt(mean(edge.rps), 0)] : []),
     ]),
   ),
 );
 if (base !== undefined && head !== undefined) {
   console.log(
-    `\nthis tree / base: CPU ${fmt(mean(head.rounds) / mean(base.rounds), 3)}×, p50 ${fmt(percentile(head.latencies, 50) / percentile(base.latencies, 50), 3)}×`,
+    `\nthis tree / base: CPU ${fmt(mean(head.rounds) / mean(base.rounds), 3)}×, p50 ${fmt(percentile(head.latencies, 50) / percentile(base.latencies, 50), 3)}×` +
+      (CLIENTS > 1 ? `, req/s ${fmt(mean(head.rps) / mean(base.rps), 3)}×` : ""),
   );
 }
