@@ -9,11 +9,12 @@ export type DeliveryMode = "stream" | "whole";
 
 /**
  * Fewest completion tokens a streamed answer may run to for the edge to have its origin's
- * runtime pipe it to the client (`raw-item.ts`): its END is then one lookup at its origin
- * (about what relaying 15 paced tokens through JavaScript costs), so a stream that may stay
- * shorter is relayed frame by frame (docs/edge.md, "Delivery").
+ * runtime pipe it to the client (`raw-item.ts`): its END is then its origin's outcome record,
+ * asked together with others that end near it (`outcome-asks.ts`). From 16 tokens on the pipe
+ * costs less than relaying the frames through JavaScript, a stream alone included; a stream
+ * that may stay shorter is relayed frame by frame (docs/edge.md, "Delivery").
  */
-export const PIPED_MIN_TOKENS = 32;
+export const PIPED_MIN_TOKENS = 16;
 
 /** Whether a request's stream is piped raw: streamed, and may run to {@link PIPED_MIN_TOKENS}. */
 export function pipesRaw(delivery: DeliveryMode, maxTokens: number): boolean {

@@ -135,6 +135,21 @@ export interface OutcomeQuery {
   prefixes?: readonly string[];
 }
 
+/** What a lookup found (see {@link lookupOutcomes}). */
+export interface OutcomeLookupResult {
+  items: FoundItem[];
+  complete: boolean;
+  silent: Set<string>;
+}
+
+/** A way to ask origins about requests: {@link lookupOutcomes}, or one that gathers asks. */
+export type OutcomeLookup = (
+  sources: readonly OutcomeSource[],
+  query: OutcomeQuery,
+  secrets: object,
+  timeoutMs?: number,
+) => Promise<OutcomeLookupResult>;
+
 /**
  * Asks every origin about the requests `query` names; `complete` is false when an origin
  * did not answer (then a request none of the others remembers may yet be found there), and
@@ -145,7 +160,7 @@ export async function lookupOutcomes(
   query: OutcomeQuery,
   secrets: object,
   timeoutMs = OUTCOME_LOOKUP_TIMEOUT_MS,
-): Promise<{ items: FoundItem[]; complete: boolean; silent: Set<string> }> {
+): Promise<OutcomeLookupResult> {
   const ids = [...query.ids];
   const prefixes = [...(query.prefixes ?? [])];
   if (ids.length > MAX_OUTCOME_IDS) throw new Error(`at most ${MAX_OUTCOME_IDS} ids a lookup`);
@@ -202,6 +217,8 @@ export interface SettledOutcomeOptions {
   intervalMs?: number;
   /** Longest wait for one origin's answer (default {@link OUTCOME_LOOKUP_TIMEOUT_MS}). */
   timeoutMs?: number;
+  /** How each lookup asks (default {@link lookupOutcomes}). */
+  lookup?: OutcomeLookup;
 }
 
 /**
@@ -225,7 +242,7 @@ export async function settledOutcome(
   };
   for (let attempt = 0; attempt < tries; attempt++) {
     if (attempt > 0) await sleep(options.intervalMs ?? 200);
-    const { items, complete } = await lookupOutcomes(
+    const { items, complete } = await (options.lookup ?? lookupOutcomes)(
       sources,
       { ids: [requestId] },
       secrets,

@@ -275,6 +275,7 @@ export function batchRoutes(app: Hono, deps: BatchRouteDeps): void {
       throw new OriginError(400, message, "invalid_outcomes_request", param);
     }
     const { ids, prefixes } = parsed.data;
+    deps.counters.outcomeLookups++;
     return c.json({ items: deps.items.outcomes.lookup(ids, Date.now(), prefixes) });
   });
 }

@@ -28,6 +28,8 @@ export interface OriginCounters {
   cancellations: Record<AbortReason, number>;
   /** Connections turned away because `maxConnections` were open. */
   connectionsRefused: RefusedConnections;
+  /** Outcome lookups answered (`/v1/batch/outcomes`). */
+  outcomeLookups: number;
 }
 
 /** Fresh zeroed counters. */
@@ -42,6 +44,7 @@ export function createOriginCounters(): OriginCounters {
     replayed: 0,
     cancellations: { cancel: 0, client: 0, timeout: 0, shutdown: 0 },
     connectionsRefused: { busy: 0, closed: 0 },
+    outcomeLookups: 0,
   };
 }
 
@@ -129,6 +132,12 @@ export function renderOriginMetrics(input: OriginMetricsInput): string {
   w.family("warmgate_origin_items_in_flight", "gauge", "Items (plain or batched) running now.");
   w.sample("warmgate_origin_items_in_flight", counters.inFlight);
 
+  w.family(
+    "warmgate_origin_outcome_lookups_total",
+    "counter",
+    "Outcome lookups answered (/v1/batch/outcomes), each about one or more requests.",
+  );
+  w.sample("warmgate_origin_outcome_lookups_total", counters.outcomeLookups);
   w.family("warmgate_origin_item_outcomes_total", "counter", "Finished items, by outcome.");
   for (const [outcome, n] of Object.entries(counters.outcomes)) {
     w.sample("warmgate_origin_item_outcomes_total", n, { outcome });

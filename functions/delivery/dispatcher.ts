@@ -30,6 +30,7 @@ import { BatcherMemo } from "./batcher-memo.ts";
 import { type DispatchOptions, dispatchCompletion } from "./failover.ts";
 import { type ItemOpener, directOpener } from "./opener.ts";
 import { unservedUsage } from "./generated.ts";
+import { OutcomeAsks } from "./outcome-asks.ts";
 import { RetryBudget } from "./retry-budget.ts";
 
 /** One planned completion, as the dispatcher takes it. */
@@ -85,6 +86,8 @@ export class Dispatcher {
   readonly #batchers = new BatcherMemo();
   // Straight to an origin, on the isolate's ring (which credential each origin is on).
   readonly #openDirect: ItemOpener = directOpener(new CredentialRing());
+  // What answers that ended without an END generated, asked of their origins together.
+  readonly #asks = new OutcomeAsks();
 
   constructor(breakers: EdgeBreakers, canaries: CanaryCopies) {
     this.#breakers = breakers;
@@ -118,6 +121,7 @@ export class Dispatcher {
       headers: request.headers,
       ...(request.answerHeaders !== undefined && { answerHeaders: request.answerHeaders }),
       secrets: request.env,
+      lookup: this.#asks.lookup,
       onSettled: (settled) => settlement.settle(settled),
       onReleased: (released) => settlement.release(released),
       signal: request.signal,

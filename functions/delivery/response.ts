@@ -5,6 +5,7 @@
  * error event (a Responses stream's typed `error` and `response.failed`); a whole (JSON) answer is read first, so a failure inside it answers 502/504.
  */
 import { logWarn } from "../../contracts/log.ts";
+import type { OutcomeLookup } from "../../contracts/outcomes.ts";
 import { originFailure } from "../../contracts/errors.ts";
 import type { ItemTrailer } from "../../contracts/protocol/schema.ts";
 import { type DeliveryMode, answerDelivery } from "../../contracts/delivery.ts";
@@ -13,7 +14,14 @@ import { responsesFailureEnding } from "../../contracts/responses-failure.ts";
 import type { OriginPool, RegionOrigin } from "./origin-pool.ts";
 import type { GivenUp, SettledRequest } from "../accounts/settlement.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
-import { END_WAIT_MS, billed, generatedBy, originsNamed, servedOrGivenUp } from "./generated.ts";
+import {
+  END_WAIT_MS,
+  ORIGIN_ASK,
+  billed,
+  generatedBy,
+  originsNamed,
+  servedOrGivenUp,
+} from "./generated.ts";
 import type { ItemEnd, OpenItem } from "./item.ts";
 
 /** Where the item is served. */
@@ -66,6 +74,8 @@ export interface AnswerOptions {
   answerHeaders?: readonly (readonly [string, string])[];
   /** How long a stream whose client went away waits for its END (default `END_WAIT_MS`). */
   endWaitMs?: number;
+  /** How an answer that ended without an END asks its origin (the isolate's `OutcomeAsks`). */
+  lookup?: OutcomeLookup;
 }
 
 /** Whether `item`'s answer is streamed to the client or read whole first. */
@@ -295,6 +305,7 @@ class Lifecycle {
         options.requestId,
         [head.id],
         options.secrets,
+        options.lookup === undefined ? ORIGIN_ASK : { ...ORIGIN_ASK, lookup: options.lookup },
       );
       usage = billed(generated);
       if (generated.known) {

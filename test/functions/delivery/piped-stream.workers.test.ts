@@ -27,6 +27,11 @@ afterEach(async () => {
 
 const rawBatches = async (url: string) =>
   metricValue(await (await fetch(`${url}/metrics`)).text(), "warmgate_origin_raw_batches_total");
+const outcomeLookups = async (url: string) =>
+  metricValue(
+    await (await fetch(`${url}/metrics`)).text(),
+    "warmgate_origin_outcome_lookups_total",
+  );
 
 async function originRecord(url: string, id: string) {
   const response = await fetch(`${url}/v1/batch/outcomes`, {
@@ -65,6 +70,29 @@ describe("a stream straight to an origin that may run long", () => {
     const record = await recordOf(key, requestId);
     expect(record).toMatchObject({ status: "settled", outcome: "ok", completion_tokens: 64 });
     expect(usdPicos(record.cost_usd)).toBe(costOf(usage as Usage, SMALL));
+  });
+
+  it("bills each of several streams ending together from its own record, each asked once at most", async () => {
+    const { key } = await createKey({ name: "piped-together" });
+    const before = await outcomeLookups(METER);
+    const body = { stream: true, stream_options: { include_usage: true } };
+    const answers = await Promise.all(
+      [16, 24, 40, 64].map((tokens) =>
+        send(config, chat(key, { ...body, max_tokens: tokens }), (r) => r.text()),
+      ),
+    );
+    for (const [i, tokens] of [16, 24, 40, 64].entries()) {
+      const { response, body: text } = answers[i]!;
+      const usage = usageIn(text as string);
+      expect(usage?.completion_tokens).toBe(tokens);
+      const record = await recordOf(key, response.headers.get("x-request-id") ?? "");
+      expect(record).toMatchObject({ status: "settled", outcome: "ok", completion_tokens: tokens });
+      expect(usdPicos(record.cost_usd)).toBe(costOf(usage as Usage, SMALL));
+    }
+    // Asked together when they end within the gathering wait of each other, never twice.
+    const lookups = (await outcomeLookups(METER)) - before;
+    expect(lookups).toBeGreaterThanOrEqual(1);
+    expect(lookups).toBeLessThanOrEqual(4);
   });
 
   it(`stays framed when it can end before ${PIPED_MIN_TOKENS} tokens`, async () => {
