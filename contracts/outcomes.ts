@@ -184,6 +184,14 @@ export async function lookupOutcomes(
       return parsed.data.items.map((item): FoundItem => ({ ...item, origin: source.id }));
     }),
   );
+  return joinAnswers(sources, answers);
+}
+
+/** Each origin's answer to one lookup (null: it did not answer), as the lookup's result. */
+export function joinAnswers(
+  sources: readonly OutcomeSource[],
+  answers: readonly (FoundItem[] | null)[],
+): OutcomeLookupResult {
   const items: FoundItem[] = [];
   const silent = new Set<string>();
   for (const [i, answer] of answers.entries()) {

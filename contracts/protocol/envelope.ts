@@ -57,10 +57,12 @@ export function decodeEnvelope(contentType: string, text: string): unknown {
     });
   }
   const envelope = parse(text.slice(0, cut));
-  const items = typeof envelope === "object" && envelope !== null && "items" in envelope;
-  const list: unknown = items ? envelope.items : undefined;
-  const [item] = Array.isArray(list) ? (list as unknown[]) : [];
-  if (!Array.isArray(list) || list.length !== 1 || typeof item !== "object" || item === null) {
+  const list: unknown =
+    typeof envelope === "object" && envelope !== null && "items" in envelope
+      ? envelope.items
+      : undefined;
+  const item: unknown = Array.isArray(list) && list.length === 1 ? list[0] : undefined;
+  if (typeof item !== "object" || item === null) {
     throw new EnvelopeError("An envelope followed by its item's body holds exactly one item.", {
       param: "items",
     });

@@ -11,6 +11,7 @@ import {
   type OutcomeLookup,
   type OutcomeLookupResult,
   type OutcomeSource,
+  joinAnswers,
   lookupOutcomes,
 } from "../../contracts/outcomes.ts";
 import { MAX_OUTCOME_IDS, requestIdOf } from "../../contracts/protocol/schema.ts";
@@ -61,13 +62,7 @@ export class OutcomeAsks {
     const answers = await Promise.all(
       sources.map((source) => this.#ask(source, query.ids, secrets, timeoutMs)),
     );
-    const items: FoundItem[] = [];
-    const silent = new Set<string>();
-    for (const [i, answer] of answers.entries()) {
-      if (answer === null) silent.add(sources[i]?.url ?? "");
-      else items.push(...answer);
-    }
-    return { items, complete: silent.size === 0, silent };
+    return joinAnswers(sources, answers);
   };
 
   /** Asks waiting for a lookup to carry them (for tests and diagnostics). */
