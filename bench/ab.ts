@@ -104,8 +104,10 @@ try {
   for (let i = 0; i < Number(args.warm); i++) {
     for (const edge of edges) await timedRequest(edge.url, edge.headers, payload);
   }
-  // With clients, each edge serves a round alone, each going first every other round.
-  for (let round = 0; round < (CLIENTS > 1 ? ROUNDS : 0); round++) {
+  const measure = CLIENTS > 1 ? measureLoaded : measurePaired;
+  for (let round = 0; round < ROUNDS; round++) await measure(round);
+  async function measureLoaded(round: number) {
+    // Each edge serves the round alone from the clients, each going first every other round.
     for (const edge of round % 2 === 0 ? edges : edges.toReversed()) {
       const before = await cpuTimeMs(edge.pid);
       const load = await closedLoop(CLIENTS, REQUESTS, async () => {
@@ -118,7 +120,7 @@ try {
       edge.rps.push(load.rps);
     }
   }
-  for (let round = 0; round < (CLIENTS === 1 ? ROUNDS : 0); round++) {
+  async function measurePaired() {
     const before = await Promise.all(edges.map((edge) => cpuTimeMs(edge.pid)));
     for (let i = 0; i < REQUESTS; i++) {
       // Each goes first every other turn.
