@@ -5,6 +5,7 @@
  * whose lease lapsed. See docs/key-account.md, "Billing every outcome".
  */
 import { credentialRefused, credentialValues } from "./credentials.ts";
+import { sleep } from "./sleep.ts";
 import {
   BATCH_CANCEL_PATH,
   type CancelRequest,
@@ -303,8 +304,4 @@ async function postTo(
     }
   }
   return null;
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
 }

@@ -8,6 +8,7 @@
  */
 import { logError } from "../../contracts/log.ts";
 import type { CommitStamp } from "../../contracts/commit-stamp.ts";
+import { sleep } from "../../contracts/sleep.ts";
 
 /** Longest time a settlement waits for a call to carry it, unless told otherwise. */
 export const SETTLE_FLUSH_MS = 20;
@@ -210,8 +211,4 @@ export class SettleQueue<T extends QueuedSettlement> {
     if (state.kind === "applied") key.applied.add(entry);
     if (key.queued.size === 0 && key.applied.size === 0) this.#keys.delete(keyId);
   }
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
 }

@@ -15,6 +15,7 @@ import {
   lookupOutcomes,
 } from "../../contracts/outcomes.ts";
 import { MAX_OUTCOME_IDS, requestIdOf } from "../../contracts/protocol/schema.ts";
+import { sleep } from "../../contracts/sleep.ts";
 
 /**
  * How long an ask waits for others of its origin to go in the same lookup, and between
@@ -114,12 +115,11 @@ export class OutcomeAsks {
     const queue = this.#queued.get(key);
     if (queue === undefined) return;
     const taken: Ask[] = [];
-    const ids = new Set<string>();
+    let ids = 0;
     for (const ask of queue) {
-      if (ask.state.kind !== "queued") continue;
-      if (ids.size + ask.ids.length > MAX_OUTCOME_IDS && taken.length > 0) break;
+      if (ids + ask.ids.length > MAX_OUTCOME_IDS && taken.length > 0) break;
       taken.push(ask);
-      for (const id of ask.ids) ids.add(id);
+      ids += ask.ids.length;
     }
     for (const ask of taken) {
       ask.state = { kind: "sent" };
@@ -138,18 +138,21 @@ export class OutcomeAsks {
     } catch {
       // A lookup that failed is an origin that did not answer.
     }
+    if (found === null || !found.complete) {
+      for (const ask of asks) ask.state = { kind: "silent" };
+      return;
+    }
+    // Each ask reads its own requests' items.
+    const byRequest = new Map<string, FoundItem[]>();
+    for (const item of found.items) {
+      const requestId = requestIdOf(item.id);
+      const items = byRequest.get(requestId);
+      if (items === undefined) byRequest.set(requestId, [item]);
+      else items.push(item);
+    }
     for (const ask of asks) {
-      ask.state =
-        found === null || !found.complete
-          ? { kind: "silent" }
-          : {
-              kind: "answered",
-              items: found.items.filter((item) => ask.ids.includes(requestIdOf(item.id))),
-            };
+      const items = [...new Set(ask.ids)].flatMap((id) => byRequest.get(id) ?? []);
+      ask.state = { kind: "answered", items };
     }
   }
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
 }

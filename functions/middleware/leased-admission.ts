@@ -19,6 +19,7 @@ import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import type { LeaseAsk } from "../../durable-objects/key-account/leases/types.ts";
 import type { AdmitResult } from "../../durable-objects/key-account/types.ts";
 import { waitUntilOf } from "./request-context.ts";
+import { SETTLE_LINGER_MS } from "../accounts/settle-queue.ts";
 import type { EdgeState } from "../edge-state.ts";
 
 /** A request the lease is asked to admit: its models with their allowances, its prompt. */
@@ -238,20 +239,25 @@ export function keepLease(c: Context<AppEnv>, endUser: string | null): void {
 
 /**
  * How long a request's settlement may wait for a call of its key to carry it (undefined:
- * the settle queue's usual 20 to 100 ms). A leased request holds no slot in its account (its lease
- * does), so while the isolate holds leases of many keys, each of which would cost a call of
- * its own every 20 to 100 ms, its bill rides the lease's next renewal (due within half a window
- * while traffic flows) and goes on its own after half a window at most.
+ * the settle queue's usual 20 to 100 ms, for a request that holds a slot in its account). A
+ * leased request holds no slot there (its lease does), so its bill waits the longest the
+ * queue lingers ({@link SETTLE_LINGER_MS}) even when it is alone: one client's requests
+ * tens of milliseconds apart then share a call instead of each costing one. While the
+ * isolate holds leases of many keys, each of which would cost a call of its own that often,
+ * its bill rides the lease's next renewal (due within half a window while traffic flows)
+ * and goes on its own after half a window at most.
  */
 export function settleWaitMs(c: Context<AppEnv>): number | undefined {
   if (c.get("leased") === undefined) return undefined;
   const { windowMs } = c.get("config").leases;
-  return c.get("edge").leases.leasedKeys(Date.now()) > MANY_LEASED_KEYS ? windowMs / 2 : undefined;
+  return c.get("edge").leases.leasedKeys(Date.now()) > MANY_LEASED_KEYS
+    ? windowMs / 2
+    : SETTLE_LINGER_MS;
 }
 
 /**
  * Keys an isolate holds leases of above which their leased requests' bills ride renewals:
- * below it, each key's settlements cost a call every 20 to 100 ms at most, a bounded rate.
+ * below it, each key's settlements cost a call every 100 ms at most, a bounded rate.
  */
 export const MANY_LEASED_KEYS = 8;
 

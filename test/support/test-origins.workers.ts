@@ -38,12 +38,15 @@ export async function sendWith(
   config: string,
   request: Request,
   secrets: Record<string, string> = {},
+  /** Given, the request's background work (its settlement) is left here to wait for. */
+  background?: Promise<void>[],
 ): Promise<Response> {
   const ctx = createExecutionContext();
   const response = await app.fetch(request, { ...env, ...secrets, WARMGATE_CONFIG: config }, ctx);
   // Read the body before waiting: settlement runs when the stream ends.
   const body = await response.arrayBuffer();
-  await waitOnExecutionContext(ctx);
+  if (background === undefined) await waitOnExecutionContext(ctx);
+  else background.push(waitOnExecutionContext(ctx));
   return new Response(body, response);
 }
 

@@ -7,6 +7,7 @@ import {
 import { env, exports } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import { parseLeasedId } from "../../../contracts/lease-ids.ts";
+import { SETTLE_LINGER_MS } from "../../../functions/accounts/settle-queue.ts";
 import type { KeyAccount } from "../../../durable-objects/key-account/index.ts";
 import app from "../../../functions/index.ts";
 import { ADMIN, createKey } from "../../support/admin-keys.workers.ts";
@@ -120,6 +121,38 @@ describe("a key with headroom", () => {
         .one().n;
     });
     expect(rows).toBe(1);
+  });
+});
+
+describe("a leased key's bills at one client's pace", () => {
+  it("share a call to the account when they end tens of milliseconds apart", async () => {
+    const { key } = await createKey({ name: "leased-paced" });
+    const calls: string[] = [];
+    const bindings = countingEnv(calls);
+    await send(bindings, key);
+    const before = calls.length;
+    const contexts: ExecutionContext[] = [];
+    const ended: number[] = [];
+    for (let i = 0; i < 4; i++) {
+      const ctx = createExecutionContext();
+      contexts.push(ctx);
+      const request = edgeRequest("/v1/chat/completions", {
+        body: chatBody(),
+        headers: { authorization: `Bearer ${key}` },
+      });
+      const response = await app.fetch(request, bindings, ctx);
+      expect(parseLeasedId(response.headers.get("x-request-id") ?? "")).not.toBeNull();
+      await response.text();
+      ended.push(Date.now());
+      await new Promise((resolve) => setTimeout(resolve, 25));
+    }
+    await Promise.all(contexts.map((ctx) => waitOnExecutionContext(ctx)));
+    // Four bills 25 ms and more apart, each of which would wait 20 ms alone: one call
+    // carries every bill that ends within a lingering wait of the call's first.
+    const span = (ended.at(-1) ?? 0) - (ended[0] ?? 0);
+    const settles = calls.slice(before).filter((call) => call === "settleMany");
+    expect(settles.length).toBeGreaterThanOrEqual(1);
+    expect(settles.length).toBeLessThanOrEqual(1 + Math.floor(span / SETTLE_LINGER_MS));
   });
 });
 
