@@ -171,7 +171,8 @@ export interface BatchAudit {
 
 /** Reads every row of the spend log tagged with the batch, 500 at a time. */
 async function ledgerRows(edgeUrl: string, adminToken: string, batchId: string) {
-  const rows: { id: string; completion_tokens: number | null; created_at: string }[] = [];
+  // `created_at`: Unix seconds, as the admin API gives every time.
+  const rows: { id: string; completion_tokens: number | null; created_at: number }[] = [];
   let cursor: string | null = null;
   do {
     const query = new URLSearchParams({ tag: `batch:${batchId}`, limit: "500" });
@@ -223,7 +224,7 @@ export async function auditBatch(options: {
   // An origin forgets an item `OUTCOME_RETENTION_MS` after it ended, which is after the line
   // started: only a line that started that long before the last answer came may be forgotten.
   const answeredAt = Date.now();
-  const startedAt = new Map(ledger.map((row) => [row.id, Date.parse(row.created_at)]));
+  const startedAt = new Map(ledger.map((row) => [row.id, row.created_at * 1_000]));
   const forgotten = (id: string) =>
     (startedAt.get(id) ?? answeredAt) < answeredAt - OUTCOME_RETENTION_MS;
   const notEnded = lineIds.filter((id) => !endedOk(id));
