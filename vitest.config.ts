@@ -1,6 +1,7 @@
 import { readFileSync } from "node:fs";
 import { cloudflareTest } from "@cloudflare/vitest-plugin";
 import { defineConfig } from "vitest/config";
+import LaneSequencer from "./test/support/sequencer.ts";
 import {
   TEST_ADMIN_TOKEN,
   TEST_ALERT_SECRET,
@@ -15,6 +16,8 @@ const userConfigFile = process.env["WARMGATE_CONFIG_FILE"];
 const userConfig = userConfigFile === undefined ? "" : readFileSync(userConfigFile, "utf8");
 export default defineConfig({
   test: {
+    // `npm test` splits the files into lanes with `--shard` (docs/edge.md, "Running the checks").
+    sequence: { sequencer: LaneSequencer },
     projects: [
       {
         test: {
@@ -45,6 +48,9 @@ export default defineConfig({
         test: {
           name: "workers",
           include: ["test/**/*.workers.test.ts"],
+          // One file at a time: files share the global setup's origins, their injected
+          // faults and their counts. `npm test` runs lanes with origins of their own.
+          maxWorkers: 1,
           globalSetup: ["test/support/origins-setup.ts"],
           // Creates the shared test key's account before each file's tests.
           setupFiles: ["test/support/test-key.workers.ts"],
