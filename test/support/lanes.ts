@@ -7,7 +7,9 @@
  */
 import { spawn } from "node:child_process";
 import { createWriteStream, mkdirSync, rmSync } from "node:fs";
+import { createRequire } from "node:module";
 import { availableParallelism } from "node:os";
+import { dirname, join } from "node:path";
 
 const REPORTS = ".vitest-reports";
 // Not among the reports: the merge reads every file there.
@@ -20,10 +22,15 @@ if (!Number.isInteger(lanes) || lanes < 1) {
   process.exit(2);
 }
 const env = { ...process.env, WRANGLER_SEND_METRICS: "false" };
+// The project's own vitest, run by this Node, whether or not npm put it on the PATH.
+const VITEST = join(
+  dirname(createRequire(import.meta.url).resolve("vitest/package.json")),
+  "vitest.mjs",
+);
 
 function vitest(args: string[], log: string | null): Promise<number> {
   return new Promise((resolve) => {
-    const child = spawn("vitest", args, {
+    const child = spawn(process.execPath, [VITEST, ...args], {
       env,
       stdio: ["ignore", log === null ? "inherit" : "pipe", log === null ? "inherit" : "pipe"],
     });
@@ -32,7 +39,10 @@ function vitest(args: string[], log: string | null): Promise<number> {
       child.stdout?.pipe(out);
       child.stderr?.pipe(out);
     }
-    child.on("error", () => resolve(1));
+    child.on("error", (error) => {
+      console.error(`vitest did not start: ${error.message}`);
+      resolve(1);
+    });
     child.on("close", (code) => resolve(code ?? 1));
   });
 }
@@ -40,7 +50,9 @@ function vitest(args: string[], log: string | null): Promise<number> {
 rmSync(REPORTS, { recursive: true, force: true });
 mkdirSync(LOGS, { recursive: true });
 const began = Date.now();
-console.log(`tests: ${lanes} lanes side by side (logs: ${LOGS}/lane-N.log)`);
+console.log(
+  `tests: ${lanes === 1 ? "one lane" : `${lanes} lanes side by side`} (logs: ${LOGS}/lane-N.log)`,
+);
 const codes = await Promise.all(
   Array.from({ length: lanes }, async (_, i) => {
     const shard = `${i + 1}/${lanes}`;
