@@ -1,6 +1,7 @@
 /**
- * A plain pause, for waits that ride the runtime's own timers: gathering requests' asks and
- * settlements into one call, and pausing between tries (docs/edge.md, "Delivery").
+ * A plain pause on the runtime's own timers, the one the edge and the origin server use:
+ * gathering asks and settlements into one call, pausing between tries, polling a moment for a
+ * slot or a lease call to free (docs/edge.md, "Delivery").
  */
 
 /** Resolves after `ms` milliseconds. */

@@ -12,6 +12,7 @@ import {
   type OpenAIErrorBody,
   openAIErrorBody,
 } from "../contracts/errors.ts";
+import { sleep } from "../contracts/sleep.ts";
 
 /** An error answered in OpenAI's shape. */
 export class OriginError extends Error {
@@ -93,8 +94,8 @@ export async function breakConnection(c: Context, handedOver: () => boolean): Pr
   const outgoing = outgoingOf(c);
   const sent = () => handedOver() && (outgoing?.socket?.writableLength ?? 0) === 0;
   for (let waited = 0; waited < 1_000 && !sent(); waited += 5) {
-    await new Promise((resolve) => setTimeout(resolve, 5));
+    await sleep(5);
   }
-  await new Promise((resolve) => setTimeout(resolve, BREAK_GRACE_MS));
+  await sleep(BREAK_GRACE_MS);
   outgoing?.destroy();
 }

@@ -83,8 +83,11 @@ const BATCHING_FIELDS = {
    * chunk's tokens leave at once (docs/batching.md, "Token holds").
    */
   hold_min_in_flight: z.int().nonnegative().max(100_000).default(128),
-  /** How long after its Batcher last sent at once an otherwise idle edge skips it (0: never). */
-  idle_bypass_ms: z.int().nonnegative().max(60_000).default(1000),
+  /**
+   * How long after its Batcher last sent at once an otherwise idle edge skips it (0: never;
+   * docs/batching.md, "Settings").
+   */
+  idle_bypass_ms: z.int().nonnegative().max(60_000).default(3000),
   /** Bytes of a streamed answer held for a slow client before it is dropped. */
   max_client_backlog_bytes: z
     .int()

@@ -20,6 +20,7 @@ import {
   type SettleResult,
 } from "../../durable-objects/key-account/types.ts";
 import { formatUsd } from "../../contracts/pricing.ts";
+import { sleep } from "../../contracts/sleep.ts";
 import { type BrowserScope, type BrowserTokenMemo, verifyBrowserToken } from "./browser-token.ts";
 import { ApiError, invalidApiKey, missingApiKey } from "../../contracts/errors.ts";
 import { API_KEY_PREFIX, type ApiKeyMemo, bearerToken, parseApiKey } from "./keys.ts";
@@ -118,7 +119,7 @@ function delayed<T extends object>(stub: T, delayMs: number): T {
       // Not `then`: the stub itself is not a promise.
       if (typeof value !== "function" || name === "then") return value;
       return async (...args: unknown[]) => {
-        await new Promise((resolve) => setTimeout(resolve, delayMs));
+        await sleep(delayMs);
         // An RPC stub's methods are stubs too: `value.apply` would be a remote call.
         return Reflect.apply(value, target, args);
       };

@@ -10,6 +10,7 @@
  * counts, never promises: a waiter looks again on its own timer (no I/O crosses requests in
  * Workers).
  */
+import { sleep } from "../../contracts/sleep.ts";
 
 /** How often a waiting request looks whether one of its key's requests ended, ms. */
 const POLL_MS = 5;
@@ -73,7 +74,7 @@ export class KeyRequests {
       const taken = this.#take(keyId, since);
       if (taken !== null) return taken;
       if (this.count(keyId) === 0 || Date.now() >= until) return null;
-      await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+      await sleep(POLL_MS);
     }
   }
 

@@ -11,6 +11,7 @@ import {
   canaryName,
 } from "../../contracts/canary.ts";
 import type { CanarySpec } from "../../contracts/config/canaries.ts";
+import { sleep } from "../../contracts/sleep.ts";
 import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import type { Canaries } from "../../durable-objects/canaries/index.ts";
 import type { RequestAttempt } from "../../durable-objects/key-account/types.ts";
@@ -94,7 +95,7 @@ export class CanaryCopies {
     const flush = async () => {
       for (let tries = 0; tries < FLUSH_TRIES && hasPending(copy); tries++) {
         const due = Math.max(0, copy.syncedAt + FLUSH_MS - Date.now());
-        await new Promise((resolve) => setTimeout(resolve, due));
+        await sleep(due);
         await this.sync(spec, Date.now());
       }
     };

@@ -19,6 +19,7 @@ import type { ResolvedConfig } from "../../contracts/config/gateway.ts";
 import type { LeaseAsk } from "../../durable-objects/key-account/leases/types.ts";
 import type { AdmitResult } from "../../durable-objects/key-account/types.ts";
 import { waitUntilOf } from "./request-context.ts";
+import { sleep } from "../../contracts/sleep.ts";
 import { SETTLE_LINGER_MS } from "../accounts/settle-queue.ts";
 import type { EdgeState } from "../edge-state.ts";
 
@@ -179,7 +180,7 @@ async function admitTrimmed(
 // Waits, a while at most, until no call about a lease is under way.
 async function idle(edge: EdgeState, keyId: string, scope: LeaseScope | null): Promise<void> {
   for (let i = 0; i < BUSY_POLLS && edge.leases.busy(keyId, scope); i++) {
-    await new Promise((resolve) => setTimeout(resolve, BUSY_POLL_MS));
+    await sleep(BUSY_POLL_MS);
   }
 }
 

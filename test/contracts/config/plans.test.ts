@@ -39,7 +39,7 @@ describe("batching plans, resolved when the configuration loads", () => {
       shards: 1,
       shardBy: "request",
       defaultLane: 1,
-      idleBypassMs: 1000,
+      idleBypassMs: 3000,
     });
     expect(plan.setup).toMatchObject({ region: "eu", quarantineMs: 2_000 });
     expect(plan.setup.clientBacklogBytes).toBe(512 * 1024);
