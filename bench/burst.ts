@@ -244,6 +244,12 @@ for (const r of capped?.runs ?? []) {
   lines.push(...errorLines(`capped burst of ${r.size}, singles after`, r.after));
 }
 for (const line of lines) console.log(line);
+
+/** TTFT of the first five single requests after a burst: whether a slow first one is alone. */
+function firstTtfts(after: readonly { ttftMs: number | null }[]): (number | null)[] {
+  return after.slice(0, 5).map((o) => (o.ttftMs === null ? null : Math.round(o.ttftMs * 10) / 10));
+}
+
 const path = await writeResult(resultName("burst", RUNTIME), {
   command,
   provenance: origin,
@@ -256,6 +262,7 @@ const path = await writeResult(resultName("burst", RUNTIME), {
     burstSeconds: r.burstSeconds,
     burst: tally(r.burst),
     firstSingleAfter: r.after[0] ?? null,
+    firstSinglesTtftMs: firstTtfts(r.after),
     singlesAfter: tally(r.after),
     breakers: r.breakers,
   })),
@@ -280,6 +287,7 @@ const path = await writeResult(resultName("burst", RUNTIME), {
             burstSeconds: r.burstSeconds,
             burst: tally(r.burst),
             firstSingleAfter: r.after[0] ?? null,
+            firstSinglesTtftMs: firstTtfts(r.after),
             singlesAfter: tally(r.after),
             breakers: r.breakers,
           })),
