@@ -9,6 +9,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
+import { setTimeout as sleep } from "node:timers/promises";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -112,7 +113,7 @@ async function waitForHealth(
       // Not listening yet.
     }
     if (problem !== null) throw new EdgeConfigError(problem);
-    await new Promise((r) => setTimeout(r, 150));
+    await sleep(150);
   }
   throw new Error(`edge at ${url} not ready within ${timeoutMs} ms`);
 }

@@ -8,6 +8,7 @@
  * in SQLite, so a restarted object picks its probes up again with no traffic at all.
  */
 import { logWarn } from "../../contracts/log.ts";
+import { sleep } from "../../contracts/sleep.ts";
 import { DurableObject } from "cloudflare:workers";
 import type { BreakerRegion } from "../../contracts/breaker.ts";
 import { type BreakerSettings, DEFAULT_BREAKER_SETTINGS } from "../../contracts/config/breakers.ts";
@@ -133,7 +134,7 @@ export class OriginBreakers extends DurableObject<Env> {
     if (wait > 0) {
       if (this.#reachDeferred.has(origin)) return;
       this.#reachDeferred.add(origin);
-      const later = new Promise((resolve) => setTimeout(resolve, wait)).then(() => {
+      const later = sleep(wait).then(() => {
         this.#reachDeferred.delete(origin);
         const b = this.#breakers.get(origin);
         if (b !== undefined && failing(b)) this.#checkReach(origin, Date.now());

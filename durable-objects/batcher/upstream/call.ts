@@ -20,6 +20,7 @@ import type { OpenCall } from "../callers/caller.ts";
 import type { BatcherFailureCode } from "../types.ts";
 import type { Verdict } from "../../../contracts/breaker.ts";
 import { refusedBusy, retryAfterOf } from "../../../contracts/origin-health.ts";
+import { sleep } from "../../../contracts/sleep.ts";
 
 /**
  * Longest stretch a call's reading keeps the Batcher's thread before it gives way to the
@@ -166,7 +167,7 @@ export async function runCall(
       // saturated the thread is, which the window's wait term weighs.
       const readAt = Date.now();
       if (readAt - turnStartedAt >= READ_TURN_MS) {
-        await new Promise((resolve) => setTimeout(resolve, 0));
+        await sleep(0);
         turnStartedAt = Date.now();
         events.paused(turnStartedAt - readAt, turnStartedAt);
       }
