@@ -3,6 +3,7 @@
  * while one origin is killed and started again, a burst of streams arrives at once on a
  * key of its own, and the whole edge is killed and started again.
  */
+import { setTimeout as sleep } from "node:timers/promises";
 import { type RunningStack, type SpawnedOrigin, simFlags, spawnOrigin } from "../scripts/stack.ts";
 import { mulberry32 } from "../origin/faults.ts";
 import { type ChaosOutcome, drawKind, sendChaos } from "./chaos-client.ts";
@@ -89,7 +90,7 @@ export async function runTraffic(stack: RunningStack, options: TrafficOptions): 
     mark(`kill origin ${victim.origin.originId}`);
     faults.killedOrigin = victim.origin.originId;
     spawned.child.kill("SIGKILL");
-    await new Promise((resolve) => setTimeout(resolve, 2_000));
+    await sleep(2_000);
     const again = await spawnOrigin([
       ...simFlags({ timeScale: options.timeScale }),
       "--origin-id",
@@ -162,7 +163,7 @@ export async function runTraffic(stack: RunningStack, options: TrafficOptions): 
         failures > 0
           ? Math.min(2_000, 250 * 2 ** (failures - 1))
           : Math.min(2_000, outcome.retryAfterMs ?? 0);
-      if (pause > 0) await new Promise((resolve) => setTimeout(resolve, pause));
+      if (pause > 0) await sleep(pause);
       if (index % 250 === 0) log(`chaos: ${index} of ${options.requests} sent`);
     }
   };

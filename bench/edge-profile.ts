@@ -10,6 +10,7 @@
  * the `.cpuprofile` (for Chrome DevTools) to the OS temp folder. `--batch-lines N` profiles
  * a Batch API batch of N lines instead, per line. See docs/benchmarks.md.
  */
+import { setTimeout as sleep } from "node:timers/promises";
 import { writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -89,7 +90,7 @@ try {
   const payload = body();
   const send = async () => {
     const { total } = await timedRequest(url, headers, payload);
-    if (PAUSE_MS > 0) await new Promise((resolve) => setTimeout(resolve, PAUSE_MS));
+    if (PAUSE_MS > 0) await sleep(PAUSE_MS);
     return total;
   };
   const runBatch = async (lines: number) => {
@@ -113,7 +114,7 @@ try {
   if (BATCH_LINES > 0) await runBatch(BATCH_LINES);
   else await closedLoop(CLIENTS, REQUESTS, send);
   // The ledger's settlement runs after the response.
-  await new Promise((r) => setTimeout(r, 100));
+  await sleep(100);
   const { profile } = await inspector.send<{ profile: CpuProfile }>("Profiler.stop");
   const wallMs = performance.now() - started;
   const cpuMs = ((await cpuTimeMs(workerd)) ?? NaN) - (cpuBefore ?? NaN);

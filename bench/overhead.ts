@@ -10,6 +10,7 @@
  * tables and writes bench/results/overhead.json (overhead-wrangler-dev.json behind
  * `wrangler dev`). See docs/benchmarks.md.
  */
+import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
 import { join } from "node:path";
 import { benchChatBody } from "./chat-body.ts";
@@ -242,7 +243,7 @@ try {
       },
     });
     // Work a response left behind (the ledger's settlement) is the request's too.
-    await new Promise((r) => setTimeout(r, 250));
+    await sleep(250);
     const after = await cpuNow();
     await chargeEdge(null);
     for (const row of measured) {

@@ -4,6 +4,7 @@
  * of its own, with `@hono/node-server` pinned where newer versions break its streaming, and
  * started on a free port under this Node. Its `postinstall` (`patch-package`) is skipped.
  */
+import { setTimeout as sleep } from "node:timers/promises";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { mkdir, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -84,7 +85,7 @@ export async function startPortkey(): Promise<RunningPortkey> {
       await res.body?.cancel();
       return { url, child, stop };
     } catch {
-      await new Promise((r) => setTimeout(r, 150));
+      await sleep(150);
     }
   }
   await stop();

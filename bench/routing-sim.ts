@@ -5,6 +5,7 @@
  * it, with the policy fed what the Batcher's router is fed: load reports, block events,
  * first tokens and usage.
  */
+import { setTimeout as sleep } from "node:timers/promises";
 import { promptBlocks } from "../contracts/prefix-blocks.ts";
 import {
   BATCH_PATH,
@@ -296,7 +297,7 @@ async function drive(options: CellOptions, origins: SpawnedOrigin[]): Promise<Ce
     // Poisson arrivals, the same for every policy.
     at += (-Math.log(1 - fraction(arrivals++)) / wallRate) * 1000;
     const wait = at - performance.now();
-    if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
+    if (wait > 0) await sleep(wait);
     const edge = arrivals % edges;
     const streaming = [...tracked.values()].reduce((n, x) => n + x.streaming, 0);
     // A busy moment past the start: at least one stream per origin that a kill could cut.

@@ -7,6 +7,7 @@
  * two minutes after; takes a heap snapshot before and after the load and prints what grew.
  * Writes bench/results/soak.json.
  */
+import { setTimeout as sleep } from "node:timers/promises";
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -50,7 +51,6 @@ const stack = await startStack({
   inspectorPort,
 });
 const unregister = stopOnSignal(() => stack.stop());
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 async function heapSnapshot(inspector: Inspector, name: string): Promise<HeapSummary> {
   // A snapshot collects garbage first (workerd does not answer `collectGarbage`).
