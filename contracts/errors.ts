@@ -173,6 +173,17 @@ export class ApiError extends Error {
     this.headers = options.headers ?? {};
   }
 
+  /** The same error, answered with `extra` headers besides its own. */
+  withHeaders(extra: Record<string, string>): ApiError {
+    const { type, param, code } = this;
+    return new ApiError(this.status, this.message, {
+      type,
+      param,
+      code,
+      headers: { ...this.headers, ...extra },
+    });
+  }
+
   /** The OpenAI error body for this error. */
   toBody(): OpenAIErrorBody {
     return openAIErrorBody(this.message, this.type, this.code, this.param);

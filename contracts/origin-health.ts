@@ -104,16 +104,19 @@ export interface IdleEngineWatch {
  * The slow-first-byte rule for answers read whole, whose HEAD an engine sends only once the
  * answer is complete: no clock tells a long answer from a lost one, the origin's reports do.
  * While they show its engine with no interactive work, run or queued, the work waiting on
- * it is not in the engine: after `slowMs` of that by the reports' own clock, `onSlow` (as a
- * late streamed HEAD); after `giveUpMs`, `onGiveUp` (as a streamed HEAD that never came). A
- * report with work starts the count again (docs/failover.md, "Busy is not sick").
+ * it is not in the engine: after `slowMs` of that by the reports' own clock, `onSlow` and
+ * `onGiveUp`, as a streamed HEAD late while its origin reports no queue is lost and tried
+ * elsewhere ({@link watchFirstByte}); after `firstByteTimeoutMs` when that is shorter,
+ * `onGiveUp` alone. A report with work starts the count again (docs/failover.md, "Busy is
+ * not sick"): an answer its engine is generating is never cut for its length.
  */
 export function watchIdleEngine(
   slowMs: number,
-  giveUpMs: number,
+  firstByteTimeoutMs: number,
   onSlow: () => void,
   onGiveUp: () => void,
 ): IdleEngineWatch {
+  const giveUpMs = Math.min(slowMs, firstByteTimeoutMs);
   let idleSince: number | null = null;
   let told = false;
   let done = false;

@@ -18,7 +18,7 @@ import type { RequestAttempt } from "../../durable-objects/key-account/types.ts"
 import type { ItemAttempt } from "./direct.ts";
 import type { ItemOpener } from "./opener.ts";
 import { cancelGivenUp, givenUpAt } from "./generated.ts";
-import { busyEverywhere } from "./refusals.ts";
+import { busyEverywhere, withAttempts } from "./refusals.ts";
 import { type AnswerOptions, readWhole, respond, streams } from "./response.ts";
 import type { RetryBudget } from "./retry-budget.ts";
 import {
@@ -84,7 +84,7 @@ export async function dispatchCompletion(options: DispatchOptions): Promise<Resp
     return await tryCandidates(options, gaveUp);
   } catch (error) {
     await cancelGivenUp(gaveUp, options.secrets);
-    throw error;
+    throw withAttempts(error, options.attempts);
   } finally {
     options.gaveUp?.push(...gaveUp);
   }

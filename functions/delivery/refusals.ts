@@ -119,3 +119,13 @@ export function busyEverywhere(headers: Record<string, string>): ApiError {
     { type: "server_error", code: "no_healthy_origin", headers: retryAfterHeaders(waitMs) },
   );
 }
+
+/**
+ * A request's final failure, answered like a served one with how many origins were tried
+ * for it (`x-warmgate-attempts`, docs/api.md); a refusal before any attempt says nothing.
+ */
+export function withAttempts(error: unknown, attempts: readonly unknown[] | undefined): unknown {
+  const tried = attempts?.length ?? 0;
+  if (!(error instanceof ApiError) || tried === 0) return error;
+  return error.withHeaders({ "x-warmgate-attempts": String(tried) });
+}

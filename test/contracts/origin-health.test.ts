@@ -62,11 +62,12 @@ describe("an answer read whole whose HEAD is late", () => {
     expect(reportsIdle(load({ waiting: 1 }))).toBe(false);
   });
 
-  it("is slow after slowMs of idle reports, given up after giveUpMs, by the reports' clock", () => {
+  it("is slow and given up after slowMs of idle reports, by the reports' clock", () => {
     const seen: string[] = [];
+    // A first-byte timeout far beyond: an engine idle that long is not making the answer.
     const watch = watchIdleEngine(
       200,
-      500,
+      30_000,
       () => seen.push("slow"),
       () => seen.push("gave up"),
     );
@@ -79,11 +80,26 @@ describe("an answer read whole whose HEAD is late", () => {
     watch.report(load({ t: 550 }));
     expect(seen).toEqual([]);
     watch.report(load({ t: 600 }));
-    expect(seen).toEqual(["slow"]);
-    watch.report(load({ t: 900 }));
     expect(seen).toEqual(["slow", "gave up"]);
     watch.report(load({ t: 2_000 }));
     expect(seen).toEqual(["slow", "gave up"]);
+  });
+
+  it("is given up at a first-byte timeout shorter than slowMs, not judged slow", () => {
+    const seen: string[] = [];
+    const watch = watchIdleEngine(
+      2_000,
+      400,
+      () => seen.push("slow"),
+      () => seen.push("gave up"),
+    );
+    watch.report(load({ t: 0 }));
+    watch.report(load({ t: 350 }));
+    expect(seen).toEqual([]);
+    watch.report(load({ t: 400 }));
+    expect(seen).toEqual(["gave up"]);
+    watch.report(load({ t: 2_500 }));
+    expect(seen).toEqual(["gave up"]);
   });
 
   it("says nothing once stopped (its HEAD came)", () => {

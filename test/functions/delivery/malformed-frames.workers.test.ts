@@ -165,6 +165,20 @@ describe.each([
       }
       expect(tried).toBeGreaterThan(0);
     });
+
+    it(`is given up after slow_first_byte_ms of idle reports, not at its first-byte timeout (${tag})`, async () => {
+      // A first-byte timeout beyond the test's own: only the idle rule can end the wait.
+      const name = `hang-slow-${batching ? "batched" : "direct"}`;
+      const slowConfig = JSON.stringify({
+        ...JSON.parse(config(name, [{ id: `garbled@${name}`, url: originUrl("garbled-1") }])),
+        limits: { first_byte_timeout_ms: 120_000, retry_budget: 1, retry_floor: 10_000 },
+        breakers: { enabled: true, slow_first_byte_ms: 300 },
+      });
+      const res = await sendWith(slowConfig, chat("hang"));
+      expect(res.status).toBe(504);
+      expect((await res.json<ErrorBody>()).error.code).toBe("origin_timeout");
+      expect(res.headers.get("x-warmgate-attempts")).toBe("1");
+    });
   },
 );
 
