@@ -54,6 +54,18 @@ describe("a late first byte", () => {
   });
 });
 
+// An idle-engine watch that notes what it says.
+function watched(slowMs: number, firstByteTimeoutMs: number) {
+  const seen: string[] = [];
+  const watch = watchIdleEngine(
+    slowMs,
+    firstByteTimeoutMs,
+    () => seen.push("slow"),
+    () => seen.push("gave up"),
+  );
+  return { watch, seen };
+}
+
 describe("an answer read whole whose HEAD is late", () => {
   it("counts only the time the origin's reports show no interactive work", () => {
     expect(reportsIdle(load({}))).toBe(true);
@@ -63,14 +75,8 @@ describe("an answer read whole whose HEAD is late", () => {
   });
 
   it("is slow and given up after slowMs of idle reports, by the reports' clock", () => {
-    const seen: string[] = [];
     // A first-byte timeout far beyond: an engine idle that long is not making the answer.
-    const watch = watchIdleEngine(
-      200,
-      30_000,
-      () => seen.push("slow"),
-      () => seen.push("gave up"),
-    );
+    const { watch, seen } = watched(200, 30_000);
     watch.report(load({ t: 0 }));
     watch.report(load({ t: 150 }));
     expect(seen).toEqual([]);
@@ -86,13 +92,7 @@ describe("an answer read whole whose HEAD is late", () => {
   });
 
   it("is given up at a first-byte timeout shorter than slowMs, not judged slow", () => {
-    const seen: string[] = [];
-    const watch = watchIdleEngine(
-      2_000,
-      400,
-      () => seen.push("slow"),
-      () => seen.push("gave up"),
-    );
+    const { watch, seen } = watched(2_000, 400);
     watch.report(load({ t: 0 }));
     watch.report(load({ t: 350 }));
     expect(seen).toEqual([]);
@@ -103,13 +103,7 @@ describe("an answer read whole whose HEAD is late", () => {
   });
 
   it("says nothing once stopped (its HEAD came)", () => {
-    const seen: string[] = [];
-    const watch = watchIdleEngine(
-      10,
-      20,
-      () => seen.push("slow"),
-      () => seen.push("gave up"),
-    );
+    const { watch, seen } = watched(10, 20);
     watch.report(load({ t: 0 }));
     watch.stop();
     watch.report(load({ t: 100 }));
